@@ -1,0 +1,1 @@
+"""llmtui's command line and Textual user interface."""

@@ -1,0 +1,371 @@
+"""The `llmtui` command line: run, chat, info, bench (the TUI opens with no subcommand once it lands)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from app import paths
+from app.models import ModelNotFound, resolve_model
+from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
+from engine_ext.model import KV_CACHE_TYPES, ContextParams, EngineError, ModelParams
+from engine_ext.protocol import ChatMessage, Crashed, Failed, Finished, Generate, GenerationStats, TokenChunk
+from engine_ext.sampling import DEFAULT_SEED, SamplingParams
+
+
+class CliError(Exception):
+    """A problem reported as one line on stderr with a non-zero exit."""
+
+
+# ----- arguments ----------------------------------------------------------------------------------------
+
+
+def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> None:
+    p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
+    p.add_argument("-c", "--ctx-size", type=int, default=default_ctx, help="context size in tokens (0: model's)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: all CPUs available)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPU (-1: all)")
+    p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    p.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("-ctk", "--cache-type-k", choices=sorted(KV_CACHE_TYPES), default="f16")
+    p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_CACHE_TYPES), default="f16")
+    p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
+    p.add_argument("--mlock", action="store_true", help="lock the model in RAM")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--repeat-last-n", type=int, default=64)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("-s", "--seed", type=int, default=DEFAULT_SEED, help="RNG seed (default: random)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--system", default=None, help="system prompt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmtui", description="Run open language models from a terminal.")
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser("run", help="one generation, streamed to stdout")
+    _add_engine_args(run)
+    _add_sampling_args(run)
+    run.add_argument("-p", "--prompt", required=True, help="the user message (or raw text with --raw)")
+    run.add_argument("-n", "--n-predict", type=int, default=-1, help="max tokens to generate (-1: no limit)")
+    run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
+    run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
+    run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
+
+    chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
+    _add_engine_args(chat)
+    _add_sampling_args(chat)
+    chat.add_argument("-n", "--n-predict", type=int, default=-1)
+
+    info = sub.add_parser("info", help="inspect a GGUF file without loading its weights")
+    info.add_argument("model", help="a .gguf path or 'starter'")
+    info.add_argument("-c", "--ctx-size", type=int, default=0, help="context for the memory estimate")
+    info.add_argument("--json", action="store_true")
+
+    bench = sub.add_parser("bench", help="prompt and decode speed (like llama-bench)")
+    _add_engine_args(bench, default_ctx=0)
+    bench.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip)")
+    bench.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip)")
+    bench.add_argument("-r", "--repetitions", type=int, default=5)
+    bench.add_argument("--json", action="store_true")
+    return parser
+
+
+def _model_params(args: argparse.Namespace) -> ModelParams:
+    return ModelParams(n_gpu_layers=args.n_gpu_layers, use_mmap=not args.no_mmap, use_mlock=args.mlock)
+
+
+def _context_params(args: argparse.Namespace, n_ctx: int | None = None) -> ContextParams:
+    return ContextParams(
+        n_ctx=args.ctx_size if n_ctx is None else n_ctx,
+        n_batch=args.batch_size,
+        n_ubatch=args.ubatch_size,
+        n_threads=args.threads,
+        flash_attn=args.flash_attn,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+    )
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+    )
+
+
+def start_engine() -> EngineClient:
+    client = EngineClient(paths.log_dir() / "engine.log")
+    client.start()
+    return client
+
+
+def format_stats(stats: GenerationStats) -> str:
+    return (
+        f"prompt {stats.prompt_tokens} tok ({stats.prompt_tokens_cached} cached, "
+        f"{stats.prompt_tokens_evaluated} evaluated, {stats.prompt_tps:.1f} tok/s) | "
+        f"generated {stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s | "
+        f"ttft {stats.ttft_ms:.0f} ms | context {stats.n_ctx_used}/{stats.n_ctx}"
+    )
+
+
+# ----- commands -----------------------------------------------------------------------------------------
+
+
+def _stream(client: EngineClient, request: Generate, *, echo: bool) -> tuple[str, list[int], Finished]:
+    """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`."""
+    text: list[str] = []
+    ids: list[int] = []
+    in_reasoning = False
+    for event in client.generate(request):
+        if isinstance(event, TokenChunk):
+            text.append(event.text)
+            ids.extend(event.token_ids)
+            if echo:
+                if event.reasoning:
+                    if not in_reasoning:
+                        sys.stderr.write("[thinking] ")
+                        in_reasoning = True
+                    sys.stderr.write(event.reasoning)
+                    sys.stderr.flush()
+                if event.text:
+                    if in_reasoning:
+                        sys.stderr.write("\n")
+                        in_reasoning = False
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        elif isinstance(event, Finished):
+            return "".join(text), ids, event
+        elif isinstance(event, Failed):
+            raise EngineFailure(event)
+        elif isinstance(event, Crashed):
+            raise EngineCrashedError(event)
+    raise CliError("the engine stopped without finishing the reply")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    path = resolve_model(args.model)
+    with start_engine() as client:
+        client.load(path, _model_params(args), _context_params(args))
+        messages: tuple[ChatMessage, ...] = ()
+        if not args.raw:
+            if args.system:
+                messages += (ChatMessage("system", args.system),)
+            messages += (ChatMessage("user", args.prompt),)
+        request = Generate(
+            request_id=client.new_request_id(),
+            messages=messages,
+            prompt=args.prompt if args.raw else None,
+            sampling=_sampling(args),
+            max_tokens=args.n_predict,
+            stop=tuple(args.stop),
+            enable_thinking=None if args.think is None else args.think == "on",
+        )
+        text, ids, finished = _stream(client, request, echo=not args.json)
+    if args.json:
+        out = {
+            "text": text,
+            "tokens": ids,
+            "stop_reason": finished.stop_reason,
+            "stats": finished.stats.to_dict(),
+            "notices": list(finished.notices),
+        }
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        for notice in finished.notices:
+            print(f"note: {notice}", file=sys.stderr)
+        print(format_stats(finished.stats), file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    path = resolve_model(args.model)
+    with start_engine() as client:
+        info = client.load(path, _model_params(args), _context_params(args))
+        print(f"{info.description} · {info.backend} · context {info.n_ctx} · Ctrl-D to quit", file=sys.stderr)
+        history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
+        while True:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+            if not line.strip():
+                continue
+            history.append(ChatMessage("user", line))
+            request = Generate(
+                request_id=client.new_request_id(),
+                messages=tuple(history),
+                sampling=_sampling(args),
+                max_tokens=args.n_predict,
+                stop=tuple(args.stop),
+            )
+            try:
+                text, _, finished = _stream(client, request, echo=True)
+            except KeyboardInterrupt:
+                client.cancel(request.request_id)
+                text, _, finished = _drain(client, request.request_id)
+            history.append(ChatMessage("assistant", text))
+            sys.stdout.write("\n")
+            print(format_stats(finished.stats), file=sys.stderr)
+
+
+def _drain(client: EngineClient, request_id: int) -> tuple[str, list[int], Finished]:
+    text: list[str] = []
+    for event in client.events():
+        if isinstance(event, TokenChunk) and event.request_id == request_id:
+            text.append(event.text)
+        elif isinstance(event, Finished) and event.request_id == request_id:
+            return "".join(text), [], event
+        elif isinstance(event, Failed):
+            raise EngineFailure(event)
+        elif isinstance(event, Crashed):
+            raise EngineCrashedError(event)
+    raise CliError("the engine stopped")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    # GGUF inspection reads metadata only: safe and fast in this process, no engine needed.
+    from engine_ext.gguf_info import describe, estimate_memory, inspect_gguf
+
+    path = resolve_model(args.model)
+    info = inspect_gguf(path)
+    n_ctx = args.ctx_size or info.context_length or 4096
+    estimate = estimate_memory(info, n_ctx)
+    if args.json:
+        out: dict[str, Any] = info.to_dict()
+        out["memory_estimate"] = estimate.to_dict()
+        print(json.dumps(out, ensure_ascii=False, indent=2))
+    else:
+        print("\n".join(describe(info, estimate)))
+    return 0
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 2),
+        "mean": round(statistics.fmean(values), 2),
+        "stdev": round(statistics.stdev(values), 2) if len(values) > 1 else 0.0,
+    }
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Prompt processing (pp) and token generation (tg) speed through the app's own worker and client."""
+    path = resolve_model(args.model)
+    n_prompt, n_gen, reps = args.n_prompt, args.n_gen, max(1, args.repetitions)
+    n_ctx = args.ctx_size or max(n_prompt, n_gen + 1) + 16
+    greedy = SamplingParams(temperature=0.0)
+    rng = random.Random(1234)
+    with start_engine() as client:
+        info = client.load(path, _model_params(args), _context_params(args, n_ctx))
+        n_vocab = info.n_vocab
+
+        def run(tokens: list[int], max_tokens: int) -> GenerationStats:
+            request = Generate(
+                request_id=client.new_request_id(),
+                prompt_tokens=tuple(tokens),
+                sampling=greedy,
+                max_tokens=max_tokens,
+                ignore_eos=True,
+            )
+            return _stream(client, request, echo=False)[2].stats
+
+        def fresh(n: int, previous: list[int]) -> list[int]:
+            # Random tokens whose first differs from the last run's, so nothing comes from the cache.
+            tokens = [rng.randrange(n_vocab) for _ in range(n)]
+            while previous and tokens[0] == previous[0]:
+                tokens[0] = rng.randrange(n_vocab)
+            return tokens
+
+        results: dict[str, Any] = {
+            "model": str(path),
+            "description": info.description,
+            "backend": info.backend,
+            "n_threads": info.n_threads,
+            "n_ctx": info.n_ctx,
+        }
+        last: list[int] = []
+        if n_prompt > 0:
+            last = fresh(min(n_prompt, 8), last)
+            run(last, 1)  # warm-up
+            pp: list[float] = []
+            for _ in range(reps):
+                last = fresh(n_prompt, last)
+                stats = run(last, 1)
+                pp.append(stats.prompt_tps)
+            results["pp"] = {"n_prompt": n_prompt, "tps": [round(v, 2) for v in pp], **_summary(pp)}
+        if n_gen > 0:
+            last = fresh(1, last)
+            run(last, 2)  # warm-up
+            tg: list[float] = []
+            for _ in range(reps):
+                last = fresh(1, last)
+                stats = run(last, n_gen + 1)  # n_gen decodes after the first sampled token
+                tg.append(stats.decode_tps)
+            results["tg"] = {"n_gen": n_gen, "tps": [round(v, 2) for v in tg], **_summary(tg)}
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(f"model: {results['description']} ({results['backend']}, {results['n_threads']} threads)")
+        for key, label in (("pp", f"pp{n_prompt}"), ("tg", f"tg{n_gen}")):
+            if key in results:
+                r = results[key]
+                print(f"{label:>8}: {r['median']:10.2f} tok/s (median of {reps}; mean {r['mean']} ± {r['stdev']})")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, ModelNotFound, EngineError, EngineFailure) as exc:
+        print(f"llmtui: error: {exc}", file=sys.stderr)
+        return 1
+    except EngineCrashedError as exc:
+        crashed = exc.crashed
+        print(f"llmtui: error: {crashed.description}", file=sys.stderr)
+        if crashed.log_tail:
+            print("engine log (last lines):\n" + crashed.log_tail, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a GGUF error from `info`, a broken pipe…: one line, no traceback
+        from engine_ext.gguf_info import GGUFError
+
+        if isinstance(exc, GGUFError | OSError):
+            print(f"llmtui: error: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

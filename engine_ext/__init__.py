@@ -1,0 +1,1 @@
+"""llmtui's inference engine: llama.cpp bindings, generation, speculative decoding, steering, worker process."""

@@ -1,0 +1,135 @@
+"""ctypes access to llama.cpp: llama-cpp-python's bindings plus the llama-ext.h functions it lacks."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import llama_cpp
+from llama_cpp import llama_cpp_ext
+
+# Re-exported so the rest of engine_ext has one place that names the native library.
+C = llama_cpp
+ext = llama_cpp_ext
+
+
+class ExtensionUnavailable(RuntimeError):
+    """The installed llama.cpp library does not export a llama-ext.h function llmtui needs."""
+
+
+def _bind(symbols: Sequence[str], argtypes: list[Any], restype: Any) -> Callable[..., Any] | None:
+    """Look a C++ (name-mangled) function up under each candidate symbol; None when none is exported."""
+    lib = llama_cpp.llama_cpp._lib
+    for symbol in symbols:
+        func = getattr(lib, symbol, None)
+        if func is not None:
+            func.argtypes = argtypes
+            func.restype = restype
+            return func  # type: ignore[no-any-return]
+    return None
+
+
+class _ExtFunction:
+    """A llama-ext.h function bound by mangled name; calling it when missing raises ExtensionUnavailable."""
+
+    def __init__(self, name: str, symbols: Sequence[str], argtypes: list[Any], restype: Any) -> None:
+        self.name = name
+        self.symbols = tuple(symbols)
+        self._func = _bind(symbols, argtypes, restype)
+
+    @property
+    def available(self) -> bool:
+        return self._func is not None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._func is None:
+            raise ExtensionUnavailable(
+                f"llama.cpp function {self.name} is not exported by the installed llama-cpp-python "
+                f"(looked for {', '.join(self.symbols)}). llmtui needs llama-cpp-python==0.3.36; reinstall it "
+                "with: pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36"
+            )
+        return self._func(*args)
+
+
+_ctx = llama_cpp.llama_context_p_ctypes
+_model = llama_cpp.llama_model_p_ctypes
+
+# Itanium (gcc/clang) and MSVC manglings; llama-ext.h is C++ without extern "C".
+
+# LLAMA_API void llama_set_embeddings_layer_inp(struct llama_context * ctx, uint32_t lid, bool value);
+set_embeddings_layer_inp = _ExtFunction(
+    "llama_set_embeddings_layer_inp",
+    (
+        "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+        "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z",
+    ),
+    [_ctx, ctypes.c_uint32, ctypes.c_bool],
+    None,
+)
+
+# LLAMA_API float * llama_get_embeddings_layer_inp(struct llama_context * ctx, uint32_t lid);
+get_embeddings_layer_inp = _ExtFunction(
+    "llama_get_embeddings_layer_inp",
+    (
+        "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+        "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z",
+    ),
+    [_ctx, ctypes.c_uint32],
+    ctypes.POINTER(ctypes.c_float),
+)
+
+# LLAMA_API int32_t llama_model_dflash_selector_top_k(const struct llama_model * model);
+model_dflash_selector_top_k = _ExtFunction(
+    "llama_model_dflash_selector_top_k",
+    (
+        "_Z33llama_model_dflash_selector_top_kPK11llama_model",
+        "?llama_model_dflash_selector_top_k@@YAHPEBUllama_model@@@Z",
+    ),
+    [_model],
+    ctypes.c_int32,
+)
+
+# LLAMA_API const int32_t * llama_model_target_layer_ids(const struct llama_model * model);
+model_target_layer_ids = _ExtFunction(
+    "llama_model_target_layer_ids",
+    (
+        "_Z28llama_model_target_layer_idsPK11llama_model",
+        "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z",
+    ),
+    [_model],
+    ctypes.POINTER(ctypes.c_int32),
+)
+
+# LLAMA_API uint32_t llama_model_target_layer_ids_n(const struct llama_model * model);
+model_target_layer_ids_n = _ExtFunction(
+    "llama_model_target_layer_ids_n",
+    (
+        "_Z30llama_model_target_layer_ids_nPK11llama_model",
+        "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z",
+    ),
+    [_model],
+    ctypes.c_uint32,
+)
+
+EXT_FUNCTIONS: tuple[_ExtFunction, ...] = (
+    set_embeddings_layer_inp,
+    get_embeddings_layer_inp,
+    model_dflash_selector_top_k,
+    model_target_layer_ids,
+    model_target_layer_ids_n,
+)
+
+
+def target_layer_ids(model: Any) -> list[int]:
+    """The target layer ids an EAGLE3/DFlash draft model reads (empty for other models)."""
+    count = int(model_target_layer_ids_n(model))
+    if count == 0:
+        return []
+    ids = model_target_layer_ids(model)
+    return [int(ids[i]) for i in range(count)]
+
+
+def missing_ext_functions() -> list[str]:
+    """Names of the llama-ext.h functions the installed library does not export."""
+    return [f.name for f in EXT_FUNCTIONS if not f.available]

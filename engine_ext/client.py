@@ -1,0 +1,260 @@
+"""The engine client: starts the worker process and talks to it; the only way app/ reaches the engine."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine_ext.model import ContextParams, ModelParams
+from engine_ext.protocol import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Crashed,
+    Event,
+    Failed,
+    Finished,
+    Generate,
+    Hello,
+    Inspect,
+    Inspected,
+    Loaded,
+    LoadModel,
+    LoadProgress,
+    ModelInfo,
+    Request,
+    Shutdown,
+    Unloaded,
+    UnloadModel,
+)
+
+LOG_TAIL_LINES = 40
+
+
+class EngineFailure(Exception):
+    """The worker reported an error for a request (bad file, bad setting, …)."""
+
+    def __init__(self, failed: Failed) -> None:
+        super().__init__(failed.message)
+        self.failed = failed
+
+
+class EngineCrashedError(Exception):
+    """The worker process died; `crashed` carries the exit status and the tail of its log."""
+
+    def __init__(self, crashed: Crashed) -> None:
+        super().__init__(f"{crashed.description}\n{crashed.log_tail}".rstrip())
+        self.crashed = crashed
+
+
+def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log file ('' when it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+class EngineClient:
+    """Starts an engine worker process and exchanges protocol messages with it.
+
+    `send()` may be called from any thread; events are read by one consumer at a time (`next_event`,
+    `events`, or the blocking helpers `load`, `generate`, `inspect`).
+    """
+
+    def __init__(self, log_path: Path, *, start_timeout_s: float = 120.0) -> None:
+        self.log_path = Path(log_path)
+        self.start_timeout_s = start_timeout_s
+        self._conn: Connection | None = None
+        self._process: Any = None
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.hello: Hello | None = None
+        self.model_info: ModelInfo | None = None
+        self.crashed: Crashed | None = None
+
+    # ----- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> Hello:
+        """Start a worker (a fresh one after a crash) and wait for its greeting."""
+        from engine_ext.worker import worker_main
+
+        self.close()
+        self.crashed = None
+        self.model_info = None
+        mp = multiprocessing.get_context("spawn")
+        parent, child = mp.Pipe(duplex=True)
+        process = mp.Process(
+            target=worker_main, args=(child, str(self.log_path)), name="llmtui-engine", daemon=True
+        )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        process.start()
+        child.close()  # so the pipe reports EOF when the worker dies
+        self._conn, self._process = parent, process
+        event = self.next_event(timeout=self.start_timeout_s)
+        if isinstance(event, Crashed):
+            raise EngineCrashedError(event)
+        if not isinstance(event, Hello):
+            self.close()
+            raise RuntimeError(f"the engine worker did not start (got {event!r})")
+        if event.protocol_version != PROTOCOL_VERSION:
+            self.close()
+            raise RuntimeError(
+                f"engine protocol {event.protocol_version} does not match the client's {PROTOCOL_VERSION}"
+            )
+        self.hello = event
+        return event
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive() and self.crashed is None
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to shut down, then make sure it is gone (idempotent)."""
+        conn, process = self._conn, self._process
+        self._conn = self._process = None
+        if conn is not None:
+            try:
+                with self._send_lock:
+                    conn.send(Shutdown())
+            except (OSError, ValueError):
+                pass
+        if process is not None:
+            process.join(timeout_s)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout_s)
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- messages ---------------------------------------------------------------------------------
+
+    def send(self, request: Request) -> None:
+        conn = self._conn
+        if conn is None:
+            raise EngineCrashedError(self.crashed or Crashed(None, "the engine is not running"))
+        try:
+            with self._send_lock:
+                conn.send(request)
+        except (OSError, ValueError) as exc:
+            raise EngineCrashedError(self._crash()) from exc
+
+    def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next event, None on timeout, or a Crashed event when the worker died."""
+        conn = self._conn
+        if conn is None:
+            return self.crashed or Crashed(None, "the engine is not running")
+        try:
+            if timeout is not None and not conn.poll(timeout):
+                if self._process is not None and not self._process.is_alive():
+                    return self._crash()
+                return None
+            return conn.recv()  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            return self._crash()
+
+    def _crash(self) -> Crashed:
+        process = self._process
+        exit_code: int | None = None
+        if process is not None:
+            process.join(5.0)
+            exit_code = process.exitcode
+        crashed = Crashed(exit_code, read_log_tail(self.log_path))
+        self.crashed = crashed
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._process = None
+        self.model_info = None
+        return crashed
+
+    def events(self) -> Iterator[Event]:
+        """Events until the worker dies (ends with a Crashed event)."""
+        while True:
+            event = self.next_event()
+            if event is None:
+                continue
+            yield event
+            if isinstance(event, Crashed):
+                return
+
+    # ----- blocking helpers (CLI, tests) ------------------------------------------------------------
+
+    def new_request_id(self) -> int:
+        return next(self._ids)
+
+    def load(
+        self,
+        path: Path | str,
+        model: ModelParams = ModelParams(),
+        context: ContextParams = ContextParams(),
+        on_progress: Callable[[float], None] | None = None,
+    ) -> ModelInfo:
+        self.send(LoadModel(str(path), model, context))
+        for event in self.events():
+            if isinstance(event, Loaded):
+                self.model_info = event.info
+                return event.info
+            if isinstance(event, LoadProgress) and on_progress is not None:
+                on_progress(event.fraction)
+            elif isinstance(event, Failed):
+                raise EngineFailure(event)
+            elif isinstance(event, Crashed):
+                raise EngineCrashedError(event)
+        raise AssertionError("unreachable")
+
+    def unload(self) -> None:
+        self.send(UnloadModel())
+        for event in self.events():
+            if isinstance(event, Unloaded):
+                self.model_info = None
+                return
+            if isinstance(event, Failed):
+                raise EngineFailure(event)
+            if isinstance(event, Crashed):
+                raise EngineCrashedError(event)
+
+    def generate(self, request: Generate) -> Iterator[Event]:
+        """Send a generation and yield its events; the last is Finished, Failed or Crashed."""
+        if request.request_id <= 0:
+            request = replace(request, request_id=self.new_request_id())
+        self.send(request)
+        for event in self.events():
+            yield event
+            if isinstance(event, Finished | Crashed):
+                return
+            if isinstance(event, Failed) and event.request_id in (request.request_id, None):
+                return
+
+    def cancel(self, request_id: int) -> None:
+        self.send(Cancel(request_id))
+
+    def inspect(self, path: Path | str) -> dict[str, object]:
+        self.send(Inspect(str(path)))
+        for event in self.events():
+            if isinstance(event, Inspected):
+                return event.info
+            if isinstance(event, Failed):
+                raise EngineFailure(event)
+            if isinstance(event, Crashed):
+                raise EngineCrashedError(event)
+        raise AssertionError("unreachable")

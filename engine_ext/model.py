@@ -1,0 +1,382 @@
+"""Owners of llama.cpp's model and context handles, with their load parameters."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from engine_ext.bindings import C
+
+FlashAttention = Literal["auto", "on", "off"]
+
+# KV cache element types llama.cpp accepts for K and V (names as in llama.cpp's --cache-type-k/-v).
+KV_CACHE_TYPES: dict[str, int] = {
+    "f32": C.GGML_TYPE_F32,
+    "f16": C.GGML_TYPE_F16,
+    "bf16": C.GGML_TYPE_BF16,
+    "q8_0": C.GGML_TYPE_Q8_0,
+    "q4_0": C.GGML_TYPE_Q4_0,
+    "q4_1": C.GGML_TYPE_Q4_1,
+    "iq4_nl": C.GGML_TYPE_IQ4_NL,
+    "q5_0": C.GGML_TYPE_Q5_0,
+    "q5_1": C.GGML_TYPE_Q5_1,
+}
+
+_FLASH_ATTN: dict[str, int] = {
+    "auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+class EngineError(Exception):
+    """An error a user can act on (bad file, bad setting); the message says what and what to do."""
+
+
+class ModelLoadError(EngineError):
+    """llama.cpp could not load a model file."""
+
+
+class ContextError(EngineError):
+    """llama.cpp could not create or use a context."""
+
+
+def default_threads() -> int:
+    """Threads for decoding: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """How a model file is loaded (llama.cpp names: -ngl, --no-mmap, --mlock)."""
+
+    n_gpu_layers: int = -1  # -1: every layer that the backend can take
+    use_mmap: bool = True
+    use_mlock: bool = False
+    load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
+    main_gpu: int = 0
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """How a context is made (llama.cpp names: -c, -b, -ub, -t, -tb, -fa, -ctk, -ctv)."""
+
+    n_ctx: int = 4096  # 0: the model's training context
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: default_threads()
+    n_threads_batch: int = 0  # 0: same as n_threads
+    flash_attn: FlashAttention = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_seq_max: int = 1
+    n_rs_seq: int = 0  # recurrent-state rollback depth (speculative decoding on GDN/Mamba models)
+
+    def validate(self) -> None:
+        """Refuse values llama.cpp would reject or abort on."""
+        if self.n_ctx < 0:
+            raise ContextError(f"context size must be 0 (model default) or positive, not {self.n_ctx}")
+        if self.n_batch < 1 or self.n_ubatch < 1:
+            raise ContextError("batch and micro-batch sizes must be at least 1")
+        if self.n_threads < 0 or self.n_threads_batch < 0:
+            raise ContextError("thread counts must be positive (0 picks the default)")
+        for name in (self.type_k, self.type_v):
+            if name not in KV_CACHE_TYPES:
+                raise ContextError(
+                    f"unknown KV cache type {name!r}; use one of {', '.join(sorted(KV_CACHE_TYPES))}"
+                )
+        if self.flash_attn not in _FLASH_ATTN:
+            raise ContextError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
+        if self.type_v != "f16" and self.type_v != "f32" and self.flash_attn == "off":
+            raise ContextError("a quantized V cache needs flash attention (-fa on or auto)")
+
+
+class Model:
+    """A loaded llama_model plus its vocabulary; `close()` frees it (idempotent)."""
+
+    def __init__(
+        self,
+        path: Path,
+        params: ModelParams = ModelParams(),
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.params = params
+        mparams = C.llama_model_default_params()
+        if progress is not None:
+
+            def on_progress(fraction: float, _user_data: Any) -> bool:
+                progress(float(fraction))
+                return True
+
+            # Kept on self: llama.cpp calls it during loading and ctypes must not collect it.
+            self._progress_cb = C.llama_progress_callback(on_progress)
+            mparams.progress_callback = self._progress_cb
+        mparams.n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else 999
+        mparams.use_mmap = params.use_mmap
+        mparams.use_mlock = params.use_mlock
+        mparams.load_mtp = params.load_mtp
+        mparams.main_gpu = params.main_gpu
+        handle = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not handle:
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.path}: the file is not a model this llama.cpp build "
+                "supports, or it is damaged (the engine log has llama.cpp's reason)"
+            )
+        self._handle: Any = handle
+        self.vocab: Any = C.llama_model_get_vocab(handle)
+        self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            raise ContextError("the model has been unloaded")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            C.llama_model_free(self._handle)
+            self._handle = None
+
+    # ----- metadata ---------------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as llama.cpp renders it, or None."""
+        buf = ctypes.create_string_buffer(1024)
+        n = C.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self.handle, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self.handle, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(C.llama_model_n_ctx_train(self.handle))
+
+    @property
+    def n_embd(self) -> int:
+        return int(C.llama_model_n_embd(self.handle))
+
+    @property
+    def n_layer(self) -> int:
+        return int(C.llama_model_n_layer(self.handle))
+
+    @property
+    def n_layer_nextn(self) -> int:
+        return int(C.llama_model_n_layer_nextn(self.handle))
+
+    @property
+    def n_params(self) -> int:
+        return int(C.llama_model_n_params(self.handle))
+
+    @property
+    def size_bytes(self) -> int:
+        return int(C.llama_model_size(self.handle))
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(C.llama_model_is_recurrent(self.handle))
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(C.llama_model_is_hybrid(self.handle))
+
+    # ----- tokens -----------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+            if n < 0:
+                raise ContextError("tokenization failed (the text is too long)")
+        return list(buf[:n])
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token; control tokens render as b'' unless `special`."""
+        buf = self._piece_buf
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            big = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, big, len(big), 0, special)
+            return big.raw[:n]
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        raw = C.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    @property
+    def bos_token(self) -> int:
+        return int(C.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos_token(self) -> int:
+        return int(C.llama_vocab_eos(self.vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(C.llama_vocab_get_add_bos(self.vocab))
+
+
+@dataclass
+class Checkpoint:
+    """A saved sequence state (the part llama.cpp cannot truncate) after `tokens`."""
+
+    tokens: tuple[int, ...]
+    data: bytes
+
+
+class Context:
+    """A llama_context over a Model with one reusable batch; `close()` frees both (idempotent)."""
+
+    def __init__(self, model: Model, params: ContextParams = ContextParams()) -> None:
+        params.validate()
+        self.model = model
+        self.params = params
+        n_threads = params.n_threads or default_threads()
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = params.n_ctx
+        cparams.n_batch = params.n_batch
+        cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
+        cparams.n_seq_max = params.n_seq_max
+        cparams.n_rs_seq = params.n_rs_seq
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = params.n_threads_batch or n_threads
+        cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
+        cparams.type_k = KV_CACHE_TYPES[params.type_k]
+        cparams.type_v = KV_CACHE_TYPES[params.type_v]
+        cparams.no_perf = False
+        self._stack = ExitStack()
+        handle = C.llama_init_from_model(model.handle, cparams)
+        if not handle:
+            raise ContextError(
+                f"llama.cpp could not create a context (n_ctx={params.n_ctx}, n_batch={params.n_batch}); "
+                "try a smaller context size or KV cache type (the engine log has the reason)"
+            )
+        self._handle: Any = handle
+        self._stack.callback(self._free_handle)
+        self.n_ctx = int(C.llama_n_ctx(handle))
+        self.n_batch = int(C.llama_n_batch(handle))
+        self.memory: Any = C.llama_get_memory(handle)
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._stack.callback(C.llama_batch_free, self._batch)
+
+    def _free_handle(self) -> None:
+        C.llama_free(self._handle)
+        self._handle = None
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            raise ContextError("the context has been closed")
+        return self._handle
+
+    def close(self) -> None:
+        self._stack.close()
+
+    # ----- decoding ---------------------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], pos0: int, *, logits_last: bool = True) -> None:
+        """Decode tokens at positions pos0.. on sequence 0 (one call; len(tokens) ≤ n_batch)."""
+        n = len(tokens)
+        batch = self._batch
+        tok, pos, nseq, seq, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+        for i, t in enumerate(tokens):
+            tok[i] = t
+            pos[i] = pos0 + i
+            nseq[i] = 1
+            seq[i][0] = 0
+            logits[i] = 0
+        if logits_last:
+            logits[n - 1] = 1
+        batch.n_tokens = n
+        rc = C.llama_decode(self.handle, batch)
+        if rc != 0:
+            if rc == 1:
+                raise ContextError("the context is full: no room in the KV cache for this batch")
+            if rc == 2:
+                raise ContextError("decoding was aborted")
+            raise ContextError(f"llama_decode failed with code {rc} (the engine log has the reason)")
+
+    def decode_one(self, token: int, pos: int) -> None:
+        """Decode a single token with logits: the hot path of plain generation."""
+        batch = self._batch
+        batch.token[0] = token
+        batch.pos[0] = pos
+        batch.n_seq_id[0] = 1
+        batch.seq_id[0][0] = 0
+        batch.logits[0] = 1
+        batch.n_tokens = 1
+        rc = C.llama_decode(self.handle, batch)
+        if rc != 0:
+            raise ContextError(
+                "the context is full" if rc == 1 else f"llama_decode failed with code {rc}"
+            )
+
+    # ----- memory -----------------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.memory, True)
+
+    def truncate(self, n_keep: int) -> bool:
+        """Drop positions ≥ n_keep from sequence 0; False when the memory cannot (recurrent state)."""
+        return bool(C.llama_memory_seq_rm(self.memory, 0, n_keep, -1))
+
+    def save_checkpoint(self, tokens: Sequence[int]) -> Checkpoint:
+        """Save the non-truncatable part of sequence 0's state (recurrent / SWA) after `tokens`."""
+        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(C.llama_state_seq_get_size_ext(self.handle, 0, flags))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(C.llama_state_seq_get_data_ext(self.handle, buf, size, 0, flags))
+        if written != size:
+            raise ContextError(f"saving a state checkpoint wrote {written} of {size} bytes")
+        return Checkpoint(tuple(tokens), bytes(buf))
+
+    def restore_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Restore a checkpoint and drop everything after it (the caller then decodes onward)."""
+        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        data = (ctypes.c_uint8 * len(checkpoint.data)).from_buffer_copy(checkpoint.data)
+        read = int(C.llama_state_seq_set_data_ext(self.handle, data, len(checkpoint.data), 0, flags))
+        if read != len(checkpoint.data):
+            raise ContextError("restoring a state checkpoint failed")
+        if not self.truncate(len(checkpoint.tokens)):
+            raise ContextError("could not truncate the context after restoring a checkpoint")
+
+    def perf(self) -> tuple[float, float, int, int]:
+        """llama.cpp's own timing: (prompt ms, eval ms, prompt tokens, eval tokens)."""
+        data = C.llama_perf_context(self.handle)
+        return float(data.t_p_eval_ms), float(data.t_eval_ms), int(data.n_p_eval), int(data.n_eval)

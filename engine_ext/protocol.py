@@ -1,0 +1,229 @@
+"""Typed, versioned messages between the engine client (UI process) and the engine worker process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine_ext.model import ContextParams, ModelParams
+from engine_ext.sampling import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # system | user | assistant | tool
+    content: str
+
+
+# ----- requests (client → worker) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    path: str
+    model: ModelParams = ModelParams()
+    context: ContextParams = ContextParams()
+
+
+@dataclass(frozen=True)
+class UnloadModel:
+    pass
+
+
+@dataclass(frozen=True)
+class Generate:
+    """One generation: either chat `messages` (rendered with the model's template) or a raw `prompt`."""
+
+    request_id: int
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | None = None
+    prompt_tokens: tuple[int, ...] | None = None  # pre-tokenized raw prompt (benchmarks)
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int = -1  # -1: until end of generation or the context is full
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    enable_thinking: bool | None = None  # passed to templates that understand it (Qwen3.x)
+    continue_reply: bool = False  # messages end with a partial assistant reply to continue
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class Inspect:
+    path: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Request = LoadModel | UnloadModel | Generate | Cancel | Inspect | Shutdown
+
+
+# ----- events (worker → client) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    protocol_version: int
+    pid: int
+    llama_cpp_version: str
+    system_info: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    architecture: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_ctx: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_layer_nextn: int
+    n_vocab: int
+    is_recurrent: bool
+    is_hybrid: bool
+    has_chat_template: bool
+    n_threads: int
+    backend: str
+    load_ms: float
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    fraction: float
+
+
+@dataclass(frozen=True)
+class Loaded:
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class Unloaded:
+    pass
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """Newly generated tokens; `text` is answer text, `reasoning` the model's thinking, both may be ''."""
+
+    request_id: int
+    text: str
+    reasoning: str
+    token_ids: tuple[int, ...]
+    provenance: tuple[str, ...]  # per token: "target" or the drafter that proposed an accepted token
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int  # tokens in the prompt
+    prompt_tokens_cached: int  # of which reused from the previous turn
+    prompt_tokens_evaluated: int  # of which evaluated now
+    prompt_ms: float
+    generated_tokens: int
+    decode_ms: float
+    ttft_ms: float  # request received → first token sampled
+    n_ctx: int
+    n_ctx_used: int
+    dropped_messages: int = 0  # oldest turns dropped to fit the context
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens_evaluated * 1000.0 / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # The first token comes from the prompt's logits; the rest each cost one decode.
+        n = self.generated_tokens - 1
+        return n * 1000.0 / self.decode_ms if n > 0 and self.decode_ms > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_cached": self.prompt_tokens_cached,
+            "prompt_tokens_evaluated": self.prompt_tokens_evaluated,
+            "prompt_ms": round(self.prompt_ms, 3),
+            "prompt_tps": round(self.prompt_tps, 2),
+            "generated_tokens": self.generated_tokens,
+            "decode_ms": round(self.decode_ms, 3),
+            "decode_tps": round(self.decode_tps, 2),
+            "ttft_ms": round(self.ttft_ms, 3),
+            "n_ctx": self.n_ctx,
+            "n_ctx_used": self.n_ctx_used,
+            "dropped_messages": self.dropped_messages,
+        }
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: int
+    stop_reason: StopReason
+    stats: GenerationStats
+    notices: tuple[str, ...] = field(default=())  # e.g. "dropped 2 oldest messages to fit the context"
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: int | None
+    error: str  # exception class name
+    message: str
+
+
+@dataclass(frozen=True)
+class Inspected:
+    path: str
+    info: dict[str, object]
+
+
+@dataclass(frozen=True)
+class LogLine:
+    level: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Crashed:
+    """The worker process died (native abort, segfault, OOM kill); made by the client, not the worker."""
+
+    exit_code: int | None
+    log_tail: str
+
+    @property
+    def description(self) -> str:
+        if self.exit_code is None:
+            return "the engine process stopped responding"
+        if self.exit_code < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-self.exit_code).name
+            except ValueError:
+                name = f"signal {-self.exit_code}"
+            return f"the engine process was killed by {name}"
+        return f"the engine process exited with code {self.exit_code}"
+
+
+Event = (
+    Hello
+    | LoadProgress
+    | Loaded
+    | Unloaded
+    | TokenChunk
+    | Finished
+    | Failed
+    | Inspected
+    | LogLine
+    | Crashed
+)

@@ -1,0 +1,224 @@
+"""The engine worker process: owns llama.cpp state and serves requests from the client over a pipe."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections import deque
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine_ext.protocol import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Event,
+    Failed,
+    Generate,
+    Hello,
+    Inspect,
+    Inspected,
+    Loaded,
+    LoadModel,
+    LoadProgress,
+    ModelInfo,
+    Request,
+    Shutdown,
+    Unloaded,
+    UnloadModel,
+)
+
+LOAD_PROGRESS_INTERVAL_S = 0.1
+
+
+def _redirect_native_output(log_path: Path) -> None:
+    """Send fds 1 and 2 (llama.cpp's logging, GGML_ABORT messages) to the log file, never the terminal."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+class Worker:
+    """Serves one client: dispatches requests, streams events, polls for cancel between decode steps."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.session: Any = None  # engine_ext.generate.Session once a model is loaded
+        self.model: Any = None
+        self.ctx: Any = None
+        self.backlog: deque[Request] = deque()
+        self.shutting_down = False
+
+    def send(self, event: Event) -> None:
+        self.conn.send(event)
+
+    def serve(self) -> None:
+        from engine_ext.bindings import C
+
+        C.llama_backend_init()
+        info = C.llama_print_system_info().decode("utf-8", errors="replace")
+        self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info))
+        while not self.shutting_down:
+            request = self.backlog.popleft() if self.backlog else self._recv()
+            if request is None:
+                break
+            self.handle(request)
+        self.unload()
+
+    def _recv(self) -> Request | None:
+        try:
+            return self.conn.recv()  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            return None  # the client went away
+
+    def handle(self, request: Request) -> None:
+        request_id = request.request_id if isinstance(request, Generate) else None
+        try:
+            if isinstance(request, LoadModel):
+                self.load(request)
+            elif isinstance(request, UnloadModel):
+                self.unload()
+                self.send(Unloaded())
+            elif isinstance(request, Generate):
+                self.generate(request)
+            elif isinstance(request, Inspect):
+                from engine_ext.gguf_info import inspect_gguf
+
+                self.send(Inspected(request.path, inspect_gguf(Path(request.path)).to_dict()))
+            elif isinstance(request, Shutdown):
+                self.shutting_down = True
+            elif isinstance(request, Cancel):
+                pass  # arrived after its generation finished
+            else:
+                self.send(Failed(None, "ProtocolError", f"unknown request {type(request).__name__}"))
+        except Exception as exc:  # every error becomes an event; the worker keeps serving
+            from engine_ext.model import EngineError
+
+            if not isinstance(exc, EngineError):
+                traceback.print_exc()  # to the log file
+            message = str(exc) or type(exc).__name__
+            self.send(Failed(request_id, type(exc).__name__, message))
+
+    # ----- requests ---------------------------------------------------------------------------------
+
+    def load(self, request: LoadModel) -> None:
+        from engine_ext.bindings import C
+        from engine_ext.generate import Session
+        from engine_ext.gguf_info import validate_gguf
+        from engine_ext.model import Context, Model, default_threads
+
+        self.unload()
+        path = Path(request.path)
+        if not path.is_file():
+            from engine_ext.model import ModelLoadError
+
+            raise ModelLoadError(f"model file not found: {path}")
+        request.context.validate()
+        validate_gguf(path)
+        t0 = time.perf_counter()
+        last = [0.0]
+
+        def progress(fraction: float) -> None:
+            now = time.perf_counter()
+            if now - last[0] >= LOAD_PROGRESS_INTERVAL_S or fraction >= 1.0:
+                last[0] = now
+                self.send(LoadProgress(fraction))
+
+        model = Model(path, request.model, progress)
+        try:
+            ctx = Context(model, request.context)
+        except Exception:
+            model.close()
+            raise
+        self.model, self.ctx = model, ctx
+        self.session = Session(model, ctx)
+        system = C.llama_print_system_info().decode("utf-8", errors="replace")
+        backend = "CPU"
+        if C.llama_supports_gpu_offload():
+            for name in ("CUDA", "Metal", "Vulkan", "ROCm", "SYCL"):
+                if name.upper() in system.upper():
+                    backend = name
+                    break
+        info = ModelInfo(
+            path=str(path),
+            architecture=model.architecture,
+            description=model.description,
+            n_params=model.n_params,
+            size_bytes=model.size_bytes,
+            n_ctx=ctx.n_ctx,
+            n_ctx_train=model.n_ctx_train,
+            n_embd=model.n_embd,
+            n_layer=model.n_layer,
+            n_layer_nextn=model.n_layer_nextn,
+            n_vocab=model.n_vocab,
+            is_recurrent=model.is_recurrent,
+            is_hybrid=model.is_hybrid,
+            has_chat_template=model.chat_template is not None,
+            n_threads=request.context.n_threads or default_threads(),
+            backend=backend,
+            load_ms=(time.perf_counter() - t0) * 1000.0,
+        )
+        self.send(Loaded(info))
+
+    def unload(self) -> None:
+        self.session = None
+        if self.ctx is not None:
+            self.ctx.close()
+            self.ctx = None
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+
+    def generate(self, request: Generate) -> None:
+        if self.session is None:
+            from engine_ext.model import EngineError
+
+            raise EngineError("no model is loaded")
+        cancelled = [False]
+        conn = self.conn
+
+        def poll_cancel() -> bool:
+            # Drain the pipe between decode steps: a Cancel stops this generation, the rest waits.
+            while conn.poll(0):
+                try:
+                    incoming = conn.recv()
+                except (EOFError, OSError):
+                    self.shutting_down = True
+                    return True
+                if isinstance(incoming, Cancel):
+                    if incoming.request_id == request.request_id:
+                        cancelled[0] = True
+                elif isinstance(incoming, Shutdown):
+                    self.shutting_down = True
+                    cancelled[0] = True
+                else:
+                    self.backlog.append(incoming)
+            return cancelled[0]
+
+        finished = self.session.generate(request, self.send, poll_cancel)
+        self.send(finished)
+
+
+def _llama_cpp_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("llama-cpp-python")
+    except Exception:
+        return "unknown"
+
+
+def worker_main(conn: Connection, log_path: str) -> None:
+    """Entry point of the worker process (multiprocessing spawn target)."""
+    _redirect_native_output(Path(log_path))
+    print(f"--- llmtui engine worker pid {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    try:
+        Worker(conn).serve()
+    finally:
+        conn.close()

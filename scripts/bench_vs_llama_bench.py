@@ -1,0 +1,128 @@
+"""Compare `llmtui bench` with llama.cpp's own `llama-bench` built from the same vendored source.
+
+Runs both on the same model, threads and sizes, alternating rounds so drift hits both alike, and prints
+prompt-processing and decode speed side by side with the ratio llmtui / llama-bench.
+
+    python scripts/bench_vs_llama_bench.py --build -m starter -t 2 -p 512 -n 128 -r 5 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".bench"
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+
+
+def llama_bench_path() -> Path:
+    return WORK / "build" / "bin" / "llama-bench"
+
+
+def build_llama_bench(cmake_args: list[str]) -> Path:
+    """Fetch the llama-cpp-python sdist (the vendored llama.cpp) and build llama-bench with CMake."""
+    WORK.mkdir(exist_ok=True)
+    sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(WORK),
+             LLAMA_CPP_PYTHON],
+            check=True,
+        )
+        sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
+    src = WORK / "src"
+    if not src.exists():
+        with tarfile.open(sdists[0]) as tar:
+            tar.extractall(WORK / "unpacked", filter="data")
+        unpacked = next((WORK / "unpacked").iterdir())
+        shutil.move(str(unpacked / "vendor" / "llama.cpp"), src)
+    build = WORK / "build"
+    subprocess.run(
+        ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", *cmake_args],
+        check=True,
+    )
+    jobs = str(os.cpu_count() or 2)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", jobs], check=True)
+    return llama_bench_path()
+
+
+def resolve_model(spec: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    from app.models import resolve_model as resolve
+
+    return str(resolve(spec))
+
+
+def run_llama_bench(binary: Path, model: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    cmd = [str(binary), "-m", model, "-t", str(args.threads), "-p", str(args.n_prompt), "-n", str(args.n_gen),
+           "-r", str(args.repetitions), "-ngl", str(args.n_gpu_layers), "-o", "json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    result: dict[str, list[float]] = {}
+    for test in json.loads(out):
+        key = "pp" if test["n_prompt"] > 0 and test["n_gen"] == 0 else "tg"
+        result[key] = [float(v) for v in test["samples_ts"]]
+    return result
+
+
+def run_llmtui_bench(model: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    cmd = [sys.executable, "-m", "app", "bench", "-m", model, "-t", str(args.threads), "-p", str(args.n_prompt),
+           "-n", str(args.n_gen), "-r", str(args.repetitions), "-ngl", str(args.n_gpu_layers), "--json"]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
+    return {key: [float(v) for v in out[key]["tps"]] for key in ("pp", "tg") if key in out}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-m", "--model", default="starter")
+    parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("-p", "--n-prompt", type=int, default=512)
+    parser.add_argument("-n", "--n-gen", type=int, default=128)
+    parser.add_argument("-r", "--repetitions", type=int, default=5)
+    parser.add_argument("-ngl", "--n-gpu-layers", type=int, default=99)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both tools")
+    parser.add_argument("--build", action="store_true", help="build llama-bench if it is not built yet")
+    parser.add_argument("--cmake-arg", action="append", default=[], help="extra CMake flag, e.g. -DGGML_CUDA=ON")
+    parser.add_argument("--llama-bench", type=Path, default=None, help="use this llama-bench binary")
+    args = parser.parse_args()
+
+    binary = args.llama_bench or llama_bench_path()
+    if not binary.exists():
+        if not args.build:
+            print(f"llama-bench not found at {binary}; run with --build to build it", file=sys.stderr)
+            return 1
+        binary = build_llama_bench(args.cmake_arg)
+    model = resolve_model(args.model)
+
+    samples: dict[str, dict[str, list[float]]] = {"llama-bench": {}, "llmtui": {}}
+    for round_no in range(args.rounds):
+        order = [("llama-bench", lambda: run_llama_bench(binary, model, args)),
+                 ("llmtui", lambda: run_llmtui_bench(model, args))]
+        if round_no % 2:
+            order.reverse()
+        for name, run in order:
+            for key, values in run().items():
+                samples[name].setdefault(key, []).extend(values)
+            print(f"round {round_no + 1}/{args.rounds}: {name} done", file=sys.stderr)
+
+    print(f"model {model}, {args.threads} threads, {args.rounds} rounds × {args.repetitions} repetitions")
+    print(f"{'test':>8} {'llama-bench t/s':>16} {'llmtui t/s':>12} {'ratio':>7}")
+    for key, label in (("pp", f"pp{args.n_prompt}"), ("tg", f"tg{args.n_gen}")):
+        ref, ours = samples["llama-bench"].get(key), samples["llmtui"].get(key)
+        if not ref or not ours:
+            continue
+        ref_med, our_med = statistics.median(ref), statistics.median(ours)
+        print(f"{label:>8} {ref_med:16.2f} {our_med:12.2f} {our_med / ref_med:7.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

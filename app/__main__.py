@@ -8,15 +8,20 @@ import random
 import statistics
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from app import paths
 from app.models import ModelNotFound, resolve_model
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
-from engine_ext.model import KV_CACHE_TYPES, ContextParams, EngineError, ModelParams
+from engine_ext.params import (
+    DEFAULT_SEED,
+    KV_CACHE_TYPES,
+    ContextParams,
+    EngineError,
+    ModelParams,
+    SamplingParams,
+)
 from engine_ext.protocol import ChatMessage, Crashed, Failed, Finished, Generate, GenerationStats, TokenChunk
-from engine_ext.sampling import DEFAULT_SEED, SamplingParams
 
 
 class CliError(Exception):

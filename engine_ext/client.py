@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engine_ext.model import ContextParams, ModelParams
+from engine_ext.params import ContextParams, ModelParams
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,

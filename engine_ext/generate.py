@@ -14,7 +14,8 @@ from engine_ext.chat import (
     render_chat,
     truncate_messages_to_fit,
 )
-from engine_ext.model import Checkpoint, Context, EngineError, Model
+from engine_ext.model import Checkpoint, Context, Model
+from engine_ext.params import EngineError
 from engine_ext.protocol import Finished, Generate, GenerationStats, StopReason, TokenChunk
 from engine_ext.sampling import Sampler
 

@@ -8,24 +8,16 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from engine_ext.bindings import C
+from engine_ext.params import KV_CACHE_TYPES, ContextError, ContextParams, ModelLoadError, ModelParams
 
-FlashAttention = Literal["auto", "on", "off"]
-
-# KV cache element types llama.cpp accepts for K and V (names as in llama.cpp's --cache-type-k/-v).
-KV_CACHE_TYPES: dict[str, int] = {
-    "f32": C.GGML_TYPE_F32,
-    "f16": C.GGML_TYPE_F16,
-    "bf16": C.GGML_TYPE_BF16,
-    "q8_0": C.GGML_TYPE_Q8_0,
-    "q4_0": C.GGML_TYPE_Q4_0,
-    "q4_1": C.GGML_TYPE_Q4_1,
-    "iq4_nl": C.GGML_TYPE_IQ4_NL,
-    "q5_0": C.GGML_TYPE_Q5_0,
-    "q5_1": C.GGML_TYPE_Q5_1,
+# ggml type ids of the KV cache types (ggml/include/ggml.h, enum ggml_type).
+_GGML_TYPES: dict[str, int] = {
+    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30,
 }
+assert set(_GGML_TYPES) == set(KV_CACHE_TYPES)
 
 _FLASH_ATTN: dict[str, int] = {
     "auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -34,69 +26,12 @@ _FLASH_ATTN: dict[str, int] = {
 }
 
 
-class EngineError(Exception):
-    """An error a user can act on (bad file, bad setting); the message says what and what to do."""
-
-
-class ModelLoadError(EngineError):
-    """llama.cpp could not load a model file."""
-
-
-class ContextError(EngineError):
-    """llama.cpp could not create or use a context."""
-
-
 def default_threads() -> int:
     """Threads for decoding: the CPUs this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-@dataclass(frozen=True)
-class ModelParams:
-    """How a model file is loaded (llama.cpp names: -ngl, --no-mmap, --mlock)."""
-
-    n_gpu_layers: int = -1  # -1: every layer that the backend can take
-    use_mmap: bool = True
-    use_mlock: bool = False
-    load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
-    main_gpu: int = 0
-
-
-@dataclass(frozen=True)
-class ContextParams:
-    """How a context is made (llama.cpp names: -c, -b, -ub, -t, -tb, -fa, -ctk, -ctv)."""
-
-    n_ctx: int = 4096  # 0: the model's training context
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    n_threads: int = 0  # 0: default_threads()
-    n_threads_batch: int = 0  # 0: same as n_threads
-    flash_attn: FlashAttention = "auto"
-    type_k: str = "f16"
-    type_v: str = "f16"
-    n_seq_max: int = 1
-    n_rs_seq: int = 0  # recurrent-state rollback depth (speculative decoding on GDN/Mamba models)
-
-    def validate(self) -> None:
-        """Refuse values llama.cpp would reject or abort on."""
-        if self.n_ctx < 0:
-            raise ContextError(f"context size must be 0 (model default) or positive, not {self.n_ctx}")
-        if self.n_batch < 1 or self.n_ubatch < 1:
-            raise ContextError("batch and micro-batch sizes must be at least 1")
-        if self.n_threads < 0 or self.n_threads_batch < 0:
-            raise ContextError("thread counts must be positive (0 picks the default)")
-        for name in (self.type_k, self.type_v):
-            if name not in KV_CACHE_TYPES:
-                raise ContextError(
-                    f"unknown KV cache type {name!r}; use one of {', '.join(sorted(KV_CACHE_TYPES))}"
-                )
-        if self.flash_attn not in _FLASH_ATTN:
-            raise ContextError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
-        if self.type_v != "f16" and self.type_v != "f32" and self.flash_attn == "off":
-            raise ContextError("a quantized V cache needs flash attention (-fa on or auto)")
 
 
 class Model:
@@ -277,8 +212,8 @@ class Context:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = params.n_threads_batch or n_threads
         cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
-        cparams.type_k = KV_CACHE_TYPES[params.type_k]
-        cparams.type_v = KV_CACHE_TYPES[params.type_v]
+        cparams.type_k = _GGML_TYPES[params.type_k]
+        cparams.type_v = _GGML_TYPES[params.type_v]
         cparams.no_perf = False
         self._stack = ExitStack()
         handle = C.llama_init_from_model(model.handle, cparams)

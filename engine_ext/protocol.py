@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine_ext.model import ContextParams, ModelParams
-from engine_ext.sampling import SamplingParams
+from engine_ext.params import ContextParams, ModelParams, SamplingParams
 
 PROTOCOL_VERSION = 1
 

@@ -2,50 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from engine_ext.bindings import C
-from engine_ext.model import Context, EngineError, Model
+from engine_ext.model import Context, Model
+from engine_ext.params import GREEDY, SamplingParams
 
-DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed per generation
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """A sampling preset (llama.cpp names); temperature 0 means greedy."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int = DEFAULT_SEED
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    def validate(self) -> None:
-        if self.temperature < 0:
-            raise EngineError(f"temperature must be ≥ 0, not {self.temperature}")
-        if self.top_k < 0:
-            raise EngineError(f"top-k must be ≥ 0 (0 disables it), not {self.top_k}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise EngineError(f"top-p must be between 0 and 1, not {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise EngineError(f"min-p must be between 0 and 1, not {self.min_p}")
-        if self.repeat_penalty <= 0:
-            raise EngineError(f"repeat penalty must be > 0 (1 disables it), not {self.repeat_penalty}")
-        if self.repeat_last_n < -1:
-            raise EngineError("repeat-last-n must be -1 (whole context), 0 (off) or positive")
-
-
-GREEDY = SamplingParams(temperature=0.0)
-
+__all__ = ["GREEDY", "Sampler", "SamplingParams"]
 
 class Sampler:
     """A native llama_sampler chain; `sample()` reads one logits row, samples and accepts the token."""

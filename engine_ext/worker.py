@@ -98,7 +98,7 @@ class Worker:
             else:
                 self.send(Failed(None, "ProtocolError", f"unknown request {type(request).__name__}"))
         except Exception as exc:  # every error becomes an event; the worker keeps serving
-            from engine_ext.model import EngineError
+            from engine_ext.params import EngineError
 
             if not isinstance(exc, EngineError):
                 traceback.print_exc()  # to the log file
@@ -116,7 +116,7 @@ class Worker:
         self.unload()
         path = Path(request.path)
         if not path.is_file():
-            from engine_ext.model import ModelLoadError
+            from engine_ext.params import ModelLoadError
 
             raise ModelLoadError(f"model file not found: {path}")
         request.context.validate()
@@ -177,7 +177,7 @@ class Worker:
 
     def generate(self, request: Generate) -> None:
         if self.session is None:
-            from engine_ext.model import EngineError
+            from engine_ext.params import EngineError
 
             raise EngineError("no model is loaded")
         cancelled = [False]

@@ -1,0 +1,106 @@
+"""Engine parameters and errors: plain data shared by the client (UI process) and the worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FlashAttention = Literal["auto", "on", "off"]
+
+# KV cache element types llama.cpp accepts for K and V (names as in llama.cpp's --cache-type-k/-v).
+KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed per generation
+
+
+class EngineError(Exception):
+    """An error a user can act on (bad file, bad setting); the message says what and what to do."""
+
+
+class ModelLoadError(EngineError):
+    """llama.cpp could not load a model file."""
+
+
+class ContextError(EngineError):
+    """llama.cpp could not create or use a context."""
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """How a model file is loaded (llama.cpp names: -ngl, --no-mmap, --mlock)."""
+
+    n_gpu_layers: int = -1  # -1: every layer that the backend can take
+    use_mmap: bool = True
+    use_mlock: bool = False
+    load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
+    main_gpu: int = 0
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """How a context is made (llama.cpp names: -c, -b, -ub, -t, -tb, -fa, -ctk, -ctv)."""
+
+    n_ctx: int = 4096  # 0: the model's training context
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: default_threads()
+    n_threads_batch: int = 0  # 0: same as n_threads
+    flash_attn: FlashAttention = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_seq_max: int = 1
+    n_rs_seq: int = 0  # recurrent-state rollback depth (speculative decoding on GDN/Mamba models)
+
+    def validate(self) -> None:
+        """Refuse values llama.cpp would reject or abort on."""
+        if self.n_ctx < 0:
+            raise ContextError(f"context size must be 0 (model default) or positive, not {self.n_ctx}")
+        if self.n_batch < 1 or self.n_ubatch < 1:
+            raise ContextError("batch and micro-batch sizes must be at least 1")
+        if self.n_threads < 0 or self.n_threads_batch < 0:
+            raise ContextError("thread counts must be positive (0 picks the default)")
+        for name in (self.type_k, self.type_v):
+            if name not in KV_CACHE_TYPES:
+                raise ContextError(
+                    f"unknown KV cache type {name!r}; use one of {', '.join(sorted(KV_CACHE_TYPES))}"
+                )
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise ContextError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
+        if self.type_v != "f16" and self.type_v != "f32" and self.flash_attn == "off":
+            raise ContextError("a quantized V cache needs flash attention (-fa on or auto)")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """A sampling preset (llama.cpp names); temperature 0 means greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = DEFAULT_SEED
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise EngineError(f"temperature must be ≥ 0, not {self.temperature}")
+        if self.top_k < 0:
+            raise EngineError(f"top-k must be ≥ 0 (0 disables it), not {self.top_k}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise EngineError(f"top-p must be between 0 and 1, not {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise EngineError(f"min-p must be between 0 and 1, not {self.min_p}")
+        if self.repeat_penalty <= 0:
+            raise EngineError(f"repeat penalty must be > 0 (1 disables it), not {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise EngineError("repeat-last-n must be -1 (whole context), 0 (off) or positive")
+
+
+GREEDY = SamplingParams(temperature=0.0)

@@ -7,11 +7,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp
+from llama_cpp import _logger as llama_logger
 from llama_cpp import llama_cpp_ext
 
 # Re-exported so the rest of engine_ext has one place that names the native library.
 C = llama_cpp
 ext = llama_cpp_ext
+__all__ = ["C", "ext", "llama_logger", "ExtensionUnavailable", "target_layer_ids", "missing_ext_functions"]
 
 
 class ExtensionUnavailable(RuntimeError):

@@ -39,6 +39,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 @dataclass
 class PromptPlan:
     tokens: list[int]
+    text: str | None  # the prompt's text when it has one (not for pre-tokenized prompts)
     dropped_messages: int
     opens_reasoning: bool
     chat: bool
@@ -54,6 +55,10 @@ class Session:
         self.model = model
         self.ctx = ctx
         self.cached: list[int] = []  # tokens whose state is in sequence 0, in order
+        # Texts recently evaluated (rendered prompts, prompts plus replies) with their exact tokens. A
+        # new prompt that extends one keeps those tokens: re-tokenizing a reply rarely gives back the ids
+        # the model generated, and a mismatch would cost a re-evaluation of the whole reply.
+        self.anchors: list[tuple[str, tuple[int, ...]]] = []
         self.checkpoints: list[Checkpoint] = []
         # Recurrent/hybrid (and SWA) memories cannot be truncated at any position: keep checkpoints.
         self.uses_checkpoints = model.is_recurrent or model.is_hybrid
@@ -69,6 +74,23 @@ class Session:
         if self.model.add_bos and bos >= 0 and (not tokens or tokens[0] != bos):
             tokens.insert(0, bos)
         return tokens
+
+    def _tokens_for(self, text: str) -> list[int]:
+        """Tokens for a prompt, reusing the tokens of the longest recent text it extends."""
+        best: tuple[str, tuple[int, ...]] | None = None
+        for anchor in self.anchors:
+            if text.startswith(anchor[0]) and (best is None or len(anchor[0]) > len(best[0])):
+                best = anchor
+        if best is None:
+            return self._tokenize_prompt(text)
+        rest = text[len(best[0]) :]
+        return list(best[1]) + self.model.tokenize(rest, add_special=False, parse_special=True)
+
+    def _add_anchor(self, text: str, tokens: Sequence[int]) -> None:
+        if text:
+            self.anchors = [a for a in self.anchors if a[0] != text]
+            self.anchors.append((text, tuple(tokens)))
+            del self.anchors[:-MAX_CHECKPOINTS]
 
     def _render(self, request: Generate, messages: Sequence[dict[str, str]]) -> str:
         text = render_chat(
@@ -94,9 +116,9 @@ class Session:
         budget = max(1, n_ctx - min(room, n_ctx // 2))
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
-            plan = PromptPlan(tokens, 0, False, chat=False, split_last=False)
+            plan = PromptPlan(tokens, None, 0, False, chat=False, split_last=False)
         elif request.prompt is not None:
-            plan = PromptPlan(self._tokenize_prompt(request.prompt), 0, False, chat=False)
+            plan = PromptPlan(self._tokens_for(request.prompt), request.prompt, 0, False, chat=False)
         else:
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
             if not messages:
@@ -107,7 +129,7 @@ class Session:
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
             text = self._render(request, kept)
-            plan = PromptPlan(self._tokenize_prompt(text), dropped, prompt_opens_reasoning(text), chat=True)
+            plan = PromptPlan(self._tokens_for(text), text, dropped, prompt_opens_reasoning(text), chat=True)
         if len(plan.tokens) >= n_ctx:
             raise PromptTooLong(
                 f"the prompt is {len(plan.tokens)} tokens but the context holds {n_ctx}; "
@@ -198,6 +220,9 @@ class Session:
         tokens = plan.tokens
         t_prompt = time.perf_counter()
         n_cached = self.evaluate_prompt(tokens, split_last=plan.split_last)
+        if plan.text is not None:
+            self._add_anchor(plan.text, tokens)
+        reply_bytes: list[bytes] = []  # pieces of the generated tokens that enter the cache
         prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
         params = request.sampling
         if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
@@ -257,7 +282,8 @@ class Session:
                 stop_reason = "eos"
                 break
             pending_ids.append(token)
-            text, stopped = stopper.feed(utf8.feed(piece(token)))
+            token_bytes = piece(token)
+            text, stopped = stopper.feed(utf8.feed(token_bytes))
             route(text)
             if stopped:
                 stop_reason = "stop_string"
@@ -275,6 +301,7 @@ class Session:
                 break
             decode_one(token, len(cached))
             cached.append(token)
+            reply_bytes.append(token_bytes)
 
         if stop_reason != "stop_string":
             route(stopper.feed(utf8.flush())[0] + stopper.flush())
@@ -282,6 +309,8 @@ class Session:
             for kind, part in splitter.flush():
                 (pending_reasoning if kind == "reasoning" else pending_text).append(part)
         flush()
+        if plan.text is not None and reply_bytes:
+            self._add_anchor(plan.text + b"".join(reply_bytes).decode("utf-8", errors="replace"), self.cached)
         self._checkpoint()
         notices: tuple[str, ...] = ()
         if plan.dropped_messages:

@@ -59,8 +59,12 @@ class Worker:
         self.conn.send(event)
 
     def serve(self) -> None:
-        from engine_ext.bindings import C
+        import logging
 
+        from engine_ext.bindings import C, llama_logger
+
+        # llama-cpp-python prints every llama.cpp log level by default; keep INFO and up in the log file.
+        llama_logger.logger.setLevel(logging.INFO)
         C.llama_backend_init()
         info = C.llama_print_system_info().decode("utf-8", errors="replace")
         self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info))

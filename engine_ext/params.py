@@ -104,3 +104,52 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams(temperature=0.0)
+
+
+# Speculative types in upstream's chain order (common/speculative.cpp: the first that drafts wins).
+SPEC_TYPES: tuple[str, ...] = (
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
+)
+
+
+class SpeculativeConfigError(EngineError):
+    """A speculative configuration llama.cpp would reject or abort on."""
+
+
+@dataclass(frozen=True)
+class SpeculativeParams:
+    """Speculative decoding settings (llama.cpp names: --spec-type, --spec-draft-*); no types: off."""
+
+    types: tuple[str, ...] = ()
+    draft_model: str | None = None  # draft-simple: path of a smaller model with a compatible vocabulary
+    n_max: int = 16  # most tokens drafted per step
+    n_min: int = 0  # drafts shorter than this are not verified
+    p_min: float = 0.0  # model drafters stop at a token whose top-10 probability is below this
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.types)
+
+    def validate(self) -> None:
+        unknown = [t for t in self.types if t not in SPEC_TYPES]
+        if unknown:
+            raise SpeculativeConfigError(
+                f"unknown speculative type {', '.join(unknown)}; use one of {', '.join(SPEC_TYPES)}"
+            )
+        if self.n_max < 1:
+            raise SpeculativeConfigError(f"--spec-draft-n-max must be at least 1, not {self.n_max}")
+        if not 0 <= self.n_min <= self.n_max:
+            raise SpeculativeConfigError("--spec-draft-n-min must be between 0 and --spec-draft-n-max")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise SpeculativeConfigError(f"--spec-draft-p-min must be between 0 and 1, not {self.p_min}")
+        if "draft-simple" in self.types and not self.draft_model:
+            raise SpeculativeConfigError("draft-simple needs a draft model (--spec-draft-model PATH)")

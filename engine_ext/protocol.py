@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine_ext.params import ContextParams, ModelParams, SamplingParams
+from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams
 
 PROTOCOL_VERSION = 1
 
@@ -47,6 +47,14 @@ class Generate:
     ignore_eos: bool = False
     enable_thinking: bool | None = None  # passed to templates that understand it (Qwen3.x)
     continue_reply: bool = False  # messages end with a partial assistant reply to continue
+    speculative: bool = True  # use the configured speculative decoding, if any
+
+
+@dataclass(frozen=True)
+class SetSpeculative:
+    """Configure speculative decoding for the loaded model (no types: off); answered by SpeculativeSet."""
+
+    params: SpeculativeParams
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ class Shutdown:
     pass
 
 
-Request = LoadModel | UnloadModel | Generate | Cancel | Inspect | Shutdown
+Request = LoadModel | UnloadModel | Generate | SetSpeculative | Cancel | Inspect | Shutdown
 
 
 # ----- events (worker → client) ---------------------------------------------------------------------
@@ -166,11 +174,80 @@ class GenerationStats:
 
 
 @dataclass(frozen=True)
+class DrafterReport:
+    """One drafter's statistics within a generation (upstream's `statistics <type>` line)."""
+
+    name: str
+    drafts: int  # non-empty drafts proposed
+    drafted: int  # tokens proposed
+    accepted: int  # tokens accepted by the target
+    acceptance_per_position: tuple[float, ...]
+    draft_ms: float
+
+
+@dataclass(frozen=True)
+class SpeculativeStats:
+    """Speculative decoding statistics of one generation, so far (live) or final."""
+
+    request_id: int
+    steps: int  # verify steps that had a draft
+    drafted: int
+    accepted: int
+    acceptance_rate: float  # accepted / drafted
+    mean_accepted_length: float  # 1 + accepted / steps: tokens produced per target decode
+    acceptance_per_position: tuple[float, ...]
+    recent_acceptance: tuple[float, ...]  # accepted/drafted of the latest steps, oldest first (sparkline)
+    draft_ms: float
+    verify_ms: float
+    effective_tps: float  # generated tokens per second of this generation
+    plain_tps: float  # plain decoding speed measured on this model (0: not measured yet)
+    drafters: tuple[DrafterReport, ...]
+
+    @property
+    def speedup(self) -> float:
+        return self.effective_tps / self.plain_tps if self.plain_tps > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 3),
+            "acceptance_per_position": [round(v, 4) for v in self.acceptance_per_position],
+            "draft_ms": round(self.draft_ms, 3),
+            "verify_ms": round(self.verify_ms, 3),
+            "effective_tps": round(self.effective_tps, 2),
+            "plain_tps": round(self.plain_tps, 2),
+            "speedup": round(self.speedup, 3),
+            "drafters": [
+                {
+                    "name": d.name,
+                    "drafts": d.drafts,
+                    "drafted": d.drafted,
+                    "accepted": d.accepted,
+                    "acceptance_per_position": [round(v, 4) for v in d.acceptance_per_position],
+                    "draft_ms": round(d.draft_ms, 3),
+                }
+                for d in self.drafters
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class SpeculativeUpdate:
+    """Live speculative statistics while a generation runs (coalescable: only the latest matters)."""
+
+    stats: SpeculativeStats
+
+
+@dataclass(frozen=True)
 class Finished:
     request_id: int
     stop_reason: StopReason
     stats: GenerationStats
     notices: tuple[str, ...] = field(default=())  # e.g. "dropped 2 oldest messages to fit the context"
+    speculative: SpeculativeStats | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +255,14 @@ class Failed:
     request_id: int | None
     error: str  # exception class name
     message: str
+
+
+@dataclass(frozen=True)
+class SpeculativeSet:
+    """Speculative decoding is configured: the drafters in chain order (empty: off)."""
+
+    drafters: tuple[str, ...]
+    notices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,6 +308,8 @@ Event = (
     | Finished
     | Failed
     | Inspected
+    | SpeculativeSet
+    | SpeculativeUpdate
     | LogLine
     | Crashed
 )

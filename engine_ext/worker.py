@@ -25,7 +25,9 @@ from engine_ext.protocol import (
     LoadProgress,
     ModelInfo,
     Request,
+    SetSpeculative,
     Shutdown,
+    SpeculativeSet,
     Unloaded,
     UnloadModel,
 )
@@ -91,6 +93,8 @@ class Worker:
                 self.send(Unloaded())
             elif isinstance(request, Generate):
                 self.generate(request)
+            elif isinstance(request, SetSpeculative):
+                self.set_speculative(request)
             elif isinstance(request, Inspect):
                 from engine_ext.gguf_info import inspect_gguf
 
@@ -170,7 +174,25 @@ class Worker:
         )
         self.send(Loaded(info))
 
+    def set_speculative(self, request: SetSpeculative) -> None:
+        from engine_ext.params import EngineError
+        from engine_ext.speculative.factory import build_driver
+
+        if self.session is None:
+            raise EngineError("load a model before turning on speculative decoding")
+        if self.session.spec is not None:
+            self.session.spec.close()
+            self.session.spec = None
+        if not request.params.enabled:
+            self.send(SpeculativeSet(()))
+            return
+        driver = build_driver(request.params, self.model, self.ctx)
+        self.session.spec = driver
+        self.send(SpeculativeSet(driver.names))
+
     def unload(self) -> None:
+        if self.session is not None and self.session.spec is not None:
+            self.session.spec.close()
         self.session = None
         if self.ctx is not None:
             self.ctx.close()

@@ -1,0 +1,117 @@
+"""The drafter chain: which drafter proposes each step, and the statistics of a generation."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from engine_ext.params import SpeculativeParams
+from engine_ext.protocol import DrafterReport, SpeculativeStats
+from engine_ext.speculative.base import Drafter, DrafterStats
+
+RECENT_STEPS = 64
+
+
+class SpeculativeDriver:
+    """Drafters in upstream's priority order; the first non-empty draft of a step wins.
+
+    Statistics are recorded here, around every drafter call, so each drafter counts the same way.
+    """
+
+    def __init__(self, params: SpeculativeParams, drafters: Sequence[Drafter]) -> None:
+        self.params = params
+        self.drafters = list(drafters)
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        for d in self.drafters:
+            d.stats = DrafterStats()
+        self.steps = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.acc_per_pos: list[int] = []
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.draft_ms = 0.0
+        self.verify_ms = 0.0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.drafters)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        for d in self.drafters:
+            t0 = time.perf_counter()
+            d.begin(prompt)
+            d.stats.n_call_begin += 1
+            d.stats.t_begin_ms += (time.perf_counter() - t0) * 1000.0
+
+    def process(self, tokens: Sequence[int], pos0: int) -> None:
+        for d in self.drafters:
+            d.process(tokens, pos0)
+
+    def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> tuple[list[int], Drafter | None]:
+        """The step's draft (at most n_max tokens, at least n_min or none) and the drafter that made it."""
+        t_start = time.perf_counter()
+        try:
+            for d in self.drafters:
+                t0 = time.perf_counter()
+                proposal = d.draft(tokens, id_last, n_max)[:n_max]
+                d.stats.n_call_draft += 1
+                d.stats.t_draft_ms += (time.perf_counter() - t0) * 1000.0
+                if proposal:
+                    if len(proposal) < self.params.n_min:
+                        return [], None
+                    d.stats.record_draft(len(proposal))
+                    return proposal, d
+            return [], None
+        finally:
+            self.draft_ms += (time.perf_counter() - t_start) * 1000.0
+
+    def accept(self, drafter: Drafter, n_drafted: int, n_accepted: int, verify_ms: float) -> None:
+        t0 = time.perf_counter()
+        drafter.accept(n_accepted)
+        drafter.stats.n_call_accept += 1
+        drafter.stats.record_accept(n_accepted)
+        drafter.stats.t_accept_ms += (time.perf_counter() - t0) * 1000.0
+        self.steps += 1
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        if len(self.acc_per_pos) < n_accepted:
+            self.acc_per_pos.extend([0] * (n_accepted - len(self.acc_per_pos)))
+        for i in range(n_accepted):
+            self.acc_per_pos[i] += 1
+        self.recent.append(n_accepted / n_drafted if n_drafted else 0.0)
+        self.verify_ms += verify_ms
+
+    def snapshot(self, request_id: int, effective_tps: float, plain_tps: float) -> SpeculativeStats:
+        reports = tuple(
+            DrafterReport(
+                name=d.name,
+                drafts=d.stats.n_gen_drafts,
+                drafted=d.stats.n_gen_tokens,
+                accepted=d.stats.n_acc_tokens,
+                acceptance_per_position=tuple(d.stats.acceptance_per_position()),
+                draft_ms=d.stats.t_draft_ms,
+            )
+            for d in self.drafters
+        )
+        return SpeculativeStats(
+            request_id=request_id,
+            steps=self.steps,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
+            mean_accepted_length=1.0 + self.accepted / self.steps if self.steps else 1.0,
+            acceptance_per_position=tuple(a / self.steps for a in self.acc_per_pos) if self.steps else (),
+            recent_acceptance=tuple(self.recent),
+            draft_ms=self.draft_ms,
+            verify_ms=self.verify_ms,
+            effective_tps=effective_tps,
+            plain_tps=plain_tps,
+            drafters=reports,
+        )
+
+    def close(self) -> None:
+        for d in self.drafters:
+            d.close()

@@ -1,0 +1,47 @@
+"""Building the drafter chain for a loaded model from SpeculativeParams, refusing what would abort."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine_ext.model import Context, Model
+from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
+from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.driver import SpeculativeDriver
+
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+
+def build_driver(params: SpeculativeParams, model: Model, ctx: Context) -> SpeculativeDriver:
+    """The drafters for `params.types` in upstream's priority order (whatever order the user gave)."""
+    params.validate()
+    drafters: list[Drafter] = []
+    try:
+        for spec_type in SPEC_TYPES:
+            if spec_type not in params.types:
+                continue
+            drafters.append(_build(spec_type, params, model, ctx))
+    except Exception:
+        for d in drafters:
+            d.close()
+        raise
+    return SpeculativeDriver(params, drafters)
+
+
+def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
+    if spec_type in NGRAM_TYPES:
+        from engine_ext.speculative.ngram import make_ngram_drafter
+
+        return make_ngram_drafter(spec_type)
+    if spec_type == "draft-simple":
+        from engine_ext.speculative.draft_model import DraftSimple
+
+        assert params.draft_model is not None  # validate() checked it
+        path = Path(params.draft_model)
+        if not path.is_file():
+            raise SpeculativeConfigError(f"draft model not found: {path}")
+        from engine_ext.gguf_info import validate_gguf
+
+        validate_gguf(path)
+        return DraftSimple(path, model, ctx, p_min=params.p_min)
+    raise SpeculativeConfigError(f"{spec_type} is not supported by this version of llmtui yet")

@@ -1,4 +1,4 @@
-"""The `llmtui` command line: run, chat, info, bench (the TUI opens with no subcommand once it lands)."""
+"""The `llmtui` command line: the chat app with no subcommand; run, chat, info, bench."""
 
 from __future__ import annotations
 
@@ -11,17 +11,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from app import paths
+from app.cli_models import add_models_parser, cmd_models
 from app.models import ModelNotFound, resolve_model
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
     DEFAULT_SEED,
     KV_CACHE_TYPES,
+    SPEC_TYPES,
     ContextParams,
     EngineError,
     ModelParams,
     SamplingParams,
+    SpeculativeParams,
 )
-from engine_ext.protocol import ChatMessage, Crashed, Failed, Finished, Generate, GenerationStats, TokenChunk
+from engine_ext.protocol import (
+    ChatMessage,
+    Crashed,
+    Failed,
+    Finished,
+    Generate,
+    GenerationStats,
+    SpeculativeStats,
+    TokenChunk,
+)
 
 
 class CliError(Exception):
@@ -59,6 +71,32 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system prompt")
 
 
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec-type", default="", metavar="T[,T...]",
+                   help=f"speculative decoding: {', '.join(SPEC_TYPES)} (comma-separated; off by default)")
+    p.add_argument("--spec-draft-model", default=None, metavar="PATH", help="draft model for draft-simple")
+    p.add_argument("--spec-draft-n-max", type=int, default=16, help="most tokens drafted per step")
+    p.add_argument("--spec-draft-n-min", type=int, default=0, help="drafts shorter than this are skipped")
+    p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="min draft token probability")
+
+
+def _spec_params(args: argparse.Namespace, types: str | None = None) -> SpeculativeParams:
+    names = args.spec_type if types is None else types
+    return SpeculativeParams(
+        types=tuple(t.strip() for t in names.split(",") if t.strip()),
+        draft_model=str(resolve_model(args.spec_draft_model)) if args.spec_draft_model else None,
+        n_max=args.spec_draft_n_max,
+        n_min=args.spec_draft_n_min,
+        p_min=args.spec_draft_p_min,
+    )
+
+
+def _rs_rollback_depth(params: SpeculativeParams) -> int:
+    """Recurrent-state rollback depth for the context: model drafters verify n_max tokens (upstream need_n_rs_seq)."""
+    model_drafters = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
+    return params.n_max if model_drafters & set(params.types) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmtui", description="Run open language models from a terminal.")
     sub = parser.add_subparsers(dest="command")
@@ -71,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
+    _add_spec_args(run)
 
     chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
     _add_engine_args(chat)
@@ -88,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip)")
     bench.add_argument("-r", "--repetitions", type=int, default=5)
     bench.add_argument("--json", action="store_true")
+    _add_spec_args(bench)
+    bench.add_argument("--prompt", default=None, help="chat prompt for --spec-type runs (default: a copy-heavy one)")
+    add_models_parser(sub)
     return parser
 
 
@@ -95,8 +137,9 @@ def _model_params(args: argparse.Namespace) -> ModelParams:
     return ModelParams(n_gpu_layers=args.n_gpu_layers, use_mmap=not args.no_mmap, use_mlock=args.mlock)
 
 
-def _context_params(args: argparse.Namespace, n_ctx: int | None = None) -> ContextParams:
+def _context_params(args: argparse.Namespace, n_ctx: int | None = None, n_rs_seq: int = 0) -> ContextParams:
     return ContextParams(
+        n_rs_seq=n_rs_seq,
         n_ctx=args.ctx_size if n_ctx is None else n_ctx,
         n_batch=args.batch_size,
         n_ubatch=args.ubatch_size,
@@ -172,8 +215,12 @@ def _stream(client: EngineClient, request: Generate, *, echo: bool) -> tuple[str
 
 def cmd_run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
+    spec = _spec_params(args)
+    spec.validate()
     with start_engine() as client:
-        client.load(path, _model_params(args), _context_params(args))
+        client.load(path, _model_params(args), _context_params(args, n_rs_seq=_rs_rollback_depth(spec)))
+        if spec.enabled:
+            client.set_speculative(spec)
         messages: tuple[ChatMessage, ...] = ()
         if not args.raw:
             if args.system:
@@ -196,6 +243,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "stop_reason": finished.stop_reason,
             "stats": finished.stats.to_dict(),
             "notices": list(finished.notices),
+            "speculative": finished.speculative.to_dict() if finished.speculative else None,
         }
         print(json.dumps(out, ensure_ascii=False))
     else:
@@ -203,7 +251,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         for notice in finished.notices:
             print(f"note: {notice}", file=sys.stderr)
         print(format_stats(finished.stats), file=sys.stderr)
+        if finished.speculative is not None:
+            print(format_spec_stats(finished.speculative), file=sys.stderr)
     return 0
+
+
+def format_spec_stats(s: SpeculativeStats) -> str:
+    per_pos = " ".join(f"{v:.2f}" for v in s.acceptance_per_position[:8])
+    return (
+        f"speculative: {s.accepted}/{s.drafted} drafted tokens accepted ({s.acceptance_rate:.0%}), "
+        f"mean accepted length {s.mean_accepted_length:.2f}, per position [{per_pos}], "
+        f"drafting {s.draft_ms:.0f} ms, verifying {s.verify_ms:.0f} ms"
+    )
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -277,8 +336,85 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+COPY_HEAVY_PROMPT = """Repeat these four Python functions exactly, then stop.
+
+def add(a, b):
+    return a + b
+
+def subtract(a, b):
+    return a - b
+
+def multiply(a, b):
+    return a * b
+
+def divide(a, b):
+    if b == 0:
+        raise ValueError("division by zero")
+    return a / b
+"""
+
+
+def cmd_bench_speculative(args: argparse.Namespace) -> int:
+    """Plain decoding and each speculative mode on the same chat prompt: tok/s, speedup, acceptance."""
+    path = resolve_model(args.model)
+    modes = ["plain", *[t.strip() for t in args.spec_type.split(",") if t.strip()]]
+    reps = max(1, args.repetitions)
+    n_gen = args.n_gen
+    greedy = SamplingParams(temperature=0.0)
+    prompt = args.prompt or COPY_HEAVY_PROMPT
+    specs = {mode: _spec_params(args, "" if mode == "plain" else mode) for mode in modes}
+    for spec in specs.values():
+        spec.validate()
+    n_rs_seq = max(_rs_rollback_depth(spec) for spec in specs.values())
+    rows: list[dict[str, Any]] = []
+    with start_engine() as client:
+        info = client.load(path, _model_params(args), _context_params(args, args.ctx_size or 4096, n_rs_seq))
+        for mode in modes:
+            client.set_speculative(specs[mode])
+            speeds: list[float] = []
+            finished: Finished | None = None
+            for rep in range(reps + 1):  # the first run warms the prompt cache and is not counted
+                request = Generate(
+                    request_id=client.new_request_id(),
+                    messages=(ChatMessage("user", prompt),),
+                    sampling=greedy,
+                    max_tokens=n_gen,
+                )
+                finished = _stream(client, request, echo=False)[2]
+                if rep > 0:
+                    speeds.append(finished.stats.decode_tps)
+            assert finished is not None
+            s = finished.speculative
+            rows.append(
+                {
+                    "mode": mode,
+                    "tps": round(statistics.median(speeds), 2),
+                    "generated": finished.stats.generated_tokens,
+                    "drafted": s.drafted if s else 0,
+                    "accepted": s.accepted if s else 0,
+                    "mean_accepted_length": round(s.mean_accepted_length, 3) if s else 1.0,
+                    "draft_ms": round(s.draft_ms, 2) if s else 0.0,
+                }
+            )
+    plain_tps = rows[0]["tps"]
+    for row in rows:
+        row["speedup"] = round(row["tps"] / plain_tps, 3) if plain_tps else 0.0
+    if args.json:
+        print(json.dumps({"model": str(path), "description": info.description, "n_gen": n_gen, "modes": rows}))
+    else:
+        print(f"model: {info.description} ({info.backend}, {info.n_threads} threads), {n_gen} tokens, median of {reps}")
+        print(f"{'mode':>14} {'tok/s':>8} {'speedup':>8} {'accepted':>12} {'mean len':>9}")
+        for row in rows:
+            acc = f"{row['accepted']}/{row['drafted']}" if row["mode"] != "plain" else "-"
+            mean_len = row["mean_accepted_length"]
+            print(f"{row['mode']:>14} {row['tps']:8.2f} {row['speedup']:7.2f}x {acc:>12} {mean_len:9.2f}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Prompt processing (pp) and token generation (tg) speed through the app's own worker and client."""
+    if args.spec_type:
+        return cmd_bench_speculative(args)
     path = resolve_model(args.model)
     n_prompt, n_gen, reps = args.n_prompt, args.n_gen, max(1, args.repetitions)
     n_ctx = args.ctx_size or max(n_prompt, n_gen + 1) + 16
@@ -342,14 +478,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench}
+COMMANDS = {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench, "models": cmd_models}
+
+
+def _open_tui(arguments: list[str]) -> int:
+    """`llmtui [-m MODEL]`: the full-screen chat app."""
+    parser = argparse.ArgumentParser(prog="llmtui", description="Open the chat app.")
+    parser.add_argument("-m", "--model", default=None, help="model: a .gguf path or 'starter' (default: the last)")
+    args = parser.parse_args(arguments)
+    from app.tui import run_tui
+
+    return run_tui(args.model)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if not arguments or arguments[0] not in COMMANDS and arguments[0] not in ("-h", "--help"):
+        return _open_tui(arguments)
+    args = parser.parse_args(arguments)
     try:
         return COMMANDS[args.command](args)
     except (CliError, ModelNotFound, EngineError, EngineFailure) as exc:

@@ -1,4 +1,4 @@
-"""Turning what a user types as MODEL (a path, `starter`) into a model file path."""
+"""Turning what a user types as MODEL (a path, `starter`, a catalog id, `org/repo[:QUANT]`) into a model file path."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def starter_model_path() -> Path | None:
 
 
 def resolve_model(spec: str) -> Path:
-    """A model file for MODEL: an existing path, or `starter`."""
+    """A model file for MODEL: an existing path, `starter`, a catalog id, or `org/repo[:QUANT]` in the cache."""
     if spec == "starter":
         path = starter_model_path()
         if path is None:
@@ -42,4 +42,49 @@ def resolve_model(spec: str) -> Path:
         return path
     if path.is_dir():
         raise ModelNotFound(f"{path} is a folder; give the path of a .gguf file inside it")
-    raise ModelNotFound(f"no model file at {path} (MODEL is a path to a .gguf file or 'starter')")
+    cached = None if spec.lower().endswith(".gguf") else _resolve_cached(spec)
+    if cached is not None:
+        return cached
+    raise ModelNotFound(
+        f"no model file at {path} (MODEL is a path to a .gguf file, 'starter', a catalog id, "
+        "or org/repo[:QUANT] already downloaded)"
+    )
+
+
+def _resolve_cached(spec: str) -> Path | None:
+    """A catalog id or `org/repo[:QUANT]` found in the Hugging Face cache (llama.cpp's find_best_model)."""
+    from models_catalog import hfcache, hub, pairing
+    from models_catalog.catalog import load_catalog
+    from models_catalog.errors import ModelsError
+
+    repo_spec = spec
+    entry = None
+    if "/" not in spec:
+        try:
+            entry = load_catalog().get(spec.split(":")[0])
+        except ModelsError:
+            entry = None
+        if entry is None:
+            return None
+        repo_spec = entry.repo + (spec[len(spec.split(":")[0]) :] if ":" in spec else "")
+    try:
+        repo_id, tag = hfcache.split_repo_tag(repo_spec)
+    except ModelsError:
+        return None
+    listing = hub.cached_listing(repo_id)
+    if listing is None:
+        raise ModelNotFound(
+            f"{repo_id} is not downloaded yet; fetch it with: llmtui models pull {repo_spec}"
+        )
+    best = pairing.find_best_model(listing.paths, tag)
+    if best is None and not tag and entry is not None:
+        for _, quant in reversed(entry.quants):
+            best = best or pairing.find_best_model(listing.paths, quant)
+    if best is None:
+        have = sorted({pairing.quant_tag(p) for p in listing.paths if pairing.is_model_file(p)} - {""})
+        raise ModelNotFound(
+            f"{repo_id} has no {'quant ' + tag if tag else 'model file'} in the cache"
+            + (f" (downloaded: {', '.join(have)})" if have else "")
+            + f"; fetch it with: llmtui models pull {repo_id}:{tag or 'QUANT'}"
+        )
+    return hfcache.RepoCache(hfcache.cache_dir(), repo_id).pointer(listing.commit, best)

@@ -194,8 +194,11 @@ class Session:
         for start in range(0, len(tokens), n_batch):
             chunk = tokens[start : start + n_batch]
             last = start + n_batch >= len(tokens)
-            self.ctx.decode(chunk, len(self.cached), logits_last=logits_last and last)
+            pos0 = len(self.cached)
+            self.ctx.decode(chunk, pos0, logits_last=logits_last and last)
             self.cached.extend(chunk)
+            if self.spec is not None:
+                self.spec.process(chunk, pos0)  # model drafters (MTP) read the target's hidden states
 
     def evaluate_prompt(self, tokens: Sequence[int], *, split_last: bool = True) -> int:
         """Evaluate what the cache lacks, leaving logits for the last token; returns tokens reused."""
@@ -208,6 +211,12 @@ class Session:
             rest = rest[-1:]
         self._evaluate(rest, logits_last=True)
         return n_cached
+
+    def reset_cache(self) -> None:
+        """Forget what the context holds (the next prompt is evaluated in full)."""
+        self.ctx.clear()
+        self.cached = []
+        self.checkpoints = []
 
     # ----- generation -------------------------------------------------------------------------------
 

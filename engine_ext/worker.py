@@ -188,6 +188,8 @@ class Worker:
             return
         driver = build_driver(request.params, self.model, self.ctx)
         self.session.spec = driver
+        # Model drafters must see every row the target holds: evaluate the next prompt in full.
+        self.session.reset_cache()
         self.send(SpeculativeSet(driver.names))
 
     def unload(self) -> None:

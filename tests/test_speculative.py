@@ -153,3 +153,54 @@ def test_refused_combinations_keep_the_worker_alive(tiny_models: dict[str, Path]
         sources = {s for e in events if isinstance(e, TokenChunk) for s in e.provenance}
         assert sources == {"draft-simple", "target"}
         assert client.set_speculative(SpeculativeParams()).drafters == ()
+
+
+@contextmanager
+def mtp_session(path: Path, spec: SpeculativeParams, *, n_rs_seq: int) -> Iterator[Session]:
+    model = Model(path, ModelParams(load_mtp=True))
+    ctx = Context(model, ContextParams(n_ctx=1024, n_batch=256, n_threads=2, n_rs_seq=n_rs_seq))
+    session = Session(model, ctx)
+    session.spec = build_driver(spec, model, ctx)
+    try:
+        yield session
+    finally:
+        session.spec.close()
+        ctx.close()
+        model.close()
+
+
+@pytest.mark.parametrize("kind, n_rs_seq", [("qwen35_mtp", 4), ("qwen35_mtp", 0), ("nemotron_h_moe_mtp", 4)])
+def test_mtp_head_inside_the_model_is_lossless(tiny_models: dict[str, Path], kind: str, n_rs_seq: int) -> None:
+    expected = plain_outputs(tiny_models[kind], PROMPTS)
+    spec = SpeculativeParams(types=("draft-mtp",), n_max=4)
+    drafted = 0
+    with mtp_session(tiny_models[kind], spec, n_rs_seq=n_rs_seq) as session:
+        for prompt, want in zip(PROMPTS, expected, strict=True):
+            ids, sources, done = generate(session, prompt)
+            assert ids == want, f"MTP output diverged for {prompt!r}"
+            check_invariants(done)
+            assert done.speculative is not None
+            drafted += done.speculative.drafted
+            assert set(sources) <= {"target", "draft-mtp"}
+    assert drafted > 0
+
+
+def test_mtp_sidecar_drafts_for_the_plain_model(tiny_models: dict[str, Path]) -> None:
+    # The sidecar holds the same head as qwen35_mtp, so it drafts for the plain qwen35 trunk.
+    spec = SpeculativeParams(types=("draft-mtp",), draft_model=str(tiny_models["qwen35_mtp_sidecar"]), n_max=4)
+    results = check_lossless(tiny_models["qwen35"], spec, n_rs_seq=4)
+    assert sum(r.speculative.drafted for r in results if r.speculative) > 0
+
+
+def test_mtp_refusals(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    with EngineClient(tmp_path / "engine.log") as client:
+        client.start()
+        client.load(tiny_models["qwen35_mtp"], ModelParams(load_mtp=False), ContextParams(n_ctx=512, n_threads=2))
+        with pytest.raises(EngineFailure, match="without its MTP weights"):
+            client.set_speculative(SpeculativeParams(types=("draft-mtp",)))
+        client.load(tiny_models["llama"], ModelParams(), ContextParams(n_ctx=512, n_threads=2))
+        with pytest.raises(EngineFailure, match="no MTP head"):
+            client.set_speculative(SpeculativeParams(types=("draft-mtp",)))
+        # The worker is alive and serves a plain generation.
+        request = Generate(request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=4)
+        assert isinstance(list(client.generate(request))[-1], Finished)

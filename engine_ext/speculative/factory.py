@@ -44,4 +44,31 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
 
         validate_gguf(path)
         return DraftSimple(path, model, ctx, p_min=params.p_min)
+    if spec_type == "draft-mtp":
+        return _build_mtp(params, model, ctx)
     raise SpeculativeConfigError(f"{spec_type} is not supported by this version of llmtui yet")
+
+
+def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
+    """The MTP head inside the target (loaded with load_mtp), or an `mtp-*.gguf` sidecar given as draft model."""
+    from engine_ext.params import ModelParams
+    from engine_ext.speculative.mtp import DraftMTP
+
+    if params.draft_model and Path(params.draft_model).name.startswith("mtp-"):
+        path = Path(params.draft_model)
+        if not path.is_file():
+            raise SpeculativeConfigError(f"MTP sidecar not found: {path}")
+        from engine_ext.gguf_info import validate_gguf
+
+        validate_gguf(path)
+        sidecar = Model(path, ModelParams(n_gpu_layers=model.params.n_gpu_layers, load_mtp=True))
+        try:
+            return DraftMTP(sidecar, model, ctx, p_min=params.p_min, owns_head=True)
+        except Exception:
+            sidecar.close()
+            raise
+    if model.n_layer_nextn < 1:
+        raise SpeculativeConfigError(
+            f"{model.path.name} has no MTP head; give its mtp-*.gguf sidecar with --spec-draft-model"
+        )
+    return DraftMTP(model, model, ctx, p_min=params.p_min)

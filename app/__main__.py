@@ -133,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_params(args: argparse.Namespace) -> ModelParams:
-    return ModelParams(n_gpu_layers=args.n_gpu_layers, use_mmap=not args.no_mmap, use_mlock=args.mlock)
+def _model_params(args: argparse.Namespace, spec: SpeculativeParams | None = None) -> ModelParams:
+    # MTP heads inside the model are loaded only when draft-mtp will use them (llama.cpp's load_mtp).
+    load_mtp = spec is not None and "draft-mtp" in spec.types
+    return ModelParams(
+        n_gpu_layers=args.n_gpu_layers, use_mmap=not args.no_mmap, use_mlock=args.mlock, load_mtp=load_mtp
+    )
 
 
 def _context_params(args: argparse.Namespace, n_ctx: int | None = None, n_rs_seq: int = 0) -> ContextParams:
@@ -218,7 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _spec_params(args)
     spec.validate()
     with start_engine() as client:
-        client.load(path, _model_params(args), _context_params(args, n_rs_seq=_rs_rollback_depth(spec)))
+        client.load(path, _model_params(args, spec), _context_params(args, n_rs_seq=_rs_rollback_depth(spec)))
         if spec.enabled:
             client.set_speculative(spec)
         messages: tuple[ChatMessage, ...] = ()
@@ -368,7 +372,8 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
     n_rs_seq = max(_rs_rollback_depth(spec) for spec in specs.values())
     rows: list[dict[str, Any]] = []
     with start_engine() as client:
-        info = client.load(path, _model_params(args), _context_params(args, args.ctx_size or 4096, n_rs_seq))
+        mtp = next((spec for spec in specs.values() if "draft-mtp" in spec.types), None)
+        info = client.load(path, _model_params(args, mtp), _context_params(args, args.ctx_size or 4096, n_rs_seq))
         for mode in modes:
             client.set_speculative(specs[mode])
             speeds: list[float] = []

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.models import starter_model_path
@@ -203,4 +204,64 @@ def test_mtp_refusals(tiny_models: dict[str, Path], tmp_path: Path) -> None:
             client.set_speculative(SpeculativeParams(types=("draft-mtp",)))
         # The worker is alive and serves a plain generation.
         request = Generate(request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=4)
+        assert isinstance(list(client.generate(request))[-1], Finished)
+
+
+@pytest.mark.parametrize("spec_type, kind", [("draft-dflash", "dflash"), ("draft-dspark", "dspark")])
+@pytest.mark.parametrize("p_min", [0.0, 0.5])
+def test_dflash_and_dspark_drafts_are_lossless(
+    tiny_models: dict[str, Path], spec_type: str, kind: str, p_min: float
+) -> None:
+    spec = SpeculativeParams(types=(spec_type,), draft_model=str(tiny_models[kind]), n_max=3, p_min=p_min)
+    results = check_lossless(tiny_models["llama"], spec)
+    drafted = sum(r.speculative.drafted for r in results if r.speculative)
+    if p_min == 0.0:
+        assert drafted > 0
+        assert all(len(r.speculative.acceptance_per_position) <= 3 for r in results if r.speculative)
+
+
+def test_dflash2_lattice_walk_by_hand() -> None:
+    from engine_ext.speculative.dflash import walk_dflash2_lattice
+
+    top_k = 2
+    # Row layout: [cand0, cand1, s(pred0→c0), s(pred0→c1), s(pred1→c0), s(pred1→c1)]; row 0 is the anchor.
+    rows = np.array(
+        [
+            [0, 0, 0, 0, 0, 0],
+            [11, 12, 0.1, 2.0, 0.0, 0.0],  # from pred 0: c1 (12) wins
+            [21, 22, 0.0, 0.0, 3.0, 1.0],  # from pred 1: c0 (21) wins
+            [31, 32, 5.0, 5.0, 0.0, 0.0],  # from pred 0: tie → first (31), p = 0.5
+        ],
+        dtype=np.float32,
+    )
+    assert walk_dflash2_lattice(rows, top_k, 0.0) == [12, 21, 31]
+    # p of the second step: 1 / (1 + e^-2) ≈ 0.88; of the third: 0.5 → p_min 0.6 stops before it.
+    assert walk_dflash2_lattice(rows, top_k, 0.6) == [12, 21]
+    assert walk_dflash2_lattice(rows, top_k, 0.95) == []
+
+
+def test_dspark_confidence_truncation_by_hand() -> None:
+    from engine_ext.speculative.dflash import truncate_by_confidence
+
+    assert truncate_by_confidence([5, 6, 7, 8], [0.9, 0.8, 0.3, 0.95], 0.5) == [5, 6]
+    assert truncate_by_confidence([5, 6, 7, 8], [0.9, 0.8, 0.3, 0.95], 0.0) == [5, 6, 7, 8]
+    assert truncate_by_confidence([5], [0.1], 0.2) == []
+
+
+def test_dflash_refusals(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    with EngineClient(tmp_path / "engine.log") as client:
+        client.start()
+        client.load(tiny_models["llama"], ModelParams(), ContextParams(n_ctx=512, n_threads=2))
+        with pytest.raises(EngineFailure, match="it is a dspark draft"):
+            client.set_speculative(SpeculativeParams(types=("draft-dflash",), draft_model=str(tiny_models["dspark"])))
+        with pytest.raises(EngineFailure, match="not a DFlash or DSpark draft"):
+            client.set_speculative(SpeculativeParams(types=("draft-dflash",), draft_model=str(tiny_models["qwen3"])))
+        # The worker survived; a hybrid target exposes its layer inputs too.
+        client.load(tiny_models["qwen3next"], ModelParams(), ContextParams(n_ctx=512, n_threads=2))
+        configured = client.set_speculative(
+            SpeculativeParams(types=("draft-dflash",), draft_model=str(tiny_models["dflash"]), n_max=3)
+        )
+        assert configured.drafters == ("draft-dflash",)
+        request = Generate(request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=8,
+                           ignore_eos=True)
         assert isinstance(list(client.generate(request))[-1], Finished)

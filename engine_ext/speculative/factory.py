@@ -46,6 +46,8 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         return DraftSimple(path, model, ctx, p_min=params.p_min)
     if spec_type == "draft-mtp":
         return _build_mtp(params, model, ctx)
+    if spec_type in ("draft-dflash", "draft-dspark"):
+        return _build_dflash(spec_type, params, model, ctx)
     raise SpeculativeConfigError(f"{spec_type} is not supported by this version of llmtui yet")
 
 
@@ -72,3 +74,30 @@ def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter
             f"{model.path.name} has no MTP head; give its mtp-*.gguf sidecar with --spec-draft-model"
         )
     return DraftMTP(model, model, ctx, p_min=params.p_min)
+
+
+def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
+    """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together."""
+    from engine_ext.gguf_info import inspect_gguf
+    from engine_ext.params import ModelParams
+    from engine_ext.speculative.dflash import DraftDFlash
+
+    if not params.draft_model:
+        raise SpeculativeConfigError(f"{spec_type} needs its draft GGUF (--spec-draft-model PATH)")
+    path = Path(params.draft_model)
+    if not path.is_file():
+        raise SpeculativeConfigError(f"draft model not found: {path}")
+    info = inspect_gguf(path)
+    kind = info.draft.draft_type
+    wanted = {"draft-dflash": ("dflash", "dflash2"), "draft-dspark": ("dspark",)}[spec_type]
+    if kind not in wanted:
+        hint = f"it is a {kind} draft" if kind else "it is not a DFlash or DSpark draft"
+        raise SpeculativeConfigError(f"{path.name} cannot be used with {spec_type}: {hint}")
+    draft = Model(path, ModelParams(n_gpu_layers=model.params.n_gpu_layers))
+    try:
+        return DraftDFlash(
+            draft, model, ctx, dspark=spec_type == "draft-dspark", n_max=params.n_max, p_min=params.p_min
+        )
+    except Exception:
+        draft.close()
+        raise

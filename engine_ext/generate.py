@@ -348,20 +348,23 @@ class Session:
             if cancelled():
                 stop_reason = "cancelled"
                 break
-            n_max = min(spec.params.n_max, room)
+            n_max = min(spec.n_max_now, room)
             if max_tokens > 0:
                 n_max = min(n_max, max_tokens - n_generated)
             if rollback:
                 n_max = min(n_max, ctx.params.n_rs_seq)
-            draft, drafter = spec.draft(cached, id_last, n_max) if n_max > 0 else ([], None)
+            if n_max > 0 and spec.drafting_allowed(n_generated):
+                draft, drafter = spec.draft(cached, id_last, n_max)
+            else:
+                draft, drafter = [], None
             if drafter is None:
+                t_plain = time.perf_counter()
                 ctx.decode_one(id_last, n_past)
                 cached.append(id_last)
-                spec.process((id_last,), n_past)
                 ids, sources = [sampler.sample(ctx)], ["target"]
-                now = time.perf_counter()
-                self._observe_plain_step((now - t_last) * 1000.0)
-                t_last = now
+                t_last = time.perf_counter()
+                self._observe_plain_step((t_last - t_plain) * 1000.0)
+                spec.process((id_last,), n_past)
                 continue
             t_verify = time.perf_counter()
             checkpoint = ctx.save_checkpoint(cached) if needs_checkpoint and not rollback else None
@@ -386,8 +389,9 @@ class Session:
                     ctx.decode(kept, n_past, logits_last=False)
                 elif not ctx.truncate(len(cached)):
                     raise EngineError("the model's memory could not be rolled back after a rejected draft")
-            t_last = time.perf_counter()
+            step_start, t_last = t_last, time.perf_counter()
             spec.accept(drafter, len(draft), n_accepted, (t_last - t_verify) * 1000.0)
+            spec.observe(len(ids), (t_last - step_start) * 1000.0, self.plain_step_ms, n_generated)
             sources = [drafter.name] * n_accepted + ["target"]
         snapshot = self._spec_snapshot(spec, request, n_generated, t_first, t_last)
         return _LoopResult(stop_reason, n_generated, t_first, t_last, ttft_ms, snapshot)

@@ -108,6 +108,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 # Speculative types in upstream's chain order (common/speculative.cpp: the first that drafts wins).
 SPEC_TYPES: tuple[str, ...] = (
+    "auto",  # the best drafter the model supports, adapted and paused when slower (llmtui's own)
     "ngram-simple",
     "ngram-map-k",
     "ngram-map-k4v",
@@ -151,5 +152,7 @@ class SpeculativeParams:
             raise SpeculativeConfigError("--spec-draft-n-min must be between 0 and --spec-draft-n-max")
         if not 0.0 <= self.p_min <= 1.0:
             raise SpeculativeConfigError(f"--spec-draft-p-min must be between 0 and 1, not {self.p_min}")
+        if "auto" in self.types and len(self.types) > 1:
+            raise SpeculativeConfigError("--spec-type auto picks the drafters itself: give it alone")
         if "draft-simple" in self.types and not self.draft_model:
             raise SpeculativeConfigError("draft-simple needs a draft model (--spec-draft-model PATH)")

@@ -202,6 +202,8 @@ class SpeculativeStats:
     effective_tps: float  # generated tokens per second of this generation
     plain_tps: float  # plain decoding speed measured on this model (0: not measured yet)
     drafters: tuple[DrafterReport, ...]
+    n_max: int = 0  # the draft length in use (auto mode adapts it)
+    status: str = ""  # what speculation is doing and why (auto mode explains pauses)
 
     @property
     def speedup(self) -> float:
@@ -220,6 +222,8 @@ class SpeculativeStats:
             "effective_tps": round(self.effective_tps, 2),
             "plain_tps": round(self.plain_tps, 2),
             "speedup": round(self.speedup, 3),
+            "n_max": self.n_max,
+            "status": self.status,
             "drafters": [
                 {
                     "name": d.name,

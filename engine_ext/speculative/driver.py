@@ -11,6 +11,10 @@ from engine_ext.protocol import DrafterReport, SpeculativeStats
 from engine_ext.speculative.base import Drafter, DrafterStats
 
 RECENT_STEPS = 64
+AUTO_WINDOW = 12  # verify steps compared against plain decoding before deciding
+AUTO_SLOWER = 0.95  # speculation slower than this fraction of plain speed is switched off…
+AUTO_PAUSE_TOKENS = 96  # …for this many tokens, then tried again
+AUTO_POSITION_FLOOR = 0.2  # auto n_max stops at the first draft position accepted less often than this
 
 
 class SpeculativeDriver:
@@ -19,9 +23,10 @@ class SpeculativeDriver:
     Statistics are recorded here, around every drafter call, so each drafter counts the same way.
     """
 
-    def __init__(self, params: SpeculativeParams, drafters: Sequence[Drafter]) -> None:
+    def __init__(self, params: SpeculativeParams, drafters: Sequence[Drafter], *, auto: bool = False) -> None:
         self.params = params
         self.drafters = list(drafters)
+        self.auto = auto  # adapt n_max to the measured acceptance; pause when slower than plain decoding
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -34,6 +39,10 @@ class SpeculativeDriver:
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self.draft_ms = 0.0
         self.verify_ms = 0.0
+        self.n_max_now = self.params.n_max
+        self.window: deque[tuple[int, float]] = deque(maxlen=AUTO_WINDOW)  # (tokens produced, ms) per step
+        self.paused_until = 0  # generated-token count at which a paused auto mode drafts again
+        self.status = "drafting" if self.drafters else "off"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -84,6 +93,40 @@ class SpeculativeDriver:
         self.recent.append(n_accepted / n_drafted if n_drafted else 0.0)
         self.verify_ms += verify_ms
 
+    # ----- auto mode ----------------------------------------------------------------------------------
+
+    def drafting_allowed(self, n_generated: int) -> bool:
+        if self.paused_until and n_generated >= self.paused_until:
+            self.paused_until = 0
+            self.window.clear()
+            self.status = "drafting (trying again)"
+        return self.paused_until == 0
+
+    def observe(self, n_produced: int, step_ms: float, plain_step_ms: float, n_generated: int) -> None:
+        """Auto mode: after a verify step, adapt n_max and pause when speculation is measured slower."""
+        if not self.auto:
+            return
+        self.window.append((n_produced, step_ms))
+        if self.steps and self.acc_per_pos:
+            rates = [a / self.steps for a in self.acc_per_pos]
+            useful = next((i for i, r in enumerate(rates) if r < AUTO_POSITION_FLOOR), len(rates))
+            self.n_max_now = max(1, min(self.params.n_max, useful + 1))
+        if plain_step_ms <= 0 or len(self.window) < AUTO_WINDOW:
+            return
+        tokens = sum(n for n, _ in self.window)
+        ms = sum(t for _, t in self.window)
+        ratio = (tokens / ms) * plain_step_ms if ms > 0 else 0.0
+        if ratio < AUTO_SLOWER:
+            self.paused_until = n_generated + AUTO_PAUSE_TOKENS
+            rate = self.accepted / self.drafted if self.drafted else 0.0
+            self.status = (
+                f"paused: measured {ratio:.2f}× plain speed with {rate:.0%} of drafted tokens accepted; "
+                f"plain decoding for {AUTO_PAUSE_TOKENS} tokens, then trying again"
+            )
+            self.window.clear()
+        else:
+            self.status = f"drafting: {ratio:.2f}× plain speed, n_max {self.n_max_now}"
+
     def snapshot(self, request_id: int, effective_tps: float, plain_tps: float) -> SpeculativeStats:
         reports = tuple(
             DrafterReport(
@@ -110,6 +153,8 @@ class SpeculativeDriver:
             effective_tps=effective_tps,
             plain_tps=plain_tps,
             drafters=reports,
+            n_max=self.n_max_now,
+            status=self.status,
         )
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngr
 def build_driver(params: SpeculativeParams, model: Model, ctx: Context) -> SpeculativeDriver:
     """The drafters for `params.types` in upstream's priority order (whatever order the user gave)."""
     params.validate()
+    if params.types == ("auto",):
+        return build_auto_driver(params, model, ctx)
     drafters: list[Drafter] = []
     try:
         for spec_type in SPEC_TYPES:
@@ -101,3 +103,27 @@ def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: 
     except Exception:
         draft.close()
         raise
+
+
+def auto_types(params: SpeculativeParams, model: Model) -> tuple[str, ...]:
+    """What auto mode chains: ngram-mod (free, strong on repeated text), then the best model drafter available."""
+    from engine_ext.gguf_info import inspect_gguf
+
+    chain = ["ngram-mod"]
+    if model.n_layer_nextn > 0 and model.params.load_mtp:
+        chain.append("draft-mtp")
+    elif params.draft_model:
+        draft_type = inspect_gguf(Path(params.draft_model)).draft.draft_type
+        by_kind = {"dflash": "draft-dflash", "dflash2": "draft-dflash", "dspark": "draft-dspark",
+                   "eagle3": "draft-eagle3", "draft-mtp": "draft-mtp", None: "draft-simple"}
+        chain.append(by_kind.get(draft_type, "draft-simple"))
+    return tuple(chain)
+
+
+def build_auto_driver(params: SpeculativeParams, model: Model, ctx: Context) -> SpeculativeDriver:
+    from dataclasses import replace
+
+    chosen = replace(params, types=auto_types(params, model))
+    driver = build_driver(chosen, model, ctx)
+    driver.auto = True
+    return driver

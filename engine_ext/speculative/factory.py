@@ -34,7 +34,7 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
     if spec_type in NGRAM_TYPES:
         from engine_ext.speculative.ngram import make_ngram_drafter
 
-        return make_ngram_drafter(spec_type)
+        return make_ngram_drafter(spec_type, record_stats=False)  # the driver records statistics
     if spec_type == "draft-simple":
         from engine_ext.speculative.draft_model import DraftSimple
 
@@ -50,6 +50,10 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         return _build_mtp(params, model, ctx)
     if spec_type in ("draft-dflash", "draft-dspark"):
         return _build_dflash(spec_type, params, model, ctx)
+    if spec_type == "draft-eagle3":
+        from engine_ext.speculative.eagle3 import build_eagle3
+
+        return build_eagle3(params, model, ctx)
     raise SpeculativeConfigError(f"{spec_type} is not supported by this version of llmtui yet")
 
 

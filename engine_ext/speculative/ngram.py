@@ -532,7 +532,12 @@ class NgramMod(_NgramDrafter):
     A table of `size` int32 entries maps hash(n_match tokens) % size to the token that followed them last.
     Drafting looks the next token up repeatedly, up to n_max times; a miss before n_min tokens drops the draft.
     The table is cleared when begin() leaves it more than 25 % occupied, and after 5 accepts in a row with an
-    acceptance fraction (of the untruncated draft) below 0.25.
+    acceptance fraction below 0.25.
+
+    One deliberate difference: the fraction is taken of the draft as returned (after draft()'s n_max cap), not
+    of the uncapped one. Upstream divides by the uncapped length, but its cap is the context budget, so the two
+    agree there; under a smaller cap (16 by default here, vs. drafts of 48-64) upstream's division would count
+    almost every round as low and keep clearing the table.
     """
 
     name = "ngram-mod"
@@ -554,7 +559,7 @@ class NgramMod(_NgramDrafter):
         self.table: npt.NDArray[np.int32] = np.full(size, NGRAM_MOD_EMPTY, dtype=np.int32)
         self.used = 0
         self.i_last = 0  # the last history position added to the table
-        self.n_draft_last = 0  # length of the last draft (before truncation to draft()'s n_max)
+        self.n_draft_last = 0  # length of the last draft (after draft()'s n_max cap, see above)
         self.n_low = 0  # consecutive accepts with a low acceptance fraction
         self._mpow = pow(NGRAM_MOD_FACTOR, n_match - 1, 1 << 64)
 
@@ -626,6 +631,11 @@ class NgramMod(_NgramDrafter):
         self.i_last = len(prompt) - n
         if self.occupancy > NGRAM_MOD_OCCUPANCY_MAX:
             self.reset()
+
+    def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        result = super().draft(tokens, id_last, n_max)
+        self.n_draft_last = len(result)  # the capped length (upstream: uncapped, see the class docstring)
+        return result
 
     def _draft(self, tokens: list[int], id_last: int, n_max: int) -> list[int]:
         self.n_draft_last = 0

@@ -816,6 +816,23 @@ class Store:
                 (now, message_id),
             )
 
+    def resume_assistant_message(self, message_id: int) -> Message:
+        """Continue a stopped, interrupted or failed reply: it becomes 'streaming' again, keeping its text,
+        and the active leaf (checkpoint and finish it as a new reply)."""
+        with self._write() as connection:
+            message = self.get_message(message_id)
+            if message.role != "assistant" or message.state not in ("stopped", "interrupted", "error"):
+                raise MessageNotStreaming(f"message {message_id} is not a stopped reply that can be continued")
+            now = self._now()
+            connection.execute(
+                "UPDATE messages SET state = 'streaming', updated_at = ? WHERE id = ?", (now, message_id)
+            )
+            connection.execute(
+                "UPDATE conversations SET active_leaf_id = ?, updated_at = ? WHERE id = ?",
+                (message_id, now, message.conversation_id),
+            )
+        return self.get_message(message_id)
+
     def recover_interrupted(self) -> int:
         """Mark replies left 'streaming' by a process that died as 'interrupted', keeping their text.
 

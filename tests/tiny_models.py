@@ -30,6 +30,7 @@ from gguf import GGUFWriter
 __all__ = [
     "DRAFT_BLOCK_SIZE",
     "DRAFT_TARGET_LAYERS",
+    "EAGLE3_TARGET_LAYERS",
     "NEMOTRON_EXPERT_FF",
     "NEMOTRON_EXPERT_FF_MTP",
     "NEMOTRON_EXPERT_USED",
@@ -43,6 +44,7 @@ __all__ = [
     "TINY_SPECIAL_TOKEN_IDS",
     "TINY_VOCAB",
     "write_all",
+    "write_eagle3_draft",
     "write_tiny_model",
 ]
 
@@ -59,6 +61,7 @@ TINY_KINDS: tuple[str, ...] = (
     "nemotron_h_moe_mtp",
     "dflash",
     "dspark",
+    "eagle3",
 )
 
 #: ``general.architecture`` of each kind.
@@ -73,6 +76,7 @@ TINY_ARCH: dict[str, str] = {
     "nemotron_h_moe_mtp": "nemotron_h_moe",
     "dflash": "dflash",
     "dspark": "dflash",
+    "eagle3": "eagle3",
 }
 
 #: File name of each kind inside the directory given to :func:`write_all`.
@@ -87,6 +91,7 @@ TINY_FILE_NAMES: dict[str, str] = {
     "nemotron_h_moe_mtp": "tiny-nemotron-h-moe-mtp.gguf",
     "dflash": "dflash-tiny-llama.gguf",
     "dspark": "dspark-tiny-llama.gguf",
+    "eagle3": "eagle3-tiny-llama.gguf",
 }
 
 TINY_CHAT_TEMPLATE: str = (
@@ -140,6 +145,9 @@ DRAFT_TARGET_LAYERS: list[int] = [0, 1]
 DRAFT_BLOCK_SIZE = 4
 DRAFT_N_LAYER = 2
 DSPARK_MARKOV_RANK = 8
+
+# eagle3 draft for the tiny "llama" target: exactly 3 target layer ids, each < the target's 2 layers.
+EAGLE3_TARGET_LAYERS: list[int] = [0, 1, 1]
 
 # ---------------------------------------------------------------------------
 # Shared tokenizer
@@ -687,6 +695,53 @@ def _build_dspark(path: Path, seed: int) -> Path:
     return _write_draft(path, seed, dspark=True)
 
 
+def _write_eagle3(
+    path: Path,
+    seed: int,
+    *,
+    target_layers: Sequence[int] = tuple(EAGLE3_TARGET_LAYERS),
+    target_hidden_size: int = N_EMBD,
+) -> Path:
+    """Write a one-layer EAGLE3 draft (src/models/eagle3.cpp); it borrows token_embd/output from its target."""
+    arch = "eagle3"
+    t = _Tensors("eagle3", seed)
+    t.normal("fc.weight", (len(target_layers) * target_hidden_size, N_EMBD))
+    t.norm("output_norm.weight", (N_EMBD,))
+    p = "blk.0"
+    t.norm(f"{p}.attn_norm.weight", (N_EMBD,))
+    t.norm(f"{p}.attn_norm_2.weight", (N_EMBD,))
+    # Attention reads [norm(token embedding), norm(g)]: twice the hidden size.
+    t.normal(f"{p}.attn_q.weight", (2 * N_EMBD, HEAD_DIM * N_HEAD))
+    t.normal(f"{p}.attn_k.weight", (2 * N_EMBD, HEAD_DIM * N_HEAD_KV))
+    t.normal(f"{p}.attn_v.weight", (2 * N_EMBD, HEAD_DIM * N_HEAD_KV))
+    t.normal(f"{p}.attn_output.weight", (HEAD_DIM * N_HEAD, N_EMBD))
+    t.norm(f"{p}.ffn_norm.weight", (N_EMBD,))
+    _add_swiglu_ffn(t, p)
+
+    def kv(w: GGUFWriter) -> None:
+        _add_base_hparams(w, arch, "eagle3-tiny-llama", block_count=1)
+        w.add_array(f"{arch}.target_layers", list(target_layers))
+        w.add_uint32(f"{arch}.target_hidden_size", target_hidden_size)
+
+    return _write_gguf(path, arch, kv, t.data)
+
+
+def _build_eagle3(path: Path, seed: int) -> Path:
+    """Write a one-layer EAGLE3 draft for the tiny llama (target layers EAGLE3_TARGET_LAYERS)."""
+    return _write_eagle3(path, seed)
+
+
+def write_eagle3_draft(
+    path: Path,
+    *,
+    target_layers: Sequence[int] = tuple(EAGLE3_TARGET_LAYERS),
+    target_hidden_size: int = N_EMBD,
+    seed: int = 0,
+) -> Path:
+    """An EAGLE3 draft with other target layers or target hidden size (e.g. to test refusals)."""
+    return _write_eagle3(Path(path), seed, target_layers=target_layers, target_hidden_size=target_hidden_size)
+
+
 _BUILDERS: dict[str, Callable[[Path, int], Path]] = {
     "llama": _build_llama,
     "qwen3": _build_qwen3,
@@ -698,6 +753,7 @@ _BUILDERS: dict[str, Callable[[Path, int], Path]] = {
     "nemotron_h_moe_mtp": _build_nemotron_h_moe_mtp,
     "dflash": _build_dflash,
     "dspark": _build_dspark,
+    "eagle3": _build_eagle3,
 }
 assert tuple(_BUILDERS) == TINY_KINDS
 

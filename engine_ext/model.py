@@ -323,3 +323,25 @@ class Context:
         """llama.cpp's own timing: (prompt ms, eval ms, prompt tokens, eval tokens)."""
         data = C.llama_perf_context(self.handle)
         return float(data.t_p_eval_ms), float(data.t_eval_ms), int(data.n_p_eval), int(data.n_eval)
+
+
+def new_draft_context(model: Model, target: Context, *, n_outputs_max: int, mtp: bool = False) -> Any:
+    """A raw llama_context for a model drafter, sized like the target's and linked to it (`ctx_other`).
+
+    The draft borrows the target's embeddings/output when it has none of its own (DFlash, EAGLE3); an MTP
+    context (`mtp`) holds only the NextN layer's KV cache. None when llama.cpp refuses.
+    """
+    cparams = C.llama_context_default_params()
+    cparams.n_ctx = target.n_ctx
+    cparams.n_batch = target.n_batch
+    cparams.n_ubatch = min(target.params.n_ubatch, target.n_batch)
+    cparams.n_seq_max = 1
+    cparams.n_rs_seq = 0
+    cparams.n_outputs_max = n_outputs_max
+    cparams.ctx_other = target.handle
+    if mtp:
+        cparams.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP
+    threads = target.params.n_threads or int(C.llama_n_threads(target.handle))
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    return C.llama_init_from_model(model.handle, cparams)

@@ -15,7 +15,7 @@ import numpy as np
 
 from engine_ext import bindings
 from engine_ext.bindings import C, ext
-from engine_ext.model import Context, Model
+from engine_ext.model import Context, Model, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
@@ -99,17 +99,7 @@ class DraftDFlash(Drafter):
             raise SpeculativeConfigError(
                 f"draft {draft.path.name} defines no mask token (tokenizer.ggml.mask_token_id)"
             )
-        cparams = C.llama_context_default_params()
-        cparams.n_ctx = target_ctx.n_ctx
-        cparams.n_batch = target_ctx.n_batch
-        cparams.n_ubatch = min(target_ctx.params.n_ubatch, target_ctx.n_batch)
-        cparams.n_seq_max = 1
-        cparams.n_outputs_max = self.n_block
-        cparams.ctx_other = target_ctx.handle
-        threads = target_ctx.params.n_threads or int(C.llama_n_threads(target_ctx.handle))
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        handle = C.llama_init_from_model(draft.handle, cparams)
+        handle = new_draft_context(draft, target_ctx, n_outputs_max=self.n_block)
         if not handle:
             raise SpeculativeConfigError(f"llama.cpp could not create a draft context on {draft.path.name}")
         self.ctx: Any = handle

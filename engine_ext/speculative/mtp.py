@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from engine_ext.bindings import C, ext
-from engine_ext.model import Context, Model
+from engine_ext.model import Context, Model, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
@@ -50,19 +50,7 @@ class DraftMTP(Drafter):
         self.n_embd = target.n_embd
         self.n_vocab = target.n_vocab
         n_batch = target_ctx.n_batch
-        cparams = C.llama_context_default_params()
-        cparams.n_ctx = target_ctx.n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = min(target_ctx.params.n_ubatch, n_batch)
-        cparams.n_seq_max = 1
-        cparams.n_rs_seq = 0
-        cparams.n_outputs_max = 1
-        cparams.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP
-        cparams.ctx_other = target_ctx.handle
-        threads = target_ctx.params.n_threads or int(C.llama_n_threads(target_ctx.handle))
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        handle = C.llama_init_from_model(head_model.handle, cparams)
+        handle = new_draft_context(head_model, target_ctx, n_outputs_max=1, mtp=True)
         if not handle:
             raise SpeculativeConfigError(f"llama.cpp could not create an MTP context on {head_model.path.name}")
         self.ctx: Any = handle

@@ -378,6 +378,7 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
             client.set_speculative(specs[mode])
             speeds: list[float] = []
             finished: Finished | None = None
+            ids: list[int] = []
             for rep in range(reps + 1):  # the first run warms the prompt cache and is not counted
                 request = Generate(
                     request_id=client.new_request_id(),
@@ -385,7 +386,7 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
                     sampling=greedy,
                     max_tokens=n_gen,
                 )
-                finished = _stream(client, request, echo=False)[2]
+                _, ids, finished = _stream(client, request, echo=False)
                 if rep > 0:
                     speeds.append(finished.stats.decode_tps)
             assert finished is not None
@@ -399,20 +400,24 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
                     "accepted": s.accepted if s else 0,
                     "mean_accepted_length": round(s.mean_accepted_length, 3) if s else 1.0,
                     "draft_ms": round(s.draft_ms, 2) if s else 0.0,
+                    "tokens": ids,
                 }
             )
-    plain_tps = rows[0]["tps"]
+    plain_tps, plain_ids = rows[0]["tps"], rows[0]["tokens"]
     for row in rows:
         row["speedup"] = round(row["tps"] / plain_tps, 3) if plain_tps else 0.0
+        # Greedy speculation must reproduce plain decoding token for token (the trust check).
+        row["identical"] = row.pop("tokens") == plain_ids
     if args.json:
         print(json.dumps({"model": str(path), "description": info.description, "n_gen": n_gen, "modes": rows}))
     else:
         print(f"model: {info.description} ({info.backend}, {info.n_threads} threads), {n_gen} tokens, median of {reps}")
-        print(f"{'mode':>14} {'tok/s':>8} {'speedup':>8} {'accepted':>12} {'mean len':>9}")
+        print(f"{'mode':>14} {'tok/s':>8} {'speedup':>8} {'accepted':>12} {'mean len':>9} {'same text':>10}")
         for row in rows:
             acc = f"{row['accepted']}/{row['drafted']}" if row["mode"] != "plain" else "-"
             mean_len = row["mean_accepted_length"]
-            print(f"{row['mode']:>14} {row['tps']:8.2f} {row['speedup']:7.2f}x {acc:>12} {mean_len:9.2f}")
+            same = "yes" if row["identical"] else "DIVERGED"
+            print(f"{row['mode']:>14} {row['tps']:8.2f} {row['speedup']:7.2f}x {acc:>12} {mean_len:9.2f} {same:>10}")
     return 0
 
 

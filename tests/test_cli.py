@@ -108,3 +108,25 @@ def test_bench_reports_prompt_and_decode_speed(tmp_path: Path, tiny_models: dict
     out = json.loads(result.stdout)
     assert len(out["pp"]["tps"]) == 2 and out["pp"]["median"] > 0
     assert len(out["tg"]["tps"]) == 2 and out["tg"]["median"] > 0
+
+
+def test_bench_speculative_modes_side_by_side(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    result = llmtui("bench", "-m", str(tiny_models["llama"]), "--spec-type", "ngram-mod,draft-simple",
+                    "--spec-draft-model", str(tiny_models["llama"]), "-n", "32", "-r", "1", "-t", "2", "--json",
+                    data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    modes = {m["mode"]: m for m in json.loads(result.stdout)["modes"]}
+    assert set(modes) == {"plain", "ngram-mod", "draft-simple"}
+    assert all(m["identical"] for m in modes.values())
+    assert modes["draft-simple"]["accepted"] == modes["draft-simple"]["drafted"] > 0
+    assert modes["plain"]["speedup"] == 1.0
+
+
+def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    result = llmtui("run", "-m", str(tiny_models["qwen35_mtp"]), "-p", "hi", "--temp", "0", "-n", "24",
+                    "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--json", data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)["speculative"]
+    assert spec["drafters"][0]["name"] == "draft-mtp" and spec["drafted"] > 0
+    bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--spec-type", "draft-mtp", data_dir=tmp_path)
+    assert bad.returncode == 1 and "no MTP head" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,335 @@
+"""The one way engine events reach the UI: a reader thread that turns EngineClient events into Textual messages."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from pathlib import Path
+from typing import Final, Protocol
+
+from textual.message import Message
+
+from app.config import EngineSettings, SamplingSettings
+from app.messages import (
+    EngineCrashed,
+    EngineStarted,
+    EngineStarting,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStatsUpdated,
+    ModelLoaded,
+    ModelLoadFailed,
+    ModelLoadProgress,
+    ModelLoadStarted,
+    ModelSummary,
+    TokensArrived,
+)
+from engine_ext.client import EngineClient, EngineCrashedError
+from engine_ext.protocol import (
+    Cancel,
+    ChatMessage,
+    Crashed,
+    Event,
+    Failed,
+    Finished,
+    Generate,
+    Loaded,
+    LoadModel,
+    LoadProgress,
+    TokenChunk,
+)
+
+POLL_S: Final = 0.05
+FLUSH_INTERVAL_S: Final = 1 / 60  # tokens reach the UI at most this often (batched in order, never dropped)
+STATS_INTERVAL_S: Final = 0.25
+MAX_EVENTS_PER_READ: Final = 512
+BACKLOG_LIMIT: Final = 24  # UI messages waiting: hold token batches (keep reading the pipe) until it drains
+
+
+class MessageTarget(Protocol):
+    """What the bridge posts to (the App)."""
+
+    def post_message(self, message: Message) -> bool: ...
+
+
+@dataclass
+class _Pending:
+    text: list[str]
+    reasoning: list[str]
+    n_tokens: int
+
+
+@dataclass
+class _Generation:
+    request_id: int
+    sent_at: float
+    first_token_at: float | None = None
+    n_tokens: int = 0
+    stats_posted_at: float = 0.0
+
+
+class EngineBridge:
+    """Owns the EngineClient and a long-lived reader thread (exit event + join).
+
+    Every call is non-blocking: it queues a command for the thread, which starts/loads the engine and reads its
+    events, posting `app.messages` messages. Token chunks are merged in order into batches at most 60 a second;
+    load progress and live stats use `can_replace`.
+    """
+
+    def __init__(
+        self,
+        target: MessageTarget,
+        log_path: Path,
+        *,
+        client_factory: Callable[[Path], EngineClient] = EngineClient,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
+        # The spawned worker gets the multiprocessing resource tracker's fd; start the tracker now, while
+        # sys.stderr is still the real one (inside a Textual app it is a capture object without a file descriptor).
+        resource_tracker.ensure_running()
+        self._target = target
+        self._client = client_factory(log_path)
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._exit = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llmtui-engine-bridge", daemon=True)
+        self._ids = itertools.count(1)
+        self._backlog = backlog or (lambda: 0)
+        self._pending: dict[int, _Pending] = {}
+        self._pending_since: float | None = None
+        self._generations: dict[int, _Generation] = {}
+        self._loading: str | None = None
+        self._model: tuple[str, EngineSettings] | None = None
+        self._running = False
+        self.model_path: str | None = None
+        """The model last asked for (reloaded by `restart`)."""
+
+    # ----- called from the UI thread -----
+
+    def start(self) -> None:
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def load(self, path: str, engine: EngineSettings) -> None:
+        """Load a model (starting the worker first when needed)."""
+        self.model_path = path
+        self._model = (path, engine)
+        self._commands.put(lambda: self._do_load(path, engine))
+
+    def restart(self) -> None:
+        """Start a fresh worker and reload the last model (after a crash)."""
+        self._commands.put(self._do_restart)
+
+    def generate(
+        self,
+        messages: Sequence[tuple[str, str]],
+        sampling: SamplingSettings,
+        *,
+        continue_reply: bool = False,
+    ) -> int:
+        """Queue a generation; its request id (the id carried by its TokensArrived/GenerationFinished)."""
+        request_id = next(self._ids)
+        request = Generate(
+            request_id=request_id,
+            messages=tuple(ChatMessage(role, content) for role, content in messages),
+            sampling=sampling.sampling_params(),
+            max_tokens=sampling.max_tokens,
+            continue_reply=continue_reply,
+        )
+        self._commands.put(lambda: self._do_generate(request))
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        self._commands.put(lambda: self._send(Cancel(request_id)))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread (exit event + join) and shut the worker down; idempotent."""
+        self._exit.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        self._client.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._client.pid
+
+    # ----- the bridge thread -----
+
+    def _post(self, message: Message) -> None:
+        self._target.post_message(message)
+
+    def _run(self) -> None:
+        while not self._exit.is_set():
+            self._run_commands()
+            if self._running:
+                timeout = POLL_S
+                if self._pending_since is not None:
+                    timeout = max(0.002, self._pending_since + FLUSH_INTERVAL_S - time.monotonic())
+                events = self._read(timeout)
+                for event in events:
+                    self._dispatch(event)
+                self._flush_tokens(force=False)
+            else:
+                try:
+                    command = self._commands.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                self._guard(command)
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            self._guard(command)
+
+    def _guard(self, command: Callable[[], None]) -> None:
+        try:
+            command()
+        except EngineCrashedError as error:
+            self._crashed(error.crashed)
+        except Exception as error:  # never let the reader thread die; the UI hears about it
+            self._flush_tokens(force=True)
+            self._post(GenerationFailed(None, f"{type(error).__name__}: {error}"))
+
+    def _read(self, timeout: float) -> list[Event]:
+        first = self._client.next_event(timeout=timeout)
+        if first is None:
+            return []
+        events = [first]
+        while len(events) < MAX_EVENTS_PER_READ and not isinstance(events[-1], Crashed):
+            event = self._client.next_event(timeout=0.0)
+            if event is None:
+                break
+            events.append(event)
+        return events
+
+    def _send(self, request: Generate | Cancel | LoadModel) -> None:
+        if not self._running:
+            if isinstance(request, Generate):
+                self._post(GenerationFailed(request.request_id, "the engine is not running; restart it first"))
+            return
+        self._client.send(request)
+
+    def _start_worker(self) -> None:
+        self._running = False
+        self._post(EngineStarting())
+        hello = self._client.start()
+        self._running = True
+        self._post(EngineStarted(hello.pid, hello.llama_cpp_version))
+
+    def _do_load(self, path: str, engine: EngineSettings) -> None:
+        if not self._running:
+            self._start_worker()
+        self._loading = path
+        self._post(ModelLoadStarted(path))
+        self._send(LoadModel(path, engine.model_params(), engine.context_params()))
+
+    def _do_restart(self) -> None:
+        self._flush_tokens(force=True)
+        self._generations.clear()
+        self._client.close()
+        self._running = False
+        if self._model is not None:
+            self._do_load(*self._model)
+        else:
+            self._start_worker()
+
+    def _do_generate(self, request: Generate) -> None:
+        self._generations[request.request_id] = _Generation(request.request_id, time.monotonic())
+        self._send(request)
+
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, TokenChunk):
+            self._tokens(event)
+            return
+        self._flush_tokens(force=True)
+        if isinstance(event, LoadProgress):
+            self._post(ModelLoadProgress(self._loading or "", event.fraction))
+        elif isinstance(event, Loaded):
+            self._loading = None
+            info = event.info
+            name = Path(info.path).stem or info.description
+            self._post(
+                ModelLoaded(
+                    ModelSummary(
+                        path=info.path,
+                        name=name,
+                        architecture=info.architecture,
+                        backend=info.backend,
+                        n_ctx=info.n_ctx,
+                        n_params=info.n_params,
+                        size_bytes=info.size_bytes,
+                        load_ms=info.load_ms,
+                    )
+                )
+            )
+        elif isinstance(event, Finished):
+            self._generations.pop(event.request_id, None)
+            self._post(
+                GenerationFinished(event.request_id, event.stop_reason, event.stats.to_dict(), event.notices)
+            )
+        elif isinstance(event, Failed):
+            if self._loading is not None and event.request_id is None:
+                path, self._loading = self._loading, None
+                self._post(ModelLoadFailed(path, event.message))
+            else:
+                if event.request_id is not None:
+                    self._generations.pop(event.request_id, None)
+                self._post(GenerationFailed(event.request_id, event.message))
+        elif isinstance(event, Crashed):
+            self._crashed(event)
+
+    def _crashed(self, crashed: Crashed) -> None:
+        self._flush_tokens(force=True)
+        self._running = False
+        self._loading = None
+        self._generations.clear()
+        self._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code))
+
+    def _tokens(self, chunk: TokenChunk) -> None:
+        now = time.monotonic()
+        pending = self._pending.get(chunk.request_id)
+        if pending is None:
+            pending = self._pending[chunk.request_id] = _Pending([], [], 0)
+        if chunk.text:
+            pending.text.append(chunk.text)
+        if chunk.reasoning:
+            pending.reasoning.append(chunk.reasoning)
+        pending.n_tokens += len(chunk.token_ids)
+        if self._pending_since is None:
+            self._pending_since = now
+        generation = self._generations.get(chunk.request_id)
+        if generation is not None:
+            if generation.first_token_at is None:
+                generation.first_token_at = now
+            generation.n_tokens += len(chunk.token_ids)
+
+    def _flush_tokens(self, *, force: bool) -> None:
+        if self._pending_since is None:
+            return
+        now = time.monotonic()
+        if not force and (now - self._pending_since < FLUSH_INTERVAL_S or self._backlog() > BACKLOG_LIMIT):
+            return
+        for request_id, pending in self._pending.items():
+            self._post(TokensArrived(request_id, "".join(pending.text), "".join(pending.reasoning), pending.n_tokens))
+            generation = self._generations.get(request_id)
+            if generation is not None and now - generation.stats_posted_at >= STATS_INTERVAL_S:
+                generation.stats_posted_at = now
+                self._post_stats(generation, now)
+        self._pending.clear()
+        self._pending_since = None
+
+    def _post_stats(self, generation: _Generation, now: float) -> None:
+        first = generation.first_token_at
+        if first is None:
+            return
+        elapsed = now - first
+        rate = (generation.n_tokens - 1) / elapsed if elapsed > 0 and generation.n_tokens > 1 else 0.0
+        ttft_ms = (first - generation.sent_at) * 1000
+        self._post(GenerationStatsUpdated(generation.request_id, generation.n_tokens, rate, ttft_ms))

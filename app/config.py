@@ -1,0 +1,247 @@
+"""User settings: engine options, model folders and UI choices, validated and kept in `config.toml`."""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Final
+
+from app.paths import config_dir
+from engine_ext.params import KV_CACHE_TYPES, ContextParams, EngineError, ModelParams, SamplingParams
+
+CONFIG_FILE_NAME: Final = "config.toml"
+THEMES: Final = ("dark", "light")
+FLASH_ATTENTION_MODES: Final = ("auto", "on", "off")
+
+
+class ConfigError(Exception):
+    """A settings value or file a user has to fix; the message names the setting and what is allowed."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How models are loaded and run (llama.cpp names: -c, -t, -ngl, -fa, -ctk/-ctv, -b)."""
+
+    n_ctx: int = 4096
+    n_threads: int = 0
+    n_gpu_layers: int = -1
+    flash_attn: str = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_batch: int = 2048
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first bad value."""
+        if self.n_ctx < 0 or self.n_ctx > 1 << 24:
+            raise ConfigError(f"context size must be 0 (the model's) or a positive number of tokens, not {self.n_ctx}")
+        if self.n_threads < 0 or self.n_threads > 1024:
+            raise ConfigError(f"threads must be 0 (automatic) or a positive number, not {self.n_threads}")
+        if self.n_gpu_layers < -1:
+            raise ConfigError(f"GPU layers must be -1 (all), 0 (none) or a positive number, not {self.n_gpu_layers}")
+        if self.flash_attn not in FLASH_ATTENTION_MODES:
+            raise ConfigError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
+        for name, value in (("K", self.type_k), ("V", self.type_v)):
+            if value not in KV_CACHE_TYPES:
+                raise ConfigError(f"KV cache type {name} must be one of {', '.join(KV_CACHE_TYPES)}, not {value!r}")
+        if self.n_batch < 1:
+            raise ConfigError(f"batch size must be at least 1, not {self.n_batch}")
+        try:
+            self.context_params().validate()
+        except EngineError as error:
+            raise ConfigError(str(error)) from error
+
+    def model_params(self) -> ModelParams:
+        return ModelParams(n_gpu_layers=self.n_gpu_layers)
+
+    def context_params(self) -> ContextParams:
+        return ContextParams(
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=min(512, self.n_batch),
+            n_threads=self.n_threads,
+            flash_attn=self.flash_attn,  # type: ignore[arg-type]
+            type_k=self.type_k,
+            type_v=self.type_v,
+        )
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """A sampling preset as stored per conversation and in named presets (plus max tokens)."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    max_tokens: int = -1
+    seed: int = -1  # -1: a random seed per reply
+
+    def validate(self) -> None:
+        if not all(math.isfinite(v) for v in (self.temperature, self.top_p, self.min_p, self.repeat_penalty)):
+            raise ConfigError("sampling values must be finite numbers")
+        if self.max_tokens < -1 or self.max_tokens == 0:
+            raise ConfigError(f"max tokens must be -1 (no limit) or positive, not {self.max_tokens}")
+        if self.seed < -1 or self.seed > 0xFFFFFFFF:
+            raise ConfigError(f"seed must be -1 (random) or between 0 and {0xFFFFFFFF}, not {self.seed}")
+        try:
+            self.sampling_params().validate()
+        except EngineError as error:
+            raise ConfigError(str(error)) from error
+
+    def sampling_params(self) -> SamplingParams:
+        base = SamplingParams()
+        return replace(
+            base,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            seed=base.seed if self.seed < 0 else self.seed,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SamplingSettings:
+        """Settings from a stored dict; unknown keys are ignored, wrong types fall back to the default."""
+        defaults = cls()
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = data.get(f.name, getattr(defaults, f.name))
+            default = getattr(defaults, f.name)
+            if isinstance(default, float) and isinstance(value, int | float) and not isinstance(value, bool):
+                values[f.name] = float(value)
+            elif isinstance(default, int) and isinstance(value, int) and not isinstance(value, bool):
+                values[f.name] = value
+            else:
+                values[f.name] = default
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything in config.toml."""
+
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    model_folders: tuple[str, ...] = ()
+    last_model: str = ""
+    theme: str = "dark"
+    show_sidebar: bool = True
+
+    def validate(self) -> None:
+        self.engine.validate()
+        if self.theme not in THEMES:
+            raise ConfigError(f"theme must be one of {', '.join(THEMES)}, not {self.theme!r}")
+        for folder in self.model_folders:
+            if not folder.strip():
+                raise ConfigError("a model folder cannot be empty")
+
+
+def config_path() -> Path:
+    return config_dir() / CONFIG_FILE_NAME
+
+
+def _typed(table: dict[str, Any], key: str, kind: type, default: Any, where: str) -> Any:
+    if key not in table:
+        return default
+    value = table[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}{key} should be {kind.__name__}, not {value!r}")
+    return value
+
+
+def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
+    """Parse and validate config.toml text (ConfigError says what to fix)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source} is not valid TOML: {error}") from error
+    defaults = Config()
+    engine_table = data.get("engine", {})
+    if not isinstance(engine_table, dict):
+        raise ConfigError(f"{source}: [engine] should be a table")
+    engine_values = {
+        f.name: _typed(engine_table, f.name, type(getattr(defaults.engine, f.name)), getattr(defaults.engine, f.name),
+                       "engine.")
+        for f in fields(EngineSettings)
+    }
+    models_table = data.get("models", {})
+    ui_table = data.get("ui", {})
+    if not isinstance(models_table, dict) or not isinstance(ui_table, dict):
+        raise ConfigError(f"{source}: [models] and [ui] should be tables")
+    folders = models_table.get("folders", [])
+    if not isinstance(folders, list) or not all(isinstance(item, str) for item in folders):
+        raise ConfigError(f"{source}: models.folders should be a list of folder paths")
+    config = Config(
+        engine=EngineSettings(**engine_values),
+        model_folders=tuple(folders),
+        last_model=_typed(models_table, "last_model", str, defaults.last_model, "models."),
+        theme=_typed(ui_table, "theme", str, defaults.theme, "ui."),
+        show_sidebar=_typed(ui_table, "show_sidebar", bool, defaults.show_sidebar, "ui."),
+    )
+    try:
+        config.validate()
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from error
+    return config
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        escaped = "".join(c if c >= " " or c == "\t" else f"\\u{ord(c):04x}" for c in escaped)
+        return f'"{escaped}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+def config_to_toml(config: Config) -> str:
+    """config.toml text for `config` (flat tables, written by hand: tomllib only reads)."""
+    tables: dict[str, dict[str, object]] = {
+        "engine": asdict(config.engine),
+        "models": {"folders": list(config.model_folders), "last_model": config.last_model},
+        "ui": {"theme": config.theme, "show_sidebar": config.show_sidebar},
+    }
+    lines = ["# llmtui settings (edited by the settings screen; comments are not kept)"]
+    for name, table in tables.items():
+        lines.append(f"\n[{name}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+    return "\n".join(lines) + "\n"
+
+
+def load_config(path: Path | None = None) -> Config:
+    """The saved settings (defaults when there is no file); ConfigError when the file is bad."""
+    path = path or config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Config()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read {path}: {error}") from error
+    return config_from_toml(text, str(path))
+
+
+def save_config(config: Config, path: Path | None = None) -> None:
+    """Validate and write the settings atomically (a temporary file renamed over the old one)."""
+    config.validate()
+    path = path or config_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(config_to_toml(config), encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as error:
+        raise ConfigError(f"cannot save settings to {path}: {error}") from error

@@ -1,0 +1,129 @@
+"""Textual messages the engine bridge posts to the app: what happened in the engine, as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+StatsDict = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What the UI shows about a loaded model."""
+
+    path: str
+    name: str
+    architecture: str
+    backend: str
+    n_ctx: int
+    n_params: int
+    size_bytes: int
+    load_ms: float
+
+
+class EngineStarting(Message):
+    """A worker process is being started."""
+
+
+class EngineStarted(Message):
+    """The worker greeted us."""
+
+    def __init__(self, pid: int, llama_cpp_version: str) -> None:
+        super().__init__()
+        self.pid = pid
+        self.llama_cpp_version = llama_cpp_version
+
+
+class ModelLoadStarted(Message):
+    """A model file is being loaded."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+
+class ModelLoadProgress(Message, bubble=False):
+    """Loading progress, 0..1; a newer one replaces an unprocessed older one."""
+
+    def __init__(self, path: str, fraction: float) -> None:
+        super().__init__()
+        self.path = path
+        self.fraction = fraction
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ModelLoadProgress)
+
+
+class ModelLoaded(Message):
+    """The model is ready to generate."""
+
+    def __init__(self, model: ModelSummary) -> None:
+        super().__init__()
+        self.model = model
+
+
+class ModelLoadFailed(Message):
+    """The model could not be loaded; `error` says why in words a user understands."""
+
+    def __init__(self, path: str, error: str) -> None:
+        super().__init__()
+        self.path = path
+        self.error = error
+
+
+class TokensArrived(Message, bubble=False):
+    """Generated text for one request (consecutive chunks merged in order, never dropped or replaced)."""
+
+    def __init__(self, request_id: int, text: str, reasoning: str, n_tokens: int) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.text = text
+        self.reasoning = reasoning
+        self.n_tokens = n_tokens
+
+
+class GenerationStatsUpdated(Message, bubble=False):
+    """Live decode speed while streaming; a newer one replaces an unprocessed older one."""
+
+    def __init__(self, request_id: int, n_tokens: int, tokens_per_s: float, ttft_ms: float | None) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.n_tokens = n_tokens
+        self.tokens_per_s = tokens_per_s
+        self.ttft_ms = ttft_ms
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, GenerationStatsUpdated) and message.request_id == self.request_id
+
+
+class GenerationFinished(Message):
+    """A generation ended normally: `stop_reason` is eos, stop_string, max_tokens, cancelled or context_full."""
+
+    def __init__(self, request_id: int, stop_reason: str, stats: StatsDict, notices: tuple[str, ...]) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.stop_reason = stop_reason
+        self.stats = stats
+        self.notices = notices
+
+
+class GenerationFailed(Message):
+    """The engine refused or failed a generation (the worker is still alive)."""
+
+    def __init__(self, request_id: int | None, error: str) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.error = error
+
+
+class EngineCrashed(Message):
+    """The worker process died; `log_tail` is the end of its log."""
+
+    def __init__(self, description: str, log_tail: str, exit_code: int | None) -> None:
+        super().__init__()
+        self.description = description
+        self.log_tail = log_tail
+        self.exit_code = exit_code

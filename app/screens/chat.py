@@ -1,0 +1,677 @@
+"""The chat screen: conversation list, transcript, prompt, stats bar; sending, streaming, branching."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from textual import events, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from app.config import ConfigError, SamplingSettings
+from app.messages import (
+    EngineCrashed,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStatsUpdated,
+    TokensArrived,
+)
+from app.recording import ReplyRecorder
+from app.store import Conversation, Message, StoreError
+from app.widgets.prompt_input import PromptInput
+from app.widgets.sidebar import ConversationList
+from app.widgets.status import AppHeader, StatsBar
+from app.widgets.transcript import BranchInfo, MessageView, Transcript, code_blocks
+
+if TYPE_CHECKING:
+    from app.tui import LlmtuiApp
+
+PURGE_AFTER = timedelta(days=30)
+IDLE_COLLECT_AFTER_S = 2.0
+NARROW_WIDTH = 100  # below this many columns the conversation list is narrower
+FULL_COLLECTIONS_PAUSED = 1_000_000
+DEFAULT_OLD_THRESHOLD = gc.get_threshold()[2]
+
+
+def pause_full_collections() -> None:
+    """Keep the garbage collector off the objects that exist now (the UI, the transcript) while a reply streams.
+
+    A full collection walks every object Textual and Rich hold, 50–200 ms with a long transcript: the
+    objects that exist are frozen (never scanned) and no full collection runs until `collect_now`, which
+    runs one when the reply has ended and the app is idle. Young generations are still collected.
+    """
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTIONS_PAUSED)
+
+
+def collect_now() -> None:
+    """Collect everything once (call when idle), freeze what survives, and allow full collections again."""
+    young, middle, old = gc.get_threshold()
+    if old == FULL_COLLECTIONS_PAUSED:
+        gc.set_threshold(young, middle, DEFAULT_OLD_THRESHOLD)
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+UNFINISHED_STATES = ("stopped", "interrupted", "error")
+
+
+@dataclass
+class ActiveGeneration:
+    """The reply being streamed."""
+
+    request_id: int
+    conversation_id: int
+    message_id: int
+    recorder: ReplyRecorder
+    cancelling: bool = False
+
+
+def branch_map(messages: list[Message]) -> dict[int, BranchInfo]:
+    """Each message's position among its siblings (same parent), from one list of a conversation's messages."""
+    by_parent: dict[int | None, list[Message]] = {}
+    for message in messages:
+        by_parent.setdefault(message.parent_id, []).append(message)
+    branches: dict[int, BranchInfo] = {}
+    for siblings in by_parent.values():
+        siblings.sort(key=lambda m: (m.created_at, m.id))
+        for index, message in enumerate(siblings):
+            branches[message.id] = BranchInfo(index + 1, len(siblings))
+    return branches
+
+
+class ChatScreen(Screen[None]):
+    """Where conversations happen.
+
+    | Key | Action |
+    | :- | :- |
+    | enter | Send (in the prompt). |
+    | escape | Stop the reply (keeps the text, marked stopped); leave edit mode. |
+    | ctrl+g | Continue a stopped reply. |
+    | ctrl+r | Regenerate the last reply. |
+    | ctrl+n | New conversation. |
+    | ctrl+b | Show or hide the conversation list. |
+    | ctrl+f | Search conversations. |
+    | ctrl+l | Switch model. |
+    | ctrl+s | Conversation settings (system prompt, sampling, presets). |
+    | f2 | Rename the conversation. |
+    | f5 | Restart the engine. |
+    | ctrl+up | Go to the messages (then c copy, y copy code, e edit, r regenerate, ←/→ branches). |
+    """
+
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", priority=True),
+        Binding("ctrl+g", "continue_reply", "Continue"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+n", "new_conversation", "New"),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar"),
+        Binding("ctrl+f", "search", "Search", show=False),
+        Binding("ctrl+l", "switch_model", "Model"),
+        Binding("ctrl+s", "conversation_settings", "Settings"),
+        Binding("f2", "rename_conversation", "Rename", show=False),
+        Binding("f5", "restart_engine", "Restart engine", show=False),
+        Binding("ctrl+up", "focus_messages", "Messages", show=False),
+    ]
+
+    app: LlmtuiApp
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conversation_id: int | None = None
+        self.generation: ActiveGeneration | None = None
+        self.edit_target: int | None = None
+        self._draft_before_edit = ""
+        self._deleted: list[int] = []
+        self.replies_started = 0
+        """Replies started since the screen opened (tests and benchmarks wait on it)."""
+
+    # ----- layout -----
+
+    def compose(self) -> ComposeResult:
+        yield AppHeader(id="header")
+        with Horizontal(id="main"):
+            with Vertical(id="sidebar"):
+                yield ConversationList(id="conversations")
+            with Vertical(id="chat"):
+                yield Transcript(id="transcript")
+                yield Static("", id="edit-banner")
+                yield PromptInput(id="prompt", placeholder="Message  (Enter sends · Shift+Enter or Ctrl+J new line)")
+                yield StatsBar(id="stats")
+        yield Footer()
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    @property
+    def stats(self) -> StatsBar:
+        return self.query_one(StatsBar)
+
+    @property
+    def header(self) -> AppHeader:
+        return self.query_one(AppHeader)
+
+    @property
+    def conversation_list(self) -> ConversationList:
+        return self.query_one(ConversationList)
+
+    async def on_mount(self) -> None:
+        self.query_one("#edit-banner").display = False
+        self.query_one("#sidebar").display = self.app.config.show_sidebar
+        self.transcript.dark = self.app.current_theme.dark
+        self.sync_engine_state()
+        conversations = self.app.store.list_conversations()
+        if conversations:
+            await self.open_conversation(conversations[0].id)
+        else:
+            await self.open_conversation(None)
+        self.prompt.focus()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < NARROW_WIDTH, "-narrow")
+
+    def sync_engine_state(self) -> None:
+        """Copy the app's engine state into the header and the stats bar."""
+        try:
+            header, stats = self.header, self.stats
+        except NoMatches:  # not composed yet (on_mount syncs) or closing
+            return
+        app = self.app
+        model = app.model
+        for widget in (header, stats):
+            widget.engine_state = app.engine_state
+            widget.backend = model.backend if model else ""
+        header.model_name = model.name if model else ""
+        if model is not None and not stats.n_ctx:
+            stats.n_ctx = model.n_ctx
+        stats.progress = app.load_progress
+        self.refresh_bindings()
+
+    # ----- conversations -----
+
+    def refresh_conversation_list(self) -> None:
+        listing = self.conversation_list
+        query = listing.search_text.strip()
+        if query:
+            listing.show_hits(self.app.store.search(query), self.conversation_id)
+        else:
+            listing.show_conversations(self.app.store.list_conversations(), self.conversation_id)
+
+    async def open_conversation(self, conversation_id: int | None) -> None:
+        """Show a conversation (None: a new, empty one that is created on the first message)."""
+        self.conversation_id = conversation_id
+        self._leave_edit_mode(restore=False)
+        if conversation_id is None:
+            await self.transcript.show([], {})
+            self.header.conversation_title = "New conversation"
+        else:
+            store = self.app.store
+            conversation = store.get_conversation(conversation_id)
+            path = store.active_path(conversation_id)
+            await self.transcript.show(path, branch_map(store.messages(conversation_id)))
+            self.header.conversation_title = conversation.title or "New conversation"
+            last_stats = next((m.stats for m in reversed(path) if m.role == "assistant" and m.stats), None)
+            if last_stats:
+                self.stats.set_stats(last_stats)
+        self.refresh_conversation_list()
+
+    async def reload_transcript(self) -> None:
+        if self.conversation_id is not None:
+            store = self.app.store
+            await self.transcript.show(
+                store.active_path(self.conversation_id), branch_map(store.messages(self.conversation_id))
+            )
+
+    def _ensure_conversation(self) -> Conversation:
+        if self.conversation_id is None:
+            conversation = self.app.store.create_conversation(settings=self.app.default_conversation_settings())
+            self.conversation_id = conversation.id
+            return conversation
+        return self.app.store.get_conversation(self.conversation_id)
+
+    def conversation_sampling(self, conversation: Conversation) -> SamplingSettings:
+        data = conversation.settings.get("sampling", {})
+        return SamplingSettings.from_json(data if isinstance(data, dict) else {})
+
+    def _busy(self) -> bool:
+        if self.generation is not None:
+            self.notify("A reply is being written; press Esc to stop it first.", severity="warning")
+            return True
+        return False
+
+    @on(ConversationList.Selected)
+    async def _conversation_selected(self, event: ConversationList.Selected) -> None:
+        if event.conversation_id == self.conversation_id or self._busy():
+            return
+        await self.open_conversation(event.conversation_id)
+        self.prompt.focus()
+
+    @on(ConversationList.SearchChanged)
+    def _search_changed(self, event: ConversationList.SearchChanged) -> None:
+        self.refresh_conversation_list()
+
+    async def action_new_conversation(self) -> None:
+        if self._busy():
+            return
+        await self.open_conversation(None)
+        self.prompt.focus()
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one("#sidebar")
+        sidebar.display = not sidebar.display
+        if not sidebar.display and sidebar.has_focus_within:
+            self.prompt.focus()
+        self.app.remember_sidebar(bool(sidebar.display))
+
+    def action_search(self) -> None:
+        self.query_one("#sidebar").display = True
+        self.query_one("#conversation-search").focus()
+
+    def _target_conversation(self) -> int | None:
+        """The conversation highlighted in the list when it has focus, else the one on screen."""
+        if self.conversation_list.has_focus_within:
+            highlighted = self.conversation_list.highlighted_id()
+            if highlighted is not None:
+                return highlighted
+        return self.conversation_id
+
+    def action_rename_conversation(self) -> None:
+        from app.modals.text_prompt import TextPromptModal
+
+        target = self._target_conversation()
+        if target is None:
+            self.notify("Send a first message to start the conversation, then rename it.")
+            return
+        current = self.app.store.get_conversation(target).title
+
+        def rename(title: str | None) -> None:
+            if title is None or not title.strip():
+                return
+            self.app.store.rename_conversation(target, title.strip())
+            if target == self.conversation_id:
+                self.header.conversation_title = title.strip()
+            self.refresh_conversation_list()
+
+        self.app.push_screen(TextPromptModal("Rename conversation", current, "Title"), rename)
+
+    async def action_delete_conversation(self) -> None:
+        target = self._target_conversation()
+        if target is None or (self.generation is not None and target == self.generation.conversation_id):
+            if target is not None:
+                self._busy()
+            return
+        title = self.app.store.get_conversation(target).title or "New conversation"
+        self.app.store.delete_conversation(target)
+        self._deleted.append(target)
+        self.notify(f"Deleted “{title}”. Press u in the list (or “Undo delete” in ctrl+p) to bring it back.")
+        if target == self.conversation_id:
+            remaining = self.app.store.list_conversations()
+            await self.open_conversation(remaining[0].id if remaining else None)
+        else:
+            self.refresh_conversation_list()
+
+    async def action_undo_delete(self) -> None:
+        while self._deleted:
+            target = self._deleted.pop()
+            try:
+                self.app.store.undo_delete(target)
+            except StoreError:
+                continue
+            self.notify(f"Restored “{self.app.store.get_conversation(target).title or 'New conversation'}”.")
+            if self.generation is None:
+                await self.open_conversation(target)
+            else:
+                self.refresh_conversation_list()
+            return
+        self.notify("Nothing to undo.")
+
+    def action_export_conversation(self) -> None:
+        target = self._target_conversation()
+        if target is None:
+            self.notify("Nothing to export yet.")
+            return
+        try:
+            markdown_path, json_path = self.app.export_conversation(target)
+        except (OSError, StoreError) as error:
+            self.notify(f"Export failed: {error}", severity="error")
+            return
+        self.notify(f"Exported to {markdown_path} and {json_path.name}.", timeout=8)
+
+    # ----- sending and streaming -----
+
+    @on(PromptInput.Submitted)
+    async def _submitted(self, event: PromptInput.Submitted) -> None:
+        await self.send(event.text)
+
+    def _engine_ready(self) -> bool:
+        state = self.app.engine_state
+        if state == "ready":
+            return True
+        if state in ("loading", "starting"):
+            self.notify("The model is still loading; send again in a moment.", severity="warning")
+        elif state == "crashed":
+            self.notify("The engine stopped. Press F5 to restart it.", severity="error")
+        else:
+            self.notify("No model is loaded. Press ctrl+l to pick one.", severity="warning")
+        return False
+
+    async def send(self, text: str) -> None:
+        """Commit the user's message, then start the reply."""
+        if self._busy() or not self._engine_ready():
+            return
+        store = self.app.store
+        conversation = self._ensure_conversation()
+        try:
+            if self.edit_target is not None:
+                message = store.edit_user_message(self.edit_target, text)
+            else:
+                message = store.add_user_message(conversation.id, text)
+        except StoreError as error:
+            self.notify(str(error), severity="error")
+            return
+        editing = self.edit_target is not None
+        self._leave_edit_mode(restore=False)
+        self.prompt.remember(text)
+        if editing:
+            await self.reload_transcript()
+        else:
+            branch = branch_map(store.messages(conversation.id)).get(message.id)
+            await self.transcript.append(message, branch)
+        self.header.conversation_title = store.get_conversation(conversation.id).title or "New conversation"
+        self.refresh_conversation_list()
+        await self.start_reply(message.id)
+
+    def _engine_messages(self, path: list[Message], conversation: Conversation) -> list[tuple[str, str]]:
+        messages: list[tuple[str, str]] = []
+        if conversation.system_prompt.strip():
+            messages.append(("system", conversation.system_prompt))
+        messages.extend((m.role, m.content) for m in path if m.role in ("user", "assistant"))
+        return messages
+
+    async def start_reply(self, parent_id: int, *, resume: Message | None = None, reload: bool = False) -> None:
+        """Start streaming a reply under `parent_id`, or continue the stopped reply `resume`."""
+        store = self.app.store
+        assert self.conversation_id is not None
+        conversation = store.get_conversation(self.conversation_id)
+        model_name = self.app.model.name if self.app.model else ""
+        if resume is not None:
+            store.resume_assistant_message(resume.id)
+            path = store.active_path(conversation.id)
+            message_id = resume.id
+            recorder = ReplyRecorder(store, message_id, content=resume.content, reasoning=resume.reasoning)
+            await self.transcript.start_live(message_id, model_name, content=resume.content, reasoning=resume.reasoning)
+        else:
+            message_id = store.begin_assistant_message(conversation.id, parent_id, model_name)
+            path = store.active_path(conversation.id)[:-1]
+            recorder = ReplyRecorder(store, message_id)
+            if reload:
+                await self.reload_transcript()
+            await self.transcript.start_live(message_id, model_name)
+        sampling = self.conversation_sampling(conversation)
+        request_id = self.app.bridge.generate(
+            self._engine_messages(path, conversation), sampling, continue_reply=resume is not None
+        )
+        self.generation = ActiveGeneration(request_id, conversation.id, message_id, recorder)
+        self.replies_started += 1
+        pause_full_collections()
+        self.app.set_engine_state("generating")
+
+    async def on_tokens_arrived(self, event: TokensArrived) -> None:
+        generation = self.generation
+        if generation is None or event.request_id != generation.request_id:
+            return
+        try:
+            generation.recorder.append(event.text, event.reasoning, event.n_tokens)
+        except StoreError as error:
+            self.notify(f"Could not save the reply: {error}", severity="error")
+        await self.transcript.write_live(event.text, event.reasoning)
+
+    def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
+        if self.generation is None or event.request_id != self.generation.request_id:
+            return
+        self.stats.decode_tps = event.tokens_per_s
+        self.stats.generated_tokens = event.n_tokens
+        if event.ttft_ms is not None:
+            self.stats.ttft_ms = event.ttft_ms
+
+    async def _end_generation(self, state: str, stats: dict[str, Any]) -> None:
+        generation = self.generation
+        if generation is None:
+            return
+        self.generation = None
+        store = self.app.store
+        try:
+            generation.recorder.finish(state, stats)  # type: ignore[arg-type]
+            message = store.get_message(generation.message_id)
+        except StoreError as error:
+            self.notify(f"Could not save the reply: {error}", severity="error")
+            return
+        branch = branch_map(store.messages(generation.conversation_id)).get(message.id)
+        await self.transcript.freeze_live(message, branch)
+        self.refresh_bindings()
+        self.set_timer(IDLE_COLLECT_AFTER_S, self._collect_when_idle)
+
+    def _collect_when_idle(self) -> None:
+        if self.generation is None:
+            collect_now()
+
+    async def on_generation_finished(self, event: GenerationFinished) -> None:
+        if self.generation is None or event.request_id != self.generation.request_id:
+            return
+        state = "stopped" if event.stop_reason == "cancelled" else "complete"
+        stats = dict(event.stats, stop_reason=event.stop_reason)
+        self.stats.set_stats(event.stats)
+        await self._end_generation(state, stats)
+        self.app.set_engine_state("ready")
+        for notice in event.notices:
+            self.notify(notice, severity="warning")
+        if event.stop_reason == "context_full":
+            self.notify("The context is full; start a new conversation or raise the context size (F3).",
+                        severity="warning")
+
+    async def on_generation_failed(self, event: GenerationFailed) -> None:
+        generation = self.generation
+        if generation is not None and event.request_id in (generation.request_id, None):
+            await self._end_generation("error", {"error": event.error})
+            self.app.set_engine_state("ready" if self.app.model else "no model")
+        self.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
+
+    async def on_engine_crashed(self, event: EngineCrashed) -> None:
+        await self._end_generation("error", {"error": event.description})
+
+    def action_stop(self) -> None:
+        if self.generation is not None:
+            if not self.generation.cancelling:
+                self.generation.cancelling = True
+                self.app.bridge.cancel(self.generation.request_id)
+            return
+        if self.edit_target is not None:
+            self._leave_edit_mode(restore=True)
+            return
+        if not self.prompt.has_focus:
+            self.prompt.focus()
+
+    def _last_assistant(self) -> Message | None:
+        if self.conversation_id is None:
+            return None
+        path = self.app.store.active_path(self.conversation_id)
+        return path[-1] if path and path[-1].role == "assistant" else None
+
+    async def action_continue_reply(self) -> None:
+        if self._busy():
+            return
+        last = self._last_assistant()
+        if last is None or last.state not in UNFINISHED_STATES:
+            self.notify("The last reply is complete; there is nothing to continue.")
+            return
+        if not self._engine_ready():
+            return
+        await self.start_reply(last.parent_id or 0, resume=last)
+
+    async def action_regenerate(self, message_id: int | None = None) -> None:
+        if self._busy() or self.conversation_id is None:
+            return
+        store = self.app.store
+        if message_id is None:
+            last = self._last_assistant()
+            if last is None:
+                self.notify("There is no reply to regenerate.")
+                return
+            message = last
+        else:
+            message = store.get_message(message_id)
+        if message.parent_id is None:
+            return
+        if not self._engine_ready():
+            return
+        await self.start_reply(message.parent_id, reload=True)
+
+    # ----- message actions -----
+
+    @on(MessageView.Action)
+    async def _message_action(self, event: MessageView.Action) -> None:
+        message = event.view.message
+        if event.action == "copy":
+            self.app.copy_to_clipboard(message.content)
+            self.notify("Message copied.")
+        elif event.action == "copy_code":
+            await self._copy_code(message)
+        elif event.action == "edit":
+            if not self._busy():
+                self._enter_edit_mode(message)
+        elif event.action == "regenerate":
+            await self.action_regenerate(message.id)
+        elif event.action == "branch":
+            await self._switch_branch(message, event.step)
+        elif event.action == "leave":
+            self.prompt.focus()
+
+    async def _copy_code(self, message: Message) -> None:
+        blocks = code_blocks(message.content)
+        if not blocks:
+            self.notify("This message has no code block.")
+            return
+        if len(blocks) == 1:
+            self.app.copy_to_clipboard(blocks[0])
+            self.notify("Code block copied.")
+            return
+        from app.modals.pick import PickModal
+
+        def copy(index: int | None) -> None:
+            if index is not None:
+                self.app.copy_to_clipboard(blocks[index])
+                self.notify(f"Code block {index + 1} copied.")
+
+        labels = [f"{i + 1}. {block.strip().splitlines()[0][:60] if block.strip() else '(empty)'}"
+                  for i, block in enumerate(blocks)]
+        self.app.push_screen(PickModal("Copy which code block?", labels), copy)
+
+    async def _switch_branch(self, message: Message, step: int) -> None:
+        if self._busy():
+            return
+        store = self.app.store
+        siblings = store.siblings(message.id)
+        index = siblings.index + step
+        if not 0 <= index < len(siblings.messages):
+            return
+        store.switch_branch(siblings.messages[index].id)
+        await self.reload_transcript()
+        target_id = siblings.messages[index].id
+        for view in self.transcript.views():
+            if view.message.id == target_id:
+                view.focus()
+                view.scroll_visible(animate=False)
+                break
+
+    def _enter_edit_mode(self, message: Message) -> None:
+        if self.edit_target is None:
+            self._draft_before_edit = self.prompt.text
+        self.edit_target = message.id
+        banner = self.query_one("#edit-banner", Static)
+        banner.update("Editing an earlier message: Enter resends it as a new branch (the old one stays), Esc cancels.")
+        banner.display = True
+        self.prompt.load_text(message.content)
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
+
+    def _leave_edit_mode(self, *, restore: bool) -> None:
+        if self.edit_target is None:
+            return
+        self.edit_target = None
+        self.query_one("#edit-banner").display = False
+        if restore:
+            self.prompt.load_text(self._draft_before_edit)
+        self._draft_before_edit = ""
+
+    def action_focus_messages(self) -> None:
+        last = self.transcript.last_view()
+        if last is not None:
+            last.focus()
+            last.scroll_visible(animate=False)
+
+    # ----- settings and models -----
+
+    def action_switch_model(self) -> None:
+        self.app.action_switch_model()
+
+    def action_restart_engine(self) -> None:
+        self.app.action_restart_engine()
+
+    def action_conversation_settings(self) -> None:
+        from app.modals.conversation_settings import ConversationSettingsModal, ConversationSettingsResult
+
+        if self._busy():
+            return
+        conversation = self._ensure_conversation()
+        self.refresh_conversation_list()
+        sampling = self.conversation_sampling(conversation)
+
+        def apply(result: ConversationSettingsResult | None) -> None:
+            if result is None:
+                return
+            settings = dict(conversation.settings, sampling=result.sampling.to_json())
+            if result.preset_name:
+                settings["preset"] = result.preset_name
+            try:
+                self.app.store.update_settings(conversation.id, system_prompt=result.system_prompt, settings=settings)
+                if result.save_as:
+                    self.app.store.save_preset(result.save_as, result.sampling.to_json())
+            except (StoreError, ValueError) as error:
+                self.notify(f"Could not save the settings: {error}", severity="error")
+                return
+            saved_preset = f" Preset “{result.save_as}” saved." if result.save_as else ""
+            self.notify("Conversation settings saved." + saved_preset)
+
+        self.app.push_screen(
+            ConversationSettingsModal(conversation.system_prompt, sampling, self.app.store.list_presets()), apply
+        )
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            return True
+        if action == "continue_reply":
+            return self.generation is None
+        if action == "regenerate":
+            return self.generation is None and self.conversation_id is not None
+        return True
+
+
+def sampling_from_preset(settings: dict[str, Any]) -> SamplingSettings:
+    """A preset's settings as SamplingSettings (bad values fall back to the defaults)."""
+    sampling = SamplingSettings.from_json(settings)
+    try:
+        sampling.validate()
+    except ConfigError:
+        return replace(SamplingSettings())
+    return sampling

@@ -1,0 +1,87 @@
+"""The help screen (F1 or ?): every key, grouped by where it works."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("Anywhere", (
+        ("F1, ?", "this help"),
+        ("ctrl+p", "command palette: every action by name"),
+        ("ctrl+t", "dark / light theme"),
+        ("F3", "settings (engine options, model folders)"),
+        ("ctrl+q", "quit"),
+    )),
+    ("Chat", (
+        ("enter", "send the message"),
+        ("shift+enter, ctrl+j", "new line in the message"),
+        ("up / down", "recall earlier messages (first / last line of the prompt)"),
+        ("escape", "stop the reply (the text is kept, marked stopped) · leave edit mode"),
+        ("ctrl+g", "continue a stopped reply"),
+        ("ctrl+r", "regenerate the last reply (the old one stays as a branch)"),
+        ("ctrl+n", "new conversation"),
+        ("ctrl+l", "switch model"),
+        ("ctrl+s", "conversation settings: system prompt, sampling, presets"),
+        ("ctrl+b", "show / hide the conversation list"),
+        ("ctrl+f", "search titles and messages"),
+        ("F2", "rename the conversation"),
+        ("F5", "restart the engine"),
+        ("tab, shift+tab", "move between the list, the messages and the prompt"),
+        ("ctrl+up", "go to the last message"),
+    )),
+    ("A message (focused)", (
+        ("up / down, k / j", "previous / next message"),
+        ("c", "copy the message (OSC 52: works over SSH)"),
+        ("y", "copy a code block"),
+        ("e", "edit your message and resend it as a new branch"),
+        ("r", "regenerate this reply as a new branch"),
+        ("left / right, [ / ]", "previous / next branch"),
+        ("t", "show / hide the reasoning"),
+    )),
+    ("Conversation list (focused)", (
+        ("enter", "open"),
+        ("n", "new conversation"),
+        ("r", "rename"),
+        ("d, delete", "delete"),
+        ("u", "undo the last delete"),
+        ("x", "export to Markdown and JSON"),
+    )),
+)
+
+
+def keys_table() -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for index, (section, keys) in enumerate(KEYS):
+        if index:
+            table.add_row("", "")
+        table.add_row(Text(section, style="bold underline"), "")
+        for key, what in keys:
+            table.add_row(key, what)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    """Esc, F1, ? or q closes it."""
+
+    BINDINGS = [Binding("escape,f1,question_mark,q", "close", "Close")]
+
+    def __init__(self) -> None:
+        super().__init__(classes="dialog-screen")
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="help-dialog"):
+            yield Label("Keys", classes="dialog-title")
+            with VerticalScroll(id="help-body"):
+                yield Static(keys_table())
+            yield Label("Esc close · ctrl+p finds any action by name", classes="dialog-hint")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,350 @@
+"""The Textual app: opens the store, the settings and the engine bridge, and routes engine events to the screens."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from app import paths
+from app.bridge import EngineBridge
+from app.config import Config, ConfigError, SamplingSettings, load_config, save_config
+from app.messages import (
+    EngineCrashed,
+    EngineStarted,
+    EngineStarting,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStatsUpdated,
+    ModelLoaded,
+    ModelLoadFailed,
+    ModelLoadProgress,
+    ModelLoadStarted,
+    ModelSummary,
+    TokensArrived,
+)
+from app.model_list import local_models
+from app.models import ModelNotFound, resolve_model, starter_model_path
+from app.screens.chat import ChatScreen
+from app.store import Store, StoreError, open_default_store
+
+THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
+
+
+def _safe_file_name(title: str) -> str:
+    return re.sub(r"[^\w.-]+", "-", title).strip("-")[:50] or "conversation"
+
+
+class LlmtuiApp(App[None]):
+    """llmtui's chat app. `model`: a path or 'starter' (default: the last model used, else the starter)."""
+
+    CSS_PATH = str(paths.assets_dir() / "llmtui.tcss")
+    TITLE = "llmtui"
+    BINDINGS = [
+        Binding("f1,question_mark", "help", "Help"),
+        Binding("f3", "settings", "Settings", show=False),
+        Binding("ctrl+t", "toggle_theme", "Theme", show=False),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        start_engine: bool = True,
+        default_sampling: SamplingSettings | None = None,
+    ) -> None:
+        super().__init__()
+        self.requested_model = model
+        self.start_engine = start_engine
+        self.default_sampling = default_sampling or SamplingSettings()
+        """Sampling for new conversations."""
+        self.config = Config()
+        self.store: Store
+        self.bridge = EngineBridge(self, paths.log_dir() / "engine.log", backlog=lambda: self._message_queue.qsize())
+        self.engine_state = "starting"
+        self.model: ModelSummary | None = None
+        self.load_progress: float | None = None
+        self.model_path: str | None = None
+
+    # ----- startup and shutdown -----
+
+    def on_mount(self) -> None:
+        try:
+            self.config = load_config()
+        except ConfigError as error:
+            self.notify(f"{error}. Using default settings until you save new ones (F3).", severity="error",
+                        timeout=15)
+        self.theme = THEME_NAMES.get(self.config.theme, "textual-dark")
+        try:
+            self.store = open_default_store()
+        except StoreError as error:
+            self.exit(message=f"llmtui: {error}")
+            return
+        if self.store.startup_notice:
+            self.notify(self.store.startup_notice, severity="warning", timeout=20)
+        path = self._initial_model()
+        if path is None:
+            from app.screens.first_run import FirstRunScreen
+
+            self.engine_state = "no model"
+            self.push_screen(FirstRunScreen())
+            return
+        self.push_screen(ChatScreen())
+        self.load_model(path)
+
+    def _initial_model(self) -> Path | None:
+        if self.requested_model:
+            try:
+                return resolve_model(self.requested_model)
+            except ModelNotFound as error:
+                self.notify(str(error), severity="error", timeout=15)
+        if self.config.last_model and Path(self.config.last_model).is_file():
+            return Path(self.config.last_model)
+        return starter_model_path()
+
+    def load_model(self, path: Path) -> None:
+        self.model_path = str(path)
+        self.model = None
+        if self.start_engine:
+            self.bridge.start()
+            self.bridge.load(str(path), self.config.engine)
+        self.set_engine_state("loading")
+
+    async def on_unmount(self) -> None:
+        self.bridge.close()
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.close()
+
+    # ----- state -----
+
+    @property
+    def chat(self) -> ChatScreen | None:
+        for screen in self.screen_stack:
+            if isinstance(screen, ChatScreen):
+                return screen
+        return None
+
+    def set_engine_state(self, state: str) -> None:
+        self.engine_state = state
+        chat = self.chat
+        if chat is not None:
+            chat.sync_engine_state()
+
+    def default_conversation_settings(self) -> dict[str, object]:
+        return {"sampling": self.default_sampling.to_json()}
+
+    def remember_sidebar(self, shown: bool) -> None:
+        self.config = replace(self.config, show_sidebar=shown)
+        self._save_quietly()
+
+    def _save_quietly(self) -> None:
+        try:
+            save_config(self.config)
+        except ConfigError as error:
+            self.notify(str(error), severity="error")
+
+    def save_settings(self, config: Config) -> None:
+        """Save new settings (ConfigError when invalid or unwritable) and apply the theme."""
+        save_config(config)
+        engine_changed = config.engine != self.config.engine
+        self.config = config
+        self.theme = THEME_NAMES.get(config.theme, "textual-dark")
+        message = "Settings saved."
+        if engine_changed and self.model_path:
+            message += " Engine options apply when a model is next loaded (ctrl+l)."
+        self.notify(message)
+
+    # ----- engine events -----
+
+    def on_engine_starting(self, event: EngineStarting) -> None:
+        self.set_engine_state("starting")
+
+    def on_engine_started(self, event: EngineStarted) -> None:
+        self.set_engine_state("loading")
+
+    def on_model_load_started(self, event: ModelLoadStarted) -> None:
+        self.load_progress = 0.0
+        self.set_engine_state("loading")
+
+    def on_model_load_progress(self, event: ModelLoadProgress) -> None:
+        self.load_progress = event.fraction
+        chat = self.chat
+        if chat is not None:
+            chat.stats.progress = event.fraction
+
+    def on_model_loaded(self, event: ModelLoaded) -> None:
+        self.model = event.model
+        self.load_progress = None
+        chat = self.chat
+        if chat is not None:
+            chat.stats.n_ctx = event.model.n_ctx
+        self.set_engine_state("ready")
+        self.notify(f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
+                    f"in {event.model.load_ms / 1000:.1f} s.")
+        if self.config.last_model != event.model.path:
+            self.config = replace(self.config, last_model=event.model.path)
+            self._save_quietly()
+
+    def on_model_load_failed(self, event: ModelLoadFailed) -> None:
+        self.model = None
+        self.load_progress = None
+        self.set_engine_state("error")
+        self.notify(f"Could not load {Path(event.path).name}: {event.error}. Press ctrl+l to pick another model.",
+                    severity="error", timeout=20)
+
+    async def on_tokens_arrived(self, event: TokensArrived) -> None:
+        chat = self.chat
+        if chat is not None:
+            await chat.on_tokens_arrived(event)
+
+    def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
+        chat = self.chat
+        if chat is not None:
+            chat.on_generation_stats_updated(event)
+
+    async def on_generation_finished(self, event: GenerationFinished) -> None:
+        chat = self.chat
+        if chat is not None:
+            await chat.on_generation_finished(event)
+
+    async def on_generation_failed(self, event: GenerationFailed) -> None:
+        chat = self.chat
+        if chat is not None:
+            await chat.on_generation_failed(event)
+        else:
+            self.notify(f"Engine error: {event.error}", severity="error")
+
+    async def on_engine_crashed(self, event: EngineCrashed) -> None:
+        from app.modals.crash import EngineCrashedModal
+
+        self.model = None
+        self.load_progress = None
+        chat = self.chat
+        if chat is not None:
+            await chat.on_engine_crashed(event)
+        self.set_engine_state("crashed")
+
+        def restart(yes: bool | None) -> None:
+            if yes:
+                self.action_restart_engine()
+
+        self.push_screen(EngineCrashedModal(event.description, event.log_tail), restart)
+
+    # ----- actions -----
+
+    def action_restart_engine(self) -> None:
+        if self.engine_state not in ("crashed", "error", "ready"):
+            self.notify("The engine is busy; stop the reply first.")
+            return
+        self.model = None
+        self.set_engine_state("starting")
+        self.bridge.start()
+        self.bridge.restart()
+
+    def action_help(self) -> None:
+        from app.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_toggle_theme(self) -> None:
+        theme = "light" if self.config.theme == "dark" else "dark"
+        self.config = replace(self.config, theme=theme)
+        self.theme = THEME_NAMES[theme]
+        self._save_quietly()
+
+    def action_settings(self) -> None:
+        from app.screens.settings import SettingsScreen
+
+        if not isinstance(self.screen, SettingsScreen):
+            self.push_screen(SettingsScreen(self.config))
+
+    def action_switch_model(self) -> None:
+        from app.modals.model_switcher import ModelSwitcherModal
+
+        chat = self.chat
+        if chat is not None and chat.generation is not None:
+            self.notify("A reply is being written; press Esc to stop it first.", severity="warning")
+            return
+
+        def switch(path: Path | None) -> None:
+            if path is None:
+                return
+            if self.chat is None:
+                self.switch_screen(ChatScreen())
+            self.load_model(path)
+
+        self.push_screen(ModelSwitcherModal(local_models(self.config.model_folders), self.model_path), switch)
+
+    def action_import_conversation(self) -> None:
+        from app.modals.text_prompt import TextPromptModal
+
+        def import_file(text: str | None) -> None:
+            if not text:
+                return
+            path = Path(text.strip()).expanduser()
+            try:
+                conversation_id = self.store.import_json(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, StoreError) as error:
+                self.notify(f"Could not import {path}: {error}", severity="error", timeout=10)
+                return
+            chat = self.chat
+            if chat is not None and chat.generation is None:
+                self.call_later(chat.open_conversation, conversation_id)
+            self.notify(f"Imported {path.name}.")
+
+        self.push_screen(TextPromptModal("Import a conversation (JSON exported by llmtui)", "", "path to .json"),
+                         import_file)
+
+    def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
+        """Write the conversation as Markdown and JSON into `<data dir>/exports`; the two paths."""
+        conversation = self.store.get_conversation(conversation_id)
+        folder = paths.data_dir() / "exports"
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = f"{_safe_file_name(conversation.title)}-{conversation.id}"
+        markdown_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
+        markdown_path.write_text(self.store.export_markdown(conversation_id), encoding="utf-8")
+        json_path.write_text(self.store.export_json(conversation_id), encoding="utf-8")
+        return markdown_path, json_path
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Help: keys", "Every key, by where it works (F1)", self.action_help)
+        yield SystemCommand("Settings", "Engine options and model folders (F3)", self.action_settings)
+        yield SystemCommand("Switch model", "Load another local model (ctrl+l)", self.action_switch_model)
+        yield SystemCommand("Toggle dark/light", "Switch the theme (ctrl+t)", self.action_toggle_theme)
+        yield SystemCommand("Restart engine", "Start a fresh engine process and reload the model (F5)",
+                            self.action_restart_engine)
+        yield SystemCommand("Import conversation", "Import a JSON export", self.action_import_conversation)
+        chat = self.chat
+        if chat is None or screen is not chat:
+            return
+        for title, help_text, callback in (
+            ("New conversation", "Start a new conversation (ctrl+n)", chat.action_new_conversation),
+            ("Stop reply", "Stop the reply being written (Esc)", chat.action_stop),
+            ("Continue reply", "Continue a stopped reply (ctrl+g)", chat.action_continue_reply),
+            ("Regenerate reply", "Write the last reply again as a new branch (ctrl+r)", chat.action_regenerate),
+            ("Conversation settings", "System prompt, sampling, presets (ctrl+s)", chat.action_conversation_settings),
+            ("Rename conversation", "Change the title (F2)", chat.action_rename_conversation),
+            ("Delete conversation", "Delete it (undo from the list with u)", chat.action_delete_conversation),
+            ("Undo delete", "Bring back the last deleted conversation", chat.action_undo_delete),
+            ("Export conversation", "Write it as Markdown and JSON", chat.action_export_conversation),
+            ("Search conversations", "Titles and messages (ctrl+f)", chat.action_search),
+            ("Toggle conversation list", "Show or hide the sidebar (ctrl+b)", chat.action_toggle_sidebar),
+            ("Go to messages", "Focus the last message (ctrl+up)", chat.action_focus_messages),
+        ):
+            yield SystemCommand(title, help_text, callback)
+
+
+def run_tui(model: str | None = None) -> int:
+    """Run the app until the user quits; the exit status."""
+    app = LlmtuiApp(model)
+    app.run()
+    return app.return_code or 0

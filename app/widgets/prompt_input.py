@@ -1,0 +1,96 @@
+"""The multi-line prompt: Enter sends, Shift+Enter or Ctrl+J adds a line, Up on the first line recalls."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import TextArea
+
+
+class PromptInput(TextArea):
+    """Where the user writes a message.
+
+    | Key | Action |
+    | :- | :- |
+    | enter | Send the message. |
+    | shift+enter, ctrl+j | New line. |
+    | up (on the first line) | Recall the previous message sent. |
+    | down (on the last line, recalling) | Recall the next one. |
+    """
+
+    BINDINGS = [
+        Binding("shift+enter,ctrl+j", "newline", "New line", show=False),
+    ]
+
+    class Submitted(Message):
+        """The user pressed Enter on a message that is not blank."""
+
+        def __init__(self, prompt_input: PromptInput, text: str) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.text = text
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
+    def __init__(self, *, id: str | None = None, placeholder: str = "") -> None:  # noqa: A002
+        super().__init__(
+            id=id, soft_wrap=True, tab_behavior="focus", show_line_numbers=False, compact=True,
+            placeholder=placeholder, highlight_cursor_line=False,
+        )
+        self.sent_history: list[str] = []
+        """Messages sent, oldest first (recalled with Up)."""
+        self._recall_index: int | None = None
+        self._draft = ""
+
+    def action_newline(self) -> None:
+        self.insert("\n")
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text
+            if text.strip():
+                self.post_message(self.Submitted(self, text))
+            return
+        if event.key == "up" and self.cursor_location[0] == 0 and self.sent_history:
+            event.stop()
+            event.prevent_default()
+            self._recall(-1)
+            return
+        on_last_line = self.cursor_location[0] == self.document.line_count - 1
+        if event.key == "down" and self._recall_index is not None and on_last_line:
+            event.stop()
+            event.prevent_default()
+            self._recall(+1)
+            return
+        await super()._on_key(event)
+
+    def _recall(self, step: int) -> None:
+        if self._recall_index is None:
+            if step > 0:
+                return
+            self._draft = self.text
+            index = len(self.sent_history) - 1
+        else:
+            index = self._recall_index + step
+        if index < 0:
+            return
+        if index >= len(self.sent_history):
+            self._recall_index = None
+            self.load_text(self._draft)
+        else:
+            self._recall_index = index
+            self.load_text(self.sent_history[index])
+        self.move_cursor(self.document.end)
+
+    def remember(self, text: str) -> None:
+        """Add a sent message to the recall history and clear the box."""
+        if not self.sent_history or self.sent_history[-1] != text:
+            self.sent_history.append(text)
+        self._recall_index = None
+        self._draft = ""
+        self.load_text("")

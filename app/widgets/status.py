@@ -1,0 +1,132 @@
+"""The header line (model, backend, engine state) and the stats bar under the transcript."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+ENGINE_STATE_STYLES = {
+    "ready": "bold green",
+    "generating": "bold cyan",
+    "loading": "bold yellow",
+    "starting": "bold yellow",
+    "crashed": "bold red",
+    "error": "bold red",
+    "no model": "bold yellow",
+}
+
+
+def _short(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+class AppHeader(Widget):
+    """One line: the app name, the conversation title, the loaded model, the backend and the engine state."""
+
+    DEFAULT_CSS = """
+    AppHeader {
+        height: 1;
+        dock: top;
+    }
+    """
+
+    model_name: reactive[str] = reactive("")
+    """The loaded model ('' while none)."""
+    backend: reactive[str] = reactive("")
+    """CPU, CUDA, Metal…"""
+    engine_state: reactive[str] = reactive("starting")
+    """starting, loading, ready, generating, crashed, error or no model."""
+    conversation_title: reactive[str] = reactive("")
+    """The conversation on screen."""
+
+    def render(self) -> Text:
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(" llmtui ", style="bold reverse")
+        if self.conversation_title:
+            line.append(f" {self.conversation_title} ", style="bold")
+        line.append(" │ ", style="dim")
+        line.append(self.model_name or "no model", style="bold" if self.model_name else "dim")
+        if self.backend:
+            line.append(f" · {self.backend}")
+        line.append(" · ")
+        line.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
+        return line
+
+
+class StatsBar(Widget):
+    """Decode speed, time to first token, prompt tokens, context used (a bar), engine state and backend.
+
+    `extras` holds readouts later features add (speculative acceptance, steering), shown at the right.
+    """
+
+    DEFAULT_CSS = """
+    StatsBar {
+        height: 1;
+    }
+    """
+
+    COMPONENT_CLASSES = {"stats-bar--bar-used", "stats-bar--bar-free", "stats-bar--label"}
+
+    decode_tps: reactive[float | None] = reactive(None)
+    """Tokens per second while decoding."""
+    ttft_ms: reactive[float | None] = reactive(None)
+    """Time to first token of the last reply."""
+    prompt_tokens: reactive[int | None] = reactive(None)
+    """Tokens in the last prompt."""
+    generated_tokens: reactive[int | None] = reactive(None)
+    """Tokens in the last reply."""
+    n_ctx_used: reactive[int] = reactive(0)
+    """Context tokens in use."""
+    n_ctx: reactive[int] = reactive(0)
+    """Context size of the loaded model."""
+    engine_state: reactive[str] = reactive("starting")
+    """Same as the header's."""
+    backend: reactive[str] = reactive("")
+    """CPU, CUDA, Metal…"""
+    progress: reactive[float | None] = reactive(None)
+    """Model load progress 0..1 while loading."""
+    extras: reactive[dict[str, str]] = reactive(dict)
+    """More readouts: label → value."""
+
+    def set_stats(self, stats: dict[str, Any]) -> None:
+        """Show a finished reply's stats (GenerationStats.to_dict())."""
+        self.decode_tps = float(stats.get("decode_tps", 0.0))
+        self.ttft_ms = float(stats.get("ttft_ms", 0.0))
+        self.prompt_tokens = int(stats.get("prompt_tokens", 0))
+        self.generated_tokens = int(stats.get("generated_tokens", 0))
+        self.n_ctx_used = int(stats.get("n_ctx_used", 0))
+        self.n_ctx = int(stats.get("n_ctx", self.n_ctx))
+
+    def render(self) -> Text:
+        label = self.get_component_rich_style("stats-bar--label", partial=True)
+        line = Text(no_wrap=True, overflow="ellipsis")
+        if self.progress is not None:
+            line.append(f" loading {self.progress * 100:3.0f}% ", style="bold")
+        line.append(" ")
+        line.append(f"{self.decode_tps:.1f}" if self.decode_tps is not None else "–", style="bold")
+        line.append(" tok/s", style=label)
+        line.append("  TTFT ", style=label)
+        line.append(f"{self.ttft_ms:.0f} ms" if self.ttft_ms is not None else "–")
+        line.append("  prompt ", style=label)
+        line.append(f"{self.prompt_tokens}" if self.prompt_tokens is not None else "–")
+        if self.generated_tokens is not None:
+            line.append("  reply ", style=label)
+            line.append(str(self.generated_tokens))
+        line.append("  ctx ", style=label)
+        width = 10
+        fraction = min(1.0, self.n_ctx_used / self.n_ctx) if self.n_ctx else 0.0
+        used = round(fraction * width)
+        line.append("█" * used, style=self.get_component_rich_style("stats-bar--bar-used", partial=True))
+        line.append("░" * (width - used), style=self.get_component_rich_style("stats-bar--bar-free", partial=True))
+        line.append(f" {_short(self.n_ctx_used)}/{_short(self.n_ctx)}" if self.n_ctx else " –")
+        for name, value in self.extras.items():
+            line.append(f"  {name} ", style=label)
+            line.append(value)
+        line.append("  ")
+        line.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
+        if self.backend:
+            line.append(f" · {self.backend}", style=label)
+        return line

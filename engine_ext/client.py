@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engine_ext.params import ContextParams, ModelParams, SpeculativeParams
+from engine_ext.params import ContextParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
@@ -26,13 +26,18 @@ from engine_ext.protocol import (
     Loaded,
     LoadModel,
     LoadProgress,
+    MakeControlVector,
     ModelInfo,
     Request,
     SetSpeculative,
+    SetSteering,
     Shutdown,
     SpeculativeSet,
+    SteeringSet,
     Unloaded,
     UnloadModel,
+    VectorMade,
+    VectorProgress,
 )
 
 LOG_TAIL_LINES = 40
@@ -256,6 +261,42 @@ class EngineClient:
             if isinstance(event, Failed):
                 raise EngineFailure(event)
             if isinstance(event, Crashed):
+                raise EngineCrashedError(event)
+        raise AssertionError("unreachable")
+
+    def set_steering(self, entries: tuple[SteeringEntry, ...]) -> SteeringSet:
+        """Apply a control-vector mix (empty: none) and wait for the worker's confirmation."""
+        self.send(SetSteering(entries))
+        for event in self.events():
+            if isinstance(event, SteeringSet):
+                return event
+            if isinstance(event, Failed):
+                raise EngineFailure(event)
+            if isinstance(event, Crashed):
+                raise EngineCrashedError(event)
+        raise AssertionError("unreachable")
+
+    def send_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
+        """Change steering without waiting (e.g. while a generation streams); a SteeringSet event follows."""
+        self.send(SetSteering(entries))
+
+    def make_vector(
+        self,
+        prompt_set_path: Path | str,
+        output_path: Path | str,
+        method: str = "pca",
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> VectorMade:
+        """Make a control vector on the loaded model from a prompt-set file."""
+        self.send(MakeControlVector(str(prompt_set_path), str(output_path), method))
+        for event in self.events():
+            if isinstance(event, VectorMade):
+                return event
+            if isinstance(event, VectorProgress) and on_progress is not None:
+                on_progress(event.done, event.total)
+            elif isinstance(event, Failed):
+                raise EngineFailure(event)
+            elif isinstance(event, Crashed):
                 raise EngineCrashedError(event)
         raise AssertionError("unreachable")
 

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.chat import (
     ReasoningSplitter,
     StopStringMatcher,
@@ -28,13 +29,6 @@ from engine_ext.protocol import (
 )
 from engine_ext.sampling import Sampler
 from engine_ext.speculative.driver import SpeculativeDriver
-
-# Architectures whose recurrent state llama.cpp can roll back by a few tokens (n_rs_seq; llm_arch_supports_rs_rollback
-# in src/llama-arch.cpp). Other recurrent/hybrid models verify drafts from a state checkpoint.
-RS_ROLLBACK_ARCHS = frozenset(
-    {"kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
-     "lfm2", "lfm2moe", "bailingmoe3"}
-)
 
 MAX_CHECKPOINTS = 8
 CHUNK_INTERVAL_S = 0.03  # coalesce streamed text so the pipe and the UI see ~30 messages/s at most

@@ -156,3 +156,20 @@ class SpeculativeParams:
             raise SpeculativeConfigError("--spec-type auto picks the drafters itself: give it alone")
         if "draft-simple" in self.types and not self.draft_model:
             raise SpeculativeConfigError("draft-simple needs a draft model (--spec-draft-model PATH)")
+
+
+@dataclass(frozen=True)
+class SteeringEntry:
+    """One control vector in the mix (llama.cpp: --control-vector-scaled F:S, --control-vector-layer-range)."""
+
+    path: str
+    strength: float = 1.0  # in [-2, 2]
+    layer_start: int = 0  # first steered layer (0: the architecture's default)
+    layer_end: int = 0  # last steered layer, inclusive (0: the architecture's default)
+    layer_weights: tuple[float, ...] = ()  # optional per-layer factors, index = layer - 1
+
+    def validate(self) -> None:
+        if not -2.0 <= self.strength <= 2.0:
+            raise EngineError(f"steering strength must be between -2 and 2, not {self.strength}")
+        if self.layer_start < 0 or self.layer_end < 0 or (self.layer_end and self.layer_end < self.layer_start):
+            raise EngineError(f"invalid steering layer range {self.layer_start}..{self.layer_end}")

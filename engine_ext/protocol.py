@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams
+from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams, SteeringEntry
 
 PROTOCOL_VERSION = 1
 
@@ -58,6 +58,22 @@ class SetSpeculative:
 
 
 @dataclass(frozen=True)
+class SetSteering:
+    """Apply this mix of control vectors (empty: none); takes effect at the next token of a generation."""
+
+    entries: tuple[SteeringEntry, ...]
+
+
+@dataclass(frozen=True)
+class MakeControlVector:
+    """Make a control vector on the loaded model from a prompt-set file; answered by VectorMade."""
+
+    prompt_set_path: str
+    output_path: str
+    method: str = "pca"  # pca | mean
+
+
+@dataclass(frozen=True)
 class Cancel:
     request_id: int
 
@@ -72,7 +88,9 @@ class Shutdown:
     pass
 
 
-Request = LoadModel | UnloadModel | Generate | SetSpeculative | Cancel | Inspect | Shutdown
+Request = (
+    LoadModel | UnloadModel | Generate | SetSpeculative | SetSteering | MakeControlVector | Cancel | Inspect | Shutdown
+)
 
 
 # ----- events (worker → client) ---------------------------------------------------------------------
@@ -270,6 +288,32 @@ class SpeculativeSet:
 
 
 @dataclass(frozen=True)
+class SteeringSet:
+    """The steering now applied: the layer range and the norm of the applied direction per layer 1..n_layer-1."""
+
+    active: bool
+    layer_start: int
+    layer_end: int
+    layer_norms: tuple[float, ...]
+    steered_layers: tuple[int, ...]  # the layers this architecture lets a control vector act on
+    notices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VectorProgress:
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class VectorMade:
+    path: str
+    layers: int
+    pairs: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Inspected:
     path: str
     info: dict[str, object]
@@ -314,6 +358,9 @@ Event = (
     | Inspected
     | SpeculativeSet
     | SpeculativeUpdate
+    | SteeringSet
+    | VectorProgress
+    | VectorMade
     | LogLine
     | Crashed
 )

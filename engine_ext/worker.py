@@ -23,13 +23,18 @@ from engine_ext.protocol import (
     Loaded,
     LoadModel,
     LoadProgress,
+    MakeControlVector,
     ModelInfo,
     Request,
     SetSpeculative,
+    SetSteering,
     Shutdown,
     SpeculativeSet,
+    SteeringSet,
     Unloaded,
     UnloadModel,
+    VectorMade,
+    VectorProgress,
 )
 
 LOAD_PROGRESS_INTERVAL_S = 0.1
@@ -54,6 +59,7 @@ class Worker:
         self.session: Any = None  # engine_ext.generate.Session once a model is loaded
         self.model: Any = None
         self.ctx: Any = None
+        self.mixer: Any = None  # engine_ext.steering.mixer.SteeringMixer once steering is used
         self.backlog: deque[Request] = deque()
         self.shutting_down = False
 
@@ -95,6 +101,10 @@ class Worker:
                 self.generate(request)
             elif isinstance(request, SetSpeculative):
                 self.set_speculative(request)
+            elif isinstance(request, SetSteering):
+                self.set_steering(request)
+            elif isinstance(request, MakeControlVector):
+                self.make_vector(request)
             elif isinstance(request, Inspect):
                 from engine_ext.gguf_info import inspect_gguf
 
@@ -192,7 +202,47 @@ class Worker:
         self.session.reset_cache()
         self.send(SpeculativeSet(driver.names))
 
+    def set_steering(self, request: SetSteering) -> None:
+        from engine_ext.params import EngineError
+        from engine_ext.steering.mixer import SteeringMixer, steered_layers
+
+        if self.session is None:
+            raise EngineError("load a model before steering it")
+        if self.mixer is None:
+            self.mixer = SteeringMixer(self.model, self.ctx)
+        layers = tuple(steered_layers(self.model))
+        notices: tuple[str, ...] = ()
+        if request.entries and not layers:
+            notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
+        active = self.mixer.apply(request.entries)
+        if active is None:
+            self.send(SteeringSet(False, 0, 0, (), layers, notices))
+        else:
+            self.send(SteeringSet(True, active.layer_start, active.layer_end, active.layer_norms, layers, notices))
+
+    def make_vector(self, request: MakeControlVector) -> None:
+        from engine_ext.params import EngineError
+        from engine_ext.steering.cvec_file import write_control_vector
+        from engine_ext.steering.extract import PromptSet, make_control_vector
+
+        if self.model is None:
+            raise EngineError("load a model before making a control vector for it")
+        if request.method not in ("pca", "mean"):
+            raise EngineError(f"unknown method {request.method!r}: use pca or mean")
+        prompt_set = PromptSet.load(Path(request.prompt_set_path))
+        t0 = time.perf_counter()
+        vector = make_control_vector(
+            self.model,
+            prompt_set,
+            method="pca" if request.method == "pca" else "mean",
+            n_threads=self.ctx.params.n_threads if self.ctx is not None else 0,
+            progress=lambda done, total: self.send(VectorProgress(done, total)),
+        )
+        path = write_control_vector(vector, Path(request.output_path))
+        self.send(VectorMade(str(path), len(vector.directions), len(prompt_set.pairs), time.perf_counter() - t0))
+
     def unload(self) -> None:
+        self.mixer = None
         if self.session is not None and self.session.spec is not None:
             self.session.spec.close()
         self.session = None
@@ -225,6 +275,8 @@ class Worker:
                 elif isinstance(incoming, Shutdown):
                     self.shutting_down = True
                     cancelled[0] = True
+                elif isinstance(incoming, SetSteering):
+                    self.handle(incoming)  # a slider move acts on the very next token
                 else:
                     self.backlog.append(incoming)
             return cancelled[0]

@@ -14,20 +14,12 @@ from typing import Any
 import numpy as np
 
 from engine_ext import bindings
+from engine_ext.archs import LAST_LAYER_INPUT_ARCHS, LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
 from engine_ext.model import Context, Model, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
-
-# Architectures whose graphs expose per-layer inputs (t_layer_inp); enabling extraction on others aborts.
-LAYER_INPUT_ARCHS = frozenset(
-    {"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "nemotron_h", "nemotron_h_moe", "gemma4",
-     "gpt-oss", "lfm2", "minimax-m2", "mimo2", "deepseek4", "bailingmoe3", "hunyuan-vl", "nanbeige",
-     "muse-glimmer", "qwen4exp"}
-)
-# Of those, the ones where a target layer id may equal n_layer (the output of the last layer).
-LAST_LAYER_INPUT_ARCHS = frozenset({"nemotron_h", "nemotron_h_moe", "deepseek4", "mimo2"})
 
 
 def walk_dflash2_lattice(rows: np.ndarray, top_k: int, p_min: float) -> list[int]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from app import paths
 from app.cli_models import add_models_parser, cmd_models
+from app.cli_steer import add_control_vector_args, add_steer_parser, cmd_steer, steering_entries
 from app.models import ModelNotFound, resolve_model
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
     _add_spec_args(run)
+    add_control_vector_args(run)
 
     chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
     _add_engine_args(chat)
@@ -130,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(bench)
     bench.add_argument("--prompt", default=None, help="chat prompt for --spec-type runs (default: a copy-heavy one)")
     add_models_parser(sub)
+    add_steer_parser(sub)
     return parser
 
 
@@ -225,6 +228,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         client.load(path, _model_params(args, spec), _context_params(args, n_rs_seq=_rs_rollback_depth(spec)))
         if spec.enabled:
             client.set_speculative(spec)
+        steering = steering_entries(args)
+        if steering:
+            applied = client.set_steering(steering)
+            for notice in applied.notices:
+                print(f"note: {notice}", file=sys.stderr)
         messages: tuple[ChatMessage, ...] = ()
         if not args.raw:
             if args.system:
@@ -488,7 +496,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench, "models": cmd_models}
+COMMANDS = {
+    "run": cmd_run,
+    "chat": cmd_chat,
+    "info": cmd_info,
+    "bench": cmd_bench,
+    "models": cmd_models,
+    "steer": cmd_steer,
+}
 
 
 def _open_tui(arguments: list[str]) -> int:

@@ -130,3 +130,23 @@ def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: di
     assert spec["drafters"][0]["name"] == "draft-mtp" and spec["drafted"] > 0
     bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--spec-type", "draft-mtp", data_dir=tmp_path)
     assert bad.returncode == 1 and "no MTP head" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_steer_make_show_and_run_with_the_vector(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    out = tmp_path / "v.gguf"
+    made = llmtui("steer", "make", "-m", str(tiny_models["llama"]), "--prompts", "formal-casual", "--method", "mean",
+                  "-o", str(out), data_dir=tmp_path)
+    assert made.returncode == 0, made.stderr
+    shown = json.loads(llmtui("steer", "show", str(out), "--json", data_dir=tmp_path).stdout)
+    assert shown["layers"] == [1] and shown["metadata"]["llmtui.prompt_set"] == "formal-casual"
+    base = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--temp", "0", "-n", "24", "--json",
+                  data_dir=tmp_path)
+    steered = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--temp", "0", "-n", "24", "--json",
+                     "--control-vector-scaled", f"{out}:2", data_dir=tmp_path)
+    assert steered.returncode == 0, steered.stderr
+    assert json.loads(steered.stdout)["tokens"] != json.loads(base.stdout)["tokens"]
+    bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--control-vector-scaled", f"{out}:9",
+                 data_dir=tmp_path)
+    assert bad.returncode == 1 and "between -2 and 2" in bad.stderr
+    sets = llmtui("steer", "sets", data_dir=tmp_path).stdout
+    assert "happy-sad" in sets and "creative-literal" in sets

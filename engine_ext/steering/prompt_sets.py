@@ -9,15 +9,15 @@ from engine_ext.params import EngineError
 from engine_ext.steering.extract import PromptSet
 
 
-def find_prompt_set(name_or_path: str, folders: Sequence[Path]) -> PromptSet:
-    """A prompt set by file path, or by name in the given folders (user folders first, then bundled)."""
+def find_prompt_set(name_or_path: str, folders: Sequence[Path]) -> tuple[PromptSet, Path]:
+    """A prompt set and its file, by path or by name in the given folders (user folders first, then bundled)."""
     path = Path(name_or_path).expanduser()
     if path.suffix == ".json" and path.is_file():
-        return PromptSet.load(path)
+        return PromptSet.load(path), path
     for folder in folders:
         candidate = folder / f"{name_or_path}.json"
         if candidate.is_file():
-            return PromptSet.load(candidate)
+            return PromptSet.load(candidate), candidate
     names = sorted({p.stem for folder in folders if folder.is_dir() for p in folder.glob("*.json")})
     raise EngineError(f"no prompt set {name_or_path!r}; available: {', '.join(names) or 'none'}")
 

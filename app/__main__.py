@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("-c", "--ctx-size", type=int, default=0, help="context for the memory estimate")
     info.add_argument("--json", action="store_true")
 
+    doctor = sub.add_parser("doctor", help="backends, devices, memory, versions")
+    doctor.add_argument("--json", action="store_true")
+
     bench = sub.add_parser("bench", help="prompt and decode speed (like llama-bench)")
     _add_engine_args(bench, default_ctx=0)
     bench.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip)")
@@ -340,6 +343,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from engine_ext.doctor import diagnose
+
+    report = diagnose()
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    gib = 1024**3
+    print(f"llmtui {report.llmtui_version}, llama-cpp-python {report.llama_cpp_python_version}, "
+          f"Python {report.python}, {report.platform}")
+    print(f"backends: {', '.join(report.backends)}  (RPC {'yes' if report.rpc else 'no'})")
+    for d in report.devices:
+        print(f"  {d.name:10} {d.type:14} {d.description}  {d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free")
+    print(f"CPU features: {' '.join(report.cpu_features)}")
+    if report.hardware_gpus:
+        print(f"GPUs on this machine: {', '.join(report.hardware_gpus)}")
+    for line in report.advice:
+        print(f"note: {line}")
+    return 0
+
+
 def _summary(values: Sequence[float]) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), 2),
@@ -503,6 +527,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "models": cmd_models,
     "steer": cmd_steer,
+    "doctor": cmd_doctor,
 }
 
 

@@ -150,3 +150,15 @@ def test_steer_make_show_and_run_with_the_vector(tmp_path: Path, tiny_models: di
     assert bad.returncode == 1 and "between -2 and 2" in bad.stderr
     sets = llmtui("steer", "sets", data_dir=tmp_path).stdout
     assert "happy-sad" in sets and "creative-literal" in sets
+
+
+def test_doctor_lists_backends_and_devices(tmp_path: Path) -> None:
+    result = llmtui("doctor", "--json", data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "CPU" in report["backends"]
+    cpu = next(d for d in report["devices"] if d["type"] == "CPU")
+    assert cpu["total_bytes"] > 0 and report["llama_cpp_python_version"] == "0.3.36"
+    assert report["advice"]
+    text = llmtui("doctor", data_dir=tmp_path).stdout
+    assert "backends:" in text and "CPU features:" in text

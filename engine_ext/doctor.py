@@ -1,0 +1,158 @@
+"""What the installed engine can use: ggml's backend registry, devices and memory, versions, CPU features."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator", 4: "meta"}
+REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36'
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    description: str
+    type: str
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    llmtui_version: str
+    llama_cpp_python_version: str
+    python: str
+    platform: str
+    backends: tuple[str, ...]
+    devices: tuple[Device, ...]
+    cpu_features: tuple[str, ...]
+    gpu_offload: bool
+    rpc: bool
+    hardware_gpus: tuple[str, ...]  # GPUs seen on the machine, whatever the build supports
+    advice: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ggml() -> ctypes.CDLL:
+    """libggml (the backend registry) from the directory llama-cpp-python loaded libllama from."""
+    from engine_ext.bindings import C
+
+    lib_dir = Path(C.llama_cpp._lib._name).parent
+    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
+        if (lib_dir / name).exists():
+            lib = ctypes.CDLL(str(lib_dir / name))
+            break
+    else:  # statically linked into libllama
+        lib = C.llama_cpp._lib
+    # size_t ggml_backend_reg_count(void); ggml_backend_reg_t ggml_backend_reg_get(size_t);
+    # const char * ggml_backend_reg_name(ggml_backend_reg_t);
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    # size_t ggml_backend_dev_count(void); ggml_backend_dev_t ggml_backend_dev_get(size_t);
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    # const char * ggml_backend_dev_name/description(ggml_backend_dev_t);
+    for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
+        fn.argtypes = [ctypes.c_void_p]
+        fn.restype = ctypes.c_char_p
+    # void ggml_backend_dev_memory(ggml_backend_dev_t, size_t * free, size_t * total);
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    # enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t);
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    return lib
+
+
+def list_devices() -> tuple[tuple[str, ...], tuple[Device, ...]]:
+    from engine_ext.bindings import C
+
+    C.llama_backend_init()
+    lib = _ggml()
+    backends = tuple(
+        lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())
+    )
+    devices = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        devices.append(
+            Device(
+                name=(lib.ggml_backend_dev_name(dev) or b"").decode(),
+                description=(lib.ggml_backend_dev_description(dev) or b"").decode(),
+                type=DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
+                free_bytes=int(free.value),
+                total_bytes=int(total.value),
+            )
+        )
+    return backends, tuple(devices)
+
+
+def hardware_gpus() -> tuple[str, ...]:
+    """GPUs present on this machine, seen without the engine (so a CPU-only build can be told)."""
+    found = []
+    if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia/version").exists():
+        found.append("NVIDIA")
+    if Path("/dev/kfd").exists():
+        found.append("AMD (ROCm)")
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        found.append("Apple Silicon")
+    return tuple(found)
+
+
+def diagnose() -> DoctorReport:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from engine_ext.bindings import C
+
+    backends, devices = list_devices()
+    info = C.llama_print_system_info().decode("utf-8", errors="replace")
+    features = tuple(
+        part.split("=")[0].split(":")[-1].strip()
+        for part in info.replace("|", "\n").splitlines()
+        if part.strip().endswith("= 1")
+    )
+    gpus = hardware_gpus()
+    has_gpu_backend = any(d.type in ("GPU", "integrated GPU", "accelerator") for d in devices)
+    advice = []
+    fixes = (("NVIDIA", "-DGGML_CUDA=on"), ("AMD (ROCm)", "-DGGML_HIP=on"), ("Apple Silicon", "-DGGML_METAL=on"))
+    for gpu, flag in fixes:
+        if gpu in gpus and not has_gpu_backend:
+            advice.append(f"a {gpu} GPU is present but this engine is built for the CPU only; rebuild it with: "
+                          + REINSTALL.format(flag=flag))
+    if not has_gpu_backend and not gpus:
+        advice.append("no GPU found: the engine runs on the CPU (-t sets its threads)")
+
+    def pkg_version(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return DoctorReport(
+        llmtui_version=pkg_version("llmtui"),
+        llama_cpp_python_version=pkg_version("llama-cpp-python"),
+        python=platform.python_version(),
+        platform=f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+        backends=backends,
+        devices=devices,
+        cpu_features=features,
+        gpu_offload=bool(C.llama_supports_gpu_offload()),
+        rpc=bool(C.llama_supports_rpc()),
+        hardware_gpus=gpus,
+        advice=tuple(advice),
+    )

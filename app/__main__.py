@@ -355,7 +355,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
           f"Python {report.python}, {report.platform}")
     print(f"backends: {', '.join(report.backends)}  (RPC {'yes' if report.rpc else 'no'})")
     for d in report.devices:
-        print(f"  {d.name:10} {d.type:14} {d.description}  {d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free")
+        memory = f"{d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free"
+        print(f"  {d.name:10} {d.type:14} {d.description}  {memory}")
     print(f"CPU features: {' '.join(report.cpu_features)}")
     if report.hardware_gpus:
         print(f"GPUs on this machine: {', '.join(report.hardware_gpus)}")

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from engine_ext import bindings
+from engine_ext.archs import LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
 from engine_ext.model import Context, Model
 from engine_ext.params import SpeculativeConfigError, SpeculativeParams
 from engine_ext.speculative.base import Drafter
-from engine_ext.speculative.dflash import LAYER_INPUT_ARCHS
 from engine_ext.speculative.draft_model import top_token
 
 EAGLE3_N_TARGET_LAYERS = 3  # src/models/eagle3.cpp: "EAGLE3 requires exactly 3 entries in 'extract_layers'"

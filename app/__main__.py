@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     _add_spec_args(bench)
     bench.add_argument("--prompt", default=None, help="chat prompt for --spec-type runs (default: a copy-heavy one)")
+    bench.add_argument("--raw", action="store_true", help="--spec-type runs complete the prompt without a template")
     add_models_parser(sub)
     add_steer_parser(sub)
     return parser
@@ -415,7 +416,8 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
             for rep in range(reps + 1):  # the first run warms the prompt cache and is not counted
                 request = Generate(
                     request_id=client.new_request_id(),
-                    messages=(ChatMessage("user", prompt),),
+                    messages=() if args.raw else (ChatMessage("user", prompt),),
+                    prompt=prompt if args.raw else None,
                     sampling=greedy,
                     max_tokens=n_gen,
                 )

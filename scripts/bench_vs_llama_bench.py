@@ -27,8 +27,8 @@ def llama_bench_path() -> Path:
     return WORK / "build" / "bin" / "llama-bench"
 
 
-def build_llama_bench(cmake_args: list[str]) -> Path:
-    """Fetch the llama-cpp-python sdist (the vendored llama.cpp) and build llama-bench with CMake."""
+def build_llama_bench(cmake_args: list[str], targets: tuple[str, ...] = ("llama-bench",)) -> Path:
+    """Fetch the llama-cpp-python sdist (the vendored llama.cpp) and build llama-bench (and `targets`) with CMake."""
     WORK.mkdir(exist_ok=True)
     sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
     if not sdists:
@@ -47,11 +47,11 @@ def build_llama_bench(cmake_args: list[str]) -> Path:
     build = WORK / "build"
     subprocess.run(
         ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", *cmake_args],
+         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF", *cmake_args],
         check=True,
     )
     jobs = str(os.cpu_count() or 2)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", jobs], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", jobs], check=True)
     return llama_bench_path()
 
 

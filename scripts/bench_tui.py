@@ -1,0 +1,384 @@
+"""UI performance benchmark: event-loop lag and keypress latency while streaming, first paint of long chats.
+
+Runs the real app headless (Textual's test driver, 120×40) with a synthetic engine behind the real bridge:
+
+  stream     500 tokens/s with 2,000 tokens/s bursts into a chat holding 50 earlier messages (~200,000 chars);
+             event-loop lag (p50/p99/max) and keypress-to-screen latency (p50/p99/max) while streaming
+  open       first paint of a 1,000-message conversation
+  decode     (--engine) decode tok/s of the starter model with the UI attached vs the engine alone
+
+    .venv/bin/python scripts/bench_tui.py [--seconds 8] [--engine] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GOALS = {"lag_p99_ms": 17.0, "key_p99_ms": 50.0, "open_ms": 300.0, "decode_ratio": 0.99}
+
+WORDS = (
+    "the model streams tokens into a terminal while the user keeps typing and scrolling through earlier "
+    "answers about kernels caches batching quantization context windows and sampling temperature"
+).split()
+
+
+def synthetic_markdown(rng: random.Random, n_chars: int) -> str:
+    """Markdown with paragraphs, lists and fenced code, about `n_chars` long."""
+    parts: list[str] = []
+    size = 0
+    while size < n_chars:
+        kind = rng.random()
+        if kind < 0.15:
+            block = "```python\n" + "\n".join(f"def f{i}(x):\n    return x * {i}" for i in range(rng.randint(2, 6)))
+            block += "\n```"
+        elif kind < 0.3:
+            block = "\n".join(f"- {' '.join(rng.choices(WORDS, k=rng.randint(4, 10)))}" for _ in range(4))
+        elif kind < 0.35:
+            block = f"## {' '.join(rng.choices(WORDS, k=4)).capitalize()}"
+        else:
+            block = " ".join(rng.choices(WORDS, k=rng.randint(30, 80))).capitalize() + "."
+        parts.append(block)
+        size += len(block) + 2
+    return "\n\n".join(parts)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"n": len(values), "p50": round(statistics.median(ordered), 2), "p99": round(p99, 2),
+            "max": round(ordered[-1], 2)}
+
+
+# ----- a synthetic engine behind the real bridge ---------------------------------------------------------
+
+
+class SyntheticClient:
+    """Stands in for EngineClient: loads instantly and streams a token schedule from a thread."""
+
+    def __init__(self, log_path: Path, *, seconds: float, base_rate: float, burst_rate: float) -> None:
+        from engine_ext.protocol import Hello
+
+        self.log_path = log_path
+        self.seconds = seconds
+        self.base_rate = base_rate
+        self.burst_rate = burst_rate
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.hello = Hello(1, os.getpid(), "synthetic", "")
+        self.pid: int | None = os.getpid()
+        self.cancelled = threading.Event()
+        self.sent_tokens = 0
+
+    def start(self) -> Any:
+        return self.hello
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.cancelled.set()
+
+    def next_event(self, timeout: float | None = None) -> Any:
+        try:
+            return self.events.get(timeout=timeout) if timeout else self.events.get_nowait()
+        except queue.Empty:
+            return None
+
+    def send(self, request: Any) -> None:
+        from engine_ext.protocol import Cancel, Generate, Loaded, LoadModel, ModelInfo
+
+        if isinstance(request, LoadModel):
+            info = ModelInfo(request.path, "llama", "synthetic", 1, 1, 32768, 32768, 1, 1, 0, 1, False, False,
+                             True, 1, "CPU", 1.0)
+            self.events.put(Loaded(info))
+        elif isinstance(request, Generate):
+            threading.Thread(target=self._stream, args=(request.request_id,), daemon=True).start()
+        elif isinstance(request, Cancel):
+            self.cancelled.set()
+
+    def _stream(self, request_id: int) -> None:
+        from engine_ext.protocol import Finished, GenerationStats, TokenChunk
+
+        rng = random.Random(7)
+        text = synthetic_markdown(rng, int(self.seconds * self.burst_rate * 5))
+        pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+        start = time.perf_counter()
+        sent = 0
+        while not self.cancelled.is_set():
+            elapsed = time.perf_counter() - start
+            if elapsed >= self.seconds or sent >= len(pieces):
+                break
+            # 500 tok/s, with a 0.5 s burst at 2,000 tok/s in every 2 s.
+            due = 0.0
+            whole, part = divmod(elapsed, 2.0)
+            due = whole * (1.5 * self.base_rate + 0.5 * self.burst_rate)
+            due += part * self.base_rate if part < 1.5 else 1.5 * self.base_rate + (part - 1.5) * self.burst_rate
+            while sent < int(due) and sent < len(pieces):
+                self.events.put(TokenChunk(request_id, pieces[sent], "", (sent,), ("target",)))
+                sent += 1
+            time.sleep(0.0005)
+        self.sent_tokens = sent
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        stats = GenerationStats(100, 0, 100, 1.0, sent, elapsed_ms, 5.0, 32768, 100 + sent)
+        self.events.put(Finished(request_id, "cancelled" if self.cancelled.is_set() else "max_tokens", stats))
+
+
+def seed_history(n_messages: int, chars: int, rng: random.Random) -> int:
+    """A conversation of `n_messages` (alternating user/assistant, about `chars` in all) in the store; its id."""
+    from app.store import open_default_store
+
+    store = open_default_store()
+    conversation = store.create_conversation(f"{n_messages} messages")
+    per_reply = max(50, 2 * chars // max(1, n_messages) - 60)
+    for index in range(n_messages // 2):
+        user = store.add_user_message(conversation.id, f"Question {index}: " + " ".join(rng.choices(WORDS, k=8)))
+        reply = store.begin_assistant_message(conversation.id, user.id, "synthetic")
+        store.finish_assistant_message(reply, synthetic_markdown(rng, per_reply), "", "complete", {}, 10)
+    store.close()
+    return conversation.id
+
+
+# ----- measurements ---------------------------------------------------------------------------------------
+
+
+class FrameClock:
+    """Records when the app produces a frame (App._display is called once the compositor rendered it)."""
+
+    def __init__(self, app: Any) -> None:
+        self.frames: list[float] = []
+        original = app._display
+
+        def display(screen: Any, renderable: Any) -> None:
+            original(screen, renderable)
+            if renderable is not None:
+                self.frames.append(time.perf_counter())
+
+        app._display = display
+
+    async def next_frame_after(self, moment: float, timeout: float = 5.0) -> float:
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            for frame in reversed(self.frames):
+                if frame >= moment:
+                    return frame
+            await asyncio.sleep(0.0005)
+        return deadline
+
+
+async def lag_probe(samples: list[float], stop: asyncio.Event, interval: float = 0.005) -> None:
+    while not stop.is_set():
+        before = time.perf_counter()
+        await asyncio.sleep(interval)
+        samples.append((time.perf_counter() - before - interval) * 1000)
+
+
+async def bench_stream(seconds: float, base_rate: float, burst_rate: float) -> dict[str, Any]:
+    from textual import events
+
+    from app.bridge import EngineBridge
+    from app.config import SamplingSettings
+    from app.tui import LlmtuiApp
+
+    conversation_id = seed_history(50, 200_000, random.Random(1))
+    client_box: list[SyntheticClient] = []
+
+    def factory(log_path: Path) -> Any:
+        client = SyntheticClient(log_path, seconds=seconds, base_rate=base_rate, burst_rate=burst_rate)
+        client_box.append(client)
+        return client
+
+    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app.bridge = EngineBridge(app, Path(tempfile.gettempdir()) / "bench.log", client_factory=factory,
+                              backlog=lambda: app._message_queue.qsize())
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.engine_state != "ready":
+            await pilot.pause(0.01)
+        chat = app.chat
+        assert chat is not None
+        if chat.conversation_id != conversation_id:
+            await chat.open_conversation(conversation_id)
+        await pilot.pause(0.3)
+        clock = FrameClock(app)
+        lags: list[float] = []
+        keys: list[float] = []
+        stop = asyncio.Event()
+        probe = asyncio.create_task(lag_probe(lags, stop))
+        profiler = None
+        if os.environ.get("BENCH_PROFILE"):
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        chat.prompt.load_text("Stream a long answer")
+        chat.prompt.focus()
+        started = chat.replies_started
+        await chat.send("Stream a long answer please")
+        assert chat.replies_started > started
+        t_start = time.perf_counter()
+        typed = 0
+        while chat.generation is not None:
+            await asyncio.sleep(0.1)
+            if time.perf_counter() - t_start > seconds + 5:
+                break
+            # A keypress into the prompt, timed until a frame shows it.
+            character = "abcdefghij"[typed % 10]
+            typed += 1
+            before = chat.prompt.text
+            moment = time.perf_counter()
+            app.post_message(events.Key(character, character))
+            while chat.prompt.text == before and time.perf_counter() - moment < 5:
+                await asyncio.sleep(0.0005)
+            frame = await clock.next_frame_after(time.perf_counter())
+            keys.append((frame - moment) * 1000)
+        stop.set()
+        await probe
+        if profiler is not None:
+            import pstats
+
+            profiler.disable()
+            with open(os.environ["BENCH_PROFILE"], "w") as out:
+                pstats.Stats(profiler, stream=out).sort_stats("cumtime").print_stats(70)
+        sent = client_box[-1].sent_tokens if client_box else 0
+        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        return {
+            "tokens": sent,
+            "reply_chars": len(reply.content),
+            "earlier_chars": sum(len(m.content) for m in app.store.active_path(chat.conversation_id or 0)[:-2]),
+            "lag_ms": percentiles(lags),
+            "keypress_ms": percentiles(keys),
+            "frames": len(clock.frames),
+        }
+
+
+async def bench_open(n_messages: int) -> dict[str, Any]:
+    from app.tui import LlmtuiApp
+
+    conversation_id = seed_history(n_messages, n_messages * 1200, random.Random(2))
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        chat = app.chat
+        assert chat is not None
+        await chat.open_conversation(None)
+        await pilot.pause(0.2)
+        clock = FrameClock(app)
+        results = []
+        for _ in range(3):
+            moment = time.perf_counter()
+            await chat.open_conversation(conversation_id)
+            frame = await clock.next_frame_after(time.perf_counter())
+            results.append((frame - moment) * 1000)
+            await chat.open_conversation(None)
+            await pilot.pause(0.2)
+        return {"messages": n_messages, "first_paint_ms": [round(r, 1) for r in results],
+                "first_paint_ms_median": round(statistics.median(results), 1)}
+
+
+def bench_decode(n_tokens: int, repetitions: int) -> dict[str, Any]:
+    """Decode tok/s of the starter model: the engine alone vs through the app (bridge + UI), alternating."""
+    import subprocess
+
+    from app.config import SamplingSettings
+    from app.models import starter_model_path
+    from app.tui import LlmtuiApp
+    from engine_ext.client import EngineClient
+    from engine_ext.params import ContextParams, SamplingParams
+    from engine_ext.protocol import ChatMessage, Finished, Generate
+
+    model = starter_model_path()
+    if model is None:
+        return {"skipped": "the starter model is not installed"}
+    del subprocess
+    prompt = "Write a long story about a lighthouse keeper."
+    headless: list[float] = []
+    attached: list[float] = []
+
+    def engine_alone() -> float:
+        with EngineClient(Path(tempfile.gettempdir()) / "bench-engine.log") as client:
+            client.start()
+            client.load(model, context=ContextParams(n_ctx=4096))
+            request = Generate(0, (ChatMessage("user", prompt),), sampling=SamplingParams(temperature=0.0),
+                               max_tokens=n_tokens, ignore_eos=True)
+            finished = [e for e in client.generate(request) if isinstance(e, Finished)][0]
+            return finished.stats.decode_tps
+
+    async def with_ui() -> float:
+        app = LlmtuiApp("starter", default_sampling=SamplingSettings(temperature=0.0, max_tokens=n_tokens))
+        async with app.run_test(size=(120, 40)) as pilot:
+            while app.engine_state != "ready":
+                await pilot.pause(0.05)
+            chat = app.chat
+            assert chat is not None
+            await chat.send(prompt)
+            while chat.generation is not None:
+                await pilot.pause(0.05)
+            return float(chat.stats.decode_tps or 0.0)
+
+    for _ in range(repetitions):
+        headless.append(engine_alone())
+        attached.append(asyncio.run(with_ui()))
+    ratio = statistics.median(attached) / statistics.median(headless) if headless and headless[0] else 0.0
+    return {"tokens": n_tokens, "engine_alone_tps": [round(v, 1) for v in headless],
+            "with_ui_tps": [round(v, 1) for v in attached], "ratio_of_medians": round(ratio, 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of the synthetic stream")
+    parser.add_argument("--rate", type=float, default=500.0, help="base tokens per second")
+    parser.add_argument("--burst", type=float, default=2000.0, help="burst tokens per second")
+    parser.add_argument("--messages", type=int, default=1000, help="messages in the conversation to open")
+    parser.add_argument("--engine", action="store_true", help="also compare decode speed with the starter model")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    for name, run in (
+        ("stream", lambda: bench_stream(args.seconds, args.rate, args.burst)),
+        ("open", lambda: bench_open(args.messages)),
+    ):
+        with tempfile.TemporaryDirectory() as folder:
+            os.environ["LLMTUI_DATA_DIR"] = str(Path(folder) / "data")
+            os.environ["LLMTUI_CONFIG_DIR"] = str(Path(folder) / "config")
+            results[name] = asyncio.run(run())
+    if args.engine:
+        with tempfile.TemporaryDirectory() as folder:
+            os.environ["LLMTUI_DATA_DIR"] = str(Path(folder) / "data")
+            os.environ["LLMTUI_CONFIG_DIR"] = str(Path(folder) / "config")
+            results["decode"] = bench_decode(args.decode_tokens, args.repetitions)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    stream = results["stream"]
+    print(f"stream: {stream['tokens']} tokens ({args.rate:.0f} tok/s, {args.burst:.0f} tok/s bursts) into a chat "
+          f"with {stream['earlier_chars']} earlier characters")
+    lag, key = stream["lag_ms"], stream["keypress_ms"]
+    print(f"  event-loop lag  p50 {lag['p50']:6.2f} ms  p99 {lag['p99']:6.2f} ms  max {lag['max']:6.2f} ms"
+          f"   (goal p99 ≤ {GOALS['lag_p99_ms']:.0f} ms)")
+    print(f"  keypress→frame  p50 {key['p50']:6.2f} ms  p99 {key['p99']:6.2f} ms  max {key['max']:6.2f} ms"
+          f"   (goal p99 ≤ {GOALS['key_p99_ms']:.0f} ms, n={key['n']})")
+    opened = results["open"]
+    print(f"open: {opened['messages']} messages, first paint {opened['first_paint_ms_median']} ms "
+          f"(runs {opened['first_paint_ms']}; goal ≤ {GOALS['open_ms']:.0f} ms)")
+    if "decode" in results:
+        decode = results["decode"]
+        print(f"decode: {decode}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

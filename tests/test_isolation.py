@@ -38,3 +38,13 @@ def test_only_engine_ext_imports_llama_cpp() -> None:
             if "import llama_cpp" in text or "from llama_cpp" in text:
                 offenders.append(str(path.relative_to(ROOT)))
     assert not offenders
+
+
+def test_the_ui_process_never_loads_llama_cpp() -> None:
+    # The engine runs in the worker; the app (CLI entry point and the Textual app) only speaks the protocol.
+    code = (
+        "import sys, app.__main__, app.tui, app.bridge\n"
+        "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported in the UI process'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

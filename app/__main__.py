@@ -56,6 +56,7 @@ def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> 
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_CACHE_TYPES), default="f16")
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     p.add_argument("--mlock", action="store_true", help="lock the model in RAM")
+    p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="llama.cpp RPC servers to use as devices")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -123,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("-c", "--ctx-size", type=int, default=0, help="context for the memory estimate")
     info.add_argument("--json", action="store_true")
 
+    rpc = sub.add_parser("rpc-server", help="serve this machine's CPU to llama.cpp RPC clients (--rpc)")
+    rpc.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    rpc.add_argument("--port", type=int, default=50052)
+    rpc.add_argument("-t", "--threads", type=int, default=0)
+
     doctor = sub.add_parser("doctor", help="backends, devices, memory, versions")
     doctor.add_argument("--json", action="store_true")
 
@@ -144,7 +150,11 @@ def _model_params(args: argparse.Namespace, spec: SpeculativeParams | None = Non
     # MTP heads inside the model are loaded only when draft-mtp will use them (llama.cpp's load_mtp).
     load_mtp = spec is not None and "draft-mtp" in spec.types
     return ModelParams(
-        n_gpu_layers=args.n_gpu_layers, use_mmap=not args.no_mmap, use_mlock=args.mlock, load_mtp=load_mtp
+        n_gpu_layers=args.n_gpu_layers,
+        use_mmap=not args.no_mmap,
+        use_mlock=args.mlock,
+        load_mtp=load_mtp,
+        rpc_servers=tuple(s.strip() for s in args.rpc.split(",") if s.strip()),
     )
 
 
@@ -344,6 +354,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rpc_server(args: argparse.Namespace) -> int:
+    from engine_ext.model import default_threads
+    from engine_ext.rpc import serve_rpc
+
+    endpoint = f"{args.host}:{args.port}"
+    print(f"serving this machine's CPU to llama.cpp RPC clients on {endpoint} (Ctrl-C stops)", file=sys.stderr)
+    serve_rpc(endpoint, args.threads or default_threads())
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from engine_ext.doctor import diagnose
 
@@ -531,6 +551,7 @@ COMMANDS = {
     "models": cmd_models,
     "steer": cmd_steer,
     "doctor": cmd_doctor,
+    "rpc-server": cmd_rpc_server,
 }
 
 

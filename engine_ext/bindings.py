@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -130,6 +132,55 @@ def target_layer_ids(model: Any) -> list[int]:
         return []
     ids = model_target_layer_ids(model)
     return [int(ids[i]) for i in range(count)]
+
+
+@cache
+def ggml_lib() -> ctypes.CDLL:
+    """libggml (the backend registry) from the directory llama-cpp-python loaded libllama from."""
+    lib_dir = Path(C.llama_cpp._lib._name).parent
+    # The soname libllama links against first: wheels hold copies, not symlinks, and opening another file
+    # of the same library would load a second, separate backend registry.
+    for name in ("libggml.so.0", "libggml.0.dylib", "libggml.so", "libggml.dylib", "ggml.dll"):
+        if (lib_dir / name).exists():
+            lib = ctypes.CDLL(str(lib_dir / name))
+            break
+    else:  # statically linked into libllama
+        lib = C.llama_cpp._lib
+    # size_t ggml_backend_reg_count(void); ggml_backend_reg_t ggml_backend_reg_get(size_t);
+    # const char * ggml_backend_reg_name(ggml_backend_reg_t);
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    # size_t ggml_backend_dev_count(void); ggml_backend_dev_t ggml_backend_dev_get(size_t);
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    # const char * ggml_backend_dev_name/description(ggml_backend_dev_t);
+    for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
+        fn.argtypes = [ctypes.c_void_p]
+        fn.restype = ctypes.c_char_p
+    # void ggml_backend_dev_memory(ggml_backend_dev_t, size_t * free, size_t * total);
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    # enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t);
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    # ggml_backend_reg_t ggml_backend_reg_by_name(const char * name);
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    # void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    # void ggml_backend_register(ggml_backend_reg_t reg);
+    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_register.restype = None
+    # ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);
+    lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    return lib
 
 
 def missing_ext_functions() -> list[str]:

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine_ext.bindings import ggml_lib
+
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator", 4: "meta"}
 REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36'
 
@@ -41,47 +43,11 @@ class DoctorReport:
         return asdict(self)
 
 
-def _ggml() -> ctypes.CDLL:
-    """libggml (the backend registry) from the directory llama-cpp-python loaded libllama from."""
-    from engine_ext.bindings import C
-
-    lib_dir = Path(C.llama_cpp._lib._name).parent
-    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
-        if (lib_dir / name).exists():
-            lib = ctypes.CDLL(str(lib_dir / name))
-            break
-    else:  # statically linked into libllama
-        lib = C.llama_cpp._lib
-    # size_t ggml_backend_reg_count(void); ggml_backend_reg_t ggml_backend_reg_get(size_t);
-    # const char * ggml_backend_reg_name(ggml_backend_reg_t);
-    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
-    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
-    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
-    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
-    # size_t ggml_backend_dev_count(void); ggml_backend_dev_t ggml_backend_dev_get(size_t);
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    # const char * ggml_backend_dev_name/description(ggml_backend_dev_t);
-    for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
-        fn.argtypes = [ctypes.c_void_p]
-        fn.restype = ctypes.c_char_p
-    # void ggml_backend_dev_memory(ggml_backend_dev_t, size_t * free, size_t * total);
-    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                            ctypes.POINTER(ctypes.c_size_t)]
-    lib.ggml_backend_dev_memory.restype = None
-    # enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t);
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    return lib
-
-
 def list_devices() -> tuple[tuple[str, ...], tuple[Device, ...]]:
     from engine_ext.bindings import C
 
     C.llama_backend_init()
-    lib = _ggml()
+    lib = ggml_lib()
     backends = tuple(
         lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())
     )

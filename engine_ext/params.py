@@ -34,6 +34,7 @@ class ModelParams:
     use_mlock: bool = False
     load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
     main_gpu: int = 0
+    rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC servers (host:port) whose devices join this machine's
 
 
 @dataclass(frozen=True)

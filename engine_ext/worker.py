@@ -139,6 +139,10 @@ class Worker:
             raise ModelLoadError(f"model file not found: {path}")
         request.context.validate()
         validate_gguf(path)
+        if request.model.rpc_servers:
+            from engine_ext.rpc import add_rpc_servers
+
+            add_rpc_servers(request.model.rpc_servers)
         t0 = time.perf_counter()
         last = [0.0]
 
@@ -158,7 +162,9 @@ class Worker:
         self.session = Session(model, ctx)
         system = C.llama_print_system_info().decode("utf-8", errors="replace")
         backend = "CPU"
-        if C.llama_supports_gpu_offload():
+        if request.model.rpc_servers:
+            backend = "RPC"
+        elif C.llama_supports_gpu_offload():
             for name in ("CUDA", "Metal", "Vulkan", "ROCm", "SYCL"):
                 if name.upper() in system.upper():
                     backend = name

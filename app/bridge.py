@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Final, Protocol
@@ -17,6 +17,7 @@ from textual.message import Message
 from app.config import EngineSettings, SamplingSettings
 from app.messages import (
     EngineCrashed,
+    EngineRequestFailed,
     EngineStarted,
     EngineStarting,
     GenerationFailed,
@@ -27,9 +28,15 @@ from app.messages import (
     ModelLoadProgress,
     ModelLoadStarted,
     ModelSummary,
+    SpeculativeConfigured,
+    SpeculativeStatsUpdated,
+    SteeringApplied,
     TokensArrived,
+    VectorCreated,
+    VectorProgressed,
 )
 from engine_ext.client import EngineClient, EngineCrashedError
+from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     Cancel,
     ChatMessage,
@@ -41,11 +48,20 @@ from engine_ext.protocol import (
     Loaded,
     LoadModel,
     LoadProgress,
+    MakeControlVector,
+    Request,
+    SetSpeculative,
+    SetSteering,
+    SpeculativeSet,
+    SpeculativeUpdate,
+    SteeringSet,
     TokenChunk,
+    VectorMade,
+    VectorProgress,
 )
 
 POLL_S: Final = 0.05
-FLUSH_INTERVAL_S: Final = 1 / 60  # tokens reach the UI at most this often (batched in order, never dropped)
+FLUSH_INTERVAL_S: Final = 0.05  # tokens reach the UI at most 20 times a second (batched in order, never dropped)
 STATS_INTERVAL_S: Final = 0.25
 MAX_EVENTS_PER_READ: Final = 512
 BACKLOG_LIMIT: Final = 24  # UI messages waiting: hold token batches (keep reading the pipe) until it drains
@@ -77,7 +93,7 @@ class EngineBridge:
     """Owns the EngineClient and a long-lived reader thread (exit event + join).
 
     Every call is non-blocking: it queues a command for the thread, which starts/loads the engine and reads its
-    events, posting `app.messages` messages. Token chunks are merged in order into batches at most 60 a second;
+    events, posting `app.messages` messages. Token chunks are merged in order into batches at most 20 a second;
     load progress and live stats use `can_replace`.
     """
 
@@ -103,7 +119,8 @@ class EngineBridge:
         self._pending_since: float | None = None
         self._generations: dict[int, _Generation] = {}
         self._loading: str | None = None
-        self._model: tuple[str, EngineSettings] | None = None
+        self._model: tuple[str, EngineSettings, bool, int] | None = None
+        self._control: list[str] = []  # speculative / steering / vector requests awaiting their answer
         self._running = False
         self.model_path: str | None = None
         """The model last asked for (reloaded by `restart`)."""
@@ -114,11 +131,11 @@ class EngineBridge:
         if not self._thread.is_alive():
             self._thread.start()
 
-    def load(self, path: str, engine: EngineSettings) -> None:
-        """Load a model (starting the worker first when needed)."""
+    def load(self, path: str, engine: EngineSettings, *, load_mtp: bool = False, n_rs_seq: int = 0) -> None:
+        """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation."""
         self.model_path = path
-        self._model = (path, engine)
-        self._commands.put(lambda: self._do_load(path, engine))
+        self._model = (path, engine, load_mtp, n_rs_seq)
+        self._commands.put(lambda: self._do_load(path, engine, load_mtp, n_rs_seq))
 
     def restart(self) -> None:
         """Start a fresh worker and reload the last model (after a crash)."""
@@ -145,6 +162,19 @@ class EngineBridge:
 
     def cancel(self, request_id: int) -> None:
         self._commands.put(lambda: self._send(Cancel(request_id)))
+
+    def set_speculative(self, params: SpeculativeParams) -> None:
+        """Configure speculative decoding (no types: off); answered by SpeculativeConfigured or EngineRequestFailed."""
+        self._commands.put(lambda: self._send_control("speculative", SetSpeculative(params)))
+
+    def set_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
+        """Apply a control-vector mix (empty: none), mid-generation too; answered by SteeringApplied."""
+        self._commands.put(lambda: self._send_control("steering", SetSteering(entries)))
+
+    def make_vector(self, prompt_set_path: str, output_path: str, method: str = "pca") -> None:
+        """Make a control vector on the loaded model: VectorProgressed… then VectorCreated (or EngineRequestFailed)."""
+        request = MakeControlVector(prompt_set_path, output_path, method)
+        self._commands.put(lambda: self._send_control("vector", request))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (exit event + join) and shut the worker down; idempotent."""
@@ -223,12 +253,24 @@ class EngineBridge:
         self._running = True
         self._post(EngineStarted(hello.pid, hello.llama_cpp_version))
 
-    def _do_load(self, path: str, engine: EngineSettings) -> None:
+    def _send_control(self, kind: str, request: Request) -> None:
+        if not self._running:
+            self._post(EngineRequestFailed(kind, "the engine is not running; restart it first"))
+            return
+        self._control.append(kind)
+        self._client.send(request)
+
+    def _answered(self, kind: str) -> None:
+        if kind in self._control:
+            self._control.remove(kind)
+
+    def _do_load(self, path: str, engine: EngineSettings, load_mtp: bool = False, n_rs_seq: int = 0) -> None:
         if not self._running:
             self._start_worker()
         self._loading = path
         self._post(ModelLoadStarted(path))
-        self._send(LoadModel(path, engine.model_params(), engine.context_params()))
+        self._send(LoadModel(path, replace(engine.model_params(), load_mtp=load_mtp),
+                             replace(engine.context_params(), n_rs_seq=n_rs_seq)))
 
     def _do_restart(self) -> None:
         self._flush_tokens(force=True)
@@ -269,7 +311,27 @@ class EngineBridge:
                     )
                 )
             )
+        elif isinstance(event, SpeculativeUpdate):
+            self._post(SpeculativeStatsUpdated(event.stats))
+        elif isinstance(event, SpeculativeSet):
+            self._answered("speculative")
+            self._post(SpeculativeConfigured(event.drafters, event.notices))
+        elif isinstance(event, SteeringSet):
+            self._answered("steering")
+            self._post(SteeringApplied(event))
+        elif isinstance(event, VectorProgress):
+            self._post(VectorProgressed(event.done, event.total))
+        elif isinstance(event, VectorMade):
+            self._answered("vector")
+            self._post(VectorCreated(event.path, event.layers, event.pairs, event.seconds))
+        elif isinstance(event, Failed) and event.request_id is None and self._loading is None and self._control:
+            # Steering changes are answered mid-generation; the others queue behind it.
+            kind = "steering" if self._generations and "steering" in self._control else self._control[0]
+            self._answered(kind)
+            self._post(EngineRequestFailed(kind, event.message))
         elif isinstance(event, Finished):
+            if event.speculative is not None:
+                self._post(SpeculativeStatsUpdated(event.speculative, final=True))
             self._generations.pop(event.request_id, None)
             self._post(
                 GenerationFinished(event.request_id, event.stop_reason, event.stats.to_dict(), event.notices)
@@ -290,6 +352,7 @@ class EngineBridge:
         self._running = False
         self._loading = None
         self._generations.clear()
+        self._control.clear()
         self._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code))
 
     def _tokens(self, chunk: TokenChunk) -> None:

@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from app.paths import config_dir
-from engine_ext.params import KV_CACHE_TYPES, ContextParams, EngineError, ModelParams, SamplingParams
+from engine_ext.params import (
+    KV_CACHE_TYPES,
+    SPEC_TYPES,
+    ContextParams,
+    EngineError,
+    ModelParams,
+    SamplingParams,
+    SpeculativeParams,
+    SteeringEntry,
+)
 
 CONFIG_FILE_NAME: Final = "config.toml"
 THEMES: Final = ("dark", "light")
@@ -125,6 +134,63 @@ class SamplingSettings:
 
 
 @dataclass(frozen=True)
+class SpeculativeSettings:
+    """Speculative decoding as the user chose it (F8 toggles it, F9 picks the type; llama.cpp's names)."""
+
+    enabled: bool = False
+    spec_type: str = "auto"
+    draft_model: str = ""  # draft-simple / eagle3 / dflash / dspark file, or an mtp-*.gguf sidecar
+    n_max: int = 16
+    n_min: int = 0
+    p_min: float = 0.0
+
+    def params(self) -> SpeculativeParams:
+        """What the engine gets (no types while disabled: off)."""
+        return SpeculativeParams(
+            types=(self.spec_type,) if self.enabled else (),
+            draft_model=self.draft_model or None,
+            n_max=self.n_max,
+            n_min=self.n_min,
+            p_min=self.p_min,
+        )
+
+    def validate(self) -> None:
+        if self.spec_type not in SPEC_TYPES:
+            raise ConfigError(f"speculative type must be one of {', '.join(SPEC_TYPES)}, not {self.spec_type!r}")
+        try:
+            replace(self.params(), types=(self.spec_type,)).validate()
+        except EngineError as error:
+            raise ConfigError(str(error)) from error
+
+
+@dataclass(frozen=True)
+class SteeringSettings:
+    """The control vectors the user steers with (F6): files and strengths in [-2, 2], one layer range (0: default)."""
+
+    vectors: tuple[str, ...] = ()
+    strengths: tuple[float, ...] = ()
+    layer_start: int = 0
+    layer_end: int = 0
+
+    def entries(self) -> tuple[SteeringEntry, ...]:
+        """The vectors with a non-zero strength, as the engine applies them."""
+        return tuple(
+            SteeringEntry(path, strength, self.layer_start, self.layer_end)
+            for path, strength in zip(self.vectors, self.strengths, strict=False)
+            if strength != 0.0
+        )
+
+    def validate(self) -> None:
+        if len(self.vectors) != len(self.strengths):
+            raise ConfigError("steering.vectors and steering.strengths should have the same length")
+        try:
+            for path, strength in zip(self.vectors, self.strengths, strict=True):
+                SteeringEntry(path, strength, self.layer_start, self.layer_end).validate()
+        except EngineError as error:
+            raise ConfigError(str(error)) from error
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything in config.toml."""
 
@@ -133,9 +199,13 @@ class Config:
     last_model: str = ""
     theme: str = "dark"
     show_sidebar: bool = True
+    speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
+    steering: SteeringSettings = field(default_factory=SteeringSettings)
 
     def validate(self) -> None:
         self.engine.validate()
+        self.speculative.validate()
+        self.steering.validate()
         if self.theme not in THEMES:
             raise ConfigError(f"theme must be one of {', '.join(THEMES)}, not {self.theme!r}")
         for folder in self.model_folders:
@@ -186,12 +256,45 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
         last_model=_typed(models_table, "last_model", str, defaults.last_model, "models."),
         theme=_typed(ui_table, "theme", str, defaults.theme, "ui."),
         show_sidebar=_typed(ui_table, "show_sidebar", bool, defaults.show_sidebar, "ui."),
+        speculative=_speculative_from_toml(data, source),
+        steering=_steering_from_toml(data, source),
     )
     try:
         config.validate()
     except ConfigError as error:
         raise ConfigError(f"{source}: {error}") from error
     return config
+
+
+def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [{name}] should be a table")
+    return table
+
+
+def _speculative_from_toml(data: dict[str, Any], source: str) -> SpeculativeSettings:
+    table, defaults = _table(data, "speculative", source), SpeculativeSettings()
+    return SpeculativeSettings(**{
+        f.name: _typed(table, f.name, type(getattr(defaults, f.name)), getattr(defaults, f.name), "speculative.")
+        for f in fields(SpeculativeSettings)
+    })
+
+
+def _steering_from_toml(data: dict[str, Any], source: str) -> SteeringSettings:
+    table, defaults = _table(data, "steering", source), SteeringSettings()
+    vectors, strengths = table.get("vectors", []), table.get("strengths", [])
+    if not isinstance(vectors, list) or not all(isinstance(v, str) for v in vectors):
+        raise ConfigError(f"{source}: steering.vectors should be a list of control-vector files")
+    if not isinstance(strengths, list) or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                  for v in strengths):
+        raise ConfigError(f"{source}: steering.strengths should be a list of numbers")
+    return SteeringSettings(
+        vectors=tuple(vectors),
+        strengths=tuple(float(v) for v in strengths),
+        layer_start=_typed(table, "layer_start", int, defaults.layer_start, "steering."),
+        layer_end=_typed(table, "layer_end", int, defaults.layer_end, "steering."),
+    )
 
 
 def _toml_value(value: object) -> str:
@@ -214,6 +317,8 @@ def config_to_toml(config: Config) -> str:
         "engine": asdict(config.engine),
         "models": {"folders": list(config.model_folders), "last_model": config.last_model},
         "ui": {"theme": config.theme, "show_sidebar": config.show_sidebar},
+        "speculative": asdict(config.speculative),
+        "steering": asdict(config.steering),
     }
     lines = ["# llmtui settings (edited by the settings screen; comments are not kept)"]
     for name, table in tables.items():

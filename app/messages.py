@@ -7,6 +7,8 @@ from typing import Any
 
 from textual.message import Message
 
+from engine_ext.protocol import SpeculativeStats, SteeringSet
+
 StatsDict = dict[str, Any]
 
 
@@ -127,3 +129,64 @@ class EngineCrashed(Message):
         self.description = description
         self.log_tail = log_tail
         self.exit_code = exit_code
+
+
+class SpeculativeConfigured(Message):
+    """Speculative decoding is set up: the drafters in chain order (empty: off)."""
+
+    def __init__(self, drafters: tuple[str, ...], notices: tuple[str, ...]) -> None:
+        super().__init__()
+        self.drafters = drafters
+        self.notices = notices
+
+
+class SpeculativeStatsUpdated(Message, bubble=False):
+    """Live (or, with `final`, a finished reply's) speculative statistics; a newer one replaces an older one."""
+
+    def __init__(self, stats: SpeculativeStats, final: bool = False) -> None:
+        super().__init__()
+        self.stats = stats
+        self.final = final
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SpeculativeStatsUpdated) and not message.final
+
+
+class SteeringApplied(Message):
+    """The engine applies this steering now (the worker's SteeringSet)."""
+
+    def __init__(self, applied: SteeringSet) -> None:
+        super().__init__()
+        self.applied = applied
+
+
+class VectorProgressed(Message, bubble=False):
+    """Making a control vector: `done` of `total` prompt pairs; a newer one replaces an older one."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__()
+        self.done = done
+        self.total = total
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, VectorProgressed)
+
+
+class VectorCreated(Message):
+    """A control vector was made and written to `path`."""
+
+    def __init__(self, path: str, layers: int, pairs: int, seconds: float) -> None:
+        super().__init__()
+        self.path = path
+        self.layers = layers
+        self.pairs = pairs
+        self.seconds = seconds
+
+
+class EngineRequestFailed(Message):
+    """A speculative, steering or make-vector request was refused; `kind` says which, `error` why."""
+
+    def __init__(self, kind: str, error: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.error = error

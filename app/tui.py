@@ -14,6 +14,7 @@ from textual.screen import Screen
 from app import paths
 from app.bridge import EngineBridge
 from app.config import Config, ConfigError, SamplingSettings, load_config, save_config
+from app.features import FeaturesMixin
 from app.messages import (
     EngineCrashed,
     EngineStarted,
@@ -40,7 +41,7 @@ def _safe_file_name(title: str) -> str:
     return re.sub(r"[^\w.-]+", "-", title).strip("-")[:50] or "conversation"
 
 
-class LlmtuiApp(App[None]):
+class LlmtuiApp(FeaturesMixin, App[None]):
     """llmtui's chat app. `model`: a path or 'starter' (default: the last model used, else the starter)."""
 
     CSS_PATH = str(paths.assets_dir() / "llmtui.tcss")
@@ -48,7 +49,11 @@ class LlmtuiApp(App[None]):
     BINDINGS = [
         Binding("f1,question_mark", "help", "Help"),
         Binding("f3", "settings", "Settings", show=False),
+        Binding("f4", "models", "Models", show=False),
         Binding("ctrl+t", "toggle_theme", "Theme", show=False),
+        Binding("f6", "steering", "Steering", show=False, priority=True),
+        Binding("f8", "toggle_speculation", "Speculation", show=False),
+        Binding("f9", "speculative_panel", "Speculative settings", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -113,7 +118,7 @@ class LlmtuiApp(App[None]):
         self.model = None
         if self.start_engine:
             self.bridge.start()
-            self.bridge.load(str(path), self.config.engine)
+            self.bridge.load(str(path), self.config.engine, **self.speculative_load_options(str(path)))
         self.set_engine_state("loading")
 
     async def on_unmount(self) -> None:
@@ -275,13 +280,21 @@ class LlmtuiApp(App[None]):
             return
 
         def switch(path: Path | None) -> None:
-            if path is None:
-                return
-            if self.chat is None:
-                self.switch_screen(ChatScreen())
-            self.load_model(path)
+            if path is not None:
+                self.open_model(path)
 
         self.push_screen(ModelSwitcherModal(local_models(self.config.model_folders), self.model_path), switch)
+
+    def open_model(self, path: Path) -> None:
+        """Load a model file and show the chat (the model switcher and the models screen's "use" call this)."""
+        if self.chat is None:
+            self.switch_screen(ChatScreen())
+        self.load_model(path)
+
+    def action_models(self) -> None:
+        from app.screens.models import open_models_screen
+
+        open_models_screen(self)
 
     def action_import_conversation(self) -> None:
         from app.modals.text_prompt import TextPromptModal
@@ -319,10 +332,12 @@ class LlmtuiApp(App[None]):
         yield SystemCommand("Help: keys", "Every key, by where it works (F1)", self.action_help)
         yield SystemCommand("Settings", "Engine options and model folders (F3)", self.action_settings)
         yield SystemCommand("Switch model", "Load another local model (ctrl+l)", self.action_switch_model)
+        yield SystemCommand("Models", "Catalog, Hugging Face search, downloads, local models (F4)", self.action_models)
         yield SystemCommand("Toggle dark/light", "Switch the theme (ctrl+t)", self.action_toggle_theme)
         yield SystemCommand("Restart engine", "Start a fresh engine process and reload the model (F5)",
                             self.action_restart_engine)
         yield SystemCommand("Import conversation", "Import a JSON export", self.action_import_conversation)
+        yield from self.feature_commands(screen)
         chat = self.chat
         if chat is None or screen is not chat:
             return

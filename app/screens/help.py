@@ -16,6 +16,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("ctrl+p", "command palette: every action by name"),
         ("ctrl+t", "dark / light theme"),
         ("F3", "settings (engine options, model folders)"),
+        ("F4", "models: catalog, Hugging Face search, downloads, local models"),
         ("ctrl+q", "quit"),
     )),
     ("Chat", (
@@ -51,6 +52,23 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("d, delete", "delete"),
         ("u", "undo the last delete"),
         ("x", "export to Markdown and JSON"),
+    )),
+    ("Models (F4)", (
+        ("1 / 2 / 3", "catalog / search / local tab"),
+        ("/", "search Hugging Face (author and sort below the box)"),
+        ("enter", "open a repo: quants, fit, sidecars · on a quant: download it"),
+        ("d", "download the highlighted quant, with the sidecars you tick"),
+        ("u", "chat with a local model or a downloaded quant"),
+        ("x, delete", "delete a local model (asks, says the space freed)"),
+        ("p / c", "pause or resume / cancel a download (downloads panel)"),
+        ("escape, F4", "back to the chat"),
+    )),
+    ("Speculative decoding and steering", (
+        ("F8", "speculative decoding on / off (the meter under the transcript shows acceptance and speedup)"),
+        ("F9", "speculative settings: type (what the model supports), draft model, n_max / n_min / p_min"),
+        ("F6", "steering: control-vector sliders, layer range, per-layer heat strip"),
+        ("←/→, shift+←/→, 0", "on a slider: strength ±0.05, ±0.25, reset (applies at the next token)"),
+        ("m / b / a / c", "on the steering screen: make a vector · A/B view · add a file · clear all"),
     )),
 )
 

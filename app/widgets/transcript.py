@@ -262,6 +262,7 @@ class FrozenSegment(RenderedOnce):
     DEFAULT_CSS = """
     FrozenSegment {
         height: auto;
+        margin-bottom: 1;
     }
     """
 
@@ -397,6 +398,11 @@ class LiveMessage(Vertical):
         tail = self.query_one(LiveTail)
         return tail.virtual_region.y + min(tail.outer_size.height, self.markdown.outer_size.height)
 
+    def on_click(self, event: events.Click) -> None:
+        if event.widget is not None and event.widget.has_class("live-reasoning"):
+            self.show_reasoning = not self.show_reasoning
+            self._update_reasoning()
+
     def _update_reasoning(self) -> None:
         widget = self.query_one(".live-reasoning", Static)
         reasoning = self._reasoning.strip()
@@ -404,9 +410,10 @@ class LiveMessage(Vertical):
         if not reasoning:
             return
         if self.show_reasoning:
-            widget.update(Text("▾ Reasoning\n" + reasoning, style="dim italic"))
+            widget.update(Text("▾ Reasoning (click to hide)\n" + reasoning, style="dim italic"))
         else:
-            widget.update(Text(f"▸ Thinking… ({len(reasoning.split())} words)", style="dim italic"))
+            words = len(reasoning.split())
+            widget.update(Text(f"▸ Thinking… ({words} words; click to show)", style="dim italic"))
 
     async def stop(self) -> None:
         if self._stream is not None:

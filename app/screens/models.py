@@ -1,0 +1,717 @@
+"""The models screen (F4): catalog, Hugging Face search and local tabs, a detail pane with fit, and downloads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Label, OptionList, Select, Static, TabbedContent, TabPane
+from textual.widgets.option_list import Option
+
+from app import paths
+from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
+from app.modals.model_actions import DeleteModelModal, PullModal
+from app.widgets.downloads import DownloadsPanel
+from engine_ext.gguf_info import GGUFError, format_bytes
+from models_catalog import fit, hfcache, hub, pairing
+from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
+from models_catalog.download import installed_path
+from models_catalog.errors import ModelsError
+from models_catalog.hub import QuantGroup, RepoListing, RepoSummary
+from models_catalog.library import Library, LocalModel
+from models_catalog.pull import plan_pull
+
+if TYPE_CHECKING:
+    from app.tui import LlmtuiApp
+
+SCREEN_NAME = "models"
+SEARCH_LIMIT = 50
+SORTS = (("most downloaded", "downloads"), ("most liked", "likes"), ("recently updated", "updated"))
+VERDICT_STYLES = {"fits": "bold green", "tight": "bold yellow", "too big": "bold red"}
+
+
+def format_params(n: float) -> str:
+    """`1.2 B`, `135 M`, `0.8 M`."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f} B"
+    return f"{n / 1e6:.0f} M" if n >= 1e7 else f"{n / 1e6:.1f} M"
+
+
+def memory_text(memory: fit.MachineMemory) -> str:
+    gpu = f"{format_bytes(memory.vram_total)} VRAM ({', '.join(memory.gpus)})" if memory.vram_total else "no GPU"
+    return f"{format_bytes(memory.ram_total)} RAM · {gpu}"
+
+
+def user_model_folders(config_folders: Iterable[str]) -> list[Path]:
+    """The folders the library scans: LLMTUI_MODEL_DIRS then the settings' model folders."""
+    folders = [Path(d) for d in os.environ.get("LLMTUI_MODEL_DIRS", "").split(os.pathsep) if d]
+    return folders + [Path(d) for d in config_folders]
+
+
+# ----- what the workers found (posted to the screen) -------------------------------------------------------
+
+
+class MemoryDetected(Message):
+    """RAM and VRAM of this machine."""
+
+    def __init__(self, memory: fit.MachineMemory) -> None:
+        super().__init__()
+        self.memory = memory
+
+
+class HubSearched(Message):
+    """Search results from the Hub."""
+
+    def __init__(self, results: list[RepoSummary]) -> None:
+        super().__init__()
+        self.results = results
+
+
+class RepoInspected(Message):
+    """A repository's files grouped by quant and, when its header could be read, the fit of each quant."""
+
+    def __init__(self, listing: RepoListing, report: fit.FitReport | None, fit_error: str | None,
+                 entry: CatalogEntry | None) -> None:
+        super().__init__()
+        self.listing = listing
+        self.report = report
+        self.fit_error = fit_error
+        self.entry = entry
+
+
+class LocalModelsListed(Message):
+    """The models on disk."""
+
+    def __init__(self, models: list[LocalModel]) -> None:
+        super().__init__()
+        self.models = models
+
+
+class LocalModelJudged(Message):
+    """The fit of a model on disk."""
+
+    def __init__(self, model: LocalModel, verdict: fit.QuantFit | None, error: str | None) -> None:
+        super().__init__()
+        self.model = model
+        self.verdict = verdict
+        self.error = error
+
+
+class ModelDeleted(Message):
+    """A local model was deleted; `freed` bytes."""
+
+    def __init__(self, name: str, freed: int) -> None:
+        super().__init__()
+        self.name = name
+        self.freed = freed
+
+
+class ModelsWorkFailed(Message):
+    """Background work failed; `error` says why in words a user understands."""
+
+    def __init__(self, what: str, error: str) -> None:
+        super().__init__()
+        self.what = what
+        self.error = error
+
+
+# ----- the screen ----------------------------------------------------------------------------------------
+
+
+class ModelsScreen(Screen[None]):
+    """Find, inspect, download, use and delete models. Installed on the app, so downloads go on in the background.
+
+    | Key | Action |
+    | :- | :- |
+    | 1 / 2 / 3 | Catalog / Search / Local tab. |
+    | / | Search Hugging Face (type, Enter). |
+    | enter | Open the highlighted repo (quants, fit, sidecars); on a quant: download it. |
+    | d | Download the highlighted quant (with the sidecars you tick). |
+    | u | Use the model in the chat (a local model, or a downloaded quant). |
+    | x, delete | Delete the highlighted local model (asks first). |
+    | p / c | Pause or resume / cancel the highlighted download (in the downloads panel). |
+    | ctrl+r | Reload the local models. |
+    | escape, F4 | Back to the chat. |
+    """
+
+    BINDINGS = [
+        Binding("escape", "back", "Back"),
+        Binding("slash", "search", "Search"),
+        Binding("d", "download", "Download"),
+        Binding("u", "use", "Use in chat"),
+        Binding("x,delete", "delete", "Delete"),
+        Binding("ctrl+r", "reload_local", "Reload", show=False),
+        Binding("1", "tab('catalog')", "Catalog", show=False),
+        Binding("2", "tab('search')", "Search tab", show=False),
+        Binding("3", "tab('local')", "Local", show=False),
+    ]
+
+    CSS_PATH = str(paths.assets_dir() / "models.tcss")
+
+    app: LlmtuiApp
+
+    def __init__(self) -> None:
+        super().__init__(id="models-screen")
+        self.catalog: Catalog = Catalog([])
+        self.memory: fit.MachineMemory | None = None
+        self.search_results: list[RepoSummary] = []
+        self.local_models: list[LocalModel] = []
+        self.entry: CatalogEntry | None = None
+        """The catalog entry in the detail pane (alone, or with its repo inspected)."""
+        self.listing: RepoListing | None = None
+        self.report: fit.FitReport | None = None
+        self.fit_error: str | None = None
+        self.local: LocalModel | None = None
+        self.local_fit: fit.QuantFit | None = None
+        self.inspecting: str | None = None
+        """The repository being inspected now."""
+        self.downloads: DownloadBridge | None = None
+
+    # ----- layout -----
+
+    def compose(self) -> ComposeResult:
+        yield Label("Models", id="models-title")
+        with Horizontal(id="models-main"):
+            with TabbedContent(id="models-tabs", initial="catalog"):
+                with TabPane("Catalog", id="catalog"):
+                    yield OptionList(id="catalog-list")
+                with TabPane("Search", id="search"):
+                    yield Input(placeholder="Search Hugging Face GGUF repos", id="search-query")
+                    with Horizontal(id="search-options"):
+                        yield Input(placeholder="author", id="search-author", compact=True)
+                        yield Select(SORTS, value="downloads", allow_blank=False, id="search-sort", compact=True)
+                    yield OptionList(id="search-results")
+                with TabPane("Local", id="local"):
+                    yield OptionList(id="local-list")
+            with Vertical(id="models-detail"):
+                with VerticalScroll(id="detail-scroll"):
+                    yield Static("", id="detail-info")
+                    yield OptionList(id="quant-list")
+                    yield Static("", id="detail-notes")
+        yield DownloadsPanel(id="downloads")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#quant-list").display = False
+        try:
+            self.catalog = load_catalog(overlay_path=paths.data_dir() / "catalog-refresh.json")
+        except ModelsError as error:
+            self.notify(str(error), severity="error", timeout=10)
+        catalog_list = self.query_one("#catalog-list", OptionList)
+        for index, entry in enumerate(self.catalog):
+            catalog_list.add_option(Option(self._catalog_label(entry), id=str(index)))
+        self._detect_memory()
+        self._list_local()
+        if catalog_list.option_count:
+            catalog_list.highlighted = 0
+        catalog_list.focus()
+
+    async def on_unmount(self) -> None:
+        if self.downloads is not None:
+            self.downloads.close()
+
+    @property
+    def downloads_panel(self) -> DownloadsPanel:
+        return self.query_one(DownloadsPanel)
+
+    # ----- labels -----
+
+    def _catalog_label(self, entry: CatalogEntry) -> Text:
+        size = f"{entry.total_params_b:g}B" + (f"-A{entry.active_params_b:g}B" if entry.is_moe else "")
+        label = Text(entry.name, style="bold")
+        label.append(f"  {size}", style="dim")
+        if not entry.verified:
+            label.append("  unverified", style="dim italic")
+        return label
+
+    def _set_title(self) -> None:
+        title = "Models"
+        if self.memory is not None:
+            title += f"  ·  this machine: {memory_text(self.memory)}"
+        if hfcache.is_offline():
+            title += "  ·  offline (HF_HUB_OFFLINE=1)"
+        self.query_one("#models-title", Label).update(title)
+
+    # ----- workers (network and disk, off the UI thread) -----
+
+    @work(thread=True, group="memory")
+    def _detect_memory(self) -> None:
+        self.post_message(MemoryDetected(fit.detect_memory()))
+
+    @work(thread=True, exclusive=True, group="search")
+    def _search(self, query: str, author: str | None, sort: hub.SortKey) -> None:
+        try:
+            results = hub.search(query, author=author, sort=sort, limit=SEARCH_LIMIT)
+        except ModelsError as error:
+            self.post_message(ModelsWorkFailed("Search", str(error)))
+            return
+        self.post_message(HubSearched(results))
+
+    @work(thread=True, exclusive=True, group="inspect")
+    def _inspect(self, repo_id: str, entry: CatalogEntry | None, memory: fit.MachineMemory | None) -> None:
+        try:
+            listing = hub.listing(repo_id)
+        except ModelsError as error:
+            self.post_message(ModelsWorkFailed(f"Opening {repo_id}", str(error)))
+            return
+        report, fit_error = None, None
+        if not listing.quant_groups():
+            fit_error = "no GGUF model files in this repository"
+        elif hfcache.is_offline():
+            fit_error = "offline: the fit needs the model's header (unset HF_HUB_OFFLINE)"
+        else:
+            try:
+                report = fit.fit_repo(listing, memory=memory)
+            except (ModelsError, GGUFError) as error:
+                fit_error = str(error)
+        self.post_message(RepoInspected(listing, report, fit_error, entry))
+
+    @work(thread=True, exclusive=True, group="local")
+    def _list_local(self) -> None:
+        try:
+            models = self._library().models()
+        except (ModelsError, OSError) as error:
+            self.post_message(ModelsWorkFailed("Listing local models", str(error)))
+            return
+        self.post_message(LocalModelsListed(models))
+
+    @work(thread=True, exclusive=True, group="local-fit")
+    def _judge_local(self, model: LocalModel, memory: fit.MachineMemory | None) -> None:
+        try:
+            verdict, error = fit.fit_local(model.path, memory=memory), None
+        except (GGUFError, OSError) as exc:
+            verdict, error = None, str(exc)
+        self.post_message(LocalModelJudged(model, verdict, error))
+
+    @work(thread=True, group="pull")
+    def _pull(self, spec: str, sidecars: list[str], draft_repos: dict[str, str]) -> None:
+        try:
+            plan = plan_pull(spec, sidecars, draft_repos=draft_repos)
+            assert self.downloads is not None
+            self.downloads.pull(plan)
+        except ModelsError as error:
+            self.post_message(ModelsWorkFailed(f"Downloading {spec}", str(error)))
+
+    @work(thread=True, group="delete")
+    def _delete(self, model: LocalModel) -> None:
+        try:
+            freed = self._library().delete(model)
+        except (ModelsError, OSError) as error:
+            self.post_message(ModelsWorkFailed(f"Deleting {model.name}", str(error)))
+            return
+        self.post_message(ModelDeleted(model.name, freed))
+
+    def _library(self) -> Library:
+        return Library(user_model_folders(self.app.config.model_folders),
+                       usage_file=paths.data_dir() / "model-usage.json")
+
+    # ----- worker results -----
+
+    def on_memory_detected(self, message: MemoryDetected) -> None:
+        self.memory = message.memory
+        self._set_title()
+        if self.entry is not None and self.listing is None:
+            self._show_entry(self.entry)
+
+    def on_hub_searched(self, message: HubSearched) -> None:
+        self.search_results = message.results
+        results = self.query_one("#search-results", OptionList)
+        results.clear_options()
+        for index, repo in enumerate(message.results):
+            label = Text(repo.repo_id, style="bold")
+            label.append(f"  ↓{repo.downloads} ♥{repo.likes}", style="dim")
+            if repo.last_modified:
+                label.append(f" {repo.last_modified[:10]}", style="dim")
+            if repo.gated:
+                label.append("  gated", style="yellow")
+            results.add_option(Option(label, id=str(index)))
+        if not message.results:
+            results.add_option(Option(Text("No GGUF repos match.", style="italic"), id="none", disabled=True))
+        else:
+            results.highlighted = 0
+            results.focus()
+
+    def on_repo_inspected(self, message: RepoInspected) -> None:
+        if message.listing.repo_id != self.inspecting:
+            return
+        self.inspecting = None
+        self.local = None
+        self.entry = message.entry or self.catalog.for_repo(message.listing.repo_id)
+        self.listing, self.report, self.fit_error = message.listing, message.report, message.fit_error
+        self._show_repo()
+        quants = self.query_one("#quant-list", OptionList)
+        if quants.option_count:
+            quants.focus()
+
+    def on_local_models_listed(self, message: LocalModelsListed) -> None:
+        self.local_models = message.models
+        local_list = self.query_one("#local-list", OptionList)
+        previous = self.local.path if self.local else None
+        local_list.clear_options()
+        for index, model in enumerate(message.models):
+            label = Text(model.name, style="bold")
+            label.append(f"  {format_bytes(model.size)}", style="dim")
+            if model.sidecars:
+                label.append(f"  +{','.join(sorted(model.sidecars))}", style="cyan")
+            if not model.complete:
+                label.append("  incomplete", style="yellow")
+            local_list.add_option(Option(label, id=str(index)))
+        if not message.models:
+            local_list.add_option(Option(Text("No models on disk yet: find one in Catalog or Search.",
+                                              style="italic"), id="none", disabled=True))
+        else:
+            paths_now = [m.path for m in message.models]
+            local_list.highlighted = paths_now.index(previous) if previous in paths_now else 0
+        if self._active_tab() == "local":
+            self._show_highlighted_local()
+
+    def on_local_model_judged(self, message: LocalModelJudged) -> None:
+        if self.local is None or message.model.path != self.local.path:
+            return
+        self.local_fit = message.verdict
+        self._show_local(self.local, message.error)
+
+    def on_model_deleted(self, message: ModelDeleted) -> None:
+        self.notify(f"Deleted {message.name}: freed {format_bytes(message.freed)}.")
+        self.local = None
+        self._list_local()
+
+    def on_models_work_failed(self, message: ModelsWorkFailed) -> None:
+        if self.inspecting is not None:  # the "Reading …" note
+            self.inspecting = None
+            self.query_one("#detail-notes", Static).update("")
+        self.notify(f"{message.what}: {message.error}", severity="error", timeout=12)
+
+    def on_download_progressed(self, message: DownloadProgressed) -> None:
+        self.downloads_panel.show_progress(message.progress)
+
+    def on_pull_finished(self, message: PullFinished) -> None:
+        self.notify(f"Downloaded {message.pull.label}. Press u to chat with it.")
+        self._list_local()
+        if self.listing is not None and self.listing.repo_id == message.pull.plan.repo_id:
+            self._show_repo()
+
+    def on_pull_failed(self, message: PullFailed) -> None:
+        self.notify(f"Download of {message.pull.label} stopped: {message.error}", severity="error", timeout=15)
+
+    def on_downloads_panel_action_requested(self, message: DownloadsPanel.ActionRequested) -> None:
+        if self.downloads is None:
+            return
+        try:
+            getattr(self.downloads, message.action)(message.task_id)
+        except (ModelsError, KeyError) as error:
+            self.notify(f"Could not {message.action} the download: {error}", severity="error")
+
+    # ----- lists -----
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        list_id, tab = event.option_list.id, self._active_tab()
+        if list_id == "catalog-list" and tab == "catalog" and (event.option.id or "").isdigit():
+            self._show_entry(self.catalog.entries[int(event.option.id or "")])
+        elif list_id == "local-list" and tab == "local":
+            self._show_highlighted_local()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        list_id, option_id = event.option_list.id, event.option.id or ""
+        event.stop()
+        if list_id == "catalog-list" and option_id.isdigit():
+            entry = self.catalog.entries[int(option_id)]
+            self._open_repo(entry.repo, entry)
+        elif list_id == "search-results" and option_id.isdigit():
+            self._open_repo(self.search_results[int(option_id)].repo_id, None)
+        elif list_id == "quant-list":
+            self.action_download()
+        elif list_id == "local-list":
+            self.action_use()
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "local":
+            self._show_highlighted_local()
+        elif event.pane.id == "catalog" and self.listing is None:
+            catalog_list = self.query_one("#catalog-list", OptionList)
+            if catalog_list.highlighted is not None:
+                self._show_entry(self.catalog.entries[catalog_list.highlighted])
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id not in ("search-query", "search-author"):
+            return
+        event.stop()
+        query = self.query_one("#search-query", Input).value.strip()
+        author = self.query_one("#search-author", Input).value.strip() or None
+        sort = str(self.query_one("#search-sort", Select).value)
+        results = self.query_one("#search-results", OptionList)
+        results.clear_options()
+        results.add_option(Option(Text("Searching…", style="italic"), id="none", disabled=True))
+        self._search(query, author, sort)  # type: ignore[arg-type]
+
+    def _active_tab(self) -> str:
+        return self.query_one(TabbedContent).active
+
+    def _open_repo(self, repo_id: str, entry: CatalogEntry | None) -> None:
+        self.inspecting = repo_id
+        self.query_one("#detail-notes", Static).update(Text(f"Reading {repo_id}: files and model header…",
+                                                           style="italic"))
+        self._inspect(repo_id, entry, self.memory)
+
+    def _show_highlighted_local(self) -> None:
+        local_list = self.query_one("#local-list", OptionList)
+        index = local_list.highlighted
+        if index is None:
+            return
+        option_id = local_list.get_option_at_index(index).id or ""
+        if not option_id.isdigit():
+            return
+        model = self.local_models[int(option_id)]
+        if self.local is None or self.local.path != model.path:
+            self.local, self.local_fit = model, None
+            self._judge_local(model, self.memory)
+        self._show_local(model, None)
+
+    # ----- the detail pane -----
+
+    def _clear_detail(self) -> None:
+        quants = self.query_one("#quant-list", OptionList)
+        quants.clear_options()
+        quants.display = False
+        self.query_one("#detail-notes", Static).update("")
+
+    def _show_entry(self, entry: CatalogEntry) -> None:
+        """A catalog entry's facts (no network); Enter inspects its repo."""
+        self.entry, self.listing, self.report, self.local = entry, None, None, None
+        self._clear_detail()
+        text = Text()
+        text.append(entry.name + "\n", style="bold")
+        size = f"{entry.total_params_b:g} B parameters" + (
+            f", {entry.active_params_b:g} B active (MoE)" if entry.is_moe else "")
+        text.append(f"{size} · {entry.architecture} · context {entry.context_length} · {entry.license}\n")
+        if entry.capabilities():
+            text.append("Capabilities: " + ", ".join(entry.capabilities()) + "\n")
+        text.append("Repo: " + ", ".join(entry.repos) + ("" if entry.verified else "  (unverified)") + "\n")
+        for kind, repo in sorted(entry.drafts.items()):
+            text.append(f"Paired {kind} draft: {repo}\n", style="dim")
+        if self.memory is not None and entry.quants:
+            memory = self.memory.vram_total or self.memory.ram_total
+            text.append(f"\nFor this machine: {entry.recommended_quant(memory)}\n", style="bold green")
+        text.append("\nEnter: open the repo (quants, fit, sidecars)", style="dim italic")
+        self.query_one("#detail-info", Static).update(text)
+
+    def _show_repo(self) -> None:
+        listing = self.listing
+        if listing is None:
+            return
+        previous = self._highlighted_group()
+        self._clear_detail()
+        report = self.report
+        text = Text()
+        text.append(listing.repo_id, style="bold")
+        text.append(f"  ↓{listing.downloads} ♥{listing.likes}", style="dim")
+        if listing.from_cache:
+            text.append("  (from the cache, offline)", style="dim")
+        text.append("\n")
+        if self.entry is not None:
+            text.append(f"{self.entry.name} · {self.entry.license} · {', '.join(self.entry.capabilities())}\n",
+                        style="dim")
+        if report is not None:
+            info = report.info
+            text.append(f"{info.architecture or '?'} · {format_params(info.n_params)} params · trained context "
+                        f"{info.context_length or '?'}\n")
+            text.append(f"Fit at {report.n_ctx} ctx on {memory_text(report.memory)}\n", style="dim")
+        elif self.fit_error and listing.gated:
+            text.append("No fit: reading the model's header needs access to this gated repo.\n", style="yellow")
+        elif self.fit_error:
+            text.append(f"No fit: {self.fit_error}\n", style="yellow")
+        if listing.gated:
+            guidance = hub.gated_message(listing.repo_id)
+            text.append(("Gated: " if hfcache.token() else "Gated, and HF_TOKEN is not set: ") + guidance + "\n",
+                        style="bold yellow")
+        sidecars = listing.sidecar_files()
+        if sidecars:
+            text.append("Sidecars: " + ", ".join(
+                f"{kind} ({', '.join(f.name for f in files)})" for kind, files in sorted(sidecars.items())) + "\n")
+        groups = listing.quant_groups()
+        if groups:
+            text.append(f"\n   {'Quant':<7} {'download':>10}  {'fit':<7} memory", style="bold dim")
+        self.query_one("#detail-info", Static).update(text)
+        quants = self.query_one("#quant-list", OptionList)
+        fits = {q.primary: q for q in report.quants} if report else {}
+        recommended = report.recommended if report else None
+        highlight = 0
+        for index, group in enumerate(groups):
+            quants.add_option(Option(self._quant_label(group, fits.get(group.primary), recommended),
+                                     id=group.primary))
+            if recommended in (group.tag, group.primary) and previous is None:
+                highlight = index
+            if previous is not None and previous.primary == group.primary:
+                highlight = index
+        quants.display = bool(groups)
+        if groups:
+            quants.highlighted = highlight
+        else:
+            text.append("\nNo GGUF model files in this repository.", style="yellow")
+            self.query_one("#detail-info", Static).update(text)
+        notes = Text("★ recommended · ✓ downloaded · Enter or d: download the highlighted quant · u: use it",
+                     style="dim italic")
+        if report is not None and report.notes:
+            notes.append("\n" + "\n".join(report.notes), style="dim")
+        self.query_one("#detail-notes", Static).update(notes)
+
+    def _quant_label(self, group: QuantGroup, quant_fit: fit.QuantFit | None, recommended: str | None) -> Text:
+        """`★✓ Q4_K_M  989.56 KiB  fits    42.60 MiB +mtp`: recommended, downloaded, size, fit, memory, sidecars."""
+        label = Text()
+        label.append("★" if recommended in (group.tag, group.primary) else " ", style="bold green")
+        label.append("✓ " if installed_path(group.files[0]) is not None else "  ", style="bold")
+        label.append(f"{group.tag or pairing.basename(group.primary):<7}", style="bold")
+        shards = f" ×{group.n_shards}" if group.n_shards > 1 else ""
+        label.append(f" {format_bytes(group.size):>10}{shards}")
+        if quant_fit is not None:
+            label.append(f"  {quant_fit.verdict:<7}", style=VERDICT_STYLES.get(str(quant_fit.verdict), ""))
+            label.append(f" {format_bytes(quant_fit.need_bytes)}", style="dim")
+        if group.sidecars:
+            label.append(" +" + ",".join(group.sidecars), style="cyan")
+        return label
+
+    def _show_local(self, model: LocalModel, error: str | None) -> None:
+        self._clear_detail()
+        self.entry, self.listing, self.report = None, None, None
+        text = Text()
+        text.append(model.name + "\n", style="bold")
+        text.append(f"{format_bytes(model.size)} · {model.architecture or '?'} · quant {model.tag or '?'}"
+                    f" · {len(model.files)} file(s)\n")
+        text.append(f"{model.path}\n", style="dim")
+        where = {"hf-cache": "Hugging Face cache", "llama-cache": "llama.cpp cache"}.get(model.source, model.source)
+        text.append(f"In: {where}\n", style="dim")
+        for kind, path in sorted(model.sidecars.items()):
+            text.append(f"Sidecar {kind}: {path.name}\n", style="cyan")
+        if not model.complete:
+            text.append("Incomplete: shards are missing; download it again to finish.\n", style="yellow")
+        if model.problem:
+            text.append(f"Problem: {model.problem}\n", style="yellow")
+        if self.local_fit is not None:
+            verdict = self.local_fit
+            text.append(f"Fit: {verdict.verdict}", style=VERDICT_STYLES.get(str(verdict.verdict), ""))
+            text.append(f" on {verdict.where}, needs {format_bytes(verdict.need_bytes)}\n")
+        elif error:
+            text.append(f"Fit unknown: {error}\n", style="yellow")
+        text.append("\nu or Enter: chat with it · x: delete it", style="dim italic")
+        self.query_one("#detail-info", Static).update(text)
+
+    # ----- actions -----
+
+    def action_back(self) -> None:
+        self.dismiss()
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        target = {"catalog": "#catalog-list", "search": "#search-query", "local": "#local-list"}[tab]
+        self.query_one(target).focus()
+
+    def action_search(self) -> None:
+        self.action_tab("search")
+
+    def action_reload_local(self) -> None:
+        self._list_local()
+
+    def _highlighted_group(self) -> QuantGroup | None:
+        if self.listing is None:
+            return None
+        quants = self.query_one("#quant-list", OptionList)
+        if quants.highlighted is None or not quants.display:
+            return None
+        primary = quants.get_option_at_index(quants.highlighted).id
+        return next((g for g in self.listing.quant_groups() if g.primary == primary), None)
+
+    def action_download(self) -> None:
+        group = self._highlighted_group()
+        listing = self.listing
+        if group is None or listing is None:
+            if self.entry is not None and self.listing is None:
+                self._open_repo(self.entry.repo, self.entry)
+                self.notify("Opening the repo: pick a quant, then press d.")
+            else:
+                self.notify("Open a repo (Enter on a catalog entry or search result) and pick a quant first.")
+            return
+        repo_id = listing.repo_id
+        sidecars = {kind: f"{pairing.basename(path)}  {format_bytes(listing.file(path).size)}"
+                    for kind, path in group.sidecars.items()}
+        drafts = {kind: repo for kind, repo in (self.entry.drafts if self.entry else {}).items()
+                  if kind in pairing.SIDECAR_KEYWORDS and kind not in sidecars}
+        sidecars.update({kind: f"from {repo}" for kind, repo in drafts.items()})
+        chosen = next(({kind} for kind in pairing.DRAFT_KIND_ORDER if kind in sidecars), set())
+        note = ""
+        if listing.gated and not hfcache.token():
+            note = hub.gated_message(repo_id)
+        files = [(f.name, f.size) for f in group.files]
+        spec = f"{repo_id}:{group.tag}" if group.tag else repo_id
+
+        def start(kinds: list[str] | None) -> None:
+            if kinds is None:
+                return
+            if self.downloads is None:
+                self.downloads = DownloadBridge(self)
+            self.downloads_panel.display = True
+            self.notify(f"Downloading {spec}" + (f" with {', '.join(kinds)}" if kinds else "") + ".")
+            self._pull(spec, kinds, drafts)
+
+        self.app.push_screen(PullModal(f"Download {spec}", files, sidecars, chosen, note), start)
+
+    def _use_target(self) -> Path | None:
+        if self._active_tab() == "local" and self.local is not None:
+            return self.local.path
+        group = self._highlighted_group()
+        return installed_path(group.files[0]) if group is not None else None
+
+    def action_use(self) -> None:
+        path = self._use_target()
+        if path is None:
+            self.notify("Pick a downloaded model in the Local tab (3), or download this quant first (d).")
+            return
+        chat = self.app.chat
+        if chat is not None and chat.generation is not None:
+            self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")
+            return
+        try:
+            self._library().mark_used(path)
+        except OSError as error:
+            self.notify(f"Could not record the model's use: {error}", severity="warning")
+        self.dismiss()
+        self.app.open_model(path)
+
+    def action_delete(self) -> None:
+        model = self.local
+        if self._active_tab() != "local" or model is None:
+            self.notify("Pick a model in the Local tab (3) to delete it.")
+            return
+        if self.app.model_path is not None and Path(self.app.model_path) in (model.path, *model.files):
+            self.notify(f"{model.name} is open in the chat; load another model first (ctrl+l).", severity="warning")
+            return
+        sidecar_files = [p for p in model.sidecars.values() if p.exists()]
+        size = model.size + sum(p.stat().st_size for p in sidecar_files)
+        names = [p.name for p in model.files] + [f"{p.name} (sidecar)" for p in sidecar_files]
+
+        def delete(yes: bool | None) -> None:
+            if yes:
+                self._delete(model)
+
+        self.app.push_screen(DeleteModelModal(model.name, names, size), delete)
+
+
+def open_models_screen(app: App[None]) -> None:
+    """Show the models screen (one instance per app, so its downloads outlive it); F4 on it goes back."""
+    if isinstance(app.screen, ModelsScreen):
+        app.screen.dismiss()
+        return
+    if any(isinstance(screen, ModelsScreen) for screen in app.screen_stack):
+        return
+    if not app.is_screen_installed(SCREEN_NAME):
+        app.install_screen(ModelsScreen(), SCREEN_NAME)
+    app.push_screen(SCREEN_NAME)
+

@@ -1,0 +1,384 @@
+"""The steering screen (F6): control vectors with strength sliders, the layer range and a per-layer heat strip."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Input, Label, Static
+
+from app.cli_steer import steering_dir
+from engine_ext.params import EngineError
+from engine_ext.protocol import SteeringSet
+
+if TYPE_CHECKING:
+    from app.tui import LlmtuiApp
+
+STRENGTH_LIMIT = 2.0
+FINE_STEP = 0.05
+COARSE_STEP = 0.25
+HEAT_BARS = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class VectorInfo:
+    """What the steering screen shows about a control-vector file."""
+
+    path: str
+    name: str
+    n_embd: int
+    layers: tuple[int, ...]
+    positive: str
+    negative: str
+    made_for: str
+
+
+@lru_cache(maxsize=64)
+def _vector_info(path: str, mtime: float) -> VectorInfo | str:
+    from engine_ext.steering.cvec_file import read_control_vector
+
+    try:
+        vector = read_control_vector(Path(path))
+    except (EngineError, OSError, ValueError) as error:
+        return str(error)
+    meta = vector.metadata
+    stem, prompt_set = Path(path).stem, meta.get("llmtui.prompt_set", "")
+    name = prompt_set if prompt_set and stem.endswith(f"-{prompt_set}") else stem  # model-set.gguf: the set
+    return VectorInfo(path, name, vector.n_embd, tuple(vector.layers), meta.get("llmtui.positive", "+"),
+                      meta.get("llmtui.negative", "−"), meta.get("llmtui.model", vector.model_hint))
+
+
+def vector_info(path: str) -> VectorInfo | str:
+    """The file's facts, or a message saying why it cannot be used."""
+    try:
+        mtime = Path(path).stat().st_mtime
+    except OSError:
+        return f"{path} does not exist"
+    return _vector_info(path, mtime)
+
+
+def vector_name(path: str) -> str:
+    """The short name shown for a vector file (its prompt set when made here with the default name)."""
+    info = vector_info(path)
+    return info.name if isinstance(info, VectorInfo) else Path(path).stem
+
+
+def available_vectors(remembered: tuple[str, ...], n_embd: int) -> tuple[list[VectorInfo], int]:
+    """Vectors for a model of this embedding size: the remembered ones, then the steering folder's; and how many
+    other files were left out (made for another model, or unreadable)."""
+    paths = list(dict.fromkeys([*remembered, *(str(p) for p in sorted(steering_dir().glob("*.gguf")))]))
+    usable: list[VectorInfo] = []
+    for path in paths:
+        info = vector_info(path)
+        if isinstance(info, VectorInfo) and (n_embd <= 0 or info.n_embd == n_embd):
+            usable.append(info)
+    return usable, len(paths) - len(usable)
+
+
+def snap_strength(value: float) -> float:
+    """Clamp to [-2, 2] and round to the 0.05 grid."""
+    value = max(-STRENGTH_LIMIT, min(STRENGTH_LIMIT, value))
+    return round(round(value / FINE_STEP) * FINE_STEP, 2) + 0.0
+
+
+class VectorSlider(Widget, can_focus=True):
+    """One control vector and its strength in [-2, 2].
+
+    | Key | Action |
+    | :- | :- |
+    | left / right | −/+ 0.05 |
+    | shift+left / shift+right | −/+ 0.25 |
+    | 0 | Back to 0 (off). |
+    """
+
+    BINDINGS = [
+        Binding("left", "nudge(-1)", "−0.05", show=False),
+        Binding("right", "nudge(1)", "+0.05", show=False),
+        Binding("shift+left", "nudge(-5)", "−0.25", show=False),
+        Binding("shift+right", "nudge(5)", "+0.25", show=False),
+        Binding("0", "reset", "Reset", show=False),
+    ]
+
+    COMPONENT_CLASSES = {"vector-slider--track", "vector-slider--knob", "vector-slider--label"}
+
+    DEFAULT_CSS = """
+    VectorSlider {
+        height: 1;
+    }
+    """
+
+    strength: reactive[float] = reactive(0.0)
+    """The strength applied (0: this vector is off)."""
+
+    class Changed(Message):
+        """The user moved the slider."""
+
+        def __init__(self, slider: VectorSlider, strength: float) -> None:
+            super().__init__()
+            self.slider = slider
+            self.strength = strength
+
+        @property
+        def control(self) -> VectorSlider:
+            return self.slider
+
+    def __init__(self, vector: VectorInfo, strength: float = 0.0, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.vector = vector
+        self.set_reactive(VectorSlider.strength, snap_strength(strength))
+
+    def watch_strength(self, old: float, new: float) -> None:
+        if old != new:
+            self.post_message(self.Changed(self, new))
+
+    def action_nudge(self, steps: int) -> None:
+        self.strength = snap_strength(self.strength + steps * FINE_STEP)
+
+    def action_reset(self) -> None:
+        self.strength = 0.0
+
+    def render(self) -> Text:
+        label = self.get_component_rich_style("vector-slider--label", partial=True)
+        width = self.size.width or 60
+        name = self.vector.name[:22]
+        negative, positive = self.vector.negative[:8], self.vector.positive[:8]
+        track = max(9, width - 24 - len(negative) - len(positive) - 10)
+        track -= 1 - track % 2  # odd: the middle cell is 0
+        knob = round((self.strength + STRENGTH_LIMIT) / (2 * STRENGTH_LIMIT) * (track - 1))
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("▸ " if self.has_focus else "  ", style="bold")
+        line.append(f"{name:22} ", style="bold" if self.strength else label)
+        line.append(f"{negative} ", style=label)
+        track_style = self.get_component_rich_style("vector-slider--track", partial=True)
+        for cell in range(track):
+            if cell == knob:
+                line.append("●", style=self.get_component_rich_style("vector-slider--knob", partial=True))
+            elif cell == track // 2:
+                line.append("┼", style=track_style)
+            else:
+                line.append("━", style=track_style)
+        line.append(f" {positive}", style=label)
+        line.append(f" {self.strength:+.2f}", style="bold" if self.strength else label)
+        return line
+
+
+class HeatStrip(Widget):
+    """One cell per layer: the norm of the applied direction there; · for layers the architecture does not steer."""
+
+    DEFAULT_CSS = """
+    HeatStrip {
+        height: 1;
+    }
+    """
+
+    COMPONENT_CLASSES = {"heat-strip--label", "heat-strip--off"}
+
+    n_layer: reactive[int] = reactive(0)
+    """Layers of the model (the strip shows 1..n_layer-1)."""
+    layer_norms: reactive[tuple[float, ...]] = reactive(tuple)
+    """Applied norm per layer 1..n_layer-1 (empty: nothing applied)."""
+    steered: reactive[tuple[int, ...]] = reactive(tuple)
+    """The layers control vectors act on for this architecture."""
+
+    def render(self) -> Text:
+        label = self.get_component_rich_style("heat-strip--label", partial=True)
+        off = self.get_component_rich_style("heat-strip--off", partial=True)
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("layers ", style=label)
+        n = max(0, self.n_layer - 1)
+        if n == 0:
+            line.append("–", style=label)
+            return line
+        # A unit direction at full strength (2) fills a cell; stronger mixes scale to their peak.
+        peak = max(max(self.layer_norms, default=0.0), STRENGTH_LIMIT)
+        steered = set(self.steered)
+        line.append("1 ", style=label)
+        for layer in range(1, n + 1):
+            norm = self.layer_norms[layer - 1] if layer - 1 < len(self.layer_norms) else 0.0
+            if layer not in steered:
+                line.append("·", style=off)
+            elif norm <= 0 or not math.isfinite(norm):
+                line.append("░", style=off)
+            else:
+                level = norm / peak
+                style = "bold red" if level > 0.75 else "yellow" if level > 0.4 else "green"
+                line.append(HEAT_BARS[min(7, int(level * 7.999))], style=style)
+        line.append(f" {n}", style=label)
+        return line
+
+
+def describe_applied(applied: SteeringSet | None) -> str:
+    if applied is None:
+        return "Steering: not applied yet."
+    if not applied.steered_layers:
+        return "This model's architecture ignores control vectors (llama.cpp has no hook in its graph)."
+    if not applied.active:
+        return "Steering off: the base model."
+    return f"Applied on layers {applied.layer_start}–{applied.layer_end}."
+
+
+class SteeringScreen(ModalScreen[None]):
+    """Steer the loaded model; changes apply at the next token, even while a reply is being written.
+
+    | Key | Action |
+    | :- | :- |
+    | up / down, tab | Move between vectors and the layer range. |
+    | left / right | Strength −/+ 0.05 (shift: 0.25); 0 resets. |
+    | m | Make a vector from a prompt set. |
+    | b | A/B: the same prompt with and without steering. |
+    | a | Add a control-vector file by path. |
+    | c | Clear: every strength to 0. |
+    | escape | Close (the steering stays applied). |
+    """
+
+    BINDINGS = [
+        Binding("escape,f6", "close", "Close"),
+        Binding("m", "make", "Make vector"),
+        Binding("b", "ab", "A/B"),
+        Binding("a", "add", "Add file"),
+        Binding("c", "clear", "Clear"),
+        Binding("up", "focus_previous", "Up", show=False),
+        Binding("down", "focus_next", "Down", show=False),
+    ]
+
+    app: LlmtuiApp
+
+    def __init__(self) -> None:
+        super().__init__(classes="dialog-screen")
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="steering-panel"):
+            yield Label("Steering", classes="dialog-title", id="steering-title")
+            yield VerticalScroll(id="steering-vectors")
+            with Horizontal(id="steering-range"):
+                yield Label("Layers from ", classes="field-label")
+                yield Input(id="steering-layer-start", compact=True, type="integer")
+                yield Label(" to ", classes="field-label")
+                yield Input(id="steering-layer-end", compact=True, type="integer")
+                yield Label(" (0: every layer the model steers)", classes="field-label")
+            yield HeatStrip(id="steering-heat")
+            yield Label("", id="steering-status")
+            yield Label("←/→ ±0.05 · shift+←/→ ±0.25 · 0 reset · tab the layer range\n"
+                        "m make a vector · b A/B · a add a file · c clear all · Esc close", classes="dialog-hint")
+
+    async def on_mount(self) -> None:
+        settings = self.app.config.steering
+        self.query_one("#steering-layer-start", Input).value = str(settings.layer_start)
+        self.query_one("#steering-layer-end", Input).value = str(settings.layer_end)
+        await self.refresh_vectors()
+        self.show_applied(self.app.steering_applied)
+        if self.app.steering_applied is None:
+            self.app.bridge.set_steering(self.app.steering_entries())  # the answer says which layers steer
+        sliders = self.query(VectorSlider)
+        if sliders:
+            sliders.first().focus()
+
+    @property
+    def sliders(self) -> list[VectorSlider]:
+        return list(self.query(VectorSlider))
+
+    async def refresh_vectors(self, focus_path: str | None = None) -> None:
+        """List the vectors usable with the loaded model, with the remembered strengths."""
+        app = self.app
+        facts = app.model_facts()
+        model = app.model
+        title = "Steering"
+        if model is not None:
+            title += f" · {model.name} ({model.architecture})"
+        self.query_one("#steering-title", Label).update(title)
+        settings = app.config.steering
+        strengths = dict(zip(settings.vectors, settings.strengths, strict=False))
+        vectors, hidden = available_vectors(settings.vectors, facts.n_embd if facts else 0)
+        focused = focus_path or (self.focused.vector.path if isinstance(self.focused, VectorSlider) else None)
+        box = self.query_one("#steering-vectors", VerticalScroll)
+        await box.remove_children()
+        widgets: list[Widget] = [VectorSlider(v, strengths.get(v.path, 0.0)) for v in vectors]
+        if not vectors:
+            widgets.append(Static("No control vectors for this model yet: press m to make one from a prompt set "
+                                  "(happy↔sad, formal↔casual, …) or a to add a .gguf file.", classes="empty-hint"))
+        if hidden:
+            widgets.append(Static(f"{hidden} vector file(s) for other models are not shown.", classes="steering-note"))
+        await box.mount_all(widgets)
+        heat = self.query_one(HeatStrip)
+        heat.n_layer = facts.n_layer if facts else 0
+        sliders = self.sliders
+        for slider in sliders:
+            if slider.vector.path == focused:
+                slider.focus()
+        if sliders and self.focused is None:
+            sliders[0].focus()
+
+    def show_applied(self, applied: SteeringSet | None) -> None:
+        """Show what the engine applies now (called on every SteeringSet)."""
+        heat = self.query_one(HeatStrip)
+        if applied is not None:
+            heat.layer_norms = applied.layer_norms if applied.active else ()
+            heat.steered = applied.steered_layers
+        self.query_one("#steering-status", Label).update(describe_applied(applied))
+
+    @on(VectorSlider.Changed)
+    def _strength_changed(self, event: VectorSlider.Changed) -> None:
+        self.app.set_vector_strength(event.slider.vector.path, event.strength)
+
+    @on(Input.Changed, "#steering-range Input")
+    def _range_changed(self, event: Input.Changed) -> None:
+        try:
+            start = int(self.query_one("#steering-layer-start", Input).value or "0")
+            end = int(self.query_one("#steering-layer-end", Input).value or "0")
+        except ValueError:
+            return
+        settings = self.app.config.steering
+        if (start, end) == (settings.layer_start, settings.layer_end):
+            return
+        if start < 0 or end < 0 or (end and end < start):
+            self.query_one("#steering-status", Label).update("The range needs 0 ≤ from ≤ to (0: the default).")
+            return
+        self.app.set_steering_range(start, end)
+
+    def action_close(self) -> None:
+        self.app.remember_steering()
+        self.dismiss(None)
+
+    def action_make(self) -> None:
+        self.app.action_make_vector()
+
+    def action_ab(self) -> None:
+        self.app.action_steering_ab()
+
+    def action_add(self) -> None:
+        from app.modals.text_prompt import TextPromptModal
+
+        async def add(text: str | None) -> None:
+            if not text or not text.strip():
+                return
+            path = str(Path(text.strip()).expanduser().resolve())
+            info = vector_info(path)
+            if isinstance(info, str):
+                self.notify(f"Cannot use {path}: {info}", severity="error", timeout=10)
+                return
+            facts = self.app.model_facts()
+            if facts is not None and info.n_embd != facts.n_embd:
+                self.notify(f"{info.name} was made for a model with {info.n_embd} embedding values; this one has "
+                            f"{facts.n_embd}.", severity="error", timeout=10)
+                return
+            self.app.set_vector_strength(path, 0.0)
+            await self.refresh_vectors()
+
+        self.app.push_screen(TextPromptModal("Add a control vector (llama.cpp's .gguf format)", "",
+                                             "path to a control-vector .gguf"), add)
+
+    def action_clear(self) -> None:
+        for slider in self.sliders:
+            slider.strength = 0.0

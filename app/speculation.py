@@ -1,0 +1,115 @@
+"""What speculative decoding the loaded model allows, how to load it for that, and short readouts of the stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from app.config import SpeculativeSettings
+from engine_ext.archs import RS_ROLLBACK_ARCHS
+from engine_ext.gguf_info import GGUFError, inspect_gguf
+from engine_ext.protocol import SpeculativeStats
+
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+MODEL_DRAFTER_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+# What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → the type that uses it.
+DRAFT_KIND_TYPES = {None: "draft-simple", "eagle3": "draft-eagle3", "draft-mtp": "draft-mtp",
+                    "dflash": "draft-dflash", "dflash2": "draft-dflash", "dspark": "draft-dspark"}
+TYPE_HELP = {
+    "auto": "best drafter for this model; pauses when slower",
+    "ngram-simple": "repeats what followed the last n-gram",
+    "ngram-map-k": "n-gram map with key counts",
+    "ngram-map-k4v": "n-gram map, 4 values per key",
+    "ngram-mod": "rolling-hash n-grams (repeated text)",
+    "ngram-cache": "n-gram cache of the conversation",
+    "draft-simple": "a small model, same vocabulary",
+    "draft-eagle3": "an EAGLE3 draft head",
+    "draft-mtp": "the model's own MTP heads",
+    "draft-dflash": "a DFlash / DFlash2 block draft",
+    "draft-dspark": "a DSpark block draft",
+}
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the UI needs to know about a model file (read from its GGUF header, not its weights)."""
+
+    architecture: str
+    n_embd: int
+    n_layer: int
+    n_layer_nextn: int
+
+
+@lru_cache(maxsize=16)
+def model_facts(path: str) -> ModelFacts | None:
+    """The file's facts, or None when it cannot be read."""
+    try:
+        info = inspect_gguf(Path(path))
+    except (GGUFError, OSError):
+        return None
+    return ModelFacts(info.architecture or "", info.embedding_length or 0, info.block_count or 0,
+                      info.n_layer_nextn)
+
+
+def draft_file_type(path: str) -> tuple[str | None, str]:
+    """The speculative type a draft file is used with (None: not usable) and a note saying why."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return None, f"{file} does not exist"
+    try:
+        info = inspect_gguf(file)
+    except (GGUFError, OSError) as error:
+        return None, str(error)
+    if info.is_mtp_sidecar or file.name.startswith("mtp-"):
+        return "draft-mtp", "an MTP sidecar"
+    kind = info.draft.draft_type
+    spec_type = DRAFT_KIND_TYPES.get(kind)
+    if spec_type is None:
+        return None, f"{file.name} is a {kind} draft, which llmtui cannot use"
+    return spec_type, "a small model (draft-simple)" if kind is None else f"a {kind} draft"
+
+
+def supported_types(model_path: str | None, draft_model: str) -> list[tuple[str, str]]:
+    """(type, description) the loaded model allows: auto and the n-gram types always, MTP with NextN heads,
+    and the model drafter the draft file is."""
+    types = [("auto", TYPE_HELP["auto"])]
+    types += [(t, TYPE_HELP[t]) for t in NGRAM_TYPES]
+    facts = model_facts(model_path) if model_path else None
+    if facts is not None and facts.n_layer_nextn > 0:
+        types.append(("draft-mtp", TYPE_HELP["draft-mtp"]))
+    if draft_model.strip():
+        spec_type, note = draft_file_type(draft_model.strip())
+        if spec_type is not None and all(t != spec_type for t, _ in types):
+            types.append((spec_type, f"{TYPE_HELP[spec_type]} ({note})"))
+    return types
+
+
+def load_options(model_path: str, settings: SpeculativeSettings) -> tuple[bool, int]:
+    """(load_mtp, n_rs_seq) the model needs for `settings`: MTP weights when its heads will draft, and the
+    recurrent-state rollback depth a model drafter verifies with (upstream's need_n_rs_seq)."""
+    facts = model_facts(model_path)
+    if facts is None or not settings.enabled:
+        return False, 0
+    has_mtp = facts.n_layer_nextn > 0
+    load_mtp = has_mtp and settings.spec_type in ("auto", "draft-mtp") and not settings.draft_model
+    model_drafter = settings.spec_type in MODEL_DRAFTER_TYPES or (
+        settings.spec_type == "auto" and (load_mtp or bool(settings.draft_model))
+    )
+    n_rs_seq = settings.n_max if model_drafter and facts.architecture in RS_ROLLBACK_ARCHS else 0
+    return load_mtp, n_rs_seq
+
+
+def sparkline(values: tuple[float, ...] | list[float], width: int) -> str:
+    """The last `width` values in 0..1 as block characters."""
+    tail = list(values)[-width:]
+    return "".join(SPARK_BARS[max(0, min(7, round(v * 7)))] for v in tail)
+
+
+def short_summary(stats: SpeculativeStats) -> str:
+    """A few characters for the stats bar: acceptance and speedup."""
+    parts = [f"{stats.acceptance_rate:.0%}"] if stats.drafted else []
+    if stats.speedup > 0:
+        parts.append(f"×{stats.speedup:.1f}")
+    return " ".join(parts) or "on"

@@ -1,0 +1,143 @@
+"""Snapshots of every screen and dialog at 80×24 and 120×40 (pytest-textual-snapshot; --snapshot-update)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from app.messages import ModelSummary
+from app.store import open_default_store
+from app.tui import LlmtuiApp
+
+SIZES = [(80, 24), (120, 40)]
+MODEL = ModelSummary(
+    path="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    name="SmolLM2-135M-Instruct.Q4_1",
+    architecture="llama",
+    backend="CPU",
+    n_ctx=4096,
+    n_params=134_515_008,
+    size_bytes=98_000_000,
+    load_ms=300.0,
+)
+REPLY = """\
+Here is a function that reverses a string:
+
+```python
+def reverse(text: str) -> str:
+    return text[::-1]
+```
+
+- It works on **any** string.
+- Slicing makes a copy.
+"""
+
+
+@pytest.fixture
+def seeded(app_dirs: tuple[Path, Path]) -> None:
+    """A history with one conversation: two branches of a question, reasoning, a stopped reply."""
+    store = open_default_store()
+    older = store.create_conversation("Shopping list")
+    store.add_user_message(older.id, "Milk, eggs, bread")
+    conversation = store.create_conversation("Reverse a string")
+    first = store.add_user_message(conversation.id, "How do I reverse a string in Python?")
+    reply = store.begin_assistant_message(conversation.id, first.id, "SmolLM2-135M-Instruct.Q4_1")
+    store.finish_assistant_message(reply, "Use slicing.", "", "complete", {})
+    edited = store.edit_user_message(first.id, "How do I reverse a string in Python? Show code.")
+    reply = store.begin_assistant_message(conversation.id, edited.id, "SmolLM2-135M-Instruct.Q4_1")
+    stats = {"decode_tps": 42.5, "ttft_ms": 120.0, "prompt_tokens": 31, "generated_tokens": 48,
+             "n_ctx": 4096, "n_ctx_used": 79}
+    store.finish_assistant_message(reply, REPLY, "The user wants code. Slicing is simplest.", "complete", stats, 48)
+    question = store.add_user_message(conversation.id, "And for a list?")
+    stopped = store.begin_assistant_message(conversation.id, question.id, "SmolLM2-135M-Instruct.Q4_1")
+    store.finish_assistant_message(stopped, "Lists have a `reverse()` method, and", "", "stopped", {})
+    store.close()
+
+
+def make_app() -> LlmtuiApp:
+    return LlmtuiApp("starter", start_engine=False)
+
+
+async def loaded(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    app.model = MODEL
+    app.set_engine_state("ready")
+    await pilot.pause()
+    chat = app.chat
+    assert chat is not None
+    chat.prompt.cursor_blink = False
+    await pilot.pause()
+
+
+def then(*steps: Callable[[Pilot[Any]], Awaitable[None]]) -> Callable[[Pilot[Any]], Awaitable[None]]:
+    async def run(pilot: Pilot[Any]) -> None:
+        await loaded(pilot)
+        for step in steps:
+            await step(pilot)
+        await pilot.pause()
+
+    return run
+
+
+def keys(*pressed: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
+    async def press(pilot: Pilot[Any]) -> None:
+        await pilot.press(*pressed)
+        await pilot.pause()
+
+    return press
+
+
+async def crash_dialog(pilot: Pilot[Any]) -> None:
+    from app.modals.crash import EngineCrashedModal
+
+    log = "\n".join(f"llama_model_load: line {n} of the engine log" for n in range(1, 9))
+    pilot.app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log))
+    await pilot.pause()
+
+
+async def code_picker(pilot: Pilot[Any]) -> None:
+    from app.modals.pick import PickModal
+
+    pilot.app.push_screen(PickModal("Copy which code block?", ["1. def reverse(text: str) -> str:", "2. xs[::-1]"]))
+    await pilot.pause()
+
+
+async def rename_dialog(pilot: Pilot[Any]) -> None:
+    await pilot.press("f2")
+    await pilot.pause()
+
+
+SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
+    "chat": then(),
+    "chat_message_focused": then(keys("ctrl+up")),
+    "chat_new_conversation": then(keys("ctrl+n")),
+    "chat_no_sidebar_light": then(keys("ctrl+b", "ctrl+t")),
+    "help": then(keys("f1")),
+    "settings": then(keys("f3")),
+    "model_switcher": then(keys("ctrl+l")),
+    "conversation_settings": then(keys("ctrl+s")),
+    "rename": then(rename_dialog),
+    "code_picker": then(code_picker),
+    "engine_crashed": then(crash_dialog),
+}
+
+
+@pytest.mark.usefixtures("seeded")
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("scene", list(SCENES))
+def test_screen(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(), terminal_size=size, run_before=SCENES[scene])
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_first_run_screen(snap_compare: Any, app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+                          size: tuple[int, int]) -> None:
+    monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
+    app = LlmtuiApp(start_engine=False)
+    app.requested_model = None
+    assert snap_compare(app, terminal_size=size)

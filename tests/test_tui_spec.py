@@ -1,0 +1,228 @@
+"""Speculative decoding in the TUI: the panel (F9), the toggle (F8), the live meter, and greedy text unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.pilot import Pilot
+from textual.widgets import Input, OptionList
+
+from app.config import SamplingSettings, SpeculativeSettings, load_config
+from app.modals.speculative import SpeculativePanel
+from app.speculation import load_options, short_summary, sparkline, supported_types
+from app.tui import LlmtuiApp
+from app.widgets.spec_meter import SpecMeter
+from engine_ext.protocol import DrafterReport, SpeculativeStats
+from tests.test_tui import chat_of, press_and_start, ready, reply_done, send, wait_for
+from tests.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
+
+GREEDY = SamplingSettings(temperature=0.0, max_tokens=24)
+
+STATS = SpeculativeStats(
+    request_id=1, steps=40, drafted=160, accepted=118, acceptance_rate=118 / 160, mean_accepted_length=3.95,
+    acceptance_per_position=(0.95, 0.8, 0.7, 0.5),
+    recent_acceptance=(0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 0.5, 1.0, 1.0, 1.0, 0.875),
+    draft_ms=12.0, verify_ms=300.0, effective_tps=181.0, plain_tps=133.0,
+    drafters=(DrafterReport("ngram-mod", 40, 160, 118, (0.95, 0.8, 0.7, 0.5), 12.0),), n_max=16,
+    status="drafting with ngram-mod",
+)
+
+
+def _generated(app: LlmtuiApp) -> str:
+    chat = chat_of(app)
+    assert chat.conversation_id is not None
+    return app.store.active_path(chat.conversation_id)[-1].content
+
+
+# ----- pure helpers ---------------------------------------------------------------------------------
+
+
+def test_supported_types_follow_the_model_and_the_draft_file(tiny_models: dict[str, Path]) -> None:
+    plain = [t for t, _ in supported_types(str(tiny_models["llama"]), "")]
+    assert plain[0] == "auto" and "ngram-mod" in plain and "draft-mtp" not in plain
+    assert "draft-mtp" in [t for t, _ in supported_types(str(tiny_models["qwen35_mtp"]), "")]
+    with_dflash = [t for t, _ in supported_types(str(tiny_models["llama"]), str(tiny_models["dflash"]))]
+    assert "draft-dflash" in with_dflash and "draft-dspark" not in with_dflash
+    assert "draft-simple" in [t for t, _ in supported_types(str(tiny_models["llama"]), str(tiny_models["llama"]))]
+    assert supported_types(str(tiny_models["llama"]), "/no/such/draft.gguf") == supported_types(
+        str(tiny_models["llama"]), "")
+
+
+def test_load_options_load_mtp_heads_and_rollback_only_when_they_draft(tiny_models: dict[str, Path]) -> None:
+    mtp = str(tiny_models["qwen35_mtp"])
+    assert load_options(mtp, SpeculativeSettings(enabled=False)) == (False, 0)
+    assert load_options(mtp, SpeculativeSettings(enabled=True, spec_type="ngram-mod")) == (False, 0)
+    assert load_options(mtp, SpeculativeSettings(enabled=True, spec_type="draft-mtp", n_max=8)) == (True, 8)
+    assert load_options(mtp, SpeculativeSettings(enabled=True, spec_type="auto")) == (True, 16)
+    assert load_options(str(tiny_models["llama"]), SpeculativeSettings(enabled=True)) == (False, 0)
+
+
+def test_readouts() -> None:
+    assert sparkline((0.0, 0.5, 1.0), 8) == "▁▅█"
+    assert len(sparkline(tuple(i / 100 for i in range(100)), 16)) == 16
+    assert short_summary(STATS) == "74% ×1.4"
+    assert short_summary(replace(STATS, drafted=0, plain_tps=0.0)) == "on"
+
+
+class MeterHost(App[None]):
+    def compose(self) -> ComposeResult:
+        yield SpecMeter()
+
+
+@pytest.mark.anyio
+async def test_meter_shows_sparkline_length_speedup_and_status() -> None:
+    async with MeterHost().run_test(size=(140, 3)) as pilot:
+        meter = pilot.app.query_one(SpecMeter)
+        meter.spec_type = "auto"
+        await pilot.pause()
+        assert "waiting for a reply" in meter.render().plain
+        meter.drafters = ("ngram-mod",)
+        meter.stats = STATS
+        await pilot.pause()
+        text = meter.render().plain
+        assert "auto (ngram-mod)" in text
+        assert sparkline(STATS.recent_acceptance, 16) in text
+        assert "74% accepted" in text and "3.95 tok/step" in text and "×1.36" in text
+        assert "drafting with ngram-mod" in text
+
+
+# ----- the panel ------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        app.model = replace(MODEL, path=str(tiny_models["qwen35_mtp"]))
+        app.model_path = app.model.path
+        await pilot.press("f9")
+        await pilot.pause()
+        panel = app.screen
+        assert isinstance(panel, SpeculativePanel)
+        assert "draft-mtp" in panel.types and "draft-dflash" not in panel.types
+        # A DFlash draft file adds its type.
+        panel.query_one("#spec-draft", Input).value = str(tiny_models["dflash"])
+        await pilot.pause()
+        assert "draft-dflash" in panel.types
+        # A bad number is refused with a notification; the panel stays.
+        panel.query_one("#spec-n_max", Input).value = "lots"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is panel
+        assert any("n_max" in n.message for n in app._notifications)
+        # Esc cancels: nothing changes.
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.config.speculative == SpeculativeSettings()
+
+
+# ----- with the engine ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_toggling_speculation_keeps_greedy_text_and_feeds_the_meter(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=GREEDY)
+    async with app.run_test(size=(120, 40)) as pilot:
+        chat = await ready(pilot)
+        # Repeated text gives the n-gram drafter something to draft.
+        await send(pilot, "a b c a b c a b c a b c")
+        await reply_done(pilot)
+        plain = _generated(app)
+        assert not chat.query(SpecMeter)
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
+        assert app.config.speculative.enabled and load_config().speculative.enabled  # persisted
+        meter = chat.query_one(SpecMeter)
+        await press_and_start(pilot, "ctrl+r")
+        await reply_done(pilot)
+        await wait_for(pilot, lambda: app.spec_stats is not None)
+        assert _generated(app) == plain
+        assert meter.stats is app.spec_stats and meter.stats is not None
+        assert "tok/step" in meter.render().plain
+        assert "spec" in chat.stats.extras
+        # Off again: the meter goes, the text is still the same.
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: not chat.query(SpecMeter) and app.spec_drafters == ())
+        await press_and_start(pilot, "ctrl+r")
+        await reply_done(pilot)
+        assert _generated(app) == plain
+        assert "spec" not in chat.stats.extras
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_mtp_from_the_panel_reloads_with_heads_and_keeps_greedy_text(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["qwen35_mtp"]), default_sampling=GREEDY)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello there")
+        await reply_done(pilot)
+        plain = _generated(app)
+        assert app.loaded_with == (False, 0)
+        await pilot.press("f9")
+        await pilot.pause()
+        panel = app.screen
+        assert isinstance(panel, SpeculativePanel)
+        panel.query_one(OptionList).highlighted = panel.types.index("draft-mtp")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.spec_drafters == ("draft-mtp",))
+        assert app.loaded_with == (True, 16)  # reloaded with the MTP heads and GDN rollback
+        await press_and_start(pilot, "ctrl+r")
+        await reply_done(pilot)
+        await wait_for(pilot, lambda: app.spec_stats is not None)
+        assert _generated(app) == plain
+        assert app.spec_stats is not None and app.spec_stats.drafted > 0
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_refused_configuration_is_a_notification_and_speculation_turns_off(
+    tiny_models: dict[str, Path],
+) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=GREEDY)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        # A DSpark draft offered as DFlash: the engine refuses it, the worker stays up.
+        app.apply_speculative(SpeculativeSettings(enabled=True, spec_type="draft-dflash",
+                                                  draft_model=str(tiny_models["dspark"])))
+        await wait_for(pilot, lambda: not app.config.speculative.enabled)
+        assert any("Speculative decoding failed" in n.message for n in app._notifications)
+        assert app.engine_state == "ready"
+        await send(pilot, "still alive?")
+        await reply_done(pilot)
+        assert _generated(app)
+
+
+# ----- snapshots ------------------------------------------------------------------------------------
+
+
+async def _panel(pilot: Pilot[Any]) -> None:
+    await loaded(pilot)
+    await pilot.press("f9")
+    await pilot.pause()
+
+
+async def _meter(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True))
+    await loaded(pilot)
+    app.spec_drafters = ("ngram-mod",)
+    app.spec_stats = STATS
+    app.refresh_feature_readouts()
+    await pilot.pause()
+
+
+@pytest.mark.usefixtures("seeded")
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("scene", ["panel", "meter"])
+def test_snapshot(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
+    run = {"panel": _panel, "meter": _meter}[scene]
+    assert snap_compare(make_app(), terminal_size=size, run_before=run)

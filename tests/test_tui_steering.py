@@ -1,0 +1,306 @@
+"""Steering in the TUI: the screen (F6) with sliders and heat strip, the make dialog, live changes, the A/B view."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from textual.app import App, ComposeResult
+from textual.message import Message
+from textual.pilot import Pilot
+from textual.widgets import Input, OptionList
+
+from app.cli_steer import steering_dir
+from app.config import SamplingSettings, SteeringSettings, load_config
+from app.messages import SteeringApplied
+from app.modals.make_vector import MakeVectorModal
+from app.models import starter_model_path
+from app.screens.steering import HeatStrip, SteeringScreen, VectorInfo, VectorSlider, snap_strength
+from app.screens.steering_ab import SteeringABScreen
+from app.tui import LlmtuiApp
+from engine_ext.protocol import SteeringSet
+from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+from tests.test_tui import chat_of, ready, reply_done, send, wait_for
+from tests.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
+
+TINY_SET = {"name": "tiny-mood", "positive_label": "happy", "negative_label": "sad",
+            "pairs": [["I am so happy today", "I am so sad today"], ["What a joy", "What a pity"],
+                      ["A wonderful day", "An awful day"]]}
+
+
+def synthetic_vector(name: str, n_embd: int, layers: range, scale: float = 1.0) -> Path:
+    """A control vector in the user's steering folder (unit directions times `scale`, larger at later layers)."""
+    rng = np.random.default_rng(7)
+    directions = {}
+    for il in layers:
+        d = rng.standard_normal(n_embd).astype(np.float32)
+        directions[il] = d / np.linalg.norm(d) * scale * (0.5 + il / (2 * layers.stop))
+    metadata = {"llmtui.prompt_set": name, "llmtui.positive": "happy", "llmtui.negative": "sad"}
+    return write_control_vector(ControlVector(directions, "llama", metadata), steering_dir() / f"model-{name}.gguf")
+
+
+def user_prompt_set() -> Path:
+    folder = steering_dir() / "prompts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny-mood.json"
+    path.write_text(json.dumps(TINY_SET), encoding="utf-8")
+    return path
+
+
+# ----- the slider -----------------------------------------------------------------------------------
+
+
+def test_snap_strength_clamps_and_rounds() -> None:
+    assert snap_strength(0.07) == 0.05
+    assert snap_strength(2.6) == 2.0 and snap_strength(-9) == -2.0
+    assert snap_strength(0.1 + 0.2) == 0.3
+    assert snap_strength(-0.0) == 0.0
+
+
+class SliderHost(App[None]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.changes: list[float] = []
+
+    def compose(self) -> ComposeResult:
+        yield VectorSlider(VectorInfo("/x/happy.gguf", "happy-sad", 64, (1,), "happy", "sad", "tiny"))
+
+    def on_vector_slider_changed(self, event: VectorSlider.Changed) -> None:
+        self.changes.append(event.strength)
+
+
+@pytest.mark.anyio
+async def test_slider_keys_fine_coarse_reset_and_limits() -> None:
+    app = SliderHost()
+    async with app.run_test(size=(80, 3)) as pilot:
+        slider = app.query_one(VectorSlider)
+        slider.focus()
+        await pilot.press("right", "right", "shift+right")
+        assert slider.strength == 0.35
+        await pilot.press("shift+left", "left")
+        assert slider.strength == 0.05
+        await pilot.press("0")
+        assert slider.strength == 0.0
+        await pilot.press(*["shift+right"] * 10)
+        assert slider.strength == 2.0
+        await pilot.pause()
+        assert app.changes[:3] == [0.05, 0.1, 0.35] and app.changes[-1] == 2.0
+        assert "+2.00" in slider.render().plain and "happy" in slider.render().plain
+
+
+# ----- with the engine ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tiny_models: dict[str, Path]) -> None:
+    user_prompt_set()
+    progress: list[tuple[int, int]] = []
+    app = LlmtuiApp(str(tiny_models["llama"]))
+
+    def hook(message: Message) -> None:
+        if type(message).__name__ == "VectorProgressed":
+            progress.append((message.done, message.total))  # type: ignore[attr-defined]
+
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await ready(pilot)
+        await pilot.press("f6")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SteeringScreen) and not screen.sliders
+        await wait_for(pilot, lambda: app.steering_applied is not None)  # the opening probe: which layers steer
+        assert app.steering_applied is not None and app.steering_applied.steered_layers == (1,)
+        await pilot.press("m")
+        await pilot.pause()
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        names = [path.stem for path in dialog.sets]
+        assert {"happy-sad", "formal-casual", "tiny-mood"} <= set(names)
+        dialog.query_one(OptionList).highlighted = names.index("tiny-mood")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.screen is screen and bool(screen.sliders))
+        made = steering_dir() / "tiny-llama-tiny-mood.gguf"
+        assert made.is_file()
+        assert progress and progress[-1] == (3, 3)
+        slider = screen.sliders[0]
+        assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood" and slider.has_focus
+        assert load_config().steering.vectors == (str(made),)
+        assert any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_slider_move_during_a_reply_is_applied_and_acknowledged(tiny_models: dict[str, Path]) -> None:
+    vector = synthetic_vector("mood", 64, range(1, 2))
+    acknowledged_while_writing: list[SteeringSet] = []
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4000))
+
+    def hook(message: Message) -> None:
+        if isinstance(message, SteeringApplied) and message.applied.active:
+            chat = app.chat
+            if chat is not None and chat.generation is not None:
+                acknowledged_while_writing.append(message.applied)
+
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, "tell me a long story")
+        await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
+        await pilot.press("f6")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SteeringScreen)
+        slider = screen.sliders[0]
+        assert slider.has_focus and slider.vector.path == str(vector)
+        await pilot.press("shift+right", "right")
+        # Two changes (0.25, then 0.30), each answered; the vector's layer-1 direction has norm 0.75.
+        heat = screen.query_one(HeatStrip)
+        await wait_for(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 0.3 * 0.75) < 1e-6)
+        assert acknowledged_while_writing, "no SteeringSet arrived while the reply was being written"
+        applied = acknowledged_while_writing[-1]
+        assert (applied.layer_start, applied.layer_end, applied.steered_layers) == (1, 1, (1,))
+        assert app.steering_applied is not None and app.steering_applied.active
+        assert "Applied on layers 1–1" in str(screen.query_one("#steering-status").render())
+        assert app.config.steering.strengths == (0.3,)
+        await pilot.press("escape")  # close the screen: the steering stays
+        await pilot.pause()
+        assert chat_of(app).stats.extras.get("steer") == "mood +0.30"
+        await pilot.press("escape")  # stop the reply
+        await reply_done(pilot)
+        assert load_config().steering == SteeringSettings((str(vector),), (0.3,))
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_ab_view_runs_the_prompt_without_then_with_steering(tiny_models: dict[str, Path]) -> None:
+    synthetic_vector("strong", 64, range(1, 2), scale=40.0)
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f6")
+        await pilot.pause()
+        await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")  # +1.00
+        await wait_for(pilot, lambda: app.steering_applied is not None and app.steering_applied.active)
+        await pilot.press("b")
+        await pilot.pause()
+        ab = app.screen
+        assert isinstance(ab, SteeringABScreen)
+        assert ab.query_one(Input).value == "How was your day?"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: ab.runs_done == 1)
+        assert ab.texts["a"] and ab.texts["b"] and ab.texts["a"] != ab.texts["b"]
+        assert "strong +1.00" in str(ab.query_one("#ab-b-title").render())
+        # B left the user's steering applied.
+        assert app.steering_applied is not None and app.steering_applied.active
+        # The chat was not touched.
+        assert chat_of(app).conversation_id is None
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
+    starter = starter_model_path()
+    if starter is None:
+        pytest.skip("the starter model is not installed")
+    user_prompt_set()
+    app = LlmtuiApp(str(starter), default_sampling=SamplingSettings(temperature=0.0, max_tokens=16))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.action_steering()
+        await pilot.pause()
+        screen = app.screen
+        app.action_make_vector()
+        await pilot.pause()
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        dialog.start(next(p for p in dialog.sets if p.stem == "tiny-mood"))
+        await wait_for(pilot, lambda: app.screen is screen and bool(screen.sliders), timeout=300)  # type: ignore[attr-defined]
+        assert app.model is not None
+        assert (steering_dir() / f"{Path(app.model.path).stem}-tiny-mood.gguf").is_file()
+        await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")
+        await wait_for(pilot, lambda: app.steering_applied is not None and app.steering_applied.active)
+        assert app.steering_applied is not None and app.steering_applied.layer_end == 29
+        await pilot.press("escape")
+        await pilot.pause()
+        await send(pilot, "How was your day?")
+        await reply_done(pilot)
+        assert chat_of(app).stats.extras.get("steer") == "tiny-mood +1.00"
+
+
+# ----- snapshots ------------------------------------------------------------------------------------
+
+
+def _with_tiny_model(app: LlmtuiApp, path: Path) -> None:
+    app.model = replace(MODEL, path=str(path), architecture="qwen35")
+    app.model_path = str(path)
+
+
+def _steering_scene(tiny: Path) -> Any:
+    async def run(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        _with_tiny_model(app, tiny)
+        happy = synthetic_vector("happy-sad", 64, range(1, 5))
+        synthetic_vector("formal-casual", 64, range(1, 5))
+        app.config = replace(app.config, steering=SteeringSettings((str(happy),), (1.25,)))
+        app.steering_applied = SteeringSet(True, 1, 3, (0.8, 1.4, 1.9), (1, 2, 3))
+        app.action_steering()
+        await pilot.pause()
+        await pilot.pause()
+
+    return run
+
+
+def _make_scene(tiny: Path) -> Any:
+    async def run(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        _with_tiny_model(app, tiny)
+        app.steering_applied = SteeringSet(False, 0, 0, (), (1, 2, 3))
+        app.action_steering()
+        await pilot.pause()
+        app.action_make_vector()
+        await pilot.pause()
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        dialog.making = Path("tiny-qwen35-happy-sad.gguf")
+        dialog.query_one("#make-progress").display = True
+        dialog.show_progress(5, 16)
+        await pilot.pause()
+
+    return run
+
+
+def _ab_scene(tiny: Path) -> Any:
+    async def run(pilot: Pilot[Any]) -> None:
+        from app.messages import TokensArrived
+
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        _with_tiny_model(app, tiny)
+        app.push_screen(SteeringABScreen("How was your day?", "happy-sad +1.25"))
+        await pilot.pause()
+        ab = app.screen
+        assert isinstance(ab, SteeringABScreen)
+        for side, text in (("a", "It was fine. I went to work and came home."),
+                           ("b", "It was wonderful! The sun was out and everyone smiled.")):
+            ab.running = side
+            ab.tokens(TokensArrived(1, text, "", 12))
+        ab.running = None
+        await pilot.pause()
+
+    return run
+
+
+@pytest.mark.usefixtures("seeded")
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("scene", ["steering", "make_vector", "ab"])
+def test_snapshot(snap_compare: Any, tiny_models: dict[str, Path], scene: str, size: tuple[int, int]) -> None:
+    scenes = {"steering": _steering_scene, "make_vector": _make_scene, "ab": _ab_scene}
+    assert snap_compare(make_app(), terminal_size=size, run_before=scenes[scene](tiny_models["qwen35"]))

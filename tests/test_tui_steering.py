@@ -127,7 +127,8 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         assert made.is_file()
         assert progress and progress[-1] == (3, 3)
         slider = screen.sliders[0]
-        assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood" and slider.has_focus
+        await wait_for(pilot, lambda: slider.has_focus)  # focus moves to the new slider after it mounts
+        assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood"
         assert load_config().steering.vectors == (str(made),)
         assert any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications)
 

@@ -103,7 +103,9 @@ def main() -> int:
     model = resolve_model(args.model)
 
     samples: dict[str, dict[str, list[float]]] = {"llama-bench": {}, "llmtui": {}}
+    round_ratios: dict[str, list[float]] = {}  # llmtui median / llama-bench median within each round
     for round_no in range(args.rounds):
+        this_round: dict[str, dict[str, float]] = {}
         order = [("llama-bench", lambda: run_llama_bench(binary, model, args)),
                  ("llmtui", lambda: run_llmtui_bench(model, args))]
         if round_no % 2:
@@ -111,16 +113,24 @@ def main() -> int:
         for name, run in order:
             for key, values in run().items():
                 samples[name].setdefault(key, []).extend(values)
+                this_round.setdefault(key, {})[name] = statistics.median(values)
             print(f"round {round_no + 1}/{args.rounds}: {name} done", file=sys.stderr)
+        for key, pair in this_round.items():
+            if len(pair) == 2:
+                round_ratios.setdefault(key, []).append(pair["llmtui"] / pair["llama-bench"])
 
     print(f"model {model}, {args.threads} threads, {args.rounds} rounds × {args.repetitions} repetitions")
-    print(f"{'test':>8} {'llama-bench t/s':>16} {'llmtui t/s':>12} {'ratio':>7}")
+    # The machine's speed drifts between rounds; the median of per-round ratios is the robust figure.
+    print(f"{'test':>8} {'llama-bench t/s':>16} {'llmtui t/s':>12} {'ratio':>7} {'per-round ratios (median)':>30}")
     for key, label in (("pp", f"pp{args.n_prompt}"), ("tg", f"tg{args.n_gen}")):
         ref, ours = samples["llama-bench"].get(key), samples["llmtui"].get(key)
         if not ref or not ours:
             continue
         ref_med, our_med = statistics.median(ref), statistics.median(ours)
-        print(f"{label:>8} {ref_med:16.2f} {our_med:12.2f} {our_med / ref_med:7.3f}")
+        ratios = round_ratios.get(key, [])
+        per_round = " ".join(f"{r:.3f}" for r in ratios)
+        print(f"{label:>8} {ref_med:16.2f} {our_med:12.2f} {our_med / ref_med:7.3f}   {per_round} "
+              f"({statistics.median(ratios):.3f})")
     return 0
 
 

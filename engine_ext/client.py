@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine_ext.params import ContextParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
@@ -41,6 +41,7 @@ from engine_ext.protocol import (
 )
 
 LOG_TAIL_LINES = 40
+_E = TypeVar("_E")
 
 
 class EngineFailure(Exception):
@@ -209,6 +210,19 @@ class EngineClient:
     def new_request_id(self) -> int:
         return next(self._ids)
 
+    def _answer(self, kind: type[_E], on_event: Callable[[Event], None] | None = None) -> _E:
+        """Events until the first of `kind`; Failed and Crashed become exceptions; others go to on_event."""
+        for event in self.events():
+            if isinstance(event, kind):
+                return event
+            if isinstance(event, Failed):
+                raise EngineFailure(event)
+            if isinstance(event, Crashed):
+                raise EngineCrashedError(event)
+            if on_event is not None:
+                on_event(event)
+        raise AssertionError("unreachable: events() ends with Crashed")
+
     def load(
         self,
         path: Path | str,
@@ -216,29 +230,19 @@ class EngineClient:
         context: ContextParams = ContextParams(),
         on_progress: Callable[[float], None] | None = None,
     ) -> ModelInfo:
-        self.send(LoadModel(str(path), model, context))
-        for event in self.events():
-            if isinstance(event, Loaded):
-                self.model_info = event.info
-                return event.info
+        def progress(event: Event) -> None:
             if isinstance(event, LoadProgress) and on_progress is not None:
                 on_progress(event.fraction)
-            elif isinstance(event, Failed):
-                raise EngineFailure(event)
-            elif isinstance(event, Crashed):
-                raise EngineCrashedError(event)
-        raise AssertionError("unreachable")
+
+        self.send(LoadModel(str(path), model, context))
+        info = self._answer(Loaded, progress).info
+        self.model_info = info
+        return info
 
     def unload(self) -> None:
         self.send(UnloadModel())
-        for event in self.events():
-            if isinstance(event, Unloaded):
-                self.model_info = None
-                return
-            if isinstance(event, Failed):
-                raise EngineFailure(event)
-            if isinstance(event, Crashed):
-                raise EngineCrashedError(event)
+        self._answer(Unloaded)
+        self.model_info = None
 
     def generate(self, request: Generate) -> Iterator[Event]:
         """Send a generation and yield its events; the last is Finished, Failed or Crashed."""
@@ -255,26 +259,12 @@ class EngineClient:
     def set_speculative(self, params: SpeculativeParams) -> SpeculativeSet:
         """Configure speculative decoding for the loaded model (no types: off)."""
         self.send(SetSpeculative(params))
-        for event in self.events():
-            if isinstance(event, SpeculativeSet):
-                return event
-            if isinstance(event, Failed):
-                raise EngineFailure(event)
-            if isinstance(event, Crashed):
-                raise EngineCrashedError(event)
-        raise AssertionError("unreachable")
+        return self._answer(SpeculativeSet)
 
     def set_steering(self, entries: tuple[SteeringEntry, ...]) -> SteeringSet:
         """Apply a control-vector mix (empty: none) and wait for the worker's confirmation."""
         self.send(SetSteering(entries))
-        for event in self.events():
-            if isinstance(event, SteeringSet):
-                return event
-            if isinstance(event, Failed):
-                raise EngineFailure(event)
-            if isinstance(event, Crashed):
-                raise EngineCrashedError(event)
-        raise AssertionError("unreachable")
+        return self._answer(SteeringSet)
 
     def send_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
         """Change steering without waiting (e.g. while a generation streams); a SteeringSet event follows."""
@@ -288,28 +278,17 @@ class EngineClient:
         on_progress: Callable[[int, int], None] | None = None,
     ) -> VectorMade:
         """Make a control vector on the loaded model from a prompt-set file."""
-        self.send(MakeControlVector(str(prompt_set_path), str(output_path), method))
-        for event in self.events():
-            if isinstance(event, VectorMade):
-                return event
+
+        def progress(event: Event) -> None:
             if isinstance(event, VectorProgress) and on_progress is not None:
                 on_progress(event.done, event.total)
-            elif isinstance(event, Failed):
-                raise EngineFailure(event)
-            elif isinstance(event, Crashed):
-                raise EngineCrashedError(event)
-        raise AssertionError("unreachable")
+
+        self.send(MakeControlVector(str(prompt_set_path), str(output_path), method))
+        return self._answer(VectorMade, progress)
 
     def cancel(self, request_id: int) -> None:
         self.send(Cancel(request_id))
 
     def inspect(self, path: Path | str) -> dict[str, object]:
         self.send(Inspect(str(path)))
-        for event in self.events():
-            if isinstance(event, Inspected):
-                return event.info
-            if isinstance(event, Failed):
-                raise EngineFailure(event)
-            if isinstance(event, Crashed):
-                raise EngineCrashedError(event)
-        raise AssertionError("unreachable")
+        return self._answer(Inspected).info

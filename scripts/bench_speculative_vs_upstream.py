@@ -18,25 +18,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / ".bench" / "build" / "bin" / "llama-speculative-simple"
-PROMPT = """Repeat these four Python functions exactly.
-
-def add(a, b):
-    return a + b
-
-def subtract(a, b):
-    return a - b
-
-def multiply(a, b):
-    return a * b
-
-def divide(a, b):
-    if b == 0:
-        raise ValueError("division by zero")
-    return a / b
-"""
 
 
 def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float]:
+    from app.__main__ import COPY_HEAVY_PROMPT as PROMPT
+
     cmd = [str(TOOL), "-m", model, "-p", PROMPT, "-n", str(args.n_gen), "-t", str(args.threads), "--temp", "0",
            "--spec-type", mode, "--spec-draft-n-max", str(args.n_max), "-c", "4096", "--seed", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -51,8 +37,8 @@ def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float
 
 
 def ours(model: str, modes: list[str], args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    cmd = [sys.executable, "-m", "app", "bench", "-m", model, "--spec-type", ",".join(modes), "--raw", "--prompt",
-           PROMPT, "-n", str(args.n_gen), "-r", str(args.repetitions), "-t", str(args.threads), "-c", "4096",
+    cmd = [sys.executable, "-m", "app", "bench", "-m", model, "--spec-type", ",".join(modes), "--raw",
+           "-n", str(args.n_gen), "-r", str(args.repetitions), "-t", str(args.threads), "-c", "4096",
            "--spec-draft-n-max", str(args.n_max), "--json"]
     out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
     return {m["mode"]: m for m in out["modes"]}

@@ -32,13 +32,13 @@ def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float
     accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
     if not speed:
         raise RuntimeError(f"could not read llama-speculative-simple's output:\n{log[-2000:]}")
-    return {"tps": float(speed.group(2)), "drafted": int(drafted.group(1)) if drafted else 0,
-            "accepted": int(accepted.group(1)) if accepted else 0}
+    return {"tps": float(speed.group(2)), "decoded": int(speed.group(1)),
+            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0}
 
 
-def ours(model: str, modes: list[str], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def ours(model: str, modes: list[str], args: argparse.Namespace, n_gen: int) -> dict[str, dict[str, float]]:
     cmd = [sys.executable, "-m", "app", "bench", "-m", model, "--spec-type", ",".join(modes), "--raw",
-           "-n", str(args.n_gen), "-r", str(args.repetitions), "-t", str(args.threads), "-c", "4096",
+           "-n", str(n_gen), "-r", str(args.repetitions), "-t", str(args.threads), "-c", "4096",
            "--spec-draft-n-max", str(args.n_max), "--json"]
     out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
     return {m["mode"]: m for m in out["modes"]}
@@ -62,17 +62,18 @@ def main() -> int:
 
     model = str(resolve_model(args.model))
     modes = [m for m in args.modes.split(",") if m]
-    mine = ours(model, modes + ["auto"], args)
-    print(f"{'mode':>14} {'upstream t/s':>13} {'llmtui t/s':>11} {'ratio':>6} {'upstream acc':>13} {'llmtui acc':>11}")
-    plain = mine["plain"]
-    print(f"{'plain':>14} {'':>13} {plain['tps']:11.2f} {'':>6}")
+    # Upstream finishes its last step past -n; llmtui then generates exactly as many tokens, so both runs cover
+    # the same text (drafted/accepted counts are comparable).
+    print(f"{'mode':>14} {'tokens':>7} {'upstream t/s':>13} {'llmtui t/s':>11} {'ratio':>6} {'upstream acc':>13} "
+          f"{'llmtui acc':>11} {'plain t/s':>10} {'auto t/s':>9}")
     for mode in modes:
         ref = upstream(model, mode, args)
-        got = mine[mode]
-        print(f"{mode:>14} {ref['tps']:13.2f} {got['tps']:11.2f} {got['tps'] / ref['tps']:6.3f} "
-              f"{int(ref['accepted']):>6}/{int(ref['drafted']):<6} {got['accepted']:>5}/{got['drafted']:<5}")
-    auto = mine["auto"]
-    print(f"{'auto':>14} {'':>13} {auto['tps']:11.2f} {'':>6} {'':>13} {auto['accepted']:>5}/{auto['drafted']:<5}")
+        mine = ours(model, [mode, "auto"], args, int(ref["decoded"]))
+        got, plain, auto = mine[mode], mine["plain"], mine["auto"]
+        ratio = got["tps"] / ref["tps"]
+        print(f"{mode:>14} {int(ref['decoded']):7d} {ref['tps']:13.2f} {got['tps']:11.2f} {ratio:6.3f} "
+              f"{int(ref['accepted']):>6}/{int(ref['drafted']):<6} {got['accepted']:>5}/{got['drafted']:<5} "
+              f"{plain['tps']:10.2f} {auto['tps']:9.2f}")
     return 0
 
 

@@ -19,6 +19,7 @@ from engine_ext.params import (
     DEFAULT_SEED,
     KV_CACHE_TYPES,
     SPEC_TYPES,
+    SPLIT_MODES,
     ContextParams,
     EngineError,
     ModelParams,
@@ -57,6 +58,12 @@ def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> 
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     p.add_argument("--mlock", action="store_true", help="lock the model in RAM")
     p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="llama.cpp RPC servers to use as devices")
+    p.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default="layer",
+                   help="how to split the model across devices (tensor: llama.cpp's tensor parallelism)")
+    p.add_argument("-ts", "--tensor-split", default="", metavar="N0,N1,...", help="share of the model per device")
+    p.add_argument("-mg", "--main-gpu", type=int, default=0, help="the device for the whole model with -sm none")
+    p.add_argument("--n-cpu-moe", type=int, default=0, metavar="N", help="keep the experts of the first N layers "
+                   "on the CPU (MoE models)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -155,7 +162,18 @@ def _model_params(args: argparse.Namespace, spec: SpeculativeParams | None = Non
         use_mlock=args.mlock,
         load_mtp=load_mtp,
         rpc_servers=tuple(s.strip() for s in args.rpc.split(",") if s.strip()),
+        split_mode=args.split_mode,
+        tensor_split=_floats(args.tensor_split, "--tensor-split"),
+        main_gpu=args.main_gpu,
+        n_cpu_moe=args.n_cpu_moe,
     )
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.replace("/", ",").split(",") if v.strip())
+    except ValueError:
+        raise CliError(f"{flag} takes numbers separated by commas, not {text!r}") from None
 
 
 def _context_params(args: argparse.Namespace, n_ctx: int | None = None, n_rs_seq: int = 0) -> ContextParams:

@@ -183,6 +183,27 @@ def ggml_lib() -> ctypes.CDLL:
     return lib
 
 
+class TensorBuftOverride(ctypes.Structure):
+    """struct llama_model_tensor_buft_override { const char * pattern; ggml_backend_buffer_type_t buft; }"""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@cache
+def ggml_cpu_buffer_type() -> int:
+    """ggml_backend_cpu_buffer_type() from libggml-cpu (the soname libllama uses, as for ggml_lib)."""
+    lib_dir = Path(C.llama_cpp._lib._name).parent
+    for name in ("libggml-cpu.so.0", "libggml-cpu.0.dylib", "libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        if (lib_dir / name).exists():
+            lib = ctypes.CDLL(str(lib_dir / name))
+            break
+    else:
+        lib = C.llama_cpp._lib
+    # ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
+    lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    return int(lib.ggml_backend_cpu_buffer_type())
+
+
 def missing_ext_functions() -> list[str]:
     """Names of the llama-ext.h functions the installed library does not export."""
     return [f.name for f in EXT_FUNCTIONS if not f.available]

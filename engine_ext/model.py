@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_ext.bindings import C
-from engine_ext.params import KV_CACHE_TYPES, ContextError, ContextParams, ModelLoadError, ModelParams
+from engine_ext.params import KV_CACHE_TYPES, SPLIT_MODES, ContextError, ContextParams, ModelLoadError, ModelParams
 
 # ggml type ids of the KV cache types (ggml/include/ggml.h, enum ggml_type).
 _GGML_TYPES: dict[str, int] = {
@@ -34,6 +34,40 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# Expert tensors of one layer (common/common.h LLM_FFN_EXPS_REGEX), for --n-cpu-moe.
+FFN_EXPS_REGEX = "blk\\.{il}\\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+_keep_alive: list[Any] = []  # override patterns llama.cpp holds pointers to while a model loads
+
+
+def model_params_struct(params: ModelParams) -> Any:
+    """llama_model_params for `params` (the mapping of every llmtui/llama.cpp model flag)."""
+    mparams = C.llama_model_default_params()
+    mparams.n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else 999
+    mparams.use_mmap = params.use_mmap
+    mparams.use_mlock = params.use_mlock
+    mparams.load_mtp = params.load_mtp
+    mparams.main_gpu = params.main_gpu
+    mparams.split_mode = SPLIT_MODES.index(params.split_mode)
+    if params.tensor_split:
+        n = int(C.llama_max_devices())
+        shares = (ctypes.c_float * n)(*params.tensor_split[:n])
+        _keep_alive.append(shares)
+        mparams.tensor_split = shares
+    if params.n_cpu_moe:
+        from engine_ext.bindings import TensorBuftOverride, ggml_cpu_buffer_type
+
+        cpu = ggml_cpu_buffer_type()
+        overrides = (TensorBuftOverride * (params.n_cpu_moe + 1))()  # NULL-terminated
+        for il in range(params.n_cpu_moe):
+            pattern = ctypes.create_string_buffer(FFN_EXPS_REGEX.format(il=il).encode())
+            _keep_alive.append(pattern)
+            overrides[il].pattern = ctypes.cast(pattern, ctypes.c_char_p)
+            overrides[il].buft = cpu
+        _keep_alive.append(overrides)
+        mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    return mparams
+
+
 class Model:
     """A loaded llama_model plus its vocabulary; `close()` frees it (idempotent)."""
 
@@ -45,7 +79,8 @@ class Model:
     ) -> None:
         self.path = Path(path)
         self.params = params
-        mparams = C.llama_model_default_params()
+        params.validate()
+        mparams = model_params_struct(params)
         if progress is not None:
 
             def on_progress(fraction: float, _user_data: Any) -> bool:
@@ -55,11 +90,6 @@ class Model:
             # Kept on self: llama.cpp calls it during loading and ctypes must not collect it.
             self._progress_cb = C.llama_progress_callback(on_progress)
             mparams.progress_callback = self._progress_cb
-        mparams.n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else 999
-        mparams.use_mmap = params.use_mmap
-        mparams.use_mlock = params.use_mlock
-        mparams.load_mtp = params.load_mtp
-        mparams.main_gpu = params.main_gpu
         handle = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not handle:
             raise ModelLoadError(

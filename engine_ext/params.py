@@ -10,6 +10,8 @@ FlashAttention = Literal["auto", "on", "off"]
 # KV cache element types llama.cpp accepts for K and V (names as in llama.cpp's --cache-type-k/-v).
 KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
+SPLIT_MODES: tuple[str, ...] = ("none", "layer", "row", "tensor")  # llama_split_mode 0..3
+
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed per generation
 
 
@@ -35,6 +37,20 @@ class ModelParams:
     load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
     main_gpu: int = 0
     rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC servers (host:port) whose devices join this machine's
+    split_mode: str = "layer"  # none | layer | row | tensor (tensor: llama.cpp's meta-backend parallelism)
+    tensor_split: tuple[float, ...] = ()  # share of the model per device (llama.cpp --tensor-split)
+    n_cpu_moe: int = 0  # keep the expert tensors of the first N layers on the CPU (--n-cpu-moe)
+
+    def validate(self) -> None:
+        """Refuse what llama.cpp would reject or abort on."""
+        if self.split_mode not in SPLIT_MODES:
+            raise EngineError(f"split mode must be one of {', '.join(SPLIT_MODES)}, not {self.split_mode!r}")
+        if self.tensor_split and self.split_mode == "none":
+            raise EngineError("--tensor-split needs a split mode other than none")
+        if any(v < 0 for v in self.tensor_split) or (self.tensor_split and sum(self.tensor_split) <= 0):
+            raise EngineError("--tensor-split takes non-negative shares that add up to more than 0")
+        if self.n_cpu_moe < 0 or self.main_gpu < 0:
+            raise EngineError("--n-cpu-moe and --main-gpu must not be negative")
 
 
 @dataclass(frozen=True)

@@ -336,7 +336,7 @@ async def test_a_bad_model_file_shows_a_load_error(tmp_path: Path) -> None:
     app = LlmtuiApp(str(bad))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.engine_state == "error")
-        assert any("Could not load broken.gguf" in n.message for n in app._notifications)
+        await wait_for(pilot, lambda: any("Could not load broken.gguf" in n.message for n in app._notifications))
         chat = chat_of(app)
         chat.prompt.load_text("hello")
         await pilot.press("enter")

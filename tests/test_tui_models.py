@@ -148,7 +148,7 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(models_hub: H
         assert isinstance(app.screen, DeleteModelModal) and app.screen.freed_bytes == size
         await pilot.press("y")
         await wait_for(pilot, lambda: not screen.local_models and not model.path.exists())
-        assert any(f"freed {_mib(size)}" in n.message for n in app._notifications)
+        await wait_for(pilot, lambda: any(f"freed {_mib(size)}" in n.message for n in app._notifications))
 
 
 def _mib(n: int) -> str:

@@ -193,7 +193,8 @@ async def test_a_refused_configuration_is_a_notification_and_speculation_turns_o
         app.apply_speculative(SpeculativeSettings(enabled=True, spec_type="draft-dflash",
                                                   draft_model=str(tiny_models["dspark"])))
         await wait_for(pilot, lambda: not app.config.speculative.enabled)
-        assert any("Speculative decoding failed" in n.message for n in app._notifications)
+        # notify() posts a message: the notification lands on the next turn of the event loop.
+        await wait_for(pilot, lambda: any("Speculative decoding failed" in n.message for n in app._notifications))
         assert app.engine_state == "ready"
         await send(pilot, "still alive?")
         await reply_done(pilot)

@@ -130,7 +130,7 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         await wait_for(pilot, lambda: slider.has_focus)  # focus moves to the new slider after it mounts
         assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood"
         assert load_config().steering.vectors == (str(made),)
-        assert any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications)
+        await wait_for(pilot, lambda: any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications))
 
 
 @pytest.mark.anyio

@@ -132,12 +132,12 @@ def test_strength_change_mid_generation_acts_at_the_next_token(tiny_models: dict
     with EngineClient(tmp_path / "engine.log") as client:
         client.start()
         client.load(tiny_models["llama"], ModelParams(), ContextParams(n_ctx=512, n_threads=2))
-        request = Generate(request_id=1, prompt="hello", sampling=GREEDY, max_tokens=40, ignore_eos=True)
+        request = Generate(request_id=1, prompt="hello", sampling=GREEDY, max_tokens=300, ignore_eos=True)
         plain = [t for e in client.generate(request) if isinstance(e, TokenChunk) for t in e.token_ids]
         ids: list[int] = []
         sent_at = -1
         applied: list[SteeringSet] = []
-        for event in client.generate(Generate(request_id=2, prompt="hello", sampling=GREEDY, max_tokens=40,
+        for event in client.generate(Generate(request_id=2, prompt="hello", sampling=GREEDY, max_tokens=300,
                                               ignore_eos=True)):
             if isinstance(event, TokenChunk):
                 ids.extend(event.token_ids)

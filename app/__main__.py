@@ -16,7 +16,9 @@ from app.cli_steer import add_control_vector_args, add_steer_parser, cmd_steer, 
 from app.models import ModelNotFound, resolve_model
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
+    DEFAULT_FIT_TARGET_MIB,
     DEFAULT_SEED,
+    GPU_LAYERS_AUTO,
     KV_CACHE_TYPES,
     SPEC_TYPES,
     SPLIT_MODES,
@@ -33,6 +35,7 @@ from engine_ext.protocol import (
     Finished,
     Generate,
     GenerationStats,
+    ModelInfo,
     SpeculativeStats,
     TokenChunk,
 )
@@ -49,7 +52,10 @@ def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> 
     p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
     p.add_argument("-c", "--ctx-size", type=int, default=default_ctx, help="context size in tokens (0: model's)")
     p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: all CPUs available)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPU (-1: all)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=_gpu_layers, default=-1, metavar="N|auto|all",
+                   help="layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)")
+    p.add_argument("--fit-target", type=int, default=DEFAULT_FIT_TARGET_MIB, metavar="MiB",
+                   help="with -ngl auto: memory to leave free on each device (default %(default)s MiB)")
     p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
     p.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto")
@@ -166,7 +172,30 @@ def _model_params(args: argparse.Namespace, spec: SpeculativeParams | None = Non
         tensor_split=_floats(args.tensor_split, "--tensor-split"),
         main_gpu=args.main_gpu,
         n_cpu_moe=args.n_cpu_moe,
+        fit_target_mib=args.fit_target,
     )
+
+
+def _gpu_layers(text: str) -> int:
+    """-ngl's value: a count, -1/all (every layer) or auto (planned from free device memory)."""
+    if text.strip().lower() == "auto":
+        return GPU_LAYERS_AUTO
+    if text.strip().lower() == "all":
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, all or auto, not {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"expected a number ≥ -1, all or auto, not {value}")
+    return value
+
+
+def _loaded(info: ModelInfo) -> ModelInfo:
+    """Say where -ngl auto put the model (stderr, so --json output stays clean)."""
+    if info.placement:
+        print(f"note: {info.placement}", file=sys.stderr)
+    return info
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
@@ -257,7 +286,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _spec_params(args)
     spec.validate()
     with start_engine() as client:
-        client.load(path, _model_params(args, spec), _context_params(args, n_rs_seq=_rs_rollback_depth(spec)))
+        _loaded(client.load(path, _model_params(args, spec), _context_params(args, n_rs_seq=_rs_rollback_depth(spec))))
         if spec.enabled:
             client.set_speculative(spec)
         steering = steering_entries(args)
@@ -312,7 +341,7 @@ def format_spec_stats(s: SpeculativeStats) -> str:
 def cmd_chat(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     with start_engine() as client:
-        info = client.load(path, _model_params(args), _context_params(args))
+        info = _loaded(client.load(path, _model_params(args), _context_params(args)))
         print(f"{info.description} · {info.backend} · context {info.n_ctx} · Ctrl-D to quit", file=sys.stderr)
         history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
         while True:
@@ -445,7 +474,8 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     with start_engine() as client:
         mtp = next((spec for spec in specs.values() if "draft-mtp" in spec.types), None)
-        info = client.load(path, _model_params(args, mtp), _context_params(args, args.ctx_size or 4096, n_rs_seq))
+        context = _context_params(args, args.ctx_size or 4096, n_rs_seq)
+        info = _loaded(client.load(path, _model_params(args, mtp), context))
         for mode in modes:
             client.set_speculative(specs[mode])
             speeds: list[float] = []
@@ -504,7 +534,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     greedy = SamplingParams(temperature=0.0)
     rng = random.Random(1234)
     with start_engine() as client:
-        info = client.load(path, _model_params(args), _context_params(args, n_ctx))
+        info = _loaded(client.load(path, _model_params(args), _context_params(args, n_ctx)))
         n_vocab = info.n_vocab
 
         def run(tokens: list[int], max_tokens: int) -> GenerationStats:

@@ -690,6 +690,10 @@ class GGUFInfo:
     split_paths: tuple[str, ...]
     split_missing: tuple[str, ...]
     warnings: tuple[str, ...] = field(default=())
+    # weight bytes of each block `blk.N.*` (index N; MTP blocks included) and of the output head (`output.*`,
+    # `output_norm.*`, or a duplicate of token_embd when tied): what one more GPU layer costs (engine_ext.placement)
+    layer_weights_bytes: tuple[int, ...] = field(default=())
+    output_weights_bytes: int = 0
 
     @property
     def draft_type(self) -> str | None:
@@ -954,6 +958,20 @@ def _build_info(
         if draft.mask_token_id is None:
             warnings.append("dflash draft without tokenizer.ggml.mask_token_id; drafting needs a mask token")
 
+    n_blocks = block_count or 0
+    layer_bytes = [0] * n_blocks
+    output_bytes = 0
+    for t in tensors:
+        if t.name.startswith("blk."):
+            index = t.name.split(".", 2)[1]
+            if index.isdigit() and int(index) < n_blocks:
+                layer_bytes[int(index)] += t.n_bytes
+        elif t.name.startswith(("output.", "output_norm.")):
+            output_bytes += t.n_bytes
+    if "output.weight" not in names and "token_embd.weight" in names:
+        # tied embeddings: llama.cpp loads a duplicate of token_embd as the output head, on the output's device
+        output_bytes += next(t.n_bytes for t in tensors if t.name == "token_embd.weight")
+
     tokens = head.kv.get("tokenizer.ggml.tokens")
     vocab_size = m.aint("vocab_size")
     if vocab_size is None and tokens is not None and tokens.vtype == int(_VT.ARRAY):
@@ -1031,6 +1049,8 @@ def _build_info(
         split_count=split_count,
         split_paths=split_paths,
         split_missing=missing,
+        layer_weights_bytes=tuple(layer_bytes),
+        output_weights_bytes=output_bytes,
         warnings=tuple(warnings),
     )
 
@@ -1261,6 +1281,36 @@ def _recurrent_row_floats(info: GGUFInfo) -> tuple[int, int]:
     return conv * (d_inner + 2 * groups * d_state), d_state * d_inner
 
 
+def kv_bytes_per_layer(info: GGUFInfo, cells: int, *, kv_type_bytes: float = 2.0, n_ubatch: int = 512) -> list[float]:
+    """KV cache bytes of each block at ``cells`` cache cells (0 for blocks without attention); see estimate_memory."""
+    kinds = info.layer_kinds
+    n_layers = len(kinds)
+    hybrid = (info.architecture or "") in _HYBRID_ARCHS
+    kv_heads = _per_layer(info.head_count_kv, n_layers)
+    k_len, v_len = info.key_length or 0, info.value_length or 0
+    swa = info.swa_layers or ()
+    swa_cells = min(cells, _pad((info.sliding_window or 0) + n_ubatch, 256))
+    out = [0.0] * n_layers
+    for il, kind in enumerate(kinds):
+        if info.is_mtp_sidecar:
+            has_kv = kind == "nextn"
+        else:
+            has_kv = "attention" in kind or (kind == "nextn" and not hybrid)
+        if not has_kv or kv_heads[il] <= 0:
+            continue
+        is_swa = il < len(swa) and swa[il]
+        k = (info.key_length_swa or k_len) if is_swa else k_len
+        v = 0 if info.is_mla else ((info.value_length_swa or v_len) if is_swa else v_len)
+        out[il] = (swa_cells if is_swa else cells) * kv_heads[il] * (k + v) * kv_type_bytes
+    return out
+
+
+def recurrent_bytes_per_layer(info: GGUFInfo, n_seq: int = 1, n_rs_seq: int = 0) -> int:
+    """Recurrent-state bytes of one recurrent block (F32 conv + state rows); see estimate_memory."""
+    r_floats, s_floats = _recurrent_row_floats(info)
+    return (r_floats + s_floats) * 4 * max(1, n_seq) * (1 + max(0, n_rs_seq))
+
+
 def estimate_memory(
     info: GGUFInfo,
     n_ctx: int,
@@ -1295,35 +1345,18 @@ def estimate_memory(
     kinds = info.layer_kinds
     n_layers = len(kinds)
     notes: list[str] = []
-    hybrid = (info.architecture or "") in _HYBRID_ARCHS
-
-    kv_heads = _per_layer(info.head_count_kv, n_layers)
-    k_len, v_len = info.key_length or 0, info.value_length or 0
-    swa = info.swa_layers or ()
-    swa_cells = min(cells, _pad((info.sliding_window or 0) + n_ubatch, 256))
-    kv_bytes = 0.0
-    n_kv_layers = 0
     sidecar = info.is_mtp_sidecar
     if sidecar:
         notes.append("mtp- sidecar: runs in an MTP context whose cache holds only the NextN block(s)")
-    for il, kind in enumerate(kinds):
-        if sidecar:
-            has_kv = kind == "nextn"
-        else:
-            has_kv = "attention" in kind or (kind == "nextn" and not hybrid)
-        if not has_kv or kv_heads[il] <= 0:
-            continue
-        is_swa = il < len(swa) and swa[il]
-        k = (info.key_length_swa or k_len) if is_swa else k_len
-        v = 0 if info.is_mla else ((info.value_length_swa or v_len) if is_swa else v_len)
-        kv_bytes += (swa_cells if is_swa else cells) * kv_heads[il] * (k + v) * kv_type_bytes
-        n_kv_layers += 1
+    per_layer_kv = kv_bytes_per_layer(info, cells, kv_type_bytes=kv_type_bytes, n_ubatch=n_ubatch)
+    kv_bytes = sum(per_layer_kv)
+    n_kv_layers = sum(1 for b in per_layer_kv if b > 0)
+    k_len = info.key_length or 0
     if n_layers and not k_len and n_kv_layers:
         notes.append("head size unknown: KV cache not estimated")
 
     n_recurrent = 0 if sidecar else sum(1 for k in kinds if "recurrent" in k)
-    r_floats, s_floats = _recurrent_row_floats(info)
-    recurrent_bytes = n_recurrent * (r_floats + s_floats) * 4 * n_seq * (1 + max(0, n_rs_seq))
+    recurrent_bytes = n_recurrent * recurrent_bytes_per_layer(info, n_seq, n_rs_seq)
     if n_recurrent and info.architecture == "minimax-01":
         notes.append("minimax-01 linear-attention state is not estimated")
 

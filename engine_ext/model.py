@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from engine_ext.bindings import C
-from engine_ext.params import KV_CACHE_TYPES, SPLIT_MODES, ContextError, ContextParams, ModelLoadError, ModelParams
+from engine_ext.params import (
+    GPU_LAYERS_AUTO,
+    KV_CACHE_TYPES,
+    SPLIT_MODES,
+    ContextError,
+    ContextParams,
+    EngineError,
+    ModelLoadError,
+    ModelParams,
+)
 
 # ggml type ids of the KV cache types (ggml/include/ggml.h, enum ggml_type).
 _GGML_TYPES: dict[str, int] = {
@@ -41,6 +50,8 @@ _keep_alive: list[Any] = []  # override patterns llama.cpp holds pointers to whi
 
 def model_params_struct(params: ModelParams) -> Any:
     """llama_model_params for `params` (the mapping of every llmtui/llama.cpp model flag)."""
+    if params.n_gpu_layers == GPU_LAYERS_AUTO:
+        raise EngineError("-ngl auto must be planned before loading (engine_ext.placement.resolve_gpu_layers)")
     mparams = C.llama_model_default_params()
     mparams.n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else 999
     mparams.use_mmap = params.use_mmap

@@ -12,6 +12,10 @@ KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1",
 
 SPLIT_MODES: tuple[str, ...] = ("none", "layer", "row", "tensor")  # llama_split_mode 0..3
 
+# -ngl auto: as many layers as the free device memory holds (engine_ext.placement resolves it before loading)
+GPU_LAYERS_AUTO = -2
+DEFAULT_FIT_TARGET_MIB = 1024  # memory left free on each device by -ngl auto (llama.cpp's --fit-target default)
+
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed per generation
 
 
@@ -31,7 +35,7 @@ class ContextError(EngineError):
 class ModelParams:
     """How a model file is loaded (llama.cpp names: -ngl, --no-mmap, --mlock)."""
 
-    n_gpu_layers: int = -1  # -1: every layer that the backend can take
+    n_gpu_layers: int = -1  # -1: every layer that the backend can take; GPU_LAYERS_AUTO: fit to free memory
     use_mmap: bool = True
     use_mlock: bool = False
     load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
@@ -40,6 +44,7 @@ class ModelParams:
     split_mode: str = "layer"  # none | layer | row | tensor (tensor: llama.cpp's meta-backend parallelism)
     tensor_split: tuple[float, ...] = ()  # share of the model per device (llama.cpp --tensor-split)
     n_cpu_moe: int = 0  # keep the expert tensors of the first N layers on the CPU (--n-cpu-moe)
+    fit_target_mib: int = DEFAULT_FIT_TARGET_MIB  # with -ngl auto: MiB to leave free on each device
 
     def validate(self) -> None:
         """Refuse what llama.cpp would reject or abort on."""
@@ -51,6 +56,12 @@ class ModelParams:
             raise EngineError("--tensor-split takes non-negative shares that add up to more than 0")
         if self.n_cpu_moe < 0 or self.main_gpu < 0:
             raise EngineError("--n-cpu-moe and --main-gpu must not be negative")
+        if self.n_gpu_layers < GPU_LAYERS_AUTO:
+            raise EngineError(f"GPU layers must be auto, -1 (all), 0 (none) or a count, not {self.n_gpu_layers}")
+        if self.n_gpu_layers == GPU_LAYERS_AUTO and self.split_mode == "tensor":
+            raise EngineError("-ngl auto cannot plan -sm tensor (llama.cpp's fit refuses it too); give -ngl a count")
+        if self.fit_target_mib < 0:
+            raise EngineError("--fit-target must not be negative")
 
 
 @dataclass(frozen=True)

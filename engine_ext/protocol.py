@@ -123,6 +123,8 @@ class ModelInfo:
     n_threads: int
     backend: str
     load_ms: float
+    n_gpu_layers: int = -1  # as loaded (-ngl auto resolved)
+    placement: str = ""  # with -ngl auto: what was placed where and why
 
 
 @dataclass(frozen=True)

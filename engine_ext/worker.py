@@ -152,7 +152,10 @@ class Worker:
                 last[0] = now
                 self.send(LoadProgress(fraction))
 
-        model = Model(path, request.model, progress)
+        from engine_ext.placement import resolve_gpu_layers
+
+        model_params, placement = resolve_gpu_layers(path, request.model, request.context)
+        model = Model(path, model_params, progress)
         try:
             ctx = Context(model, request.context)
         except Exception:
@@ -187,6 +190,8 @@ class Worker:
             n_threads=request.context.n_threads or default_threads(),
             backend=backend,
             load_ms=(time.perf_counter() - t0) * 1000.0,
+            n_gpu_layers=model_params.n_gpu_layers,
+            placement=placement,
         )
         self.send(Loaded(info))
 

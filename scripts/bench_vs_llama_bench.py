@@ -23,11 +23,13 @@ WORK = ROOT / ".bench"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 
 
-def llama_bench_path() -> Path:
-    return WORK / "build" / "bin" / "llama-bench"
+def llama_bench_path(build: Path = WORK / "build") -> Path:
+    return build / "bin" / "llama-bench"
 
 
-def build_llama_bench(cmake_args: list[str], targets: tuple[str, ...] = ("llama-bench",)) -> Path:
+def build_llama_bench(
+    cmake_args: list[str], targets: tuple[str, ...] = ("llama-bench",), build: Path = WORK / "build"
+) -> Path:
     """Fetch the llama-cpp-python sdist (the vendored llama.cpp) and build llama-bench (and `targets`) with CMake."""
     WORK.mkdir(exist_ok=True)
     sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
@@ -44,7 +46,6 @@ def build_llama_bench(cmake_args: list[str], targets: tuple[str, ...] = ("llama-
             tar.extractall(WORK / "unpacked", filter="data")
         unpacked = next((WORK / "unpacked").iterdir())
         shutil.move(str(unpacked / "vendor" / "llama.cpp"), src)
-    build = WORK / "build"
     subprocess.run(
         ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
          "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF", *cmake_args],
@@ -52,7 +53,7 @@ def build_llama_bench(cmake_args: list[str], targets: tuple[str, ...] = ("llama-
     )
     jobs = str(os.cpu_count() or 2)
     subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", jobs], check=True)
-    return llama_bench_path()
+    return llama_bench_path(build)
 
 
 def resolve_model(spec: str) -> str:
@@ -74,7 +75,8 @@ def run_llama_bench(binary: Path, model: str, args: argparse.Namespace) -> dict[
 
 
 def run_llmtui_bench(model: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    cmd = [sys.executable, "-m", "app", "bench", "-m", model, "-t", str(args.threads), "-p", str(args.n_prompt),
+    python = getattr(args, "python", None) or sys.executable  # the interpreter whose engine build is measured
+    cmd = [str(python), "-m", "app", "bench", "-m", model, "-t", str(args.threads), "-p", str(args.n_prompt),
            "-n", str(args.n_gen), "-r", str(args.repetitions), "-ngl", str(args.n_gpu_layers), "--json"]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
     return {key: [float(v) for v in out[key]["tps"]] for key in ("pp", "tg") if key in out}
@@ -100,8 +102,13 @@ def main() -> int:
             print(f"llama-bench not found at {binary}; run with --build to build it", file=sys.stderr)
             return 1
         binary = build_llama_bench(args.cmake_arg)
-    model = resolve_model(args.model)
+    compare(binary, resolve_model(args.model), args)
+    return 0
 
+
+def compare(binary: Path, model: str, args: argparse.Namespace) -> dict[str, float]:
+    """Alternating rounds of llama-bench and `llmtui bench`; prints the table, returns the ratio per test."""
+    ratios_out: dict[str, float] = {}
     samples: dict[str, dict[str, list[float]]] = {"llama-bench": {}, "llmtui": {}}
     round_ratios: dict[str, list[float]] = {}  # llmtui median / llama-bench median within each round
     for round_no in range(args.rounds):
@@ -131,7 +138,8 @@ def main() -> int:
         per_round = " ".join(f"{r:.3f}" for r in ratios)
         print(f"{label:>8} {ref_med:16.2f} {our_med:12.2f} {our_med / ref_med:7.3f}   {per_round} "
               f"({statistics.median(ratios):.3f})")
-    return 0
+        ratios_out[key] = statistics.median(ratios)
+    return ratios_out
 
 
 if __name__ == "__main__":

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from app.paths import config_dir
 from engine_ext.params import (
+    DEFAULT_FIT_TARGET_MIB,
+    GPU_LAYERS_AUTO,  # `-ngl auto`: as many layers as free device memory allows; "auto" in config.toml
     KV_CACHE_TYPES,
     SPEC_TYPES,
+    SPLIT_MODES,
     ContextParams,
     EngineError,
     ModelParams,
@@ -24,6 +29,8 @@ from engine_ext.params import (
 CONFIG_FILE_NAME: Final = "config.toml"
 THEMES: Final = ("dark", "light")
 FLASH_ATTENTION_MODES: Final = ("auto", "on", "off")
+REMOTE_NAME_PATTERN: Final = re.compile(r"^[\w.-]{1,40}$")
+ENV_VAR_PATTERN: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ConfigError(Exception):
@@ -32,24 +39,35 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How models are loaded and run (llama.cpp names: -c, -t, -ngl, -fa, -ctk/-ctv, -b)."""
+    """How models are loaded and run, with llama.cpp's names: -c, -t, -ngl, --fit-target, -fa, -ctk/-ctv, -b, -ub,
+    -sm, -ts, -mg, --n-cpu-moe, --no-mmap, --mlock, --rpc."""
 
     n_ctx: int = 4096
     n_threads: int = 0
-    n_gpu_layers: int = -1
+    n_gpu_layers: int = -1  # -1: all, 0: none, GPU_LAYERS_AUTO: as many as fit
     flash_attn: str = "auto"
     type_k: str = "f16"
     type_v: str = "f16"
     n_batch: int = 2048
+    n_ubatch: int = 512
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] = ()
+    main_gpu: int = 0
+    n_cpu_moe: int = 0
+    use_mmap: bool = True
+    use_mlock: bool = False
+    rpc_servers: tuple[str, ...] = ()
+    fit_target_mib: int = DEFAULT_FIT_TARGET_MIB  # with -ngl auto: MiB left free on each device
 
     def validate(self) -> None:
-        """Raise ConfigError naming the first bad value."""
+        """Raise ConfigError naming the first bad value (and combinations llama.cpp would reject or abort on)."""
         if self.n_ctx < 0 or self.n_ctx > 1 << 24:
             raise ConfigError(f"context size must be 0 (the model's) or a positive number of tokens, not {self.n_ctx}")
         if self.n_threads < 0 or self.n_threads > 1024:
             raise ConfigError(f"threads must be 0 (automatic) or a positive number, not {self.n_threads}")
-        if self.n_gpu_layers < -1:
-            raise ConfigError(f"GPU layers must be -1 (all), 0 (none) or a positive number, not {self.n_gpu_layers}")
+        if self.n_gpu_layers < GPU_LAYERS_AUTO:
+            raise ConfigError(f"GPU layers must be auto, -1 (all), 0 (none) or a positive number, "
+                              f"not {self.n_gpu_layers}")
         if self.flash_attn not in FLASH_ATTENTION_MODES:
             raise ConfigError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
         for name, value in (("K", self.type_k), ("V", self.type_v)):
@@ -57,24 +75,116 @@ class EngineSettings:
                 raise ConfigError(f"KV cache type {name} must be one of {', '.join(KV_CACHE_TYPES)}, not {value!r}")
         if self.n_batch < 1:
             raise ConfigError(f"batch size must be at least 1, not {self.n_batch}")
+        if self.n_ubatch < 1:
+            raise ConfigError(f"micro-batch size must be at least 1, not {self.n_ubatch}")
+        if self.split_mode not in SPLIT_MODES:
+            raise ConfigError(f"split mode must be one of {', '.join(SPLIT_MODES)}, not {self.split_mode!r}")
+        if not all(math.isfinite(v) for v in self.tensor_split):
+            raise ConfigError("tensor split shares must be finite numbers")
+        if self.main_gpu < 0 or self.n_cpu_moe < 0 or self.fit_target_mib < 0:
+            raise ConfigError("main GPU, CPU MoE layers and the fit target must not be negative")
+        for server in self.rpc_servers:
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"RPC server {server!r} should be HOST:PORT (for example 192.168.1.20:50052)")
         try:
+            self.model_params().validate()
             self.context_params().validate()
         except EngineError as error:
             raise ConfigError(str(error)) from error
 
     def model_params(self) -> ModelParams:
-        return ModelParams(n_gpu_layers=self.n_gpu_layers)
+        return ModelParams(
+            n_gpu_layers=self.n_gpu_layers,
+            use_mmap=self.use_mmap,
+            use_mlock=self.use_mlock,
+            main_gpu=self.main_gpu,
+            rpc_servers=self.rpc_servers,
+            split_mode=self.split_mode,
+            tensor_split=self.tensor_split,
+            n_cpu_moe=self.n_cpu_moe,
+            fit_target_mib=self.fit_target_mib,
+        )
 
     def context_params(self) -> ContextParams:
         return ContextParams(
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
-            n_ubatch=min(512, self.n_batch),
+            n_ubatch=min(self.n_ubatch, self.n_batch),  # llama.cpp clamps -ub to -b the same way
             n_threads=self.n_threads,
             flash_attn=self.flash_attn,  # type: ignore[arg-type]
             type_k=self.type_k,
             type_v=self.type_v,
         )
+
+
+def gpu_layers_text(n_gpu_layers: int) -> str:
+    """How the settings screen and config.toml write -ngl: "auto" for the automatic fit, else the number."""
+    return "auto" if n_gpu_layers == GPU_LAYERS_AUTO else str(n_gpu_layers)
+
+
+def parse_gpu_layers(text: str) -> int:
+    """-ngl as typed: "auto", -1 (all), 0 (none) or a count (ConfigError otherwise)."""
+    text = text.strip().casefold()
+    if text == "auto":
+        return GPU_LAYERS_AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"GPU layers: {text!r} should be auto, -1 (all), 0 (none) or a number of layers") from None
+    if value < -1:
+        raise ConfigError(f"GPU layers: {value} should be auto, -1 (all), 0 (none) or a number of layers")
+    return value
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """An OpenAI-compatible endpoint (llama-server, vLLM, SGLang…) used as an engine: `[[remote]]` in config.toml.
+
+    The key comes from the environment variable `api_key_env` when set (preferred: it stays out of the file),
+    else from `api_key`. Neither is ever shown: `masked_key` is what the UI prints.
+    """
+
+    name: str
+    base_url: str
+    api_key_env: str = ""
+    api_key: str = field(default="", repr=False)
+    model: str = ""  # the model to use when none is picked ('' : the first the server lists)
+
+    def validate(self) -> None:
+        if not REMOTE_NAME_PATTERN.match(self.name):
+            raise ConfigError(f"remote engine name {self.name!r} should be 1-40 letters, digits, '.', '_' or '-'")
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"remote engine {self.name}: base URL {self.base_url!r} should start with http:// or "
+                              "https:// and name a host (for example http://127.0.0.1:8080/v1)")
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ConfigError(f"remote engine {self.name}: base URL {self.base_url!r} has a bad port") from None
+        if parts.query or parts.fragment:
+            raise ConfigError(f"remote engine {self.name}: base URL should not have a query or fragment")
+        if self.api_key_env and not ENV_VAR_PATTERN.match(self.api_key_env):
+            raise ConfigError(f"remote engine {self.name}: {self.api_key_env!r} is not an environment variable name")
+        if any(c.isspace() for c in self.api_key):
+            raise ConfigError(f"remote engine {self.name}: the API key should not contain spaces")
+
+    def resolved_key(self) -> str:
+        """The key to send ('' : none): the environment variable's value when it is set, else `api_key`."""
+        if self.api_key_env:
+            value = os.environ.get(self.api_key_env, "")
+            if value:
+                return value
+        return self.api_key
+
+    def masked_key(self) -> str:
+        """What the UI shows about the key: where it comes from, never its value."""
+        if self.api_key_env:
+            state = "set" if os.environ.get(self.api_key_env) else "not set"
+            return f"${self.api_key_env} ({state})"
+        if self.api_key:
+            return "key in config.toml (hidden)"
+        return "no key"
 
 
 @dataclass(frozen=True)
@@ -199,13 +309,21 @@ class Config:
     last_model: str = ""
     theme: str = "dark"
     show_sidebar: bool = True
+    draft_colouring: bool = False  # colour text from accepted draft tokens in the transcript (F7)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
+    remotes: tuple[RemoteSettings, ...] = ()
 
     def validate(self) -> None:
         self.engine.validate()
         self.speculative.validate()
         self.steering.validate()
+        names: set[str] = set()
+        for remote in self.remotes:
+            remote.validate()
+            if remote.name.casefold() in names:
+                raise ConfigError(f"two remote engines are named {remote.name!r}; names must differ")
+            names.add(remote.name.casefold())
         if self.theme not in THEMES:
             raise ConfigError(f"theme must be one of {', '.join(THEMES)}, not {self.theme!r}")
         for folder in self.model_folders:
@@ -238,11 +356,7 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
     engine_table = data.get("engine", {})
     if not isinstance(engine_table, dict):
         raise ConfigError(f"{source}: [engine] should be a table")
-    engine_values = {
-        f.name: _typed(engine_table, f.name, type(getattr(defaults.engine, f.name)), getattr(defaults.engine, f.name),
-                       "engine.")
-        for f in fields(EngineSettings)
-    }
+    engine_values = _engine_values(engine_table)
     models_table = data.get("models", {})
     ui_table = data.get("ui", {})
     if not isinstance(models_table, dict) or not isinstance(ui_table, dict):
@@ -256,14 +370,59 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
         last_model=_typed(models_table, "last_model", str, defaults.last_model, "models."),
         theme=_typed(ui_table, "theme", str, defaults.theme, "ui."),
         show_sidebar=_typed(ui_table, "show_sidebar", bool, defaults.show_sidebar, "ui."),
+        draft_colouring=_typed(ui_table, "draft_colouring", bool, defaults.draft_colouring, "ui."),
         speculative=_speculative_from_toml(data, source),
         steering=_steering_from_toml(data, source),
+        remotes=_remotes_from_toml(data, source),
     )
     try:
         config.validate()
     except ConfigError as error:
         raise ConfigError(f"{source}: {error}") from error
     return config
+
+
+def _engine_values(table: dict[str, Any]) -> dict[str, Any]:
+    defaults = EngineSettings()
+    values: dict[str, Any] = {}
+    for f in fields(EngineSettings):
+        default = getattr(defaults, f.name)
+        if f.name == "n_gpu_layers" and isinstance(table.get(f.name), str):
+            values[f.name] = parse_gpu_layers(table[f.name])
+        elif f.name == "tensor_split":
+            shares = table.get(f.name, [])
+            if not isinstance(shares, list) or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                       for v in shares):
+                raise ConfigError("engine.tensor_split should be a list of numbers (shares per device)")
+            values[f.name] = tuple(float(v) for v in shares)
+        elif f.name == "rpc_servers":
+            servers = table.get(f.name, [])
+            if not isinstance(servers, list) or not all(isinstance(v, str) for v in servers):
+                raise ConfigError("engine.rpc_servers should be a list of \"HOST:PORT\" strings")
+            values[f.name] = tuple(servers)
+        else:
+            values[f.name] = _typed(table, f.name, type(default), default, "engine.")
+    return values
+
+
+def _remotes_from_toml(data: dict[str, Any], source: str) -> tuple[RemoteSettings, ...]:
+    items = data.get("remote", [])
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise ConfigError(f"{source}: remote engines should be [[remote]] tables")
+    remotes = []
+    for item in items:
+        name = _typed(item, "name", str, "", "remote.")
+        where = f"remote {name or '(unnamed)'}: "
+        if not name or "base_url" not in item:
+            raise ConfigError(f"{source}: every [[remote]] needs a name and a base_url")
+        remotes.append(RemoteSettings(
+            name=name,
+            base_url=_typed(item, "base_url", str, "", where),
+            api_key_env=_typed(item, "api_key_env", str, "", where),
+            api_key=_typed(item, "api_key", str, "", where),
+            model=_typed(item, "model", str, "", where),
+        ))
+    return tuple(remotes)
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
@@ -313,10 +472,12 @@ def _toml_value(value: object) -> str:
 
 def config_to_toml(config: Config) -> str:
     """config.toml text for `config` (flat tables, written by hand: tomllib only reads)."""
+    engine = asdict(config.engine)
+    engine["n_gpu_layers"] = config.engine.n_gpu_layers if config.engine.n_gpu_layers >= -1 else "auto"
     tables: dict[str, dict[str, object]] = {
-        "engine": asdict(config.engine),
+        "engine": engine,
         "models": {"folders": list(config.model_folders), "last_model": config.last_model},
-        "ui": {"theme": config.theme, "show_sidebar": config.show_sidebar},
+        "ui": {"theme": config.theme, "show_sidebar": config.show_sidebar, "draft_colouring": config.draft_colouring},
         "speculative": asdict(config.speculative),
         "steering": asdict(config.steering),
     }
@@ -324,6 +485,10 @@ def config_to_toml(config: Config) -> str:
     for name, table in tables.items():
         lines.append(f"\n[{name}]")
         lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+    for remote in config.remotes:
+        lines.append("\n[[remote]]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in asdict(remote).items()
+                     if value or key in ("name", "base_url"))
     return "\n".join(lines) + "\n"
 
 

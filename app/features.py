@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from app.bridge import EngineBridge
     from app.config import Config
     from app.messages import ModelSummary
+    from app.remote import RemoteBridge
     from app.screens.chat import ChatScreen
 
     _AppBase = App[None]
@@ -46,7 +47,7 @@ class FeaturesMixin(_AppBase):
 
     if TYPE_CHECKING:
         config: Config
-        bridge: EngineBridge
+        bridge: EngineBridge | RemoteBridge
         model: ModelSummary | None
         model_path: str | None
         engine_state: str
@@ -79,6 +80,9 @@ class FeaturesMixin(_AppBase):
     def on_model_loaded(self, event: ModelLoaded) -> None:
         # Runs after LlmtuiApp's handler: a fresh engine knows nothing of the user's choices yet.
         self.spec_drafters, self.spec_stats, self.steering_applied = (), None, None
+        if event.model.architecture == "remote":  # a remote server drafts on its own and takes no vectors
+            self.refresh_feature_readouts()
+            return
         if self.config.speculative.enabled:
             self.bridge.set_speculative(self.config.speculative.params())
         entries = self.steering_entries()

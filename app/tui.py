@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from app.messages import (
 )
 from app.model_list import local_models
 from app.models import ModelNotFound, resolve_model, starter_model_path
+from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
 from app.store import Store, StoreError, open_default_store
 
@@ -71,7 +73,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         """Sampling for new conversations."""
         self.config = Config()
         self.store: Store
-        self.bridge = EngineBridge(self, paths.log_dir() / "engine.log", backlog=lambda: self._message_queue.qsize())
+        self.bridge: EngineBridge | RemoteBridge = self._local_bridge()
+        """The engine in use: the local worker, or a remote OpenAI-compatible server (ctrl+l switches)."""
+        self._closing_bridges: list[threading.Thread] = []
         self.engine_state = "starting"
         self.model: ModelSummary | None = None
         self.load_progress: float | None = None
@@ -93,6 +97,11 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             return
         if self.store.startup_notice:
             self.notify(self.store.startup_notice, severity="warning", timeout=20)
+        remote = self._initial_remote()
+        if remote is not None:
+            self.push_screen(ChatScreen())
+            self.use_remote(remote)
+            return
         path = self._initial_model()
         if path is None:
             from app.screens.first_run import FirstRunScreen
@@ -102,6 +111,14 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             return
         self.push_screen(ChatScreen())
         self.load_model(path)
+
+    def _initial_remote(self) -> RemoteChoice | None:
+        """The remote engine's model used last, when no model was asked for and that endpoint is still configured."""
+        if self.requested_model or not self.config.last_model.startswith(REMOTE_PREFIX):
+            return None
+        name, _, model = self.config.last_model.removeprefix(REMOTE_PREFIX).partition("/")
+        remote = next((r for r in self.config.remotes if r.name == name), None)
+        return RemoteChoice(remote, model) if remote is not None else None
 
     def _initial_model(self) -> Path | None:
         if self.requested_model:
@@ -113,7 +130,37 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             return Path(self.config.last_model)
         return starter_model_path()
 
+    def _local_bridge(self) -> EngineBridge:
+        return EngineBridge(self, paths.log_dir() / "engine.log", backlog=lambda: self._message_queue.qsize())
+
+    def _replace_bridge(self, bridge: EngineBridge | RemoteBridge) -> None:
+        """Use `bridge` from now on; the old one is closed (a local worker in a thread, so its memory is freed
+        without holding up the UI)."""
+        old, self.bridge = self.bridge, bridge
+        if isinstance(old, RemoteBridge):
+            old.close()
+        else:
+            closing = threading.Thread(target=old.close, name="llmtui-close-engine", daemon=True)
+            closing.start()
+            self._closing_bridges.append(closing)
+
+    @property
+    def remote_engine(self) -> RemoteBridge | None:
+        return self.bridge if isinstance(self.bridge, RemoteBridge) else None
+
+    def use_remote(self, choice: RemoteChoice) -> None:
+        """Switch to a remote engine's model (the local engine is shut down; picking a local model starts it)."""
+        remote = RemoteBridge(self, choice.remote, choice.model)
+        self._replace_bridge(remote)
+        self.model_path = choice.path
+        self.model = None
+        if self.start_engine:
+            remote.connect()
+        self.set_engine_state("loading")
+
     def load_model(self, path: Path) -> None:
+        if isinstance(self.bridge, RemoteBridge):
+            self._replace_bridge(self._local_bridge())
         self.model_path = str(path)
         self.model = None
         if self.start_engine:
@@ -123,6 +170,8 @@ class LlmtuiApp(FeaturesMixin, App[None]):
 
     async def on_unmount(self) -> None:
         self.bridge.close()
+        for closing in self._closing_bridges:
+            closing.join(5.0)
         store = getattr(self, "store", None)
         if store is not None:
             store.close()
@@ -159,6 +208,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         """Save new settings (ConfigError when invalid or unwritable) and apply the theme."""
         save_config(config)
         engine_changed = config.engine != self.config.engine
+        remote = self.remote_engine
+        if remote is not None:  # an edited endpoint (a new key, say) applies from the next request
+            remote.remote = next((r for r in config.remotes if r.name == remote.remote.name), remote.remote)
         self.config = config
         self.theme = THEME_NAMES.get(config.theme, "textual-dark")
         message = "Settings saved."
@@ -184,24 +236,38 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         if chat is not None:
             chat.stats.progress = event.fraction
 
+    def _stale(self, path: str) -> bool:
+        """An event of the engine switched away from (a local load finishing after a switch to a remote one)."""
+        return path.startswith(REMOTE_PREFIX) != isinstance(self.bridge, RemoteBridge)
+
     def on_model_loaded(self, event: ModelLoaded) -> None:
+        if self._stale(event.model.path):
+            event.prevent_default()
+            return
         self.model = event.model
         self.load_progress = None
         chat = self.chat
         if chat is not None:
             chat.stats.n_ctx = event.model.n_ctx
         self.set_engine_state("ready")
-        self.notify(f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
-                    f"in {event.model.load_ms / 1000:.1f} s.")
+        if event.model.path.startswith(REMOTE_PREFIX):
+            context = f", context {event.model.n_ctx}" if event.model.n_ctx else ""
+            self.notify(f"Using {event.model.name} ({event.model.backend}{context}).")
+        else:
+            self.notify(f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
+                        f"in {event.model.load_ms / 1000:.1f} s.")
         if self.config.last_model != event.model.path:
             self.config = replace(self.config, last_model=event.model.path)
             self._save_quietly()
 
     def on_model_load_failed(self, event: ModelLoadFailed) -> None:
+        if self._stale(event.path):
+            return
         self.model = None
         self.load_progress = None
         self.set_engine_state("error")
-        self.notify(f"Could not load {Path(event.path).name}: {event.error}. Press ctrl+l to pick another model.",
+        what = event.path.removeprefix(REMOTE_PREFIX) if event.path.startswith(REMOTE_PREFIX) else Path(event.path).name
+        self.notify(f"Could not load {what}: {event.error}. Press ctrl+l to pick another model (F5 retries).",
                     severity="error", timeout=20)
 
     async def on_tokens_arrived(self, event: TokensArrived) -> None:
@@ -218,6 +284,13 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         chat = self.chat
         if chat is not None:
             await chat.on_generation_finished(event)
+            # A server's own speculative decoding (llama-server's timings: draft_n / draft_n_accepted).
+            summary = draft_summary(event.stats)
+            extras = {k: v for k, v in chat.stats.extras.items() if k != "draft"}
+            if summary:
+                extras["draft"] = summary
+            if extras != chat.stats.extras:
+                chat.stats.extras = extras
 
     async def on_generation_failed(self, event: GenerationFailed) -> None:
         chat = self.chat
@@ -279,11 +352,16 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             self.notify("A reply is being written; press Esc to stop it first.", severity="warning")
             return
 
-        def switch(path: Path | None) -> None:
-            if path is not None:
-                self.open_model(path)
+        def switch(choice: Path | RemoteChoice | None) -> None:
+            if isinstance(choice, RemoteChoice):
+                if self.chat is None:
+                    self.switch_screen(ChatScreen())
+                self.use_remote(choice)
+            elif choice is not None:
+                self.open_model(choice)
 
-        self.push_screen(ModelSwitcherModal(local_models(self.config.model_folders), self.model_path), switch)
+        self.push_screen(ModelSwitcherModal(local_models(self.config.model_folders), self.model_path,
+                                            self.config.remotes), switch)
 
     def open_model(self, path: Path) -> None:
         """Load a model file and show the chat (the model switcher and the models screen's "use" call this)."""
@@ -330,8 +408,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("Help: keys", "Every key, by where it works (F1)", self.action_help)
-        yield SystemCommand("Settings", "Engine options and model folders (F3)", self.action_settings)
-        yield SystemCommand("Switch model", "Load another local model (ctrl+l)", self.action_switch_model)
+        yield SystemCommand("Settings", "Engine options, model folders, remote engines (F3)", self.action_settings)
+        yield SystemCommand("Switch model", "Load a local model or use a remote engine's (ctrl+l)",
+                            self.action_switch_model)
         yield SystemCommand("Models", "Catalog, Hugging Face search, downloads, local models (F4)", self.action_models)
         yield SystemCommand("Toggle dark/light", "Switch the theme (ctrl+t)", self.action_toggle_theme)
         yield SystemCommand("Restart engine", "Start a fresh engine process and reload the model (F5)",
@@ -354,6 +433,8 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             ("Search conversations", "Titles and messages (ctrl+f)", chat.action_search),
             ("Toggle conversation list", "Show or hide the sidebar (ctrl+b)", chat.action_toggle_sidebar),
             ("Go to messages", "Focus the last message (ctrl+up)", chat.action_focus_messages),
+            ("Toggle draft colouring", "Underline text from accepted draft tokens (F7)",
+             chat.action_toggle_draft_colouring),
         ):
             yield SystemCommand(title, help_text, callback)
 

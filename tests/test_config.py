@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import tomllib
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from app.config import (
+    GPU_LAYERS_AUTO,
     Config,
     ConfigError,
     EngineSettings,
+    RemoteSettings,
     SamplingSettings,
     config_path,
     config_to_toml,
+    gpu_layers_text,
     load_config,
+    parse_gpu_layers,
     save_config,
 )
-from engine_ext.params import DEFAULT_SEED
+from engine_ext.params import DEFAULT_SEED, ContextParams, ModelParams
 
 
 def test_missing_file_gives_defaults(app_dirs: tuple[Path, Path]) -> None:
@@ -81,3 +86,230 @@ def test_sampling_settings_to_engine_params_and_back() -> None:
                 SamplingSettings(seed=-2), SamplingSettings(temperature=float("nan"))):
         with pytest.raises(ConfigError):
             bad.validate()
+
+
+# ----- every engine setting: config.toml round trip and the engine parameters it becomes --------------------
+
+EVERY_ENGINE_SETTING = EngineSettings(
+    n_ctx=8192, n_threads=6, n_gpu_layers=GPU_LAYERS_AUTO, flash_attn="on", type_k="q8_0", type_v="q4_0",
+    n_batch=1024, n_ubatch=256, split_mode="row", tensor_split=(3.0, 1.0), main_gpu=1, n_cpu_moe=12,
+    use_mmap=False, use_mlock=True, rpc_servers=("192.168.1.20:50052", "gpu-box:50053"), fit_target_mib=2048,
+)
+
+
+def test_every_engine_setting_round_trips_and_maps_onto_the_engine_params(app_dirs: tuple[Path, Path]) -> None:
+    defaults = EngineSettings()
+    assert all(getattr(EVERY_ENGINE_SETTING, f.name) != getattr(defaults, f.name) for f in fields(EngineSettings))
+    save_config(Config(engine=EVERY_ENGINE_SETTING))
+    raw = tomllib.loads(config_path().read_text())["engine"]
+    assert raw["n_gpu_layers"] == "auto" and raw["tensor_split"] == [3.0, 1.0] and raw["use_mmap"] is False
+    assert load_config().engine == EVERY_ENGINE_SETTING
+    model, context = EVERY_ENGINE_SETTING.model_params(), EVERY_ENGINE_SETTING.context_params()
+    assert model == ModelParams(n_gpu_layers=GPU_LAYERS_AUTO, use_mmap=False, use_mlock=True, main_gpu=1,
+                                rpc_servers=("192.168.1.20:50052", "gpu-box:50053"), split_mode="row",
+                                tensor_split=(3.0, 1.0), n_cpu_moe=12, fit_target_mib=2048)
+    assert context == ContextParams(n_ctx=8192, n_batch=1024, n_ubatch=256, n_threads=6, flash_attn="on",
+                                    type_k="q8_0", type_v="q4_0")
+    # Numbers of layers are written as numbers; -ub is clamped to -b as llama.cpp does.
+    save_config(Config(engine=EngineSettings(n_gpu_layers=12, n_batch=128)))
+    assert tomllib.loads(config_path().read_text())["engine"]["n_gpu_layers"] == 12
+    assert load_config().engine.context_params().n_ubatch == 128
+
+
+def test_gpu_layers_text() -> None:
+    assert parse_gpu_layers(" Auto ") == GPU_LAYERS_AUTO and gpu_layers_text(GPU_LAYERS_AUTO) == "auto"
+    assert parse_gpu_layers("-1") == -1 and parse_gpu_layers("33") == 33 and gpu_layers_text(33) == "33"
+    for bad in ("-3", "many", ""):
+        with pytest.raises(ConfigError, match="GPU layers"):
+            parse_gpu_layers(bad)
+
+
+@pytest.mark.parametrize(
+    ("engine", "fragment"),
+    [
+        (EngineSettings(split_mode="none", tensor_split=(1.0, 1.0)), "needs a split mode other than none"),
+        (EngineSettings(tensor_split=(0.0, 0.0)), "add up to more than 0"),
+        (EngineSettings(split_mode="diagonal"), "split mode must be one of"),
+        (EngineSettings(n_ubatch=0), "micro-batch size"),
+        (EngineSettings(main_gpu=-1), "must not be negative"),
+        (EngineSettings(n_cpu_moe=-2), "must not be negative"),
+        (EngineSettings(rpc_servers=("gpu-box",)), "HOST:PORT"),
+        (EngineSettings(rpc_servers=("gpu-box:99999",)), "HOST:PORT"),
+        (EngineSettings(n_gpu_layers=-3), "GPU layers"),
+        (EngineSettings(n_gpu_layers=GPU_LAYERS_AUTO, split_mode="tensor"), "-ngl auto cannot plan -sm tensor"),
+        (EngineSettings(fit_target_mib=-1), "must not be negative"),
+        (EngineSettings(type_v="q8_0", flash_attn="off"), "flash attention"),
+    ],
+)
+def test_combinations_llama_cpp_refuses_are_refused(engine: EngineSettings, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        engine.validate()
+
+
+# ----- remote engines -----------------------------------------------------------------------------------------
+
+
+def test_remote_engines_round_trip_and_keys_stay_hidden(app_dirs: tuple[Path, Path],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLMTUI_TEST_KEY", raising=False)
+    remotes = (
+        RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1", api_key_env="LLMTUI_TEST_KEY", model="qwen3"),
+        RemoteSettings("cloud", "https://api.example.com/v1", api_key="sk-very-secret"),
+        RemoteSettings("plain", "http://localhost:8000"),
+    )
+    save_config(Config(remotes=remotes))
+    text = config_path().read_text()
+    assert tomllib.loads(text)["remote"][0] == {"name": "gpu-box", "base_url": "http://192.168.1.20:8080/v1",
+                                                "api_key_env": "LLMTUI_TEST_KEY", "model": "qwen3"}
+    assert load_config().remotes == remotes
+    gpu, cloud, plain = remotes
+    assert "sk-very-secret" not in repr(cloud) and "sk-very-secret" not in cloud.masked_key()
+    assert (gpu.masked_key(), gpu.resolved_key()) == ("$LLMTUI_TEST_KEY (not set)", "")
+    monkeypatch.setenv("LLMTUI_TEST_KEY", "from-env")
+    assert (gpu.masked_key(), gpu.resolved_key()) == ("$LLMTUI_TEST_KEY (set)", "from-env")
+    assert (cloud.resolved_key(), plain.masked_key()) == ("sk-very-secret", "no key")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('[[remote]]\nname = "x"\nbase_url = "ftp://host/v1"\n', "should start with http:// or https://"),
+        ('[[remote]]\nname = "x"\nbase_url = "http:///v1"\n', "name a host"),
+        ('[[remote]]\nname = "x"\nbase_url = "http://h:99999/v1"\n', "bad port"),
+        ('[[remote]]\nname = "bad name"\nbase_url = "http://h/v1"\n', "remote engine name"),
+        ('[[remote]]\nbase_url = "http://h/v1"\n', "needs a name and a base_url"),
+        ('[[remote]]\nname = "x"\nbase_url = "http://h/v1"\napi_key_env = "NOT-A-VAR"\n', "environment variable"),
+        ('[[remote]]\nname = "x"\nbase_url = "http://a/v1"\n[[remote]]\nname = "X"\nbase_url = "http://b/v1"\n',
+         "two remote engines"),
+        ('remote = "http://h"\n', r"\[\[remote\]\] tables"),
+        ('[engine]\ntensor_split = ["a"]\n', "engine.tensor_split"),
+        ('[engine]\nrpc_servers = "h:1"\n', "engine.rpc_servers"),
+        ('[engine]\nn_gpu_layers = "most"\n', "GPU layers"),
+    ],
+)
+def test_bad_remote_and_engine_tables_are_refused(app_dirs: tuple[Path, Path], text: str, fragment: str) -> None:
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text(text)
+    with pytest.raises(ConfigError, match=fragment):
+        load_config()
+
+
+# ----- the settings screen (Pilot) ----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_settings_screen_refuses_a_bad_combination_and_keeps_a_good_one(app_dirs: tuple[Path, Path]) -> None:
+    from textual.widgets import Input, Select, Static
+
+    from app.screens.settings import SettingsScreen
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("f3")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        assert screen.query_one("#setting-n_gpu_layers", Input).value == "-1"
+        screen.query_one("#setting-split_mode", Select).value = "none"
+        screen.query_one("#setting-tensor_split", Input).value = "3, 1"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is screen  # refused, with the reason on screen
+        error = screen.query_one("#settings-error", Static)
+        assert error.display and "--tensor-split needs a split mode other than none" in str(error.render())
+        assert not config_path().exists()
+        screen.query_one("#setting-tensor_split", Input).value = "3,x"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert "tensor split: '3,x' should be numbers" in str(error.render())
+        screen.query_one("#setting-split_mode", Select).value = "layer"
+        screen.query_one("#setting-tensor_split", Input).value = "3, 1"
+        screen.query_one("#setting-n_gpu_layers", Input).value = "auto"
+        screen.query_one("#setting-n_ubatch", Input).value = "256"
+        screen.query_one("#setting-n_cpu_moe", Input).value = "4"
+        screen.query_one("#setting-main_gpu", Input).value = "1"
+        screen.query_one("#setting-use_mlock", Select).value = True
+        screen.query_one("#setting-use_mmap", Select).value = False
+        screen.query_one("#setting-rpc_servers", Input).value = "10.0.0.2:50052, 10.0.0.3:50052"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen)
+    expected = EngineSettings(n_gpu_layers=GPU_LAYERS_AUTO, tensor_split=(3.0, 1.0), n_ubatch=256, n_cpu_moe=4,
+                              main_gpu=1, use_mlock=True, use_mmap=False,
+                              rpc_servers=("10.0.0.2:50052", "10.0.0.3:50052"))
+    assert load_config().engine == expected
+    # A new app shows what was saved.
+    second = LlmtuiApp("starter", start_engine=False)
+    async with second.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert second.config.engine == expected
+        await pilot.press("f3")
+        await pilot.pause()
+        screen = second.screen
+        assert isinstance(screen, SettingsScreen)
+        assert screen.query_one("#setting-n_gpu_layers", Input).value == "auto"
+        assert screen.query_one("#setting-tensor_split", Input).value == "3,1"
+        assert screen.query_one("#setting-rpc_servers", Input).value == "10.0.0.2:50052, 10.0.0.3:50052"
+        assert screen.query_one("#setting-use_mmap", Select).value is False
+        assert screen.read_config().engine == expected
+
+
+@pytest.mark.anyio
+async def test_settings_screen_adds_edits_and_removes_a_remote_engine(app_dirs: tuple[Path, Path]) -> None:
+    from textual.widgets import Input, Label
+
+    from app.modals.remote_endpoint import RemoteEndpointModal
+    from app.screens.settings import SettingsScreen
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("f3")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        screen.edit_remote(None)
+        await pilot.pause()
+        adding = app.screen
+        assert isinstance(adding, RemoteEndpointModal)
+        dialog = adding
+        dialog.query_one("#remote-name", Input).value = "gpu-box"
+        dialog.query_one("#remote-base-url", Input).value = "192.168.1.20:8080"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is dialog and "should start with http:// or https://" in str(
+            dialog.query_one("#remote-status", Label).render())
+        dialog.query_one("#remote-base-url", Input).value = "http://192.168.1.20:8080/v1"
+        dialog.query_one("#remote-key", Input).value = "sk-typed-secret"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is screen and screen.remotes == [
+            RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1", api_key="sk-typed-secret")]
+        assert "key in config.toml (hidden)" in str(screen.query_one(".remote-line", Label).render())
+        screen.edit_remote(0)
+        await pilot.pause()
+        editing = app.screen
+        assert isinstance(editing, RemoteEndpointModal)
+        dialog = editing
+        dialog.query_one("#remote-key", Input).value = ""
+        dialog.query_one("#remote-key-env", Input).value = "GPU_BOX_KEY"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen)
+        assert load_config().remotes == (RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1",
+                                                        api_key_env="GPU_BOX_KEY"),)
+        await pilot.press("f3")
+        await pilot.pause()
+        reopened = app.screen
+        assert isinstance(reopened, SettingsScreen)
+        await pilot.click("#remote-remove-0")
+        await pilot.pause()
+        assert reopened.remotes == []
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+    assert load_config().remotes == ()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from textual.pilot import Pilot
 
+from app.config import RemoteSettings
 from app.messages import ModelSummary
 from app.store import open_default_store
 from app.tui import LlmtuiApp
@@ -112,6 +114,59 @@ async def rename_dialog(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
+REMOTES = (
+    RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1", api_key_env="GPU_BOX_KEY", model="qwen3-8b"),
+    RemoteSettings("cloud", "https://api.example.com/v1", api_key="sk-never-shown-0123456789"),
+)
+
+
+async def with_remotes(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    app.config = replace(app.config, remotes=REMOTES)
+
+
+async def settings_remotes(pilot: Pilot[Any]) -> None:
+    await with_remotes(pilot)
+    await pilot.press("f3")
+    await pilot.pause()
+    pilot.app.screen.query_one("#settings-body").scroll_end(animate=False)
+    await pilot.pause()
+
+
+async def remote_dialog(pilot: Pilot[Any]) -> None:
+    from app.screens.settings import SettingsScreen
+
+    await settings_remotes(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, SettingsScreen)
+    screen.edit_remote(1)
+    await pilot.pause()
+
+
+async def switcher_remotes(pilot: Pilot[Any]) -> None:
+    """The switcher with two remote engines: one lists its models, one cannot be reached (shown inline)."""
+    from app.modals.model_switcher import ModelSwitcherModal
+    from app.model_list import local_models
+    from app.remote import RemoteError, RemoteModel
+
+    def lister(remote: RemoteSettings) -> list[RemoteModel]:
+        if remote.name == "gpu-box":
+            return [RemoteModel("qwen3-8b", 40960), RemoteModel("llama-3.1-8b-instruct", 131072)]
+        raise RemoteError(f"cannot connect to {remote.name} at {remote.base_url}: connection refused "
+                          "(is the server running?)")
+
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    modal = ModelSwitcherModal(local_models(()), "remote:gpu-box/qwen3-8b", REMOTES, lister=lister)
+    app.push_screen(modal)
+    for _ in range(100):
+        await pilot.pause(0.02)
+        if len(modal.remote_models) == len(REMOTES):
+            break
+    await pilot.pause()
+
+
 SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "chat": then(),
     "chat_message_focused": then(keys("ctrl+up")),
@@ -119,7 +174,10 @@ SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "chat_no_sidebar_light": then(keys("ctrl+b", "ctrl+t")),
     "help": then(keys("f1")),
     "settings": then(keys("f3")),
+    "settings_remote_engines": then(settings_remotes),
+    "remote_engine_dialog": then(remote_dialog),
     "model_switcher": then(keys("ctrl+l")),
+    "model_switcher_remote": then(switcher_remotes),
     "conversation_settings": then(keys("ctrl+s")),
     "rename": then(rename_dialog),
     "code_picker": then(code_picker),

@@ -1,7 +1,8 @@
-"""The quick model switcher: the starter model and the .gguf files in the configured model folders."""
+"""The quick model switcher: the starter model, the .gguf files in the model folders, and remote engines' models."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.text import Text
@@ -12,11 +13,20 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from app.config import RemoteSettings
 from app.model_list import LocalModel, human_size
+from app.remote import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
+
+SwitcherResult = Path | RemoteChoice | None
+ModelLister = Callable[[RemoteSettings], list[RemoteModel]]
 
 
-class ModelSwitcherModal(ModalScreen[Path | None]):
-    """Type to filter, Enter loads, Esc cancels; dismisses with the chosen model file."""
+class ModelSwitcherModal(ModalScreen[SwitcherResult]):
+    """Type to filter, Enter loads, Esc cancels; dismisses with the chosen model file or remote model.
+
+    Each remote engine's models are fetched (GET /v1/models) in a thread when the dialog opens; until they arrive
+    its row says so, and an error shows inline in its place.
+    """
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
@@ -24,23 +34,47 @@ class ModelSwitcherModal(ModalScreen[Path | None]):
         Binding("up", "move(-1)", "Up", show=False),
     ]
 
-    def __init__(self, models: list[LocalModel], current: str | None) -> None:
+    def __init__(self, models: list[LocalModel], current: str | None, remotes: Sequence[RemoteSettings] = (),
+                 lister: ModelLister = list_models) -> None:
         super().__init__(classes="dialog-screen")
         self.models = models
         self.current = current
+        self.remotes = tuple(remotes)
+        self.remote_models: dict[str, list[RemoteModel] | str] = {}
+        """Per remote name: its models, or the error that stopped the listing (absent: still fetching)."""
+        self._lister = lister
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             yield Label("Switch model", classes="dialog-title")
             yield Input(placeholder="Filter models", id="model-filter")
             yield OptionList(id="model-options")
-            yield Label("Enter load · Esc cancel · add model folders in Settings (F3)", classes="dialog-hint")
+            yield Label("Enter load · Esc cancel · folders and remote engines: Settings (F3)",
+                        classes="dialog-hint")
 
     def on_mount(self) -> None:
         self._fill("")
+        for remote in self.remotes:
+            self.run_worker(lambda remote=remote: self._fetch(remote), thread=True, group="remote-models",
+                            exit_on_error=False)
+
+    def _fetch(self, remote: RemoteSettings) -> None:
+        try:
+            result: list[RemoteModel] | str = self._lister(remote)
+        except RemoteError as error:
+            result = str(error)
+        except Exception as error:  # shown inline like any other failure, never a silent "listing…"
+            result = f"{type(error).__name__}: {error}"
+        self.app.call_from_thread(self._fetched, remote.name, result)
+
+    def _fetched(self, name: str, result: list[RemoteModel] | str) -> None:
+        self.remote_models[name] = result
+        if self.is_attached:
+            self._fill(self.query_one("#model-filter", Input).value)
 
     def _fill(self, query: str) -> None:
         options = self.query_one(OptionList)
+        highlighted = options.highlighted_option.id if options.highlighted_option is not None else None
         options.clear_options()
         needle = query.casefold().strip()
         for index, model in enumerate(self.models):
@@ -52,11 +86,36 @@ class ModelSwitcherModal(ModalScreen[Path | None]):
             label.append(f"  {human_size(model.size_bytes)}  ", style="dim")
             label.append(model.source if model.source == "starter" else str(model.path.parent), style="dim italic")
             options.add_option(Option(label, id=str(index)))
-        if options.option_count == 0:
+        for r_index, remote in enumerate(self.remotes):
+            where = f"remote: {remote.name}"
+            result = self.remote_models.get(remote.name)
+            if isinstance(result, list):
+                for m_index, item in enumerate(result):
+                    if needle and needle not in item.id.casefold() and needle not in where.casefold():
+                        continue
+                    label = Text()
+                    label.append("● " if remote_path(remote.name, item.id) == self.current else "  ",
+                                 style="bold green")
+                    label.append(item.id, style="bold")
+                    label.append(f"  {where}", style="cyan")
+                    options.add_option(Option(label, id=f"remote-{r_index}-{m_index}"))
+                if not result and not needle:
+                    options.add_option(Option(Text(f"  {where}: the server lists no models", style="italic"),
+                                              id=f"remote-{r_index}-empty", disabled=True))
+            elif not needle or needle in where.casefold():
+                label = Text(f"  {where}  ", style="cyan")
+                if result is None:
+                    label.append("listing models…", style="dim italic")
+                else:
+                    label.append(result, style="red")
+                options.add_option(Option(label, id=f"remote-{r_index}-status", disabled=True))
+        if not any(not option.disabled for option in options.options) and not self.remotes:
             options.add_option(Option(Text("No models found. Add a folder with .gguf files in Settings (F3).",
                                            style="italic"), id="none", disabled=True))
-        else:
-            options.highlighted = 0
+        choosable = [i for i, option in enumerate(options.options) if not option.disabled]
+        if choosable:
+            previous = next((i for i in choosable if options.options[i].id == highlighted), choosable[0])
+            options.highlighted = previous
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._fill(event.value)
@@ -72,8 +131,17 @@ class ModelSwitcherModal(ModalScreen[Path | None]):
         self._choose(event.option.id)
 
     def _choose(self, option_id: str | None) -> None:
-        if option_id is not None and option_id.isdigit():
+        if option_id is None:
+            return
+        if option_id.isdigit():
             self.dismiss(self.models[int(option_id)].path)
+            return
+        parts = option_id.split("-")
+        if len(parts) == 3 and parts[0] == "remote" and parts[1].isdigit() and parts[2].isdigit():
+            remote = self.remotes[int(parts[1])]
+            result = self.remote_models.get(remote.name)
+            if isinstance(result, list):
+                self.dismiss(RemoteChoice(remote, result[int(parts[2])].id))
 
     def action_move(self, step: int) -> None:
         options = self.query_one(OptionList)

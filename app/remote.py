@@ -1,0 +1,604 @@
+"""Remote engines: any OpenAI-compatible server (llama-server, vLLM, SGLang…) behind the engine bridge's interface.
+
+`RemoteBridge` posts the same `app.messages` messages as `EngineBridge` (ModelLoaded, TokensArrived,
+GenerationStatsUpdated, GenerationFinished, GenerationFailed…), so the chat screen, the history store and the
+stats bar work unchanged.
+
+Why plain streaming HTTP (http.client) and not the `openai` SDK: Esc must stop a reply at once, even while the
+server is silent (processing a long prompt). That needs the socket shut down from the UI thread, which an SDK
+stream only allows between chunks. The fields llmtui reads beyond the OpenAI schema (llama-server's `timings` with
+`draft_n`/`draft_n_accepted`, `reasoning_content`) are plain JSON the SDK keeps in untyped extras, and the SSE
+format takes a few lines to parse. So: no new dependency, and cancel and error handling fully under our control.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from textual.message import Message
+
+from app.bridge import MessageTarget
+from app.config import EngineSettings, RemoteSettings, SamplingSettings
+from app.messages import (
+    EngineRequestFailed,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStatsUpdated,
+    ModelLoaded,
+    ModelLoadFailed,
+    ModelLoadStarted,
+    ModelSummary,
+    SpeculativeConfigured,
+    TokensArrived,
+)
+from engine_ext.params import SpeculativeParams, SteeringEntry
+
+REMOTE_PREFIX: Final = "remote:"
+CONNECT_TIMEOUT_S: Final = 10.0
+READ_TIMEOUT_S: Final = 600.0  # a slow server may think this long about a long prompt before the first token
+FLUSH_INTERVAL_S: Final = 0.05  # as EngineBridge: tokens reach the UI at most 20 times a second, in order
+STATS_INTERVAL_S: Final = 0.25
+MAX_ERROR_BODY: Final = 64 * 1024
+STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
+
+# Request ids far from the local bridge's (which count from 1), so a late event of one engine is never taken for
+# the other's reply after a switch.
+_request_ids = itertools.count(1 << 30)
+
+
+class RemoteError(Exception):
+    """Something went wrong talking to a remote engine; the message is one line a user can act on."""
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """A model a remote server lists at GET /v1/models."""
+
+    id: str
+    n_ctx: int = 0  # vLLM/SGLang's max_model_len, llama-server's n_ctx_train; 0 when the server does not say
+
+
+@dataclass(frozen=True)
+class RemoteChoice:
+    """A remote endpoint and one of its models, as the model switcher returns it."""
+
+    remote: RemoteSettings
+    model: str
+
+    @property
+    def path(self) -> str:
+        """How the app names this model where it would name a file ("remote:NAME/MODEL")."""
+        return remote_path(self.remote.name, self.model)
+
+
+def remote_path(name: str, model: str) -> str:
+    return f"{REMOTE_PREFIX}{name}/{model}"
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ----- HTTP -----
+
+
+def _api_path(remote: RemoteSettings, endpoint: str) -> str:
+    """The request path: the base URL's path (a bare host gets /v1, as the OpenAI SDK's base_url does) + endpoint."""
+    prefix = urlsplit(remote.base_url).path.rstrip("/") or "/v1"
+    return f"{prefix}/{endpoint}"
+
+
+def _connection(remote: RemoteSettings, timeout: float) -> http.client.HTTPConnection:
+    parts = urlsplit(remote.base_url)
+    host = parts.hostname or ""
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=ssl.create_default_context())
+    return http.client.HTTPConnection(host, parts.port, timeout=timeout)
+
+
+def _headers(remote: RemoteSettings) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "User-Agent": "llmtui"}
+    key = remote.resolved_key()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def error_detail(body: bytes) -> str:
+    """The message in an OpenAI-style error body ({"error": {"message"}}, {"error": "..."}, {"detail": ...})."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return one_line(text, 200)
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict):
+            for key in ("message", "detail", "msg"):
+                if isinstance(error.get(key), str | list):
+                    return one_line(str(error[key]), 200)
+        if isinstance(error, str):
+            return one_line(error, 200)
+    return one_line(text, 200)
+
+
+def http_error_message(remote: RemoteSettings, status: int, reason: str, body: bytes) -> str:
+    """One line for an HTTP error answer, with what to check."""
+    detail = error_detail(body)
+    message = f"{remote.name} answered {status} {reason}".rstrip()
+    if detail:
+        message += f": {detail}"
+    if status in (401, 403):
+        message += f" (check the API key: {remote.masked_key()})"
+    elif status == 404:
+        message += " (check the base URL, which usually ends in /v1, and the model name)"
+    return one_line(message)
+
+
+def connection_error_message(remote: RemoteSettings, error: BaseException) -> str:
+    where = f"{remote.name} at {remote.base_url}"
+    if isinstance(error, ConnectionRefusedError):
+        return f"cannot connect to {where}: connection refused (is the server running?)"
+    if isinstance(error, TimeoutError | socket.timeout):
+        return f"{where} did not answer in time"
+    if isinstance(error, socket.gaierror):
+        return f"cannot find the host of {where}: {error.strerror or error}"
+    if isinstance(error, ssl.SSLError):
+        return one_line(f"TLS error talking to {where}: {error.reason or error}")
+    return one_line(f"cannot reach {where}: {error}")
+
+
+def _get_json(remote: RemoteSettings, endpoint: str, timeout: float) -> Any:
+    connection = _connection(remote, timeout)
+    try:
+        connection.request("GET", _api_path(remote, endpoint), headers=_headers(remote))
+        response = connection.getresponse()
+        body = response.read(MAX_ERROR_BODY if response.status != 200 else None)
+        if response.status != 200:
+            raise RemoteError(http_error_message(remote, response.status, response.reason, body))
+    except (OSError, http.client.HTTPException) as error:
+        raise RemoteError(connection_error_message(remote, error)) from error
+    finally:
+        connection.close()
+    try:
+        return json.loads(body)
+    except ValueError as error:
+        raise RemoteError(f"{remote.name} did not answer GET {_api_path(remote, endpoint)} with JSON; "
+                          "is it an OpenAI-compatible server?") from error
+
+
+def list_models(remote: RemoteSettings, timeout: float = CONNECT_TIMEOUT_S) -> list[RemoteModel]:
+    """The models the server offers (GET /v1/models); RemoteError says why not."""
+    data = _get_json(remote, "models", timeout)
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise RemoteError(f"{remote.name} did not answer GET {_api_path(remote, 'models')} with a model list; "
+                          "is it an OpenAI-compatible server?")
+    models = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            continue
+        meta = item.get("meta")
+        n_ctx = item.get("max_model_len") or (meta.get("n_ctx_train") if isinstance(meta, dict) else 0) or 0
+        models.append(RemoteModel(item["id"], n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else 0))
+    return models
+
+
+def request_body(model: str, messages: Sequence[tuple[str, str]], sampling: SamplingSettings,
+                 continue_reply: bool) -> dict[str, Any]:
+    """The streamed /v1/chat/completions request for a conversation and its sampling settings."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": role, "content": content} for role, content in messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+    }
+    # Extensions llama-server, vLLM and SGLang accept (OpenAI itself would refuse them).
+    if sampling.top_k > 0:
+        body["top_k"] = sampling.top_k
+    if sampling.min_p > 0:
+        body["min_p"] = sampling.min_p
+    if sampling.repeat_penalty != 1.0:
+        body["repeat_penalty"] = body["repetition_penalty"] = sampling.repeat_penalty
+    if sampling.max_tokens > 0:
+        body["max_tokens"] = sampling.max_tokens
+    if sampling.seed >= 0:
+        body["seed"] = sampling.seed
+    if continue_reply:
+        # The last message is the stopped reply: llama-server continues a trailing assistant message by itself;
+        # vLLM and SGLang need to be told.
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+    return body
+
+
+def sse_events(response: http.client.HTTPResponse) -> Iterator[str]:
+    """The `data` of each server-sent event, as text ("[DONE]" included); ends at the end of the stream."""
+    data: list[str] = []
+    while True:
+        raw = response.readline()
+        if not raw:
+            if data:
+                yield "\n".join(data)
+            return
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        # other fields (event:, id:, retry:) and comments (":" keep-alives) carry nothing llmtui uses
+
+
+# ----- the bridge -----
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass
+class _Stream:
+    """One streamed reply."""
+
+    request_id: int
+    sent_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: threading.Event = field(default_factory=threading.Event)
+    sock: socket.socket | None = None
+    cancelled: bool = False
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    n_pending: int = 0
+    n_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    stats_posted_at: float = 0.0
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in the stream's thread at once
+            except OSError:
+                pass
+
+
+class RemoteBridge:
+    """A remote OpenAI-compatible server as the app's engine: the calls the app makes on EngineBridge.
+
+    Every call returns at once; the HTTP work runs in threads that post `app.messages` messages. What a remote
+    server cannot do (llmtui's speculative decoding, control vectors) is refused with EngineRequestFailed.
+    """
+
+    def __init__(self, target: MessageTarget, remote: RemoteSettings, model: str = "", *,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        self._target = target
+        self.remote = remote
+        self.model = model or remote.model
+        """The model asked for ('' : the first the server lists, once connected)."""
+        self.n_ctx = 0
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._streams: dict[int, _Stream] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.connected = False
+
+    @property
+    def model_path(self) -> str:
+        return remote_path(self.remote.name, self.model)
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    @property
+    def backend(self) -> str:
+        return f"remote: {self.remote.name}"
+
+    def _post(self, message: Message) -> None:
+        if not self._closed:
+            self._target.post_message(message)
+
+    def _thread(self, target: Any, *args: Any) -> None:
+        threading.Thread(target=target, args=args, name="llmtui-remote", daemon=True).start()
+
+    # ----- what EngineBridge offers -----
+
+    def start(self) -> None:
+        """Nothing to start: the server runs elsewhere (kept so the app can treat both engines alike)."""
+
+    def load(self, path: str, engine: EngineSettings | None = None, **_options: Any) -> None:
+        """Use the model `path` names ("remote:NAME/MODEL", or a bare model id): checks the server lists it."""
+        prefix = remote_path(self.remote.name, "")
+        self.model = path.removeprefix(prefix) if path.startswith(prefix) else path
+        self.connect()
+
+    def connect(self) -> None:
+        """List the server's models and announce the chosen one: ModelLoaded, or ModelLoadFailed saying why."""
+        self._thread(self._connect)
+
+    def restart(self) -> None:
+        """Connect again (after an error); replies in flight are stopped."""
+        for stream in self._active():
+            stream.cancel()
+        self.connect()
+
+    def generate(self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *,
+                 continue_reply: bool = False) -> int:
+        """Stream a reply; its request id (carried by its TokensArrived / GenerationFinished / GenerationFailed)."""
+        request_id = next(_request_ids)
+        stream = _Stream(request_id, time.monotonic())
+        with self._lock:
+            self._streams[request_id] = stream
+        body = request_body(self.model, messages, sampling, continue_reply)
+        self._thread(self._generate, stream, body)
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a reply: the stream is closed at once; the text so far is kept (GenerationFinished, cancelled)."""
+        with self._lock:
+            stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.cancel()
+
+    def set_speculative(self, params: SpeculativeParams) -> None:
+        if not params.enabled:
+            self._post(SpeculativeConfigured((), ()))
+            return
+        self._post(EngineRequestFailed(
+            "speculative",
+            f"{self.remote.name} is a remote server: it does its own speculative decoding (llama-server: "
+            "--model-draft, --spec-type), and its draft acceptance shows in the stats bar when it reports it",
+        ))
+
+    def set_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
+        if entries:
+            self._post(EngineRequestFailed(
+                "steering", f"control vectors need the local engine; {self.remote.name} is a remote server"))
+
+    def make_vector(self, prompt_set_path: str, output_path: str, method: str = "pca") -> None:
+        self._post(EngineRequestFailed(
+            "vector", f"making a control vector needs a local model; {self.remote.name} is a remote server"))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop every reply in flight; nothing is posted afterwards. Idempotent."""
+        self._closed = True
+        for stream in self._active():
+            stream.cancel()
+
+    # ----- threads -----
+
+    def _active(self) -> list[_Stream]:
+        with self._lock:
+            return list(self._streams.values())
+
+    def _connect(self) -> None:
+        path = self.model_path
+        self._post(ModelLoadStarted(path))
+        started = time.monotonic()
+        try:
+            models = list_models(self.remote, self._connect_timeout_s)
+        except Exception as error:  # RemoteError, or a surprise: the UI hears about it either way
+            self.connected = False
+            message = str(error) if isinstance(error, RemoteError) else one_line(f"{type(error).__name__}: {error}")
+            self._post(ModelLoadFailed(path, message))
+            return
+        if not models:
+            self._post(ModelLoadFailed(path, f"{self.remote.name} lists no models"))
+            return
+        chosen = next((m for m in models if m.id == self.model), None) if self.model else models[0]
+        if chosen is None:
+            names = ", ".join(m.id for m in models[:5]) + (" …" if len(models) > 5 else "")
+            self._post(ModelLoadFailed(path, f"{self.remote.name} does not serve {self.model!r}; it serves {names}"))
+            return
+        self.model, self.n_ctx, self.connected = chosen.id, chosen.n_ctx, True
+        self._post(ModelLoaded(ModelSummary(
+            path=self.model_path,
+            name=chosen.id,
+            architecture="remote",
+            backend=self.backend,
+            n_ctx=chosen.n_ctx,
+            n_params=0,
+            size_bytes=0,
+            load_ms=(time.monotonic() - started) * 1000,
+        )))
+
+    def _generate(self, stream: _Stream, body: dict[str, Any]) -> None:
+        flusher = threading.Thread(target=self._flush_loop, args=(stream,), name="llmtui-remote-flush", daemon=True)
+        flusher.start()
+        outcome: tuple[str, str | dict[str, Any]] = ("failed", "the reply ended unexpectedly")
+        connection = _connection(self.remote, self._connect_timeout_s)
+        try:
+            outcome = ("finished", self._stream_reply(connection, stream, body))
+        except _Cancelled:
+            outcome = ("cancelled", "")
+        except RemoteError as error:
+            outcome = ("cancelled", "") if stream.cancelled else ("failed", str(error))
+        except (OSError, http.client.HTTPException) as error:
+            if stream.cancelled:
+                outcome = ("cancelled", "")
+            elif stream.n_tokens:
+                outcome = ("failed", f"the connection to {self.remote.name} broke mid-reply "
+                                     f"({type(error).__name__}); the partial reply is kept")
+            else:
+                outcome = ("failed", connection_error_message(self.remote, error))
+        except Exception as error:  # never let a thread die silently; the UI hears about it
+            outcome = ("failed", one_line(f"{type(error).__name__}: {error}"))
+        finally:
+            connection.close()
+            stream.done.set()
+            flusher.join()
+            self._flush(stream, final=True)
+            with self._lock:
+                self._streams.pop(stream.request_id, None)
+        kind, detail = outcome
+        if kind == "finished" and isinstance(detail, dict):
+            stop_reason = str(detail.pop("stop_reason"))
+            self._post(GenerationFinished(stream.request_id, stop_reason, detail, ()))
+        elif kind == "cancelled":
+            self._post(GenerationFinished(stream.request_id, "cancelled", self._stats(stream, {}, {}), ()))
+        else:
+            self._post(GenerationFailed(stream.request_id, str(detail)))
+
+    def _stream_reply(self, connection: http.client.HTTPConnection, stream: _Stream,
+                      body: dict[str, Any]) -> dict[str, Any]:
+        connection.connect()
+        assert connection.sock is not None
+        connection.sock.settimeout(self._read_timeout_s)
+        with stream.lock:
+            stream.sock = connection.sock
+            if stream.cancelled:
+                raise _Cancelled
+        connection.request("POST", _api_path(self.remote, "chat/completions"), body=json.dumps(body).encode(),
+                           headers=_headers(self.remote))
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RemoteError(http_error_message(self.remote, response.status, response.reason,
+                                                 response.read(MAX_ERROR_BODY)))
+        finish: str | None = None
+        usage: dict[str, Any] = {}
+        timings: dict[str, Any] = {}
+        done = False
+        for data in sse_events(response):
+            if stream.cancelled:
+                raise _Cancelled
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise RemoteError(f"{self.remote.name} sent a stream line that is not JSON: "
+                                  f"{one_line(data, 80)}") from None
+            if not isinstance(chunk, dict):
+                continue
+            if "error" in chunk:
+                raise RemoteError(f"{self.remote.name} stopped with an error: {error_detail(data.encode())}")
+            finish = self._chunk(stream, chunk) or finish
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            if isinstance(chunk.get("timings"), dict):
+                timings = chunk["timings"]
+        if stream.cancelled:
+            raise _Cancelled
+        if not done and finish is None:
+            if stream.n_tokens:
+                raise RemoteError(f"{self.remote.name} closed the stream before the reply finished; "
+                                  "the partial reply is kept")
+            raise RemoteError(f"{self.remote.name} closed the stream without a reply (the request may be too long "
+                              "for its context, or it failed: see the server's log)")
+        stats = self._stats(stream, usage, timings)
+        stats["stop_reason"] = STOP_REASONS.get(finish or "stop", finish or "eos")
+        return stats
+
+    def _chunk(self, stream: _Stream, chunk: dict[str, Any]) -> str | None:
+        """Take one chunk's text and reasoning; its finish_reason."""
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        choice = choices[0]
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            content = delta.get("content")
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            content = content if isinstance(content, str) else ""
+            reasoning = reasoning if isinstance(reasoning, str) else ""
+            if content or reasoning:
+                now = time.monotonic()
+                with stream.lock:
+                    if content:
+                        stream.text.append(content)
+                    if reasoning:
+                        stream.reasoning.append(reasoning)
+                    stream.n_pending += 1  # servers stream one token per chunk
+                    stream.n_tokens += 1
+                    if stream.first_token_at is None:
+                        stream.first_token_at = now
+                    stream.last_token_at = now
+        finish = choice.get("finish_reason")
+        return finish if isinstance(finish, str) else None
+
+    def _flush_loop(self, stream: _Stream) -> None:
+        while not stream.done.wait(FLUSH_INTERVAL_S):
+            self._flush(stream)
+
+    def _flush(self, stream: _Stream, *, final: bool = False) -> None:
+        with stream.lock:
+            if not stream.n_pending:
+                return
+            text, reasoning, n = "".join(stream.text), "".join(stream.reasoning), stream.n_pending
+            stream.text, stream.reasoning, stream.n_pending = [], [], 0
+            n_tokens, first = stream.n_tokens, stream.first_token_at
+        self._post(TokensArrived(stream.request_id, text, reasoning, n))
+        now = time.monotonic()
+        if not final and first is not None and now - stream.stats_posted_at >= STATS_INTERVAL_S:
+            stream.stats_posted_at = now
+            elapsed = now - first
+            rate = (n_tokens - 1) / elapsed if elapsed > 0 and n_tokens > 1 else 0.0
+            self._post(GenerationStatsUpdated(stream.request_id, n_tokens, rate, (first - stream.sent_at) * 1000))
+
+    def _stats(self, stream: _Stream, usage: dict[str, Any], timings: dict[str, Any]) -> dict[str, Any]:
+        """A finished reply's stats, with GenerationStats' keys: the server's timings where it reports them
+        (llama-server), else measured here."""
+        first, last = stream.first_token_at, stream.last_token_at
+        ttft_ms = (first - stream.sent_at) * 1000 if first is not None else 0.0
+        decode_s = (last - first) if first is not None and last is not None else 0.0
+
+        def number(data: dict[str, Any], key: str) -> float | None:
+            value = data.get(key)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        generated = int(number(timings, "predicted_n") or number(usage, "completion_tokens") or stream.n_tokens)
+        prompt = int(number(timings, "prompt_n") or number(usage, "prompt_tokens") or 0)
+        cached = int(number(timings, "cache_n") or 0)
+        decode_tps = number(timings, "predicted_per_second")
+        if decode_tps is None:
+            decode_tps = (stream.n_tokens - 1) / decode_s if decode_s > 0 and stream.n_tokens > 1 else 0.0
+        stats: dict[str, Any] = {
+            "prompt_tokens": prompt + cached,
+            "prompt_tokens_cached": cached,
+            "prompt_tokens_evaluated": prompt,
+            "prompt_ms": round(number(timings, "prompt_ms") or ttft_ms, 3),
+            "prompt_tps": round(number(timings, "prompt_per_second") or 0.0, 2),
+            "generated_tokens": generated,
+            "decode_ms": round(number(timings, "predicted_ms") or decode_s * 1000, 3),
+            "decode_tps": round(decode_tps, 2),
+            "ttft_ms": round(ttft_ms, 3),
+            "n_ctx": self.n_ctx,
+            "n_ctx_used": prompt + cached + generated,
+            "dropped_messages": 0,
+            "backend": self.backend,
+            "timings_from": "server" if timings else "client",
+        }
+        draft_n, accepted = number(timings, "draft_n"), number(timings, "draft_n_accepted")
+        if draft_n is not None and accepted is not None:
+            stats["draft_n"], stats["draft_n_accepted"] = int(draft_n), int(accepted)
+            stats["draft_acceptance"] = round(accepted / draft_n, 4) if draft_n > 0 else 0.0
+        return stats
+
+
+def draft_summary(stats: dict[str, Any]) -> str | None:
+    """The stats bar's readout of a server's speculative decoding ("71% 45/63"), when it reported it."""
+    drafted, accepted = stats.get("draft_n"), stats.get("draft_n_accepted")
+    if not isinstance(drafted, int) or not isinstance(accepted, int) or drafted <= 0:
+        return None
+    return f"{accepted / drafted:.0%} {accepted}/{drafted}"

@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Final, Protocol
@@ -34,6 +34,7 @@ from app.messages import (
     TokensArrived,
     VectorCreated,
     VectorProgressed,
+    add_span,
 )
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.params import SpeculativeParams, SteeringEntry
@@ -78,6 +79,27 @@ class _Pending:
     text: list[str]
     reasoning: list[str]
     n_tokens: int
+    text_chars: int = 0
+    draft_spans: list[tuple[int, int]] = field(default_factory=list)  # relative to the batch's text
+
+
+def chunk_draft_spans(chunk: TokenChunk) -> list[tuple[int, int]]:
+    """The character ranges of `chunk.text` that came from accepted draft tokens (merged, in order).
+
+    Without per-token text ends (an older engine) a chunk counts as drafted only when all its tokens were.
+    """
+    if all(source == "target" for source in chunk.provenance) or not chunk.text:
+        return []
+    spans: list[tuple[int, int]] = []
+    if len(chunk.text_ends) == len(chunk.provenance):
+        start = 0
+        for source, end in zip(chunk.provenance, chunk.text_ends, strict=True):
+            if source != "target":
+                add_span(spans, start, min(end, len(chunk.text)))
+            start = end
+    elif all(source != "target" for source in chunk.provenance):
+        spans.append((0, len(chunk.text)))
+    return spans
 
 
 @dataclass
@@ -361,7 +383,10 @@ class EngineBridge:
         if pending is None:
             pending = self._pending[chunk.request_id] = _Pending([], [], 0)
         if chunk.text:
+            for start, end in chunk_draft_spans(chunk):
+                add_span(pending.draft_spans, pending.text_chars + start, pending.text_chars + end)
             pending.text.append(chunk.text)
+            pending.text_chars += len(chunk.text)
         if chunk.reasoning:
             pending.reasoning.append(chunk.reasoning)
         pending.n_tokens += len(chunk.token_ids)
@@ -380,7 +405,8 @@ class EngineBridge:
         if not force and (now - self._pending_since < FLUSH_INTERVAL_S or self._backlog() > BACKLOG_LIMIT):
             return
         for request_id, pending in self._pending.items():
-            self._post(TokensArrived(request_id, "".join(pending.text), "".join(pending.reasoning), pending.n_tokens))
+            self._post(TokensArrived(request_id, "".join(pending.text), "".join(pending.reasoning), pending.n_tokens,
+                                     tuple(pending.draft_spans)))
             generation = self._generations.get(request_id)
             if generation is not None and now - generation.stats_posted_at >= STATS_INTERVAL_S:
                 generation.stats_posted_at = now

@@ -76,15 +76,31 @@ class ModelLoadFailed(Message):
         self.error = error
 
 
-class TokensArrived(Message, bubble=False):
-    """Generated text for one request (consecutive chunks merged in order, never dropped or replaced)."""
+def add_span(spans: list[tuple[int, int]], start: int, end: int) -> None:
+    """Append [start, end) to sorted, disjoint `spans`, merging it with the last one when they touch."""
+    if end <= start:
+        return
+    if spans and spans[-1][1] >= start:
+        spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+    else:
+        spans.append((start, end))
 
-    def __init__(self, request_id: int, text: str, reasoning: str, n_tokens: int) -> None:
+
+class TokensArrived(Message, bubble=False):
+    """Generated text for one request (consecutive chunks merged in order, never dropped or replaced).
+
+    `draft_spans` are the (start, end) character ranges of `text` that came from accepted draft tokens of
+    speculative decoding (empty when nothing was drafted, or when the engine does not say).
+    """
+
+    def __init__(self, request_id: int, text: str, reasoning: str, n_tokens: int,
+                 draft_spans: tuple[tuple[int, int], ...] = ()) -> None:
         super().__init__()
         self.request_id = request_id
         self.text = text
         self.reasoning = reasoning
         self.n_tokens = n_tokens
+        self.draft_spans = draft_spans
 
 
 class GenerationStatsUpdated(Message, bubble=False):

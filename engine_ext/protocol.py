@@ -151,6 +151,7 @@ class TokenChunk:
     reasoning: str
     token_ids: tuple[int, ...]
     provenance: tuple[str, ...]  # per token: "target" or the drafter that proposed an accepted token
+    text_ends: tuple[int, ...] = ()  # per token: len(text) once its text was added (empty: not known)
 
 
 @dataclass(frozen=True)

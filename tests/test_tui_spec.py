@@ -14,8 +14,10 @@ from textual.widgets import Input, OptionList
 from app.config import SamplingSettings, SpeculativeSettings, load_config
 from app.modals.speculative import SpeculativePanel
 from app.speculation import load_options, short_summary, sparkline, supported_types
+from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.spec_meter import SpecMeter
+from app.widgets.transcript import MessageView
 from engine_ext.protocol import DrafterReport, SpeculativeStats
 from tests.test_tui import chat_of, press_and_start, ready, reply_done, send, wait_for
 from tests.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
@@ -201,6 +203,35 @@ async def test_a_refused_configuration_is_a_notification_and_speculation_turns_o
         assert _generated(app)
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=96))
+    async with app.run_test(size=(120, 40)) as pilot:
+        chat = await ready(pilot)
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
+        await send(pilot, "a b c a b c a b c a b c a b c a b c")
+        await reply_done(pilot)
+        await wait_for(pilot, lambda: app.spec_stats is not None)
+        assert app.spec_stats is not None and app.spec_stats.accepted > 0
+        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        spans = reply.stats.get("draft_spans")
+        assert spans and all(0 <= start < end <= len(reply.content) for start, end in spans)
+        view = chat.transcript.views()[-1]
+        assert not view.colour_drafts and not any(s.style and s.style.underline for strip in view._strips
+                                                  for s in strip)
+        await pilot.press("f7")
+        await pilot.pause()
+        assert view.colour_drafts and load_config().draft_colouring  # persisted
+        underlined = "".join(s.text for strip in view._strips for s in strip if s.style and s.style.underline)
+        drafted = "".join(reply.content[start:end] for start, end in spans)
+        assert underlined.strip() and set(underlined) - {" "} <= set(drafted)  # drafted characters only
+        await pilot.press("f7")
+        await pilot.pause()
+        assert not any(s.style and s.style.underline for strip in view._strips for s in strip)
+
+
 # ----- snapshots ------------------------------------------------------------------------------------
 
 
@@ -227,3 +258,32 @@ async def _meter(pilot: Pilot[Any]) -> None:
 def test_snapshot(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
     run = {"panel": _panel, "meter": _meter}[scene]
     assert snap_compare(make_app(), terminal_size=size, run_before=run)
+
+
+DRAFTED_REPLY = "Lists have a `reverse()` method:\n\n```python\nxs.reverse()\n```\n\nIt reverses the list in place."
+DRAFTED = ("have a `reverse()`", "xs.reverse()", "the list in place")
+
+
+async def _draft_colouring(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    store = open_default_store()
+    conversation = store.create_conversation("Drafted reply")
+    question = store.add_user_message(conversation.id, "How do I reverse a list?")
+    reply = store.begin_assistant_message(conversation.id, question.id, MODEL.name)
+    spans = [[DRAFTED_REPLY.index(part), DRAFTED_REPLY.index(part) + len(part)] for part in DRAFTED]
+    store.finish_assistant_message(reply, DRAFTED_REPLY, "", "complete", {"draft_spans": spans}, 20)
+    store.close()
+    await loaded(pilot)
+    chat = chat_of(app)
+    await chat.open_conversation(conversation.id)
+    await pilot.press("f7")
+    await pilot.pause()
+    app.clear_notifications()
+    await pilot.pause()
+    assert isinstance(chat.transcript.last_view(), MessageView)
+
+
+@pytest.mark.usefixtures("seeded")
+def test_draft_colouring_snapshot(snap_compare: Any) -> None:
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_draft_colouring)

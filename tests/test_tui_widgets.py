@@ -1,13 +1,34 @@
-"""Widgets on their own, each in a throwaway host app: live transcript, prompt input, stats bar."""
+"""Widgets on their own, each in a throwaway host app: live transcript, draft colouring, prompt input, stats bar."""
 
 from __future__ import annotations
 
-import pytest
-from textual.app import App, ComposeResult
+from pathlib import Path
+from typing import cast
 
+import pytest
+from rich.console import Console
+from rich.markdown import Markdown as RichMarkdown
+from rich.style import Style
+from textual.app import App, ComposeResult
+from textual.message import Message
+from textual.strip import Strip
+
+from app.bridge import EngineBridge, chunk_draft_spans
+from app.messages import TokensArrived
+from app.store import Message as StoredMessage
 from app.widgets.prompt_input import PromptInput
 from app.widgets.status import StatsBar
-from app.widgets.transcript import FrozenSegment, Transcript, code_blocks, freeze_point
+from app.widgets.transcript import (
+    LiveBody,
+    MessageView,
+    Transcript,
+    code_blocks,
+    draft_spans_from_stats,
+    freeze_point,
+    mark_provenance,
+)
+from engine_ext.client import EngineClient
+from engine_ext.protocol import TokenChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -33,21 +54,114 @@ async def test_live_message_freezes_finished_blocks_and_keeps_every_character() 
         live = await transcript.start_live(1, "model")
         paragraphs = [f"Paragraph {n}: " + "word " * 60 for n in range(12)]
         text = "\n\n".join(paragraphs) + "\n\n```python\nprint('hi')\n```\n"
-        for start in range(0, len(text), 37):
-            await transcript.write_live(text[start : start + 37], "")
-        await transcript.write_live("", "thinking hard")
+        for index, start in enumerate(range(0, len(text), 37)):
+            transcript.write_live(text[start : start + 37], "")
+            if index % 8 == 7:
+                await pilot.pause(0.04)  # drawn as it streams
+        transcript.write_live("", "thinking hard")
         await pilot.pause(0.2)
-        segments = list(live.query(FrozenSegment))
+        segments = live.body.segments
         assert segments, "finished blocks were not frozen"
-        assert "".join(s.markdown for s in segments) + live.markdown.source == text
+        assert "".join(s.markdown for s in segments) + live.body.tail == text
         assert live.text == text
+        # Drawn block by block, the reply looks as it does drawn whole (so the finished message can reuse it).
+        width = live.body.size.width
+        options = app.console_options.update_width(width)
+        whole = app.console.render_lines(RichMarkdown(text, hyperlinks=False), options)
+        drawn = [strip.text.rstrip() for strip in live.body._strips]
+        assert len(segments) > 3 and drawn == ["".join(s.text for s in line).rstrip() for line in whole]
         reasoning = live.query_one(".live-reasoning")
         assert reasoning.display
         transcript.scroll_home(animate=False)
         await pilot.pause()
         await pilot.click(".live-reasoning")
         assert live.show_reasoning
-        await live.stop()
+        live.stop()
+
+
+def _marked_text(strips: list[Strip]) -> str:
+    """The characters drawn underlined (the draft style in these tests), runs joined by single spaces."""
+    words: list[str] = []
+    for strip in strips:
+        run = ""
+        for segment in strip:
+            if segment.style is not None and segment.style.underline:
+                run += segment.text
+            elif run:
+                words.append(run)
+                run = ""
+        if run:
+            words.append(run)
+    return " ".join(" ".join(words).split())
+
+
+def test_mark_provenance_colours_the_rendered_words_of_the_spans_only() -> None:
+    source = ("Plain words then **bold drafted** words.\n\n- first item\n- drafted item\n\n"
+              "```python\nx = 1\ny = 2\n```\n")
+    drafted = ["bold drafted", "drafted item", "y = 2"]
+    spans = [(source.index(part), source.index(part) + len(part)) for part in drafted]
+    console = Console(width=60, force_terminal=True, color_system="truecolor")
+    lines = console.render_lines(RichMarkdown(source), console.options, pad=False)
+    style = Style(underline=True)
+    marked = mark_provenance(lines, source, spans, style)
+    assert _marked_text([Strip(line) for line in marked]) == "bold drafted drafted item y = 2"
+    assert mark_provenance(lines, source, [], style) is lines  # off or nothing drafted: the same lines
+
+
+def test_chunk_draft_spans_from_provenance_and_text_ends() -> None:
+    chunk = TokenChunk(1, "The cat sat.", "", (1, 2, 3, 4), ("target", "ngram", "ngram", "target"), (3, 7, 11, 12))
+    assert chunk_draft_spans(chunk) == [(3, 11)]
+    assert chunk_draft_spans(TokenChunk(1, "abc", "", (1,), ("target",), (3,))) == []
+    # An engine that does not say where each token's text ends: all drafted, or nothing.
+    assert chunk_draft_spans(TokenChunk(1, "abc", "", (1, 2), ("mtp", "mtp"))) == [(0, 3)]
+    assert chunk_draft_spans(TokenChunk(1, "abc", "", (1, 2), ("mtp", "target"))) == []
+    assert draft_spans_from_stats({"draft_spans": [[3, 11], [20, 9], "x"]}) == ((3, 11),)
+
+
+def test_bridge_batches_draft_spans_relative_to_the_batched_text(tmp_path: Path) -> None:
+    posted: list[Message] = []
+
+    class Target:
+        def post_message(self, message: Message) -> bool:
+            posted.append(message)
+            return True
+
+    bridge = EngineBridge(Target(), tmp_path / "engine.log", client_factory=lambda path: cast(EngineClient, None))
+    bridge._tokens(TokenChunk(3, "Hello ", "", (1, 2), ("target", "ngram-mod"), (2, 6)))
+    bridge._tokens(TokenChunk(3, "world", "", (3,), ("ngram-mod",), (5,)))
+    bridge._tokens(TokenChunk(3, "!", "", (4,), ("target",), (1,)))
+    bridge._flush_tokens(force=True)
+    arrived = [message for message in posted if isinstance(message, TokensArrived)]
+    assert len(arrived) == 1 and arrived[0].text == "Hello world!"
+    assert arrived[0].draft_spans == ((2, 11),) and arrived[0].text[2:11] == "llo world"
+
+
+async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> None:
+    app = TranscriptHost()
+    async with app.run_test(size=(80, 30)) as pilot:
+        transcript = app.query_one(Transcript)
+        live = await transcript.start_live(7, "model")
+        transcript.write_live("Target text first, ", "")
+        transcript.write_live("drafted words here", "", ((0, 18),))
+        transcript.write_live(" and the end.", "")
+        await pilot.pause(0.1)
+        body = live.query_one(LiveBody)
+        assert body.draft_spans == [(19, 37)]
+        assert _marked_text(body._strips) == ""  # off by default
+        transcript.set_colour_drafts(True)
+        await pilot.pause(0.1)
+        body.render_line(0)
+        assert _marked_text(body._strips) == "drafted words here"
+        message = StoredMessage(7, 1, None, "assistant", live.text, "", "complete", "", "", "model",
+                                {"draft_spans": [list(span) for span in body.draft_spans]}, 3)
+        view = await transcript.freeze_live(message)
+        assert view is not None
+        await pilot.pause(0.1)
+        assert _marked_text(view._strips) == "drafted words here"
+        transcript.set_colour_drafts(False)
+        await pilot.pause(0.1)
+        assert _marked_text(view._strips) == ""
+        assert isinstance(transcript.last_view(), MessageView)
 
 
 class PromptHost(App[None]):

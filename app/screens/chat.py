@@ -15,7 +15,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.config import ConfigError, SamplingSettings
+from app.config import ConfigError, SamplingSettings, save_config
 from app.messages import (
     EngineCrashed,
     GenerationFailed,
@@ -28,7 +28,7 @@ from app.store import Conversation, Message, StoreError
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import ConversationList
 from app.widgets.status import AppHeader, StatsBar
-from app.widgets.transcript import BranchInfo, MessageView, Transcript, code_blocks
+from app.widgets.transcript import BranchInfo, MessageView, Transcript, code_blocks, draft_spans_from_stats
 
 if TYPE_CHECKING:
     from app.tui import LlmtuiApp
@@ -104,6 +104,7 @@ class ChatScreen(Screen[None]):
     | f2 | Rename the conversation. |
     | f5 | Restart the engine. |
     | ctrl+up | Go to the messages (then c copy, y copy code, e edit, r regenerate, ←/→ branches). |
+    | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
     """
 
     BINDINGS = [
@@ -118,6 +119,7 @@ class ChatScreen(Screen[None]):
         Binding("f2", "rename_conversation", "Rename", show=False),
         Binding("f5", "restart_engine", "Restart engine", show=False),
         Binding("ctrl+up", "focus_messages", "Messages", show=False),
+        Binding("f7", "toggle_draft_colouring", "Draft colours", show=False, priority=True),  # over select-all
     ]
 
     app: LlmtuiApp
@@ -170,6 +172,7 @@ class ChatScreen(Screen[None]):
         self.query_one("#edit-banner").display = False
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
+        self.transcript.colour_drafts = self.app.config.draft_colouring
         self.sync_engine_state()
         conversations = self.app.store.list_conversations()
         if conversations:
@@ -410,7 +413,8 @@ class ChatScreen(Screen[None]):
             path = store.active_path(conversation.id)
             message_id = resume.id
             recorder = ReplyRecorder(store, message_id, content=resume.content, reasoning=resume.reasoning)
-            await self.transcript.start_live(message_id, model_name, content=resume.content, reasoning=resume.reasoning)
+            await self.transcript.start_live(message_id, model_name, content=resume.content, reasoning=resume.reasoning,
+                                             draft_spans=draft_spans_from_stats(resume.stats))
         else:
             message_id = store.begin_assistant_message(conversation.id, parent_id, model_name)
             path = store.active_path(conversation.id)[:-1]
@@ -435,7 +439,7 @@ class ChatScreen(Screen[None]):
             generation.recorder.append(event.text, event.reasoning, event.n_tokens)
         except StoreError as error:
             self.notify(f"Could not save the reply: {error}", severity="error")
-        await self.transcript.write_live(event.text, event.reasoning)
+        self.transcript.write_live(event.text, event.reasoning, event.draft_spans)
 
     def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
         if self.generation is None or event.request_id != self.generation.request_id:
@@ -451,6 +455,9 @@ class ChatScreen(Screen[None]):
             return
         self.generation = None
         store = self.app.store
+        live = self.transcript.live
+        if live is not None and live.body.draft_spans:
+            stats = dict(stats, draft_spans=[list(span) for span in live.body.draft_spans])
         try:
             generation.recorder.finish(state, stats)  # type: ignore[arg-type]
             message = store.get_message(generation.message_id)
@@ -613,6 +620,18 @@ class ChatScreen(Screen[None]):
         if restore:
             self.prompt.load_text(self._draft_before_edit)
         self._draft_before_edit = ""
+
+    def action_toggle_draft_colouring(self) -> None:
+        """Colour (or stop colouring) the text that came from accepted draft tokens; remembered in the settings."""
+        colour = not self.transcript.colour_drafts
+        self.transcript.set_colour_drafts(colour)
+        self.app.config = replace(self.app.config, draft_colouring=colour)
+        try:
+            save_config(self.app.config)
+        except ConfigError as error:
+            self.notify(str(error), severity="error")
+        self.notify("Draft colouring on: text from accepted draft tokens is underlined." if colour
+                    else "Draft colouring off.")
 
     def action_focus_messages(self) -> None:
         last = self.transcript.last_view()

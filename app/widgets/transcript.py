@@ -1,31 +1,46 @@
-"""The transcript: finished messages frozen into one static widget each, the streaming reply a live Markdown."""
+"""The transcript: each finished message one static widget drawn from cached lines; the streaming reply's finished
+blocks frozen into cached lines and only its tail re-rendered, at most once a frame."""
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from rich.console import Group, RenderableType
 from rich.markdown import Markdown as RichMarkdown
 from rich.padding import Padding
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
+from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Markdown, Static
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Static
 
+from app.messages import add_span
 from app.store import Message as StoredMessage
 
 PAGE_SIZE: Final = 16  # messages mounted at a time; older ones are mounted when the user scrolls up to them
 _CODE_BLOCK: Final = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_RENDERED_TOKEN: Final = re.compile(r"\w+|[^\w\s]")
+_SPACE_RUN: Final = re.compile(r" +")
+_LIST_ITEM: Final = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)", re.MULTILINE)
+WORD_LOOKAHEAD: Final = 160  # source characters a rendered word may be ahead of the last one (markup, link targets)
+MARK_LOOKAHEAD: Final = 4  # the same for a lone punctuation mark, kept short so it cannot skip words
+CHAR_LOOKAHEAD: Final = 16  # the same for a character of a word found only with markup inside it
+
+DraftSpans = tuple[tuple[int, int], ...]
+"""(start, end) character ranges of a message's text that came from accepted draft tokens."""
 
 EMPTY_HINT: Final = (
     "Type a message below and press Enter.  Shift+Enter or Ctrl+J adds a line · F1 lists every key · "
@@ -39,6 +54,8 @@ STATE_LABELS: Final[dict[str, str]] = {
     "streaming": "writing…",
 }
 
+Lines = list[list[Segment]]
+
 
 def code_blocks(markdown: str) -> list[str]:
     """The fenced code blocks of a Markdown text, in order, without their fences."""
@@ -51,6 +68,86 @@ class BranchInfo:
 
     position: int
     total: int
+
+
+def draft_spans_from_stats(stats: dict[str, Any]) -> DraftSpans:
+    """The draft spans a finished reply's stats carry under "draft_spans" (bad entries are skipped)."""
+    raw = stats.get("draft_spans", ())
+    spans: list[tuple[int, int]] = []
+    if isinstance(raw, list | tuple):
+        for item in raw:
+            if (isinstance(item, list | tuple) and len(item) == 2 and all(isinstance(v, int) for v in item)
+                    and 0 <= item[0] < item[1]):
+                spans.append((item[0], item[1]))
+    return tuple(spans)
+
+
+def mark_provenance(lines: Lines, source: str, spans: Sequence[tuple[int, int]], style: Style) -> Lines:
+    """Add `style` to the rendered characters that came from `spans` of the Markdown `source`.
+
+    Rendering drops markup and re-wraps text, so each rendered word is matched to its next occurrence in the
+    source (a little ahead of the previous one); characters with no match (bullets, rules) stay as they are.
+    """
+    if not spans or not source:
+        return lines
+    marked = bytearray(len(source))
+    for start, end in spans:
+        start, end = max(0, start), min(len(source), end)
+        if start < end:
+            marked[start:end] = b"\x01" * (end - start)
+    cursor = 0
+    result: Lines = []
+    for line in lines:
+        text = "".join(segment.text for segment in line if not segment.control)
+        flags: bytearray | None = None
+        for match in _RENDERED_TOKEN.finditer(text):
+            token = match.group()
+            lookahead = WORD_LOOKAHEAD if len(token) > 1 or token.isalnum() else MARK_LOOKAHEAD
+            found = source.find(token, cursor, cursor + len(token) + lookahead)
+            if found >= 0:
+                cursor = found + len(token)
+                if any(marked[found:cursor]):
+                    if flags is None:
+                        flags = bytearray(len(text))
+                    flags[match.start() : match.end()] = marked[found:cursor]
+                continue
+            # Markup inside the word ("un**believ**able", inline HTML): match it a character at a time.
+            for offset, character in enumerate(token):
+                found = source.find(character, cursor, cursor + 1 + CHAR_LOOKAHEAD)
+                if found < 0:
+                    continue
+                cursor = found + 1
+                if marked[found]:
+                    if flags is None:
+                        flags = bytearray(len(text))
+                    flags[match.start() + offset] = 1
+        if flags is not None:
+            # Spaces between two marked words are marked too: one unbroken underline per drafted run.
+            for gap in _SPACE_RUN.finditer(text):
+                if gap.start() > 0 and gap.end() < len(text) and flags[gap.start() - 1] and flags[gap.end()]:
+                    flags[gap.start() : gap.end()] = b"\x01" * (gap.end() - gap.start())
+        result.append(line if flags is None else _restyle(line, flags, style))
+    return result
+
+
+def _restyle(line: list[Segment], flags: bytearray, style: Style) -> list[Segment]:
+    """`line` with `style` added to the characters whose flag is set."""
+    restyled: list[Segment] = []
+    position = 0
+    for segment in line:
+        if segment.control:
+            restyled.append(segment)
+            continue
+        text, base = segment.text, segment.style
+        start = 0
+        for index in range(1, len(text) + 1):
+            if index == len(text) or flags[position + index] != flags[position + start]:
+                piece = text[start:index]
+                marked = flags[position + start]
+                restyled.append(Segment(piece, (base + style) if marked and base else style if marked else base))
+                start = index
+        position += len(text)
+    return restyled
 
 
 def _header(role: str, state: str, model: str, branch: BranchInfo | None) -> Text:
@@ -67,21 +164,31 @@ def _header(role: str, state: str, model: str, branch: BranchInfo | None) -> Tex
     return header
 
 
+def _markdown(text: str, *, dark: bool) -> RichMarkdown:
+    return RichMarkdown(text, code_theme="monokai" if dark else "default", hyperlinks=False)
+
+
 class RenderedOnce(Widget):
-    """A widget drawing one Rich renderable that is rendered once per width into cached lines.
+    """A widget drawing lines that are rendered once per width and then kept.
 
     Textual would render a plain widget's content twice (once to measure its height, once to paint it) and again
-    after each refresh; finished messages never change, so their lines are kept until the width does.
+    after each refresh; these widgets change rarely, so their lines are kept until `invalidate` or a new width.
     """
 
     def __init__(self, *, classes: str | None = None) -> None:
         super().__init__(classes=classes)
         self._strips: list[Strip] = []
         self._strips_width = -1
+        self._line_style: Style | None = None  # rich_style walks every ancestor: looked up once per style change
 
-    def renderable(self) -> RenderableType:
-        """What to draw (called again only after `invalidate` or a change of width)."""
+    def render_strips(self, width: int) -> list[Strip]:
+        """The widget's lines at `width` (called again only after `invalidate` or a change of width)."""
         raise NotImplementedError
+
+    def render_renderable(self, renderable: RenderableType, width: int) -> Lines:
+        """Rich's lines for `renderable` at `width`."""
+        options = self.app.console_options.update_width(max(1, width)).update(highlight=False)
+        return self.app.console.render_lines(renderable, options, pad=False)
 
     def invalidate(self) -> None:
         """Render again on the next paint, and re-measure the height."""
@@ -90,21 +197,28 @@ class RenderedOnce(Widget):
 
     def _strips_for(self, width: int) -> list[Strip]:
         if width != self._strips_width:
-            console = self.app.console
-            options = self.app.console_options.update_width(width).update(highlight=False)
-            lines = console.render_lines(self.renderable(), options, pad=False)
-            self._strips = [Strip(line).adjust_cell_length(width) for line in lines]
+            self._strips = self.render_strips(width)
             self._strips_width = width
         return self._strips
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return len(self._strips_for(width))
 
+    def notify_style_update(self) -> None:
+        self._line_style = None
+        super().notify_style_update()
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         strips = self._strips_for(width)
         strip = strips[y] if 0 <= y < len(strips) else Strip.blank(width)
-        return strip.apply_style(self.rich_style)
+        if self._line_style is None:
+            self._line_style = self.rich_style
+        return strip.apply_style(self._line_style)
+
+
+def _strips(lines: Lines, width: int) -> list[Strip]:
+    return [Strip(line).adjust_cell_length(width) for line in lines]
 
 
 class MessageView(RenderedOnce, can_focus=True):
@@ -132,12 +246,16 @@ class MessageView(RenderedOnce, can_focus=True):
         Binding("down,j", "move(1)", "Next", show=False),
     ]
 
-    COMPONENT_CLASSES = {"message-view--reasoning"}
+    COMPONENT_CLASSES = {"message-view--reasoning", "message-view--draft"}
 
     DEFAULT_CSS = """
     MessageView {
         height: auto;
         padding: 0 1;
+    }
+    MessageView > .message-view--draft {
+        color: $text-accent;
+        text-style: underline;
     }
     """
 
@@ -157,12 +275,18 @@ class MessageView(RenderedOnce, can_focus=True):
         def control(self) -> MessageView:
             return self.view
 
-    def __init__(self, message: StoredMessage, branch: BranchInfo | None = None, *, dark: bool = True) -> None:
+    def __init__(self, message: StoredMessage, branch: BranchInfo | None = None, *, dark: bool = True,
+                 colour_drafts: bool = False) -> None:
         super().__init__(classes=f"message -{message.role} -{message.state}")
         self.message = message
         self.branch = branch
         self.dark = dark
-        self._body: RenderableType | None = None
+        self.draft_spans: DraftSpans = draft_spans_from_stats(message.stats) if message.role == "assistant" else ()
+        """Where the text came from accepted draft tokens."""
+        self.colour_drafts = colour_drafts
+        """Whether those spans are coloured."""
+        self._body_lines: Lines = []
+        self._body_width = -1
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "edit":
@@ -190,20 +314,40 @@ class MessageView(RenderedOnce, can_focus=True):
     def watch_show_reasoning(self) -> None:
         self.invalidate()
 
-    def renderable(self) -> RenderableType:
-        if self._body is None:
+    def set_colour_drafts(self, colour: bool) -> None:
+        """Colour (or stop colouring) the text that came from accepted draft tokens."""
+        if colour != self.colour_drafts:
+            self.colour_drafts = colour
+            if self.draft_spans:
+                self.invalidate()
+
+    def seed_body(self, width: int, lines: Lines) -> None:
+        """Use `lines` (the streamed reply's, already rendered at `width`) as the body instead of rendering it."""
+        self._body_lines = lines
+        self._body_width = width
+
+    def body_lines(self, width: int) -> Lines:
+        """The body (Markdown) rendered at `width`, without draft colouring."""
+        if width != self._body_width:
             content = self.message.content
             if not content.strip() and self.message.state != "complete":
-                self._body = Text("(no text)", style="dim italic")
+                body: RenderableType = Text("(no text)", style="dim italic")
             else:
-                self._body = RichMarkdown(content, code_theme="monokai" if self.dark else "default", hyperlinks=False)
-        parts: list[RenderableType] = [_header(self.message.role, self.message.state, self.message.model,
-                                               self.branch)]
+                body = _markdown(content, dark=self.dark)
+            self._body_lines = self.render_renderable(body, width)
+            self._body_width = width
+        return self._body_lines
+
+    def render_strips(self, width: int) -> list[Strip]:
+        head: list[RenderableType] = [_header(self.message.role, self.message.state, self.message.model, self.branch)]
         reasoning = self._reasoning_renderable()
         if reasoning is not None:
-            parts.append(reasoning)
-        parts.append(self._body)
-        return Group(*parts)
+            head.append(reasoning)
+        body = self.body_lines(width)
+        if self.colour_drafts and self.draft_spans:
+            style = self.get_component_rich_style("message-view--draft", partial=True)
+            body = mark_provenance(body, self.message.content, self.draft_spans, style)
+        return _strips(self.render_renderable(Group(*head), width) + body, width)
 
     def action_copy(self) -> None:
         self.post_message(self.Action(self, "copy"))
@@ -249,58 +393,188 @@ def freeze_point(text: str, min_chars: int) -> int:
             in_fence = not in_fence
         position += len(line)
         if not in_fence and not line.strip() and line.endswith("\n") and position >= min_chars:
-            # Only a blank line before top-level text: the next block starts a new paragraph, heading or fence.
+            # Only a blank line before top-level text: the next block starts a new paragraph, heading or fence
+            # (not the next item of a list: a list split in two would be drawn as two lists).
             rest = text[position : position + 1]
-            if rest and not rest.isspace() and position < len(text):
+            if rest and not rest.isspace() and not _LIST_ITEM.match(text, position):
                 cut = position
     return cut
 
 
-class FrozenSegment(RenderedOnce):
-    """A finished part of the reply being streamed, drawn once as static Markdown."""
+@dataclass
+class FrozenSegment:
+    """A finished part of the reply being streamed: its Markdown, where it starts in the reply, its lines."""
+
+    markdown: str
+    start: int
+    lines: Lines
+
+
+class LiveBody(RenderedOnce):
+    """The answer being streamed, in one widget: finished blocks frozen into lines rendered once, then the tail.
+
+    Whenever the tail holds FREEZE_CHARS of finished blocks they are rendered once into a `FrozenSegment`, so only
+    a short tail is parsed again, at most once every RENDER_INTERVAL_S however fast tokens come. The height is
+    allocated in steps of a screenful (at least GROW_LINES), so a new line of text usually changes no size and
+    only the tail's lines are repainted.
+    """
+
+    FREEZE_CHARS: ClassVar[int] = 200
+    GROW_LINES: ClassVar[int] = 16
+    RENDER_INTERVAL_S: ClassVar[float] = 1 / 30
+
+    COMPONENT_CLASSES = {"live-body--draft"}
 
     DEFAULT_CSS = """
-    FrozenSegment {
+    LiveBody {
         height: auto;
-        margin-bottom: 1;
+    }
+    LiveBody > .live-body--draft {
+        color: $text-accent;
+        text-style: underline;
     }
     """
 
-    def __init__(self, markdown: str, *, dark: bool) -> None:
-        super().__init__()
-        self.markdown = markdown
-        self._renderable = RichMarkdown(markdown, code_theme="monokai" if dark else "default", hyperlinks=False)
+    def __init__(self, text: str, *, dark: bool, draft_spans: DraftSpans = (), colour_drafts: bool = False) -> None:
+        super().__init__(classes="live-body")
+        self.dark = dark
+        self.text = text
+        """The whole answer so far."""
+        self.segments: list[FrozenSegment] = []
+        """The frozen blocks, in order; the tail is the text after them."""
+        self.draft_spans: list[tuple[int, int]] = list(draft_spans)
+        """Where the answer came from accepted draft tokens."""
+        self.colour_drafts = colour_drafts
+        self._frozen_chars = 0
+        self._frozen_width = -1
+        self._frozen_strips: list[Strip] = []
+        self._frozen_strips_segments = 0  # segments whose strips are in _frozen_strips
+        self._frozen_colour = False
+        self._tail_lines: Lines = []
+        self._allocated = 0
+        self._render_timer: Timer | None = None
+        self._rendered_at = 0.0
+        self._freeze(0)
 
-    def renderable(self) -> RenderableType:
-        return self._renderable
+    @property
+    def tail(self) -> str:
+        """The text after the frozen segments (re-rendered as it grows)."""
+        return self.text[self._frozen_chars :]
 
+    @property
+    def content_height(self) -> int:
+        """Lines of text drawn (the allocated height can be more)."""
+        return len(self._strips) if self._strips_width >= 0 else 0
 
-class LiveTail(Vertical):
-    """Holds the live Markdown at a height allocated in steps, so most updates re-lay out only this box."""
+    def _freeze(self, min_chars: int) -> bool:
+        """Freeze the tail's finished blocks (those ending at or after `min_chars`); whether any were."""
+        tail = self.tail
+        cut = freeze_point(tail, min_chars) if len(tail) > min_chars else -1
+        if cut <= 0:
+            return False
+        segment = FrozenSegment(tail[:cut], self._frozen_chars, [])
+        if self._frozen_width > 0:
+            segment.lines = self._render_segment(segment.markdown, self._frozen_width)
+        self.segments.append(segment)
+        self._frozen_chars += cut
+        return True
 
-    DEFAULT_CSS = """
-    LiveTail {
-        height: 3;
-        overflow: hidden hidden;
-    }
-    LiveTail > Markdown {
-        margin: 0;
-        padding: 0;
-    }
-    """
+    def _render_segment(self, markdown: str, width: int) -> Lines:
+        lines = self.render_renderable(_markdown(markdown, dark=self.dark), width)
+        return [*lines, []]  # the blank line Rich puts between blocks: the same lines as the whole reply's
+
+    def append(self, text: str, spans: Sequence[tuple[int, int]] = ()) -> None:
+        """Add streamed text; `spans` (relative to `text`) came from accepted draft tokens. Drawn within a frame."""
+        base = len(self.text)
+        for start, end in spans:
+            add_span(self.draft_spans, base + start, base + end)
+        self.text += text
+        if self._render_timer is None:
+            delay = max(0.001, self._rendered_at + self.RENDER_INTERVAL_S - time.monotonic())  # a Timer needs > 0
+            self._render_timer = self.set_timer(delay, self._render_tail, name="live-body-render")
+
+    def _render_tail(self) -> None:
+        """Freeze what is finished, render the tail again and repaint only from where the tail starts."""
+        self._render_timer = None
+        self._rendered_at = time.monotonic()
+        width = self._strips_width
+        if width <= 0:
+            self.refresh(layout=True)
+            return
+        first_changed = self.content_height - len(self._tail_lines)
+        self._strips = self.render_strips(width)
+        if self._fit():
+            self.refresh(layout=True)
+        else:
+            self.refresh(Region(0, max(0, first_changed), width, self._allocated))
+
+    def _fit(self) -> bool:
+        """Grow (or after a freeze, shrink) the allocated height; whether it changed."""
+        needed = len(self._strips)
+        grow = max(self.GROW_LINES, self.app.size.height)  # a screenful of room: few re-layouts of the screen
+        if needed + 1 > self._allocated or needed + 2 * grow < self._allocated:
+            self._allocated = needed + grow
+            return True
+        return False
+
+    def flush(self) -> None:
+        """Draw what was appended now (e.g. before the reply is frozen into a finished message)."""
+        if self._render_timer is not None:
+            self._render_timer.stop()
+            self._render_timer = None
+        self._render_tail()
+
+    def set_colour_drafts(self, colour: bool) -> None:
+        if colour != self.colour_drafts:
+            self.colour_drafts = colour
+            if self.draft_spans:
+                self._strips_width = -1
+                self.refresh()
+
+    def plain_lines(self, width: int) -> Lines | None:
+        """The answer's lines at `width` without draft colouring (None when not rendered at that width)."""
+        if width != self._frozen_width:
+            return None
+        lines: Lines = [line for segment in self.segments for line in segment.lines]
+        return lines + self._tail_lines
+
+    def render_strips(self, width: int) -> list[Strip]:
+        colour = self.colour_drafts and bool(self.draft_spans)
+        style = self.get_component_rich_style("live-body--draft", partial=True) if colour else Style()
+        if width != self._frozen_width:
+            self._frozen_width = width
+            for segment in self.segments:
+                segment.lines = self._render_segment(segment.markdown, width)
+            self._frozen_strips, self._frozen_strips_segments = [], 0
+        if colour != self._frozen_colour:
+            self._frozen_colour = colour
+            self._frozen_strips, self._frozen_strips_segments = [], 0
+        while self._freeze(self.FREEZE_CHARS):
+            pass
+        # Frozen segments become strips once; only the tail's are made again.
+        for segment in self.segments[self._frozen_strips_segments :]:
+            lines = self._coloured(segment.lines, segment.markdown, segment.start, style) if colour else segment.lines
+            self._frozen_strips.extend(_strips(lines, width))
+        self._frozen_strips_segments = len(self.segments)
+        tail = self.tail
+        self._tail_lines = self.render_renderable(_markdown(tail, dark=self.dark), width) if tail.strip() else []
+        lines = self._coloured(self._tail_lines, tail, self._frozen_chars, style) if colour else self._tail_lines
+        return self._frozen_strips + _strips(lines, width)
+
+    def _coloured(self, lines: Lines, source: str, start: int, style: Style) -> Lines:
+        end = start + len(source)
+        spans = [(max(s, start) - start, min(e, end) - start) for s, e in self.draft_spans if s < end and e > start]
+        return mark_provenance(lines, source, spans, style)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._strips_width:
+            self._strips_for(width)
+            self._fit()
+        return self._allocated
 
 
 class LiveMessage(Vertical):
-    """The reply being streamed: reasoning (folded) and the answer.
-
-    Only the tail of the answer is a live `Markdown` fed through `Markdown.get_stream`; whenever the tail holds
-    FREEZE_CHARS of finished blocks they are frozen into a static `FrozenSegment`, so re-parsing and layout stay
-    small however long the reply gets. The tail's box grows in steps of GROW_LINES, so a new line of text
-    usually changes no size outside it.
-    """
-
-    FREEZE_CHARS: ClassVar[int] = 1200
-    GROW_LINES: ClassVar[int] = 16
+    """The reply being streamed: header, reasoning (folded) and the answer (a `LiveBody`)."""
 
     DEFAULT_CSS = """
     LiveMessage {
@@ -310,93 +584,38 @@ class LiveMessage(Vertical):
     """
 
     def __init__(self, message_id: int, model: str, *, content: str = "", reasoning: str = "",
-                 dark: bool = True) -> None:
+                 dark: bool = True, draft_spans: DraftSpans = (), colour_drafts: bool = False) -> None:
         super().__init__(classes="message -assistant -streaming")
         self.message_id = message_id
         self.model = model
         self.dark = dark
-        self._text = content
-        self._frozen_chars = 0
         self._reasoning = reasoning
-        self._stream: MarkdownStream | None = None
-        self._markdown = Markdown()
+        self.body = LiveBody(content, dark=dark, draft_spans=draft_spans, colour_drafts=colour_drafts)
         self.show_reasoning = False
 
     @property
     def text(self) -> str:
-        return self._text
+        return self.body.text
 
     def compose(self) -> ComposeResult:
         yield Static(_header("assistant", "streaming", self.model, None), classes="live-header")
         yield Static("", classes="live-reasoning")
-        cut = freeze_point(self._text, 0)
-        if cut > 0:
-            yield FrozenSegment(self._text[:cut], dark=self.dark)
-            self._frozen_chars = cut
-        self._markdown = Markdown(self._text[self._frozen_chars :], classes="live-body")
-        with LiveTail():
-            yield self._markdown
-
-    @property
-    def markdown(self) -> Markdown:
-        """The live Markdown (the tail of the answer)."""
-        return self._markdown
+        yield self.body
 
     def on_mount(self) -> None:
-        self._stream = Markdown.get_stream(self.markdown)
         self._update_reasoning()
-        self.set_interval(0.05, self._fit_tail)
 
-    async def write(self, text: str, reasoning: str) -> None:
-        """Append streamed text (the Markdown stream batches fragments it cannot draw fast enough)."""
+    def write(self, text: str, reasoning: str, spans: Sequence[tuple[int, int]] = ()) -> None:
+        """Append streamed text (drawn within a frame) and reasoning."""
         if reasoning:
             self._reasoning += reasoning
             self._update_reasoning()
-        if not text:
-            return
-        self._text += text
-        tail = self._text[self._frozen_chars :]
-        cut = freeze_point(tail, self.FREEZE_CHARS) if len(tail) > self.FREEZE_CHARS else -1
-        if cut > 0:
-            await self._freeze(cut)
-        elif self._stream is not None:
-            await self._stream.write(text)
-
-    async def _freeze(self, cut: int) -> None:
-        """Move the first `cut` characters of the tail into a static segment and continue in a fresh live
-        Markdown; the old one is hidden at once and retired in the background once its last append is done."""
-        tail = self._text[self._frozen_chars :]
-        self._frozen_chars += cut
-        old_markdown, old_stream = self.markdown, self._stream
-        old_markdown.remove_class("live-body")
-        old_markdown.display = False
-        markdown = self._markdown = Markdown(tail[cut:], classes="live-body")
-        live_tail = self.query_one(LiveTail)
-        with self.app.batch_update():
-            await self.mount(FrozenSegment(tail[:cut], dark=self.dark), before=live_tail)
-            await live_tail.mount(markdown)
-        self._stream = Markdown.get_stream(markdown)
-        self._fit_tail()
-
-        async def retire() -> None:
-            if old_stream is not None:
-                await old_stream.stop()
-            await old_markdown.remove()
-
-        self.call_later(retire)
-
-    def _fit_tail(self) -> None:
-        """Grow (or after a freeze, shrink) the tail's box to the live Markdown's height plus some room."""
-        tail = self.query_one(LiveTail)
-        needed = self.markdown.outer_size.height
-        allocated = int(tail.styles.height.value) if tail.styles.height is not None else 0
-        if needed + 1 > allocated or needed + 2 * self.GROW_LINES < allocated:
-            tail.styles.height = needed + self.GROW_LINES
+        if text:
+            self.body.append(text, spans)
 
     def content_bottom(self) -> int:
         """The y of the end of the streamed text, relative to this widget's top."""
-        tail = self.query_one(LiveTail)
-        return tail.virtual_region.y + min(tail.outer_size.height, self.markdown.outer_size.height)
+        return self.body.virtual_region.y - self.virtual_region.y + self.body.content_height
 
     def on_click(self, event: events.Click) -> None:
         if event.widget is not None and event.widget.has_class("live-reasoning"):
@@ -415,10 +634,9 @@ class LiveMessage(Vertical):
             words = len(reasoning.split())
             widget.update(Text(f"▸ Thinking… ({words} words; click to show)", style="dim italic"))
 
-    async def stop(self) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+    def stop(self) -> None:
+        """Draw the last text appended."""
+        self.body.flush()
 
 
 class EarlierMessages(Static, can_focus=True):
@@ -452,14 +670,25 @@ class Transcript(VerticalScroll):
         self.branches: dict[int, BranchInfo] = {}
         self.live: LiveMessage | None = None
         self._first_mounted = 0
+        self._follow_pending = False
         self.dark = True
+        self.colour_drafts = False
+        """Whether text from accepted draft tokens is coloured."""
 
     @property
     def at_bottom(self) -> bool:
         return self.scroll_y >= self.max_scroll_y - 1
 
     def _view(self, message: StoredMessage) -> MessageView:
-        return MessageView(message, self.branches.get(message.id), dark=self.dark)
+        return MessageView(message, self.branches.get(message.id), dark=self.dark, colour_drafts=self.colour_drafts)
+
+    def set_colour_drafts(self, colour: bool) -> None:
+        """Colour (or stop colouring) text from accepted draft tokens, in every message shown and the live one."""
+        self.colour_drafts = colour
+        for view in self.query(MessageView):
+            view.set_colour_drafts(colour)
+        if self.live is not None:
+            self.live.body.set_colour_drafts(colour)
 
     async def show(self, messages: list[StoredMessage], branches: dict[int, BranchInfo]) -> None:
         """Replace the transcript with `messages` (system messages are not shown)."""
@@ -526,13 +755,15 @@ class Transcript(VerticalScroll):
             self.scroll_end(animate=False)
         return view
 
-    async def start_live(self, message_id: int, model: str, *, content: str = "", reasoning: str = "") -> LiveMessage:
+    async def start_live(self, message_id: int, model: str, *, content: str = "", reasoning: str = "",
+                         draft_spans: DraftSpans = ()) -> LiveMessage:
         """Mount the streaming reply at the end (replacing a frozen view of the same message, when continuing)."""
         for view in self.query(MessageView):
             if view.message.id == message_id:
                 await view.remove()
         self.messages = [message for message in self.messages if message.id != message_id]
-        live = LiveMessage(message_id, model, content=content, reasoning=reasoning, dark=self.dark)
+        live = LiveMessage(message_id, model, content=content, reasoning=reasoning, dark=self.dark,
+                           draft_spans=draft_spans, colour_drafts=self.colour_drafts)
         self.live = live
         await self.mount(live)
         self.scroll_end(animate=False)
@@ -546,18 +777,21 @@ class Transcript(VerticalScroll):
         bottom = live.virtual_region.y + live.content_bottom() + 1
         return max(0.0, min(self.max_scroll_y, bottom - self.scrollable_content_region.height))
 
-    async def write_live(self, text: str, reasoning: str) -> None:
+    def write_live(self, text: str, reasoning: str, draft_spans: Sequence[tuple[int, int]] = ()) -> None:
+        """Append to the streaming reply; `draft_spans` (relative to `text`) came from accepted draft tokens."""
         live = self.live
         if live is None:
             return
         step = max(1, self.scrollable_content_region.height // 3)
         follow = self.scroll_y >= self._live_target() - 1 - step
-        await live.write(text, reasoning)
-        if follow:
-            self.call_after_refresh(self._follow)
+        live.write(text, reasoning, draft_spans)
+        if follow and not self._follow_pending:
+            self._follow_pending = True
+            self.set_timer(LiveBody.RENDER_INTERVAL_S, lambda: self.call_after_refresh(self._follow))
 
     def _follow(self) -> None:
         # Scroll in steps of a third of the view rather than a line at a time: a scroll repaints the whole view.
+        self._follow_pending = False
         target = self._live_target()
         if self.scroll_y < target:
             step = max(1, self.scrollable_content_region.height // 3)
@@ -570,11 +804,15 @@ class Transcript(VerticalScroll):
         if live is None:
             return None
         follow = self.at_bottom
-        await live.stop()
+        live.stop()
         if branch is not None:
             self.branches[message.id] = branch
         self.messages.append(message)
         view = self._view(message)
+        width = live.body.size.width
+        lines = live.body.plain_lines(width) if message.content == live.text and message.content.strip() else None
+        if lines is not None:
+            view.seed_body(width, lines)  # the streamed reply's lines: no second render of the whole reply
         with self.app.batch_update():
             await self.mount(view, before=live)
             await live.remove()

@@ -74,6 +74,7 @@ class Session:
         # Recurrent/hybrid (and SWA) memories cannot be truncated at any position: keep checkpoints.
         self.uses_checkpoints = model.is_recurrent or model.is_hybrid
         self.spec: SpeculativeDriver | None = None
+        self.token_info = _TokenInfo(model)
         self.plain_step_ms = 0.0  # measured time of one plain decode step (moving average; 0: unknown)
         self.template = model.chat_template
         self.bos_text = model.token_text(model.bos_token) if model.bos_token >= 0 else ""
@@ -194,10 +195,19 @@ class Session:
             if self.spec is not None:
                 self.spec.process(chunk, pos0)  # model drafters (MTP) read the target's hidden states
 
-    def evaluate_prompt(self, tokens: Sequence[int], *, split_last: bool = True) -> int:
-        """Evaluate what the cache lacks, leaving logits for the last token; returns tokens reused."""
+    def evaluate_prompt(self, tokens: Sequence[int], *, split_last: bool = True, hold_last: bool = False) -> int:
+        """Evaluate what the cache lacks, leaving logits for the last token; returns tokens reused.
+
+        With `hold_last` the last token is left out: speculative decoding verifies it in its first batch, with
+        the first draft (as upstream's speculative-simple starts, so a copy can start with the reply).
+        """
         n_cached = self._reuse_cache(tokens)
         rest = tokens[n_cached:]
+        if hold_last:
+            self._evaluate(rest[:-1], logits_last=False)
+            if split_last and len(rest) > 1:
+                self._checkpoint()
+            return n_cached
         if split_last and len(rest) > 1:
             # Checkpoint just before the last prompt token so a regenerate re-evaluates one token.
             self._evaluate(rest[:-1], logits_last=False)
@@ -224,9 +234,10 @@ class Session:
         t_request = time.perf_counter()
         plan = self.plan(request)
         sampler = Sampler(self.model, request.sampling)
+        spec = self.spec if request.speculative and self.spec is not None else None
         try:
             t_prompt = time.perf_counter()
-            n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last)
+            n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last, hold_last=spec is not None)
             prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
             if plan.text is not None:
                 self._add_anchor(plan.text, plan.tokens)
@@ -235,12 +246,11 @@ class Session:
                 window = params.repeat_last_n if params.repeat_last_n > 0 else len(plan.tokens)
                 for t in plan.tokens[-window:]:
                     sampler.accept(t)
-            stream = _ReplyStream(self.model, request, plan, emit)
-            spec = self.spec if request.speculative and self.spec is not None else None
+            stream = _ReplyStream(self.model, request, plan, emit, self.token_info)
             if spec is None:
                 loop = self._decode_plain(request, sampler, stream, cancelled, t_request)
             else:
-                loop = self._decode_speculative(request, sampler, stream, cancelled, t_request, spec)
+                loop = self._decode_speculative(request, sampler, stream, cancelled, t_request, spec, plan.tokens[-1])
             stream.finish()
         finally:
             sampler.close()
@@ -298,14 +308,19 @@ class Session:
         cancelled: Callable[[], bool],
         t_request: float,
         spec: SpeculativeDriver,
+        id_last: int,
     ) -> _LoopResult:
         """Draft, verify on the target in one batch, keep the matching prefix plus one target token.
+
+        The memory holds the prompt but its last token, `id_last`: the first step drafts after it and verifies
+        it with the draft, as upstream's speculative-simple does (the first tokens of a copy come out at once).
 
         Every emitted token is sampled by the target's own sampler conditioned on the true prefix, so greedy
         output is identical to plain decoding (common/sampling.cpp's verification, notes §3.9).
         """
         ctx, cached, model = self.ctx, self.cached, self.model
         n_ctx, max_tokens = ctx.n_ctx, request.max_tokens
+        is_eog = self.token_info.is_eog
         rollback = model.architecture in RS_ROLLBACK_ARCHS and ctx.params.n_rs_seq > 0
         needs_checkpoint = self.uses_checkpoints
         spec.reset_stats()
@@ -314,12 +329,15 @@ class Session:
         stop_reason: StopReason = "max_tokens"
         last_update = 0.0
 
-        token = sampler.sample(ctx)
         t_first = t_last = time.perf_counter()
-        ttft_ms = (t_first - t_request) * 1000.0
-        ids, sources = [token], ["target"]
+        ttft_ms = 0.0
+        ids: list[int] = []
+        sources: list[str] = []
         while True:
             reason: StopReason | None = None
+            if ids and n_generated == 0:
+                t_first = t_last
+                ttft_ms = (t_first - t_request) * 1000.0
             for tok, source in zip(ids, sources, strict=True):
                 n_generated += 1
                 reason = stream.push(tok, source, t_last)
@@ -330,10 +348,11 @@ class Session:
             if reason is not None:
                 stop_reason = reason
                 break
-            if t_last - last_update >= 0.25:
+            if t_last - last_update >= 0.25 and n_generated:
                 last_update = t_last
                 stream.emit(SpeculativeUpdate(self._spec_snapshot(spec, request, n_generated, t_first, t_last)))
-            id_last = ids[-1]
+            if ids:
+                id_last = ids[-1]
             n_past = len(cached)
             room = n_ctx - n_past - 1
             if room < 0:
@@ -342,13 +361,15 @@ class Session:
             if cancelled():
                 stop_reason = "cancelled"
                 break
-            n_max = min(spec.n_max_now, room)
+            # The step's budget: what fits the context, and no token past max_tokens (a step yields the accepted
+            # drafts plus one; upstream's speculative-simple caps at n_predict - n_so_far - 1 the same way).
+            budget = room
             if max_tokens > 0:
-                n_max = min(n_max, max_tokens - n_generated)
+                budget = min(budget, max_tokens - n_generated - 1)
             if rollback:
-                n_max = min(n_max, ctx.params.n_rs_seq)
-            if n_max > 0 and spec.drafting_allowed(n_generated):
-                draft, drafter = spec.draft(cached, id_last, n_max)
+                budget = min(budget, ctx.params.n_rs_seq)
+            if budget > 0 and spec.drafting_allowed(n_generated):
+                draft, drafter = spec.draft(cached, id_last, budget)
             else:
                 draft, drafter = [], None
             if drafter is None:
@@ -365,14 +386,7 @@ class Session:
             batch = [id_last, *draft]
             ctx.decode(batch, n_past, logits_last=False, logits_all=True)
             spec.process(batch, n_past)
-            ids = []
-            for i, proposed in enumerate(draft):
-                t = sampler.sample(ctx, i)
-                ids.append(t)
-                if t != proposed or (model.is_eog(t) and i + 1 < len(draft)):
-                    break
-            else:
-                ids.append(sampler.sample(ctx, len(draft)))
+            ids = sampler.sample_and_accept_n(ctx, draft, is_eog)
             n_accepted = len(ids) - 1
             kept = batch[: 1 + n_accepted]
             cached.extend(kept)
@@ -409,7 +423,7 @@ class Session:
     ) -> Finished:
         n_prompt = len(plan.tokens)
         if plan.text is not None and len(self.cached) > n_prompt:
-            reply = b"".join(self.model.token_piece(t) for t in self.cached[n_prompt:])
+            reply = b"".join(map(self.token_info.piece, self.cached[n_prompt:]))
             self._add_anchor(plan.text + reply.decode("utf-8", errors="replace"), self.cached)
         self._checkpoint()
         n_ctx = self.ctx.n_ctx
@@ -446,22 +460,53 @@ class _LoopResult:
     speculative: SpeculativeStats | None
 
 
+class _TokenInfo:
+    """Each token's bytes and end-of-generation flag, asked of llama.cpp once per model (both are fixed)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.pieces: dict[int, bytes] = {}
+        self.eog: dict[int, bool] = {}
+
+    def piece(self, token: int) -> bytes:
+        piece = self.pieces.get(token)
+        if piece is None:
+            piece = self.pieces[token] = self.model.token_piece(token)
+        return piece
+
+    def is_eog(self, token: int) -> bool:
+        eog = self.eog.get(token)
+        if eog is None:
+            eog = self.eog[token] = self.model.is_eog(token)
+        return eog
+
+
 class _ReplyStream:
     """Turns sampled tokens into TokenChunks: UTF-8 assembly, stop strings, reasoning split, coalescing."""
 
-    def __init__(self, model: Model, request: Generate, plan: PromptPlan, emit: Callable[[Event], None]) -> None:
+    def __init__(
+        self,
+        model: Model,
+        request: Generate,
+        plan: PromptPlan,
+        emit: Callable[[Event], None],
+        token_info: _TokenInfo | None = None,
+    ) -> None:
+        info = token_info if token_info is not None else _TokenInfo(model)
         self.emit = emit
         self.request_id = request.request_id
         self.ignore_eos = request.ignore_eos
-        self.is_eog = model.is_eog
-        self.piece = model.token_piece
+        self.is_eog = info.is_eog
+        self.piece = info.piece
         self.utf8 = Utf8StreamDecoder()
         self.stopper = StopStringMatcher(list(request.stop))
+        self.has_stops = any(request.stop)
         self.splitter = ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning) if plan.chat else None
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.ids: list[int] = []
         self.sources: list[str] = []
+        self.text_ends: list[int] = []  # per token: characters of answer text in this chunk once it was added
         self.last_flush = 0.0
         self.stopped = False
 
@@ -471,8 +516,12 @@ class _ReplyStream:
             return "eos"
         self.ids.append(token)
         self.sources.append(source)
-        text, stopped = self.stopper.feed(self.utf8.feed(self.piece(token)))
+        if self.has_stops:
+            text, stopped = self.stopper.feed(self.utf8.feed(self.piece(token)))
+        else:
+            text, stopped = self.utf8.feed(self.piece(token)), False
         self._route(text)
+        self.text_ends.append(sum(map(len, self.text)))
         if stopped:
             self.stopped = True
             return "stop_string"
@@ -493,9 +542,11 @@ class _ReplyStream:
         if self.ids or self.text or self.reasoning:
             self.emit(
                 TokenChunk(
-                    self.request_id, "".join(self.text), "".join(self.reasoning), tuple(self.ids), tuple(self.sources)
+                    self.request_id, "".join(self.text), "".join(self.reasoning), tuple(self.ids), tuple(self.sources),
+                    tuple(self.text_ends),
                 )
             )
+            self.text_ends.clear()
             self.text.clear()
             self.reasoning.clear()
             self.ids.clear()

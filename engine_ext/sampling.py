@@ -2,20 +2,53 @@
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from engine_ext.bindings import C
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, SamplingParams
 
-__all__ = ["GREEDY", "Sampler", "SamplingParams"]
+__all__ = ["GREEDY", "FloatRows", "Sampler", "SamplingParams"]
+
+
+class FloatRows:
+    """Zero-copy (n_rows, width) float32 views of native buffers (logits, hidden states), valid until the buffer
+    changes (the next decode). The last view is kept by address, so reading the same buffer again is cheap.
+    """
+
+    __slots__ = ("width", "_key", "_view")
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._key: tuple[int, int] = (0, 0)  # (address, rows) of the kept view
+        self._view: np.ndarray = np.empty((0, width), dtype=np.float32)
+
+    def __call__(self, ptr: Any, n_rows: int = 1) -> np.ndarray:
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value or 0
+        if self._key != (addr, n_rows):
+            buf = (ctypes.c_float * (n_rows * self.width)).from_address(addr)
+            self._view = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(n_rows, self.width)
+            self._key = (addr, n_rows)
+        return self._view
+
 
 class Sampler:
-    """A native llama_sampler chain; `sample()` reads one logits row, samples and accepts the token."""
+    """A native llama_sampler chain; `sample()` reads one logits row, samples and accepts the token.
+
+    A pure greedy chain (temperature 0 and no penalties) is stateless and picks the first index of the largest
+    logit (llama-sampler.cpp `llama_sampler_greedy_apply`), exactly as numpy's argmax does: then rows are read
+    straight from the context's logits buffer, all rows of a verify batch in one argmax, without building the
+    n_vocab-entry candidate array the native chain needs for every row.
+    """
 
     def __init__(self, model: Model, params: SamplingParams) -> None:
         params.validate()
         self.params = params
+        self._rows = FloatRows(model.n_vocab)
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         chain: Any = C.llama_sampler_chain_init(chain_params)
@@ -34,6 +67,8 @@ class Sampler:
                     params.presence_penalty,
                 ),
             )
+        # Only the greedy sampler in the chain (no penalties): argmax of the raw logits is the chain's choice.
+        self.pure_greedy = params.greedy and not (penalized and params.repeat_last_n != 0)
         if params.greedy:
             add(chain, C.llama_sampler_init_greedy())
             return
@@ -48,7 +83,40 @@ class Sampler:
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from the logits of output row `idx` (-1: the last one) and accept the token."""
+        if self.pure_greedy:
+            ptr = C.llama_get_logits_ith(ctx.handle, idx)
+            if ptr:
+                return int(self._rows(ptr, 1)[0].argmax())
         return int(C.llama_sampler_sample(self._chain, ctx.handle, idx))
+
+    def sample_and_accept_n(self, ctx: Context, draft: Sequence[int], is_eog: Callable[[int], bool]) -> list[int]:
+        """Verify a draft whose batch gave output rows 0..len(draft) (common_sampler_sample_and_accept_n).
+
+        Row i is sampled and accepted; verification stops at the first sample that differs from draft[i], or
+        at an end-of-generation token before the last draft position; a fully matching draft also gets the
+        sample of row len(draft). Returns the sampled tokens: the accepted draft prefix plus one target token.
+        """
+        n = len(draft)
+        ids: list[int] = []
+        if self.pure_greedy:
+            ptr = C.llama_get_logits(ctx.handle)
+            if ptr:
+                best: list[int] = self._rows(ptr, n + 1).argmax(axis=1).tolist()
+                for i, proposed in enumerate(draft):
+                    t = best[i]
+                    ids.append(t)
+                    if t != proposed or (i + 1 < n and is_eog(t)):
+                        return ids
+                ids.append(best[n])
+                return ids
+        chain, handle, sample = self._chain, ctx.handle, C.llama_sampler_sample
+        for i, proposed in enumerate(draft):
+            t = int(sample(chain, handle, i))
+            ids.append(t)
+            if t != proposed or (i + 1 < n and is_eog(t)):
+                return ids
+        ids.append(int(sample(chain, handle, n)))
+        return ids
 
     def accept(self, token: int) -> None:
         """Feed a token the sampler did not pick (prompt history for the penalties)."""

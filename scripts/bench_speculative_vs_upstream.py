@@ -1,7 +1,12 @@
 """Compare llmtui's speculative decoding with llama.cpp's `llama-speculative-simple` on the same model and prompt.
 
 For each mode, runs upstream's example and `llmtui bench --spec-type MODE --raw` (same raw prompt, greedy, same
-n_max) and prints decode tok/s side by side with the ratio, and drafted/accepted counts of both.
+flags) and prints decode tok/s side by side with the ratio, and drafted/accepted counts of both.
+
+Upstream stops only once it has produced more than -n tokens: its last step, begun with exactly n tokens, drafts
+without a cap and overshoots. llmtui never generates past -n. So the counts are compared over the steps that
+begin before n tokens (read from upstream's debug log, `accepted A/D draft tokens` per step) against llmtui run
+with the same -n; the speeds over the same text (llmtui run for as many tokens as upstream decoded).
 
     python scripts/bench_speculative_vs_upstream.py -m starter -t 2 -n 128 --modes ngram-mod,ngram-cache
 (builds llama-speculative-simple from the vendored source into .bench/ when it is missing)
@@ -10,8 +15,8 @@ n_max) and prints decode tok/s side by side with the ratio, and drafted/accepted
 from __future__ import annotations
 
 import argparse
-import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -25,23 +30,70 @@ def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float
 
     cmd = [str(TOOL), "-m", model, "-p", PROMPT, "-n", str(args.n_gen), "-t", str(args.threads), "--temp", "0",
            "--spec-type", mode, "--spec-draft-n-max", str(args.n_max), "-c", "4096", "--seed", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    log = out.stdout + out.stderr
-    speed = re.search(r"decoded\s+(\d+) tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", log)
+    speeds: list[float] = []
+    decoded = 0
+    log = ""
+    for _ in range(args.repetitions):
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        log = out.stdout + out.stderr
+        speed = re.search(r"decoded\s+(\d+) tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", log)
+        if not speed:
+            raise RuntimeError(f"could not read llama-speculative-simple's output:\n{log[-2000:]}")
+        speeds.append(float(speed.group(2)))
+        decoded = int(speed.group(1))
     drafted = re.search(r"n_drafted\s*=\s*(\d+)", log)
     accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
-    if not speed:
-        raise RuntimeError(f"could not read llama-speculative-simple's output:\n{log[-2000:]}")
-    return {"tps": float(speed.group(2)), "decoded": int(speed.group(1)),
-            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0}
+    # The steps, from the debug log (a separate run: logging every token slows it down).
+    debug = subprocess.run([*cmd, "-v"], capture_output=True, text=True, check=True)
+    steps = [(int(a), int(d)) for a, d in re.findall(r"accepted (\d+)/(\d+) draft tokens", debug.stdout + debug.stderr)]
+    n_done = acc_n = drafted_n = 0
+    for a, d in steps:
+        if n_done >= args.n_gen:
+            break
+        n_done, acc_n, drafted_n = n_done + a + 1, acc_n + a, drafted_n + d
+    return {"tps": statistics.median(speeds), "decoded": decoded,
+            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0,
+            "drafted_n": drafted_n, "accepted_n": acc_n}
 
 
 def ours(model: str, modes: list[str], args: argparse.Namespace, n_gen: int) -> dict[str, dict[str, float]]:
-    cmd = [sys.executable, "-m", "app", "bench", "-m", model, "--spec-type", ",".join(modes), "--raw",
-           "-n", str(n_gen), "-r", str(args.repetitions), "-t", str(args.threads), "-c", "4096",
-           "--spec-draft-n-max", str(args.n_max), "--json"]
-    out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
-    return {m["mode"]: m for m in out["modes"]}
+    """llmtui in this process, greedy on the raw prompt; every repetition starts with fresh drafters, as upstream's
+    single run does (drafters keep what they learned across the requests of a session: the n-gram tables)."""
+    from app.__main__ import COPY_HEAVY_PROMPT as PROMPT
+    from engine_ext.generate import Session
+    from engine_ext.model import Context, Model
+    from engine_ext.params import GREEDY, ContextParams, SpeculativeParams
+    from engine_ext.protocol import Generate
+    from engine_ext.speculative.factory import build_driver
+
+    target = Model(Path(model))
+    ctx = Context(target, ContextParams(n_ctx=4096, n_threads=args.threads))
+    session = Session(target, ctx)
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for mode in ["plain", *modes]:
+            speeds: list[float] = []
+            drafted = accepted = 0
+            for rep in range(args.repetitions + 1):  # the first run fills the prompt cache and is not counted
+                if mode != "plain":
+                    session.spec = build_driver(SpeculativeParams(types=(mode,), n_max=args.n_max), target, ctx)
+                request = Generate(request_id=rep + 1, prompt=PROMPT, sampling=GREEDY, max_tokens=n_gen)
+                try:
+                    done = session.generate(request, lambda _e: None, lambda: False)
+                finally:
+                    if session.spec is not None:
+                        session.spec.close()
+                        session.spec = None
+                if rep > 0:
+                    speeds.append(done.stats.decode_tps)
+                if done.speculative is not None:
+                    drafted, accepted = done.speculative.drafted, done.speculative.accepted
+            tps = statistics.median(speeds) if speeds else 0.0
+            results[mode] = {"tps": tps, "drafted": drafted, "accepted": accepted}
+    finally:
+        ctx.close()
+        target.close()
+    return results
 
 
 def main() -> int:
@@ -62,18 +114,22 @@ def main() -> int:
 
     model = str(resolve_model(args.model))
     modes = [m for m in args.modes.split(",") if m]
-    # Upstream finishes its last step past -n; llmtui then generates exactly as many tokens, so both runs cover
-    # the same text (drafted/accepted counts are comparable).
-    print(f"{'mode':>14} {'tokens':>7} {'upstream t/s':>13} {'llmtui t/s':>11} {'ratio':>6} {'upstream acc':>13} "
-          f"{'llmtui acc':>11} {'plain t/s':>10} {'auto t/s':>9}")
+    # Speeds over the same text: llmtui generates as many tokens as upstream decoded (its last step overshoots
+    # -n). Counts over the same steps: upstream's steps begun before -n tokens, llmtui run with -n.
+    print(f"{'mode':>14} {'tokens':>7} {'upstream t/s':>13} {'llmtui t/s':>11} {'ratio':>6} "
+          f"{'upstream acc (all)':>19} {'upstream acc @n':>16} {'llmtui acc @n':>14} {'plain t/s':>10} {'auto t/s':>9}")
     for mode in modes:
         ref = upstream(model, mode, args)
         mine = ours(model, [mode, "auto"], args, int(ref["decoded"]))
+        counts = ours(model, [mode], argparse.Namespace(**{**vars(args), "repetitions": 0}), args.n_gen)[mode]
         got, plain, auto = mine[mode], mine["plain"], mine["auto"]
         ratio = got["tps"] / ref["tps"]
+        same = "" if (counts["accepted"], counts["drafted"]) == (ref["accepted_n"], ref["drafted_n"]) else " *"
         print(f"{mode:>14} {int(ref['decoded']):7d} {ref['tps']:13.2f} {got['tps']:11.2f} {ratio:6.3f} "
-              f"{int(ref['accepted']):>6}/{int(ref['drafted']):<6} {got['accepted']:>5}/{got['drafted']:<5} "
-              f"{plain['tps']:10.2f} {auto['tps']:9.2f}")
+              f"{int(ref['accepted']):>9}/{int(ref['drafted']):<9} "
+              f"{int(ref['accepted_n']):>7}/{int(ref['drafted_n']):<8} "
+              f"{counts['accepted']:>6}/{counts['drafted']:<5}{same:2} {plain['tps']:10.2f} {auto['tps']:9.2f}")
+    print("* : the counts differ")
     return 0
 
 

@@ -179,3 +179,32 @@ def test_eagle3_behind_an_ngram_drafter(tiny_models: dict[str, Path]) -> None:
         for d in r.speculative.drafters:
             by_name[d.name] = by_name.get(d.name, 0) + d.drafted
     assert by_name.get("ngram-mod", 0) > 0 and by_name.get("draft-eagle3", 0) > 0
+
+
+def test_closing_one_drafter_keeps_the_target_outputs_another_uses(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    # draft-mtp and an EAGLE3 draft reading layer n_layer both need the target's final hidden state; closing
+    # either one must leave it on for the other (the outputs are counted per target context).
+    from engine_ext.bindings import ext
+    from engine_ext.speculative import target_outputs
+    from engine_ext.speculative.mtp import DraftMTP
+
+    model = Model(tiny_models["qwen35_mtp"], ModelParams(load_mtp=True))
+    ctx = Context(model, ContextParams(n_ctx=256, n_batch=64, n_threads=2, n_rs_seq=4))
+    draft_path = write_eagle3_draft(tmp_path / "eagle3-last.gguf", target_layers=[0, 2, model.n_layer])
+    try:
+        for first_closed in ("mtp", "eagle3"):
+            mtp = DraftMTP(model, model, ctx)
+            eagle = DraftEagle3(Model(draft_path), model, ctx)  # closes its draft model with itself
+            assert target_outputs.holders(ctx, target_outputs.NEXTN) == 2
+            (mtp if first_closed == "mtp" else eagle).close()
+            assert target_outputs.holders(ctx, target_outputs.NEXTN) == 1
+            ctx.clear()
+            ctx.decode([1, 2, 3], 0, logits_last=True)
+            assert ext.llama_get_embeddings_nextn(ctx.handle), f"closing {first_closed} turned the hidden state off"
+            (eagle if first_closed == "mtp" else mtp).close()
+            assert target_outputs.holders(ctx, target_outputs.NEXTN) == 0
+    finally:
+        ctx.close()
+        model.close()

@@ -71,3 +71,14 @@ def test_auto_mode_shortens_drafts_to_the_positions_that_pay() -> None:
     # Positions 0 and 1 are accepted in 80% and 60% of steps, position 2 never: draft 3 tokens.
     assert driver.n_max_now == 3
     assert "drafting" in driver.status
+
+
+def test_draft_n_max_caps_model_drafters_only_unless_auto() -> None:
+    # Upstream's --spec-draft-n-max is a model-drafter setting: n-gram drafters keep their own lengths and are only
+    # held to the step's budget (context room, tokens still wanted); auto mode caps every drafter.
+    ngram, model = Scripted("ngram", list(range(10))), Scripted("model", list(range(10)))
+    ngram.follows_draft_n_max = False
+    params = SpeculativeParams(types=("ngram-simple",), n_max=4)
+    assert SpeculativeDriver(params, [ngram]).draft([0], 0, 8) == (list(range(8)), ngram)
+    assert SpeculativeDriver(params, [model]).draft([0], 0, 8) == (list(range(4)), model)
+    assert SpeculativeDriver(params, [ngram], auto=True).draft([0], 0, 8) == (list(range(4)), ngram)

@@ -66,6 +66,9 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
+    # Whether --spec-draft-n-max caps this drafter's drafts. Upstream applies it to model drafters only; the
+    # n-gram types have their own lengths (size_m, ngram-mod's n_max, ngram-cache's 8).
+    follows_draft_n_max: bool = True
 
     def __init__(self) -> None:
         self.stats = DrafterStats()

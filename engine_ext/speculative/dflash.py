@@ -18,6 +18,7 @@ from engine_ext.archs import LAST_LAYER_INPUT_ARCHS, LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
 from engine_ext.model import Context, Model, new_draft_context
 from engine_ext.params import SpeculativeConfigError
+from engine_ext.speculative import target_outputs
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
 
@@ -98,7 +99,7 @@ class DraftDFlash(Drafter):
         self.memory: Any = C.llama_get_memory(handle)
         self.n_ubatch = int(C.llama_n_ubatch(handle))
         for lid in self.layer_ids:
-            bindings.set_embeddings_layer_inp(target_ctx.handle, lid, True)
+            target_outputs.acquire(target_ctx, lid)
         ext.llama_set_embeddings_nextn(handle, True, not self.is_dflash2)
         C.llama_set_causal_attn(handle, self.causal)
         self.n_injected = 0  # rows of target features in the draft's memory (positions 0..n_injected-1)
@@ -212,7 +213,7 @@ class DraftDFlash(Drafter):
     def close(self) -> None:
         if self.ctx is not None:
             for lid in self.layer_ids:
-                bindings.set_embeddings_layer_inp(self.target_ctx.handle, lid, False)
+                target_outputs.release(self.target_ctx, lid)
             C.llama_free(self.ctx)
             self.ctx = None
             self.draft_model.close()

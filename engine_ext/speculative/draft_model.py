@@ -9,6 +9,7 @@ import numpy as np
 
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, ModelParams, SpeculativeConfigError
+from engine_ext.sampling import FloatRows
 from engine_ext.speculative.base import Drafter
 
 # common/speculative.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE and SPEC_VOCAB_CHECK_START_TOKEN_ID.
@@ -85,6 +86,7 @@ class DraftSimple(Drafter):
             raise
         self.p_min = p_min
         self.cached: list[int] = []
+        self._logits = FloatRows(self.model.n_vocab)
 
     def _sync(self, tokens: Sequence[int]) -> None:
         """Make the draft's memory hold exactly `tokens` (reusing the common prefix)."""
@@ -107,15 +109,14 @@ class DraftSimple(Drafter):
     def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
         self._sync(tokens)
         ctx, cached = self.ctx, self.cached
-        n_vocab = self.model.n_vocab
+        rows = self._logits
         want_p = self.p_min > 0.0
         result: list[int] = []
         token = id_last
         while len(result) < n_max and len(cached) + 1 < ctx.n_ctx:
             ctx.decode_one(token, len(cached))
             cached.append(token)
-            logits = np.ctypeslib.as_array(ctx.logits_row(-1), shape=(n_vocab,))
-            token, p = top_token(logits, want_p)
+            token, p = top_token(rows(ctx.logits_row(-1))[0], want_p)
             if p < self.p_min:
                 break
             result.append(token)

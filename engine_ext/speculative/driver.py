@@ -60,12 +60,19 @@ class SpeculativeDriver:
             d.process(tokens, pos0)
 
     def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> tuple[list[int], Drafter | None]:
-        """The step's draft (at most n_max tokens, at least n_min or none) and the drafter that made it."""
+        """The step's draft (at least n_min tokens or none) and the drafter that made it.
+
+        `n_max` is the step's budget (context room, tokens still wanted). Model drafters are also held to
+        --spec-draft-n-max, n-gram drafters to their own lengths, as upstream; auto mode holds every drafter to
+        its adapted n_max.
+        """
         t_start = time.perf_counter()
         try:
+            capped = min(n_max, self.n_max_now)
             for d in self.drafters:
+                limit = capped if self.auto or d.follows_draft_n_max else n_max
                 t0 = time.perf_counter()
-                proposal = d.draft(tokens, id_last, n_max)[:n_max]
+                proposal = d.draft(tokens, id_last, limit)[:limit]
                 d.stats.n_call_draft += 1
                 d.stats.t_draft_ms += (time.perf_counter() - t0) * 1000.0
                 if proposal:

@@ -27,6 +27,7 @@ from engine_ext.archs import LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
 from engine_ext.model import Context, Model
 from engine_ext.params import SpeculativeConfigError, SpeculativeParams
+from engine_ext.speculative import target_outputs
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
 
@@ -195,9 +196,9 @@ class DraftEagle3(Drafter):
         self.uses_nextn = any(lid == self.n_layer_tgt for lid in self.layer_ids)
         for lid in sorted(set(self.layer_ids)):
             if lid < self.n_layer_tgt:
-                bindings.set_embeddings_layer_inp(target_ctx.handle, lid, True)
+                target_outputs.acquire(target_ctx, lid)
         if self.uses_nextn:
-            ext.llama_set_embeddings_nextn(target_ctx.handle, True, False)
+            target_outputs.acquire(target_ctx, target_outputs.NEXTN)
         # The draft emits its encoder output (g) and its decoder's pre-norm hidden state as "nextn" embeddings.
         ext.llama_set_embeddings_nextn(handle, True, True)
         self.g_by_pos: dict[int, np.ndarray] = {}  # encoder output for each target position
@@ -369,9 +370,9 @@ class DraftEagle3(Drafter):
         if self.ctx is not None:
             for lid in sorted(set(self.layer_ids)):
                 if lid < self.n_layer_tgt:
-                    bindings.set_embeddings_layer_inp(self.target_ctx.handle, lid, False)
+                    target_outputs.release(self.target_ctx, lid)
             if self.uses_nextn:
-                ext.llama_set_embeddings_nextn(self.target_ctx.handle, False, False)
+                target_outputs.release(self.target_ctx, target_outputs.NEXTN)
             C.llama_free(self.ctx)
             self.ctx = None
             self.draft_model.close()

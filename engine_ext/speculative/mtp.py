@@ -17,6 +17,8 @@ import numpy as np
 from engine_ext.bindings import C, ext
 from engine_ext.model import Context, Model, new_draft_context
 from engine_ext.params import SpeculativeConfigError
+from engine_ext.sampling import FloatRows
+from engine_ext.speculative import target_outputs
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
 
@@ -55,7 +57,7 @@ class DraftMTP(Drafter):
             raise SpeculativeConfigError(f"llama.cpp could not create an MTP context on {head_model.path.name}")
         self.ctx: Any = handle
         self.memory: Any = C.llama_get_memory(handle)
-        ext.llama_set_embeddings_nextn(target_ctx.handle, True, False)
+        target_outputs.acquire(target_ctx, target_outputs.NEXTN)
         ext.llama_set_embeddings_nextn(handle, True, True)
         # A batch carrying both tokens and embeddings (llama_batch_compat accepts it); the token array is ours.
         self.batch = C.llama_batch_init(n_batch, self.n_embd, 1)
@@ -66,6 +68,8 @@ class DraftMTP(Drafter):
         self.cached: list[int] = []  # tokens in the MTP context, by position
         self.h_by_pos: dict[int, np.ndarray] = {}  # target hidden state after the token at each position
         self.pending_h = np.zeros(self.n_embd, dtype=np.float32)
+        self._logits = FloatRows(self.n_vocab)
+        self._hidden = FloatRows(self.n_embd)
 
     # ----- memory ------------------------------------------------------------------------------------
 
@@ -137,20 +141,19 @@ class DraftMTP(Drafter):
             if pos0 + i + 1 >= self.target_ctx.n_ctx:
                 break
             self._decode_rows((token,), pos0 + i, h[np.newaxis, :], output_last=True)
-            logits = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
-            token, p = top_token(logits, want_p)
+            token, p = top_token(self._logits(C.llama_get_logits_ith(self.ctx, -1))[0], want_p)
             if p < self.p_min:
                 break
             result.append(token)
             h_ptr = ext.llama_get_embeddings_nextn_ith(self.ctx, -1)
-            h = np.ctypeslib.as_array(h_ptr, shape=(self.n_embd,)).copy()
+            h = self._hidden(h_ptr)[0].copy()
         # Drop the drafting rows: the verify batch writes the real rows through process().
         C.llama_memory_seq_rm(self.memory, 0, pos0, -1)
         return result
 
     def close(self) -> None:
         if self.ctx is not None:
-            ext.llama_set_embeddings_nextn(self.target_ctx.handle, False, False)
+            target_outputs.release(self.target_ctx, target_outputs.NEXTN)
             self.batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama's to free
             C.llama_batch_free(self.batch)
             C.llama_free(self.ctx)

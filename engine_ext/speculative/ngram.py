@@ -202,6 +202,8 @@ class _NgramIndex:
 class _NgramDrafter(Drafter):
     """Shared frame: list conversion, truncation to n_max, statistics and timings."""
 
+    follows_draft_n_max = False  # upstream's --spec-draft-n-max is for model drafters
+
     def __init__(self, *, record_stats: bool = True) -> None:
         super().__init__()
         self.record_stats = record_stats
@@ -535,9 +537,10 @@ class NgramMod(_NgramDrafter):
     acceptance fraction below 0.25.
 
     One deliberate difference: the fraction is taken of the draft as returned (after draft()'s n_max cap), not
-    of the uncapped one. Upstream divides by the uncapped length, but its cap is the context budget, so the two
-    agree there; under a smaller cap (16 by default here, vs. drafts of 48-64) upstream's division would count
-    almost every round as low and keep clearing the table.
+    of the uncapped one. Upstream divides by the uncapped length, but its cap is the step's budget (context,
+    tokens still wanted), so the two agree but for the last steps; under auto mode's smaller adaptive cap (at most
+    --spec-draft-n-max, vs. drafts of 48-64) upstream's division would count almost every round as low and keep
+    clearing the table.
     """
 
     name = "ngram-mod"

@@ -76,6 +76,11 @@ class Session:
         self.spec: SpeculativeDriver | None = None
         self.token_info = _TokenInfo(model)
         self.plain_step_ms = 0.0  # measured time of one plain decode step (moving average; 0: unknown)
+        # Let llama_decode take each verify row's argmax itself for greedy speculative requests (backend sampling):
+        # Python then reads token ids instead of scanning n_vocab logits per row. Off by default: on the CPU
+        # backend ggml's scalar argmax made each verify decode ~0.5 ms per row slower than numpy's argmax here
+        # (scripts/bench_spec_step_overhead.py --backend-sampling), a net loss in tokens/s.
+        self.backend_greedy = False
         self.template = model.chat_template
         self.bos_text = model.token_text(model.bos_token) if model.bos_token >= 0 else ""
         self.eos_text = model.token_text(model.eos_token) if model.eos_token >= 0 else ""
@@ -235,6 +240,7 @@ class Session:
         plan = self.plan(request)
         sampler = Sampler(self.model, request.sampling)
         spec = self.spec if request.speculative and self.spec is not None else None
+        self._choose_backend_sampling(sampler, spec)
         try:
             t_prompt = time.perf_counter()
             n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last, hold_last=spec is not None)
@@ -255,6 +261,18 @@ class Session:
         finally:
             sampler.close()
         return self._finish(request, plan, n_cached, prompt_ms, loop, stream)
+
+    def _choose_backend_sampling(self, sampler: Sampler, spec: SpeculativeDriver | None) -> None:
+        """With `backend_greedy`, attach the context's backend greedy sampler for a pure greedy speculative request;
+        detach it for any request that needs logits (another sampler). A plain greedy request keeps it as it is:
+        each change costs llama.cpp a graph re-reserve (a few ms). Both give the argmax, but on an exact tie of the
+        top logits ggml's CPU argmax picks the last index and numpy (like llama.cpp's CPU greedy sampler) the first.
+        """
+        ctx = self.ctx
+        if not sampler.pure_greedy:
+            ctx.set_backend_greedy(False)
+        elif spec is not None:
+            ctx.set_backend_greedy(self.backend_greedy)
 
     def _decode_plain(
         self,

@@ -250,6 +250,10 @@ class Context:
         cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
         cparams.n_seq_max = params.n_seq_max
         cparams.n_rs_seq = params.n_rs_seq
+        # Outputs per sequence a backend sampler may sample in one batch (llama.h default 1): 0 lifts the limit to
+        # n_outputs_max (= n_batch), so a greedy verify batch of any length samples on the backend. Nothing else
+        # reads it (llama-context.cpp decode's check and the samplers' backend_init; greedy ignores it).
+        cparams.n_outputs_max_per_seq = 0
         cparams.n_threads = n_threads
         cparams.n_threads_batch = params.n_threads_batch or n_threads
         cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
@@ -270,10 +274,50 @@ class Context:
         self.memory: Any = C.llama_get_memory(handle)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._stack.callback(C.llama_batch_free, self._batch)
+        # A greedy sampler chain attached to sequence 0 (llama.cpp backend sampling): while it is attached,
+        # llama_decode samples every output row itself and copies no logits (llama_get_sampled_token_ith).
+        self._greedy_chain: Any = None
+        self.backend_greedy_broken = False  # the device gave no sampled token once: keep sampling in llmtui
 
     def _free_handle(self) -> None:
         C.llama_free(self._handle)
         self._handle = None
+        if self._greedy_chain is not None:  # the context held it: free it only once the context is gone
+            C.llama_sampler_free(self._greedy_chain)
+            self._greedy_chain = None
+
+    @property
+    def backend_greedy(self) -> bool:
+        """Whether decoding samples greedily on the backend: output rows then have token ids, not logits."""
+        return self._greedy_chain is not None
+
+    def set_backend_greedy(self, on: bool) -> bool:
+        """Attach (or detach) a greedy sampler chain for sequence 0; returns whether it is attached now.
+
+        Attached, `llama_decode` takes the argmax of every output row in its own graph and skips copying the
+        logits out (llama-context.cpp `needs_raw_logits`), so nothing may read this context's logits then.
+        Each change makes llama.cpp re-reserve its compute graph on the next decode (`sched_need_reserve`),
+        and a chain can be backend-initialized once only, so a detached chain is freed, not kept.
+        """
+        if on and self.backend_greedy_broken:
+            on = False
+        if on == (self._greedy_chain is not None):
+            return on
+        handle = self.handle
+        if not on:
+            C.llama_set_sampler(handle, 0, None)
+            C.llama_sampler_free(self._greedy_chain)
+            self._greedy_chain = None
+            return False
+        chain_params = C.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        chain = C.llama_sampler_chain_init(chain_params)
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+        if not C.llama_set_sampler(handle, 0, chain):  # the backend cannot run it (e.g. -sm tensor)
+            C.llama_sampler_free(chain)
+            return False
+        self._greedy_chain = chain
+        return True
 
     @property
     def handle(self) -> Any:
@@ -357,8 +401,15 @@ class Context:
             raise ContextError("could not truncate the context after restoring a checkpoint")
 
     def logits_row(self, idx: int) -> Any:
-        """A pointer to the logits of output row `idx` (-1: the last), n_vocab floats, valid until the next decode."""
+        """A pointer to the logits of output row `idx` (-1: the last), n_vocab floats, valid until the next decode.
+
+        Not while `backend_greedy` is on: decoding then copies out token ids only (`sampled_token`).
+        """
         return C.llama_get_logits_ith(self.handle, idx)
+
+    def sampled_token(self, idx: int) -> int:
+        """The token the backend sampler picked for output row `idx` (-1: the last); -1 when it sampled none."""
+        return int(C.llama_get_sampled_token_ith(self.handle, idx))
 
     def perf(self) -> tuple[float, float, int, int]:
         """llama.cpp's own timing: (prompt ms, eval ms, prompt tokens, eval tokens)."""

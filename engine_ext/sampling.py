@@ -10,9 +10,9 @@ import numpy as np
 
 from engine_ext.bindings import C
 from engine_ext.model import Context, Model
-from engine_ext.params import GREEDY, SamplingParams
+from engine_ext.params import GREEDY, EngineError, SamplingParams
 
-__all__ = ["GREEDY", "FloatRows", "Sampler", "SamplingParams"]
+__all__ = ["GREEDY", "BackendSamplingError", "FloatRows", "Sampler", "SamplingParams"]
 
 
 class FloatRows:
@@ -41,8 +41,9 @@ class Sampler:
 
     A pure greedy chain (temperature 0 and no penalties) is stateless and picks the first index of the largest
     logit (llama-sampler.cpp `llama_sampler_greedy_apply`), exactly as numpy's argmax does: then rows are read
-    straight from the context's logits buffer, all rows of a verify batch in one argmax, without building the
-    n_vocab-entry candidate array the native chain needs for every row.
+    straight from the context's logits buffer, in growing blocks and only about as far as verification goes, without
+    building the n_vocab-entry candidate array the native chain needs for every row. When the context samples
+    greedily on the backend (`Context.backend_greedy`), the rows hold token ids already and only those are read.
     """
 
     def __init__(self, model: Model, params: SamplingParams) -> None:
@@ -61,6 +62,7 @@ class Sampler:
             add(
                 chain,
                 C.llama_sampler_init_penalties(
+                    model.n_vocab,  # llama.h 0.3.36: n_vocab comes first
                     params.repeat_last_n,
                     params.repeat_penalty,
                     params.frequency_penalty,
@@ -84,6 +86,8 @@ class Sampler:
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from the logits of output row `idx` (-1: the last one) and accept the token."""
         if self.pure_greedy:
+            if ctx.backend_greedy:
+                return _backend_token(ctx, idx)
             ptr = C.llama_get_logits_ith(ctx.handle, idx)
             if ptr:
                 return int(self._rows(ptr, 1)[0].argmax())
@@ -95,20 +99,36 @@ class Sampler:
         Row i is sampled and accepted; verification stops at the first sample that differs from draft[i], or
         at an end-of-generation token before the last draft position; a fully matching draft also gets the
         sample of row len(draft). Returns the sampled tokens: the accepted draft prefix plus one target token.
+        Rows are read only about as far as the first rejection (most of a long draft usually is rejected).
         """
         n = len(draft)
         ids: list[int] = []
         if self.pure_greedy:
-            ptr = C.llama_get_logits(ctx.handle)
-            if ptr:
-                best: list[int] = self._rows(ptr, n + 1).argmax(axis=1).tolist()
+            if ctx.backend_greedy:
+                handle, get_sampled = ctx.handle, C.llama_get_sampled_token_ith
                 for i, proposed in enumerate(draft):
-                    t = best[i]
+                    t = int(get_sampled(handle, i))
+                    if t < 0:
+                        t = _backend_token(ctx, i)
                     ids.append(t)
                     if t != proposed or (i + 1 < n and is_eog(t)):
                         return ids
-                ids.append(best[n])
+                ids.append(_backend_token(ctx, n))
                 return ids
+            ptr = C.llama_get_logits(ctx.handle)
+            if ptr:
+                # Argmax of rows 0, 1-2, 3-6, 7-14, ...: a block per numpy call, doubling, so a long accepted draft
+                # costs few calls and at most about half of the rows read past the first rejection are wasted.
+                rows = self._rows(ptr, n + 1)
+                start, size = 0, 1
+                while True:
+                    stop = min(n + 1, start + size)
+                    best: list[int] = rows[start:stop].argmax(axis=1).tolist()
+                    for i, t in enumerate(best, start):
+                        ids.append(t)
+                        if i == n or t != draft[i] or (i + 1 < n and is_eog(t)):
+                            return ids
+                    start, size = stop, size * 2
         chain, handle, sample = self._chain, ctx.handle, C.llama_sampler_sample
         for i, proposed in enumerate(draft):
             t = int(sample(chain, handle, i))
@@ -129,3 +149,20 @@ class Sampler:
         if self._chain is not None:
             C.llama_sampler_free(self._chain)
             self._chain = None
+
+
+class BackendSamplingError(EngineError):
+    """The backend sampler attached to the context gave no token (its device cannot run the argmax)."""
+
+
+def _backend_token(ctx: Context, idx: int) -> int:
+    token = ctx.sampled_token(idx)
+    if token < 0:
+        # The chain is attached but the device could not run it: llama.cpp copied neither tokens nor logits.
+        ctx.set_backend_greedy(False)
+        ctx.backend_greedy_broken = True  # never attached again on this context
+        raise BackendSamplingError(
+            "llama.cpp's backend sampler gave no token on this device; greedy sampling now runs in llmtui "
+            "again: retry the request"
+        )
+    return token

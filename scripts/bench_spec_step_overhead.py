@@ -8,8 +8,11 @@ time (time.thread_time_ns) are reported: the CPU time is robust to other process
 
     python scripts/bench_spec_step_overhead.py --modes ngram-simple,ngram-mod,draft-simple -r 5
     python scripts/bench_spec_step_overhead.py --root /tmp/before  # the same measure on another checkout
+    python scripts/bench_spec_step_overhead.py --backend-sampling  # greedy verification inside llama_decode
 
-With --root, the engine is imported from that tree (to compare before/after in alternating runs).
+With --root, the engine is imported from that tree (to compare before/after in alternating runs). Backend
+sampling (Session.backend_greedy) moves the argmax of each verify row into `llama_decode`: the decode ms/step
+column shows what that costs there.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     model = Model(path)
     ctx = Context(model, ContextParams(n_ctx=4096, n_batch=512, n_threads=args.threads))
     session = Session(model, ctx)
+    if args.backend_sampling:
+        session.backend_greedy = True  # an engine without the attribute has no backend sampling
     draft_model = str(path) if mode == "draft-simple" else None
     spec = build_driver(SpeculativeParams(types=(mode,), draft_model=draft_model, n_max=args.n_max), model, ctx)
     session.spec = spec
@@ -71,6 +76,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     C.llama_decode = timed_decode
     step_ms: list[float] = []
     step_cpu_ms: list[float] = []
+    decode_ms: list[float] = []
     rows: list[int] = []
     tps: list[float] = []
     drafted = accepted = 0
@@ -89,6 +95,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                     rows.append(r1 - r0)
                     step_ms.append(((t1 - t0) - (d1 - d0)) / 1e6)
                     step_cpu_ms.append(((c1 - c0) - (e1 - e0)) / 1e6)
+                    decode_ms.append((d1 - d0) / 1e6)
     finally:
         C.llama_decode = real_decode
         spec.close()
@@ -100,6 +107,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "py_ms_median": round(statistics.median(step_ms), 4) if step_ms else 0.0,
         "py_ms_mean": round(statistics.fmean(step_ms), 4) if step_ms else 0.0,
         "py_cpu_ms_median": round(statistics.median(step_cpu_ms), 4) if step_cpu_ms else 0.0,
+        "decode_ms_median": round(statistics.median(decode_ms), 4) if decode_ms else 0.0,
         "us_per_row": round(1000 * sum(step_ms) / sum(rows), 2) if rows else 0.0,
         "rows_per_step": round(statistics.fmean(rows), 1) if rows else 0.0,
         "tps": round(statistics.median(tps), 2) if tps else 0.0,
@@ -117,6 +125,7 @@ def main() -> int:
     parser.add_argument("--n-max", type=int, default=16)
     parser.add_argument("--modes", default="ngram-simple,ngram-mod,draft-simple")
     parser.add_argument("--root", default=str(ROOT), help="import the engine from this checkout")
+    parser.add_argument("--backend-sampling", action="store_true", help="verify greedy drafts in llama_decode")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(args.root).resolve()))
@@ -125,11 +134,11 @@ def main() -> int:
         print(json.dumps(rows))
         return 0
     print(f"{'mode':>14} {'steps':>6} {'rows/step':>9} {'py ms/step median':>18} {'mean':>7} {'py CPU ms median':>17} "
-          f"{'py us/row':>10} {'tok/s':>8} {'accepted':>10}")
+          f"{'py us/row':>10} {'decode ms/step':>15} {'tok/s':>8} {'accepted':>10}")
     for r in rows:
         print(f"{r['mode']:>14} {r['steps']:6d} {r['rows_per_step']:9.1f} {r['py_ms_median']:18.3f} "
               f"{r['py_ms_mean']:7.3f} "
-              f"{r['py_cpu_ms_median']:17.3f} {r['us_per_row']:10.1f} {r['tps']:8.2f} "
+              f"{r['py_cpu_ms_median']:17.3f} {r['us_per_row']:10.1f} {r['decode_ms_median']:15.3f} {r['tps']:8.2f} "
               f"{r['accepted']:>4}/{r['drafted']:<5}")
     return 0
 

@@ -11,8 +11,9 @@ import pytest
 from app.models import starter_model_path
 from engine_ext.generate import Session
 from engine_ext.model import Context, Model
-from engine_ext.params import GREEDY, ContextParams
+from engine_ext.params import GREEDY, ContextParams, SamplingParams, SpeculativeParams
 from engine_ext.protocol import ChatMessage, Generate, TokenChunk
+from engine_ext.speculative.factory import build_driver
 
 
 @contextmanager
@@ -79,3 +80,38 @@ def test_starter_second_turn_evaluates_only_new_tokens() -> None:
                                                      "<|im_start|>assistant\n", add_special=False,
                                                      parse_special=True))
         assert s.prompt_tokens_evaluated == new_text_tokens
+
+
+def _reply(session: Session, prompt: str, sampling: SamplingParams, *, speculative: bool = True) -> list[int]:
+    chunks: list[TokenChunk] = []
+    request = Generate(request_id=1, prompt=prompt, sampling=sampling, max_tokens=48, ignore_eos=True,
+                       speculative=speculative)
+    session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None, lambda: False)
+    return [t for c in chunks for t in c.token_ids]
+
+
+def test_backend_greedy_sampler_follows_the_request_sampling(tiny_models: dict[str, Path]) -> None:
+    prompt = "abc abc abc abc abc abc abc abc"
+    seeded = SamplingParams(temperature=0.8, seed=7)
+    penalized = SamplingParams(temperature=0.0, repeat_penalty=1.3)
+    with open_session(tiny_models["llama"]) as plain:
+        want_greedy = _reply(plain, prompt, GREEDY)
+    with open_session(tiny_models["llama"]) as session:
+        session.spec = build_driver(SpeculativeParams(types=("ngram-simple",)), session.model, session.ctx)
+        session.backend_greedy = True
+        try:
+            assert _reply(session, prompt, GREEDY) == want_greedy
+            assert session.ctx.backend_greedy  # a greedy speculative request samples on the backend
+            assert len(_reply(session, prompt, seeded)) == 48
+            assert not session.ctx.backend_greedy  # other samplers need the logits
+            assert _reply(session, prompt, GREEDY) == want_greedy
+            assert session.ctx.backend_greedy
+            assert _reply(session, prompt, GREEDY, speculative=False) == want_greedy
+            assert session.ctx.backend_greedy  # plain greedy leaves it attached (no re-reserve)
+            assert len(_reply(session, prompt, penalized)) == 48
+            assert not session.ctx.backend_greedy
+            session.backend_greedy = False
+            assert _reply(session, prompt, GREEDY) == want_greedy
+            assert not session.ctx.backend_greedy
+        finally:
+            session.spec.close()

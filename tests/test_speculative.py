@@ -30,10 +30,12 @@ PROMPTS = [
 
 
 @contextmanager
-def session_for(path: Path, *, n_rs_seq: int = 0, spec: SpeculativeParams | None = None) -> Iterator[Session]:
+def session_for(path: Path, *, n_rs_seq: int = 0, spec: SpeculativeParams | None = None,
+                backend_greedy: bool = False) -> Iterator[Session]:
     model = Model(path)
     ctx = Context(model, ContextParams(n_ctx=1024, n_batch=256, n_threads=2, n_rs_seq=n_rs_seq))
     session = Session(model, ctx)
+    session.backend_greedy = backend_greedy
     if spec is not None:
         session.spec = build_driver(spec, model, ctx)
     try:
@@ -61,16 +63,17 @@ def plain_outputs(path: Path, prompts: list[str], n: int = 64) -> list[list[int]
 
 
 def check_lossless(target: Path, spec: SpeculativeParams, *, n_rs_seq: int = 0, prompts: list[str] = PROMPTS,
-                   n: int = 64) -> list[Finished]:
+                   n: int = 64, backend_greedy: bool = False) -> list[Finished]:
     expected = plain_outputs(target, prompts, n)
     results = []
-    with session_for(target, n_rs_seq=n_rs_seq, spec=spec) as session:
+    with session_for(target, n_rs_seq=n_rs_seq, spec=spec, backend_greedy=backend_greedy) as session:
         for prompt, want in zip(prompts, expected, strict=True):
             ids, sources, done = generate(session, prompt, n)
             assert ids == want, f"speculative output diverged for {prompt!r}"
             assert len(sources) == len(ids)
             assert done.speculative is not None
             check_invariants(done)
+            assert session.ctx.backend_greedy == backend_greedy
             results.append(done)
     return results
 
@@ -272,6 +275,27 @@ def test_dflash_refusals(tiny_models: dict[str, Path], tmp_path: Path) -> None:
 def test_ngram_drafters_are_lossless(tiny_models: dict[str, Path], spec_type: str) -> None:
     spec = SpeculativeParams(types=(spec_type,), n_max=16)
     check_lossless(tiny_models["llama"], spec, n=96)
+
+
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-mod"])
+def test_backend_greedy_verification_is_lossless(tiny_models: dict[str, Path], spec_type: str) -> None:
+    # llama_decode takes each verify row's argmax (backend sampling); plain decoding keeps numpy's argmax.
+    spec = SpeculativeParams(types=(spec_type,), n_max=16)
+    check_lossless(tiny_models["llama"], spec, n=96, backend_greedy=True)
+
+
+@pytest.mark.parametrize("kind, n_rs_seq", [("qwen35_mtp", 4), ("qwen35_mtp", 0), ("nemotron_h_moe_mtp", 4)])
+def test_backend_greedy_verification_with_mtp(tiny_models: dict[str, Path], kind: str, n_rs_seq: int) -> None:
+    # MTP reads the target's hidden state, which backend sampling leaves alone; hybrid memories roll back or
+    # restore checkpoints and replay the kept tokens (batches without outputs).
+    expected = plain_outputs(tiny_models[kind], PROMPTS[:4])
+    with mtp_session(tiny_models[kind], SpeculativeParams(types=("draft-mtp",), n_max=4), n_rs_seq=n_rs_seq) as session:
+        session.backend_greedy = True
+        for prompt, want in zip(PROMPTS[:4], expected, strict=True):
+            ids, _sources, done = generate(session, prompt)
+            assert ids == want, f"MTP output diverged for {prompt!r}"
+            assert done.speculative is not None and done.speculative.drafted > 0
+        assert session.ctx.backend_greedy
 
 
 def test_ngram_drafters_chained_with_a_model_drafter(tiny_models: dict[str, Path]) -> None:

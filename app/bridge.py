@@ -330,6 +330,7 @@ class EngineBridge:
                         n_params=info.n_params,
                         size_bytes=info.size_bytes,
                         load_ms=info.load_ms,
+                        placement=info.placement,
                     )
                 )
             )

@@ -24,6 +24,7 @@ class ModelSummary:
     n_params: int
     size_bytes: int
     load_ms: float
+    placement: str = ""  # with -ngl auto: what the engine placed where and why
 
 
 class EngineStarting(Message):

@@ -254,8 +254,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             context = f", context {event.model.n_ctx}" if event.model.n_ctx else ""
             self.notify(f"Using {event.model.name} ({event.model.backend}{context}).")
         else:
+            placement = f" {event.model.placement.removeprefix('-ngl auto: ')}." if event.model.placement else ""
             self.notify(f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
-                        f"in {event.model.load_ms / 1000:.1f} s.")
+                        f"in {event.model.load_ms / 1000:.1f} s.{placement}")
         if self.config.last_model != event.model.path:
             self.config = replace(self.config, last_model=event.model.path)
             self._save_quietly()

@@ -543,3 +543,21 @@ async def test_no_color_is_respected(tiny_models: dict[str, Path], monkeypatch: 
         await pilot.pause()
         assert app.no_color
         assert "nocolor" in app.pseudo_classes
+
+
+@pytest.mark.anyio
+async def test_gpu_layers_auto_says_where_the_layers_went(tiny_models: dict[str, Path]) -> None:
+    from dataclasses import replace
+
+    from app.config import save_config
+    from engine_ext.params import GPU_LAYERS_AUTO
+
+    config = load_config()
+    save_config(replace(config, engine=replace(config.engine, n_gpu_layers=GPU_LAYERS_AUTO)))
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        assert app.model is not None and app.model.placement.startswith("-ngl auto: ")
+        # this CPU machine has no GPU device: the notice says so next to the load time
+        await wait_for(pilot, lambda: any("no GPU device: all layers on the CPU" in n.message
+                                          for n in app._notifications))

@@ -525,6 +525,7 @@ class _ReplyStream:
         self.ids: list[int] = []
         self.sources: list[str] = []
         self.text_ends: list[int] = []  # per token: characters of answer text in this chunk once it was added
+        self.text_len = 0
         self.last_flush = 0.0
         self.stopped = False
 
@@ -539,7 +540,7 @@ class _ReplyStream:
         else:
             text, stopped = self.utf8.feed(self.piece(token)), False
         self._route(text)
-        self.text_ends.append(sum(map(len, self.text)))
+        self.text_ends.append(self.text_len)
         if stopped:
             self.stopped = True
             return "stop_string"
@@ -551,10 +552,17 @@ class _ReplyStream:
         if not text:
             return
         if self.splitter is None:
-            self.text.append(text)
+            self._add(text)
             return
         for kind, part in self.splitter.feed(text):
-            (self.reasoning if kind == "reasoning" else self.text).append(part)
+            self._add(part, reasoning=kind == "reasoning")
+
+    def _add(self, part: str, *, reasoning: bool = False) -> None:
+        if reasoning:
+            self.reasoning.append(part)
+        else:
+            self.text.append(part)
+            self.text_len += len(part)  # answer characters in this chunk so far (text_ends)
 
     def flush(self, now: float | None = None) -> None:
         if self.ids or self.text or self.reasoning:
@@ -565,6 +573,7 @@ class _ReplyStream:
                 )
             )
             self.text_ends.clear()
+            self.text_len = 0
             self.text.clear()
             self.reasoning.clear()
             self.ids.clear()
@@ -577,5 +586,5 @@ class _ReplyStream:
             self._route(self.stopper.feed(self.utf8.flush())[0] + self.stopper.flush())
         if self.splitter is not None:
             for kind, part in self.splitter.flush():
-                (self.reasoning if kind == "reasoning" else self.text).append(part)
+                self._add(part, reasoning=kind == "reasoning")
         self.flush()

@@ -46,7 +46,7 @@ from engine_ext.params import SpeculativeParams, SteeringEntry
 REMOTE_PREFIX: Final = "remote:"
 CONNECT_TIMEOUT_S: Final = 10.0
 READ_TIMEOUT_S: Final = 600.0  # a slow server may think this long about a long prompt before the first token
-FLUSH_INTERVAL_S: Final = 0.05  # as EngineBridge: tokens reach the UI at most 20 times a second, in order
+FLUSH_INTERVAL_S: Final = 1 / 15  # as EngineBridge: tokens reach the UI at most 15 times a second, in order
 STATS_INTERVAL_S: Final = 0.25
 MAX_ERROR_BODY: Final = 64 * 1024
 STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}

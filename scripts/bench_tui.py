@@ -5,6 +5,8 @@ Runs the real app headless (Textual's test driver, 120×40) with a synthetic eng
   stream     500 tokens/s with 2,000 tokens/s bursts into a chat holding 50 earlier messages (~200,000 chars);
              event-loop lag (p50/p99/max) and keypress-to-screen latency (p50/p99/max) while streaming
   open       first paint of a 1,000-message conversation
+  steady     the app process's CPU use while a reply streams at a steady 100 tok/s (and while idle): on a
+             machine whose cores all run the engine, the time the UI takes from it
   decode     (--engine) decode tok/s of the starter model with the UI attached vs the engine alone
 
     .venv/bin/python scripts/bench_tui.py [--seconds 8] [--drafted] [--engine] [--json]
@@ -114,6 +116,9 @@ class SyntheticClient:
             self.cancelled.set()
 
     def _stream(self, request_id: int) -> None:
+        if self.base_rate == self.burst_rate:
+            self._stream_steady(request_id)
+            return
         from engine_ext.protocol import Finished, GenerationStats, TokenChunk
 
         rng = random.Random(7)
@@ -140,6 +145,35 @@ class SyntheticClient:
         self.sent_tokens = sent
         elapsed_ms = (time.perf_counter() - start) * 1000
         stats = GenerationStats(100, 0, 100, 1.0, sent, elapsed_ms, 5.0, 32768, 100 + sent)
+        self.events.put(Finished(request_id, "cancelled" if self.cancelled.is_set() else "max_tokens", stats))
+
+
+    def _stream_steady(self, request_id: int) -> None:
+        """A token every 1/base_rate s, sent in chunks as the worker sends them (CHUNK_INTERVAL_S apart)."""
+        from engine_ext.generate import CHUNK_INTERVAL_S
+        from engine_ext.protocol import Finished, GenerationStats, TokenChunk
+
+        text = synthetic_markdown(random.Random(7), int(self.seconds * self.base_rate * 5))
+        pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+        start = time.perf_counter()
+        sent, last_chunk, held = 0, 0.0, []
+        while sent < len(pieces) and time.perf_counter() - start < self.seconds and not self.cancelled.is_set():
+            time.sleep(1 / self.base_rate)
+            held.append(pieces[sent])
+            sent += 1
+            now = time.perf_counter()
+            if now - last_chunk >= CHUNK_INTERVAL_S:
+                n = len(held)
+                self.events.put(TokenChunk(request_id, "".join(held), "", tuple(range(sent - n, sent)),
+                                           ("target",) * n, ()))
+                held.clear()
+                last_chunk = now
+        if held:
+            n = len(held)
+            self.events.put(TokenChunk(request_id, "".join(held), "", tuple(range(sent - n, sent)), ("target",) * n,
+                                       ()))
+        self.sent_tokens = sent
+        stats = GenerationStats(100, 0, 100, 1.0, sent, (time.perf_counter() - start) * 1000, 5.0, 32768, 100 + sent)
         self.events.put(Finished(request_id, "cancelled" if self.cancelled.is_set() else "max_tokens", stats))
 
 
@@ -299,6 +333,45 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
         }
 
 
+async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
+    """The app process's CPU use (all its threads) while a reply streams at a steady `rate`, chunked as the worker
+    sends it, into the chat with 50 earlier messages; and while idle. On a machine whose cores all run the engine,
+    this is the time the UI takes from the engine's threads."""
+    import resource
+
+    from app.bridge import EngineBridge
+    from app.config import SamplingSettings
+    from app.tui import LlmtuiApp
+
+    conversation_id = seed_history(50, 200_000, random.Random(1))
+
+    def cpu_s() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app.bridge = EngineBridge(app, Path(tempfile.gettempdir()) / "bench.log",
+                              client_factory=lambda log_path: SyntheticClient(log_path, seconds=seconds,
+                                                                              base_rate=rate, burst_rate=rate),
+                              backlog=lambda: app._message_queue.qsize())
+    async with app.run_test(size=(120, 40)):
+        while app.engine_state != "ready":
+            await asyncio.sleep(0.01)
+        chat = app.chat
+        assert chat is not None
+        await chat.open_conversation(conversation_id)
+        await asyncio.sleep(0.5)
+        cpu, wall = cpu_s(), time.perf_counter()
+        await asyncio.sleep(min(seconds, 3.0))
+        idle = (cpu_s() - cpu) / (time.perf_counter() - wall)
+        cpu, wall = cpu_s(), time.perf_counter()
+        await chat.send("Stream a steady answer")
+        while chat.generation is not None:
+            await asyncio.sleep(0.05)  # not Pilot.pause: it walks every widget, work a real session doesn't do
+        streaming = (cpu_s() - cpu) / (time.perf_counter() - wall)
+    return {"rate": rate, "cpu_fraction_streaming": round(streaming, 3), "cpu_fraction_idle": round(idle, 3)}
+
+
 async def bench_open(n_messages: int) -> dict[str, Any]:
     from app.tui import LlmtuiApp
 
@@ -358,9 +431,9 @@ def bench_decode(n_tokens: int, repetitions: int) -> dict[str, Any]:
 
     async def with_ui() -> float:
         app = LlmtuiApp(str(model), default_sampling=sampling)
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(120, 40)):
             while app.engine_state != "ready":
-                await pilot.pause(0.05)
+                await asyncio.sleep(0.05)
             bridge = app.bridge
             assert isinstance(bridge, EngineBridge)
             do_generate = bridge._do_generate  # the same request as the engine alone gets: EOS ignored
@@ -370,7 +443,7 @@ def bench_decode(n_tokens: int, repetitions: int) -> dict[str, Any]:
             await chat.open_conversation(None)
             await chat.send(prompt)
             while chat.generation is not None:
-                await pilot.pause(0.05)
+                await asyncio.sleep(0.05)  # not Pilot.pause: it walks every widget, work a real session doesn't do
             tokens.append(int(chat.stats.generated_tokens or 0))
             return float(chat.stats.decode_tps or 0.0)
 
@@ -391,6 +464,8 @@ def main() -> int:
     parser.add_argument("--drafted", action="store_true",
                         help="half the synthetic tokens come from a drafter, with draft colouring on (F7)")
     parser.add_argument("--engine", action="store_true", help="also compare decode speed with the starter model")
+    parser.add_argument("--steady-rate", type=float, default=100.0,
+                        help="tokens per second of the steady stream whose CPU use is measured")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--json", action="store_true")
@@ -399,6 +474,7 @@ def main() -> int:
     for name, run in (
         ("stream", lambda: bench_stream(args.seconds, args.rate, args.burst, drafted=args.drafted)),
         ("open", lambda: bench_open(args.messages)),
+        ("steady", lambda: bench_steady(6.0, args.steady_rate)),
     ):
         with tempfile.TemporaryDirectory() as folder:
             os.environ["LLMTUI_DATA_DIR"] = str(Path(folder) / "data")
@@ -424,6 +500,9 @@ def main() -> int:
     opened = results["open"]
     print(f"open: {opened['messages']} messages, first paint {opened['first_paint_ms_median']} ms "
           f"(runs {opened['first_paint_ms']}; goal ≤ {GOALS['open_ms']:.0f} ms)")
+    steady = results["steady"]
+    print(f"steady: the app process uses {steady['cpu_fraction_streaming'] * 100:.1f}% of one core while a reply "
+          f"streams at {steady['rate']:.0f} tok/s ({steady['cpu_fraction_idle'] * 100:.1f}% idle)")
     if "decode" in results:
         decode = results["decode"]
         if "skipped" in decode:

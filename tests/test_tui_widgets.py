@@ -8,6 +8,7 @@ from typing import cast
 import pytest
 from rich.console import Console
 from rich.markdown import Markdown as RichMarkdown
+from rich.segment import Segment
 from rich.style import Style
 from textual.app import App, ComposeResult
 from textual.message import Message
@@ -15,6 +16,7 @@ from textual.strip import Strip
 
 from app.bridge import EngineBridge, chunk_draft_spans
 from app.messages import TokensArrived
+from app.screens.cropped_compositor import CroppedCompositor
 from app.store import Message as StoredMessage
 from app.widgets.prompt_input import PromptInput
 from app.widgets.status import StatsBar
@@ -22,6 +24,8 @@ from app.widgets.transcript import (
     LiveBody,
     MessageView,
     Transcript,
+    _markdown,
+    changed_lines,
     code_blocks,
     draft_spans_from_stats,
     freeze_point,
@@ -45,6 +49,27 @@ def test_freeze_point_never_cuts_inside_a_code_fence() -> None:
 class TranscriptHost(App[None]):
     def compose(self) -> ComposeResult:
         yield Transcript(id="transcript")
+
+
+def test_changed_lines_finds_the_rows_to_repaint() -> None:
+    a, b, c, d = (Strip([Segment(t)]) for t in ("a", "b", "c", "d"))
+    assert changed_lines([a, b, c], [a, b, c]) == (3, 3)  # nothing to repaint
+    assert changed_lines([a, b, c], [a, b, d]) == (2, 3)
+    assert changed_lines([a, b], [a, b, c, d]) == (2, 4)  # new lines
+    assert changed_lines([a, b, c, d], [a, b]) == (2, 4)  # lines gone: repainted blank
+    assert changed_lines([a, b, c], [a, d, c]) == (1, 2)
+    assert changed_lines([a, b, c], [d, b, c], start=1) == (3, 3)  # rows before `start` are not looked at
+
+
+def test_shared_parser_markdown_draws_as_rich_markdown_does() -> None:
+    console = Console(width=60, color_system="truecolor")
+    text = "# Title\n\nSome *emphasis*, `code`, ~~struck~~ and a table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n" \
+           "```python\nprint('hi')\n```\n\n- item https://example.com\n"
+    for dark, theme in ((True, "monokai"), (False, "default")):
+        ours = console.render_lines(_markdown(text, dark=dark), console.options)
+        rich = console.render_lines(RichMarkdown(text, code_theme=theme, hyperlinks=False), console.options)
+        assert ours == rich
+    assert _markdown("one", dark=True).markup == "one" and _markdown("two", dark=True).markup == "two"
 
 
 async def test_live_message_freezes_finished_blocks_and_keeps_every_character() -> None:
@@ -211,3 +236,66 @@ async def test_stats_bar_shows_speed_ttft_prompt_and_context() -> None:
         line = bar.render().plain
         for part in ("41.5 tok/s", "TTFT 120 ms", "prompt 31", "█████░░░░░ 2.0k/4.1k", "spec 72%", "ready", "CUDA"):
             assert part in line
+
+
+class CroppedHost(App[None]):
+    """A transcript inside containers with a sidebar and a footer line, on a screen with the cropped compositor."""
+
+    CSS = "#side { width: 20; } #bar { height: 1; }"
+
+    def compose(self) -> ComposeResult:
+        from textual.containers import Horizontal, Vertical
+        from textual.widgets import Static
+
+        with Horizontal():
+            yield Static("side\n" * 30, id="side")
+            with Vertical():
+                yield Transcript(id="transcript")
+                yield Static("stats", id="bar")
+
+    def on_mount(self) -> None:
+        self.screen._compositor = CroppedCompositor()
+        self.screen.refresh(layout=True)
+
+
+async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -> None:
+    from textual._compositor import Compositor
+    from textual.widget import Widget
+
+    app = CroppedHost()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = app.query_one(Transcript)
+        live = await transcript.start_live(1, "model")
+        transcript.write_live("Paragraph one " * 30 + "\n\n```python\nx = 1\n```\n\nand a tail " * 3, "")
+        await pilot.pause(0.3)
+        screen = app.screen
+        cropped = screen._compositor
+        assert isinstance(cropped, CroppedCompositor)
+        stock = Compositor()
+        stock.reflow(screen, screen.size)
+        heights: list[int] = []
+        rendered: set[Widget] = set()
+        original = Widget.render_lines
+
+        def spy(widget: Widget, crop):  # type: ignore[no-untyped-def]
+            heights.append(crop.height)
+            rendered.add(widget)
+            return original(widget, crop)
+
+        assert live.body.region.contains(30, 10)  # the streamed text fills the view
+        for y, height in ((10, 1), (11, 2), (0, 3), (22, 2)):
+            rows = set(range(y, y + height))
+            crop = screen.region.intersection(screen.region.__class__(0, y, 80, height))
+            heights.clear()
+            Widget.render_lines = spy  # type: ignore[method-assign]
+            try:
+                ours = cropped._render_chops(crop, rows.__contains__)
+            finally:
+                Widget.render_lines = original  # type: ignore[method-assign]
+            assert heights and max(heights) <= height  # no widget rendered rows outside the update
+            theirs = stock._render_chops(crop, rows.__contains__)
+            for row in rows:
+                assert Strip.join(ours[row].values()).text == Strip.join(theirs[row].values()).text
+                assert Strip.join(ours[row].values()) == Strip.join(theirs[row].values())
+        assert live.body in rendered
+        live.stop()

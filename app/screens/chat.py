@@ -24,6 +24,7 @@ from app.messages import (
     TokensArrived,
 )
 from app.recording import ReplyRecorder
+from app.screens.cropped_compositor import CroppedCompositor
 from app.store import Conversation, Message, StoreError
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import ConversationList
@@ -126,6 +127,7 @@ class ChatScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
+        self._compositor = CroppedCompositor()  # a streamed line repaints that line, not the widgets under it
         self.conversation_id: int | None = None
         self.generation: ActiveGeneration | None = None
         self.edit_target: int | None = None

@@ -12,6 +12,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.app import App, ComposeResult
 from textual.message import Message
+from textual.geometry import Region
 from textual.strip import Strip
 
 from app.bridge import EngineBridge, chunk_draft_spans
@@ -283,19 +284,29 @@ async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -
             return original(widget, crop)
 
         assert live.body.region.contains(30, 10)  # the streamed text fills the view
-        for y, height in ((10, 1), (11, 2), (0, 3), (22, 2)):
-            rows = set(range(y, y + height))
-            crop = screen.region.intersection(screen.region.__class__(0, y, 80, height))
+        # One band of rows, then two bands far apart (the live reply's line and the stats bar): widgets render
+        # only the rows of each band, not everything between them.
+        for bands in (((10, 1),), ((11, 2),), ((0, 3),), ((22, 2),), ((10, 2), (22, 1))):
+            rows = {y for y, height in bands for y in range(y, y + height)}
+            crop = Region(0, min(rows), 80, max(rows) + 1 - min(rows))
             heights.clear()
             Widget.render_lines = spy  # type: ignore[method-assign]
             try:
                 ours = cropped._render_chops(crop, rows.__contains__)
             finally:
                 Widget.render_lines = original  # type: ignore[method-assign]
-            assert heights and max(heights) <= height  # no widget rendered rows outside the update
+            assert heights and max(heights) <= max(height for _, height in bands)
             theirs = stock._render_chops(crop, rows.__contains__)
             for row in rows:
                 assert Strip.join(ours[row].values()).text == Strip.join(theirs[row].values()).text
                 assert Strip.join(ours[row].values()) == Strip.join(theirs[row].values())
         assert live.body in rendered
+        # A line of the live reply: the containers behind it (screen, transcript, …) are hidden there.
+        rendered.clear()
+        Widget.render_lines = spy  # type: ignore[method-assign]
+        try:
+            cropped._render_chops(Region(0, 10, 80, 1), {10}.__contains__)
+        finally:
+            Widget.render_lines = original  # type: ignore[method-assign]
+        assert live.body in rendered and transcript not in rendered and screen not in rendered
         live.stop()

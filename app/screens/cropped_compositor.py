@@ -5,17 +5,41 @@ visible region, then keeps only the updated rows. While a reply streams, the upd
 of the live reply, yet the screen, its containers, the transcript and the message (about ten widgets, forty
 lines each) were all rendered for it: most of the UI's CPU time, which on a small machine is taken from the
 engine's threads. This compositor narrows each widget's clip to the updated rows first, so a widget renders
-only those rows (the same path Textual takes for a widget that is partly scrolled out of view).
+only those rows (the same path Textual takes for a widget that is partly scrolled out of view), and renders
+separate bands of rows (the live reply's last line and the stats bar) separately rather than everything between.
+In small updates a widget that the widgets in front of it hide in those rows (a container behind its children)
+is not rendered at all: Textual keeps the front-most line of each cell.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from textual._compositor import Compositor
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
+
+
+CULL_ROWS = 4  # hidden widgets are skipped in updates of at most this many rows (the common one- or two-line case)
+
+
+def _covers(spans: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether the sorted, merged `spans` cover [start, end)."""
+    return any(x0 <= start and end <= x1 for x0, x1 in spans)
+
+
+def _add(spans: list[tuple[int, int]], start: int, end: int) -> None:
+    """Add [start, end) to the sorted, merged `spans`."""
+    merged: list[tuple[int, int]] = []
+    for x0, x1 in spans:
+        if x1 < start or end < x0:
+            merged.append((x0, x1))
+        else:
+            start, end = min(start, x0), max(end, x1)
+    merged.append((start, end))
+    merged.sort()
+    spans[:] = merged
 
 
 class CroppedCompositor(Compositor):
@@ -32,11 +56,43 @@ class CroppedCompositor(Compositor):
         if crop is None:
             return widgets
         cropped: dict[Widget, tuple[Region, Region]] = {}
+        # Widgets come front to back and the front one's line wins each cell: a widget hidden in these rows by
+        # the ones in front (a container behind its children) need not render at all.
+        covered: list[list[tuple[int, int]]] = [[] for _ in range(crop.height)] if crop.height <= CULL_ROWS else []
         for widget, (region, clip) in widgets.items():
             rows = clip.intersection(Region(clip.x, crop.y, clip.width, crop.height))
-            if rows.area:
-                cropped[widget] = (region, rows)
+            if not rows.area:
+                continue
+            if covered:
+                drawn = region.intersection(rows)  # the cells it would draw in these rows
+                spans = covered[drawn.y - crop.y : drawn.bottom - crop.y]
+                if all(_covers(span, drawn.x, drawn.right) for span in spans):
+                    continue
+                for span in spans:
+                    _add(span, drawn.x, drawn.right)
+            cropped[widget] = (region, rows)
         return cropped
+
+    def _render_chops(
+        self, crop: Region, is_rendered_line: Callable[[int], bool]
+    ) -> Sequence[Mapping[int, Strip]]:
+        bands: list[tuple[int, int]] = []
+        for y in range(crop.y, crop.bottom):
+            if is_rendered_line(y):
+                if bands and bands[-1][1] == y:
+                    bands[-1] = (bands[-1][0], y + 1)
+                else:
+                    bands.append((y, y + 1))
+        if len(bands) <= 1:
+            return super()._render_chops(crop, is_rendered_line)
+        chops: list[Mapping[int, Strip]] = []
+        for start, stop in bands:
+            band = super()._render_chops(Region(crop.x, start, crop.width, stop - start), is_rendered_line)
+            if not chops:
+                chops = list(band)
+            else:
+                chops[start:stop] = band[start:stop]
+        return chops
 
     def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
         if crop is None or crop.height >= self.size.height:

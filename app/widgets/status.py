@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -91,6 +92,20 @@ class StatsBar(Widget):
     extras: reactive[dict[str, str]] = reactive(dict)
     """More readouts: label → value."""
 
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
+        super().__init__(id=id, classes=classes)
+        self._styles: dict[str, Style] = {}  # component styles walk every ancestor: looked up once per style change
+
+    def notify_style_update(self) -> None:
+        self._styles.clear()
+        super().notify_style_update()
+
+    def _style(self, name: str) -> Style:
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(name, partial=True)
+        return style
+
     def set_stats(self, stats: dict[str, Any]) -> None:
         """Show a finished reply's stats (GenerationStats.to_dict())."""
         self.decode_tps = float(stats.get("decode_tps", 0.0))
@@ -101,7 +116,7 @@ class StatsBar(Widget):
         self.n_ctx = int(stats.get("n_ctx", self.n_ctx))
 
     def render(self) -> Text:
-        label = self.get_component_rich_style("stats-bar--label", partial=True)
+        label = self._style("stats-bar--label")
         line = Text(no_wrap=True, overflow="ellipsis")
         if self.progress is not None:
             line.append(f" loading {self.progress * 100:3.0f}% ", style="bold")
@@ -119,8 +134,8 @@ class StatsBar(Widget):
         width = 10
         fraction = min(1.0, self.n_ctx_used / self.n_ctx) if self.n_ctx else 0.0
         used = round(fraction * width)
-        line.append("█" * used, style=self.get_component_rich_style("stats-bar--bar-used", partial=True))
-        line.append("░" * (width - used), style=self.get_component_rich_style("stats-bar--bar-free", partial=True))
+        line.append("█" * used, style=self._style("stats-bar--bar-used"))
+        line.append("░" * (width - used), style=self._style("stats-bar--bar-free"))
         line.append(f" {_short(self.n_ctx_used)}/{_short(self.n_ctx)}" if self.n_ctx else " –")
         for name, value in self.extras.items():
             line.append(f"  {name} ", style=label)

@@ -518,8 +518,11 @@ class LiveBody(RenderedOnce):
             add_span(self.draft_spans, base + start, base + end)
         self.text += text
         if self._render_timer is None:
-            delay = max(0.001, self._rendered_at + self.RENDER_INTERVAL_S - time.monotonic())  # a Timer needs > 0
-            self._render_timer = self.set_timer(delay, self._render_tail, name="live-body-render")
+            delay = self._rendered_at + self.RENDER_INTERVAL_S - time.monotonic()
+            if delay <= 0:
+                self._render_tail()  # drawn in the frame that also shows whatever else came with these tokens
+            else:
+                self._render_timer = self.set_timer(delay, self._render_tail, name="live-body-render")
 
     def _render_tail(self) -> None:
         """Freeze what is finished, render the tail again and repaint only from where the tail starts."""
@@ -820,10 +823,7 @@ class Transcript(VerticalScroll):
         live.write(text, reasoning, draft_spans)
         if follow and not self._follow_pending:
             self._follow_pending = True
-            self.set_timer(LiveBody.RENDER_INTERVAL_S, self._follow_after_refresh)
-
-    def _follow_after_refresh(self) -> None:
-        self.call_after_refresh(self._follow)
+            self.call_after_refresh(self._follow)
 
     def _follow(self) -> None:
         # Scroll in steps of a third of the view rather than a line at a time: a scroll repaints the whole view.

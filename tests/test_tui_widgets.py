@@ -11,8 +11,8 @@ from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.style import Style
 from textual.app import App, ComposeResult
-from textual.message import Message
 from textual.geometry import Region
+from textual.message import Message
 from textual.strip import Strip
 
 from app.bridge import EngineBridge, chunk_draft_spans

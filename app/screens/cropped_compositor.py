@@ -20,7 +20,6 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-
 CULL_ROWS = 4  # hidden widgets are skipped in updates of at most this many rows (the common one- or two-line case)
 
 

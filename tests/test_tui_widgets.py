@@ -310,3 +310,135 @@ async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -
             Widget.render_lines = original  # type: ignore[method-assign]
         assert live.body in rendered and transcript not in rendered and screen not in rendered
         live.stop()
+
+
+class _ScriptedClient:
+    """Stands in for EngineClient: loads at once, streams `REPLY` in small chunks from a thread."""
+
+    REPLY = ("A first paragraph that wraps over more than one line of the transcript, word after word, " * 3
+             + "\n\n- an item\n- another item\n\n```python\ndef f(x):\n    return x * 2\n```\n\n"
+             + "The end of the reply, " * 20)
+
+    def __init__(self, log_path: Path) -> None:
+        import queue
+
+        from engine_ext.protocol import Hello
+
+        self.log_path = log_path
+        self.events: queue.Queue[object] = queue.Queue()
+        self.hello = Hello(1, 1, "scripted", "")
+        self.pid: int | None = 1
+
+    def start(self) -> object:
+        return self.hello
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        pass
+
+    def next_event(self, timeout: float | None = None) -> object | None:
+        import queue
+
+        try:
+            return self.events.get(timeout=timeout) if timeout else self.events.get_nowait()
+        except queue.Empty:
+            return None
+
+    def send(self, request: object) -> None:
+        import threading
+
+        from engine_ext.protocol import Generate, Loaded, LoadModel, ModelInfo
+
+        if isinstance(request, LoadModel):
+            info = ModelInfo(request.path, "llama", "scripted", 1, 1, 4096, 4096, 1, 1, 0, 1, False, False, True, 1,
+                             "CPU", 1.0)
+            self.events.put(Loaded(info))
+        elif isinstance(request, Generate):
+            threading.Thread(target=self._stream, args=(request.request_id,), daemon=True).start()
+
+    def _stream(self, request_id: int) -> None:
+        import time
+
+        from engine_ext.protocol import Finished, GenerationStats
+
+        text = self.REPLY
+        for start in range(0, len(text), 7):
+            piece = text[start : start + 7]
+            self.events.put(TokenChunk(request_id, piece, "", (start,), ("target",), (len(piece),)))
+            time.sleep(0.008)
+        stats = GenerationStats(10, 0, 10, 1.0, len(text) // 7, 1000.0, 5.0, 4096, 10 + len(text) // 7)
+        self.events.put(Finished(request_id, "max_tokens", stats))
+
+
+class _Terminal:
+    """The screen a terminal would show: every update the app sends is applied, as the terminal applies it."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self.rows = [[" "] * width for _ in range(height)]
+        self.updates = 0
+
+    def apply(self, console: Console, update: object) -> None:
+        from rich.cells import cell_len
+        from rich.segment import ControlType
+
+        x = y = 0
+        for segment in console.render(update):  # type: ignore[arg-type]
+            if segment.control:
+                for control in segment.control:
+                    if control[0] == ControlType.CURSOR_MOVE_TO:
+                        x, y = int(control[1]), int(control[2])  # type: ignore[misc]
+                continue
+            for character in segment.text:
+                if character == "\n":
+                    x, y = 0, y + 1
+                    continue
+                if 0 <= y < len(self.rows) and 0 <= x < len(self.rows[y]):
+                    self.rows[y][x] = character
+                x += cell_len(character)
+        self.updates += 1
+
+    def lines(self) -> list[str]:
+        return ["".join(row).rstrip() for row in self.rows]
+
+
+async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_draws() -> None:
+    """What a terminal shows after the chat screen's partial updates (cropped rows, skipped hidden widgets) is
+    what a full render of the screen draws, during and after a streamed reply."""
+    from app.config import SamplingSettings
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
+                              backlog=lambda: app._message_queue.qsize())
+    terminal = _Terminal(100, 30)
+    display = app._display
+
+    def capture(screen: object, renderable: object) -> None:
+        display(screen, renderable)  # type: ignore[arg-type]
+        if renderable is not None and not app._batch_count:
+            terminal.apply(app.console, renderable)
+
+    app._display = capture  # type: ignore[method-assign]
+    async with app.run_test(size=(100, 30)) as pilot:
+        while app.engine_state != "ready":
+            await pilot.pause(0.01)
+        chat = app.chat
+        assert chat is not None
+
+        def full_render() -> list[str]:
+            return [strip.text.rstrip() for strip in app.screen._compositor.render_strips()]
+
+        await chat.send("Tell me something")
+        checked = 0
+        while chat.generation is not None:
+            await pilot.pause(0.02)
+            screen = app.screen
+            settled = not (screen._dirty_widgets or screen._compositor._dirty_regions or screen._layout_required
+                           or screen._repaint_required or screen._scroll_required)
+            if chat.generation is not None and settled:
+                # Between frames: the terminal shows exactly the screen as it stands.
+                assert terminal.lines() == full_render()
+                checked += 1
+        await pilot.pause(0.2)
+        assert terminal.lines() == full_render()
+        assert "The end of the reply" in "\n".join(terminal.lines())
+        assert checked >= 10 and terminal.updates > 20

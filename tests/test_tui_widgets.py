@@ -290,7 +290,7 @@ async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -
             rows = {y for y, height in bands for y in range(y, y + height)}
             crop = Region(0, min(rows), 80, max(rows) + 1 - min(rows))
             heights.clear()
-            Widget.render_lines = spy  # type: ignore[method-assign]
+            Widget.render_lines = spy  # type: ignore[method-assign, assignment]
             try:
                 ours = cropped._render_chops(crop, rows.__contains__)
             finally:
@@ -303,7 +303,7 @@ async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -
         assert live.body in rendered
         # A line of the live reply: the containers behind it (screen, transcript, …) are hidden there.
         rendered.clear()
-        Widget.render_lines = spy  # type: ignore[method-assign]
+        Widget.render_lines = spy  # type: ignore[method-assign, assignment]
         try:
             cropped._render_chops(Region(0, 10, 80, 1), {10}.__contains__)
         finally:

@@ -410,14 +410,14 @@ async def bench_open(n_messages: int) -> dict[str, Any]:
                 "first_paint_ms_median": round(statistics.median(results), 1)}
 
 
-def bench_decode(n_tokens: int, repetitions: int) -> dict[str, Any]:
+def bench_decode(n_tokens: int, repetitions: int, threads: int = 0) -> dict[str, Any]:
     """Decode tok/s of the starter model: the engine alone (EngineClient) vs the same generation through the app
     (bridge + UI, headless), alternating. Both load with the default engine settings, decode greedily with EOS
     ignored, and report GenerationStats.decode_tps (tokens after the first / time from first to last token)."""
     from dataclasses import replace
 
     from app.bridge import EngineBridge
-    from app.config import EngineSettings, SamplingSettings
+    from app.config import Config, EngineSettings, SamplingSettings, save_config
     from app.models import starter_model_path
     from app.tui import LlmtuiApp
     from engine_ext.client import EngineClient
@@ -428,7 +428,7 @@ def bench_decode(n_tokens: int, repetitions: int) -> dict[str, Any]:
         return {"skipped": "the starter model is not installed"}
     prompt = "Write a long story about a lighthouse keeper."
     sampling = SamplingSettings(temperature=0.0, max_tokens=n_tokens)
-    engine = EngineSettings()
+    engine = EngineSettings(n_threads=threads)  # 0: the default (every CPU)
     headless: list[float] = []
     attached: list[float] = []
     tokens: list[int] = []
@@ -444,6 +444,7 @@ def bench_decode(n_tokens: int, repetitions: int) -> dict[str, Any]:
             return finished.stats.decode_tps
 
     async def with_ui() -> float:
+        save_config(Config(engine=engine))  # the app reads its engine settings from config.toml
         app = LlmtuiApp(str(model), default_sampling=sampling)
         async with app.run_test(size=(120, 40)):
             while app.engine_state != "ready":
@@ -481,6 +482,8 @@ def main() -> int:
     parser.add_argument("--steady-rate", type=float, default=100.0,
                         help="tokens per second of the steady stream whose CPU use is measured")
     parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--decode-threads", type=int, default=0,
+                        help="engine threads for --engine (0: every CPU; fewer leaves the UI a core of its own)")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -498,7 +501,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as folder:
             os.environ["LLMTUI_DATA_DIR"] = str(Path(folder) / "data")
             os.environ["LLMTUI_CONFIG_DIR"] = str(Path(folder) / "config")
-            results["decode"] = bench_decode(args.decode_tokens, args.repetitions)
+            results["decode"] = bench_decode(args.decode_tokens, args.repetitions, args.decode_threads)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0

@@ -34,6 +34,7 @@ from app.widgets.transcript import (
 )
 from engine_ext.client import EngineClient
 from engine_ext.protocol import TokenChunk
+from tests.test_tui import wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -321,6 +322,7 @@ class _ScriptedClient:
 
     def __init__(self, log_path: Path) -> None:
         import queue
+        import threading
 
         from engine_ext.protocol import Hello
 
@@ -328,6 +330,7 @@ class _ScriptedClient:
         self.events: queue.Queue[object] = queue.Queue()
         self.hello = Hello(1, 1, "scripted", "")
         self.pid: int | None = 1
+        self.gate = threading.Semaphore(0)  # one release per chunk: the test lets the stream go a step at a time
 
     def start(self) -> object:
         return self.hello
@@ -362,9 +365,10 @@ class _ScriptedClient:
 
         text = self.REPLY
         for start in range(0, len(text), 7):
+            self.gate.acquire()
             piece = text[start : start + 7]
             self.events.put(TokenChunk(request_id, piece, "", (start,), ("target",), (len(piece),)))
-            time.sleep(0.008)
+            time.sleep(0.001)
         stats = GenerationStats(10, 0, 10, 1.0, len(text) // 7, 1000.0, 5.0, 4096, 10 + len(text) // 7)
         self.events.put(Finished(request_id, "max_tokens", stats))
 
@@ -425,20 +429,34 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
         assert chat is not None
 
         def full_render() -> list[str]:
+            # From scratch: no widget's cached lines (a line never repainted would be stale in the cache too).
+            for widget in app.screen.walk_children(with_self=True):
+                widget._styles_cache.clear()
             return [strip.text.rstrip() for strip in app.screen._compositor.render_strips()]
 
+        client = app.bridge._client
+        assert isinstance(client, _ScriptedClient)
         await chat.send("Tell me something")
-        checked = 0
-        while chat.generation is not None:
-            await pilot.pause(0.02)
-            screen = app.screen
-            settled = not (screen._dirty_widgets or screen._compositor._dirty_regions or screen._layout_required
-                           or screen._repaint_required or screen._scroll_required)
-            if chat.generation is not None and settled:
-                # Between frames: the terminal shows exactly the screen as it stands.
-                assert terminal.lines() == full_render()
-                checked += 1
+        reply = _ScriptedClient.REPLY
+        chunks = (len(reply) + 6) // 7
+        sent = 0
+        while sent < chunks:
+            # A few chunks (a frame's worth or several), then let every update land: the terminal must show
+            # exactly what a full render of the screen draws now.
+            step = min(chunks - sent, 1 + sent % 17)
+            client.gate.release(step)
+            sent += step
+            shown = min(len(reply), sent * 7)
+
+            def arrived(shown: int = shown) -> bool:
+                live = chat.transcript.live
+                return chat.generation is None or (live is not None and len(live.text) >= shown)
+
+            await wait_for(pilot, arrived)
+            await pilot.pause(0.1)
+            assert terminal.lines() == full_render()
+        await wait_for(pilot, lambda: chat.generation is None)
         await pilot.pause(0.2)
         assert terminal.lines() == full_render()
         assert "The end of the reply" in "\n".join(terminal.lines())
-        assert checked >= 10 and terminal.updates > 20
+        assert terminal.updates > 20

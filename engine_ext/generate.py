@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.chat import (
@@ -33,6 +34,9 @@ from engine_ext.speculative.driver import SpeculativeDriver
 MAX_CHECKPOINTS = 8
 CHUNK_INTERVAL_S = 1 / 15  # coalesce streamed text: the pipe carries 15 messages/s at most (the UI draws 15/s)
 MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is trimmed to fit
+# Accepted runs at least this long are streamed in one go; shorter ones token by token, through the code the
+# step's first token just ran (right after llama_decode, fresh code costs cache misses more than the tokens do).
+BULK_RUN = 8
 
 
 class PromptTooLong(EngineError):
@@ -338,7 +342,7 @@ class Session:
         """
         ctx, cached, model = self.ctx, self.cached, self.model
         n_ctx, max_tokens = ctx.n_ctx, request.max_tokens
-        is_eog = self.token_info.is_eog
+        first_eog = self.token_info.first_eog
         rollback = model.architecture in RS_ROLLBACK_ARCHS and ctx.params.n_rs_seq > 0
         needs_checkpoint = self.uses_checkpoints
         spec.reset_stats()
@@ -352,20 +356,19 @@ class Session:
         ids: list[int] = []
         sources: list[str] = []
         while True:
-            reason: StopReason | None = None
-            if ids and n_generated == 0:
-                t_first = t_last
-                ttft_ms = (t_first - t_request) * 1000.0
-            for tok, source in zip(ids, sources, strict=True):
-                n_generated += 1
-                reason = stream.push(tok, source, t_last)
+            if ids:
+                if n_generated == 0:
+                    t_first = t_last
+                    ttft_ms = (t_first - t_request) * 1000.0
+                if max_tokens > 0:
+                    ids = ids[: max_tokens - n_generated]
+                n_taken, reason = stream.push_many(ids, sources, t_last)
+                n_generated += n_taken
                 if reason is None and max_tokens > 0 and n_generated >= max_tokens:
                     reason = "max_tokens"
                 if reason is not None:
+                    stop_reason = reason
                     break
-            if reason is not None:
-                stop_reason = reason
-                break
             if t_last - last_update >= 0.25 and n_generated:
                 last_update = t_last
                 stream.emit(SpeculativeUpdate(self._spec_snapshot(spec, request, n_generated, t_first, t_last)))
@@ -404,7 +407,7 @@ class Session:
             batch = [id_last, *draft]
             ctx.decode(batch, n_past, logits_last=False, logits_all=True)
             spec.process(batch, n_past)
-            ids = sampler.sample_and_accept_n(ctx, draft, is_eog)
+            ids = sampler.sample_and_accept_n(ctx, draft, first_eog)
             n_accepted = len(ids) - 1
             kept = batch[: 1 + n_accepted]
             cached.extend(kept)
@@ -479,12 +482,16 @@ class _LoopResult:
 
 
 class _TokenInfo:
-    """Each token's bytes and end-of-generation flag, asked of llama.cpp once per model (both are fixed)."""
+    """Each token's bytes and end-of-generation flag, asked of llama.cpp once per model (both are fixed).
+
+    The flags are kept as sets, so a whole run of tokens is checked with set operations, not a call per token.
+    """
 
     def __init__(self, model: Model) -> None:
         self.model = model
         self.pieces: dict[int, bytes] = {}
-        self.eog: dict[int, bool] = {}
+        self.known: set[int] = set()  # tokens whose flag was asked
+        self.eog: set[int] = set()  # of those, the end-of-generation tokens
 
     def piece(self, token: int) -> bytes:
         piece = self.pieces.get(token)
@@ -492,11 +499,29 @@ class _TokenInfo:
             piece = self.pieces[token] = self.model.token_piece(token)
         return piece
 
+    def pieces_of(self, tokens: Sequence[int]) -> list[bytes]:
+        """The bytes of each token (one llama.cpp call per token not seen before)."""
+        pieces = self.pieces
+        for token in set(tokens).difference(pieces):
+            pieces[token] = self.model.token_piece(token)
+        return list(map(pieces.__getitem__, tokens))
+
     def is_eog(self, token: int) -> bool:
-        eog = self.eog.get(token)
-        if eog is None:
-            eog = self.eog[token] = self.model.is_eog(token)
-        return eog
+        if token not in self.known:
+            self._ask(token)
+        return token in self.eog
+
+    def first_eog(self, tokens: Sequence[int], start: int = 0) -> int:
+        """Index of the first end-of-generation token at or after `start`; len(tokens) when there is none."""
+        rest = tokens[start:]
+        if self.known.issuperset(rest) and self.eog.isdisjoint(rest):
+            return len(tokens)
+        return next((i for i in range(start, len(tokens)) if self.is_eog(tokens[i])), len(tokens))
+
+    def _ask(self, token: int) -> None:
+        if self.model.is_eog(token):
+            self.eog.add(token)
+        self.known.add(token)
 
 
 class _ReplyStream:
@@ -511,6 +536,7 @@ class _ReplyStream:
         token_info: _TokenInfo | None = None,
     ) -> None:
         info = token_info if token_info is not None else _TokenInfo(model)
+        self.info = info
         self.emit = emit
         self.request_id = request.request_id
         self.ignore_eos = request.ignore_eos
@@ -533,6 +559,64 @@ class _ReplyStream:
         """Add one sampled token; returns why generation stops at it, if it does."""
         if not self.ignore_eos and self.is_eog(token):
             return "eos"
+        if self._add_token(token, source):
+            return "stop_string"
+        if now - self.last_flush >= CHUNK_INTERVAL_S:  # also true for the first token
+            self.flush(now)
+        return None
+
+    def push_many(self, tokens: Sequence[int], sources: Sequence[str], now: float) -> tuple[int, StopReason | None]:
+        """Add the tokens of one speculative step, sampled at `now`, exactly as push() one by one would.
+
+        Returns how many tokens were taken (the one generation stops at included) and why generation stops, if it
+        does. Only the first token can start a new chunk (the others share its `now`), so the others are added
+        without the flush check; a long run with neither stop strings nor a reasoning split, all at once.
+        """
+        if not tokens:
+            return 0, None
+        reason = self.push(tokens[0], sources[0], now)
+        n = len(tokens)
+        if reason is not None or n == 1:
+            return 1, reason
+        if n < BULK_RUN or self.has_stops or self.splitter is not None:
+            for i in range(1, n):
+                if not self.ignore_eos and self.is_eog(tokens[i]):
+                    return i + 1, "eos"
+                if self._add_token(tokens[i], sources[i]):
+                    return i + 1, "stop_string"
+            return n, None
+        end = n if self.ignore_eos else self.info.first_eog(tokens, 1)
+        if end > 1:
+            self._add_answer_run(tokens[1:end], sources[1:end])
+        return (end + 1, "eos") if end < n else (n, None)
+
+    def _add_answer_run(self, tokens: Sequence[int], sources: Sequence[str]) -> None:
+        """Add tokens whose text is all answer text as it comes (no stop strings, no reasoning split)."""
+        self.ids.extend(tokens)
+        self.sources.extend(sources)
+        pieces = self.info.pieces_of(tokens)
+        data = b"".join(pieces)
+        lengths: Iterable[int]
+        if data.isascii():
+            # ASCII completes each character at once, so a token's text is its piece; but an unfinished character
+            # held from before becomes U+FFFD, which the decoder gives with the first non-empty piece.
+            text = self.utf8.feed(data)
+            lengths = list(map(len, pieces))
+            if len(text) > len(data):
+                first = next(i for i, size in enumerate(lengths) if size)
+                lengths[first] += len(text) - len(data)
+        else:
+            texts = list(map(self.utf8.feed, pieces))
+            text = "".join(texts)
+            lengths = map(len, texts)
+        ends = list(accumulate(lengths, initial=self.text_len))
+        self.text_ends.extend(ends[1:])
+        self.text_len = ends[-1]
+        if text:
+            self.text.append(text)
+
+    def _add_token(self, token: int, source: str) -> bool:
+        """Add one token and its text; returns whether it completes a stop string."""
         self.ids.append(token)
         self.sources.append(source)
         if self.has_stops:
@@ -543,10 +627,7 @@ class _ReplyStream:
         self.text_ends.append(self.text_len)
         if stopped:
             self.stopped = True
-            return "stop_string"
-        if now - self.last_flush >= CHUNK_INTERVAL_S:  # also true for the first token
-            self.flush(now)
-        return None
+        return stopped
 
     def _route(self, text: str) -> None:
         if not text:

@@ -93,27 +93,33 @@ class Sampler:
                 return int(self._rows(ptr, 1)[0].argmax())
         return int(C.llama_sampler_sample(self._chain, ctx.handle, idx))
 
-    def sample_and_accept_n(self, ctx: Context, draft: Sequence[int], is_eog: Callable[[int], bool]) -> list[int]:
+    def sample_and_accept_n(
+        self, ctx: Context, draft: Sequence[int], first_eog: Callable[[Sequence[int]], int]
+    ) -> list[int]:
         """Verify a draft whose batch gave output rows 0..len(draft) (common_sampler_sample_and_accept_n).
 
         Row i is sampled and accepted; verification stops at the first sample that differs from draft[i], or
         at an end-of-generation token before the last draft position; a fully matching draft also gets the
         sample of row len(draft). Returns the sampled tokens: the accepted draft prefix plus one target token.
         Rows are read only about as far as the first rejection (most of a long draft usually is rejected).
+        `first_eog(tokens)` is the index of the first end-of-generation token in tokens (len(tokens): none).
         """
         n = len(draft)
+        # The last row to sample: an accepted end-of-generation draft token ends verification as a rejection does.
+        last = first_eog(draft[: n - 1])
+        if last >= n - 1:
+            last = n
         ids: list[int] = []
         if self.pure_greedy:
             if ctx.backend_greedy:
                 handle, get_sampled = ctx.handle, C.llama_get_sampled_token_ith
-                for i, proposed in enumerate(draft):
+                for i in range(last + 1):
                     t = int(get_sampled(handle, i))
                     if t < 0:
                         t = _backend_token(ctx, i)
                     ids.append(t)
-                    if t != proposed or (i + 1 < n and is_eog(t)):
-                        return ids
-                ids.append(_backend_token(ctx, n))
+                    if i == last or t != draft[i]:
+                        break
                 return ids
             ptr = C.llama_get_logits(ctx.handle)
             if ptr:
@@ -122,20 +128,20 @@ class Sampler:
                 rows = self._rows(ptr, n + 1)
                 start, size = 0, 1
                 while True:
-                    stop = min(n + 1, start + size)
+                    stop = min(last + 1, start + size)
                     best: list[int] = rows[start:stop].argmax(axis=1).tolist()
                     for i, t in enumerate(best, start):
-                        ids.append(t)
-                        if i == n or t != draft[i] or (i + 1 < n and is_eog(t)):
+                        if i == last or t != draft[i]:
+                            ids += best[: i + 1 - start]
                             return ids
+                    ids += best
                     start, size = stop, size * 2
         chain, handle, sample = self._chain, ctx.handle, C.llama_sampler_sample
-        for i, proposed in enumerate(draft):
+        for i in range(last + 1):
             t = int(sample(chain, handle, i))
             ids.append(t)
-            if t != proposed or (i + 1 < n and is_eog(t)):
-                return ids
-        ids.append(int(sample(chain, handle, n)))
+            if i == last or t != draft[i]:
+                break
         return ids
 
     def accept(self, token: int) -> None:

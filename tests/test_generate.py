@@ -115,3 +115,67 @@ def test_backend_greedy_sampler_follows_the_request_sampling(tiny_models: dict[s
             assert not session.ctx.backend_greedy
         finally:
             session.spec.close()
+
+
+class _FakeVocab:
+    """token_piece / is_eog over a small made-up vocabulary: ASCII, split multi-byte characters, EOG, control."""
+
+    PIECES: dict[int, bytes] = {
+        0: b"", 1: b"", 2: b"a", 3: b" b", 4: b"<think>", 5: b"</think>", 6: b"\xc3", 7: b"\xa9", 8: b"\xe2\x9c",
+        9: b"\x93", 10: b"\n", 11: b"stop", 12: b"st", 13: b"op", 14: b"  ", 15: b"xyz",
+    }
+    EOG = {0}
+
+    def token_piece(self, token: int) -> bytes:
+        return self.PIECES[token]
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.EOG
+
+
+@pytest.mark.parametrize("stop", [(), ("stop", "é")])
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_push_many_streams_a_step_as_push_does_token_by_token(
+    stop: tuple[str, ...], chat: bool, ignore_eos: bool
+) -> None:
+    import random
+
+    from engine_ext.generate import PromptPlan, _ReplyStream, _TokenInfo
+
+    vocab = _FakeVocab()
+    request = Generate(request_id=1, prompt="p", stop=stop, ignore_eos=ignore_eos)
+    for trial in range(200):
+        plan = PromptPlan([1], "p", 0, opens_reasoning=trial % 2 == 1, chat=chat)
+        streams, results = [], []
+        for batched in (False, True):
+            chunks: list[TokenChunk] = []
+            info = _TokenInfo(vocab)  # type: ignore[arg-type]
+            stream = _ReplyStream(vocab, request, plan, chunks.append, info)  # type: ignore[arg-type]
+            outcomes = []
+            rng = random.Random(trial)  # the same steps for both streams
+            now = 0.0
+            for _ in range(rng.randint(1, 6)):
+                n = rng.choice([1, 2, 5, 8, 9, 20, 40])
+                weights = [1 if t == 0 else 6 for t in vocab.PIECES]
+                run = rng.choices(list(vocab.PIECES), weights=weights, k=n)
+                sources = ["ngram-mod"] * (n - 1) + ["target"]
+                now += rng.choice([0.01, 0.1])
+                if batched:
+                    outcome = stream.push_many(run, sources, now)
+                else:
+                    outcome = (n, None)
+                    for i, token in enumerate(run):
+                        reason = stream.push(token, sources[i], now)
+                        if reason is not None:
+                            outcome = (i + 1, reason)
+                            break
+                outcomes.append(outcome)
+                if outcome[1] is not None:
+                    break
+            stream.finish()
+            streams.append(chunks)
+            results.append(outcomes)
+        assert results[0] == results[1]
+        assert streams[0] == streams[1]
+        assert all(len(c.text_ends) == len(c.token_ids) == len(c.provenance) for c in streams[1])

@@ -28,19 +28,13 @@ class DrafterStats:
         if n_tokens > 0:
             self.n_gen_drafts += 1
             self.n_gen_tokens += n_tokens
-            if len(self.n_gen_per_pos) < n_tokens:
-                self.n_gen_per_pos.extend([0] * (n_tokens - len(self.n_gen_per_pos)))
-            for i in range(n_tokens):
-                self.n_gen_per_pos[i] += 1
+            count_positions(self.n_gen_per_pos, n_tokens)
 
     def record_accept(self, n_accepted: int) -> None:
         if n_accepted > 0:
             self.n_acc_drafts += 1
             self.n_acc_tokens += n_accepted
-            if len(self.n_acc_per_pos) < n_accepted:
-                self.n_acc_per_pos.extend([0] * (n_accepted - len(self.n_acc_per_pos)))
-            for i in range(n_accepted):
-                self.n_acc_per_pos[i] += 1
+            count_positions(self.n_acc_per_pos, n_accepted)
 
     @property
     def acceptance_rate(self) -> float:
@@ -54,6 +48,13 @@ class DrafterStats:
     def acceptance_per_position(self) -> list[float]:
         """Accepted tokens at each draft position per verify step (upstream's `#acc rate/pos`; non-increasing)."""
         return [a / self.n_call_accept for a in self.n_acc_per_pos] if self.n_call_accept else []
+
+
+def count_positions(counts: list[int], n: int) -> None:
+    """Add one to counts[0..n-1], growing the list as needed (per-position statistics)."""
+    if len(counts) < n:
+        counts.extend([0] * (n - len(counts)))
+    counts[:n] = [c + 1 for c in counts[:n]]
 
 
 class Drafter(ABC):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import DrafterReport, SpeculativeStats
-from engine_ext.speculative.base import Drafter, DrafterStats
+from engine_ext.speculative.base import Drafter, DrafterStats, count_positions
 
 RECENT_STEPS = 64
 AUTO_WINDOW = 12  # verify steps compared against plain decoding before deciding
@@ -93,10 +93,7 @@ class SpeculativeDriver:
         self.steps += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
-        if len(self.acc_per_pos) < n_accepted:
-            self.acc_per_pos.extend([0] * (n_accepted - len(self.acc_per_pos)))
-        for i in range(n_accepted):
-            self.acc_per_pos[i] += 1
+        count_positions(self.acc_per_pos, n_accepted)
         self.recent.append(n_accepted / n_drafted if n_drafted else 0.0)
         self.verify_ms += verify_ms
 

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from textual.message import Message
 
-from app.bridge import MessageTarget
+from app.bridge import FLUSH_INTERVAL_S, STATS_INTERVAL_S, MessageTarget
 from app.config import EngineSettings, RemoteSettings, SamplingSettings
 from app.messages import (
     EngineRequestFailed,
@@ -46,8 +46,6 @@ from engine_ext.params import SpeculativeParams, SteeringEntry
 REMOTE_PREFIX: Final = "remote:"
 CONNECT_TIMEOUT_S: Final = 10.0
 READ_TIMEOUT_S: Final = 600.0  # a slow server may think this long about a long prompt before the first token
-FLUSH_INTERVAL_S: Final = 1 / 15  # as EngineBridge: tokens reach the UI at most 15 times a second, in order
-STATS_INTERVAL_S: Final = 0.25
 MAX_ERROR_BODY: Final = 64 * 1024
 STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
 

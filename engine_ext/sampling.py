@@ -112,11 +112,8 @@ class Sampler:
         ids: list[int] = []
         if self.pure_greedy:
             if ctx.backend_greedy:
-                handle, get_sampled = ctx.handle, C.llama_get_sampled_token_ith
                 for i in range(last + 1):
-                    t = int(get_sampled(handle, i))
-                    if t < 0:
-                        t = _backend_token(ctx, i)
+                    t = _backend_token(ctx, i)
                     ids.append(t)
                     if i == last or t != draft[i]:
                         break

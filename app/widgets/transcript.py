@@ -525,7 +525,7 @@ class LiveBody(RenderedOnce):
                 self._render_timer = self.set_timer(delay, self._render_tail, name="live-body-render")
 
     def _render_tail(self) -> None:
-        """Freeze what is finished, render the tail again and repaint only from where the tail starts."""
+        """Freeze what is finished, render the tail again and repaint only the lines that changed."""
         self._render_timer = None
         self._rendered_at = time.monotonic()
         width = self._strips_width

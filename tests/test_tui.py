@@ -136,6 +136,33 @@ async def test_escape_stops_keeping_the_partial_reply_then_continue(tiny_models:
 
 
 @pytest.mark.anyio
+async def test_the_request_goes_out_once_the_reply_is_drawn_and_escape_before_it_still_stops(
+    tiny_models: dict[str, Path],
+) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=LONG)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await ready(pilot)
+        sent_when: list[bool] = []
+        generate = app.bridge.generate
+
+        def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+            live = chat.transcript.live
+            sent_when.append(live is not None and live.region.height > 0)  # laid out and on screen
+            return generate(*args, **kwargs)
+
+        app.bridge.generate = spy  # type: ignore[method-assign]
+        chat.prompt.load_text("tell me a long story")
+        await chat.send("tell me a long story")
+        assert chat.generation is not None and chat.generation.request_id == 0 and not sent_when
+        chat.action_stop()  # Esc before the request went out: it is sent and cancelled at once
+        await reply_done(pilot)
+        assert sent_when == [True]
+        stopped = app.store.active_path(chat.conversation_id or 0)[-1]
+        assert stopped.state == "stopped" and stopped.stats["stop_reason"] == "cancelled"
+        assert stopped.token_count < LONG.max_tokens
+
+
+@pytest.mark.anyio
 async def test_regenerate_keeps_the_old_reply_as_a_branch(tiny_models: dict[str, Path]) -> None:
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(max_tokens=8, seed=1))
     async with app.run_test(size=(100, 30)) as pilot:

@@ -66,7 +66,8 @@ def test_changed_lines_finds_the_rows_to_repaint() -> None:
 def test_shared_parser_markdown_draws_as_rich_markdown_does() -> None:
     console = Console(width=60, color_system="truecolor")
     text = "# Title\n\nSome *emphasis*, `code`, ~~struck~~ and a table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n" \
-           "```python\nprint('hi')\n```\n\n- item https://example.com\n"
+           "```python\nprint('hi')\n```\n\n- item https://example.com\n\n```rust\nfn main() {}\n```\n\n" \
+           "```no-such-language\nplain\ttext\n```\n\n```\nno language\n```\n\n    indented code\n"
     for dark, theme in ((True, "monokai"), (False, "default")):
         ours = console.render_lines(_markdown(text, dark=dark), console.options)
         rich = console.render_lines(RichMarkdown(text, code_theme=theme, hyperlinks=False), console.options)
@@ -310,6 +311,22 @@ async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -
         finally:
             Widget.render_lines = original  # type: ignore[method-assign]
         assert live.body in rendered and transcript not in rendered and screen not in rendered
+        # The same line updated only within the live reply's columns (what its refresh asks for): widgets
+        # beside it (the sidebar, the scrollbar) or behind it there are not rendered, and every cell the
+        # update writes is the stock compositor's.
+        body = live.body.region
+        crop = Region(body.x, 10, body.width, 1)
+        rendered.clear()
+        Widget.render_lines = spy  # type: ignore[method-assign, assignment]
+        try:
+            ours = cropped._render_chops(crop, {10}.__contains__)
+        finally:
+            Widget.render_lines = original  # type: ignore[method-assign]
+        assert rendered == {live.body}
+        theirs = stock._render_chops(crop, {10}.__contains__)
+        ends = dict(zip(theirs[10], stock.cuts[10][1:], strict=True))
+        written = [x for x in theirs[10] if x < crop.right and ends[x] > crop.x]
+        assert written and all(ours[10][x] == theirs[10][x] for x in written)
         live.stop()
 
 

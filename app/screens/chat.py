@@ -69,6 +69,7 @@ class ActiveGeneration:
     """The reply being streamed."""
 
     request_id: int
+    """0 until the request is sent (just after the screen shows the new reply)."""
     conversation_id: int
     message_id: int
     recorder: ReplyRecorder
@@ -425,13 +426,24 @@ class ChatScreen(Screen[None]):
                 await self.reload_transcript()
             await self.transcript.start_live(message_id, model_name)
         sampling = self.conversation_sampling(conversation)
-        request_id = self.app.bridge.generate(
-            self._engine_messages(path, conversation), sampling, continue_reply=resume is not None
-        )
-        self.generation = ActiveGeneration(request_id, conversation.id, message_id, recorder)
+        generation = ActiveGeneration(0, conversation.id, message_id, recorder)
+        self.generation = generation
         self.replies_started += 1
         pause_full_collections()
         self.app.set_engine_state("generating")
+        # The request goes out once the screen has drawn the new messages: mounting them, laying the screen out
+        # and repainting it takes tens of milliseconds that would otherwise run alongside the engine's first
+        # tokens and, on a machine whose cores all run the engine, slow them (the same wait, paid up front).
+        messages = self._engine_messages(path, conversation)
+        self.call_after_refresh(self._request_reply, generation, messages, sampling, resume is not None)
+
+    def _request_reply(self, generation: ActiveGeneration, messages: list[tuple[str, str]],
+                       sampling: SamplingSettings, continue_reply: bool) -> None:
+        if self.generation is not generation:
+            return  # ended before it was sent (the engine crashed)
+        generation.request_id = self.app.bridge.generate(messages, sampling, continue_reply=continue_reply)
+        if generation.cancelling:  # Esc came first: the engine stops at once and the reply ends as stopped
+            self.app.bridge.cancel(generation.request_id)
 
     async def on_tokens_arrived(self, event: TokensArrived) -> None:
         generation = self.generation
@@ -503,7 +515,8 @@ class ChatScreen(Screen[None]):
         if self.generation is not None:
             if not self.generation.cancelling:
                 self.generation.cancelling = True
-                self.app.bridge.cancel(self.generation.request_id)
+                if self.generation.request_id:  # else cancelled as soon as it is sent
+                    self.app.bridge.cancel(self.generation.request_id)
             return
         if self.edit_target is not None:
             self._leave_edit_mode(restore=True)

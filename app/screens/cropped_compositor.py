@@ -8,7 +8,8 @@ engine's threads. This compositor narrows each widget's clip to the updated rows
 only those rows (the same path Textual takes for a widget that is partly scrolled out of view), and renders
 separate bands of rows (the live reply's last line and the stats bar) separately rather than everything between.
 In small updates a widget that the widgets in front of it hide in those rows (a container behind its children)
-is not rendered at all: Textual keeps the front-most line of each cell.
+is not rendered at all: Textual keeps the front-most line of each cell. Nor is a widget with no cell in the
+update's columns (the transcript's scrollbar beside a line of the reply): the update writes only those cells.
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ class CroppedCompositor(Compositor):
         covered: list[list[tuple[int, int]]] = [[] for _ in range(crop.height)] if crop.height <= CULL_ROWS else []
         for widget, (region, clip) in widgets.items():
             rows = clip.intersection(Region(clip.x, crop.y, clip.width, crop.height))
-            if not rows.area:
+            # The update writes only cells inside the crop: a widget with none in its columns (the scrollbar
+            # beside a line of the live reply) need not render.
+            if not rows.area or rows.right <= crop.x or rows.x >= crop.right:
                 continue
             if covered:
                 drawn = region.intersection(rows)  # the cells it would draw in these rows
                 spans = covered[drawn.y - crop.y : drawn.bottom - crop.y]
-                if all(_covers(span, drawn.x, drawn.right) for span in spans):
+                # Hidden within the crop's columns: the cells it would show outside them are not written.
+                left, right = max(drawn.x, crop.x), min(drawn.right, crop.right)
+                if left >= right or all(_covers(span, left, right) for span in spans):
                     continue
                 for span in spans:
                     _add(span, drawn.x, drawn.right)

@@ -40,11 +40,14 @@ pytestmark = pytest.mark.anyio
 
 
 def test_freeze_point_never_cuts_inside_a_code_fence() -> None:
-    text = "para one\n\n```\ncode\n\nmore code\n```\n\nnext para"
+    text = "para one\n\n```\ncode\n\nmore code\n```\n\nnext paragraph"
     cut = freeze_point(text, 0)
-    assert text[:cut].count("```") % 2 == 0 and text[cut:] == "next para"
+    assert text[:cut].count("```") % 2 == 0 and text[cut:] == "next paragraph"
     assert freeze_point("only one paragraph so far", 0) == -1
-    assert freeze_point("a\n\nb\n\nc", 4) == 6
+    assert freeze_point("a\n\nb\n\nc\n", 4) == 6
+    # Not before a block whose start is still unknown: "1" may become "1. an item" (the list goes on) or "1999".
+    assert freeze_point("- an item\n\n1", 0) == -1 and freeze_point("- an item\n\n1999 was a year", 0) == 11
+    assert freeze_point("- an item\n\n1. another item", 0) == -1
     assert code_blocks("x\n```py\nprint(1)\n```\n") == ["print(1)\n"]
 
 
@@ -104,6 +107,38 @@ async def test_live_message_freezes_finished_blocks_and_keeps_every_character() 
         await pilot.pause()
         await pilot.click(".live-reasoning")
         assert live.show_reasoning
+        live.stop()
+
+
+MIXED_MARKDOWN = (
+    "# A heading\n\nA paragraph with *emphasis*, `code` and a [link](https://example.com) that wraps over more "
+    "than one line of the transcript.\n\n- a tight item\n- another item\n\n- a loose item\n\n  its second "
+    "paragraph\n\n- the last item\n\n1. first\n2. second\n\n> a quote\n> that continues\n\n> another "
+    "quote\n\n---\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nSetext heading\n---\n\n```python\ndef f(x):\n\n"
+    "    return x * 2\n```\n\n    indented code\n\n    after a blank line\n\nThe end, **bold** at last.\n"
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 29])
+async def test_streamed_markdown_of_every_kind_draws_as_the_whole_text_does(chunk: int) -> None:
+    """Frozen block by block as it streams (each finished block at once), the reply's lines, styles included,
+    are the lines of the whole text rendered in one piece."""
+    app = TranscriptHost()
+    async with app.run_test(size=(70, 30)) as pilot:
+        transcript = app.query_one(Transcript)
+        live = await transcript.start_live(1, "model")
+        for index, start in enumerate(range(0, len(MIXED_MARKDOWN), chunk)):
+            transcript.write_live(MIXED_MARKDOWN[start : start + chunk], "")
+            live.body.flush()  # drawn after every chunk, as if each came in a frame of its own
+            if index % 5 == 4:
+                await pilot.pause(0.01)
+        await pilot.pause(0.1)
+        assert len(live.body.segments) > 4  # blocks were frozen one by one
+        width = live.body.size.width
+        options = app.console_options.update_width(width).update(highlight=False)
+        whole = app.console.render_lines(_markdown(MIXED_MARKDOWN, dark=live.body.dark), options, pad=False)
+        expected = [Strip(line).adjust_cell_length(width) for line in whole]
+        assert live.body._strips == expected
         live.stop()
 
 

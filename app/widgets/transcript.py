@@ -43,6 +43,7 @@ _CODE_BLOCK: Final = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTA
 _RENDERED_TOKEN: Final = re.compile(r"\w+|[^\w\s]")
 _SPACE_RUN: Final = re.compile(r" +")
 _LIST_ITEM: Final = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)", re.MULTILINE)
+LIST_MARKER_CHARS: Final = 12  # enough of a line to tell whether it starts a list item (up to 9 digits, ". ")
 WORD_LOOKAHEAD: Final = 160  # source characters a rendered word may be ahead of the last one (markup, link targets)
 MARK_LOOKAHEAD: Final = 4  # the same for a lone punctuation mark, kept short so it cannot skip words
 CHAR_LOOKAHEAD: Final = 16  # the same for a character of a word found only with markup inside it
@@ -459,30 +460,53 @@ def freeze_point(text: str, min_chars: int) -> int:
             # Only a blank line before top-level text: the next block starts a new paragraph, heading or fence
             # (not the next item of a list: a list split in two would be drawn as two lists).
             rest = text[position : position + 1]
-            if rest and not rest.isspace() and not _LIST_ITEM.match(text, position):
+            # The block after it must be known to start: its first line complete or long enough to tell a list
+            # item ("1. ", "- ") from text ("1999", "---"); streamed text often ends just after a blank line.
+            decided = "\n" in text[position : position + LIST_MARKER_CHARS] or len(text) - position >= LIST_MARKER_CHARS
+            if rest and not rest.isspace() and decided and not _LIST_ITEM.match(text, position):
                 cut = position
     return cut
 
 
+_CONTAINER_OPENS: Final = frozenset({"bullet_list_open", "ordered_list_open", "blockquote_open", "table_open"})
+
+
+def _block_edges(markdown: RichMarkdown) -> tuple[bool, bool]:
+    """Whether `markdown` starts with a container block (list, quote, table) and whether it ends with a rule."""
+    top = [token for token in markdown.parsed if token.level == 0 and token.nesting >= 0]
+    return bool(top) and top[0].type in _CONTAINER_OPENS, bool(top) and top[-1].type == "hr"
+
+
+def _needs_separator(previous_ends_with_rule: bool, starts_with_container: bool) -> bool:
+    """Whether Rich puts a blank line between two blocks when it draws them in one document: after a leaf block
+    (paragraph, heading, code) when the next block is a leaf too. A list, quote or table draws its own blank line
+    first (drawn alone too), and a rule ends with one."""
+    return not previous_ends_with_rule and not starts_with_container
+
+
 @dataclass
 class FrozenSegment:
-    """A finished part of the reply being streamed: its Markdown, where it starts in the reply, its lines."""
+    """A finished part of the reply being streamed: its Markdown, where it starts in the reply, its lines (with the
+    blank line that separates it from the segment before, when Rich draws one there)."""
 
     markdown: str
     start: int
     lines: Lines
+    separated: bool = False
+    """Whether its lines start with a blank line that separates it from the segment before."""
+    ends_with_rule: bool = False
 
 
 class LiveBody(RenderedOnce):
     """The answer being streamed, in one widget: finished blocks frozen into lines rendered once, then the tail.
 
-    Whenever the tail holds FREEZE_CHARS of finished blocks they are rendered once into a `FrozenSegment`, so only
-    a short tail is parsed again, at most once every RENDER_INTERVAL_S however fast tokens come. The height is
+    Each finished block is rendered once into a `FrozenSegment` as soon as the next one has started, so only the
+    block being written is parsed again, at most once every RENDER_INTERVAL_S however fast tokens come. The height is
     allocated in steps of a screenful (at least GROW_LINES), so a new line of text usually changes no size and
     only the tail's lines are repainted.
     """
 
-    FREEZE_CHARS: ClassVar[int] = 200
+    FREEZE_CHARS: ClassVar[int] = 0  # freeze finished blocks at once (the tail is the block being written)
     GROW_LINES: ClassVar[int] = 16
     RENDER_INTERVAL_S: ClassVar[float] = 1 / 15
 
@@ -536,15 +560,18 @@ class LiveBody(RenderedOnce):
         if cut <= 0:
             return False
         segment = FrozenSegment(tail[:cut], self._frozen_chars, [])
+        starts_with_container, segment.ends_with_rule = _block_edges(_markdown(segment.markdown, dark=self.dark))
+        segment.separated = bool(self.segments) and _needs_separator(self.segments[-1].ends_with_rule,
+                                                                    starts_with_container)
         if self._frozen_width > 0:
-            segment.lines = self._render_segment(segment.markdown, self._frozen_width)
+            segment.lines = self._render_segment(segment, self._frozen_width)
         self.segments.append(segment)
         self._frozen_chars += cut
         return True
 
-    def _render_segment(self, markdown: str, width: int) -> Lines:
-        lines = self.render_renderable(_markdown(markdown, dark=self.dark), width)
-        return [*lines, []]  # the blank line Rich puts between blocks: the same lines as the whole reply's
+    def _render_segment(self, segment: FrozenSegment, width: int) -> Lines:
+        lines = self.render_renderable(_markdown(segment.markdown, dark=self.dark), width)
+        return [[], *lines] if segment.separated else lines  # the same lines as in the whole reply drawn at once
 
     def append(self, text: str, spans: Sequence[tuple[int, int]] = ()) -> None:
         """Add streamed text; `spans` (relative to `text`) came from accepted draft tokens. Drawn within a frame."""
@@ -615,7 +642,7 @@ class LiveBody(RenderedOnce):
         if width != self._frozen_width:
             self._frozen_width = width
             for segment in self.segments:
-                segment.lines = self._render_segment(segment.markdown, width)
+                segment.lines = self._render_segment(segment, width)
             self._frozen_strips, self._frozen_strips_segments = [], 0
         if colour != self._frozen_colour:
             self._frozen_colour = colour
@@ -628,7 +655,12 @@ class LiveBody(RenderedOnce):
             self._frozen_strips.extend(_strips(lines, width))
         self._frozen_strips_segments = len(self.segments)
         tail = self.tail
-        self._tail_lines = self.render_renderable(_markdown(tail, dark=self.dark), width) if tail.strip() else []
+        self._tail_lines = []
+        if tail.strip():
+            markdown = _markdown(tail, dark=self.dark)
+            self._tail_lines = self.render_renderable(markdown, width)
+            if self.segments and _needs_separator(self.segments[-1].ends_with_rule, _block_edges(markdown)[0]):
+                self._tail_lines.insert(0, [])
         lines = self._coloured(self._tail_lines, tail, self._frozen_chars, style) if colour else self._tail_lines
         return self._frozen_strips + _strips(lines, width)
 

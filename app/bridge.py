@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing import resource_tracker
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -133,6 +135,11 @@ class EngineBridge:
         self._target = target
         self._client = client_factory(log_path)
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # The thread sleeps until the worker sends something, the worker exits or a command comes (a byte on
+        # this pipe), not in short polls: an idle app takes no CPU, and a streaming one only what it draws.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._exit = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmtui-engine-bridge", daemon=True)
         self._ids = itertools.count(1)
@@ -157,11 +164,11 @@ class EngineBridge:
         """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation."""
         self.model_path = path
         self._model = (path, engine, load_mtp, n_rs_seq)
-        self._commands.put(lambda: self._do_load(path, engine, load_mtp, n_rs_seq))
+        self._submit(lambda: self._do_load(path, engine, load_mtp, n_rs_seq))
 
     def restart(self) -> None:
         """Start a fresh worker and reload the last model (after a crash)."""
-        self._commands.put(self._do_restart)
+        self._submit(self._do_restart)
 
     def generate(
         self,
@@ -179,31 +186,46 @@ class EngineBridge:
             max_tokens=sampling.max_tokens,
             continue_reply=continue_reply,
         )
-        self._commands.put(lambda: self._do_generate(request))
+        self._submit(lambda: self._do_generate(request))
         return request_id
 
     def cancel(self, request_id: int) -> None:
-        self._commands.put(lambda: self._send(Cancel(request_id)))
+        self._submit(lambda: self._send(Cancel(request_id)))
 
     def set_speculative(self, params: SpeculativeParams) -> None:
         """Configure speculative decoding (no types: off); answered by SpeculativeConfigured or EngineRequestFailed."""
-        self._commands.put(lambda: self._send_control("speculative", SetSpeculative(params)))
+        self._submit(lambda: self._send_control("speculative", SetSpeculative(params)))
 
     def set_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
         """Apply a control-vector mix (empty: none), mid-generation too; answered by SteeringApplied."""
-        self._commands.put(lambda: self._send_control("steering", SetSteering(entries)))
+        self._submit(lambda: self._send_control("steering", SetSteering(entries)))
 
     def make_vector(self, prompt_set_path: str, output_path: str, method: str = "pca") -> None:
         """Make a control vector on the loaded model: VectorProgressed… then VectorCreated (or EngineRequestFailed)."""
         request = MakeControlVector(prompt_set_path, output_path, method)
-        self._commands.put(lambda: self._send_control("vector", request))
+        self._submit(lambda: self._send_control("vector", request))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (exit event + join) and shut the worker down; idempotent."""
         self._exit.set()
+        self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         self._client.close()
+        if not self._thread.is_alive() and self._wake_w >= 0:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (the thread will wake anyway) or closed
 
     @property
     def pid(self) -> int | None:
@@ -217,20 +239,33 @@ class EngineBridge:
     def _run(self) -> None:
         while not self._exit.is_set():
             self._run_commands()
-            if self._running:
-                timeout = POLL_S
-                if self._pending_since is not None:
-                    timeout = max(0.002, self._pending_since + FLUSH_INTERVAL_S - time.monotonic())
-                events = self._read(timeout)
-                for event in events:
-                    self._dispatch(event)
-                self._flush_tokens(force=False)
-            else:
-                try:
-                    command = self._commands.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
-                self._guard(command)
+            if self._exit.is_set():
+                break
+            if not self._running:
+                wait([self._wake_r])  # until a command comes
+                self._drain_wake()
+                continue
+            timeout: float | None = None  # nothing to flush: sleep until the worker or a command says something
+            if self._pending_since is not None:
+                timeout = max(0.002, self._pending_since + FLUSH_INTERVAL_S - time.monotonic())
+            handles = self._client.wait_handles()
+            if handles:
+                ready = wait([self._wake_r, *handles], timeout)
+                if self._wake_r in ready:
+                    self._drain_wake()
+                events = self._read(0.0) if any(handle is not self._wake_r for handle in ready) else []
+            else:  # a client with nothing to wait on (a stand-in in tests and benchmarks) is polled
+                events = self._read(POLL_S if timeout is None else min(timeout, POLL_S))
+            for event in events:
+                self._dispatch(event)
+            self._flush_tokens(force=False)
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def _run_commands(self) -> None:
         while True:

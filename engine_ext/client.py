@@ -167,6 +167,12 @@ class EngineClient:
         except (OSError, ValueError) as exc:
             raise EngineCrashedError(self._crash()) from exc
 
+    def wait_handles(self) -> list[Any]:
+        """What to wait on (multiprocessing.connection.wait) for the next event: the pipe, and the worker's
+        sentinel, ready when it exits; empty when there is no worker."""
+        conn, process = self._conn, self._process
+        return [conn, process.sentinel] if conn is not None and process is not None else []
+
     def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event, None on timeout, or a Crashed event when the worker died."""
         conn = self._conn

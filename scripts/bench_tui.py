@@ -97,6 +97,9 @@ class SyntheticClient:
     def close(self, timeout_s: float = 5.0) -> None:
         self.cancelled.set()
 
+    def wait_handles(self) -> list[object]:
+        return []  # nothing to wait on: the bridge polls next_event
+
     def next_event(self, timeout: float | None = None) -> Any:
         try:
             return self.events.get(timeout=timeout) if timeout else self.events.get_nowait()

@@ -390,6 +390,9 @@ class _ScriptedClient:
     def close(self, timeout_s: float = 5.0) -> None:
         pass
 
+    def wait_handles(self) -> list[object]:
+        return []  # nothing to wait on: the bridge polls next_event
+
     def next_event(self, timeout: float | None = None) -> object | None:
         import queue
 

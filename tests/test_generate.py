@@ -179,3 +179,24 @@ def test_push_many_streams_a_step_as_push_does_token_by_token(
         assert results[0] == results[1]
         assert streams[0] == streams[1]
         assert all(len(c.text_ends) == len(c.token_ids) == len(c.provenance) for c in streams[1])
+
+
+def test_float_rows_slices_the_widest_view_at_an_address_and_reads_the_buffer_live() -> None:
+    import ctypes
+
+    from engine_ext.sampling import FloatRows
+
+    width = 5
+    buffer = (ctypes.c_float * (4 * width))(*range(4 * width))
+    other = (ctypes.c_float * (2 * width))(*(-v for v in range(2 * width)))
+    rows = FloatRows(width)
+    pointer = ctypes.cast(buffer, ctypes.POINTER(ctypes.c_float))
+    wide = rows(pointer, 4)
+    assert wide.shape == (4, width) and wide[3].tolist() == [15, 16, 17, 18, 19]
+    one = rows(pointer, 1)  # a slice of the kept view: the same memory
+    assert one.shape == (1, width) and one.base is not None and rows(pointer, 4) is wide
+    buffer[2] = 99.0
+    assert one[0, 2] == 99.0 and wide[0, 2] == 99.0  # no copy: what the engine writes next is what is read
+    elsewhere = rows(ctypes.cast(other, ctypes.POINTER(ctypes.c_float)), 2)  # a new address: a new view
+    assert elsewhere.tolist() == [[0, -1, -2, -3, -4], [-5, -6, -7, -8, -9]]
+    assert rows(pointer, 3)[2].tolist() == [10, 11, 12, 13, 14]  # back to the first buffer

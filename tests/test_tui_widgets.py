@@ -510,8 +510,60 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
             await wait_for(pilot, arrived)
             await pilot.pause(0.1)
             assert terminal.lines() == full_render()
+            # The newest line of the reply is in view (the view follows the text, not the room kept below it).
+            live, transcript = chat.transcript.live, chat.transcript
+            if live is not None and live.body.content_height:
+                y = live.virtual_region.y + live.content_bottom() - 1
+                assert transcript.scroll_y <= y < transcript.scroll_y + transcript.scrollable_content_region.height
         await wait_for(pilot, lambda: chat.generation is None)
         await pilot.pause(0.2)
         assert terminal.lines() == full_render()
         assert "The end of the reply" in "\n".join(terminal.lines())
         assert terminal.updates > 20
+
+
+async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() -> None:
+    from app.config import SamplingSettings
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
+                              backlog=lambda: app._message_queue.qsize())
+    async with app.run_test(size=(60, 16)) as pilot:
+        while app.engine_state != "ready":
+            await pilot.pause(0.01)
+        chat = app.chat
+        assert chat is not None
+        client = app.bridge._client
+        assert isinstance(client, _ScriptedClient)
+        transcript = chat.transcript
+        await chat.open_conversation(None)  # a new conversation: the reply is all there is to scroll through
+        await chat.send("Tell me something")
+        chunks = (len(_ScriptedClient.REPLY) + 6) // 7
+
+        async def stream(n: int) -> None:
+            live = transcript.live
+            assert live is not None
+            before = len(live.text)
+            client.gate.release(n)
+            await wait_for(pilot, lambda: len(live.text) >= before + 7 * n)
+            await pilot.pause(0.15)
+
+        def newest_line_in_view() -> bool:
+            live = transcript.live
+            assert live is not None
+            y = live.virtual_region.y + live.content_bottom() - 1  # the reply's last line, in the transcript
+            return transcript.scroll_y <= y < transcript.scroll_y + transcript.scrollable_content_region.height
+
+        await stream(chunks // 2)
+        assert transcript.scroll_y > 0 and newest_line_in_view()
+        transcript.scroll_home(animate=False)  # the user scrolls up to read: the view stays there
+        await pilot.pause(0.1)
+        await stream(chunks // 4)
+        assert transcript.scroll_y == 0 and not newest_line_in_view()
+        transcript.scroll_end(animate=False)  # back at the end (past the text, into the room kept below it)
+        await pilot.pause(0.1)
+        await stream(2)
+        assert newest_line_in_view()
+        client.gate.release(chunks)
+        await wait_for(pilot, lambda: chat.generation is None)

@@ -869,36 +869,46 @@ class Transcript(VerticalScroll):
                            draft_spans=draft_spans, colour_drafts=self.colour_drafts)
         self.live = live
         await self.mount(live)
-        self.scroll_end(animate=False)
+        # Not scroll_end: the live reply keeps room below its text (a screenful, so that new lines seldom change
+        # its size) and the end of the transcript is that empty room. Show where the text will appear.
+        self._follow_pending = True
+        self.call_after_refresh(self._follow, True)
         return live
 
-    def _live_target(self) -> float:
-        """The scroll offset that shows the end of the streamed text at the bottom of the view."""
+    def _live_target(self, *, clamp: bool = True) -> float:
+        """The scroll offset that shows the end of the streamed text at the bottom of the view (unclamped: below 0
+        when the text ends above the view's bottom at offset 0)."""
         live = self.live
         if live is None:
             return self.max_scroll_y
-        bottom = live.virtual_region.y + live.content_bottom() + 1
-        return max(0.0, min(self.max_scroll_y, bottom - self.scrollable_content_region.height))
+        offset = live.virtual_region.y + live.content_bottom() + 1 - self.scrollable_content_region.height
+        return max(0.0, min(self.max_scroll_y, offset)) if clamp else offset
 
     def write_live(self, text: str, reasoning: str, draft_spans: Sequence[tuple[int, int]] = ()) -> None:
         """Append to the streaming reply; `draft_spans` (relative to `text`) came from accepted draft tokens."""
         live = self.live
         if live is None:
             return
-        step = max(1, self.scrollable_content_region.height // 3)
-        follow = self.scroll_y >= self._live_target() - 1 - step
+        follow = self._following()
         live.write(text, reasoning, draft_spans)
         if follow and not self._follow_pending:
             self._follow_pending = True
             self.call_after_refresh(self._follow)
 
-    def _follow(self) -> None:
-        # Scroll in steps of a third of the view rather than a line at a time: a scroll repaints the whole view.
+    def _following(self) -> bool:
+        """Whether the view shows the end of the streamed text (or is past it, in the room kept below it)."""
+        step = max(1, self.scrollable_content_region.height // 3)
+        return self.scroll_y >= self._live_target() - 1 - step
+
+    def _follow(self, jump: bool = False) -> None:
+        """Keep the end of the streamed text in view: in steps of a third of the view rather than a line at a time
+        (a scroll repaints the whole view), and never further down than that (below is only empty room)."""
         self._follow_pending = False
         target = self._live_target()
-        if self.scroll_y < target:
-            step = max(1, self.scrollable_content_region.height // 3)
-            self.scroll_to(y=min(self.max_scroll_y, target + step - 1), animate=False, immediate=True)
+        step = max(1, self.scrollable_content_region.height // 3)
+        end = max(0.0, min(self.max_scroll_y, self._live_target(clamp=False) + step - 1))
+        if jump or self.scroll_y < target or self.scroll_y > end:
+            self.scroll_to(y=end, animate=False, immediate=True)
 
     async def freeze_live(self, message: StoredMessage, branch: BranchInfo | None = None) -> MessageView | None:
         """Replace the live reply by a static view of its final state."""
@@ -906,7 +916,7 @@ class Transcript(VerticalScroll):
         self.live = None
         if live is None:
             return None
-        follow = self.at_bottom
+        follow = self.at_bottom or self._following()
         live.stop()
         if branch is not None:
             self.branches[message.id] = branch

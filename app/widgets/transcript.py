@@ -774,6 +774,7 @@ class Transcript(VerticalScroll):
         self.live: LiveMessage | None = None
         self._first_mounted = 0
         self._follow_pending = False
+        self._live_top: tuple[object, int] | None = None  # (layout key, where the live reply's text starts)
         self.dark = True
         self.colour_drafts = False
         """Whether text from accepted draft tokens is coloured."""
@@ -881,8 +882,22 @@ class Transcript(VerticalScroll):
         live = self.live
         if live is None:
             return self.max_scroll_y
-        offset = live.virtual_region.y + live.content_bottom() + 1 - self.scrollable_content_region.height
+        offset = self._live_text_top(live) + live.body.content_height + 1 - self._view_height()
         return max(0.0, min(self.max_scroll_y, offset)) if clamp else offset
+
+    def _view_height(self) -> int:
+        """The height of the scrolled view, from the sizes kept at layout: the follow logic runs at every frame, and
+        Widget.region, .size and .virtual_region look the widget up in the compositor's map, which Textual
+        rebuilds for the whole screen when anything was re-laid out or scrolled since."""
+        return self.outer_size.height - self.styles.gutter.height - self.scrollbar_gutter.height
+
+    def _live_text_top(self, live: LiveMessage) -> int:
+        """Where the live reply's text starts in the transcript, looked up again only when the layout may have
+        moved it (see `_view_height`)."""
+        key = (id(live), self.virtual_size, live.outer_size, live.body.outer_size)
+        if self._live_top is None or self._live_top[0] != key:
+            self._live_top = (key, live.virtual_region.y + live.content_bottom() - live.body.content_height)
+        return self._live_top[1]
 
     def write_live(self, text: str, reasoning: str, draft_spans: Sequence[tuple[int, int]] = ()) -> None:
         """Append to the streaming reply; `draft_spans` (relative to `text`) came from accepted draft tokens."""
@@ -897,7 +912,7 @@ class Transcript(VerticalScroll):
 
     def _following(self) -> bool:
         """Whether the view shows the end of the streamed text (or is past it, in the room kept below it)."""
-        step = max(1, self.scrollable_content_region.height // 3)
+        step = max(1, self._view_height() // 3)
         return self.scroll_y >= self._live_target() - 1 - step
 
     def _follow(self, jump: bool = False) -> None:
@@ -905,7 +920,7 @@ class Transcript(VerticalScroll):
         (a scroll repaints the whole view), and never further down than that (below is only empty room)."""
         self._follow_pending = False
         target = self._live_target()
-        step = max(1, self.scrollable_content_region.height // 3)
+        step = max(1, self._view_height() // 3)
         end = max(0.0, min(self.max_scroll_y, self._live_target(clamp=False) + step - 1))
         if jump or self.scroll_y < target or self.scroll_y > end:
             self.scroll_to(y=end, animate=False, immediate=True)

@@ -150,7 +150,6 @@ class SyntheticClient:
         stats = GenerationStats(100, 0, 100, 1.0, sent, elapsed_ms, 5.0, 32768, 100 + sent)
         self.events.put(Finished(request_id, "cancelled" if self.cancelled.is_set() else "max_tokens", stats))
 
-
     def _stream_steady(self, request_id: int) -> None:
         """A token every 1/base_rate s, sent in chunks as the worker sends them (CHUNK_INTERVAL_S apart)."""
         from engine_ext.generate import CHUNK_INTERVAL_S
@@ -159,22 +158,25 @@ class SyntheticClient:
         text = synthetic_markdown(random.Random(7), int(self.seconds * self.base_rate * 5))
         pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
         start = time.perf_counter()
-        sent, last_chunk, held = 0, 0.0, []
+        sent, last_chunk = 0, 0.0
+        held: list[str] = []
+
+        def send_held() -> None:
+            n = len(held)
+            self.events.put(TokenChunk(request_id, "".join(held), "", tuple(range(sent - n, sent)), ("target",) * n,
+                                       ()))
+            held.clear()
+
         while sent < len(pieces) and time.perf_counter() - start < self.seconds and not self.cancelled.is_set():
             time.sleep(1 / self.base_rate)
             held.append(pieces[sent])
             sent += 1
             now = time.perf_counter()
             if now - last_chunk >= CHUNK_INTERVAL_S:
-                n = len(held)
-                self.events.put(TokenChunk(request_id, "".join(held), "", tuple(range(sent - n, sent)),
-                                           ("target",) * n, ()))
-                held.clear()
+                send_held()
                 last_chunk = now
         if held:
-            n = len(held)
-            self.events.put(TokenChunk(request_id, "".join(held), "", tuple(range(sent - n, sent)), ("target",) * n,
-                                       ()))
+            send_held()
         self.sent_tokens = sent
         stats = GenerationStats(100, 0, 100, 1.0, sent, (time.perf_counter() - start) * 1000, 5.0, 32768, 100 + sent)
         self.events.put(Finished(request_id, "cancelled" if self.cancelled.is_set() else "max_tokens", stats))

@@ -506,7 +506,6 @@ class LiveBody(RenderedOnce):
     only the tail's lines are repainted.
     """
 
-    FREEZE_CHARS: ClassVar[int] = 0  # freeze finished blocks at once (the tail is the block being written)
     GROW_LINES: ClassVar[int] = 16
     RENDER_INTERVAL_S: ClassVar[float] = 1 / 15
 
@@ -541,7 +540,7 @@ class LiveBody(RenderedOnce):
         self._allocated = 0
         self._render_timer: Timer | None = None
         self._rendered_at = 0.0
-        self._freeze(0)
+        self._freeze()
 
     @property
     def tail(self) -> str:
@@ -553,24 +552,27 @@ class LiveBody(RenderedOnce):
         """Lines of text drawn (the allocated height can be more)."""
         return len(self._strips) if self._strips_width >= 0 else 0
 
-    def _freeze(self, min_chars: int) -> bool:
-        """Freeze the tail's finished blocks (those ending at or after `min_chars`); whether any were."""
+    def _freeze(self) -> None:
+        """Freeze every finished block of the tail into one segment (the tail keeps the block being written)."""
         tail = self.tail
-        cut = freeze_point(tail, min_chars) if len(tail) > min_chars else -1
+        cut = freeze_point(tail, 0)
         if cut <= 0:
-            return False
+            return
         segment = FrozenSegment(tail[:cut], self._frozen_chars, [])
-        starts_with_container, segment.ends_with_rule = _block_edges(_markdown(segment.markdown, dark=self.dark))
+        markdown = _markdown(segment.markdown, dark=self.dark)
+        starts_with_container, segment.ends_with_rule = _block_edges(markdown)
         segment.separated = bool(self.segments) and _needs_separator(self.segments[-1].ends_with_rule,
                                                                     starts_with_container)
         if self._frozen_width > 0:
-            segment.lines = self._render_segment(segment, self._frozen_width)
+            segment.lines = self._render_segment(segment, self._frozen_width, markdown)
         self.segments.append(segment)
         self._frozen_chars += cut
-        return True
 
-    def _render_segment(self, segment: FrozenSegment, width: int) -> Lines:
-        lines = self.render_renderable(_markdown(segment.markdown, dark=self.dark), width)
+    def _render_segment(self, segment: FrozenSegment, width: int, markdown: RichMarkdown | None = None) -> Lines:
+        """The segment's lines at `width` (`markdown`: the segment already parsed)."""
+        if markdown is None:
+            markdown = _markdown(segment.markdown, dark=self.dark)
+        lines = self.render_renderable(markdown, width)
         return [[], *lines] if segment.separated else lines  # the same lines as in the whole reply drawn at once
 
     def append(self, text: str, spans: Sequence[tuple[int, int]] = ()) -> None:
@@ -647,8 +649,7 @@ class LiveBody(RenderedOnce):
         if colour != self._frozen_colour:
             self._frozen_colour = colour
             self._frozen_strips, self._frozen_strips_segments = [], 0
-        while self._freeze(self.FREEZE_CHARS):
-            pass
+        self._freeze()
         # Frozen segments become strips once; only the tail's are made again.
         for segment in self.segments[self._frozen_strips_segments :]:
             lines = self._coloured(segment.lines, segment.markdown, segment.start, style) if colour else segment.lines
@@ -919,9 +920,10 @@ class Transcript(VerticalScroll):
         """Keep the end of the streamed text in view: in steps of a third of the view rather than a line at a time
         (a scroll repaints the whole view), and never further down than that (below is only empty room)."""
         self._follow_pending = False
-        target = self._live_target()
+        offset = self._live_target(clamp=False)
+        target = max(0.0, min(self.max_scroll_y, offset))
         step = max(1, self._view_height() // 3)
-        end = max(0.0, min(self.max_scroll_y, self._live_target(clamp=False) + step - 1))
+        end = max(0.0, min(self.max_scroll_y, offset + step - 1))
         if jump or self.scroll_y < target or self.scroll_y > end:
             self.scroll_to(y=end, animate=False, immediate=True)
 

@@ -15,7 +15,9 @@ from llama_cpp import llama_cpp_ext
 # Re-exported so the rest of engine_ext has one place that names the native library.
 C = llama_cpp
 ext = llama_cpp_ext
-__all__ = ["C", "ext", "llama_logger", "ExtensionUnavailable", "target_layer_ids", "missing_ext_functions"]
+__all__ = [
+    "C", "ext", "llama_logger", "ExtensionUnavailable", "logits_address", "target_layer_ids", "missing_ext_functions",
+]
 
 
 class ExtensionUnavailable(RuntimeError):
@@ -58,6 +60,23 @@ class _ExtFunction:
 
 _ctx = llama_cpp.llama_context_p_ctypes
 _model = llama_cpp.llama_model_p_ctypes
+
+
+def _address_getter(name: str) -> Callable[..., int | None]:
+    """A second binding of a `float * f(llama_context *)` function that returns the address as an int.
+
+    `lib[name]` makes a function object of its own (attribute access would share llama-cpp-python's, whose
+    restype is a float pointer): an int needs no pointer object and no ctypes.cast. Right after llama_decode
+    every Python step runs with cold caches, so the verify loop reads the logits address this way.
+    """
+    func = llama_cpp.llama_cpp._lib[name]
+    func.argtypes = [_ctx]
+    func.restype = ctypes.c_void_p
+    return func  # type: ignore[no-any-return]
+
+
+# LLAMA_API float * llama_get_logits(struct llama_context * ctx): the address, or None
+logits_address = _address_getter("llama_get_logits")
 
 # Itanium (gcc/clang) and MSVC manglings; llama-ext.h is C++ without extern "C".
 

@@ -32,6 +32,9 @@ from engine_ext.sampling import Sampler
 from engine_ext.speculative.driver import SpeculativeDriver
 
 MAX_CHECKPOINTS = 8
+# Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
+# (built with Python's caches cold after a decode) and a message the UI draws.
+SPEC_UPDATE_INTERVAL_S = 0.5
 CHUNK_INTERVAL_S = 1 / 15  # coalesce streamed text: the pipe carries 15 messages/s at most (the UI draws 15/s)
 MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is trimmed to fit
 # Accepted runs at least this long are streamed in one go; shorter ones token by token, through the code the
@@ -345,6 +348,7 @@ class Session:
         first_eog = self.token_info.first_eog
         rollback = model.architecture in RS_ROLLBACK_ARCHS and ctx.params.n_rs_seq > 0
         needs_checkpoint = self.uses_checkpoints
+        reads_batches = spec.reads_batches
         spec.reset_stats()
         spec.begin(cached)
         n_generated = 0
@@ -369,7 +373,7 @@ class Session:
                 if reason is not None:
                     stop_reason = reason
                     break
-            if t_last - last_update >= 0.25 and n_generated:
+            if t_last - last_update >= SPEC_UPDATE_INTERVAL_S and n_generated:
                 last_update = t_last
                 stream.emit(SpeculativeUpdate(self._spec_snapshot(spec, request, n_generated, t_first, t_last)))
             if ids:
@@ -400,14 +404,17 @@ class Session:
                 ids, sources = [sampler.sample(ctx)], ["target"]
                 t_last = time.perf_counter()
                 self._observe_plain_step((t_last - t_plain) * 1000.0)
-                spec.process((id_last,), n_past)
+                if reads_batches:
+                    spec.process((id_last,), n_past)
                 continue
             t_verify = time.perf_counter()
             checkpoint = ctx.save_checkpoint(cached) if needs_checkpoint and not rollback else None
             batch = [id_last, *draft]
+            eog_at = first_eog(draft, 0, len(draft) - 1)  # before decoding: Python's data is still in the caches
             ctx.decode(batch, n_past, logits_last=False, logits_all=True)
-            spec.process(batch, n_past)
-            ids = sampler.sample_and_accept_n(ctx, draft, first_eog)
+            if reads_batches:
+                spec.process(batch, n_past)
+            ids = sampler.sample_and_accept_n(ctx, draft, eog_at)
             n_accepted = len(ids) - 1
             kept = batch[: 1 + n_accepted]
             cached.extend(kept)
@@ -511,12 +518,13 @@ class _TokenInfo:
             self._ask(token)
         return token in self.eog
 
-    def first_eog(self, tokens: Sequence[int], start: int = 0) -> int:
-        """Index of the first end-of-generation token at or after `start`; len(tokens) when there is none."""
-        rest = tokens[start:]
+    def first_eog(self, tokens: Sequence[int], start: int = 0, stop: int | None = None) -> int:
+        """Index of the first end-of-generation token in tokens[start:stop]; `stop` (len(tokens)) when none."""
+        end = len(tokens) if stop is None else stop
+        rest = tokens[start:end]
         if self.known.issuperset(rest) and self.eog.isdisjoint(rest):
-            return len(tokens)
-        return next((i for i in range(start, len(tokens)) if self.is_eog(tokens[i])), len(tokens))
+            return end
+        return next((i for i in range(start, end) if self.is_eog(tokens[i])), end)
 
     def _ask(self, token: int) -> None:
         if self.model.is_eog(token):

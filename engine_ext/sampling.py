@@ -3,43 +3,49 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from engine_ext.bindings import C
+from engine_ext.bindings import C, logits_address
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, EngineError, SamplingParams
 
 __all__ = ["GREEDY", "BackendSamplingError", "FloatRows", "Sampler", "SamplingParams"]
 
-BLOCK_ROWS = 4  # the most verify rows read per numpy call
+BLOCK_ROWS = 4  # the most verify rows read per numpy call…
+LONG_RUN_ROWS = 16  # …until this many rows in a row were accepted: then blocks double (a long draft is likely to hold)
+VERIFY_RESERVE_ROWS = 128  # rows of the logits view kept for verification (a view of more is made when needed)
 
 
 class FloatRows:
     """Zero-copy (n_rows, width) float32 views of native buffers (logits, hidden states), valid until the buffer
-    changes (the next decode). The view with the most rows seen at an address is kept and fewer rows at the same
-    address are a slice of it (a plain step's one row and a verify step's n alternate on the same logits buffer):
-    making a view costs tens of microseconds right after a decode has pushed Python's data out of the caches.
-    Only the rows asked for are ever read, so a slice is safe whatever the buffer's size is now.
+    changes (the next decode). One view per buffer address is kept, at least `reserve` rows tall, and the rows
+    asked for are a slice of it (a plain step's one row and a verify step's n alternate on the same logits
+    buffer): making a view costs tens of microseconds right after a decode has pushed Python's data out of the
+    caches. The view may reach past the buffer's end, but only the rows asked for are ever read, so a slice is
+    safe whatever the buffer's size is now.
     """
 
-    __slots__ = ("width", "_addr", "_rows", "_view")
+    __slots__ = ("width", "reserve", "_addr", "_rows", "_view")
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, reserve: int = 1) -> None:
         self.width = width
+        self.reserve = reserve
         self._addr = 0
         self._rows = 0  # rows of the kept view
         self._view: np.ndarray = np.empty((0, width), dtype=np.float32)
 
     def __call__(self, ptr: Any, n_rows: int = 1) -> np.ndarray:
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value or 0
+        """Rows 0..n_rows-1 of the buffer at `ptr` (a ctypes pointer or an int address)."""
+        addr = ptr if type(ptr) is int else ctypes.cast(ptr, ctypes.c_void_p).value or 0
         if addr != self._addr or n_rows > self._rows:
-            buf = (ctypes.c_float * (n_rows * self.width)).from_address(addr)
-            self._view = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(n_rows, self.width)
-            self._addr, self._rows = addr, n_rows
-        return self._view if n_rows == self._rows else self._view[:n_rows]
+            rows = max(n_rows, self.reserve)
+            buf = (ctypes.c_float * (rows * self.width)).from_address(addr)
+            self._view = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(rows, self.width)
+            self._addr, self._rows = addr, rows
+        return self._view[:n_rows]
 
 
 class Sampler:
@@ -55,7 +61,7 @@ class Sampler:
     def __init__(self, model: Model, params: SamplingParams) -> None:
         params.validate()
         self.params = params
-        self._rows = FloatRows(model.n_vocab)
+        self._logits = FloatRows(model.n_vocab, VERIFY_RESERVE_ROWS)
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         chain: Any = C.llama_sampler_chain_init(chain_params)
@@ -96,25 +102,22 @@ class Sampler:
                 return _backend_token(ctx, idx)
             ptr = C.llama_get_logits_ith(ctx.handle, idx)
             if ptr:
-                return int(self._rows(ptr, 1)[0].argmax())
+                return int(self._logits(ptr, 1)[0].argmax())
         return int(C.llama_sampler_sample(self._chain, ctx.handle, idx))
 
-    def sample_and_accept_n(
-        self, ctx: Context, draft: Sequence[int], first_eog: Callable[[Sequence[int]], int]
-    ) -> list[int]:
+    def sample_and_accept_n(self, ctx: Context, draft: Sequence[int], first_eog: int) -> list[int]:
         """Verify a draft whose batch gave output rows 0..len(draft) (common_sampler_sample_and_accept_n).
 
         Row i is sampled and accepted; verification stops at the first sample that differs from draft[i], or
         at an end-of-generation token before the last draft position; a fully matching draft also gets the
         sample of row len(draft). Returns the sampled tokens: the accepted draft prefix plus one target token.
         Rows are read only about as far as the first rejection (most of a long draft usually is rejected).
-        `first_eog(tokens)` is the index of the first end-of-generation token in tokens (len(tokens): none).
+        `first_eog` is the index of the first end-of-generation token in draft[:-1] (len(draft) - 1 or more:
+        none); the caller finds it before decoding the batch, while Python's data is still in the caches.
         """
         n = len(draft)
         # The last row to sample: an accepted end-of-generation draft token ends verification as a rejection does.
-        last = first_eog(draft[: n - 1])
-        if last >= n - 1:
-            last = n
+        last = first_eog if first_eog < n - 1 else n
         ids: list[int] = []
         if self.pure_greedy:
             if ctx.backend_greedy:
@@ -124,12 +127,15 @@ class Sampler:
                     if i == last or t != draft[i]:
                         break
                 return ids
-            ptr = C.llama_get_logits(ctx.handle)
-            if ptr:
-                # Argmax of rows 0, 1-2, 3-6, 7-10, 11-14, ...: a block per numpy call, doubling up to BLOCK_ROWS,
-                # so a long accepted draft costs few calls (about 1.5 us each) and at most BLOCK_ROWS - 1 rows read
-                # past the first rejection are wasted (about 8 us each).
-                rows = self._rows(ptr, n + 1)
+            addr = logits_address(ctx.handle)
+            if addr:
+                # Argmax of rows 0, 1-2, 3-6, 7-10, 11-14, 15-18, then 19-26, 27-42, ...: a block per numpy call,
+                # doubling up to BLOCK_ROWS, so at most BLOCK_ROWS - 1 rows read past an early rejection are wasted
+                # (a few us each). Past LONG_RUN_ROWS accepted rows blocks double on: a long accepted run (ngram-mod
+                # copies 48-64 tokens at a time) costs few calls (each ~10 us right after a decode), and the rows
+                # wasted past a late rejection are fewer than those accepted before it.
+                kept = self._logits
+                rows = kept._view if addr == kept._addr and n < kept._rows else kept(addr, n + 1)  # FloatRows inline
                 start, size = 0, 1
                 while True:
                     stop = min(last + 1, start + size)
@@ -139,7 +145,8 @@ class Sampler:
                             ids += best[: i + 1 - start]
                             return ids
                     ids += best
-                    start, size = stop, min(size * 2, BLOCK_ROWS)
+                    start = stop
+                    size = size * 2 if start >= LONG_RUN_ROWS else min(size * 2, BLOCK_ROWS)
         chain, handle, sample = self._chain, ctx.handle, C.llama_sampler_sample
         for i in range(last + 1):
             t = int(sample(chain, handle, i))

@@ -194,9 +194,18 @@ def test_float_rows_slices_the_widest_view_at_an_address_and_reads_the_buffer_li
     wide = rows(pointer, 4)
     assert wide.shape == (4, width) and wide[3].tolist() == [15, 16, 17, 18, 19]
     one = rows(pointer, 1)  # a slice of the kept view: the same memory
-    assert one.shape == (1, width) and one.base is not None and rows(pointer, 4) is wide
+    kept = rows._view
+    assert one.shape == (1, width) and rows(pointer, 4).shape == (4, width) and rows._view is kept
     buffer[2] = 99.0
     assert one[0, 2] == 99.0 and wide[0, 2] == 99.0  # no copy: what the engine writes next is what is read
     elsewhere = rows(ctypes.cast(other, ctypes.POINTER(ctypes.c_float)), 2)  # a new address: a new view
     assert elsewhere.tolist() == [[0, -1, -2, -3, -4], [-5, -6, -7, -8, -9]]
     assert rows(pointer, 3)[2].tolist() == [10, 11, 12, 13, 14]  # back to the first buffer
+    # An int address works as a pointer does; with `reserve`, a view of that many rows is made once and fewer
+    # rows at the same address are slices of it (only the rows asked for are read).
+    reserved = FloatRows(width, reserve=3)
+    address = ctypes.addressof(buffer)
+    assert reserved(address, 1).tolist() == [[0, 1, 99, 3, 4]]
+    view = reserved._view
+    assert view.shape == (3, width) and reserved(address, 3).shape == (3, width) and reserved._view is view
+    assert reserved(address, 4).shape == (4, width) and reserved._view is not view  # more rows: a wider view

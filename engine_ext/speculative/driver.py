@@ -26,6 +26,9 @@ class SpeculativeDriver:
     def __init__(self, params: SpeculativeParams, drafters: Sequence[Drafter], *, auto: bool = False) -> None:
         self.params = params
         self.drafters = list(drafters)
+        # Only drafters that read the target's batches get them (the n-gram types do not): right after llama_decode
+        # even a call to a no-op costs microseconds, as Python's code and data have been pushed out of the caches.
+        self._processors = [d for d in self.drafters if type(d).process is not Drafter.process]
         self.auto = auto  # adapt n_max to the measured acceptance; pause when slower than plain decoding
         self.reset_stats()
 
@@ -55,8 +58,13 @@ class SpeculativeDriver:
             d.stats.n_call_begin += 1
             d.stats.t_begin_ms += (time.perf_counter() - t0) * 1000.0
 
+    @property
+    def reads_batches(self) -> bool:
+        """Whether any drafter reads the target's batches (`process` does nothing otherwise)."""
+        return bool(self._processors)
+
     def process(self, tokens: Sequence[int], pos0: int) -> None:
-        for d in self.drafters:
+        for d in self._processors:
             d.process(tokens, pos0)
 
     def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> tuple[list[int], Drafter | None]:

@@ -494,8 +494,9 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
         await chat.send("Tell me something")
         reply = _ScriptedClient.REPLY
         chunks = (len(reply) + 6) // 7
-        sent = 0
+        sent = steps = 0
         while sent < chunks:
+            steps += 1
             # A few chunks (a frame's worth or several), then let every update land: the terminal must show
             # exactly what a full render of the screen draws now.
             step = min(chunks - sent, 1 + sent % 17)
@@ -519,7 +520,9 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
         await pilot.pause(0.2)
         assert terminal.lines() == full_render()
         assert "The end of the reply" in "\n".join(terminal.lines())
-        assert terminal.updates > 20
+        # Most steps drew (a step adding only blank lines to the tail changes nothing drawn): what the terminal
+        # shows came from many partial updates, not only from the final full one.
+        assert terminal.updates > steps // 2
 
 
 async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() -> None:

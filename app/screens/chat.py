@@ -134,6 +134,7 @@ class ChatScreen(Screen[None]):
         self.edit_target: int | None = None
         self._draft_before_edit = ""
         self._deleted: list[int] = []
+        self._prompt_blink = True  # the prompt's cursor blink setting, restored when a reply ends
         self.replies_started = 0
         """Replies started since the screen opened (tests and benchmarks wait on it)."""
 
@@ -429,6 +430,9 @@ class ChatScreen(Screen[None]):
         generation = ActiveGeneration(0, conversation.id, message_id, recorder)
         self.generation = generation
         self.replies_started += 1
+        # A steady cursor while the reply streams: each blink repaints the prompt (twice a second), CPU time that a
+        # machine whose cores all run the engine takes from decoding.
+        self._prompt_blink, self.prompt.cursor_blink = self.prompt.cursor_blink, False
         pause_full_collections()
         self.app.set_engine_state("generating")
         # The request goes out once the screen has drawn the new messages: mounting them, laying the screen out
@@ -468,6 +472,7 @@ class ChatScreen(Screen[None]):
         if generation is None:
             return
         self.generation = None
+        self.prompt.cursor_blink = self._prompt_blink
         store = self.app.store
         live = self.transcript.live
         if live is not None and live.body.draft_spans:

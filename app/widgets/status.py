@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.geometry import Region
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widget import Widget
 
 ENGINE_STATE_STYLES = {
@@ -95,10 +98,29 @@ class StatsBar(Widget):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
         super().__init__(id=id, classes=classes)
         self._styles: dict[str, Style] = {}  # component styles walk every ancestor: looked up once per style change
+        self._line: Strip | None = None  # the drawn line, until the next refresh
 
     def notify_style_update(self) -> None:
         self._styles.clear()
         super().notify_style_update()
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False) -> Any:
+        self._line = None
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+    def render_line(self, y: int) -> Strip:
+        """The one line, drawn by Rich straight from `render()`'s Text: Textual's own path (Content, visual
+        caches) cost about a millisecond per update, and the bar changes a few times a second while a reply
+        streams, on a machine whose every core may be decoding."""
+        width = self.size.width
+        line = self._line
+        if line is None or line.cell_length != width:
+            options = self.app.console_options.update(width=max(1, width), height=1, highlight=False)
+            lines = self.app.console.render_lines(self.render(), options, pad=False)
+            segments = Segment.simplify(lines[0]) if lines else []  # runs of one style as one segment, as Textual
+            line = Strip(segments).adjust_cell_length(width).apply_style(self.rich_style)
+            self._line = line
+        return line if y == 0 else Strip.blank(width, self.rich_style)
 
     def _style(self, name: str) -> Style:
         style = self._styles.get(name)

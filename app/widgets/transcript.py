@@ -507,7 +507,7 @@ class LiveBody(RenderedOnce):
     """
 
     GROW_LINES: ClassVar[int] = 16
-    RENDER_INTERVAL_S: ClassVar[float] = 1 / 15
+    RENDER_INTERVAL_S: ClassVar[float] = 1 / 20  # tokens come 15 times a second: each batch is drawn as it comes
 
     COMPONENT_CLASSES = {"live-body--draft"}
 

@@ -570,3 +570,49 @@ async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() ->
         assert newest_line_in_view()
         client.gate.release(chunks)
         await wait_for(pilot, lambda: chat.generation is None)
+
+
+PLAIN_PARAGRAPH = (
+    "The keeper climbed the stairs every evening and counted them as his father had done before him, "
+    "twenty - thirty - forty steps, then 1. the lamp and 2. the log; a word too long for any line: "
+    + "x" * 150 + " and on it went, the ships passing far out in the grey water while the lamp warmed "
+    "and the gulls settled on the rail for the night, "
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 23])
+async def test_a_growing_plain_paragraph_draws_as_rendered_whole_at_every_step(chunk: int) -> None:
+    """A paragraph of plain text re-renders only from its last line on as it grows: after every chunk its lines
+    are those of the tail rendered whole, including lines that start with "- " or "1." (not plain on their own),
+    a word folded over several lines, and once an emphasis or a line break makes the paragraph not plain."""
+    app = TranscriptHost()
+    text = PLAIN_PARAGRAPH * 3 + "and then *at last* it was morning,\nwith a soft break. " + PLAIN_PARAGRAPH
+    async with app.run_test(size=(60, 30)) as pilot:
+        transcript = app.query_one(Transcript)
+        live = await transcript.start_live(1, "model")
+        body = live.body
+        rendered: list[int] = []  # characters of Markdown rendered by each step
+        render = body.render_renderable
+
+        def counting(renderable: object, width: int) -> object:
+            rendered.append(len(getattr(renderable, "markup", "")))
+            return render(renderable, width)  # type: ignore[arg-type]
+
+        body.render_renderable = counting  # type: ignore[assignment,method-assign]
+        partial = plain = 0
+        for index, start in enumerate(range(0, len(text), chunk)):
+            transcript.write_live(text[start : start + chunk], "")
+            rendered.clear()
+            body.flush()
+            width = body.size.width
+            options = app.console_options.update_width(width).update(highlight=False)
+            whole = app.console.render_lines(_markdown(body.tail, dark=body.dark), options, pad=False)
+            assert body._tail_lines == whole, (index, body.tail[-40:])
+            if "*" not in body.tail and "\n" not in body.tail and len(whole) > 2:
+                plain += 1
+                partial += bool(rendered) and max(rendered) < len(body.tail)
+            if index % 25 == 24:
+                await pilot.pause(0.01)
+        # The plain paragraph's steps rendered only its end (but where a line starts with "- " or "1.").
+        assert partial > plain * 0.9
+        live.stop()

@@ -216,6 +216,32 @@ def _markdown(text: str, *, dark: bool) -> RichMarkdown:
     return markdown
 
 
+def _is_plain_paragraph(markdown: RichMarkdown, source: str) -> bool:
+    """Whether `source` parsed to one paragraph whose only inline token is its text, unchanged."""
+    tokens = markdown.parsed
+    if len(tokens) != 3 or tokens[0].type != "paragraph_open" or "\n" in source or "\t" in source:
+        return False
+    children = tokens[1].children or []
+    text = source.strip()
+    return len(children) == 1 and children[0].type == "text" and children[0].content == text == source.rstrip()
+
+
+def _line_starts(text: str, lines: Lines, known: list[int]) -> list[int] | None:
+    """Where each drawn line of a plain paragraph starts in `text` (the first len(known) already known); None
+    when a line is not found where word wrap would have put it."""
+    starts = list(known)
+    pos = starts[-1] + len("".join(s.text for s in lines[len(starts) - 1]).rstrip()) if starts else 0
+    for line in lines[len(starts) :]:
+        drawn = "".join(segment.text for segment in line).rstrip()
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+        if not drawn or not text.startswith(drawn, pos):
+            return None
+        starts.append(pos)
+        pos += len(drawn)
+    return starts
+
+
 class RenderedOnce(Widget):
     """A widget drawing lines that are rendered once per width and then kept.
 
@@ -537,6 +563,9 @@ class LiveBody(RenderedOnce):
         self._frozen_strips_segments = 0  # segments whose strips are in _frozen_strips
         self._frozen_colour = False
         self._tail_lines: Lines = []
+        # The tail's lines when it is one plain paragraph: ((where the tail starts, width, dark), tail, where each
+        # line starts in it, the lines)
+        self._plain: tuple[tuple[int, int, bool], str, list[int], Lines] | None = None
         self._allocated = 0
         self._render_timer: Timer | None = None
         self._rendered_at = 0.0
@@ -659,11 +688,42 @@ class LiveBody(RenderedOnce):
         self._tail_lines = []
         if tail.strip():
             markdown = _markdown(tail, dark=self.dark)
-            self._tail_lines = self.render_renderable(markdown, width)
+            self._tail_lines = self._plain_lines(tail, markdown, width)
             if self.segments and _needs_separator(self.segments[-1].ends_with_rule, _block_edges(markdown)[0]):
                 self._tail_lines.insert(0, [])
         lines = self._coloured(self._tail_lines, tail, self._frozen_chars, style) if colour else self._tail_lines
         return self._frozen_strips + _strips(lines, width)
+
+    def _plain_lines(self, tail: str, markdown: RichMarkdown, width: int) -> Lines:
+        """The tail's lines; a plain paragraph growing at its end re-renders only from its last line on.
+
+        Most of a reply is paragraphs of plain text, and re-rendering the whole paragraph being written at every
+        frame costs time proportional to its length. When the tail parses to one paragraph whose only inline
+        token is its own text unchanged (no emphasis, code, link, entity, escape or line break anywhere in it),
+        Rich draws it by greedy word wrap, so the lines before the last one stay as they were as text is added:
+        only the text from the last line's start is rendered again (and checked to be plain on its own, as a
+        line may start with "- " or "1."). Otherwise the tail is rendered whole.
+        """
+        previous, self._plain = self._plain, None
+        if not _is_plain_paragraph(markdown, tail):
+            return self.render_renderable(markdown, width)
+        key = (self._frozen_chars, width, self.dark)
+        lines: Lines = []
+        starts: list[int] = []
+        if previous is not None and previous[0] == key and tail.startswith(previous[1]) and len(previous[2]) > 1:
+            keep = len(previous[2]) - 1
+            start = previous[2][keep]
+            suffix = _markdown(tail[start:], dark=self.dark)
+            if _is_plain_paragraph(suffix, tail[start:]):
+                lines = previous[3][:keep] + self.render_renderable(suffix, width)
+                starts = previous[2][:keep]
+        located = _line_starts(tail, lines, starts) if lines else None
+        if located is None:  # no earlier lines to keep (or they did not line up): the paragraph whole
+            lines = self.render_renderable(markdown, width)
+            located = _line_starts(tail, lines, [])
+        if located is not None:
+            self._plain = (key, tail, located, list(lines))
+        return lines
 
     def _coloured(self, lines: Lines, source: str, start: int, style: Style) -> Lines:
         end = start + len(source)

@@ -52,6 +52,7 @@ from engine_ext.protocol import (
     LoadModel,
     LoadProgress,
     MakeControlVector,
+    PromptEvaluated,
     Request,
     SetSpeculative,
     SetSteering,
@@ -114,6 +115,8 @@ class _Generation:
     first_token_at: float | None = None
     n_tokens: int = 0
     stats_posted_at: float = 0.0
+    prompt_tokens: int | None = None  # once the prompt is evaluated
+    n_ctx: int | None = None
 
 
 class EngineBridge:
@@ -373,6 +376,11 @@ class EngineBridge:
                     )
                 )
             )
+        elif isinstance(event, PromptEvaluated):
+            generation = self._generations.get(event.request_id)
+            if generation is not None:
+                generation.prompt_tokens, generation.n_ctx = event.prompt_tokens, event.n_ctx
+                self._post(GenerationStatsUpdated(event.request_id, 0, None, None, event.prompt_tokens, event.n_ctx))
         elif isinstance(event, SpeculativeUpdate):
             self._post(SpeculativeStatsUpdated(event.stats))
         elif isinstance(event, SpeculativeSet):
@@ -462,4 +470,5 @@ class EngineBridge:
         elapsed = now - first
         rate = (generation.n_tokens - 1) / elapsed if elapsed > 0 and generation.n_tokens > 1 else 0.0
         ttft_ms = (first - generation.sent_at) * 1000
-        self._post(GenerationStatsUpdated(generation.request_id, generation.n_tokens, rate, ttft_ms))
+        self._post(GenerationStatsUpdated(generation.request_id, generation.n_tokens, rate, ttft_ms,
+                                          generation.prompt_tokens, generation.n_ctx))

@@ -105,14 +105,18 @@ class TokensArrived(Message, bubble=False):
 
 
 class GenerationStatsUpdated(Message, bubble=False):
-    """Live decode speed while streaming; a newer one replaces an unprocessed older one."""
+    """Live decode speed (and, once the prompt is evaluated, the context in use) while streaming; a newer one
+    replaces an unprocessed older one."""
 
-    def __init__(self, request_id: int, n_tokens: int, tokens_per_s: float, ttft_ms: float | None) -> None:
+    def __init__(self, request_id: int, n_tokens: int, tokens_per_s: float | None, ttft_ms: float | None,
+                 prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
         super().__init__()
         self.request_id = request_id
         self.n_tokens = n_tokens
-        self.tokens_per_s = tokens_per_s
+        self.tokens_per_s = tokens_per_s  # None: no token yet
         self.ttft_ms = ttft_ms
+        self.prompt_tokens = prompt_tokens  # None: not known (yet)
+        self.n_ctx = n_ctx
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, GenerationStatsUpdated) and message.request_id == self.request_id

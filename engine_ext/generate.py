@@ -23,6 +23,7 @@ from engine_ext.protocol import (
     Finished,
     Generate,
     GenerationStats,
+    PromptEvaluated,
     SpeculativeStats,
     SpeculativeUpdate,
     StopReason,
@@ -252,6 +253,7 @@ class Session:
             t_prompt = time.perf_counter()
             n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last, hold_last=spec is not None)
             prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
+            emit(PromptEvaluated(request.request_id, len(plan.tokens), n_cached, self.ctx.n_ctx))
             if plan.text is not None:
                 self._add_anchor(plan.text, plan.tokens)
             params = request.sampling

@@ -143,6 +143,16 @@ class Unloaded:
 
 
 @dataclass(frozen=True)
+class PromptEvaluated:
+    """A request's prompt is in the context and its reply starts: the context in use from here on."""
+
+    request_id: int
+    prompt_tokens: int  # tokens in the prompt
+    prompt_tokens_cached: int  # of which reused from the previous turn
+    n_ctx: int
+
+
+@dataclass(frozen=True)
 class TokenChunk:
     """Newly generated tokens; `text` is answer text, `reasoning` the model's thinking, both may be ''."""
 
@@ -355,6 +365,7 @@ Event = (
     | LoadProgress
     | Loaded
     | Unloaded
+    | PromptEvaluated
     | TokenChunk
     | Finished
     | Failed

@@ -12,7 +12,7 @@ from app.models import starter_model_path
 from engine_ext.generate import Session
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, SamplingParams, SpeculativeParams
-from engine_ext.protocol import ChatMessage, Generate, TokenChunk
+from engine_ext.protocol import ChatMessage, Event, Generate, PromptEvaluated, TokenChunk
 from engine_ext.speculative.factory import build_driver
 
 
@@ -51,9 +51,13 @@ def test_cancel_is_checked_before_every_decode(llama_session: Session, cancel_af
 
 
 def test_chunks_carry_every_token_once(llama_session: Session) -> None:
-    chunks: list[TokenChunk] = []
+    events: list[Event] = []
     request = Generate(request_id=3, prompt="count", sampling=GREEDY, max_tokens=40, ignore_eos=True)
-    done = llama_session.generate(request, chunks.append, lambda: False)
+    done = llama_session.generate(request, events.append, lambda: False)
+    # The prompt's size and the context come first, before any token (the stats bar shows the context in use).
+    assert events[0] == PromptEvaluated(3, done.stats.prompt_tokens, done.stats.prompt_tokens_cached, done.stats.n_ctx)
+    chunks = [e for e in events[1:] if isinstance(e, TokenChunk)]
+    assert len(chunks) == len(events) - 1
     ids = [t for c in chunks for t in c.token_ids]
     assert len(ids) == 40 == done.stats.generated_tokens
     assert all(c.provenance == ("target",) * len(c.token_ids) for c in chunks)
@@ -67,7 +71,8 @@ def test_starter_second_turn_evaluates_only_new_tokens() -> None:
         first = Generate(request_id=1, messages=(ChatMessage("user", "What is 2+2?"),), sampling=GREEDY,
                          max_tokens=64)
         parts: list[str] = []
-        done1 = session.generate(first, lambda c: parts.append(c.text), lambda: False)
+        done1 = session.generate(first, lambda c: parts.append(c.text) if isinstance(c, TokenChunk) else None,
+                                 lambda: False)
         reply = "".join(parts)
         assert "4" in reply and done1.stop_reason == "eos"
         follow_up = (ChatMessage("assistant", reply), ChatMessage("user", "And 3+3?"))

@@ -136,6 +136,37 @@ async def test_escape_stops_keeping_the_partial_reply_then_continue(tiny_models:
 
 
 @pytest.mark.anyio
+async def test_the_stats_bar_follows_the_reply_being_written(tiny_models: dict[str, Path]) -> None:
+    """While a reply streams the bar shows its own numbers: the context in use grows from this prompt's size
+    (not the last reply's), and the last reply's speed and TTFT are not shown as this one's."""
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=LONG)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, "first question")
+        await stop_mid_reply(pilot)
+        await reply_done(pilot)
+        stats = chat.stats
+        first_used = stats.n_ctx_used
+        assert first_used > 0 and stats.ttft_ms is not None and stats.decode_tps is not None
+        await chat.send("second question")  # the request goes out after the next refresh
+        assert stats.ttft_ms is None and stats.decode_tps is None and stats.generated_tokens == 0
+        await wait_for(pilot, lambda: chat.generation is None or bool(stats.ttft_ms and stats.generated_tokens))
+        pid = app.bridge.pid or 0
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert chat.generation is not None, "the reply ended before its stats were seen"
+            prompt = stats.prompt_tokens
+            assert prompt is not None and prompt > first_used  # the first exchange is in this prompt
+            assert stats.n_ctx_used == prompt + (stats.generated_tokens or 0)
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await reply_done(pilot)
+        assert app.store.active_path(chat.conversation_id or 0)[-1].stats["prompt_tokens"] == prompt
+
+
+@pytest.mark.anyio
 async def test_the_request_goes_out_once_the_reply_is_drawn_and_escape_before_it_still_stops(
     tiny_models: dict[str, Path],
 ) -> None:

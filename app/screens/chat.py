@@ -435,6 +435,8 @@ class ChatScreen(Screen[None]):
         self._prompt_blink, self.prompt.cursor_blink = self.prompt.cursor_blink, False
         pause_full_collections()
         self.app.set_engine_state("generating")
+        self.stats.decode_tps = self.stats.ttft_ms = None  # the new reply's, once known
+        self.stats.generated_tokens = 0
         # The request goes out once the screen has drawn the new messages: mounting them, laying the screen out
         # and repainting it takes tens of milliseconds that would otherwise run alongside the engine's first
         # tokens and, on a machine whose cores all run the engine, slow them (the same wait, paid up front).
@@ -462,10 +464,15 @@ class ChatScreen(Screen[None]):
     def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
         if self.generation is None or event.request_id != self.generation.request_id:
             return
-        self.stats.decode_tps = event.tokens_per_s
-        self.stats.generated_tokens = event.n_tokens
-        if event.ttft_ms is not None:
-            self.stats.ttft_ms = event.ttft_ms
+        stats = self.stats
+        stats.decode_tps = event.tokens_per_s
+        stats.generated_tokens = event.n_tokens
+        stats.ttft_ms = event.ttft_ms
+        if event.prompt_tokens is not None:
+            stats.prompt_tokens = event.prompt_tokens
+            stats.n_ctx_used = event.prompt_tokens + event.n_tokens
+        if event.n_ctx:
+            stats.n_ctx = event.n_ctx
 
     async def _end_generation(self, state: str, stats: dict[str, Any]) -> None:
         generation = self.generation

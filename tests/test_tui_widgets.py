@@ -514,8 +514,7 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
             # The newest line of the reply is in view (the view follows the text, not the room kept below it).
             live, transcript = chat.transcript.live, chat.transcript
             if live is not None and live.body.content_height:
-                y = live.virtual_region.y + live.content_bottom() - 1
-                assert transcript.scroll_y <= y < transcript.scroll_y + transcript.scrollable_content_region.height
+                assert newest_line_on_screen(transcript)
         await wait_for(pilot, lambda: chat.generation is None)
         await pilot.pause(0.2)
         assert terminal.lines() == full_render()
@@ -523,6 +522,16 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
         # Most steps drew (a step adding only blank lines to the tail changes nothing drawn): what the terminal
         # shows came from many partial updates, not only from the final full one.
         assert terminal.updates > steps // 2
+
+
+def newest_line_on_screen(transcript: Transcript) -> bool:
+    """Whether the streamed reply's last line of text is drawn inside the transcript's view, from where the screen
+    put the reply's body (not from the transcript's own follow arithmetic)."""
+    live = transcript.live
+    assert live is not None
+    y = live.body.region.y + live.body.content_height - 1
+    view = transcript.scrollable_content_region
+    return view.y <= y < view.bottom
 
 
 async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() -> None:
@@ -553,10 +562,7 @@ async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() ->
             await pilot.pause(0.15)
 
         def newest_line_in_view() -> bool:
-            live = transcript.live
-            assert live is not None
-            y = live.virtual_region.y + live.content_bottom() - 1  # the reply's last line, in the transcript
-            return transcript.scroll_y <= y < transcript.scroll_y + transcript.scrollable_content_region.height
+            return newest_line_on_screen(transcript)
 
         await stream(chunks // 2)
         assert transcript.scroll_y > 0 and newest_line_in_view()

@@ -778,8 +778,9 @@ class LiveMessage(Vertical):
             self.body.append(text, spans)
 
     def content_bottom(self) -> int:
-        """The y of the end of the streamed text, relative to this widget's top."""
-        return self.body.virtual_region.y - self.virtual_region.y + self.body.content_height
+        """The y of the end of the streamed text, relative to this widget's top (the body's virtual region is
+        relative to this widget, its container)."""
+        return self.body.virtual_region.y + self.body.content_height
 
     def on_click(self, event: events.Click) -> None:
         if event.widget is not None and event.widget.has_class("live-reasoning"):

@@ -276,6 +276,26 @@ async def test_stats_bar_shows_speed_ttft_prompt_and_context() -> None:
             assert part in line
 
 
+@pytest.mark.parametrize(("width", "parts"), [
+    (84, ("41.5 tok/s  TTFT 120 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k  ready · CUDA",)),
+    (72, ("41.5 tok/s  TTFT 120 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k",)),  # the header has the rest
+    (62, ("41.5 tok/s TTFT 120ms prompt 31 reply 8 ctx ██░░ 2.0k/4.1k",)),
+    (56, ("41.5 tok/s TTFT 120ms ctx ██░░ 2.0k/4.1k",)),  # about 80 columns less the sidebar
+])
+async def test_a_narrow_stats_bar_keeps_every_number(width: int, parts: tuple[str, ...]) -> None:
+    app = StatsHost()
+    async with app.run_test(size=(width, 3)) as pilot:
+        bar = app.query_one(StatsBar)
+        bar.set_stats({"decode_tps": 41.5, "ttft_ms": 120.4, "prompt_tokens": 31, "generated_tokens": 8,
+                       "n_ctx": 4096, "n_ctx_used": 2048})
+        bar.engine_state, bar.backend = "ready", "CUDA"
+        await pilot.pause()
+        drawn = bar.render_line(0).text
+        assert "…" not in drawn
+        for part in parts:
+            assert part in drawn
+
+
 class CroppedHost(App[None]):
     """A transcript inside containers with a sidebar and a footer line, on a screen with the cropped compositor."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from rich.segment import Segment
 from rich.style import Style
@@ -58,6 +58,14 @@ class AppHeader(Widget):
         line.append(" · ")
         line.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
         return line
+
+
+# The stats bar's ever more compact forms, tried in order while its line is wider than the bar (StatsBar._text).
+COMPACT_STATS: Final[tuple[dict[str, Any], ...]] = (
+    {"state": False},
+    {"state": False, "gap": " ", "bar": 4},
+    {"state": False, "gap": " ", "bar": 4, "counts": False},
+)
 
 
 class StatsBar(Widget):
@@ -138,6 +146,18 @@ class StatsBar(Widget):
         self.n_ctx = int(stats.get("n_ctx", self.n_ctx))
 
     def render(self) -> Text:
+        """The line at full length, or as compact as needed to fit the width: without the engine state and backend
+        (the header shows both), then with single spaces and a shorter context bar, then without the prompt and
+        reply token counts (the context in use stays)."""
+        width = self.size.width
+        line = self._text()
+        for compact in COMPACT_STATS:
+            if not width or line.cell_len <= width:
+                break
+            line = self._text(**compact)
+        return line
+
+    def _text(self, *, state: bool = True, gap: str = "  ", bar: int = 10, counts: bool = True) -> Text:
         label = self._style("stats-bar--label")
         line = Text(no_wrap=True, overflow="ellipsis")
         if self.progress is not None:
@@ -145,25 +165,27 @@ class StatsBar(Widget):
         line.append(" ")
         line.append(f"{self.decode_tps:.1f}" if self.decode_tps is not None else "–", style="bold")
         line.append(" tok/s", style=label)
-        line.append("  TTFT ", style=label)
-        line.append(f"{self.ttft_ms:.0f} ms" if self.ttft_ms is not None else "–")
-        line.append("  prompt ", style=label)
-        line.append(f"{self.prompt_tokens}" if self.prompt_tokens is not None else "–")
-        if self.generated_tokens is not None:
-            line.append("  reply ", style=label)
-            line.append(str(self.generated_tokens))
-        line.append("  ctx ", style=label)
-        width = 10
+        line.append(f"{gap}TTFT ", style=label)
+        ms = " ms" if gap == "  " else "ms"
+        line.append(f"{self.ttft_ms:.0f}{ms}" if self.ttft_ms is not None else "–")
+        if counts:
+            line.append(f"{gap}prompt ", style=label)
+            line.append(f"{self.prompt_tokens}" if self.prompt_tokens is not None else "–")
+            if self.generated_tokens is not None:
+                line.append(f"{gap}reply ", style=label)
+                line.append(str(self.generated_tokens))
+        line.append(f"{gap}ctx ", style=label)
         fraction = min(1.0, self.n_ctx_used / self.n_ctx) if self.n_ctx else 0.0
-        used = round(fraction * width)
+        used = round(fraction * bar)
         line.append("█" * used, style=self._style("stats-bar--bar-used"))
-        line.append("░" * (width - used), style=self._style("stats-bar--bar-free"))
+        line.append("░" * (bar - used), style=self._style("stats-bar--bar-free"))
         line.append(f" {_short(self.n_ctx_used)}/{_short(self.n_ctx)}" if self.n_ctx else " –")
         for name, value in self.extras.items():
-            line.append(f"  {name} ", style=label)
+            line.append(f"{gap}{name} ", style=label)
             line.append(value)
-        line.append("  ")
-        line.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
-        if self.backend:
-            line.append(f" · {self.backend}", style=label)
+        if state:
+            line.append(gap)
+            line.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
+            if self.backend:
+                line.append(f" · {self.backend}", style=label)
         return line

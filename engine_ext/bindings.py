@@ -3,21 +3,48 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
-from llama_cpp import _logger as llama_logger
 from llama_cpp import llama_cpp_ext
 
 # Re-exported so the rest of engine_ext has one place that names the native library.
 C = llama_cpp
 ext = llama_cpp_ext
 __all__ = [
-    "C", "ext", "llama_logger", "ExtensionUnavailable", "logits_address", "target_layer_ids", "missing_ext_functions",
+    "C", "ext", "log_llama_to_stderr", "ExtensionUnavailable", "logits_address", "target_layer_ids",
+    "missing_ext_functions",
 ]
+
+
+# ggml.h's enum ggml_log_level. llama-cpp-python 0.3.36's own log callback maps levels by an older enum (DEBUG as
+# INFO, ERROR as DEBUG): at its INFO level the log file got every debug line (thousands per model load) and no
+# error, so llmtui installs its own callback.
+GGML_LOG_LEVEL_DEBUG, GGML_LOG_LEVEL_INFO, GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR = 1, 2, 3, 4
+GGML_LOG_LEVEL_CONT = 5
+_log_callbacks: list[Any] = []  # ctypes callbacks llama.cpp holds a pointer to: never collected
+
+
+def log_llama_to_stderr(min_level: int = GGML_LOG_LEVEL_INFO) -> None:
+    """Write llama.cpp's and ggml's log lines at `min_level` and up (a continuation as the line it continues)
+    to sys.stderr, which is the engine log file in the worker."""
+    keep_next = False
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator,misc]
+    def callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        nonlocal keep_next
+        keep = keep_next if level == GGML_LOG_LEVEL_CONT else level >= min_level
+        keep_next = keep
+        if keep:
+            sys.stderr.write(text.decode("utf-8", errors="replace"))
+            sys.stderr.flush()  # the tail shown after a crash must hold the last lines
+
+    _log_callbacks[:] = [callback]
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
 class ExtensionUnavailable(RuntimeError):

@@ -67,12 +67,9 @@ class Worker:
         self.conn.send(event)
 
     def serve(self) -> None:
-        import logging
+        from engine_ext.bindings import C, log_llama_to_stderr
 
-        from engine_ext.bindings import C, llama_logger
-
-        # llama-cpp-python prints every llama.cpp log level by default; keep INFO and up in the log file.
-        llama_logger.logger.setLevel(logging.INFO)
+        log_llama_to_stderr()  # INFO and up in the log file
         C.llama_backend_init()
         info = C.llama_print_system_info().decode("utf-8", errors="replace")
         self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info))

@@ -56,9 +56,7 @@ def app_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Pat
 def quiet_llama_log_in_process() -> None:
     """Tests that run the engine in-process keep llama.cpp's INFO/DEBUG lines out of failure reports."""
     try:
-        from engine_ext.bindings import llama_logger
+        from engine_ext.bindings import GGML_LOG_LEVEL_WARN, log_llama_to_stderr
     except ImportError:  # llama-cpp-python not importable: engine tests fail on their own
         return
-    import logging
-
-    llama_logger.logger.setLevel(logging.WARNING)
+    log_llama_to_stderr(GGML_LOG_LEVEL_WARN)

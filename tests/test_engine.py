@@ -290,3 +290,29 @@ def test_reasoning_streams_apart_from_answer(engine: EngineClient, tmp_path: Pat
     text, reasoning, ids, _ = run_to_end(engine, request)
     assert reasoning  # the reply starts inside <think>
     assert "<think>" not in text + reasoning and "</think>" not in text + reasoning
+
+
+def test_engine_log_keeps_info_warnings_and_errors_not_debug(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """llama.cpp's log goes to the engine log by its real levels (llama-cpp-python 0.3.36 maps them by an old enum:
+    every debug line in, every error out)."""
+    log = tmp_path / "engine.log"
+    with EngineClient(log) as client:
+        client.start()
+        client.load(tiny_models["llama"], ModelParams(), SMALL_CTX)
+    text = log.read_text()
+    assert "llama_model_loader: loaded meta data" in text  # INFO
+    assert "llama_graph_n_input_tensors" not in text and "reserving full memory module" not in text  # DEBUG
+
+
+def test_llama_log_callback_filters_by_ggml_level(capsys: pytest.CaptureFixture[str]) -> None:
+    from engine_ext import bindings
+
+    bindings.log_llama_to_stderr(bindings.GGML_LOG_LEVEL_INFO)
+    try:
+        callback = bindings._log_callbacks[0]
+        for level, text in [(1, b"debug "), (5, b"debug-cont\n"), (2, b"info "), (5, b"info-cont\n"),
+                            (3, b"warn\n"), (4, b"error\n"), (1, b"debug2\n")]:
+            callback(level, text, None)
+        assert capsys.readouterr().err == "info info-cont\nwarn\nerror\n"
+    finally:
+        bindings.log_llama_to_stderr(bindings.GGML_LOG_LEVEL_WARN)  # as the test session has it (conftest)

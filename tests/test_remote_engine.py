@@ -581,7 +581,7 @@ async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(
         assert (reply.content, reply.reasoning, reply.state) == ("Hello there!", "The user says hi. Answer briefly.",
                                                                  "complete")
         assert chat.stats.extras["draft"] == "75% 6/8" and chat.stats.decode_tps == 125.0
-        assert "draft 75% 6/8" in str(chat.stats.render()) and "remote: box" in str(chat.stats.render())
+        assert "draft 75% 6/8" in str(chat.stats.render()) and "remote: box" in str(chat.header.render())
         sent = json.loads(server.requests[-1][2])
         assert sent["model"] == "fake-model" and sent["messages"][-1] == {"role": "user", "content": "hi"}
 

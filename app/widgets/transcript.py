@@ -7,7 +7,7 @@ import copy
 import functools
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -569,6 +569,7 @@ class LiveBody(RenderedOnce):
         self._allocated = 0
         self._render_timer: Timer | None = None
         self._rendered_at = 0.0
+        self._when_drawn: list[Callable[[], object]] = []  # to call once the pending render has run
         self._freeze()
 
     @property
@@ -617,7 +618,25 @@ class LiveBody(RenderedOnce):
             else:
                 self._render_timer = self.set_timer(delay, self._render_tail, name="live-body-render")
 
+    @property
+    def render_pending(self) -> bool:
+        return self._render_timer is not None
+
+    def when_drawn(self, callback: Callable[[], object]) -> None:
+        """Call `callback` once the text appended so far is rendered: now, or when the pending render runs."""
+        if self._render_timer is None:
+            callback()
+        else:
+            self._when_drawn.append(callback)
+
     def _render_tail(self) -> None:
+        """Render the tail (see _draw_tail), then call whoever waited for it."""
+        self._draw_tail()
+        callbacks, self._when_drawn = self._when_drawn, []
+        for callback in callbacks:
+            callback()
+
+    def _draw_tail(self) -> None:
         """Freeze what is finished, render the tail again and repaint only the lines that changed."""
         self._render_timer = None
         self._rendered_at = time.monotonic()
@@ -979,7 +998,14 @@ class Transcript(VerticalScroll):
 
     def _follow(self, jump: bool = False) -> None:
         """Keep the end of the streamed text in view: in steps of a third of the view rather than a line at a time
-        (a scroll repaints the whole view), and never further down than that (below is only empty room)."""
+        (a scroll repaints the whole view), and never further down than that (below is only empty room).
+
+        Runs after the body has drawn the text appended so far (its render may wait up to RENDER_INTERVAL_S) and the
+        screen is laid out again: following earlier would leave the lines drawn later below the view."""
+        live = self.live
+        if live is not None and live.body.render_pending:
+            live.body.when_drawn(lambda: self.call_after_refresh(self._follow, jump))
+            return
         self._follow_pending = False
         offset = self._live_target(clamp=False)
         target = max(0.0, min(self.max_scroll_y, offset))

@@ -296,6 +296,12 @@ async def test_switch_conversations_delete_and_undo(tiny_models: dict[str, Path]
         await pilot.press(*"about al")
         await pilot.pause()
         assert chat.conversation_list.options.option_count == 1
+        # Esc clears the search (every conversation is listed again), a second Esc goes back to the prompt.
+        await pilot.press("escape")
+        await pilot.pause()
+        assert chat.conversation_list.search_text == "" and chat.conversation_list.options.option_count == 2
+        await pilot.press("escape")
+        assert chat.prompt.has_focus
 
 
 @pytest.mark.anyio

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Static
 
 from app.config import ConfigError, SamplingSettings, save_config
 from app.messages import (
@@ -532,6 +532,10 @@ class ChatScreen(Screen[None]):
             return
         if self.edit_target is not None:
             self._leave_edit_mode(restore=True)
+            return
+        search = self.query_one("#conversation-search", Input)
+        if search.has_focus and search.value:
+            search.value = ""  # Esc in the search box clears it first (the list shows every conversation again)
             return
         if not self.prompt.has_focus:
             self.prompt.focus()

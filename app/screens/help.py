@@ -30,7 +30,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("ctrl+l", "switch model"),
         ("ctrl+s", "conversation settings: system prompt, sampling, presets"),
         ("ctrl+b", "show / hide the conversation list"),
-        ("ctrl+f", "search titles and messages"),
+        ("ctrl+f", "search titles and messages (escape clears the search)"),
         ("F2", "rename the conversation"),
         ("F5", "restart the engine"),
         ("tab, shift+tab", "move between the list, the messages and the prompt"),

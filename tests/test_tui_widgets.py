@@ -642,3 +642,15 @@ async def test_a_growing_plain_paragraph_draws_as_rendered_whole_at_every_step(c
         # The plain paragraph's steps rendered only its end (but where a line starts with "- " or "1.").
         assert partial > plain * 0.9
         live.stop()
+
+
+async def test_stats_of_a_reply_that_failed_show_as_not_measured() -> None:
+    app = StatsHost()
+    async with app.run_test(size=(120, 3)) as pilot:
+        bar = app.query_one(StatsBar)
+        bar.set_stats({"decode_tps": 41.5, "ttft_ms": 120.4, "prompt_tokens": 31, "generated_tokens": 8,
+                       "n_ctx": 4096, "n_ctx_used": 2048})
+        bar.set_stats({"error": "the engine process was killed by SIGKILL"})
+        await pilot.pause()
+        line = bar.render().plain
+        assert "– tok/s  TTFT –  prompt –  ctx ░░░░░░░░░░ 0/4.1k" in line and "reply" not in line

@@ -222,15 +222,16 @@ class ChatScreen(Screen[None]):
         if conversation_id is None:
             await self.transcript.show([], {})
             self.header.conversation_title = "New conversation"
+            self.stats.set_stats({})  # nothing measured in this conversation yet
         else:
             store = self.app.store
             conversation = store.get_conversation(conversation_id)
             path = store.active_path(conversation_id)
             await self.transcript.show(path, branch_map(store.messages(conversation_id)))
             self.header.conversation_title = conversation.title or "New conversation"
-            last_stats = next((m.stats for m in reversed(path) if m.role == "assistant" and m.stats), None)
-            if last_stats:
-                self.stats.set_stats(last_stats)
+            last_stats = next((m.stats for m in reversed(path)
+                               if m.role == "assistant" and m.stats and "n_ctx_used" in m.stats), None)
+            self.stats.set_stats(last_stats or {})
         self.refresh_conversation_list()
 
     async def reload_transcript(self) -> None:

@@ -138,10 +138,14 @@ class StatsBar(Widget):
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         """Show a finished reply's stats (GenerationStats.to_dict())."""
-        self.decode_tps = float(stats.get("decode_tps", 0.0))
-        self.ttft_ms = float(stats.get("ttft_ms", 0.0))
-        self.prompt_tokens = int(stats.get("prompt_tokens", 0))
-        self.generated_tokens = int(stats.get("generated_tokens", 0))
+        def number(key: str, kind: type[float] | type[int]) -> Any:
+            value = stats.get(key)
+            return None if value is None else kind(value)  # not measured (a reply that failed): shown as –
+
+        self.decode_tps = number("decode_tps", float)
+        self.ttft_ms = number("ttft_ms", float)
+        self.prompt_tokens = number("prompt_tokens", int)
+        self.generated_tokens = number("generated_tokens", int)
         self.n_ctx_used = int(stats.get("n_ctx_used", 0))
         self.n_ctx = int(stats.get("n_ctx", self.n_ctx))
 

@@ -366,14 +366,15 @@ ReplyPart = Literal["reasoning", "answer"]
 class ReasoningSplitter:
     """Splits a streamed reply into reasoning (inside ``<think>…</think>``) and answer text.
 
-    Leading whitespace of the reasoning and of the answer is dropped. Use one
-    instance per reply.
+    Leading whitespace of the reasoning and of the answer is dropped (but with `starts_in_answer`, for a reply
+    continued from the middle of its answer). Use one instance per reply.
     """
 
     def __init__(
         self,
         *,
         starts_in_reasoning: bool = False,
+        starts_in_answer: bool = False,
         open_tag: str = "<think>",
         close_tag: str = "</think>",
     ) -> None:
@@ -385,6 +386,8 @@ class ReasoningSplitter:
         # At the start of a segment: drop whitespace; in reasoning, also one
         # (repeated) open tag, since some models echo the prompt's <think>.
         self._segment_start = True
+        if starts_in_answer:
+            self._state, self._segment_start = "answer", False
         self._held = ""
 
     def feed(self, text: str) -> list[tuple[ReplyPart, str]]:

@@ -65,6 +65,9 @@ class PromptPlan:
     # Evaluate the last prompt token on its own, as a regenerate of this prompt will (so greedy replies
     # repeat exactly); off for pre-tokenized benchmark prompts, measured as one batch like llama-bench.
     split_last: bool = True
+    # The prompt ends inside the answer of a reply being continued: the reply goes on from there, leading space
+    # and all (a new reply's leading whitespace is dropped).
+    continues_answer: bool = False
 
 
 class Session:
@@ -156,7 +159,11 @@ class Session:
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
             text = self._render(request, kept)
-            plan = PromptPlan(self._tokens_for(text), text, dropped, prompt_opens_reasoning(text), chat=True)
+            last = kept[-1] if kept else {}
+            continues = bool(request.continue_reply and last.get("role") == "assistant" and last.get("content")
+                             and text.endswith(last["content"]))
+            plan = PromptPlan(self._tokens_for(text), text, dropped, prompt_opens_reasoning(text), chat=True,
+                              continues_answer=continues)
         if len(plan.tokens) >= n_ctx:
             raise PromptTooLong(
                 f"the prompt is {len(plan.tokens)} tokens but the context holds {n_ctx}; "
@@ -555,7 +562,8 @@ class _ReplyStream:
         self.utf8 = Utf8StreamDecoder()
         self.stopper = StopStringMatcher(list(request.stop))
         self.has_stops = any(request.stop)
-        self.splitter = ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning) if plan.chat else None
+        self.splitter = (ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning,
+                                           starts_in_answer=plan.continues_answer) if plan.chat else None)
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.ids: list[int] = []

@@ -523,3 +523,10 @@ def test_truncate_counts_few_times() -> None:
     assert dropped == len(msgs) - len(kept)
     assert count_chars(kept) > 41 - 8  # dropped no more turns than needed (a turn is 8 chars)
     assert calls <= 12
+
+
+def test_a_continued_answer_keeps_its_leading_space_and_tags() -> None:
+    # Continued from the middle of its answer: nothing is dropped and no <think> opens a reasoning block.
+    assert split_all(ReasoningSplitter(starts_in_answer=True), [" said", " <think>x</think>", " more"]) == (
+        "", " said <think>x</think> more")
+    assert split_all(ReasoningSplitter(), [" said", " more"]) == ("", "said more")

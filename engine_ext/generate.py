@@ -122,7 +122,9 @@ class Session:
             self.anchors.append((text, tuple(tokens)))
             del self.anchors[:-MAX_CHECKPOINTS]
 
-    def _render(self, request: Generate, messages: Sequence[Mapping[str, str]]) -> str:
+    def _render(self, request: Generate, messages: Sequence[Mapping[str, str]]) -> tuple[str, bool]:
+        """The prompt's text, and whether it ends inside the answer of the reply being continued (cut right after
+        its text as given: that reply goes on from there, leading space and all)."""
         continue_reply = request.continue_reply and bool(messages) and messages[-1]["role"] == "assistant"
         if continue_reply and not messages[-1]["content"]:
             # Stopped before any answer text (while thinking, say): the reply starts again from the beginning.
@@ -138,12 +140,12 @@ class Session:
         if continue_reply:
             # Continue a stopped reply: cut the rendered prompt right after the partial reply text.
             # A template that trims message text renders the partial reply without its outer whitespace.
-            for partial in (messages[-1]["content"], messages[-1]["content"].strip()):
+            content = messages[-1]["content"]
+            for partial in (content, content.strip()):
                 cut = text.rfind(partial) if partial else -1
                 if cut >= 0:
-                    text = text[: cut + len(partial)]
-                    break
-        return text
+                    return text[: cut + len(partial)], partial == content
+        return text, False
 
     def plan(self, request: Generate) -> PromptPlan:
         """Tokens to evaluate for a request, trimming the oldest turns when the context is too small."""
@@ -161,13 +163,10 @@ class Session:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
             def count(msgs: Sequence[Mapping[str, str]]) -> int:
-                return len(self._tokens_for(self._render(request, msgs)))
+                return len(self._tokens_for(self._render(request, msgs)[0]))
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
-            text = self._render(request, kept)
-            last = kept[-1] if kept else {}
-            continues = bool(request.continue_reply and last.get("role") == "assistant" and last.get("content")
-                             and text.endswith(last["content"]))
+            text, continues = self._render(request, kept)
             plan = PromptPlan(self._tokens_for(text), text, dropped, prompt_opens_reasoning(text), chat=True,
                               continues_answer=continues)
         if len(plan.tokens) >= n_ctx:

@@ -262,13 +262,22 @@ class StatsHost(App[None]):
         yield StatsBar()
 
 
+REPLY_STATS = {"decode_tps": 41.5, "ttft_ms": 120.4, "prompt_tokens": 31, "generated_tokens": 8, "n_ctx": 4096,
+               "n_ctx_used": 2048}
+
+
+def ready_stats_bar(app: StatsHost) -> StatsBar:
+    """The host's stats bar showing REPLY_STATS, the engine ready on CUDA."""
+    bar = app.query_one(StatsBar)
+    bar.set_stats(REPLY_STATS)
+    bar.engine_state, bar.backend = "ready", "CUDA"
+    return bar
+
+
 async def test_stats_bar_shows_speed_ttft_prompt_and_context() -> None:
     app = StatsHost()
     async with app.run_test(size=(120, 3)) as pilot:
-        bar = app.query_one(StatsBar)
-        bar.set_stats({"decode_tps": 41.5, "ttft_ms": 120.4, "prompt_tokens": 31, "generated_tokens": 8,
-                       "n_ctx": 4096, "n_ctx_used": 2048})
-        bar.engine_state, bar.backend = "ready", "CUDA"
+        bar = ready_stats_bar(app)
         bar.extras = {"spec": "72%"}
         await pilot.pause()
         line = bar.render().plain
@@ -285,10 +294,7 @@ async def test_stats_bar_shows_speed_ttft_prompt_and_context() -> None:
 async def test_a_narrow_stats_bar_keeps_every_number(width: int, parts: tuple[str, ...]) -> None:
     app = StatsHost()
     async with app.run_test(size=(width, 3)) as pilot:
-        bar = app.query_one(StatsBar)
-        bar.set_stats({"decode_tps": 41.5, "ttft_ms": 120.4, "prompt_tokens": 31, "generated_tokens": 8,
-                       "n_ctx": 4096, "n_ctx_used": 2048})
-        bar.engine_state, bar.backend = "ready", "CUDA"
+        bar = ready_stats_bar(app)
         await pilot.pause()
         drawn = bar.render_line(0).text
         assert "…" not in drawn
@@ -647,9 +653,7 @@ async def test_a_growing_plain_paragraph_draws_as_rendered_whole_at_every_step(c
 async def test_stats_of_a_reply_that_failed_show_as_not_measured() -> None:
     app = StatsHost()
     async with app.run_test(size=(120, 3)) as pilot:
-        bar = app.query_one(StatsBar)
-        bar.set_stats({"decode_tps": 41.5, "ttft_ms": 120.4, "prompt_tokens": 31, "generated_tokens": 8,
-                       "n_ctx": 4096, "n_ctx_used": 2048})
+        bar = ready_stats_bar(app)
         bar.set_stats({"error": "the engine process was killed by SIGKILL"})
         await pilot.pause()
         line = bar.render().plain

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from rich.console import Console
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.style import Style
+from textual._compositor import Compositor
 from textual.app import App, ComposeResult
 from textual.geometry import Region
 from textual.message import Message
+from textual.pilot import Pilot
 from textual.strip import Strip
 
 from app.bridge import EngineBridge, chunk_draft_spans
@@ -23,6 +25,7 @@ from app.widgets.prompt_input import PromptInput
 from app.widgets.status import StatsBar
 from app.widgets.transcript import (
     LiveBody,
+    LiveMessage,
     MessageView,
     Transcript,
     _markdown,
@@ -35,6 +38,10 @@ from app.widgets.transcript import (
 from engine_ext.client import EngineClient
 from engine_ext.protocol import TokenChunk
 from tests.test_tui import wait_for
+
+if TYPE_CHECKING:
+    from app.screens.chat import ChatScreen
+    from app.tui import LlmtuiApp
 
 pytestmark = pytest.mark.anyio
 
@@ -322,21 +329,27 @@ class CroppedHost(App[None]):
         self.screen.refresh(layout=True)
 
 
+async def _streamed_into(app: CroppedHost, pilot: Pilot[None]) -> tuple[Transcript, LiveMessage, CroppedCompositor,
+                                                                       Compositor]:
+    """A live reply filling the host's view; the screen's compositor and a stock one laid out the same."""
+    transcript = app.query_one(Transcript)
+    live = await transcript.start_live(1, "model")
+    transcript.write_live("Paragraph one " * 30 + "\n\n```python\nx = 1\n```\n\nand a tail " * 3, "")
+    await pilot.pause(0.3)
+    cropped = app.screen._compositor
+    assert isinstance(cropped, CroppedCompositor)
+    stock = Compositor()
+    stock.reflow(app.screen, app.screen.size)
+    return transcript, live, cropped, stock
+
+
 async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -> None:
-    from textual._compositor import Compositor
     from textual.widget import Widget
 
     app = CroppedHost()
     async with app.run_test(size=(80, 24)) as pilot:
-        transcript = app.query_one(Transcript)
-        live = await transcript.start_live(1, "model")
-        transcript.write_live("Paragraph one " * 30 + "\n\n```python\nx = 1\n```\n\nand a tail " * 3, "")
-        await pilot.pause(0.3)
+        transcript, live, cropped, stock = await _streamed_into(app, pilot)
         screen = app.screen
-        cropped = screen._compositor
-        assert isinstance(cropped, CroppedCompositor)
-        stock = Compositor()
-        stock.reflow(screen, screen.size)
         heights: list[int] = []
         rendered: set[Widget] = set()
         original = Widget.render_lines
@@ -560,6 +573,19 @@ def newest_line_on_screen(transcript: Transcript) -> bool:
     return view.y <= y < view.bottom
 
 
+async def _scripted_reply(app: LlmtuiApp, pilot: Pilot[None]) -> tuple[ChatScreen, _ScriptedClient]:
+    """Once the scripted engine is ready, a reply started in a new conversation (the reply is all there is to
+    scroll through); the chat screen and the client that streams it."""
+    while app.engine_state != "ready":
+        await pilot.pause(0.01)
+    chat = app.chat
+    assert chat is not None
+    client = app.bridge._client
+    assert isinstance(client, _ScriptedClient)
+    await chat.open_conversation(None)
+    await chat.send("Tell me something")
+    return chat, client
+
 async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() -> None:
     from app.config import SamplingSettings
     from app.tui import LlmtuiApp
@@ -568,15 +594,8 @@ async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() ->
     app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
                               backlog=lambda: app._message_queue.qsize())
     async with app.run_test(size=(60, 16)) as pilot:
-        while app.engine_state != "ready":
-            await pilot.pause(0.01)
-        chat = app.chat
-        assert chat is not None
-        client = app.bridge._client
-        assert isinstance(client, _ScriptedClient)
+        chat, client = await _scripted_reply(app, pilot)
         transcript = chat.transcript
-        await chat.open_conversation(None)  # a new conversation: the reply is all there is to scroll through
-        await chat.send("Tell me something")
         chunks = (len(_ScriptedClient.REPLY) + 6) // 7
 
         async def stream(n: int) -> None:
@@ -658,3 +677,114 @@ async def test_stats_of_a_reply_that_failed_show_as_not_measured() -> None:
         await pilot.pause()
         line = bar.render().plain
         assert "– tok/s  TTFT –  prompt –  ctx ░░░░░░░░░░ 0/4.1k" in line and "reply" not in line
+
+
+async def test_a_repaint_of_the_whole_view_skips_the_containers_behind_the_reply() -> None:
+    """A follow-scroll repaints the whole view: the widgets the reply's parts hide (its own container, the
+    transcript, the screen) are not rendered, and every row is what the stock compositor draws."""
+    from textual.widget import Widget
+
+    app = CroppedHost()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript, live, cropped, stock = await _streamed_into(app, pilot)
+        screen = app.screen
+        rendered: set[Widget] = set()
+        original = Widget.render_lines
+
+        def spy(widget: Widget, crop):  # type: ignore[no-untyped-def]
+            rendered.add(widget)
+            return original(widget, crop)
+
+        view = transcript.region
+        for crop in (Region(0, view.y, 80, view.height), screen.region):  # the view's rows; the whole screen
+            rendered.clear()
+            rows = set(range(crop.y, crop.bottom))
+            Widget.render_lines = spy  # type: ignore[method-assign, assignment]
+            try:
+                ours = cropped._render_chops(crop, rows.__contains__)
+            finally:
+                Widget.render_lines = original  # type: ignore[method-assign]
+            assert live.body in rendered
+            assert live not in rendered and transcript not in rendered and screen not in rendered
+            theirs = stock._render_chops(crop, rows.__contains__)
+            for row in rows:
+                assert Strip.join(ours[row].values()) == Strip.join(theirs[row].values())
+        live.stop()
+
+
+async def test_the_reply_grows_when_the_view_scrolls_and_the_screen_is_laid_out_once_per_change() -> None:
+    """The reply's room grows in the frame that scrolls to follow it (one repaint of the view, not two), and a
+    change of its height lays the screen out once (Textual would lay it out a second time for the new size)."""
+    from app.config import SamplingSettings
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
+                              backlog=lambda: app._message_queue.qsize())
+    async with app.run_test(size=(60, 16)) as pilot:
+        chat, client = await _scripted_reply(app, pilot)
+        transcript = chat.transcript
+        await pilot.pause(0.2)
+        live = transcript.live
+        assert live is not None
+        screen = app.screen
+        layouts: list[bool] = []  # each layout of the screen that the reply asked for: whether the view scrolled
+        scrolled = [False]
+        refresh_layout, scroll_to = screen._refresh_layout, transcript.scroll_to
+
+        def layout_spy(*args: Any, **kwargs: Any) -> None:
+            if live in screen._layout_widgets or live.body in screen._layout_widgets:
+                layouts.append(scrolled[0])
+            scrolled[0] = False
+            refresh_layout(*args, **kwargs)
+
+        def scroll_spy(*args: Any, **kwargs: Any) -> None:
+            scrolled[0] = True
+            scroll_to(*args, **kwargs)
+
+        screen._refresh_layout = layout_spy  # type: ignore[method-assign]
+        transcript.scroll_to = scroll_spy  # type: ignore[method-assign]
+        heights = {live.outer_size.height}
+        for _ in range((len(_ScriptedClient.REPLY) + 6) // 7):
+            client.gate.release(1)
+            before = len(live.text)
+            await wait_for(pilot, lambda before=before: len(live.text) > before)  # type: ignore[misc]
+            await pilot.pause(0.05)
+            heights.add(live.outer_size.height)
+        assert len(heights) >= 3  # the reply grew more than once
+        assert len(layouts) <= len(heights)  # one layout per change of height (Textual's own would be two)
+        assert layouts.count(False) <= 1  # and each but the first came with a scroll
+        client.gate.release(100)
+        await wait_for(pilot, lambda: chat.generation is None)
+
+
+def test_code_fence_lexers_are_looked_up_without_scanning_plugins_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fence being streamed names no lexer yet ("```pyth"): Pygments' own lookup scans every installed package's
+    entry points for each such name (tens of ms, once per frame); ours scans them once."""
+    from pygments.lexers import CppLexer, PythonLexer
+
+    from app.widgets import transcript
+
+    scans: list[int] = []
+    find_plugins = transcript.find_plugin_lexers
+
+    def counting() -> Any:
+        scans.append(1)
+        return find_plugins()
+
+    monkeypatch.setattr(transcript, "find_plugin_lexers", counting)
+    transcript._lexer_aliases.cache_clear()
+    transcript._lexer.cache_clear()
+    try:
+        for partial in ("p", "py", "pyt", "pyth", "pytho", "python", "Python", "c++", "rus", "no-such-language"):
+            transcript._lexer(partial)
+        assert len(scans) == 1
+        assert isinstance(transcript._lexer("python"), PythonLexer)
+        assert isinstance(transcript._lexer("PY"), PythonLexer)
+        assert isinstance(transcript._lexer("c++"), CppLexer)
+        assert transcript._lexer("pyth") is None and transcript._lexer("") is None
+        python = transcript._lexer("python")
+        assert python is not None and python.tabsize == 4  # what Rich's Syntax would use
+    finally:
+        transcript._lexer_aliases.cache_clear()
+        transcript._lexer.cache_clear()

@@ -7,9 +7,11 @@ lines each) were all rendered for it: most of the UI's CPU time, which on a smal
 engine's threads. This compositor narrows each widget's clip to the updated rows first, so a widget renders
 only those rows (the same path Textual takes for a widget that is partly scrolled out of view), and renders
 separate bands of rows (the live reply's last line and the stats bar) separately rather than everything between.
-In small updates a widget that the widgets in front of it hide in those rows (a container behind its children)
-is not rendered at all: Textual keeps the front-most line of each cell. Nor is a widget with no cell in the
-update's columns (the transcript's scrollbar beside a line of the reply): the update writes only those cells.
+A widget that the widgets in front of it hide in those rows (a container behind its children) is not rendered at
+all: Textual keeps the front-most line of each cell. In a repaint of the whole view (each follow-scroll of a
+streamed reply) that skips the transcript, the reply's container and the screen's layout containers. Nor is a
+widget with no cell in the update's columns (the transcript's scrollbar beside a line of the reply) rendered: the
+update writes only those cells.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from textual._compositor import Compositor
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
-
-CULL_ROWS = 4  # hidden widgets are skipped in updates of at most this many rows (the common one- or two-line case)
 
 
 def _covers(spans: list[tuple[int, int]], start: int, end: int) -> bool:
@@ -58,22 +58,21 @@ class CroppedCompositor(Compositor):
         cropped: dict[Widget, tuple[Region, Region]] = {}
         # Widgets come front to back and the front one's line wins each cell: a widget hidden in these rows by
         # the ones in front (a container behind its children) need not render at all.
-        covered: list[list[tuple[int, int]]] = [[] for _ in range(crop.height)] if crop.height <= CULL_ROWS else []
+        covered: list[list[tuple[int, int]]] = [[] for _ in range(crop.height)]
         for widget, (region, clip) in widgets.items():
             rows = clip.intersection(Region(clip.x, crop.y, clip.width, crop.height))
             # The update writes only cells inside the crop: a widget with none in its columns (the scrollbar
             # beside a line of the live reply) need not render.
             if not rows.area or rows.right <= crop.x or rows.x >= crop.right:
                 continue
-            if covered:
-                drawn = region.intersection(rows)  # the cells it would draw in these rows
-                spans = covered[drawn.y - crop.y : drawn.bottom - crop.y]
-                # Hidden within the crop's columns: the cells it would show outside them are not written.
-                left, right = max(drawn.x, crop.x), min(drawn.right, crop.right)
-                if left >= right or all(_covers(span, left, right) for span in spans):
-                    continue
-                for span in spans:
-                    _add(span, drawn.x, drawn.right)
+            drawn = region.intersection(rows)  # the cells it would draw in these rows
+            spans = covered[drawn.y - crop.y : drawn.bottom - crop.y]
+            # Hidden within the crop's columns: the cells it would show outside them are not written.
+            left, right = max(drawn.x, crop.x), min(drawn.right, crop.right)
+            if left >= right or all(_covers(span, left, right) for span in spans):
+                continue
+            for span in spans:
+                _add(span, drawn.x, drawn.right)
             cropped[widget] = (region, rows)
         return cropped
 
@@ -99,7 +98,7 @@ class CroppedCompositor(Compositor):
         return chops
 
     def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
-        if crop is None or crop.height >= self.size.height:
+        if crop is None:
             yield from super()._get_renders(crop)
             return
         self._crop_rows = crop

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,8 +14,8 @@ from typing import Any, ClassVar, Final
 
 from markdown_it import MarkdownIt
 from pygments.lexer import Lexer
-from pygments.lexers import get_lexer_by_name
-from pygments.util import ClassNotFound
+from pygments.lexers import find_lexer_class, get_all_lexers
+from pygments.plugin import find_plugin_lexers
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import CodeBlock as RichCodeBlock
 from rich.markdown import Markdown as RichMarkdown
@@ -173,13 +174,31 @@ def _header(role: str, state: str, model: str, branch: BranchInfo | None) -> Tex
     return header
 
 
+@functools.cache
+def _lexer_aliases() -> dict[str, str | type[Lexer]]:
+    """Every lexer alias: a built-in lexer's name, or a plugin's class. Built once: Pygments' get_lexer_by_name
+    scans every installed package's entry points for plugin lexers whenever the alias is not a built-in one (about
+    70 ms here), and a code fence being streamed passes through names that are none ("```pyth"), one per frame."""
+    aliases: dict[str, str | type[Lexer]] = {}
+    for name, names, _, _ in get_all_lexers(plugins=False):
+        for alias in names:
+            aliases.setdefault(alias.lower(), name)
+    for plugin in find_plugin_lexers():
+        for alias in plugin.aliases:
+            aliases.setdefault(alias.lower(), plugin)
+    return aliases
+
+
 @functools.lru_cache(maxsize=64)
 def _lexer(name: str) -> Lexer | None:
     """The Pygments lexer Rich's Syntax would look up for `name` (None: no such lexer, drawn as plain text)."""
-    try:
-        return get_lexer_by_name(name, stripnl=False, ensurenl=True, tabsize=4)  # Syntax's default tab_size
-    except ClassNotFound:
+    found = _lexer_aliases().get(name.lower())
+    if found is None:
         return None
+    lexer_class = find_lexer_class(found) if isinstance(found, str) else found
+    if lexer_class is None:
+        return None
+    return lexer_class(stripnl=False, ensurenl=True, tabsize=4)  # Syntax's default tab_size
 
 
 @functools.lru_cache(maxsize=8)
@@ -281,6 +300,12 @@ class RenderedOnce(Widget):
     def notify_style_update(self) -> None:
         self._line_style = None
         super().notify_style_update()
+
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
+        # Textual sets a new size after laying the screen out, through the `virtual_size` reactive, which asks for
+        # the screen to be laid out again: a second layout of everything for each change of this widget's height
+        # (each growth of the streamed reply). Nothing here depends on the virtual size: the layout is not needed.
+        return super()._size_updated(size, virtual_size, container_size, layout=False)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -665,6 +690,15 @@ class LiveBody(RenderedOnce):
             return True
         return False
 
+    def reserve(self, lines: int) -> None:
+        """Keep at least `lines` of room below the text, growing by a screenful if there is less. The transcript
+        calls this when it scrolls to follow the text: the re-layout then comes in the frame that repaints the whole
+        view for the scroll anyway, rather than in a frame of its own when the text reaches the end of its room."""
+        needed = len(self._strips)
+        if self._strips_width >= 0 and self._allocated - needed < lines:
+            self._allocated = needed + lines + max(self.GROW_LINES, self.app.size.height)
+            self.refresh(layout=True)
+
     def flush(self) -> None:
         """Draw what was appended now (e.g. before the reply is frozen into a finished message)."""
         if self._render_timer is not None:
@@ -762,7 +796,6 @@ class LiveMessage(Vertical):
     DEFAULT_CSS = """
     LiveMessage {
         height: auto;
-        padding: 0 1;
     }
     """
 
@@ -779,6 +812,9 @@ class LiveMessage(Vertical):
     @property
     def text(self) -> str:
         return self.body.text
+
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
+        return super()._size_updated(size, virtual_size, container_size, layout=False)  # see RenderedOnce
 
     def compose(self) -> ComposeResult:
         yield Static(_header("assistant", "streaming", self.model, None), classes="live-header")
@@ -859,6 +895,16 @@ class Transcript(VerticalScroll):
         self.dark = True
         self.colour_drafts = False
         """Whether text from accepted draft tokens is coloured."""
+
+    def on_mount(self) -> None:
+        # The lexer table costs a scan of every installed package's entry points: build it off the event loop
+        # once the first frame is drawn, not when the first code block is rendered.
+        self.call_after_refresh(threading.Thread(target=_lexer_aliases, name="llmtui-lexers", daemon=True).start)
+
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
+        # See RenderedOnce: the transcript's virtual size changes with each growth of the streamed reply. Its
+        # scrollbars are still updated (Widget._size_updated does that whatever `layout` says).
+        return super()._size_updated(size, virtual_size, container_size, layout=False)
 
     @property
     def at_bottom(self) -> bool:
@@ -1006,12 +1052,17 @@ class Transcript(VerticalScroll):
         if live is not None and live.body.render_pending:
             live.body.when_drawn(lambda: self.call_after_refresh(self._follow, jump))
             return
+        if live is not None and not live.outer_size:  # mounted but not laid out yet: its place is not known
+            self.call_after_refresh(self._follow, jump)
+            return
         self._follow_pending = False
         offset = self._live_target(clamp=False)
         target = max(0.0, min(self.max_scroll_y, offset))
         step = max(1, self._view_height() // 3)
         end = max(0.0, min(self.max_scroll_y, offset + step - 1))
         if jump or self.scroll_y < target or self.scroll_y > end:
+            if live is not None:
+                live.body.reserve(2 * step)
             self.scroll_to(y=end, animate=False, immediate=True)
 
     async def freeze_live(self, message: StoredMessage, branch: BranchInfo | None = None) -> MessageView | None:

@@ -308,7 +308,9 @@ class RenderedOnce(Widget):
         return super()._size_updated(size, virtual_size, container_size, layout=False)
 
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
+        # The content width from the size kept at layout: Widget.size looks the widget up in the compositor's map,
+        # which Textual rebuilds for the whole screen after a scroll (several ms in a repaint of the view).
+        width = self.outer_size.width - self.styles.gutter.width
         strips = self._strips_for(width)
         strip = strips[y] if 0 <= y < len(strips) else Strip.blank(width)
         if self._line_style is None:

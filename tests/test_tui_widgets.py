@@ -422,6 +422,7 @@ class _ScriptedClient:
         self.hello = Hello(1, 1, "scripted", "")
         self.pid: int | None = 1
         self.gate = threading.Semaphore(0)  # one release per chunk: the test lets the stream go a step at a time
+        self.cancelled: set[int] = set()  # request ids the app cancelled (Esc): they stop at the next chunk
 
     def start(self) -> object:
         return self.hello
@@ -443,9 +444,11 @@ class _ScriptedClient:
     def send(self, request: object) -> None:
         import threading
 
-        from engine_ext.protocol import Generate, Loaded, LoadModel, ModelInfo
+        from engine_ext.protocol import Cancel, Generate, Loaded, LoadModel, ModelInfo
 
-        if isinstance(request, LoadModel):
+        if isinstance(request, Cancel):
+            self.cancelled.add(request.request_id)
+        elif isinstance(request, LoadModel):
             info = ModelInfo(request.path, "llama", "scripted", 1, 1, 4096, 4096, 1, 1, 0, 1, False, False, True, 1,
                              "CPU", 1.0)
             self.events.put(Loaded(info))
@@ -460,11 +463,13 @@ class _ScriptedClient:
         text = self.REPLY
         for start in range(0, len(text), 7):
             self.gate.acquire()
+            if request_id in self.cancelled:
+                break
             piece = text[start : start + 7]
             self.events.put(TokenChunk(request_id, piece, "", (start,), ("target",), (len(piece),)))
             time.sleep(0.001)
         stats = GenerationStats(10, 0, 10, 1.0, len(text) // 7, 1000.0, 5.0, 4096, 10 + len(text) // 7)
-        self.events.put(Finished(request_id, "max_tokens", stats))
+        self.events.put(Finished(request_id, "cancelled" if request_id in self.cancelled else "max_tokens", stats))
 
 
 class _Terminal:
@@ -788,3 +793,38 @@ def test_code_fence_lexers_are_looked_up_without_scanning_plugins_each_time(monk
     finally:
         transcript._lexer_aliases.cache_clear()
         transcript._lexer.cache_clear()
+
+
+async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_after_it_stopped() -> None:
+    from textual.widgets._footer import FooterKey
+
+    from app.config import SamplingSettings
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
+                              backlog=lambda: app._message_queue.qsize())
+
+    async def footer() -> set[str]:
+        await pilot.pause(0.1)
+        return {key.description for key in app.screen.query(FooterKey)}
+
+    async with app.run_test(size=(120, 30)) as pilot:
+        while app.engine_state != "ready":
+            await pilot.pause(0.01)
+        assert app.chat is not None
+        await app.chat.open_conversation(None)
+        shown = await footer()  # a new conversation: nothing to stop, continue or regenerate
+        assert "New" in shown and not shown & {"Stop", "Continue", "Regenerate"}
+        chat, client = await _scripted_reply(app, pilot)
+        client.gate.release(3)
+        await wait_for(pilot, lambda: chat.transcript.live is not None and bool(chat.transcript.live.text))
+        shown = await footer()
+        assert "Stop" in shown and not shown & {"Continue", "Regenerate"}
+        await pilot.press("escape")
+        client.gate.release(1)
+        await wait_for(pilot, lambda: chat.generation is None)
+        shown = await footer()  # the reply was stopped: it can be continued
+        assert "Stop" not in shown and {"Continue", "Regenerate"} <= shown
+        await chat.open_conversation(None)
+        assert not (await footer()) & {"Stop", "Continue", "Regenerate"}

@@ -110,7 +110,8 @@ class ChatScreen(Screen[None]):
     """
 
     BINDINGS = [
-        Binding("escape", "stop", "Stop", priority=True),
+        Binding("escape", "stop", "Stop", priority=True),  # shown while a reply is written
+        Binding("escape", "back", "Back", show=False, priority=True),  # otherwise: leave editing, clear search, …
         Binding("ctrl+g", "continue_reply", "Continue"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
         Binding("ctrl+n", "new_conversation", "New"),
@@ -233,6 +234,7 @@ class ChatScreen(Screen[None]):
                                if m.role == "assistant" and m.stats and "n_ctx_used" in m.stats), None)
             self.stats.set_stats(last_stats or {})
         self.refresh_conversation_list()
+        self.refresh_bindings()  # Continue and Regenerate depend on the conversation's last reply
 
     async def reload_transcript(self) -> None:
         if self.conversation_id is not None:
@@ -240,6 +242,7 @@ class ChatScreen(Screen[None]):
             await self.transcript.show(
                 store.active_path(self.conversation_id), branch_map(store.messages(self.conversation_id))
             )
+            self.refresh_bindings()
 
     def _ensure_conversation(self) -> Conversation:
         if self.conversation_id is None:
@@ -533,6 +536,10 @@ class ChatScreen(Screen[None]):
                 if self.generation.request_id:  # else cancelled as soon as it is sent
                     self.app.bridge.cancel(self.generation.request_id)
             return
+        self.action_back()
+
+    def action_back(self) -> None:
+        """Esc when no reply is being written: leave editing, clear the search, or go back to the prompt."""
         if self.edit_target is not None:
             self._leave_edit_mode(restore=True)
             return
@@ -712,9 +719,17 @@ class ChatScreen(Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
-            return True
-        if action == "continue_reply":
+            return self.generation is not None
+        if action == "back":
             return self.generation is None
+        if action == "continue_reply":
+            if self.generation is not None:
+                return False
+            try:
+                last = self._last_assistant()
+            except StoreError:
+                return False
+            return last is not None and last.state in UNFINISHED_STATES
         if action == "regenerate":
             return self.generation is None and self.conversation_id is not None
         return True

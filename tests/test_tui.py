@@ -238,11 +238,15 @@ async def test_edit_and_resend_keeps_the_old_branch_reachable(tiny_models: dict[
         assert edited_path[0].parent_id == original_path[0].parent_id
         views = chat.transcript.views()
         assert views[0].branch is not None and views[0].branch.total == 2
-        # The old branch (question and its reply) is one key away.
+        # The old branch (question and its reply) is one key away, and the stats bar shows its reply's numbers.
+        assert chat.stats.prompt_tokens == edited_path[-1].stats["prompt_tokens"]
         views[0].focus()
         await pilot.press("left")
         await pilot.pause()
         assert [v.message.id for v in chat.transcript.views()] == [m.id for m in original_path]
+        assert chat.stats.n_ctx_used == original_path[-1].stats["n_ctx_used"]
+        assert chat.stats.prompt_tokens == original_path[-1].stats["prompt_tokens"] != edited_path[-1].stats[
+            "prompt_tokens"]
 
 
 @pytest.mark.anyio

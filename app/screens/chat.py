@@ -230,18 +230,23 @@ class ChatScreen(Screen[None]):
             path = store.active_path(conversation_id)
             await self.transcript.show(path, branch_map(store.messages(conversation_id)))
             self.header.conversation_title = conversation.title or "New conversation"
-            last_stats = next((m.stats for m in reversed(path)
-                               if m.role == "assistant" and m.stats and "n_ctx_used" in m.stats), None)
-            self.stats.set_stats(last_stats or {})
+            self._show_last_stats(path)
         self.refresh_conversation_list()
         self.refresh_bindings()  # Continue and Regenerate depend on the conversation's last reply
+
+    def _show_last_stats(self, path: list[Message]) -> None:
+        """The stats bar shows the last measured reply of the branch on screen (nothing measured: "–")."""
+        last_stats = next((m.stats for m in reversed(path)
+                           if m.role == "assistant" and m.stats and "n_ctx_used" in m.stats), None)
+        self.stats.set_stats(last_stats or {})
 
     async def reload_transcript(self) -> None:
         if self.conversation_id is not None:
             store = self.app.store
-            await self.transcript.show(
-                store.active_path(self.conversation_id), branch_map(store.messages(self.conversation_id))
-            )
+            path = store.active_path(self.conversation_id)
+            await self.transcript.show(path, branch_map(store.messages(self.conversation_id)))
+            if self.generation is None:
+                self._show_last_stats(path)  # another branch: its own reply's numbers
             self.refresh_bindings()
 
     def _ensure_conversation(self) -> Conversation:

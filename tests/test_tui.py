@@ -369,6 +369,30 @@ async def test_engine_crash_then_restart_keeps_the_conversation(tiny_models: dic
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (60, 16)])
+async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tuple[int, int]) -> None:
+    """A real engine log tail is long: the dialog must still show the line saying which key restarts."""
+    from textual.widgets import Static
+
+    from app.modals.crash import EngineCrashedModal
+
+    app = LlmtuiApp("starter", start_engine=False)
+    log = "\n".join(f"sched_reserve: line {n} of a long engine log, long enough to wrap at 80 columns: " + "x" * 30
+                    for n in range(1, 60))
+    async with app.run_test(size=size) as pilot:
+        app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log))
+        await pilot.pause(0.2)
+        modal = app.screen
+        hint = modal.query_one(".dialog-hint", Static)
+        dialog = modal.query_one("#crash-dialog")
+        assert "R restart" in str(hint.render())
+        assert dialog.region.contains_region(hint.region) and modal.region.contains_region(dialog.region)
+        assert hint.region.right <= dialog.region.right - 2  # the whole line fits inside the border
+        log_view = modal.query_one("#crash-log")
+        assert log_view.region.height >= 3 and log_view.max_scroll_y > 0  # the rest of the log scrolls
+
+
+@pytest.mark.anyio
 async def test_a_crash_while_streaming_keeps_the_partial_reply(tiny_models: dict[str, Path]) -> None:
     from app.modals.crash import EngineCrashedModal
 

@@ -97,7 +97,7 @@ def keys(*pressed: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
 async def crash_dialog(pilot: Pilot[Any]) -> None:
     from app.modals.crash import EngineCrashedModal
 
-    log = "\n".join(f"llama_model_load: line {n} of the engine log" for n in range(1, 9))
+    log = "\n".join(f"llama_model_load: line {n} of the engine log" for n in range(1, 31))  # a real tail is long
     pilot.app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log))
     await pilot.pause()
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
+
+LOG_LINES = 14  # the most lines of the engine's log shown at once (it scrolls)
 
 
 class EngineCrashedModal(ModalScreen[bool]):
@@ -33,11 +36,24 @@ class EngineCrashedModal(ModalScreen[bool]):
             )
             with VerticalScroll(id="crash-log"):
                 yield Static(Text(self.log_tail or "(the engine log is empty)", no_wrap=True), id="crash-log-text")
-            yield Label("R restart the engine and reload the model · Esc close (F5 restarts later)",
-                        classes="dialog-hint")
+            yield Static("R restart the engine and reload the model · Esc close, F5 restarts later",
+                         classes="dialog-hint")
 
     def on_mount(self) -> None:
-        self.query_one("#crash-log").scroll_end(animate=False)
+        self.call_after_refresh(self._fit_log)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_after_refresh(self._fit_log)
+
+    def _fit_log(self) -> None:
+        """Give the log what the screen leaves once the title, message and keys are shown (the dialog may use 90 %
+        of the height): a long log in an 80x24 terminal pushed the line saying which keys restart or close off
+        the screen."""
+        dialog, log = self.query_one("#crash-dialog"), self.query_one("#crash-log")
+        chrome = dialog.styles.gutter.height + sum(child.outer_size.height for child in dialog.children
+                                                   if child is not log)
+        log.styles.max_height = max(3, min(LOG_LINES, int(self.size.height * 0.9) - chrome))
+        log.scroll_end(animate=False)
 
     def action_restart(self) -> None:
         self.dismiss(True)

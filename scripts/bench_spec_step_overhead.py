@@ -129,6 +129,12 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(args.root).resolve()))
+    try:  # llama.cpp's load messages off the table (an older checkout given as --root may lack the filter)
+        from engine_ext.bindings import GGML_LOG_LEVEL_WARN, log_llama_to_stderr
+
+        log_llama_to_stderr(GGML_LOG_LEVEL_WARN)
+    except ImportError:
+        pass
     rows = [measure(mode, args) for mode in args.modes.split(",") if mode]
     if args.json:
         print(json.dumps(rows))

@@ -106,6 +106,9 @@ def main() -> int:
     parser.add_argument("--modes", default="ngram-simple,ngram-map-k,ngram-mod,ngram-cache")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    from engine_ext.bindings import GGML_LOG_LEVEL_WARN, log_llama_to_stderr
+
+    log_llama_to_stderr(GGML_LOG_LEVEL_WARN)  # llama.cpp's load messages off the table
     if not TOOL.exists():
         from scripts.bench_vs_llama_bench import build_llama_bench
 

@@ -828,3 +828,28 @@ async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_afte
         assert "Stop" not in shown and {"Continue", "Regenerate"} <= shown
         await chat.open_conversation(None)
         assert not (await footer()) & {"Stop", "Continue", "Regenerate"}
+
+
+async def test_the_transcript_scrollbar_draws_what_textuals_does_at_every_position() -> None:
+    """The transcript's scrollbar makes its lines once per position, bypassing Textual's per-line style cache."""
+    from textual.scrollbar import ScrollBar
+
+    app = CroppedHost()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript, live, _, _ = await _streamed_into(app, pilot)
+        transcript.write_live("more text " * 400, "")
+        await pilot.pause(0.3)
+        bar = transcript.vertical_scrollbar
+        assert type(bar) is not ScrollBar and bar.display
+        height = bar.outer_size.height
+        positions = set()
+        for y in (0, transcript.max_scroll_y // 3, transcript.max_scroll_y):
+            transcript.scroll_to(y=y, animate=False, immediate=True)
+            await pilot.pause(0.05)
+            positions.add(bar.position)
+            for crop in (Region(0, 0, 1, height), Region(0, 3, 1, 5)):
+                ours = bar.render_lines(crop)
+                bar._styles_cache.clear()
+                assert ours == ScrollBar.render_lines(bar, crop)
+        assert len(positions) == 3
+        live.stop()

@@ -22,7 +22,7 @@ from app.messages import TokensArrived
 from app.screens.cropped_compositor import CroppedCompositor
 from app.store import Message as StoredMessage
 from app.widgets.prompt_input import PromptInput
-from app.widgets.status import StatsBar
+from app.widgets.status import AppHeader, StatsBar
 from app.widgets.transcript import (
     LiveBody,
     LiveMessage,
@@ -308,6 +308,35 @@ async def test_a_narrow_stats_bar_keeps_every_number(width: int, parts: tuple[st
         for part in parts:
             assert part in drawn
 
+
+
+class HeaderHost(App[None]):
+    def compose(self) -> ComposeResult:
+        yield AppHeader()
+
+
+LONG_TITLE = "Tell me a long story about a lighthouse keeper and his daughter"
+
+
+@pytest.mark.parametrize(("width", "parts"), [
+    (140, (f" llmtui  {LONG_TITLE}  │ SmolLM2-135M-Instruct.Q4_1 · CPU · generating",)),
+    (80, (" llmtui  Tell me a long story …  │ SmolLM2-135M-Instruct.Q4_1 · CPU · generating",)),
+    (50, (" llmtui  │ SmolLM2-135M-Instru… · CPU · generating",)),  # no room for the title
+    (36, (" llmtui  │ SmolL… · CPU · generating",)),  # the model name gives way to the state
+])
+async def test_the_header_keeps_the_model_backend_and_state_when_narrow(width: int, parts: tuple[str, ...]) -> None:
+    app = HeaderHost()
+    async with app.run_test(size=(width, 3)) as pilot:
+        header = app.query_one(AppHeader)
+        header.conversation_title = LONG_TITLE
+        header.model_name = "SmolLM2-135M-Instruct.Q4_1"
+        header.backend = "CPU"
+        header.engine_state = "generating"
+        await pilot.pause()
+        drawn = header.render_line(0).text
+        assert len(drawn.rstrip()) <= width
+        for part in parts:
+            assert part in drawn
 
 class CroppedHost(App[None]):
     """A transcript inside containers with a sidebar and a footer line, on a screen with the cropped compositor."""
@@ -822,6 +851,7 @@ async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_afte
         shown = await footer()
         assert "Stop" in shown and not shown & {"Continue", "Regenerate"}
         await pilot.press("escape")
+        await wait_for(pilot, lambda: bool(client.cancelled))  # the cancel reached the engine
         client.gate.release(1)
         await wait_for(pilot, lambda: chat.generation is None)
         shown = await footer()  # the reply was stopped: it can be continued

@@ -47,16 +47,32 @@ class AppHeader(Widget):
     """The conversation on screen."""
 
     def render(self) -> Text:
+        """The whole line when it fits; otherwise the conversation title is shortened first, then the model name,
+        so the engine state and backend stay (the narrow stats bar leaves them to the header)."""
+        width = self.size.width
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(" llmtui ", style="bold reverse")
-        if self.conversation_title:
-            line.append(f" {self.conversation_title} ", style="bold")
-        line.append(" │ ", style="dim")
-        line.append(self.model_name or "no model", style="bold" if self.model_name else "dim")
+        model = Text(self.model_name or "no model", style="bold" if self.model_name else "dim")
+        state = Text(" · ")
         if self.backend:
-            line.append(f" · {self.backend}")
-        line.append(" · ")
-        line.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
+            state.append(f"{self.backend} · ")
+        state.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
+        separator = Text(" │ ", style="dim")
+        title = Text(f" {self.conversation_title} ", style="bold") if self.conversation_title else Text()
+        if width:
+            fixed = line.cell_len + separator.cell_len + state.cell_len
+            model.truncate(max(1, width - fixed), overflow="ellipsis")
+            room = width - fixed - model.cell_len
+            if title.cell_len > room and room < 6:  # no room for a useful part of the title
+                title = Text()
+            elif title.cell_len > room:
+                title = Text(f" {self.conversation_title}", style="bold")
+                title.truncate(room - 1, overflow="ellipsis")
+                title.append(" ")
+        line.append_text(title)
+        line.append_text(separator)
+        line.append_text(model)
+        line.append_text(state)
         return line
 
 

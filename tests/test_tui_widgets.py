@@ -883,3 +883,43 @@ async def test_the_transcript_scrollbar_draws_what_textuals_does_at_every_positi
                 assert ours == ScrollBar.render_lines(bar, crop)
         assert len(positions) == 3
         live.stop()
+
+
+async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_messages_in_place() -> None:
+    from textual.widgets import Static
+
+    from app.tui import LlmtuiApp
+    from app.widgets.transcript import PAGE_SIZE
+
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.2)
+        chat = app.chat
+        assert chat is not None
+        store = app.store
+        conversation = store.create_conversation("long")
+        for index in range(20):  # 40 messages: the last PAGE_SIZE are mounted at first
+            user = store.add_user_message(conversation.id, f"question {index}")
+            reply = store.begin_assistant_message(conversation.id, user.id, "model")
+            store.finish_assistant_message(reply, f"answer {index}\n\n" + "a line of the answer\n\n" * 3, "",
+                                           "complete", {})
+        await chat.open_conversation(conversation.id)
+        await pilot.pause(0.2)
+        transcript = chat.transcript
+        views = transcript.views()
+        assert len(views) == PAGE_SIZE and views[0].message.content == "question 12"
+        assert transcript.scroll_y == transcript.max_scroll_y > 0  # opened at the end
+        earlier = transcript.query(".earlier").first(Static)
+        assert "24 earlier messages" in str(earlier.render())
+        first = views[0]
+        transcript.scroll_home(animate=False)
+        await wait_for(pilot, lambda: len(transcript.views()) == 2 * PAGE_SIZE)
+        await pilot.pause(0.2)
+        # The message that was first is where it was on screen when the view reached the top (below the "earlier"
+        # line and its top margin): the new page went above it, out of view.
+        assert transcript.views()[PAGE_SIZE] is first
+        assert first.region.y == transcript.region.y + 2
+        transcript.scroll_home(animate=False)
+        await wait_for(pilot, lambda: len(transcript.views()) == 40)
+        await pilot.pause(0.1)
+        assert not transcript.query(".earlier")  # every message is mounted now

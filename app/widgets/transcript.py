@@ -981,6 +981,9 @@ class Transcript(VerticalScroll):
             widgets.extend(self._view(message) for message in self.messages[self._first_mounted :])
             await self.mount_all(widgets)
         self.scroll_end(animate=False, immediate=True)
+        # Again once the new messages are laid out: the end above was the one before (the sizes the messages
+        # take are known only after the layout; Textual's second layout used to come in time to fix it).
+        self.call_after_refresh(self.scroll_end, animate=False, immediate=True)
 
     def _earlier(self) -> EarlierMessages:
         return EarlierMessages(

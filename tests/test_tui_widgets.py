@@ -923,3 +923,33 @@ async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_message
         await wait_for(pilot, lambda: len(transcript.views()) == 40)
         await pilot.pause(0.1)
         assert not transcript.query(".earlier")  # every message is mounted now
+
+
+async def test_the_end_of_the_conversation_stays_in_view_when_the_view_gets_shorter() -> None:
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        chat = app.chat
+        assert chat is not None
+        store = app.store
+        conversation = store.create_conversation("wrapped")
+        for index in range(4):
+            user = store.add_user_message(conversation.id, f"question {index}")
+            reply = store.begin_assistant_message(conversation.id, user.id, "model")
+            store.finish_assistant_message(reply, f"answer {index} " + "words " * 60, "", "complete", {})
+        await chat.open_conversation(conversation.id)
+        await pilot.pause(0.2)
+        transcript = chat.transcript
+        assert transcript.scroll_y == transcript.max_scroll_y > 0
+        height = transcript.size.height
+        chat.prompt.load_text("a prompt\nof three\nlines")  # the prompt grows: the transcript gets shorter
+        await pilot.pause(0.2)
+        assert transcript.size.height < height
+        assert transcript.scroll_y == transcript.max_scroll_y
+        transcript.scroll_home(animate=False)  # a user reading above: the view stays where they are
+        await pilot.pause(0.1)
+        chat.prompt.load_text("")
+        await pilot.pause(0.2)
+        assert transcript.scroll_y == 0

@@ -926,6 +926,7 @@ class Transcript(VerticalScroll):
         self._first_mounted = 0
         self._follow_pending = False
         self._live_top: tuple[object, int] | None = None  # (layout key, where the live reply's text starts)
+        self._at_end = True  # whether the view showed the end of the conversation at its last scroll
         self.dark = True
         self.colour_drafts = False
         """Whether text from accepted draft tokens is coloured."""
@@ -1017,8 +1018,19 @@ class Transcript(VerticalScroll):
 
     def watch_scroll_y(self, old: float, new: float) -> None:
         super().watch_scroll_y(old, new)
+        self._at_end = new >= self.max_scroll_y - 1
         if new <= 0 and self._first_mounted and self.max_scroll_y > 0:
             self.call_later(self.load_earlier)
+
+    def on_resize(self, event: events.Resize) -> None:
+        # The view got shorter (the prompt grew a line, the speculative meter appeared): a view that showed the end
+        # of the conversation keeps showing it, rather than the last lines going below it. A streamed reply is
+        # followed by its own logic.
+        if self.live is not None:
+            if self._following():
+                self._follow()
+        elif self._at_end:
+            self.scroll_end(animate=False, immediate=True)
 
     async def append(self, message: StoredMessage, branch: BranchInfo | None = None) -> MessageView:
         """Add a finished message at the end."""

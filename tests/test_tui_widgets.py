@@ -885,6 +885,21 @@ async def test_the_transcript_scrollbar_draws_what_textuals_does_at_every_positi
         live.stop()
 
 
+async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: str) -> ChatScreen:
+    """A conversation of `turns` questions, each answered "answer N" + `answer`, opened in the chat screen."""
+    await pilot.pause(0.2)
+    chat = app.chat
+    assert chat is not None
+    store = app.store
+    conversation = store.create_conversation("seeded")
+    for index in range(turns):
+        user = store.add_user_message(conversation.id, f"question {index}")
+        reply = store.begin_assistant_message(conversation.id, user.id, "model")
+        store.finish_assistant_message(reply, f"answer {index}{answer}", "", "complete", {})
+    await chat.open_conversation(conversation.id)
+    await pilot.pause(0.2)
+    return chat
+
 async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_messages_in_place() -> None:
     from textual.widgets import Static
 
@@ -893,18 +908,8 @@ async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_message
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.pause(0.2)
-        chat = app.chat
-        assert chat is not None
-        store = app.store
-        conversation = store.create_conversation("long")
-        for index in range(20):  # 40 messages: the last PAGE_SIZE are mounted at first
-            user = store.add_user_message(conversation.id, f"question {index}")
-            reply = store.begin_assistant_message(conversation.id, user.id, "model")
-            store.finish_assistant_message(reply, f"answer {index}\n\n" + "a line of the answer\n\n" * 3, "",
-                                           "complete", {})
-        await chat.open_conversation(conversation.id)
-        await pilot.pause(0.2)
+        # 40 messages: the last PAGE_SIZE are mounted at first
+        chat = await _open_seeded(app, pilot, 20, "\n\n" + "a line of the answer\n\n" * 3)
         transcript = chat.transcript
         views = transcript.views()
         assert len(views) == PAGE_SIZE and views[0].message.content == "question 12"
@@ -930,17 +935,7 @@ async def test_the_end_of_the_conversation_stays_in_view_when_the_view_gets_shor
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.2)
-        chat = app.chat
-        assert chat is not None
-        store = app.store
-        conversation = store.create_conversation("wrapped")
-        for index in range(4):
-            user = store.add_user_message(conversation.id, f"question {index}")
-            reply = store.begin_assistant_message(conversation.id, user.id, "model")
-            store.finish_assistant_message(reply, f"answer {index} " + "words " * 60, "", "complete", {})
-        await chat.open_conversation(conversation.id)
-        await pilot.pause(0.2)
+        chat = await _open_seeded(app, pilot, 4, " " + "words " * 60)
         transcript = chat.transcript
         assert transcript.scroll_y == transcript.max_scroll_y > 0
         height = transcript.size.height

@@ -264,6 +264,22 @@ async def test_prompt_input_enter_sends_and_ctrl_j_adds_a_line() -> None:
         assert prompt.text == ""
 
 
+async def test_a_burst_of_keys_keeps_the_new_lines_where_they_were_typed() -> None:
+    """Keys that arrive together (fast typing while a reply streams, a terminal sending a burst) keep their order:
+    the new-line binding's action used to run after the characters typed behind it."""
+    from textual import events
+
+    app = PromptHost()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.pause()
+        for key, character in (("l", "l"), ("i", "i"), ("ctrl+j", None), ("t", "t"), ("w", "w"), ("shift+enter", None),
+                               ("o", "o")):
+            app.post_message(events.Key(key, character))
+        await pilot.pause(0.2)
+        assert prompt.text == "li\ntw\no"
+
 class StatsHost(App[None]):
     def compose(self) -> ComposeResult:
         yield StatsBar()

@@ -7,6 +7,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
+NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 
 class PromptInput(TextArea):
     """Where the user writes a message.
@@ -20,7 +21,7 @@ class PromptInput(TextArea):
     """
 
     BINDINGS = [
-        Binding("shift+enter,ctrl+j", "newline", "New line", show=False),
+        Binding(",".join(NEWLINE_KEYS), "newline", "New line", show=False),  # for the help and the palette
     ]
 
     class Submitted(Message):
@@ -49,6 +50,14 @@ class PromptInput(TextArea):
         self.insert("\n")
 
     async def _on_key(self, event: events.Key) -> None:
+        if event.key in NEWLINE_KEYS:
+            # Here rather than only through the binding: a binding's action runs after the key handlers, so in a
+            # burst of keys (fast typing while a reply streams, tmux send-keys) the newline landed after the text
+            # typed behind it ("line oneline two" and then the line breaks).
+            event.stop()
+            event.prevent_default()
+            self.action_newline()
+            return
         if event.key == "enter":
             event.stop()
             event.prevent_default()

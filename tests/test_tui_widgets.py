@@ -964,3 +964,35 @@ async def test_the_end_of_the_conversation_stays_in_view_when_the_view_gets_shor
         chat.prompt.load_text("")
         await pilot.pause(0.2)
         assert transcript.scroll_y == 0
+
+
+async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> None:
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        chat = app.chat
+        assert chat is not None
+        store = app.store
+        conversation = store.create_conversation("thinking")
+        user = store.add_user_message(conversation.id, "Why is the sky blue?")
+        reply = store.begin_assistant_message(conversation.id, user.id, "model")
+        store.finish_assistant_message(reply, "Rayleigh scattering.", "Short light scatters more. Say so briefly.",
+                                       "complete", {})
+        await chat.open_conversation(conversation.id)
+        await pilot.pause(0.2)
+        view = chat.transcript.views()[-1]
+        folded = view.outer_size.height
+
+        def drawn() -> str:
+            return "\n".join(view.render_line(y).text for y in range(view.outer_size.height))
+
+        assert "Reasoning (7 words)" in drawn() and "Short light" not in drawn()
+        view.focus()
+        await pilot.press("t")
+        await pilot.pause(0.2)
+        assert view.outer_size.height > folded and "Short light scatters more" in drawn()
+        await pilot.press("t")
+        await pilot.pause(0.2)
+        assert view.outer_size.height == folded and "Short light" not in drawn()

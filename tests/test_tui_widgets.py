@@ -517,6 +517,17 @@ class _ScriptedClient:
         self.events.put(Finished(request_id, "cancelled" if request_id in self.cancelled else "max_tokens", stats))
 
 
+def _scripted_app() -> LlmtuiApp:
+    """The app with the scripted engine behind its real bridge."""
+    from app.config import SamplingSettings
+    from app.tui import LlmtuiApp
+
+    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
+                              backlog=lambda: app._message_queue.qsize())
+    return app
+
+
 class _Terminal:
     """The screen a terminal would show: every update the app sends is applied, as the terminal applies it."""
 
@@ -551,12 +562,7 @@ class _Terminal:
 async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_draws() -> None:
     """What a terminal shows after the chat screen's partial updates (cropped rows, skipped hidden widgets) is
     what a full render of the screen draws, during and after a streamed reply."""
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
-
-    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
-    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
-                              backlog=lambda: app._message_queue.qsize())
+    app = _scripted_app()
     terminal = _Terminal(100, 30)
     display = app._display
 
@@ -636,13 +642,9 @@ async def _scripted_reply(app: LlmtuiApp, pilot: Pilot[None]) -> tuple[ChatScree
     await chat.send("Tell me something")
     return chat, client
 
-async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() -> None:
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
 
-    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
-    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
-                              backlog=lambda: app._message_queue.qsize())
+async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() -> None:
+    app = _scripted_app()
     async with app.run_test(size=(60, 16)) as pilot:
         chat, client = await _scripted_reply(app, pilot)
         transcript = chat.transcript
@@ -765,12 +767,7 @@ async def test_a_repaint_of_the_whole_view_skips_the_containers_behind_the_reply
 async def test_the_reply_grows_when_the_view_scrolls_and_the_screen_is_laid_out_once_per_change() -> None:
     """The reply's room grows in the frame that scrolls to follow it (one repaint of the view, not two), and a
     change of its height lays the screen out once (Textual would lay it out a second time for the new size)."""
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
-
-    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
-    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
-                              backlog=lambda: app._message_queue.qsize())
+    app = _scripted_app()
     async with app.run_test(size=(60, 16)) as pilot:
         chat, client = await _scripted_reply(app, pilot)
         transcript = chat.transcript
@@ -843,12 +840,7 @@ def test_code_fence_lexers_are_looked_up_without_scanning_plugins_each_time(monk
 async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_after_it_stopped() -> None:
     from textual.widgets._footer import FooterKey
 
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
-
-    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
-    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
-                              backlog=lambda: app._message_queue.qsize())
+    app = _scripted_app()
 
     async def footer() -> set[str]:
         await pilot.pause(0.1)

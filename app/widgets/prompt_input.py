@@ -9,6 +9,7 @@ from textual.widgets import TextArea
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 
+
 class PromptInput(TextArea):
     """Where the user writes a message.
 

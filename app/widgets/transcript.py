@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from markdown_it import MarkdownIt
 from pygments.lexer import Lexer
@@ -262,7 +262,26 @@ def _line_starts(text: str, lines: Lines, known: list[int]) -> list[int] | None:
     return starts
 
 
-class RenderedOnce(Widget):
+if TYPE_CHECKING:
+    _WidgetBase = Widget
+else:  # at run time a plain mixin: a Widget base of its own would come before the containers' and change their CSS
+    _WidgetBase = object
+
+
+class LaidOutOnce(_WidgetBase):
+    """Mixin (before the widget class): skips the second layout Textual asks for after each change of the size.
+
+    Textual sets a widget's new size after laying the screen out, through the `virtual_size` reactive, which asks
+    for the screen to be laid out again: a second layout of everything for each growth of the streamed reply (the
+    reply's body, its container and the transcript all change size). Nothing in these widgets depends on the virtual
+    size, and a scrollable one's scrollbars are updated whatever `layout` says.
+    """
+
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
+        return super()._size_updated(size, virtual_size, container_size, layout=False)
+
+
+class RenderedOnce(LaidOutOnce, Widget):
     """A widget drawing lines that are rendered once per width and then kept.
 
     Textual would render a plain widget's content twice (once to measure its height, once to paint it) and again
@@ -301,12 +320,6 @@ class RenderedOnce(Widget):
     def notify_style_update(self) -> None:
         self._line_style = None
         super().notify_style_update()
-
-    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
-        # Textual sets a new size after laying the screen out, through the `virtual_size` reactive, which asks for
-        # the screen to be laid out again: a second layout of everything for each change of this widget's height
-        # (each growth of the streamed reply). Nothing here depends on the virtual size: the layout is not needed.
-        return super()._size_updated(size, virtual_size, container_size, layout=False)
 
     def render_line(self, y: int) -> Strip:
         # The content width from the size kept at layout: Widget.size looks the widget up in the compositor's map,
@@ -687,11 +700,16 @@ class LiveBody(RenderedOnce):
     def _fit(self) -> bool:
         """Grow (or after a freeze, shrink) the allocated height; whether it changed."""
         needed = len(self._strips)
-        grow = max(self.GROW_LINES, self.app.size.height)  # a screenful of room: few re-layouts of the screen
+        grow = self._screenful
         if needed + 1 > self._allocated or needed + 2 * grow < self._allocated:
             self._allocated = needed + grow
             return True
         return False
+
+    @property
+    def _screenful(self) -> int:
+        """The room the reply grows by: a screenful (at least GROW_LINES), so few re-layouts of the screen."""
+        return max(self.GROW_LINES, self.app.size.height)
 
     def reserve(self, lines: int) -> None:
         """Keep at least `lines` of room below the text, growing by a screenful if there is less. The transcript
@@ -699,7 +717,7 @@ class LiveBody(RenderedOnce):
         view for the scroll anyway, rather than in a frame of its own when the text reaches the end of its room."""
         needed = len(self._strips)
         if self._strips_width >= 0 and self._allocated - needed < lines:
-            self._allocated = needed + lines + max(self.GROW_LINES, self.app.size.height)
+            self._allocated = needed + lines + self._screenful
             self.refresh(layout=True)
 
     def flush(self) -> None:
@@ -793,7 +811,7 @@ class LiveBody(RenderedOnce):
         return self._allocated
 
 
-class LiveMessage(Vertical):
+class LiveMessage(LaidOutOnce, Vertical):
     """The reply being streamed: header, reasoning (folded) and the answer (a `LiveBody`)."""
 
     DEFAULT_CSS = """
@@ -815,9 +833,6 @@ class LiveMessage(Vertical):
     @property
     def text(self) -> str:
         return self.body.text
-
-    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
-        return super()._size_updated(size, virtual_size, container_size, layout=False)  # see RenderedOnce
 
     def compose(self) -> ComposeResult:
         yield Static(_header("assistant", "streaming", self.model, None), classes="live-header")
@@ -877,6 +892,10 @@ class EarlierMessages(Static, can_focus=True):
         self.post_message(self.LoadRequested())
 
 
+# What ScrollBar.render() puts in its renderable: the bar's lines change only when one of these does.
+_SCROLLBAR_FIELDS: Final = ("virtual_size", "window_size", "position", "thickness", "vertical", "style")
+
+
 class _TranscriptScrollBar(ScrollBar):
     """The transcript's vertical scrollbar, its lines made once per position. Textual's styles its lines one at a
     time through the widget's style cache, and a scroll moves the thumb, so each follow-scroll of a streamed reply
@@ -906,9 +925,7 @@ class _TranscriptScrollBar(ScrollBar):
         return strips
 
 
-_SCROLLBAR_FIELDS: Final = ("virtual_size", "window_size", "position", "thickness", "vertical", "style")
-
-class Transcript(VerticalScroll):
+class Transcript(LaidOutOnce, VerticalScroll):
     """The messages of the branch on screen. Only the last PAGE_SIZE are mounted at first (first paint stays
     fast for long conversations); follow-scroll while streaming only when the user is at the bottom."""
 
@@ -935,11 +952,6 @@ class Transcript(VerticalScroll):
         # The lexer table costs a scan of every installed package's entry points: build it off the event loop
         # once the first frame is drawn, not when the first code block is rendered.
         self.call_after_refresh(threading.Thread(target=_lexer_aliases, name="llmtui-lexers", daemon=True).start)
-
-    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
-        # See RenderedOnce: the transcript's virtual size changes with each growth of the streamed reply. Its
-        # scrollbars are still updated (Widget._size_updated does that whatever `layout` says).
-        return super()._size_updated(size, virtual_size, container_size, layout=False)
 
     @property
     def vertical_scrollbar(self) -> ScrollBar:
@@ -1018,7 +1030,7 @@ class Transcript(VerticalScroll):
 
     def watch_scroll_y(self, old: float, new: float) -> None:
         super().watch_scroll_y(old, new)
-        self._at_end = new >= self.max_scroll_y - 1
+        self._at_end = self.at_bottom
         if new <= 0 and self._first_mounted and self.max_scroll_y > 0:
             self.call_later(self.load_earlier)
 

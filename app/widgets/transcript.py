@@ -1034,15 +1034,20 @@ class Transcript(LaidOutOnce, VerticalScroll):
         if new <= 0 and self._first_mounted and self.max_scroll_y > 0:
             self.call_later(self.load_earlier)
 
-    def on_resize(self, event: events.Resize) -> None:
-        # The view got shorter (the prompt grew a line, the speculative meter appeared): a view that showed the end
-        # of the conversation keeps showing it, rather than the last lines going below it. A streamed reply is
-        # followed by its own logic.
-        if self.live is not None:
-            if self._following():
-                self._follow()
-        elif self._at_end:
-            self.scroll_end(animate=False, immediate=True)
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
+        resized = size != self.outer_size
+        changed = super()._size_updated(size, virtual_size, container_size, layout)
+        if resized:
+            # The view got shorter (the prompt grew a line, the speculative meter appeared): a view that showed the
+            # end of the conversation keeps showing it, rather than the last lines going below it. Here rather than
+            # in a Resize handler: Textual does not always send the transcript one. A streamed reply is followed
+            # by its own logic.
+            if self.live is not None:
+                if self._following():
+                    self.call_after_refresh(self._follow)
+            elif self._at_end:
+                self.scroll_end(animate=False)  # after the refresh
+        return changed
 
     async def append(self, message: StoredMessage, branch: BranchInfo | None = None) -> MessageView:
         """Add a finished message at the end."""

@@ -89,6 +89,9 @@ class FeaturesMixin(_AppBase):
         if entries:
             self.bridge.set_steering(entries)
         self.refresh_feature_readouts()
+        check = self._spec_check_screen()
+        if check is not None:
+            check.model_ready()
 
     async def on_engine_crashed(self, event: EngineCrashed) -> None:
         self.spec_drafters, self.spec_stats, self.steering_applied = (), None, None
@@ -127,12 +130,16 @@ class FeaturesMixin(_AppBase):
         if isinstance(self.screen, SpeculativePanel):
             return
 
+        name = self.model.name if self.model else ""
+        panel = SpeculativePanel(self.config.speculative, self.model_path, name)
+
         def chosen(settings: SpeculativeSettings | None) -> None:
             if settings is not None:
                 self.apply_speculative(settings)
+                if panel.check_after:
+                    self.action_spec_check(settings)
 
-        name = self.model.name if self.model else ""
-        self.push_screen(SpeculativePanel(self.config.speculative, self.model_path, name), chosen)
+        self.push_screen(panel, chosen)
 
     def on_speculative_configured(self, event: SpeculativeConfigured) -> None:
         self.spec_drafters = event.drafters
@@ -142,7 +149,33 @@ class FeaturesMixin(_AppBase):
 
     def on_speculative_stats_updated(self, event: SpeculativeStatsUpdated) -> None:
         self.spec_stats = event.stats
+        check = self._spec_check_screen()
+        if check is not None:
+            check.speculative_stats(event.stats)
         self.refresh_feature_readouts()
+
+    def action_spec_check(self, settings: SpeculativeSettings | None = None) -> None:
+        """Open the speculation check: the prompt decoded plainly and with `settings` (default: the user's)."""
+        from app.remote import RemoteBridge
+        from app.screens.spec_check import DEFAULT_PROMPT, SpecCheckScreen
+
+        if self.model_path is None or isinstance(self.bridge, RemoteBridge):  # (a model may be loading)
+            self.notify("Load a local model first (ctrl+l): the check runs on llmtui's own engine.",
+                        severity="warning")
+            return
+        if self._spec_check_screen() is not None:
+            return
+        chat = self.chat
+        prompt = DEFAULT_PROMPT
+        if chat is not None and chat.conversation_id is not None:
+            path = self.store.active_path(chat.conversation_id)  # type: ignore[attr-defined]
+            prompt = next((m.content for m in reversed(path) if m.role == "user"), prompt)
+        self.push_screen(SpecCheckScreen(settings or self.config.speculative, prompt))
+
+    def _spec_check_screen(self) -> Any:
+        from app.screens.spec_check import SpecCheckScreen
+
+        return next((s for s in self.screen_stack if isinstance(s, SpecCheckScreen)), None)
 
     # ----- steering -----
 
@@ -264,24 +297,34 @@ class FeaturesMixin(_AppBase):
 
         return next((s for s in self.screen_stack if isinstance(s, SteeringABScreen)), None)
 
+    def _side_run(self, request_id: int | None) -> Any:
+        """The A/B screen (steering or speculation check) that asked for this generation, if one did."""
+        for screen in (self._ab_screen(), self._spec_check_screen()):
+            if screen is not None and screen.owns(request_id):
+                return screen
+        return None
+
     async def on_tokens_arrived(self, event: TokensArrived) -> None:
-        ab = self._ab_screen()
-        if ab is not None and ab.owns(event.request_id):
-            ab.tokens(event)
+        screen = self._side_run(event.request_id)
+        if screen is not None:
+            screen.tokens(event)
 
     async def on_generation_finished(self, event: GenerationFinished) -> None:
-        ab = self._ab_screen()
-        if ab is not None and ab.owns(event.request_id):
-            ab.finished(event)
+        screen = self._side_run(event.request_id)
+        if screen is not None:
+            screen.finished(event)
 
     async def on_generation_failed(self, event: GenerationFailed) -> None:
-        ab = self._ab_screen()
-        if ab is not None and ab.owns(event.request_id):
-            ab.finished(event)
+        screen = self._side_run(event.request_id)
+        if screen is not None:
+            screen.finished(event)
 
     def on_engine_request_failed(self, event: EngineRequestFailed) -> None:
         what = {"speculative": "Speculative decoding", "steering": "Steering", "vector": "Making the vector"}
         self.notify(f"{what.get(event.kind, event.kind)} failed: {event.error}", severity="error", timeout=12)
+        check = self._spec_check_screen()
+        if event.kind == "speculative" and check is not None:
+            check.speculation_refused(event.error)
         if event.kind == "speculative" and self.config.speculative.enabled:
             self.config = replace(self.config, speculative=replace(self.config.speculative, enabled=False))
             self.spec_drafters = ()
@@ -344,6 +387,8 @@ class FeaturesMixin(_AppBase):
                           self.action_toggle_speculation),
             SystemCommand("Speculative decoding settings", "Type, draft model, n_max/n_min/p_min (F9)",
                           self.action_speculative_panel),
+            SystemCommand("Speculation check", "One prompt, greedy, without and with speculation: the same text? "
+                          "(ctrl+b in F9)", self.action_spec_check),
             SystemCommand("Steering", "Control-vector sliders, layer range, heat strip (F6)", self.action_steering),
             SystemCommand("Make a control vector", "From a prompt set, on the loaded model", self.action_make_vector),
             SystemCommand("Steering A/B", "One prompt without and with steering, side by side",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,9 @@ from textual.pilot import Pilot
 from textual.widgets import Input, OptionList
 
 from app.config import SamplingSettings, SpeculativeSettings, load_config
+from app.messages import TokensArrived
 from app.modals.speculative import SpeculativePanel
+from app.screens.spec_check import Side, SpecCheckScreen, first_difference, side_text, verdict
 from app.speculation import load_options, short_summary, sparkline, supported_types
 from app.store import open_default_store
 from app.tui import LlmtuiApp
@@ -232,6 +236,137 @@ async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(tiny_mode
         assert not any(s.style and s.style.underline for strip in view._strips for s in strip)
 
 
+# ----- the speculation check (A/B) ------------------------------------------------------------------
+
+
+def test_first_difference() -> None:
+    assert first_difference("abc", "abc") is None
+    assert first_difference("abc", "abd") == 2
+    assert first_difference("abc", "abcdef") == 3  # one is a prefix of the other: where the shorter ends
+    assert first_difference("", "x") == 0
+
+
+def test_verdict_says_same_or_where_it_diverged_with_speeds_and_acceptance() -> None:
+    plain = Side("def add(a, b):\n    return a + b", tokens=12, tokens_per_s=100.0)
+    same, line = verdict(plain, replace(plain, tokens_per_s=150.0), STATS, "ngram-mod")
+    assert same
+    assert line == ("✓ The same text (12 tokens) · plain 100.0 tok/s · ngram-mod 150.0 tok/s (1.50×) · "
+                    "118 of 160 drafted tokens accepted (74%), 3.95 tokens per step")
+    other = Side("def add(a, b):\n    return b + a", tokens=12, tokens_per_s=150.0)
+    same, line = verdict(plain, other, None, "draft-mtp")
+    assert not same
+    assert line.startswith("✗ DIVERGED at character 26, after “f add(a, b):⏎    return ”")
+    assert line.endswith("nothing was drafted")
+
+
+def test_side_text_underlines_drafts_and_marks_the_divergence() -> None:
+    side = Side("abcdef", draft_spans=[(1, 3)])
+    shown = side_text(side, 4, drafted=True)
+    assert shown.plain == "abcdef"
+    styles = {(span.start, span.end, str(span.style)) for span in shown.spans}
+    assert styles == {(1, 3, "underline"), (4, 6, "bold red reverse")}
+    shorter = side_text(Side("abcd", reasoning="thinking"), 4, drafted=False)
+    assert shorter.plain == "thinking\n\nabcd ⟂ ends here"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_same_text(
+    tiny_models: dict[str, Path],
+) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f9")
+        await pilot.pause()
+        panel = app.screen
+        assert isinstance(panel, SpeculativePanel)
+        panel.query_one(OptionList).highlighted = panel.types.index("ngram-mod")
+        await pilot.press("ctrl+b")  # apply, then check
+        await pilot.pause()
+        check = app.screen
+        assert isinstance(check, SpecCheckScreen)
+        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
+        check.query_one(Input).value = "a b c a b c a b c a b c a b c a b c"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: check.runs_done == 1)
+        a, b = check.sides["a"], check.sides["b"]
+        assert a.text and a.text == b.text and a.tokens == b.tokens
+        assert check.identical is True
+        assert check.b_stats is not None and check.b_stats.accepted > 0 and b.draft_spans  # B really drafted
+        assert not a.draft_spans
+        verdict_line = str(check.query_one("#check-verdict").render())
+        assert verdict_line.startswith(f"✓ The same text ({b.tokens} tokens)")
+        # The engine is back on the user's settings, and the chat was not touched.
+        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
+        assert app.config.speculative.enabled and app.config.speculative.spec_type == "ngram-mod"
+        assert chat_of(app).conversation_id is None
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, SpecCheckScreen)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_check_says_when_the_engine_refused_the_speculative_settings(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        # A DSpark draft offered as DFlash: the engine refuses it; B runs plain and must not pass as "the same".
+        app.action_spec_check(SpeculativeSettings(spec_type="draft-dflash", draft_model=str(tiny_models["dspark"])))
+        await pilot.pause()
+        check = app.screen
+        assert isinstance(check, SpecCheckScreen)
+        check.query_one(Input).value = "hello"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: check.runs_done == 1)
+        assert check.identical is None
+        assert str(check.query_one("#check-verdict").render()).startswith("B ran without speculation:")
+        assert not app.config.speculative.enabled and app.engine_state == "ready"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_check_waits_for_a_reload_and_closing_it_mid_run_restores_speculation(
+    tiny_models: dict[str, Path],
+) -> None:
+    app = LlmtuiApp(str(tiny_models["qwen35_mtp"]), default_sampling=GREEDY)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f9")
+        await pilot.pause()
+        panel = app.screen
+        assert isinstance(panel, SpeculativePanel)
+        panel.query_one(OptionList).highlighted = panel.types.index("draft-mtp")
+        await pilot.press("ctrl+b")  # needs a reload with the MTP heads: the check waits for it
+        await pilot.pause()
+        check = app.screen
+        assert isinstance(check, SpecCheckScreen)
+        check.query_one(Input).value = "hello there"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: check.runs_done == 1)
+        assert app.loaded_with == (True, 16)
+        assert check.identical is True and check.b_stats is not None and check.b_stats.drafted > 0
+        # Closed while A is being written (the engine paused, so the tiny model cannot finish first): the
+        # generation is cancelled and the user's drafter set again.
+        pid = app.bridge.pid or 0  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await pilot.press("enter")
+            await pilot.pause()
+            assert check.running == "a"
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert not isinstance(app.screen, SpecCheckScreen)
+        app.spec_stats = None
+        await send(pilot, "hello there")
+        await reply_done(pilot)
+        assert app.spec_stats is not None and app.spec_stats.drafted > 0  # the chat's reply was drafted again
+        assert app.spec_drafters == ("draft-mtp",)
+
+
 # ----- snapshots ------------------------------------------------------------------------------------
 
 
@@ -252,11 +387,35 @@ async def _meter(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
+def _check(diverge: bool) -> Any:
+    async def run(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        app.push_screen(SpecCheckScreen(SpeculativeSettings(spec_type="ngram-mod"), "Repeat: def add(a, b)"))
+        await pilot.pause()
+        check = app.screen
+        assert isinstance(check, SpecCheckScreen)
+        text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b"
+        for side, reply, spans, speed in (("a", text, (), 131.0),
+                                          ("b", text.replace("a - b", "b - a") if diverge else text,
+                                           ((4, 14), (31, 45)), 176.5)):
+            check.running = side
+            check.tokens(TokensArrived(7, reply, "", 24, spans))
+            check.sides[side].tokens, check.sides[side].tokens_per_s = 24, speed
+        check.running = None
+        check.b_stats = STATS
+        check.conclude()
+        await pilot.pause()
+
+    return run
+
+
 @pytest.mark.usefixtures("seeded")
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("scene", ["panel", "meter"])
+@pytest.mark.parametrize("scene", ["panel", "meter", "check_same", "check_diverged"])
 def test_snapshot(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
-    run = {"panel": _panel, "meter": _meter}[scene]
+    run = {"panel": _panel, "meter": _meter, "check_same": _check(False), "check_diverged": _check(True)}[scene]
     assert snap_compare(make_app(), terminal_size=size, run_before=run)
 
 

@@ -29,12 +29,14 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     | :- | :- |
     | enter | Use the highlighted type. |
     | ctrl+s | Apply. |
+    | ctrl+b | Apply, then check: the same prompt with and without speculation (greedy), side by side. |
     | escape | Cancel: nothing changes. |
     """
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+s", "apply", "Apply"),
+        Binding("ctrl+b", "check", "Check"),
     ]
 
     def __init__(self, settings: SpeculativeSettings, model_path: str | None, model_name: str = "") -> None:
@@ -43,6 +45,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         self.model_path = model_path
         self.model_name = model_name
         self.types: list[str] = []
+        self.check_after = False
+        """Whether the user asked for the speculation check with these settings (ctrl+b)."""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="spec-panel"):
@@ -60,7 +64,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
                 for name, meaning in NUMBER_FIELDS:
                     yield Label(name, classes="field-label")
                     yield Input(str(getattr(self.settings, name)), id=f"spec-{name}", compact=True, tooltip=meaning)
-            yield Label("Enter use the highlighted type · ctrl+s apply · Esc cancel", classes="dialog-hint")
+            yield Label("Enter use the type · ctrl+s apply · ctrl+b apply and check · Esc cancel",
+                        classes="dialog-hint")
 
     def on_mount(self) -> None:
         self._fill_types(self.settings.spec_type)
@@ -114,6 +119,15 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         except ConfigError as error:
             self.notify(str(error), severity="error")
             return
+        self.dismiss(settings)
+
+    def action_check(self) -> None:
+        try:
+            settings = self.read_settings()
+        except ConfigError as error:
+            self.notify(str(error), severity="error")
+            return
+        self.check_after = True
         self.dismiss(settings)
 
     def action_cancel(self) -> None:

@@ -1,0 +1,121 @@
+"""What the A/B views share: one prompt run twice, greedy, A then B with one thing changed, side by side."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from textual.binding import Binding
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label
+
+from app.config import SamplingSettings
+from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+
+if TYPE_CHECKING:
+    from app.tui import LlmtuiApp
+
+
+class ABRunScreen(ModalScreen[None]):
+    """Enter runs the prompt in the Input as A, then as B; Esc closes (cancelling a run and restoring the engine).
+
+    A subclass says what each side changes in the engine (`configure`), how to put the user's own setting back
+    (`restore`), what to do with the text (`add`) and with a side's end (`side_finished`, `completed`). The app
+    routes the generations this screen asked for to it (`owns`).
+    """
+
+    BINDINGS = [Binding("escape", "close", "Close")]
+    SAMPLING: ClassVar[SamplingSettings]
+
+    app: LlmtuiApp
+
+    def __init__(self, prompt: str) -> None:
+        super().__init__(classes="dialog-screen")
+        self.initial_prompt = prompt
+        self.prompt = prompt
+        self.running: str | None = None
+        """'a' or 'b' while that side is being written."""
+        self.request_id: int | None = None
+        self.runs_done = 0
+        """Completed A/B runs (tests wait on it)."""
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.run(event.value.strip())
+
+    def run(self, prompt: str) -> None:
+        if not prompt or self.running is not None:
+            return
+        if self.app.model is None or self.app.engine_state != "ready":
+            self.notify("The model is not ready (or a reply is being written).", severity="warning")
+            return
+        self.prompt = prompt
+        self.reset()
+        self.start("a")
+
+    def hint(self, text: str) -> None:
+        self.query_one(".dialog-hint", Label).update(text)
+
+    def start(self, side: str) -> None:
+        self.running = side
+        # Requests reach the engine in order: the change applies to the generation queued after it.
+        self.configure(side)
+        self.request_id = self.app.bridge.generate([("user", self.prompt)], self.SAMPLING)
+        self.hint(f"writing {side.upper()}… · Esc close")
+
+    def owns(self, request_id: int | None) -> bool:
+        return request_id is not None and request_id == self.request_id
+
+    def tokens(self, event: TokensArrived) -> None:
+        if self.running is not None:
+            self.add(self.running, event)
+
+    def finished(self, event: GenerationFinished | GenerationFailed) -> None:
+        side = self.running
+        if side is None:
+            return
+        self.request_id = None
+        if isinstance(event, GenerationFailed):
+            self.running = None
+            self.restore()
+            self.hint(f"failed: {event.error} · Enter run · Esc close")
+            return
+        self.side_finished(side, event)
+        if side == "a":
+            self.start("b")
+            return
+        self.running = None
+        self.runs_done += 1
+        self.completed()
+
+    def action_close(self) -> None:
+        if self.request_id is not None:
+            self.app.bridge.cancel(self.request_id)
+            self.request_id = None
+            self.restore()
+        self.running = None
+        self.dismiss(None)
+
+    # ----- what a subclass says -----
+
+    def reset(self) -> None:
+        """Clear both sides before a run."""
+
+    def configure(self, side: str) -> None:
+        """Set the engine up for `side` ('a' or 'b')."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Give the engine back the user's own setting."""
+        raise NotImplementedError
+
+    def add(self, side: str, event: TokensArrived) -> None:
+        raise NotImplementedError
+
+    def side_finished(self, side: str, event: GenerationFinished) -> None:
+        """A side ended normally (before B starts, or before `completed`)."""
+
+    def completed(self) -> None:
+        """B ended: both sides are there."""

@@ -89,9 +89,6 @@ class FeaturesMixin(_AppBase):
         if entries:
             self.bridge.set_steering(entries)
         self.refresh_feature_readouts()
-        check = self._spec_check_screen()
-        if check is not None:
-            check.model_ready()
 
     async def on_engine_crashed(self, event: EngineCrashed) -> None:
         self.spec_drafters, self.spec_stats, self.steering_applied = (), None, None

@@ -256,7 +256,7 @@ def test_verdict_says_same_or_where_it_diverged_with_speeds_and_acceptance() -> 
     same, line = verdict(plain, other, None, "draft-mtp")
     assert not same
     assert line.startswith("✗ DIVERGED at character 26, after “f add(a, b):⏎    return ”")
-    assert line.endswith("nothing was drafted")
+    assert line.endswith("nothing was drafted: B decoded as A did")
 
 
 def test_side_text_underlines_drafts_and_marks_the_divergence() -> None:
@@ -304,6 +304,35 @@ async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_sa
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, SpecCheckScreen)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_check_asked_for_while_a_reply_is_written_runs_after_it_on_the_last_message(
+    tiny_models: dict[str, Path],
+) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=GREEDY)
+    async with app.run_test(size=(120, 40)) as pilot:
+        chat = await ready(pilot)
+        pid = app.bridge.pid or 0  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)  # the reply cannot end before the check is asked for
+        try:
+            await send(pilot, "a b c a b c a b c")
+            app.action_spec_check(SpeculativeSettings(spec_type="ngram-mod"))
+            await pilot.pause()
+            check = app.screen
+            assert isinstance(check, SpecCheckScreen)
+            assert check.query_one(Input).value == "a b c a b c a b c"  # the conversation's last message
+            await pilot.press("enter")
+            await pilot.pause()
+            assert check.waiting and check.running is None
+            assert "waiting for the chat's reply to end" in str(check.query_one("#check-hint").render())
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await wait_for(pilot, lambda: check.runs_done == 1)
+        assert chat.generation is None and check.identical is True
+        assert not app.config.speculative.enabled  # the user's setting is untouched: speculation stays off
+        await wait_for(pilot, lambda: app.spec_drafters == ())
 
 
 @pytest.mark.anyio

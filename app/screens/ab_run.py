@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from textual.binding import Binding
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Input, Label
 
 from app.config import SamplingSettings
@@ -13,6 +14,10 @@ from app.messages import GenerationFailed, GenerationFinished, TokensArrived
 
 if TYPE_CHECKING:
     from app.tui import LlmtuiApp
+
+# Engine states a run waits out, and what it says it waits for.
+WAIT_STATES = {"starting": "the engine to start", "loading": "the model to load",
+               "generating": "the chat's reply to end"}
 
 
 class ABRunScreen(ModalScreen[None]):
@@ -37,6 +42,9 @@ class ABRunScreen(ModalScreen[None]):
         self.request_id: int | None = None
         self.runs_done = 0
         """Completed A/B runs (tests wait on it)."""
+        self.waiting = ""
+        """A prompt to run once the engine is free (it was loading, or writing a chat reply)."""
+        self._wait_timer: Timer | None = None
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
@@ -46,14 +54,34 @@ class ABRunScreen(ModalScreen[None]):
         self.run(event.value.strip())
 
     def run(self, prompt: str) -> None:
+        """Run A then B on `prompt`; while the engine loads or writes a chat reply, once it is done."""
         if not prompt or self.running is not None:
             return
-        if self.app.model is None or self.app.engine_state != "ready":
-            self.notify("The model is not ready (or a reply is being written).", severity="warning")
+        state = self.app.engine_state
+        if state in WAIT_STATES:
+            self.waiting = prompt
+            then = " (then Esc stops the reply)" if state == "generating" else ""
+            self.hint(f"waiting for {WAIT_STATES[state]}… · Esc close{then}")
+            if self._wait_timer is None:
+                self._wait_timer = self.set_interval(0.2, self._run_waiting)
+            return
+        if self.app.model is None or state != "ready":
+            self.notify(f"The engine is {state}: no model to run the prompt on.", severity="warning")
+            return
+        if not self.can_run():
             return
         self.prompt = prompt
         self.reset()
         self.start("a")
+
+    def _run_waiting(self) -> None:
+        if self.app.engine_state in WAIT_STATES:
+            return
+        if self._wait_timer is not None:
+            self._wait_timer.stop()
+            self._wait_timer = None
+        prompt, self.waiting = self.waiting, ""
+        self.run(prompt)
 
     def hint(self, text: str) -> None:
         self.query_one(".dialog-hint", Label).update(text)
@@ -91,6 +119,8 @@ class ABRunScreen(ModalScreen[None]):
         self.completed()
 
     def action_close(self) -> None:
+        if self._wait_timer is not None:
+            self._wait_timer.stop()
         if self.request_id is not None:
             self.app.bridge.cancel(self.request_id)
             self.request_id = None
@@ -99,6 +129,10 @@ class ABRunScreen(ModalScreen[None]):
         self.dismiss(None)
 
     # ----- what a subclass says -----
+
+    def can_run(self) -> bool:
+        """Whether the engine is set up for this run (else say why)."""
+        return True
 
     def reset(self) -> None:
         """Clear both sides before a run."""

@@ -79,7 +79,7 @@ def verdict(plain: Side, spec: Side, stats: SpeculativeStats | None, spec_type: 
     if plain.tokens_per_s > 0 and spec.tokens_per_s > 0:
         speeds += f" ({spec.tokens_per_s / plain.tokens_per_s:.2f}×)"
     if stats is None or stats.steps == 0:
-        accepted = "nothing was drafted"
+        accepted = "nothing was drafted: B decoded as A did"
     else:
         accepted = (f"{stats.accepted} of {stats.drafted} drafted tokens accepted ({stats.acceptance_rate:.0%}), "
                     f"{stats.mean_accepted_length:.2f} tokens per step")
@@ -112,8 +112,6 @@ class SpecCheckScreen(ABRunScreen):
         """Why the engine refused B's speculative settings (B then ran without them)."""
         self.identical: bool | None = None
         """The last completed run's verdict (None: no verdict, B could not speculate)."""
-        self.waiting = ""
-        """A prompt to run once the model has loaded."""
 
     def compose(self) -> ComposeResult:
         spec_type = self.settings.spec_type
@@ -135,23 +133,13 @@ class SpecCheckScreen(ABRunScreen):
             yield Label(f"Enter run (greedy, {CHECK_SAMPLING.max_tokens} tokens at most) · Esc close",
                         classes="dialog-hint", id="check-hint")
 
-    def run(self, prompt: str) -> None:
+    def can_run(self) -> bool:
         app = self.app
-        if prompt and app.engine_state in ("starting", "loading"):  # e.g. reloading with the MTP heads
-            self.waiting = prompt
-            self.hint("waiting for the model to load… · Esc close")
-            return
         if app.model_path and load_options(app.model_path, self.settings) != app.loaded_with:
             self.notify(f"{self.settings.spec_type} needs the model reloaded (MTP heads / rollback): turn "
                         "speculation on (F8), then run the check.", severity="warning")
-            return
-        super().run(prompt)
-
-    def model_ready(self) -> None:
-        """The model finished loading: run the check the user asked for while it loaded."""
-        prompt, self.waiting = self.waiting, ""
-        if prompt:
-            self.run(prompt)
+            return False
+        return True
 
     def reset(self) -> None:
         self.sides = {"a": Side(), "b": Side()}

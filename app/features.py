@@ -92,6 +92,9 @@ class FeaturesMixin(_AppBase):
 
     async def on_engine_crashed(self, event: EngineCrashed) -> None:
         self.spec_drafters, self.spec_stats, self.steering_applied = (), None, None
+        for screen in (self._ab_screen(), self._spec_check_screen()):
+            if screen is not None:
+                screen.engine_crashed()
 
     # ----- speculative decoding -----
 

@@ -337,6 +337,37 @@ async def test_check_asked_for_while_a_reply_is_written_runs_after_it_on_the_las
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
+async def test_check_survives_an_engine_crash_mid_run_and_runs_again_after_the_restart(
+    tiny_models: dict[str, Path],
+) -> None:
+    from app.modals.crash import EngineCrashedModal
+
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.action_spec_check(SpeculativeSettings(spec_type="ngram-mod"))
+        await pilot.pause()
+        check = app.screen
+        assert isinstance(check, SpecCheckScreen)
+        pid = app.bridge.pid or 0  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert check.running == "a"
+        os.kill(pid, signal.SIGKILL)
+        await wait_for(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
+        assert check.running is None and check.request_id is None
+        assert "the engine crashed" in str(check.query_one("#check-hint").render())
+        await pilot.press("r")  # restart, from the crash dialog over the check
+        await ready(pilot)
+        assert app.screen is check
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: check.runs_done == 1)
+        assert check.identical is True
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
 async def test_check_says_when_the_engine_refused_the_speculative_settings(tiny_models: dict[str, Path]) -> None:
     app = LlmtuiApp(str(tiny_models["llama"]))
     async with app.run_test(size=(120, 40)) as pilot:

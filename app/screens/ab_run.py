@@ -118,6 +118,13 @@ class ABRunScreen(ModalScreen[None]):
         self.runs_done += 1
         self.completed()
 
+    def engine_crashed(self) -> None:
+        """The engine died mid-run: a restarted engine knows nothing of this run (nor of the user's settings, which
+        the app sends it again once the model is loaded)."""
+        if self.running is not None:
+            self.running, self.request_id = None, None
+            self.hint("the engine crashed · once it is restarted, Enter runs again · Esc close")
+
     def action_close(self) -> None:
         if self._wait_timer is not None:
             self._wait_timer.stop()

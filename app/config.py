@@ -310,6 +310,7 @@ class Config:
     theme: str = "dark"
     show_sidebar: bool = True
     draft_colouring: bool = False  # colour text from accepted draft tokens in the transcript (F7)
+    spec_details: bool = False  # the speculative meter expanded into its details (ctrl+o)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
     remotes: tuple[RemoteSettings, ...] = ()
@@ -371,6 +372,7 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
         theme=_typed(ui_table, "theme", str, defaults.theme, "ui."),
         show_sidebar=_typed(ui_table, "show_sidebar", bool, defaults.show_sidebar, "ui."),
         draft_colouring=_typed(ui_table, "draft_colouring", bool, defaults.draft_colouring, "ui."),
+        spec_details=_typed(ui_table, "spec_details", bool, defaults.spec_details, "ui."),
         speculative=_speculative_from_toml(data, source),
         steering=_steering_from_toml(data, source),
         remotes=_remotes_from_toml(data, source),
@@ -477,7 +479,8 @@ def config_to_toml(config: Config) -> str:
     tables: dict[str, dict[str, object]] = {
         "engine": engine,
         "models": {"folders": list(config.model_folders), "last_model": config.last_model},
-        "ui": {"theme": config.theme, "show_sidebar": config.show_sidebar, "draft_colouring": config.draft_colouring},
+        "ui": {"theme": config.theme, "show_sidebar": config.show_sidebar, "draft_colouring": config.draft_colouring,
+               "spec_details": config.spec_details},
         "speculative": asdict(config.speculative),
         "steering": asdict(config.steering),
     }

@@ -124,6 +124,15 @@ class FeaturesMixin(_AppBase):
         else:
             self.notify(f"Speculative decoding on ({settings.spec_type}); F9 picks the type.")
 
+    def action_toggle_spec_details(self) -> None:
+        """Expand the meter into the details (counts, acceptance by position, time, drafters) or fold it."""
+        if not self.config.speculative.enabled:
+            self.notify("Speculative decoding is off: F8 turns it on, and its meter shows under the transcript.")
+            return
+        self.config = replace(self.config, spec_details=not self.config.spec_details)
+        self._save_features()
+        self.refresh_feature_readouts()
+
     def action_speculative_panel(self) -> None:
         from app.modals.speculative import SpeculativePanel
 
@@ -357,6 +366,7 @@ class FeaturesMixin(_AppBase):
                 meter.remove()
             meters = []
         for meter in meters:
+            meter.expanded = self.config.spec_details
             meter.spec_type = settings.spec_type
             meter.drafters = self.spec_drafters
             meter.stats = self.spec_stats
@@ -387,6 +397,8 @@ class FeaturesMixin(_AppBase):
                           self.action_toggle_speculation),
             SystemCommand("Speculative decoding settings", "Type, draft model, n_max/n_min/p_min (F9)",
                           self.action_speculative_panel),
+            SystemCommand("Speculative details", "Expand the meter: counts, acceptance by draft position, time, "
+                          "drafters (ctrl+o)", self.action_toggle_spec_details),
             SystemCommand("Speculation check", "One prompt, greedy, without and with speculation: the same text? "
                           "(ctrl+b in F9)", self.action_spec_check),
             SystemCommand("Steering", "Control-vector sliders, layer range, heat strip (F6)", self.action_steering),

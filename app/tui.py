@@ -56,6 +56,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         Binding("f6", "steering", "Steering", show=False, priority=True),
         Binding("f8", "toggle_speculation", "Speculation", show=False),
         Binding("f9", "speculative_panel", "Speculative settings", show=False),
+        Binding("ctrl+o", "toggle_spec_details", "Speculative details", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 

@@ -96,6 +96,67 @@ async def test_meter_shows_sparkline_length_speedup_and_status() -> None:
         assert "drafting with ngram-mod" in text
 
 
+CHAINED = replace(STATS, drafters=(DrafterReport("ngram-mod", 30, 120, 100, (1.0, 0.9, 0.8), 4.0),
+                                    DrafterReport("draft-mtp", 10, 40, 18, (0.8, 0.5, 0.2), 8.0)))
+
+
+@pytest.mark.anyio
+async def test_expanded_meter_shows_counts_positions_time_and_each_drafter() -> None:
+    async with MeterHost().run_test(size=(140, 8)) as pilot:
+        meter = pilot.app.query_one(SpecMeter)
+        meter.spec_type, meter.drafters, meter.stats = "auto", ("ngram-mod", "draft-mtp"), CHAINED
+        await pilot.pause()
+        assert meter.size.height == 1 and "\n" not in meter.render().plain
+        meter.expanded = True
+        await pilot.pause()
+        lines = meter.render().plain.split("\n")
+        assert meter.size.height == len(lines) == 6
+        assert lines[0].startswith(" ⚡ auto (ngram-mod+draft-mtp)")
+        assert lines[1] == "   drafted 160  accepted 118 (74%)  steps 40  181.0 tok/s vs plain 133.0"
+        bars = sparkline(STATS.acceptance_per_position, 4)
+        assert lines[2] == f"   by position {bars}  1: 95%  2: 80%  3: 70%  4: 50%"
+        assert lines[3] == "   drafting 12.0 ms (4%)  verifying 300.0 ms (96%)"
+        mod, mtp = (sparkline(report.acceptance_per_position, 3) for report in CHAINED.drafters)
+        assert lines[4] == f"   ngram-mod     30 drafts  100/120 (83%) accepted  {mod}  4.0 ms drafting"
+        assert lines[5] == f"   draft-mtp     10 drafts  18/40 (45%) accepted  {mtp}  8.0 ms drafting"
+        # Sixteen positions: a bar each, the rates of the first four and the last.
+        meter.stats = replace(STATS, acceptance_per_position=tuple(1 - i / 16 for i in range(16)), drafters=())
+        await pilot.pause()
+        assert meter.size.height == len(meter.render().plain.split("\n")) == 4  # no line per drafter for one
+        positions = meter.render().plain.split("\n")[2]
+        assert positions == "   by position " + sparkline([1 - i / 16 for i in range(16)], 16) + \
+            "  1: 100%  2: 94%  3: 88%  4: 81%  …  16: 6%"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_ctrl_o_expands_the_meter_live_and_is_remembered(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=96))
+    async with app.run_test(size=(120, 40)) as pilot:
+        chat = await ready(pilot)
+        await pilot.press("ctrl+o")  # speculation off: says how to turn it on, changes nothing
+        await pilot.pause()
+        assert not app.config.spec_details
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        meter = chat.query_one(SpecMeter)
+        assert meter.expanded and load_config().spec_details  # remembered
+        await send(pilot, "a b c a b c a b c a b c a b c a b c")
+        await reply_done(pilot)
+        await wait_for(pilot, lambda: app.spec_stats is not None and app.spec_stats.drafted > 0)
+        await pilot.pause()
+        lines = meter.render().plain.split("\n")
+        assert meter.size.height == len(lines) >= 4
+        assert lines[1].startswith(f"   drafted {app.spec_stats.drafted}  accepted {app.spec_stats.accepted}")
+        assert lines[2].startswith("   by position ")
+        # A click folds it (and ctrl+o or a click opens it again).
+        await pilot.click(SpecMeter)
+        await pilot.pause()
+        assert not meter.expanded and meter.size.height == 1 and not load_config().spec_details
+
+
 # ----- the panel ------------------------------------------------------------------------------------
 
 
@@ -436,15 +497,19 @@ async def _panel(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
-async def _meter(pilot: Pilot[Any]) -> None:
+async def _meter(pilot: Pilot[Any], details: bool = False) -> None:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
-    app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True))
+    app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True), spec_details=details)
     await loaded(pilot)
-    app.spec_drafters = ("ngram-mod",)
-    app.spec_stats = STATS
+    app.spec_drafters = ("ngram-mod", "draft-mtp") if details else ("ngram-mod",)
+    app.spec_stats = CHAINED if details else STATS
     app.refresh_feature_readouts()
     await pilot.pause()
+
+
+async def _meter_details(pilot: Pilot[Any]) -> None:
+    await _meter(pilot, details=True)
 
 
 def _check(diverge: bool) -> Any:
@@ -473,9 +538,10 @@ def _check(diverge: bool) -> Any:
 
 @pytest.mark.usefixtures("seeded")
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("scene", ["panel", "meter", "check_same", "check_diverged"])
+@pytest.mark.parametrize("scene", ["panel", "meter", "meter_details", "check_same", "check_diverged"])
 def test_snapshot(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
-    run = {"panel": _panel, "meter": _meter, "check_same": _check(False), "check_diverged": _check(True)}[scene]
+    run = {"panel": _panel, "meter": _meter, "meter_details": _meter_details, "check_same": _check(False),
+           "check_diverged": _check(True)}[scene]
     assert snap_compare(make_app(), terminal_size=size, run_before=run)
 
 

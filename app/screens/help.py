@@ -66,6 +66,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Speculative decoding and steering", (
         ("F8", "speculative decoding on / off (the meter under the transcript shows acceptance and speedup)"),
         ("F9", "speculative settings: type (what the model supports), draft model, n_max / n_min / p_min"),
+        ("ctrl+o", "speculative details under the transcript: counts, acceptance by draft position, time, drafters"),
         ("ctrl+b", "in the F9 panel: check the same prompt, greedy, without and with speculation (the same text?)"),
         ("F7", "underline the text that came from accepted draft tokens, on / off"),
         ("F6", "steering: control-vector sliders, layer range, per-layer heat strip"),

@@ -1,7 +1,9 @@
-"""The live speculative-decoding meter: acceptance per step as a sparkline, mean accepted length, speedup, status."""
+"""The live speculative-decoding meter: acceptance per step as a sparkline, mean accepted length, speedup, status;
+expanded (ctrl+o), the counts, acceptance by draft position, drafting vs verifying time and each chained drafter."""
 
 from __future__ import annotations
 
+from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -13,11 +15,14 @@ SPARK_WIDTH = 16
 
 
 class SpecMeter(Widget):
-    """One line under the transcript while speculation is on (F8 toggles it, F9 picks the type)."""
+    """One line under the transcript while speculation is on (F8 toggles it, F9 picks the type); ctrl+o (or a
+    click) expands it into the details, live while a reply streams."""
 
     DEFAULT_CSS = """
     SpecMeter {
-        height: 1;
+        height: auto;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
@@ -29,8 +34,63 @@ class SpecMeter(Widget):
     """The drafters the engine chained (empty until it confirms)."""
     stats: reactive[SpeculativeStats | None] = reactive(None)
     """The latest statistics (live while a reply streams, then the reply's final ones)."""
+    expanded: reactive[bool] = reactive(False, layout=True)
+    """Whether the details are shown under the summary line."""
+
+    def watch_stats(self, old: SpeculativeStats | None, new: SpeculativeStats | None) -> None:
+        # Lay the screen out again only when the details gain or lose a line (not at every live update).
+        if self.expanded and self._height(old) != self._height(new):
+            self.refresh(layout=True)
+
+    def _height(self, stats: SpeculativeStats | None) -> int:
+        if stats is None or not self.expanded:
+            return 1
+        timed = stats.draft_ms + stats.verify_ms > 0
+        return 3 + timed + (len(stats.drafters) if len(stats.drafters) > 1 else 0)
+
+    async def on_click(self) -> None:
+        await self.run_action("app.toggle_spec_details")
 
     def render(self) -> Text:
+        line = self._summary()
+        if self.expanded and self.stats is not None:
+            return Text("\n").join([line, *self._details(self.stats)])
+        return line
+
+    def _details(self, stats: SpeculativeStats) -> list[Text]:
+        """The lines under the summary: counts and speeds, acceptance by position, time, the drafters."""
+        label = self.get_component_rich_style("spec-meter--label", partial=True)
+        spark = self.get_component_rich_style("spec-meter--spark", partial=True)
+
+        def row(*parts: tuple[str, Style | str]) -> Text:
+            text = Text(no_wrap=True, overflow="ellipsis")
+            text.append("   ")
+            for part, style in parts:
+                text.append(part, style=style)
+            return text
+
+        rate = f" ({stats.acceptance_rate:.0%})" if stats.drafted else ""
+        speeds = f"{stats.effective_tps:.1f} tok/s"
+        if stats.plain_tps > 0:
+            speeds += f" vs plain {stats.plain_tps:.1f}"
+        lines = [row(("drafted ", label), (str(stats.drafted), "bold"), ("  accepted ", label),
+                     (f"{stats.accepted}{rate}", "bold"), ("  steps ", label), (str(stats.steps), "bold"),
+                     ("  ", ""), (speeds, "bold"))]
+        lines.append(row(*by_position(stats.acceptance_per_position, label, spark)))
+        total = stats.draft_ms + stats.verify_ms
+        if total > 0:
+            lines.append(row(("drafting ", label), (f"{stats.draft_ms:.1f} ms", "bold"),
+                             (f" ({stats.draft_ms / total:.0%})", label), ("  verifying ", label),
+                             (f"{stats.verify_ms:.1f} ms", "bold"), (f" ({stats.verify_ms / total:.0%})", label)))
+        for report in stats.drafters if len(stats.drafters) > 1 else ():
+            share = f" ({report.accepted / report.drafted:.0%})" if report.drafted else ""
+            lines.append(row((f"{report.name:<13} ", "bold"), (f"{report.drafts} drafts  ", label),
+                             (f"{report.accepted}/{report.drafted}{share} accepted  ", ""),
+                             (sparkline(report.acceptance_per_position, SPARK_WIDTH), spark),
+                             (f"  {report.draft_ms:.1f} ms drafting", label)))
+        return lines
+
+    def _summary(self) -> Text:
         label = self.get_component_rich_style("spec-meter--label", partial=True)
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(" ⚡ ", style="bold")
@@ -56,3 +116,15 @@ class SpecMeter(Widget):
         if stats.status:
             line.append(f"  {stats.status}", style=self.get_component_rich_style("spec-meter--status", partial=True))
         return line
+
+
+def by_position(rates: tuple[float, ...], label: Style, spark: Style) -> list[tuple[str, Style | str]]:
+    """Acceptance by draft position: one bar per position, then the rates of the first positions and the last."""
+    if not rates:
+        return [("by position ", label), ("–", "")]
+    parts: list[tuple[str, Style | str]] = [("by position ", label), (sparkline(rates, len(rates)), spark)]
+    shown = [f"{i}: {rate:.0%}" for i, rate in enumerate(rates, 1)]
+    if len(shown) > 5:
+        shown = [*shown[:4], "…", shown[-1]]
+    parts.append(("  " + "  ".join(shown), ""))
+    return parts

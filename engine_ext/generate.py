@@ -423,8 +423,13 @@ class Session:
                 continue
             t_verify = time.perf_counter()
             checkpoint = ctx.save_checkpoint(cached) if needs_checkpoint and not rollback else None
-            batch = [id_last, *draft]
             eog_at = first_eog(draft, 0, len(draft) - 1)  # before decoding: Python's data is still in the caches
+            if eog_at < len(draft) - 1 and not request.ignore_eos:
+                # Nothing after an end-of-generation token is ever used: accepted, it ends the reply; rejected,
+                # so is what follows. Don't verify it (an n-gram draft often runs on past the end of a reply it
+                # has seen, into the next turn: tens of tokens decoded for nothing).
+                draft = draft[: eog_at + 1]
+            batch = [id_last, *draft]
             ctx.decode(batch, n_past, logits_last=False, logits_all=True)
             if reads_batches:
                 spec.process(batch, n_past)

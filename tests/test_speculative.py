@@ -321,3 +321,36 @@ def test_starter_model_ngram_is_lossless_and_accepts_copies(spec_type: str) -> N
     spec = SpeculativeParams(types=(spec_type,), n_max=16)
     results = check_lossless(path, spec, prompts=[REPEAT_PROMPT], n=64)
     assert results[0].speculative is not None
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_draft_is_verified_up_to_its_first_end_of_generation_token(
+    tiny_models: dict[str, Path], ignore_eos: bool,
+) -> None:
+    """Nothing after an end-of-generation draft token is used (accepted, it ends the reply; rejected, so is the rest),
+    so it is not decoded, unless the request ignores end-of-generation tokens. The output is unchanged."""
+    from engine_ext.speculative.driver import SpeculativeDriver
+    from tests.test_spec_driver import Scripted
+
+    plain = plain_outputs(tiny_models["llama"], ["Once upon a time"], 24)[0]
+    with session_for(tiny_models["llama"]) as session:
+        eos = session.model.eos_token
+        # The plain text's first token, then the end token, then tokens that are never used.
+        drafter = Scripted("scripted", [plain[0], eos, *plain[1:9]])
+        session.spec = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=16), [drafter])
+        batches: list[int] = []
+        decode = session.ctx.decode
+
+        def recorded(tokens: list[int], pos0: int, **kwargs: bool) -> None:
+            if kwargs.get("logits_all"):  # a verify batch: id_last and the draft
+                batches.append(len(tokens))
+            decode(tokens, pos0, **kwargs)
+
+        session.ctx.decode = recorded  # type: ignore[method-assign]
+        chunks: list[TokenChunk] = []
+        request = Generate(request_id=1, prompt="Once upon a time", sampling=GREEDY, max_tokens=24,
+                           ignore_eos=ignore_eos)
+        session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None, lambda: False)
+    assert [t for c in chunks for t in c.token_ids] == plain  # the model does not end here: eos is rejected
+    # id_last and the draft, up to eos (shorter near max_tokens, where the budget caps the draft)
+    assert batches[0] == max(batches) == (11 if ignore_eos else 3)

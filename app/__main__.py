@@ -250,8 +250,10 @@ def format_stats(stats: GenerationStats) -> str:
 # ----- commands -----------------------------------------------------------------------------------------
 
 
-def _stream(client: EngineClient, request: Generate, *, echo: bool) -> tuple[str, list[int], Finished]:
-    """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`."""
+def _stream(client: EngineClient, request: Generate, *, echo: bool,
+            provenance: list[str] | None = None) -> tuple[str, list[int], Finished]:
+    """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`; each token's source
+    ("target", or the drafter that proposed it) is added to `provenance` when given."""
     text: list[str] = []
     ids: list[int] = []
     in_reasoning = False
@@ -259,6 +261,8 @@ def _stream(client: EngineClient, request: Generate, *, echo: bool) -> tuple[str
         if isinstance(event, TokenChunk):
             text.append(event.text)
             ids.extend(event.token_ids)
+            if provenance is not None:
+                provenance.extend(event.provenance)
             if echo:
                 if event.reasoning:
                     if not in_reasoning:
@@ -308,11 +312,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             stop=tuple(args.stop),
             enable_thinking=None if args.think is None else args.think == "on",
         )
-        text, ids, finished = _stream(client, request, echo=not args.json)
+        provenance: list[str] = []
+        text, ids, finished = _stream(client, request, echo=not args.json, provenance=provenance)
     if args.json:
         out = {
             "text": text,
             "tokens": ids,
+            "provenance": provenance,  # per token: "target", or the drafter whose accepted draft it was
             "stop_reason": finished.stop_reason,
             "stats": finished.stats.to_dict(),
             "notices": list(finished.notices),

@@ -126,8 +126,17 @@ def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: di
     result = llmtui("run", "-m", str(tiny_models["qwen35_mtp"]), "-p", "hi", "--temp", "0", "-n", "24",
                     "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--json", data_dir=tmp_path)
     assert result.returncode == 0, result.stderr
-    spec = json.loads(result.stdout)["speculative"]
+    out = json.loads(result.stdout)
+    spec = out["speculative"]
     assert spec["drafters"][0]["name"] == "draft-mtp" and spec["drafted"] > 0
+    # Every token says where it came from: an accepted draft (and whose) or the target.
+    assert len(out["provenance"]) == len(out["tokens"]) > 0
+    assert out["provenance"].count("draft-mtp") == spec["accepted"]
+    copied = json.loads(llmtui("run", "-m", str(tiny_models["llama"]), "--raw", "-p", "a b c a b c a b c a b c a b c",
+                               "--temp", "0", "-n", "96", "--spec-type", "ngram-mod", "--json",
+                               data_dir=tmp_path).stdout)
+    drafted = copied["provenance"].count("ngram-mod")
+    assert 0 < drafted <= copied["speculative"]["accepted"] and set(copied["provenance"]) == {"ngram-mod", "target"}
     bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--spec-type", "draft-mtp", data_dir=tmp_path)
     assert bad.returncode == 1 and "no MTP head" in bad.stderr and "Traceback" not in bad.stderr
 

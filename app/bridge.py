@@ -18,6 +18,7 @@ from textual.message import Message
 
 from app.config import EngineSettings, SamplingSettings
 from app.messages import (
+    DraftSpan,
     EngineCrashed,
     EngineRequestFailed,
     EngineStarted,
@@ -86,25 +87,27 @@ class _Pending:
     reasoning: list[str]
     n_tokens: int
     text_chars: int = 0
-    draft_spans: list[tuple[int, int]] = field(default_factory=list)  # relative to the batch's text
+    draft_spans: list[DraftSpan] = field(default_factory=list)  # relative to the batch's text
 
 
-def chunk_draft_spans(chunk: TokenChunk) -> list[tuple[int, int]]:
-    """The character ranges of `chunk.text` that came from accepted draft tokens (merged, in order).
+def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
+    """The character ranges of `chunk.text` that came from accepted draft tokens, with their drafter (merged, in
+    order).
 
     Without per-token text ends (an older engine) a chunk counts as drafted only when all its tokens were.
     """
     if all(source == "target" for source in chunk.provenance) or not chunk.text:
         return []
-    spans: list[tuple[int, int]] = []
+    spans: list[DraftSpan] = []
     if len(chunk.text_ends) == len(chunk.provenance):
         start = 0
         for source, end in zip(chunk.provenance, chunk.text_ends, strict=True):
             if source != "target":
-                add_span(spans, start, min(end, len(chunk.text)))
+                add_span(spans, start, min(end, len(chunk.text)), source)
             start = end
     elif all(source != "target" for source in chunk.provenance):
-        spans.append((0, len(chunk.text)))
+        sources = set(chunk.provenance)
+        spans.append((0, len(chunk.text), sources.pop() if len(sources) == 1 else ""))
     return spans
 
 
@@ -431,8 +434,8 @@ class EngineBridge:
         if pending is None:
             pending = self._pending[chunk.request_id] = _Pending([], [], 0)
         if chunk.text:
-            for start, end in chunk_draft_spans(chunk):
-                add_span(pending.draft_spans, pending.text_chars + start, pending.text_chars + end)
+            for start, end, source in chunk_draft_spans(chunk):
+                add_span(pending.draft_spans, pending.text_chars + start, pending.text_chars + end, source)
             pending.text.append(chunk.text)
             pending.text_chars += len(chunk.text)
         if chunk.reasoning:

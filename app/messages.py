@@ -77,25 +77,30 @@ class ModelLoadFailed(Message):
         self.error = error
 
 
-def add_span(spans: list[tuple[int, int]], start: int, end: int) -> None:
-    """Append [start, end) to sorted, disjoint `spans`, merging it with the last one when they touch."""
+DraftSpan = tuple[int, int, str]
+"""[start, end) of a text that came from accepted draft tokens, and the drafter that proposed them ("": not known)."""
+
+
+def add_span(spans: list[DraftSpan], start: int, end: int, source: str = "") -> None:
+    """Append [start, end) from drafter `source` to sorted, disjoint `spans`, merging it with the last one when they
+    touch and came from the same drafter."""
     if end <= start:
         return
-    if spans and spans[-1][1] >= start:
-        spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+    if spans and spans[-1][1] >= start and spans[-1][2] == source:
+        spans[-1] = (spans[-1][0], max(spans[-1][1], end), source)
     else:
-        spans.append((start, end))
+        spans.append((start, end, source))
 
 
 class TokensArrived(Message, bubble=False):
     """Generated text for one request (consecutive chunks merged in order, never dropped or replaced).
 
-    `draft_spans` are the (start, end) character ranges of `text` that came from accepted draft tokens of
+    `draft_spans` are the (start, end, drafter) character ranges of `text` that came from accepted draft tokens of
     speculative decoding (empty when nothing was drafted, or when the engine does not say).
     """
 
     def __init__(self, request_id: int, text: str, reasoning: str, n_tokens: int,
-                 draft_spans: tuple[tuple[int, int], ...] = ()) -> None:
+                 draft_spans: tuple[DraftSpan, ...] = ()) -> None:
         super().__init__()
         self.request_id = request_id
         self.text = text

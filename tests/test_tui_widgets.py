@@ -24,6 +24,8 @@ from app.store import Message as StoredMessage
 from app.widgets.prompt_input import PromptInput
 from app.widgets.status import AppHeader, StatsBar
 from app.widgets.transcript import (
+    MODEL_DRAFT,
+    NGRAM_DRAFT,
     LiveBody,
     LiveMessage,
     MessageView,
@@ -168,24 +170,32 @@ def _marked_text(strips: list[Strip]) -> str:
 def test_mark_provenance_colours_the_rendered_words_of_the_spans_only() -> None:
     source = ("Plain words then **bold drafted** words.\n\n- first item\n- drafted item\n\n"
               "```python\nx = 1\ny = 2\n```\n")
-    drafted = ["bold drafted", "drafted item", "y = 2"]
-    spans = [(source.index(part), source.index(part) + len(part)) for part in drafted]
+    drafted = {"bold drafted": "ngram-mod", "drafted item": "draft-mtp", "y = 2": ""}
+    spans = [(source.index(part), source.index(part) + len(part), drafter) for part, drafter in drafted.items()]
     console = Console(width=60, force_terminal=True, color_system="truecolor")
     lines = console.render_lines(RichMarkdown(source), console.options, pad=False)
-    style = Style(underline=True)
-    marked = mark_provenance(lines, source, spans, style)
-    assert _marked_text([Strip(line) for line in marked]) == "bold drafted drafted item y = 2"
-    assert mark_provenance(lines, source, [], style) is lines  # off or nothing drafted: the same lines
+    styles = {NGRAM_DRAFT: Style(underline=True), MODEL_DRAFT: Style(underline=True, italic=True)}
+    marked = [Strip(line) for line in mark_provenance(lines, source, spans, styles)]
+    assert _marked_text(marked) == "bold drafted drafted item y = 2"
+    # Each drafter's kind has its own style: a model drafter's text apart from an n-gram drafter's (or unknown).
+    italic = "".join(s.text for strip in marked for s in strip if s.style and s.style.italic and s.style.underline)
+    assert italic.split() == ["drafted", "item"]
+    assert mark_provenance(lines, source, [], styles) is lines  # off or nothing drafted: the same lines
 
 
 def test_chunk_draft_spans_from_provenance_and_text_ends() -> None:
     chunk = TokenChunk(1, "The cat sat.", "", (1, 2, 3, 4), ("target", "ngram", "ngram", "target"), (3, 7, 11, 12))
-    assert chunk_draft_spans(chunk) == [(3, 11)]
+    assert chunk_draft_spans(chunk) == [(3, 11, "ngram")]
     assert chunk_draft_spans(TokenChunk(1, "abc", "", (1,), ("target",), (3,))) == []
     # An engine that does not say where each token's text ends: all drafted, or nothing.
-    assert chunk_draft_spans(TokenChunk(1, "abc", "", (1, 2), ("mtp", "mtp"))) == [(0, 3)]
+    assert chunk_draft_spans(TokenChunk(1, "abc", "", (1, 2), ("mtp", "mtp"))) == [(0, 3, "mtp")]
     assert chunk_draft_spans(TokenChunk(1, "abc", "", (1, 2), ("mtp", "target"))) == []
-    assert draft_spans_from_stats({"draft_spans": [[3, 11], [20, 9], "x"]}) == ((3, 11),)
+    # Two drafters one after the other: two spans, not merged.
+    two = TokenChunk(1, "abcdef", "", (1, 2, 3), ("ngram-mod", "draft-mtp", "draft-mtp"), (2, 4, 6))
+    assert chunk_draft_spans(two) == [(0, 2, "ngram-mod"), (2, 6, "draft-mtp")]
+    # Stored spans: [start, end, drafter], or [start, end] as stored before the drafter was kept.
+    stored = {"draft_spans": [[3, 11], [20, 9], "x", [12, 15, "draft-mtp"], [16, 18, 5]]}
+    assert draft_spans_from_stats(stored) == ((3, 11, ""), (12, 15, "draft-mtp"))
 
 
 def test_bridge_batches_draft_spans_relative_to_the_batched_text(tmp_path: Path) -> None:
@@ -203,7 +213,7 @@ def test_bridge_batches_draft_spans_relative_to_the_batched_text(tmp_path: Path)
     bridge._flush_tokens(force=True)
     arrived = [message for message in posted if isinstance(message, TokensArrived)]
     assert len(arrived) == 1 and arrived[0].text == "Hello world!"
-    assert arrived[0].draft_spans == ((2, 11),) and arrived[0].text[2:11] == "llo world"
+    assert arrived[0].draft_spans == ((2, 11, "ngram-mod"),) and arrived[0].text[2:11] == "llo world"
 
 
 async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> None:
@@ -212,11 +222,11 @@ async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> N
         transcript = app.query_one(Transcript)
         live = await transcript.start_live(7, "model")
         transcript.write_live("Target text first, ", "")
-        transcript.write_live("drafted words here", "", ((0, 18),))
+        transcript.write_live("drafted words here", "", ((0, 18, "ngram-mod"),))
         transcript.write_live(" and the end.", "")
         await pilot.pause(0.1)
         body = live.query_one(LiveBody)
-        assert body.draft_spans == [(19, 37)]
+        assert body.draft_spans == [(19, 37, "ngram-mod")]
         assert _marked_text(body._strips) == ""  # off by default
         transcript.set_colour_drafts(True)
         await pilot.pause(0.1)

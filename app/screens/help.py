@@ -68,7 +68,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("F9", "speculative settings: type (what the model supports), draft model, n_max / n_min / p_min"),
         ("ctrl+o", "speculative details under the transcript: counts, acceptance by draft position, time, drafters"),
         ("ctrl+b", "in the F9 panel: check the same prompt, greedy, without and with speculation (the same text?)"),
-        ("F7", "underline the text that came from accepted draft tokens, on / off"),
+        ("F7", "underline text from accepted draft tokens (n-gram drafters: accent, model drafters: green)"),
         ("F6", "steering: control-vector sliders, layer range, per-layer heat strip"),
         ("←/→, shift+←/→, 0", "on a slider: strength ±0.05, ±0.25, reset (applies at the next token)"),
         ("m / b / a / c", "on the steering screen: make a vector · A/B view · add a file · clear all"),

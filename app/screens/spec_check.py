@@ -40,7 +40,7 @@ class Side:
 
     def add(self, event: TokensArrived) -> None:
         base = len(self.text)
-        self.draft_spans += [(base + start, base + end) for start, end in event.draft_spans]
+        self.draft_spans += [(base + start, base + end) for start, end, _ in event.draft_spans]
         self.text += event.text
         self.reasoning += event.reasoning
 

@@ -8,7 +8,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -37,7 +37,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Static
 
-from app.messages import add_span
+from app.messages import DraftSpan, add_span
 from app.store import Message as StoredMessage
 
 PAGE_SIZE: Final = 16  # messages mounted at a time; older ones are mounted when the user scrolls up to them
@@ -50,8 +50,16 @@ WORD_LOOKAHEAD: Final = 160  # source characters a rendered word may be ahead of
 MARK_LOOKAHEAD: Final = 4  # the same for a lone punctuation mark, kept short so it cannot skip words
 CHAR_LOOKAHEAD: Final = 16  # the same for a character of a word found only with markup inside it
 
-DraftSpans = tuple[tuple[int, int], ...]
-"""(start, end) character ranges of a message's text that came from accepted draft tokens."""
+DraftSpans = tuple[DraftSpan, ...]
+"""(start, end, drafter) character ranges of a message's text that came from accepted draft tokens."""
+NGRAM_DRAFT, MODEL_DRAFT = 1, 2
+"""How draft text is coloured: drafted by an n-gram drafter (or by a drafter not known), or by a model."""
+
+
+def draft_kind(drafter: str) -> int:
+    """NGRAM_DRAFT or MODEL_DRAFT: the colour of text from `drafter` (draft-simple, -mtp, -eagle3, -dflash, -dspark
+    are models; "" is a span stored before llmtui kept the drafter)."""
+    return MODEL_DRAFT if drafter.startswith("draft-") else NGRAM_DRAFT
 
 EMPTY_HINT: Final = (
     "Type a message below and press Enter.  Shift+Enter or Ctrl+J adds a line · F1 lists every key · "
@@ -82,19 +90,24 @@ class BranchInfo:
 
 
 def draft_spans_from_stats(stats: dict[str, Any]) -> DraftSpans:
-    """The draft spans a finished reply's stats carry under "draft_spans" (bad entries are skipped)."""
+    """The draft spans a finished reply's stats carry under "draft_spans": [start, end, drafter], or [start, end]
+    as stored before llmtui kept the drafter (bad entries are skipped)."""
     raw = stats.get("draft_spans", ())
-    spans: list[tuple[int, int]] = []
+    spans: list[DraftSpan] = []
     if isinstance(raw, list | tuple):
         for item in raw:
-            if (isinstance(item, list | tuple) and len(item) == 2 and all(isinstance(v, int) for v in item)
-                    and 0 <= item[0] < item[1]):
-                spans.append((item[0], item[1]))
+            if not isinstance(item, list | tuple) or len(item) not in (2, 3):
+                continue
+            start, end, *rest = item
+            drafter = rest[0] if rest else ""
+            if isinstance(start, int) and isinstance(end, int) and isinstance(drafter, str) and 0 <= start < end:
+                spans.append((start, end, drafter))
     return tuple(spans)
 
 
-def mark_provenance(lines: Lines, source: str, spans: Sequence[tuple[int, int]], style: Style) -> Lines:
-    """Add `style` to the rendered characters that came from `spans` of the Markdown `source`.
+def mark_provenance(lines: Lines, source: str, spans: Sequence[DraftSpan], styles: Mapping[int, Style]) -> Lines:
+    """Add the style of each span's kind of drafter (`styles`, by `draft_kind`) to the rendered characters that came
+    from `spans` of the Markdown `source`.
 
     Rendering drops markup and re-wraps text, so each rendered word is matched to its next occurrence in the
     source (a little ahead of the previous one); characters with no match (bullets, rules) stay as they are.
@@ -102,10 +115,10 @@ def mark_provenance(lines: Lines, source: str, spans: Sequence[tuple[int, int]],
     if not spans or not source:
         return lines
     marked = bytearray(len(source))
-    for start, end in spans:
+    for start, end, drafter in spans:
         start, end = max(0, start), min(len(source), end)
         if start < end:
-            marked[start:end] = b"\x01" * (end - start)
+            marked[start:end] = bytes((draft_kind(drafter),)) * (end - start)
     cursor = 0
     result: Lines = []
     for line in lines:
@@ -131,18 +144,18 @@ def mark_provenance(lines: Lines, source: str, spans: Sequence[tuple[int, int]],
                 if marked[found]:
                     if flags is None:
                         flags = bytearray(len(text))
-                    flags[match.start() + offset] = 1
+                    flags[match.start() + offset] = marked[found]
         if flags is not None:
-            # Spaces between two marked words are marked too: one unbroken underline per drafted run.
+            # Spaces between two words marked alike are marked too: one unbroken underline per drafted run.
             for gap in _SPACE_RUN.finditer(text):
-                if gap.start() > 0 and gap.end() < len(text) and flags[gap.start() - 1] and flags[gap.end()]:
-                    flags[gap.start() : gap.end()] = b"\x01" * (gap.end() - gap.start())
-        result.append(line if flags is None else _restyle(line, flags, style))
+                if gap.start() > 0 and gap.end() < len(text) and flags[gap.start() - 1] == flags[gap.end()] != 0:
+                    flags[gap.start() : gap.end()] = bytes((flags[gap.end()],)) * (gap.end() - gap.start())
+        result.append(line if flags is None else _restyle(line, flags, styles))
     return result
 
 
-def _restyle(line: list[Segment], flags: bytearray, style: Style) -> list[Segment]:
-    """`line` with `style` added to the characters whose flag is set."""
+def _restyle(line: list[Segment], flags: bytearray, styles: Mapping[int, Style]) -> list[Segment]:
+    """`line` with the style of its flag added to each character whose flag is set."""
     restyled: list[Segment] = []
     position = 0
     for segment in line:
@@ -154,8 +167,9 @@ def _restyle(line: list[Segment], flags: bytearray, style: Style) -> list[Segmen
         for index in range(1, len(text) + 1):
             if index == len(text) or flags[position + index] != flags[position + start]:
                 piece = text[start:index]
-                marked = flags[position + start]
-                restyled.append(Segment(piece, (base + style) if marked and base else style if marked else base))
+                kind = flags[position + start]
+                style = styles.get(kind) if kind else None
+                restyled.append(Segment(piece, (base + style) if style and base else style or base))
                 start = index
         position += len(text)
     return restyled
@@ -361,7 +375,7 @@ class MessageView(RenderedOnce, can_focus=True):
         Binding("down,j", "move(1)", "Next", show=False),
     ]
 
-    COMPONENT_CLASSES = {"message-view--reasoning", "message-view--draft"}
+    COMPONENT_CLASSES = {"message-view--reasoning", "message-view--draft", "message-view--draft-model"}
 
     DEFAULT_CSS = """
     MessageView {
@@ -370,6 +384,10 @@ class MessageView(RenderedOnce, can_focus=True):
     }
     MessageView > .message-view--draft {
         color: $text-accent;
+        text-style: underline;
+    }
+    MessageView > .message-view--draft-model {
+        color: $text-success;
         text-style: underline;
     }
     """
@@ -460,8 +478,9 @@ class MessageView(RenderedOnce, can_focus=True):
             head.append(reasoning)
         body = self.body_lines(width)
         if self.colour_drafts and self.draft_spans:
-            style = self.get_component_rich_style("message-view--draft", partial=True)
-            body = mark_provenance(body, self.message.content, self.draft_spans, style)
+            styles = {NGRAM_DRAFT: self.get_component_rich_style("message-view--draft", partial=True),
+                      MODEL_DRAFT: self.get_component_rich_style("message-view--draft-model", partial=True)}
+            body = mark_provenance(body, self.message.content, self.draft_spans, styles)
         return _strips(self.render_renderable(Group(*head), width) + body, width)
 
     def action_copy(self) -> None:
@@ -576,7 +595,7 @@ class LiveBody(RenderedOnce):
     GROW_LINES: ClassVar[int] = 16
     RENDER_INTERVAL_S: ClassVar[float] = 1 / 20  # tokens come 15 times a second: each batch is drawn as it comes
 
-    COMPONENT_CLASSES = {"live-body--draft"}
+    COMPONENT_CLASSES = {"live-body--draft", "live-body--draft-model"}
 
     DEFAULT_CSS = """
     LiveBody {
@@ -584,6 +603,10 @@ class LiveBody(RenderedOnce):
     }
     LiveBody > .live-body--draft {
         color: $text-accent;
+        text-style: underline;
+    }
+    LiveBody > .live-body--draft-model {
+        color: $text-success;
         text-style: underline;
     }
     """
@@ -595,7 +618,7 @@ class LiveBody(RenderedOnce):
         """The whole answer so far."""
         self.segments: list[FrozenSegment] = []
         """The frozen blocks, in order; the tail is the text after them."""
-        self.draft_spans: list[tuple[int, int]] = list(draft_spans)
+        self.draft_spans: list[DraftSpan] = list(draft_spans)
         """Where the answer came from accepted draft tokens."""
         self.colour_drafts = colour_drafts
         self._frozen_chars = 0
@@ -646,11 +669,11 @@ class LiveBody(RenderedOnce):
         lines = self.render_renderable(markdown, width)
         return [[], *lines] if segment.separated else lines  # the same lines as in the whole reply drawn at once
 
-    def append(self, text: str, spans: Sequence[tuple[int, int]] = ()) -> None:
+    def append(self, text: str, spans: Sequence[DraftSpan] = ()) -> None:
         """Add streamed text; `spans` (relative to `text`) came from accepted draft tokens. Drawn within a frame."""
         base = len(self.text)
-        for start, end in spans:
-            add_span(self.draft_spans, base + start, base + end)
+        for start, end, drafter in spans:
+            add_span(self.draft_spans, base + start, base + end, drafter)
         self.text += text
         if self._render_timer is None:
             delay = self._rendered_at + self.RENDER_INTERVAL_S - time.monotonic()
@@ -743,7 +766,10 @@ class LiveBody(RenderedOnce):
 
     def render_strips(self, width: int) -> list[Strip]:
         colour = self.colour_drafts and bool(self.draft_spans)
-        style = self.get_component_rich_style("live-body--draft", partial=True) if colour else Style()
+        styles: dict[int, Style] = {}
+        if colour:
+            styles = {NGRAM_DRAFT: self.get_component_rich_style("live-body--draft", partial=True),
+                      MODEL_DRAFT: self.get_component_rich_style("live-body--draft-model", partial=True)}
         if width != self._frozen_width:
             self._frozen_width = width
             for segment in self.segments:
@@ -755,7 +781,7 @@ class LiveBody(RenderedOnce):
         self._freeze()
         # Frozen segments become strips once; only the tail's are made again.
         for segment in self.segments[self._frozen_strips_segments :]:
-            lines = self._coloured(segment.lines, segment.markdown, segment.start, style) if colour else segment.lines
+            lines = self._coloured(segment.lines, segment.markdown, segment.start, styles) if colour else segment.lines
             self._frozen_strips.extend(_strips(lines, width))
         self._frozen_strips_segments = len(self.segments)
         tail = self.tail
@@ -765,7 +791,7 @@ class LiveBody(RenderedOnce):
             self._tail_lines = self._plain_lines(tail, markdown, width)
             if self.segments and _needs_separator(self.segments[-1].ends_with_rule, _block_edges(markdown)[0]):
                 self._tail_lines.insert(0, [])
-        lines = self._coloured(self._tail_lines, tail, self._frozen_chars, style) if colour else self._tail_lines
+        lines = self._coloured(self._tail_lines, tail, self._frozen_chars, styles) if colour else self._tail_lines
         return self._frozen_strips + _strips(lines, width)
 
     def _plain_lines(self, tail: str, markdown: RichMarkdown, width: int) -> Lines:
@@ -799,10 +825,11 @@ class LiveBody(RenderedOnce):
             self._plain = (key, tail, located, list(lines))
         return lines
 
-    def _coloured(self, lines: Lines, source: str, start: int, style: Style) -> Lines:
+    def _coloured(self, lines: Lines, source: str, start: int, styles: Mapping[int, Style]) -> Lines:
         end = start + len(source)
-        spans = [(max(s, start) - start, min(e, end) - start) for s, e in self.draft_spans if s < end and e > start]
-        return mark_provenance(lines, source, spans, style)
+        spans = [(max(s, start) - start, min(e, end) - start, drafter) for s, e, drafter in self.draft_spans
+                 if s < end and e > start]
+        return mark_provenance(lines, source, spans, styles)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if width != self._strips_width:
@@ -842,7 +869,7 @@ class LiveMessage(LaidOutOnce, Vertical):
     def on_mount(self) -> None:
         self._update_reasoning()
 
-    def write(self, text: str, reasoning: str, spans: Sequence[tuple[int, int]] = ()) -> None:
+    def write(self, text: str, reasoning: str, spans: Sequence[DraftSpan] = ()) -> None:
         """Append streamed text (drawn within a frame) and reasoning."""
         if reasoning:
             self._reasoning += reasoning
@@ -1102,7 +1129,7 @@ class Transcript(LaidOutOnce, VerticalScroll):
             self._live_top = (key, live.virtual_region.y + live.content_bottom() - live.body.content_height)
         return self._live_top[1]
 
-    def write_live(self, text: str, reasoning: str, draft_spans: Sequence[tuple[int, int]] = ()) -> None:
+    def write_live(self, text: str, reasoning: str, draft_spans: Sequence[DraftSpan] = ()) -> None:
         """Append to the streaming reply; `draft_spans` (relative to `text`) came from accepted draft tokens."""
         live = self.live
         if live is None:

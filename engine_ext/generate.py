@@ -41,6 +41,12 @@ MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is 
 # Accepted runs at least this long are streamed in one go; shorter ones token by token, through the code the
 # step's first token just ran (right after llama_decode, fresh code costs cache misses more than the tokens do).
 BULK_RUN = 8
+# The longest draft verified in one batch. ggml's CPU flash attention switches to a tiled kernel at 64 query rows
+# (ggml-cpu/ops.cpp `use_tiled ... neq1 >= Q_TILE_SZ`, GGML_FA_TILE_Q 64 in ggml-cpu/common.h), whose sums round
+# differently from the per-row kernel that decodes one token: logits moved by up to 1.5 on the starter model, and
+# a near-tie flipped, so a 64-token ngram-mod draft gave text different from plain greedy decoding. Under 64 rows
+# (the last token and 62 drafted) every row is computed as plain decoding computes it, bit for bit.
+MAX_VERIFY_DRAFT = 62
 
 
 class PromptTooLong(EngineError):
@@ -402,7 +408,7 @@ class Session:
                 break
             # The step's budget: what fits the context, and no token past max_tokens (a step yields the accepted
             # drafts plus one; upstream's speculative-simple caps at n_predict - n_so_far - 1 the same way).
-            budget = room
+            budget = min(room, MAX_VERIFY_DRAFT)
             if max_tokens > 0:
                 budget = min(budget, max_tokens - n_generated - 1)
             if rollback:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from engine_ext.params import SpeculativeParams
 from engine_ext.speculative.base import Drafter
-from engine_ext.speculative.driver import AUTO_PAUSE_TOKENS, AUTO_WINDOW, SpeculativeDriver
+from engine_ext.speculative.driver import AUTO_NGRAM_MAX, AUTO_PAUSE_TOKENS, AUTO_WINDOW, SpeculativeDriver
 
 
 class Scripted(Drafter):
@@ -73,12 +73,46 @@ def test_auto_mode_shortens_drafts_to_the_positions_that_pay() -> None:
     assert "drafting" in driver.status
 
 
-def test_draft_n_max_caps_model_drafters_only_unless_auto() -> None:
+def test_draft_n_max_caps_model_drafters_only() -> None:
     # Upstream's --spec-draft-n-max is a model-drafter setting: n-gram drafters keep their own lengths and are only
-    # held to the step's budget (context room, tokens still wanted); auto mode caps every drafter.
-    ngram, model = Scripted("ngram", list(range(10))), Scripted("model", list(range(10)))
+    # held to the step's budget (context room, tokens still wanted). Auto mode starts from the same lengths.
+    ngram, model = Scripted("ngram", list(range(80))), Scripted("model", list(range(80)))
     ngram.follows_draft_n_max = False
     params = SpeculativeParams(types=("ngram-simple",), n_max=4)
     assert SpeculativeDriver(params, [ngram]).draft([0], 0, 8) == (list(range(8)), ngram)
     assert SpeculativeDriver(params, [model]).draft([0], 0, 8) == (list(range(4)), model)
-    assert SpeculativeDriver(params, [ngram], auto=True).draft([0], 0, 8) == (list(range(4)), ngram)
+    auto = SpeculativeDriver(params, [ngram, model], auto=True)
+    auto.reset_stats()  # as each generation does: auto mode sets its lengths there
+    assert auto.draft([0], 0, 100) == (list(range(AUTO_NGRAM_MAX)), ngram)
+    ngram.proposal = []
+    assert auto.draft([0], 0, 100) == (list(range(4)), model)
+
+
+def test_auto_mode_lengths_shrink_to_what_pays_and_double_back() -> None:
+    ngram = Scripted("ngram", list(range(80)))
+    ngram.follows_draft_n_max = False
+    driver = SpeculativeDriver(SpeculativeParams(types=("ngram-mod",), n_max=16), [ngram], auto=True)
+    driver.reset_stats()
+    lengths = []
+    for n_accepted in (0, 1, 2, 4, 8, 16, 32, 64, 64):  # rejected at once, then every draft accepted whole
+        draft, _ = driver.draft([0], 0, 100)
+        lengths.append(len(draft))
+        driver.accept(ngram, len(draft), min(n_accepted, len(draft)), 1.0)
+    assert lengths == [64, 1, 2, 4, 8, 16, 32, 64, 64]  # back to AUTO_NGRAM_MAX, never past it
+    assert driver.n_max_now == 64
+    # A model drafter doubles back only up to n_max (the rollback depth of hybrid models is sized to it).
+    model = Scripted("model", list(range(80)))
+    driver = SpeculativeDriver(SpeculativeParams(types=("draft-simple",), n_max=16), [model], auto=True)
+    driver.reset_stats()
+    lengths = []
+    for n_accepted in (3, 3, 4, 4, 8, 16):
+        draft, _ = driver.draft([0], 0, 100)
+        lengths.append(len(draft))
+        driver.accept(model, len(draft), min(n_accepted, len(draft)), 1.0)
+    # 3 of 16 accepted: no draft reaching position 3 was accepted there, so 4 tokens (twice); 4 of 4 doubles to 8;
+    # 4 of 8: position 4 never accepted, so 5; 5 of 5 doubles to 10.
+    assert lengths == [16, 4, 4, 8, 5, 10]
+    for _ in range(3):
+        draft, _ = driver.draft([0], 0, 100)
+        driver.accept(model, len(draft), len(draft), 1.0)
+    assert driver.n_max_now == 16 and len(driver.draft([0], 0, 100)[0]) == 16  # never past n_max

@@ -15,6 +15,7 @@ AUTO_WINDOW = 12  # verify steps compared against plain decoding before deciding
 AUTO_SLOWER = 0.95  # speculation slower than this fraction of plain speed is switched off…
 AUTO_PAUSE_TOKENS = 96  # …for this many tokens, then tried again
 AUTO_POSITION_FLOOR = 0.2  # auto n_max stops at the first draft position accepted less often than this
+AUTO_NGRAM_MAX = 64  # the longest draft auto mode grows an n-gram drafter to (upstream's ngram-mod n_max)
 
 
 class SpeculativeDriver:
@@ -43,6 +44,12 @@ class SpeculativeDriver:
         self.draft_ms = 0.0
         self.verify_ms = 0.0
         self.n_max_now = self.params.n_max
+        # Auto mode: each drafter's draft length. A model drafter's starts at n_max and stays within it (the
+        # rollback depth is sized to it); an n-gram drafter's starts at AUTO_NGRAM_MAX, as long as in a fixed mode
+        # (ngram-mod drafts only when it can copy at least its n_min tokens: capped shorter, it stops drafting).
+        self.caps = {id(d): self._ceiling(d) for d in self.drafters}
+        if self.auto and self.drafters:
+            self.n_max_now = self.caps[id(self.drafters[0])]
         self.window: deque[tuple[int, float]] = deque(maxlen=AUTO_WINDOW)  # (tokens produced, ms) per step
         self.paused_until = 0  # generated-token count at which a paused auto mode drafts again
         self.status = "drafting" if self.drafters else "off"
@@ -71,14 +78,17 @@ class SpeculativeDriver:
         """The step's draft (at least n_min tokens or none) and the drafter that made it.
 
         `n_max` is the step's budget (context room, tokens still wanted). Model drafters are also held to
-        --spec-draft-n-max, n-gram drafters to their own lengths, as upstream; auto mode holds every drafter to
-        its adapted n_max.
+        --spec-draft-n-max, n-gram drafters to their own lengths, as upstream; auto mode holds each drafter to
+        its own adapted length (see `_adapt`).
         """
         t_start = time.perf_counter()
         try:
-            capped = min(n_max, self.n_max_now)
+            capped = min(n_max, self.params.n_max)
             for d in self.drafters:
-                limit = capped if self.auto or d.follows_draft_n_max else n_max
+                if self.auto:
+                    limit = min(n_max, self.caps[id(d)])
+                else:
+                    limit = capped if d.follows_draft_n_max else n_max
                 t0 = time.perf_counter()
                 proposal = d.draft(tokens, id_last, limit)[:limit]
                 d.stats.n_call_draft += 1
@@ -98,6 +108,8 @@ class SpeculativeDriver:
         drafter.stats.n_call_accept += 1
         drafter.stats.record_accept(n_accepted)
         drafter.stats.t_accept_ms += (time.perf_counter() - t0) * 1000.0
+        if self.auto:
+            self._adapt(drafter, n_drafted, n_accepted)
         self.steps += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
@@ -114,15 +126,29 @@ class SpeculativeDriver:
             self.status = "drafting (trying again)"
         return self.paused_until == 0
 
+    def _adapt(self, drafter: Drafter, n_drafted: int, n_accepted: int) -> None:
+        """Auto mode: a drafter's length stops at the first position that its drafts reaching it get accepted at
+        less often than AUTO_POSITION_FLOOR; once a draft fills the length and is accepted whole, it doubles again
+        (up to n_max for a model drafter, AUTO_NGRAM_MAX for an n-gram one)."""
+        key = id(drafter)
+        cap = self.caps[key]
+        if n_accepted == n_drafted >= cap:
+            cap = min(self._ceiling(drafter), cap * 2)
+        else:
+            accepted, drafted = drafter.stats.n_acc_per_pos, drafter.stats.n_gen_per_pos
+            rates = [(accepted[i] if i < len(accepted) else 0) / n for i, n in enumerate(drafted)]
+            useful = next((i for i, r in enumerate(rates) if r < AUTO_POSITION_FLOOR), len(rates))
+            cap = max(1, min(cap, useful + 1))
+        self.caps[key] = self.n_max_now = cap
+
+    def _ceiling(self, drafter: Drafter) -> int:
+        return self.params.n_max if drafter.follows_draft_n_max else max(self.params.n_max, AUTO_NGRAM_MAX)
+
     def observe(self, n_produced: int, step_ms: float, plain_step_ms: float, n_generated: int) -> None:
-        """Auto mode: after a verify step, adapt n_max and pause when speculation is measured slower."""
+        """Auto mode: after a verify step, pause when speculation is measured slower than plain decoding."""
         if not self.auto:
             return
         self.window.append((n_produced, step_ms))
-        if self.steps and self.acc_per_pos:
-            rates = [a / self.steps for a in self.acc_per_pos]
-            useful = next((i for i, r in enumerate(rates) if r < AUTO_POSITION_FLOOR), len(rates))
-            self.n_max_now = max(1, min(self.params.n_max, useful + 1))
         if plain_step_ms <= 0 or len(self.window) < AUTO_WINDOW:
             return
         tokens = sum(n for n, _ in self.window)

@@ -30,7 +30,7 @@ from engine_ext.protocol import (
     TokenChunk,
 )
 from engine_ext.sampling import Sampler
-from engine_ext.speculative.driver import SpeculativeDriver
+from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 
 MAX_CHECKPOINTS = 8
 # Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
@@ -41,12 +41,6 @@ MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is 
 # Accepted runs at least this long are streamed in one go; shorter ones token by token, through the code the
 # step's first token just ran (right after llama_decode, fresh code costs cache misses more than the tokens do).
 BULK_RUN = 8
-# The longest draft verified in one batch. ggml's CPU flash attention switches to a tiled kernel at 64 query rows
-# (ggml-cpu/ops.cpp `use_tiled ... neq1 >= Q_TILE_SZ`, GGML_FA_TILE_Q 64 in ggml-cpu/common.h), whose sums round
-# differently from the per-row kernel that decodes one token: logits moved by up to 1.5 on the starter model, and
-# a near-tie flipped, so a 64-token ngram-mod draft gave text different from plain greedy decoding. Under 64 rows
-# (the last token and 62 drafted) every row is computed as plain decoding computes it, bit for bit.
-MAX_VERIFY_DRAFT = 62
 
 
 class PromptTooLong(EngineError):

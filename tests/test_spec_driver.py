@@ -98,8 +98,8 @@ def test_auto_mode_lengths_shrink_to_what_pays_and_double_back() -> None:
         draft, _ = driver.draft([0], 0, 100)
         lengths.append(len(draft))
         driver.accept(ngram, len(draft), min(n_accepted, len(draft)), 1.0)
-    assert lengths == [64, 1, 2, 4, 8, 16, 32, 64, 64]  # back to AUTO_NGRAM_MAX, never past it
-    assert driver.n_max_now == 64
+    assert lengths == [AUTO_NGRAM_MAX, 1, 2, 4, 8, 16, 32, AUTO_NGRAM_MAX, AUTO_NGRAM_MAX]  # back, never past it
+    assert driver.n_max_now == AUTO_NGRAM_MAX == 62
     # A model drafter doubles back only up to n_max (the rollback depth of hybrid models is sized to it).
     model = Scripted("model", list(range(80)))
     driver = SpeculativeDriver(SpeculativeParams(types=("draft-simple",), n_max=16), [model], auto=True)

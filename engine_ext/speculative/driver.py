@@ -15,7 +15,13 @@ AUTO_WINDOW = 12  # verify steps compared against plain decoding before deciding
 AUTO_SLOWER = 0.95  # speculation slower than this fraction of plain speed is switched off…
 AUTO_PAUSE_TOKENS = 96  # …for this many tokens, then tried again
 AUTO_POSITION_FLOOR = 0.2  # auto n_max stops at the first draft position accepted less often than this
-AUTO_NGRAM_MAX = 64  # the longest draft auto mode grows an n-gram drafter to (upstream's ngram-mod n_max)
+# The longest draft verified in one batch. ggml's CPU flash attention switches to a tiled kernel at 64 query rows
+# (ggml-cpu/ops.cpp `use_tiled ... neq1 >= Q_TILE_SZ`, GGML_FA_TILE_Q 64 in ggml-cpu/common.h), whose sums round
+# differently from the per-row kernel that decodes one token: logits moved by up to 1.5 on the starter model, and
+# a near-tie flipped, so a 64-token ngram-mod draft gave text different from plain greedy decoding. Under 64 rows
+# (the last token and 62 drafted) every row is computed as plain decoding computes it, bit for bit.
+MAX_VERIFY_DRAFT = 62
+AUTO_NGRAM_MAX = MAX_VERIFY_DRAFT  # the longest draft auto mode grows an n-gram drafter to
 
 
 class SpeculativeDriver:

@@ -402,7 +402,7 @@ class Session:
                 break
             # The step's budget: what fits the context, and no token past max_tokens (a step yields the accepted
             # drafts plus one; upstream's speculative-simple caps at n_predict - n_so_far - 1 the same way).
-            budget = min(room, MAX_VERIFY_DRAFT)
+            budget = min(room, MAX_VERIFY_DRAFT, ctx.n_batch - 1)  # the last token and the draft: one batch
             if max_tokens > 0:
                 budget = min(budget, max_tokens - n_generated - 1)
             if rollback:

@@ -31,9 +31,9 @@ PROMPTS = [
 
 @contextmanager
 def session_for(path: Path, *, n_rs_seq: int = 0, spec: SpeculativeParams | None = None,
-                backend_greedy: bool = False) -> Iterator[Session]:
+                backend_greedy: bool = False, n_batch: int = 256) -> Iterator[Session]:
     model = Model(path)
-    ctx = Context(model, ContextParams(n_ctx=1024, n_batch=256, n_threads=2, n_rs_seq=n_rs_seq))
+    ctx = Context(model, ContextParams(n_ctx=1024, n_batch=n_batch, n_threads=2, n_rs_seq=n_rs_seq))
     session = Session(model, ctx)
     session.backend_greedy = backend_greedy
     if spec is not None:
@@ -95,6 +95,19 @@ def test_perfect_drafter_has_every_draft_accepted(tiny_models: dict[str, Path]) 
         assert s is not None and s.drafted > 0
         assert s.accepted == s.drafted
         assert s.mean_accepted_length > 4
+
+
+def test_drafts_fit_a_small_batch_size(tiny_models: dict[str, Path]) -> None:
+    """A verify batch (the last token and the draft) is one llama_decode call: with the batch size set to 8, a
+    perfect drafter asked for 16 tokens drafts 7 at a time (it used to fail the reply with a ValueError)."""
+    spec = SpeculativeParams(types=("draft-simple",), draft_model=str(tiny_models["llama"]), n_max=16)
+    want = plain_outputs(tiny_models["llama"], PROMPTS[:2], 48)
+    with session_for(tiny_models["llama"], spec=spec, n_batch=8) as session:
+        for prompt, expected in zip(PROMPTS[:2], want, strict=True):
+            ids, _, done = generate(session, prompt, 48)
+            assert ids == expected
+            assert done.speculative is not None and done.speculative.accepted == done.speculative.drafted > 0
+            assert len(done.speculative.acceptance_per_position) == 7
 
 
 @pytest.mark.parametrize("target", ["llama", "qwen3"])

@@ -19,7 +19,8 @@ AUTO_POSITION_FLOOR = 0.2  # auto n_max stops at the first draft position accept
 # (ggml-cpu/ops.cpp `use_tiled ... neq1 >= Q_TILE_SZ`, GGML_FA_TILE_Q 64 in ggml-cpu/common.h), whose sums round
 # differently from the per-row kernel that decodes one token: logits moved by up to 1.5 on the starter model, and
 # a near-tie flipped, so a 64-token ngram-mod draft gave text different from plain greedy decoding. Under 64 rows
-# (the last token and 62 drafted) every row is computed as plain decoding computes it, bit for bit.
+# (the last token and 62 drafted) the starter model's rows (Q4_1, and Q4_0/Q8_0) are bit for bit those of plain
+# decoding; some other kernels (F32, Q4_K on a tiny model) depend on the batch size at any size.
 MAX_VERIFY_DRAFT = 62
 AUTO_NGRAM_MAX = MAX_VERIFY_DRAFT  # the longest draft auto mode grows an n-gram drafter to
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from app.config import Config
     from app.messages import ModelSummary
     from app.remote import RemoteBridge
+    from app.screens.ab_run import ABRunScreen
     from app.screens.chat import ChatScreen
 
     _AppBase = App[None]
@@ -92,9 +93,8 @@ class FeaturesMixin(_AppBase):
 
     async def on_engine_crashed(self, event: EngineCrashed) -> None:
         self.spec_drafters, self.spec_stats, self.steering_applied = (), None, None
-        for screen in (self._ab_screen(), self._spec_check_screen()):
-            if screen is not None:
-                screen.engine_crashed()
+        for screen in self._ab_runs():
+            screen.engine_crashed()
 
     # ----- speculative decoding -----
 
@@ -174,12 +174,7 @@ class FeaturesMixin(_AppBase):
             return
         if self._spec_check_screen() is not None:
             return
-        chat = self.chat
-        prompt = DEFAULT_PROMPT
-        if chat is not None and chat.conversation_id is not None:
-            path = self.store.active_path(chat.conversation_id)  # type: ignore[attr-defined]
-            prompt = next((m.content for m in reversed(path) if m.role == "user"), prompt)
-        self.push_screen(SpecCheckScreen(settings or self.config.speculative, prompt))
+        self.push_screen(SpecCheckScreen(settings or self.config.speculative, self._last_user_message(DEFAULT_PROMPT)))
 
     def _spec_check_screen(self) -> Any:
         from app.screens.spec_check import SpecCheckScreen
@@ -289,11 +284,7 @@ class FeaturesMixin(_AppBase):
         if self.model is None:
             self.notify("Load a model first (ctrl+l).", severity="warning")
             return
-        prompt = DEFAULT_PROMPT
-        chat = self.chat
-        if chat is not None and chat.conversation_id is not None:
-            path = self.store.active_path(chat.conversation_id)  # type: ignore[attr-defined]
-            prompt = next((m.content for m in reversed(path) if m.role == "user"), prompt)
+        prompt = self._last_user_message(DEFAULT_PROMPT)
         from app.screens.steering import vector_name
 
         mix = ", ".join(f"{vector_name(e.path)} {e.strength:+.2f}" for e in self.steering_entries())
@@ -301,17 +292,23 @@ class FeaturesMixin(_AppBase):
             self.notify("Every strength is 0: B will be the same as A. Move a slider first.")
         self.push_screen(SteeringABScreen(prompt, mix))
 
-    def _ab_screen(self) -> Any:
-        from app.screens.steering_ab import SteeringABScreen
+    def _last_user_message(self, default: str) -> str:
+        """The open conversation's last message from the user (what the A/B views run by default)."""
+        chat = self.chat
+        if chat is None or chat.conversation_id is None:
+            return default
+        path = self.store.active_path(chat.conversation_id)  # type: ignore[attr-defined]
+        return next((m.content for m in reversed(path) if m.role == "user"), default)
 
-        return next((s for s in self.screen_stack if isinstance(s, SteeringABScreen)), None)
+    def _ab_runs(self) -> list[ABRunScreen]:
+        """The open A/B views (steering A/B, speculation check)."""
+        from app.screens.ab_run import ABRunScreen
 
-    def _side_run(self, request_id: int | None) -> Any:
-        """The A/B screen (steering or speculation check) that asked for this generation, if one did."""
-        for screen in (self._ab_screen(), self._spec_check_screen()):
-            if screen is not None and screen.owns(request_id):
-                return screen
-        return None
+        return [s for s in self.screen_stack if isinstance(s, ABRunScreen)]
+
+    def _side_run(self, request_id: int | None) -> ABRunScreen | None:
+        """The A/B view that asked for this generation, if one did."""
+        return next((s for s in self._ab_runs() if s.owns(request_id)), None)
 
     async def on_tokens_arrived(self, event: TokensArrived) -> None:
         screen = self._side_run(event.request_id)

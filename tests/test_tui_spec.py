@@ -44,6 +44,24 @@ def _generated(app: LlmtuiApp) -> str:
     return app.store.active_path(chat.conversation_id)[-1].content
 
 
+async def _choose_in_panel(pilot: Pilot[Any], spec_type: str, key: str) -> None:
+    """Open the speculative panel (F9), highlight `spec_type` and press `key` (ctrl+s apply, ctrl+b check)."""
+    await pilot.press("f9")
+    await pilot.pause()
+    panel = pilot.app.screen
+    assert isinstance(panel, SpeculativePanel)
+    panel.query_one(OptionList).highlighted = panel.types.index(spec_type)
+    await pilot.press(key)
+
+
+async def _check_screen(pilot: Pilot[Any]) -> SpecCheckScreen:
+    """The speculation check just opened."""
+    await pilot.pause()
+    check = pilot.app.screen
+    assert isinstance(check, SpecCheckScreen)
+    return check
+
+
 # ----- pure helpers ---------------------------------------------------------------------------------
 
 
@@ -233,12 +251,7 @@ async def test_mtp_from_the_panel_reloads_with_heads_and_keeps_greedy_text(tiny_
         await reply_done(pilot)
         plain = _generated(app)
         assert app.loaded_with == (False, 0)
-        await pilot.press("f9")
-        await pilot.pause()
-        panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
-        panel.query_one(OptionList).highlighted = panel.types.index("draft-mtp")
-        await pilot.press("ctrl+s")
+        await _choose_in_panel(pilot, "draft-mtp", "ctrl+s")
         await wait_for(pilot, lambda: app.spec_drafters == ("draft-mtp",))
         assert app.loaded_with == (True, 16)  # reloaded with the MTP heads and GDN rollback
         await press_and_start(pilot, "ctrl+r")
@@ -339,15 +352,8 @@ async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_sa
     app = LlmtuiApp(str(tiny_models["llama"]))
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await pilot.press("f9")
-        await pilot.pause()
-        panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
-        panel.query_one(OptionList).highlighted = panel.types.index("ngram-mod")
-        await pilot.press("ctrl+b")  # apply, then check
-        await pilot.pause()
-        check = app.screen
-        assert isinstance(check, SpecCheckScreen)
+        await _choose_in_panel(pilot, "ngram-mod", "ctrl+b")  # apply, then check
+        check = await _check_screen(pilot)
         await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
         check.query_one(Input).value = "a b c a b c a b c a b c a b c a b c"
         await pilot.press("enter")
@@ -381,9 +387,7 @@ async def test_check_asked_for_while_a_reply_is_written_runs_after_it_on_the_las
         try:
             await send(pilot, "a b c a b c a b c")
             app.action_spec_check(SpeculativeSettings(spec_type="ngram-mod"))
-            await pilot.pause()
-            check = app.screen
-            assert isinstance(check, SpecCheckScreen)
+            check = await _check_screen(pilot)
             assert check.query_one(Input).value == "a b c a b c a b c"  # the conversation's last message
             await pilot.press("enter")
             await pilot.pause()
@@ -408,9 +412,7 @@ async def test_check_survives_an_engine_crash_mid_run_and_runs_again_after_the_r
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         app.action_spec_check(SpeculativeSettings(spec_type="ngram-mod"))
-        await pilot.pause()
-        check = app.screen
-        assert isinstance(check, SpecCheckScreen)
+        check = await _check_screen(pilot)
         pid = app.bridge.pid or 0  # type: ignore[union-attr]
         os.kill(pid, signal.SIGSTOP)
         await pilot.press("enter")
@@ -436,9 +438,7 @@ async def test_check_says_when_the_engine_refused_the_speculative_settings(tiny_
         await ready(pilot)
         # A DSpark draft offered as DFlash: the engine refuses it; B runs plain and must not pass as "the same".
         app.action_spec_check(SpeculativeSettings(spec_type="draft-dflash", draft_model=str(tiny_models["dspark"])))
-        await pilot.pause()
-        check = app.screen
-        assert isinstance(check, SpecCheckScreen)
+        check = await _check_screen(pilot)
         check.query_one(Input).value = "hello"
         await pilot.press("enter")
         await wait_for(pilot, lambda: check.runs_done == 1)
@@ -455,15 +455,8 @@ async def test_check_waits_for_a_reload_and_closing_it_mid_run_restores_speculat
     app = LlmtuiApp(str(tiny_models["qwen35_mtp"]), default_sampling=GREEDY)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await pilot.press("f9")
-        await pilot.pause()
-        panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
-        panel.query_one(OptionList).highlighted = panel.types.index("draft-mtp")
-        await pilot.press("ctrl+b")  # needs a reload with the MTP heads: the check waits for it
-        await pilot.pause()
-        check = app.screen
-        assert isinstance(check, SpecCheckScreen)
+        await _choose_in_panel(pilot, "draft-mtp", "ctrl+b")  # needs a reload with the MTP heads: the check waits
+        check = await _check_screen(pilot)
         check.query_one(Input).value = "hello there"
         await pilot.press("enter")
         await wait_for(pilot, lambda: check.runs_done == 1)
@@ -519,9 +512,7 @@ def _check(diverge: bool) -> Any:
         assert isinstance(app, LlmtuiApp)
         await loaded(pilot)
         app.push_screen(SpecCheckScreen(SpeculativeSettings(spec_type="ngram-mod"), "Repeat: def add(a, b)"))
-        await pilot.pause()
-        check = app.screen
-        assert isinstance(check, SpecCheckScreen)
+        check = await _check_screen(pilot)
         text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b"
         for side, reply, spans, speed in (("a", text, (), 131.0),
                                           ("b", text.replace("a - b", "b - a") if diverge else text,

@@ -36,7 +36,6 @@ class Side:
     """Where `text` came from accepted draft tokens."""
     tokens: int = 0
     tokens_per_s: float = 0.0
-    stop_reason: str = ""
 
     def add(self, event: TokensArrived) -> None:
         base = len(self.text)
@@ -174,7 +173,6 @@ class SpecCheckScreen(ABRunScreen):
         record = self.sides[side]
         record.tokens = int(event.stats.get("generated_tokens", 0))
         record.tokens_per_s = float(event.stats.get("decode_tps", 0.0))
-        record.stop_reason = event.stop_reason
 
     def completed(self) -> None:
         self.restore()

@@ -37,16 +37,10 @@ class SpecMeter(Widget):
     expanded: reactive[bool] = reactive(False, layout=True)
     """Whether the details are shown under the summary line."""
 
-    def watch_stats(self, old: SpeculativeStats | None, new: SpeculativeStats | None) -> None:
+    def watch_stats(self) -> None:
         # Lay the screen out again only when the details gain or lose a line (not at every live update).
-        if self.expanded and self._height(old) != self._height(new):
+        if self.expanded and len(self.render().split()) != self.size.height:
             self.refresh(layout=True)
-
-    def _height(self, stats: SpeculativeStats | None) -> int:
-        if stats is None or not self.expanded:
-            return 1
-        timed = stats.draft_ms + stats.verify_ms > 0
-        return 3 + timed + (len(stats.drafters) if len(stats.drafters) > 1 else 0)
 
     async def on_click(self) -> None:
         await self.run_action("app.toggle_spec_details")

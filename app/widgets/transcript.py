@@ -89,6 +89,12 @@ class BranchInfo:
     total: int
 
 
+def draft_styles(widget: Widget, prefix: str) -> dict[int, Style]:
+    """The styles of draft text by kind, from the widget's `{prefix}--draft` and `{prefix}--draft-model` classes."""
+    return {NGRAM_DRAFT: widget.get_component_rich_style(f"{prefix}--draft", partial=True),
+            MODEL_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-model", partial=True)}
+
+
 def draft_spans_from_stats(stats: dict[str, Any]) -> DraftSpans:
     """The draft spans a finished reply's stats carry under "draft_spans": [start, end, drafter], or [start, end]
     as stored before llmtui kept the drafter (bad entries are skipped)."""
@@ -478,8 +484,7 @@ class MessageView(RenderedOnce, can_focus=True):
             head.append(reasoning)
         body = self.body_lines(width)
         if self.colour_drafts and self.draft_spans:
-            styles = {NGRAM_DRAFT: self.get_component_rich_style("message-view--draft", partial=True),
-                      MODEL_DRAFT: self.get_component_rich_style("message-view--draft-model", partial=True)}
+            styles = draft_styles(self, "message-view")
             body = mark_provenance(body, self.message.content, self.draft_spans, styles)
         return _strips(self.render_renderable(Group(*head), width) + body, width)
 
@@ -768,8 +773,7 @@ class LiveBody(RenderedOnce):
         colour = self.colour_drafts and bool(self.draft_spans)
         styles: dict[int, Style] = {}
         if colour:
-            styles = {NGRAM_DRAFT: self.get_component_rich_style("live-body--draft", partial=True),
-                      MODEL_DRAFT: self.get_component_rich_style("live-body--draft-model", partial=True)}
+            styles = draft_styles(self, "live-body")
         if width != self._frozen_width:
             self._frozen_width = width
             for segment in self.segments:

@@ -49,6 +49,11 @@ class DrafterStats:
         """Accepted tokens at each draft position per verify step (upstream's `#acc rate/pos`; non-increasing)."""
         return [a / self.n_call_accept for a in self.n_acc_per_pos] if self.n_call_accept else []
 
+    def acceptance_where_drafted(self) -> list[float]:
+        """At each draft position, the share of the drafts reaching it that were accepted there."""
+        accepted = self.n_acc_per_pos
+        return [(accepted[i] if i < len(accepted) else 0) / n for i, n in enumerate(self.n_gen_per_pos)]
+
 
 def count_positions(counts: list[int], n: int) -> None:
     """Add one to counts[0..n-1], growing the list as needed (per-position statistics)."""

@@ -142,8 +142,7 @@ class SpeculativeDriver:
         if n_accepted == n_drafted >= cap:
             cap = min(self._ceiling(drafter), cap * 2)
         else:
-            accepted, drafted = drafter.stats.n_acc_per_pos, drafter.stats.n_gen_per_pos
-            rates = [(accepted[i] if i < len(accepted) else 0) / n for i, n in enumerate(drafted)]
+            rates = drafter.stats.acceptance_where_drafted()
             useful = next((i for i, r in enumerate(rates) if r < AUTO_POSITION_FLOOR), len(rates))
             cap = max(1, min(cap, useful + 1))
         self.caps[key] = self.n_max_now = cap

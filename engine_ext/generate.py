@@ -30,6 +30,7 @@ from engine_ext.protocol import (
     TokenChunk,
 )
 from engine_ext.sampling import Sampler
+from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 
 MAX_CHECKPOINTS = 8
@@ -45,14 +46,6 @@ BULK_RUN = 8
 
 class PromptTooLong(EngineError):
     """The prompt does not fit the context even after dropping old turns."""
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass

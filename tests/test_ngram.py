@@ -18,7 +18,7 @@ import pytest
 
 from engine_ext.params import SPEC_TYPES
 from engine_ext.speculative import ngram
-from engine_ext.speculative.base import Drafter, DrafterStats
+from engine_ext.speculative.base import Drafter, DrafterStats, common_prefix_length
 from engine_ext.speculative.ngram import (
     NGRAM_DRAFTERS,
     NgramCache,
@@ -487,6 +487,27 @@ def check_stats(s: DrafterStats) -> None:
 
 
 # ----- registry ------------------------------------------------------------------------------------------------
+
+
+def test_common_prefix_length_matches_a_token_by_token_scan() -> None:
+    """The slice-halving search agrees with a plain scan: equal lists, prefixes, early and late mismatches,
+    mismatches on both sides of its halving threshold, and a tuple against a list."""
+
+    def scan(a: list[int], b: list[int]) -> int:
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(5)
+    cases = [([], []), ([1], []), ([1, 2], [1, 3]), (list(range(100)), list(range(100)))]
+    for _ in range(2000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 400))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 60))]
+        cases.append((a, b))
+    for a, b in cases:
+        assert common_prefix_length(a, b) == common_prefix_length(b, a) == scan(a, b)
+        assert common_prefix_length(tuple(a), b) == scan(a, b)
 
 
 def test_registry_names_match_upstream_types() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, ModelParams, SpeculativeConfigError
 from engine_ext.sampling import FloatRows
-from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.base import Drafter, common_prefix_length
 
 # common/speculative.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE and SPEC_VOCAB_CHECK_START_TOKEN_ID.
 VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -91,10 +91,7 @@ class DraftSimple(Drafter):
     def _sync(self, tokens: Sequence[int]) -> None:
         """Make the draft's memory hold exactly `tokens` (reusing the common prefix)."""
         cached = self.cached
-        n = min(len(cached), len(tokens))
-        i = 0
-        while i < n and cached[i] == tokens[i]:
-            i += 1
+        i = common_prefix_length(cached, tokens)  # every step: a slice comparison, not a loop over the history
         if i < len(cached):
             if not self.ctx.truncate(i):
                 self.ctx.clear()

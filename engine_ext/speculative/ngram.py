@@ -31,7 +31,7 @@ from os import PathLike
 import numpy as np
 import numpy.typing as npt
 
-from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.base import Drafter, common_prefix_length
 
 __all__ = [
     "NGRAM_DRAFTERS",
@@ -128,10 +128,7 @@ class _NgramIndex:
             if len(tokens) > h:
                 self._extend(tokens, h)
             return None
-        p = 0
-        lim = min(h, len(tokens))
-        while p < lim and hist[p] == tokens[p]:
-            p += 1
+        p = common_prefix_length(hist, tokens)
         self._truncate(p)
         self._extend(tokens, p)
         return p

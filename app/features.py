@@ -25,7 +25,7 @@ from app.messages import (
     VectorCreated,
     VectorProgressed,
 )
-from app.speculation import ModelFacts, load_options, model_facts, short_summary
+from app.speculation import ModelFacts, effective_settings, find_sidecars, load_options, model_facts, short_summary
 from app.widgets.spec_meter import SpecMeter
 from engine_ext.params import SteeringEntry
 from engine_ext.protocol import SpeculativeStats, SteeringSet
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from app.remote import RemoteBridge
     from app.screens.ab_run import ABRunScreen
     from app.screens.chat import ChatScreen
+    from models_catalog.drafts import DraftCandidate
 
     _AppBase = App[None]
 else:
@@ -66,14 +67,22 @@ class FeaturesMixin(_AppBase):
     """What the engine last said it applies."""
     loaded_with: tuple[bool, int] = (False, 0)
     """(load_mtp, n_rs_seq) the current model was loaded with."""
+    draft_sidecars: tuple[DraftCandidate, ...] = ()
+    """The drafts the current model brings along (beside it, or from its paired repositories), found at load."""
 
     # ----- loading -----
 
     def speculative_load_options(self, path: str) -> dict[str, Any]:
         """bridge.load keywords for the model at `path` under the user's speculative settings."""
-        load_mtp, n_rs_seq = load_options(path, self.config.speculative)
+        self.draft_sidecars = tuple(find_sidecars(path, self.config.model_folders))
+        load_mtp, n_rs_seq = load_options(path, self.engine_speculative())
         self.loaded_with = (load_mtp, n_rs_seq)
         return {"load_mtp": load_mtp, "n_rs_seq": n_rs_seq}
+
+    def engine_speculative(self, settings: SpeculativeSettings | None = None) -> SpeculativeSettings:
+        """What the engine gets for `settings` (default: the user's): with no draft file named, the model's own
+        sidecar for the type, as llama.cpp attaches a sidecar beside the model."""
+        return effective_settings(self.model_path, settings or self.config.speculative, self.draft_sidecars)
 
     def model_facts(self) -> ModelFacts | None:
         return model_facts(self.model.path) if self.model is not None else None
@@ -85,7 +94,7 @@ class FeaturesMixin(_AppBase):
             self.refresh_feature_readouts()
             return
         if self.config.speculative.enabled:
-            self.bridge.set_speculative(self.config.speculative.params())
+            self.bridge.set_speculative(self.engine_speculative().params())
         entries = self.steering_entries()
         if entries:
             self.bridge.set_steering(entries)
@@ -104,7 +113,7 @@ class FeaturesMixin(_AppBase):
         self._save_features()
         self.spec_drafters, self.spec_stats = (), None
         if self.model_path and self.model is not None:
-            if load_options(self.model_path, settings) != self.loaded_with:
+            if load_options(self.model_path, self.engine_speculative(settings)) != self.loaded_with:
                 chat = self.chat
                 if chat is not None and chat.generation is not None:
                     self.notify("This needs the model reloaded; stop the reply (Esc) and try again.",
@@ -113,7 +122,7 @@ class FeaturesMixin(_AppBase):
                 self.notify("Reloading the model for this speculative type (MTP weights / rollback depth).")
                 self.load_model(Path(self.model_path))
             else:
-                self.bridge.set_speculative(settings.params())
+                self.bridge.set_speculative(self.engine_speculative(settings).params())
         self.refresh_feature_readouts()
 
     def action_toggle_speculation(self) -> None:
@@ -140,7 +149,7 @@ class FeaturesMixin(_AppBase):
             return
 
         name = self.model.name if self.model else ""
-        panel = SpeculativePanel(self.config.speculative, self.model_path, name)
+        panel = SpeculativePanel(self.config.speculative, self.model_path, name, self.draft_sidecars)
 
         def chosen(settings: SpeculativeSettings | None) -> None:
             if settings is not None:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
+
+if TYPE_CHECKING:
+    from models_catalog.library import Library
 
 APP_NAME = "llmtui"
 
@@ -35,3 +40,16 @@ def assets_dir() -> Path:
         return Path(str(importlib.resources.files("llmtui_assets")))
     except ModuleNotFoundError:
         return Path(__file__).resolve().parent.parent / "assets"
+
+
+def user_model_folders(config_folders: Iterable[str]) -> list[Path]:
+    """The folders the library scans: LLMTUI_MODEL_DIRS then the settings' model folders."""
+    folders = [Path(d) for d in os.environ.get("LLMTUI_MODEL_DIRS", "").split(os.pathsep) if d]
+    return folders + [Path(d) for d in config_folders]
+
+
+def library(config_folders: Iterable[str]) -> Library:
+    """The local library the app sees: the Hugging Face cache and the user's model folders."""
+    from models_catalog.library import Library
+
+    return Library(user_model_folders(config_folders), usage_file=data_dir() / "model-usage.json")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from app.config import SpeculativeSettings
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.gguf_info import GGUFError, inspect_gguf
 from engine_ext.protocol import SpeculativeStats
+from models_catalog.drafts import DraftCandidate, draft_candidates
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 MODEL_DRAFTER_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
@@ -29,6 +31,9 @@ TYPE_HELP = {
     "draft-dflash": "a DFlash / DFlash2 block draft",
     "draft-dspark": "a DSpark block draft",
 }
+# A draft candidate's kind (models_catalog.drafts) → the type that drafts with it.
+KIND_TYPES = {"mtp": "draft-mtp", "dspark": "draft-dspark", "dflash": "draft-dflash", "eagle3": "draft-eagle3",
+              "model": "draft-simple"}
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -71,9 +76,11 @@ def draft_file_type(path: str) -> tuple[str | None, str]:
     return spec_type, "a small model (draft-simple)" if kind is None else f"a {kind} draft"
 
 
-def supported_types(model_path: str | None, draft_model: str) -> list[tuple[str, str]]:
+def supported_types(
+    model_path: str | None, draft_model: str, sidecars: Sequence[DraftCandidate] = ()
+) -> list[tuple[str, str]]:
     """(type, description) the loaded model allows: auto and the n-gram types always, MTP with NextN heads,
-    and the model drafter the draft file is."""
+    the model drafter the draft file is, and (with no draft file named) those of the model's own sidecars."""
     types = [("auto", TYPE_HELP["auto"])]
     types += [(t, TYPE_HELP[t]) for t in NGRAM_TYPES]
     facts = model_facts(model_path) if model_path else None
@@ -83,7 +90,45 @@ def supported_types(model_path: str | None, draft_model: str) -> list[tuple[str,
         spec_type, note = draft_file_type(draft_model.strip())
         if spec_type is not None and all(t != spec_type for t, _ in types):
             types.append((spec_type, f"{TYPE_HELP[spec_type]} ({note})"))
+    else:
+        for candidate in sidecars:
+            spec_type = KIND_TYPES[candidate.kind]
+            if all(t != spec_type for t, _ in types):
+                types.append((spec_type, f"{TYPE_HELP[spec_type]} ({candidate.path.name})"))
     return types
+
+
+def find_sidecars(model_path: str, config_folders: Iterable[str]) -> list[DraftCandidate]:
+    """The drafts the model brings along: sidecars beside it, and drafts from its catalog-paired repositories in the
+    cache (what `llmtui models pull --with KIND` fetched). Not plain smaller models: those the user picks (F9)."""
+    from app.paths import data_dir, library
+    from models_catalog.catalog import load_catalog
+    from models_catalog.errors import ModelsError
+
+    path = Path(model_path)
+    try:
+        models = library(config_folders).models(inspect=False)
+        catalog = load_catalog(overlay_path=data_dir() / "catalog-refresh.json")
+    except (OSError, ModelsError):  # an unreadable cache or catalog: the sidecars beside the model still count
+        models, catalog = [], None
+    return [c for c in draft_candidates(path, models, catalog, same_vocabulary=False) if c.kind != "model"]
+
+
+def effective_settings(
+    model_path: str | None, settings: SpeculativeSettings, sidecars: Sequence[DraftCandidate]
+) -> SpeculativeSettings:
+    """`settings` with the draft the engine uses: the user's draft file, else the model's own sidecar for the type
+    (for auto the first in llama.cpp's order mtp > dspark > dflash > eagle3, as llama.cpp attaches it). A model
+    with its own MTP heads drafts with them, not with an MTP sidecar."""
+    if settings.draft_model or not sidecars:
+        return settings
+    facts = model_facts(model_path) if model_path else None
+    if facts is not None and facts.n_layer_nextn > 0 and settings.spec_type in ("auto", "draft-mtp"):
+        return settings  # its own heads first, as upstream infers mtp first
+    for candidate in sidecars:
+        if settings.spec_type in ("auto", KIND_TYPES[candidate.kind]):
+            return replace(settings, draft_model=str(candidate.path))
+    return settings
 
 
 def load_options(model_path: str, settings: SpeculativeSettings) -> tuple[bool, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,15 @@ from tests.tiny_models import write_all
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every tiny GGUF model kind (see tests/tiny_models.py), written once per test session."""
     return write_all(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def lone_llama(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama alone in a folder: no draft sidecars beside it (in tiny_models' folder it has three, which
+    auto mode drafts with)."""
+    path = tmp_path_factory.mktemp("lone-llama") / tiny_models["llama"].name
+    shutil.copyfile(tiny_models["llama"], path)
+    return path
 
 
 # ----- models: a local Hub on 127.0.0.1 and an isolated Hugging Face environment ---------------------------

@@ -15,9 +15,10 @@ from textual.widgets import Input, OptionList
 
 from app.config import SamplingSettings, SpeculativeSettings, load_config
 from app.messages import TokensArrived
+from app.modals.pick import PickModal
 from app.modals.speculative import SpeculativePanel
 from app.screens.spec_check import Side, SpecCheckScreen, first_difference, side_text, verdict
-from app.speculation import load_options, short_summary, sparkline, supported_types
+from app.speculation import find_sidecars, load_options, short_summary, sparkline, supported_types
 from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.spec_meter import SpecMeter
@@ -148,8 +149,8 @@ async def test_expanded_meter_shows_counts_positions_time_and_each_drafter() -> 
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
-async def test_ctrl_o_expands_the_meter_live_and_is_remembered(tiny_models: dict[str, Path]) -> None:
-    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=96))
+async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path) -> None:
+    app = LlmtuiApp(str(lone_llama), default_sampling=SamplingSettings(temperature=0.0, max_tokens=96))
     async with app.run_test(size=(120, 40)) as pilot:
         chat = await ready(pilot)
         await pilot.press("ctrl+o")  # speculation off: says how to turn it on, changes nothing
@@ -212,8 +213,8 @@ async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: d
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
-async def test_toggling_speculation_keeps_greedy_text_and_feeds_the_meter(tiny_models: dict[str, Path]) -> None:
-    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=GREEDY)
+async def test_toggling_speculation_keeps_greedy_text_and_feeds_the_meter(lone_llama: Path) -> None:
+    app = LlmtuiApp(str(lone_llama), default_sampling=GREEDY)
     async with app.run_test(size=(120, 40)) as pilot:
         chat = await ready(pilot)
         # Repeated text gives the n-gram drafter something to draft.
@@ -263,6 +264,62 @@ async def test_mtp_from_the_panel_reloads_with_heads_and_keeps_greedy_text(tiny_
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
+async def test_auto_drafts_with_the_mtp_sidecar_beside_the_model_and_keeps_greedy_text(
+    tiny_models: dict[str, Path],
+) -> None:
+    """tiny-qwen35 has no MTP heads of its own but mtp-tiny-qwen35.gguf lies beside it: as llama.cpp attaches a
+    sidecar in the model's folder, F8 (auto) drafts with it, reloading for GDN rollback, with nothing typed."""
+    app = LlmtuiApp(str(tiny_models["qwen35"]), default_sampling=GREEDY)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert [c.kind for c in app.draft_sidecars][:1] == ["mtp"]
+        await send(pilot, "hello there")
+        await reply_done(pilot)
+        plain = _generated(app)
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod", "draft-mtp"))
+        assert app.loaded_with == (False, 16) and app.config.speculative.draft_model == ""  # the user's choice kept
+        await press_and_start(pilot, "ctrl+r")
+        await reply_done(pilot)
+        await wait_for(pilot, lambda: app.spec_stats is not None)
+        assert _generated(app) == plain
+        assert app.spec_stats is not None and app.spec_stats.drafted > 0
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_panel_ctrl_d_picks_a_draft_found_on_this_machine(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        app.model = replace(MODEL, path=str(tiny_models["llama"]))
+        app.model_path = app.model.path
+        app.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
+        await pilot.press("f9")
+        await pilot.pause()
+        panel = app.screen
+        assert isinstance(panel, SpeculativePanel)
+        draft = panel.query_one("#spec-draft", Input)
+        # An empty field means the sidecar auto drafts with; the sidecars' types are offered.
+        assert draft.placeholder == "empty: dspark-tiny-llama.gguf (beside the model)"
+        assert {"draft-dspark", "draft-dflash", "draft-eagle3"} <= set(panel.types)
+        await pilot.press("ctrl+d")
+        await wait_for(pilot, lambda: isinstance(app.screen, PickModal))
+        pick = app.screen
+        assert isinstance(pick, PickModal)
+        assert [label.split()[0] for label in pick.labels] == ["draft-dspark", "draft-dflash", "draft-eagle3"]
+        await pilot.press("down", "down", "enter")
+        await wait_for(pilot, lambda: app.screen is panel)
+        assert draft.value == str(tiny_models["eagle3"])
+        assert panel.types[panel.query_one("#spec-types", OptionList).highlighted or 0] == "draft-eagle3"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.config.speculative.spec_type == "draft-eagle3"
+        assert app.config.speculative.draft_model == str(tiny_models["eagle3"])
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
 async def test_a_refused_configuration_is_a_notification_and_speculation_turns_off(
     tiny_models: dict[str, Path],
 ) -> None:
@@ -283,8 +340,8 @@ async def test_a_refused_configuration_is_a_notification_and_speculation_turns_o
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
-async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(tiny_models: dict[str, Path]) -> None:
-    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=96))
+async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(lone_llama: Path) -> None:
+    app = LlmtuiApp(str(lone_llama), default_sampling=SamplingSettings(temperature=0.0, max_tokens=96))
     async with app.run_test(size=(120, 40)) as pilot:
         chat = await ready(pilot)
         await pilot.press("f8")

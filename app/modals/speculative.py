@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
@@ -13,7 +15,9 @@ from textual.widgets import Checkbox, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from app.config import ConfigError, SpeculativeSettings
-from app.speculation import supported_types
+from app.modals.pick import PickModal
+from app.speculation import KIND_TYPES, effective_settings, supported_types
+from models_catalog.drafts import DraftCandidate, draft_candidates
 
 NUMBER_FIELDS = (
     ("n_max", "most tokens drafted per step"),
@@ -28,6 +32,7 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     | Key | Action |
     | :- | :- |
     | enter | Use the highlighted type. |
+    | ctrl+d | Pick a draft model among those found on this machine (sidecars, paired drafts, same vocabulary). |
     | ctrl+s | Apply. |
     | ctrl+b | Apply, then check: the same prompt with and without speculation (greedy), side by side. |
     | escape | Cancel: nothing changes. |
@@ -36,14 +41,18 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+s", "apply", "Apply"),
+        Binding("ctrl+d", "pick_draft", "Drafts"),
         Binding("ctrl+b", "check", "Check"),
     ]
 
-    def __init__(self, settings: SpeculativeSettings, model_path: str | None, model_name: str = "") -> None:
+    def __init__(self, settings: SpeculativeSettings, model_path: str | None, model_name: str = "",
+                 sidecars: Sequence[DraftCandidate] = ()) -> None:
         super().__init__(classes="dialog-screen")
         self.settings = settings
         self.model_path = model_path
         self.model_name = model_name
+        self.sidecars = tuple(sidecars)
+        """The drafts the model brings along: with no draft file named, the type's own is used."""
         self.types: list[str] = []
         self.check_after = False
         """Whether the user asked for the speculation check with these settings (ctrl+b)."""
@@ -57,9 +66,9 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
                            compact=True)
             yield Label("Type (the ones this model supports)", classes="field-label")
             yield OptionList(id="spec-types")
-            yield Label("Draft model (a small model, EAGLE3, DFlash, DSpark or mtp-*.gguf)", classes="field-label")
-            yield Input(self.settings.draft_model, placeholder="path to a draft .gguf (optional)", id="spec-draft",
-                        compact=True)
+            yield Label("Draft model (ctrl+d lists the drafts found on this machine)", classes="field-label")
+            yield Input(self.settings.draft_model, placeholder=self._draft_placeholder(self.settings.spec_type),
+                        id="spec-draft", compact=True)
             with Grid(id="spec-grid"):
                 for name, meaning in NUMBER_FIELDS:
                     yield Label(name, classes="field-label")
@@ -69,12 +78,18 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
 
     def on_mount(self) -> None:
         self._fill_types(self.settings.spec_type)
-        self.query_one(OptionList).focus()
+        self.query_one("#spec-types", OptionList).focus()
+
+    def _draft_placeholder(self, spec_type: str) -> str:
+        """What an empty draft field means for `spec_type`: the model's own sidecar, or none."""
+        chosen = effective_settings(self.model_path, replace(self.settings, spec_type=spec_type, draft_model=""),
+                                    self.sidecars).draft_model
+        return f"empty: {Path(chosen).name} (beside the model)" if chosen else "path to a draft .gguf (optional)"
 
     def _fill_types(self, selected: str) -> None:
-        options = self.query_one(OptionList)
+        options = self.query_one("#spec-types", OptionList)
         draft = self.query_one("#spec-draft", Input).value
-        pairs = supported_types(self.model_path, draft)
+        pairs = supported_types(self.model_path, draft, self.sidecars)
         self.types = [spec_type for spec_type, _ in pairs]
         options.clear_options()
         options.add_options([Option(f"{spec_type:13} {help_text}", id=spec_type) for spec_type, help_text in pairs])
@@ -82,17 +97,59 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
 
     @on(Input.Changed, "#spec-draft")
     def _draft_changed(self, event: Input.Changed) -> None:
-        options = self.query_one(OptionList)
+        options = self.query_one("#spec-types", OptionList)
         current = self.types[options.highlighted] if options.highlighted is not None and self.types else "auto"
         self._fill_types(current)
 
-    @on(OptionList.OptionSelected)
+    @on(OptionList.OptionHighlighted, "#spec-types")
+    def _type_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id:
+            self.query_one("#spec-draft", Input).placeholder = self._draft_placeholder(event.option.id)
+
+    @on(OptionList.OptionSelected, "#spec-types")
     def _type_chosen(self, event: OptionList.OptionSelected) -> None:
         self.action_apply()
 
+    def action_pick_draft(self) -> None:
+        if not self.model_path:
+            self.notify("Load a model first: drafts are matched to it.", severity="warning")
+            return
+        self.notify("Looking for drafts that fit this model…", timeout=2)
+        self._find_drafts(self.model_path)
+
+    @work(thread=True, exclusive=True, group="find-drafts")
+    def _find_drafts(self, model_path: str) -> None:
+        """Read the headers of the library's models (slow for many) off the event loop, then offer the fitting."""
+        from app.paths import library
+
+        try:
+            models = library(self.app.config.model_folders).models(inspect=False)  # type: ignore[attr-defined]
+        except OSError:
+            models = []
+        found = draft_candidates(Path(model_path), models)
+        seen = {c.path.resolve() for c in found}
+        found = [c for c in self.sidecars if c.path.resolve() not in seen] + found
+        self.app.call_from_thread(self._offer_drafts, found)
+
+    def _offer_drafts(self, found: list[DraftCandidate]) -> None:
+        if not found:
+            self.notify("No draft fits this model here: no mtp-/dflash-/dspark-/eagle3- file beside it, no paired "
+                        "draft in the cache, no smaller model with its vocabulary. Type a path instead.",
+                        severity="warning")
+            return
+        labels = [f"{KIND_TYPES[c.kind]:13} {c.path.name}  ({c.where}, {c.size / 2**20:.0f} MiB)" for c in found]
+
+        def chosen(index: int | None) -> None:
+            if index is not None:
+                self.query_one("#spec-draft", Input).value = str(found[index].path)  # refills the types
+                self._fill_types(KIND_TYPES[found[index].kind])
+                self.query_one("#spec-types", OptionList).focus()
+
+        self.app.push_screen(PickModal("Draft model for " + (self.model_name or "this model"), labels), chosen)
+
     def read_settings(self) -> SpeculativeSettings:
         """The values on screen, validated (ConfigError says which is wrong)."""
-        options = self.query_one(OptionList)
+        options = self.query_one("#spec-types", OptionList)
         if options.highlighted is None or not self.types:
             raise ConfigError("pick a speculative type")
         values: dict[str, int | float] = {}

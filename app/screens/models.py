@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,12 +47,6 @@ def format_params(n: float) -> str:
 def memory_text(memory: fit.MachineMemory) -> str:
     gpu = f"{format_bytes(memory.vram_total)} VRAM ({', '.join(memory.gpus)})" if memory.vram_total else "no GPU"
     return f"{format_bytes(memory.ram_total)} RAM · {gpu}"
-
-
-def user_model_folders(config_folders: Iterable[str]) -> list[Path]:
-    """The folders the library scans: LLMTUI_MODEL_DIRS then the settings' model folders."""
-    folders = [Path(d) for d in os.environ.get("LLMTUI_MODEL_DIRS", "").split(os.pathsep) if d]
-    return folders + [Path(d) for d in config_folders]
 
 
 # ----- what the workers found (posted to the screen) -------------------------------------------------------
@@ -311,8 +303,7 @@ class ModelsScreen(Screen[None]):
         self.post_message(ModelDeleted(model.name, freed))
 
     def _library(self) -> Library:
-        return Library(user_model_folders(self.app.config.model_folders),
-                       usage_file=paths.data_dir() / "model-usage.json")
+        return paths.library(self.app.config.model_folders)
 
     # ----- worker results -----
 

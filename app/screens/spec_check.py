@@ -134,7 +134,7 @@ class SpecCheckScreen(ABRunScreen):
 
     def can_run(self) -> bool:
         app = self.app
-        if app.model_path and load_options(app.model_path, self.settings) != app.loaded_with:
+        if app.model_path and load_options(app.model_path, app.engine_speculative(self.settings)) != app.loaded_with:
             self.notify(f"{self.settings.spec_type} needs the model reloaded (MTP heads / rollback): turn "
                         "speculation on (F8), then run the check.", severity="warning")
             return False
@@ -148,10 +148,11 @@ class SpecCheckScreen(ABRunScreen):
             self._show(side)
 
     def configure(self, side: str) -> None:
-        self.app.bridge.set_speculative(replace(self.settings, enabled=side == "b").params())
+        settings = self.app.engine_speculative(replace(self.settings, enabled=side == "b"))
+        self.app.bridge.set_speculative(settings.params())
 
     def restore(self) -> None:
-        self.app.bridge.set_speculative(self.app.config.speculative.params())
+        self.app.bridge.set_speculative(self.app.engine_speculative().params())
 
     def _show(self, side: str, diverged_at: int | None = None) -> None:
         shown = side_text(self.sides[side], diverged_at, drafted=side == "b")

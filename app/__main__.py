@@ -8,6 +8,7 @@ import random
 import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from app import paths
@@ -95,21 +96,42 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="min draft token probability")
 
 
-def _spec_params(args: argparse.Namespace, types: str | None = None) -> SpeculativeParams:
+def _spec_params(args: argparse.Namespace, model: Path, types: str | None = None) -> SpeculativeParams:
     names = args.spec_type if types is None else types
+    spec_types = tuple(t.strip() for t in names.split(",") if t.strip())
+    draft = str(resolve_model(args.spec_draft_model)) if args.spec_draft_model else _sidecar_draft(model, spec_types)
     return SpeculativeParams(
-        types=tuple(t.strip() for t in names.split(",") if t.strip()),
-        draft_model=str(resolve_model(args.spec_draft_model)) if args.spec_draft_model else None,
+        types=spec_types,
+        draft_model=draft,
         n_max=args.spec_draft_n_max,
         n_min=args.spec_draft_n_min,
         p_min=args.spec_draft_p_min,
     )
 
 
+def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
+    """With no --spec-draft-model, the draft the model brings along for a single type (auto or a model drafter):
+    a sidecar beside it or a draft from its paired repository, as the chat app uses it (said on stderr)."""
+    from app.config import SpeculativeSettings, load_config
+    from app.speculation import effective_settings, find_sidecars
+
+    if len(spec_types) != 1:
+        return None
+    sidecars = find_sidecars(str(model), load_config().model_folders)
+    chosen = effective_settings(str(model), SpeculativeSettings(enabled=True, spec_type=spec_types[0]), sidecars)
+    if not chosen.draft_model:
+        return None
+    where = next(c.where for c in sidecars if str(c.path) == chosen.draft_model)
+    print(f"note: {spec_types[0]} drafts with {Path(chosen.draft_model).name} ({where}); "
+          "--spec-draft-model names another", file=sys.stderr)
+    return chosen.draft_model
+
+
 def _rs_rollback_depth(params: SpeculativeParams) -> int:
     """Recurrent-state rollback depth for the context: model drafters verify n_max tokens (upstream need_n_rs_seq)."""
     model_drafters = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
-    return params.n_max if model_drafters & set(params.types) else 0
+    auto_model_drafter = "auto" in params.types and params.draft_model is not None
+    return params.n_max if model_drafters & set(params.types) or auto_model_drafter else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,7 +309,7 @@ def _stream(client: EngineClient, request: Generate, *, echo: bool,
 
 def cmd_run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
-    spec = _spec_params(args)
+    spec = _spec_params(args, path)
     spec.validate()
     with start_engine() as client:
         _loaded(client.load(path, _model_params(args, spec), _context_params(args, n_rs_seq=_rs_rollback_depth(spec))))
@@ -473,7 +495,7 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
     n_gen = args.n_gen
     greedy = SamplingParams(temperature=0.0)
     prompt = args.prompt or COPY_HEAVY_PROMPT
-    specs = {mode: _spec_params(args, "" if mode == "plain" else mode) for mode in modes}
+    specs = {mode: _spec_params(args, path, "" if mode == "plain" else mode) for mode in modes}
     for spec in specs.values():
         spec.validate()
     n_rs_seq = max(_rs_rollback_depth(spec) for spec in specs.values())

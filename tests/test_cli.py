@@ -141,6 +141,23 @@ def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: di
     assert bad.returncode == 1 and "no MTP head" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_run_auto_drafts_with_the_sidecar_beside_the_model(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    """mtp-tiny-qwen35.gguf lies beside tiny-qwen35.gguf (which has no MTP heads): auto drafts with it unasked, says
+    so on stderr, and the greedy text is plain decoding's."""
+    args = ("run", "-m", str(tiny_models["qwen35"]), "-p", "hello there", "--temp", "0", "-n", "24", "--json")
+    plain = llmtui(*args, data_dir=tmp_path)
+    auto = llmtui(*args, "--spec-type", "auto", data_dir=tmp_path)
+    assert auto.returncode == 0, auto.stderr
+    assert "note: auto drafts with mtp-tiny-qwen35.gguf (beside the model)" in auto.stderr
+    out = json.loads(auto.stdout)
+    assert [d["name"] for d in out["speculative"]["drafters"]] == ["ngram-mod", "draft-mtp"]
+    assert out["speculative"]["drafted"] > 0 and out["tokens"] == json.loads(plain.stdout)["tokens"]
+    # A draft named on the command line wins; n-gram types use none.
+    named = llmtui(*args, "--spec-type", "auto", "--spec-draft-model", str(tiny_models["qwen35"]), data_dir=tmp_path)
+    assert "note:" not in named.stderr
+    assert [d["name"] for d in json.loads(named.stdout)["speculative"]["drafters"]] == ["ngram-mod", "draft-simple"]
+
+
 def test_steer_make_show_and_run_with_the_vector(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     out = tmp_path / "v.gguf"
     made = llmtui("steer", "make", "-m", str(tiny_models["llama"]), "--prompts", "formal-casual", "--method", "mean",

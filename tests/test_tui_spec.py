@@ -55,6 +55,23 @@ async def _choose_in_panel(pilot: Pilot[Any], spec_type: str, key: str) -> None:
     await pilot.press(key)
 
 
+async def _plain_reply(pilot: Pilot[Any], app: LlmtuiApp) -> str:
+    """Once the model is ready, a greedy reply without speculation."""
+    await ready(pilot)
+    await send(pilot, "hello there")
+    await reply_done(pilot)
+    return _generated(app)
+
+
+async def _regenerated_with_drafts(pilot: Pilot[Any], app: LlmtuiApp, plain: str) -> None:
+    """Regenerate (ctrl+r) with speculation on: drafts were verified and the text is `plain`'s."""
+    await press_and_start(pilot, "ctrl+r")
+    await reply_done(pilot)
+    await wait_for(pilot, lambda: app.spec_stats is not None)
+    assert _generated(app) == plain
+    assert app.spec_stats is not None and app.spec_stats.drafted > 0
+
+
 async def _check_screen(pilot: Pilot[Any]) -> SpecCheckScreen:
     """The speculation check just opened."""
     await pilot.pause()
@@ -247,19 +264,12 @@ async def test_toggling_speculation_keeps_greedy_text_and_feeds_the_meter(lone_l
 async def test_mtp_from_the_panel_reloads_with_heads_and_keeps_greedy_text(tiny_models: dict[str, Path]) -> None:
     app = LlmtuiApp(str(tiny_models["qwen35_mtp"]), default_sampling=GREEDY)
     async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        await send(pilot, "hello there")
-        await reply_done(pilot)
-        plain = _generated(app)
+        plain = await _plain_reply(pilot, app)
         assert app.loaded_with == (False, 0)
         await _choose_in_panel(pilot, "draft-mtp", "ctrl+s")
         await wait_for(pilot, lambda: app.spec_drafters == ("draft-mtp",))
         assert app.loaded_with == (True, 16)  # reloaded with the MTP heads and GDN rollback
-        await press_and_start(pilot, "ctrl+r")
-        await reply_done(pilot)
-        await wait_for(pilot, lambda: app.spec_stats is not None)
-        assert _generated(app) == plain
-        assert app.spec_stats is not None and app.spec_stats.drafted > 0
+        await _regenerated_with_drafts(pilot, app, plain)
 
 
 @pytest.mark.anyio
@@ -271,19 +281,12 @@ async def test_auto_drafts_with_the_mtp_sidecar_beside_the_model_and_keeps_greed
     sidecar in the model's folder, F8 (auto) drafts with it, reloading for GDN rollback, with nothing typed."""
     app = LlmtuiApp(str(tiny_models["qwen35"]), default_sampling=GREEDY)
     async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
+        plain = await _plain_reply(pilot, app)
         assert [c.kind for c in app.draft_sidecars][:1] == ["mtp"]
-        await send(pilot, "hello there")
-        await reply_done(pilot)
-        plain = _generated(app)
         await pilot.press("f8")
         await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod", "draft-mtp"))
         assert app.loaded_with == (False, 16) and app.config.speculative.draft_model == ""  # the user's choice kept
-        await press_and_start(pilot, "ctrl+r")
-        await reply_done(pilot)
-        await wait_for(pilot, lambda: app.spec_stats is not None)
-        assert _generated(app) == plain
-        assert app.spec_stats is not None and app.spec_stats.drafted > 0
+        await _regenerated_with_drafts(pilot, app, plain)
 
 
 @pytest.mark.anyio

@@ -42,6 +42,7 @@ from app.messages import (
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
+    REJECTED_PREFIX,
     Cancel,
     ChatMessage,
     Crashed,
@@ -91,8 +92,8 @@ class _Pending:
 
 
 def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
-    """The character ranges of `chunk.text` that came from accepted draft tokens, with their drafter (merged, in
-    order).
+    """The character ranges of `chunk.text` that came from accepted draft tokens, with their drafter, and of the
+    target's tokens where a draft was rejected, with `rejected_by(drafter)` (merged, in order).
 
     Without per-token text ends (an older engine) a chunk counts as drafted only when all its tokens were.
     """
@@ -105,7 +106,7 @@ def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
             if source != "target":
                 add_span(spans, start, min(end, len(chunk.text)), source)
             start = end
-    elif all(source != "target" for source in chunk.provenance):
+    elif not any(source == "target" or source.startswith(REJECTED_PREFIX) for source in chunk.provenance):
         sources = set(chunk.provenance)
         spans.append((0, len(chunk.text), sources.pop() if len(sources) == 1 else ""))
     return spans

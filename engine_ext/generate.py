@@ -28,6 +28,7 @@ from engine_ext.protocol import (
     SpeculativeUpdate,
     StopReason,
     TokenChunk,
+    rejected_by,
 )
 from engine_ext.sampling import Sampler
 from engine_ext.speculative.base import common_prefix_length
@@ -440,7 +441,10 @@ class Session:
             step_start, t_last = t_last, time.perf_counter()
             spec.accept(drafter, len(draft), n_accepted, (t_last - t_verify) * 1000.0)
             spec.observe(len(ids), (t_last - step_start) * 1000.0, self.plain_step_ms, n_generated)
-            sources = [drafter.name] * n_accepted + ["target"]
+            # The last token is the target's: past a draft accepted whole, or where the draft was rejected (not where
+            # an accepted end-of-generation draft token ended verification early).
+            rejected = n_accepted < len(draft) and ids[-1] != draft[n_accepted]
+            sources = [drafter.name] * n_accepted + [rejected_by(drafter.name) if rejected else "target"]
         snapshot = self._spec_snapshot(spec, request, n_generated, t_first, t_last)
         return _LoopResult(stop_reason, n_generated, t_first, t_last, ttft_ms, snapshot)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams, SteeringEntry
 
@@ -152,6 +152,14 @@ class PromptEvaluated:
     n_ctx: int
 
 
+REJECTED_PREFIX: Final = "target/"
+
+
+def rejected_by(drafter: str) -> str:
+    """The provenance of the target's token at the position where `drafter`'s draft was rejected."""
+    return REJECTED_PREFIX + drafter
+
+
 @dataclass(frozen=True)
 class TokenChunk:
     """Newly generated tokens; `text` is answer text, `reasoning` the model's thinking, both may be ''."""
@@ -160,7 +168,9 @@ class TokenChunk:
     text: str
     reasoning: str
     token_ids: tuple[int, ...]
-    provenance: tuple[str, ...]  # per token: "target" or the drafter that proposed an accepted token
+    # per token: "target", the drafter that proposed an accepted token, or rejected_by(drafter) for the target's token
+    # where that drafter's draft was rejected
+    provenance: tuple[str, ...]
     text_ends: tuple[int, ...] = ()  # per token: len(text) once its text was added (empty: not known)
 
 

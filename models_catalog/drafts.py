@@ -24,7 +24,7 @@ from models_catalog import pairing
 from models_catalog.catalog import Catalog
 from models_catalog.library import LocalModel
 
-SIDECAR_ORDER: Final = ("mtp", "dspark", "dflash", "eagle3")
+SIDECAR_ORDER: Final = pairing.DRAFT_KIND_ORDER
 """The order llama.cpp infers a draft repository's type in (arg.cpp:546-565): the first found is the default."""
 
 _KIND_OF_DRAFT_TYPE: Final = {"draft-mtp": "mtp", "dflash": "dflash", "dflash2": "dflash", "dspark": "dspark",

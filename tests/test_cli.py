@@ -136,7 +136,8 @@ def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: di
                                "--temp", "0", "-n", "96", "--spec-type", "ngram-mod", "--json",
                                data_dir=tmp_path).stdout)
     drafted = copied["provenance"].count("ngram-mod")
-    assert 0 < drafted <= copied["speculative"]["accepted"] and set(copied["provenance"]) == {"ngram-mod", "target"}
+    assert 0 < drafted <= copied["speculative"]["accepted"]
+    assert set(copied["provenance"]) <= {"ngram-mod", "target", "target/ngram-mod"}  # (where a draft was rejected)
     bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--spec-type", "draft-mtp", data_dir=tmp_path)
     assert bad.returncode == 1 and "no MTP head" in bad.stderr and "Traceback" not in bad.stderr
 

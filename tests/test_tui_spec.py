@@ -598,7 +598,7 @@ def test_snapshot(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
 
 
 DRAFTED_REPLY = "Lists have a `reverse()` method:\n\n```python\nxs.reverse()\n```\n\nIt reverses the list in place."
-DRAFTED = ("have a `reverse()`", "xs.reverse()", "the list in place")
+DRAFTED = ("have a `reverse()`", "xs.reverse()", "the list in place", "method")
 
 
 async def _draft_colouring(pilot: Pilot[Any]) -> None:
@@ -608,11 +608,13 @@ async def _draft_colouring(pilot: Pilot[Any]) -> None:
     conversation = store.create_conversation("Drafted reply")
     question = store.add_user_message(conversation.id, "How do I reverse a list?")
     reply = store.begin_assistant_message(conversation.id, question.id, MODEL.name)
-    # The first span as stored before the drafter was kept; the code by MTP heads (a model drafter's colour).
+    # The first span as stored before the drafter was kept; the code by MTP heads (a model drafter's colour); "method"
+    # the target's token where an n-gram draft was rejected.
     spans: list[list[int | str]] = [[DRAFTED_REPLY.index(part), DRAFTED_REPLY.index(part) + len(part)]
                                     for part in DRAFTED]
     spans[1].append("draft-mtp")
     spans[2].append("ngram-mod")
+    spans[3].append("target/ngram-mod")
     store.finish_assistant_message(reply, DRAFTED_REPLY, "", "complete", {"draft_spans": spans}, 20)
     store.close()
     await loaded(pilot)

@@ -26,6 +26,7 @@ from app.widgets.status import AppHeader, StatsBar
 from app.widgets.transcript import (
     MODEL_DRAFT,
     NGRAM_DRAFT,
+    REJECTED_DRAFT,
     LiveBody,
     LiveMessage,
     MessageView,
@@ -38,7 +39,7 @@ from app.widgets.transcript import (
     mark_provenance,
 )
 from engine_ext.client import EngineClient
-from engine_ext.protocol import TokenChunk
+from engine_ext.protocol import TokenChunk, rejected_by
 from tests.test_tui import wait_for
 
 if TYPE_CHECKING:
@@ -181,6 +182,12 @@ def test_mark_provenance_colours_the_rendered_words_of_the_spans_only() -> None:
     italic = "".join(s.text for strip in marked for s in strip if s.style and s.style.italic and s.style.underline)
     assert italic.split() == ["drafted", "item"]
     assert mark_provenance(lines, source, [], styles) is lines  # off or nothing drafted: the same lines
+    # The target's token where a draft was rejected has a style of its own.
+    start = source.index("words.")
+    styles[REJECTED_DRAFT] = Style(strike=True)
+    marked = [Strip(line) for line in mark_provenance(lines, source, [(start, start + 5, rejected_by("ngram-mod"))],
+                                                       styles)]
+    assert "".join(s.text for strip in marked for s in strip if s.style and s.style.strike) == "words"
 
 
 def test_chunk_draft_spans_from_provenance_and_text_ends() -> None:
@@ -193,6 +200,10 @@ def test_chunk_draft_spans_from_provenance_and_text_ends() -> None:
     # Two drafters one after the other: two spans, not merged.
     two = TokenChunk(1, "abcdef", "", (1, 2, 3), ("ngram-mod", "draft-mtp", "draft-mtp"), (2, 4, 6))
     assert chunk_draft_spans(two) == [(0, 2, "ngram-mod"), (2, 6, "draft-mtp")]
+    # The target's token where a draft was rejected: a span of its own, after the accepted part of the draft.
+    broken = TokenChunk(1, "abcdef", "", (1, 2, 3), ("ngram-mod", rejected_by("ngram-mod"), "target"), (2, 4, 6))
+    assert chunk_draft_spans(broken) == [(0, 2, "ngram-mod"), (2, 4, "target/ngram-mod")]
+    assert chunk_draft_spans(TokenChunk(1, "ab", "", (1, 2), (rejected_by("mtp"), "mtp"))) == []  # no text ends
     # Stored spans: [start, end, drafter], or [start, end] as stored before the drafter was kept.
     stored = {"draft_spans": [[3, 11], [20, 9], "x", [12, 15, "draft-mtp"], [16, 18, 5]]}
     assert draft_spans_from_stats(stored) == ((3, 11, ""), (12, 15, "draft-mtp"))

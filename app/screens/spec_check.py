@@ -19,7 +19,7 @@ from app.config import SamplingSettings, SpeculativeSettings
 from app.messages import GenerationFinished, TokensArrived
 from app.screens.ab_run import ABRunScreen
 from app.speculation import load_options
-from engine_ext.protocol import SpeculativeStats
+from engine_ext.protocol import REJECTED_PREFIX, SpeculativeStats
 
 CHECK_SAMPLING = SamplingSettings(temperature=0.0, max_tokens=128)
 DEFAULT_PROMPT = "List the numbers from 1 to 30, one per line, then repeat the list."
@@ -39,7 +39,8 @@ class Side:
 
     def add(self, event: TokensArrived) -> None:
         base = len(self.text)
-        self.draft_spans += [(base + start, base + end) for start, end, _ in event.draft_spans]
+        self.draft_spans += [(base + start, base + end) for start, end, drafter in event.draft_spans
+                             if not drafter.startswith(REJECTED_PREFIX)]  # accepted drafts only
         self.text += event.text
         self.reasoning += event.reasoning
 

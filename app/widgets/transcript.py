@@ -39,6 +39,7 @@ from textual.widgets import Static
 
 from app.messages import DraftSpan, add_span
 from app.store import Message as StoredMessage
+from engine_ext.protocol import REJECTED_PREFIX
 
 PAGE_SIZE: Final = 16  # messages mounted at a time; older ones are mounted when the user scrolls up to them
 _CODE_BLOCK: Final = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -52,13 +53,17 @@ CHAR_LOOKAHEAD: Final = 16  # the same for a character of a word found only with
 
 DraftSpans = tuple[DraftSpan, ...]
 """(start, end, drafter) character ranges of a message's text that came from accepted draft tokens."""
-NGRAM_DRAFT, MODEL_DRAFT = 1, 2
-"""How draft text is coloured: drafted by an n-gram drafter (or by a drafter not known), or by a model."""
+NGRAM_DRAFT, MODEL_DRAFT, REJECTED_DRAFT = 1, 2, 3
+"""How draft text is coloured: drafted by an n-gram drafter (or by a drafter not known), by a model, or the target's
+token where a draft was rejected."""
 
 
 def draft_kind(drafter: str) -> int:
-    """NGRAM_DRAFT or MODEL_DRAFT: the colour of text from `drafter` (draft-simple, -mtp, -eagle3, -dflash, -dspark
-    are models; "" is a span stored before llmtui kept the drafter)."""
+    """The colour of text from `drafter`: MODEL_DRAFT for draft-simple, -mtp, -eagle3, -dflash, -dspark,
+    REJECTED_DRAFT for the target's token where a draft was rejected (`rejected_by`), else NGRAM_DRAFT ("" is a span
+    stored before llmtui kept the drafter)."""
+    if drafter.startswith(REJECTED_PREFIX):
+        return REJECTED_DRAFT
     return MODEL_DRAFT if drafter.startswith("draft-") else NGRAM_DRAFT
 
 EMPTY_HINT: Final = (
@@ -90,9 +95,11 @@ class BranchInfo:
 
 
 def draft_styles(widget: Widget, prefix: str) -> dict[int, Style]:
-    """The styles of draft text by kind, from the widget's `{prefix}--draft` and `{prefix}--draft-model` classes."""
+    """The styles of draft text by kind, from the widget's `{prefix}--draft`, `{prefix}--draft-model` and
+    `{prefix}--draft-rejected` classes."""
     return {NGRAM_DRAFT: widget.get_component_rich_style(f"{prefix}--draft", partial=True),
-            MODEL_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-model", partial=True)}
+            MODEL_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-model", partial=True),
+            REJECTED_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-rejected", partial=True)}
 
 
 def draft_spans_from_stats(stats: dict[str, Any]) -> DraftSpans:
@@ -381,7 +388,8 @@ class MessageView(RenderedOnce, can_focus=True):
         Binding("down,j", "move(1)", "Next", show=False),
     ]
 
-    COMPONENT_CLASSES = {"message-view--reasoning", "message-view--draft", "message-view--draft-model"}
+    COMPONENT_CLASSES = {"message-view--reasoning", "message-view--draft", "message-view--draft-model",
+                         "message-view--draft-rejected"}
 
     DEFAULT_CSS = """
     MessageView {
@@ -395,6 +403,10 @@ class MessageView(RenderedOnce, can_focus=True):
     MessageView > .message-view--draft-model {
         color: $text-success;
         text-style: underline;
+    }
+    MessageView > .message-view--draft-rejected {
+        color: $text-error;
+        text-style: bold;
     }
     """
 
@@ -600,7 +612,7 @@ class LiveBody(RenderedOnce):
     GROW_LINES: ClassVar[int] = 16
     RENDER_INTERVAL_S: ClassVar[float] = 1 / 20  # tokens come 15 times a second: each batch is drawn as it comes
 
-    COMPONENT_CLASSES = {"live-body--draft", "live-body--draft-model"}
+    COMPONENT_CLASSES = {"live-body--draft", "live-body--draft-model", "live-body--draft-rejected"}
 
     DEFAULT_CSS = """
     LiveBody {
@@ -613,6 +625,10 @@ class LiveBody(RenderedOnce):
     LiveBody > .live-body--draft-model {
         color: $text-success;
         text-style: underline;
+    }
+    LiveBody > .live-body--draft-rejected {
+        color: $text-error;
+        text-style: bold;
     }
     """
 

@@ -630,3 +630,22 @@ async def _draft_colouring(pilot: Pilot[Any]) -> None:
 @pytest.mark.usefixtures("seeded")
 def test_draft_colouring_snapshot(snap_compare: Any) -> None:
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_draft_colouring)
+
+
+@pytest.mark.usefixtures("seeded")
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_draft_pick_snapshot(snap_compare: Any, size: tuple[int, int], tiny_models: dict[str, Path]) -> None:
+    async def run(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        app.model_path = str(tiny_models["qwen35"])
+        app.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
+        await pilot.press("f9")
+        await pilot.pause()
+        await pilot.press("ctrl+d")
+        await wait_for(pilot, lambda: isinstance(app.screen, PickModal))
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=size, run_before=run)
+

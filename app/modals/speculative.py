@@ -17,6 +17,7 @@ from textual.widgets.option_list import Option
 from app.config import ConfigError, SpeculativeSettings
 from app.modals.pick import PickModal
 from app.speculation import KIND_TYPES, effective_settings, supported_types
+from engine_ext.gguf_info import format_bytes
 from models_catalog.drafts import DraftCandidate, draft_candidates
 
 NUMBER_FIELDS = (
@@ -114,7 +115,6 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         if not self.model_path:
             self.notify("Load a model first: drafts are matched to it.", severity="warning")
             return
-        self.notify("Looking for drafts that fit this model…", timeout=2)
         self._find_drafts(self.model_path)
 
     @work(thread=True, exclusive=True, group="find-drafts")
@@ -137,7 +137,7 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
                         "draft in the cache, no smaller model with its vocabulary. Type a path instead.",
                         severity="warning")
             return
-        labels = [f"{KIND_TYPES[c.kind]:13} {c.path.name}  ({c.where}, {c.size / 2**20:.0f} MiB)" for c in found]
+        labels = [f"{KIND_TYPES[c.kind]:13} {c.path.name}\n{'':13} {c.where} · {format_bytes(c.size)}" for c in found]
 
         def chosen(index: int | None) -> None:
             if index is not None:

@@ -127,10 +127,10 @@ def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
     return chosen.draft_model
 
 
-def _rs_rollback_depth(params: SpeculativeParams) -> int:
+def _rs_rollback_depth(params: SpeculativeParams, model: Path) -> int:
     """Recurrent-state rollback depth for the context: model drafters verify n_max tokens (upstream need_n_rs_seq)."""
     model_drafters = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
-    auto_model_drafter = "auto" in params.types and params.draft_model is not None
+    auto_model_drafter = "auto" in params.types and (params.draft_model is not None or _auto_uses_heads(model, params))
     return params.n_max if model_drafters & set(params.types) or auto_model_drafter else 0
 
 
@@ -181,9 +181,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_params(args: argparse.Namespace, spec: SpeculativeParams | None = None) -> ModelParams:
-    # MTP heads inside the model are loaded only when draft-mtp will use them (llama.cpp's load_mtp).
-    load_mtp = spec is not None and "draft-mtp" in spec.types
+def _auto_uses_heads(model: Path, spec: SpeculativeParams) -> bool:
+    """Whether auto drafts with the model's own MTP heads: it has some and no draft file is given (as in the app)."""
+    from app.speculation import model_facts
+
+    facts = model_facts(str(model))
+    return "auto" in spec.types and spec.draft_model is None and facts is not None and facts.n_layer_nextn > 0
+
+
+def _model_params(
+    args: argparse.Namespace, spec: SpeculativeParams | None = None, model: Path | None = None
+) -> ModelParams:
+    # MTP heads inside the model are loaded only when draft-mtp (or auto) will use them (llama.cpp's load_mtp).
+    load_mtp = spec is not None and (
+        "draft-mtp" in spec.types or (model is not None and _auto_uses_heads(model, spec))
+    )
     return ModelParams(
         n_gpu_layers=args.n_gpu_layers,
         use_mmap=not args.no_mmap,
@@ -312,7 +324,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _spec_params(args, path)
     spec.validate()
     with start_engine() as client:
-        _loaded(client.load(path, _model_params(args, spec), _context_params(args, n_rs_seq=_rs_rollback_depth(spec))))
+        n_rs_seq = _rs_rollback_depth(spec, path)
+        _loaded(client.load(path, _model_params(args, spec, path), _context_params(args, n_rs_seq=n_rs_seq)))
         if spec.enabled:
             client.set_speculative(spec)
         steering = steering_entries(args)
@@ -498,12 +511,12 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
     specs = {mode: _spec_params(args, path, "" if mode == "plain" else mode) for mode in modes}
     for spec in specs.values():
         spec.validate()
-    n_rs_seq = max(_rs_rollback_depth(spec) for spec in specs.values())
+    n_rs_seq = max(_rs_rollback_depth(spec, path) for spec in specs.values())
     rows: list[dict[str, Any]] = []
     with start_engine() as client:
-        mtp = next((spec for spec in specs.values() if "draft-mtp" in spec.types), None)
+        heads = (spec for spec in specs.values() if "draft-mtp" in spec.types or _auto_uses_heads(path, spec))
         context = _context_params(args, args.ctx_size or 4096, n_rs_seq)
-        info = _loaded(client.load(path, _model_params(args, mtp), context))
+        info = _loaded(client.load(path, _model_params(args, next(heads, None), path), context))
         for mode in modes:
             client.set_speculative(specs[mode])
             speeds: list[float] = []

@@ -25,7 +25,7 @@ from app.messages import (
     VectorCreated,
     VectorProgressed,
 )
-from app.speculation import ModelFacts, effective_settings, find_sidecars, load_options, model_facts, short_summary
+from app.speculation import ModelFacts, effective_settings, load_options, model_facts, short_summary
 from app.widgets.spec_meter import SpecMeter
 from engine_ext.params import SteeringEntry
 from engine_ext.protocol import SpeculativeStats, SteeringSet
@@ -73,8 +73,8 @@ class FeaturesMixin(_AppBase):
     # ----- loading -----
 
     def speculative_load_options(self, path: str) -> dict[str, Any]:
-        """bridge.load keywords for the model at `path` under the user's speculative settings."""
-        self.draft_sidecars = tuple(find_sidecars(path, self.config.model_folders))
+        """bridge.load keywords for the model at `path` under the user's speculative settings (and the drafts it
+        brings along, `draft_sidecars`, found first)."""
         load_mtp, n_rs_seq = load_options(path, self.engine_speculative())
         self.loaded_with = (load_mtp, n_rs_seq)
         return {"load_mtp": load_mtp, "n_rs_seq": n_rs_seq}

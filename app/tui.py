@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -34,7 +35,9 @@ from app.model_list import local_models
 from app.models import ModelNotFound, resolve_model, starter_model_path
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
+from app.speculation import find_sidecars
 from app.store import Store, StoreError, open_default_store
+from models_catalog.drafts import DraftCandidate
 
 THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
 
@@ -164,10 +167,28 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             self._replace_bridge(self._local_bridge())
         self.model_path = str(path)
         self.model = None
+        self.draft_sidecars = ()
         if self.start_engine:
             self.bridge.start()
-            self.bridge.load(str(path), self.config.engine, **self.speculative_load_options(str(path)))
+            self._find_drafts_then_load(str(path))
         self.set_engine_state("loading")
+
+    @work(thread=True, exclusive=True, group="load-model")
+    def _find_drafts_then_load(self, path: str) -> None:
+        """Find the drafts the model brings along off the event loop (it reads GGUF headers: ~0.1 s per file of a
+        large vocabulary), then load it with the options they call for (a model drafter's rollback depth)."""
+        try:
+            sidecars = tuple(find_sidecars(path, self.config.model_folders))
+        except Exception as error:  # noqa: BLE001 - finding drafts must never keep a model from loading
+            self.call_from_thread(self.notify, f"Draft sidecars were not looked for: {error}", severity="warning")
+            sidecars = ()
+        self.call_from_thread(self._load_found, path, sidecars)
+
+    def _load_found(self, path: str, sidecars: tuple[DraftCandidate, ...]) -> None:
+        if path != self.model_path or isinstance(self.bridge, RemoteBridge):
+            return  # another model (or a server) was chosen meanwhile
+        self.draft_sidecars = sidecars
+        self.bridge.load(path, self.config.engine, **self.speculative_load_options(path))
 
     async def on_unmount(self) -> None:
         self.bridge.close()

@@ -103,6 +103,7 @@ class RequestLog:
     status: int
     sent: int = 0  # body bytes written
     start: int = 0  # file offset of the first body byte
+    done: threading.Event = field(default_factory=threading.Event)  # the handler is through with the body
 
 
 @dataclass
@@ -144,13 +145,19 @@ class HubServer:
         self.faults[(repo_id, path)] = faults
         return faults
 
-    def data_requests(self, path: str | None = None) -> list[RequestLog]:
-        """GETs that served file bytes (optionally of one file path)."""
+    def data_requests(self, path: str | None = None, *, settled: bool = False) -> list[RequestLog]:
+        """GETs that served file bytes (optionally of one file path). `settled`: first wait (a few seconds at most)
+        until their handlers are through: a client can have read the last bytes before the server counted them."""
         with self._lock:
             logs = list(self.requests)
-        return [
+        found = [
             r for r in logs if r.method == "GET" and "#" in r.path and (path is None or r.path.endswith("#" + path))
         ]
+        if settled:
+            deadline = time.monotonic() + 5.0
+            for r in found:
+                r.done.wait(max(0.0, deadline - time.monotonic()))
+        return found
 
     @property
     def url(self) -> str:
@@ -360,6 +367,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start + 1))
         self.end_headers()
         entry = self.hub.log(RequestLog(self.command, self.path + "#" + f.path, wanted, status, 0, start))
+        try:
+            self._send_body(f, entry, start, end, faults)
+        finally:
+            entry.done.set()
+
+    def _send_body(self, f: HubFile, entry: RequestLog, start: int, end: int, faults: Faults) -> None:
         if self.command == "HEAD":
             return
         if faults.throttle_bps:  # keep the bytes in flight few, so tests can count what a client lost

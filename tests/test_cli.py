@@ -157,6 +157,11 @@ def test_run_auto_drafts_with_the_sidecar_beside_the_model(tmp_path: Path, tiny_
     named = llmtui(*args, "--spec-type", "auto", "--spec-draft-model", str(tiny_models["qwen35"]), data_dir=tmp_path)
     assert "note:" not in named.stderr
     assert [d["name"] for d in json.loads(named.stdout)["speculative"]["drafters"]] == ["ngram-mod", "draft-simple"]
+    # A model with MTP heads of its own drafts with them under auto (loaded with the heads), not with the sidecar.
+    heads = llmtui("run", "-m", str(tiny_models["qwen35_mtp"]), "-p", "hi", "--temp", "0", "-n", "16", "--json",
+                   "--spec-type", "auto", data_dir=tmp_path)
+    assert heads.returncode == 0 and "note:" not in heads.stderr, heads.stderr
+    assert [d["name"] for d in json.loads(heads.stdout)["speculative"]["drafters"]] == ["ngram-mod", "draft-mtp"]
 
 
 def test_steer_make_show_and_run_with_the_vector(tmp_path: Path, tiny_models: dict[str, Path]) -> None:

@@ -90,7 +90,7 @@ def test_dropped_connections_resume_with_range(hf_env: Path, blob_repo: bytes, h
     hub_server.fault(REPO, NAME, drop_at=300_000, drop_times=2)
     path = download.fetch(remote(), options=FAST)
     assert path.read_bytes() == blob_repo
-    reqs = hub_server.data_requests(NAME)
+    reqs = hub_server.data_requests(NAME, settled=True)
     assert len(reqs) == 3
     assert reqs[0].range is None and reqs[1].range is not None and reqs[1].start > 0
     assert reqs[1].start == 300_000 and reqs[2].start == 300_000  # nothing received is fetched twice
@@ -302,7 +302,7 @@ def test_two_fetchers_of_one_blob_take_turns_on_the_lock(hf_env: Path, blob_repo
     assert len(results) == 2 and results[0] == results[1]
     assert any(e.state == State.WAITING for e in events)
     assert any("another process" in e.message for e in events if e.state == State.DONE)
-    assert sum(r.sent for r in hub_server.data_requests(NAME)) == len(blob_repo)
+    assert sum(r.sent for r in hub_server.data_requests(NAME, settled=True)) == len(blob_repo)
 
 
 def test_queue_pause_resume_cancel_and_progress_events(hf_env: Path, hub_server: HubServer) -> None:

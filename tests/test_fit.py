@@ -59,7 +59,7 @@ def test_remote_header_is_read_with_a_few_range_requests(tiny_repo: HubServer, t
     assert _strip(info.to_dict()) | {"file_size": 0, "total_size": 0} == _strip(
         inspect_gguf(tiny_models["qwen35_mtp"]).to_dict()
     ) | {"file_size": 0, "total_size": 0}
-    reqs = tiny_repo.data_requests("Tiny-Q8_0.gguf")
+    reqs = tiny_repo.data_requests("Tiny-Q8_0.gguf", settled=True)
     assert 1 <= len(reqs) <= 4 and all(r.status == 206 for r in reqs)
     assert bytes_read == sum(r.sent for r in reqs) < file.size / 4
 

@@ -44,6 +44,10 @@ else:
     _AppBase = object
 
 
+SLOW_SPEEDUP = 0.9  # a fixed type below this share of plain decoding speed is said to slow replies down
+SLOW_MIN_STEPS = 8  # verify steps a reply needs before its speed says anything
+
+
 class FeaturesMixin(_AppBase):
     """Mixed into LlmtuiApp (before App): F8 toggles speculation, F9 opens its panel, F6 opens steering."""
 
@@ -67,6 +71,8 @@ class FeaturesMixin(_AppBase):
     """What the engine last said it applies."""
     loaded_with: tuple[bool, int] = (False, 0)
     """(load_mtp, n_rs_seq) the current model was loaded with."""
+    slow_types_warned: frozenset[tuple[str, str]] = frozenset()
+    """(model, type) pairs already said to have made a reply slower than plain decoding."""
     draft_sidecars: tuple[DraftCandidate, ...] = ()
     """The drafts the current model brings along (beside it, or from its paired repositories), found at load."""
 
@@ -170,7 +176,25 @@ class FeaturesMixin(_AppBase):
         check = self._spec_check_screen()
         if check is not None:
             check.speculative_stats(event.stats)
+        if event.final:
+            self._warn_if_slower(event.stats)
         self.refresh_feature_readouts()
+
+    def _warn_if_slower(self, stats: SpeculativeStats) -> None:
+        """Say once per model and type when a fixed type made a reply slower than plain decoding (auto pauses on its
+        own and says why in the meter)."""
+        settings = self.config.speculative
+        if settings.spec_type == "auto" or not settings.enabled or self._side_run(stats.request_id) is not None:
+            return
+        if stats.steps < SLOW_MIN_STEPS or stats.plain_tps <= 0 or stats.speedup >= SLOW_SPEEDUP:
+            return
+        key = (self.model_path or "", settings.spec_type)
+        if key in self.slow_types_warned:
+            return
+        self.slow_types_warned = self.slow_types_warned | {key}
+        self.notify(f"{settings.spec_type} made this reply slower than plain decoding ({stats.speedup:.2f}×, "
+                    f"{stats.acceptance_rate:.0%} of drafted tokens accepted). auto (F9) pauses speculation when it "
+                    "does not pay; F8 turns it off.", severity="warning", timeout=12)
 
     def action_spec_check(self, settings: SpeculativeSettings | None = None) -> None:
         """Open the speculation check: the prompt decoded plainly and with `settings` (default: the user's)."""

@@ -14,7 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input, OptionList
 
 from app.config import SamplingSettings, SpeculativeSettings, load_config
-from app.messages import TokensArrived
+from app.messages import SpeculativeStatsUpdated, TokensArrived
 from app.modals.pick import PickModal
 from app.modals.speculative import SpeculativePanel
 from app.screens.spec_check import Side, SpecCheckScreen, first_difference, side_text, verdict
@@ -194,6 +194,33 @@ async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path)
 
 
 # ----- the panel ------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_fixed_type_that_slows_a_reply_down_is_said_once() -> None:
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        app.model_path = "/models/a.gguf"
+
+        def warnings() -> list[str]:
+            return [n.message for n in app._notifications if "slower than plain decoding" in n.message]
+
+        slow = replace(STATS, effective_tps=80.0)  # 0.60× plain
+        for spec_type, stats, final in (("ngram-simple", slow, False),  # live figures say nothing yet
+                                        ("auto", slow, True),  # auto pauses on its own
+                                        ("ngram-simple", STATS, True),  # faster
+                                        ("ngram-simple", replace(slow, steps=3), True)):  # too short to tell
+            app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True, spec_type=spec_type))
+            app.post_message(SpeculativeStatsUpdated(stats, final=final))
+            await pilot.pause()
+        assert warnings() == []
+        for _ in range(2):
+            app.post_message(SpeculativeStatsUpdated(slow, final=True))
+            await pilot.pause()
+        assert len(warnings()) == 1 and warnings()[0].startswith("ngram-simple made this reply slower than plain "
+                                                                 "decoding (0.60×, 74% of drafted tokens accepted)")
 
 
 @pytest.mark.anyio

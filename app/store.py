@@ -115,6 +115,16 @@ class Message:
     token_count: int | None
     damaged: bool = False
 
+    @property
+    def can_continue(self) -> bool:
+        """Whether generation can pick this reply up where it ends: it was stopped, interrupted or failed, ran into
+        max tokens, or the user edited its text."""
+        if self.role != "assistant":
+            return False
+        return (self.state in ("stopped", "interrupted", "error")
+                or (self.state == "complete" and (bool(self.stats.get("edited"))
+                                                  or self.stats.get("stop_reason") == "max_tokens")))
+
 
 @dataclass(frozen=True)
 class Siblings:
@@ -816,13 +826,32 @@ class Store:
                 (now, message_id),
             )
 
+    def edit_assistant_message(self, message_id: int, content: str) -> Message:
+        """Change a finished reply's text in place (no new branch): fix it, or cut it and continue from there.
+
+        Its stats say `edited`, which lets it be continued; the draft spans of speculative decoding are dropped, as
+        they no longer match the text.
+        """
+        with self._write() as connection:
+            message = self.get_message(message_id)
+            if message.role != "assistant" or message.state == "streaming":
+                raise ValueError(f"message {message_id} is not a finished reply")
+            stats = {k: v for k, v in message.stats.items() if k != "draft_spans"} | {"edited": True}
+            now = self._now()
+            connection.execute(
+                "UPDATE messages SET content = ?, stats = ?, updated_at = ? WHERE id = ?",
+                (content, _dump_stats(stats), now, message_id),
+            )
+            connection.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, message.conversation_id))
+        return self.get_message(message_id)
+
     def resume_assistant_message(self, message_id: int) -> Message:
-        """Continue a stopped, interrupted or failed reply: it becomes 'streaming' again, keeping its text,
+        """Continue a reply that can be (`Message.can_continue`): it becomes 'streaming' again, keeping its text,
         and the active leaf (checkpoint and finish it as a new reply)."""
         with self._write() as connection:
             message = self.get_message(message_id)
-            if message.role != "assistant" or message.state not in ("stopped", "interrupted", "error"):
-                raise MessageNotStreaming(f"message {message_id} is not a stopped reply that can be continued")
+            if not message.can_continue:
+                raise MessageNotStreaming(f"message {message_id} is not a reply that can be continued")
             now = self._now()
             connection.execute(
                 "UPDATE messages SET state = 'streaming', updated_at = ? WHERE id = ?", (now, message_id)

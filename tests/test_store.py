@@ -181,6 +181,30 @@ def test_regenerate_keeps_the_old_reply_and_switch_branch_returns_to_the_latest_
     assert store.get_conversation(conversation.id).active_leaf_id == follow_up.id
 
 
+def test_a_reply_edited_in_place_keeps_its_id_and_can_be_continued(store: Store) -> None:
+    conversation = store.create_conversation()
+    prompt = store.add_user_message(conversation.id, "q")
+    reply = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    with pytest.raises(ValueError, match="not a finished reply"):
+        store.edit_assistant_message(reply, "too early")  # still streaming
+    store.finish_assistant_message(reply, "a whole answer", "", "complete",
+                                   {"stop_reason": "eos", "draft_spans": [[0, 3, "ngram-mod"]]})
+    assert not store.get_message(reply).can_continue  # it ended on its own
+    with pytest.raises(MessageNotStreaming):
+        store.resume_assistant_message(reply)
+    with pytest.raises(ValueError, match="not a finished reply"):
+        store.edit_assistant_message(prompt.id, "a question is resent, not edited")
+    edited = store.edit_assistant_message(reply, "a better")
+    assert (edited.id, edited.content, edited.state) == (reply, "a better", "complete")
+    assert edited.stats == {"stop_reason": "eos", "edited": True}  # the draft spans no longer match the text
+    assert contents(store.active_path(conversation.id)) == ["q", "a better"]
+    assert edited.can_continue and store.resume_assistant_message(reply).state == "streaming"
+    # Cut short by max tokens: continued as is.
+    other = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    store.finish_assistant_message(other, "cut", "", "complete", {"stop_reason": "max_tokens"})
+    assert store.get_message(other).can_continue
+
+
 # ----- delete, search -----------------------------------------------------------------------------------
 
 

@@ -250,6 +250,40 @@ async def test_edit_and_resend_keeps_the_old_branch_reachable(tiny_models: dict[
 
 
 @pytest.mark.anyio
+async def test_edit_a_reply_in_place_then_continue_it(tiny_models: dict[str, Path]) -> None:
+    """e on a reply puts its text in the prompt; Enter changes it in place (no branch, no engine needed) and ctrl+g
+    continues it from the new end."""
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, "question")
+        await reply_done(pilot)
+        conversation = chat.conversation_id or 0
+        reply = app.store.active_path(conversation)[-1]
+        assert reply.stats["stop_reason"] == "max_tokens" and reply.can_continue  # cut short: ctrl+g goes on
+        assert chat.check_action("continue_reply", ())
+        chat.transcript.views()[-1].focus()
+        await pilot.press("e")
+        assert chat.edit_target == reply.id and chat.editing_reply and chat.prompt.text == reply.content
+        assert "Editing a reply" in str(chat.query_one("#edit-banner").render())
+        chat.prompt.load_text("A better start")
+        await pilot.press("enter")
+        await pilot.pause()
+        edited = app.store.active_path(conversation)[-1]
+        assert (edited.id, edited.content, edited.state) == (reply.id, "A better start", "complete")
+        assert edited.stats["edited"] and "draft_spans" not in edited.stats
+        assert app.store.siblings(reply.id).messages == [edited]  # changed in place: no new branch
+        assert chat.edit_target is None and chat.prompt.text == ""
+        assert chat.transcript.views()[-1].message.content == "A better start"
+        assert any("ctrl+g continues it" in n.message for n in app._notifications)
+        await press_and_start(pilot, "ctrl+g")
+        await reply_done(pilot)
+        continued = app.store.active_path(conversation)[-1]
+        assert continued.id == reply.id and continued.content.startswith("A better start")
+        assert len(continued.content) > len("A better start") and continued.state == "complete"
+
+
+@pytest.mark.anyio
 async def test_edit_mode_escape_gives_back_the_draft(tiny_models: dict[str, Path]) -> None:
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT)
     async with app.run_test(size=(100, 30)) as pilot:

@@ -61,7 +61,6 @@ def collect_now() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-UNFINISHED_STATES = ("stopped", "interrupted", "error")
 
 
 @dataclass
@@ -96,7 +95,7 @@ class ChatScreen(Screen[None]):
     | :- | :- |
     | enter | Send (in the prompt). |
     | escape | Stop the reply (keeps the text, marked stopped); leave edit mode. |
-    | ctrl+g | Continue a stopped reply. |
+    | ctrl+g | Continue the last reply: stopped, failed, cut short by max tokens, or edited. |
     | ctrl+r | Regenerate the last reply. |
     | ctrl+n | New conversation. |
     | ctrl+b | Show or hide the conversation list. |
@@ -133,6 +132,8 @@ class ChatScreen(Screen[None]):
         self.conversation_id: int | None = None
         self.generation: ActiveGeneration | None = None
         self.edit_target: int | None = None
+        self.editing_reply = False
+        """Whether `edit_target` is a reply (changed in place) rather than a question (resent as a new branch)."""
         self._draft_before_edit = ""
         self._deleted: list[int] = []
         self._prompt_blink = True  # the prompt's cursor blink setting, restored when a reply ends
@@ -383,7 +384,10 @@ class ChatScreen(Screen[None]):
         return False
 
     async def send(self, text: str) -> None:
-        """Commit the user's message, then start the reply."""
+        """Commit the user's message, then start the reply (or, editing a reply, save its new text)."""
+        if self.edit_target is not None and self.editing_reply:
+            await self._save_reply_edit(self.edit_target, text)
+            return
         if self._busy() or not self._engine_ready():
             return
         store = self.app.store
@@ -565,8 +569,9 @@ class ChatScreen(Screen[None]):
         if self._busy():
             return
         last = self._last_assistant()
-        if last is None or last.state not in UNFINISHED_STATES:
-            self.notify("The last reply is complete; there is nothing to continue.")
+        if last is None or not last.can_continue:
+            self.notify("The last reply is complete; there is nothing to continue (edit it with e to cut or change "
+                        "it first).")
             return
         if not self._engine_ready():
             return
@@ -647,12 +652,28 @@ class ChatScreen(Screen[None]):
                 view.scroll_visible(animate=False)
                 break
 
+    async def _save_reply_edit(self, message_id: int, text: str) -> None:
+        """Change a reply's text in place; ctrl+g then continues it from its new end."""
+        try:
+            message = self.app.store.edit_assistant_message(message_id, text)
+        except (StoreError, ValueError) as error:
+            self.notify(f"The reply was not changed: {error}", severity="error")
+            return
+        self._leave_edit_mode(restore=True)
+        await self.reload_transcript()
+        last = self._last_assistant()
+        more = " ctrl+g continues it from there." if last is not None and last.id == message.id else ""
+        self.notify("Reply changed." + more)
+
     def _enter_edit_mode(self, message: Message) -> None:
         if self.edit_target is None:
             self._draft_before_edit = self.prompt.text
         self.edit_target = message.id
+        self.editing_reply = message.role == "assistant"
         banner = self.query_one("#edit-banner", Static)
-        banner.update("Editing an earlier message: Enter resends it as a new branch (the old one stays), Esc cancels.")
+        banner.update("Editing a reply: Enter saves the new text in place (then ctrl+g continues it if it is the "
+                      "last one), Esc cancels." if self.editing_reply else
+                      "Editing an earlier message: Enter resends it as a new branch (the old one stays), Esc cancels.")
         banner.display = True
         self.prompt.load_text(message.content)
         self.prompt.move_cursor(self.prompt.document.end)
@@ -662,6 +683,7 @@ class ChatScreen(Screen[None]):
         if self.edit_target is None:
             return
         self.edit_target = None
+        self.editing_reply = False
         self.query_one("#edit-banner").display = False
         if restore:
             self.prompt.load_text(self._draft_before_edit)
@@ -734,7 +756,7 @@ class ChatScreen(Screen[None]):
                 last = self._last_assistant()
             except StoreError:
                 return False
-            return last is not None and last.state in UNFINISHED_STATES
+            return last is not None and last.can_continue
         if action == "regenerate":
             return self.generation is None and self.conversation_id is not None
         return True

@@ -440,8 +440,9 @@ class MessageView(RenderedOnce, can_focus=True):
         self._body_width = -1
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "edit":
-            return self.message.role == "user"
+        if action == "edit":  # a question (resent as a new branch) or a finished reply (changed in place)
+            return self.message.role == "user" or (self.message.role == "assistant"
+                                                   and self.message.state != "streaming")
         if action == "regenerate":
             return self.message.role == "assistant"
         if action == "copy_code":

@@ -1009,3 +1009,30 @@ async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> Non
         await pilot.press("t")
         await pilot.pause(0.2)
         assert view.outer_size.height == folded and "Short light" not in drawn()
+
+
+def test_code_blocks_keep_each_lines_rows_and_draw_what_rich_draws() -> None:
+    """_LineCachedSyntax renders a line's rows once; the result is Rich's Syntax's, line for line, at any width,
+    with long wrapped lines, tabs, blank lines, with and without a final newline, in either theme."""
+    from rich.syntax import Syntax
+
+    from app.widgets import transcript
+
+    code = ("def f(x):\n\tif x:  # a tab\n\n        return 'a long string that will have to wrap " + "x" * 90 +
+            "'\n    return None\n")
+    for theme in ("monokai", "default"):
+        for width in (30, 61, 120):
+            console = Console(width=width, force_terminal=True, color_system="truecolor")
+            for text in (code, code.rstrip("\n"), code[:37], "", "\n\n"):
+                lexer = transcript._lexer("python")
+                ours = transcript._LineCachedSyntax(text, lexer, theme=theme, word_wrap=True, padding=1)
+                rich = Syntax(text, lexer, theme=theme, word_wrap=True, padding=1)
+                assert console.render_lines(ours) == console.render_lines(rich), (theme, width, text)
+    # Drawing the same block again renders no line again: every row comes from the cache.
+    console = Console(width=61, force_terminal=True, color_system="truecolor")
+    before = len(transcript._SYNTAX_ROWS)
+    rendered = console.render_lines(transcript._LineCachedSyntax(code + "y = 1\n", transcript._lexer("python"),
+                                                                 theme="monokai", word_wrap=True, padding=1))
+    assert len(transcript._SYNTAX_ROWS) == before + 1  # only the new line
+    assert rendered == console.render_lines(Syntax(code + "y = 1\n", transcript._lexer("python"), theme="monokai",
+                                                   word_wrap=True, padding=1))

@@ -8,7 +8,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -234,6 +234,48 @@ def _syntax_theme(name: str) -> SyntaxTheme:
     return Syntax.get_theme(name)
 
 
+_SYNTAX_ROWS: dict[tuple[Any, ...], list[list[Segment]]] = {}
+"""Rows of highlighted code lines, wrapped and styled, by everything that decides them (see _LineCachedSyntax)."""
+_SYNTAX_ROWS_MAX: Final = 4096
+
+
+class _LineCachedSyntax(Syntax):
+    """Rich's Syntax, word-wrapped without line numbers, keeping each highlighted line's rows.
+
+    A code block being streamed is drawn again at every frame: highlighting it all again (Pygments) is the smaller
+    part; wrapping and styling every line again (Rich's per-line rendering) was most of the ~15 ms a 60-line block
+    took. A line's rows depend only on its text, its highlight spans, the width and the styles, so only new or
+    changed lines are rendered; the rows are those Syntax._get_syntax yields for them.
+    """
+
+    def _get_syntax(self, console: Console, options: ConsoleOptions) -> Iterable[Segment]:
+        if self.line_numbers or self.line_range or not self.word_wrap or self.code_width is not None or (
+            self.indent_guides and not options.ascii_only
+        ):
+            yield from super()._get_syntax(console, options)
+            return
+        transparent = self._get_base_style().transparent_background
+        _, pad_right, _, pad_left = self.padding
+        code_width = max(0, options.max_width - pad_left - pad_right)
+        ends_on_nl, processed_code = self._process_code(self.code)
+        text = self.highlight(processed_code, None)
+        background_style = self._get_number_styles(console)[0]
+        render_options = options.update(width=code_width, height=None, justify="left")
+        new_line = Segment("\n")
+        for line in text.split("\n", allow_blank=ends_on_nl):
+            key = (line.plain, tuple(line.spans), line.style, code_width, background_style, transparent,
+                   options.no_wrap, options.overflow)
+            rows = _SYNTAX_ROWS.get(key)
+            if rows is None:
+                rows = console.render_lines(line, render_options, style=background_style, pad=not transparent)
+                if len(_SYNTAX_ROWS) >= _SYNTAX_ROWS_MAX:
+                    _SYNTAX_ROWS.clear()
+                _SYNTAX_ROWS[key] = rows
+            for row in rows:
+                yield from row
+                yield new_line
+
+
 class _CodeBlock(RichCodeBlock):
     """Rich's code block with its lexer and theme looked up once: Rich's Syntax looks the lexer up by name at each
     render, and Pygments then scans every installed package's entry points for plugin lexers (reading their
@@ -242,7 +284,8 @@ class _CodeBlock(RichCodeBlock):
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         code = str(self.text).rstrip()
         lexer = _lexer(self.lexer_name) or _lexer("text")  # Rich's Syntax falls back to the "text" lexer too
-        yield Syntax(code, lexer or self.lexer_name, theme=_syntax_theme(self.theme), word_wrap=True, padding=1)
+        yield _LineCachedSyntax(code, lexer or self.lexer_name, theme=_syntax_theme(self.theme), word_wrap=True,
+                                padding=1)
 
 
 class _Markdown(RichMarkdown):

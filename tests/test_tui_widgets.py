@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -253,6 +254,33 @@ async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> N
         await pilot.pause(0.1)
         assert _marked_text(view._strips) == ""
         assert isinstance(transcript.last_view(), MessageView)
+
+
+async def test_a_tail_slow_to_render_is_drawn_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tail whose render takes 60 ms is drawn at most every 60 / RENDER_SHARE ms; a quick one every
+    RENDER_INTERVAL_S (whatever comes meanwhile waits for that render, nothing is dropped)."""
+    app = TranscriptHost()
+    async with app.run_test(size=(80, 30)) as pilot:
+        transcript = app.query_one(Transcript)
+        live = await transcript.start_live(7, "model")
+        transcript.write_live("quick text", "")
+        await pilot.pause(0.1)
+        body = live.query_one(LiveBody)
+        assert body.render_interval == LiveBody.RENDER_INTERVAL_S
+        render = LiveBody.render_strips
+
+        def slow(self: LiveBody, width: int) -> list[Strip]:
+            time.sleep(0.06)
+            return render(self, width)
+
+        monkeypatch.setattr(LiveBody, "render_strips", slow)
+        await pilot.pause(0.1)
+        transcript.write_live(" and more", "")  # drawn now: the last render was long enough ago
+        assert 0.06 / LiveBody.RENDER_SHARE <= body.render_interval < 0.5
+        transcript.write_live(" and the end", "")
+        assert body.render_pending  # waits for the longer interval
+        await wait_for(pilot, lambda: not body.render_pending)
+        assert "the end" in "".join(strip.text for strip in body._strips)
 
 
 class PromptHost(App[None]):

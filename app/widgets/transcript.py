@@ -648,13 +648,16 @@ class LiveBody(RenderedOnce):
     """The answer being streamed, in one widget: finished blocks frozen into lines rendered once, then the tail.
 
     Each finished block is rendered once into a `FrozenSegment` as soon as the next one has started, so only the
-    block being written is parsed again, at most once every RENDER_INTERVAL_S however fast tokens come. The height is
+    block being written is parsed again, at most once every `render_interval` however fast tokens come. The height is
     allocated in steps of a screenful (at least GROW_LINES), so a new line of text usually changes no size and
     only the tail's lines are repainted.
     """
 
     GROW_LINES: ClassVar[int] = 16
     RENDER_INTERVAL_S: ClassVar[float] = 1 / 20  # tokens come 15 times a second: each batch is drawn as it comes
+    RENDER_SHARE: ClassVar[float] = 0.25
+    """The most of a core re-rendering the tail may take: a tail that takes long to render (a long code block or
+    table) is drawn less often, so the event loop stays responsive and the engine keeps its cores."""
 
     COMPONENT_CLASSES = {"live-body--draft", "live-body--draft-model", "live-body--draft-rejected"}
 
@@ -698,6 +701,7 @@ class LiveBody(RenderedOnce):
         self._allocated = 0
         self._render_timer: Timer | None = None
         self._rendered_at = 0.0
+        self._render_cost = 0.0  # seconds the last render of the tail took
         self._when_drawn: list[Callable[[], object]] = []  # to call once the pending render has run
         self._freeze()
 
@@ -741,11 +745,17 @@ class LiveBody(RenderedOnce):
             add_span(self.draft_spans, base + start, base + end, drafter)
         self.text += text
         if self._render_timer is None:
-            delay = self._rendered_at + self.RENDER_INTERVAL_S - time.monotonic()
+            delay = self._rendered_at + self.render_interval - time.monotonic()
             if delay <= 0:
                 self._render_tail()  # drawn in the frame that also shows whatever else came with these tokens
             else:
                 self._render_timer = self.set_timer(delay, self._render_tail, name="live-body-render")
+
+    @property
+    def render_interval(self) -> float:
+        """Seconds between renders of the tail: RENDER_INTERVAL_S, longer when the last render took more than
+        RENDER_SHARE of that."""
+        return max(self.RENDER_INTERVAL_S, self._render_cost / self.RENDER_SHARE)
 
     @property
     def render_pending(self) -> bool:
@@ -776,6 +786,7 @@ class LiveBody(RenderedOnce):
         old = self._strips
         first_changed = max(0, self.content_height - len(self._tail_lines))
         self._strips = new = self.render_strips(width)
+        self._render_cost = time.monotonic() - self._rendered_at
         if self._fit():
             self.refresh(layout=True)
             return
@@ -1213,7 +1224,7 @@ class Transcript(LaidOutOnce, VerticalScroll):
         """Keep the end of the streamed text in view: in steps of a third of the view rather than a line at a time
         (a scroll repaints the whole view), and never further down than that (below is only empty room).
 
-        Runs after the body has drawn the text appended so far (its render may wait up to RENDER_INTERVAL_S) and the
+        Runs after the body has drawn the text appended so far (its render may wait up to `render_interval`) and the
         screen is laid out again: following earlier would leave the lines drawn later below the view."""
         live = self.live
         if live is not None and live.body.render_pending:

@@ -289,6 +289,7 @@ class Context:
         # llama_decode samples every output row itself and copies no logits (llama_get_sampled_token_ith).
         self._greedy_chain: Any = None
         self.backend_greedy_broken = False  # the device gave no sampled token once: keep sampling in llmtui
+        self.one_output = False  # the last decode gave exactly one logits row (then row -1 is the buffer's first)
 
     def _free_handle(self) -> None:
         C.llama_free(self._handle)
@@ -355,6 +356,7 @@ class Context:
             self._batch_logits[n - 1] = 1
         batch = self._batch
         batch.n_tokens = n
+        self.one_output = (n == 1 or not logits_all) and logits_last
         rc = C.llama_decode(handle, batch)
         if rc != 0:
             if rc == 1:
@@ -371,6 +373,7 @@ class Context:
         self._batch_logits[0] = 1
         batch = self._batch
         batch.n_tokens = 1
+        self.one_output = True
         rc = C.llama_decode(handle, batch)
         if rc != 0:
             raise ContextError(

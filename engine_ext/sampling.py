@@ -100,7 +100,10 @@ class Sampler:
         if self.pure_greedy:
             if ctx.backend_greedy:
                 return _backend_token(ctx, idx)
-            ptr = C.llama_get_logits_ith(ctx.handle, idx)
+            # After a one-output decode the last row is the buffer's first: its address read as an int costs no
+            # pointer object and cast (tens of µs right after a decode has cooled the caches).
+            ptr = (logits_address(ctx.handle) if idx == -1 and ctx.one_output
+                   else C.llama_get_logits_ith(ctx.handle, idx))
             if ptr:
                 return int(self._logits(ptr, 1)[0].argmax())
         return int(C.llama_sampler_sample(self._chain, ctx.handle, idx))

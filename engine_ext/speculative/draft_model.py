@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_ext.bindings import logits_address
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, ModelParams, SpeculativeConfigError
 from engine_ext.sampling import FloatRows
@@ -110,10 +111,13 @@ class DraftSimple(Drafter):
         want_p = self.p_min > 0.0
         result: list[int] = []
         token = id_last
+        handle = ctx.handle
         while len(result) < n_max and len(cached) + 1 < ctx.n_ctx:
             ctx.decode_one(token, len(cached))
             cached.append(token)
-            token, p = top_token(rows(ctx.logits_row(-1))[0], want_p)
+            # One token decoded with logits: its row is the buffer's first. The address is read as an int (a
+            # pointer object and its cast cost tens of µs right after a decode has cooled the caches).
+            token, p = top_token(rows(logits_address(handle) or ctx.logits_row(-1))[0], want_p)
             if p < self.p_min:
                 break
             result.append(token)

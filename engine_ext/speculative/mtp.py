@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine_ext.bindings import C, ext
+from engine_ext.bindings import C, ext, logits_address
 from engine_ext.model import Context, Model, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.sampling import FloatRows
@@ -141,7 +141,9 @@ class DraftMTP(Drafter):
             if pos0 + i + 1 >= self.target_ctx.n_ctx:
                 break
             self._decode_rows((token,), pos0 + i, h[np.newaxis, :], output_last=True)
-            token, p = top_token(self._logits(C.llama_get_logits_ith(self.ctx, -1))[0], want_p)
+            # One row decoded with logits: the buffer's first (its address read as an int, see DraftSimple.draft).
+            logits = self._logits(logits_address(self.ctx) or C.llama_get_logits_ith(self.ctx, -1))
+            token, p = top_token(logits[0], want_p)
             if p < self.p_min:
                 break
             result.append(token)

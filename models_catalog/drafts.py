@@ -124,16 +124,3 @@ def draft_candidates(
                            ("model",))
         found += sorted(smaller, key=lambda c: c.size)
     return found
-
-
-def default_draft(
-    model: Path, models: Sequence[LocalModel] = (), catalog: Catalog | None = None, *, has_mtp_heads: bool
-) -> DraftCandidate | None:
-    """The draft speculative decoding uses when the user named none: the first sidecar beside the model in
-    SIDECAR_ORDER (as llama.cpp attaches it), else a draft from a paired repository. Never a plain smaller model
-    (that is the user's choice), nor an MTP sidecar for a model that carries its own MTP heads."""
-    for candidate in draft_candidates(model, models, catalog, same_vocabulary=False):
-        if candidate.kind == "model" or (candidate.kind == "mtp" and has_mtp_heads):
-            continue
-        return candidate
-    return None

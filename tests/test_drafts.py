@@ -9,7 +9,7 @@ from pathlib import Path
 from app.config import SpeculativeSettings
 from app.speculation import effective_settings, supported_types
 from models_catalog.catalog import Catalog, CatalogEntry
-from models_catalog.drafts import DraftCandidate, default_draft, draft_candidates
+from models_catalog.drafts import DraftCandidate, draft_candidates
 from models_catalog.library import LocalModel
 
 
@@ -31,16 +31,10 @@ def test_sidecars_beside_the_model_in_llama_cpp_order_and_only_those_that_fit(ti
         ("eagle3", "eagle3-tiny-llama.gguf", beside),
     ]
     assert _kinds(draft_candidates(tiny_models["qwen35"]))[0] == ("mtp", "mtp-tiny-qwen35.gguf", beside)
-    # The default: the first; but never an MTP sidecar for a model that has its own MTP heads.
-    default = default_draft(tiny_models["qwen35"], has_mtp_heads=False)
-    assert default is not None and default.kind == "mtp"
-    default = default_draft(tiny_models["qwen35_mtp"], has_mtp_heads=True)
-    assert default is not None and default.kind == "dspark"
 
 
 def test_nothing_for_a_model_alone_or_an_unreadable_one(lone_llama: Path, tmp_path: Path) -> None:
     assert draft_candidates(lone_llama) == []
-    assert default_draft(lone_llama, has_mtp_heads=False) is None
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00 not a header")
     shutil.copyfile(lone_llama.parent / lone_llama.name, tmp_path / "dflash-broken.gguf")  # a "draft" that is a model
@@ -66,8 +60,10 @@ def test_paired_draft_repo_in_the_cache_and_smaller_models_with_the_same_vocabul
               _local(tiny_models["qwen35"])]
     found = draft_candidates(lone_llama, models, catalog)
     assert ("dflash", draft.name, "paired draft repo org/tiny-dflash") in _kinds(found)
-    default = default_draft(lone_llama, models, catalog, has_mtp_heads=False)
-    assert default is not None and default.path == draft
+    # With nothing beside the model, auto drafts with the paired draft (never with a plain smaller model).
+    sidecars = [c for c in found if c.kind != "model"]
+    chosen = effective_settings(str(lone_llama), SpeculativeSettings(enabled=True), sidecars)
+    assert chosen.draft_model == str(draft)
     # draft-simple candidates: smaller models with the same tokenizer, smallest first; never the target itself.
     simple = [c for c in found if c.kind == "model"]
     assert all(c.where == "same vocabulary" and c.path != lone_llama for c in simple)

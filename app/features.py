@@ -75,6 +75,8 @@ class FeaturesMixin(_AppBase):
     """(model, type) pairs already said to have made a reply slower than plain decoding."""
     draft_sidecars: tuple[DraftCandidate, ...] = ()
     """The drafts the current model brings along (beside it, or from its paired repositories), found at load."""
+    missing_drafts: tuple[tuple[str, str], ...] = ()
+    """(kind, repository) of the drafts the catalog pairs with the current model that are not downloaded."""
 
     # ----- loading -----
 
@@ -155,7 +157,8 @@ class FeaturesMixin(_AppBase):
             return
 
         name = self.model.name if self.model else ""
-        panel = SpeculativePanel(self.config.speculative, self.model_path, name, self.draft_sidecars)
+        panel = SpeculativePanel(self.config.speculative, self.model_path, name, self.draft_sidecars,
+                                 self.missing_drafts)
 
         def chosen(settings: SpeculativeSettings | None) -> None:
             if settings is not None:

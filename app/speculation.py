@@ -11,7 +11,7 @@ from app.config import SpeculativeSettings
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.gguf_info import GGUFError, inspect_gguf
 from engine_ext.protocol import SpeculativeStats
-from models_catalog.drafts import DraftCandidate, draft_candidates
+from models_catalog.drafts import DraftCandidate, draft_candidates, missing_drafts
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 MODEL_DRAFTER_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
@@ -98,9 +98,10 @@ def supported_types(
     return types
 
 
-def find_sidecars(model_path: str, config_folders: Iterable[str]) -> list[DraftCandidate]:
+def find_drafts(model_path: str, config_folders: Iterable[str]) -> tuple[list[DraftCandidate], list[tuple[str, str]]]:
     """The drafts the model brings along: sidecars beside it, and drafts from its catalog-paired repositories in the
-    cache (what `llmtui models pull --with KIND` fetched). Not plain smaller models: those the user picks (F9)."""
+    cache (what `llmtui models pull --with KIND` fetched); and (kind, repository) of those the catalog pairs with it
+    that are not downloaded. Not plain smaller models: those the user picks (F9, ctrl+d)."""
     from app.paths import data_dir, library
     from models_catalog.catalog import load_catalog
     from models_catalog.errors import ModelsError
@@ -111,7 +112,13 @@ def find_sidecars(model_path: str, config_folders: Iterable[str]) -> list[DraftC
         catalog = load_catalog(overlay_path=data_dir() / "catalog-refresh.json")
     except (OSError, ModelsError):  # an unreadable cache or catalog: the sidecars beside the model still count
         models, catalog = [], None
-    return [c for c in draft_candidates(path, models, catalog, same_vocabulary=False) if c.kind != "model"]
+    found = [c for c in draft_candidates(path, models, catalog, same_vocabulary=False) if c.kind != "model"]
+    return found, missing_drafts(path, models, catalog, found)
+
+
+def find_sidecars(model_path: str, config_folders: Iterable[str]) -> list[DraftCandidate]:
+    """The drafts the model brings along (see find_drafts)."""
+    return find_drafts(model_path, config_folders)[0]
 
 
 def effective_settings(

@@ -35,7 +35,7 @@ from app.model_list import local_models
 from app.models import ModelNotFound, resolve_model, starter_model_path
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
-from app.speculation import find_sidecars
+from app.speculation import find_drafts
 from app.store import Store, StoreError, open_default_store
 from models_catalog.drafts import DraftCandidate
 
@@ -167,7 +167,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             self._replace_bridge(self._local_bridge())
         self.model_path = str(path)
         self.model = None
-        self.draft_sidecars = ()
+        self.draft_sidecars, self.missing_drafts = (), ()
         if self.start_engine:
             self.bridge.start()
             self._find_drafts_then_load(str(path))
@@ -177,17 +177,20 @@ class LlmtuiApp(FeaturesMixin, App[None]):
     def _find_drafts_then_load(self, path: str) -> None:
         """Find the drafts the model brings along off the event loop (it reads GGUF headers: ~0.1 s per file of a
         large vocabulary), then load it with the options they call for (a model drafter's rollback depth)."""
+        missing: list[tuple[str, str]] = []
         try:
-            sidecars = tuple(find_sidecars(path, self.config.model_folders))
+            found, missing = find_drafts(path, self.config.model_folders)
         except Exception as error:  # noqa: BLE001 - finding drafts must never keep a model from loading
             self.call_from_thread(self.notify, f"Draft sidecars were not looked for: {error}", severity="warning")
-            sidecars = ()
-        self.call_from_thread(self._load_found, path, sidecars)
+            found = []
+        self.call_from_thread(self._load_found, path, tuple(found), tuple(missing))
 
-    def _load_found(self, path: str, sidecars: tuple[DraftCandidate, ...]) -> None:
+    def _load_found(
+        self, path: str, sidecars: tuple[DraftCandidate, ...], missing: tuple[tuple[str, str], ...]
+    ) -> None:
         if path != self.model_path or isinstance(self.bridge, RemoteBridge):
             return  # another model (or a server) was chosen meanwhile
-        self.draft_sidecars = sidecars
+        self.draft_sidecars, self.missing_drafts = sidecars, missing
         self.bridge.load(path, self.config.engine, **self.speculative_load_options(path))
 
     async def on_unmount(self) -> None:

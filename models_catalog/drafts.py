@@ -124,3 +124,26 @@ def draft_candidates(
                            ("model",))
         found += sorted(smaller, key=lambda c: c.size)
     return found
+
+
+def missing_drafts(
+    model: Path, models: Sequence[LocalModel], catalog: Catalog | None, found: Sequence[DraftCandidate]
+) -> list[tuple[str, str]]:
+    """(kind, repository) of the drafts the catalog pairs with `model` that are not on disk (not in `found`): its
+    repository's MTP sidecar, and its paired DFlash/DSpark/EAGLE3 repositories. Empty for a model the catalog does
+    not list, or one not from the Hugging Face cache."""
+    me = model.resolve()
+    entry = next((m for m in models if m.path.resolve() == me), None)
+    if catalog is None or entry is None or not entry.repo_id:
+        return []
+    catalog_entry = catalog.for_repo(entry.repo_id)
+    if catalog_entry is None:
+        return []
+    have = {c.kind for c in found}
+    wanted: dict[str, str] = {}
+    if catalog_entry.mtp == "sidecar":
+        wanted["mtp"] = entry.repo_id
+    for kind, repo in catalog_entry.drafts.items():
+        wanted.setdefault("dflash" if kind == "dflash2" else kind, repo)
+    return [(kind, repo) for kind, repo in wanted.items() if kind not in have]
+

@@ -9,7 +9,7 @@ from pathlib import Path
 from app.config import SpeculativeSettings
 from app.speculation import effective_settings, supported_types
 from models_catalog.catalog import Catalog, CatalogEntry
-from models_catalog.drafts import DraftCandidate, draft_candidates
+from models_catalog.drafts import DraftCandidate, draft_candidates, missing_drafts
 from models_catalog.library import LocalModel
 
 
@@ -60,6 +60,13 @@ def test_paired_draft_repo_in_the_cache_and_smaller_models_with_the_same_vocabul
               _local(tiny_models["qwen35"])]
     found = draft_candidates(lone_llama, models, catalog)
     assert ("dflash", draft.name, "paired draft repo org/tiny-dflash") in _kinds(found)
+    # What the catalog pairs with the model and is not downloaded: here nothing (the DFlash draft is in the cache).
+    assert missing_drafts(lone_llama, models, catalog, found) == []
+    mtp_and_more = CatalogEntry("tiny", "Tiny", "tiny", ("org/tiny",), True, 0.1, 0.1, "llama", 2048, "mit", "sidecar",
+                                False, False, drafts={"dflash2": "org/tiny-dflash", "dspark": "org/tiny-dspark"})
+    assert missing_drafts(lone_llama, models, Catalog([mtp_and_more]), found) == [("mtp", "org/tiny"),
+                                                                                  ("dspark", "org/tiny-dspark")]
+    assert missing_drafts(lone_llama, [], Catalog([mtp_and_more]), found) == []  # not a cache model: unknown repo
     # With nothing beside the model, auto drafts with the paired draft (never with a plain smaller model).
     sidecars = [c for c in found if c.kind != "model"]
     chosen = effective_settings(str(lone_llama), SpeculativeSettings(enabled=True), sidecars)

@@ -198,6 +198,20 @@ async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path)
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
+async def test_panel_says_which_paired_drafts_are_not_downloaded() -> None:
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app.model_path = "/models/a.gguf"
+        app.missing_drafts = (("mtp", "org/model-GGUF"), ("dspark", "org/model-DSpark"))
+        await pilot.press("f9")
+        await pilot.pause()
+        hint = app.screen.query_one("#spec-draft", Input).placeholder
+        assert hint == "a draft .gguf; not downloaded: MTP sidecar, DSpark draft (Models, F4)"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
 async def test_a_fixed_type_that_slows_a_reply_down_is_said_once() -> None:
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -27,6 +27,16 @@ NUMBER_FIELDS = (
 )
 
 
+DRAFT_KIND_NAMES = {"mtp": "MTP sidecar", "dflash": "DFlash draft", "dspark": "DSpark draft", "eagle3": "EAGLE3 draft"}
+
+
+def missing_drafts_hint(missing: Sequence[tuple[str, str]]) -> str:
+    """A few words saying which paired drafts are not downloaded and where to get them (the draft field's
+    placeholder: the panel has no row to spare at 80×24)."""
+    what = ", ".join(DRAFT_KIND_NAMES.get(kind, kind) for kind, _ in missing)
+    return f"a draft .gguf; not downloaded: {what} (Models, F4)"
+
+
 class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     """Enter on a type or ctrl+s applies (and turns speculation on unless switched off); Esc cancels.
 
@@ -47,13 +57,15 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     ]
 
     def __init__(self, settings: SpeculativeSettings, model_path: str | None, model_name: str = "",
-                 sidecars: Sequence[DraftCandidate] = ()) -> None:
+                 sidecars: Sequence[DraftCandidate] = (), missing: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(classes="dialog-screen")
         self.settings = settings
         self.model_path = model_path
         self.model_name = model_name
         self.sidecars = tuple(sidecars)
         """The drafts the model brings along: with no draft file named, the type's own is used."""
+        self.missing = tuple(missing)
+        """(kind, repository) of the drafts the catalog pairs with the model that are not downloaded."""
         self.types: list[str] = []
         self.check_after = False
         """Whether the user asked for the speculation check with these settings (ctrl+b)."""
@@ -85,7 +97,9 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         """What an empty draft field means for `spec_type`: the model's own sidecar, or none."""
         chosen = effective_settings(self.model_path, replace(self.settings, spec_type=spec_type, draft_model=""),
                                     self.sidecars).draft_model
-        return f"empty: {Path(chosen).name} (beside the model)" if chosen else "path to a draft .gguf (optional)"
+        if chosen:
+            return f"empty: {Path(chosen).name} (beside the model)"
+        return missing_drafts_hint(self.missing) if self.missing else "path to a draft .gguf (optional)"
 
     def _fill_types(self, selected: str) -> None:
         options = self.query_one("#spec-types", OptionList)

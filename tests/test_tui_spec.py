@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,16 @@ async def _choose_in_panel(pilot: Pilot[Any], spec_type: str, key: str) -> None:
     assert isinstance(panel, SpeculativePanel)
     panel.query_one(OptionList).highlighted = panel.types.index(spec_type)
     await pilot.press(key)
+
+
+@asynccontextmanager
+async def _without_engine(size: tuple[int, int]) -> AsyncIterator[tuple[LlmtuiApp, Pilot[Any]]]:
+    """The app without an engine, as if a model at /models/a.gguf were loading."""
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        app.model_path = "/models/a.gguf"
+        yield app, pilot
 
 
 async def _plain_reply(pilot: Pilot[Any], app: LlmtuiApp) -> str:
@@ -199,10 +211,7 @@ async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path)
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_panel_says_which_paired_drafts_are_not_downloaded() -> None:
-    app = LlmtuiApp(start_engine=False)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause()
-        app.model_path = "/models/a.gguf"
+    async with _without_engine((80, 24)) as (app, pilot):
         app.missing_drafts = (("mtp", "org/model-GGUF"), ("dspark", "org/model-DSpark"))
         await pilot.press("f9")
         await pilot.pause()
@@ -213,10 +222,7 @@ async def test_panel_says_which_paired_drafts_are_not_downloaded() -> None:
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_a_fixed_type_that_slows_a_reply_down_is_said_once() -> None:
-    app = LlmtuiApp(start_engine=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause()
-        app.model_path = "/models/a.gguf"
+    async with _without_engine((120, 40)) as (app, pilot):
 
         def warnings() -> list[str]:
             return [n.message for n in app._notifications if "slower than plain decoding" in n.message]

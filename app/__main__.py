@@ -183,10 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _auto_uses_heads(model: Path, spec: SpeculativeParams) -> bool:
     """Whether auto drafts with the model's own MTP heads: it has some and no draft file is given (as in the app)."""
-    from app.speculation import model_facts
+    from app.speculation import drafts_with_own_heads
 
-    facts = model_facts(str(model))
-    return "auto" in spec.types and spec.draft_model is None and facts is not None and facts.n_layer_nextn > 0
+    return "auto" in spec.types and drafts_with_own_heads(str(model), "auto", spec.draft_model)
 
 
 def _model_params(

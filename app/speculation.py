@@ -11,13 +11,10 @@ from app.config import SpeculativeSettings
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.gguf_info import GGUFError, inspect_gguf
 from engine_ext.protocol import SpeculativeStats
-from models_catalog.drafts import DraftCandidate, draft_candidates, missing_drafts
+from models_catalog.drafts import DRAFT_TYPE_KINDS, DraftCandidate, draft_candidates, missing_drafts
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 MODEL_DRAFTER_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
-# What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → the type that uses it.
-DRAFT_KIND_TYPES = {None: "draft-simple", "eagle3": "draft-eagle3", "draft-mtp": "draft-mtp",
-                    "dflash": "draft-dflash", "dflash2": "draft-dflash", "dspark": "draft-dspark"}
 TYPE_HELP = {
     "auto": "best drafter for this model; pauses when slower",
     "ngram-simple": "repeats what followed the last n-gram",
@@ -34,6 +31,8 @@ TYPE_HELP = {
 # A draft candidate's kind (models_catalog.drafts) → the type that drafts with it.
 KIND_TYPES = {"mtp": "draft-mtp", "dspark": "draft-dspark", "dflash": "draft-dflash", "eagle3": "draft-eagle3",
               "model": "draft-simple"}
+# What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → the type that uses it.
+DRAFT_KIND_TYPES = {draft_type: KIND_TYPES[kind] for draft_type, kind in DRAFT_TYPE_KINDS.items()}
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -98,10 +97,13 @@ def supported_types(
     return types
 
 
-def find_drafts(model_path: str, config_folders: Iterable[str]) -> tuple[list[DraftCandidate], list[tuple[str, str]]]:
+def find_drafts(
+    model_path: str, config_folders: Iterable[str], *, same_vocabulary: bool = False
+) -> tuple[list[DraftCandidate], list[tuple[str, str]]]:
     """The drafts the model brings along: sidecars beside it, and drafts from its catalog-paired repositories in the
     cache (what `llmtui models pull --with KIND` fetched); and (kind, repository) of those the catalog pairs with it
-    that are not downloaded. Not plain smaller models: those the user picks (F9, ctrl+d)."""
+    that are not downloaded. With `same_vocabulary`, also the smaller models that could draft for it (what the user
+    picks from, F9 then ctrl+d; it reads every model's header)."""
     from app.paths import data_dir, library
     from models_catalog.catalog import load_catalog
     from models_catalog.errors import ModelsError
@@ -112,7 +114,9 @@ def find_drafts(model_path: str, config_folders: Iterable[str]) -> tuple[list[Dr
         catalog = load_catalog(overlay_path=data_dir() / "catalog-refresh.json")
     except (OSError, ModelsError):  # an unreadable cache or catalog: the sidecars beside the model still count
         models, catalog = [], None
-    found = [c for c in draft_candidates(path, models, catalog, same_vocabulary=False) if c.kind != "model"]
+    found = draft_candidates(path, models, catalog, same_vocabulary=same_vocabulary)
+    if not same_vocabulary:
+        found = [c for c in found if c.kind != "model"]  # a paired repository's plain model is no default
     return found, missing_drafts(path, models, catalog, found)
 
 
@@ -121,17 +125,21 @@ def find_sidecars(model_path: str, config_folders: Iterable[str]) -> list[DraftC
     return find_drafts(model_path, config_folders)[0]
 
 
+def drafts_with_own_heads(model_path: str | None, spec_type: str, draft_model: str | None) -> bool:
+    """Whether the model's own MTP heads draft (and must be loaded): it has some, the type is auto or draft-mtp, and no
+    draft file is named."""
+    facts = model_facts(model_path) if model_path else None
+    return facts is not None and facts.n_layer_nextn > 0 and spec_type in ("auto", "draft-mtp") and not draft_model
+
+
 def effective_settings(
     model_path: str | None, settings: SpeculativeSettings, sidecars: Sequence[DraftCandidate]
 ) -> SpeculativeSettings:
     """`settings` with the draft the engine uses: the user's draft file, else the model's own sidecar for the type
     (for auto the first in llama.cpp's order mtp > dspark > dflash > eagle3, as llama.cpp attaches it). A model
     with its own MTP heads drafts with them, not with an MTP sidecar."""
-    if settings.draft_model or not sidecars:
-        return settings
-    facts = model_facts(model_path) if model_path else None
-    if facts is not None and facts.n_layer_nextn > 0 and settings.spec_type in ("auto", "draft-mtp"):
-        return settings  # its own heads first, as upstream infers mtp first
+    if settings.draft_model or not sidecars or drafts_with_own_heads(model_path, settings.spec_type, ""):
+        return settings  # a model's own heads come first, as upstream infers mtp first
     for candidate in sidecars:
         if settings.spec_type in ("auto", KIND_TYPES[candidate.kind]):
             return replace(settings, draft_model=str(candidate.path))
@@ -144,8 +152,7 @@ def load_options(model_path: str, settings: SpeculativeSettings) -> tuple[bool, 
     facts = model_facts(model_path)
     if facts is None or not settings.enabled:
         return False, 0
-    has_mtp = facts.n_layer_nextn > 0
-    load_mtp = has_mtp and settings.spec_type in ("auto", "draft-mtp") and not settings.draft_model
+    load_mtp = drafts_with_own_heads(model_path, settings.spec_type, settings.draft_model)
     model_drafter = settings.spec_type in MODEL_DRAFTER_TYPES or (
         settings.spec_type == "auto" and (load_mtp or bool(settings.draft_model))
     )

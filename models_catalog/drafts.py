@@ -21,14 +21,15 @@ from typing import Final
 
 from engine_ext.gguf_info import GGUFError, GGUFInfo, inspect_gguf
 from models_catalog import pairing
-from models_catalog.catalog import Catalog
+from models_catalog.catalog import Catalog, CatalogEntry
 from models_catalog.library import LocalModel
 
 SIDECAR_ORDER: Final = pairing.DRAFT_KIND_ORDER
 """The order llama.cpp infers a draft repository's type in (arg.cpp:546-565): the first found is the default."""
 
-_KIND_OF_DRAFT_TYPE: Final = {"draft-mtp": "mtp", "dflash": "dflash", "dflash2": "dflash", "dspark": "dspark",
-                              "eagle3": "eagle3", None: "model"}
+DRAFT_TYPE_KINDS: Final = {"draft-mtp": "mtp", "dflash": "dflash", "dflash2": "dflash", "dspark": "dspark",
+                           "eagle3": "eagle3", None: "model"}
+"""What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → its kind here."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class DraftCandidate:
 def _kind(info: GGUFInfo) -> str | None:
     if info.is_mtp_sidecar:
         return "mtp"
-    return _KIND_OF_DRAFT_TYPE.get(info.draft_type)
+    return DRAFT_TYPE_KINDS.get(info.draft_type)
 
 
 def _fits(target: GGUFInfo, draft: GGUFInfo, kind: str) -> bool:
@@ -77,6 +78,18 @@ def sidecar_files(model: Path) -> list[Path]:
     except OSError:
         return []
     return [model.parent / n for n in names if pairing.sidecar_kind(n) in SIDECAR_ORDER]
+
+
+def _catalog_entry(
+    model: Path, models: Sequence[LocalModel], catalog: Catalog | None
+) -> tuple[str, CatalogEntry] | None:
+    """(repository, catalog entry) of `model` when it is a cache model of a repository the catalog lists."""
+    me = model.resolve()
+    local = next((m for m in models if m.path.resolve() == me), None)
+    if catalog is None or local is None or not local.repo_id:
+        return None
+    entry = catalog.for_repo(local.repo_id)
+    return (local.repo_id, entry) if entry is not None else None
 
 
 def draft_candidates(
@@ -112,10 +125,9 @@ def draft_candidates(
 
     beside = consider(sidecar_files(model), "beside the model", SIDECAR_ORDER)
     found += sorted(beside, key=lambda c: SIDECAR_ORDER.index(c.kind))
-    entry = next((m for m in models if m.path.resolve() == me), None)
-    if catalog is not None and entry is not None and entry.repo_id:
-        catalog_entry = catalog.for_repo(entry.repo_id)
-        for draft_repo in dict.fromkeys((catalog_entry.drafts if catalog_entry else {}).values()):
+    listed = _catalog_entry(model, models, catalog)
+    if listed is not None:
+        for draft_repo in dict.fromkeys(listed[1].drafts.values()):
             files = [p for m in models if (m.repo_id or "").lower() == draft_repo.lower()
                      for p in (m.path, *m.sidecars.values())]
             found += consider(files, f"paired draft repo {draft_repo}", SIDECAR_ORDER + ("model",))
@@ -132,17 +144,14 @@ def missing_drafts(
     """(kind, repository) of the drafts the catalog pairs with `model` that are not on disk (not in `found`): its
     repository's MTP sidecar, and its paired DFlash/DSpark/EAGLE3 repositories. Empty for a model the catalog does
     not list, or one not from the Hugging Face cache."""
-    me = model.resolve()
-    entry = next((m for m in models if m.path.resolve() == me), None)
-    if catalog is None or entry is None or not entry.repo_id:
+    listed = _catalog_entry(model, models, catalog)
+    if listed is None:
         return []
-    catalog_entry = catalog.for_repo(entry.repo_id)
-    if catalog_entry is None:
-        return []
+    repo_id, catalog_entry = listed
     have = {c.kind for c in found}
     wanted: dict[str, str] = {}
     if catalog_entry.mtp == "sidecar":
-        wanted["mtp"] = entry.repo_id
+        wanted["mtp"] = repo_id
     for kind, repo in catalog_entry.drafts.items():
         wanted.setdefault("dflash" if kind == "dflash2" else kind, repo)
     return [(kind, repo) for kind, repo in wanted.items() if kind not in have]

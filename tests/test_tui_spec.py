@@ -58,12 +58,15 @@ async def _choose_in_panel(pilot: Pilot[Any], spec_type: str, key: str) -> None:
 
 
 @asynccontextmanager
-async def _without_engine(size: tuple[int, int]) -> AsyncIterator[tuple[LlmtuiApp, Pilot[Any]]]:
-    """The app without an engine, as if a model at /models/a.gguf were loading."""
+async def _without_engine(
+    size: tuple[int, int], model: str = "/models/a.gguf"
+) -> AsyncIterator[tuple[LlmtuiApp, Pilot[Any]]]:
+    """The app without an engine, as if the model at `model` were loaded."""
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
-        app.model_path = "/models/a.gguf"
+        app.model = replace(MODEL, path=model)
+        app.model_path = model
         yield app, pilot
 
 
@@ -246,11 +249,7 @@ async def test_a_fixed_type_that_slows_a_reply_down_is_said_once() -> None:
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: dict[str, Path]) -> None:
-    app = LlmtuiApp(start_engine=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause()
-        app.model = replace(MODEL, path=str(tiny_models["qwen35_mtp"]))
-        app.model_path = app.model.path
+    async with _without_engine((120, 40), str(tiny_models["qwen35_mtp"])) as (app, pilot):
         await pilot.press("f9")
         await pilot.pause()
         panel = app.screen
@@ -339,11 +338,7 @@ async def test_auto_drafts_with_the_mtp_sidecar_beside_the_model_and_keeps_greed
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_panel_ctrl_d_picks_a_draft_found_on_this_machine(tiny_models: dict[str, Path]) -> None:
-    app = LlmtuiApp(start_engine=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause()
-        app.model = replace(MODEL, path=str(tiny_models["llama"]))
-        app.model_path = app.model.path
+    async with _without_engine((120, 40), str(tiny_models["llama"])) as (app, pilot):
         app.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
         await pilot.press("f9")
         await pilot.pause()

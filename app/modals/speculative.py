@@ -16,9 +16,9 @@ from textual.widgets.option_list import Option
 
 from app.config import ConfigError, SpeculativeSettings
 from app.modals.pick import PickModal
-from app.speculation import KIND_TYPES, effective_settings, supported_types
+from app.speculation import KIND_TYPES, effective_settings, find_drafts, supported_types
 from engine_ext.gguf_info import format_bytes
-from models_catalog.drafts import DraftCandidate, draft_candidates
+from models_catalog.drafts import DraftCandidate
 
 NUMBER_FIELDS = (
     ("n_max", "most tokens drafted per step"),
@@ -134,15 +134,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     @work(thread=True, exclusive=True, group="find-drafts")
     def _find_drafts(self, model_path: str) -> None:
         """Read the headers of the library's models (slow for many) off the event loop, then offer the fitting."""
-        from app.paths import library
-
-        try:
-            models = library(self.app.config.model_folders).models(inspect=False)  # type: ignore[attr-defined]
-        except OSError:
-            models = []
-        found = draft_candidates(Path(model_path), models)
-        seen = {c.path.resolve() for c in found}
-        found = [c for c in self.sidecars if c.path.resolve() not in seen] + found
+        found, _ = find_drafts(model_path, self.app.config.model_folders,  # type: ignore[attr-defined]
+                               same_vocabulary=True)
         self.app.call_from_thread(self._offer_drafts, found)
 
     def _offer_drafts(self, found: list[DraftCandidate]) -> None:

@@ -175,10 +175,11 @@ class FeaturesMixin(_AppBase):
         self.refresh_feature_readouts()
 
     def on_speculative_stats_updated(self, event: SpeculativeStatsUpdated) -> None:
+        side_run = self._side_run(event.stats.request_id)
+        if side_run is not None:  # an A/B view's run: its statistics are the view's, not the chat's meter's
+            side_run.speculative_stats(event.stats)
+            return
         self.spec_stats = event.stats
-        check = self._spec_check_screen()
-        if check is not None:
-            check.speculative_stats(event.stats)
         if event.final:
             self._warn_if_slower(event.stats)
         self.refresh_feature_readouts()
@@ -187,7 +188,7 @@ class FeaturesMixin(_AppBase):
         """Say once per model and type when a fixed type made a reply slower than plain decoding (auto pauses on its
         own and says why in the meter)."""
         settings = self.config.speculative
-        if settings.spec_type == "auto" or not settings.enabled or self._side_run(stats.request_id) is not None:
+        if settings.spec_type == "auto" or not settings.enabled:
             return
         if stats.steps < SLOW_MIN_STEPS or stats.plain_tps <= 0 or stats.speedup >= SLOW_SPEEDUP:
             return

@@ -463,7 +463,7 @@ async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_sa
         a, b = check.sides["a"], check.sides["b"]
         assert a.text and a.text == b.text and a.tokens == b.tokens
         assert check.identical is True
-        assert check.b_stats is not None and check.b_stats.accepted > 0 and b.draft_spans  # B really drafted
+        assert "b" in check.side_stats and check.side_stats["b"].accepted > 0 and b.draft_spans  # B really drafted
         assert not a.draft_spans
         verdict_line = str(check.query_one("#check-verdict").render())
         assert verdict_line.startswith(f"✓ The same text ({b.tokens} tokens)")
@@ -563,7 +563,7 @@ async def test_check_waits_for_a_reload_and_closing_it_mid_run_restores_speculat
         await pilot.press("enter")
         await wait_for(pilot, lambda: check.runs_done == 1)
         assert app.loaded_with == (True, 16)
-        assert check.identical is True and check.b_stats is not None and check.b_stats.drafted > 0
+        assert check.identical is True and "b" in check.side_stats and check.side_stats["b"].drafted > 0
         # Closed while A is being written (the engine paused, so the tiny model cannot finish first): the
         # generation is cancelled and the user's drafter set again.
         pid = app.bridge.pid or 0  # type: ignore[union-attr]
@@ -623,7 +623,7 @@ def _check(diverge: bool) -> Any:
             check.tokens(TokensArrived(7, reply, "", 24, spans))
             check.sides[side].tokens, check.sides[side].tokens_per_s = 24, speed
         check.running = None
-        check.b_stats = STATS
+        check.side_stats["b"] = STATS
         check.conclude()
         await pilot.pause()
 

@@ -15,14 +15,14 @@ from textual.pilot import Pilot
 from textual.widgets import Input, OptionList
 
 from app.cli_steer import steering_dir
-from app.config import SamplingSettings, SteeringSettings, load_config
+from app.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
 from app.messages import SteeringApplied
 from app.modals.make_vector import MakeVectorModal
 from app.models import starter_model_path
 from app.screens.steering import HeatStrip, SteeringScreen, VectorInfo, VectorSlider, snap_strength
-from app.screens.steering_ab import SteeringABScreen
+from app.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
 from app.tui import LlmtuiApp
-from engine_ext.protocol import SteeringSet
+from engine_ext.protocol import SpeculativeStats, SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.test_tui import chat_of, ready, reply_done, send, wait_for
 from tests.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
@@ -174,6 +174,21 @@ async def test_a_slider_move_during_a_reply_is_applied_and_acknowledged(tiny_mod
         assert load_config().steering == SteeringSettings((str(vector),), (0.3,))
 
 
+async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> SteeringABScreen:
+    """F6, the first vector's slider to +1.00, then `b` and Enter: the A/B view once its run is done."""
+    await pilot.press("f6")
+    await pilot.pause()
+    await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")  # +1.00
+    await wait_for(pilot, lambda: app.steering_applied is not None and app.steering_applied.active)
+    await pilot.press("b")
+    await pilot.pause()
+    ab = app.screen
+    assert isinstance(ab, SteeringABScreen)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: ab.runs_done == 1)
+    return ab
+
+
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_ab_view_runs_the_prompt_without_then_with_steering(tiny_models: dict[str, Path]) -> None:
@@ -181,23 +196,57 @@ async def test_ab_view_runs_the_prompt_without_then_with_steering(tiny_models: d
     app = LlmtuiApp(str(tiny_models["llama"]))
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await pilot.press("f6")
-        await pilot.pause()
-        await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")  # +1.00
-        await wait_for(pilot, lambda: app.steering_applied is not None and app.steering_applied.active)
-        await pilot.press("b")
-        await pilot.pause()
-        ab = app.screen
-        assert isinstance(ab, SteeringABScreen)
+        ab = await run_ab_at_full_strength(pilot, app)
         assert ab.query_one(Input).value == "How was your day?"
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: ab.runs_done == 1)
         assert ab.texts["a"] and ab.texts["b"] and ab.texts["a"] != ab.texts["b"]
         assert "strong +1.00" in str(ab.query_one("#ab-b-title").render())
         # B left the user's steering applied.
         assert app.steering_applied is not None and app.steering_applied.active
         # The chat was not touched.
         assert chat_of(app).conversation_id is None
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_ab_view_shows_what_steering_costs_in_acceptance(tiny_models: dict[str, Path]) -> None:
+    # draft-simple with the model itself as its draft: unsteered, the draft agrees with the target on every token;
+    # steered, the target's distribution moves and the (unsteered) draft context is rejected more often.
+    synthetic_vector("strong", 64, range(1, 2), scale=40.0)
+    llama = str(tiny_models["llama"])
+    app = LlmtuiApp(llama)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.apply_speculative(SpeculativeSettings(enabled=True, spec_type="draft-simple", draft_model=llama))
+        await wait_for(pilot, lambda: bool(app.spec_drafters))
+        ab = await run_ab_at_full_strength(pilot, app)
+        base, steered = ab.side_stats["a"], ab.side_stats["b"]
+        assert base.drafted > 0 and base.accepted == base.drafted  # a perfect drafter without steering
+        assert steered.drafted > 0 and steered.acceptance_rate < 1.0
+        assert "tok/s · 100% accepted" in str(ab.query_one("#ab-a-readout").render())
+        cost = str(ab.query_one("#ab-cost").render())
+        assert cost.startswith("Steering cost in acceptance (draft-simple): 100% → ")
+        assert ab.query_one("#ab-cost").display
+        # The chat's own speculative statistics were not replaced by the A/B runs'.
+        assert app.spec_stats is None or app.spec_stats.request_id not in (base.request_id, steered.request_id)
+
+
+def _stats(steps: int, drafted: int, accepted: int, speedup: float = 0.0) -> SpeculativeStats:
+    return SpeculativeStats(1, steps, drafted, accepted, accepted / drafted if drafted else 0.0,
+                            1 + accepted / steps if steps else 1.0, (), (), 0.0, 0.0, 50.0 * speedup, 50.0, ())
+
+
+def test_acceptance_cost_lines() -> None:
+    base, steered = _stats(10, 40, 32, 2.0), _stats(10, 40, 12, 1.1)
+    assert acceptance_cost(base, steered, "draft-mtp") == (
+        "Steering cost in acceptance (draft-mtp): 80% → 30% accepted (-50 points), 4.20 → 2.20 tokens per step, "
+        "2.00× → 1.10× plain")
+    assert acceptance_cost(None, steered, "ngram-mod") == ""
+    assert acceptance_cost(_stats(0, 0, 0), steered, "ngram-mod") == (
+        "ngram-mod drafted nothing on A: no acceptance to compare")
+    assert acceptance_cost(_stats(0, 0, 0), _stats(0, 0, 0), "ngram-mod").endswith("on either side: no acceptance "
+                                                                                     "to compare")
+    assert side_readout(41.23, base) == "41.2 tok/s · 80% accepted, 4.20 tok/step"
+    assert side_readout(41.23, None) == side_readout(41.23, _stats(0, 0, 0)) == "41.2 tok/s"
 
 
 @pytest.mark.anyio
@@ -279,7 +328,7 @@ def _make_scene(tiny: Path) -> Any:
 
 def _ab_scene(tiny: Path) -> Any:
     async def run(pilot: Pilot[Any]) -> None:
-        from app.messages import TokensArrived
+        from app.messages import GenerationFinished, TokensArrived
 
         app = pilot.app
         assert isinstance(app, LlmtuiApp)
@@ -289,11 +338,16 @@ def _ab_scene(tiny: Path) -> Any:
         await pilot.pause()
         ab = app.screen
         assert isinstance(ab, SteeringABScreen)
-        for side, text in (("a", "It was fine. I went to work and came home."),
-                           ("b", "It was wonderful! The sun was out and everyone smiled.")):
+        app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True, spec_type="draft-mtp"))
+        for side, text, stats in (("a", "It was fine. I went to work and came home.", _stats(10, 40, 32, 2.0)),
+                                  ("b", "It was wonderful! The sun was out and everyone smiled.",
+                                   _stats(10, 40, 12, 1.1))):
             ab.running = side
             ab.tokens(TokensArrived(1, text, "", 12))
+            ab.side_stats[side] = stats
+            ab.side_finished(side, GenerationFinished(1, "eos", {"decode_tps": 50.0 * stats.speedup}, ()))
         ab.running = None
+        ab.completed()
         await pilot.pause()
 
     return run

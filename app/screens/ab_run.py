@@ -11,6 +11,7 @@ from textual.widgets import Input, Label
 
 from app.config import SamplingSettings
 from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+from engine_ext.protocol import SpeculativeStats
 
 if TYPE_CHECKING:
     from app.tui import LlmtuiApp
@@ -45,6 +46,8 @@ class ABRunScreen(ModalScreen[None]):
         self.waiting = ""
         """A prompt to run once the engine is free (it was loading, or writing a chat reply)."""
         self._wait_timer: Timer | None = None
+        self.side_stats: dict[str, SpeculativeStats] = {}
+        """The latest speculative statistics of each side that speculated (final once the side has ended)."""
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
@@ -71,6 +74,7 @@ class ABRunScreen(ModalScreen[None]):
         if not self.can_run():
             return
         self.prompt = prompt
+        self.side_stats = {}
         self.reset()
         self.start("a")
 
@@ -99,6 +103,10 @@ class ABRunScreen(ModalScreen[None]):
     def tokens(self, event: TokensArrived) -> None:
         if self.running is not None:
             self.add(self.running, event)
+
+    def speculative_stats(self, stats: SpeculativeStats) -> None:
+        if self.running is not None and stats.request_id == self.request_id:
+            self.side_stats[self.running] = stats
 
     def finished(self, event: GenerationFinished | GenerationFailed) -> None:
         side = self.running

@@ -107,7 +107,6 @@ class SpecCheckScreen(ABRunScreen):
         self.settings = replace(settings, enabled=True)
         """The speculative settings B runs with (the user's, switched on)."""
         self.sides = {"a": Side(), "b": Side()}
-        self.b_stats: SpeculativeStats | None = None
         self.refused: str = ""
         """Why the engine refused B's speculative settings (B then ran without them)."""
         self.identical: bool | None = None
@@ -143,7 +142,7 @@ class SpecCheckScreen(ABRunScreen):
 
     def reset(self) -> None:
         self.sides = {"a": Side(), "b": Side()}
-        self.b_stats, self.refused, self.identical = None, "", None
+        self.refused, self.identical = "", None
         self.query_one("#check-verdict", Static).update("")
         for side in "ab":
             self._show(side)
@@ -162,10 +161,6 @@ class SpecCheckScreen(ABRunScreen):
     def add(self, side: str, event: TokensArrived) -> None:
         self.sides[side].add(event)
         self._show(side)
-
-    def speculative_stats(self, stats: SpeculativeStats) -> None:
-        if self.running == "b" and stats.request_id == self.request_id:
-            self.b_stats = stats
 
     def speculation_refused(self, error: str) -> None:
         if self.running == "b":
@@ -187,7 +182,7 @@ class SpecCheckScreen(ABRunScreen):
             self.identical = None
             line = f"B ran without speculation: {self.refused}"
         else:
-            self.identical, line = verdict(plain, spec, self.b_stats, self.settings.spec_type)
+            self.identical, line = verdict(plain, spec, self.side_stats.get("b"), self.settings.spec_type)
         where = first_difference(plain.text, spec.text)
         if where is not None and plain.reasoning == spec.reasoning:
             # Highlighted in the answer; a difference in the reasoning is told by the verdict line only.

@@ -52,7 +52,7 @@ class CliError(Exception):
 def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> None:
     p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
     p.add_argument("-c", "--ctx-size", type=int, default=default_ctx, help="context size in tokens (0: model's)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: all CPUs available)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: one per physical core)")
     p.add_argument("-ngl", "--n-gpu-layers", type=_gpu_layers, default=-1, metavar="N|auto|all",
                    help="layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)")
     p.add_argument("--fit-target", type=int, default=DEFAULT_FIT_TARGET_MIB, metavar="MiB",
@@ -442,7 +442,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_rpc_server(args: argparse.Namespace) -> int:
-    from engine_ext.model import default_threads
+    from engine_ext.cpu import default_threads
     from engine_ext.rpc import serve_rpc
 
     endpoint = f"{args.host}:{args.port}"

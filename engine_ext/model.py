@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_ext.bindings import C
+from engine_ext.cpu import default_threads
 from engine_ext.params import (
     GPU_LAYERS_AUTO,
     KV_CACHE_TYPES,
@@ -33,14 +33,6 @@ _FLASH_ATTN: dict[str, int] = {
     "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-
-
-def default_threads() -> int:
-    """Threads for decoding: the CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # Expert tensors of one layer (common/common.h LLM_FFN_EXPS_REGEX), for --n-cpu-moe.

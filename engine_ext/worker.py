@@ -124,9 +124,10 @@ class Worker:
 
     def load(self, request: LoadModel) -> None:
         from engine_ext.bindings import C
+        from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
         from engine_ext.gguf_info import validate_gguf
-        from engine_ext.model import Context, Model, default_threads
+        from engine_ext.model import Context, Model
 
         self.unload()
         path = Path(request.path)

@@ -466,6 +466,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         memory = f"{d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free"
         print(f"  {d.name:10} {d.type:14} {d.description}  {memory}")
     print(f"CPU features: {' '.join(report.cpu_features)}")
+    print(f"threads by default: {report.threads_reason}")
     if report.hardware_gpus:
         print(f"GPUs on this machine: {', '.join(report.hardware_gpus)}")
     for line in report.advice:

@@ -19,29 +19,53 @@ import math
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 SYSFS = Path("/sys")
 PROC = Path("/proc")
 
 
-def default_threads(sysfs: Path = SYSFS, proc: Path = PROC) -> int:
-    """Threads for decoding by default (`-t` and the settings' threads override it)."""
+@dataclass(frozen=True)
+class ThreadPlan:
+    """The default thread count and what decided it (`llmtui doctor` shows it)."""
+
+    threads: int
+    usable_cpus: int  # logical CPUs this process may run on (its affinity)
+    cores: int | None  # physical cores useful for math among them (None: the system does not say)
+    quota: int | None  # CPUs a cgroup quota allows, rounded up (None: no quota)
+
+    def describe(self) -> str:
+        if self.cores is not None:
+            why = f"one per physical core: {self.cores} among the {self.usable_cpus} CPUs this process may use"
+        else:
+            why = f"{self.usable_cpus} CPUs, core layout unknown: all of them up to 4, else half"
+        if self.quota is not None and self.quota < (self.cores or self.usable_cpus):
+            why += f"; capped by a cgroup CPU quota of {self.quota}"
+        return f"{self.threads} ({why})"
+
+
+def thread_plan(sysfs: Path = SYSFS, proc: Path = PROC) -> ThreadPlan:
+    """The default decode threads: one per physical core useful for math, within affinity and cgroup quotas."""
     cpus = _usable_cpus()
+    usable = len(cpus) if cpus is not None else (os.cpu_count() or 1)
     cores: int | None = None
     linux = sys.platform.startswith("linux")
     if linux and cpus is not None:
         cores = math_cores(cpus, sysfs)
     elif sys.platform == "darwin":
         cores = _darwin_performance_cores()
-    if cores is None:
-        logical = len(cpus) if cpus is not None else (os.cpu_count() or 1)
-        # llama.cpp's fallback: all of a small machine's CPUs, else half (assumed two threads a core).
-        cores = logical if logical <= 4 else logical // 2
+    # llama.cpp's fallback: all of a small machine's CPUs, else half (assumed two threads a core).
+    threads = cores if cores is not None else (usable if usable <= 4 else usable // 2)
     quota = cgroup_cpu_quota(sysfs, proc) if linux else None
     if quota is not None:
-        cores = min(cores, quota)
-    return max(1, cores)
+        threads = min(threads, quota)
+    return ThreadPlan(max(1, threads), usable, cores, quota)
+
+
+def default_threads(sysfs: Path = SYSFS, proc: Path = PROC) -> int:
+    """Threads for decoding by default (`-t` and the settings' threads override it)."""
+    return thread_plan(sysfs, proc).threads
 
 
 def math_cores(cpus: Iterable[int], sysfs: Path = SYSFS) -> int | None:

@@ -38,6 +38,8 @@ class DoctorReport:
     rpc: bool
     hardware_gpus: tuple[str, ...]  # GPUs seen on the machine, whatever the build supports
     advice: tuple[str, ...]
+    default_threads: int = 0
+    threads_reason: str = ""  # how the default thread count was chosen
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,8 +86,10 @@ def diagnose() -> DoctorReport:
     from importlib.metadata import PackageNotFoundError, version
 
     from engine_ext.bindings import C
+    from engine_ext.cpu import thread_plan
 
     backends, devices = list_devices()
+    threads = thread_plan()
     info = C.llama_print_system_info().decode("utf-8", errors="replace")
     features = tuple(
         part.split("=")[0].split(":")[-1].strip()
@@ -121,4 +125,6 @@ def diagnose() -> DoctorReport:
         rpc=bool(C.llama_supports_rpc()),
         hardware_gpus=gpus,
         advice=tuple(advice),
+        default_threads=threads.threads,
+        threads_reason=threads.describe(),
     )

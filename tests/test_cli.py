@@ -192,5 +192,7 @@ def test_doctor_lists_backends_and_devices(tmp_path: Path) -> None:
     cpu = next(d for d in report["devices"] if d["type"] == "CPU")
     assert cpu["total_bytes"] > 0 and report["llama_cpp_python_version"] == "0.3.36"
     assert report["advice"]
+    assert report["default_threads"] >= 1
     text = llmtui("doctor", data_dir=tmp_path).stdout
     assert "backends:" in text and "CPU features:" in text
+    assert f"threads by default: {report['default_threads']} (" in text

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_ext.cpu import cgroup_cpu_quota, default_threads, math_cores
+from engine_ext.cpu import ThreadPlan, cgroup_cpu_quota, default_threads, math_cores
 
 
 def fake_sysfs(root: Path, siblings: dict[int, str], p_cores: str | None = None) -> Path:
@@ -87,3 +87,12 @@ def test_default_threads_within_affinity_and_quota(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     expected = len(allowed) if len(allowed) <= 4 else len(allowed) // 2
     assert default_threads(empty, empty) == expected
+
+
+def test_plan_says_what_decided_the_count() -> None:
+    assert ThreadPlan(8, 16, 8, None).describe() == (
+        "8 (one per physical core: 8 among the 16 CPUs this process may use)")
+    assert ThreadPlan(2, 16, 8, 2).describe() == (
+        "2 (one per physical core: 8 among the 16 CPUs this process may use; capped by a cgroup CPU quota of 2)")
+    assert ThreadPlan(6, 12, None, None).describe() == (
+        "6 (12 CPUs, core layout unknown: all of them up to 4, else half)")

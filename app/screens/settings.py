@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # Every EngineSettings field, in the order shown; labels carry llama.cpp's flag.
 NUMBER_FIELDS = {
     "n_ctx": "Context size (-c; 0: the model's)",
-    "n_threads": "Threads (-t; 0: automatic)",
+    "n_threads": "Threads (-t; 0: one per core)",
     "n_batch": "Batch size (-b)",
     "n_ubatch": "Micro-batch size (-ub)",
     "main_gpu": "Main GPU (-mg; device index)",

@@ -144,11 +144,14 @@ def _read_cpu_list(path: Path) -> set[int]:
 
 def _darwin_performance_cores() -> int | None:
     """Apple silicon's performance cores (`hw.perflevel0.physicalcpu`), else the physical cores, as llama.cpp."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    try:
+        sysctlbyname = ctypes.CDLL(ctypes.util.find_library("c")).sysctlbyname
+    except (OSError, AttributeError):
+        return None
     for name in (b"hw.perflevel0.physicalcpu", b"hw.physicalcpu"):
         value = ctypes.c_int32(0)
         size = ctypes.c_size_t(ctypes.sizeof(value))
-        if libc.sysctlbyname(name, ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0)) == 0:
+        if sysctlbyname(name, ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0)) == 0:
             return value.value if value.value > 0 else None
     return None
 

@@ -78,7 +78,6 @@ class SteeringABScreen(ABRunScreen):
             yield Static("", id="ab-cost")
             yield Label("Enter run · Esc close", classes="dialog-hint", id="ab-hint")
 
-
     def reset(self) -> None:
         self.texts = {"a": "", "b": ""}
         self.query_one("#ab-cost", Static).display = False

@@ -245,11 +245,13 @@ def render_chat(
     add_generation_prompt: bool = True,
     enable_thinking: bool | None = None,
     time_limit_s: float = 2.0,
-    max_output_chars: int = 1_000_000,
+    max_output_chars: int | None = None,
 ) -> str:
     """Render a HF/GGUF Jinja chat template in a sandbox, within time and size limits.
 
-    ``template`` None or blank uses :data:`FALLBACK_CHAT_TEMPLATE` (ChatML).
+    ``template`` None or blank uses :data:`FALLBACK_CHAT_TEMPLATE` (ChatML). The size limit (by default 1,000,000
+    characters plus four times the messages' own) stops a template that blows up, not a long conversation: a
+    pasted file too long for the context is then refused by the context check, which says so.
     Raises :class:`ChatTemplateError` for any failure, including refused sandbox escapes.
     """
     source = template if template and template.strip() else FALLBACK_CHAT_TEMPLATE
@@ -274,6 +276,8 @@ def render_chat(
     if enable_thinking is not None:
         context["enable_thinking"] = enable_thinking
 
+    if max_output_chars is None:
+        max_output_chars = 1_000_000 + 4 * sum(len(str(value)) for m in messages for value in m.values())
     budget = _Budget(time.monotonic() + time_limit_s, time_limit_s, max_output_chars)
     token = _budget.set(budget)
     chunks: list[str] = []

@@ -121,7 +121,7 @@ def render(
     add_generation_prompt: bool = True,
     enable_thinking: bool | None = None,
     time_limit_s: float = 2.0,
-    max_output_chars: int = 1_000_000,
+    max_output_chars: int | None = None,
 ) -> str:
     return render_chat(
         template,
@@ -311,6 +311,16 @@ def test_huge_output_refused(template: str) -> None:
     with pytest.raises(ChatTemplateError, match="larger than 10000|more than 10000"):
         render(template, max_output_chars=10_000)
     assert time.monotonic() - start < 2.0
+
+
+def test_size_limit_grows_with_the_conversation() -> None:
+    # A pasted file longer than the fixed limit renders (the context check refuses it later, saying why); a template
+    # that blows a short conversation up is still stopped.
+    pasted = "x" * 1_200_000
+    assert pasted in render(None, [{"role": "user", "content": pasted}])
+    with pytest.raises(ChatTemplateError, match="larger than|more than"):
+        render("{% for i in range(2000) %}{{ messages[0].content }}{% endfor %}",
+               [{"role": "user", "content": "y" * 1000}])
 
 
 def test_range_and_pow_limits() -> None:

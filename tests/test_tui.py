@@ -620,6 +620,38 @@ async def test_copy_message_and_code_block(tiny_models: dict[str, Path]) -> None
         assert copied == ["Here:\n\n```python\nprint('hi')\n```\n", "print('hi')\n"]
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_long_message_of_yours_is_folded_until_t(tiny_models: dict[str, Path]) -> None:
+    pasted = "Explain this log:\n" + "\n".join(f"12:00:{i % 60:02d} worker {i} finished job {i * 7}" for i in range(60))
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4))
+    copied: list[str] = []
+    app.copy_to_clipboard = copied.append  # type: ignore[method-assign]
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, pasted)
+        await reply_done(pilot)
+        view = next(v for v in chat.transcript.views() if v.message.role == "user")
+        assert view.folded and view.fold_head is not None and view.fold_head.count("\n") == 11
+        folded = [strip.text for strip in view.render_strips(96)]
+        assert "▸ 61 lines, " in folded[-1] and "t to show all" in folded[-1]
+        folded_height = view.size.height
+        assert len(folded) < 20 and folded_height < 20
+        view.focus()
+        await pilot.press("t")
+        await pilot.pause()
+        shown = [strip.text for strip in view.render_strips(96)]
+        assert not view.folded and any("worker 59 finished" in line for line in shown) and "t to fold" in shown[-1]
+        assert view.size.height > folded_height + 10  # laid out again at its full height
+        await pilot.press("c")  # copying takes the whole message, folded or not
+        await pilot.press("t")
+        await pilot.pause()
+        assert view.folded and view.size.height == folded_height
+        assert copied == [pasted]
+        # A short message, and a reply, are never folded.
+        assert all(v.fold_head is None for v in chat.transcript.views() if v is not view)
+
+
 @pytest.mark.skipif(starter_model_path() is None, reason="the starter model is not installed")
 @pytest.mark.anyio
 async def test_starter_model_send_cancel_continue_regenerate() -> None:

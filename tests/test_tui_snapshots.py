@@ -167,9 +167,27 @@ async def switcher_remotes(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
+async def long_message(pilot: Pilot[Any]) -> None:
+    """A pasted log as the last message of the conversation: shown folded, and focused (the footer's "t Show all")."""
+    from app.widgets.transcript import MessageView
+
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    chat = app.chat
+    assert chat is not None and chat.conversation_id is not None
+    log = "\n".join(f"    12:00:{i:02d} worker {i} finished job {i * 7}" for i in range(60))
+    app.store.add_user_message(chat.conversation_id, f"Why does worker 3 stop?\n\n{log}")
+    await chat.open_conversation(chat.conversation_id)
+    await pilot.pause()
+    views = [v for v in chat.transcript.views() if isinstance(v, MessageView)]
+    views[-1].focus()
+    await pilot.pause()
+
+
 SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "chat": then(),
     "chat_message_focused": then(keys("ctrl+up")),
+    "chat_long_message_folded": then(long_message),
     "chat_new_conversation": then(keys("ctrl+n")),
     "chat_no_sidebar_light": then(keys("ctrl+b", "ctrl+t")),
     "help": then(keys("f1")),

@@ -43,7 +43,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("e", "edit your message and resend it as a new branch, or change a reply in place (ctrl+g continues it)"),
         ("r", "regenerate this reply as a new branch"),
         ("left / right, [ / ]", "previous / next branch"),
-        ("t", "show / hide the reasoning"),
+        ("t", "show / hide the reasoning; a long message of yours (a pasted file) is folded: t shows it all"),
     )),
     ("Conversation list (focused)", (
         ("enter", "open"),

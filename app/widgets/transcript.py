@@ -406,6 +406,24 @@ def _strips(lines: Lines, width: int) -> list[Strip]:
     return [Strip(line).adjust_cell_length(width) for line in lines]
 
 
+FOLD_MIN_LINES = 40  # a message of yours longer than this many lines, or than FOLD_MIN_CHARS, is shown folded…
+FOLD_MIN_CHARS = 4000
+FOLD_HEAD_LINES = 12  # …to its first lines (and at most FOLD_HEAD_CHARS), until t shows it all
+FOLD_HEAD_CHARS = 1500
+
+
+def fold_head(text: str) -> str | None:
+    """The start of a long message that is shown while it is folded; None when it is short enough to show whole.
+
+    A pasted file or log can be hundreds of thousands of characters: drawn whole (as Markdown, with its code
+    highlighted) it held the event loop for seconds, and it pushed the conversation out of view.
+    """
+    if len(text) <= FOLD_MIN_CHARS and text.count("\n") < FOLD_MIN_LINES:
+        return None
+    head = "\n".join(text[: FOLD_HEAD_CHARS * 2].split("\n", FOLD_HEAD_LINES)[:FOLD_HEAD_LINES])
+    return head[:FOLD_HEAD_CHARS].rstrip()
+
+
 class MessageView(RenderedOnce, can_focus=True):
     """One finished message, drawn as a single static widget (header, folded reasoning, Markdown body).
 
@@ -416,7 +434,7 @@ class MessageView(RenderedOnce, can_focus=True):
     | e | Edit a message of yours and resend it (a new branch). |
     | r | Regenerate this reply (a new branch). |
     | left / right | Previous / next branch. |
-    | t | Show or hide the reasoning. |
+    | t | Show or hide the reasoning; on a long message of yours, show all of it or fold it again. |
     """
 
     BINDINGS = [
@@ -427,6 +445,7 @@ class MessageView(RenderedOnce, can_focus=True):
         Binding("left,[", "branch(-1)", "◀ Branch"),
         Binding("right,]", "branch(1)", "Branch ▶"),
         Binding("t", "toggle_reasoning", "Reasoning"),
+        Binding("t", "toggle_fold", "Show all"),
         Binding("up,k", "move(-1)", "Previous", show=False),
         Binding("down,j", "move(1)", "Next", show=False),
     ]
@@ -479,6 +498,9 @@ class MessageView(RenderedOnce, can_focus=True):
         """Where the text came from accepted draft tokens."""
         self.colour_drafts = colour_drafts
         """Whether those spans are coloured."""
+        self.fold_head = fold_head(message.content) if message.role == "user" else None
+        """The start of a long message of yours, shown while it is folded (None: a message shown whole)."""
+        self.folded = self.fold_head is not None
         self._body_lines: Lines = []
         self._body_width = -1
 
@@ -492,6 +514,8 @@ class MessageView(RenderedOnce, can_focus=True):
             return bool(code_blocks(self.message.content))
         if action == "toggle_reasoning":
             return bool(self.message.reasoning.strip())
+        if action == "toggle_fold":
+            return self.fold_head is not None
         if action == "branch":
             return self.branch is not None and self.branch.total > 1
         return True
@@ -525,8 +549,17 @@ class MessageView(RenderedOnce, can_focus=True):
         """The body (Markdown) rendered at `width`, without draft colouring."""
         if width != self._body_width:
             content = self.message.content
+            body: RenderableType
             if not content.strip() and self.message.state != "complete":
-                body: RenderableType = Text("(no text)", style="dim italic")
+                body = Text("(no text)", style="dim italic")
+            elif self.fold_head is not None:
+                style = self.get_component_rich_style("message-view--reasoning", partial=True)
+                if self.folded:
+                    lines = content.count("\n") + 1
+                    note = f"▸ {lines:,} lines, {len(content):,} characters in all — t to show all"
+                    body = Group(_markdown(self.fold_head, dark=self.dark), Text(note, style=style))
+                else:
+                    body = Group(_markdown(content, dark=self.dark), Text("▾ t to fold", style=style))
             else:
                 body = _markdown(content, dark=self.dark)
             self._body_lines = self.render_renderable(body, width)
@@ -561,6 +594,11 @@ class MessageView(RenderedOnce, can_focus=True):
 
     def action_toggle_reasoning(self) -> None:
         self.show_reasoning = not self.show_reasoning
+
+    def action_toggle_fold(self) -> None:
+        self.folded = not self.folded
+        self._body_width = -1
+        self.invalidate()
 
     def action_move(self, step: int) -> None:
         if self.parent is None:

@@ -7,6 +7,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.pilot import Pilot
@@ -16,7 +17,7 @@ from app.models import starter_model_path
 from app.screens.chat import ChatScreen
 from app.store import open_default_store
 from app.tui import LlmtuiApp
-from app.widgets.transcript import LiveMessage, MessageView
+from app.widgets.transcript import BACKGROUND_RENDER_CHARS, LiveMessage, MessageView
 
 pytestmark = pytest.mark.usefixtures("app_dirs")
 
@@ -33,6 +34,11 @@ async def wait_for(pilot: Pilot[None], condition: Callable[[], bool], timeout: f
         loop_time += 0.05
         if loop_time > timeout:
             raise AssertionError(f"timed out waiting for {condition}")
+
+
+def line_text(line: list[Any]) -> str:
+    """The text of one of Rich's rendered lines (a list of Segments)."""
+    return "".join(segment.text for segment in line).rstrip()
 
 
 def chat_of(app: LlmtuiApp) -> ChatScreen:
@@ -650,6 +656,43 @@ async def test_a_long_message_of_yours_is_folded_until_t(tiny_models: dict[str, 
         assert copied == [pasted]
         # A short message, and a reply, are never folded.
         assert all(v.fold_head is None for v in chat.transcript.views() if v is not view)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_very_long_reply_is_drawn_in_a_thread_and_the_view_stays_at_end(tiny_models: dict[str, Path]) -> None:
+    code = "\n".join(f"def f{i}(x):\n    return x * {i}  # step {i}" for i in range(700))
+    reply = f"Here is the module:\n\n```python\n{code}\n```\n\nThe end of the reply."
+    assert len(reply) >= BACKGROUND_RENDER_CHARS
+    store = open_default_store()
+    conversation = store.create_conversation("module")
+    user = store.add_user_message(conversation.id, "write a module")
+    message = store.begin_assistant_message(conversation.id, user.id, "m")
+    store.finish_assistant_message(message, reply, "", "complete", {})
+    store.close()
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = chat_of(app)
+        await chat.open_conversation(conversation.id)
+        view = chat.transcript.views()[-1]
+        assert view.message.content == reply
+        # Drawn in a thread: a note stands in for the body until its lines are ready, then the view is laid out
+        # again at its full height and the transcript still shows the end of the conversation.
+        await wait_for(pilot, lambda: view.size.height > 1400)
+        await pilot.pause()
+        assert chat.transcript.at_bottom
+        assert "The end of the reply." in view.render_line(view.size.height - 1).text
+        placeholder = view.body_lines(50)  # another width: drawn again, in a thread
+        assert [line_text(line) for line in placeholder] == [f"drawing {len(reply):,} characters…"]
+
+        def settled() -> bool:
+            return view._rendering_width == -1 and view._body_width == view.outer_size.width - view.styles.gutter.width
+
+        await wait_for(pilot, settled)
+        await pilot.resize_terminal(140, 30)  # a wider view: drawn again at the new width, in a thread
+        await wait_for(pilot, lambda: view.outer_size.width > 100 and settled())
+        await pilot.pause()
+        assert chat.transcript.at_bottom and "The end of the reply." in view.render_line(view.size.height - 1).text
 
 
 @pytest.mark.skipif(starter_model_path() is None, reason="the starter model is not installed")

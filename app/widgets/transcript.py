@@ -412,6 +412,11 @@ FOLD_HEAD_LINES = 12  # …to its first lines (and at most FOLD_HEAD_CHARS), unt
 FOLD_HEAD_CHARS = 1500
 
 
+BACKGROUND_RENDER_CHARS = 20_000
+"""A message body at least this long is rendered in a thread: the event loop would otherwise stop for as long as
+Rich and Pygments take (0.6-0.8 s for a 44k-character code reply here, seconds for longer ones)."""
+
+
 def fold_head(text: str) -> str | None:
     """The start of a long message that is shown while it is folded; None when it is short enough to show whole.
 
@@ -503,6 +508,8 @@ class MessageView(RenderedOnce, can_focus=True):
         self.folded = self.fold_head is not None
         self._body_lines: Lines = []
         self._body_width = -1
+        self._rendering_width = -1
+        """The width a body is being rendered at in a thread (-1: none)."""
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "edit":  # a question (resent as a new branch) or a finished reply (changed in place)
@@ -546,10 +553,19 @@ class MessageView(RenderedOnce, can_focus=True):
         self._body_width = width
 
     def body_lines(self, width: int) -> Lines:
-        """The body (Markdown) rendered at `width`, without draft colouring."""
+        """The body (Markdown) rendered at `width`, without draft colouring.
+
+        A long body (BACKGROUND_RENDER_CHARS) is rendered in a thread; until it is ready, a line says so.
+        """
         if width != self._body_width:
             content = self.message.content
             body: RenderableType
+            if len(content) >= BACKGROUND_RENDER_CHARS and not self.folded:
+                if self._rendering_width != width:
+                    self._rendering_width = width
+                    self._render_in_thread(width)
+                note = f"drawing {len(content):,} characters…"
+                return self.render_renderable(Text(note, style="dim italic"), width)
             if not content.strip() and self.message.state != "complete":
                 body = Text("(no text)", style="dim italic")
             elif self.fold_head is not None:
@@ -566,13 +582,47 @@ class MessageView(RenderedOnce, can_focus=True):
             self._body_width = width
         return self._body_lines
 
+    def _render_in_thread(self, width: int) -> None:
+        content, dark = self.message.content, self.dark
+        if self.fold_head is not None:  # unfolded: the note under it, styled here (styles are read on this thread)
+            style = self.get_component_rich_style("message-view--reasoning", partial=True)
+            fold_note: Text | None = Text("▾ t to fold", style=style)
+        else:
+            fold_note = None
+
+        app = self.app  # (Textual finds the app through a context variable that other threads do not have)
+        options = app.console_options.update_width(max(1, width)).update(highlight=False)
+
+        def render() -> None:
+            body: RenderableType = _markdown(content, dark=dark)
+            if fold_note is not None:
+                body = Group(body, fold_note)
+            lines = app.console.render_lines(body, options, pad=False)  # as render_renderable does
+            try:
+                app.call_from_thread(self._body_ready, width, lines)
+            except RuntimeError:  # the app has ended
+                pass
+
+        threading.Thread(target=render, name="llmtui-render", daemon=True).start()
+
+    def _body_ready(self, width: int, lines: Lines) -> None:
+        if width != self._rendering_width or not self.is_mounted:
+            return  # the width changed again (a new render is on its way), or the message is gone
+        self._rendering_width = -1
+        self._body_lines, self._body_width = lines, width
+        transcript = self.parent
+        at_end = isinstance(transcript, Transcript) and transcript.at_bottom
+        self.invalidate()
+        if at_end and isinstance(transcript, Transcript):
+            transcript.call_after_refresh(transcript.scroll_end, animate=False, immediate=True)
+
     def render_strips(self, width: int) -> list[Strip]:
         head: list[RenderableType] = [_header(self.message.role, self.message.state, self.message.model, self.branch)]
         reasoning = self._reasoning_renderable()
         if reasoning is not None:
             head.append(reasoning)
         body = self.body_lines(width)
-        if self.colour_drafts and self.draft_spans:
+        if self.colour_drafts and self.draft_spans and self._body_width == width:  # (not while it is being drawn)
             styles = draft_styles(self, "message-view")
             body = mark_provenance(body, self.message.content, self.draft_spans, styles)
         return _strips(self.render_renderable(Group(*head), width) + body, width)
@@ -597,7 +647,7 @@ class MessageView(RenderedOnce, can_focus=True):
 
     def action_toggle_fold(self) -> None:
         self.folded = not self.folded
-        self._body_width = -1
+        self._body_width = self._rendering_width = -1
         self.invalidate()
 
     def action_move(self, step: int) -> None:

@@ -25,6 +25,7 @@ from app.store import Message as StoredMessage
 from app.widgets.prompt_input import PromptInput
 from app.widgets.status import AppHeader, StatsBar
 from app.widgets.transcript import (
+    LIVE_HIGHLIGHT_MAX_LINES,
     MODEL_DRAFT,
     NGRAM_DRAFT,
     REJECTED_DRAFT,
@@ -254,6 +255,40 @@ async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> N
         await pilot.pause(0.1)
         assert _marked_text(view._strips) == ""
         assert isinstance(transcript.last_view(), MessageView)
+
+
+def _code_colours(strips: list[Strip], marker: str) -> set[object]:
+    """The foreground colours of the text on the rows that show `marker` (lines of a code block)."""
+    return {segment.style.color for strip in strips if marker in strip.text for segment in strip
+            if segment.text.strip() and segment.style is not None}
+
+
+async def test_a_long_code_block_being_written_is_highlighted_once_complete() -> None:
+    code = "\n".join(f"def step_{i}(x):  # note {i}\n    return x + {i}" for i in range(LIVE_HIGHLIGHT_MAX_LINES))
+    app = TranscriptHost()
+    async with app.run_test(size=(80, 30)) as pilot:
+        transcript = app.query_one(Transcript)
+        live = await transcript.start_live(9, "model")
+        transcript.write_live(f"Here:\n\n```python\n{code}\n", "")
+        live.body.flush()
+        await pilot.pause(0.1)
+        # Open and longer than LIVE_HIGHLIGHT_MAX_LINES: one colour for all of it, and the finished message will not
+        # reuse these lines.
+        assert len(_code_colours(live.body._strips, "step_")) == 1
+        assert live.body.plain_lines(live.body.size.width) is None
+        transcript.write_live("```\n", "")
+        message = StoredMessage(9, 1, None, "assistant", live.text, "", "complete", "", "", "model", {}, 3)
+        view = await transcript.freeze_live(message)
+        assert view is not None
+        await pilot.pause(0.1)
+        assert len(_code_colours(view._strips, "step_")) > 2  # highlighted: keywords, names, comments
+        # A short block is highlighted while it is written.
+        live = await transcript.start_live(10, "model")
+        transcript.write_live("Short:\n\n```python\ndef f(x):  # note\n    return x\n", "")
+        live.body.flush()
+        await pilot.pause(0.1)
+        assert len(_code_colours(live.body._strips, "return")) > 1
+        assert live.body.plain_lines(live.body.size.width) is not None
 
 
 async def test_a_tail_slow_to_render_is_drawn_less_often(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -288,22 +288,55 @@ class _CodeBlock(RichCodeBlock):
                                 padding=1)
 
 
+LIVE_HIGHLIGHT_MAX_LINES = 80
+"""A code block still being written that is longer than this is drawn without syntax highlighting until it is
+complete: highlighting it again at every frame is Pygments lexing all of it and Rich splitting every span (a
+300-line block 70 ms a frame here, 8 ms unhighlighted; 1,000 lines 227 ms against 34). Once the block is complete
+it is drawn highlighted, and so is the finished reply."""
+
+
+class _LiveCodeBlock(_CodeBlock):
+    """A code block in the text still being written: unhighlighted past LIVE_HIGHLIGHT_MAX_LINES lines."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        code = str(self.text).rstrip()
+        if code.count("\n") < LIVE_HIGHLIGHT_MAX_LINES:
+            yield from super().__rich_console__(console, options)
+            return
+        yield _LineCachedSyntax(code, _lexer("text") or "text", theme=_syntax_theme(self.theme), word_wrap=True,
+                                padding=1)
+
+
 class _Markdown(RichMarkdown):
     elements = {**RichMarkdown.elements, "fence": _CodeBlock, "code_block": _CodeBlock}
 
 
-_MARKDOWN_TEMPLATES = {dark: _Markdown("", code_theme="monokai" if dark else "default", hyperlinks=False)
-                       for dark in (True, False)}
+class _LiveMarkdown(RichMarkdown):
+    elements = {**RichMarkdown.elements, "fence": _LiveCodeBlock, "code_block": _LiveCodeBlock}
+
+
+_MARKDOWN_TEMPLATES = {
+    (dark, live): (_LiveMarkdown if live else _Markdown)("", code_theme="monokai" if dark else "default",
+                                                         hyperlinks=False)
+    for dark in (True, False) for live in (True, False)
+}
 _MARKDOWN_PARSER = MarkdownIt().enable("strikethrough").enable("table")  # the parser RichMarkdown builds
 
 
-def _markdown(text: str, *, dark: bool) -> RichMarkdown:
+def _markdown(text: str, *, dark: bool, live: bool = False) -> RichMarkdown:
     """Rich's Markdown for `text`, parsed by one shared parser: RichMarkdown() builds a new markdown-it parser
-    (compiling linkify's expressions) per instance, about 1 ms that the live reply would pay at every frame."""
-    markdown = copy.copy(_MARKDOWN_TEMPLATES[dark])
+    (compiling linkify's expressions) per instance, about 1 ms that the live reply would pay at every frame.
+    `live`: the text still being written (long code blocks unhighlighted, see LIVE_HIGHLIGHT_MAX_LINES)."""
+    markdown = copy.copy(_MARKDOWN_TEMPLATES[dark, live])
     markdown.markup = text
     markdown.parsed = _MARKDOWN_PARSER.parse(text)
     return markdown
+
+
+def _has_long_code(markdown: RichMarkdown) -> bool:
+    """Whether the text has a code block that a live render draws unhighlighted."""
+    return any(token.type in ("fence", "code_block") and token.content.rstrip().count("\n") >= LIVE_HIGHLIGHT_MAX_LINES
+               for token in markdown.parsed)
 
 
 def _is_plain_paragraph(markdown: RichMarkdown, source: str) -> bool:
@@ -783,6 +816,7 @@ class LiveBody(RenderedOnce):
         self._frozen_strips_segments = 0  # segments whose strips are in _frozen_strips
         self._frozen_colour = False
         self._tail_lines: Lines = []
+        self._tail_unhighlighted = False  # the tail has a long code block drawn without highlighting (live)
         # The tail's lines when it is one plain paragraph: ((where the tail starts, width, dark), tail, where each
         # line starts in it, the lines)
         self._plain: tuple[tuple[int, int, bool], str, list[int], Lines] | None = None
@@ -922,8 +956,9 @@ class LiveBody(RenderedOnce):
                 self.refresh()
 
     def plain_lines(self, width: int) -> Lines | None:
-        """The answer's lines at `width` without draft colouring (None when not rendered at that width)."""
-        if width != self._frozen_width:
+        """The answer's lines at `width` without draft colouring (None when not rendered at that width, or when a
+        long code block in the text still being written was drawn unhighlighted)."""
+        if width != self._frozen_width or self._tail_unhighlighted:
             return None
         lines: Lines = [line for segment in self.segments for line in segment.lines]
         return lines + self._tail_lines
@@ -949,8 +984,10 @@ class LiveBody(RenderedOnce):
         self._frozen_strips_segments = len(self.segments)
         tail = self.tail
         self._tail_lines = []
+        self._tail_unhighlighted = False
         if tail.strip():
-            markdown = _markdown(tail, dark=self.dark)
+            markdown = _markdown(tail, dark=self.dark, live=True)
+            self._tail_unhighlighted = _has_long_code(markdown)
             self._tail_lines = self._plain_lines(tail, markdown, width)
             if self.segments and _needs_separator(self.segments[-1].ends_with_rule, _block_edges(markdown)[0]):
                 self._tail_lines.insert(0, [])

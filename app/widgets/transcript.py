@@ -625,12 +625,16 @@ class MessageView(RenderedOnce, can_focus=True):
 
         app = self.app  # (Textual finds the app through a context variable that other threads do not have)
         options = app.console_options.update_width(max(1, width)).update(highlight=False)
+        # The app's console, with a lock of its own: Console.render_lines holds the console's lock for the whole
+        # render, and every widget Textual draws in the meantime would wait for it.
+        console = copy.copy(app.console)
+        console._lock = threading.RLock()
 
         def render() -> None:
             body: RenderableType = _markdown(content, dark=dark)
             if fold_note is not None:
                 body = Group(body, fold_note)
-            lines = app.console.render_lines(body, options, pad=False)  # as render_renderable does
+            lines = console.render_lines(body, options, pad=False)  # as render_renderable does
             try:
                 app.call_from_thread(self._body_ready, width, lines)
             except RuntimeError:  # the app has ended

@@ -257,6 +257,22 @@ async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> N
         assert isinstance(transcript.last_view(), MessageView)
 
 
+async def test_your_messages_keep_their_line_breaks_and_replies_are_markdown() -> None:
+    text = "Names:\nAda Lovelace\nAlan Turing\n\n```\ncode stays code\n```"
+    app = TranscriptHost()
+    async with app.run_test(size=(80, 30)) as pilot:
+        transcript = app.query_one(Transcript)
+        for role in ("user", "assistant"):
+            await transcript.append(StoredMessage(1 if role == "user" else 2, 1, None, role, text, "", "complete",
+                                                  "", "", "model", {}, 3))
+        await pilot.pause()
+        mine, reply = (["".join(s.text for s in line).strip() for line in view.body_lines(60)]
+                       for view in transcript.views())
+        assert mine[:3] == ["Names:", "Ada Lovelace", "Alan Turing"]  # as written
+        assert reply[0] == "Names: Ada Lovelace Alan Turing"  # Markdown joins a paragraph's lines
+        assert any("code stays code" in line for line in mine)
+
+
 def _code_colours(strips: list[Strip], marker: str) -> set[object]:
     """The foreground colours of the text on the rows that show `marker` (lines of a code block)."""
     return {segment.style.color for strip in strips if marker in strip.text for segment in strip

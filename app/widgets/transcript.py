@@ -323,13 +323,20 @@ _MARKDOWN_TEMPLATES = {
 _MARKDOWN_PARSER = MarkdownIt().enable("strikethrough").enable("table")  # the parser RichMarkdown builds
 
 
-def _markdown(text: str, *, dark: bool, live: bool = False) -> RichMarkdown:
+def _markdown(text: str, *, dark: bool, live: bool = False, line_breaks: bool = False) -> RichMarkdown:
     """Rich's Markdown for `text`, parsed by one shared parser: RichMarkdown() builds a new markdown-it parser
     (compiling linkify's expressions) per instance, about 1 ms that the live reply would pay at every frame.
-    `live`: the text still being written (long code blocks unhighlighted, see LIVE_HIGHLIGHT_MAX_LINES)."""
+    `live`: the text still being written (long code blocks unhighlighted, see LIVE_HIGHLIGHT_MAX_LINES).
+    `line_breaks`: each line break in a paragraph is kept (Markdown joins the lines of a paragraph): a message of
+    yours is drawn with the lines you wrote or pasted, a log or a list of names as it was."""
     markdown = copy.copy(_MARKDOWN_TEMPLATES[dark, live])
     markdown.markup = text
     markdown.parsed = _MARKDOWN_PARSER.parse(text)
+    if line_breaks:
+        for token in markdown.parsed:
+            for child in token.children or ():
+                if child.type == "softbreak":
+                    child.type = "hardbreak"
     return markdown
 
 
@@ -606,17 +613,17 @@ class MessageView(RenderedOnce, can_focus=True):
                 if self.folded:
                     lines = content.count("\n") + 1
                     note = f"▸ {lines:,} lines, {len(content):,} characters in all — t to show all"
-                    body = Group(_markdown(self.fold_head, dark=self.dark), Text(note, style=style))
+                    body = Group(_markdown(self.fold_head, dark=self.dark, line_breaks=True), Text(note, style=style))
                 else:
-                    body = Group(_markdown(content, dark=self.dark), Text("▾ t to fold", style=style))
+                    body = Group(_markdown(content, dark=self.dark, line_breaks=True), Text("▾ t to fold", style=style))
             else:
-                body = _markdown(content, dark=self.dark)
+                body = _markdown(content, dark=self.dark, line_breaks=self.message.role == "user")
             self._body_lines = self.render_renderable(body, width)
             self._body_width = width
         return self._body_lines
 
     def _render_in_thread(self, width: int) -> None:
-        content, dark = self.message.content, self.dark
+        content, dark, line_breaks = self.message.content, self.dark, self.message.role == "user"
         if self.fold_head is not None:  # unfolded: the note under it, styled here (styles are read on this thread)
             style = self.get_component_rich_style("message-view--reasoning", partial=True)
             fold_note: Text | None = Text("▾ t to fold", style=style)
@@ -631,7 +638,7 @@ class MessageView(RenderedOnce, can_focus=True):
         console._lock = threading.RLock()
 
         def render() -> None:
-            body: RenderableType = _markdown(content, dark=dark)
+            body: RenderableType = _markdown(content, dark=dark, line_breaks=line_breaks)
             if fold_note is not None:
                 body = Group(body, fold_note)
             lines = console.render_lines(body, options, pad=False)  # as render_renderable does

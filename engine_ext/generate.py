@@ -49,6 +49,10 @@ class PromptTooLong(EngineError):
     """The prompt does not fit the context even after dropping old turns."""
 
 
+class PromptCancelled(Exception):
+    """The request was cancelled while its prompt was being read (between two batches)."""
+
+
 @dataclass
 class PromptPlan:
     tokens: list[int]
@@ -203,9 +207,16 @@ class Session:
         self.checkpoints.append(self.ctx.save_checkpoint(key))
         del self.checkpoints[:-MAX_CHECKPOINTS]
 
-    def _evaluate(self, tokens: Sequence[int], *, logits_last: bool) -> None:
-        n_batch = self.ctx.n_batch
+    def _evaluate(
+        self, tokens: Sequence[int], *, logits_last: bool, cancelled: Callable[[], bool] | None = None
+    ) -> None:
+        """Decode `tokens` into the context, a micro-batch (n_ubatch) at a time: llama_decode splits a larger batch
+        into micro-batches anyway, and between two of them `cancelled` is asked (a long prompt takes seconds, and
+        Esc must not wait for all of it). What was decoded stays in the cache."""
+        n_batch = min(self.ctx.n_batch, self.ctx.params.n_ubatch)
         for start in range(0, len(tokens), n_batch):
+            if start and cancelled is not None and cancelled():
+                raise PromptCancelled
             chunk = tokens[start : start + n_batch]
             last = start + n_batch >= len(tokens)
             pos0 = len(self.cached)
@@ -214,25 +225,27 @@ class Session:
             if self.spec is not None:
                 self.spec.process(chunk, pos0)  # model drafters (MTP) read the target's hidden states
 
-    def evaluate_prompt(self, tokens: Sequence[int], *, split_last: bool = True, hold_last: bool = False) -> int:
+    def evaluate_prompt(self, tokens: Sequence[int], *, split_last: bool = True, hold_last: bool = False,
+                        cancelled: Callable[[], bool] | None = None) -> int:
         """Evaluate what the cache lacks, leaving logits for the last token; returns tokens reused.
 
         With `hold_last` the last token is left out: speculative decoding verifies it in its first batch, with
         the first draft (as upstream's speculative-simple starts, so a copy can start with the reply).
+        Raises PromptCancelled when `cancelled` says so between batches.
         """
         n_cached = self._reuse_cache(tokens)
         rest = tokens[n_cached:]
         if hold_last:
-            self._evaluate(rest[:-1], logits_last=False)
+            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled)
             if split_last and len(rest) > 1:
                 self._checkpoint()
             return n_cached
         if split_last and len(rest) > 1:
             # Checkpoint just before the last prompt token so a regenerate re-evaluates one token.
-            self._evaluate(rest[:-1], logits_last=False)
+            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled)
             self._checkpoint()
             rest = rest[-1:]
-        self._evaluate(rest, logits_last=True)
+        self._evaluate(rest, logits_last=True, cancelled=cancelled)
         return n_cached
 
     def reset_cache(self) -> None:
@@ -257,7 +270,13 @@ class Session:
         self._choose_backend_sampling(sampler, spec)
         try:
             t_prompt = time.perf_counter()
-            n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last, hold_last=spec is not None)
+            try:
+                n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last, hold_last=spec is not None,
+                                                cancelled=cancelled)
+            except PromptCancelled:  # Esc while a long prompt was read: no reply, the prompt read so far is kept
+                now = time.perf_counter()
+                stopped = _LoopResult("cancelled", 0, now, now, 0.0, None)
+                return self._finish(request, plan, 0, (now - t_prompt) * 1000.0, stopped)
             prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
             emit(PromptEvaluated(request.request_id, len(plan.tokens), n_cached, self.ctx.n_ctx))
             if plan.text is not None:
@@ -275,7 +294,7 @@ class Session:
             stream.finish()
         finally:
             sampler.close()
-        return self._finish(request, plan, n_cached, prompt_ms, loop, stream)
+        return self._finish(request, plan, n_cached, prompt_ms, loop)
 
     def _choose_backend_sampling(self, sampler: Sampler, spec: SpeculativeDriver | None) -> None:
         """With `backend_greedy`, attach the context's backend greedy sampler for a pure greedy speculative request;
@@ -463,7 +482,6 @@ class Session:
         n_cached: int,
         prompt_ms: float,
         loop: _LoopResult,
-        stream: _ReplyStream,
     ) -> Finished:
         n_prompt = len(plan.tokens)
         if plan.text is not None and len(self.cached) > n_prompt:

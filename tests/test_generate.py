@@ -50,6 +50,34 @@ def test_cancel_is_checked_before_every_decode(llama_session: Session, cancel_af
     assert done.stats.n_ctx_used == done.stats.prompt_tokens + cancel_after - 1
 
 
+def test_cancel_while_a_long_prompt_is_read_keeps_what_was_read(tiny_models: dict[str, Path]) -> None:
+    model = Model(tiny_models["llama"])
+    ctx = Context(model, ContextParams(n_ctx=512, n_batch=16, n_threads=2))
+    try:
+        session = Session(model, ctx)
+        prompt = " ".join(f"word{i}" for i in range(40))
+        polls = 0
+
+        def cancelled() -> bool:  # asked before each prompt batch but the first: Esc arrives before the third
+            nonlocal polls
+            polls += 1
+            return polls >= 2
+
+        events: list[Event] = []
+        request = Generate(request_id=1, prompt=prompt, sampling=GREEDY, max_tokens=8, ignore_eos=True)
+        done = session.generate(request, events.append, cancelled)
+        assert done.stop_reason == "cancelled" and done.stats.generated_tokens == 0
+        assert done.stats.n_ctx_used == 32 < done.stats.prompt_tokens  # two batches of 16 read, then it stopped
+        assert events == []  # no reply started
+        # The next request reads only what the cancelled one had not.
+        again = session.generate(Generate(request_id=2, prompt=prompt, sampling=GREEDY, max_tokens=8,
+                                          ignore_eos=True), lambda _e: None, lambda: False)
+        assert again.stop_reason == "max_tokens" and again.stats.prompt_tokens_cached == 32
+    finally:
+        ctx.close()
+        model.close()
+
+
 def test_chunks_carry_every_token_once(llama_session: Session) -> None:
     events: list[Event] = []
     request = Generate(request_id=3, prompt="count", sampling=GREEDY, max_tokens=40, ignore_eos=True)

@@ -31,6 +31,7 @@ from app.messages import (
     ModelLoadProgress,
     ModelLoadStarted,
     ModelSummary,
+    PromptProgressed,
     SpeculativeConfigured,
     SpeculativeStatsUpdated,
     SteeringApplied,
@@ -55,6 +56,7 @@ from engine_ext.protocol import (
     LoadProgress,
     MakeControlVector,
     PromptEvaluated,
+    PromptProgress,
     Request,
     SetSpeculative,
     SetSteering,
@@ -380,6 +382,8 @@ class EngineBridge:
                     )
                 )
             )
+        elif isinstance(event, PromptProgress):
+            self._post(PromptProgressed(event.request_id, event.done, event.total))
         elif isinstance(event, PromptEvaluated):
             generation = self._generations.get(event.request_id)
             if generation is not None:

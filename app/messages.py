@@ -109,6 +109,16 @@ class TokensArrived(Message, bubble=False):
         self.draft_spans = draft_spans
 
 
+class PromptProgressed(Message, bubble=False):
+    """A long prompt is being read: `done` of its `total` tokens are in the context."""
+
+    def __init__(self, request_id: int, done: int, total: int) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.done = done
+        self.total = total
+
+
 class GenerationStatsUpdated(Message, bubble=False):
     """Live decode speed (and, once the prompt is evaluated, the context in use) while streaming; a newer one
     replaces an unprocessed older one."""

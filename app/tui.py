@@ -29,6 +29,7 @@ from app.messages import (
     ModelLoadProgress,
     ModelLoadStarted,
     ModelSummary,
+    PromptProgressed,
     TokensArrived,
 )
 from app.model_list import local_models
@@ -305,6 +306,11 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         chat = self.chat
         if chat is not None:
             chat.on_generation_stats_updated(event)
+
+    def on_prompt_progressed(self, event: PromptProgressed) -> None:
+        chat = self.chat
+        if chat is not None:
+            chat.on_prompt_progressed(event)
 
     async def on_generation_finished(self, event: GenerationFinished) -> None:
         chat = self.chat

@@ -24,6 +24,7 @@ from engine_ext.protocol import (
     Generate,
     GenerationStats,
     PromptEvaluated,
+    PromptProgress,
     SpeculativeStats,
     SpeculativeUpdate,
     StopReason,
@@ -208,15 +209,23 @@ class Session:
         del self.checkpoints[:-MAX_CHECKPOINTS]
 
     def _evaluate(
-        self, tokens: Sequence[int], *, logits_last: bool, cancelled: Callable[[], bool] | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        logits_last: bool,
+        cancelled: Callable[[], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         """Decode `tokens` into the context, a micro-batch (n_ubatch) at a time: llama_decode splits a larger batch
         into micro-batches anyway, and between two of them `cancelled` is asked (a long prompt takes seconds, and
-        Esc must not wait for all of it). What was decoded stays in the cache."""
+        Esc must not wait for all of it). What was decoded stays in the cache. `progress` is told how many of
+        `tokens` are in before each micro-batch but the first."""
         n_batch = min(self.ctx.n_batch, self.ctx.params.n_ubatch)
         for start in range(0, len(tokens), n_batch):
             if start and cancelled is not None and cancelled():
                 raise PromptCancelled
+            if start and progress is not None:
+                progress(start)
             chunk = tokens[start : start + n_batch]
             last = start + n_batch >= len(tokens)
             pos0 = len(self.cached)
@@ -226,23 +235,27 @@ class Session:
                 self.spec.process(chunk, pos0)  # model drafters (MTP) read the target's hidden states
 
     def evaluate_prompt(self, tokens: Sequence[int], *, split_last: bool = True, hold_last: bool = False,
-                        cancelled: Callable[[], bool] | None = None) -> int:
+                        cancelled: Callable[[], bool] | None = None,
+                        progress: Callable[[int, int], None] | None = None) -> int:
         """Evaluate what the cache lacks, leaving logits for the last token; returns tokens reused.
 
         With `hold_last` the last token is left out: speculative decoding verifies it in its first batch, with
         the first draft (as upstream's speculative-simple starts, so a copy can start with the reply).
-        Raises PromptCancelled when `cancelled` says so between batches.
+        Raises PromptCancelled when `cancelled` says so between batches. `progress(done, total)` hears how many
+        of the prompt's tokens are in the context, between batches of a prompt longer than one.
         """
         n_cached = self._reuse_cache(tokens)
         rest = tokens[n_cached:]
+        total = len(tokens)
+        told = None if progress is None else (lambda done: progress(n_cached + done, total))
         if hold_last:
-            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled)
+            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled, progress=told)
             if split_last and len(rest) > 1:
                 self._checkpoint()
             return n_cached
         if split_last and len(rest) > 1:
             # Checkpoint just before the last prompt token so a regenerate re-evaluates one token.
-            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled)
+            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled, progress=told)
             self._checkpoint()
             rest = rest[-1:]
         self._evaluate(rest, logits_last=True, cancelled=cancelled)
@@ -271,8 +284,9 @@ class Session:
         try:
             t_prompt = time.perf_counter()
             try:
-                n_cached = self.evaluate_prompt(plan.tokens, split_last=plan.split_last, hold_last=spec is not None,
-                                                cancelled=cancelled)
+                n_cached = self.evaluate_prompt(
+                    plan.tokens, split_last=plan.split_last, hold_last=spec is not None, cancelled=cancelled,
+                    progress=lambda done, total: emit(PromptProgress(request.request_id, done, total)))
             except PromptCancelled:  # Esc while a long prompt was read: no reply, the prompt read so far is kept
                 now = time.perf_counter()
                 stopped = _LoopResult("cancelled", 0, now, now, 0.0, None)

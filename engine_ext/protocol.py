@@ -143,6 +143,15 @@ class Unloaded:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """A long prompt is being read: `done` of `total` tokens are in the context (sent after each micro-batch)."""
+
+    request_id: int
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class PromptEvaluated:
     """A request's prompt is in the context and its reply starts: the context in use from here on."""
 
@@ -375,6 +384,7 @@ Event = (
     | LoadProgress
     | Loaded
     | Unloaded
+    | PromptProgress
     | PromptEvaluated
     | TokenChunk
     | Finished

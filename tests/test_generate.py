@@ -12,7 +12,7 @@ from app.models import starter_model_path
 from engine_ext.generate import Session
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, SamplingParams, SpeculativeParams
-from engine_ext.protocol import ChatMessage, Event, Generate, PromptEvaluated, TokenChunk
+from engine_ext.protocol import ChatMessage, Event, Generate, PromptEvaluated, PromptProgress, TokenChunk
 from engine_ext.speculative.factory import build_driver
 
 
@@ -68,11 +68,29 @@ def test_cancel_while_a_long_prompt_is_read_keeps_what_was_read(tiny_models: dic
         done = session.generate(request, events.append, cancelled)
         assert done.stop_reason == "cancelled" and done.stats.generated_tokens == 0
         assert done.stats.n_ctx_used == 32 < done.stats.prompt_tokens  # two batches of 16 read, then it stopped
-        assert events == []  # no reply started
+        # Told how far it got before the second batch; no reply started.
+        assert events == [PromptProgress(1, 16, done.stats.prompt_tokens)]
         # The next request reads only what the cancelled one had not.
         again = session.generate(Generate(request_id=2, prompt=prompt, sampling=GREEDY, max_tokens=8,
                                           ignore_eos=True), lambda _e: None, lambda: False)
         assert again.stop_reason == "max_tokens" and again.stats.prompt_tokens_cached == 32
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_a_long_prompt_reports_its_progress_between_micro_batches(tiny_models: dict[str, Path]) -> None:
+    model = Model(tiny_models["llama"])
+    ctx = Context(model, ContextParams(n_ctx=512, n_batch=512, n_ubatch=64, n_threads=2))
+    try:
+        events: list[Event] = []
+        request = Generate(request_id=5, prompt=" ".join(f"word{i}" for i in range(40)), sampling=GREEDY,
+                           max_tokens=2, ignore_eos=True)
+        done = Session(model, ctx).generate(request, events.append, lambda: False)
+        progress = [e for e in events if isinstance(e, PromptProgress)]
+        total = done.stats.prompt_tokens
+        assert [p.done for p in progress] == list(range(64, total - 1, 64)) and all(p.total == total for p in progress)
+        assert isinstance(events[len(progress)], PromptEvaluated)  # all of it before the reply starts
     finally:
         ctx.close()
         model.close()

@@ -17,6 +17,7 @@ from textual.geometry import Region
 from textual.message import Message
 from textual.pilot import Pilot
 from textual.strip import Strip
+from textual.widgets import Static
 
 from app.bridge import EngineBridge, chunk_draft_spans
 from app.messages import TokensArrived
@@ -271,6 +272,20 @@ async def test_your_messages_keep_their_line_breaks_and_replies_are_markdown() -
         assert mine[:3] == ["Names:", "Ada Lovelace", "Alan Turing"]  # as written
         assert reply[0] == "Names: Ada Lovelace Alan Turing"  # Markdown joins a paragraph's lines
         assert any("code stays code" in line for line in mine)
+
+
+async def test_the_reply_header_says_how_much_of_a_long_prompt_is_read() -> None:
+    app = TranscriptHost()
+    async with app.run_test(size=(80, 30)) as pilot:
+        transcript = app.query_one(Transcript)
+        live = await transcript.start_live(11, "model")
+        header = live.query_one(".live-header", Static)
+        live.reading(1024, 2307)
+        await pilot.pause()
+        assert "[reading the prompt: 1,024 of 2,307 tokens]" in str(header.render())
+        transcript.write_live("The reply starts.", "")
+        await pilot.pause()
+        assert "[writing…]" in str(header.render()) and "reading" not in str(header.render())
 
 
 def _code_colours(strips: list[Strip], marker: str) -> set[object]:

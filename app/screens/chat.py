@@ -21,6 +21,7 @@ from app.messages import (
     GenerationFailed,
     GenerationFinished,
     GenerationStatsUpdated,
+    PromptProgressed,
     TokensArrived,
 )
 from app.recording import ReplyRecorder
@@ -475,6 +476,13 @@ class ChatScreen(Screen[None]):
         except StoreError as error:
             self.notify(f"Could not save the reply: {error}", severity="error")
         self.transcript.write_live(event.text, event.reasoning, event.draft_spans)
+
+    def on_prompt_progressed(self, event: PromptProgressed) -> None:
+        if self.generation is None or event.request_id != self.generation.request_id:
+            return
+        live = self.transcript.live
+        if live is not None:
+            live.reading(event.done, event.total)
 
     def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
         if self.generation is None or event.request_id != self.generation.request_id:

@@ -1067,6 +1067,7 @@ class LiveMessage(LaidOutOnce, Vertical):
         self._reasoning = reasoning
         self.body = LiveBody(content, dark=dark, draft_spans=draft_spans, colour_drafts=colour_drafts)
         self.show_reasoning = False
+        self._reading = False  # the header says how much of the prompt is read
 
     @property
     def text(self) -> str:
@@ -1080,8 +1081,18 @@ class LiveMessage(LaidOutOnce, Vertical):
     def on_mount(self) -> None:
         self._update_reasoning()
 
+    def reading(self, done: int, total: int) -> None:
+        """Say in the header how much of a long prompt is read (the reply starts once all of it is)."""
+        header = _header("assistant", "", self.model, None)
+        header.append(f"  [reading the prompt: {done:,} of {total:,} tokens]", style="italic")
+        self.query_one(".live-header", Static).update(header)
+        self._reading = True
+
     def write(self, text: str, reasoning: str, spans: Sequence[DraftSpan] = ()) -> None:
         """Append streamed text (drawn within a frame) and reasoning."""
+        if self._reading:
+            self._reading = False
+            self.query_one(".live-header", Static).update(_header("assistant", "streaming", self.model, None))
         if reasoning:
             self._reasoning += reasoning
             self._update_reasoning()

@@ -295,12 +295,17 @@ complete: highlighting it again at every frame is Pygments lexing all of it and 
 it is drawn highlighted, and so is the finished reply."""
 
 
+def _highlighted_live(code: str) -> bool:
+    """Whether a code block still being written is drawn highlighted (see LIVE_HIGHLIGHT_MAX_LINES)."""
+    return code.rstrip().count("\n") < LIVE_HIGHLIGHT_MAX_LINES
+
+
 class _LiveCodeBlock(_CodeBlock):
     """A code block in the text still being written: unhighlighted past LIVE_HIGHLIGHT_MAX_LINES lines."""
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         code = str(self.text).rstrip()
-        if code.count("\n") < LIVE_HIGHLIGHT_MAX_LINES:
+        if _highlighted_live(code):
             yield from super().__rich_console__(console, options)
             return
         yield _LineCachedSyntax(code, _lexer("text") or "text", theme=_syntax_theme(self.theme), word_wrap=True,
@@ -342,7 +347,7 @@ def _markdown(text: str, *, dark: bool, live: bool = False, line_breaks: bool = 
 
 def _has_long_code(markdown: RichMarkdown) -> bool:
     """Whether the text has a code block that a live render draws unhighlighted."""
-    return any(token.type in ("fence", "code_block") and token.content.rstrip().count("\n") >= LIVE_HIGHLIGHT_MAX_LINES
+    return any(token.type in ("fence", "code_block") and not _highlighted_live(token.content)
                for token in markdown.parsed)
 
 
@@ -599,37 +604,36 @@ class MessageView(RenderedOnce, can_focus=True):
         """
         if width != self._body_width:
             content = self.message.content
-            body: RenderableType
+            build = self._body_builder()
             if len(content) >= BACKGROUND_RENDER_CHARS and not self.folded:
                 if self._rendering_width != width:
                     self._rendering_width = width
-                    self._render_in_thread(width)
+                    self._render_in_thread(build, width)
                 note = f"drawing {len(content):,} characters…"
                 return self.render_renderable(Text(note, style="dim italic"), width)
-            if not content.strip() and self.message.state != "complete":
-                body = Text("(no text)", style="dim italic")
-            elif self.fold_head is not None:
-                style = self.get_component_rich_style("message-view--reasoning", partial=True)
-                if self.folded:
-                    lines = content.count("\n") + 1
-                    note = f"▸ {lines:,} lines, {len(content):,} characters in all — t to show all"
-                    body = Group(_markdown(self.fold_head, dark=self.dark, line_breaks=True), Text(note, style=style))
-                else:
-                    body = Group(_markdown(content, dark=self.dark, line_breaks=True), Text("▾ t to fold", style=style))
-            else:
-                body = _markdown(content, dark=self.dark, line_breaks=self.message.role == "user")
-            self._body_lines = self.render_renderable(body, width)
+            self._body_lines = self.render_renderable(build(), width)
             self._body_width = width
         return self._body_lines
 
-    def _render_in_thread(self, width: int) -> None:
-        content, dark, line_breaks = self.message.content, self.dark, self.message.role == "user"
-        if self.fold_head is not None:  # unfolded: the note under it, styled here (styles are read on this thread)
-            style = self.get_component_rich_style("message-view--reasoning", partial=True)
-            fold_note: Text | None = Text("▾ t to fold", style=style)
-        else:
-            fold_note = None
+    def _body_builder(self) -> Callable[[], RenderableType]:
+        """What the body draws, made when called: the Markdown is parsed there, which may be on another thread
+        (the styles, read from the widget, are looked up here)."""
+        content, dark = self.message.content, self.dark
+        if not content.strip() and self.message.state != "complete":
+            empty = Text("(no text)", style="dim italic")
+            return lambda: empty
+        if self.fold_head is None:
+            line_breaks = self.message.role == "user"
+            return lambda: _markdown(content, dark=dark, line_breaks=line_breaks)
+        style = self.get_component_rich_style("message-view--reasoning", partial=True)
+        if self.folded:
+            head, lines = self.fold_head, content.count("\n") + 1
+            note = Text(f"▸ {lines:,} lines, {len(content):,} characters in all — t to show all", style=style)
+            return lambda: Group(_markdown(head, dark=dark, line_breaks=True), note)
+        fold = Text("▾ t to fold", style=style)
+        return lambda: Group(_markdown(content, dark=dark, line_breaks=True), fold)
 
+    def _render_in_thread(self, build: Callable[[], RenderableType], width: int) -> None:
         app = self.app  # (Textual finds the app through a context variable that other threads do not have)
         options = app.console_options.update_width(max(1, width)).update(highlight=False)
         # The app's console, with a lock of its own: Console.render_lines holds the console's lock for the whole
@@ -638,10 +642,7 @@ class MessageView(RenderedOnce, can_focus=True):
         console._lock = threading.RLock()
 
         def render() -> None:
-            body: RenderableType = _markdown(content, dark=dark, line_breaks=line_breaks)
-            if fold_note is not None:
-                body = Group(body, fold_note)
-            lines = console.render_lines(body, options, pad=False)  # as render_renderable does
+            lines = console.render_lines(build(), options, pad=False)  # as render_renderable does
             try:
                 app.call_from_thread(self._body_ready, width, lines)
             except RuntimeError:  # the app has ended
@@ -655,9 +656,8 @@ class MessageView(RenderedOnce, can_focus=True):
         self._rendering_width = -1
         self._body_lines, self._body_width = lines, width
         transcript = self.parent
-        at_end = isinstance(transcript, Transcript) and transcript.at_bottom
         self.invalidate()
-        if at_end and isinstance(transcript, Transcript):
+        if isinstance(transcript, Transcript) and transcript.at_bottom:  # keep showing the end of the conversation
             transcript.call_after_refresh(transcript.scroll_end, animate=False, immediate=True)
 
     def render_strips(self, width: int) -> list[Strip]:

@@ -53,6 +53,8 @@ class PromptTooLong(EngineError):
 class PromptCancelled(Exception):
     """The request was cancelled while its prompt was being read (between two batches)."""
 
+    n_cached = 0  # prompt tokens reused from the cache (evaluate_prompt sets it)
+
 
 @dataclass
 class PromptPlan:
@@ -222,10 +224,11 @@ class Session:
         `tokens` are in before each micro-batch but the first."""
         n_batch = min(self.ctx.n_batch, self.ctx.params.n_ubatch)
         for start in range(0, len(tokens), n_batch):
-            if start and cancelled is not None and cancelled():
-                raise PromptCancelled
-            if start and progress is not None:
-                progress(start)
+            if start:
+                if cancelled is not None and cancelled():
+                    raise PromptCancelled
+                if progress is not None:
+                    progress(start)
             chunk = tokens[start : start + n_batch]
             last = start + n_batch >= len(tokens)
             pos0 = len(self.cached)
@@ -246,19 +249,22 @@ class Session:
         """
         n_cached = self._reuse_cache(tokens)
         rest = tokens[n_cached:]
-        total = len(tokens)
-        told = None if progress is None else (lambda done: progress(n_cached + done, total))
-        if hold_last:
-            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled, progress=told)
+        told = None if progress is None else (lambda done: progress(n_cached + done, len(tokens)))
+        try:
+            if hold_last:
+                self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled, progress=told)
+                if split_last and len(rest) > 1:
+                    self._checkpoint()
+                return n_cached
             if split_last and len(rest) > 1:
+                # Checkpoint just before the last prompt token so a regenerate re-evaluates one token.
+                self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled, progress=told)
                 self._checkpoint()
-            return n_cached
-        if split_last and len(rest) > 1:
-            # Checkpoint just before the last prompt token so a regenerate re-evaluates one token.
-            self._evaluate(rest[:-1], logits_last=False, cancelled=cancelled, progress=told)
-            self._checkpoint()
-            rest = rest[-1:]
-        self._evaluate(rest, logits_last=True, cancelled=cancelled)
+                rest = rest[-1:]
+            self._evaluate(rest, logits_last=True, cancelled=cancelled)
+        except PromptCancelled as stop:
+            stop.n_cached = n_cached
+            raise
         return n_cached
 
     def reset_cache(self) -> None:
@@ -287,10 +293,10 @@ class Session:
                 n_cached = self.evaluate_prompt(
                     plan.tokens, split_last=plan.split_last, hold_last=spec is not None, cancelled=cancelled,
                     progress=lambda done, total: emit(PromptProgress(request.request_id, done, total)))
-            except PromptCancelled:  # Esc while a long prompt was read: no reply, the prompt read so far is kept
+            except PromptCancelled as stop:  # Esc while a long prompt was read: no reply, what was read is kept
                 now = time.perf_counter()
                 stopped = _LoopResult("cancelled", 0, now, now, 0.0, None)
-                return self._finish(request, plan, 0, (now - t_prompt) * 1000.0, stopped)
+                return self._finish(request, plan, stop.n_cached, (now - t_prompt) * 1000.0, stopped)
             prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
             emit(PromptEvaluated(request.request_id, len(plan.tokens), n_cached, self.ctx.n_ctx))
             if plan.text is not None:

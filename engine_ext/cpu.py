@@ -18,7 +18,7 @@ import ctypes.util
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,3 +155,101 @@ def _darwin_performance_cores() -> int | None:
             return value.value if value.value > 0 else None
     return None
 
+
+
+# ----- contention: how much of the CPUs the engine runs on other programs are using -----
+
+PROC_STAT_MAX_BYTES = 256 * 1024  # /proc/stat's cpu lines come first (about 100 bytes each); the rest is not read
+PID_STAT_MAX_BYTES = 4096  # /proc/<pid>/stat is one line of a few hundred bytes
+BUSY_MIN_CPUS = 0.5  # others' use below this is noise (a terminal, a shell prompt): never called busy
+BUSY_MIN_SHARE = 0.25  # ... and below this share of the engine's threads
+
+
+def read_bounded(path: Path, limit: int) -> str:
+    """At most `limit` bytes of a file as text (the /proc reads of `CpuContention`)."""
+    with open(path, "rb") as file:
+        return file.read(limit).decode("ascii", "replace")
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    """Other programs' CPU use over the CPUs the engine may run on, since the previous sample."""
+
+    others: float  # CPUs' worth other processes used (1.5: one and a half CPUs busy all the time)
+    cpus: int  # logical CPUs counted: the engine's affinity (all the machine's where it is not known)
+    threads: int = 0  # the engine's decode threads (0: not known; the bridge fills it in)
+
+    def busy(self) -> bool:
+        """Whether others crowd the engine's threads: the CPUs they leave idle are fewer than the engine's threads
+        (so its threads wait for a time slice, and ggml's threads wait for the slowest after every operation),
+        and their use is more than `BUSY_MIN_CPUS` and more than `BUSY_MIN_SHARE` of the threads. A 2-CPU machine
+        decoding on 2 threads is busy once others use 0.5 of a CPU; a 64-CPU one on 8 threads only past 56."""
+        threads = self.threads or self.cpus
+        return (self.others > BUSY_MIN_CPUS and self.others > BUSY_MIN_SHARE * threads
+                and self.cpus - self.others < threads)
+
+
+class CpuContention:
+    """Samples how many CPUs' worth other processes use, from /proc (Linux); None wherever it cannot say.
+
+    Each `sample(pids)` compares the busy time of the CPUs in `cpus` (/proc/stat) with the last sample's, less the
+    CPU time of `pids` (the engine worker and this process: /proc/<pid>/stat utime + stime), both in the kernel's
+    clock ticks. Reads are bounded and injectable (`read(path, max_bytes)`), and it never raises: no /proc (macOS),
+    an unreadable or garbled file, a pid that is new since the last sample: None (the next sample has a baseline).
+    """
+
+    def __init__(self, cpus: Iterable[int] | None = None, *, proc: Path = PROC,
+                 read: Callable[[Path, int], str] = read_bounded) -> None:
+        if cpus is None:
+            cpus = _usable_cpus()
+        self.cpus = frozenset(cpus) if cpus is not None else None  # None: the machine's total ("cpu " line)
+        self.proc = proc
+        self.read = read
+        self._last: tuple[int, int, dict[int, int], int] | None = None  # busy, total ticks; pids' ticks; CPUs
+
+    def sample(self, pids: Iterable[int]) -> CpuLoad | None:
+        """Others' use since the last call (None on the first call, or when /proc cannot say)."""
+        try:
+            now = self._read(pids)
+        except Exception:  # noqa: BLE001 - a stats readout never takes the caller down
+            now = None
+        last, self._last = self._last, now
+        if now is None or last is None:
+            return None
+        (busy, total, ours, n_cpus), (last_busy, last_total, last_ours, _) = now, last
+        if total <= last_total or busy < last_busy or set(ours) - set(last_ours):
+            return None  # counters went back (CPUs taken offline) or a process started since: a new baseline
+        ticks = sum(ours[pid] - last_ours[pid] for pid in ours)
+        others = (busy - last_busy - max(0, ticks)) / (total - last_total) * n_cpus
+        return CpuLoad(round(min(float(n_cpus), max(0.0, others)), 2), n_cpus)
+
+    def _read(self, pids: Iterable[int]) -> tuple[int, int, dict[int, int], int] | None:
+        text = self.read(self.proc / "stat", PROC_STAT_MAX_BYTES)
+        lines = text.splitlines()
+        if len(text) >= PROC_STAT_MAX_BYTES:
+            lines = lines[:-1]  # cut off mid-line
+        busy = total = n_cpus = 0
+        for line in lines:
+            name, _, values = line.partition(" ")
+            if not name.startswith("cpu"):
+                break  # the cpu lines come first
+            counted = name == "cpu" if self.cpus is None else name != "cpu" and int(name[3:]) in self.cpus
+            if not counted:
+                continue
+            # user nice system idle iowait irq softirq steal (guest time is already in user and nice)
+            ticks = [int(value) for value in values.split()[:8]]
+            if len(ticks) < 4:
+                return None
+            busy += sum(ticks) - sum(ticks[3:5])  # all but idle and iowait; steal counts: another VM took it
+            total += sum(ticks)
+            n_cpus += 1 if self.cpus is not None else 0
+        if total <= 0:
+            return None
+        if self.cpus is None:
+            n_cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        ours: dict[int, int] = {}
+        for pid in set(pids):
+            stat = self.read(self.proc / str(pid) / "stat", PID_STAT_MAX_BYTES)
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": comm may hold spaces and ')'
+            ours[pid] = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+        return (busy, total, ours, n_cpus) if n_cpus else None

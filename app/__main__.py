@@ -64,6 +64,8 @@ def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> 
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_CACHE_TYPES), default="f16")
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     p.add_argument("--mlock", action="store_true", help="lock the model in RAM")
+    p.add_argument("--no-repack", action="store_true", help="keep CPU weights as stored: no repacking for this "
+                   "CPU's matrix instructions (AMX, CPU_REPACK); avoids a repack path that crashes")
     p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="llama.cpp RPC servers to use as devices")
     p.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default="layer",
                    help="how to split the model across devices (tensor: llama.cpp's tensor parallelism)")
@@ -199,6 +201,7 @@ def _model_params(
         n_gpu_layers=args.n_gpu_layers,
         use_mmap=not args.no_mmap,
         use_mlock=args.mlock,
+        use_extra_bufts=not args.no_repack and _saved_repack(),
         load_mtp=load_mtp,
         rpc_servers=tuple(s.strip() for s in args.rpc.split(",") if s.strip()),
         split_mode=args.split_mode,
@@ -207,6 +210,17 @@ def _model_params(
         n_cpu_moe=args.n_cpu_moe,
         fit_target_mib=args.fit_target,
     )
+
+
+def _saved_repack() -> bool:
+    """Whether the saved settings repack CPU weights (F3; engine.use_extra_bufts): a crash fix made there holds for
+    the commands too. A broken config.toml is the chat app's to report; here it means the default."""
+    from app.config import ConfigError, load_config
+
+    try:
+        return load_config().engine.use_extra_bufts
+    except (ConfigError, OSError):
+        return True
 
 
 def _gpu_layers(text: str) -> int:
@@ -283,8 +297,8 @@ def format_stats(stats: GenerationStats) -> str:
 # ----- commands -----------------------------------------------------------------------------------------
 
 
-def _stream(client: EngineClient, request: Generate, *, echo: bool,
-            provenance: list[str] | None = None) -> tuple[str, list[int], Finished]:
+def _stream(client: EngineClient, request: Generate, *, echo: bool, provenance: list[str] | None = None,
+            echoed: list[bool] | None = None) -> tuple[str, list[int], Finished]:
     """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`; each token's source
     ("target", or the drafter that proposed it) is added to `provenance` when given."""
     text: list[str] = []
@@ -303,6 +317,8 @@ def _stream(client: EngineClient, request: Generate, *, echo: bool,
                         in_reasoning = True
                     sys.stderr.write(event.reasoning)
                     sys.stderr.flush()
+                if echoed is not None and not echoed and (event.text or event.reasoning):
+                    echoed.append(True)
                 if event.text:
                     if in_reasoning:
                         sys.stderr.write("\n")
@@ -322,32 +338,74 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     spec = _spec_params(args, path)
     spec.validate()
+    model = _model_params(args, spec, path)
+    context = _context_params(args, n_rs_seq=_rs_rollback_depth(spec, path))
     with start_engine() as client:
-        n_rs_seq = _rs_rollback_depth(spec, path)
-        _loaded(client.load(path, _model_params(args, spec, path), _context_params(args, n_rs_seq=n_rs_seq)))
-        if spec.enabled:
-            client.set_speculative(spec)
-        steering = steering_entries(args)
-        if steering:
-            applied = client.set_steering(steering)
-            for notice in applied.notices:
-                print(f"note: {notice}", file=sys.stderr)
-        messages: tuple[ChatMessage, ...] = ()
-        if not args.raw:
-            if args.system:
-                messages += (ChatMessage("system", args.system),)
-            messages += (ChatMessage("user", args.prompt),)
-        request = Generate(
-            request_id=client.new_request_id(),
-            messages=messages,
-            prompt=args.prompt if args.raw else None,
-            sampling=_sampling(args),
-            max_tokens=args.n_predict,
-            stop=tuple(args.stop),
-            enable_thinking=None if args.think is None else args.think == "on",
-        )
-        provenance: list[str] = []
-        text, ids, finished = _stream(client, request, echo=not args.json, provenance=provenance)
+        echoed: list[bool] = []
+        try:
+            return _run_generation(args, client, path, spec, model, context, echoed)
+        except EngineCrashedError as error:
+            # A native crash while loading or writing the reply, with weights repacked for this CPU (a Xeon's AMX
+            # path crashed so): once more without repacking, unless the reply was already partly printed.
+            from engine_ext.recovery import native_crash, repack_retry, retry_notice
+
+            extra_bufts = client.hello.cpu_extra_bufts if client.hello is not None else ()
+            retry = repack_retry(model, extra_bufts) if native_crash(error.crashed.exit_code) else None
+            if retry is None or echoed:
+                raise _with_advice(error, model, context) from None
+            print(f"llmtui: {retry_notice(extra_bufts, 'Add --no-repack to keep it off.')}", file=sys.stderr)
+            client.start()
+            try:
+                return _run_generation(args, client, path, spec, retry, context, echoed)
+            except EngineCrashedError as again:
+                raise _with_advice(again, retry, context) from None
+
+
+def _with_advice(error: EngineCrashedError, model: ModelParams, context: ContextParams) -> EngineCrashedError:
+    """`error` with the settings that could avoid the crash (llama.cpp flags), for the one-line report."""
+    from engine_ext.cpu import default_threads
+    from engine_ext.recovery import fallbacks
+
+    options = fallbacks(model, context, context.n_threads or default_threads())
+    if options:
+        error.advice = "to avoid it, try " + ", ".join(f"{f.flag} ({f.what})" for f in options)
+    return error
+
+
+def _run_generation(
+    args: argparse.Namespace,
+    client: EngineClient,
+    path: Path,
+    spec: SpeculativeParams,
+    model: ModelParams,
+    context: ContextParams,
+    echoed: list[bool],
+) -> int:
+    """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
+    _loaded(client.load(path, model, context))
+    if spec.enabled:
+        client.set_speculative(spec)
+    steering = steering_entries(args)
+    if steering:
+        applied = client.set_steering(steering)
+        for notice in applied.notices:
+            print(f"note: {notice}", file=sys.stderr)
+    messages: tuple[ChatMessage, ...] = ()
+    if not args.raw:
+        if args.system:
+            messages += (ChatMessage("system", args.system),)
+        messages += (ChatMessage("user", args.prompt),)
+    request = Generate(
+        request_id=client.new_request_id(),
+        messages=messages,
+        prompt=args.prompt if args.raw else None,
+        sampling=_sampling(args),
+        max_tokens=args.n_predict,
+        stop=tuple(args.stop),
+        enable_thinking=None if args.think is None else args.think == "on",
+    )
+    provenance: list[str] = []
+    text, ids, finished = _stream(client, request, echo=not args.json, provenance=provenance, echoed=echoed)
     if args.json:
         out = {
             "text": text,
@@ -454,7 +512,7 @@ def cmd_rpc_server(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from engine_ext.doctor import diagnose
 
-    report = diagnose()
+    report = diagnose(repack=_saved_repack())
     if args.json:
         print(json.dumps(report.to_dict()))
         return 0
@@ -467,6 +525,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  {d.name:10} {d.type:14} {d.description}  {memory}")
     print(f"CPU features: {' '.join(report.cpu_features)}")
     print(f"threads by default: {report.threads_reason}")
+    if report.cpu_extra_bufts:
+        use = ("in use: CPU weights are repacked for them when a model loads (--no-repack or F3 → Repack weights "
+               "turns it off)" if report.repack else "not in use: repacking is off in the settings (F3)")
+        print(f"CPU extra buffer types: {', '.join(report.cpu_extra_bufts)}, {use}")
+    else:
+        print("CPU extra buffer types: none in this build on this CPU (no weight repacking)")
     if report.hardware_gpus:
         print(f"GPUs on this machine: {', '.join(report.hardware_gpus)}")
     for line in report.advice:
@@ -648,10 +712,12 @@ def _open_tui(arguments: list[str]) -> int:
     """`llmtui [-m MODEL]`: the full-screen chat app."""
     parser = argparse.ArgumentParser(prog="llmtui", description="Open the chat app.")
     parser.add_argument("-m", "--model", default=None, help="model: a .gguf path or 'starter' (default: the last)")
+    parser.add_argument("--no-repack", action="store_true", help="no CPU weight repacking this session (AMX, "
+                        "CPU_REPACK; F3 settings keep it off for good)")
     args = parser.parse_args(arguments)
     from app.tui import run_tui
 
-    return run_tui(args.model)
+    return run_tui(args.model, no_repack=args.no_repack)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -666,10 +732,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmtui: error: {exc}", file=sys.stderr)
         return 1
     except EngineCrashedError as exc:
+        if not exc.advice and hasattr(args, "no_repack"):  # run, chat, bench: the engine settings that could help
+            try:
+                _with_advice(exc, _model_params(args), _context_params(args))
+            except (CliError, ValueError):
+                pass
         crashed = exc.crashed
         print(f"llmtui: error: {crashed.description}", file=sys.stderr)
         if crashed.log_tail:
             print("engine log (last lines):\n" + crashed.log_tail, file=sys.stderr)
+        if crashed.log_path:
+            print(f"the whole engine log: {crashed.log_path}", file=sys.stderr)
+        if exc.advice:
+            print(f"llmtui: {exc.advice}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

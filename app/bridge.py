@@ -20,6 +20,7 @@ from app.config import EngineSettings, SamplingSettings
 from app.messages import (
     DraftSpan,
     EngineCrashed,
+    EngineRecovering,
     EngineRequestFailed,
     EngineStarted,
     EngineStarting,
@@ -41,6 +42,7 @@ from app.messages import (
     add_span,
 )
 from engine_ext.client import EngineClient, EngineCrashedError
+from engine_ext.cpu import CpuContention, CpuLoad
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     REJECTED_PREFIX,
@@ -67,13 +69,16 @@ from engine_ext.protocol import (
     VectorMade,
     VectorProgress,
 )
+from engine_ext.recovery import EARLY_REPLIES, Fallback, fallbacks, native_crash, repack_retry, retry_notice
 
 POLL_S: Final = 0.05
+KEEP_REPACK_OFF: Final = "To keep it off: F3 → Repack weights: off (or llmtui --no-repack)."
 # Tokens reach the UI at most 20 times a second (batched in order, never dropped). The worker sends them 15 times a
 # second, so each batch is passed on as it arrives (one wake-up of this thread, no added delay); the gap only holds
 # back bursts (a backlog drained from the pipe at once).
 FLUSH_INTERVAL_S: Final = 1 / 20
 STATS_INTERVAL_S: Final = 0.5  # the stats bar's tok/s twice a second
+CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at most once a second
 MAX_EVENTS_PER_READ: Final = 512
 BACKLOG_LIMIT: Final = 24  # UI messages waiting: hold token batches (keep reading the pipe) until it drains
 
@@ -123,6 +128,7 @@ class _Generation:
     stats_posted_at: float = 0.0
     prompt_tokens: int | None = None  # once the prompt is evaluated
     n_ctx: int | None = None
+    request: Generate | None = None  # what was sent (sent again when the engine is restarted after an early crash)
 
 
 class EngineBridge:
@@ -140,6 +146,7 @@ class EngineBridge:
         *,
         client_factory: Callable[[Path], EngineClient] = EngineClient,
         backlog: Callable[[], int] | None = None,
+        cpu_sampler: Callable[[], CpuContention | None] = CpuContention,
     ) -> None:
         # The spawned worker gets the multiprocessing resource tracker's fd; start the tracker now, while
         # sys.stderr is still the real one (inside a Textual app it is a capture object without a file descriptor).
@@ -156,6 +163,9 @@ class EngineBridge:
         self._thread = threading.Thread(target=self._run, name="llmtui-engine-bridge", daemon=True)
         self._ids = itertools.count(1)
         self._backlog = backlog or (lambda: 0)
+        self._cpu = cpu_sampler()  # None: not measured (tests pass a fake, or none, so the machine's load is not seen)
+        self._cpu_sampled: tuple[int, float, CpuLoad | None] = (0, 0.0, None)  # request id, when, what it measured
+        self._n_threads = 0  # the loaded model's decode threads (the worker's ModelInfo)
         self._pending: dict[int, _Pending] = {}
         self._pending_since: float | None = None  # when the tokens not yet posted began to arrive
         self._flushed_at = -FLUSH_INTERVAL_S  # when tokens were last posted (time.monotonic)
@@ -163,6 +173,11 @@ class EngineBridge:
         self._loading: str | None = None
         self._model: tuple[str, EngineSettings, bool, int] | None = None
         self._control: list[str] = []  # speculative / steering / vector requests awaiting their answer
+        self._extra_bufts: tuple[str, ...] = ()  # the worker's CPU extra buffer types (weight repacking)
+        self._replies_since_load = 0  # replies finished since the model loaded (a crash before EARLY_REPLIES is early)
+        # The speculative and steering settings last sent for the loaded model, sent again after an automatic restart
+        # before the reply that was in flight.
+        self._sent_settings: dict[str, SetSpeculative | SetSteering] = {}
         self._running = False
         self.model_path: str | None = None
         """The model last asked for (reloaded by `restart`)."""
@@ -179,9 +194,10 @@ class EngineBridge:
         self._model = (path, engine, load_mtp, n_rs_seq)
         self._submit(lambda: self._do_load(path, engine, load_mtp, n_rs_seq))
 
-    def restart(self) -> None:
-        """Start a fresh worker and reload the last model (after a crash)."""
-        self._submit(self._do_restart)
+    def restart(self, engine: EngineSettings | None = None) -> None:
+        """Start a fresh worker and reload the last model (after a crash), with `engine` (the saved settings) when
+        given, else the settings it was loaded with."""
+        self._submit(lambda: self._do_restart(engine))
 
     def generate(
         self,
@@ -207,11 +223,11 @@ class EngineBridge:
 
     def set_speculative(self, params: SpeculativeParams) -> None:
         """Configure speculative decoding (no types: off); answered by SpeculativeConfigured or EngineRequestFailed."""
-        self._submit(lambda: self._send_control("speculative", SetSpeculative(params)))
+        self._submit(lambda: self._send_setting("speculative", SetSpeculative(params)))
 
     def set_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
         """Apply a control-vector mix (empty: none), mid-generation too; answered by SteeringApplied."""
-        self._submit(lambda: self._send_control("steering", SetSteering(entries)))
+        self._submit(lambda: self._send_setting("steering", SetSteering(entries)))
 
     def make_vector(self, prompt_set_path: str, output_path: str, method: str = "pca") -> None:
         """Make a control vector on the loaded model: VectorProgressed… then VectorCreated (or EngineRequestFailed)."""
@@ -320,6 +336,7 @@ class EngineBridge:
         self._running = False
         self._post(EngineStarting())
         hello = self._client.start()
+        self._extra_bufts = hello.cpu_extra_bufts
         self._running = True
         self._post(EngineStarted(hello.pid, hello.llama_cpp_version))
 
@@ -330,6 +347,11 @@ class EngineBridge:
         self._control.append(kind)
         self._client.send(request)
 
+    def _send_setting(self, kind: str, request: SetSpeculative | SetSteering) -> None:
+        self._send_control(kind, request)
+        if self._running:
+            self._sent_settings[kind] = request
+
     def _answered(self, kind: str) -> None:
         if kind in self._control:
             self._control.remove(kind)
@@ -337,23 +359,26 @@ class EngineBridge:
     def _do_load(self, path: str, engine: EngineSettings, load_mtp: bool = False, n_rs_seq: int = 0) -> None:
         if not self._running:
             self._start_worker()
+        self._model = (path, engine, load_mtp, n_rs_seq)
+        self._sent_settings.clear()
         self._loading = path
         self._post(ModelLoadStarted(path))
         self._send(LoadModel(path, replace(engine.model_params(), load_mtp=load_mtp),
                              replace(engine.context_params(), n_rs_seq=n_rs_seq)))
 
-    def _do_restart(self) -> None:
+    def _do_restart(self, engine: EngineSettings | None = None) -> None:
         self._flush_tokens(force=True)
         self._generations.clear()
         self._client.close()
         self._running = False
         if self._model is not None:
-            self._do_load(*self._model)
+            path, loaded_with, load_mtp, n_rs_seq = self._model
+            self._do_load(path, engine or loaded_with, load_mtp, n_rs_seq)
         else:
             self._start_worker()
 
     def _do_generate(self, request: Generate) -> None:
-        self._generations[request.request_id] = _Generation(request.request_id, time.monotonic())
+        self._generations[request.request_id] = _Generation(request.request_id, time.monotonic(), request=request)
         self._send(request)
 
     def _dispatch(self, event: Event) -> None:
@@ -365,8 +390,10 @@ class EngineBridge:
             self._post(ModelLoadProgress(self._loading or "", event.fraction))
         elif isinstance(event, Loaded):
             self._loading = None
+            self._replies_since_load = 0
             info = event.info
             name = Path(info.path).stem or info.description
+            self._n_threads = info.n_threads
             self._post(
                 ModelLoaded(
                     ModelSummary(
@@ -379,6 +406,8 @@ class EngineBridge:
                         size_bytes=info.size_bytes,
                         load_ms=info.load_ms,
                         placement=info.placement,
+                        n_threads=info.n_threads,
+                        repack=self._model[1].use_extra_bufts if self._model is not None else True,
                     )
                 )
             )
@@ -411,6 +440,7 @@ class EngineBridge:
             if event.speculative is not None:
                 self._post(SpeculativeStatsUpdated(event.speculative, final=True))
             self._generations.pop(event.request_id, None)
+            self._replies_since_load += 1
             self._post(
                 GenerationFinished(event.request_id, event.stop_reason, event.stats.to_dict(), event.notices)
             )
@@ -428,10 +458,51 @@ class EngineBridge:
     def _crashed(self, crashed: Crashed) -> None:
         self._flush_tokens(force=True)
         self._running = False
+        early = native_crash(crashed.exit_code) and (
+            self._loading is not None or self._replies_since_load < EARLY_REPLIES)
+        in_flight = [g for g in self._generations.values() if g.request is not None]
         self._loading = None
         self._generations.clear()
         self._control.clear()
-        self._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code))
+        if self._model is not None and early and self._recover(crashed, in_flight):
+            return
+        found: tuple[Fallback, ...] = ()
+        if self._model is not None:
+            from engine_ext.cpu import default_threads
+
+            engine = self._model[1]
+            found = fallbacks(engine.model_params(), engine.context_params(), engine.n_threads or default_threads())
+        self._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code, crashed.log_path, found))
+
+    def _recover(self, crashed: Crashed, in_flight: list[_Generation]) -> bool:
+        """After a native crash while loading or in the first replies with CPU weights repacked (an AMX path crashed
+        a Xeon so): start the worker again without repacking, reload, restore speculation and steering, and send
+        again the replies in flight that had no tokens yet (one with some fails, to be continued). False when
+        repacking was not on (nothing to turn off)."""
+        assert self._model is not None
+        path, engine, load_mtp, n_rs_seq = self._model
+        if repack_retry(engine.model_params(), self._extra_bufts) is None:
+            return False
+        settings = dict(self._sent_settings)
+        self._post(EngineRecovering(retry_notice(self._extra_bufts, KEEP_REPACK_OFF),
+                                    replace(engine, use_extra_bufts=False)))
+        self._client.close()
+        try:
+            self._do_load(path, replace(engine, use_extra_bufts=False), load_mtp, n_rs_seq)
+        except EngineCrashedError as error:  # the new worker died at once: the crash dialog, without repacking
+            self._crashed(error.crashed)
+            return True
+        for kind in ("speculative", "steering"):
+            if kind in settings:
+                self._send_setting(kind, settings[kind])
+        for generation in in_flight:
+            assert generation.request is not None
+            if generation.n_tokens == 0:
+                self._do_generate(generation.request)
+            else:
+                self._post(GenerationFailed(generation.request_id, "the engine crashed while writing this reply and "
+                                            "was restarted without CPU weight repacking; ctrl+g continues it"))
+        return True
 
     def _tokens(self, chunk: TokenChunk) -> None:
         now = time.monotonic()
@@ -480,4 +551,23 @@ class EngineBridge:
             rate = (generation.n_tokens - 1) / elapsed if elapsed > 0 and generation.n_tokens > 1 else 0.0
             ttft_ms = (first - generation.sent_at) * 1000
         self._post(GenerationStatsUpdated(generation.request_id, generation.n_tokens, rate, ttft_ms,
-                                          generation.prompt_tokens, generation.n_ctx))
+                                          generation.prompt_tokens, generation.n_ctx,
+                                          self._sample_cpu(generation.request_id, now)))
+
+    def _sample_cpu(self, request_id: int, now: float) -> CpuLoad | None:
+        """Other programs' CPU use during this reply (at most every CPU_SAMPLE_S; the last reading in between),
+        with the engine's threads. A reply's first sample is only a baseline: the time since the previous one
+        was not this reply's (the engine idle between replies leaves others more room)."""
+        if self._cpu is None:
+            return None
+        last_id, last_at, last = self._cpu_sampled
+        if last_id == request_id and now - last_at < CPU_SAMPLE_S:
+            return last
+        pid = self.pid
+        load = self._cpu.sample([os.getpid()] if pid is None else [os.getpid(), pid])
+        if load is not None and last_id == request_id:
+            load = replace(load, threads=self._n_threads)
+        else:
+            load = None
+        self._cpu_sampled = (request_id, now, load)
+        return load

@@ -40,7 +40,7 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class EngineSettings:
     """How models are loaded and run, with llama.cpp's names: -c, -t, -ngl, --fit-target, -fa, -ctk/-ctv, -b, -ub,
-    -sm, -ts, -mg, --n-cpu-moe, --no-mmap, --mlock, --rpc."""
+    -sm, -ts, -mg, --n-cpu-moe, --no-mmap, --mlock, --no-repack, --rpc."""
 
     n_ctx: int = 4096
     n_threads: int = 0
@@ -56,6 +56,7 @@ class EngineSettings:
     n_cpu_moe: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
+    use_extra_bufts: bool = True  # weights repacked for this CPU (AMX, CPU_REPACK); False: --no-repack
     rpc_servers: tuple[str, ...] = ()
     fit_target_mib: int = DEFAULT_FIT_TARGET_MIB  # with -ngl auto: MiB left free on each device
 
@@ -98,6 +99,7 @@ class EngineSettings:
             n_gpu_layers=self.n_gpu_layers,
             use_mmap=self.use_mmap,
             use_mlock=self.use_mlock,
+            use_extra_bufts=self.use_extra_bufts,
             main_gpu=self.main_gpu,
             rpc_servers=self.rpc_servers,
             split_mode=self.split_mode,

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
+from engine_ext.cpu import CpuLoad
 from engine_ext.protocol import SpeculativeStats, SteeringSet
+from engine_ext.recovery import Fallback
+
+if TYPE_CHECKING:
+    from app.config import EngineSettings
 
 StatsDict = dict[str, Any]
 
@@ -25,6 +30,8 @@ class ModelSummary:
     size_bytes: int
     load_ms: float
     placement: str = ""  # with -ngl auto: what the engine placed where and why
+    n_threads: int = 0  # decode threads in use (0: not known, a remote engine)
+    repack: bool = True  # CPU weights loaded into llama.cpp's extra buffer types (False: --no-repack)
 
 
 class EngineStarting(Message):
@@ -121,10 +128,11 @@ class PromptProgressed(Message, bubble=False):
 
 class GenerationStatsUpdated(Message, bubble=False):
     """Live decode speed (and, once the prompt is evaluated, the context in use) while streaming; a newer one
-    replaces an unprocessed older one."""
+    replaces an unprocessed older one. `cpu`: other programs' CPU use during this reply and the engine's threads
+    (None: not measured yet, or not measurable: another OS, a remote engine)."""
 
     def __init__(self, request_id: int, n_tokens: int, tokens_per_s: float | None, ttft_ms: float | None,
-                 prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
+                 prompt_tokens: int | None = None, n_ctx: int | None = None, cpu: CpuLoad | None = None) -> None:
         super().__init__()
         self.request_id = request_id
         self.n_tokens = n_tokens
@@ -132,6 +140,7 @@ class GenerationStatsUpdated(Message, bubble=False):
         self.ttft_ms = ttft_ms
         self.prompt_tokens = prompt_tokens  # None: not known (yet)
         self.n_ctx = n_ctx
+        self.cpu = cpu
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, GenerationStatsUpdated) and message.request_id == self.request_id
@@ -158,13 +167,27 @@ class GenerationFailed(Message):
 
 
 class EngineCrashed(Message):
-    """The worker process died; `log_tail` is the end of its log."""
+    """The worker process died; `log_tail` is the end of its log (the whole log at `log_path`), `fallbacks` the engine
+    settings that could avoid the crash, to try from the crash dialog."""
 
-    def __init__(self, description: str, log_tail: str, exit_code: int | None) -> None:
+    def __init__(self, description: str, log_tail: str, exit_code: int | None, log_path: str = "",
+                 fallbacks: tuple[Fallback, ...] = ()) -> None:
         super().__init__()
         self.description = description
         self.log_tail = log_tail
         self.exit_code = exit_code
+        self.log_path = log_path
+        self.fallbacks = fallbacks
+
+
+class EngineRecovering(Message):
+    """The worker crashed natively early on with CPU weight repacking on: it is being restarted without (the model
+    reloaded, a reply in flight sent again); `notice` says so in one line."""
+
+    def __init__(self, notice: str, settings: EngineSettings) -> None:
+        super().__init__()
+        self.notice = notice
+        self.settings = settings  # the engine settings it is restarted with
 
 
 class SpeculativeConfigured(Message):

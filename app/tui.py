@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -15,10 +16,11 @@ from textual.screen import Screen
 
 from app import paths
 from app.bridge import EngineBridge
-from app.config import Config, ConfigError, SamplingSettings, load_config, save_config
+from app.config import Config, ConfigError, EngineSettings, SamplingSettings, load_config, save_config
 from app.features import FeaturesMixin
 from app.messages import (
     EngineCrashed,
+    EngineRecovering,
     EngineStarted,
     EngineStarting,
     GenerationFailed,
@@ -70,9 +72,12 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         *,
         start_engine: bool = True,
         default_sampling: SamplingSettings | None = None,
+        engine_overrides: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.requested_model = model
+        self.engine_overrides: dict[str, Any] = dict(engine_overrides or {})
+        """Engine settings for this session over the saved ones (--no-repack, a crash fallback), by field name."""
         self.start_engine = start_engine
         self.default_sampling = default_sampling or SamplingSettings()
         """Sampling for new conversations."""
@@ -192,7 +197,11 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         if path != self.model_path or isinstance(self.bridge, RemoteBridge):
             return  # another model (or a server) was chosen meanwhile
         self.draft_sidecars, self.missing_drafts = sidecars, missing
-        self.bridge.load(path, self.config.engine, **self.speculative_load_options(path))
+        self.bridge.load(path, self.engine_settings(), **self.speculative_load_options(path))
+
+    def engine_settings(self) -> EngineSettings:
+        """The engine settings models load with: the saved ones, with this session's overrides."""
+        return replace(self.config.engine, **self.engine_overrides)
 
     async def on_unmount(self) -> None:
         self.bridge.close()
@@ -234,6 +243,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         """Save new settings (ConfigError when invalid or unwritable) and apply the theme."""
         save_config(config)
         engine_changed = config.engine != self.config.engine
+        for name in list(self.engine_overrides):  # a setting saved anew is the user's choice over the session's
+            if getattr(config.engine, name) != getattr(self.config.engine, name):
+                del self.engine_overrides[name]
         remote = self.remote_engine
         if remote is not None:  # an edited endpoint (a new key, say) applies from the next request
             remote.remote = next((r for r in config.remotes if r.name == remote.remote.name), remote.remote)
@@ -275,7 +287,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         chat = self.chat
         if chat is not None:
             chat.stats.n_ctx = event.model.n_ctx
-        self.set_engine_state("ready")
+        chat = self.chat
+        # A reply sent again after an automatic restart is still being written.
+        self.set_engine_state("generating" if chat is not None and chat.generation is not None else "ready")
         if event.model.path.startswith(REMOTE_PREFIX):
             context = f", context {event.model.n_ctx}" if event.model.n_ctx else ""
             self.notify(f"Using {event.model.name} ({event.model.backend}{context}).")
@@ -332,7 +346,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             self.notify(f"Engine error: {event.error}", severity="error")
 
     async def on_engine_crashed(self, event: EngineCrashed) -> None:
-        from app.modals.crash import EngineCrashedModal
+        from app.modals.crash import RESTART, EngineCrashedModal
 
         self.model = None
         self.load_progress = None
@@ -341,11 +355,24 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             await chat.on_engine_crashed(event)
         self.set_engine_state("crashed")
 
-        def restart(yes: bool | None) -> None:
-            if yes:
+        def restart(choice: str | None) -> None:
+            fallback = next((f for f in event.fallbacks if f.key == choice), None)
+            if fallback is not None:
+                self.engine_overrides[fallback.field] = fallback.value
+                self.notify(f"Restarting with {fallback.what} ({fallback.flag}) for this session; F3 settings keep "
+                            "it for good.", timeout=15)
+            if choice == RESTART or fallback is not None:
                 self.action_restart_engine()
 
-        self.push_screen(EngineCrashedModal(event.description, event.log_tail), restart)
+        self.push_screen(EngineCrashedModal(event.description, event.log_tail, event.log_path, event.fallbacks),
+                         restart)
+
+    def on_engine_recovering(self, event: EngineRecovering) -> None:
+        """Restarted without CPU weight repacking after an early native crash: kept off for this session."""
+        self.engine_overrides["use_extra_bufts"] = False
+        self.model = None
+        self.set_engine_state("loading")
+        self.notify(event.notice, severity="warning", timeout=20)
 
     # ----- actions -----
 
@@ -356,7 +383,10 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         self.model = None
         self.set_engine_state("starting")
         self.bridge.start()
-        self.bridge.restart()
+        if isinstance(self.bridge, RemoteBridge):
+            self.bridge.restart()
+        else:  # the settings saved since the model was loaded (threads…) apply
+            self.bridge.restart(self.engine_settings())
 
     def action_help(self) -> None:
         from app.screens.help import HelpScreen
@@ -471,8 +501,8 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             yield SystemCommand(title, help_text, callback)
 
 
-def run_tui(model: str | None = None) -> int:
-    """Run the app until the user quits; the exit status."""
-    app = LlmtuiApp(model)
+def run_tui(model: str | None = None, *, no_repack: bool = False) -> int:
+    """Run the app until the user quits; the exit status. `no_repack`: --no-repack for this session."""
+    app = LlmtuiApp(model, engine_overrides={"use_extra_bufts": False} if no_repack else None)
     app.run()
     return app.return_code or 0

@@ -250,6 +250,34 @@ def ggml_cpu_buffer_type() -> int:
     return int(lib.ggml_backend_cpu_buffer_type())
 
 
+@cache
+def cpu_extra_buffer_types() -> tuple[str, ...]:
+    """Names of the CPU backend's extra buffer types in this build on this CPU (e.g. AMX, CPU_REPACK, KLEIDIAI):
+    where llama.cpp puts weights it repacks for the CPU's matrix instructions unless --no-repack. Empty when the
+    build has none or the CPU supports none (ggml-cpu.cpp ggml_backend_cpu_device_get_extra_buffers_type)."""
+    C.llama_backend_init()
+    lib = ggml_lib()
+    reg = lib.ggml_backend_reg_by_name(b"CPU")
+    dev = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not reg or not dev:
+        return ()
+    address = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not address:
+        return ()
+    # ggml_backend_buffer_type_t * (*)(ggml_backend_dev_t): a NULL-terminated array
+    get_extra = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
+    # const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+    lib.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_buft_name.restype = ctypes.c_char_p
+    array = get_extra(dev)
+    names: list[str] = []
+    for i in range(16):  # ggml lists at most a handful (AMX, KleidiAI, repack, SpaceMiT); never loop unbounded
+        if not array or not array[i]:
+            break
+        names.append((lib.ggml_backend_buft_name(array[i]) or b"?").decode("utf-8", errors="replace"))
+    return tuple(names)
+
+
 def missing_ext_functions() -> list[str]:
     """Names of the llama-ext.h functions the installed library does not export."""
     return [f.name for f in EXT_FUNCTIONS if not f.available]

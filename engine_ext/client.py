@@ -58,6 +58,7 @@ class EngineCrashedError(Exception):
     def __init__(self, crashed: Crashed) -> None:
         super().__init__(f"{crashed.description}\n{crashed.log_tail}".rstrip())
         self.crashed = crashed
+        self.advice = ""  # what could avoid it (settings to try), when the caller knows
 
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -193,7 +194,7 @@ class EngineClient:
         if process is not None:
             process.join(5.0)
             exit_code = process.exitcode
-        crashed = Crashed(exit_code, read_log_tail(self.log_path))
+        crashed = Crashed(exit_code, read_log_tail(self.log_path), str(self.log_path))
         self.crashed = crashed
         if self._conn is not None:
             self._conn.close()

@@ -40,6 +40,8 @@ class DoctorReport:
     advice: tuple[str, ...]
     default_threads: int = 0
     threads_reason: str = ""  # how the default thread count was chosen
+    cpu_extra_bufts: tuple[str, ...] = ()  # CPU extra buffer types (weight repacking: AMX, CPU_REPACK, KLEIDIAI)
+    repack: bool = True  # whether models load with them (the user's setting; False: --no-repack)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,10 +84,11 @@ def hardware_gpus() -> tuple[str, ...]:
     return tuple(found)
 
 
-def diagnose() -> DoctorReport:
+def diagnose(*, repack: bool = True) -> DoctorReport:
+    """What the engine can use here; `repack` is whether models load with CPU weight repacking (the user's setting)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from engine_ext.bindings import C
+    from engine_ext.bindings import C, cpu_extra_buffer_types
     from engine_ext.cpu import thread_plan
 
     backends, devices = list_devices()
@@ -127,4 +130,6 @@ def diagnose() -> DoctorReport:
         advice=tuple(advice),
         default_threads=threads.threads,
         threads_reason=threads.describe(),
+        cpu_extra_bufts=cpu_extra_buffer_types(),
+        repack=repack,
     )

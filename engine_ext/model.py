@@ -48,6 +48,7 @@ def model_params_struct(params: ModelParams) -> Any:
     mparams.n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else 999
     mparams.use_mmap = params.use_mmap
     mparams.use_mlock = params.use_mlock
+    mparams.use_extra_bufts = params.use_extra_bufts
     mparams.load_mtp = params.load_mtp
     mparams.main_gpu = params.main_gpu
     mparams.split_mode = SPLIT_MODES.index(params.split_mode)

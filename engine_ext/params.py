@@ -33,11 +33,14 @@ class ContextError(EngineError):
 
 @dataclass(frozen=True)
 class ModelParams:
-    """How a model file is loaded (llama.cpp names: -ngl, --no-mmap, --mlock)."""
+    """How a model file is loaded (llama.cpp names: -ngl, --no-mmap, --mlock, --no-repack)."""
 
     n_gpu_layers: int = -1  # -1: every layer that the backend can take; GPU_LAYERS_AUTO: fit to free memory
     use_mmap: bool = True
     use_mlock: bool = False
+    # CPU weights in llama.cpp's extra buffer types (AMX, CPU_REPACK, KleidiAI: weights repacked for this CPU's
+    # matrix instructions); False is llama.cpp's --no-repack, the way around a repack path that crashes a CPU.
+    use_extra_bufts: bool = True
     load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
     main_gpu: int = 0
     rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC servers (host:port) whose devices join this machine's

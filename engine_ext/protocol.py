@@ -102,6 +102,7 @@ class Hello:
     pid: int
     llama_cpp_version: str
     system_info: str
+    cpu_extra_bufts: tuple[str, ...] = ()  # llama.cpp's CPU extra buffer types in this build on this CPU (repacking)
 
 
 @dataclass(frozen=True)
@@ -363,6 +364,7 @@ class Crashed:
 
     exit_code: int | None
     log_tail: str
+    log_path: str = ""  # the worker's log file (the whole log, where log_tail ends)
 
     @property
     def description(self) -> str:

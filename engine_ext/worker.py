@@ -38,6 +38,19 @@ from engine_ext.protocol import (
 )
 
 LOAD_PROGRESS_INTERVAL_S = 0.1
+# Tests only: the worker crashes natively (SIGSEGV) where a CPU's weight-repack path crashed a user's machine (AMX,
+# on the first decode), so recovery can be tested on machines where repacking works. Values: repack-load and
+# repack-decode (only while repacking is on: use_extra_bufts), decode (always, on every generation).
+FAULT_ENV = "LLMTUI_TEST_FAULT"
+
+
+def _inject_fault(stage: str, repacking: bool) -> None:
+    fault = os.environ.get(FAULT_ENV, "")
+    if fault == stage or (fault == f"repack-{stage}" and repacking):
+        import ctypes
+
+        print(f"--- {FAULT_ENV}={fault}: crashing natively at {stage}", flush=True)
+        ctypes.string_at(0)  # a read of address 0: SIGSEGV, as a native fault in llama.cpp would
 
 
 def _redirect_native_output(log_path: Path) -> None:
@@ -67,12 +80,16 @@ class Worker:
         self.conn.send(event)
 
     def serve(self) -> None:
-        from engine_ext.bindings import C, log_llama_to_stderr
+        from engine_ext.bindings import C, cpu_extra_buffer_types, log_llama_to_stderr
 
         log_llama_to_stderr()  # INFO and up in the log file
         C.llama_backend_init()
         info = C.llama_print_system_info().decode("utf-8", errors="replace")
-        self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info))
+        try:
+            extra_bufts = cpu_extra_buffer_types()
+        except (OSError, AttributeError):  # a build without the registry functions: none to report
+            extra_bufts = ()
+        self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info, extra_bufts))
         while not self.shutting_down:
             request = self.backlog.popleft() if self.backlog else self._recv()
             if request is None:
@@ -154,6 +171,7 @@ class Worker:
 
         model_params, placement = resolve_gpu_layers(path, request.model, request.context)
         model = Model(path, model_params, progress)
+        _inject_fault("load", model_params.use_extra_bufts)
         try:
             ctx = Context(model, request.context)
         except Exception:
@@ -290,6 +308,7 @@ class Worker:
                     self.backlog.append(incoming)
             return cancelled[0]
 
+        _inject_fault("decode", self.model.params.use_extra_bufts)
         finished = self.session.generate(request, self.send, poll_cancel)
         self.send(finished)
 

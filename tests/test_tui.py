@@ -18,6 +18,7 @@ from app.screens.chat import ChatScreen
 from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.transcript import BACKGROUND_RENDER_CHARS, LiveMessage, MessageView
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.usefixtures("app_dirs")
 
@@ -26,14 +27,10 @@ LONG = SamplingSettings(temperature=0.0, max_tokens=3000)
 WAIT_S = 60.0
 
 
-async def wait_for(pilot: Pilot[None], condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    """Let the app run until `condition` holds (fails after `timeout` seconds)."""
-    loop_time = 0.0
-    while not condition():
-        await pilot.pause(0.05)
-        loop_time += 0.05
-        if loop_time > timeout:
-            raise AssertionError(f"timed out waiting for {condition}")
+async def wait_for(pilot: Pilot[None], condition: Callable[[], bool], timeout: float = WAIT_S, what: str = "") -> None:
+    """Let the app run until `condition` holds (fails after `timeout` seconds, naming `what` or the condition's
+    source line)."""
+    await wait_until(pilot, condition, what, timeout_s=timeout)
 
 
 def line_text(line: list[Any]) -> str:
@@ -420,7 +417,12 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
     log = "\n".join(f"sched_reserve: line {n} of a long engine log, long enough to wrap at 80 columns: " + "x" * 30
                     for n in range(1, 60))
     async with app.run_test(size=size) as pilot:
-        app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log))
+        from engine_ext.params import ContextParams, ModelParams
+        from engine_ext.recovery import fallbacks
+
+        tries = fallbacks(ModelParams(), ContextParams(), n_threads=4)  # all five, the longest list
+        app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log,
+                                           "/home/someone/.local/state/llmtui/log/engine.log", tries))
         await pilot.pause(0.2)
         modal = app.screen
         hint = modal.query_one(".dialog-hint", Static)
@@ -428,6 +430,8 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
         assert "R restart" in str(hint.render())
         assert dialog.region.contains_region(hint.region) and modal.region.contains_region(dialog.region)
         assert hint.region.right <= dialog.region.right - 2  # the whole line fits inside the border
+        assert "5 -c 2048" in str(hint.render())  # the fallbacks are keys too
+        assert "The whole log: /home/someone/" in str(modal.query_one("#crash-log-text", Static).render())
         log_view = modal.query_one("#crash-log")
         assert log_view.region.height >= 3 and log_view.max_scroll_y > 0  # the rest of the log scrolls
 

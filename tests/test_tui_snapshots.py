@@ -98,7 +98,12 @@ async def crash_dialog(pilot: Pilot[Any]) -> None:
     from app.modals.crash import EngineCrashedModal
 
     log = "\n".join(f"llama_model_load: line {n} of the engine log" for n in range(1, 31))  # a real tail is long
-    pilot.app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log))
+    from engine_ext.params import ContextParams, ModelParams
+    from engine_ext.recovery import fallbacks
+
+    tries = fallbacks(ModelParams(use_extra_bufts=False), ContextParams(), n_threads=2)
+    pilot.app.push_screen(EngineCrashedModal("the engine process was killed by SIGSEGV", log,
+                                             "/home/user/.local/state/llmtui/log/engine.log", tries))
     await pilot.pause()
 
 

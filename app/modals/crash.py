@@ -1,4 +1,5 @@
-"""Shown when the engine process dies: what happened, the end of its log, and R to restart it."""
+"""Shown when the engine process dies: what happened, where its log is and how it ends, R to restart it, and the
+settings that could avoid the crash (1…5: restart with one of them)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,29 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from engine_ext.recovery import Fallback
+
 LOG_LINES = 14  # the most lines of the engine's log shown at once (it scrolls)
+RESTART = "restart"
 
 
-class EngineCrashedModal(ModalScreen[bool]):
-    """Dismisses with True when the user asks for a restart (R), False on Esc."""
+class EngineCrashedModal(ModalScreen[str | None]):
+    """Dismisses with RESTART when the user asks for a restart (R), a fallback's key for a restart with it (its
+    number), None on Esc."""
 
     BINDINGS = [
         Binding("r", "restart", "Restart engine"),
         Binding("escape", "close", "Close"),
+        *(Binding(str(n), f"fallback({n})", "Restart with", show=False) for n in range(1, 6)),
     ]
 
-    def __init__(self, description: str, log_tail: str) -> None:
+    def __init__(self, description: str, log_tail: str, log_path: str = "",
+                 fallbacks: tuple[Fallback, ...] = ()) -> None:
         super().__init__(classes="dialog-screen")
         self.description = description
         self.log_tail = log_tail
+        self.log_path = log_path
+        self.fallbacks = fallbacks[:5]
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="crash-dialog"):
@@ -34,10 +43,20 @@ class EngineCrashedModal(ModalScreen[bool]):
                 "a reply being written was kept up to where it stopped.",
                 classes="dialog-text",
             )
+            log = Text(self.log_tail or "(the engine log is empty)", no_wrap=True)
+            if self.log_path:  # the last line, in view with the log's end: the whole log is there
+                log.append(f"\n\nThe whole log: {self.log_path}", style="bold")
             with VerticalScroll(id="crash-log"):
-                yield Static(Text(self.log_tail or "(the engine log is empty)", no_wrap=True), id="crash-log-text")
-            yield Static("R restart the engine and reload the model · Esc close, F5 restarts later",
-                         classes="dialog-hint")
+                yield Static(log, id="crash-log-text")
+            keys = "R restart the engine and reload the model"
+            if self.fallbacks:
+                # Flags only (llama.cpp's names) in the line of keys, so it fits a small terminal; words in the tooltip.
+                keys = "R restart · or with " + " · ".join(f"{n} {f.flag}" for n, f in enumerate(self.fallbacks, 1))
+            hint = Static(f"{keys} · Esc close, F5 restarts later", id="crash-keys", classes="dialog-hint")
+            if self.fallbacks:
+                hint.tooltip = "\n".join(f"{n}: restart with {f.what} ({f.flag}), for this session"
+                                          for n, f in enumerate(self.fallbacks, 1))
+            yield hint
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._fit_log)
@@ -56,7 +75,11 @@ class EngineCrashedModal(ModalScreen[bool]):
         log.scroll_end(animate=False)
 
     def action_restart(self) -> None:
-        self.dismiss(True)
+        self.dismiss(RESTART)
+
+    def action_fallback(self, number: int) -> None:
+        if 1 <= number <= len(self.fallbacks):
+            self.dismiss(self.fallbacks[number - 1].key)
 
     def action_close(self) -> None:
-        self.dismiss(False)
+        self.dismiss(None)

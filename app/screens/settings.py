@@ -47,6 +47,7 @@ CHOICE_FIELDS = {
 BOOL_FIELDS = {
     "use_mmap": "Map the model file (off: --no-mmap)",
     "use_mlock": "Lock the model in RAM (--mlock)",
+    "use_extra_bufts": "Repack weights for this CPU (off: --no-repack)",
 }
 ON_OFF = [("on", True), ("off", False)]
 GPU_LAYERS_LABEL = "GPU layers (-ngl; auto, -1 all, 0 none)"
@@ -54,7 +55,7 @@ TENSOR_SPLIT_LABEL = "Tensor split (-ts; shares, e.g. 3,1)"
 RPC_LABEL = "RPC servers (--rpc; HOST:PORT, …)"
 FIELD_ORDER = ("n_ctx", "n_threads", "n_gpu_layers", "fit_target_mib", "split_mode", "tensor_split", "main_gpu",
                "n_cpu_moe", "flash_attn", "type_k", "type_v", "n_batch", "n_ubatch", "use_mmap", "use_mlock",
-               "rpc_servers")
+               "use_extra_bufts", "rpc_servers")
 assert set(FIELD_ORDER) == {f.name for f in fields(EngineSettings)}, "every engine setting is on the screen"
 
 

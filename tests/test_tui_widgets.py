@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,6 +45,7 @@ from app.widgets.transcript import (
 from engine_ext.client import EngineClient
 from engine_ext.protocol import TokenChunk, rejected_by
 from tests.test_tui import wait_for
+from tests.waits import wait_until
 
 if TYPE_CHECKING:
     from app.screens.chat import ChatScreen
@@ -632,26 +634,33 @@ class _ScriptedClient:
         self.events.put(Finished(request_id, "cancelled" if request_id in self.cancelled else "max_tokens", stats))
 
 
-def _scripted_app() -> LlmtuiApp:
-    """The app with the scripted engine behind its real bridge."""
+def _scripted_app(model: Path) -> LlmtuiApp:
+    """The app on `model` (a tiny GGUF: the scripted engine loads nothing) with the scripted engine behind its real
+    bridge, in the test's own config and data dirs (tests/conftest.py)."""
     from app.config import SamplingSettings
     from app.tui import LlmtuiApp
 
-    app = LlmtuiApp("starter", default_sampling=SamplingSettings())
+    app = LlmtuiApp(str(model), default_sampling=SamplingSettings())
     app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
                               backlog=lambda: app._message_queue.qsize())
     return app
 
 
 class _Terminal:
-    """The screen a terminal would show: every update the app sends is applied, as the terminal applies it."""
+    """The screen a terminal would show: every update the app sends is applied, as the terminal applies it.
+
+    Each grapheme takes the cells Rich measures for it (rich.cells.split_graphemes, the widths the app lays out
+    with): a wide glyph (⚡, CJK) fills its cell and the next one, which holds no character of its own (`WIDE`),
+    and writing over either half of a wide glyph blanks the other half, as terminals do."""
+
+    WIDE = ""  # the second cell of a wide glyph
 
     def __init__(self, width: int, height: int) -> None:
         self.rows = [[" "] * width for _ in range(height)]
         self.updates = 0
 
     def apply(self, console: Console, update: object) -> None:
-        from rich.cells import cell_len
+        from rich.cells import split_graphemes
         from rich.segment import ControlType
 
         x = y = 0
@@ -661,23 +670,80 @@ class _Terminal:
                     if control[0] == ControlType.CURSOR_MOVE_TO:
                         x, y = int(control[1]), int(control[2])  # type: ignore[misc]
                 continue
-            for character in segment.text:
-                if character == "\n":
+            for line_no, line in enumerate(segment.text.split("\n")):
+                if line_no:
                     x, y = 0, y + 1
-                    continue
-                if 0 <= y < len(self.rows) and 0 <= x < len(self.rows[y]):
-                    self.rows[y][x] = character
-                x += cell_len(character)
+                spans, _ = split_graphemes(line)
+                for start, end, width in spans:
+                    if width:
+                        self._put(x, y, line[start:end], width)
+                    elif x:  # a zero-width character joins the grapheme before it
+                        self._join(x - 1, y, line[start:end])
+                    x += width
         self.updates += 1
+
+    def _put(self, x: int, y: int, grapheme: str, width: int) -> None:
+        if not 0 <= y < len(self.rows):
+            return
+        row = self.rows[y]
+        for cell in range(x, min(x + width, len(row))):
+            if row[cell] == self.WIDE and cell > 0:  # writing over the right half of a wide glyph
+                row[cell - 1] = " "
+            if cell + 1 < len(row) and row[cell + 1] == self.WIDE:  # over the left half
+                row[cell + 1] = " "
+        if 0 <= x < len(row):
+            row[x] = grapheme
+            if width == 2 and x + 1 < len(row):
+                row[x + 1] = self.WIDE
+
+    def _join(self, x: int, y: int, characters: str) -> None:
+        if 0 <= y < len(self.rows) and 0 <= x < len(self.rows[y]):
+            if self.rows[y][x] == self.WIDE and x > 0:
+                x -= 1
+            self.rows[y][x] += characters
 
     def lines(self) -> list[str]:
         return ["".join(row).rstrip() for row in self.rows]
 
 
-async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_draws() -> None:
+def _clear_cell_width_caches() -> None:
+    """Forget every cell width Rich measured (they are cached by character and by the unicode version in use)."""
+    import rich._unicode_data
+    import rich.cells
+
+    rich._unicode_data.load.cache_clear()
+    rich.cells.get_character_cell_size.cache_clear()
+    rich.cells.cached_cell_len.cache_clear()
+    Segment._split_cells.cache_clear()
+
+
+@pytest.fixture(params=[("8.0.0", 1), ("latest", 2)], ids=["bolt-1-cell", "bolt-2-cells"])
+def bolt_cells(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Rich's cell widths as on a machine where ⚡ (U+26A1) takes one cell, or two; the width. Rich measures it from
+    the Unicode version in $UNICODE_VERSION (latest when unset): wide from Unicode 9.0 on, narrow before, so the
+    same app draws it in 1 or 2 cells depending on the machine's environment."""
+    version, cells = request.param
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("UNICODE_VERSION", version)
+        _clear_cell_width_caches()
+        yield cells
+    _clear_cell_width_caches()
+
+
+async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_draws(lone_llama: Path,
+                                                                                    bolt_cells: int) -> None:
     """What a terminal shows after the chat screen's partial updates (cropped rows, skipped hidden widgets) is
-    what a full render of the screen draws, during and after a streamed reply."""
-    app = _scripted_app()
+    what a full render of the screen draws, during and after a streamed reply; with the speculative meter's wide
+    ⚡ on screen, whether the machine measures it as one cell or two."""
+    from dataclasses import replace
+
+    from rich.cells import cell_len
+
+    from app.config import Config, SpeculativeSettings, save_config
+
+    assert cell_len("⚡") == bolt_cells
+    save_config(replace(Config(), speculative=SpeculativeSettings(enabled=True)))  # the meter, with its ⚡
+    app = _scripted_app(lone_llama)
     terminal = _Terminal(100, 30)
     display = app._display
 
@@ -688,8 +754,7 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
 
     app._display = capture  # type: ignore[method-assign]
     async with app.run_test(size=(100, 30)) as pilot:
-        while app.engine_state != "ready":
-            await pilot.pause(0.01)
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to be ready", 30, 0.01)
         chat = app.chat
         assert chat is not None
 
@@ -729,6 +794,7 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
         await pilot.pause(0.2)
         assert terminal.lines() == full_render()
         assert "The end of the reply" in "\n".join(terminal.lines())
+        assert any("⚡ auto" in line for line in terminal.lines())  # the wide glyph was drawn, then what follows it
         # Most steps drew (a step adding only blank lines to the tail changes nothing drawn): what the terminal
         # shows came from many partial updates, not only from the final full one.
         assert terminal.updates > steps // 2
@@ -747,8 +813,7 @@ def newest_line_on_screen(transcript: Transcript) -> bool:
 async def _scripted_reply(app: LlmtuiApp, pilot: Pilot[None]) -> tuple[ChatScreen, _ScriptedClient]:
     """Once the scripted engine is ready, a reply started in a new conversation (the reply is all there is to
     scroll through); the chat screen and the client that streams it."""
-    while app.engine_state != "ready":
-        await pilot.pause(0.01)
+    await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to be ready", 30, 0.01)
     chat = app.chat
     assert chat is not None
     client = app.bridge._client
@@ -758,8 +823,8 @@ async def _scripted_reply(app: LlmtuiApp, pilot: Pilot[None]) -> tuple[ChatScree
     return chat, client
 
 
-async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end() -> None:
-    app = _scripted_app()
+async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end(lone_llama: Path) -> None:
+    app = _scripted_app(lone_llama)
     async with app.run_test(size=(60, 16)) as pilot:
         chat, client = await _scripted_reply(app, pilot)
         transcript = chat.transcript
@@ -879,10 +944,11 @@ async def test_a_repaint_of_the_whole_view_skips_the_containers_behind_the_reply
         live.stop()
 
 
-async def test_the_reply_grows_when_the_view_scrolls_and_the_screen_is_laid_out_once_per_change() -> None:
+async def test_the_reply_grows_when_the_view_scrolls_and_the_screen_is_laid_out_once_per_change(
+        lone_llama: Path) -> None:
     """The reply's room grows in the frame that scrolls to follow it (one repaint of the view, not two), and a
     change of its height lays the screen out once (Textual would lay it out a second time for the new size)."""
-    app = _scripted_app()
+    app = _scripted_app(lone_llama)
     async with app.run_test(size=(60, 16)) as pilot:
         chat, client = await _scripted_reply(app, pilot)
         transcript = chat.transcript
@@ -952,18 +1018,17 @@ def test_code_fence_lexers_are_looked_up_without_scanning_plugins_each_time(monk
         transcript._lexer.cache_clear()
 
 
-async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_after_it_stopped() -> None:
+async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_after_it_stopped(lone_llama: Path) -> None:
     from textual.widgets._footer import FooterKey
 
-    app = _scripted_app()
+    app = _scripted_app(lone_llama)
 
     async def footer() -> set[str]:
         await pilot.pause(0.1)
         return {key.description for key in app.screen.query(FooterKey)}
 
     async with app.run_test(size=(120, 30)) as pilot:
-        while app.engine_state != "ready":
-            await pilot.pause(0.01)
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to be ready", 30, 0.01)
         assert app.chat is not None
         await app.chat.open_conversation(None)
         shown = await footer()  # a new conversation: nothing to stop, continue or regenerate

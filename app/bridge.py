@@ -461,10 +461,14 @@ class EngineBridge:
         early = native_crash(crashed.exit_code) and (
             self._loading is not None or self._replies_since_load < EARLY_REPLIES)
         in_flight = [g for g in self._generations.values() if g.request is not None]
+        unanswered = [kind for kind in self._control if kind not in ("speculative", "steering")]
         self._loading = None
         self._generations.clear()
         self._control.clear()
         if self._model is not None and early and self._recover(crashed, in_flight):
+            for kind in unanswered:  # a control vector being made: its dialog hears it ended
+                self._post(EngineRequestFailed(kind, "the engine crashed and was restarted without CPU weight "
+                                                     "repacking; try again"))
             return
         found: tuple[Fallback, ...] = ()
         if self._model is not None:

@@ -491,6 +491,7 @@ class ChatScreen(Screen[None]):
         stats.decode_tps = event.tokens_per_s
         stats.generated_tokens = event.n_tokens
         stats.ttft_ms = event.ttft_ms
+        stats.cpu = event.cpu  # this reply's: none until measured (the note stays with the finished reply)
         if event.prompt_tokens is not None:
             stats.prompt_tokens = event.prompt_tokens
             stats.n_ctx_used = event.prompt_tokens + event.n_tokens

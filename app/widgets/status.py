@@ -12,6 +12,8 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
+from engine_ext.cpu import CpuLoad
+
 ENGINE_STATE_STYLES = {
     "ready": "bold green",
     "generating": "bold cyan",
@@ -77,10 +79,19 @@ class AppHeader(Widget):
 
 
 # The stats bar's ever more compact forms, tried in order while its line is wider than the bar (StatsBar._text).
-COMPACT_STATS: Final[tuple[dict[str, Any], ...]] = (
-    {"state": False},
-    {"state": False, "gap": " ", "bar": 4},
-    {"state": False, "gap": " ", "bar": 4, "counts": False},
+# A busy machine's note (see StatsBar.cpu) gets shorter along the way and outranks the token counts and the TTFT
+# (it explains a slow reply); the forms marked True change nothing but that note, and are skipped without one.
+COMPACT_STATS: Final[tuple[tuple[dict[str, Any], bool], ...]] = (
+    ({"state": False}, False),
+    ({"state": False, "busy": "short"}, True),
+    ({"state": False, "gap": " ", "bar": 4, "busy": "short"}, False),
+    ({"state": False, "gap": " ", "bar": 4, "counts": False, "busy": "short"}, False),
+    ({"state": False, "gap": " ", "bar": 4, "counts": False, "ttft": False, "busy": "tiny"}, True),
+)
+BUSY_HELP: Final = (
+    "Other programs are using {others:.1f} of the {cpus} CPUs the engine runs on, so its {threads} threads wait "
+    "for their turn and replies come slower. Close other programs, or set fewer threads (F3 settings: Threads, "
+    "or -t on the command line)."
 )
 
 
@@ -94,9 +105,13 @@ class StatsBar(Widget):
     StatsBar {
         height: 1;
     }
+    StatsBar > .stats-bar--busy {
+        color: $warning;
+        text-style: bold;
+    }
     """
 
-    COMPONENT_CLASSES = {"stats-bar--bar-used", "stats-bar--bar-free", "stats-bar--label"}
+    COMPONENT_CLASSES = {"stats-bar--bar-used", "stats-bar--bar-free", "stats-bar--label", "stats-bar--busy"}
 
     decode_tps: reactive[float | None] = reactive(None)
     """Tokens per second while decoding."""
@@ -118,6 +133,9 @@ class StatsBar(Widget):
     """Model load progress 0..1 while loading."""
     extras: reactive[dict[str, str]] = reactive(dict)
     """More readouts: label → value."""
+    cpu: reactive[CpuLoad | None] = reactive(None)
+    """Other programs' CPU use during the reply and the engine's threads: a note when they crowd the engine
+    (`CpuLoad.busy`), nothing otherwise."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
         super().__init__(id=id, classes=classes)
@@ -146,6 +164,11 @@ class StatsBar(Widget):
             self._line = line
         return line if y == 0 else Strip.blank(width, self.rich_style)
 
+    def watch_cpu(self, cpu: CpuLoad | None) -> None:
+        busy = cpu is not None and cpu.busy()
+        self.tooltip = BUSY_HELP.format(others=cpu.others, cpus=cpu.cpus, threads=cpu.threads or cpu.cpus) \
+            if cpu is not None and busy else None
+
     def _style(self, name: str) -> Style:
         style = self._styles.get(name)
         if style is None:
@@ -168,16 +191,34 @@ class StatsBar(Widget):
     def render(self) -> Text:
         """The line at full length, or as compact as needed to fit the width: without the engine state and backend
         (the header shows both), then with single spaces and a shorter context bar, then without the prompt and
-        reply token counts (the context in use stays)."""
+        reply token counts (the context in use stays). A busy machine's note shortens along the way, and last the
+        TTFT gives way to it."""
         width = self.size.width
+        busy = self.cpu is not None and self.cpu.busy()
         line = self._text()
-        for compact in COMPACT_STATS:
+        for compact, busy_only in COMPACT_STATS:
             if not width or line.cell_len <= width:
                 break
-            line = self._text(**compact)
+            if busy or not busy_only:
+                line = self._text(**compact)
         return line
 
-    def _text(self, *, state: bool = True, gap: str = "  ", bar: int = 10, counts: bool = True) -> Text:
+    def _busy_note(self, form: str) -> str:
+        """'busy: others use 1.4 of 2 CPUs · 2 threads', shorter in the 'short' and 'tiny' forms; '' when the
+        machine is not busy."""
+        cpu = self.cpu
+        if cpu is None or not cpu.busy():
+            return ""
+        threads = cpu.threads or cpu.cpus
+        unit = "thread" if threads == 1 else "threads"
+        if form == "long":
+            return f"busy: others use {cpu.others:.1f} of {cpu.cpus} CPUs · {threads} {unit}"
+        if form == "short":
+            return f"busy {cpu.others:.1f}/{cpu.cpus} CPUs · {threads} {unit}"
+        return f"busy {cpu.others:.1f}/{cpu.cpus} · {threads} {unit}"
+
+    def _text(self, *, state: bool = True, gap: str = "  ", bar: int = 10, counts: bool = True, ttft: bool = True,
+              busy: str = "long") -> Text:
         label = self._style("stats-bar--label")
         line = Text(no_wrap=True, overflow="ellipsis")
         if self.progress is not None:
@@ -185,9 +226,10 @@ class StatsBar(Widget):
         line.append(" ")
         line.append(f"{self.decode_tps:.1f}" if self.decode_tps is not None else "–", style="bold")
         line.append(" tok/s", style=label)
-        line.append(f"{gap}TTFT ", style=label)
-        ms = " ms" if gap == "  " else "ms"
-        line.append(f"{self.ttft_ms:.0f}{ms}" if self.ttft_ms is not None else "–")
+        if ttft:
+            line.append(f"{gap}TTFT ", style=label)
+            ms = " ms" if gap == "  " else "ms"
+            line.append(f"{self.ttft_ms:.0f}{ms}" if self.ttft_ms is not None else "–")
         if counts:
             line.append(f"{gap}prompt ", style=label)
             line.append(f"{self.prompt_tokens}" if self.prompt_tokens is not None else "–")
@@ -203,6 +245,10 @@ class StatsBar(Widget):
         for name, value in self.extras.items():
             line.append(f"{gap}{name} ", style=label)
             line.append(value)
+        note = self._busy_note(busy)
+        if note:
+            line.append(gap)
+            line.append(note, style=self._style("stats-bar--busy"))
         if state:
             line.append(gap)
             line.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))

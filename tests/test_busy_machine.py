@@ -256,18 +256,19 @@ async def test_a_reply_on_a_busy_machine_says_so_in_the_stats_bar(
     sampler = FakeSampler(load)
     app.bridge = EngineBridge(app, app_dirs[1] / "engine.log", client_factory=engine,
                               cpu_sampler=as_sampler(sampler), backlog=lambda: app._message_queue.qsize())
-    async with app.run_test(size=(140, 30)) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
         chat = app.chat
         assert chat is not None
         await chat.send("why is this slow?")
         await wait_until(pilot, lambda: chat.stats.cpu is not None, "a CPU sample while the reply streams")
         line = chat.stats.render_line(0).text
-        assert ("busy: others use 1.4 of 2 CPUs · 2 threads" in line) is busy
-        assert "busy" in line if busy else "busy" not in line and "thread" not in line
+        assert "ctx" in line and "…" not in line  # at 80×24 the context readout stays in view
+        assert ("busy 1.4/2" in line and "2 threads" in line) is busy
+        assert busy or "busy" not in line and "thread" not in line
         engines[-1].stop.set()
         await wait_until(pilot, lambda: chat.generation is None, "the reply to finish")
         await pilot.pause()
         # The note stays with the finished reply it explains.
-        assert ("busy:" in chat.stats.render_line(0).text) is busy
+        assert ("busy 1.4/2" in chat.stats.render_line(0).text) is busy
         assert len(sampler.pids) >= 2

@@ -165,9 +165,11 @@ class StatsBar(Widget):
         return line if y == 0 else Strip.blank(width, self.rich_style)
 
     def watch_cpu(self, cpu: CpuLoad | None) -> None:
-        busy = cpu is not None and cpu.busy()
-        self.tooltip = BUSY_HELP.format(others=cpu.others, cpus=cpu.cpus, threads=cpu.threads or cpu.cpus) \
-            if cpu is not None and busy else None
+        """The busy note's tooltip says what helps; none when not busy."""
+        if cpu is None or not cpu.busy():
+            self.tooltip = None
+        else:
+            self.tooltip = BUSY_HELP.format(others=cpu.others, cpus=cpu.cpus, threads=cpu.threads or cpu.cpus)
 
     def _style(self, name: str) -> Style:
         style = self._styles.get(name)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import site
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.crash_isolation import pytest_cmdline_main  # noqa: F401  (the hook: one xdist worker by default)
 from tests.hub_server import HubServer
 from tests.tiny_models import write_all
 
@@ -34,15 +37,66 @@ _HF_ENV_VARS = ("HF_ENDPOINT", "MODEL_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_T
                 "LLMTUI_MODEL_DIRS")
 
 
-@pytest.fixture
-def hf_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private hub cache (returned) and HF_HOME; no token, not offline, no endpoint."""
+# ----- hermetic tests: every test has its own HOME, config, data, cache, state and log directories -----------
+
+
+@dataclass(frozen=True)
+class HermeticDirs:
+    """One test's private directories (made on first write, by whatever writes there: only `home` exists)."""
+
+    home: Path  # HOME
+    config: Path  # LLMTUI_CONFIG_DIR: config.toml
+    data: Path  # LLMTUI_DATA_DIR: history.sqlite3, steering vectors, model usage
+    xdg_config: Path  # XDG_CONFIG_HOME
+    xdg_data: Path  # XDG_DATA_HOME
+    xdg_cache: Path  # XDG_CACHE_HOME
+    xdg_state: Path  # XDG_STATE_HOME (platformdirs' log dir is under it)
+    hf_home: Path  # HF_HOME
+    hf_cache: Path  # HF_HUB_CACHE
+
+    @property
+    def logs(self) -> Path:
+        """The app's log dir (engine.log) while LLMTUI_DATA_DIR is set: app.paths.log_dir()."""
+        return self.data / "logs"
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        """Every folder a test may write the user's files to (HOME holds the XDG ones)."""
+        return (self.home, self.config, self.data, self.hf_home, self.hf_cache)
+
+
+@pytest.fixture(autouse=True)
+def hermetic_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> HermeticDirs:
+    """Every test gets a temporary HOME and its own config, data, cache, state and log dirs (the app's
+    LLMTUI_* overrides, the XDG dirs platformdirs reads, the Hugging Face cache), so no test reads or writes the
+    user's files. Hugging Face tokens, endpoints and offline switches, and extra model folders, are unset."""
+    root = tmp_path_factory.mktemp("hermetic")
+    home = root / "home"
+    home.mkdir()
+    dirs = HermeticDirs(
+        home=home, config=root / "config", data=root / "data", xdg_config=home / ".config",
+        xdg_data=home / ".local" / "share", xdg_cache=home / ".cache", xdg_state=home / ".local" / "state",
+        hf_home=root / "hf-home", hf_cache=root / "hf-cache",
+    )
+    # A Python with packages in the user site (pip install --user) still finds them from a subprocess.
+    monkeypatch.setenv("PYTHONUSERBASE", site.getuserbase())
     for name in _HF_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    cache = tmp_path / "hf-cache"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    return cache
+    for name, path in (("HOME", dirs.home), ("XDG_CONFIG_HOME", dirs.xdg_config), ("XDG_DATA_HOME", dirs.xdg_data),
+                       ("XDG_CACHE_HOME", dirs.xdg_cache), ("XDG_STATE_HOME", dirs.xdg_state),
+                       ("LLMTUI_CONFIG_DIR", dirs.config), ("LLMTUI_DATA_DIR", dirs.data),
+                       ("HF_HOME", dirs.hf_home), ("HF_HUB_CACHE", dirs.hf_cache)):
+        monkeypatch.setenv(name, str(path))
+    return dirs
+
+
+# ----- models: a local Hub on 127.0.0.1 and an isolated Hugging Face environment ---------------------------
+
+
+@pytest.fixture
+def hf_env(hermetic_dirs: HermeticDirs) -> Path:
+    """The test's private hub cache (returned; HF_HUB_CACHE) and HF_HOME; no token, not offline, no endpoint."""
+    return hermetic_dirs.hf_cache
 
 
 @pytest.fixture
@@ -54,12 +108,9 @@ def hub_server(hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubSer
 
 
 @pytest.fixture
-def app_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """A fresh config dir and data dir for the app (LLMTUI_CONFIG_DIR / LLMTUI_DATA_DIR); (config, data)."""
-    config, data = tmp_path / "config", tmp_path / "data"
-    monkeypatch.setenv("LLMTUI_CONFIG_DIR", str(config))
-    monkeypatch.setenv("LLMTUI_DATA_DIR", str(data))
-    return config, data
+def app_dirs(hermetic_dirs: HermeticDirs) -> tuple[Path, Path]:
+    """The test's fresh config dir and data dir for the app (LLMTUI_CONFIG_DIR / LLMTUI_DATA_DIR); (config, data)."""
+    return hermetic_dirs.config, hermetic_dirs.data
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,34 @@
+"""Runs the test session in one pytest-xdist worker process by default, so a native crash fails one test, not the run.
+
+Tests that load llama.cpp in the pytest process can crash it natively (a segfault, a GGML_ABORT). In the worker,
+such a crash is reported by the controlling pytest process as one failed test ("worker 'gw0' crashed while
+running ..."), a fresh worker takes the remaining tests, and the summary still prints.
+
+The default applies unless the command line chose otherwise: `-n N` / `--dist` (xdist as given), `-n 0` or
+`-p no:xdist` (everything in the pytest process, for debugging), `--pdb` / `--trace` / `-s` (which need the
+tests in the pytest process), or `--collect-only`. Without pytest-xdist installed the tests run in-process, as
+before. tests/conftest.py loads this hook; tests/test_native_crash_isolation.py runs it on a crashing test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+MAX_WORKER_RESTARTS = 100
+"""Crashed workers replaced before xdist gives up (its default, 4 per worker, would end the run at the 5th)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return  # no xdist; or this is the worker, where xdist has switched distribution off
+    option = config.option
+    if option.numprocesses is not None or option.dist != "no":
+        return  # the command line chose
+    if option.usepdb or option.trace or option.collectonly or option.capture == "no":
+        return
+    # What `-n 1` gives (xdist's own pytest_cmdline_main may run before or after this one, depending on whether
+    # this module was loaded by a conftest or with -p).
+    option.numprocesses, option.dist, option.tx = 1, "load", ["popen"]
+    if option.maxworkerrestart is None:
+        option.maxworkerrestart = str(MAX_WORKER_RESTARTS)

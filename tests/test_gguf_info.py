@@ -943,7 +943,7 @@ def test_module_imports_no_ui_or_llama_cpp() -> None:
         "print(bad); sys.exit(1 if bad else 0)"
     )
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

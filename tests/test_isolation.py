@@ -26,7 +26,7 @@ def test_core_packages_never_import_textual_or_rich(package: str) -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
         "assert not bad, bad\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
 
@@ -46,5 +46,5 @@ def test_the_ui_process_never_loads_llama_cpp() -> None:
         "import sys, app.__main__, app.tui, app.bridge\n"
         "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported in the UI process'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -127,4 +127,4 @@ def test_a_partial_being_written_is_active_and_never_cleaned(tiny_hub: HubServer
         assert Library().clean_partials() == 0 and rc.partial(file.oid).exists()
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=30)

@@ -28,7 +28,7 @@ def test_wheel_ships_every_subpackage_and_the_assets(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
          str(root)],
-        capture_output=True, text=True,
+        capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     import zipfile

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def rpc_built() -> bool:
     code = "from engine_ext.bindings import C; print(int(C.llama_supports_rpc()))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     return out.stdout.strip() == "1"
 
 

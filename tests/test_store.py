@@ -24,6 +24,7 @@ from app.store import (
     open_default_store,
     title_from_message,
 )
+from tests.waits import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +69,7 @@ def test_store_module_never_imports_textual_or_rich() -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
         "assert not bad, bad\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
 
@@ -483,12 +484,15 @@ def test_a_worker_thread_can_stream_while_the_main_thread_reads(store: Store) ->
         except BaseException as error:  # reported to the main thread
             errors.append(error)
 
-    worker = threading.Thread(target=stream)
+    worker = threading.Thread(target=stream, daemon=True)
     worker.start()
-    while worker.is_alive():
+
+    def read_once_then_is_done() -> bool:
         store.list_conversations()
         store.active_path(conversation.id)
-    worker.join()
+        return not worker.is_alive()
+
+    wait_for(read_once_then_is_done, "the writer thread to checkpoint 200 times while this one reads", 120, 0)
     assert errors == []
     reply = store.get_message(reply_id)
     assert (reply.state, reply.content.split()[-1]) == ("complete", "199")

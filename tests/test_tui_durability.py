@@ -73,7 +73,7 @@ def _one_database(db: Path, rounds: int, seed: int) -> list[str]:
         time.sleep(rng.uniform(0.0, 2.5))
         child.send_signal(signal.SIGKILL)
         killed_at = time.time()
-        child.wait()
+        child.wait(timeout=30)
         produced = [line.split() for line in log.read_text().splitlines()[1:] if line.strip()]
         safe = sum(1 for _, stamp in produced if float(stamp) <= killed_at - 1.0)
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:

@@ -569,6 +569,9 @@ async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -
 class _ScriptedClient:
     """Stands in for EngineClient: loads at once, streams `REPLY` in small chunks from a thread."""
 
+    SPECULATIVE_EVERY = 0
+    """Live speculative statistics after every this many chunks (0: none)."""
+
     REPLY = ("A first paragraph that wraps over more than one line of the transcript, word after word, " * 3
              + "\n\n- an item\n- another item\n\n```python\ndef f(x):\n    return x * 2\n```\n\n"
              + "The end of the reply, " * 20)
@@ -629,19 +632,36 @@ class _ScriptedClient:
                 break
             piece = text[start : start + 7]
             self.events.put(TokenChunk(request_id, piece, "", (start,), ("target",), (len(piece),)))
+            if self.SPECULATIVE_EVERY and (start // 7) % self.SPECULATIVE_EVERY == 0:
+                self.events.put(_speculative_update(request_id, start // 7))
             time.sleep(0.001)
         stats = GenerationStats(10, 0, 10, 1.0, len(text) // 7, 1000.0, 5.0, 4096, 10 + len(text) // 7)
         self.events.put(Finished(request_id, "cancelled" if request_id in self.cancelled else "max_tokens", stats))
 
 
-def _scripted_app(model: Path) -> LlmtuiApp:
+def _speculative_update(request_id: int, step: int) -> object:
+    """Live speculative statistics that change at every step (the meter's line is drawn again each time)."""
+    from engine_ext.protocol import SpeculativeStats, SpeculativeUpdate
+
+    drafted = 4 * (step + 1)
+    accepted = (3 * step) % drafted
+    return SpeculativeUpdate(SpeculativeStats(
+        request_id, step + 1, drafted, accepted, accepted / drafted, 1 + accepted / (step + 1), (0.8, 0.5, 0.25),
+        tuple(((step + i) % 5) / 4 for i in range(8)), 1.0 * step, 2.0 * step, 50.0 + step, 40.0, (), n_max=16))
+
+
+class _SpeculativeScriptedClient(_ScriptedClient):
+    SPECULATIVE_EVERY = 3
+
+
+def _scripted_app(model: Path, client: type[_ScriptedClient] = _ScriptedClient) -> LlmtuiApp:
     """The app on `model` (a tiny GGUF: the scripted engine loads nothing) with the scripted engine behind its real
     bridge, in the test's own config and data dirs (tests/conftest.py)."""
     from app.config import SamplingSettings
     from app.tui import LlmtuiApp
 
     app = LlmtuiApp(str(model), default_sampling=SamplingSettings())
-    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=_ScriptedClient,  # type: ignore[arg-type]
+    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=client,  # type: ignore[arg-type]
                               backlog=lambda: app._message_queue.qsize())
     return app
 
@@ -734,7 +754,8 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
                                                                                     bolt_cells: int) -> None:
     """What a terminal shows after the chat screen's partial updates (cropped rows, skipped hidden widgets) is
     what a full render of the screen draws, during and after a streamed reply; with the speculative meter's wide
-    ⚡ on screen, whether the machine measures it as one cell or two."""
+    ⚡ on screen and its line drawn again as live statistics arrive, whether the machine measures ⚡ as one cell or
+    two."""
     from dataclasses import replace
 
     from rich.cells import cell_len
@@ -743,7 +764,7 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
 
     assert cell_len("⚡") == bolt_cells
     save_config(replace(Config(), speculative=SpeculativeSettings(enabled=True)))  # the meter, with its ⚡
-    app = _scripted_app(lone_llama)
+    app = _scripted_app(lone_llama, _SpeculativeScriptedClient)
     terminal = _Terminal(100, 30)
     display = app._display
 
@@ -794,7 +815,8 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
         await pilot.pause(0.2)
         assert terminal.lines() == full_render()
         assert "The end of the reply" in "\n".join(terminal.lines())
-        assert any("⚡ auto" in line for line in terminal.lines())  # the wide glyph was drawn, then what follows it
+        # The wide glyph was drawn, then what follows it, with the latest statistics.
+        assert any("⚡ auto" in line and "accepted" in line for line in terminal.lines())
         # Most steps drew (a step adding only blank lines to the tail changes nothing drawn): what the terminal
         # shows came from many partial updates, not only from the final full one.
         assert terminal.updates > steps // 2

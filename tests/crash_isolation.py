@@ -8,6 +8,9 @@ The default applies unless the command line chose otherwise: `-n N` / `--dist` (
 `-p no:xdist` (everything in the pytest process, for debugging), `--pdb` / `--trace` / `-s` (which need the
 tests in the pytest process), or `--collect-only`. Without pytest-xdist installed the tests run in-process, as
 before. tests/conftest.py loads this hook; tests/test_native_crash_isolation.py runs it on a crashing test.
+
+Snapshot tests work in the worker (pytest-textual-snapshot's report and --snapshot-update), but syrupy neither
+reports nor deletes snapshot files that no test uses when xdist runs the tests: `-n 0 --snapshot-update` does.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ class EngineBridge:
         *,
         client_factory: Callable[[Path], EngineClient] = EngineClient,
         backlog: Callable[[], int] | None = None,
-        cpu_sampler: Callable[[], CpuContention | None] = CpuContention,
+        cpu_sampler: Callable[[], CpuContention | None] | None = None,  # None: CpuContention, looked up now
     ) -> None:
         # The spawned worker gets the multiprocessing resource tracker's fd; start the tracker now, while
         # sys.stderr is still the real one (inside a Textual app it is a capture object without a file descriptor).
@@ -163,7 +163,9 @@ class EngineBridge:
         self._thread = threading.Thread(target=self._run, name="llmtui-engine-bridge", daemon=True)
         self._ids = itertools.count(1)
         self._backlog = backlog or (lambda: 0)
-        self._cpu = cpu_sampler()  # None: not measured (tests pass a fake, or none, so the machine's load is not seen)
+        # None: not measured (tests pass a fake, or none, so the machine's load is not seen; tests/conftest.py makes
+        # that the default by replacing CpuContention here)
+        self._cpu = (cpu_sampler if cpu_sampler is not None else CpuContention)()
         self._cpu_sampled: tuple[int, float, CpuLoad | None] = (0, 0.0, None)  # request id, when, what it measured
         self._n_threads = 0  # the loaded model's decode threads (the worker's ModelInfo)
         self._pending: dict[int, _Pending] = {}

@@ -87,6 +87,12 @@ def hermetic_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
                        ("LLMTUI_CONFIG_DIR", dirs.config), ("LLMTUI_DATA_DIR", dirs.data),
                        ("HF_HOME", dirs.hf_home), ("HF_HUB_CACHE", dirs.hf_cache)):
         monkeypatch.setenv(name, str(path))
+    monkeypatch.delenv("LLMTUI_TEST_FAULT", raising=False)  # the worker's crash switch: only the tests that set it
+    # The app's stats bar reads the machine's load (the busy note): not in tests, whose screens must not depend on
+    # what else the machine runs. Tests of the note pass a fake sampler.
+    import app.bridge
+
+    monkeypatch.setattr(app.bridge, "CpuContention", lambda: None)
     return dirs
 
 

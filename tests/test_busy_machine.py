@@ -272,3 +272,16 @@ async def test_a_reply_on_a_busy_machine_says_so_in_the_stats_bar(
         # The note stays with the finished reply it explains.
         assert ("busy 1.4/2" in chat.stats.render_line(0).text) is busy
         assert len(sampler.pids) >= 2
+
+
+def test_the_app_samples_the_machine_by_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """tests/conftest.py turns the sampler off for every test; outside the tests the bridge measures for real."""
+    import app.bridge
+
+    monkeypatch.setattr(app.bridge, "CpuContention", CpuContention)
+    bridge = app.bridge.EngineBridge(type("Target", (), {"post_message": lambda self, m: True})(),
+                                     tmp_path / "engine.log")
+    try:
+        assert isinstance(bridge._cpu, CpuContention)
+    finally:
+        bridge.close()

@@ -94,6 +94,7 @@ EVERY_ENGINE_SETTING = EngineSettings(
     n_ctx=8192, n_threads=6, n_gpu_layers=GPU_LAYERS_AUTO, flash_attn="on", type_k="q8_0", type_v="q4_0",
     n_batch=1024, n_ubatch=256, split_mode="row", tensor_split=(3.0, 1.0), main_gpu=1, n_cpu_moe=12,
     use_mmap=False, use_mlock=True, rpc_servers=("192.168.1.20:50052", "gpu-box:50053"), fit_target_mib=2048,
+    use_extra_bufts=False,
 )
 
 
@@ -105,7 +106,8 @@ def test_every_engine_setting_round_trips_and_maps_onto_the_engine_params(app_di
     assert raw["n_gpu_layers"] == "auto" and raw["tensor_split"] == [3.0, 1.0] and raw["use_mmap"] is False
     assert load_config().engine == EVERY_ENGINE_SETTING
     model, context = EVERY_ENGINE_SETTING.model_params(), EVERY_ENGINE_SETTING.context_params()
-    assert model == ModelParams(n_gpu_layers=GPU_LAYERS_AUTO, use_mmap=False, use_mlock=True, main_gpu=1,
+    assert model == ModelParams(n_gpu_layers=GPU_LAYERS_AUTO, use_mmap=False, use_mlock=True, use_extra_bufts=False,
+                                main_gpu=1,
                                 rpc_servers=("192.168.1.20:50052", "gpu-box:50053"), split_mode="row",
                                 tensor_split=(3.0, 1.0), n_cpu_moe=12, fit_target_mib=2048)
     assert context == ContextParams(n_ctx=8192, n_batch=1024, n_ubatch=256, n_threads=6, flash_attn="on",

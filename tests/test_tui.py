@@ -723,11 +723,12 @@ async def test_starter_model_send_cancel_continue_regenerate() -> None:
 def test_llmtui_with_no_subcommand_opens_the_tui(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.__main__ import main
 
-    opened: list[str | None] = []
-    monkeypatch.setattr("app.tui.run_tui", lambda model=None: opened.append(model) or 0)
+    opened: list[tuple[str | None, bool]] = []
+    monkeypatch.setattr("app.tui.run_tui", lambda model=None, no_repack=False: opened.append((model, no_repack)) or 0)
     assert main([]) == 0
     assert main(["-m", "starter"]) == 0
-    assert opened == [None, "starter"]
+    assert main(["--no-repack"]) == 0
+    assert opened == [(None, False), ("starter", False), (None, True)]
 
 
 def test_only_the_bridge_imports_both_the_engine_client_and_textual() -> None:

@@ -239,7 +239,8 @@ async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
         chat.prompt.focus()
         chat.prompt.load_text("this crashes every time")
         await pilot.press("enter")
-        await _wait(pilot, lambda: isinstance(app.screen, EngineCrashedModal), "the crash dialog")
+        await _wait(pilot, lambda: isinstance(app.screen, EngineCrashedModal)
+                    and bool(app.screen.query("#crash-log-text")), "the crash dialog, drawn")
         modal = app.screen
         assert isinstance(modal, EngineCrashedModal)
         assert "SIGSEGV" in modal.description

@@ -12,20 +12,22 @@ import signal
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
-from textual.pilot import Pilot
 
 from app.config import EngineSettings, SamplingSettings, load_config, save_config
 from app.tui import LlmtuiApp
 from engine_ext.params import ContextParams, ModelParams
 from engine_ext.recovery import fallbacks, native_crash, repack_retry, retry_notice
 from engine_ext.worker import FAULT_ENV
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = SamplingSettings(temperature=0.0, max_tokens=12)
-WAIT_S = 90.0
+WAIT_S = 90.0  # a restart spawns a worker and loads the model again: generous on a busy machine
+wait = partial(wait_until, timeout_s=WAIT_S)
 
 pytestmark = pytest.mark.usefixtures("app_dirs")
 
@@ -174,15 +176,6 @@ def test_run_names_the_flags_that_could_avoid_a_crash_that_persists(
 # ----- recovery: the chat app --------------------------------------------------------------------------------
 
 
-async def _wait(pilot: Pilot[None], condition: object, what: str, timeout: float = WAIT_S) -> None:
-    waited = 0.0
-    while not condition():  # type: ignore[operator]
-        await pilot.pause(0.05)
-        waited += 0.05
-        if waited > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _notices(app: LlmtuiApp) -> list[str]:
     return [str(n.message) for n in app._notifications]
 
@@ -195,15 +188,15 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
     monkeypatch.setenv(FAULT_ENV, "repack-decode")
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT)
     async with app.run_test(size=(100, 30)) as pilot:
-        await _wait(pilot, lambda: app.engine_state == "ready", "the model to load")
+        await wait(pilot, lambda: app.engine_state == "ready", "the model to load")
         chat = app.chat
         assert chat is not None
         pid = app.bridge.pid
         chat.prompt.focus()
         chat.prompt.load_text("hello after a crash")
         await pilot.press("enter")
-        await _wait(pilot, lambda: chat.replies_started > 0, "the reply to start")
-        await _wait(pilot, lambda: chat.generation is None and app.engine_state == "ready",
+        await wait(pilot, lambda: chat.replies_started > 0, "the reply to start")
+        await wait(pilot, lambda: chat.generation is None and app.engine_state == "ready",
                     "the reply to finish after the automatic restart")
         assert app.bridge.pid != pid  # a new worker
         assert app.engine_overrides == {"use_extra_bufts": False}
@@ -216,8 +209,8 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         # The next message goes to the same worker, still without repacking.
         chat.prompt.load_text("and again")
         await pilot.press("enter")
-        await _wait(pilot, lambda: chat.replies_started > 1, "the second reply to start")
-        await _wait(pilot, lambda: chat.generation is None and app.engine_state == "ready", "the second reply")
+        await wait(pilot, lambda: chat.replies_started > 1, "the second reply to start")
+        await wait(pilot, lambda: chat.generation is None and app.engine_state == "ready", "the second reply")
         assert app.store.active_path(chat.conversation_id or 0)[-1].state == "complete"
 
 
@@ -233,13 +226,13 @@ async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
     save_config(replace(load_config(), engine=EngineSettings(n_threads=2)))
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT)
     async with app.run_test(size=(100, 30)) as pilot:
-        await _wait(pilot, lambda: app.engine_state == "ready", "the model to load")
+        await wait(pilot, lambda: app.engine_state == "ready", "the model to load")
         chat = app.chat
         assert chat is not None
         chat.prompt.focus()
         chat.prompt.load_text("this crashes every time")
         await pilot.press("enter")
-        await _wait(pilot, lambda: isinstance(app.screen, EngineCrashedModal)
+        await wait(pilot, lambda: isinstance(app.screen, EngineCrashedModal)
                     and bool(app.screen.query("#crash-log-text")), "the crash dialog, drawn")
         modal = app.screen
         assert isinstance(modal, EngineCrashedModal)
@@ -256,7 +249,7 @@ async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
         assert path[0].content == "this crashes every time" and path[-1].state == "error"
         # Try a fallback from the dialog: fewer threads, for this session.
         await pilot.press(str(keys.index("threads") + 1))
-        await _wait(pilot, lambda: app.engine_state == "ready", "the restart with fewer threads")
+        await wait(pilot, lambda: app.engine_state == "ready", "the restart with fewer threads")
         assert app.engine_overrides["n_threads"] == 1
         assert app.model is not None and app.model.n_threads == 1
         assert load_config().engine.n_threads == 2  # the saved settings are the user's
@@ -267,13 +260,13 @@ async def test_f5_applies_the_saved_engine_settings(tiny_models: dict[str, Path]
     save_config(replace(load_config(), engine=EngineSettings(n_threads=2)))
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT)
     async with app.run_test(size=(100, 30)) as pilot:
-        await _wait(pilot, lambda: app.engine_state == "ready", "the model to load")
+        await wait(pilot, lambda: app.engine_state == "ready", "the model to load")
         assert app.model is not None and app.model.n_threads == 2
         config = load_config()
         app.save_settings(replace(config, engine=replace(config.engine, n_threads=1, use_extra_bufts=False)))
         pid = app.bridge.pid
         await pilot.press("f5")
-        await _wait(pilot, lambda: app.engine_state == "ready" and app.bridge.pid != pid, "the restarted engine")
+        await wait(pilot, lambda: app.engine_state == "ready" and app.bridge.pid != pid, "the restarted engine")
         assert app.model is not None and app.model.n_threads == 1 and app.model.repack is False
 
 
@@ -283,7 +276,7 @@ async def test_no_repack_on_the_app_command_line_is_for_this_session(tiny_models
 
     app = LlmtuiApp(str(tiny_models["llama"]), engine_overrides={"use_extra_bufts": False})
     async with app.run_test(size=(100, 30)) as pilot:
-        await _wait(pilot, lambda: app.engine_state == "ready", "the model to load")
+        await wait(pilot, lambda: app.engine_state == "ready", "the model to load")
         assert app.model is not None and app.model.repack is False
         assert app.config.engine.use_extra_bufts is True  # nothing saved
     import inspect

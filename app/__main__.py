@@ -366,7 +366,7 @@ def _with_advice(error: EngineCrashedError, model: ModelParams, context: Context
     from engine_ext.cpu import default_threads
     from engine_ext.recovery import fallbacks
 
-    options = fallbacks(model, context, context.n_threads or default_threads())
+    options = fallbacks(model, context, context.n_threads or default_threads(), error.crashed.gpu_devices)
     if options:
         error.advice = "to avoid it, try " + ", ".join(f"{f.flag} ({f.what})" for f in options)
     return error

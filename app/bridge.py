@@ -477,7 +477,8 @@ class EngineBridge:
             from engine_ext.cpu import default_threads
 
             engine = self._model[1]
-            found = fallbacks(engine.model_params(), engine.context_params(), engine.n_threads or default_threads())
+            found = fallbacks(engine.model_params(), engine.context_params(), engine.n_threads or default_threads(),
+                              crashed.gpu_devices)
         self._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code, crashed.log_path, found))
 
     def _recover(self, crashed: Crashed, in_flight: list[_Generation]) -> bool:

@@ -278,6 +278,14 @@ def cpu_extra_buffer_types() -> tuple[str, ...]:
     return tuple(names)
 
 
+def offload_device_count() -> int:
+    """How many devices ggml can offload to here (GPUs, integrated GPUs, accelerators; RPC servers join later)."""
+    C.llama_backend_init()
+    lib = ggml_lib()
+    count = min(int(lib.ggml_backend_dev_count()), 256)  # never loop on a garbage count
+    return sum(1 for i in range(count) if lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i)) in (1, 2, 3))
+
+
 def missing_ext_functions() -> list[str]:
     """Names of the llama-ext.h functions the installed library does not export."""
     return [f.name for f in EXT_FUNCTIONS if not f.available]

@@ -194,7 +194,8 @@ class EngineClient:
         if process is not None:
             process.join(5.0)
             exit_code = process.exitcode
-        crashed = Crashed(exit_code, read_log_tail(self.log_path), str(self.log_path))
+        crashed = Crashed(exit_code, read_log_tail(self.log_path), str(self.log_path),
+                          self.hello.gpu_devices if self.hello is not None else 0)
         self.crashed = crashed
         if self._conn is not None:
             self._conn.close()

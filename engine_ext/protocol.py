@@ -103,6 +103,7 @@ class Hello:
     llama_cpp_version: str
     system_info: str
     cpu_extra_bufts: tuple[str, ...] = ()  # llama.cpp's CPU extra buffer types in this build on this CPU (repacking)
+    gpu_devices: int = 0  # devices layers can be offloaded to (GPU, integrated GPU, accelerator)
 
 
 @dataclass(frozen=True)
@@ -365,6 +366,7 @@ class Crashed:
     exit_code: int | None
     log_tail: str
     log_path: str = ""  # the worker's log file (the whole log, where log_tail ends)
+    gpu_devices: int = 0  # as the worker's Hello said: whether turning GPU offload off is a fallback to offer
 
     @property
     def description(self) -> str:

@@ -53,9 +53,10 @@ class Fallback:
     value: int | bool
 
 
-def fallbacks(model: ModelParams, context: ContextParams, n_threads: int) -> tuple[Fallback, ...]:
+def fallbacks(model: ModelParams, context: ContextParams, n_threads: int, gpu_devices: int) -> tuple[Fallback, ...]:
     """What can still be turned down, in the order worth trying: repacking, threads (`n_threads` is the count in use),
-    memory mapping, GPU offload, the context size. Settings already at their safe value are left out."""
+    memory mapping, GPU offload (with `gpu_devices` or RPC servers to offload to), the context size. Settings already
+    at their safe value are left out."""
     found: list[Fallback] = []
     if model.use_extra_bufts:
         found.append(Fallback("no-repack", "no CPU weight repacking", "--no-repack", "use_extra_bufts", False))
@@ -65,7 +66,7 @@ def fallbacks(model: ModelParams, context: ContextParams, n_threads: int) -> tup
                               f"-t {fewer}", "n_threads", fewer))
     if model.use_mmap:
         found.append(Fallback("no-mmap", "the model read into memory, not mapped", "--no-mmap", "use_mmap", False))
-    if model.n_gpu_layers != 0:
+    if model.n_gpu_layers != 0 and (gpu_devices > 0 or model.rpc_servers):
         found.append(Fallback("cpu-only", "CPU only, no GPU offload", "-ngl 0", "n_gpu_layers", 0))
     if context.n_ctx == 0 or context.n_ctx > SMALL_CONTEXT:
         found.append(Fallback("small-context", f"a {SMALL_CONTEXT}-token context", f"-c {SMALL_CONTEXT}", "n_ctx",

@@ -80,16 +80,16 @@ class Worker:
         self.conn.send(event)
 
     def serve(self) -> None:
-        from engine_ext.bindings import C, cpu_extra_buffer_types, log_llama_to_stderr
+        from engine_ext.bindings import C, cpu_extra_buffer_types, log_llama_to_stderr, offload_device_count
 
         log_llama_to_stderr()  # INFO and up in the log file
         C.llama_backend_init()
         info = C.llama_print_system_info().decode("utf-8", errors="replace")
         try:
-            extra_bufts = cpu_extra_buffer_types()
+            extra_bufts, gpu_devices = cpu_extra_buffer_types(), offload_device_count()
         except (OSError, AttributeError):  # a build without the registry functions: none to report
-            extra_bufts = ()
-        self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info, extra_bufts))
+            extra_bufts, gpu_devices = (), 0
+        self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info, extra_bufts, gpu_devices))
         while not self.shutting_down:
             request = self.backlog.popleft() if self.backlog else self._recv()
             if request is None:

@@ -63,14 +63,18 @@ def test_repack_retry_turns_repacking_off_only_when_it_was_in_use() -> None:
 
 
 def test_fallbacks_leave_out_what_is_already_safe() -> None:
-    keys = [f.key for f in fallbacks(ModelParams(), ContextParams(n_ctx=4096), n_threads=4)]
+    keys = [f.key for f in fallbacks(ModelParams(), ContextParams(n_ctx=4096), n_threads=4, gpu_devices=1)]
     assert keys == ["no-repack", "threads", "no-mmap", "cpu-only", "small-context"]
-    threads = next(f for f in fallbacks(ModelParams(), ContextParams(), 4) if f.key == "threads")
+    # Without a device to offload to, -ngl 0 changes nothing; RPC servers are devices too.
+    assert "cpu-only" not in [f.key for f in fallbacks(ModelParams(), ContextParams(), 4, gpu_devices=0)]
+    assert "cpu-only" in [f.key for f in fallbacks(ModelParams(rpc_servers=("h:1",)), ContextParams(), 4, 0)]
+    threads = next(f for f in fallbacks(ModelParams(), ContextParams(), 4, 0) if f.key == "threads")
     assert (threads.flag, threads.field, threads.value) == ("-t 2", "n_threads", 2)
-    safe = fallbacks(ModelParams(use_extra_bufts=False, use_mmap=False, n_gpu_layers=0), ContextParams(n_ctx=2048), 1)
+    safe = fallbacks(ModelParams(use_extra_bufts=False, use_mmap=False, n_gpu_layers=0), ContextParams(n_ctx=2048), 1,
+                     gpu_devices=1)
     assert safe == ()
     # Every fallback names a real engine setting of the app, with a value of its type.
-    for fallback in fallbacks(ModelParams(), ContextParams(n_ctx=0), 8):
+    for fallback in fallbacks(ModelParams(), ContextParams(n_ctx=0), 8, gpu_devices=1):
         default = getattr(EngineSettings(), fallback.field)
         assert type(default) is type(fallback.value)
         replace(EngineSettings(), **{fallback.field: fallback.value}).validate()
@@ -168,6 +172,9 @@ def test_run_names_the_flags_that_could_avoid_a_crash_that_persists(
     assert f"the whole engine log: {tmp_path / 'logs' / 'engine.log'}" in err
     advice = next(line for line in err.splitlines() if line.startswith("llmtui: to avoid it, try"))
     assert "-t 1" in advice and "--no-mmap" in advice and "-c 2048" in advice
+    from engine_ext.bindings import offload_device_count
+
+    assert ("-ngl 0" in advice) == (offload_device_count() > 0)  # offered only where there is something to offload to
     if _extra_bufts():  # retried once without repacking, so that is no longer offered
         assert "restarted without it" in err and "--no-repack" not in advice
     assert "Traceback" not in err

@@ -420,7 +420,7 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
         from engine_ext.params import ContextParams, ModelParams
         from engine_ext.recovery import fallbacks
 
-        tries = fallbacks(ModelParams(), ContextParams(), n_threads=4)  # all five, the longest list
+        tries = fallbacks(ModelParams(), ContextParams(), n_threads=4, gpu_devices=1)  # all five, the longest list
         app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log,
                                            "/home/someone/.local/state/llmtui/log/engine.log", tries))
         await pilot.pause(0.2)

@@ -101,7 +101,7 @@ async def crash_dialog(pilot: Pilot[Any]) -> None:
     from engine_ext.params import ContextParams, ModelParams
     from engine_ext.recovery import fallbacks
 
-    tries = fallbacks(ModelParams(use_extra_bufts=False), ContextParams(), n_threads=2)
+    tries = fallbacks(ModelParams(use_extra_bufts=False), ContextParams(), n_threads=2, gpu_devices=1)
     pilot.app.push_screen(EngineCrashedModal("the engine process was killed by SIGSEGV", log,
                                              "/home/user/.local/state/llmtui/log/engine.log", tries))
     await pilot.pause()

@@ -12,7 +12,7 @@ esac
 
 # The engine is llama-cpp-python, built from source by pip (about 5 minutes on 2 cores). Both set-ups build the same
 # one: llama.cpp's RPC backend on (llmtui --rpc and rpc-server, and its tests), the multimodal library off (llmtui
-# never loads it; a minute less to build). Your own CMAKE_ARGS come first, e.g. CMAKE_ARGS="-DGGML_CUDA=on".
+# never loads it: about 23,000 lines of C++ fewer to compile). Your own CMAKE_ARGS come first, e.g. CMAKE_ARGS="-DGGML_CUDA=on".
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=on -DLLAVA_BUILD=off"
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -538,6 +538,27 @@ def validate_gguf(path: Path) -> None:
     _parse(path)
 
 
+_DRAFT_ARCHS = {"dflash": "a DFlash/DSpark draft", "eagle3": "an EAGLE3 draft"}  # for another model
+
+
+def validate_main_model(path: Path) -> None:
+    """validate_gguf, and refuse a draft that cannot run on its own: a DFlash/DSpark or EAGLE3 draft, or an ``mtp-``
+    sidecar (NextN head only), opened as the model to chat with (llama.cpp aborts or segfaults on them)."""
+    header = _parse(path)
+    arch_kv = header.kv.get("general.architecture")
+    arch = arch_kv.value if arch_kv is not None and isinstance(arch_kv.value, str) else ""
+    what = _DRAFT_ARCHS.get(arch)
+    if what is None:
+        nextn = header.kv.get(f"{arch}.nextn_predict_layers")
+        has_nextn = nextn is not None and isinstance(nextn.value, int) and nextn.value > 0
+        # As inspect_gguf's is_mtp_sidecar: NextN blocks and no trunk.
+        if has_nextn and not any(t.name == "blk.0.attn_norm.weight" for t in header.tensors):
+            what = "an mtp- sidecar (another model's MTP head)"
+    if what is not None:
+        raise _fail(path, f"{what}, not a model to chat with",
+                    "open the model it belongs to (its drafts are paired automatically)")
+
+
 # ---------------------------------------------------------------------------
 # Inspection
 # ---------------------------------------------------------------------------

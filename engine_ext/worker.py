@@ -56,7 +56,9 @@ def _inject_fault(stage: str, repacking: bool) -> None:
 def _redirect_native_output(log_path: Path) -> None:
     """Send fds 1 and 2 (llama.cpp's logging, GGML_ABORT messages) to the log file, never the terminal."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # owner-only, like the app's files
+    if os.name == "posix" and os.fstat(fd).st_mode & 0o077:
+        os.fchmod(fd, 0o600)  # a log left by an older version
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -143,7 +145,7 @@ class Worker:
         from engine_ext.bindings import C
         from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
-        from engine_ext.gguf_info import validate_gguf
+        from engine_ext.gguf_info import validate_main_model
         from engine_ext.model import Context, Model
 
         self.unload()
@@ -153,7 +155,7 @@ class Worker:
 
             raise ModelLoadError(f"model file not found: {path}")
         request.context.validate()
-        validate_gguf(path)
+        validate_main_model(path)  # a bad header, or a draft opened as the model: a message, not an abort
         if request.model.rpc_servers:
             from engine_ext.rpc import add_rpc_servers
 

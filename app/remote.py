@@ -47,6 +47,12 @@ REMOTE_PREFIX: Final = "remote:"
 CONNECT_TIMEOUT_S: Final = 10.0
 READ_TIMEOUT_S: Final = 600.0  # a slow server may think this long about a long prompt before the first token
 MAX_ERROR_BODY: Final = 64 * 1024
+# What a server may send before llmtui stops reading and says so: a JSON answer (a model list) and one line or one
+# event of a reply's stream. A hostile or broken server sending an endless body or line grew the app to 4 GB.
+MAX_JSON_BODY: Final = 8 * 1024 * 1024
+MAX_SSE_LINE: Final = 1024 * 1024
+MAX_SSE_EVENT: Final = 4 * 1024 * 1024
+READ_CHUNK: Final = 64 * 1024
 STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
 
 # Request ids far from the local bridge's (which count from 1), so a late event of one engine is never taken for
@@ -158,12 +164,32 @@ def connection_error_message(remote: RemoteSettings, error: BaseException) -> st
     return one_line(f"cannot reach {where}: {error}")
 
 
+def read_bounded(response: http.client.HTTPResponse, limit: int, deadline: float, what: str) -> bytes:
+    """The response body, read in chunks: RemoteError once it passes `limit` bytes or time.monotonic() passes
+    `deadline` (a server dripping a byte at a time never trips the socket's own timeout)."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        chunk = response.read1(READ_CHUNK) if hasattr(response, "read1") else response.read(READ_CHUNK)
+        if not chunk:
+            return b"".join(parts)
+        size += len(chunk)
+        if size > limit:
+            raise RemoteError(f"{what} passed {limit // (1024 * 1024)} MiB; llmtui stopped reading (is it an "
+                              "OpenAI-compatible server?)")
+        if time.monotonic() > deadline:
+            raise RemoteError(f"{what} took longer than its time limit; llmtui stopped reading")
+        parts.append(chunk)
+
+
 def _get_json(remote: RemoteSettings, endpoint: str, timeout: float) -> Any:
     connection = _connection(remote, timeout)
+    what = f"{remote.name}'s answer to GET {_api_path(remote, endpoint)}"
     try:
+        deadline = time.monotonic() + 3 * timeout
         connection.request("GET", _api_path(remote, endpoint), headers=_headers(remote))
         response = connection.getresponse()
-        body = response.read(MAX_ERROR_BODY if response.status != 200 else None)
+        body = read_bounded(response, MAX_JSON_BODY if response.status == 200 else MAX_ERROR_BODY, deadline, what)
         if response.status != 200:
             raise RemoteError(http_error_message(remote, response.status, response.reason, body))
     except (OSError, http.client.HTTPException) as error:
@@ -224,22 +250,31 @@ def request_body(model: str, messages: Sequence[tuple[str, str]], sampling: Samp
     return body
 
 
-def sse_events(response: http.client.HTTPResponse) -> Iterator[str]:
-    """The `data` of each server-sent event, as text ("[DONE]" included); ends at the end of the stream."""
+def sse_events(response: http.client.HTTPResponse, name: str = "the server") -> Iterator[str]:
+    """The `data` of each server-sent event, as text ("[DONE]" included); ends at the end of the stream. A line
+    longer than MAX_SSE_LINE or an event longer than MAX_SSE_EVENT is a RemoteError, not read to its end."""
     data: list[str] = []
+    size = 0
     while True:
-        raw = response.readline()
+        raw = response.readline(MAX_SSE_LINE + 1)
         if not raw:
             if data:
                 yield "\n".join(data)
             return
+        if len(raw) > MAX_SSE_LINE:
+            raise RemoteError(f"{name} sent a stream line longer than {MAX_SSE_LINE // 1024} KiB; llmtui stopped "
+                              "reading")
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if not line:
             if data:
                 yield "\n".join(data)
-                data = []
+                data, size = [], 0
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
+            size += len(line)
+            if size > MAX_SSE_EVENT:
+                raise RemoteError(f"{name} sent a stream event longer than {MAX_SSE_EVENT // (1024 * 1024)} MiB; "
+                                  "llmtui stopped reading")
         # other fields (event:, id:, retry:) and comments (":" keep-alives) carry nothing llmtui uses
 
 
@@ -471,12 +506,12 @@ class RemoteBridge:
         response = connection.getresponse()
         if response.status != 200:
             raise RemoteError(http_error_message(self.remote, response.status, response.reason,
-                                                 response.read(MAX_ERROR_BODY)))
+                                                 response.read(MAX_ERROR_BODY)))  # read(n) stops at n
         finish: str | None = None
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
         done = False
-        for data in sse_events(response):
+        for data in sse_events(response, self.remote.name):
             if stream.cancelled:
                 raise _Cancelled
             if data.strip() == "[DONE]":

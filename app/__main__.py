@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import random
 import statistics
@@ -14,6 +15,18 @@ from typing import Any
 from app import paths
 from app.cli_models import add_models_parser, cmd_models
 from app.cli_steer import add_control_vector_args, add_steer_parser, cmd_steer, steering_entries
+from app.cli_types import (
+    INT32_MAX,
+    MAX_CONTEXT,
+    MAX_THREADS,
+    finite_float,
+    int_range,
+    n_predict,
+    seed,
+    text_file,
+    utf8_error,
+    utf8_text,
+)
 from app.models import ModelNotFound, resolve_model
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
@@ -48,17 +61,30 @@ class CliError(Exception):
 
 # ----- arguments ----------------------------------------------------------------------------------------
 
+CONTEXT = int_range(0, MAX_CONTEXT, meaning="0: the model's")
+THREADS = int_range(0, MAX_THREADS, meaning="0: automatic")
+BATCH = int_range(1, MAX_CONTEXT)
+COUNT = int_range(0, INT32_MAX)  # top-k, --fit-target: 0 or more
+PROBABILITY = finite_float(0.0, 1.0)
+NON_NEGATIVE = finite_float(0.0)
+POSITIVE = finite_float(0.0, above=True)
+ANY_FINITE = finite_float()
+DEVICE = int_range(0, 1023)  # -mg: a device index
+LAYERS = int_range(0, 4096)  # --n-cpu-moe: more than the model has means every layer
+DRAFT_MAX = int_range(1, 1024)
+DRAFT_MIN = int_range(0, 1024)
+
 
 def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> None:
     p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
-    p.add_argument("-c", "--ctx-size", type=int, default=default_ctx, help="context size in tokens (0: model's)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: one per physical core)")
+    p.add_argument("-c", "--ctx-size", type=CONTEXT, default=default_ctx, help="context size in tokens (0: model's)")
+    p.add_argument("-t", "--threads", type=THREADS, default=0, help="threads (default: one per physical core)")
     p.add_argument("-ngl", "--n-gpu-layers", type=_gpu_layers, default=-1, metavar="N|auto|all",
                    help="layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)")
-    p.add_argument("--fit-target", type=int, default=DEFAULT_FIT_TARGET_MIB, metavar="MiB",
+    p.add_argument("--fit-target", type=COUNT, default=DEFAULT_FIT_TARGET_MIB, metavar="MiB",
                    help="with -ngl auto: memory to leave free on each device (default %(default)s MiB)")
-    p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    p.add_argument("-b", "--batch-size", type=BATCH, default=2048, help="logical batch size")
+    p.add_argument("-ub", "--ubatch-size", type=BATCH, default=512, help="physical batch size")
     p.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto")
     p.add_argument("-ctk", "--cache-type-k", choices=sorted(KV_CACHE_TYPES), default="f16")
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_CACHE_TYPES), default="f16")
@@ -70,32 +96,32 @@ def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> 
     p.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default="layer",
                    help="how to split the model across devices (tensor: llama.cpp's tensor parallelism)")
     p.add_argument("-ts", "--tensor-split", default="", metavar="N0,N1,...", help="share of the model per device")
-    p.add_argument("-mg", "--main-gpu", type=int, default=0, help="the device for the whole model with -sm none")
-    p.add_argument("--n-cpu-moe", type=int, default=0, metavar="N", help="keep the experts of the first N layers "
+    p.add_argument("-mg", "--main-gpu", type=DEVICE, default=0, help="the device for the whole model with -sm none")
+    p.add_argument("--n-cpu-moe", type=LAYERS, default=0, metavar="N", help="keep the experts of the first N layers "
                    "on the CPU (MoE models)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("-s", "--seed", type=int, default=DEFAULT_SEED, help="RNG seed (default: random)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--temp", type=NON_NEGATIVE, default=0.8, help="temperature (0: greedy)")
+    p.add_argument("--top-k", type=COUNT, default=40)
+    p.add_argument("--top-p", type=PROBABILITY, default=0.95)
+    p.add_argument("--min-p", type=PROBABILITY, default=0.05)
+    p.add_argument("--repeat-penalty", type=POSITIVE, default=1.0)
+    p.add_argument("--repeat-last-n", type=int_range(-1, MAX_CONTEXT, meaning="-1: the context"), default=64)
+    p.add_argument("--presence-penalty", type=ANY_FINITE, default=0.0)
+    p.add_argument("--frequency-penalty", type=ANY_FINITE, default=0.0)
+    p.add_argument("-s", "--seed", type=seed, default=DEFAULT_SEED, help="RNG seed (default, -1: random)")
+    p.add_argument("--stop", action="append", type=utf8_text, default=[], help="stop string (repeatable)")
+    p.add_argument("--system", type=utf8_text, default=None, help="system prompt")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-type", default="", metavar="T[,T...]",
                    help=f"speculative decoding: {', '.join(SPEC_TYPES)} (comma-separated; off by default)")
     p.add_argument("--spec-draft-model", default=None, metavar="PATH", help="draft model for draft-simple")
-    p.add_argument("--spec-draft-n-max", type=int, default=16, help="most tokens drafted per step")
-    p.add_argument("--spec-draft-n-min", type=int, default=0, help="drafts shorter than this are skipped")
-    p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="min draft token probability")
+    p.add_argument("--spec-draft-n-max", type=DRAFT_MAX, default=16, help="most tokens drafted per step")
+    p.add_argument("--spec-draft-n-min", type=DRAFT_MIN, default=0, help="drafts shorter than this are skipped")
+    p.add_argument("--spec-draft-p-min", type=PROBABILITY, default=0.0, help="min draft token probability")
 
 
 def _spec_params(args: argparse.Namespace, model: Path, types: str | None = None) -> SpeculativeParams:
@@ -143,8 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one generation, streamed to stdout")
     _add_engine_args(run)
     _add_sampling_args(run)
-    run.add_argument("-p", "--prompt", required=True, help="the user message (or raw text with --raw)")
-    run.add_argument("-n", "--n-predict", type=int, default=-1, help="max tokens to generate (-1: no limit)")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("-p", "--prompt", type=utf8_text, help="the user message (or raw text with --raw)")
+    source.add_argument("-f", "--file", dest="prompt", type=text_file, metavar="FILE",
+                        help="read the prompt from a UTF-8 text file (at most 8 MiB)")
+    run.add_argument("-n", "--n-predict", type=n_predict, default=-1, help="max tokens to generate (-1: no limit)")
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
@@ -154,33 +183,39 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
     _add_engine_args(chat)
     _add_sampling_args(chat)
-    chat.add_argument("-n", "--n-predict", type=int, default=-1)
+    chat.add_argument("-n", "--n-predict", type=n_predict, default=-1)
 
     info = sub.add_parser("info", help="inspect a GGUF file without loading its weights")
     info.add_argument("model", help="a .gguf path or 'starter'")
-    info.add_argument("-c", "--ctx-size", type=int, default=0, help="context for the memory estimate")
+    info.add_argument("-c", "--ctx-size", type=CONTEXT, default=0, help="context for the memory estimate")
     info.add_argument("--json", action="store_true")
 
     rpc = sub.add_parser("rpc-server", help="serve this machine's CPU to llama.cpp RPC clients (--rpc)")
     rpc.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    rpc.add_argument("--port", type=int, default=50052)
-    rpc.add_argument("-t", "--threads", type=int, default=0)
+    rpc.add_argument("--port", type=int_range(1, 65535), default=50052)
+    rpc.add_argument("-t", "--threads", type=THREADS, default=0)
 
     doctor = sub.add_parser("doctor", help="backends, devices, memory, versions")
     doctor.add_argument("--json", action="store_true")
 
     bench = sub.add_parser("bench", help="prompt and decode speed (like llama-bench)")
     _add_engine_args(bench, default_ctx=0)
-    bench.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip)")
-    bench.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip)")
-    bench.add_argument("-r", "--repetitions", type=int, default=5)
+    bench.add_argument("-p", "--n-prompt", type=int_range(0, MAX_CONTEXT), default=512, help="prompt tokens (0: skip)")
+    bench.add_argument("-n", "--n-gen", type=int_range(0, MAX_CONTEXT), default=128, help="generated tokens (0: skip)")
+    bench.add_argument("-r", "--repetitions", type=int_range(1, 1000), default=5)
     bench.add_argument("--json", action="store_true")
     _add_spec_args(bench)
-    bench.add_argument("--prompt", default=None, help="chat prompt for --spec-type runs (default: a copy-heavy one)")
+    bench.add_argument("--prompt", type=utf8_text, help="chat prompt for --spec-type runs (default: a copy-heavy one)")
     bench.add_argument("--raw", action="store_true", help="--spec-type runs complete the prompt without a template")
+    bench.set_defaults(check_args=lambda args: _check_bench(bench, args))
     add_models_parser(sub)
     add_steer_parser(sub)
     return parser
+
+
+def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.n_prompt == 0 and args.n_gen == 0:
+        parser.error("argument -p/--n-prompt: -p and -n are both 0: nothing to measure")
 
 
 def _auto_uses_heads(model: Path, spec: SpeculativeParams) -> bool:
@@ -233,8 +268,8 @@ def _gpu_layers(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, all or auto, not {text!r}") from None
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"expected a number ≥ -1, all or auto, not {value}")
+    if not -1 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"expected a number from -1 to {INT32_MAX}, all or auto, not {value}")
     return value
 
 
@@ -280,7 +315,12 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
 
 
 def start_engine() -> EngineClient:
-    client = EngineClient(paths.log_dir() / "engine.log")
+    from app.private_files import private_dir, take_notice
+
+    client = EngineClient(private_dir(paths.log_dir()) / "engine.log")
+    notice = take_notice()
+    if notice:
+        print(f"llmtui: {notice}", file=sys.stderr)
     client.start()
     return client
 
@@ -442,13 +482,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
         info = _loaded(client.load(path, _model_params(args), _context_params(args)))
         print(f"{info.description} · {info.backend} · context {info.n_ctx} · Ctrl-D to quit", file=sys.stderr)
         history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
+        if isinstance(sys.stdin, io.TextIOWrapper):
+            sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 is reported per line below
         while True:
             try:
                 line = input("> ")
             except (EOFError, KeyboardInterrupt):
                 print(file=sys.stderr)
                 return 0
+            except UnicodeDecodeError as error:  # stdin in strict mode: say so and read the next line
+                print(f"llmtui: that line is not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset "
+                      f"{error.start}); it was not sent", file=sys.stderr)
+                continue
             if not line.strip():
+                continue
+            where = utf8_error(line)
+            if where is not None:
+                print(f"llmtui: that line is not valid UTF-8 ({where}); it was not sent", file=sys.stderr)
                 continue
             history.append(ChatMessage("user", line))
             request = Generate(
@@ -463,6 +513,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 client.cancel(request.request_id)
                 text, _, finished = _drain(client, request.request_id)
+            except (EngineFailure, EngineError) as error:  # e.g. a line longer than the context: say so, go on
+                history.pop()
+                print(f"llmtui: error: {error}", file=sys.stderr)
+                continue
             history.append(ChatMessage("assistant", text))
             sys.stdout.write("\n")
             print(format_stats(finished.stats), file=sys.stderr)
@@ -726,6 +780,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not arguments or arguments[0] not in COMMANDS and arguments[0] not in ("-h", "--help"):
         return _open_tui(arguments)
     args = parser.parse_args(arguments)
+    check_args = getattr(args, "check_args", None)
+    if check_args is not None:
+        check_args(args)
     try:
         return COMMANDS[args.command](args)
     except (CliError, ModelNotFound, EngineError, EngineFailure) as exc:

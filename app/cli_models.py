@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import paths
+from app.cli_types import MAX_CONTEXT, int_range
 from app.models import ModelNotFound
 from models_catalog import pairing
 
@@ -40,7 +41,7 @@ def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     search.add_argument("query", nargs="?", default="", help="text to look for (empty: everything)")
     search.add_argument("--author", help="only repos of this user or organisation")
     search.add_argument("--sort", choices=("downloads", "likes", "updated"), default="downloads")
-    search.add_argument("--limit", type=int, default=20)
+    search.add_argument("--limit", type=int_range(1, 1000), default=20)
     search.add_argument("--catalog", action="store_true", help="only the curated catalog (no network)")
     search.add_argument("--json", action="store_true")
 
@@ -51,7 +52,8 @@ def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
     info = sub.add_parser("info", help="quants, sizes, sidecars and memory fit of a repo, catalog id or file")
     info.add_argument("model", help="org/repo[:QUANT], a catalog id, or a .gguf path")
-    info.add_argument("-c", "--ctx-size", type=int, default=0, help="context for the memory estimate")
+    info.add_argument("-c", "--ctx-size", type=int_range(0, MAX_CONTEXT, meaning="0: the model's"), default=0,
+                      help="context for the memory estimate")
     info.add_argument("--card", action="store_true", help="also print the model card")
     info.add_argument("--json", action="store_true")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app import paths
+from app.cli_types import MAX_THREADS, control_vector_scaled, int_range, read_text_file
 from app.models import resolve_model
 from engine_ext.params import EngineError, SteeringEntry
 
@@ -25,9 +26,10 @@ def prompt_set_folders() -> list[Path]:
 
 def add_control_vector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-vector", action="append", default=[], metavar="FILE", help="apply a control vector")
-    p.add_argument("--control-vector-scaled", action="append", default=[], metavar="FILE:S",
+    p.add_argument("--control-vector-scaled", action="append", type=control_vector_scaled, default=[], metavar="FILE:S",
                    help="apply a control vector with strength S (-2..2)")
-    p.add_argument("--control-vector-layer-range", nargs=2, type=int, default=None, metavar=("START", "END"),
+    p.add_argument("--control-vector-layer-range", nargs=2, type=int_range(0, 512), default=None,
+                   metavar=("START", "END"),
                    help="layers to steer (inclusive; default: every layer the architecture steers)")
 
 
@@ -56,7 +58,7 @@ def add_steer_parser(sub: Any) -> None:
     make.add_argument("--prompts", required=True, help="a bundled or user prompt set name, or a .json path")
     make.add_argument("--method", choices=("pca", "mean"), default="pca")
     make.add_argument("-o", "--output", default=None, help="output .gguf (default: the steering folder)")
-    make.add_argument("-t", "--threads", type=int, default=0)
+    make.add_argument("-t", "--threads", type=int_range(0, MAX_THREADS), default=0)
     show = actions.add_parser("show", help="inspect a control-vector file")
     show.add_argument("file")
     show.add_argument("--json", action="store_true")
@@ -100,6 +102,12 @@ def _make(args: argparse.Namespace) -> int:
     from engine_ext.steering.prompt_sets import find_prompt_set
 
     model = resolve_model(args.model)
+    given = Path(args.prompts).expanduser()
+    if given.suffix == ".json" and given.is_file():
+        try:
+            read_text_file(given)  # a user's file: too large or not UTF-8 is said in one line
+        except ValueError as error:
+            raise EngineError(str(error)) from None
     prompt_set, set_path = find_prompt_set(args.prompts, prompt_set_folders())
     output = Path(args.output) if args.output else steering_dir() / f"{model.stem}-{prompt_set.name}.gguf"
     with start_engine() as client:

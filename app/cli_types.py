@@ -1,0 +1,131 @@
+"""argparse `type=` functions for the command line's numbers and texts: each checks the range llama.cpp accepts and
+fails with argparse's usual one line (`llmtui run: error: argument -c/--ctx-size: ...`, exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from engine_ext.params import DEFAULT_SEED
+
+MAX_CONTEXT = 1 << 24  # as app.config.EngineSettings.validate: beyond it llama.cpp's KV cache cannot be allocated
+MAX_THREADS = 1024
+INT32_MAX = (1 << 31) - 1
+UINT32_MAX = (1 << 32) - 1
+MAX_TEXT_FILE_BYTES = 8 << 20  # a prompt file: far beyond any context (2^24 tokens are not read from a file)
+
+
+def int_range(lo: int, hi: int, *, meaning: str = "") -> Callable[[str], int]:
+    """An integer in [lo, hi]; `meaning` explains special values in the message (e.g. "0: the model's")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            extra = f" ({meaning})" if meaning else ""
+            raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}{extra}, not {text!r}")
+        return value
+
+    return parse
+
+
+def finite_float(lo: float = -math.inf, hi: float = math.inf, *, above: bool = False) -> Callable[[str], float]:
+    """A finite number in [lo, hi] (in (lo, hi] with `above`); nan and inf are refused everywhere."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        low_ok = value > lo if above else value >= lo
+        if not math.isfinite(value) or not low_ok or value > hi:
+            if math.isinf(lo) and math.isinf(hi):
+                wanted = "a finite number"
+            elif math.isinf(hi):
+                wanted = f"a finite number {'>' if above else '≥'} {lo:g}"
+            else:
+                wanted = f"a number from {lo:g} to {hi:g}"
+            raise argparse.ArgumentTypeError(f"expected {wanted}, not {text!r}")
+        return value
+
+    return parse
+
+
+def seed(text: str) -> int:
+    """llama.cpp's -s: 0..2^32-1, and -1 (or 2^32-1, LLAMA_DEFAULT_SEED) for a random seed per generation."""
+    value = int_range(-1, UINT32_MAX, meaning="-1: random")(text)
+    return DEFAULT_SEED if value == -1 else value
+
+
+def n_predict(text: str) -> int:
+    """-n: -1 for no limit or a positive count (0 would mean "no limit" to the engine but "nothing" to llama.cpp)."""
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        value = 0
+    if value != -1 and not 1 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected -1 (no limit) or a whole number from 1 to {INT32_MAX}, not {text!r}"
+        )
+    return value
+
+
+def utf8_error(text: str) -> str | None:
+    """Where `text` (decoded with surrogateescape, as argv and stdin are) is not valid UTF-8: "byte 0x.. at offset N"
+    counted in bytes; None when it is valid."""
+    for index, char in enumerate(text):
+        if "\udc80" <= char <= "\udcff":
+            offset = len(text[:index].encode("utf-8", "surrogateescape"))
+            return f"byte 0x{ord(char) - 0xDC00:02x} at offset {offset}"
+        if "\ud800" <= char <= "\udfff":
+            offset = len(text[:index].encode("utf-8", "surrogatepass"))
+            return f"a lone surrogate at offset {offset}"
+    return None
+
+
+def utf8_text(text: str) -> str:
+    """A text argument (-p, --system…) that must be valid UTF-8 (a shell passes raw bytes through)."""
+    where = utf8_error(text)
+    if where is not None:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 ({where})")
+    return text
+
+
+def read_text_file(path: Path, limit: int = MAX_TEXT_FILE_BYTES) -> str:
+    """A user's text file, read whole: ValueError (one line) when it is too large or not valid UTF-8."""
+    with path.open("rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit // (1 << 20)} MiB, the limit for a text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start})"
+        ) from None
+
+
+def text_file(name: str) -> str:
+    """A --file argument: the text of the file (checked as read_text_file does)."""
+    try:
+        return read_text_file(Path(name).expanduser())
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {name}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def control_vector_scaled(text: str) -> str:
+    """--control-vector-scaled FILE:S, with a finite strength in [-2, 2] (kept as given; steering_entries parses)."""
+    file, sep, strength = text.rpartition(":")
+    if not sep or not file:
+        raise argparse.ArgumentTypeError(f"expected FILE:STRENGTH, not {text!r}")
+    try:
+        finite_float(-2.0, 2.0)(strength)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected FILE:STRENGTH with a strength from -2 to 2, not {text!r}") from None
+    return text

@@ -23,6 +23,7 @@ from app.cli_types import (
     int_range,
     n_predict,
     seed,
+    shares,
     text_file,
     utf8_error,
     utf8_text,
@@ -95,7 +96,8 @@ def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> 
     p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="llama.cpp RPC servers to use as devices")
     p.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default="layer",
                    help="how to split the model across devices (tensor: llama.cpp's tensor parallelism)")
-    p.add_argument("-ts", "--tensor-split", default="", metavar="N0,N1,...", help="share of the model per device")
+    p.add_argument("-ts", "--tensor-split", type=shares, default="", metavar="N0,N1,...",
+                   help="share of the model per device")
     p.add_argument("-mg", "--main-gpu", type=DEVICE, default=0, help="the device for the whole model with -sm none")
     p.add_argument("--n-cpu-moe", type=LAYERS, default=0, metavar="N", help="keep the experts of the first N layers "
                    "on the CPU (MoE models)")

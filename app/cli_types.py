@@ -55,6 +55,17 @@ def finite_float(lo: float = -math.inf, hi: float = math.inf, *, above: bool = F
     return parse
 
 
+def shares(text: str) -> str:
+    """-ts N0,N1,... (or N0/N1/...): finite shares ≥ 0 that add up to more than 0; kept as given."""
+    try:
+        values = [float(v) for v in text.replace("/", ",").split(",") if v.strip()]
+    except ValueError:
+        values = [math.nan]
+    if values and (not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0):
+        raise argparse.ArgumentTypeError(f"expected finite shares ≥ 0 that add up to more than 0, not {text!r}")
+    return text
+
+
 def seed(text: str) -> int:
     """llama.cpp's -s: 0..2^32-1, and -1 (or 2^32-1, LLAMA_DEFAULT_SEED) for a random seed per generation."""
     value = int_range(-1, UINT32_MAX, meaning="-1: random")(text)

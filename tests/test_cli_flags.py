@@ -32,6 +32,9 @@ BAD = [
     ("run", "-ngl/--n-gpu-layers", ["-ngl", "4294967296"]),
     ("run", "--fit-target", ["--fit-target", "-1"]),
     ("run", "-mg/--main-gpu", ["-mg", "-1"]),
+    ("run", "-ts/--tensor-split", ["-ts", "nan,1"]),
+    ("run", "-ts/--tensor-split", ["-ts", "0,0"]),
+    ("run", "-ts/--tensor-split", ["-ts", "1,-1"]),
     ("run", "--n-cpu-moe", ["--n-cpu-moe", "-3"]),
     ("run", "--temp", ["--temp", "nan"]),
     ("run", "--temp", ["--temp", "inf"]),
@@ -103,11 +106,12 @@ def test_good_values_still_parse(tmp_path: Path) -> None:
         "-mg", "0", "--n-cpu-moe", "0", "--temp", "0", "--top-k", "0", "--top-p", "1", "--min-p", "0",
         "--repeat-penalty", "1.1", "--repeat-last-n", "-1", "--presence-penalty", "-0.5",
         "--frequency-penalty", "1e-3", "-s", "-1", "-n", "-1", "--spec-draft-n-max", "1", "--spec-draft-p-min", "1",
-        "--control-vector-scaled", "v.gguf:-2", "--control-vector-layer-range", "1", "4",
+        "--control-vector-scaled", "v.gguf:-2", "--control-vector-layer-range", "1", "4", "-ts", "3/1",
     ])
     assert (args.ctx_size, args.threads, args.batch_size, args.temp, args.top_p) == (0, 1024, 1, 0.0, 1.0)
     assert args.seed == DEFAULT_SEED  # -1: llama.cpp's random seed
     assert args.repeat_last_n == -1 and args.n_predict == -1 and args.presence_penalty == -0.5
+    assert args.tensor_split == "3/1"
     assert args.control_vector_scaled == ["v.gguf:-2"] and args.control_vector_layer_range == [1, 4]
     assert parser.parse_args(["run", "-p", "hi", "-c", str(1 << 24), "-s", "4294967295"]).ctx_size == 1 << 24
     assert parser.parse_args(["bench", "-p", "0", "-n", "8", "-r", "1"]).n_prompt == 0

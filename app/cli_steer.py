@@ -11,6 +11,7 @@ from typing import Any
 from app import paths
 from app.cli_types import MAX_THREADS, control_vector_scaled, int_range, read_text_file
 from app.models import resolve_model
+from app.private_files import private_dir
 from engine_ext.params import EngineError, SteeringEntry
 
 
@@ -109,7 +110,8 @@ def _make(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise EngineError(str(error)) from None
     prompt_set, set_path = find_prompt_set(args.prompts, prompt_set_folders())
-    output = Path(args.output) if args.output else steering_dir() / f"{model.stem}-{prompt_set.name}.gguf"
+    default_output = f"{model.stem}-{prompt_set.name}.gguf"
+    output = Path(args.output) if args.output else private_dir(steering_dir()) / default_output
     with start_engine() as client:
         client.load(model, ModelParams(), ContextParams(n_ctx=512, n_threads=args.threads))
 

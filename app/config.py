@@ -12,6 +12,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from app.paths import config_dir
+from app.private_files import private_dir, write_private_text
 from engine_ext.params import (
     DEFAULT_FIT_TARGET_MIB,
     GPU_LAYERS_AUTO,  # `-ngl auto`: as many layers as free device memory allows; "auto" in config.toml
@@ -510,13 +511,12 @@ def load_config(path: Path | None = None) -> Config:
 
 
 def save_config(config: Config, path: Path | None = None) -> None:
-    """Validate and write the settings atomically (a temporary file renamed over the old one)."""
+    """Validate and write the settings atomically (a 0600 temporary file renamed over the old one, in a 0700
+    folder)."""
     config.validate()
     path = path or config_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(config_to_toml(config), encoding="utf-8")
-        os.replace(temporary, path)
+        private_dir(path.parent)
+        write_private_text(path, config_to_toml(config))
     except OSError as error:
         raise ConfigError(f"cannot save settings to {path}: {error}") from error

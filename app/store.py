@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 from app.paths import data_dir
+from app.private_files import private_dir, private_file, tighten_if_exists
 
 HISTORY_FILE_NAME: Final = "history.sqlite3"
 BUSY_TIMEOUT_S: Final = 5.0
@@ -269,6 +270,11 @@ def _is_damage(error: sqlite3.DatabaseError) -> bool:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    # Owner-only: the file is created 0600 before SQLite opens it, and SQLite gives the -wal/-shm files the
+    # database file's permissions on unix; ones left by an older version are tightened too.
+    private_file(path)
+    for suffix in ("-wal", "-shm"):
+        tighten_if_exists(path.with_name(path.name + suffix))
     # One connection shared by threads, serialised by Store._lock; transactions are explicit.
     connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     connection.row_factory = sqlite3.Row
@@ -407,7 +413,7 @@ class Store:
         self._last_timestamp = ""
         self._connection: sqlite3.Connection | None = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)
             self._connection = self._open_sound_database()
             self._configure()
         except (OSError, sqlite3.Error) as error:
@@ -468,6 +474,7 @@ class Store:
         if has_tables:
             backup_path = self.path.with_name(f"{self.path.name}.bak-v{version}")
             try:
+                private_file(backup_path)  # owner-only, like the history itself
                 with closing(sqlite3.connect(backup_path)) as backup:
                     self._db.backup(backup)
             except (OSError, sqlite3.Error) as error:

@@ -36,6 +36,7 @@ from app.messages import (
 )
 from app.model_list import local_models
 from app.models import ModelNotFound, resolve_model, starter_model_path
+from app.private_files import private_dir, secure_app_dirs, take_notice, write_private_text
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
 from app.speculation import find_drafts
@@ -95,6 +96,10 @@ class LlmtuiApp(FeaturesMixin, App[None]):
 
     def on_mount(self) -> None:
         try:
+            secure_app_dirs()
+        except OSError as error:
+            self.notify(f"cannot make llmtui's folders owner-only: {error}", severity="warning", timeout=15)
+        try:
             self.config = load_config()
         except ConfigError as error:
             self.notify(f"{error}. Using default settings until you save new ones (F3).", severity="error",
@@ -107,6 +112,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             return
         if self.store.startup_notice:
             self.notify(self.store.startup_notice, severity="warning", timeout=20)
+        tightened = take_notice()  # said once: after tightening, the modes are right
+        if tightened:
+            self.notify(tightened, severity="warning", timeout=20)
         remote = self._initial_remote()
         if remote is not None:
             self.push_screen(ChatScreen())
@@ -459,12 +467,11 @@ class LlmtuiApp(FeaturesMixin, App[None]):
     def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
         """Write the conversation as Markdown and JSON into `<data dir>/exports`; the two paths."""
         conversation = self.store.get_conversation(conversation_id)
-        folder = paths.data_dir() / "exports"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_dir(paths.data_dir() / "exports")
         stem = f"{_safe_file_name(conversation.title)}-{conversation.id}"
         markdown_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
-        markdown_path.write_text(self.store.export_markdown(conversation_id), encoding="utf-8")
-        json_path.write_text(self.store.export_json(conversation_id), encoding="utf-8")
+        write_private_text(markdown_path, self.store.export_markdown(conversation_id))
+        write_private_text(json_path, self.store.export_json(conversation_id))
         return markdown_path, json_path
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

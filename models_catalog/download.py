@@ -86,6 +86,7 @@ class State(enum.StrEnum):
 
 
 FINAL_STATES = frozenset({State.DONE, State.FAILED, State.CANCELLED})
+PARTIAL_FILE_MODE = 0o600  # a partial download is owner-only until it is verified and installed
 
 
 @dataclass(frozen=True)
@@ -433,8 +434,11 @@ class _Fetch:
 
     def transfer(self) -> None:
         failures = 0
-        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
+        # The partial file is owner-only (0600) until it is verified and installed (see install).
+        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), PARTIAL_FILE_MODE)
         try:
+            if os.name == "posix" and os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, PARTIAL_FILE_MODE)  # a partial file left by an older version
             os.lseek(fd, self.offset, os.SEEK_SET)
             while self.offset < self.file.size:
                 self.control.check()
@@ -499,12 +503,28 @@ class _Fetch:
 
     def install(self) -> Path:
         blob = self.rc.blob(self.file.oid)
+        if os.name == "posix":
+            # The Hugging Face cache is shared with huggingface_hub and llama.cpp's -hf: an installed blob gets
+            # the mode huggingface_hub gives its blobs (0666 less the umask), not the partial file's 0600.
+            os.chmod(self.partial, 0o666 & ~_umask())
         os.replace(self.partial, blob)
         pointer = self.rc.pointer(self.file.commit, self.file.path)
         hfcache.link_pointer(blob, pointer)
         self.rc.write_ref(self.file.commit)
         self.report(State.DONE, "installed", local_path=str(pointer))
         return pointer
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (os.umask sets it; threads race on that)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _content_range_start(value: str | None) -> int | None:

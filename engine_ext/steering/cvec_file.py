@@ -8,6 +8,7 @@ layer N. The loader sums several tensors for one layer and ignores the metadata;
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def write_control_vector(vector: ControlVector, path: Path) -> Path:
     """Write in upstream's exact layout (plus llmtui.* string keys, which llama.cpp ignores)."""
     if not vector.directions:
         raise ControlVectorError("a control vector needs at least one layer direction")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Owner-only, like llmtui's other files: created 0600 here, GGUFWriter then truncates it and keeps the mode.
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600))
     writer = GGUFWriter(str(path), ARCH)
     try:
         writer.add_string("controlvector.model_hint", vector.model_hint)

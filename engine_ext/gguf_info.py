@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, TypeAlias
+from typing import Any, BinaryIO, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -55,6 +55,14 @@ _MAX_STRING = 1 << 30  # GGUF_MAX_STRING_LENGTH
 _MAX_ARRAY = 1 << 30  # GGUF_MAX_ARRAY_ELEMENTS
 _MAX_NAME_BYTES = 63  # GGML_MAX_NAME - 1
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_T = TypeVar("_T")
+
+# llama.cpp's own limits on metadata (src/llama-hparams.h, src/llama.cpp llama_split_path)
+_MAX_LAYERS = 512  # LLAMA_MAX_LAYERS: block_count, and the length of every per-layer array
+_MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
+_MAX_CONTEXT = 2**31 - 1  # n_ctx_train is an int32
+_MAX_DIM = 1 << 20  # embedding, head, FFN and state sizes; real models stay far below
+_MAX_SPLITS = 99_999  # shards are named -%05d-of-%05d
 _KEEP_ARRAY = 4096  # arrays longer than this (vocabularies, merges, scores) are skipped, only counted
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, one key byte, value type, smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
@@ -215,12 +223,43 @@ class _Header:
     tensors: tuple[_Tensor, ...]
 
 
-def _fail(path: Path, problem: str, hint: str) -> GGUFValidationError:
-    return GGUFValidationError(f"{path}: {problem}; {hint}")
+_MAX_MESSAGE = 300  # every GGUFError message is one line of at most this many characters
+_MAX_PATH_IN_MESSAGE = 100
+
+
+def _clip(text: str, limit: int) -> str:
+    """One line (whitespace runs and control characters folded) of at most ``limit`` characters."""
+    text = " ".join(text[: limit * 4].split())
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _message(path: Path | str, problem: str, hint: str = "") -> str:
+    """``<path>: <problem>; <hint>`` in one line of at most _MAX_MESSAGE characters: a long path keeps its end,
+    a long problem (values, keys, names read from the file) is cut so that the hint still fits."""
+    where = _clip(str(path), 10_000)
+    if len(where) > _MAX_PATH_IN_MESSAGE:
+        where = "…" + where[-(_MAX_PATH_IN_MESSAGE - 1) :]
+    hint = _clip(hint, 120)
+    room = _MAX_MESSAGE - len(where) - 2 - (len(hint) + 2 if hint else 0)
+    text = f"{where}: {_clip(problem, max(room, 40))}" + (f"; {hint}" if hint else "")
+    return _clip(text, _MAX_MESSAGE)
+
+
+def _error(path: Path | str, problem: str, hint: str = "") -> GGUFError:
+    """A GGUFError (missing or unreadable file) with a short one-line message."""
+    return GGUFError(_message(path, problem, hint))
+
+
+def _fail(path: Path | str, problem: str, hint: str) -> GGUFValidationError:
+    """A GGUFValidationError (malformed file) with a short one-line message."""
+    return GGUFValidationError(_message(path, problem, hint))
 
 
 _HINT_REDOWNLOAD = "the file is incomplete or corrupt, re-download it"
 _HINT_CORRUPT = "the file is corrupt or was not written by a GGUF writer, re-download or re-convert it"
+_HINT_METADATA = "llama.cpp would refuse this metadata; re-download or re-convert the model"
 
 
 class _Parser:
@@ -508,11 +547,11 @@ def _parse(path: Path, *, keep_strings: bool = False) -> _Header:
     try:
         stat = path.stat()
     except FileNotFoundError:
-        raise GGUFError(f"{path}: no such file; check the path") from None
+        raise _error(path, "no such file", "check the path") from None
     except OSError as exc:
-        raise GGUFError(f"{path}: cannot be read ({exc.strerror}); check the path and permissions") from None
+        raise _error(path, f"cannot be read ({exc.strerror})", "check the path and permissions") from None
     if path.is_dir():
-        raise GGUFError(f"{path}: is a directory, not a GGUF file; pass the .gguf file inside it")
+        raise _error(path, "is a directory, not a GGUF file", "pass the .gguf file inside it")
     size = stat.st_size
     if size == 0:
         raise _fail(path, "the file is empty (0 bytes)", "the download probably failed, re-download it")
@@ -523,7 +562,7 @@ def _parse(path: Path, *, keep_strings: bool = False) -> _Header:
         raise
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise GGUFError(f"{path}: cannot be read ({reason}); check the file and the disk") from None
+        raise _error(path, f"cannot be read ({reason})", "check the file and the disk") from None
     except (struct.error, ValueError, OverflowError, IndexError, MemoryError, UnicodeError) as exc:
         problem = f"the header could not be parsed ({type(exc).__name__}: {exc})"
         raise _fail(path, problem, _HINT_CORRUPT) from None
@@ -780,6 +819,39 @@ class _Meta:
             return value != 0
         return None
 
+    def checked_int(self, key: str, path: Path | str, low: int, high: int) -> int | None:
+        """The integer at ``key`` (None if absent), refused unless an integer in [low, high]."""
+        entry = self.kv.get(key)
+        if entry is None:
+            return None
+        value = entry.value
+        if not isinstance(value, int):
+            raise _fail(path, f"{key} must be an integer but is {_type_name(entry)}", _HINT_METADATA)
+        if not low <= value <= high:
+            raise _fail(path, f"{key} is {value} (must be {low} to {high})", _HINT_METADATA)
+        return int(value)
+
+    def checked_layers(
+        self, key: str, path: Path | str, high: int, n_layers: int | None
+    ) -> None:
+        """An integer, or an array of integers with one entry per block, each in [0, high]."""
+        entry = self.kv.get(key)
+        if entry is None or entry.vtype != int(_VT.ARRAY):
+            self.checked_int(key, path, 0, high)
+            return
+        n_max = _MAX_LAYERS if n_layers is None else n_layers
+        if entry.count != n_max and (n_layers is not None or entry.count > n_max):
+            want = f"block_count is {n_layers}" if n_layers is not None else f"at most {_MAX_LAYERS} are allowed"
+            raise _fail(
+                path, f"{key} has {entry.count} entries but {want} (wrong array length)",
+                _HINT_METADATA,
+            )
+        values = entry.value if isinstance(entry.value, list) else []
+        bad = next((v for v in values if not isinstance(v, int) or not 0 <= v <= high), None)
+        if bad is not None or entry.subtype in (int(_VT.STRING), int(_VT.FLOAT32), int(_VT.FLOAT64)):
+            shown = bad if bad is not None else _type_name(entry)
+            raise _fail(path, f"{key} has an entry {shown!r} (must be integers 0 to {high})", _HINT_METADATA)
+
     def int_or_layers(self, suffix: str) -> IntOrLayers | None:
         value = self.a(suffix)
         if isinstance(value, bool):
@@ -789,6 +861,95 @@ class _Meta:
         if isinstance(value, list) and all(isinstance(v, int | bool) for v in value):
             return tuple(int(v) for v in value)
         return None
+
+
+def _type_name(entry: _KV) -> str:
+    if entry.vtype == int(_VT.ARRAY):
+        sub = entry.subtype if entry.subtype is not None else -1
+        return f"an array of {_VALUE_TYPE_NAMES.get(sub, str(sub))}"
+    return f"a {_VALUE_TYPE_NAMES.get(entry.vtype, str(entry.vtype))}"
+
+
+def _some(items: Sequence[str], n: int = 3) -> str:
+    """The first ``n`` items and how many more, for messages about long lists."""
+    shown = ", ".join(str(i) for i in items[:n])
+    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+# (key suffix, largest value, may be a per-layer array) for every count or size inspection reads
+_HPARAMS: tuple[tuple[str, int, bool], ...] = (
+    ("context_length", _MAX_CONTEXT, False),
+    ("embedding_length", _MAX_DIM, False),
+    ("feed_forward_length", _MAX_DIM, True),
+    ("attention.head_count", _MAX_DIM, True),
+    ("attention.head_count_kv", _MAX_DIM, True),
+    ("attention.key_length", _MAX_DIM, False),
+    ("attention.value_length", _MAX_DIM, False),
+    ("attention.key_length_swa", _MAX_DIM, False),
+    ("attention.value_length_swa", _MAX_DIM, False),
+    ("attention.key_length_mla", _MAX_DIM, False),
+    ("attention.value_length_mla", _MAX_DIM, False),
+    ("attention.sliding_window", _MAX_CONTEXT, False),
+    ("expert_count", _MAX_EXPERTS, False),
+    ("expert_used_count", _MAX_EXPERTS, True),
+    ("expert_feed_forward_length", _MAX_DIM, True),
+    ("expert_shared_count", _MAX_EXPERTS, False),
+    ("expert_shared_feed_forward_length", _MAX_DIM, False),
+    ("leading_dense_block_count", _MAX_LAYERS, False),
+    ("interleave_moe_layer_step", _MAX_LAYERS, False),
+    ("full_attention_interval", _MAX_LAYERS, False),
+    ("vocab_size", _MAX_CONTEXT, False),
+    ("ssm.conv_kernel", _MAX_DIM, False),
+    ("ssm.inner_size", _MAX_DIM, False),
+    ("ssm.state_size", _MAX_DIM, False),
+    ("ssm.group_count", _MAX_DIM, False),
+    ("ssm.time_step_rank", _MAX_DIM, False),
+    ("wkv.head_size", _MAX_DIM, False),
+    ("token_shift_count", _MAX_DIM, False),
+    ("shortconv.l_cache", _MAX_DIM, False),
+    ("kda.head_dim", _MAX_DIM, False),
+    ("target_hidden_size", _MAX_DIM, False),
+    ("block_size", _MAX_DIM, False),
+    ("selector_top_k", _MAX_DIM, False),
+)
+
+
+def _check_hparams(path: Path | str, m: _Meta) -> None:
+    """Refuse every count and size inspection uses that llama.cpp would refuse, before anything loops on it."""
+    if m.arch is None:
+        return
+    a = m.arch
+    block_count = m.checked_int(f"{a}.block_count", path, 0, _MAX_LAYERS)
+    m.checked_int(f"{a}.nextn_predict_layers", path, 0, _MAX_LAYERS if block_count is None else block_count)
+    for suffix, high, per_layer in _HPARAMS:
+        if per_layer:
+            m.checked_layers(f"{a}.{suffix}", path, high, block_count)
+        else:
+            m.checked_int(f"{a}.{suffix}", path, 0, high)
+    expert_count = m.aint("expert_count")
+    used = m.int_or_layers("expert_used_count")
+    top = max(used) if isinstance(used, tuple) and used else used
+    if expert_count is not None and isinstance(top, int) and top > expert_count:
+        raise _fail(path, f"{a}.expert_used_count {top} exceeds expert_count {expert_count}", _HINT_METADATA)
+    target = m.kv.get(f"{a}.target_layers")
+    if target is not None:
+        values = target.value if isinstance(target.value, list) else None
+        if (
+            target.vtype != int(_VT.ARRAY)
+            or values is None
+            or len(values) > _MAX_LAYERS
+            or not all(isinstance(v, int) and 0 <= v < _MAX_LAYERS for v in values)
+        ):
+            raise _fail(
+                path,
+                f"{a}.target_layers must be an array of at most {_MAX_LAYERS} layer indices below {_MAX_LAYERS} "
+                f"but is {_type_name(target)}" + (f" of {target.count}" if target.vtype == int(_VT.ARRAY) else ""),
+                _HINT_METADATA,
+            )
+    for suffix in ("attention.recurrent_layers", "attention.sliding_window_pattern"):
+        entry = m.kv.get(f"{a}.{suffix}")
+        if entry is not None and entry.vtype == int(_VT.ARRAY) and entry.count > _MAX_LAYERS:
+            raise _fail(path, f"{a}.{suffix} has {entry.count} entries (at most {_MAX_LAYERS})", _HINT_METADATA)
 
 
 def _per_layer(value: IntOrLayers | None, n: int, default: int = 0) -> list[int]:
@@ -840,35 +1001,78 @@ def _split_siblings(path: Path, split_count: int) -> list[Path] | None:
     return [path.with_name(f"{prefix}-{i:05d}-of-{split_count:05d}.gguf") for i in range(1, split_count + 1)]
 
 
+_UNEXPECTED = (
+    ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, ZeroDivisionError, MemoryError,
+    RecursionError, UnicodeError, struct.error,
+)
+
+
+def _guarded(path: Path | str, fn: Callable[[], _T]) -> _T:
+    """Last-resort net: any unexpected exception from reading a header becomes a short GGUFValidationError."""
+    try:
+        return fn()
+    except GGUFError:
+        raise
+    except _UNEXPECTED as exc:
+        problem = f"the header cannot be inspected ({type(exc).__name__}: {exc})"
+        raise _fail(path, problem, _HINT_CORRUPT) from None
+
+
+def _split_fields(path: Path | str, meta: _Meta) -> tuple[int, int]:
+    """split.count and split.no, checked (llama_split_path names shards -%05d-of-%05d)."""
+    count = meta.checked_int("split.count", path, 0, _MAX_SPLITS)
+    number = meta.checked_int("split.no", path, 0, _MAX_SPLITS - 1)
+    meta.checked_int("split.tensors.count", path, 0, _MAX_COUNT)
+    split_count = count or 1
+    split_no = number or 0
+    if split_no >= split_count:
+        raise _fail(path, f"split.no is {split_no} but split.count is {split_count}", _HINT_CORRUPT)
+    return split_count, split_no
+
+
 def inspect_gguf(path: Path) -> GGUFInfo:
     """Validate and describe a GGUF model from its header(s); weights are never read.
 
     For a split model pass any shard: the first shard's metadata is used and the sizes and tensors of every
-    shard found beside it are summed; missing shards are listed in ``split_missing``.
+    shard found beside it are summed; missing shards are listed in ``split_missing``. Raises GGUFError (or its
+    subclass GGUFValidationError) and nothing else, with a one-line message of at most 300 characters.
     """
     path = Path(path)
+    return _guarded(path, lambda: _inspect_gguf(path))
+
+
+def _inspect_gguf(path: Path) -> GGUFInfo:
     head = _parse(path)
     meta = _Meta(head.kv, None)
-    split_count = meta.int_("split.count") or 1
-    split_no = meta.int_("split.no") or 0
+    split_count, split_no = _split_fields(path, meta)
     warnings: list[str] = []
     headers = [head]
     split_paths = [str(path)]
     missing: list[str] = []
     if split_count > 1:
+        match = _SPLIT_NAME.match(path.name)
+        if match is not None and int(match.group("count")) != split_count:
+            raise _fail(
+                path,
+                f"split.count says {split_count} shards but the file name says {int(match.group('count'))} "
+                "(llama.cpp refuses the name)",
+                "re-download the shards, or restore their original names",
+            )
         siblings = _split_siblings(path, split_count)
         if split_no != 0:
             if siblings is not None and siblings[0].name == path.name:
-                raise GGUFValidationError(
-                    f"{path}: split.no says this is shard {split_no + 1} of {split_count}, but its name says it "
-                    "is the first; the file is corrupt, re-download it"
+                raise _fail(
+                    path,
+                    f"split.no says this is shard {split_no + 1} of {split_count}, but its name says it is the first",
+                    "the file is corrupt, re-download it",
                 )
             if siblings is not None and siblings[0].exists():
-                return inspect_gguf(siblings[0])
-            raise GGUFError(
-                f"{path}: is shard {split_no + 1} of {split_count} of a split model and the first shard "
-                f"({siblings[0].name if siblings else '…-00001-of-….gguf'}) is not beside it; "
-                "download all shards and pass the -00001- file"
+                return _inspect_gguf(siblings[0])  # its own split.no is checked against its name there
+            raise _error(
+                path,
+                f"is shard {split_no + 1} of {split_count} of a split model and the first shard "
+                f"({siblings[0].name if siblings else '…-00001-of-….gguf'}) is not beside it",
+                "download all shards and pass the -00001- file",
             )
         if siblings is None:
             warnings.append(
@@ -888,7 +1092,7 @@ def inspect_gguf(path: Path) -> GGUFInfo:
                 headers.append(shard)
                 split_paths.append(str(sibling))
         if missing:
-            warnings.append(f"{len(missing)} of {split_count} shards are missing: " + ", ".join(missing))
+            warnings.append(f"{len(missing)} of {split_count} shards are missing: " + _some(missing))
         expected_tensors = meta.int_("split.tensors.count")
         found_tensors = sum(len(h.tensors) for h in headers)
         if not missing and expected_tensors is not None and expected_tensors != found_tensors:
@@ -908,6 +1112,7 @@ def _build_info(
     arch_value = head.kv.get("general.architecture")
     arch = arch_value.value if arch_value is not None and isinstance(arch_value.value, str) else None
     m = _Meta(head.kv, arch)
+    _check_hparams(path, m)
     tensors = [t for h in headers for t in h.tensors]
     names = {t.name for t in tensors}
 
@@ -940,25 +1145,10 @@ def _build_info(
     feed_forward = m.int_or_layers("feed_forward_length")
     expert_count = m.aint("expert_count")
 
-    if block_count is not None:
-        for suffix, value in (
-            ("feed_forward_length", feed_forward),
-            ("attention.head_count", head_count),
-            ("attention.head_count_kv", m.int_or_layers("attention.head_count_kv")),
-            ("expert_used_count", expert_used),
-            ("expert_feed_forward_length", expert_ff),
-        ):
-            if isinstance(value, tuple) and len(value) != block_count:
-                warnings.append(
-                    f"{arch}.{suffix} has {len(value)} entries but block_count is {block_count}; "
-                    "llama.cpp refuses to load it (wrong array length)"
-                )
     layer_kinds = _layer_kinds(m, block_count, n_nextn, head_count_kv, feed_forward, expert_used, expert_ff)
     moe_variant = _moe_variant(arch, expert_count, expert_used, expert_ff, n_trunk)
     if expert_count and block_count:
         used = _per_layer(expert_used, block_count)
-        if max(used) > expert_count:
-            warnings.append(f"expert_used_count max {max(used)} exceeds expert_count {expert_count}")
         if arch == "nemotron_h_moe" and n_nextn and used[0] == 0:
             warnings.append(
                 "expert_used_count[0] is 0: llama.cpp's MTP and warm-up paths use layer 0's top-k and crash "
@@ -1360,6 +1550,18 @@ def estimate_memory(
     """
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+    return _guarded(
+        info.path,
+        lambda: _estimate_memory(
+            info, n_ctx, kv_type_bytes=kv_type_bytes, n_seq=n_seq, n_rs_seq=n_rs_seq, n_ubatch=n_ubatch,
+            flash_attn=flash_attn,
+        ),
+    )
+
+
+def _estimate_memory(
+    info: GGUFInfo, n_ctx: int, *, kv_type_bytes: float, n_seq: int, n_rs_seq: int, n_ubatch: int, flash_attn: bool
+) -> MemoryEstimate:
     n_seq = max(1, n_seq)
     cells = _pad(n_ctx, 256)
     n_ub = min(n_ubatch, cells)
@@ -1443,6 +1645,10 @@ def _fmt_layers(value: IntOrLayers | None) -> str:
 
 def describe(info: GGUFInfo, estimate: MemoryEstimate | None = None) -> list[str]:
     """Lines for ``llmtui info``: architecture, size, quant, layers, experts, MTP, draft keys, memory."""
+    return _guarded(info.path, lambda: _describe(info, estimate))
+
+
+def _describe(info: GGUFInfo, estimate: MemoryEstimate | None) -> list[str]:
     lines: list[str] = []
 
     def add(label: str, text: str) -> None:
@@ -1451,7 +1657,7 @@ def describe(info: GGUFInfo, estimate: MemoryEstimate | None = None) -> list[str
     size = format_bytes(info.total_size)
     add("File", f"{info.path} ({size}, GGUF v{info.gguf_version})")
     if info.split_count > 1:
-        state = "all present" if not info.split_missing else "missing: " + ", ".join(info.split_missing)
+        state = "all present" if not info.split_missing else "missing: " + _some(info.split_missing)
         add("Split", f"{info.split_count} shards ({state})")
     add("Model", f"{info.architecture or '(no architecture)'}" + (f'  "{info.name}"' if info.name else ""))
     weights = format_bytes(info.weights_bytes)
@@ -1595,14 +1801,18 @@ def inspect_gguf_reader(
     """
     headers = [_parse_reader(name, size, read_at, window)]
     headers += [_parse_reader(n, s, r, window) for n, s, r in shards]
-    split_count = _Meta(headers[0].kv, None).int_("split.count") or 1
-    names = (name, *(n for n, _, _ in shards))
-    warnings: list[str] = []
-    missing: tuple[str, ...] = ()
-    if split_count > len(headers):
-        missing = tuple(f"shard {i}" for i in range(len(headers) + 1, split_count + 1))
-        warnings.append(f"{len(missing)} of {split_count} shards were not read")
-    return _build_info(Path(name), headers, split_count, names, missing, warnings)
+
+    def build() -> GGUFInfo:
+        split_count, _ = _split_fields(name, _Meta(headers[0].kv, None))
+        names = (name, *(n for n, _, _ in shards))
+        warnings: list[str] = []
+        missing: tuple[str, ...] = ()
+        if split_count > len(headers):
+            missing = tuple(f"shard {i}" for i in range(len(headers) + 1, split_count + 1))
+            warnings.append(f"{len(missing)} of {split_count} shards were not read")
+        return _build_info(Path(name), headers, split_count, names, missing, warnings)
+
+    return _guarded(name, build)
 
 
 def _parse_reader(name: str, size: int, read_at: ReadAt, window: int) -> _Header:

@@ -711,9 +711,9 @@ def test_nemotron_mtp_pitfall_warning(tmp_path: Path) -> None:
     assert any("SIGFPE" in w for w in info.warnings)
 
 
-def test_wrong_array_length_warning(tmp_path: Path) -> None:
-    info = inspect_gguf(write_nemotron(tmp_path / "n.gguf", expert_used=[2, 0, 2, 0]))
-    assert any("expert_used_count has 4 entries but block_count is 5" in w for w in info.warnings)
+def test_wrong_array_length_refused(tmp_path: Path) -> None:
+    with pytest.raises(GGUFValidationError, match="expert_used_count has 4 entries but block_count is 5"):
+        inspect_gguf(write_nemotron(tmp_path / "n.gguf", expert_used=[2, 0, 2, 0]))
 
 
 def test_qwen35_layout_default_interval(tmp_path: Path) -> None:

@@ -63,6 +63,9 @@ _MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
 _MAX_CONTEXT = 2**31 - 1  # n_ctx_train is an int32
 _MAX_DIM = 1 << 20  # embedding, head, FFN and state sizes; real models stay far below
 _MAX_SPLITS = 99_999  # shards are named -%05d-of-%05d
+_MAX_KEY = 1 << 16  # metadata keys are short dotted names; a longer one is hostile
+_KEEP_STRING = 1 << 20  # string values longer than this are skipped (None), never read into memory
+_KEEP_STRINGS_TOTAL = 32 << 20  # and once this much string data is held, later values are skipped too
 _KEEP_ARRAY = 4096  # arrays longer than this (vocabularies, merges, scores) are skipped, only counted
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, one key byte, value type, smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
@@ -271,6 +274,7 @@ class _Parser:
         self.size = size
         self.pos = 0
         self.keep_strings = keep_strings
+        self.kept = 0  # bytes of string data read into memory
 
     # -- primitives --------------------------------------------------------
 
@@ -289,7 +293,7 @@ class _Parser:
         self.pos += fmt.size
         return value
 
-    def _string(self, what: str, *, keep: bool = True) -> str | None:
+    def _string(self, what: str, *, keep: bool = True, max_len: int | None = None) -> str | None:
         n = self._unpack(_U64, f"the length of {what}")
         if n > _MAX_STRING or n > self.size - self.pos:
             raise _fail(
@@ -298,10 +302,19 @@ class _Parser:
                 f"but only {self.size - self.pos} bytes remain in the file",
                 _HINT_REDOWNLOAD,
             )
+        if max_len is not None and n > max_len:
+            raise _fail(self.path, f"{what} is {n} bytes long (at most {max_len})", _HINT_CORRUPT)
         start = self.pos
         self.pos += n
         if not keep:
             return None
+        if max_len is not None:  # a key or a tensor name: always kept, so the header's total is capped
+            if self.kept + n > 2 * _KEEP_STRINGS_TOTAL:
+                raise _fail(self.path, f"the header's keys and names pass {2 * _KEEP_STRINGS_TOTAL >> 20} MiB",
+                            _HINT_CORRUPT)
+        elif not self.keep_strings and (n > _KEEP_STRING or self.kept + n > _KEEP_STRINGS_TOTAL):
+            return None
+        self.kept += n
         return self.src.read(start, n).decode("utf-8", errors="replace")
 
     # -- sections ----------------------------------------------------------
@@ -383,7 +396,7 @@ class _Parser:
     def _read_kv(self, n_kv: int) -> dict[str, _KV]:
         kv: dict[str, _KV] = {}
         for i in range(n_kv):
-            key = self._string(f"the key of metadata entry {i}")
+            key = self._string(f"the key of metadata entry {i}", max_len=_MAX_KEY)
             assert key is not None
             if not key:
                 raise _fail(self.path, f"metadata entry {i} has an empty key", _HINT_CORRUPT)
@@ -459,7 +472,7 @@ class _Parser:
         infos: list[_Tensor] = []
         seen: set[str] = set()
         for i in range(n_tensors):
-            name = self._string(f"the name of tensor {i}")
+            name = self._string(f"the name of tensor {i}", max_len=_MAX_NAME_BYTES)
             assert name is not None
             if len(name.encode("utf-8", errors="replace")) > _MAX_NAME_BYTES:
                 problem = f"tensor {i} name {name[:80]!r} is longer than {_MAX_NAME_BYTES} bytes"

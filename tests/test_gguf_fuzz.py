@@ -351,6 +351,23 @@ def test_messages_are_one_short_line(tiny_models: dict[str, Path], tmp_path: Pat
         assert "\n" not in text and len(text) <= MAX_MESSAGE, text[:400]
         assert text.startswith("…") and "; " in text  # the path keeps its end, the hint survives
 
+
+def test_big_strings_are_not_read(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A 4 MiB string value is skipped, not read; a 100 KiB key is refused before it is read."""
+    from engine_ext.gguf_info import GGUFValidationError, inspect_gguf
+
+    big = ("general.description", _STR, -1, "x" * (4 << 20))
+    path = _write_edited(tiny_models["llama"], tmp_path / "big.gguf", [big])
+    tracemalloc.start()
+    info = inspect_gguf(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert info.architecture == "llama"
+    assert peak < 2 << 20, peak
+    path = _write_edited(tiny_models["llama"], tmp_path / "key.gguf", [("k" * 100_000, _U32, -1, 1)])
+    with pytest.raises(GGUFValidationError, match="the key of metadata entry .* is 100000 bytes long"):
+        inspect_gguf(path)
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         _child(sys.argv[2:])

@@ -147,39 +147,59 @@ def _check_size(size: int, budget: _Budget | None, what: str = "") -> None:
 def _flat_size(value: Any, budget: _Budget | None) -> int:
     """Characters that ``str(value)`` would take, roughly, counting shared elements each time they repeat.
 
-    Walks containers (a list holding the same big list 100,000 times prints it 100,000 times) and stops as soon as
-    the count passes the limit, so the walk itself is bounded.
+    A list holding the same big list 100,000 times prints it 100,000 times, and ``[x, x]`` sixty times over prints
+    2**60 zeros. Each distinct container is sized once (post-order, by id), so the walk takes the number of distinct
+    containers and elements, and stops as soon as one passes the limit (the whole holds it, so it is bigger still).
     """
-    if budget is None:
-        return 0
+    if budget is None or not isinstance(value, _CONTAINERS):
+        return _leaf_size(value)
     limit = budget.max_chars
-    total = 0
-    stack = [value]
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(value, False)]
     steps = 0
     while stack:
-        item = stack.pop()
-        steps += 1
-        if steps % 50_000 == 0:
-            _current_budget()
-        if isinstance(item, (str, bytes, bytearray)):
-            total += len(item) + 2
-        elif isinstance(item, dict):
-            total += 2 + 4 * len(item)
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            total += 2 + 2 * len(item)
-            stack.extend(item)
-        elif isinstance(item, Namespace):
-            total += 13
-            stack.append(item._Namespace__attrs)  # type: ignore[attr-defined]
-        elif isinstance(item, int) and not isinstance(item, bool):
-            total += 2 + item.bit_length() // 3
-        else:
-            total += 8
-        if total > limit:
-            break
-    return total
+        item, expanded = stack.pop()
+        key = id(item)
+        if key in sizes or (not expanded and key in visiting):
+            continue
+        children = _children(item)
+        if not expanded:
+            visiting.add(key)
+            sizes_pending = [
+                c for c in children if isinstance(c, _CONTAINERS) and id(c) not in sizes and id(c) not in visiting
+            ]
+            stack.append((item, True))
+            stack.extend((child, False) for child in sizes_pending)
+            steps += len(sizes_pending) + 1
+            if steps > 50_000:
+                steps = 0
+                _current_budget()
+            continue
+        total = 2 + 2 * len(children)
+        for child in children:
+            # A container still being sized here is a cycle (a namespace holding itself): printed as "...".
+            total += sizes.get(id(child), 8) if isinstance(child, _CONTAINERS) else _leaf_size(child)
+            if total > limit:
+                return total
+        sizes[key] = total
+    return sizes[id(value)]
+
+
+def _children(item: Any) -> Sequence[Any]:
+    if isinstance(item, (dict, types.MappingProxyType)):
+        return [*item.keys(), *item.values()]
+    if isinstance(item, Namespace):
+        return [item._Namespace__attrs]  # type: ignore[attr-defined]
+    return item if isinstance(item, (list, tuple)) else list(item)
+
+
+def _leaf_size(item: Any) -> int:
+    if isinstance(item, (str, bytes, bytearray)):
+        return len(item) + 2
+    if isinstance(item, int) and not isinstance(item, bool):
+        return 2 + item.bit_length() // 3
+    return 8
 
 
 def _check_printable(value: Any, budget: _Budget | None, what: str = "printing a nested value") -> None:
@@ -329,7 +349,28 @@ class _GuardedCodeGenerator(CodeGenerator):
 
 
 class _ConcatGuard(NodeTransformer):
-    """Turns every ``a ~ b`` into ``environment.guard_concat(a, b)``, which checks the size before joining."""
+    """Turns every ``a ~ b`` into ``environment.guard_concat(a, b)``, which checks the size before joining, and
+    every list, tuple or dict literal with variable items into ``environment.guard_literal(…)``: ``[x, x]`` sixty
+    times over makes a value whose printing, comparison or hashing would take 2**60 steps."""
+
+    def _guard_literal(self, node: nodes.Expr, items: list[nodes.Node]) -> nodes.Node:
+        self.generic_visit(node)
+        if all(isinstance(item, nodes.Const) for item in items):
+            return node
+        return nodes.Call(
+            nodes.EnvironmentAttribute("guard_literal", lineno=node.lineno), [node], [], None, None, lineno=node.lineno
+        )
+
+    def visit_List(self, node: nodes.List) -> nodes.Node:
+        return self._guard_literal(node, list(node.items))
+
+    def visit_Tuple(self, node: nodes.Tuple) -> nodes.Node:
+        if node.ctx != "load":  # an assignment target
+            return cast(nodes.Node, self.generic_visit(node))
+        return self._guard_literal(node, list(node.items))
+
+    def visit_Dict(self, node: nodes.Dict) -> nodes.Node:
+        return self._guard_literal(node, [part for pair in node.items for part in (pair.key, pair.value)])
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         self.generic_visit(node)
@@ -367,6 +408,12 @@ class _GuardedSandbox(ImmutableSandboxedEnvironment):
 
     def guarded_buffer(self) -> list[Any]:
         return _GuardedBuffer()
+
+    def guard_literal(self, value: Any) -> Any:
+        budget = _current_budget()
+        _check_printable(value, budget, "a nested value")
+        _account(value, budget)
+        return value
 
     def guard_concat(self, *parts: Any) -> str:
         budget = _current_budget()
@@ -469,6 +516,8 @@ class _GuardedSandbox(ImmutableSandboxedEnvironment):
             _check_percent_format(left, right, budget)
         result = super().call_binop(context, operator, left, right)
         _refuse_if_huge(result, budget)
+        if operator == "+" and isinstance(result, (list, tuple)):
+            _check_printable(result, budget, "a nested value")
         _account(result, budget)
         return result
 

@@ -108,17 +108,39 @@ HOSTILE: dict[str, tuple[str, str]] = {
     "accumulate_strings": (
         "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
         "{% set ns.l = ns.l + [('x' * 1000000) ~ i] %}{% endfor %}",
-        ALLOC,
+        f"{ALLOC}|{SIZE}",
     ),
     "accumulate_lists": (
         "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}"
         "{% set ns.l = ns.l + [('x' * 1000000)|list] %}{% endfor %}",
-        ALLOC,
+        f"{ALLOC}|{SIZE}",
     ),
     "accumulate_macro_output": (
         "{% macro m() %}{% for i in range(400) %}" + Y2000 + "{% endfor %}{% endmacro %}"
         "{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = ns.l + [m()] %}{% endfor %}",
-        ALLOC,
+        f"{ALLOC}|{SIZE}",
+    ),
+    "temporaries": ("{% for i in range(100000) %}{% set x = 'x' * 1000000 %}{% endfor %}", ALLOC),
+    # [x, x] sixty times over: printing, comparing or hashing it takes 2**60 steps
+    "dag_compare": (
+        "{% set ns = namespace(a=[0], b=[0]) %}{% for i in range(60) %}"
+        "{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}",
+        SIZE,
+    ),
+    "dag_compare_macro": (
+        "{% macro f(x, y, n) %}{% if n %}{{ f([x, x], [y, y], n - 1) }}{% else %}{{ x == y }}{% endif %}"
+        "{% endmacro %}{{ f([0], [0], 60) }}",
+        SIZE,
+    ),
+    "dag_hash": (
+        "{% macro f(x, n) %}{% if n %}{{ f((x,) + (x,), n - 1) }}{% else %}{{ [x]|unique|list|length }}{% endif %}"
+        "{% endmacro %}{{ f((0,), 60) }}",
+        SIZE,
+    ),
+    "dag_dict": (
+        "{% set ns = namespace(d={}) %}{% for i in range(60) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}"
+        "{{ ns.d|tojson|length }}",
+        SIZE,
     ),
     # the stream itself
     "output_flood": ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", SIZE),
@@ -134,6 +156,7 @@ BOUNDED = {
     "urlize": "{{ ('a.' * 100000)|urlize|length }}",
     "lipsum_small": "{{ lipsum(2, false, 5, 10)|length > 0 }}",
     "range_max": "{{ range(100000)|list|length }}",
+    "self_namespace": "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ [ns, ns]|length }}",
 }
 
 USER_HI = [{"role": "user", "content": "hi"}]

@@ -269,3 +269,30 @@ def test_long_conversation_still_renders_with_real_templates() -> None:
     for template in (QWEN3_TEMPLATE, LLAMA3_TEMPLATE, CHATML_TEMPLATE, None):
         out = render_chat(template, messages, bos_token="<s>", eos_token="</s>")
         assert out.count(big) == 2
+
+
+# Features real templates use (macros with caller, call/filter/set blocks, %-formatting, str.format, tojson, recursive
+# loops, lipsum, joins, sums, batch/slice, tuple unpacking, literals): output captured before the limits.
+SAMPLER = (
+    "{% macro box(t) %}[{{ t }}|{{ caller() }}]{% endmacro %}{% call box('a') %}"
+    'inner {{ messages[0].content }}{% endcall %}{% filter upper %}up {{ 1 ~ 2 }}'
+    "{% endfilter %}{% set b %}blk{{ [1,2]|join(',') }}{% endset %}{{ b }}"
+    "{{ '%-5s|%05.1f' % ('ab', 3.14159) }}{{ '{:>6}|{}'.format('r', [1, 'x']) }}"
+    "{{ {'k': messages[0].role}|tojson }}{{ (messages|map(attribute='content')|list)|string }}"
+    '{% for x in [1,[2,3]] recursive %}{% if x is iterable %}{{ loop(x) }}{% else %}{{ x }}'
+    '{% endif %}{% endfor %}{{ lipsum(1, false, 3, 5)|wordcount > 0 }}'
+    "{{ 'a\\tb'.expandtabs(4) }}{{ 'x'.center(5, '*') }}{{ ('a','b')|join('-') }}"
+    '{{ [[1],[2]]|sum(start=[]) }}{{ range(5)|batch(2)|list }}{{ range(5)|slice(2)|list }}'
+    "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% for k, v in {'x': 1}.items() %}{{ k }}={{ v }}"
+    "{% endfor %}{{ 'abc'.replace('b', 'BB') }}{{ '-'.join(['p', 'q']) }}"
+    "{{ '%(n)s' % {'n': 'named'} }}{{ 'x'|indent(2, true) }}{{ 'aa bb'|wordwrap(2) }}"
+    '{{ [1, 2] + [3] }}{{ (1, 2) * 2 }}'
+)
+
+
+def test_template_features_render_as_before() -> None:
+    expected = (
+        "[a|inner hi]UP 12blk1,2ab   |003.1     r|[1, 'x']{\"k\": \"user\"}['hi']123Truea   b**x**a-b[1, 2]"
+        "[[0, 1], [2, 3], [4]][[0, 1, 2], [3, 4]]12x=1aBBcp-qnamed  xaa\nbb[1, 2, 3](1, 2, 1, 2)"
+    )
+    assert render_chat(SAMPLER, USER_HI, bos_token="", eos_token="") == expected

@@ -14,6 +14,7 @@ from typing import Any
 
 from app import paths
 from app.cli_models import add_models_parser, cmd_models
+from app.cli_remote import RemoteCliError, add_remote_args
 from app.cli_steer import add_control_vector_args, add_steer_parser, cmd_steer, steering_entries
 from app.cli_types import (
     INT32_MAX,
@@ -181,11 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
     _add_spec_args(run)
     add_control_vector_args(run)
+    add_remote_args(run)
 
     chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
     _add_engine_args(chat)
     _add_sampling_args(chat)
     chat.add_argument("-n", "--n-predict", type=n_predict, default=-1)
+    add_remote_args(chat)
 
     info = sub.add_parser("info", help="inspect a GGUF file without loading its weights")
     info.add_argument("model", help="a .gguf path or 'starter'")
@@ -377,6 +380,8 @@ def _stream(client: EngineClient, request: Generate, *, echo: bool, provenance: 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.remote:
+        return _run_remote(args)
     path = resolve_model(args.model)
     spec = _spec_params(args, path)
     spec.validate()
@@ -478,7 +483,68 @@ def format_spec_stats(s: SpeculativeStats) -> str:
     )
 
 
+def _remote_only(args: argparse.Namespace) -> None:
+    """--remote takes the reply from a server: what only the local engine does is refused, not ignored."""
+    local = [flag for flag, on in (("--spec-type", bool(getattr(args, "spec_type", ""))),
+                                   ("--control-vector", bool(getattr(args, "control_vector", None))),
+                                   ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
+                                   ("--raw", bool(getattr(args, "raw", False)))) if on]
+    if local:
+        raise CliError(f"{', '.join(local)} need{'s' if len(local) == 1 else ''} the local engine; drop "
+                       f"{'it' if len(local) == 1 else 'them'} or --remote")
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    from app.cli_remote import RemoteSession, format_remote_stats, remote_settings, sampling_settings
+
+    _remote_only(args)
+    remote, model = remote_settings(args)
+    messages = ([("system", args.system)] if args.system else []) + [("user", args.prompt)]
+    with RemoteSession(remote, model) as session:
+        text, stats = session.ask(messages, sampling_settings(args), echo=not args.json)
+    if args.json:
+        print(json.dumps({"text": text, "model": session.model.name, "stats": stats}, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        print(format_remote_stats(stats), file=sys.stderr)
+    return 0
+
+
+def _chat_remote(args: argparse.Namespace) -> int:
+    from app.cli_remote import RemoteCliError, RemoteSession, format_remote_stats, remote_settings, sampling_settings
+
+    remote, model = remote_settings(args)
+    with RemoteSession(remote, model) as session:
+        print(f"{session.model.name} · {session.model.backend} · Ctrl-D to quit", file=sys.stderr)
+        history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
+        while True:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+            if not line.strip():
+                continue
+            where = utf8_error(line)
+            if where is not None:
+                print(f"llmtui: that line is not valid UTF-8 ({where}); it was not sent", file=sys.stderr)
+                continue
+            try:
+                text, stats = session.ask([*history, ("user", line)], sampling_settings(args), echo=True)
+            except KeyboardInterrupt:
+                print(file=sys.stderr)
+                continue
+            except RemoteCliError as error:  # the server refused this one (too long, …): say so, go on
+                print(f"llmtui: error: {error}", file=sys.stderr)
+                continue
+            history += [("user", line), ("assistant", text)]
+            sys.stdout.write("\n")
+            print(format_remote_stats(stats), file=sys.stderr)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.remote:
+        return _chat_remote(args)
     path = resolve_model(args.model)
     with start_engine() as client:
         info = _loaded(client.load(path, _model_params(args), _context_params(args)))
@@ -787,7 +853,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_args(args)
     try:
         return COMMANDS[args.command](args)
-    except (CliError, ModelNotFound, EngineError, EngineFailure) as exc:
+    except (CliError, ModelNotFound, EngineError, EngineFailure, RemoteCliError) as exc:
         print(f"llmtui: error: {exc}", file=sys.stderr)
         return 1
     except EngineCrashedError as exc:

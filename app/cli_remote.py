@@ -1,0 +1,127 @@
+"""`llmtui run|chat --remote URL`: an OpenAI-compatible server (llama-server, vLLM, SGLang…) as the engine from the
+command line, through the same RemoteBridge the chat app uses (its limits, timeouts and one-line errors)."""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from app.config import ConfigError, RemoteSettings, SamplingSettings
+
+if TYPE_CHECKING:  # Textual's messages are imported when a remote is used: plain commands start without Textual
+    from textual.message import Message
+
+WAIT_S = 3600.0  # a reply may take long on a slow server; Ctrl-C stops sooner
+
+
+class RemoteCliError(Exception):
+    """What the server or the settings did wrong, in one line."""
+
+
+class _Inbox:
+    """The bridge's message target: a queue read by the command's thread."""
+
+    def __init__(self) -> None:
+        self.messages: queue.Queue[Message] = queue.Queue()  # noqa: F821 - a string annotation (TYPE_CHECKING)
+
+    def post_message(self, message: Message) -> bool:
+        self.messages.put(message)
+        return True
+
+    def next(self, what: str, timeout_s: float) -> Message:
+        try:
+            return self.messages.get(timeout=timeout_s)
+        except queue.Empty:
+            raise RemoteCliError(f"no answer from the server within {timeout_s:.0f} s while {what}") from None
+
+
+def add_remote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote", default=None, metavar="URL", help="an OpenAI-compatible server's base URL (e.g. "
+                   "http://host:8080/v1) as the engine instead of the local one; -m names its model")
+    p.add_argument("--api-key-env", default="", metavar="NAME", help="with --remote: the environment variable "
+                   "holding the API key")
+
+
+def remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, str]:
+    """The endpoint and the model asked for ('' : the server's first; 'starter', the local default, counts as none)."""
+    remote = RemoteSettings("remote", args.remote, api_key_env=args.api_key_env)
+    try:
+        remote.validate()
+    except ConfigError as error:
+        raise RemoteCliError(str(error)) from None
+    model = "" if args.model in (None, "starter") else args.model
+    return remote, model
+
+
+def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
+    return SamplingSettings(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, max_tokens=args.n_predict,
+                            seed=-1 if args.seed in (-1, 0xFFFFFFFF) else args.seed)
+
+
+class RemoteSession:
+    """One connected server: `ask` streams a reply to stdout (reasoning to stderr) and returns its text and stats."""
+
+    def __init__(self, remote: RemoteSettings, model: str) -> None:
+        from app.messages import ModelLoaded, ModelLoadFailed
+        from app.remote import RemoteBridge
+
+        self.inbox = _Inbox()
+        self.bridge = RemoteBridge(self.inbox, remote, model)
+        self.bridge.connect()
+        deadline = time.monotonic() + 60.0
+        while True:  # the load's start and progress come first
+            answer = self.inbox.next("connecting", max(0.1, deadline - time.monotonic()))
+            if isinstance(answer, ModelLoadFailed):
+                self.bridge.close()
+                raise RemoteCliError(answer.error)
+            if isinstance(answer, ModelLoaded):
+                self.model = answer.model
+                return
+
+    def close(self) -> None:
+        self.bridge.close()
+
+    def __enter__(self) -> RemoteSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ask(self, messages: list[tuple[str, str]], sampling: SamplingSettings, *,
+            echo: bool) -> tuple[str, dict[str, Any]]:
+        from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+
+        request_id = self.bridge.generate(messages, sampling)
+        text: list[str] = []
+        deadline = time.monotonic() + WAIT_S
+        try:
+            while True:
+                message = self.inbox.next("writing the reply", max(1.0, deadline - time.monotonic()))
+                if isinstance(message, TokensArrived) and message.request_id == request_id:
+                    text.append(message.text)
+                    if echo:
+                        if message.reasoning:
+                            sys.stderr.write(message.reasoning)
+                            sys.stderr.flush()
+                        sys.stdout.write(message.text)
+                        sys.stdout.flush()
+                elif isinstance(message, GenerationFinished) and message.request_id == request_id:
+                    return "".join(text), dict(message.stats, stop_reason=message.stop_reason)
+                elif isinstance(message, GenerationFailed) and message.request_id in (request_id, None):
+                    raise RemoteCliError(message.error)
+        except KeyboardInterrupt:
+            self.bridge.cancel(request_id)
+            raise
+
+
+def format_remote_stats(stats: dict[str, Any]) -> str:
+    def number(key: str) -> float:
+        value = stats.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+    return (f"prompt {number('prompt_tokens'):.0f} tok | generated {number('generated_tokens'):.0f} tok, "
+            f"{number('decode_tps'):.1f} tok/s | ttft {number('ttft_ms'):.0f} ms | {stats.get('stop_reason', '')}")

@@ -32,6 +32,7 @@ from markupsafe import Markup
 
 __all__ = [
     "FALLBACK_CHAT_TEMPLATE",
+    "ChatTemplateCancelled",
     "ChatTemplateError",
     "ReasoningSplitter",
     "StopStringMatcher",
@@ -65,12 +66,18 @@ _MAX_SLICES = 1_000
 _MAX_JSON_INDENT = 64
 # Bytes the template's operations may allocate in all, per character of the output limit (32 MB by default).
 _ALLOC_BYTES_PER_CHAR = 32
+# How often a render asks its cancelled() callback (it may poll a pipe).
+_CANCEL_CHECK_INTERVAL_S = 0.02
 # While compiling, constant folding stops after this long (the expression is then computed at render time).
 _COMPILE_FOLD_LIMIT_S = 2.0
 
 
 class ChatTemplateError(Exception):
     """The model's chat template could not be rendered; the message says why."""
+
+
+class ChatTemplateCancelled(ChatTemplateError):
+    """``render_chat``'s ``cancelled()`` said stop (Esc) while the template was rendering."""
 
 
 class _TemplateRaised(Exception):
@@ -88,6 +95,8 @@ class _Budget:
     time_limit_s: float
     max_chars: int
     depth: int = 0  # macro / recursive-loop calls in progress
+    cancelled: Callable[[], bool] | None = None
+    next_cancel_check: float = 0.0
     allocated: int = 0  # bytes of the values the template's operations made, freed or not
 
     @property
@@ -101,11 +110,18 @@ _budget: ContextVar[_Budget | None] = ContextVar("llmtui_chat_template_budget", 
 
 def _current_budget() -> _Budget | None:
     budget = _budget.get()
-    if budget is not None and time.monotonic() > budget.deadline:
+    if budget is None:
+        return None
+    now = time.monotonic()
+    if now > budget.deadline:
         raise ChatTemplateError(
             f"The chat template took longer than {budget.time_limit_s:g} s to render "
             "and was stopped (it may loop endlessly)."
         )
+    if budget.cancelled is not None and now >= budget.next_cancel_check:
+        budget.next_cancel_check = now + _CANCEL_CHECK_INTERVAL_S
+        if budget.cancelled():
+            raise ChatTemplateCancelled("The chat template's rendering was cancelled.")
     return budget
 
 
@@ -710,13 +726,15 @@ def render_chat(
     enable_thinking: bool | None = None,
     time_limit_s: float = 2.0,
     max_output_chars: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> str:
     """Render a HF/GGUF Jinja chat template in a sandbox, within time and size limits.
 
     ``template`` None or blank uses :data:`FALLBACK_CHAT_TEMPLATE` (ChatML). The size limit (by default 1,000,000
     characters plus four times the messages' own) stops a template that blows up, not a long conversation: a
     pasted file too long for the context is then refused by the context check, which says so.
-    Raises :class:`ChatTemplateError` for any failure, including refused sandbox escapes.
+    Raises :class:`ChatTemplateError` for any failure, including refused sandbox escapes. ``cancelled`` (asked
+    every 20 ms or so while rendering) stops the render with :class:`ChatTemplateCancelled` when it returns True.
     """
     source = template if template and template.strip() else FALLBACK_CHAT_TEMPLATE
     try:
@@ -742,7 +760,7 @@ def render_chat(
 
     if max_output_chars is None:
         max_output_chars = 1_000_000 + 4 * sum(len(str(value)) for m in messages for value in m.values())
-    budget = _Budget(time.monotonic() + time_limit_s, time_limit_s, max_output_chars)
+    budget = _Budget(time.monotonic() + time_limit_s, time_limit_s, max_output_chars, cancelled=cancelled)
     token = _budget.set(budget)
     chunks: list[str] = []
     size = 0

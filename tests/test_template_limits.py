@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_ext.chat import ChatTemplateError, render_chat
+from engine_ext.chat import ChatTemplateCancelled, ChatTemplateError, render_chat
 from tests.test_chat import CHATML_TEMPLATE, CONVERSATION, LLAMA3_TEMPLATE, QWEN3_TEMPLATE
 
 TIME_LIMIT_S = 2.0
@@ -202,6 +202,25 @@ def test_time_limit_names_the_limit() -> None:
     with pytest.raises(ChatTemplateError, match=r"took longer than 0.5 s"):
         render_chat(HOSTILE["nested_loops"][0], USER_HI, bos_token="", eos_token="", time_limit_s=0.5)
     assert time.monotonic() - start < 1.0
+
+
+def test_cancelled_stops_a_render() -> None:
+    # Esc while a slow template renders: the callback is asked every 20 ms or so and the render stops.
+    start = time.monotonic()
+    asked: list[float] = []
+
+    def cancelled() -> bool:
+        asked.append(time.monotonic() - start)
+        return asked[-1] > 0.2
+
+    with pytest.raises(ChatTemplateCancelled):
+        render_chat(HOSTILE["nested_loops"][0], USER_HI, bos_token="", eos_token="", cancelled=cancelled)
+    assert time.monotonic() - start < 0.6
+    assert 3 <= len(asked) <= 100  # rate-limited, not once per operation
+    # Never cancelled: renders as without it.
+    assert render_chat(CHATML_TEMPLATE, CONVERSATION, bos_token="", eos_token="", cancelled=lambda: False) == (
+        render_chat(CHATML_TEMPLATE, CONVERSATION, bos_token="", eos_token="")
+    )
 
 
 def test_constant_expressions_are_guarded_while_compiling() -> None:

@@ -317,7 +317,7 @@ def _check_str_method(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], b
                 count = min(count, args[2])
             _check_size(len(base) + count * max(0, len(new) - len(old)), budget, "str.replace")
     elif name == "join" and args:
-        items = list(guard_items(args[0], budget))
+        items = list(_guard_items(args[0], budget))
         size = len(base) * max(0, len(items) - 1)
         size += sum(len(x) if isinstance(x, (str, bytes, bytearray)) else 0 for x in items)
         _check_size(size, budget, "str.join")
@@ -328,7 +328,7 @@ def _check_str_method(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], b
     return args
 
 
-def guard_items(iterable: Any, budget: _Budget) -> Iterator[Any]:
+def _guard_items(iterable: Any, budget: _Budget) -> Iterator[Any]:
     """Iterate, checking the deadline and refusing more items than the size limit."""
     for count, item in enumerate(iterable):
         if count > budget.max_chars:
@@ -625,7 +625,7 @@ def _check_filter(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], budg
             count = value.count(old) if old else len(value) + 1
             _check_size(len(value) + count * max(0, len(new) - len(old)), budget, "|replace")
     elif name == "join" and args:
-        items = list(guard_items(value, budget))
+        items = list(_guard_items(value, budget))
         sep = arg(1, "d", "")
         size = len(sep) * max(0, len(items) - 1) if isinstance(sep, str) else 0
         for item in items:
@@ -640,7 +640,7 @@ def _check_filter(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], budg
     elif name == "sum":
         start = arg(2, "start", 0)
         if not isinstance(start, (int, float)):
-            items = list(guard_items(value, budget))
+            items = list(_guard_items(value, budget))
             size = len(start) if isinstance(start, _SIZED) else 0
             size += sum(len(item) if isinstance(item, _SIZED) else 1 for item in items)
             _check_size(size, budget, "|sum")

@@ -96,6 +96,23 @@ def is_commit(value: str) -> bool:
 # ----- layout ------------------------------------------------------------------------------------------
 
 
+_OID = re.compile(r"^[0-9a-f]{40}$|^[0-9a-f]{64}$")
+MAX_REPO_PATH = 1024
+
+
+def is_oid(value: str) -> bool:
+    """A git blob id (40 hex) or an LFS sha256 (64 hex): what a blob in the cache may be named."""
+    return bool(_OID.match(value))
+
+
+def safe_repo_path(path: str) -> bool:
+    """A file path inside a repository that stays inside its snapshot folder: relative, "/"-separated, no empty,
+    "." or ".." part, no backslash or NUL, not too long. A hostile listing naming "../../x" is refused by it."""
+    if not path or len(path) > MAX_REPO_PATH or "\\" in path or "\0" in path or path.startswith("/"):
+        return False
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
 def repo_folder_name(repo_id: str) -> str:
     """`org/name` -> `models--org--name`."""
     return "models--" + repo_id.replace("/", "--")
@@ -120,12 +137,16 @@ class RepoCache:
         return self.root / repo_folder_name(self.repo_id)
 
     def blob(self, oid: str) -> Path:
+        _check(is_oid(oid), "blob id", oid)
         return self.folder / "blobs" / oid
 
     def partial(self, oid: str) -> Path:
+        _check(is_oid(oid), "blob id", oid)
         return self.folder / "blobs" / (oid + PARTIAL_SUFFIX)
 
     def pointer(self, commit: str, path_in_repo: str) -> Path:
+        _check(is_commit(commit), "commit", commit)
+        _check(safe_repo_path(path_in_repo), "file path", path_in_repo)
         return self.folder / "snapshots" / commit / Path(*path_in_repo.split("/"))
 
     def lock(self, oid: str) -> Path:
@@ -162,6 +183,14 @@ class RepoCache:
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(commit)
         os.replace(tmp, path)
+
+
+def _check(ok: bool, what: str, value: str) -> None:
+    """Every cache path llmtui writes is built from checked names: a repository cannot write outside the cache."""
+    if not ok:
+        from models_catalog.errors import HubError
+
+        raise HubError(f"the repository gave an unsafe {what} ({value[:80]!r}); llmtui does not write it to disk")
 
 
 def link_pointer(blob: Path, pointer: Path) -> None:

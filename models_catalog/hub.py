@@ -24,6 +24,7 @@ _SORT: dict[str, Literal["downloads", "likes", "last_modified"]] = {
     "updated": "last_modified",
 }
 MAX_CARD_BYTES = 1 << 20
+MAX_LISTED_FILES = 100_000  # a listing longer than this is not read on (the largest GGUF repos hold hundreds)
 
 
 @dataclass(frozen=True)
@@ -233,12 +234,21 @@ def list_repo(repo_id: str, revision: str = "main") -> RepoListing:
     with _hub_errors(repo_id, f"listing {repo_id}"):
         info = hf.model_info(repo_id, revision=None if revision == "main" else revision)
         commit = info.sha or revision
+        if not hfcache.is_commit(commit):
+            raise HubError(f"{repo_id}: the server named its commit {commit[:80]!r}, not a commit id; is "
+                           f"{endpoint} a Hugging Face hub?")
         files: list[RemoteFile] = []
         for entry in hf.list_repo_tree(repo_id, recursive=True, revision=commit):
             if not isinstance(entry, RepoFile):
                 continue  # a folder
+            if len(files) >= MAX_LISTED_FILES:
+                raise HubError(f"{repo_id}: lists more than {MAX_LISTED_FILES} files; llmtui stopped reading it")
             lfs = getattr(entry, "lfs", None)
             sha256 = lfs.sha256 if lfs is not None else None
+            if not hfcache.safe_repo_path(entry.path) or not hfcache.is_oid(sha256 or entry.blob_id or ""):
+                # A file named "../../x" (or a blob id that is not one) would be written outside the cache.
+                raise HubError(f"{repo_id}: lists a file with an unsafe name or id ({entry.path[:80]!r}); llmtui "
+                               "does not download from it")
             files.append(
                 RemoteFile(
                     repo_id=repo_id,

@@ -9,6 +9,7 @@ from itertools import accumulate
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.chat import (
+    ChatTemplateCancelled,
     ReasoningSplitter,
     StopStringMatcher,
     Utf8StreamDecoder,
@@ -123,7 +124,8 @@ class Session:
             self.anchors.append((text, tuple(tokens)))
             del self.anchors[:-MAX_CHECKPOINTS]
 
-    def _render(self, request: Generate, messages: Sequence[Mapping[str, str]]) -> tuple[str, bool]:
+    def _render(self, request: Generate, messages: Sequence[Mapping[str, str]],
+                cancelled: Callable[[], bool] | None = None) -> tuple[str, bool]:
         """The prompt's text, and whether it ends inside the answer of the reply being continued (cut right after
         its text as given: that reply goes on from there, leading space and all)."""
         continue_reply = request.continue_reply and bool(messages) and messages[-1]["role"] == "assistant"
@@ -137,6 +139,7 @@ class Session:
             eos_token=self.eos_text,
             add_generation_prompt=not continue_reply,
             enable_thinking=request.enable_thinking,
+            cancelled=cancelled,
         )
         if continue_reply:
             # Continue a stopped reply: cut the rendered prompt right after the partial reply text.
@@ -148,8 +151,9 @@ class Session:
                     return text[: cut + len(partial)], partial == content
         return text, False
 
-    def plan(self, request: Generate) -> PromptPlan:
-        """Tokens to evaluate for a request, trimming the oldest turns when the context is too small."""
+    def plan(self, request: Generate, cancelled: Callable[[], bool] | None = None) -> PromptPlan:
+        """Tokens to evaluate for a request, trimming the oldest turns when the context is too small; `cancelled`
+        can stop the chat template's rendering (ChatTemplateCancelled)."""
         n_ctx = self.ctx.n_ctx
         room = request.max_tokens if request.max_tokens > 0 else MIN_REPLY_ROOM
         budget = max(1, n_ctx - min(room, n_ctx // 2))
@@ -164,10 +168,10 @@ class Session:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
             def count(msgs: Sequence[Mapping[str, str]]) -> int:
-                return len(self._tokens_for(self._render(request, msgs)[0]))
+                return len(self._tokens_for(self._render(request, msgs, cancelled)[0]))
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
-            text, continues = self._render(request, kept)
+            text, continues = self._render(request, kept, cancelled)
             plan = PromptPlan(self._tokens_for(text), text, dropped, prompt_opens_reasoning(text), chat=True,
                               continues_answer=continues)
         if len(plan.tokens) >= n_ctx:
@@ -283,7 +287,12 @@ class Session:
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
-        plan = self.plan(request)
+        try:
+            plan = self.plan(request, cancelled)
+        except ChatTemplateCancelled:  # Esc while a slow template rendered: no reply, nothing read
+            now = time.perf_counter()
+            return self._finish(request, PromptPlan([], None, 0, False, chat=True), 0, 0.0,
+                                _LoopResult("cancelled", 0, now, now, 0.0, None))
         sampler = Sampler(self.model, request.sampling)
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)

@@ -289,3 +289,24 @@ def test_starter_continue_goes_on_from_the_middle_of_the_answer() -> None:
     assert rest.startswith(" ")
     assert whole.startswith(partial + rest), (partial, rest, whole)
     assert whole.startswith(again) and len(again) > 10, (again, whole)
+
+
+def test_esc_stops_a_slow_chat_template_while_it_renders(llama_session: Session) -> None:
+    """A hostile template that would run to the 2 s render limit stops within a poll of Esc: no reply, no error."""
+    import time
+
+    llama_session.template = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                              "{{ messages[0]['content'] }}")
+    polls = 0
+
+    def cancelled() -> bool:
+        nonlocal polls
+        polls += 1
+        return polls >= 3
+
+    request = Generate(request_id=1, messages=(ChatMessage("user", "hi"),), sampling=GREEDY, max_tokens=4)
+    started = time.perf_counter()
+    done = llama_session.generate(request, lambda event: None, cancelled)
+    assert done.stop_reason == "cancelled" and done.stats.generated_tokens == 0
+    assert time.perf_counter() - started < 1.0  # the render stopped at Esc, not at its 2 s limit
+    assert polls >= 3

@@ -8,7 +8,7 @@ import json
 import random
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -517,18 +517,7 @@ def _chat_remote(args: argparse.Namespace) -> int:
     with RemoteSession(remote, model) as session:
         print(f"{session.model.name} · {session.model.backend} · Ctrl-D to quit", file=sys.stderr)
         history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
-        while True:
-            try:
-                line = input("> ")
-            except (EOFError, KeyboardInterrupt):
-                print(file=sys.stderr)
-                return 0
-            if not line.strip():
-                continue
-            where = utf8_error(line)
-            if where is not None:
-                print(f"llmtui: that line is not valid UTF-8 ({where}); it was not sent", file=sys.stderr)
-                continue
+        for line in _chat_lines():
             try:
                 text, stats = session.ask([*history, ("user", line)], sampling_settings(args), echo=True)
             except KeyboardInterrupt:
@@ -540,6 +529,31 @@ def _chat_remote(args: argparse.Namespace) -> int:
             history += [("user", line), ("assistant", text)]
             sys.stdout.write("\n")
             print(format_remote_stats(stats), file=sys.stderr)
+    return 0
+
+
+def _chat_lines() -> Iterator[str]:
+    """The lines typed at `llmtui chat`'s prompt, until Ctrl-D or Ctrl-C; blank ones skipped, and one that is not
+    UTF-8 said so and skipped."""
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 is reported per line below
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        except UnicodeDecodeError as error:  # stdin in strict mode: say so and read the next line
+            print(f"llmtui: that line is not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset "
+                  f"{error.start}); it was not sent", file=sys.stderr)
+            continue
+        if not line.strip():
+            continue
+        where = utf8_error(line)
+        if where is not None:
+            print(f"llmtui: that line is not valid UTF-8 ({where}); it was not sent", file=sys.stderr)
+            continue
+        yield line
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -550,24 +564,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         info = _loaded(client.load(path, _model_params(args), _context_params(args)))
         print(f"{info.description} · {info.backend} · context {info.n_ctx} · Ctrl-D to quit", file=sys.stderr)
         history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
-        if isinstance(sys.stdin, io.TextIOWrapper):
-            sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 is reported per line below
-        while True:
-            try:
-                line = input("> ")
-            except (EOFError, KeyboardInterrupt):
-                print(file=sys.stderr)
-                return 0
-            except UnicodeDecodeError as error:  # stdin in strict mode: say so and read the next line
-                print(f"llmtui: that line is not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset "
-                      f"{error.start}); it was not sent", file=sys.stderr)
-                continue
-            if not line.strip():
-                continue
-            where = utf8_error(line)
-            if where is not None:
-                print(f"llmtui: that line is not valid UTF-8 ({where}); it was not sent", file=sys.stderr)
-                continue
+        for line in _chat_lines():
             history.append(ChatMessage("user", line))
             request = Generate(
                 request_id=client.new_request_id(),
@@ -588,6 +585,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             history.append(ChatMessage("assistant", text))
             sys.stdout.write("\n")
             print(format_stats(finished.stats), file=sys.stderr)
+    return 0
 
 
 def _drain(client: EngineClient, request_id: int) -> tuple[str, list[int], Finished]:

@@ -193,7 +193,9 @@ async def test_the_request_goes_out_once_the_reply_is_drawn_and_escape_before_it
         assert sent_when == [True]
         stopped = app.store.active_path(chat.conversation_id or 0)[-1]
         assert stopped.state == "stopped" and stopped.stats["stop_reason"] == "cancelled"
-        assert stopped.token_count < LONG.max_tokens
+        # Stopped at once: while the chat template rendered or the prompt was read (no token, no count), or after
+        # the first tokens.
+        assert (stopped.token_count or 0) < LONG.max_tokens
 
 
 @pytest.mark.anyio

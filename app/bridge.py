@@ -42,7 +42,7 @@ from app.messages import (
     add_span,
 )
 from engine_ext.client import EngineClient, EngineCrashedError
-from engine_ext.cpu import CpuContention, CpuLoad
+from engine_ext.cpu import CpuContention, CpuLoad, default_threads
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     REJECTED_PREFIX,
@@ -474,8 +474,6 @@ class EngineBridge:
             return
         found: tuple[Fallback, ...] = ()
         if self._model is not None:
-            from engine_ext.cpu import default_threads
-
             engine = self._model[1]
             found = fallbacks(engine.model_params(), engine.context_params(), engine.n_threads or default_threads(),
                               crashed.gpu_devices)
@@ -491,8 +489,7 @@ class EngineBridge:
         if repack_retry(engine.model_params(), self._extra_bufts) is None:
             return False
         settings = dict(self._sent_settings)
-        self._post(EngineRecovering(retry_notice(self._extra_bufts, KEEP_REPACK_OFF),
-                                    replace(engine, use_extra_bufts=False)))
+        self._post(EngineRecovering(retry_notice(self._extra_bufts, KEEP_REPACK_OFF)))
         self._client.close()
         try:
             self._do_load(path, replace(engine, use_extra_bufts=False), load_mtp, n_rs_seq)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from textual.message import Message
 
 from engine_ext.cpu import CpuLoad
 from engine_ext.protocol import SpeculativeStats, SteeringSet
 from engine_ext.recovery import Fallback
-
-if TYPE_CHECKING:
-    from app.config import EngineSettings
 
 StatsDict = dict[str, Any]
 
@@ -184,10 +181,9 @@ class EngineRecovering(Message):
     """The worker crashed natively early on with CPU weight repacking on: it is being restarted without (the model
     reloaded, a reply in flight sent again); `notice` says so in one line."""
 
-    def __init__(self, notice: str, settings: EngineSettings) -> None:
+    def __init__(self, notice: str) -> None:
         super().__init__()
         self.notice = notice
-        self.settings = settings  # the engine settings it is restarted with
 
 
 class SpeculativeConfigured(Message):

@@ -727,6 +727,7 @@ def render_chat(
     time_limit_s: float = 2.0,
     max_output_chars: int | None = None,
     cancelled: Callable[[], bool] | None = None,
+    started_at: float | None = None,
 ) -> str:
     """Render a HF/GGUF Jinja chat template in a sandbox, within time and size limits.
 
@@ -735,6 +736,8 @@ def render_chat(
     pasted file too long for the context is then refused by the context check, which says so.
     Raises :class:`ChatTemplateError` for any failure, including refused sandbox escapes. ``cancelled`` (asked
     every 20 ms or so while rendering) stops the render with :class:`ChatTemplateCancelled` when it returns True.
+    ``started_at`` (a ``time.monotonic()`` value) starts the time limit earlier: renders that share one start share
+    one limit, so a prompt that takes several renders (trimming a long conversation) is bounded as a whole.
     """
     source = template if template and template.strip() else FALLBACK_CHAT_TEMPLATE
     try:
@@ -760,7 +763,8 @@ def render_chat(
 
     if max_output_chars is None:
         max_output_chars = 1_000_000 + 4 * sum(len(str(value)) for m in messages for value in m.values())
-    budget = _Budget(time.monotonic() + time_limit_s, time_limit_s, max_output_chars, cancelled=cancelled)
+    start = time.monotonic() if started_at is None else started_at
+    budget = _Budget(start + time_limit_s, time_limit_s, max_output_chars, cancelled=cancelled)
     token = _budget.set(budget)
     chunks: list[str] = []
     size = 0

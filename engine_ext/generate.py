@@ -125,7 +125,7 @@ class Session:
             del self.anchors[:-MAX_CHECKPOINTS]
 
     def _render(self, request: Generate, messages: Sequence[Mapping[str, str]],
-                cancelled: Callable[[], bool] | None = None) -> tuple[str, bool]:
+                cancelled: Callable[[], bool] | None = None, started_at: float | None = None) -> tuple[str, bool]:
         """The prompt's text, and whether it ends inside the answer of the reply being continued (cut right after
         its text as given: that reply goes on from there, leading space and all)."""
         continue_reply = request.continue_reply and bool(messages) and messages[-1]["role"] == "assistant"
@@ -140,6 +140,7 @@ class Session:
             add_generation_prompt=not continue_reply,
             enable_thinking=request.enable_thinking,
             cancelled=cancelled,
+            started_at=started_at,
         )
         if continue_reply:
             # Continue a stopped reply: cut the rendered prompt right after the partial reply text.
@@ -167,11 +168,15 @@ class Session:
             if not messages:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
+            # One time limit for all the renders of this prompt (trimming a long conversation renders it
+            # O(log turns) times): a template just under the limit must not multiply it.
+            render_started = time.monotonic()
+
             def count(msgs: Sequence[Mapping[str, str]]) -> int:
-                return len(self._tokens_for(self._render(request, msgs, cancelled)[0]))
+                return len(self._tokens_for(self._render(request, msgs, cancelled, render_started)[0]))
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
-            text, continues = self._render(request, kept, cancelled)
+            text, continues = self._render(request, kept, cancelled, render_started)
             plan = PromptPlan(self._tokens_for(text), text, dropped, prompt_opens_reasoning(text), chat=True,
                               continues_answer=continues)
         if len(plan.tokens) >= n_ctx:

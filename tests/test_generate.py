@@ -310,3 +310,27 @@ def test_esc_stops_a_slow_chat_template_while_it_renders(llama_session: Session)
     assert done.stop_reason == "cancelled" and done.stats.generated_tokens == 0
     assert time.perf_counter() - started < 1.0  # the render stopped at Esc, not at its 2 s limit
     assert polls >= 3
+
+
+def test_trimming_a_long_conversation_renders_under_one_time_limit(llama_session: Session,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trimming renders the conversation several times; they share one start, so a template just under the 2 s limit
+    cannot take 2 s per render."""
+    import engine_ext.generate as generate_module
+
+    starts: list[float | None] = []
+    real_render = generate_module.render_chat
+
+    def recording_render(*args: object, **kwargs: object) -> str:
+        starts.append(kwargs.get("started_at"))  # type: ignore[arg-type]
+        return real_render(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generate_module, "render_chat", recording_render)
+    turns = [ChatMessage(role, f"{role} turn {i}: " + "words " * 40) for i in range(40)
+             for role in ("user", "assistant")]
+    request = Generate(request_id=1, messages=(*turns, ChatMessage("user", "last question")), sampling=GREEDY,
+                       max_tokens=8)
+    plan = llama_session.plan(request)
+    assert plan.dropped_messages > 0
+    assert len(starts) >= 3, starts
+    assert starts[0] is not None and set(starts) == {starts[0]}

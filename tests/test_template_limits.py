@@ -204,6 +204,14 @@ def test_time_limit_names_the_limit() -> None:
     assert time.monotonic() - start < 1.0
 
 
+def test_renders_that_share_a_start_share_the_limit() -> None:
+    # The engine renders a long conversation several times while trimming it; all those renders share one limit.
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=r"took longer than 2 s"):
+        render_chat(HOSTILE["nested_loops"][0], USER_HI, bos_token="", eos_token="", started_at=start - 1.8)
+    assert time.monotonic() - start < 1.0  # what was left of the 2 s, not 2 s more
+
+
 def test_cancelled_stops_a_render() -> None:
     # Esc while a slow template renders: the callback is asked every 20 ms or so and the render stops.
     start = time.monotonic()

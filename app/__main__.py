@@ -79,7 +79,8 @@ DRAFT_MIN = int_range(0, 1024)
 
 def _add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> None:
     p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
-    p.add_argument("-c", "--ctx-size", type=CONTEXT, default=default_ctx, help="context size in tokens (0: model's)")
+    p.add_argument("-c", "--ctx-size", type=CONTEXT, default=default_ctx,
+                   help="context size in tokens (0: model's; llama.cpp rounds it up to a multiple of 256)")
     p.add_argument("-t", "--threads", type=THREADS, default=0, help="threads (default: one per physical core)")
     p.add_argument("-ngl", "--n-gpu-layers", type=_gpu_layers, default=-1, metavar="N|auto|all",
                    help="layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)")
@@ -562,7 +563,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     with start_engine() as client:
         info = _loaded(client.load(path, _model_params(args), _context_params(args)))
-        print(f"{info.description} · {info.backend} · context {info.n_ctx} · Ctrl-D to quit", file=sys.stderr)
+        asked = f" (-c {args.ctx_size} rounded up by llama.cpp)" if 0 < args.ctx_size != info.n_ctx else ""
+        print(f"{info.description} · {info.backend} · context {info.n_ctx}{asked} · Ctrl-D to quit", file=sys.stderr)
         history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
         for line in _chat_lines():
             history.append(ChatMessage("user", line))

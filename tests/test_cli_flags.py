@@ -188,11 +188,12 @@ def test_subprocess_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_chat_goes_on_after_a_bad_byte_and_an_over_long_line(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     lines = b"hi \xff there\n" + b"word " * 200_000 + b"\n" + b"hello\n"  # a 1 MB paste: far over the context
-    result = _llmtui("chat", "-m", str(tiny_models["llama"]), "-c", "256", "-n", "4", "-t", "1", "--temp", "0",
+    result = _llmtui("chat", "-m", str(tiny_models["llama"]), "-c", "200", "-n", "4", "-t", "1", "--temp", "0",
                      tmp_path=tmp_path, stdin=lines)
     err = result.stderr.decode("utf-8", "replace")
     assert result.returncode == 0, err
     assert "Traceback" not in err
+    assert "context 256 (-c 200 rounded up by llama.cpp)" in err  # said, not silent
     assert "that line is not valid UTF-8 (byte 0xff at offset 3); it was not sent" in err
     assert "but the context holds 256" in err  # the engine's one line: the paste is longer than the context
     assert err.count("| generated ") == 1  # and "hello" after it was answered

@@ -63,6 +63,9 @@ class TransferOptions:
 
     chunk_size: int = 1 << 20
     stall_timeout: float = 30.0  # no byte for this long: drop the connection and reconnect
+    # Fewer bytes than this per second, over a stall_timeout window, is a stall too: a server dripping a byte a
+    # second never trips the socket's timeout. Its bytes are kept; the attempt counts as failed.
+    min_rate: float = 1024.0
     max_retries: int = 8  # consecutive failed attempts without a byte of progress
     backoff_base: float = 1.0
     backoff_max: float = 30.0
@@ -447,7 +450,8 @@ class _Fetch:
                     self.attempt(fd)
                 except (TransientHTTPError, OSError, http.client.HTTPException) as exc:
                     self.control.check()
-                    failures = 0 if self.offset > before else failures + 1
+                    slow = isinstance(exc, _TooSlow)
+                    failures = 0 if self.offset > before and not slow else failures + 1
                     reason = _describe_failure(exc, self.opts.stall_timeout)
                     if failures > self.opts.max_retries:
                         raise DownloadError(
@@ -458,6 +462,9 @@ class _Fetch:
                     delay = 0.0 if failures == 0 else min(
                         self.opts.backoff_max, self.opts.backoff_base * 2 ** (failures - 1)
                     ) * random.uniform(0.5, 1.0)
+                    asked = getattr(exc, "retry_after", None)
+                    if asked is not None:  # the server's Retry-After, within our own backoff's ceiling
+                        delay = max(delay, min(float(asked), self.opts.backoff_max))
                     self.report(State.DOWNLOADING, f"{reason}; reconnecting" + (f" in {delay:.0f} s" if delay else ""))
                     if delay:
                         self.control.sleep(delay)
@@ -468,7 +475,8 @@ class _Fetch:
     def attempt(self, fd: int) -> None:
         """One request from the current offset to the end (or until the connection breaks)."""
         extra = {"Range": f"bytes={self.offset}-"} if self.offset else {}
-        resp = open_url(self.file.url, headers=hub_headers(extra), timeout=self.opts.stall_timeout)
+        resp = open_url(self.file.url, headers=hub_headers(extra), timeout=self.opts.stall_timeout,
+                        time_limit=2 * self.opts.stall_timeout, stream=True, what=self.file.path)
         self.control.attach(resp)
         try:
             if resp.status == 416:
@@ -484,6 +492,7 @@ class _Fetch:
                     self.restart(fd, f"the server resumed at byte {start}, not {self.offset}; starting over")
                     raise TransientHTTPError(f"unexpected Content-Range {resp.header('Content-Range')!r}")
             self.report(State.DOWNLOADING, force=True)
+            window_start, window_offset = time.monotonic(), self.offset
             while self.offset < self.file.size:
                 want = min(self.opts.chunk_size, self.file.size - self.offset)
                 try:
@@ -497,6 +506,15 @@ class _Fetch:
                     raise TransientHTTPError(f"connection closed at byte {self.offset} of {self.file.size}")
                 self.write(fd, data)
                 self.report(State.DOWNLOADING, force=False)
+                now = time.monotonic()
+                if now - window_start >= self.opts.stall_timeout:
+                    got = self.offset - window_offset
+                    if got < self.opts.min_rate * (now - window_start):
+                        raise _TooSlow(
+                            f"{resp.server} sent only {_fmt_size(got)} in {now - window_start:.0f} s (under "
+                            f"{_fmt_size(self.opts.min_rate)}/s)"
+                        )
+                    window_start, window_offset = now, self.offset
         finally:
             self.control.attach(None)
             resp.close()
@@ -513,6 +531,10 @@ class _Fetch:
         self.rc.write_ref(self.file.commit)
         self.report(State.DONE, "installed", local_path=str(pointer))
         return pointer
+
+
+class _TooSlow(TransientHTTPError):
+    """The server sent bytes, but fewer than TransferOptions.min_rate per second."""
 
 
 def _umask() -> int:

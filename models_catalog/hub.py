@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+import json
+import re
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote, urlencode, urljoin
 
-from huggingface_hub import HfApi, hf_hub_url
-from huggingface_hub import errors as hf_errors
-from huggingface_hub.hf_api import RepoFile
+from huggingface_hub import hf_hub_url
 
-from models_catalog import hfcache, pairing
+from models_catalog import hfcache, pairing, transport
 from models_catalog.download import RemoteFile
-from models_catalog.errors import GatedRepoError, HubError, ModelsError, OfflineError, RepoNotFound
-from models_catalog.transport import TransientHTTPError, gated_message, hub_headers, open_url, raise_for_status
+from models_catalog.errors import HubError, OfflineError, RepoNotFound
+from models_catalog.transport import gated_message as gated_message  # the screens and the CLI use hub.gated_message
+from models_catalog.transport import hub_headers, open_url, raise_for_status
 
 SortKey = Literal["downloads", "likes", "updated"]
-_SORT: dict[str, Literal["downloads", "likes", "last_modified"]] = {
-    "downloads": "downloads",
-    "likes": "likes",
-    "updated": "last_modified",
-}
+_SORT: dict[str, str] = {"downloads": "downloads", "likes": "likes", "updated": "lastModified"}
 MAX_CARD_BYTES = 1 << 20
 MAX_LISTED_FILES = 100_000  # a listing longer than this is not read on (the largest GGUF repos hold hundreds)
 
@@ -156,38 +154,77 @@ class RepoListing:
         }
 
 
-def api() -> HfApi:
-    """An HfApi for the current HF_ENDPOINT and HF_TOKEN (read now, not at import)."""
-    return HfApi(endpoint=hfcache.endpoint(), token=hfcache.token(), library_name="llmtui")
+# ----- the Hub's API, read with limits ----------------------------------------------------------------------
+#
+# huggingface_hub's HfApi is not used for these reads: its client has no timeout (httpx built with timeout=None),
+# reads every body whole into memory, retries 429 and 5xx sleeping whatever Retry-After says, and turns a body
+# that is not the JSON it expects into KeyError/TypeError. None of that can be bounded from outside its calls,
+# so the three GETs llmtui needs (search, a repository's info, its file tree page by page) go through
+# transport.open_url: every answer within LIMITS (size, time), every failure one line naming the server's fault.
+
+_LINK_NEXT = re.compile(r'<([^>]{1,2000})>\s*;[^,]*rel="?next"?')
 
 
-@contextlib.contextmanager
-def _hub_errors(repo_id: str, what: str) -> Iterator[None]:
-    """Turn huggingface_hub and network exceptions into our typed errors."""
+def _get_json(url: str, what: str, repo_id: str = "", time_limit: float | None = None) -> tuple[Any, str | None]:
+    """The JSON answer to GET `url` and the URL of its next page (a Link header), read within the limits."""
+    resp = open_url(url, headers=hub_headers({"Accept": "application/json"}), time_limit=time_limit, what=what)
     try:
-        yield
-    except ModelsError:
-        raise
-    except hf_errors.GatedRepoError:
-        raise GatedRepoError(gated_message(repo_id)) from None
-    except hf_errors.RepositoryNotFoundError:
-        raise RepoNotFound(
-            f"{repo_id}: no such model on {hfcache.endpoint()}; check the name (private repos need HF_TOKEN)"
-        ) from None
-    except hf_errors.RevisionNotFoundError:
-        raise RepoNotFound(f"{repo_id}: the revision asked for does not exist") from None
-    except hf_errors.HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "?"
-        raise HubError(f"{what}: the Hub answered HTTP {status}; try again later") from None
-    except (OSError, ValueError) as exc:
-        raise HubError(f"{what}: cannot reach {hfcache.endpoint()} ({exc}); check the network or HF_ENDPOINT") from None
-    except Exception as exc:
-        # httpx2 (huggingface_hub's client) transport errors
-        if type(exc).__module__.startswith("httpx"):
-            raise HubError(
-                f"{what}: cannot reach {hfcache.endpoint()} ({type(exc).__name__}: {exc}); check the network"
-            ) from None
-        raise
+        if resp.status == 404 and repo_id:
+            code = resp.header("X-Error-Code") or ""
+            if code == "RevisionNotFound":
+                raise RepoNotFound(f"{repo_id}: the revision asked for does not exist")
+            if code in ("RepoNotFound", ""):
+                raise RepoNotFound(f"{repo_id}: no such model on {hfcache.endpoint()}; check the name (private "
+                                   "repos need HF_TOKEN)")
+        raise_for_status(resp, repo_id or "the Hub", what)
+        if resp.status != 200:
+            raise HubError(f"{resp.server} returned {resp.status} {resp.reason} for {what}, not an answer; is "
+                           f"{hfcache.endpoint()} a Hugging Face hub?")
+        body = resp.read_body(transport.LIMITS.max_json_bytes, what)
+        link = resp.header("Link")
+        server = resp.server
+    finally:
+        resp.close()
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+        raise HubError(f"{server} sent invalid JSON for {what} ({reason}); is {hfcache.endpoint()} a Hugging Face "
+                       "hub?") from None
+    found = _LINK_NEXT.search(link or "")
+    return value, urljoin(url, found.group(1)) if found else None
+
+
+def _shape_error(what: str, detail: str) -> HubError:
+    return HubError(f"the Hub at {hfcache.endpoint()} sent {what} that is not what the Hub sends ({detail}); "
+                    "llmtui stopped reading it")
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _tags(value: Any) -> tuple[str, ...]:
+    return tuple(t for t in value[:1000] if isinstance(t, str)) if isinstance(value, list) else ()
+
+
+def _summary(item: Any, what: str) -> RepoSummary:
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+        raise _shape_error(what, "an entry without an id")
+    repo_id = item["id"][:200]
+    return RepoSummary(
+        repo_id=repo_id,
+        author=_str(item.get("author")) or repo_id.split("/")[0],
+        downloads=_int(item.get("downloads")),
+        likes=_int(item.get("likes")),
+        last_modified=_str(item.get("lastModified")),
+        gated=bool(item.get("gated")),
+        tags=_tags(item.get("tags")),
+    )
 
 
 def search(
@@ -200,63 +237,90 @@ def search(
 ) -> list[RepoSummary]:
     """Search model repositories (GGUF ones by default), most downloaded / liked / recently updated first."""
     hfcache.require_online("searching the Hub")
-    expand: Any = ["author", "downloads", "likes", "lastModified", "gated", "tags"]
-    with _hub_errors(query or author or "", "searching the Hub"):
-        models = api().list_models(
-            search=query or None,
-            author=author,
-            filter="gguf" if gguf_only else None,
-            sort=_SORT[sort],
-            limit=limit,
-            expand=expand,
-        )
-        return [
-            RepoSummary(
-                repo_id=m.id,
-                author=m.author or m.id.split("/")[0],
-                downloads=m.downloads or 0,
-                likes=m.likes or 0,
-                last_modified=m.last_modified.isoformat() if m.last_modified else None,
-                gated=bool(m.gated),
-                tags=tuple(m.tags or ()),
-            )
-            for m in models
-        ]
+    params: list[tuple[str, str]] = []
+    if query:
+        params.append(("search", query))
+    if author:
+        params.append(("author", author))
+    if gguf_only:
+        params.append(("filter", "gguf"))
+    params += [("sort", _SORT[sort]), ("direction", "-1"), ("limit", str(max(1, min(limit, 1000))))]
+    params += [("expand", e) for e in ("author", "downloads", "likes", "lastModified", "gated", "tags")]
+    what = f"the search for {query or author or 'models'!r}"[:120]
+    value, _ = _get_json(f"{hfcache.endpoint()}/api/models?{urlencode(params)}", what)
+    if not isinstance(value, list):
+        raise _shape_error(what, f"a {type(value).__name__}, not a list")
+    return [_summary(item, what) for item in value[:limit]]
+
+
+def _tree_entry(entry: Any, what: str) -> tuple[str, int, str, str | None] | None:
+    """(path, size, blob id, LFS sha256) of a file entry; None for a folder."""
+    if not isinstance(entry, dict):
+        raise _shape_error(what, "an entry that is not an object")
+    if entry.get("type") == "directory":
+        return None
+    path, oid, size = entry.get("path"), entry.get("oid"), entry.get("size")
+    lfs = entry.get("lfs")
+    if not isinstance(path, str) or not isinstance(oid, str):
+        raise _shape_error(what, "a file entry without a path or id")
+    sha256 = None
+    if isinstance(lfs, dict):
+        sha256, size = _str(lfs.get("oid")), lfs.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise _shape_error(what, f"a size of {str(size)[:40]!r} for {path[:80]!r}")
+    return path, size, oid, sha256
 
 
 def list_repo(repo_id: str, revision: str = "main") -> RepoListing:
-    """The repository's files at `revision` with sizes and LFS sha256 (model_info + list_repo_tree)."""
+    """The repository's files at `revision` with sizes and LFS sha256 (its info, then its tree page by page)."""
     hfcache.require_online(f"listing {repo_id}")
     if not hfcache.is_valid_repo_id(repo_id):
         raise RepoNotFound(f"{repo_id!r} is not a valid repository id; expected <user>/<model>")
-    hf = api()
     endpoint = hfcache.endpoint()
-    with _hub_errors(repo_id, f"listing {repo_id}"):
-        info = hf.model_info(repo_id, revision=None if revision == "main" else revision)
-        commit = info.sha or revision
-        if not hfcache.is_commit(commit):
-            raise HubError(f"{repo_id}: the server named its commit {commit[:80]!r}, not a commit id; is "
-                           f"{endpoint} a Hugging Face hub?")
-        files: list[RemoteFile] = []
-        for entry in hf.list_repo_tree(repo_id, recursive=True, revision=commit):
-            if not isinstance(entry, RepoFile):
+    limits = transport.LIMITS
+    deadline = time.monotonic() + limits.listing_s
+    info_url = f"{endpoint}/api/models/{repo_id}"
+    if revision != "main":
+        info_url += f"/revision/{quote(revision, safe='')}"
+    info, _ = _get_json(info_url, f"the info of {repo_id}", repo_id)
+    if not isinstance(info, dict):
+        raise _shape_error(f"the info of {repo_id}", f"a {type(info).__name__}, not an object")
+    commit = _str(info.get("sha")) or revision
+    if not hfcache.is_commit(commit):
+        raise HubError(f"{repo_id}: the server named its commit {commit[:80]!r}, not a commit id; is "
+                       f"{endpoint} a Hugging Face hub?")
+    what = f"the listing of {repo_id}"
+    files: list[RemoteFile] = []
+    url: str | None = f"{endpoint}/api/models/{repo_id}/tree/{commit}?recursive=true&expand=false"
+    pages = 0
+    while url is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HubError(f"{transport.server_name(url)} took longer than the {limits.listing_s:g} s limit to "
+                           f"send {what} ({len(files)} files in {pages} pages); stopped reading")
+        page, url = _get_json(url, what, repo_id, time_limit=min(limits.exchange_s, left))
+        pages += 1
+        if not isinstance(page, list):
+            raise _shape_error(what, f"a {type(page).__name__}, not a list")
+        for item in page:
+            entry = _tree_entry(item, what)
+            if entry is None:
                 continue  # a folder
             if len(files) >= MAX_LISTED_FILES:
                 raise HubError(f"{repo_id}: lists more than {MAX_LISTED_FILES} files; llmtui stopped reading it")
-            lfs = getattr(entry, "lfs", None)
-            sha256 = lfs.sha256 if lfs is not None else None
-            if not hfcache.safe_repo_path(entry.path) or not hfcache.is_oid(sha256 or entry.blob_id or ""):
+            path, size, blob_id, sha256 = entry
+            if not hfcache.safe_repo_path(path) or not hfcache.is_oid(sha256 or blob_id):
                 # A file named "../../x" (or a blob id that is not one) would be written outside the cache.
-                raise HubError(f"{repo_id}: lists a file with an unsafe name or id ({entry.path[:80]!r}); llmtui "
+                raise HubError(f"{repo_id}: lists a file with an unsafe name or id ({path[:80]!r}); llmtui "
                                "does not download from it")
             files.append(
                 RemoteFile(
                     repo_id=repo_id,
-                    path=entry.path,
-                    size=int(lfs.size if lfs is not None else entry.size),
-                    oid=sha256 or entry.blob_id,
+                    path=path,
+                    size=size,
+                    oid=sha256 or blob_id,
                     commit=commit,
-                    url=hf_hub_url(repo_id, entry.path, revision=commit, endpoint=endpoint),
+                    url=hf_hub_url(repo_id, path, revision=commit, endpoint=endpoint),
                     sha256=sha256,
                 )
             )
@@ -264,11 +328,11 @@ def list_repo(repo_id: str, revision: str = "main") -> RepoListing:
         repo_id=repo_id,
         commit=commit,
         files=tuple(files),
-        gated=bool(info.gated),
-        tags=tuple(info.tags or ()),
-        downloads=info.downloads or 0,
-        likes=info.likes or 0,
-        last_modified=info.last_modified.isoformat() if info.last_modified else None,
+        gated=bool(info.get("gated")),
+        tags=_tags(info.get("tags")),
+        downloads=_int(info.get("downloads")),
+        likes=_int(info.get("likes")),
+        last_modified=_str(info.get("lastModified")),
     )
 
 
@@ -318,18 +382,13 @@ def model_card(repo_id: str, revision: str = "main") -> str:
     """The repository's README.md (the model card) as text; '' when it has none."""
     hfcache.require_online(f"fetching the model card of {repo_id}")
     url = hf_hub_url(repo_id, "README.md", revision=revision, endpoint=hfcache.endpoint())
-    try:
-        resp = open_url(url, headers=hub_headers(), timeout=30)
-    except TransientHTTPError as exc:
-        raise HubError(str(exc)) from None
+    what = f"the model card of {repo_id}"
+    resp = open_url(url, headers=hub_headers(), what=what)
     try:
         if resp.status == 404:
             return ""
-        try:
-            raise_for_status(resp, repo_id, "README.md")
-        except TransientHTTPError as exc:
-            raise HubError(str(exc)) from None
-        return resp.read_all(MAX_CARD_BYTES).decode("utf-8", "replace")
+        raise_for_status(resp, repo_id, what)
+        return resp.read_body(MAX_CARD_BYTES, what).decode("utf-8", "replace")
     finally:
         resp.close()
 

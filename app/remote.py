@@ -42,6 +42,7 @@ from app.messages import (
     TokensArrived,
 )
 from engine_ext.params import SpeculativeParams, SteeringEntry
+from models_catalog.transport import MAX_HEADER_LINE, MAX_HEADERS, Watchdog, format_size, retry_after
 
 REMOTE_PREFIX: Final = "remote:"
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -53,6 +54,11 @@ MAX_JSON_BODY: Final = 8 * 1024 * 1024
 MAX_SSE_LINE: Final = 1024 * 1024
 MAX_SSE_EVENT: Final = 4 * 1024 * 1024
 READ_CHUNK: Final = 64 * 1024
+# A server dripping bytes never trips a socket timeout (each byte comes in time), so time is bounded too: a model
+# list within 3 connect timeouts, a reply's headers within the read timeout, and one stream line (which a real
+# server writes at once) within SSE_LINE_TIME_S of its first byte. A watchdog shuts the socket down when the time
+# is up, so even a read blocked inside http.client (a header line dripping in) returns.
+SSE_LINE_TIME_S: Final = 30.0
 STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
 
 # Request ids far from the local bridge's (which count from 1), so a late event of one engine is never taken for
@@ -138,21 +144,37 @@ def error_detail(body: bytes) -> str:
     return one_line(text, 200)
 
 
-def http_error_message(remote: RemoteSettings, status: int, reason: str, body: bytes) -> str:
-    """One line for an HTTP error answer, with what to check."""
+def http_error_message(remote: RemoteSettings, status: int, reason: str, body: bytes,
+                       retry_after_header: str | None = None) -> str:
+    """One line for an HTTP error answer, with what to check (the wait a 429 or 503 asks for, when it says)."""
     detail = error_detail(body)
-    message = f"{remote.name} answered {status} {reason}".rstrip()
+    message = f"{remote.name} answered {status} {one_line(reason, 60)}".rstrip()
     if detail:
-        message += f": {detail}"
+        message += f": {one_line(detail, 120)}"
     if status in (401, 403):
         message += f" (check the API key: {remote.masked_key()})"
     elif status == 404:
         message += " (check the base URL, which usually ends in /v1, and the model name)"
+    elif status == 429 or status >= 500:
+        wait = retry_after(retry_after_header)
+        if wait is not None:
+            message += f"; retry after {wait:.0f} s"
+        elif status == 429:
+            message += "; try again later"
     return one_line(message)
 
 
 def connection_error_message(remote: RemoteSettings, error: BaseException) -> str:
     where = f"{remote.name} at {remote.base_url}"
+    if isinstance(error, http.client.LineTooLong):
+        return one_line(f"{where} sent a response header line longer than {MAX_HEADER_LINE // 1024} KiB; llmtui "
+                        "stopped reading (is it an OpenAI-compatible server?)")
+    if isinstance(error, http.client.HTTPException) and "got more than" in str(error):
+        return one_line(f"{where} sent more than {MAX_HEADERS} response headers; llmtui stopped reading (is it an "
+                        "OpenAI-compatible server?)")
+    if isinstance(error, http.client.BadStatusLine | http.client.RemoteDisconnected):
+        return one_line(f"{where} did not answer with HTTP ({type(error).__name__}); is it an OpenAI-compatible "
+                        "server?")
     if isinstance(error, ConnectionRefusedError):
         return f"cannot connect to {where}: connection refused (is the server running?)"
     if isinstance(error, TimeoutError | socket.timeout):
@@ -164,41 +186,64 @@ def connection_error_message(remote: RemoteSettings, error: BaseException) -> st
     return one_line(f"cannot reach {where}: {error}")
 
 
-def read_bounded(response: http.client.HTTPResponse, limit: int, deadline: float, what: str) -> bytes:
-    """The response body, read in chunks: RemoteError once it passes `limit` bytes or time.monotonic() passes
-    `deadline` (a server dripping a byte at a time never trips the socket's own timeout)."""
+def read_bounded(response: http.client.HTTPResponse, limit: int, deadline: float, what: str, *,
+                 truncate: bool = False) -> bytes:
+    """The response body, read in chunks: RemoteError once it passes `limit` bytes (with `truncate`: its first
+    `limit` bytes) or time.monotonic() passes `deadline` (a server dripping a byte at a time never trips the
+    socket's own timeout; a Watchdog on the connection unblocks a read waiting for one)."""
     parts: list[bytes] = []
     size = 0
     while True:
         chunk = response.read1(READ_CHUNK) if hasattr(response, "read1") else response.read(READ_CHUNK)
         if not chunk:
+            if time.monotonic() > deadline:
+                raise RemoteError(f"{what} took longer than its time limit; llmtui stopped reading")
             return b"".join(parts)
         size += len(chunk)
         if size > limit:
-            raise RemoteError(f"{what} passed {limit // (1024 * 1024)} MiB; llmtui stopped reading (is it an "
+            if truncate:
+                parts.append(chunk)
+                return b"".join(parts)[:limit]
+            raise RemoteError(f"{what} passed {format_size(limit)}; llmtui stopped reading (is it an "
                               "OpenAI-compatible server?)")
         if time.monotonic() > deadline:
             raise RemoteError(f"{what} took longer than its time limit; llmtui stopped reading")
         parts.append(chunk)
 
 
+def _too_slow(remote: RemoteSettings, what: str, seconds: float) -> RemoteError:
+    return RemoteError(f"{remote.name} took longer than the {seconds:g} s limit to send {what}; llmtui stopped "
+                       "reading")
+
+
 def _get_json(remote: RemoteSettings, endpoint: str, timeout: float) -> Any:
     connection = _connection(remote, timeout)
     what = f"{remote.name}'s answer to GET {_api_path(remote, endpoint)}"
+    limit_s = 3 * timeout
+    deadline = time.monotonic() + limit_s
+    watchdog = Watchdog(limit_s)
     try:
-        deadline = time.monotonic() + 3 * timeout
+        connection.connect()
+        watchdog.watch(connection)
         connection.request("GET", _api_path(remote, endpoint), headers=_headers(remote))
         response = connection.getresponse()
-        body = read_bounded(response, MAX_JSON_BODY if response.status == 200 else MAX_ERROR_BODY, deadline, what)
-        if response.status != 200:
-            raise RemoteError(http_error_message(remote, response.status, response.reason, body))
-    except (OSError, http.client.HTTPException) as error:
+        ok = response.status == 200
+        body = read_bounded(response, MAX_JSON_BODY if ok else MAX_ERROR_BODY, deadline, what, truncate=not ok)
+        if not ok:
+            raise RemoteError(http_error_message(remote, response.status, response.reason, body,
+                                                 response.getheader("Retry-After")))
+    except (OSError, http.client.HTTPException, RemoteError) as error:
+        if watchdog.fired:
+            raise _too_slow(remote, f"its answer to GET {_api_path(remote, endpoint)}", limit_s) from None
+        if isinstance(error, RemoteError):
+            raise
         raise RemoteError(connection_error_message(remote, error)) from error
     finally:
+        watchdog.cancel()
         connection.close()
     try:
         return json.loads(body)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise RemoteError(f"{remote.name} did not answer GET {_api_path(remote, endpoint)} with JSON; "
                           "is it an OpenAI-compatible server?") from error
 
@@ -250,20 +295,43 @@ def request_body(model: str, messages: Sequence[tuple[str, str]], sampling: Samp
     return body
 
 
-def sse_events(response: http.client.HTTPResponse, name: str = "the server") -> Iterator[str]:
-    """The `data` of each server-sent event, as text ("[DONE]" included); ends at the end of the stream. A line
-    longer than MAX_SSE_LINE or an event longer than MAX_SSE_EVENT is a RemoteError, not read to its end."""
-    data: list[str] = []
-    size = 0
+def _stream_lines(response: http.client.HTTPResponse, name: str, line_time_s: float) -> Iterator[bytes]:
+    """The stream's lines (each with its newline; the last may lack one). A line longer than MAX_SSE_LINE, or one
+    still incomplete `line_time_s` after its first byte (a drip), is a RemoteError, not read to its end."""
+    pending = bytearray()
+    started = 0.0
     while True:
-        raw = response.readline(MAX_SSE_LINE + 1)
-        if not raw:
-            if data:
-                yield "\n".join(data)
-            return
-        if len(raw) > MAX_SSE_LINE:
+        newline = pending.find(b"\n")
+        if newline > MAX_SSE_LINE or (newline < 0 and len(pending) > MAX_SSE_LINE):
             raise RemoteError(f"{name} sent a stream line longer than {MAX_SSE_LINE // 1024} KiB; llmtui stopped "
                               "reading")
+        if newline >= 0:
+            line = bytes(pending[: newline + 1])
+            del pending[: newline + 1]
+            started = time.monotonic()
+            yield line
+            continue
+        if pending and time.monotonic() - started > line_time_s:
+            raise RemoteError(f"{name} took longer than {line_time_s:g} s to send one stream line (a slow drip); "
+                              "llmtui stopped reading")
+        chunk = response.read1(READ_CHUNK) if hasattr(response, "read1") else response.readline(READ_CHUNK)
+        if not chunk:
+            if pending:
+                yield bytes(pending)
+            return
+        if not pending:
+            started = time.monotonic()
+        pending += chunk
+
+
+def sse_events(response: http.client.HTTPResponse, name: str = "the server",
+               line_time_s: float = SSE_LINE_TIME_S) -> Iterator[str]:
+    """The `data` of each server-sent event, as text ("[DONE]" included); ends at the end of the stream. A line
+    longer than MAX_SSE_LINE (or slower than `line_time_s`) or an event longer than MAX_SSE_EVENT is a
+    RemoteError, not read to its end."""
+    data: list[str] = []
+    size = 0
+    for raw in _stream_lines(response, name, line_time_s):
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if not line:
             if data:
@@ -276,6 +344,8 @@ def sse_events(response: http.client.HTTPResponse, name: str = "the server") -> 
                 raise RemoteError(f"{name} sent a stream event longer than {MAX_SSE_EVENT // (1024 * 1024)} MiB; "
                                   "llmtui stopped reading")
         # other fields (event:, id:, retry:) and comments (":" keep-alives) carry nothing llmtui uses
+    if data:
+        yield "\n".join(data)
 
 
 # ----- the bridge -----
@@ -501,17 +571,33 @@ class RemoteBridge:
             stream.sock = connection.sock
             if stream.cancelled:
                 raise _Cancelled
-        connection.request("POST", _api_path(self.remote, "chat/completions"), body=json.dumps(body).encode(),
-                           headers=_headers(self.remote))
-        response = connection.getresponse()
-        if response.status != 200:
-            raise RemoteError(http_error_message(self.remote, response.status, response.reason,
-                                                 response.read(MAX_ERROR_BODY)))  # read(n) stops at n
+        # The headers must come within the read timeout, however slowly their bytes drip (a watchdog shuts the
+        # socket down then); the body's lines have their own limits (sse_events).
+        watchdog = Watchdog(self._read_timeout_s)
+        watchdog.watch(connection)
+        try:
+            connection.request("POST", _api_path(self.remote, "chat/completions"),
+                               body=json.dumps(body).encode(), headers=_headers(self.remote))
+            response = connection.getresponse()
+            if response.status != 200:
+                detail = read_bounded(response, MAX_ERROR_BODY, watchdog.deadline, "its error", truncate=True)
+                raise RemoteError(http_error_message(self.remote, response.status, response.reason, detail,
+                                                     response.getheader("Retry-After")))
+        except (OSError, http.client.HTTPException, RemoteError) as error:
+            if stream.cancelled:
+                raise _Cancelled from None
+            if watchdog.fired:
+                raise _too_slow(self.remote, "the reply's headers", self._read_timeout_s) from None
+            if isinstance(error, RemoteError):
+                raise
+            raise RemoteError(connection_error_message(self.remote, error)) from None
+        finally:
+            watchdog.cancel()
         finish: str | None = None
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
         done = False
-        for data in sse_events(response, self.remote.name):
+        for data in sse_events(response, self.remote.name, min(SSE_LINE_TIME_S, self._read_timeout_s)):
             if stream.cancelled:
                 raise _Cancelled
             if data.strip() == "[DONE]":
@@ -519,7 +605,7 @@ class RemoteBridge:
                 break
             try:
                 chunk = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise RemoteError(f"{self.remote.name} sent a stream line that is not JSON: "
                                   f"{one_line(data, 80)}") from None
             if not isinstance(chunk, dict):

@@ -87,7 +87,7 @@ def format_size(n: int) -> str:
     return f"{n} bytes"
 
 
-class _Watchdog:
+class Watchdog:
     """Shuts a connection's socket down when its time is up, so a read blocked on a dripping server returns."""
 
     def __init__(self, seconds: float) -> None:
@@ -140,7 +140,7 @@ class Response:
     _conn: http.client.HTTPConnection
     _resp: http.client.HTTPResponse
     timeout: float = 30.0
-    _watchdog: _Watchdog | None = None
+    _watchdog: Watchdog | None = None
     reason: str = ""
 
     @property
@@ -259,7 +259,7 @@ def open_url(
     what = what or urlsplit(url).path or url
     sent = dict(headers or {})
     origin = urlsplit(url).netloc
-    watchdog = _Watchdog(time_limit)
+    watchdog = Watchdog(time_limit)
     try:
         for _ in range(MAX_REDIRECTS + 1):
             conn, target = _connection(url, timeout)
@@ -292,7 +292,7 @@ def open_url(
                    "stopped following")
 
 
-def _request_error(url: str, what: str, exc: BaseException, timeout: float, watchdog: _Watchdog) -> HubError:
+def _request_error(url: str, what: str, exc: BaseException, timeout: float, watchdog: Watchdog) -> HubError:
     """One line for a request that got no usable response."""
     server = server_name(url)
     if watchdog.fired:

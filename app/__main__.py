@@ -55,6 +55,7 @@ from engine_ext.protocol import (
     SpeculativeStats,
     TokenChunk,
 )
+from engine_ext.speculative.catalog import LoadPlan, load_plan
 
 
 class CliError(Exception):
@@ -159,11 +160,16 @@ def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
     return chosen.draft_model
 
 
-def _rs_rollback_depth(params: SpeculativeParams, model: Path) -> int:
-    """Recurrent-state rollback depth for the context: model drafters verify n_max tokens (upstream need_n_rs_seq)."""
-    model_drafters = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
-    auto_model_drafter = "auto" in params.types and (params.draft_model is not None or _auto_uses_heads(model, params))
-    return params.n_max if model_drafters & set(params.types) or auto_model_drafter else 0
+def _load_plan(spec: SpeculativeParams | None, model: Path) -> LoadPlan:
+    """How the target loads for `spec` (its MTP heads, its recurrent-state rollback depth): the catalogue's one rule,
+    the TUI's too (app.speculation.load_options)."""
+    from app.speculation import model_facts
+
+    facts = model_facts(str(model))
+    if spec is None or facts is None:
+        return LoadPlan(False, 0)
+    return load_plan(spec.types, architecture=facts.architecture, n_layer_nextn=facts.n_layer_nextn,
+                     draft_model=spec.draft_model, n_max=spec.n_max)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,20 +230,11 @@ def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("argument -p/--n-prompt: -p and -n are both 0: nothing to measure")
 
 
-def _auto_uses_heads(model: Path, spec: SpeculativeParams) -> bool:
-    """Whether auto drafts with the model's own MTP heads: it has some and no draft file is given (as in the app)."""
-    from app.speculation import drafts_with_own_heads
-
-    return "auto" in spec.types and drafts_with_own_heads(str(model), "auto", spec.draft_model)
-
-
 def _model_params(
     args: argparse.Namespace, spec: SpeculativeParams | None = None, model: Path | None = None
 ) -> ModelParams:
     # MTP heads inside the model are loaded only when draft-mtp (or auto) will use them (llama.cpp's load_mtp).
-    load_mtp = spec is not None and (
-        "draft-mtp" in spec.types or (model is not None and _auto_uses_heads(model, spec))
-    )
+    load_mtp = model is not None and _load_plan(spec, model).load_mtp
     return ModelParams(
         n_gpu_layers=args.n_gpu_layers,
         use_mmap=not args.no_mmap,
@@ -387,7 +384,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _spec_params(args, path)
     spec.validate()
     model = _model_params(args, spec, path)
-    context = _context_params(args, n_rs_seq=_rs_rollback_depth(spec, path))
+    context = _context_params(args, n_rs_seq=_load_plan(spec, path).n_rs_seq)
     with start_engine() as client:
         echoed: list[bool] = []
         try:
@@ -697,10 +694,10 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
     specs = {mode: _spec_params(args, path, "" if mode == "plain" else mode) for mode in modes}
     for spec in specs.values():
         spec.validate()
-    n_rs_seq = max(_rs_rollback_depth(spec, path) for spec in specs.values())
+    n_rs_seq = max(_load_plan(spec, path).n_rs_seq for spec in specs.values())
     rows: list[dict[str, Any]] = []
     with start_engine() as client:
-        heads = (spec for spec in specs.values() if "draft-mtp" in spec.types or _auto_uses_heads(path, spec))
+        heads = (spec for spec in specs.values() if _load_plan(spec, path).load_mtp)
         context = _context_params(args, args.ctx_size or 4096, n_rs_seq)
         info = _loaded(client.load(path, _model_params(args, next(heads, None), path), context))
         for mode in modes:

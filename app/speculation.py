@@ -8,31 +8,15 @@ from functools import lru_cache
 from pathlib import Path
 
 from app.config import SpeculativeSettings
-from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.gguf_info import GGUFError, inspect_gguf
 from engine_ext.protocol import SpeculativeStats
-from models_catalog.drafts import DRAFT_TYPE_KINDS, DraftCandidate, draft_candidates, missing_drafts
+from engine_ext.speculative.catalog import CATALOGUE, NGRAM_TYPES, TYPE_FOR_DRAFT, TYPE_FOR_KIND, load_plan
+from models_catalog.drafts import DraftCandidate, draft_candidates, missing_drafts
 
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-MODEL_DRAFTER_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
-TYPE_HELP = {
-    "auto": "best drafter for this model; pauses when slower",
-    "ngram-simple": "repeats what followed the last n-gram",
-    "ngram-map-k": "n-gram map with key counts",
-    "ngram-map-k4v": "n-gram map, 4 values per key",
-    "ngram-mod": "rolling-hash n-grams (repeated text)",
-    "ngram-cache": "n-gram cache of the conversation",
-    "draft-simple": "a small model, same vocabulary",
-    "draft-eagle3": "an EAGLE3 draft head",
-    "draft-mtp": "the model's own MTP heads",
-    "draft-dflash": "a DFlash / DFlash2 block draft",
-    "draft-dspark": "a DSpark block draft",
-}
-# A draft candidate's kind (models_catalog.drafts) → the type that drafts with it.
-KIND_TYPES = {"mtp": "draft-mtp", "dspark": "draft-dspark", "dflash": "draft-dflash", "eagle3": "draft-eagle3",
-              "model": "draft-simple"}
-# What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → the type that uses it.
-DRAFT_KIND_TYPES = {draft_type: KIND_TYPES[kind] for draft_type, kind in DRAFT_TYPE_KINDS.items()}
+# The catalogue's names for what the UI shows and picks (engine_ext.speculative.catalog holds the types).
+TYPE_HELP = {t.name: t.summary for t in CATALOGUE}
+KIND_TYPES = TYPE_FOR_KIND  # a draft candidate's kind (models_catalog.drafts) → the type that drafts with it
+DRAFT_KIND_TYPES = TYPE_FOR_DRAFT  # what a draft file's metadata says it is → the type that uses it
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -129,7 +113,8 @@ def drafts_with_own_heads(model_path: str | None, spec_type: str, draft_model: s
     """Whether the model's own MTP heads draft (and must be loaded): it has some, the type is auto or draft-mtp, and no
     draft file is named."""
     facts = model_facts(model_path) if model_path else None
-    return facts is not None and facts.n_layer_nextn > 0 and spec_type in ("auto", "draft-mtp") and not draft_model
+    return facts is not None and load_plan((spec_type,), architecture=facts.architecture,
+                                           n_layer_nextn=facts.n_layer_nextn, draft_model=draft_model, n_max=1).load_mtp
 
 
 def effective_settings(
@@ -147,17 +132,13 @@ def effective_settings(
 
 
 def load_options(model_path: str, settings: SpeculativeSettings) -> tuple[bool, int]:
-    """(load_mtp, n_rs_seq) the model needs for `settings`: MTP weights when its heads will draft, and the
-    recurrent-state rollback depth a model drafter verifies with (upstream's need_n_rs_seq)."""
+    """(load_mtp, n_rs_seq) the model needs for `settings`, by the catalogue's one rule (the CLI's too)."""
     facts = model_facts(model_path)
     if facts is None or not settings.enabled:
         return False, 0
-    load_mtp = drafts_with_own_heads(model_path, settings.spec_type, settings.draft_model)
-    model_drafter = settings.spec_type in MODEL_DRAFTER_TYPES or (
-        settings.spec_type == "auto" and (load_mtp or bool(settings.draft_model))
-    )
-    n_rs_seq = settings.n_max if model_drafter and facts.architecture in RS_ROLLBACK_ARCHS else 0
-    return load_mtp, n_rs_seq
+    plan = load_plan((settings.spec_type,), architecture=facts.architecture, n_layer_nextn=facts.n_layer_nextn,
+                     draft_model=settings.draft_model, n_max=settings.n_max)
+    return plan.load_mtp, plan.n_rs_seq
 
 
 def sparkline(values: tuple[float, ...] | list[float], width: int) -> str:

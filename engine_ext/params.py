@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from engine_ext.speculative.catalog import SPEC_TYPE_NAMES
+
 FlashAttention = Literal["auto", "on", "off"]
 
 # KV cache element types llama.cpp accepts for K and V (names as in llama.cpp's --cache-type-k/-v).
@@ -137,20 +139,8 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0)
 
 
-# Speculative types in upstream's chain order (common/speculative.cpp: the first that drafts wins).
-SPEC_TYPES: tuple[str, ...] = (
-    "auto",  # the best drafter the model supports, adapted and paused when slower (llmtui's own)
-    "ngram-simple",
-    "ngram-map-k",
-    "ngram-map-k4v",
-    "ngram-mod",
-    "ngram-cache",
-    "draft-simple",
-    "draft-eagle3",
-    "draft-mtp",
-    "draft-dflash",
-    "draft-dspark",
-)
+# Speculative types in upstream's chain order (common/speculative.cpp: the first that drafts wins); auto first.
+SPEC_TYPES: tuple[str, ...] = SPEC_TYPE_NAMES
 
 
 class SpeculativeConfigError(EngineError):

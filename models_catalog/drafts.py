@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from engine_ext.gguf_info import GGUFError, GGUFInfo, inspect_gguf
+from engine_ext.speculative.catalog import CATALOGUE
 from models_catalog import pairing
 from models_catalog.catalog import Catalog, CatalogEntry
 from models_catalog.library import LocalModel
@@ -27,9 +28,11 @@ from models_catalog.library import LocalModel
 SIDECAR_ORDER: Final = pairing.DRAFT_KIND_ORDER
 """The order llama.cpp infers a draft repository's type in (arg.cpp:546-565): the first found is the default."""
 
-DRAFT_TYPE_KINDS: Final = {"draft-mtp": "mtp", "dflash": "dflash", "dflash2": "dflash", "dspark": "dspark",
-                           "eagle3": "eagle3", None: "model"}
-"""What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → its kind here."""
+DRAFT_TYPE_KINDS: Final = {
+    draft_type: spec.candidate_kind for spec in CATALOGUE if spec.candidate_kind for draft_type in spec.draft_types
+}
+"""What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → its kind here (from the catalogue of
+speculative types: mtp, dflash, dspark, eagle3, or model for a plain model)."""
 
 
 @dataclass(frozen=True)

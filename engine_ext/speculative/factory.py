@@ -7,9 +7,8 @@ from pathlib import Path
 from engine_ext.model import Context, Model
 from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
 from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.catalog import NGRAM_TYPES, TYPE_FOR_DRAFT
 from engine_ext.speculative.driver import SpeculativeDriver
-
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
 def build_driver(params: SpeculativeParams, model: Model, ctx: Context) -> SpeculativeDriver:
@@ -118,9 +117,7 @@ def auto_types(params: SpeculativeParams, model: Model) -> tuple[str, ...]:
         chain.append("draft-mtp")
     elif params.draft_model:
         draft_type = inspect_gguf(Path(params.draft_model)).draft.draft_type
-        by_kind = {"dflash": "draft-dflash", "dflash2": "draft-dflash", "dspark": "draft-dspark",
-                   "eagle3": "draft-eagle3", "draft-mtp": "draft-mtp", None: "draft-simple"}
-        chain.append(by_kind.get(draft_type, "draft-simple"))
+        chain.append(TYPE_FOR_DRAFT.get(draft_type, "draft-simple"))
     return tuple(chain)
 
 

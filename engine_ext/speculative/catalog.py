@@ -1,0 +1,107 @@
+"""The one catalogue of speculative types: what each is, what model files it needs, how the target and the draft
+load for it, and which flags apply. The engine (factory, params), the CLI, the TUI and the README's table all read
+it, so a type is added here once.
+
+No imports beyond engine_ext.archs: params.py builds SPEC_TYPES from this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine_ext.archs import RS_ROLLBACK_ARCHS
+
+AUTO_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
+NGRAM_FLAGS = ("--spec-draft-n-max", "--spec-draft-n-min")
+MODEL_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
+
+
+@dataclass(frozen=True)
+class SpecType:
+    name: str
+    family: str  # "auto", "ngram" (drafts from the text itself) or "model" (a draft model or head)
+    summary: str  # a few words, for the F9 type list
+    needs: str  # the model files it drafts with, for people
+    # What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type; None: a plain model) for the files
+    # this type drafts with; an `mtp-*.gguf` sidecar is "draft-mtp".
+    draft_types: tuple[str | None, ...] = ()
+    # The kind models_catalog.drafts gives the files it drafts with (sidecars, paired repositories).
+    candidate_kind: str | None = None
+    # Drafts with the target's own NextN (MTP) heads when no draft file is named: the target loads them (load_mtp).
+    own_heads: bool = False
+    # A model drafter verifies up to n_max tokens at once: on an architecture that can roll its recurrent state back
+    # (RS_ROLLBACK_ARCHS) the target context keeps that many states (n_rs_seq; upstream's need_n_rs_seq for MTP,
+    # EAGLE3, DFlash and DSpark). llmtui gives draft-simple the same: rolling back is one call where the other way
+    # restores a checkpoint and replays the accepted tokens.
+    rolls_back: bool = False
+    flags: tuple[str, ...] = ()
+
+
+# In upstream's chain order (common/speculative.cpp: the first that drafts wins); auto first, llmtui's own.
+CATALOGUE: tuple[SpecType, ...] = (
+    SpecType("auto", "auto", "best drafter for this model; pauses when slower",
+             "nothing; uses the model's MTP heads or a draft when there is one", own_heads=True, flags=AUTO_FLAGS),
+    SpecType("ngram-simple", "ngram", "repeats what followed the last n-gram", "nothing", flags=NGRAM_FLAGS),
+    SpecType("ngram-map-k", "ngram", "n-gram map with key counts", "nothing", flags=NGRAM_FLAGS),
+    SpecType("ngram-map-k4v", "ngram", "n-gram map, 4 values per key", "nothing", flags=NGRAM_FLAGS),
+    SpecType("ngram-mod", "ngram", "rolling-hash n-grams (repeated text)", "nothing", flags=NGRAM_FLAGS),
+    SpecType("ngram-cache", "ngram", "n-gram cache of the conversation", "nothing", flags=NGRAM_FLAGS),
+    SpecType("draft-simple", "model", "a small model, same vocabulary",
+             "a smaller model with the same vocabulary", draft_types=(None,), candidate_kind="model",
+             rolls_back=True, flags=MODEL_FLAGS),
+    SpecType("draft-eagle3", "model", "an EAGLE3 draft head", "an EAGLE3 draft GGUF", draft_types=("eagle3",),
+             candidate_kind="eagle3", rolls_back=True, flags=MODEL_FLAGS),
+    SpecType("draft-mtp", "model", "the model's own MTP heads",
+             "the model's NextN heads, or its mtp-*.gguf sidecar", draft_types=("draft-mtp",), candidate_kind="mtp",
+             own_heads=True, rolls_back=True, flags=MODEL_FLAGS),
+    SpecType("draft-dflash", "model", "a DFlash / DFlash2 block draft", "a DFlash or DFlash2 draft GGUF",
+             draft_types=("dflash", "dflash2"), candidate_kind="dflash", rolls_back=True, flags=MODEL_FLAGS),
+    SpecType("draft-dspark", "model", "a DSpark block draft", "a DSpark draft GGUF", draft_types=("dspark",),
+             candidate_kind="dspark", rolls_back=True, flags=MODEL_FLAGS),
+)
+
+BY_NAME = {t.name: t for t in CATALOGUE}
+SPEC_TYPE_NAMES = tuple(t.name for t in CATALOGUE)
+NGRAM_TYPES = tuple(t.name for t in CATALOGUE if t.family == "ngram")
+MODEL_DRAFTER_TYPES = tuple(t.name for t in CATALOGUE if t.family == "model")
+# A draft candidate's kind (models_catalog.drafts) → the type that drafts with it.
+TYPE_FOR_KIND = {t.candidate_kind: t.name for t in CATALOGUE if t.candidate_kind}
+# What a draft file's metadata says it is (DraftInfo.draft_type; None: a plain model) → the type that uses it.
+TYPE_FOR_DRAFT = {draft_type: t.name for t in CATALOGUE for draft_type in t.draft_types}
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """How the target loads for a set of types: its MTP heads (load_mtp), and the recurrent states its context keeps
+    for rolling a rejected draft back (n_rs_seq)."""
+
+    load_mtp: bool
+    n_rs_seq: int
+
+
+def load_plan(types: Sequence[str], *, architecture: str, n_layer_nextn: int, draft_model: str | None,
+              n_max: int) -> LoadPlan:
+    """The one rule the CLI and the TUI load a target by. `types` empty: speculation off. The model's own heads are
+    loaded when a type that can use them is on, the model has some and no draft file is named; a model drafter
+    (or auto with heads or a draft file) on a rollback architecture keeps n_max recurrent states."""
+    specs = [BY_NAME[t] for t in types if t in BY_NAME]
+    own_heads = n_layer_nextn > 0 and not draft_model and any(s.own_heads for s in specs)
+    model_drafter = any(s.rolls_back for s in specs) or (
+        any(s.family == "auto" for s in specs) and (own_heads or bool(draft_model))
+    )
+    n_rs_seq = n_max if model_drafter and architecture in RS_ROLLBACK_ARCHS else 0
+    return LoadPlan(own_heads, n_rs_seq)
+
+
+def markdown_table() -> str:
+    """The README's table of types (tests check that the README carries this very table)."""
+    rows = ["| type | drafts with | flags |", "|---|---|---|"]
+    for t in CATALOGUE:
+        flags = ", ".join(f"`{f}`" for f in t.flags)
+        rows.append(f"| `{t.name}` | {t.needs} | {flags} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -26,6 +26,7 @@ from engine_ext.gguf_info import (
     read_chat_template,
     validate_gguf,
 )
+from tests import tiny_models as tm
 
 KVWriter = Callable[[GGUFWriter], None]
 
@@ -951,15 +952,6 @@ def test_module_imports_no_ui_or_llama_cpp() -> None:
 # The shared tiny models (tests/tiny_models.py)
 # ---------------------------------------------------------------------------
 
-try:
-    from tests import tiny_models as tm
-except ImportError:  # pragma: no cover - the builders live in another change
-    tm = None  # type: ignore[assignment]
-
-needs_tiny = pytest.mark.skipif(tm is None, reason="tests/tiny_models.py not available")
-
-
-@needs_tiny
 def test_tiny_models_all_inspect(tiny_models: dict[str, Path]) -> None:
     for kind, path in tiny_models.items():
         validate_gguf(path)
@@ -973,7 +965,6 @@ def test_tiny_models_all_inspect(tiny_models: dict[str, Path]) -> None:
         assert describe(info)
 
 
-@needs_tiny
 def test_tiny_nemotron(tiny_models: dict[str, Path]) -> None:
     info = inspect_gguf(tiny_models["nemotron_h_moe"])
     assert info.expert_used_count == tuple(tm.NEMOTRON_EXPERT_USED)
@@ -987,7 +978,6 @@ def test_tiny_nemotron(tiny_models: dict[str, Path]) -> None:
     assert mtp.draft_type == "draft-mtp" and not mtp.is_mtp_sidecar
 
 
-@needs_tiny
 def test_tiny_qwen35_mtp_and_sidecar(tiny_models: dict[str, Path]) -> None:
     plain = inspect_gguf(tiny_models["qwen35"])
     assert plain.draft_type is None and plain.n_layer_nextn == 0
@@ -999,7 +989,6 @@ def test_tiny_qwen35_mtp_and_sidecar(tiny_models: dict[str, Path]) -> None:
     assert sidecar.layout == full.layout
 
 
-@needs_tiny
 def test_tiny_drafts(tiny_models: dict[str, Path]) -> None:
     dflash = inspect_gguf(tiny_models["dflash"])
     assert dflash.draft_type == "dflash"

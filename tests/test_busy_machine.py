@@ -5,12 +5,10 @@ the app."""
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import NamedTuple, cast
 
 import pytest
 from rich.style import Style
@@ -26,13 +24,14 @@ from engine_ext.protocol import (
     Finished,
     Generate,
     GenerationStats,
-    Hello,
     Loaded,
     LoadModel,
     ModelInfo,
     PromptEvaluated,
     TokenChunk,
 )
+from tests.fakes import ScriptedEngine, scripted_app
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -192,36 +191,14 @@ def test_a_bridge_without_a_sampler_measures_nothing(tmp_path: Path) -> None:
 
 # ----- through the app: a reply streamed by a scripted engine -----
 
-class ScriptedEngine:
-    """Stands in for EngineClient: loads at once (2 threads); a reply streams a token every 50 ms until `stop`."""
+class WordEngine(ScriptedEngine):
+    """Loads with 2 threads; a reply streams a token every 50 ms until `stop` (at most 30 s)."""
 
-    def __init__(self, log_path: Path) -> None:
-        self.events: queue.Queue[object] = queue.Queue()
-        self.pid: int | None = 4242
-        self.stop = threading.Event()
+    def model_info(self, request: LoadModel) -> ModelInfo:
+        return model_info(n_threads=2)
 
-    def start(self) -> Hello:
-        return Hello(protocol_version=1, pid=4242, llama_cpp_version="scripted", system_info="")
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        self.stop.set()
-
-    def wait_handles(self) -> list[object]:
-        return []  # the bridge polls next_event
-
-    def next_event(self, timeout: float | None = None) -> object | None:
-        try:
-            return self.events.get(timeout=timeout) if timeout else self.events.get_nowait()
-        except queue.Empty:
-            return None
-
-    def send(self, request: object) -> None:
-        if isinstance(request, LoadModel):
-            self.events.put(Loaded(model_info(n_threads=2)))
-        elif isinstance(request, Generate):
-            threading.Thread(target=self._stream, args=(request.request_id,), daemon=True).start()
-
-    def _stream(self, request_id: int) -> None:
+    def stream(self, request: Generate) -> None:
+        request_id = request.request_id
         self.events.put(PromptEvaluated(request_id, 12, 0, 4096))
         n = 0
         deadline = time.monotonic() + 30
@@ -233,29 +210,12 @@ class ScriptedEngine:
         self.events.put(Finished(request_id, "cancelled", stats))
 
 
-async def wait_until(pilot: Any, condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        await pilot.pause(0.05)
-
-
 @pytest.mark.parametrize(("load", "busy"), [(BUSY, True), (IDLE, False)])
 async def test_a_reply_on_a_busy_machine_says_so_in_the_stats_bar(
-    load: CpuLoad, busy: bool, lone_llama: Path, app_dirs: tuple[Path, Path],
+    load: CpuLoad, busy: bool, lone_llama: Path,
 ) -> None:
-    from app.tui import LlmtuiApp
-
-    app = LlmtuiApp(str(lone_llama))
-    engines: list[ScriptedEngine] = []
-
-    def engine(log_path: Path) -> EngineClient:
-        engines.append(ScriptedEngine(log_path))
-        return cast(EngineClient, engines[-1])
-
     sampler = FakeSampler(load)
-    app.bridge = EngineBridge(app, app_dirs[1] / "engine.log", client_factory=engine,
-                              cpu_sampler=as_sampler(sampler), backlog=lambda: app._message_queue.qsize())
+    app = scripted_app(lone_llama, WordEngine, cpu_sampler=as_sampler(sampler))
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
         chat = app.chat
@@ -266,7 +226,9 @@ async def test_a_reply_on_a_busy_machine_says_so_in_the_stats_bar(
         assert "ctx" in line and "…" not in line  # at 80×24 the context readout stays in view
         assert ("busy 1.4/2" in line and "2 threads" in line) is busy
         assert busy or "busy" not in line and "thread" not in line
-        engines[-1].stop.set()
+        engine = app.bridge._client
+        assert isinstance(engine, WordEngine)
+        engine.stop.set()
         await wait_until(pilot, lambda: chat.generation is None, "the reply to finish")
         await pilot.pause()
         # The note stays with the finished reply it explains.

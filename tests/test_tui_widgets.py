@@ -43,7 +43,8 @@ from app.widgets.transcript import (
     mark_provenance,
 )
 from engine_ext.client import EngineClient
-from engine_ext.protocol import TokenChunk, rejected_by
+from engine_ext.protocol import Generate, TokenChunk, rejected_by
+from tests.fakes import ScriptedEngine, scripted_app
 from tests.test_tui import wait_for
 from tests.waits import wait_until
 
@@ -566,8 +567,8 @@ async def test_cropped_compositor_draws_the_same_rows_and_renders_only_those() -
         live.stop()
 
 
-class _ScriptedClient:
-    """Stands in for EngineClient: loads at once, streams `REPLY` in small chunks from a thread."""
+class _ScriptedClient(ScriptedEngine):
+    """Streams `REPLY` in chunks of 7 characters, one per release of `gate`: the test lets it go a step at a time."""
 
     SPECULATIVE_EVERY = 0
     """Live speculative statistics after every this many chunks (0: none)."""
@@ -577,54 +578,17 @@ class _ScriptedClient:
              + "The end of the reply, " * 20)
 
     def __init__(self, log_path: Path) -> None:
-        import queue
         import threading
 
-        from engine_ext.protocol import Hello
+        super().__init__(log_path)
+        self.gate = threading.Semaphore(0)  # one release per chunk
 
-        self.log_path = log_path
-        self.events: queue.Queue[object] = queue.Queue()
-        self.hello = Hello(1, 1, "scripted", "")
-        self.pid: int | None = 1
-        self.gate = threading.Semaphore(0)  # one release per chunk: the test lets the stream go a step at a time
-        self.cancelled: set[int] = set()  # request ids the app cancelled (Esc): they stop at the next chunk
-
-    def start(self) -> object:
-        return self.hello
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        pass
-
-    def wait_handles(self) -> list[object]:
-        return []  # nothing to wait on: the bridge polls next_event
-
-    def next_event(self, timeout: float | None = None) -> object | None:
-        import queue
-
-        try:
-            return self.events.get(timeout=timeout) if timeout else self.events.get_nowait()
-        except queue.Empty:
-            return None
-
-    def send(self, request: object) -> None:
-        import threading
-
-        from engine_ext.protocol import Cancel, Generate, Loaded, LoadModel, ModelInfo
-
-        if isinstance(request, Cancel):
-            self.cancelled.add(request.request_id)
-        elif isinstance(request, LoadModel):
-            info = ModelInfo(request.path, "llama", "scripted", 1, 1, 4096, 4096, 1, 1, 0, 1, False, False, True, 1,
-                             "CPU", 1.0)
-            self.events.put(Loaded(info))
-        elif isinstance(request, Generate):
-            threading.Thread(target=self._stream, args=(request.request_id,), daemon=True).start()
-
-    def _stream(self, request_id: int) -> None:
+    def stream(self, request: Generate) -> None:
         import time
 
         from engine_ext.protocol import Finished, GenerationStats
 
+        request_id = request.request_id
         text = self.REPLY
         for start in range(0, len(text), 7):
             self.gate.acquire()
@@ -655,15 +619,7 @@ class _SpeculativeScriptedClient(_ScriptedClient):
 
 
 def _scripted_app(model: Path, client: type[_ScriptedClient] = _ScriptedClient) -> LlmtuiApp:
-    """The app on `model` (a tiny GGUF: the scripted engine loads nothing) with the scripted engine behind its real
-    bridge, in the test's own config and data dirs (tests/conftest.py)."""
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
-
-    app = LlmtuiApp(str(model), default_sampling=SamplingSettings())
-    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=client,  # type: ignore[arg-type]
-                              backlog=lambda: app._message_queue.qsize())
-    return app
+    return scripted_app(model, client)
 
 
 class _Terminal:

@@ -28,7 +28,7 @@ class LocalModel:
 def _scan(folder: Path, depth: int) -> Iterable[Path]:
     try:
         entries = sorted(folder.iterdir())
-    except OSError:
+    except (OSError, ValueError):  # unreadable, gone, or a name the OS refuses (a NUL byte from config.toml)
         return
     for entry in entries:
         if entry.is_dir() and depth > 0 and not entry.name.startswith("."):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from http.client import HTTPException
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
+from textual.worker import Worker, WorkerState
 
 from app import paths
 from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
@@ -35,6 +37,25 @@ SCREEN_NAME = "models"
 SEARCH_LIMIT = 50
 SORTS = (("most downloaded", "downloads"), ("most liked", "likes"), ("recently updated", "updated"))
 VERDICT_STYLES = {"fits": "bold green", "tight": "bold yellow", "too big": "bold red"}
+# What each worker group does, in the words of the one-line message when it fails unexpectedly.
+WORK_NAMES = {"memory": "Detecting this machine's memory", "search": "Search", "inspect": "Opening the repository",
+              "local": "Listing local models", "local-fit": "Judging the model", "pull": "Downloading",
+              "delete": "Deleting the model"}
+MAX_MESSAGE = 300
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` on one line of at most `limit` characters (a message from a hostile server or file may be neither)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _file_size(path: Path) -> int:
+    """The size of a file that may have gone since it was listed (0 then)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def format_params(n: float) -> str:
@@ -196,8 +217,9 @@ class ModelsScreen(Screen[None]):
         self.query_one("#quant-list").display = False
         try:
             self.catalog = load_catalog(overlay_path=paths.data_dir() / "catalog-refresh.json")
-        except ModelsError as error:
-            self.notify(str(error), severity="error", timeout=10)
+        except (ModelsError, ValueError, TypeError, OverflowError, RecursionError) as error:
+            # ValueError…RecursionError: a damaged catalog-refresh.json whose facts are not the types written there
+            self.notify(f"The model catalog could not be read: {one_line(str(error))}", severity="error", timeout=10)
         catalog_list = self.query_one("#catalog-list", OptionList)
         for index, entry in enumerate(self.catalog):
             catalog_list.add_option(Option(self._catalog_label(entry), id=str(index)))
@@ -235,24 +257,24 @@ class ModelsScreen(Screen[None]):
 
     # ----- workers (network and disk, off the UI thread) -----
 
-    @work(thread=True, group="memory")
+    @work(thread=True, group="memory", exit_on_error=False)
     def _detect_memory(self) -> None:
         self.post_message(MemoryDetected(fit.detect_memory()))
 
-    @work(thread=True, exclusive=True, group="search")
+    @work(thread=True, exclusive=True, group="search", exit_on_error=False)
     def _search(self, query: str, author: str | None, sort: hub.SortKey) -> None:
         try:
             results = hub.search(query, author=author, sort=sort, limit=SEARCH_LIMIT)
-        except ModelsError as error:
+        except (ModelsError, OSError, ValueError) as error:
             self.post_message(ModelsWorkFailed("Search", str(error)))
             return
         self.post_message(HubSearched(results))
 
-    @work(thread=True, exclusive=True, group="inspect")
+    @work(thread=True, exclusive=True, group="inspect", exit_on_error=False)
     def _inspect(self, repo_id: str, entry: CatalogEntry | None, memory: fit.MachineMemory | None) -> None:
         try:
             listing = hub.listing(repo_id)
-        except ModelsError as error:
+        except (ModelsError, OSError, ValueError) as error:
             self.post_message(ModelsWorkFailed(f"Opening {repo_id}", str(error)))
             return
         report, fit_error = None, None
@@ -263,28 +285,29 @@ class ModelsScreen(Screen[None]):
         else:
             try:
                 report = fit.fit_repo(listing, memory=memory)
-            except (ModelsError, GGUFError) as error:
-                fit_error = str(error)
+            except (ModelsError, GGUFError, OSError, HTTPException, ValueError) as error:
+                # OSError, HTTPException: the connection failed in the middle of the header's bytes
+                fit_error = one_line(str(error) or type(error).__name__)
         self.post_message(RepoInspected(listing, report, fit_error, entry))
 
-    @work(thread=True, exclusive=True, group="local")
+    @work(thread=True, exclusive=True, group="local", exit_on_error=False)
     def _list_local(self) -> None:
         try:
             models = self._library().models()
-        except (ModelsError, OSError) as error:
+        except (ModelsError, OSError, ValueError) as error:  # ValueError: a folder name the OS refuses (NUL)
             self.post_message(ModelsWorkFailed("Listing local models", str(error)))
             return
         self.post_message(LocalModelsListed(models))
 
-    @work(thread=True, exclusive=True, group="local-fit")
+    @work(thread=True, exclusive=True, group="local-fit", exit_on_error=False)
     def _judge_local(self, model: LocalModel, memory: fit.MachineMemory | None) -> None:
         try:
             verdict, error = fit.fit_local(model.path, memory=memory), None
-        except (GGUFError, OSError) as exc:
-            verdict, error = None, str(exc)
+        except (GGUFError, OSError, ValueError) as exc:
+            verdict, error = None, one_line(str(exc))
         self.post_message(LocalModelJudged(model, verdict, error))
 
-    @work(thread=True, group="pull")
+    @work(thread=True, group="pull", exit_on_error=False)
     def _pull(self, spec: str, sidecars: list[str], draft_repos: dict[str, str]) -> None:
         try:
             plan = plan_pull(spec, sidecars, draft_repos=draft_repos)
@@ -293,7 +316,7 @@ class ModelsScreen(Screen[None]):
         except ModelsError as error:
             self.post_message(ModelsWorkFailed(f"Downloading {spec}", str(error)))
 
-    @work(thread=True, group="delete")
+    @work(thread=True, group="delete", exit_on_error=False)
     def _delete(self, model: LocalModel) -> None:
         try:
             freed = self._library().delete(model)
@@ -302,8 +325,21 @@ class ModelsScreen(Screen[None]):
             return
         self.post_message(ModelDeleted(model.name, freed))
 
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The last line of defence of this screen's workers (they run with exit_on_error=False): each reads what
+        others wrote (a repository, a server's answers, files in the library) through libraries whose parsing errors
+        are not all typed, and any exception escaping a worker would exit the whole app. Each worker catches the
+        errors it expects and says why; one it did not expect is said here, in one line, and the app goes on."""
+        if event.state != WorkerState.ERROR or event.worker.node is not self:
+            return
+        error = event.worker.error
+        what = WORK_NAMES.get(event.worker.group, "Background work")
+        self.post_message(ModelsWorkFailed(what, one_line(f"{type(error).__name__}: {error}")))
+
     def _library(self) -> Library:
-        return paths.library(self.app.config.model_folders)
+        # A folder name with a NUL byte (config.toml can hold one) cannot name a folder: the OS refuses it with a
+        # ValueError the library's scan does not expect, and no models are listed at all. Such a folder is left out.
+        return paths.library([folder for folder in self.app.config.model_folders if "\0" not in folder])
 
     # ----- worker results -----
 
@@ -355,6 +391,8 @@ class ModelsScreen(Screen[None]):
                 label.append(f"  +{','.join(sorted(model.sidecars))}", style="cyan")
             if not model.complete:
                 label.append("  incomplete", style="yellow")
+            if model.problem:
+                label.append("  unusable", style="red")
             local_list.add_option(Option(label, id=str(index)))
         if not message.models:
             local_list.add_option(Option(Text("No models on disk yet: find one in Catalog or Search.",
@@ -380,7 +418,7 @@ class ModelsScreen(Screen[None]):
         if self.inspecting is not None:  # the "Reading …" note
             self.inspecting = None
             self.query_one("#detail-notes", Static).update("")
-        self.notify(f"{message.what}: {message.error}", severity="error", timeout=12)
+        self.notify(one_line(f"{message.what}: {message.error}", 2 * MAX_MESSAGE), severity="error", timeout=12)
 
     def on_download_progressed(self, message: DownloadProgressed) -> None:
         self.downloads_panel.show_progress(message.progress)
@@ -590,7 +628,7 @@ class ModelsScreen(Screen[None]):
             verdict = self.local_fit
             text.append(f"Fit: {verdict.verdict}", style=VERDICT_STYLES.get(str(verdict.verdict), ""))
             text.append(f" on {verdict.where}, needs {format_bytes(verdict.need_bytes)}\n")
-        elif error:
+        elif error and error != model.problem:
             text.append(f"Fit unknown: {error}\n", style="yellow")
         text.append("\nu or Enter: chat with it · x: delete it", style="dim italic")
         self.query_one("#detail-info", Static).update(text)
@@ -685,7 +723,7 @@ class ModelsScreen(Screen[None]):
             self.notify(f"{model.name} is open in the chat; load another model first (ctrl+l).", severity="warning")
             return
         sidecar_files = [p for p in model.sidecars.values() if p.exists()]
-        size = model.size + sum(p.stat().st_size for p in sidecar_files)
+        size = model.size + sum(_file_size(p) for p in sidecar_files)
         names = [p.name for p in model.files] + [f"{p.name} (sidecar)" for p in sidecar_files]
 
         def delete(yes: bool | None) -> None:

@@ -198,6 +198,10 @@ def read_bounded(response: http.client.HTTPResponse, limit: int, deadline: float
         if not chunk:
             if time.monotonic() > deadline:
                 raise RemoteError(f"{what} took longer than its time limit; llmtui stopped reading")
+            missing = getattr(response, "length", None)  # http.client counts down the Content-Length
+            if not truncate and isinstance(missing, int) and missing > 0:
+                raise RemoteError(f"{what} ended after {size} bytes, {missing} short of the Content-Length it "
+                                  "announced (the server closed the connection)")
             return b"".join(parts)
         size += len(chunk)
         if size > limit:
@@ -579,6 +583,8 @@ class RemoteBridge:
             connection.request("POST", _api_path(self.remote, "chat/completions"),
                                body=json.dumps(body).encode(), headers=_headers(self.remote))
             response = connection.getresponse()
+            if watchdog.fired:  # http.client returns the headers that came before the socket was shut down
+                raise TimeoutError
             if response.status != 200:
                 detail = read_bounded(response, MAX_ERROR_BODY, watchdog.deadline, "its error", truncate=True)
                 raise RemoteError(http_error_message(self.remote, response.status, response.reason, detail,

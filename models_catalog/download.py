@@ -370,9 +370,9 @@ class _Fetch:
             failures += 1
             if failures >= self.opts.max_checksum_failures:
                 raise ChecksumMismatch(
-                    f"{self.file.repo_id}/{self.file.path}: the downloaded bytes hash to {got}, the Hub says "
-                    f"{self.hasher.expected}, {failures} times; the file was not installed. The server or a proxy "
-                    "is corrupting data; try again later or from another network"
+                    f"{self.file.repo_id}/{self.file.path}: the downloaded bytes hash to {got[:12]}…, the Hub says "
+                    f"{self.hasher.expected[:12]}…, {failures} times; the file was not installed. The server or a "
+                    "proxy is corrupting data; try again later or from another network"
                 )
             self.report(State.DOWNLOADING, "checksum mismatch: the file was discarded and is fetched again")
 

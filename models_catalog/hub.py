@@ -176,7 +176,7 @@ def _get_json(url: str, what: str, repo_id: str = "", time_limit: float | None =
             if code in ("RepoNotFound", ""):
                 raise RepoNotFound(f"{repo_id}: no such model on {hfcache.endpoint()}; check the name (private "
                                    "repos need HF_TOKEN)")
-        raise_for_status(resp, repo_id or "the Hub", what)
+        raise_for_status(resp, repo_id, what)
         if resp.status != 200:
             raise HubError(f"{resp.server} returned {resp.status} {resp.reason} for {what}, not an answer; is "
                            f"{hfcache.endpoint()} a Hugging Face hub?")

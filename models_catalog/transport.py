@@ -142,6 +142,7 @@ class Response:
     timeout: float = 30.0
     _watchdog: Watchdog | None = None
     reason: str = ""
+    what: str = "the answer"  # what was asked for, as messages name it
 
     @property
     def server(self) -> str:
@@ -182,19 +183,29 @@ class Response:
             raise TransientHTTPError(f"{self.server} took longer than the {self._watchdog.seconds:g} s limit to "
                                      f"send {what}; stopped reading")
 
-    def read_all(self, limit: int, what: str = "the answer") -> bytes:
-        """The body, up to `limit` bytes (the rest is not read), within the exchange's time limit."""
-        return self._read_up_to(limit, what)[0]
+    def _check_length(self, data: bytes, what: str) -> None:
+        """A body that ended (the server closed) short of the Content-Length it announced is an error."""
+        announced = (self.header("Content-Length") or "").strip()
+        if announced.isdigit() and int(announced[:20]) > len(data):
+            raise TransientHTTPError(f"{self.server} closed the connection after {len(data)} of the "
+                                     f"{announced[:20]} bytes it announced for {what}; try again")
 
-    def read_body(self, limit: int, what: str) -> bytes:
+    def read_all(self, limit: int, what: str = "") -> bytes:
+        """The body, up to `limit` bytes (the rest is not read), within the exchange's time limit; an error when
+        it ends short of both `limit` and its Content-Length."""
+        what = what or self.what
+        data, more = self._read_up_to(limit, what)
+        if not more and len(data) < limit:
+            self._check_length(data, what)
+        return data
+
+    def read_body(self, limit: int, what: str = "") -> bytes:
         """The whole body: a HubError when it passes `limit` bytes, or ends short of its Content-Length."""
+        what = what or self.what
         data, more = self._read_up_to(limit, what)
         if more:
             raise HubError(f"{self.server} sent more than {format_size(limit)} for {what}; stopped reading")
-        announced = self.header("Content-Length")
-        if announced and announced.isdigit() and int(announced) > len(data):
-            raise TransientHTTPError(f"{self.server} closed the connection after {len(data)} of the {announced} "
-                                     f"bytes it announced for {what}; try again")
+        self._check_length(data, what)
         return data
 
     def header(self, name: str) -> str | None:
@@ -256,7 +267,7 @@ def open_url(
     """
     timeout = LIMITS.read_timeout_s if timeout is None else timeout
     time_limit = LIMITS.exchange_s if time_limit is None else time_limit
-    what = what or urlsplit(url).path or url
+    what = what or _what(url)
     sent = dict(headers or {})
     origin = urlsplit(url).netloc
     watchdog = Watchdog(time_limit)
@@ -272,6 +283,9 @@ def open_url(
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 raise _request_error(url, what, exc, timeout, watchdog) from None
+            if watchdog.fired:  # the headers were cut short by the time limit: http.client returns what came
+                conn.close()
+                raise _request_error(url, what, TimeoutError(), timeout, watchdog)
             if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
                 location = urljoin(url, resp.getheader("Location") or "")
                 conn.close()  # the redirect's body is not read: it could be endless
@@ -282,7 +296,7 @@ def open_url(
             if stream:
                 watchdog.cancel()
             response = Response(resp.status, resp.headers, url, conn, resp, timeout,
-                                None if stream else watchdog, resp.reason or "")
+                                None if stream else watchdog, (resp.reason or "")[:60], what)
             return response
     except BaseException:
         watchdog.cancel()
@@ -290,6 +304,14 @@ def open_url(
     watchdog.cancel()
     raise HubError(f"{server_name(url)} redirected more than {MAX_REDIRECTS} times for {what} (a redirect loop?); "
                    "stopped following")
+
+
+def _what(url: str) -> str:
+    """How messages name what `url` fetches: "org/repo/file" for a Hub file, else its path."""
+    segs = urlsplit(url).path.split("/")
+    if len(segs) > 5 and segs[3] == "resolve":
+        return "/".join(segs[1:3] + segs[5:])[:150]
+    return (urlsplit(url).path or url)[:150]
 
 
 def _request_error(url: str, what: str, exc: BaseException, timeout: float, watchdog: Watchdog) -> HubError:
@@ -350,6 +372,9 @@ def raise_for_status(resp: Response, repo_id: str, what: str) -> None:
     detail = message or " ".join(body.split())[:120]
     if code == "GatedRepo" or (status in (401, 403) and "gated" in (message + body).lower()):
         raise GatedRepoError(gated_message(repo_id))
+    if status in (401, 403, 404) and not repo_id:  # not about a repository (a search)
+        hint = "check HF_TOKEN" if status != 404 else f"is {hfcache.endpoint()} a Hugging Face hub?"
+        raise HubError(f"{resp.server} refused {what} (HTTP {status} {resp.reason}); {hint}")
     if status in (401, 403):
         raise RepoNotFound(
             f"{repo_id}: access denied fetching {what} (HTTP {status}); if the repository is private or gated, "

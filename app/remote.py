@@ -42,7 +42,7 @@ from app.messages import (
     TokensArrived,
 )
 from engine_ext.params import SpeculativeParams, SteeringEntry
-from models_catalog.transport import MAX_HEADER_LINE, MAX_HEADERS, Watchdog, format_size, retry_after
+from models_catalog.transport import MAX_HEADER_LINE, MAX_HEADERS, Watchdog, format_size, json_items, retry_after
 
 REMOTE_PREFIX: Final = "remote:"
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -59,6 +59,10 @@ READ_CHUNK: Final = 64 * 1024
 # server writes at once) within SSE_LINE_TIME_S of its first byte. A watchdog shuts the socket down when the time
 # is up, so even a read blocked inside http.client (a header line dripping in) returns.
 SSE_LINE_TIME_S: Final = 30.0
+# Values in one JSON answer or stream event, counted before parsing (models_catalog.transport.json_items): within
+# the byte limits, "[{},{},..." would still parse into millions of objects (hundreds of MB).
+MAX_JSON_ITEMS: Final = 500_000
+MAX_EVENT_ITEMS: Final = 50_000
 STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
 
 # Request ids far from the local bridge's (which count from 1), so a late event of one engine is never taken for
@@ -245,6 +249,9 @@ def _get_json(remote: RemoteSettings, endpoint: str, timeout: float) -> Any:
     finally:
         watchdog.cancel()
         connection.close()
+    if json_items(body) > MAX_JSON_ITEMS:
+        raise RemoteError(f"{what} holds more than {MAX_JSON_ITEMS:,} JSON values; llmtui stopped before reading "
+                          "them (is it an OpenAI-compatible server?)")
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as error:
@@ -609,6 +616,9 @@ class RemoteBridge:
             if data.strip() == "[DONE]":
                 done = True
                 break
+            if json_items(data) > MAX_EVENT_ITEMS:
+                raise RemoteError(f"{self.remote.name} sent a stream event of more than {MAX_EVENT_ITEMS:,} JSON "
+                                  "values; llmtui stopped reading")
             try:
                 chunk = json.loads(data)
             except (ValueError, RecursionError):

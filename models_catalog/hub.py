@@ -185,6 +185,9 @@ def _get_json(url: str, what: str, repo_id: str = "", time_limit: float | None =
         server = resp.server
     finally:
         resp.close()
+    if transport.json_items(body) > transport.LIMITS.max_json_items:
+        raise HubError(f"{server} sent more than {transport.LIMITS.max_json_items:,} JSON values for {what}; "
+                       "stopped before reading them")
     try:
         value = json.loads(body)
     except (ValueError, RecursionError) as exc:

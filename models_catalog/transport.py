@@ -47,6 +47,9 @@ class Limits:
     read_timeout_s: float = 30.0  # no byte for this long: the server stalled
     exchange_s: float = 60.0  # a whole API exchange (connect, redirects, headers, body), however the bytes trickle
     max_json_bytes: int = 8 * 1024 * 1024  # one JSON answer (a search, a repository's info, one listing page)
+    # Values in one JSON answer, at most (see json_items): 8 MiB of "[{},{},..." would parse into 2.8 million
+    # objects (about 200 MB); a listing page of 1000 files has about 10,000.
+    max_json_items: int = 500_000
     max_error_body: int = 2048  # what is read of an error answer's body for its message
     listing_s: float = 180.0  # a repository's whole listing (its info and every page of its tree)
 
@@ -331,6 +334,14 @@ def _request_error(url: str, what: str, exc: BaseException, timeout: float, watc
                                   "network")
     detail = " ".join(str(exc).split())[:120] or type(exc).__name__
     return TransientHTTPError(f"cannot reach {server} for {what}: {detail}; check the network")
+
+
+def json_items(body: bytes | str) -> int:
+    """An upper bound on the values JSON text parses into (every value but the first follows a comma or opens a
+    container), counted before parsing: a few bytes of JSON can become a few hundred bytes of objects each."""
+    if isinstance(body, str):
+        return body.count(",") + body.count("[") + body.count("{") + 1
+    return body.count(b",") + body.count(b"[") + body.count(b"{") + 1
 
 
 def retry_after(value: str | None) -> float | None:

@@ -4,9 +4,10 @@ can be tried against one reader at a time (a search, a listing page, a model car
 remote model list, a remote reply stream).
 
 Misbehaviours (CASES): an endless body, a body dripping one byte every DRIP_S, headers dripping the same way, a
-header bomb (endless headers) and one endless header line, invalid JSON, 401/403/429/500/503 (429 and 503 with
-and without Retry-After), a redirect loop, a Content-Length that promises more than is sent, and (for listings)
-file names that leave the snapshot.
+header bomb (endless headers) and one endless header line, invalid JSON, a JSON bomb (valid JSON within the size
+limit that would parse into millions of objects), 401/403/429/500/503 (429 and 503 with and without Retry-After),
+a redirect loop, a Content-Length that promises more than is sent; and for listings, file names that leave the
+snapshot and an endless listing (page after page of 1000 files, each page a little late).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ RETRY_AFTER_S = 30
 
 STATUS_CASES = {"401": (401, None), "403": (403, None), "429": (429, None), "429-retry-after": (429, RETRY_AFTER_S),
                 "500": (500, None), "503": (503, None), "503-retry-after": (503, RETRY_AFTER_S)}
-CASES = ("endless-body", "drip", "drip-headers", "header-bomb", "header-line", "invalid-json", *STATUS_CASES,
-         "redirect-loop", "length-lie")
+CASES = ("endless-body", "drip", "drip-headers", "header-bomb", "header-line", "invalid-json", "json-bomb",
+         *STATUS_CASES, "redirect-loop", "length-lie")
+PAGE_PAUSE_S = 0.05  # endless-pages: each page of 1000 files comes after this long
 
 _REASONS = {401: "Unauthorized", 403: "Forbidden", 429: "Too Many Requests", 500: "Internal Server Error",
             503: "Service Unavailable"}
@@ -165,6 +167,16 @@ class HostileHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: {" if post else b'[{"type": "file", ' if self.path.startswith("/api/")
                              else b"GGUF\0\0\0\0")
             return
+        if case == "json-bomb":
+            if post:  # one stream line of a megabyte at most
+                return self._send(200, b"data: [" + b"{}," * 300_000 + b"{}]\n\n", "text/event-stream")
+            return self._send(200, b"[" + b"{}," * ((8 * 1024 * 1024 - 8) // 3) + b"{}]")
+        if case == "endless-pages":
+            page = int(re.search(r"cursor=(\d+)", self.path).group(1)) if "cursor=" in self.path else 0  # type: ignore[union-attr]
+            time.sleep(PAGE_PAUSE_S)
+            entries = [{"type": "file", "path": f"p{page}/f{i}.gguf", "size": 1, "oid": "d" * 40} for i in range(1000)]
+            link = f'<{self.path.split("?")[0]}?recursive=true&cursor={page + 1}>; rel="next"'
+            return self._send(200, json.dumps(entries).encode(), headers={"Link": link})
         if case == "traversal":
             entries = good_tree() + [{"type": "file", "path": "../../../outside.gguf", "size": 1, "oid": "e" * 40}]
             return self._send(200, json.dumps(entries).encode())

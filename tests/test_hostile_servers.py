@@ -57,6 +57,7 @@ SAID: dict[str, str] = {
     "header-bomb": r"more than 100 response headers",
     "header-line": r"header line longer than 64 kib",
     "invalid-json": r"invalid json|not json|with json|hash to|not a gguf|magic",
+    "json-bomb": r"more than [\d,]+ json values|of more than [\d,]+ json values",
     "401": r"401",
     "403": r"403",
     "429": r"429 too many requests.*try again later|429.*gave up",
@@ -66,9 +67,10 @@ SAID: dict[str, str] = {
     "503-retry-after": r"503 service unavailable.*retry after 30 s",
     "redirect-loop": r"redirected more than 8 times|302",
     "length-lie": r"closed the connection after|short of the content-length|connection closed at byte|not json",
+    "endless-pages": r"took longer than the 3 s limit to send the listing|more than 100000 files",
     "traversal": r"unsafe name or id \('\.\./\.\./\.\./outside\.gguf'\)",
 }
-BOUNDED_MEMORY = {"endless-body", "header-bomb", "header-line"}
+BOUNDED_MEMORY = {"endless-body", "header-bomb", "header-line", "json-bomb", "endless-pages"}
 
 
 def _remote_file(server: HostileHTTPServer) -> RemoteFile:
@@ -120,13 +122,13 @@ def report() -> Iterator[list[dict[str, object]]]:
                 out.write(json.dumps(row) + "\n")
 
 
-# A model card is text, not JSON: any bytes make one (undecodable ones are replaced).
-NOT_APPLICABLE = {("card", "invalid-json")}
+# A model card is text, not JSON: any bytes make one (undecodable ones are replaced); file bytes are not JSON.
+NOT_APPLICABLE = {("card", "invalid-json"), ("card", "json-bomb"), ("range", "json-bomb"), ("download", "json-bomb")}
 
 
 def _cases() -> list[tuple[str, str]]:
     cases = [(kind, case) for kind in TARGETS for case in CASES if (kind, case) not in NOT_APPLICABLE]
-    return cases + [("listing", "traversal")]
+    return cases + [("listing", "traversal"), ("listing", "endless-pages")]
 
 
 @pytest.mark.timeout(30)

@@ -42,6 +42,16 @@ def assets_dir() -> Path:
         return Path(__file__).resolve().parent.parent / "assets"
 
 
+def steering_dir() -> Path:
+    """Where control vectors the user makes are kept (llama.cpp's control-vector format)."""
+    return data_dir() / "steering"
+
+
+def prompt_set_folders() -> list[Path]:
+    """Steering prompt sets: the user's first (editable copies win), then the bundled ones."""
+    return [steering_dir() / "prompts", assets_dir() / "steering"]
+
+
 def user_model_folders(config_folders: Iterable[str]) -> list[Path]:
     """The folders the library scans: LLMTUI_MODEL_DIRS then the settings' model folders."""
     folders = [Path(d) for d in os.environ.get("LLMTUI_MODEL_DIRS", "").split(os.pathsep) if d]

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
-    from app.__main__ import COPY_HEAVY_PROMPT
+    from app.cli.bench import COPY_HEAVY_PROMPT
     from app.models import resolve_model
     from engine_ext.generate import Session
     from engine_ext.model import Context, Model

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    from app.__main__ import COPY_HEAVY_PROMPT
+    from app.cli.bench import COPY_HEAVY_PROMPT
     from app.models import resolve_model
     from engine_ext.bindings import C
     from engine_ext.generate import Session

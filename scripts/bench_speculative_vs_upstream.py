@@ -26,7 +26,7 @@ TOOL = ROOT / ".bench" / "build" / "bin" / "llama-speculative-simple"
 
 
 def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float]:
-    from app.__main__ import COPY_HEAVY_PROMPT as PROMPT
+    from app.cli.bench import COPY_HEAVY_PROMPT as PROMPT
 
     cmd = [str(TOOL), "-m", model, "-p", PROMPT, "-n", str(args.n_gen), "-t", str(args.threads), "--temp", "0",
            "--spec-type", mode, "--spec-draft-n-max", str(args.n_max), "-c", "4096", "--seed", "1"]
@@ -59,7 +59,7 @@ def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float
 def ours(model: str, modes: list[str], args: argparse.Namespace, n_gen: int) -> dict[str, dict[str, float]]:
     """llmtui in this process, greedy on the raw prompt; every repetition starts with fresh drafters, as upstream's
     single run does (drafters keep what they learned across the requests of a session: the n-gram tables)."""
-    from app.__main__ import COPY_HEAVY_PROMPT as PROMPT
+    from app.cli.bench import COPY_HEAVY_PROMPT as PROMPT
     from engine_ext.generate import Session
     from engine_ext.model import Context, Model
     from engine_ext.params import GREEDY, ContextParams, SpeculativeParams

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.__main__ import build_parser, main
-from app.cli_types import finite_float, int_range, read_text_file, utf8_error
+from app.cli import build_parser, main
+from app.cli.types import finite_float, int_range, read_text_file, utf8_error
 from engine_ext.params import DEFAULT_SEED
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -83,21 +83,22 @@ def test_fallbacks_leave_out_what_is_already_safe() -> None:
 # ----- --no-repack reaches llama.cpp ------------------------------------------------------------------------
 
 
-def test_no_repack_changes_the_model_params() -> None:
+def test_no_repack_changes_themodel_params() -> None:
     from engine_ext.model import model_params_struct
 
     assert model_params_struct(ModelParams()).use_extra_bufts is True
     assert model_params_struct(ModelParams(use_extra_bufts=False)).use_extra_bufts is False
     assert EngineSettings(use_extra_bufts=False).model_params().use_extra_bufts is False
 
-    from app.__main__ import _model_params, build_parser
+    from app.cli import build_parser
+    from app.cli.engine_args import model_params
 
     for command in ("run", "chat", "bench"):
         extra = ["-p", "x"] if command == "run" else []
         args = build_parser().parse_args([command, "-m", "starter", *extra, "--no-repack"])
-        assert _model_params(args).use_extra_bufts is False
+        assert model_params(args).use_extra_bufts is False
         args = build_parser().parse_args([command, "-m", "starter", *extra])
-        assert _model_params(args).use_extra_bufts is True
+        assert model_params(args).use_extra_bufts is True
 
 
 def test_repacking_off_is_saved_in_the_config(app_dirs: tuple[Path, Path]) -> None:
@@ -107,9 +108,10 @@ def test_repacking_off_is_saved_in_the_config(app_dirs: tuple[Path, Path]) -> No
     assert load_config().engine.use_extra_bufts is False
     assert "use_extra_bufts = false" in (app_dirs[0] / "config.toml").read_text()
     # The commands honour it too: a crash fix made in the app holds for `llmtui run`.
-    from app.__main__ import _model_params, build_parser
+    from app.cli import build_parser
+    from app.cli.engine_args import model_params
 
-    assert _model_params(build_parser().parse_args(["run", "-m", "starter", "-p", "x"])).use_extra_bufts is False
+    assert model_params(build_parser().parse_args(["run", "-m", "starter", "-p", "x"])).use_extra_bufts is False
 
 
 def _run(*args: str, data_dir: Path, fault: str = "", timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.__main__ import _load_plan, _model_params, build_parser
+from app.cli import build_parser
+from app.cli.engine_args import model_params, target_load_plan
 from app.config import SpeculativeSettings
 from app.speculation import DRAFT_KIND_TYPES, KIND_TYPES, TYPE_HELP, load_options, supported_types
 from engine_ext.params import SPEC_TYPES, SpeculativeParams
@@ -34,14 +35,14 @@ def test_the_cli_and_the_tui_load_every_type_the_same_way(tiny_models: dict[str,
             draft_model = str(tiny_models[draft]) if draft else None
             args = _cli_args(spec.name)
             cli_spec = SpeculativeParams(types=(spec.name,), draft_model=draft_model, n_max=6)
-            cli = (_model_params(args, cli_spec, model).load_mtp, _load_plan(cli_spec, model).n_rs_seq)
+            cli = (model_params(args, cli_spec, model).load_mtp, target_load_plan(cli_spec, model).n_rs_seq)
             tui = load_options(str(model), SpeculativeSettings(enabled=True, spec_type=spec.name,
                                                                draft_model=draft_model or "", n_max=6))
             assert cli == tui, (spec.name, draft)
             seen.add(cli)
     # Off: nothing extra, both ways.
     assert load_options(str(model), SpeculativeSettings(enabled=False)) == (False, 0)
-    assert _model_params(_cli_args("auto"), None, model).load_mtp is False
+    assert model_params(_cli_args("auto"), None, model).load_mtp is False
     # The rule is not trivially constant: what each target gets.
     expected = {
         "llama": {(False, 0)},  # no heads, no recurrent state
@@ -58,7 +59,7 @@ def test_load_rules_for_a_model_with_heads(tiny_models: dict[str, Path]) -> None
     sidecar = str(tiny_models["qwen35_mtp_sidecar"])
 
     def plan(types: tuple[str, ...], draft: str | None = None) -> tuple[bool, int]:
-        p = _load_plan(SpeculativeParams(types=types, draft_model=draft, n_max=6), mtp)
+        p = target_load_plan(SpeculativeParams(types=types, draft_model=draft, n_max=6), mtp)
         return p.load_mtp, p.n_rs_seq
 
     assert plan(("ngram-mod",)) == (False, 0)

@@ -723,7 +723,7 @@ async def test_starter_model_send_cancel_continue_regenerate() -> None:
 
 
 def test_llmtui_with_no_subcommand_opens_the_tui(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.__main__ import main
+    from app.cli import main
 
     opened: list[tuple[str | None, bool]] = []
     monkeypatch.setattr("app.tui.run_tui", lambda model=None, no_repack=False: opened.append((model, no_repack)) or 0)

@@ -14,11 +14,11 @@ from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import Input, OptionList
 
-from app.cli_steer import steering_dir
 from app.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
 from app.messages import SteeringApplied
 from app.modals.make_vector import MakeVectorModal
 from app.models import starter_model_path
+from app.paths import steering_dir
 from app.screens.steering import HeatStrip, SteeringScreen, VectorInfo, VectorSlider, snap_strength
 from app.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
 from app.tui import LlmtuiApp

@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList, ProgressBar, Select
 from textual.widgets.option_list import Option
 
-from app.cli_steer import prompt_set_folders, steering_dir
+from app.paths import prompt_set_folders, steering_dir
 from engine_ext.params import EngineError
 from engine_ext.steering.extract import PromptSet
 from engine_ext.steering.prompt_sets import list_prompt_sets

@@ -19,7 +19,7 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
-from app.cli_steer import steering_dir
+from app.paths import steering_dir
 from engine_ext.params import EngineError
 from engine_ext.protocol import SteeringSet
 

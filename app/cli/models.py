@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import paths
-from app.cli_types import MAX_CONTEXT, int_range
+from app.cli.types import MAX_CONTEXT, int_range
 from app.models import ModelNotFound
 from models_catalog import pairing
 

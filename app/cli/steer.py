@@ -8,21 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app import paths
-from app.cli_types import MAX_THREADS, control_vector_scaled, int_range, read_text_file
+from app.cli.types import MAX_THREADS, control_vector_scaled, int_range, read_text_file
 from app.models import resolve_model
+from app.paths import prompt_set_folders, steering_dir
 from app.private_files import private_dir
 from engine_ext.params import EngineError, SteeringEntry
-
-
-def steering_dir() -> Path:
-    """Where vectors the user makes are kept (llama.cpp's control-vector format)."""
-    return paths.data_dir() / "steering"
-
-
-def prompt_set_folders() -> list[Path]:
-    """User prompt sets first (editable copies win), then the bundled ones."""
-    return [steering_dir() / "prompts", paths.assets_dir() / "steering"]
 
 
 def add_control_vector_args(p: argparse.ArgumentParser) -> None:
@@ -98,7 +88,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from app.__main__ import start_engine
+    from app.cli.session import start_engine
     from engine_ext.params import ContextParams, ModelParams
     from engine_ext.steering.prompt_sets import find_prompt_set
 

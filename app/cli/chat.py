@@ -1,0 +1,112 @@
+"""`llmtui chat`: a line-by-line chat in the terminal, locally or on a remote engine."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from collections.abc import Iterator
+
+from app.cli.engine_args import add_engine_args, add_sampling_args, context_params, model_params, sampling_params
+from app.cli.remote import add_remote_args
+from app.cli.session import drain, format_stats, loaded, start_engine, stream_reply
+from app.cli.types import (
+    n_predict,
+    utf8_error,
+)
+from app.models import resolve_model
+from engine_ext.client import EngineFailure
+from engine_ext.params import (
+    EngineError,
+)
+from engine_ext.protocol import (
+    ChatMessage,
+    Generate,
+)
+
+
+def _chat_remote(args: argparse.Namespace) -> int:
+    from app.cli.remote import RemoteCliError, RemoteSession, format_remote_stats, remote_settings, sampling_settings
+
+    remote, model = remote_settings(args)
+    with RemoteSession(remote, model) as session:
+        print(f"{session.model.name} · {session.model.backend} · Ctrl-D to quit", file=sys.stderr)
+        history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
+        for line in _chat_lines():
+            try:
+                text, stats = session.ask([*history, ("user", line)], sampling_settings(args), echo=True)
+            except KeyboardInterrupt:
+                print(file=sys.stderr)
+                continue
+            except RemoteCliError as error:  # the server refused this one (too long, …): say so, go on
+                print(f"llmtui: error: {error}", file=sys.stderr)
+                continue
+            history += [("user", line), ("assistant", text)]
+            sys.stdout.write("\n")
+            print(format_remote_stats(stats), file=sys.stderr)
+    return 0
+
+
+def _chat_lines() -> Iterator[str]:
+    """The lines typed at `llmtui chat`'s prompt, until Ctrl-D or Ctrl-C; blank ones skipped, and one that is not
+    UTF-8 said so and skipped."""
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 is reported per line below
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        except UnicodeDecodeError as error:  # stdin in strict mode: say so and read the next line
+            print(f"llmtui: that line is not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset "
+                  f"{error.start}); it was not sent", file=sys.stderr)
+            continue
+        if not line.strip():
+            continue
+        where = utf8_error(line)
+        if where is not None:
+            print(f"llmtui: that line is not valid UTF-8 ({where}); it was not sent", file=sys.stderr)
+            continue
+        yield line
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    if args.remote:
+        return _chat_remote(args)
+    path = resolve_model(args.model)
+    with start_engine() as client:
+        info = loaded(client.load(path, model_params(args), context_params(args)))
+        asked = f" (-c {args.ctx_size} rounded up by llama.cpp)" if 0 < args.ctx_size != info.n_ctx else ""
+        print(f"{info.description} · {info.backend} · context {info.n_ctx}{asked} · Ctrl-D to quit", file=sys.stderr)
+        history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
+        for line in _chat_lines():
+            history.append(ChatMessage("user", line))
+            request = Generate(
+                request_id=client.new_request_id(),
+                messages=tuple(history),
+                sampling=sampling_params(args),
+                max_tokens=args.n_predict,
+                stop=tuple(args.stop),
+            )
+            try:
+                text, _, finished = stream_reply(client, request, echo=True)
+            except KeyboardInterrupt:
+                client.cancel(request.request_id)
+                text, _, finished = drain(client, request.request_id)
+            except (EngineFailure, EngineError) as error:  # e.g. a line longer than the context: say so, go on
+                history.pop()
+                print(f"llmtui: error: {error}", file=sys.stderr)
+                continue
+            history.append(ChatMessage("assistant", text))
+            sys.stdout.write("\n")
+            print(format_stats(finished.stats), file=sys.stderr)
+    return 0
+
+
+def add_chat_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
+    add_engine_args(chat)
+    add_sampling_args(chat)
+    chat.add_argument("-n", "--n-predict", type=n_predict, default=-1)
+    add_remote_args(chat)

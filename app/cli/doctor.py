@@ -1,0 +1,42 @@
+"""`llmtui doctor`: backends, devices, memory and versions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from app.cli.engine_args import _saved_repack
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from engine_ext.doctor import diagnose
+
+    report = diagnose(repack=_saved_repack())
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    gib = 1024**3
+    print(f"llmtui {report.llmtui_version}, llama-cpp-python {report.llama_cpp_python_version}, "
+          f"Python {report.python}, {report.platform}")
+    print(f"backends: {', '.join(report.backends)}  (RPC {'yes' if report.rpc else 'no'})")
+    for d in report.devices:
+        memory = f"{d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free"
+        print(f"  {d.name:10} {d.type:14} {d.description}  {memory}")
+    print(f"CPU features: {' '.join(report.cpu_features)}")
+    print(f"threads by default: {report.threads_reason}")
+    if report.cpu_extra_bufts:
+        use = ("in use: CPU weights are repacked for them when a model loads (--no-repack or F3 → Repack weights "
+               "turns it off)" if report.repack else "not in use: repacking is off in the settings (F3)")
+        print(f"CPU extra buffer types: {', '.join(report.cpu_extra_bufts)}, {use}")
+    else:
+        print("CPU extra buffer types: none in this build on this CPU (no weight repacking)")
+    if report.hardware_gpus:
+        print(f"GPUs on this machine: {', '.join(report.hardware_gpus)}")
+    for line in report.advice:
+        print(f"note: {line}")
+    return 0
+
+
+def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    doctor = sub.add_parser("doctor", help="backends, devices, memory, versions")
+    doctor.add_argument("--json", action="store_true")

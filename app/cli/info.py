@@ -1,0 +1,34 @@
+"""`llmtui info`: a GGUF file's facts and memory estimate, without loading its weights."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from app.cli.engine_args import CONTEXT
+from app.models import resolve_model
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    # GGUF inspection reads metadata only: safe and fast in this process, no engine needed.
+    from engine_ext.gguf_info import describe, estimate_memory, inspect_gguf
+
+    path = resolve_model(args.model)
+    info = inspect_gguf(path)
+    n_ctx = args.ctx_size or info.context_length or 4096
+    estimate = estimate_memory(info, n_ctx)
+    if args.json:
+        out: dict[str, Any] = info.to_dict()
+        out["memory_estimate"] = estimate.to_dict()
+        print(json.dumps(out, ensure_ascii=False, indent=2))
+    else:
+        print("\n".join(describe(info, estimate)))
+    return 0
+
+
+def add_info_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    info = sub.add_parser("info", help="inspect a GGUF file without loading its weights")
+    info.add_argument("model", help="a .gguf path or 'starter'")
+    info.add_argument("-c", "--ctx-size", type=CONTEXT, default=0, help="context for the memory estimate")
+    info.add_argument("--json", action="store_true")

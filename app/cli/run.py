@@ -1,0 +1,162 @@
+"""`llmtui run`: one generation, streamed to stdout (or one JSON object), locally or on a remote engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.cli.engine_args import (
+    add_engine_args,
+    add_sampling_args,
+    add_spec_args,
+    context_params,
+    model_params,
+    sampling_params,
+    spec_params,
+    target_load_plan,
+)
+from app.cli.remote import add_remote_args
+from app.cli.session import CliError, format_spec_stats, format_stats, loaded, start_engine, stream_reply, with_advice
+from app.cli.steer import add_control_vector_args, steering_entries
+from app.cli.types import n_predict, text_file, utf8_text
+from app.models import resolve_model
+from engine_ext.client import EngineClient, EngineCrashedError
+from engine_ext.params import (
+    ContextParams,
+    ModelParams,
+    SpeculativeParams,
+)
+from engine_ext.protocol import (
+    ChatMessage,
+    Generate,
+)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.remote:
+        return _run_remote(args)
+    path = resolve_model(args.model)
+    spec = spec_params(args, path)
+    spec.validate()
+    model = model_params(args, spec, path)
+    context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
+    with start_engine() as client:
+        echoed: list[bool] = []
+        try:
+            return _run_generation(args, client, path, spec, model, context, echoed)
+        except EngineCrashedError as error:
+            # A native crash while loading or writing the reply, with weights repacked for this CPU (a Xeon's AMX
+            # path crashed so): once more without repacking, unless the reply was already partly printed.
+            from engine_ext.recovery import native_crash, repack_retry, retry_notice
+
+            extra_bufts = client.hello.cpu_extra_bufts if client.hello is not None else ()
+            retry = repack_retry(model, extra_bufts) if native_crash(error.crashed.exit_code) else None
+            if retry is None or echoed:
+                raise with_advice(error, model, context) from None
+            print(f"llmtui: {retry_notice(extra_bufts, 'Add --no-repack to keep it off.')}", file=sys.stderr)
+            client.start()
+            try:
+                return _run_generation(args, client, path, spec, retry, context, echoed)
+            except EngineCrashedError as again:
+                raise with_advice(again, retry, context) from None
+
+
+def _run_generation(
+    args: argparse.Namespace,
+    client: EngineClient,
+    path: Path,
+    spec: SpeculativeParams,
+    model: ModelParams,
+    context: ContextParams,
+    echoed: list[bool],
+) -> int:
+    """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
+    loaded(client.load(path, model, context))
+    if spec.enabled:
+        client.set_speculative(spec)
+    steering = steering_entries(args)
+    if steering:
+        applied = client.set_steering(steering)
+        for notice in applied.notices:
+            print(f"note: {notice}", file=sys.stderr)
+    messages: tuple[ChatMessage, ...] = ()
+    if not args.raw:
+        if args.system:
+            messages += (ChatMessage("system", args.system),)
+        messages += (ChatMessage("user", args.prompt),)
+    request = Generate(
+        request_id=client.new_request_id(),
+        messages=messages,
+        prompt=args.prompt if args.raw else None,
+        sampling=sampling_params(args),
+        max_tokens=args.n_predict,
+        stop=tuple(args.stop),
+        enable_thinking=None if args.think is None else args.think == "on",
+    )
+    provenance: list[str] = []
+    text, ids, finished = stream_reply(client, request, echo=not args.json, provenance=provenance, echoed=echoed)
+    if args.json:
+        out = {
+            "text": text,
+            "tokens": ids,
+            "provenance": provenance,  # per token: "target", or the drafter whose accepted draft it was
+            "stop_reason": finished.stop_reason,
+            "stats": finished.stats.to_dict(),
+            "notices": list(finished.notices),
+            "speculative": finished.speculative.to_dict() if finished.speculative else None,
+        }
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        for notice in finished.notices:
+            print(f"note: {notice}", file=sys.stderr)
+        print(format_stats(finished.stats), file=sys.stderr)
+        if finished.speculative is not None:
+            print(format_spec_stats(finished.speculative), file=sys.stderr)
+    return 0
+
+
+def refuse_local_only_flags(args: argparse.Namespace) -> None:
+    """--remote takes the reply from a server: what only the local engine does is refused, not ignored."""
+    local = [flag for flag, on in (("--spec-type", bool(getattr(args, "spec_type", ""))),
+                                   ("--control-vector", bool(getattr(args, "control_vector", None))),
+                                   ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
+                                   ("--raw", bool(getattr(args, "raw", False)))) if on]
+    if local:
+        raise CliError(f"{', '.join(local)} need{'s' if len(local) == 1 else ''} the local engine; drop "
+                       f"{'it' if len(local) == 1 else 'them'} or --remote")
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    from app.cli.remote import RemoteSession, format_remote_stats, remote_settings, sampling_settings
+
+    refuse_local_only_flags(args)
+    remote, model = remote_settings(args)
+    messages = ([("system", args.system)] if args.system else []) + [("user", args.prompt)]
+    with RemoteSession(remote, model) as session:
+        text, stats = session.ask(messages, sampling_settings(args), echo=not args.json)
+    if args.json:
+        print(json.dumps({"text": text, "model": session.model.name, "stats": stats}, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        print(format_remote_stats(stats), file=sys.stderr)
+    return 0
+
+
+def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser("run", help="one generation, streamed to stdout")
+    add_engine_args(run)
+    add_sampling_args(run)
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("-p", "--prompt", type=utf8_text, help="the user message (or raw text with --raw)")
+    source.add_argument("-f", "--file", dest="prompt", type=text_file, metavar="FILE",
+                        help="read the prompt from a UTF-8 text file (at most 8 MiB)")
+    run.add_argument("-n", "--n-predict", type=n_predict, default=-1, help="max tokens to generate (-1: no limit)")
+    run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
+    run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
+    run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
+    add_spec_args(run)
+    add_control_vector_args(run)
+    add_remote_args(run)

@@ -1,0 +1,125 @@
+"""What `run`, `chat` and `bench` share: starting the engine, streaming a reply to the terminal, one-line errors and
+statistics lines."""
+
+from __future__ import annotations
+
+import sys
+
+from app import paths
+from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
+from engine_ext.params import (
+    ContextParams,
+    ModelParams,
+)
+from engine_ext.protocol import (
+    Crashed,
+    Failed,
+    Finished,
+    Generate,
+    GenerationStats,
+    ModelInfo,
+    SpeculativeStats,
+    TokenChunk,
+)
+
+
+class CliError(Exception):
+    """A problem reported as one line on stderr with a non-zero exit."""
+
+
+def loaded(info: ModelInfo) -> ModelInfo:
+    """Say where -ngl auto put the model (stderr, so --json output stays clean)."""
+    if info.placement:
+        print(f"note: {info.placement}", file=sys.stderr)
+    return info
+
+
+def start_engine() -> EngineClient:
+    from app.private_files import private_dir, take_notice
+
+    client = EngineClient(private_dir(paths.log_dir()) / "engine.log")
+    notice = take_notice()
+    if notice:
+        print(f"llmtui: {notice}", file=sys.stderr)
+    client.start()
+    return client
+
+
+def format_stats(stats: GenerationStats) -> str:
+    return (
+        f"prompt {stats.prompt_tokens} tok ({stats.prompt_tokens_cached} cached, "
+        f"{stats.prompt_tokens_evaluated} evaluated, {stats.prompt_tps:.1f} tok/s) | "
+        f"generated {stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s | "
+        f"ttft {stats.ttft_ms:.0f} ms | context {stats.n_ctx_used}/{stats.n_ctx}"
+    )
+
+
+def stream_reply(client: EngineClient, request: Generate, *, echo: bool, provenance: list[str] | None = None,
+            echoed: list[bool] | None = None) -> tuple[str, list[int], Finished]:
+    """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`; each token's source
+    ("target", or the drafter that proposed it) is added to `provenance` when given."""
+    text: list[str] = []
+    ids: list[int] = []
+    in_reasoning = False
+    for event in client.generate(request):
+        if isinstance(event, TokenChunk):
+            text.append(event.text)
+            ids.extend(event.token_ids)
+            if provenance is not None:
+                provenance.extend(event.provenance)
+            if echo:
+                if event.reasoning:
+                    if not in_reasoning:
+                        sys.stderr.write("[thinking] ")
+                        in_reasoning = True
+                    sys.stderr.write(event.reasoning)
+                    sys.stderr.flush()
+                if echoed is not None and not echoed and (event.text or event.reasoning):
+                    echoed.append(True)
+                if event.text:
+                    if in_reasoning:
+                        sys.stderr.write("\n")
+                        in_reasoning = False
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        elif isinstance(event, Finished):
+            return "".join(text), ids, event
+        elif isinstance(event, Failed):
+            raise EngineFailure(event)
+        elif isinstance(event, Crashed):
+            raise EngineCrashedError(event)
+    raise CliError("the engine stopped without finishing the reply")
+
+
+def with_advice(error: EngineCrashedError, model: ModelParams, context: ContextParams) -> EngineCrashedError:
+    """`error` with the settings that could avoid the crash (llama.cpp flags), for the one-line report."""
+    from engine_ext.cpu import default_threads
+    from engine_ext.recovery import fallbacks
+
+    options = fallbacks(model, context, context.n_threads or default_threads(), error.crashed.gpu_devices)
+    if options:
+        error.advice = "to avoid it, try " + ", ".join(f"{f.flag} ({f.what})" for f in options)
+    return error
+
+
+def format_spec_stats(s: SpeculativeStats) -> str:
+    per_pos = " ".join(f"{v:.2f}" for v in s.acceptance_per_position[:8])
+    return (
+        f"speculative: {s.accepted}/{s.drafted} drafted tokens accepted ({s.acceptance_rate:.0%}), "
+        f"mean accepted length {s.mean_accepted_length:.2f}, per position [{per_pos}], "
+        f"drafting {s.draft_ms:.0f} ms, verifying {s.verify_ms:.0f} ms"
+    )
+
+
+def drain(client: EngineClient, request_id: int) -> tuple[str, list[int], Finished]:
+    text: list[str] = []
+    for event in client.events():
+        if isinstance(event, TokenChunk) and event.request_id == request_id:
+            text.append(event.text)
+        elif isinstance(event, Finished) and event.request_id == request_id:
+            return "".join(text), [], event
+        elif isinstance(event, Failed):
+            raise EngineFailure(event)
+        elif isinstance(event, Crashed):
+            raise EngineCrashedError(event)
+    raise CliError("the engine stopped")

@@ -51,6 +51,9 @@ class Limits:
     # objects (about 200 MB); a listing page of 1000 files has about 10,000.
     max_json_items: int = 500_000
     max_error_body: int = 2048  # what is read of an error answer's body for its message
+    # One read_all (a Range read of a GGUF header window): a reader asking for more (a hostile header claiming a
+    # string of gigabytes in a file the listing says is huge) gets an error instead of buffering it.
+    max_read_bytes: int = 16 * 1024 * 1024
     listing_s: float = 180.0  # a repository's whole listing (its info and every page of its tree)
 
 
@@ -197,7 +200,11 @@ class Response:
         """The body, up to `limit` bytes (the rest is not read), within the exchange's time limit; an error when
         it ends short of both `limit` and its Content-Length."""
         what = what or self.what
-        data, more = self._read_up_to(limit, what)
+        cap = min(limit, LIMITS.max_read_bytes)
+        data, more = self._read_up_to(cap, what)
+        if more and cap < limit:
+            raise HubError(f"{self.server} sent more than {format_size(cap)} for {what} in one read; stopped "
+                           "reading (is the file what its listing says?)")
         if not more and len(data) < limit:
             self._check_length(data, what)
         return data

@@ -90,6 +90,9 @@ class Faults:
     stall_seconds: float = 0.0
     stall_times: int = 1
     errors_5xx: int = 0  # answer this many data requests with 503
+    retry_after: str | None = None  # the Retry-After header those 503s carry
+    slow_times: int = 0  # send this many responses at slow_bps (a drip the client should give up on and resume)
+    slow_bps: int = 100
     corrupt_times: int = 0  # flip the byte at corrupt_offset in this many responses
     corrupt_offset: int = 0
     throttle_bps: int | None = None  # bytes per second
@@ -347,6 +350,8 @@ class _Handler(BaseHTTPRequestHandler):
         faults = self.hub.faults.get((repo.repo_id, f.path)) or Faults()
         if self.command == "GET" and faults.errors_5xx > 0:
             faults.errors_5xx -= 1
+            if faults.retry_after is not None:
+                return self._send(503, b"try again", {"Retry-After": faults.retry_after})
             return self._error(503, "ServiceUnavailable", "try again")
         headers = self._file_headers(repo, f)
         size = f.size
@@ -375,7 +380,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_body(self, f: HubFile, entry: RequestLog, start: int, end: int, faults: Faults) -> None:
         if self.command == "HEAD":
             return
-        if faults.throttle_bps:  # keep the bytes in flight few, so tests can count what a client lost
+        slow = faults.slow_times > 0
+        if slow:
+            faults.slow_times -= 1
+        throttle = faults.slow_bps if slow else faults.throttle_bps
+        if throttle:  # keep the bytes in flight few, so tests can count what a client lost
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
         body = bytearray(f.data[start : end + 1])
         if faults.corrupt_times > 0 and start <= faults.corrupt_offset <= end:
@@ -384,7 +393,7 @@ class _Handler(BaseHTTPRequestHandler):
         pos = 0
         while pos < len(body):
             offset = start + pos
-            piece = _PIECE
+            piece = max(1, throttle // 4) if slow else _PIECE  # a drip: a few bytes four times a second
             for at in (faults.drop_at, faults.stall_at):
                 if at is not None and offset < at:
                     piece = min(piece, at - offset)
@@ -404,8 +413,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(chunk)
             pos += len(chunk)
             entry.sent = pos
-            if faults.throttle_bps:
-                time.sleep(len(chunk) / faults.throttle_bps)
+            if throttle:
+                time.sleep(len(chunk) / throttle)
         self.wfile.flush()
 
 

@@ -28,6 +28,7 @@ from models_catalog import download, fit, hfcache, hub, transport
 from models_catalog.download import RemoteFile, TransferOptions
 from models_catalog.errors import DownloadError, ModelsError
 from tests.hostile_http import CASES, COMMIT, FILE_SHA256, FILE_SIZE, HostileHTTPServer
+from tests.hub_server import HubServer
 from tests.test_remote_engine import Collector
 
 REPO = "evil/Repo"
@@ -161,3 +162,42 @@ def test_a_hostile_server_gets_one_line(kind: str, case: str, hf_env: Path, monk
             assert isinstance(caught.value, DownloadError), message
             partial = hfcache.RepoCache(hfcache.cache_dir(), REPO).partial(FILE_SHA256)
             assert partial.exists() and partial.stat().st_size > 0, message
+
+
+def test_a_range_read_larger_than_its_cap_is_refused(hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing may claim a file of a terabyte and its header a string of gigabytes: one Range read still stops at
+    LIMITS.max_read_bytes."""
+    monkeypatch.setattr(transport, "LIMITS", replace(LIMITS, exchange_s=20.0))
+    with HostileHTTPServer("endless-body", TARGETS["range"]) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        reader = fit.RangeReader(replace(_remote_file(server), size=1 << 40))
+        tracemalloc.start()
+        try:
+            with pytest.raises(ModelsError, match=r"sent more than 16 MiB for evil/Repo/model\.gguf in one read"):
+                reader(0, 1 << 33)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < MAX_PEAK
+
+
+@pytest.mark.timeout(60)
+def test_a_download_waits_as_asked_and_resumes_after_a_drip(hub_server: HubServer) -> None:
+    """503 with Retry-After, then a response dripping under min_rate: the download waits (within its backoff
+    ceiling), gives the drip up keeping its bytes, resumes from them with a Range request and installs the file."""
+    data = bytes(range(256)) * 256  # 64 KiB
+    hub_server.add_repo("org/Slow-GGUF", {"model.gguf": data})
+    hub_server.fault("org/Slow-GGUF", "model.gguf", errors_5xx=1, retry_after="1", slow_times=1, slow_bps=100)
+    listing = hub.list_repo("org/Slow-GGUF")
+    events: list[download.Progress] = []
+    options = TransferOptions(chunk_size=16 * 1024, stall_timeout=1.0, max_retries=3, backoff_base=0.01,
+                              backoff_max=2.0, progress_interval=0.0)
+    started = time.monotonic()
+    path = download.fetch(listing.file("model.gguf"), options=options, on_progress=events.append)
+    assert path.read_bytes() == data
+    assert time.monotonic() - started >= 0.9  # Retry-After: 1 was honoured (the backoff alone is 10 ms)
+    said = [e.message for e in events]
+    assert any("503 Service Unavailable" in m and "retry after 1 s" in m for m in said), said
+    assert any("sent only" in m for m in said), said
+    resumed = [r for r in hub_server.data_requests("model.gguf", settled=True) if r.range]
+    assert resumed and resumed[-1].start > 0  # the drip's bytes were kept and not fetched again

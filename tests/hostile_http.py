@@ -20,7 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-DRIP_S = 0.5  # one byte every this long: always within a 1 s stall timeout, never done within a short time limit
+DRIP_S = 0.3  # one byte every this long: always within a 1 s stall timeout, never done within a short time limit
 COMMIT = "c" * 40
 FILE_SIZE = 4096
 FILE_BYTES = b"GGUF" + bytes(FILE_SIZE - 4)

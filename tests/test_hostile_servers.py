@@ -32,9 +32,10 @@ from tests.hub_server import HubServer
 from tests.test_remote_engine import Collector
 
 REPO = "evil/Repo"
-# Short limits, so a drip is cut off in about a second (the defaults are 30 s without a byte, 60 s an exchange).
-LIMITS = replace(transport.LIMITS, read_timeout_s=1.0, exchange_s=1.5, listing_s=3.0)
-FAST = TransferOptions(chunk_size=16 * 1024, stall_timeout=1.0, max_retries=1, backoff_base=0.01, backoff_max=0.05)
+# Short limits, so a drip (a byte every 0.3 s: never a second without one) is cut off in about a second (the
+# defaults are 30 s without a byte, 60 s an exchange, 180 s a listing).
+LIMITS = replace(transport.LIMITS, read_timeout_s=1.0, exchange_s=1.0, listing_s=2.0)
+FAST = TransferOptions(chunk_size=16 * 1024, stall_timeout=0.75, max_retries=1, backoff_base=0.01, backoff_max=0.05)
 MAX_PEAK = 64 * 1024 * 1024
 
 # kind -> the request paths its hostile server misbehaves on
@@ -68,7 +69,7 @@ SAID: dict[str, str] = {
     "503-retry-after": r"503 service unavailable.*retry after 30 s",
     "redirect-loop": r"redirected more than 8 times|302",
     "length-lie": r"closed the connection after|short of the content-length|connection closed at byte|not json",
-    "endless-pages": r"took longer than the 3 s limit to send the listing|more than 100000 files",
+    "endless-pages": r"took longer than the 2 s limit to send the listing|more than 100000 files",
     "traversal": r"unsafe name or id \('\.\./\.\./\.\./outside\.gguf'\)",
 }
 BOUNDED_MEMORY = {"endless-body", "header-bomb", "header-line", "json-bomb", "endless-pages"}
@@ -86,7 +87,7 @@ def _remote(server: HostileHTTPServer) -> RemoteSettings:
 def _chat(server: HostileHTTPServer) -> None:
     """A reply from the hostile server through the app's RemoteBridge; RemoteError with what the app shows."""
     collector = Collector()
-    bridge = RemoteBridge(collector, _remote(server), "m", connect_timeout_s=1.0, read_timeout_s=1.5)
+    bridge = RemoteBridge(collector, _remote(server), "m", connect_timeout_s=1.0, read_timeout_s=1.0)
     try:
         bridge.connect()
         collector.wait_for(ModelLoaded, timeout=10)
@@ -107,7 +108,7 @@ def _call(kind: str, server: HostileHTTPServer) -> Callable[[], object]:
         "card": lambda: hub.model_card(REPO),
         "range": lambda: fit.remote_info([_remote_file(server)], window=64 * 1024),
         "download": lambda: download.fetch(_remote_file(server), options=FAST),
-        "remote-models": lambda: list_models(_remote(server), timeout=1.0),
+        "remote-models": lambda: list_models(_remote(server), timeout=0.6),  # 1.8 s for the whole answer
         "remote-chat": lambda: _chat(server),
     }[kind]
 

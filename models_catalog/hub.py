@@ -162,7 +162,7 @@ class RepoListing:
 # so the three GETs llmtui needs (search, a repository's info, its file tree page by page) go through
 # transport.open_url: every answer within LIMITS (size, time), every failure one line naming the server's fault.
 
-_LINK_NEXT = re.compile(r'<([^>]{1,2000})>\s*;[^,]*rel="?next"?')
+_LINK_NEXT = re.compile(r'<([^<>]{1,2000})>\s{0,10};[^,]{0,200}rel="?next"?')  # bounded: no backtracking blow-up
 
 
 def _get_json(url: str, what: str, repo_id: str = "", time_limit: float | None = None) -> tuple[Any, str | None]:
@@ -194,7 +194,7 @@ def _get_json(url: str, what: str, repo_id: str = "", time_limit: float | None =
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
         raise HubError(f"{server} sent invalid JSON for {what} ({reason}); is {hfcache.endpoint()} a Hugging Face "
                        "hub?") from None
-    found = _LINK_NEXT.search(link or "")
+    found = _LINK_NEXT.search((link or "")[:8192])
     return value, urljoin(url, found.group(1)) if found else None
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face Hub access through huggingface_hub: search, a repo's GGUF files grouped by quant, sidecars, card."""
+"""The Hugging Face Hub, read with limits (transport): search, a repo's GGUF files grouped by quant, sidecars, card."""
 
 from __future__ import annotations
 

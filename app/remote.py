@@ -62,6 +62,7 @@ SSE_LINE_TIME_S: Final = 30.0
 # Values in one JSON answer or stream event, counted before parsing (models_catalog.transport.json_items): within
 # the byte limits, "[{},{},..." would still parse into millions of objects (hundreds of MB).
 MAX_JSON_ITEMS: Final = 500_000
+TOKEN_SLACK: Final = 16  # chunks a server may send past max_tokens (some send a token or two per chunk)
 MAX_EVENT_ITEMS: Final = 50_000
 STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
 
@@ -606,6 +607,11 @@ class RemoteBridge:
             raise RemoteError(connection_error_message(self.remote, error)) from None
         finally:
             watchdog.cancel()
+        # A server that ignores max_tokens (or streams without end) is stopped a little past what was asked for,
+        # or past its context when nothing was; with neither known, Esc stops it.
+        asked_for = body.get("max_tokens")
+        asked: int = asked_for if isinstance(asked_for, int) else 0
+        most = (asked if asked > 0 else self.n_ctx) + TOKEN_SLACK if (asked > 0 or self.n_ctx > 0) else 1 << 62
         finish: str | None = None
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
@@ -629,6 +635,10 @@ class RemoteBridge:
             if "error" in chunk:
                 raise RemoteError(f"{self.remote.name} stopped with an error: {error_detail(data.encode())}")
             finish = self._chunk(stream, chunk) or finish
+            if stream.n_tokens > most:
+                raise RemoteError(f"{self.remote.name} sent more than the {most - TOKEN_SLACK} tokens "
+                                  f"{'asked for' if asked > 0 else 'its context holds'}; llmtui stopped the reply "
+                                  "(the text so far is kept)")
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]
             if isinstance(chunk.get("timings"), dict):

@@ -7,7 +7,8 @@ Misbehaviours (CASES): an endless body, a body dripping one byte every DRIP_S, h
 header bomb (endless headers) and one endless header line, invalid JSON, a JSON bomb (valid JSON within the size
 limit that would parse into millions of objects), 401/403/429/500/503 (429 and 503 with and without Retry-After),
 a redirect loop, a Content-Length that promises more than is sent; and for listings, file names that leave the
-snapshot and an endless listing (page after page of 1000 files, each page a little late).
+snapshot and an endless listing (page after page of 1000 files, each page a little late); for a remote reply,
+tokens without end.
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ class HostileHandler(BaseHTTPRequestHandler):
             entries = [{"type": "file", "path": f"p{page}/f{i}.gguf", "size": 1, "oid": "d" * 40} for i in range(1000)]
             link = f'<{self.path.split("?")[0]}?recursive=true&cursor={page + 1}>; rel="next"'
             return self._send(200, json.dumps(entries).encode(), headers={"Link": link})
+        if case == "endless-tokens":  # a reply that never ends, whatever max_tokens says
+            self._start()
+            return self._endless(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
         if case == "traversal":
             entries = good_tree() + [{"type": "file", "path": "../../../outside.gguf", "size": 1, "oid": "e" * 40}]
             return self._send(200, json.dumps(entries).encode())

@@ -70,9 +70,10 @@ SAID: dict[str, str] = {
     "redirect-loop": r"redirected more than 8 times|302",
     "length-lie": r"closed the connection after|short of the content-length|connection closed at byte|not json",
     "endless-pages": r"took longer than the 2 s limit to send the listing|more than 100000 files",
+    "endless-tokens": r"sent more than the 4 tokens asked for",
     "traversal": r"unsafe name or id \('\.\./\.\./\.\./outside\.gguf'\)",
 }
-BOUNDED_MEMORY = {"endless-body", "header-bomb", "header-line", "json-bomb", "endless-pages"}
+BOUNDED_MEMORY = {"endless-body", "header-bomb", "header-line", "json-bomb", "endless-pages", "endless-tokens"}
 
 
 def _remote_file(server: HostileHTTPServer) -> RemoteFile:
@@ -130,7 +131,7 @@ NOT_APPLICABLE = {("card", "invalid-json"), ("card", "json-bomb"), ("range", "js
 
 def _cases() -> list[tuple[str, str]]:
     cases = [(kind, case) for kind in TARGETS for case in CASES if (kind, case) not in NOT_APPLICABLE]
-    return cases + [("listing", "traversal"), ("listing", "endless-pages")]
+    return cases + [("listing", "traversal"), ("listing", "endless-pages"), ("remote-chat", "endless-tokens")]
 
 
 @pytest.mark.timeout(30)

@@ -224,6 +224,7 @@ class _Header:
     data_offset: int
     kv: dict[str, _KV]
     tensors: tuple[_Tensor, ...]
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # where each array's elements lie in the file
 
 
 _MAX_MESSAGE = 300  # every GGUFError message is one line of at most this many characters
@@ -275,6 +276,7 @@ class _Parser:
         self.pos = 0
         self.keep_strings = keep_strings
         self.kept = 0  # bytes of string data read into memory
+        self.spans: dict[str, tuple[int, int]] = {}  # array key -> [start, end) of its elements
 
     # -- primitives --------------------------------------------------------
 
@@ -334,7 +336,7 @@ class _Parser:
         data_offset = self.pos
         if n_tensors > 0:
             data_offset = -(-self.pos // alignment) * alignment
-        header = _Header(self.path, self.size, version, alignment, data_offset, kv, tuple(infos))
+        header = _Header(self.path, self.size, version, alignment, data_offset, kv, tuple(infos), self.spans)
         self._check_tensor_data(header)
         return header
 
@@ -411,8 +413,12 @@ class _Parser:
 
     def _read_scalar(self, key: str, vtype: int) -> Any:
         if vtype == int(_VT.STRING):
-            keep = self.keep_strings or not key.startswith("tokenizer.chat_template")
-            return self._string(f"the value of {key!r}", keep=keep)
+            template = key.startswith("tokenizer.chat_template")
+            start = self.pos + 8
+            value = self._string(f"the value of {key!r}", keep=self.keep_strings or not template)
+            if template:  # read on demand by read_chat_template, with its own cap
+                self.spans[key] = (start, self.pos)
+            return value
         if vtype not in _SCALARS:
             raise _fail(self.path, f"metadata key {key!r} has unknown value type {vtype}", _HINT_CORRUPT)
         fmt, _ = _SCALARS[vtype]
@@ -441,7 +447,9 @@ class _Parser:
             )
         keep = count <= _KEEP_ARRAY
         if subtype == int(_VT.STRING):
+            start = self.pos
             strings = [self._string(f"element {j} of {key!r}", keep=keep) for j in range(count)]
+            self.spans[key] = (start, self.pos)
             return _KV(int(_VT.ARRAY), strings if keep else None, subtype, count)
         fmt, dtype = _SCALARS[subtype]
         start = self.pos
@@ -609,6 +617,201 @@ def validate_main_model(path: Path) -> None:
     if what is not None:
         raise _fail(path, f"{what}, not a model to chat with",
                     "open the model it belongs to (its drafts are paired automatically)")
+    _check_runnable(path, header)
+
+
+# Rules that llama.cpp enforces with GGML_ASSERT/GGML_ABORT (a worker crash) instead of an error, found by fuzzing
+# `run` (scripts/fuzz_run.py); references are to the vendored llama.cpp (llama-cpp-python 0.3.36).
+_ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # LLAMA_ROPE_SCALING_TYPES, src/llama-model.cpp:1034
+_TENSOR_ALIGNMENT = 32  # TENSOR_ALIGNMENT, ggml/src/ggml-impl.h:44
+_INTEGER_TENSOR_TYPES = {24: "I8", 25: "I16", 26: "I32", 27: "I64"}
+_GDN_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next"})  # head_v_dim = d_inner / num_v_heads in the graph
+# Graph builders that assert n_embd_head_k == n_embd_head_v (src/models/*.cpp, "GGML_ASSERT(n_embd_head == ...)")
+# fmt: off
+_HEAD_K_EQ_V_ARCHS = frozenset({
+    "afmoe", "apertus", "arcee", "arctic", "baichuan", "bailingmoe2", "bert", "bitnet", "bloom", "chameleon",
+    "chatglm", "codeshell", "cogvlm", "cohere2", "cohere2moe", "command-r", "dbrx", "deci", "deepseek", "dots1",
+    "dream", "ernie4_5", "ernie4_5-moe", "eurobert", "exaone", "exaone-moe", "exaone4", "falcon", "glm4", "glm4moe",
+    "gpt2", "gptneox", "granite", "granite_swa", "granitehybrid", "graniteswitch", "grok", "grovemoe", "hunyuan-moe",
+    "hunyuan_vl", "hy_v3", "internlm2", "jais", "jais2", "laguna", "llada", "llada-moe", "llama", "llama4",
+    "maincoder", "maple", "mellum", "minimax-01", "minimax-m2", "minimax-m3", "mistral3", "modern-bert", "mpt",
+    "muse-glimmer", "nanbeige", "nemotron", "nemotron_h", "neo-bert", "olmo", "olmo2", "olmoe", "openelm", "orion",
+    "paddleocr", "pangu-embedded", "phi2", "phi3", "plamo", "pockettts", "qwen", "qwen2", "qwen2moe", "qwen2vl",
+    "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3vl", "qwen3vlmoe", "refact", "rnd1", "seed_oss",
+    "smallthinker", "smollm3", "spark2_5", "stablelm", "starcoder", "starcoder2", "t5", "talkie", "xverse",
+})
+# ... and that also assert n_embd_head == n_rot
+_ROT_EQ_HEAD_ARCHS = frozenset({
+    "apertus", "arcee", "arctic", "baichuan", "chameleon", "codeshell", "cogvlm", "cohere2moe", "dbrx", "deci",
+    "deepseek", "dots1", "dream", "ernie4_5", "ernie4_5-moe", "exaone", "exaone-moe", "exaone4", "falcon", "granite",
+    "granite_swa", "graniteswitch", "grok", "grovemoe", "hunyuan-moe", "hunyuan_vl", "hy_v3", "internlm2", "jais2",
+    "llada", "llada-moe", "llama", "llama4", "maincoder", "mellum", "minimax-01", "minimax-m2", "mistral3",
+    "nemotron", "olmo", "olmo2", "olmoe", "orion", "paddleocr", "pangu-embedded", "plamo", "pockettts", "qwen2",
+    "qwen2moe", "qwen2vl", "qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "rnd1", "seed_oss", "smallthinker",
+    "smollm3", "starcoder2", "talkie", "xverse",
+})
+# Architectures whose graph normalises with layer_norm_epsilon only (load_arch_hparams reads no RMS epsilon)
+_LAYERNORM_ARCHS = frozenset({
+    "bert", "bloom", "codeshell", "cohere2", "command-r", "dbrx", "falcon", "gpt2", "gptneox", "jais", "jais2",
+    "jina-bert-v2", "jina-bert-v3", "modern-bert", "mpt", "nemotron", "nomic-bert", "nomic-bert-moe", "olmo", "orion",
+    "phi2", "pockettts", "stablelm", "starcoder", "starcoder2", "wavtokenizer-dec",
+})
+# fmt: on
+
+
+def _check_runnable(path: Path | str, header: _Header) -> None:
+    """Refuse, before llama.cpp sees the file, metadata that passes llama.cpp's loader checks and then aborts it."""
+    arch_kv = header.kv.get("general.architecture")
+    arch = arch_kv.value if arch_kv is not None and isinstance(arch_kv.value, str) else None
+    m = _Meta(header.kv, arch)
+    _guarded(path, lambda: _check_experts(path, m))
+    _guarded(path, lambda: _check_attention(path, m))
+    _guarded(path, lambda: _check_recurrent(path, m))
+    _guarded(path, lambda: _check_kv_heads(path, m, header))
+    _check_tensor_types(path, header)
+    _check_tokens(path, header)
+
+
+def _refuse(path: Path | str, problem: str) -> GGUFValidationError:
+    return _fail(path, problem, "llama.cpp would abort on this metadata; re-download or re-convert the model")
+
+
+def _check_experts(path: Path | str, m: _Meta) -> None:
+    """block_count and the expert counts as load_hparams asserts them (src/llama-model.cpp:1328-1377)."""
+    a = m.arch
+    if a is None:
+        return
+    block_count = m.checked_int(f"{a}.block_count", path, 1, _MAX_LAYERS)  # llama-model.cpp:1328
+    m.checked_int(f"{a}.nextn_predict_layers", path, 0, block_count or _MAX_LAYERS)  # llama-model.cpp:1330
+    m.checked_int(f"{a}.expert_count", path, 0, _MAX_EXPERTS)  # llama-model.cpp:1361
+    m.checked_layers(f"{a}.expert_used_count", path, _MAX_EXPERTS, block_count)
+    n_expert = m.aint("expert_count") or 0
+    used = m.int_or_layers("expert_used_count")
+    used_max = (max(used) if used else 0) if isinstance(used, tuple) else (used or 0)
+    groups = m.aint("expert_group_count") or 0
+    group_used = m.aint("expert_group_used_count") or 0
+    if a in ("hunyuan-dense", "hunyuan_vl") and n_expert <= 1:
+        n_expert = used_max = 0
+    if used_max > n_expert:
+        raise _refuse(path, f"{a}.expert_used_count {used_max} exceeds expert_count {n_expert}")
+    if n_expert > 0:
+        if used_max == 0:
+            raise _refuse(path, f"{a}.expert_count is {n_expert} but expert_used_count is 0 or missing "
+                                "(an MoE model must route to at least one expert)")
+        if groups >= n_expert:
+            raise _refuse(path, f"{a}.expert_group_count {groups} must be below expert_count {n_expert}")
+        if groups > 1 and (n_expert % groups or not 0 < group_used < groups):
+            raise _refuse(path, f"{a}.expert_group_count {groups} must divide expert_count {n_expert} and "
+                                f"expert_group_used_count ({group_used}) must be 1 to {groups - 1}")
+    elif groups:
+        raise _refuse(path, f"{a}.expert_group_count is {groups} but the model has no experts")
+
+
+def _check_attention(path: Path | str, m: _Meta) -> None:
+    """Norm epsilons, rope scaling type and head sizes that the graph asserts on (ggml-cpu/ops.cpp, models/*.cpp)."""
+    a = m.arch
+    if a is None:
+        return
+    for suffix in ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon"):
+        eps = m.a(suffix)
+        if suffix == "attention.layer_norm_epsilon" and a not in _LAYERNORM_ARCHS:
+            continue  # read but not used by this architecture's graph
+        if isinstance(eps, float) and not eps >= 0.0:  # ggml-cpu/ops.cpp:4026 (norm), 4132 (rms_norm)
+            raise _refuse(path, f"{a}.{suffix} is {eps} (must be >= 0)")
+    scaling = m.a("rope.scaling.type")
+    if isinstance(scaling, str) and scaling not in _ROPE_SCALING_TYPES:  # llama-model.cpp:1420
+        raise _refuse(path, f"{a}.rope.scaling.type {scaling!r} is unknown (one of {', '.join(_ROPE_SCALING_TYPES)})")
+    heads = _per_layer(m.int_or_layers("attention.head_count"), _MAX_LAYERS if m.aint("block_count") is None
+                       else int(m.aint("block_count") or 0))
+    heads_kv_raw = m.int_or_layers("attention.head_count_kv")
+    heads_kv = heads if heads_kv_raw is None else _per_layer(heads_kv_raw, len(heads))
+    for il, (h, hkv) in enumerate(zip(heads, heads_kv, strict=False)):
+        if hkv > 0 and h % hkv:  # the attention's K/V broadcast (ggml_mul_mat, ggml_set_rows)
+            raise _refuse(path, f"{a}.attention.head_count_kv {hkv} must divide head_count {h} (layer {il})")
+    n_head = heads[0] if heads else 0
+    n_embd = m.aint("embedding_length")
+    if n_head <= 0 or not n_embd:
+        return
+    head_k = m.aint("attention.key_length") or n_embd // n_head  # llama-model.cpp:1435-1447
+    head_v = m.aint("attention.value_length") or n_embd // n_head
+    n_rot = m.aint("rope.dimension_count")
+    if a in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
+        raise _refuse(path, f"{a}.attention.key_length {head_k} must equal value_length {head_v} for {a}")
+    if n_rot is None:
+        return
+    if a in _ROT_EQ_HEAD_ARCHS and n_rot != head_k:
+        raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must equal the head size {head_k} for {a}")
+    # ggml-cpu/ops.cpp:6355-6356 assert n_dims <= ne0 and n_dims % 2 == 0; n_dims 0 spins forever in the decode
+    if n_rot < 2 or n_rot % 2 or n_rot > head_k:
+        raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must be even, 2 to the head size {head_k}")
+
+
+def _check_recurrent(path: Path | str, m: _Meta) -> None:
+    """Gated delta net sizes the graph divides by and reshapes with (src/models/qwen35.cpp:341-346)."""
+    a = m.arch
+    if a not in _GDN_ARCHS:
+        return
+    inner, state, rank = m.aint("ssm.inner_size"), m.aint("ssm.state_size"), m.aint("ssm.time_step_rank")
+    if inner is None or state is None or rank is None:
+        return  # llama.cpp refuses a missing key itself
+    if rank == 0 or inner != state * rank:
+        raise _refuse(path, f"{a}.ssm.inner_size {inner} must equal ssm.state_size × ssm.time_step_rank "
+                            f"({state} × {rank})")
+
+
+def _check_kv_heads(path: Path | str, m: _Meta, header: _Header) -> None:
+    """A per-layer head_count_kv array must agree with each layer's K projection: the KV cache is sized per layer
+    from the array while most graphs build K from the tensor, and ggml_set_rows asserts they match (ggml.c:4014)."""
+    a = m.arch
+    kv_heads = m.int_or_layers("attention.head_count_kv")
+    if a is None or not isinstance(kv_heads, tuple) or m.a("attention.key_length_swa") is not None:
+        return
+    heads = m.int_or_layers("attention.head_count")
+    n_head = heads[0] if isinstance(heads, tuple) and heads else heads
+    n_embd = m.aint("embedding_length")
+    if not isinstance(n_head, int) or n_head <= 0 or not n_embd:
+        return
+    head_k = m.aint("attention.key_length") or n_embd // n_head
+    widths = {t.name: t.shape[1] for t in header.tensors if len(t.shape) == 2 and t.name.endswith(".attn_k.weight")}
+    for il, hkv in enumerate(kv_heads):
+        width = widths.get(f"blk.{il}.attn_k.weight")
+        if width is not None and width != head_k * hkv:
+            raise _refuse(path, f"{a}.attention.head_count_kv is {hkv} at layer {il} but blk.{il}.attn_k.weight "
+                                f"has {width} rows ({width // head_k if head_k else '?'} heads of {head_k})")
+
+
+def _check_tensor_types(path: Path | str, header: _Header) -> None:
+    """Weights llama.cpp maps but cannot compute with or point at."""
+    for t in header.tensors:
+        if t.type_id in _INTEGER_TENSOR_TYPES:  # ggml-cpu binary ops and matmuls abort or crash on them
+            raise _refuse(path, f"tensor {t.name!r} has the integer type {_INTEGER_TENSOR_TYPES[t.type_id]}, "
+                                "which no model weight uses")
+        start = header.data_offset + t.offset
+        if start % _TENSOR_ALIGNMENT:  # ggml-backend.cpp:2527, the mapped weights must be 32-byte aligned
+            raise _refuse(path, f"tensor {t.name!r} data starts at file offset {start}, not a multiple of "
+                                f"{_TENSOR_ALIGNMENT} (general.alignment is {header.alignment})")
+
+
+def _check_tokens(path: Path | str, header: _Header) -> None:
+    """Every token text must be distinct (src/llama-vocab.cpp:2544 asserts id_to_token.size() == token_to_id.size());
+    an empty token is renamed to [EMPTY_<id>] first. Reads the token array's bytes once, nothing else."""
+    span = header.spans.get("tokenizer.ggml.tokens")
+    if span is None:
+        return
+    start, end = span
+    with _open_source(Path(path)) as src:
+        raw = src.read(start, end - start)
+    seen: dict[bytes, int] = {}
+    pos, i, n = 0, 0, len(raw)
+    while pos + 8 <= n:
+        (length,) = _U64.unpack_from(raw, pos)
+        word = raw[pos + 8 : pos + 8 + length] or f"[EMPTY_{i}]".encode()
+        pos += 8 + length
+        first = seen.setdefault(word, i)
+        if first != i:
+            shown = word[:40].decode("utf-8", errors="replace")
+            raise _refuse(path, f"tokenizer.ggml.tokens has {shown!r} twice (ids {first} and {i})")
+        i += 1
 
 
 # ---------------------------------------------------------------------------
@@ -1446,12 +1649,30 @@ def _draft_info(m: _Meta, arch: str | None, block_count: int | None, names: set[
     )
 
 
+_MAX_TEMPLATE = 1 << 20  # bytes of a chat template read_chat_template reads; real templates are under 64 KiB
+
+
 def read_chat_template(path: Path, name: str | None = None) -> str | None:
-    """The file's ``tokenizer.chat_template`` (or the named ``tokenizer.chat_template.<name>``), if any."""
-    head = _parse(Path(path), keep_strings=True)
+    """The file's ``tokenizer.chat_template`` (or the named ``tokenizer.chat_template.<name>``), if any.
+
+    Only that string is read (the header's other strings are not kept); one longer than 1 MiB is refused with a
+    GGUFValidationError rather than read.
+    """
+    path = Path(path)
+    head = _parse(path)
     key = "tokenizer.chat_template" if name is None else f"tokenizer.chat_template.{name}"
-    entry = head.kv.get(key)
-    return entry.value if entry is not None and isinstance(entry.value, str) else None
+    entry, span = head.kv.get(key), head.spans.get(key)
+    if entry is None or entry.vtype != int(_VT.STRING) or span is None:
+        return None
+    start, end = span
+    if end - start > _MAX_TEMPLATE:
+        raise _fail(path, f"{key} is {end - start} bytes long (at most {_MAX_TEMPLATE >> 20} MiB is read)",
+                    "the chat template is not usable; re-download or re-convert the model")
+    try:
+        with _open_source(path) as src:
+            return src.read(start, end - start).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise _error(path, f"cannot be read ({exc.strerror or exc})", "check the file and the disk") from None
 
 
 # ---------------------------------------------------------------------------

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 
 from engine_ext.params import EngineError
 
 ARCH = "controlvector"
+_GGML_TYPE_IDS = frozenset(int(t) for t in GGMLQuantizationType)
 
 
 class ControlVectorError(EngineError):
@@ -69,45 +71,72 @@ def write_control_vector(vector: ControlVector, path: Path) -> Path:
     return path
 
 
+_DIRECTION = re.compile(r"direction\.(\d{1,9})")
+_MAX_LAYER = 512  # LLAMA_MAX_LAYERS: llama.cpp sizes the vector by the highest layer it names
+_MAX_N_EMBD = 1 << 20  # as gguf_info's largest plausible width
+_MAX_METADATA = 256  # llmtui.* provenance strings kept (more are ignored)
+
+
 def read_control_vector(path: Path, *, n_embd: int | None = None, n_layer: int | None = None) -> ControlVector:
-    """Read and validate a control vector; with the model's n_embd/n_layer, check it fits that model."""
-    from engine_ext.gguf_info import GGUFError, validate_gguf
+    """Read and validate a control vector; with the model's n_embd/n_layer, check it fits that model.
+
+    The header goes through gguf_info's bounded reader (every count and length checked against the file before
+    anything is allocated), the tensor infos are checked, and only then are the directions read, straight from
+    the file: a hostile file is refused with a one-line ControlVectorError, never read into memory.
+    """
+    from engine_ext.gguf_info import GGUFError, _parse
 
     path = Path(path)
     if not path.is_file():
         raise ControlVectorError(f"control vector not found: {path}")
     try:
-        validate_gguf(path)
+        header = _parse(path)
     except GGUFError as exc:
         raise ControlVectorError(str(exc)) from exc
-    reader = GGUFReader(str(path))
+    name_of = path.name if len(path.name) <= 80 else path.name[:79] + "…"
     strings: dict[str, str] = {}
-    for key, fld in reader.fields.items():
-        if key == "controlvector.model_hint" or key.startswith("llmtui."):
-            strings[key] = bytes(fld.parts[fld.data[0]]).decode("utf-8", errors="replace")
-    directions: dict[int, np.ndarray] = {}
-    for tensor in reader.tensors:
+    for key, entry in header.kv.items():
+        if (key == "controlvector.model_hint" or key.startswith("llmtui.")) and isinstance(entry.value, str):
+            if len(strings) < _MAX_METADATA and len(key) <= 200:
+                strings[key] = entry.value
+    chosen: list[tuple[int, str, int, int]] = []  # (layer, tensor name, file offset, elements)
+    for tensor in header.tensors:
         name = tensor.name
         if not name.startswith("direction."):
             continue
-        try:
-            il = int(name.split(".", 1)[1])
-        except ValueError:
-            raise ControlVectorError(f"{path.name}: tensor {name!r} is not direction.<layer>") from None
+        match = _DIRECTION.fullmatch(name)
+        if match is None:
+            raise ControlVectorError(f"{name_of}: tensor {name!r} is not direction.<layer>")
+        il = int(match.group(1))
         if il < 1:
-            raise ControlVectorError(f"{path.name}: {name} is invalid (layer 0 has no control vector)")
-        if tensor.tensor_type != GGMLQuantizationType.F32:
-            raise ControlVectorError(f"{path.name}: {name} is {tensor.tensor_type.name}, llama.cpp needs F32")
+            raise ControlVectorError(f"{name_of}: {name} is invalid (layer 0 has no control vector)")
+        if il > _MAX_LAYER:
+            raise ControlVectorError(f"{name_of}: {name} names layer {il}, above llama.cpp's {_MAX_LAYER} layers")
+        if tensor.type_id != int(GGMLQuantizationType.F32):
+            type_name = GGMLQuantizationType(tensor.type_id).name if tensor.type_id in _GGML_TYPE_IDS else "unknown"
+            raise ControlVectorError(f"{name_of}: {name} is {type_name}, llama.cpp needs F32")
         if len(tensor.shape) != 1:
-            raise ControlVectorError(f"{path.name}: {name} must be one-dimensional")
-        data = np.array(tensor.data, dtype=np.float32).reshape(-1)
-        if not np.isfinite(data).all():
-            raise ControlVectorError(f"{path.name}: {name} contains NaN or infinite values")
-        if directions and data.shape[0] != next(iter(directions.values())).shape[0]:
-            raise ControlVectorError(f"{path.name}: {name} has a different size than the other directions")
-        directions[il] = directions[il] + data if il in directions else data
-    if not directions:
-        raise ControlVectorError(f"{path.name} holds no direction.N tensors: not a control vector")
+            raise ControlVectorError(f"{name_of}: {name} must be one-dimensional")
+        if tensor.shape[0] > _MAX_N_EMBD:
+            raise ControlVectorError(f"{name_of}: {name} has {tensor.shape[0]} values (at most {_MAX_N_EMBD})")
+        if chosen and tensor.shape[0] != chosen[0][3]:
+            raise ControlVectorError(f"{name_of}: {name} has a different size than the other directions")
+        chosen.append((il, name, header.data_offset + tensor.offset, tensor.shape[0]))
+    if not chosen:
+        raise ControlVectorError(f"{name_of} holds no direction.N tensors: not a control vector")
+    directions: dict[int, np.ndarray] = {}
+    try:
+        with open(path, "rb") as fh:
+            for il, name, offset, count in chosen:
+                fh.seek(offset)
+                data = np.frombuffer(fh.read(count * 4), dtype="<f4").astype(np.float32)
+                if data.shape[0] != count:
+                    raise ControlVectorError(f"{name_of}: {name} is cut short (the file changed while read)")
+                if not np.isfinite(data).all():
+                    raise ControlVectorError(f"{name_of}: {name} contains NaN or infinite values")
+                directions[il] = directions[il] + data if il in directions else data
+    except OSError as exc:
+        raise ControlVectorError(f"{name_of}: cannot be read ({exc.strerror or exc})") from None
     vector = ControlVector(
         directions,
         model_hint=strings.pop("controlvector.model_hint", ""),
@@ -116,11 +145,11 @@ def read_control_vector(path: Path, *, n_embd: int | None = None, n_layer: int |
     )
     if n_embd is not None and vector.n_embd != n_embd:
         raise ControlVectorError(
-            f"{path.name} was made for embedding size {vector.n_embd}, the model has {n_embd}"
+            f"{name_of} was made for embedding size {vector.n_embd}, the model has {n_embd}"
         )
     if n_layer is not None and max(directions) >= n_layer:
         raise ControlVectorError(
-            f"{path.name} steers layer {max(directions)}, the model has layers 1..{n_layer - 1}"
+            f"{name_of} steers layer {max(directions)}, the model has layers 1..{n_layer - 1}"
         )
     return vector
 

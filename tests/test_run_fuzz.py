@@ -1,0 +1,205 @@
+"""`run` on hostile metadata: what passes the loader's checks and then aborts llama.cpp is refused up front.
+
+scripts/fuzz_run.py found these classes by loading seeded metadata mutants of real models in the worker; each
+test below builds one mutant of its class and checks that validate_main_model refuses it with a one-line message
+naming the key and the rule. A seeded sample then goes through the real worker: every case is refused by
+validation, or loads and decodes, or fails cleanly (a load error) — a worker crash only for the class listed in
+KNOWN_CRASHES, never a hang, never an exception in the test process.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_ext.gguf_info import GGUFError, validate_main_model
+from scripts.fuzz_run import KV, Model, Runner, TensorInfo, del_kv, load_model, mutants, set_kv, write_mutant
+
+MAX_MESSAGE = 300
+U32, I32, F32, STR, ARR = 4, 5, 6, 8, 9  # GGUFValueType
+MAIN_KINDS = ("llama", "qwen3", "qwen35", "qwen35_mtp", "qwen3next", "nemotron_h_moe", "nemotron_h_moe_mtp")
+
+# Worker crashes validation does not catch, matched on the crash signature (see scripts/fuzz_run.py):
+# a 1-D weight (norm, bias) stored as F16 where the graph adds or multiplies it with F32 activations: the CPU
+# backend's binary ops have no f32 x f16 kernel (ggml-cpu/binary-ops.cpp:135) while GPU backends do, and older
+# converters wrote such files; which tensor meets which op is decided by each architecture's graph.
+KNOWN_CRASHES = ("binary_op: unsupported types",)
+
+
+@pytest.fixture(scope="module")
+def parsed(tiny_models: dict[str, Path]) -> dict[str, Model]:
+    return {kind: load_model(kind, tiny_models[kind]) for kind in MAIN_KINDS}
+
+
+def _mutant(m: Model, tmp_path: Path, edits: list[KV] = (), drop: tuple[str, ...] = (),  # type: ignore[assignment]
+            tensors: list[TensorInfo] | None = None) -> Path:
+    kvs = list(m.kvs)
+    for key in drop:
+        kvs = del_kv(kvs, key)
+    for edit in edits:
+        kvs = set_kv(kvs, edit)
+    return write_mutant(m, kvs, m.tensors if tensors is None else tensors, tmp_path / f"{m.name}-mutant.gguf")
+
+
+def _refused(path: Path) -> str:
+    with pytest.raises(GGUFError) as exc:
+        validate_main_model(path)
+    message = str(exc.value)
+    assert "\n" not in message and len(message) <= MAX_MESSAGE, message
+    return message
+
+
+def _tokens(m: Model) -> list[str]:
+    return list(m.get("tokenizer.ggml.tokens"))
+
+
+# one mutant per crash class: (model, edits, expected words in the message, the assert it avoids)
+CLASSES: dict[str, tuple[str, list[KV], str]] = {
+    # llama-model.cpp:1328 GGML_ASSERT(hparams.n_layer_all > 0 && hparams.n_layer_all <= LLAMA_MAX_LAYERS)
+    "block_count 0": ("llama", [("llama.block_count", U32, -1, 0)], "llama.block_count is 0 (must be 1 to 512)"),
+    "block_count 1000": ("qwen3", [("qwen3.block_count", U32, -1, 1000)], "qwen3.block_count is 1000 (must be 1 to"),
+    # llama-model.cpp:1330 GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all)
+    "nextn above block_count": ("qwen35_mtp", [("qwen35.nextn_predict_layers", U32, -1, 16)],
+                                "qwen35.nextn_predict_layers is 16 (must be 0 to"),
+    # llama-model.cpp:1364 GGML_ASSERT(n_expert_used_max > 0)
+    "experts without used count": ("llama", [("llama.expert_count", U32, -1, 4)],
+                                   "llama.expert_count is 4 but expert_used_count is 0 or missing"),
+    # llama-model.cpp:1362 GGML_ASSERT(n_expert_used_max <= hparams.n_expert)
+    "used above expert_count": ("nemotron_h_moe", [("nemotron_h_moe.expert_count", U32, -1, 0)],
+                                "nemotron_h_moe.expert_used_count 3 exceeds expert_count 0"),
+    # ggml-cpu/ops.cpp:4132 GGML_ASSERT(eps >= 0.0f) in rms_norm
+    "negative rms epsilon": ("nemotron_h_moe", [("nemotron_h_moe.attention.layer_norm_rms_epsilon", F32, -1, -1.0)],
+                             "nemotron_h_moe.attention.layer_norm_rms_epsilon is -1.0 (must be >= 0)"),
+    "NaN rms epsilon": ("llama", [("llama.attention.layer_norm_rms_epsilon", F32, -1, float("nan"))],
+                        "llama.attention.layer_norm_rms_epsilon is nan (must be >= 0)"),
+    # llama-model.cpp:1420 GGML_ASSERT(hparams.rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED)
+    "unknown rope scaling": ("qwen3", [("qwen3.rope.scaling.type", STR, -1, "bogus")],
+                             "qwen3.rope.scaling.type 'bogus' is unknown (one of none, linear, yarn, longrope)"),
+    # models/qwen3.cpp:57 GGML_ASSERT(n_embd_head == n_rot)
+    "rope dims not the head size": ("qwen3", [("qwen3.rope.dimension_count", U32, -1, 8)],
+                                    "qwen3.rope.dimension_count 8 must equal the head size 16 for qwen3"),
+    # ggml-cpu/ops.cpp:6356 GGML_ASSERT(n_dims % 2 == 0)
+    "odd rope dims": ("qwen35", [("qwen35.rope.dimension_count", U32, -1, 15)],
+                      "qwen35.rope.dimension_count 15 must be even, 2 to the head size"),
+    # ggml-cpu/ops.cpp:6355 GGML_ASSERT(n_dims <= ne0)
+    "rope dims above the head": ("qwen35_mtp", [("qwen35.rope.dimension_count", U32, -1, 256)],
+                                 "qwen35.rope.dimension_count 256 must be even, 2 to the head size"),
+    # rope over 0 dimensions: the decode never returns (ggml_graph_compute spins)
+    "zero rope dims": ("qwen3next", [("qwen3next.rope.dimension_count", U32, -1, 0)],
+                       "qwen3next.rope.dimension_count 0 must be even, 2 to the head size"),
+    # ggml.c:4014 GGML_ASSERT(a->ne[0] == b->ne[0]) in ggml_set_rows (the KV cache of that layer)
+    "kv heads not dividing heads": ("llama", [("llama.attention.head_count_kv", ARR, U32, [2, 8])],
+                                    "llama.attention.head_count_kv 8 must divide head_count 4 (layer 1)"),
+    "per-layer kv heads against K": ("qwen3next", [("qwen3next.attention.head_count_kv", ARR, U32, [2, 0, 2, 2])],
+                                     "qwen3next.attention.head_count_kv is 0 at layer 1 but blk.1.attn_k.weight has"),
+    # ggml.c:2645 GGML_ASSERT(a->ne[d] == b->ne[d]) in ggml_concat (models/qwen35.cpp:346 head_v_dim = d_inner / ...)
+    "GDN inner size": ("qwen35", [("qwen35.ssm.inner_size", U32, -1, 7)],
+                       "qwen35.ssm.inner_size 7 must equal ssm.state_size × ssm.time_step_rank"),
+    # ggml-backend.cpp:2527 GGML_ASSERT((uintptr_t)ptr % TENSOR_ALIGNMENT == 0 && "buffer pointer must be aligned")
+    "alignment below 32": ("qwen3", [("general.alignment", U32, -1, 8)], "not a multiple of 32 (general.alignment"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASSES))
+def test_crash_class_is_refused(parsed: dict[str, Model], tmp_path: Path, case: str) -> None:
+    model, edits, expected = CLASSES[case]
+    path = _mutant(parsed[model], tmp_path, edits)
+    message = _refused(path)
+    assert expected in message, message
+    assert "llama.cpp would" in message
+
+
+def test_duplicate_token_is_refused(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """llama-vocab.cpp:2544 GGML_ASSERT(id_to_token.size() == token_to_id.size())."""
+    m = parsed["qwen3"]
+    tokens = _tokens(m)
+    tokens[300 % len(tokens)] = tokens[5]
+    message = _refused(_mutant(m, tmp_path, [("tokenizer.ggml.tokens", ARR, STR, tokens)]))
+    assert f"tokenizer.ggml.tokens has {tokens[5]!r} twice (ids 5 and {300 % len(tokens)})" in message
+
+
+def test_empty_tokens_are_renamed_not_duplicates(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """llama.cpp renames an empty token to [EMPTY_<id>], so two empty tokens are no duplicate."""
+    m = parsed["llama"]
+    tokens = _tokens(m)
+    tokens[10] = tokens[11] = ""
+    validate_main_model(_mutant(m, tmp_path, [("tokenizer.ggml.tokens", ARR, STR, tokens)]))
+
+
+def test_integer_weight_is_refused(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """An I32 weight: the CPU binary ops abort (binary-ops.cpp:135) or the matmul segfaults."""
+    m = parsed["llama"]
+    tensors = [TensorInfo(t.name, list(t.shape), 26 if t.name == "blk.1.attn_v.weight" else t.type_id, t.offset)
+               for t in m.tensors]
+    message = _refused(_mutant(m, tmp_path, tensors=tensors))
+    assert "tensor 'blk.1.attn_v.weight' has the integer type I32" in message
+
+
+def test_special_token_ids_out_of_range_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """llama.cpp ignores an out-of-range special token id (llama-vocab.cpp 'bad special token'): not refused."""
+    m = parsed["llama"]
+    n = len(_tokens(m))
+    validate_main_model(_mutant(m, tmp_path, [("tokenizer.ggml.eos_token_id", U32, -1, n + 70000),
+                                              ("tokenizer.ggml.bos_token_id", U32, -1, 2**32 - 1)]))
+
+
+def test_valid_models_are_not_refused(tiny_models: dict[str, Path]) -> None:
+    from app.models import starter_model_path
+
+    for kind in MAIN_KINDS:
+        validate_main_model(tiny_models[kind])
+    starter = starter_model_path()
+    if starter is not None:
+        t0 = time.perf_counter()
+        validate_main_model(starter)
+        assert time.perf_counter() - t0 < 2.0
+
+
+# ----- a seeded sample through the real worker ---------------------------------------------------------------
+
+SEED = 2103
+N_SAMPLE = 30
+
+
+def _check_outcomes(outcomes: list[tuple[str, Any]]) -> None:
+    for what, out in outcomes:
+        assert out.kind != "hang", f"{what}: {out.detail}"
+        if out.kind == "refused":
+            assert "\n" not in out.detail and len(out.detail) <= MAX_MESSAGE, f"{what}: {out.detail!r}"
+        elif out.kind == "crash":
+            assert any(k in out.detail for k in KNOWN_CRASHES), f"{what}: an uncaught worker crash: {out.detail}"
+        else:
+            assert out.kind in ("ok", "load_failed", "decode_failed"), f"{what}: {out.kind} {out.detail}"
+
+
+def _run_sample(parsed: dict[str, Model], tmp_path: Path, seed: int, n: int) -> list[tuple[str, Any]]:
+    runner = Runner(tmp_path / "engine.log", load_timeout=60.0, gen_timeout=30.0, n_ctx=256)
+    outcomes = []
+    try:
+        for i, name, what, kvs, tensors in mutants(parsed, seed, n):
+            path = write_mutant(parsed[name], kvs, tensors, tmp_path / f"mutant{i}.gguf")
+            outcomes.append((f"#{i} {name} [{what}]", runner.run(path)))
+            path.unlink()
+    finally:
+        runner.close()
+    return outcomes
+
+
+def test_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GGML_NO_BACKTRACE", "1")  # an abort ends the worker at once (no gdb attaching)
+    outcomes = _run_sample(parsed, tmp_path, SEED, N_SAMPLE)
+    assert len(outcomes) == N_SAMPLE
+    kinds = {out.kind for _, out in outcomes}
+    assert "refused" in kinds and "ok" in kinds, kinds
+    _check_outcomes(outcomes)
+
+
+@pytest.mark.slow
+def test_many_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
+    _check_outcomes(_run_sample(parsed, tmp_path, 21, 300))

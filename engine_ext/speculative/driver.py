@@ -54,7 +54,7 @@ class SpeculativeDriver:
         # Auto mode: each drafter's draft length. A model drafter's starts at n_max and stays within it (the
         # rollback depth is sized to it); an n-gram drafter's starts at AUTO_NGRAM_MAX, as long as in a fixed mode
         # (ngram-mod drafts only when it can copy at least its n_min tokens: capped shorter, it stops drafting).
-        self.caps = {id(d): self._ceiling(d) for d in self.drafters}
+        self.caps = {id(d): min(d.start_length or self._ceiling(d), self._ceiling(d)) for d in self.drafters}
         if self.auto and self.drafters:
             self.n_max_now = self.caps[id(self.drafters[0])]
         self.window: deque[tuple[int, float]] = deque(maxlen=AUTO_WINDOW)  # (tokens produced, ms) per step

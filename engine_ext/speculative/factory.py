@@ -122,9 +122,14 @@ def auto_types(params: SpeculativeParams, model: Model) -> tuple[str, ...]:
 
 
 def build_auto_driver(params: SpeculativeParams, model: Model, ctx: Context) -> SpeculativeDriver:
+    """Auto mode's chain (auto_types); without a model drafter, a short-key copier (ngram-prompt) after ngram-mod,
+    so text repeated from the prompt is drafted from the first reply on."""
     from dataclasses import replace
 
+    from engine_ext.speculative.ngram import prompt_lookup_drafter
+
     chosen = replace(params, types=auto_types(params, model))
-    driver = build_driver(chosen, model, ctx)
-    driver.auto = True
-    return driver
+    drafters = build_driver(chosen, model, ctx).drafters
+    if not any(d.follows_draft_n_max for d in drafters):  # n-gram drafters only
+        drafters.append(prompt_lookup_drafter())
+    return SpeculativeDriver(chosen, drafters, auto=True)

@@ -43,6 +43,7 @@ __all__ = [
     "NgramSimple",
     "load_ngram_cache",
     "make_ngram_drafter",
+    "prompt_lookup_drafter",
     "ngram_cache_update",
     "save_ngram_cache",
 ]
@@ -900,3 +901,19 @@ def make_ngram_drafter(name: str, **params: object) -> Drafter:
     if cls is None:
         raise ValueError(f"unknown n-gram drafter {name!r}; use one of {', '.join(NGRAM_DRAFTERS)}")
     return cls(**params)
+
+
+PROMPT_LOOKUP_KEY = 3  # tokens matched: the last two and the one just sampled
+PROMPT_LOOKUP_COPY = 16  # the most tokens copied from where they matched
+PROMPT_LOOKUP_START = 4  # auto mode's first length for it, grown with measured acceptance
+
+
+def prompt_lookup_drafter(*, record_stats: bool = False) -> NgramSimple:
+    """Auto mode's short-key copier for a model without a model drafter ("ngram-prompt"): ngram-simple matching 3
+    tokens instead of 12 and copying up to 16, so text repeated from the prompt is drafted in the first reply
+    already (upstream's n-gram types need 12-24 matching tokens and copies of 12-48: a sentence repeated once is
+    too short for them). Its drafts start at 4 tokens and grow with acceptance (SpeculativeDriver, auto mode)."""
+    drafter = NgramSimple(size_n=PROMPT_LOOKUP_KEY, size_m=PROMPT_LOOKUP_COPY, record_stats=record_stats)
+    drafter.name = "ngram-prompt"
+    drafter.start_length = PROMPT_LOOKUP_START
+    return drafter

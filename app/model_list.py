@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from app.models import starter_model_path
+from app.models import starter_model_path, user_path
 
 MAX_SCAN_DEPTH: Final = 3
 # Draft/MTP sidecars and split parts after the first are not models to chat with on their own.
@@ -46,7 +46,9 @@ def local_models(folders: Iterable[str]) -> list[LocalModel]:
         found.append(LocalModel("starter (SmolLM2-135M-Instruct)", starter, starter.stat().st_size, "starter"))
         seen.add(starter.resolve())
     for folder_text in folders:
-        folder = Path(folder_text).expanduser()
+        folder = user_path(folder_text)
+        if folder is None:  # cannot name a folder: nothing to list there
+            continue
         for path in _scan(folder, MAX_SCAN_DEPTH):
             resolved = path.resolve()
             if resolved in seen:

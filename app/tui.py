@@ -35,7 +35,7 @@ from app.messages import (
     TokensArrived,
 )
 from app.model_list import local_models
-from app.models import ModelNotFound, resolve_model, starter_model_path
+from app.models import ModelNotFound, resolve_model, starter_model_path, usable_folders, user_path
 from app.private_files import private_dir, secure_app_dirs, take_notice, write_private_text
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
@@ -193,7 +193,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         large vocabulary), then load it with the options they call for (a model drafter's rollback depth)."""
         missing: list[tuple[str, str]] = []
         try:
-            found, missing = find_drafts(path, self.config.model_folders)
+            found, missing = find_drafts(path, usable_folders(self.config.model_folders))
         except Exception as error:  # noqa: BLE001 - finding drafts must never keep a model from loading
             self.call_from_thread(self.notify, f"Draft sidecars were not looked for: {error}", severity="warning")
             found = []
@@ -450,7 +450,10 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         def import_file(text: str | None) -> None:
             if not text:
                 return
-            path = Path(text.strip()).expanduser()
+            path = user_path(text.strip())
+            if path is None:
+                self.notify(f"{text.strip()!r} cannot be a path.", severity="error", timeout=10)
+                return
             try:
                 conversation_id = self.store.import_json(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, StoreError) as error:

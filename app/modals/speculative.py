@@ -16,6 +16,7 @@ from textual.widgets.option_list import Option
 
 from app.config import ConfigError, SpeculativeSettings
 from app.modals.pick import PickModal
+from app.models import usable_folders, user_path
 from app.speculation import KIND_TYPES, effective_settings, find_drafts, supported_types
 from engine_ext.gguf_info import format_bytes
 from models_catalog.drafts import DraftCandidate
@@ -104,6 +105,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     def _fill_types(self, selected: str) -> None:
         options = self.query_one("#spec-types", OptionList)
         draft = self.query_one("#spec-draft", Input).value
+        if user_path(draft.strip()) is None:  # not a path (a NUL byte, ~ of an unknown user): no draft type from it
+            draft = ""
         pairs = supported_types(self.model_path, draft, self.sidecars)
         self.types = [spec_type for spec_type, _ in pairs]
         options.clear_options()
@@ -134,8 +137,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     @work(thread=True, exclusive=True, group="find-drafts")
     def _find_drafts(self, model_path: str) -> None:
         """Read the headers of the library's models (slow for many) off the event loop, then offer the fitting."""
-        found, _ = find_drafts(model_path, self.app.config.model_folders,  # type: ignore[attr-defined]
-                               same_vocabulary=True)
+        folders = usable_folders(self.app.config.model_folders)  # type: ignore[attr-defined]
+        found, _ = find_drafts(model_path, folders, same_vocabulary=True)
         self.app.call_from_thread(self._offer_drafts, found)
 
     def _offer_drafts(self, found: list[DraftCandidate]) -> None:
@@ -167,11 +170,14 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
                 values[name] = kind(text)
             except ValueError:
                 raise ConfigError(f"{name}: {text!r} is not a {'whole ' if kind is int else ''}number") from None
+        draft_model = self.query_one("#spec-draft", Input).value.strip()
+        if user_path(draft_model) is None:
+            raise ConfigError(f"draft model: {draft_model!r} cannot be a path")
         settings = replace(
             self.settings,
             enabled=self.query_one(Checkbox).value,
             spec_type=self.types[options.highlighted],
-            draft_model=self.query_one("#spec-draft", Input).value.strip(),
+            draft_model=draft_model,
             **values,  # type: ignore[arg-type]
         )
         settings.validate()

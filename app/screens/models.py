@@ -20,6 +20,7 @@ from textual.worker import Worker, WorkerState
 from app import paths
 from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
 from app.modals.model_actions import DeleteModelModal, PullModal
+from app.models import usable_folders
 from app.widgets.downloads import DownloadsPanel
 from engine_ext.gguf_info import GGUFError, format_bytes
 from models_catalog import fit, hfcache, hub, pairing
@@ -337,9 +338,9 @@ class ModelsScreen(Screen[None]):
         self.post_message(ModelsWorkFailed(what, one_line(f"{type(error).__name__}: {error}")))
 
     def _library(self) -> Library:
-        # A folder name with a NUL byte (config.toml can hold one) cannot name a folder: the OS refuses it with a
-        # ValueError the library's scan does not expect, and no models are listed at all. Such a folder is left out.
-        return paths.library([folder for folder in self.app.config.model_folders if "\0" not in folder])
+        # A folder that cannot name one (a NUL byte, ~ of an unknown user: the settings take any text) makes the
+        # library's scan raise an error it does not expect, and nothing would be listed: such folders are left out.
+        return paths.library(usable_folders(self.app.config.model_folders))
 
     # ----- worker results -----
 

@@ -19,6 +19,7 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
+from app.models import user_path
 from app.paths import steering_dir
 from engine_ext.params import EngineError
 from engine_ext.protocol import SteeringSet
@@ -363,7 +364,14 @@ class SteeringScreen(ModalScreen[None]):
         async def add(text: str | None) -> None:
             if not text or not text.strip():
                 return
-            path = str(Path(text.strip()).expanduser().resolve())
+            typed = user_path(text.strip())
+            try:
+                path = str(typed.resolve()) if typed is not None else ""
+            except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+                path = ""
+            if not path:
+                self.notify(f"{text.strip()!r} cannot be a path to a control vector.", severity="error", timeout=10)
+                return
             info = vector_info(path)
             if isinstance(info, str):
                 self.notify(f"Cannot use {path}: {info}", severity="error", timeout=10)

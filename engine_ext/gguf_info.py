@@ -650,6 +650,11 @@ _ROT_EQ_HEAD_ARCHS = frozenset({
     "qwen2moe", "qwen2vl", "qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "rnd1", "seed_oss", "smallthinker",
     "smollm3", "starcoder2", "talkie", "xverse",
 })
+# Architectures that read rope.dimension_sections (multi-section rope; ggml_mrope_cache_init asserts their sum)
+_MROPE_ARCHS = frozenset({
+    "bailingmoe3", "deepseek32", "dflash", "ernie4_5", "glm-dsa", "glm4", "glm4moe", "hunyuan_vl", "qwen2vl",
+    "qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen4exp",
+})
 # Architectures whose graph normalises with layer_norm_epsilon only (load_arch_hparams reads no RMS epsilon)
 _LAYERNORM_ARCHS = frozenset({
     "bert", "bloom", "codeshell", "cohere2", "command-r", "dbrx", "falcon", "gpt2", "gptneox", "jais", "jais2",
@@ -670,6 +675,9 @@ def _check_runnable(path: Path | str, header: _Header) -> None:
     _guarded(path, lambda: _check_kv_heads(path, m, header))
     _check_tensor_types(path, header)
     _check_tokens(path, header)
+    model = header.kv.get("tokenizer.ggml.model")
+    if model is not None and model.value in ("none", "no_vocab"):  # llama-vocab.cpp:3422 on the first tokenize
+        raise _refuse(path, f"tokenizer.ggml.model is {model.value!r}: the model has no tokenizer to chat with")
 
 
 def _refuse(path: Path | str, problem: str) -> GGUFValidationError:
@@ -735,6 +743,10 @@ def _check_attention(path: Path | str, m: _Meta) -> None:
     head_k = m.aint("attention.key_length") or n_embd // n_head  # llama-model.cpp:1435-1447
     head_v = m.aint("attention.value_length") or n_embd // n_head
     n_rot = m.aint("rope.dimension_count")
+    sections = m.int_or_layers("rope.dimension_sections")
+    if a in _MROPE_ARCHS and isinstance(sections, tuple) and sum(sections[:4]) > head_k:  # ggml-cpu/ops.cpp:6232
+        raise _refuse(path, f"{a}.rope.dimension_sections {list(sections[:4])} add up to more than the head size "
+                            f"{head_k}")
     if a in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
         raise _refuse(path, f"{a}.attention.key_length {head_k} must equal value_length {head_v} for {a}")
     if n_rot is None:
@@ -747,8 +759,12 @@ def _check_attention(path: Path | str, m: _Meta) -> None:
 
 
 def _check_recurrent(path: Path | str, m: _Meta) -> None:
-    """Gated delta net sizes the graph divides by and reshapes with (src/models/qwen35.cpp:341-346)."""
+    """The layer pattern and the gated delta net sizes the loader and graph divide by and reshape with
+    (src/models/qwen35.cpp:18-21 and 341-346)."""
     a = m.arch
+    if a in _INTERVAL_HYBRID_ARCHS and m.a("attention.recurrent_layers") is None:
+        if m.aint("full_attention_interval") == 0:  # (i + 1) % full_attn_interval: SIGFPE
+            raise _refuse(path, f"{a}.full_attention_interval is 0 (must be at least 1)")
     if a not in _GDN_ARCHS:
         return
     inner, state, rank = m.aint("ssm.inner_size"), m.aint("ssm.state_size"), m.aint("ssm.time_step_rank")
@@ -783,7 +799,8 @@ def _check_kv_heads(path: Path | str, m: _Meta, header: _Header) -> None:
 def _check_tensor_types(path: Path | str, header: _Header) -> None:
     """Weights llama.cpp maps but cannot compute with or point at."""
     for t in header.tensors:
-        if t.type_id in _INTEGER_TENSOR_TYPES:  # ggml-cpu binary ops and matmuls abort or crash on them
+        # ggml-cpu binary ops and matmuls abort or crash on them; only a draft's d2t token map is I64 (eagle3.cpp:312)
+        if t.type_id in _INTEGER_TENSOR_TYPES and not t.name.endswith(("d2t", "t2d")):
             raise _refuse(path, f"tensor {t.name!r} has the integer type {_INTEGER_TENSOR_TYPES[t.type_id]}, "
                                 "which no model weight uses")
         start = header.data_offset + t.offset

@@ -95,6 +95,15 @@ CLASSES: dict[str, tuple[str, list[KV], str]] = {
                                     "llama.attention.head_count_kv 8 must divide head_count 4 (layer 1)"),
     "per-layer kv heads against K": ("qwen3next", [("qwen3next.attention.head_count_kv", ARR, U32, [2, 0, 2, 2])],
                                      "qwen3next.attention.head_count_kv is 0 at layer 1 but blk.1.attn_k.weight has"),
+    # ggml-cpu/ops.cpp:6232 GGML_ASSERT(sect_dims <= ne0) in ggml_mrope_cache_init
+    "rope sections above the head": ("qwen35_mtp", [("qwen35.rope.dimension_sections", ARR, I32, [8, 4, 8, 16])],
+                                     "qwen35.rope.dimension_sections [8, 4, 8, 16] add up to more than the head size"),
+    # models/qwen35.cpp:21 (i + 1) % full_attn_interval: SIGFPE
+    "zero attention interval": ("qwen35", [("qwen35.full_attention_interval", U32, -1, 0)],
+                                "qwen35.full_attention_interval is 0 (must be at least 1)"),
+    # llama-vocab.cpp:3422 GGML_ASSERT(tokenizer && "Tokenizer not initialized. ...") on the first tokenize
+    "no tokenizer": ("qwen35_mtp", [("tokenizer.ggml.model", STR, -1, "none")],
+                     "tokenizer.ggml.model is 'none': the model has no tokenizer to chat with"),
     # ggml.c:2645 GGML_ASSERT(a->ne[d] == b->ne[d]) in ggml_concat (models/qwen35.cpp:346 head_v_dim = d_inner / ...)
     "GDN inner size": ("qwen35", [("qwen35.ssm.inner_size", U32, -1, 7)],
                        "qwen35.ssm.inner_size 7 must equal ssm.state_size × ssm.time_step_rank"),

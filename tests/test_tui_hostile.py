@@ -462,6 +462,14 @@ _HOSTILE_TIMINGS = (b'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\n'
                     b'{"completion_tokens": 1e308, "prompt_tokens": -7}, "timings": {"predicted_per_second": '
                     b'Infinity, "draft_n": 1e300, "draft_n_accepted": -3, "prompt_ms": NaN, "predicted_n": 1e308}}'
                     b'\n\ndata: [DONE]\n\n')
+
+
+def _reply(content: str) -> bytes:
+    """A stream answering `content` in one chunk, then stop."""
+    chunk = {"choices": [{"delta": {"content": content}, "finish_reason": "stop"}]}
+    return b"data: " + _json_bytes(chunk) + b"\n\ndata: [DONE]\n\n"
+
+
 # behaviour -> (GET /v1/models body, POST /v1/chat/completions body); b"" after a stream body: written forever
 REMOTE_BEHAVIOURS: dict[str, tuple[bytes, bytes]] = {
     "models-not-json": (b"<html>502 Bad Gateway</html>", b""),
@@ -470,6 +478,10 @@ REMOTE_BEHAVIOURS: dict[str, tuple[bytes, bytes]] = {
     "stream-not-json": (_GOOD_MODELS, b"data: {this is not json\n\n"),
     "stream-endless-line": (_GOOD_MODELS, b"data: " + b"x" * 65536),
     "stream-hostile-numbers": (_GOOD_MODELS, _HOSTILE_TIMINGS),
+    "stream-nested-quotes": (_GOOD_MODELS, _reply(">" * 20000 + " deep")),
+    "stream-nested-lists": (_GOOD_MODELS, _reply("".join("  " * i + "- x\n" for i in range(400)))),
+    "stream-brackets": (_GOOD_MODELS, _reply("[" * 20000 + "x" + "]" * 20000 + "*_" * 20000)),
+    "stream-control-chars": (_GOOD_MODELS, _reply("\x1b[2J\x1b]0;pwned\x07\x00\r\x08" * 2000 + "```\n" * 3000)),
 }
 _ENDLESS = {"models-endless": "GET", "stream-endless-line": "POST"}
 
@@ -571,6 +583,9 @@ async def test_a_hostile_remote_engine_fails_in_one_line_and_the_app_stays(
             if behaviour == "stream-hostile-numbers":  # absurd numbers from the server: a reply all the same
                 assert reply.content == "Hi" and reply.state == "complete", (reply.state, reply.stats)
                 await pilot.pause(0.1)
+            elif behaviour.startswith("stream-") and behaviour != "stream-not-json" and "endless" not in behaviour:
+                assert reply.state == "complete" and reply.content, (reply.state, reply.stats)  # shown as it came
+                await pilot.pause(0.5)
             else:
                 assert reply.state == "error"
                 assert_one_line(await said(pilot, app, "Generation failed"))
@@ -599,6 +614,8 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
     steering.mkdir(parents=True)
     for kind in ("truncated", "huge-array", "not-gguf", "empty", "mutant-1", "block-count"):
         shutil.copyfile(hostile_folder[kind], steering / f"vector-{kind}.gguf")
+    # a damaged catalog overlay: the draft search reads the catalog (a ValueError it does not expect)
+    (paths.data_dir() / "catalog-refresh.json").write_text(json.dumps({"qwen3.5-2b": {"context_length": "x"}}))
     app = LlmtuiApp(str(good))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.engine_state == "ready", "the good model to load")
@@ -639,6 +656,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
         await pilot.press("ctrl+d")
         await wait_for(pilot, lambda: isinstance(app.screen, PickModal) or bool(messages(app)), "the drafts found")
         assert_up(app)
+        assert_one_line(await said(pilot, app, "Drafts could not be looked for"))
         await pilot.press("escape")
         if not isinstance(app.screen, ChatScreen):
             await pilot.press("escape")

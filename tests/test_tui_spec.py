@@ -23,8 +23,8 @@ from app.screens.spec_check import Side, SpecCheckScreen, first_difference, side
 from app.speculation import find_sidecars, load_options, short_summary, sparkline, supported_types
 from app.store import open_default_store
 from app.tui import LlmtuiApp
+from app.widgets.message_view import MessageView
 from app.widgets.spec_meter import SpecMeter
-from app.widgets.transcript import MessageView
 from engine_ext.protocol import DrafterReport, SpeculativeStats
 from tests.test_tui import chat_of, press_and_start, ready, reply_done, send, wait_for
 from tests.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)

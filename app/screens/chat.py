@@ -25,12 +25,15 @@ from app.messages import (
     TokensArrived,
 )
 from app.recording import ReplyRecorder
-from app.screens.cropped_compositor import CroppedCompositor
 from app.store import Conversation, Message, StoreError
+from app.textual_internals.compositor import use_cropped_compositor
+from app.widgets.draft_provenance import draft_spans_from_stats
+from app.widgets.markdown_render import code_blocks
+from app.widgets.message_view import BranchInfo, MessageView
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import ConversationList
 from app.widgets.status import AppHeader, StatsBar
-from app.widgets.transcript import BranchInfo, MessageView, Transcript, code_blocks, draft_spans_from_stats
+from app.widgets.transcript import Transcript
 
 if TYPE_CHECKING:
     from app.tui import LlmtuiApp
@@ -129,7 +132,7 @@ class ChatScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._compositor = CroppedCompositor()  # a streamed line repaints that line, not the widgets under it
+        use_cropped_compositor(self)  # a streamed line repaints that line, not the widgets under it
         self.conversation_id: int | None = None
         self.generation: ActiveGeneration | None = None
         self.edit_target: int | None = None

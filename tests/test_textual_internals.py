@@ -6,10 +6,15 @@ read again, rather than as a blank screen, a missed repaint or a slow UI somewhe
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib
 import inspect
+import textwrap
 import threading
 from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +137,60 @@ def test_the_scrollbar_render_has_the_fields_its_lines_are_kept_by() -> None:
     bar = ScrollBarRender()
     assert all(hasattr(bar, name) for name in SCROLLBAR_FIELDS), changed("Textual", "ScrollBarRender's attributes",
                                                                          "scrollbar.py")
+
+
+# Private names of Textual or Rich that app/ outside app/textual_internals/ still uses, each with where it should go.
+KNOWN_OUTSIDE: dict[tuple[str, str], str] = {
+    ("app/tui.py", "_message_queue"): "App.message_queue_size is the public spelling of _message_queue.qsize()",
+}
+
+
+@functools.cache
+def _private_names_defined_by(base: type) -> frozenset[str]:
+    """The private names (`_x`, not dunder) that the Textual or Rich class `base` itself defines or assigns."""
+    names = {name for name in vars(base) if name.startswith("_") and not name.startswith("__")}
+    try:
+        source = textwrap.dedent(inspect.getsource(base))
+    except (OSError, TypeError):
+        return frozenset(names)
+    names |= {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
+              and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr.startswith("_")
+              and not node.attr.startswith("__")}
+    return frozenset(names)
+
+
+def _private_names_of_library_bases(cls: type) -> set[str]:
+    """The private names that the Textual and Rich classes among `cls`'s bases define or assign."""
+    return {name for base in cls.__mro__ if base.__module__.startswith(("textual", "rich"))
+            for name in _private_names_defined_by(base)}
+
+
+def test_no_private_textual_or_rich_api_is_used_outside_textual_internals() -> None:
+    """Outside app/textual_internals/: no import of a private Textual or Rich module, and no class of ours overrides
+    or reads a private name of its Textual or Rich bases (`def _on_key`, `self._compositor`), nor `x.app._...`."""
+    root = Path(__file__).resolve().parent.parent
+    found: list[str] = []
+    for path in sorted((root / "app").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith("app/textual_internals/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module = importlib.import_module(relative.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("textual", "rich") \
+                    and any(part.startswith("_") for part in node.module.split(".")):
+                found.append(f"{relative}:{node.lineno} imports {node.module}")
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr in ("app", "screen"):
+                if (relative, node.attr) not in KNOWN_OUTSIDE:
+                    found.append(f"{relative}:{node.lineno} reads .{node.value.attr}.{node.attr}")
+            if not isinstance(node, ast.ClassDef) or not inspect.isclass(cls := getattr(module, node.name, None)):
+                continue
+            private = _private_names_of_library_bases(cls)
+            for inner in ast.walk(node):
+                name = inner.name if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef) else (
+                    inner.attr if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
+                    and inner.value.id == "self" else None)
+                if name in private and (relative, name) not in KNOWN_OUTSIDE:
+                    found.append(f"{relative}:{inner.lineno} {node.name} uses {name}, private to its Textual/Rich base")
+    assert not found, "Textual's or Rich's private API belongs in app/textual_internals/:\n" + "\n".join(found)

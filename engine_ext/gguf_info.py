@@ -733,9 +733,10 @@ def _check_attention(path: Path | str, m: _Meta) -> None:
                        else int(m.aint("block_count") or 0))
     heads_kv_raw = m.int_or_layers("attention.head_count_kv")
     heads_kv = heads if heads_kv_raw is None else _per_layer(heads_kv_raw, len(heads))
-    for il, (h, hkv) in enumerate(zip(heads, heads_kv, strict=False)):
-        if hkv > 0 and h % hkv:  # the attention's K/V broadcast (ggml_mul_mat, ggml_set_rows)
-            raise _refuse(path, f"{a}.attention.head_count_kv {hkv} must divide head_count {h} (layer {il})")
+    # Grouped-query attention broadcasts K/V over the heads (ggml_mul_mat asserts it): checked for the model-wide
+    # values (layer 0's, which every graph uses); per-layer arrays are checked against the K tensors below.
+    if heads and heads_kv and heads_kv[0] > 0 and heads[0] % heads_kv[0]:
+        raise _refuse(path, f"{a}.attention.head_count_kv {heads_kv[0]} must divide head_count {heads[0]}")
     n_head = heads[0] if heads else 0
     n_embd = m.aint("embedding_length")
     if n_head <= 0 or not n_embd:

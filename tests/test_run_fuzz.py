@@ -91,8 +91,11 @@ CLASSES: dict[str, tuple[str, list[KV], str]] = {
     "zero rope dims": ("qwen3next", [("qwen3next.rope.dimension_count", U32, -1, 0)],
                        "qwen3next.rope.dimension_count 0 must be even, 2 to the head size"),
     # ggml.c:4014 GGML_ASSERT(a->ne[0] == b->ne[0]) in ggml_set_rows (the KV cache of that layer)
-    "kv heads not dividing heads": ("llama", [("llama.attention.head_count_kv", ARR, U32, [2, 8])],
-                                    "llama.attention.head_count_kv 8 must divide head_count 4 (layer 1)"),
+    "per-layer kv heads above heads": ("llama", [("llama.attention.head_count_kv", ARR, U32, [2, 8])],
+                                       "llama.attention.head_count_kv is 8 at layer 1 but blk.1.attn_k.weight has 32"),
+    # grouped-query attention (ggml_mul_mat's broadcast of K/V over the heads)
+    "kv heads not dividing heads": ("llama", [("llama.attention.head_count_kv", U32, -1, 3)],
+                                    "llama.attention.head_count_kv 3 must divide head_count 4"),
     "per-layer kv heads against K": ("qwen3next", [("qwen3next.attention.head_count_kv", ARR, U32, [2, 0, 2, 2])],
                                      "qwen3next.attention.head_count_kv is 0 at layer 1 but blk.1.attn_k.weight has"),
     # ggml-cpu/ops.cpp:6232 GGML_ASSERT(sect_dims <= ne0) in ggml_mrope_cache_init
@@ -145,6 +148,15 @@ def test_integer_weight_is_refused(parsed: dict[str, Model], tmp_path: Path) -> 
                for t in m.tensors]
     message = _refused(_mutant(m, tmp_path, tensors=tensors))
     assert "tensor 'blk.1.attn_v.weight' has the integer type I32" in message
+
+
+def test_per_layer_values_a_graph_ignores_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """Found by the fuzz: a per-layer head count llama's graph never reads (it uses layer 0's), and a KV head
+    count on a recurrent layer, load and decode in llama.cpp, so they are not refused."""
+    m = parsed["llama"]
+    validate_main_model(_mutant(m, tmp_path, [("llama.attention.head_count", ARR, U32, [4, 9])]))
+    m = parsed["qwen35_mtp"]  # layer 2 is a gated delta net layer: no KV cache, no K projection
+    validate_main_model(_mutant(m, tmp_path, [("qwen35.attention.head_count_kv", ARR, U32, [2, 2, 3, 2, 2])]))
 
 
 def test_special_token_ids_out_of_range_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:

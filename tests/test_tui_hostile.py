@@ -739,3 +739,42 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
         await pilot.press("enter")
         await said(pilot, app, repr(bad), "cannot be a path")
         assert_up(app)
+
+
+@pytest.mark.anyio
+async def test_a_server_listing_150000_models_and_symlink_loops_keep_the_switcher_and_f4_usable(
+        hostile_remote: Callable[[str], HostileRemote], tiny_models: dict[str, Path], hf_env: Path,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.modals.model_switcher import MAX_ROWS
+
+    # 150,000 model ids: 1.7 MB, within the 8 MiB a model list may have; one option each froze the app for a minute
+    many = _json_bytes({"data": [{"id": f"model-{i}"} for i in range(150_000)]})
+    monkeypatch.setitem(REMOTE_BEHAVIOURS, "many-models", (many, b""))
+    server = hostile_remote("many-models")
+    folder = tmp_path / "loops"  # a folder that contains itself, and a file that is a link to itself
+    folder.mkdir()
+    (folder / "loop").symlink_to(folder)
+    (folder / "self.gguf").symlink_to(folder / "self.gguf")
+    shutil.copyfile(tiny_models["llama"], folder / "good.gguf")
+    snapshot = put_in_hf_cache(hf_env, "evil/Loops-GGUF", {"Good-Q8_0.gguf": tiny_models["qwen3"]})
+    (snapshot / "loop").symlink_to(snapshot)
+    (snapshot / "self-Q4_0.gguf").symlink_to(snapshot / "self-Q4_0.gguf")
+    save_config(Config(remotes=(server.remote,), model_folders=(str(folder),)))
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("ctrl+l")
+        switcher = app.screen
+        assert isinstance(switcher, ModelSwitcherModal)
+        assert "good" in [m.name for m in switcher.models]
+        await wait_for(pilot, lambda: "hostile" in switcher.remote_models, "the 150,000 models")
+        options = switcher.query_one(OptionList)
+        assert options.option_count <= len(switcher.models) + MAX_ROWS + 1
+        assert "149700 more models" in str(options.get_option_at_index(options.option_count - 1).prompt)
+        await pilot.press(*"model-14999")  # narrows to model-14999 and model-149990…149999
+        await wait_for(pilot, lambda: options.option_count == 11, "the filtered list")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.model_path == "remote:hostile/model-14999", "the remote model chosen")
+        screen = await open_local_tab(pilot, app)
+        await wait_for(pilot, lambda: any(m.path.name == "good.gguf" for m in screen.local_models), "F4's list")
+        assert any(m.path.name == "Good-Q8_0.gguf" for m in screen.local_models)
+        assert_up(app)

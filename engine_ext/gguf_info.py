@@ -448,9 +448,13 @@ class _Parser:
         keep = count <= _KEEP_ARRAY
         if subtype == int(_VT.STRING):
             start = self.pos
+            if not keep:  # only walked: a tight loop, no per-element messages or objects
+                self._skip_strings(key, count)
+                self.spans[key] = (start, self.pos)
+                return _KV(int(_VT.ARRAY), None, subtype, count)
             strings = [self._string(f"element {j} of {key!r}", keep=keep) for j in range(count)]
             self.spans[key] = (start, self.pos)
-            return _KV(int(_VT.ARRAY), strings if keep else None, subtype, count)
+            return _KV(int(_VT.ARRAY), strings, subtype, count)
         fmt, dtype = _SCALARS[subtype]
         start = self.pos
         self.pos += count * fmt.size
@@ -460,6 +464,29 @@ class _Parser:
         if subtype == int(_VT.BOOL):
             values = [bool(v) for v in values]
         return _KV(int(_VT.ARRAY), values, subtype, count)
+
+    def _skip_strings(self, key: str, count: int) -> None:
+        """Walk ``count`` strings without reading them, with _string's bounds checks and messages."""
+        pos, size, unpack = self.pos, self.size, self.src.unpack
+        for j in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self._need(8, f"the length of element {j} of {key!r}")
+            (n,) = unpack(_U64, pos)
+            pos += 8
+            if n > _MAX_STRING or n > size - pos:
+                self.pos = pos
+                self._string_too_long(f"element {j} of {key!r}", n)
+            pos += n
+        self.pos = pos
+
+    def _string_too_long(self, what: str, n: int) -> None:
+        raise _fail(
+            self.path,
+            f"{what} claims a length of {n} bytes at offset {self.pos - 8}, "
+            f"but only {self.size - self.pos} bytes remain in the file",
+            _HINT_REDOWNLOAD,
+        )
 
     def _alignment(self, kv: dict[str, _KV]) -> int:
         entry = kv.get("general.alignment")

@@ -399,6 +399,7 @@ HOSTILE_REPOS: dict[str, tuple[int, bytes] | None] = {
     "evil/Dropped-GGUF": None,
     "evil/Flaky-GGUF": None,
     "evil/Stalled-GGUF": None,
+    "evil/Thousands-GGUF": None,
 }
 HOSTILE_SEARCHES = {
     "not-json": (200, b"[{"),
@@ -422,6 +423,9 @@ async def test_f4_opens_hostile_repositories_and_says_why_in_one_line(
                                                  "ok-Q4_K_M.gguf": tiny_models["llama"]})
     hostile_hub.fault("evil/Dropped-GGUF", "Dropped-Q4_K_M.gguf", drop_at=100, drop_times=100)
     hostile_hub.fault("evil/Flaky-GGUF", "Flaky-Q4_K_M.gguf", errors_5xx=100)
+    # 3,000 model files: grouping them into quants pairs each with its sidecars, time growing with the square
+    hostile_hub.add_repo("evil/Thousands-GGUF", {f"M{i:05d}-Q4_K_M.gguf": b"GGUF" + i.to_bytes(4, "little")
+                                                 for i in range(3000)})
     hostile_hub.fault("evil/Stalled-GGUF", "Stalled-Q4_K_M.gguf", stall_at=100, stall_seconds=5.0, stall_times=100)
     # the header read's socket timeout, from 30 s to 1 s, so the stall trips it
     monkeypatch.setattr(fit.RangeReader.__init__, "__defaults__", (1.0,))
@@ -442,6 +446,7 @@ async def test_f4_opens_hostile_repositories_and_says_why_in_one_line(
                 text = await said(pilot, app, repo_id)
                 outcomes[repo_id] = text
         assert "unsafe name" in outcomes["evil/Traversal-GGUF"]
+        assert "lists 3,000 .gguf files" in outcomes["evil/Thousands-GGUF"]
         assert "500" in outcomes["evil/Error500-GGUF"]
         for kind, canned in HOSTILE_SEARCHES.items():  # the search itself answered by a hostile server
             app.clear_notifications()

@@ -857,6 +857,15 @@ def _check_tokens(path: Path | str, header: _Header) -> None:
             shown = word[:40].decode("utf-8", errors="replace")
             raise _refuse(path, f"tokenizer.ggml.tokens has {shown!r} twice (ids {first} and {i})")
         i += 1
+    model = header.kv.get("tokenizer.ggml.model")
+    if model is not None and model.value == "llama":
+        # SentencePiece falls back to a byte token for a piece it cannot form, and llama.cpp's byte_to_token looks
+        # it up with token_to_id.at() (llama-vocab.cpp:4009-4014): a missing byte throws std::out_of_range through
+        # the C API, which terminates the process on the first such character typed.
+        missing = [b for b in range(256) if b"<0x%02X>" % b not in seen and bytes([b]) not in seen]
+        if missing:
+            raise _refuse(path, f"tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no byte "
+                                f"token for {len(missing)} of the 256 bytes (first <0x{missing[0]:02X}>)")
 
 
 # ---------------------------------------------------------------------------

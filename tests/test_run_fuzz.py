@@ -107,6 +107,10 @@ CLASSES: dict[str, tuple[str, list[KV], str]] = {
     # llama-vocab.cpp:3422 GGML_ASSERT(tokenizer && "Tokenizer not initialized. ...") on the first tokenize
     "no tokenizer": ("qwen35_mtp", [("tokenizer.ggml.model", STR, -1, "none")],
                      "tokenizer.ggml.model is 'none': the model has no tokenizer to chat with"),
+    # llama-vocab.cpp:4014 token_to_id.at() throws std::out_of_range through the C API: terminate, SIGABRT
+    "SentencePiece without byte tokens": ("llama", [("tokenizer.ggml.model", STR, -1, "llama")],
+                                          "tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no "
+                                          "byte token for"),
     # ggml.c:2645 GGML_ASSERT(a->ne[d] == b->ne[d]) in ggml_concat (models/qwen35.cpp:346 head_v_dim = d_inner / ...)
     "GDN inner size": ("qwen35", [("qwen35.ssm.inner_size", U32, -1, 7)],
                        "qwen35.ssm.inner_size 7 must equal ssm.state_size × ssm.time_step_rank"),
@@ -157,6 +161,22 @@ def test_per_layer_values_a_graph_ignores_still_load(parsed: dict[str, Model], t
     validate_main_model(_mutant(m, tmp_path, [("llama.attention.head_count", ARR, U32, [4, 9])]))
     m = parsed["qwen35_mtp"]  # layer 2 is a gated delta net layer: no KV cache, no K projection
     validate_main_model(_mutant(m, tmp_path, [("qwen35.attention.head_count_kv", ARR, U32, [2, 2, 3, 2, 2])]))
+
+
+VOCABS = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+
+
+@pytest.mark.skipif(not VOCABS.is_dir(), reason="no vendored llama.cpp source (models/ggml-vocab-*.gguf)")
+def test_real_vocabularies_pass_the_tokenizer_rules() -> None:
+    """llama.cpp's own vocabulary files (SentencePiece, BPE, WordPiece, UGM, 256k-token ones) break no rule."""
+    from engine_ext.gguf_info import _check_runnable, _parse
+
+    paths = sorted(VOCABS.glob("ggml-vocab-*.gguf"))
+    assert paths
+    for path in paths:
+        t0 = time.perf_counter()
+        _check_runnable(path, _parse(path))
+        assert time.perf_counter() - t0 < 2.0, path.name
 
 
 def test_special_token_ids_out_of_range_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:

@@ -740,6 +740,16 @@ def _check_experts(path: Path | str, m: _Meta) -> None:
                                 f"expert_group_used_count ({group_used}) must be 1 to {groups - 1}")
     elif groups:
         raise _refuse(path, f"{a}.expert_group_count is {groups} but the model has no experts")
+    if a in _NEMOTRON_ARCHS and n_expert > 0 and block_count:
+        # A trunk layer with n_ff != 0 is an MoE layer whose expert width falls back to n_ff / n_expert_used(il)
+        # when expert_feed_forward_length is 0 there (models/nemotron-h.cpp:102-115): SIGFPE when both are 0.
+        n_ff = _per_layer(m.int_or_layers("feed_forward_length"), block_count)
+        ff_exp = _per_layer(m.int_or_layers("expert_feed_forward_length"), block_count)
+        used_l = _per_layer(used, block_count)
+        for il in range(block_count - (m.aint("nextn_predict_layers") or 0)):
+            if n_ff[il] and not ff_exp[il] and not used_l[il]:
+                raise _refuse(path, f"{a}.feed_forward_length is {n_ff[il]} at layer {il} (an MoE layer) but "
+                                    f"expert_used_count and expert_feed_forward_length are 0 there (divides by 0)")
 
 
 def _check_attention(path: Path | str, m: _Meta) -> None:

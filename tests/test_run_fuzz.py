@@ -111,6 +111,10 @@ CLASSES: dict[str, tuple[str, list[KV], str]] = {
     "SentencePiece without byte tokens": ("llama", [("tokenizer.ggml.model", STR, -1, "llama")],
                                           "tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no "
                                           "byte token for"),
+    # models/nemotron-h.cpp:115 n_ff(i) / n_expert_used(i): SIGFPE on a layer turned MoE with no experts routed
+    "MoE layer routing no expert": ("nemotron_h_moe", [("nemotron_h_moe.feed_forward_length", ARR, U32,
+                                                        [0, 17, 64, 0, 64])],
+                                    "nemotron_h_moe.feed_forward_length is 17 at layer 1 (an MoE layer) but"),
     # ggml.c:2645 GGML_ASSERT(a->ne[d] == b->ne[d]) in ggml_concat (models/qwen35.cpp:346 head_v_dim = d_inner / ...)
     "GDN inner size": ("qwen35", [("qwen35.ssm.inner_size", U32, -1, 7)],
                        "qwen35.ssm.inner_size 7 must equal ssm.state_size × ssm.time_step_rank"),

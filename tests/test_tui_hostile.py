@@ -151,8 +151,9 @@ def use_folder(folder: Path) -> None:
 
 # ----- 1. llmtui -m hostile.gguf --------------------------------------------------------------------------------
 
-STARTUP_KINDS = ("truncated", "huge-counts", "bad-key-length", "huge-array", "block-count", "mtp-sidecar", "not-gguf",
-                 "empty", "directory", "unreadable", "mutant-1")
+# (every kind is also listed, judged and opened in F4's test; these go through the engine as well)
+STARTUP_KINDS = ("truncated", "huge-counts", "huge-array", "block-count", "mtp-sidecar", "not-gguf", "empty",
+                 "directory", "mutant-1")
 
 
 @pytest.mark.anyio
@@ -485,8 +486,9 @@ REMOTE_BEHAVIOURS: dict[str, tuple[bytes, bytes]] = {
     "stream-hostile-numbers": (_GOOD_MODELS, _HOSTILE_TIMINGS),
     "stream-nested-quotes": (_GOOD_MODELS, _reply(">" * 20000 + " deep")),
     "stream-nested-lists": (_GOOD_MODELS, _reply("".join("  " * i + "- x\n" for i in range(400)))),
-    "stream-brackets": (_GOOD_MODELS, _reply("[" * 20000 + "x" + "]" * 20000 + "*_" * 20000)),
-    "stream-control-chars": (_GOOD_MODELS, _reply("\x1b[2J\x1b]0;pwned\x07\x00\r\x08" * 2000 + "```\n" * 3000)),
+    "stream-brackets": (_GOOD_MODELS, _reply("[" * 5000 + "x" + "]" * 5000 + "*_" * 5000)),
+    "stream-big-reply": (_GOOD_MODELS, _reply(("word " * 15 + "\n") * 6000)),  # 0.5 MB in one line
+    "stream-control-chars": (_GOOD_MODELS, _reply("\x1b[2J\x1b]0;pwned\x07\x00\r\x08" * 500 + "```\n" * 500)),
 }
 _ENDLESS = {"models-endless": "GET", "stream-endless-line": "POST"}
 

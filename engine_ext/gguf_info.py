@@ -682,6 +682,12 @@ _MROPE_ARCHS = frozenset({
     "bailingmoe3", "deepseek32", "dflash", "ernie4_5", "glm-dsa", "glm4", "glm4moe", "hunyuan_vl", "qwen2vl",
     "qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen4exp",
 })
+# Architectures without rope (llama_model_rope_type, src/llama-model.cpp:3026-3049): their rope keys are unused
+_NO_ROPE_ARCHS = frozenset({
+    "clip", "gpt2", "gptj", "mpt", "refact", "bloom", "mamba", "mamba2", "jamba", "jina-bert-v2", "t5", "t5encoder",
+    "jais", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "wavtokenizer-dec", "nemotron_h", "nemotron_h_moe",
+    "kimi-linear", "kimi-k3", "glm5-next",
+})
 # Architectures whose graph normalises with layer_norm_epsilon only (load_arch_hparams reads no RMS epsilon)
 _LAYERNORM_ARCHS = frozenset({
     "bert", "bloom", "codeshell", "cohere2", "command-r", "dbrx", "falcon", "gpt2", "gptneox", "jais", "jais2",
@@ -782,18 +788,26 @@ def _check_attention(path: Path | str, m: _Meta) -> None:
     head_v = m.aint("attention.value_length") or n_embd // n_head
     n_rot = m.aint("rope.dimension_count")
     sections = m.int_or_layers("rope.dimension_sections")
-    if a in _MROPE_ARCHS and isinstance(sections, tuple) and sum(sections[:4]) > head_k:  # ggml-cpu/ops.cpp:6232
-        raise _refuse(path, f"{a}.rope.dimension_sections {list(sections[:4])} add up to more than the head size "
-                            f"{head_k}")
+    if a in _MROPE_ARCHS and isinstance(sections, tuple):  # ggml-cpu/ops.cpp:6232, an int32 sum as in C
+        total = sum(_int32(v) for v in sections[:4])
+        if _int32(total) > head_k:
+            raise _refuse(path, f"{a}.rope.dimension_sections {list(sections[:4])} add up to more than the head "
+                                f"size {head_k}")
     if a in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
         raise _refuse(path, f"{a}.attention.key_length {head_k} must equal value_length {head_v} for {a}")
-    if n_rot is None:
+    if n_rot is None or a in _NO_ROPE_ARCHS:
         return
     if a in _ROT_EQ_HEAD_ARCHS and n_rot != head_k:
         raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must equal the head size {head_k} for {a}")
     # ggml-cpu/ops.cpp:6355-6356 assert n_dims <= ne0 and n_dims % 2 == 0; n_dims 0 spins forever in the decode
     if n_rot < 2 or n_rot % 2 or n_rot > head_k:
         raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must be even, 2 to the head size {head_k}")
+
+
+def _int32(value: int) -> int:
+    """``value`` as a C int32_t holds it (two's complement wrap)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def _check_recurrent(path: Path | str, m: _Meta) -> None:

@@ -167,6 +167,16 @@ def test_per_layer_values_a_graph_ignores_still_load(parsed: dict[str, Model], t
     validate_main_model(_mutant(m, tmp_path, [("qwen35.attention.head_count_kv", ARR, U32, [2, 2, 3, 2, 2])]))
 
 
+def test_rope_keys_a_graph_does_not_use_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """Found by the fuzz: Nemotron-H has no rope (any rope.dimension_count loads), and rope sections whose int32
+    sum wraps negative pass llama.cpp's sect_dims <= ne0 assert: neither is refused."""
+    m = parsed["nemotron_h_moe"]
+    for n_rot in (0, 15, 1000):
+        validate_main_model(_mutant(m, tmp_path, [("nemotron_h_moe.rope.dimension_count", U32, -1, n_rot)]))
+    m = parsed["qwen35_mtp"]
+    validate_main_model(_mutant(m, tmp_path, [("qwen35.rope.dimension_sections", ARR, I32, [2**31 - 1, 2, 4, 0])]))
+
+
 VOCABS = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
 
 

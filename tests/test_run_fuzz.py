@@ -257,4 +257,4 @@ def test_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
 def test_many_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
-    _check_outcomes(_run_sample(parsed, tmp_path, 21, 300))
+    _check_outcomes(_run_sample(parsed, tmp_path, 21, 150))

@@ -216,7 +216,7 @@ def test_valid_models_are_not_refused(tiny_models: dict[str, Path]) -> None:
 # ----- a seeded sample through the real worker ---------------------------------------------------------------
 
 SEED = 2103
-N_SAMPLE = 30
+N_SAMPLE = 40
 
 
 def _check_outcomes(outcomes: list[tuple[str, Any]]) -> None:
@@ -257,4 +257,4 @@ def test_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
 def test_many_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
-    _check_outcomes(_run_sample(parsed, tmp_path, 21, 150))
+    _check_outcomes(_run_sample(parsed, tmp_path, 21, 300))

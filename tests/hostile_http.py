@@ -18,8 +18,10 @@ import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.quiet_http import QuietHTTPServer
 
 DRIP_S = 0.3  # one byte every this long: always within a 1 s stall timeout, never done within a short time limit
 COMMIT = "c" * 40
@@ -188,7 +190,7 @@ class HostileHandler(BaseHTTPRequestHandler):
         raise ValueError(case)
 
 
-class HostileHTTPServer(ThreadingHTTPServer):
+class HostileHTTPServer(QuietHTTPServer):
     """Answers requests whose path matches `target` (a regex) with `case`; others well. Use as a context manager."""
 
     daemon_threads = True

@@ -8,10 +8,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.quiet_http import QuietHTTPServer
 
 GOOD_TOKEN = "hf_test_token_ok"
 _PIECE = 16 * 1024
@@ -117,7 +119,7 @@ class HubServer:
     faults: dict[tuple[str, str], Faults] = field(default_factory=dict)
     requests: list[RequestLog] = field(default_factory=list)
     redirect_lfs: bool = True  # resolve LFS files with a 302 to /cdn/..., as the real Hub does
-    _httpd: ThreadingHTTPServer | None = None
+    _httpd: QuietHTTPServer | None = None
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -174,7 +176,7 @@ class HubServer:
         class Handler(_Handler):
             hub = server
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = QuietHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()

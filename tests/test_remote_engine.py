@@ -15,7 +15,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from app.messages import (
 )
 from app.remote import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
 from engine_ext.params import SpeculativeParams, SteeringEntry
+from tests.quiet_http import QuietHTTPServer
 from tests.test_tui import wait_for
 from tests.tiny_models import write_tiny_model
 
@@ -328,7 +329,7 @@ class FakeServer:
                         owner.disconnected.set()
                 self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -6,13 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from app.config import RemoteSettings, SamplingSettings
 from app.messages import GenerationFailed, ModelLoaded
 from app.remote import MAX_SSE_LINE, RemoteBridge, RemoteError, list_models
+from tests.quiet_http import QuietHTTPServer
 from tests.test_remote_engine import Collector
 
 
@@ -59,7 +60,7 @@ class Hostile(BaseHTTPRequestHandler):
             self._send_endless(b"data: " + b"y" * 1000 + b"\n")
 
 
-class HostileServer(ThreadingHTTPServer):
+class HostileServer(QuietHTTPServer):
     daemon_threads = True
 
     def __init__(self, behaviour: str) -> None:

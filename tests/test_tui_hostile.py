@@ -24,7 +24,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +40,7 @@ from app.screens.models import ModelsScreen
 from app.tui import LlmtuiApp
 from models_catalog import fit
 from tests.hub_server import HubServer, _Handler
+from tests.quiet_http import QuietHTTPServer
 from tests.test_gguf_fuzz import _I32, _STR, _U32, _U64, _Model, _str, _write_edited, mutants
 from tests.waits import wait_until
 
@@ -285,7 +286,7 @@ class HostileHub(HubServer):
                         return self._send(status, body, {"Content-Type": "application/json"})
                 return super()._route()
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = QuietHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
@@ -493,7 +494,7 @@ REMOTE_BEHAVIOURS: dict[str, tuple[bytes, bytes]] = {
 _ENDLESS = {"models-endless": "GET", "stream-endless-line": "POST"}
 
 
-class HostileRemote(ThreadingHTTPServer):
+class HostileRemote(QuietHTTPServer):
     """An OpenAI-compatible server that misbehaves as `behaviour` says (REMOTE_BEHAVIOURS)."""
 
     daemon_threads = True

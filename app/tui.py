@@ -1,4 +1,5 @@
-"""The Textual app: opens the store, the settings and the engine bridge, and routes engine events to the screens."""
+"""The Textual app: opens the store, the settings and the engine, creates the controllers, and routes engine events to
+them and to the screens (generation events to the request's owner)."""
 
 from __future__ import annotations
 

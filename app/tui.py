@@ -312,14 +312,14 @@ class LlmtuiApp(LlmtuiShell):
             await owner.generation_tokens(event)
 
     def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
-        chat = self.chat
-        if chat is not None:
-            chat.on_generation_stats_updated(event)
+        owner = self.generation.owner(event.request_id)
+        if owner is not None:
+            owner.generation_progress(event)
 
     def on_prompt_progressed(self, event: PromptProgressed) -> None:
-        chat = self.chat
-        if chat is not None:
-            chat.on_prompt_progressed(event)
+        owner = self.generation.owner(event.request_id)
+        if owner is not None:
+            owner.generation_progress(event)
 
     async def on_generation_finished(self, event: GenerationFinished) -> None:
         owner = self.generation.owner(event.request_id)

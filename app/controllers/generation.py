@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+    from app.messages import (
+        GenerationFailed,
+        GenerationFinished,
+        GenerationStatsUpdated,
+        PromptProgressed,
+        TokensArrived,
+    )
     from engine_ext.protocol import SpeculativeStats
 
 
@@ -17,6 +23,9 @@ class GenerationOwner(Protocol):
     async def generation_finished(self, event: GenerationFinished) -> None: ...
 
     async def generation_failed(self, event: GenerationFailed) -> None: ...
+
+    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+        """How far the prompt is read, or the reply's speed so far."""
 
     def generation_stats(self, stats: SpeculativeStats) -> None:
         """The speculative statistics of this owner's request."""

@@ -10,7 +10,7 @@ from textual.timer import Timer
 from textual.widgets import Input, Label
 
 from app.config import SamplingSettings
-from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+from app.messages import GenerationFailed, GenerationFinished, GenerationStatsUpdated, PromptProgressed, TokensArrived
 from engine_ext.protocol import SpeculativeStats
 
 if TYPE_CHECKING:
@@ -115,6 +115,9 @@ class ABRunScreen(ModalScreen[None]):
 
     async def generation_failed(self, event: GenerationFailed) -> None:
         self.finished(event)
+
+    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+        """The views show the text as it comes, not the speed."""
 
     def generation_stats(self, stats: SpeculativeStats) -> None:
         self.speculative_stats(stats)

@@ -240,6 +240,12 @@ class ChatScreen(Screen[None]):
     async def generation_failed(self, event: GenerationFailed) -> None:
         await self.on_generation_failed(event)
 
+    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+        if isinstance(event, PromptProgressed):
+            self.on_prompt_progressed(event)
+        else:
+            self.on_generation_stats_updated(event)
+
     def generation_stats(self, stats: SpeculativeStats) -> None:
         """The chat's statistics go to the speculation controller (the app sends them there)."""
 

@@ -1,11 +1,11 @@
 """Controllers: plain classes that own a feature's state and its engine calls, and know no screen.
 
-The App creates them and hands each a narrow `Host` (host.py); screens reach them through the App
+The App creates them and hands each the narrow host Protocol it needs (host.py); screens reach them through the App
 (`app.speculation`, `app.steering`, `app.models`, `app.generation`), render their state and forward keys to them.
 """
 
 from app.controllers.generation import GenerationOwner, GenerationRouter
-from app.controllers.host import Host
+from app.controllers.host import Host, ModelsHost, SpeculationHost
 from app.controllers.models import ModelsController
 from app.controllers.speculation import SpeculationController
 from app.controllers.steering import SteeringController
@@ -15,6 +15,8 @@ __all__ = [
     "GenerationRouter",
     "Host",
     "ModelsController",
+    "ModelsHost",
     "SpeculationController",
+    "SpeculationHost",
     "SteeringController",
 ]

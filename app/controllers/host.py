@@ -1,6 +1,6 @@
-"""What a controller may ask of the app: the engine, the settings and their saving, notices and a redraw.
+"""What a controller may ask of the app, as Protocols: the engine, the settings and their saving, notices, a redraw.
 
-A Protocol, so the controllers never import the App (app.tui) nor any screen.
+Each controller names the narrowest one it needs, so none imports the App (app.tui) nor any screen.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ if TYPE_CHECKING:
 
 
 class Host(Protocol):
-    """The App as its controllers see it."""
+    """The App as the steering controller sees it (and what every controller gets)."""
 
     config: Config
     bridge: EngineBridge | RemoteBridge
     model: ModelSummary | None
     model_path: str | None
-    engine_overrides: dict[str, Any]
-    start_engine: bool
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = True) -> None: ...
@@ -37,11 +35,23 @@ class Host(Protocol):
     def features_changed(self) -> None:
         """Redraw what shows the speculation and steering state (the meter, the stats bar's readouts)."""
 
+
+class SpeculationHost(Host, Protocol):
+    """What the speculation controller needs besides: whether a reply is being written, and a model reload."""
+
     def reply_in_progress(self) -> bool:
         """Whether the chat is writing a reply."""
 
     def load_model(self, path: Path) -> None:
         """Load a model file (the local engine)."""
+
+
+class ModelsHost(Host, Protocol):
+    """What the models controller needs besides: new bridges, the engine state, a worker thread."""
+
+    engine_overrides: dict[str, Any]
+    """Engine settings for this session over the saved ones, by field name."""
+    start_engine: bool
 
     def set_engine_state(self, state: str) -> None: ...
 

@@ -16,7 +16,7 @@ from app.speculation import ModelFacts, find_drafts, model_facts
 if TYPE_CHECKING:
     from app.bridge import EngineBridge
     from app.config import EngineSettings
-    from app.controllers.host import Host
+    from app.controllers.host import ModelsHost
     from app.controllers.speculation import SpeculationController
     from models_catalog.drafts import DraftCandidate
 
@@ -25,7 +25,7 @@ class ModelsController:
     """Loads local models (drafts found off the event loop, then the speculative load options) and switches
     between the local engine and remote ones."""
 
-    def __init__(self, host: Host, speculation: SpeculationController) -> None:
+    def __init__(self, host: ModelsHost, speculation: SpeculationController) -> None:
         self.host = host
         self.speculation = speculation
         self.closing: list[threading.Thread] = []

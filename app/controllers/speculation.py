@@ -10,7 +10,7 @@ from app.config import SpeculativeSettings
 from app.speculation import effective_settings, load_options
 
 if TYPE_CHECKING:
-    from app.controllers.host import Host
+    from app.controllers.host import SpeculationHost
     from engine_ext.protocol import SpeculativeStats
     from models_catalog.drafts import DraftCandidate
 
@@ -21,7 +21,7 @@ SLOW_MIN_STEPS = 8  # verify steps a reply needs before its speed says anything
 class SpeculationController:
     """F8 toggles speculation, F9's panel applies settings; the chat's meter and readouts show `drafters`/`stats`."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: SpeculationHost) -> None:
         self.host = host
         self.drafters: tuple[str, ...] = ()
         """The drafters the engine chained (empty: off or not confirmed yet)."""

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from textual.app import SystemCommand
 from textual.binding import Binding
+from textual.reactive import var
 from textual.screen import Screen
 
 from app import paths
@@ -66,6 +67,9 @@ def _safe_file_name(title: str) -> str:
 
 class LlmtuiApp(LlmtuiShell):
     """llmtui's chat app. `model`: a path or 'starter' (default: the last model used, else the starter)."""
+
+    features_version: var[int] = var(0)
+    """Bumped when speculation or steering state changes (the controllers publish, the chat screen watches)."""
 
     CSS_PATH = str(paths.assets_dir() / "llmtui.tcss")
     TITLE = "llmtui"
@@ -200,13 +204,12 @@ class LlmtuiApp(LlmtuiShell):
         return chat is not None and chat.generation is not None
 
     def features_changed(self) -> None:
-        self.refresh_feature_readouts()
+        """The controllers publish a change of speculation or steering state; the chat screen watches this."""
+        self.features_version += 1
 
     def refresh_feature_readouts(self) -> None:
-        """The meter under the transcript (while speculation is on) and the stats bar's spec/steer readouts."""
-        chat = self.chat
-        if chat is not None:
-            chat.refresh_feature_readouts()
+        """Redraw the meter under the transcript (while speculation is on) and the stats bar's spec/steer readouts."""
+        self.features_changed()
 
     def set_engine_state(self, state: str) -> None:
         self.engine_state = state
@@ -294,7 +297,7 @@ class LlmtuiApp(LlmtuiShell):
         if event.model.architecture != "remote":  # a remote server drafts on its own and takes no vectors
             self.speculation.model_loaded()
             self.steering.model_loaded()
-        self.refresh_feature_readouts()
+        self.features_changed()
 
     def on_model_load_failed(self, event: ModelLoadFailed) -> None:
         if self._stale(event.path):
@@ -393,7 +396,7 @@ class LlmtuiApp(LlmtuiShell):
         screen = self._open_screen(SteeringScreen)
         if screen is not None:
             screen.show_applied(event.applied)
-        self.refresh_feature_readouts()
+        self.features_changed()
 
     def on_vector_progressed(self, event: VectorProgressed) -> None:
         from app.modals.make_vector import MakeVectorModal
@@ -429,7 +432,7 @@ class LlmtuiApp(LlmtuiShell):
             dialog = self._open_screen(MakeVectorModal)
             if dialog is not None:
                 dialog.failed(event.error)
-        self.refresh_feature_readouts()
+        self.features_changed()
 
     def _open_screen(self, kind: type[_S]) -> _S | None:
         """The open screen of this kind, if any."""

@@ -181,6 +181,7 @@ class ChatScreen(Screen[None]):
 
     async def on_mount(self) -> None:
         self.app.generation.default = self  # events of requests nobody registered (or with no id) come here
+        self.watch(self.app, "features_version", self.refresh_feature_readouts, init=False)
         self.query_one("#edit-banner").display = False
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark

@@ -43,7 +43,11 @@ def model_facts(path: str) -> ModelFacts | None:
 
 def draft_file_type(path: str) -> tuple[str | None, str]:
     """The speculative type a draft file is used with (None: not usable) and a note saying why."""
-    file = Path(path).expanduser()
+    from app.models import user_path
+
+    file = user_path(path)
+    if file is None:
+        return None, f"{path!r} cannot name a file"
     if not file.is_file():
         return None, f"{file} does not exist"
     try:

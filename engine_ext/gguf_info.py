@@ -448,9 +448,13 @@ class _Parser:
         keep = count <= _KEEP_ARRAY
         if subtype == int(_VT.STRING):
             start = self.pos
+            if not keep:  # only walked: a tight loop, no per-element messages or objects
+                self._skip_strings(key, count)
+                self.spans[key] = (start, self.pos)
+                return _KV(int(_VT.ARRAY), None, subtype, count)
             strings = [self._string(f"element {j} of {key!r}", keep=keep) for j in range(count)]
             self.spans[key] = (start, self.pos)
-            return _KV(int(_VT.ARRAY), strings if keep else None, subtype, count)
+            return _KV(int(_VT.ARRAY), strings, subtype, count)
         fmt, dtype = _SCALARS[subtype]
         start = self.pos
         self.pos += count * fmt.size
@@ -460,6 +464,29 @@ class _Parser:
         if subtype == int(_VT.BOOL):
             values = [bool(v) for v in values]
         return _KV(int(_VT.ARRAY), values, subtype, count)
+
+    def _skip_strings(self, key: str, count: int) -> None:
+        """Walk ``count`` strings without reading them, with _string's bounds checks and messages."""
+        pos, size, unpack = self.pos, self.size, self.src.unpack
+        for j in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self._need(8, f"the length of element {j} of {key!r}")
+            (n,) = unpack(_U64, pos)
+            pos += 8
+            if n > _MAX_STRING or n > size - pos:
+                self.pos = pos
+                self._string_too_long(f"element {j} of {key!r}", n)
+            pos += n
+        self.pos = pos
+
+    def _string_too_long(self, what: str, n: int) -> None:
+        raise _fail(
+            self.path,
+            f"{what} claims a length of {n} bytes at offset {self.pos - 8}, "
+            f"but only {self.size - self.pos} bytes remain in the file",
+            _HINT_REDOWNLOAD,
+        )
 
     def _alignment(self, kv: dict[str, _KV]) -> int:
         entry = kv.get("general.alignment")
@@ -650,6 +677,17 @@ _ROT_EQ_HEAD_ARCHS = frozenset({
     "qwen2moe", "qwen2vl", "qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "rnd1", "seed_oss", "smallthinker",
     "smollm3", "starcoder2", "talkie", "xverse",
 })
+# Architectures that read rope.dimension_sections (multi-section rope; ggml_mrope_cache_init asserts their sum)
+_MROPE_ARCHS = frozenset({
+    "bailingmoe3", "deepseek32", "dflash", "ernie4_5", "glm-dsa", "glm4", "glm4moe", "hunyuan_vl", "qwen2vl",
+    "qwen35", "qwen35moe", "qwen3vl", "qwen3vlmoe", "qwen4exp",
+})
+# Architectures without rope (llama_model_rope_type, src/llama-model.cpp:3026-3049): their rope keys are unused
+_NO_ROPE_ARCHS = frozenset({
+    "clip", "gpt2", "gptj", "mpt", "refact", "bloom", "mamba", "mamba2", "jamba", "jina-bert-v2", "t5", "t5encoder",
+    "jais", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "wavtokenizer-dec", "nemotron_h", "nemotron_h_moe",
+    "kimi-linear", "kimi-k3", "glm5-next",
+})
 # Architectures whose graph normalises with layer_norm_epsilon only (load_arch_hparams reads no RMS epsilon)
 _LAYERNORM_ARCHS = frozenset({
     "bert", "bloom", "codeshell", "cohere2", "command-r", "dbrx", "falcon", "gpt2", "gptneox", "jais", "jais2",
@@ -670,6 +708,9 @@ def _check_runnable(path: Path | str, header: _Header) -> None:
     _guarded(path, lambda: _check_kv_heads(path, m, header))
     _check_tensor_types(path, header)
     _check_tokens(path, header)
+    model = header.kv.get("tokenizer.ggml.model")
+    if model is not None and model.value in ("none", "no_vocab"):  # llama-vocab.cpp:3422 on the first tokenize
+        raise _refuse(path, f"tokenizer.ggml.model is {model.value!r}: the model has no tokenizer to chat with")
 
 
 def _refuse(path: Path | str, problem: str) -> GGUFValidationError:
@@ -705,6 +746,16 @@ def _check_experts(path: Path | str, m: _Meta) -> None:
                                 f"expert_group_used_count ({group_used}) must be 1 to {groups - 1}")
     elif groups:
         raise _refuse(path, f"{a}.expert_group_count is {groups} but the model has no experts")
+    if a in _NEMOTRON_ARCHS and n_expert > 0 and block_count:
+        # A trunk layer with n_ff != 0 is an MoE layer whose expert width falls back to n_ff / n_expert_used(il)
+        # when expert_feed_forward_length is 0 there (models/nemotron-h.cpp:102-115): SIGFPE when both are 0.
+        n_ff = _per_layer(m.int_or_layers("feed_forward_length"), block_count)
+        ff_exp = _per_layer(m.int_or_layers("expert_feed_forward_length"), block_count)
+        used_l = _per_layer(used, block_count)
+        for il in range(block_count - (m.aint("nextn_predict_layers") or 0)):
+            if n_ff[il] and not ff_exp[il] and not used_l[il]:
+                raise _refuse(path, f"{a}.feed_forward_length is {n_ff[il]} at layer {il} (an MoE layer) but "
+                                    f"expert_used_count and expert_feed_forward_length are 0 there (divides by 0)")
 
 
 def _check_attention(path: Path | str, m: _Meta) -> None:
@@ -725,9 +776,10 @@ def _check_attention(path: Path | str, m: _Meta) -> None:
                        else int(m.aint("block_count") or 0))
     heads_kv_raw = m.int_or_layers("attention.head_count_kv")
     heads_kv = heads if heads_kv_raw is None else _per_layer(heads_kv_raw, len(heads))
-    for il, (h, hkv) in enumerate(zip(heads, heads_kv, strict=False)):
-        if hkv > 0 and h % hkv:  # the attention's K/V broadcast (ggml_mul_mat, ggml_set_rows)
-            raise _refuse(path, f"{a}.attention.head_count_kv {hkv} must divide head_count {h} (layer {il})")
+    # Grouped-query attention broadcasts K/V over the heads (ggml_mul_mat asserts it): checked for the model-wide
+    # values (layer 0's, which every graph uses); per-layer arrays are checked against the K tensors below.
+    if heads and heads_kv and heads_kv[0] > 0 and heads[0] % heads_kv[0]:
+        raise _refuse(path, f"{a}.attention.head_count_kv {heads_kv[0]} must divide head_count {heads[0]}")
     n_head = heads[0] if heads else 0
     n_embd = m.aint("embedding_length")
     if n_head <= 0 or not n_embd:
@@ -735,9 +787,15 @@ def _check_attention(path: Path | str, m: _Meta) -> None:
     head_k = m.aint("attention.key_length") or n_embd // n_head  # llama-model.cpp:1435-1447
     head_v = m.aint("attention.value_length") or n_embd // n_head
     n_rot = m.aint("rope.dimension_count")
+    sections = m.int_or_layers("rope.dimension_sections")
+    if a in _MROPE_ARCHS and isinstance(sections, tuple):  # ggml-cpu/ops.cpp:6232, an int32 sum as in C
+        total = sum(_int32(v) for v in sections[:4])
+        if _int32(total) > head_k:
+            raise _refuse(path, f"{a}.rope.dimension_sections {list(sections[:4])} add up to more than the head "
+                                f"size {head_k}")
     if a in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
         raise _refuse(path, f"{a}.attention.key_length {head_k} must equal value_length {head_v} for {a}")
-    if n_rot is None:
+    if n_rot is None or a in _NO_ROPE_ARCHS:
         return
     if a in _ROT_EQ_HEAD_ARCHS and n_rot != head_k:
         raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must equal the head size {head_k} for {a}")
@@ -746,9 +804,19 @@ def _check_attention(path: Path | str, m: _Meta) -> None:
         raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must be even, 2 to the head size {head_k}")
 
 
+def _int32(value: int) -> int:
+    """``value`` as a C int32_t holds it (two's complement wrap)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
 def _check_recurrent(path: Path | str, m: _Meta) -> None:
-    """Gated delta net sizes the graph divides by and reshapes with (src/models/qwen35.cpp:341-346)."""
+    """The layer pattern and the gated delta net sizes the loader and graph divide by and reshape with
+    (src/models/qwen35.cpp:18-21 and 341-346)."""
     a = m.arch
+    if a in _INTERVAL_HYBRID_ARCHS and m.a("attention.recurrent_layers") is None:
+        if m.aint("full_attention_interval") == 0:  # (i + 1) % full_attn_interval: SIGFPE
+            raise _refuse(path, f"{a}.full_attention_interval is 0 (must be at least 1)")
     if a not in _GDN_ARCHS:
         return
     inner, state, rank = m.aint("ssm.inner_size"), m.aint("ssm.state_size"), m.aint("ssm.time_step_rank")
@@ -783,7 +851,8 @@ def _check_kv_heads(path: Path | str, m: _Meta, header: _Header) -> None:
 def _check_tensor_types(path: Path | str, header: _Header) -> None:
     """Weights llama.cpp maps but cannot compute with or point at."""
     for t in header.tensors:
-        if t.type_id in _INTEGER_TENSOR_TYPES:  # ggml-cpu binary ops and matmuls abort or crash on them
+        # ggml-cpu binary ops and matmuls abort or crash on them; only a draft's d2t token map is I64 (eagle3.cpp:312)
+        if t.type_id in _INTEGER_TENSOR_TYPES and not t.name.endswith(("d2t", "t2d")):
             raise _refuse(path, f"tensor {t.name!r} has the integer type {_INTEGER_TENSOR_TYPES[t.type_id]}, "
                                 "which no model weight uses")
         start = header.data_offset + t.offset
@@ -812,6 +881,15 @@ def _check_tokens(path: Path | str, header: _Header) -> None:
             shown = word[:40].decode("utf-8", errors="replace")
             raise _refuse(path, f"tokenizer.ggml.tokens has {shown!r} twice (ids {first} and {i})")
         i += 1
+    model = header.kv.get("tokenizer.ggml.model")
+    if model is not None and model.value == "llama":
+        # SentencePiece falls back to a byte token for a piece it cannot form, and llama.cpp's byte_to_token looks
+        # it up with token_to_id.at() (llama-vocab.cpp:4009-4014): a missing byte throws std::out_of_range through
+        # the C API, which terminates the process on the first such character typed.
+        missing = [b for b in range(256) if b"<0x%02X>" % b not in seen and bytes([b]) not in seen]
+        if missing:
+            raise _refuse(path, f"tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no byte "
+                                f"token for {len(missing)} of the 256 bytes (first <0x{missing[0]:02X}>)")
 
 
 # ---------------------------------------------------------------------------

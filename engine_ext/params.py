@@ -156,6 +156,9 @@ class SpeculativeParams:
     n_max: int = 16  # most tokens drafted per step
     n_min: int = 0  # drafts shorter than this are not verified
     p_min: float = 0.0  # model drafters stop at a token whose top-10 probability is below this
+    # Draft lengths as upstream (n_max for model drafters, each n-gram type's own) instead of starting short and
+    # growing with acceptance: for comparing acceptance with llama.cpp's own tools (--spec-draft-fixed).
+    fixed_length: bool = False
 
     @property
     def enabled(self) -> bool:

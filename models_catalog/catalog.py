@@ -197,6 +197,12 @@ def parse_catalog(text: str, source: str = "catalog.toml") -> list[CatalogEntry]
     return [_entry(raw, f"{source}: model #{i + 1}") for i, raw in enumerate(models)]
 
 
+def _overlay_int(value: object, default: int) -> int:
+    """A count from the refresh overlay (a file llmtui wrote, but on the user's disk): the catalog's own value when
+    it is not a positive whole number."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 40 else default
+
+
 def load_catalog(path: Path | None = None, *, overlay_path: Path | None = None) -> Catalog:
     """The catalog from `path` (default: the bundled catalog.toml) with the overlay's refreshed facts."""
     source = path or bundled_catalog_path()
@@ -218,7 +224,7 @@ def load_catalog(path: Path | None = None, *, overlay_path: Path | None = None) 
                 replace(
                     entry,
                     architecture=str(facts.get("architecture", entry.architecture)),
-                    context_length=int(facts.get("context_length", entry.context_length)),
+                    context_length=_overlay_int(facts.get("context_length"), entry.context_length),
                     mtp=str(facts.get("mtp", entry.mtp)),
                     verified=entry.verified or bool(facts.get("verified")),
                     refreshed=True,

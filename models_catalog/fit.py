@@ -192,6 +192,12 @@ def overhead_bytes(estimate: MemoryEstimate) -> int:
     return estimate.kv_bytes + estimate.recurrent_bytes + estimate.compute_bytes
 
 
+def need_bytes(file_bytes: int, estimate: MemoryEstimate) -> int:
+    """The one memory figure for a model, wherever it is shown: its files' size (what a download is, and what a
+    Hub listing knows for every quant) plus what it needs besides its weights."""
+    return file_bytes + overhead_bytes(estimate)
+
+
 def recommend(quants: Sequence[QuantFit]) -> str | None:
     """The largest quant that fits; else the smallest tight one; else None."""
     fitting = [q for q in quants if q.verdict == Verdict.FITS]
@@ -290,10 +296,9 @@ def fit_repo(
     info, bytes_read = _header_info(probe, cache_root, window)
     ctx = n_ctx or min(info.context_length or DEFAULT_CTX, DEFAULT_CTX)
     estimate = estimate_memory(info, ctx, kv_type_bytes=kv_type_bytes)
-    extra = overhead_bytes(estimate)
     quants = []
     for g in groups:
-        need = g.size + extra
+        need = need_bytes(g.size, estimate)
         verdict, where = judge(need, memory)
         quants.append(QuantFit(g.tag, g.primary, g.size, need, verdict, where))
     return FitReport(
@@ -315,6 +320,7 @@ def fit_local(path: Path, *, n_ctx: int | None = None, memory: MachineMemory | N
     info = inspect_gguf(path)
     ctx = n_ctx or min(info.context_length or DEFAULT_CTX, DEFAULT_CTX)
     estimate = estimate_memory(info, ctx)
-    verdict, where = judge(estimate.total_bytes, memory or detect_memory())
+    need = need_bytes(info.total_size, estimate)  # as fit_repo: the same file shows the same figure in both tabs
+    verdict, where = judge(need, memory or detect_memory())
     tag = pairing.quant_tag(path.name)
-    return QuantFit(tag, str(path), info.total_size, estimate.total_bytes, verdict, where)
+    return QuantFit(tag, str(path), info.total_size, need, verdict, where)

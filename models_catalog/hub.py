@@ -298,10 +298,16 @@ def list_repo(repo_id: str, revision: str = "main") -> RepoListing:
     pages = 0
     while url is not None:
         left = deadline - time.monotonic()
+        too_slow = HubError(f"{transport.server_name(url)} took longer than the {limits.listing_s:g} s limit to "
+                            f"send {what} ({len(files)} files in {pages} pages); stopped reading")
         if left <= 0:
-            raise HubError(f"{transport.server_name(url)} took longer than the {limits.listing_s:g} s limit to "
-                           f"send {what} ({len(files)} files in {pages} pages); stopped reading")
-        page, url = _get_json(url, what, repo_id, time_limit=min(limits.exchange_s, left))
+            raise too_slow
+        try:
+            page, url = _get_json(url, what, repo_id, time_limit=min(limits.exchange_s, left))
+        except transport.TransientHTTPError:
+            if left < limits.exchange_s and time.monotonic() >= deadline:  # cut short by the listing's limit
+                raise too_slow from None
+            raise
         pages += 1
         if not isinstance(page, list):
             raise _shape_error(what, f"a {type(page).__name__}, not a list")

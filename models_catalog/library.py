@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import time
@@ -97,7 +98,7 @@ class Library:
         cache_root: Path | None = None,
         usage_file: Path | None = None,
     ) -> None:
-        self.folders = [Path(f).expanduser() for f in folders]
+        self.folders = [p for p in (_folder_path(f) for f in folders) if p is not None]
         self.cache_root = cache_root or hfcache.cache_dir()
         self.usage_file = usage_file
 
@@ -110,7 +111,13 @@ class Library:
             data = json.loads(self.usage_file.read_text())
         except (OSError, ValueError):
             return {}
-        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            return {}
+        usage: dict[str, float] = {}
+        for key, value in data.items():  # a damaged entry (a null, a string) is dropped, not the whole file
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                usage[str(key)] = float(value)
+        return usage
 
     def mark_used(self, path: Path, when: float | None = None) -> None:
         """Remember that the model at `path` was just opened."""
@@ -241,8 +248,8 @@ class Library:
     def find(self, spec: str) -> list[LocalModel]:
         """Models matching `org/repo:TAG`, `org/repo` (all its quants), a name, or a file path."""
         models = self.models(inspect=False)
-        spec_path = Path(spec).expanduser()
-        if spec_path.exists():
+        spec_path = _folder_path(spec)
+        if spec_path is not None and spec_path.exists():
             target = spec_path.absolute()
             return [m for m in models if target in {m.path.absolute(), *(f.absolute() for f in m.files)}]
         if ":" in spec:
@@ -361,10 +368,21 @@ class Library:
         return freed
 
 
+def _folder_path(folder: Path | str) -> Path | None:
+    """A model folder from the settings, `~` expanded; None for one that cannot name a folder (a NUL byte, or
+    `~name` of a user this machine does not have): it is left out instead of stopping the scan."""
+    if "\0" in str(folder):
+        return None
+    try:
+        return Path(folder).expanduser()
+    except RuntimeError:  # "Could not determine home directory."
+        return None
+
+
 def _walk(folder: Path, depth: int) -> Iterable[tuple[Path, list[str]]]:
     try:
         entries = sorted(folder.iterdir())
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name the OS cannot take (a NUL byte)
         return
     yield folder, [e.name for e in entries if e.is_file()]
     if depth > 0:

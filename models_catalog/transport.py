@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import re
 import socket
 import threading
 import time
@@ -346,9 +347,13 @@ def _request_error(url: str, what: str, exc: BaseException, timeout: float, watc
 def json_items(body: bytes | str) -> int:
     """An upper bound on the values JSON text parses into (every value but the first follows a comma or opens a
     container), counted before parsing: a few bytes of JSON can become a few hundred bytes of objects each."""
-    if isinstance(body, str):
-        return body.count(",") + body.count("[") + body.count("{") + 1
-    return body.count(b",") + body.count(b"[") + body.count(b"{") + 1
+    data = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    data = _JSON_STRING.sub(b'""', data)  # commas and brackets inside strings are text, not values
+    return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
+
+
+# A JSON string literal, matched in linear time (possessive: no backtracking on a long or unterminated string).
+_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
 
 
 def retry_after(value: str | None) -> float | None:

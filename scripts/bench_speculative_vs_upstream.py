@@ -76,7 +76,8 @@ def ours(model: str, modes: list[str], args: argparse.Namespace, n_gen: int) -> 
             drafted = accepted = 0
             for rep in range(args.repetitions + 1):  # the first run fills the prompt cache and is not counted
                 if mode != "plain":
-                    session.spec = build_driver(SpeculativeParams(types=(mode,), n_max=args.n_max), target, ctx)
+                    fixed = SpeculativeParams(types=(mode,), n_max=args.n_max, fixed_length=True)  # upstream's lengths
+                    session.spec = build_driver(fixed, target, ctx)
                 request = Generate(request_id=rep + 1, prompt=PROMPT, sampling=GREEDY, max_tokens=n_gen)
                 try:
                     done = session.generate(request, lambda _e: None, lambda: False)

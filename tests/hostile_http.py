@@ -176,7 +176,8 @@ class HostileHandler(BaseHTTPRequestHandler):
             page = int(re.search(r"cursor=(\d+)", self.path).group(1)) if "cursor=" in self.path else 0  # type: ignore[union-attr]
             time.sleep(PAGE_PAUSE_S)
             entries = [{"type": "file", "path": f"p{page}/f{i}.gguf", "size": 1, "oid": "d" * 40} for i in range(1000)]
-            link = f'<{self.path.split("?")[0]}?recursive=true&cursor={page + 1}>; rel="next"'
+            host, port = self.server.server_address[:2]
+            link = f'<http://{host}:{port}{self.path.split("?")[0]}?recursive=true&cursor={page + 1}>; rel="next"'
             return self._send(200, json.dumps(entries).encode(), headers={"Link": link})
         if case == "endless-tokens":  # a reply that never ends, whatever max_tokens says
             self._start()

@@ -110,3 +110,17 @@ def test_refresh_confirms_an_entry_from_its_remote_header(hub_server: HubServer,
     catalog.save_overlay()
     again = load_catalog(path, overlay_path=overlay).get("tiny")
     assert again is not None and again.architecture == "qwen35" and again.verified and again.refreshed
+
+
+@pytest.mark.parametrize("value", ["x", None, -5, 2**62, True, 3.5, [1]])
+def test_a_damaged_overlay_count_keeps_the_catalogs_value(tmp_path: Path, value: object) -> None:
+    import json
+
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    overlay = tmp_path / "overlay.json"
+    entry = load_catalog(path).get("tiny")
+    assert entry is not None
+    overlay.write_text(json.dumps({"tiny": {"context_length": value, "architecture": "qwen35"}}))
+    again = load_catalog(path, overlay_path=overlay).get("tiny")
+    assert again is not None and again.context_length == entry.context_length and again.architecture == "qwen35"

@@ -130,3 +130,16 @@ def test_vram_from_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert mem.vram_total == (143771 + 23034) << 20 and mem.vram_free == (140000 + 22000) << 20
     fake.write_text("#!/bin/sh\nexit 9\n")
     assert fit.detect_memory().vram_total == 0  # a broken driver means no GPU, not a crash
+
+
+def test_a_model_shows_one_memory_figure_in_the_hub_and_on_disk(tiny_repo: HubServer, tmp_path: Path) -> None:
+    """The Hub tab (fit_repo) and the Local tab (fit_local) judged the same file by two figures (439.23 and
+    440.93 MiB in a user's session): both are now its file size plus what it needs besides its weights."""
+    listing = hub.list_repo(REPO)
+    memory = MachineMemory(ram_total=64 * GIB, ram_available=60 * GIB)
+    remote = {q.tag: q for q in fit.fit_repo(listing, n_ctx=4096, memory=memory).quants}["Q8_0"]
+    local_path = tmp_path / "Tiny-Q8_0.gguf"
+    local_path.write_bytes(tiny_repo.repos[REPO].files["Tiny-Q8_0.gguf"].data)
+    local = fit.fit_local(local_path, n_ctx=4096, memory=memory)
+    assert local.need_bytes == remote.need_bytes
+    assert local.download_bytes == remote.download_bytes == local_path.stat().st_size

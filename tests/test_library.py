@@ -128,3 +128,22 @@ def test_a_partial_being_written_is_active_and_never_cleaned(tiny_hub: HubServer
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_damaged_usage_entries_and_folders_that_cannot_be_paths_are_left_out(tmp_path: Path, hf_env: Path) -> None:
+    """One bad line (a null where a time goes, a folder with a NUL byte or ~nosuchuser) loses only itself."""
+    import json
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "good.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    usage = tmp_path / "model-usage.json"
+    usage.write_text(json.dumps({str(folder / "good.gguf"): 1700000000.0, "/x.gguf": None, "/y.gguf": "soon",
+                                 "/z.gguf": float("inf")}))
+    library = Library([folder, "bad\0folder", "~nosuchuser-llmtui/models"], usage_file=usage)
+    assert library.folders == [folder]
+    models = library.models(inspect=False)
+    assert [m.path.name for m in models if m.path.parent == folder] == ["good.gguf"]
+    assert library._usage() == {str(folder / "good.gguf"): 1700000000.0}
+    library.mark_used(folder / "good.gguf", when=1.0)  # rewrites the file without raising
+    assert library.find("bad\0name") == []

@@ -123,3 +123,14 @@ def test_an_endless_stream_fails_the_reply_in_one_line(hostile: type[HostileServ
         assert server.sent < 64 * 1024 * 1024
     finally:
         bridge.close()
+
+
+def test_json_values_are_counted_outside_strings_only() -> None:
+    """A reply whose text holds 50,000 brackets or commas is one string value, not 50,000 (B's reproducer)."""
+    from models_catalog.transport import json_items
+
+    assert json_items(b'[1,2,{"a":"x,y,[z"}]') == 5
+    text = '{"choices":[{"delta":{"content":"' + "[" * 50_000 + ',x\\"{"}}]}'
+    assert json_items(text) == 5  # the object, the list, two objects, and the first value
+    assert json_items(b"[" + b"{}," * 1000 + b"{}]") == 2003  # real values still counted (an upper bound: one more)
+    assert json_items(b'"unterminated ,,,') == 4  # an unterminated string: an upper bound still

@@ -91,10 +91,30 @@ CLASSES: dict[str, tuple[str, list[KV], str]] = {
     "zero rope dims": ("qwen3next", [("qwen3next.rope.dimension_count", U32, -1, 0)],
                        "qwen3next.rope.dimension_count 0 must be even, 2 to the head size"),
     # ggml.c:4014 GGML_ASSERT(a->ne[0] == b->ne[0]) in ggml_set_rows (the KV cache of that layer)
-    "kv heads not dividing heads": ("llama", [("llama.attention.head_count_kv", ARR, U32, [2, 8])],
-                                    "llama.attention.head_count_kv 8 must divide head_count 4 (layer 1)"),
+    "per-layer kv heads above heads": ("llama", [("llama.attention.head_count_kv", ARR, U32, [2, 8])],
+                                       "llama.attention.head_count_kv is 8 at layer 1 but blk.1.attn_k.weight has 32"),
+    # grouped-query attention (ggml_mul_mat's broadcast of K/V over the heads)
+    "kv heads not dividing heads": ("llama", [("llama.attention.head_count_kv", U32, -1, 3)],
+                                    "llama.attention.head_count_kv 3 must divide head_count 4"),
     "per-layer kv heads against K": ("qwen3next", [("qwen3next.attention.head_count_kv", ARR, U32, [2, 0, 2, 2])],
                                      "qwen3next.attention.head_count_kv is 0 at layer 1 but blk.1.attn_k.weight has"),
+    # ggml-cpu/ops.cpp:6232 GGML_ASSERT(sect_dims <= ne0) in ggml_mrope_cache_init
+    "rope sections above the head": ("qwen35_mtp", [("qwen35.rope.dimension_sections", ARR, I32, [8, 4, 8, 16])],
+                                     "qwen35.rope.dimension_sections [8, 4, 8, 16] add up to more than the head size"),
+    # models/qwen35.cpp:21 (i + 1) % full_attn_interval: SIGFPE
+    "zero attention interval": ("qwen35", [("qwen35.full_attention_interval", U32, -1, 0)],
+                                "qwen35.full_attention_interval is 0 (must be at least 1)"),
+    # llama-vocab.cpp:3422 GGML_ASSERT(tokenizer && "Tokenizer not initialized. ...") on the first tokenize
+    "no tokenizer": ("qwen35_mtp", [("tokenizer.ggml.model", STR, -1, "none")],
+                     "tokenizer.ggml.model is 'none': the model has no tokenizer to chat with"),
+    # llama-vocab.cpp:4014 token_to_id.at() throws std::out_of_range through the C API: terminate, SIGABRT
+    "SentencePiece without byte tokens": ("llama", [("tokenizer.ggml.model", STR, -1, "llama")],
+                                          "tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no "
+                                          "byte token for"),
+    # models/nemotron-h.cpp:115 n_ff(i) / n_expert_used(i): SIGFPE on a layer turned MoE with no experts routed
+    "MoE layer routing no expert": ("nemotron_h_moe", [("nemotron_h_moe.feed_forward_length", ARR, U32,
+                                                        [0, 17, 64, 0, 64])],
+                                    "nemotron_h_moe.feed_forward_length is 17 at layer 1 (an MoE layer) but"),
     # ggml.c:2645 GGML_ASSERT(a->ne[d] == b->ne[d]) in ggml_concat (models/qwen35.cpp:346 head_v_dim = d_inner / ...)
     "GDN inner size": ("qwen35", [("qwen35.ssm.inner_size", U32, -1, 7)],
                        "qwen35.ssm.inner_size 7 must equal ssm.state_size × ssm.time_step_rank"),
@@ -138,6 +158,41 @@ def test_integer_weight_is_refused(parsed: dict[str, Model], tmp_path: Path) -> 
     assert "tensor 'blk.1.attn_v.weight' has the integer type I32" in message
 
 
+def test_per_layer_values_a_graph_ignores_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """Found by the fuzz: a per-layer head count llama's graph never reads (it uses layer 0's), and a KV head
+    count on a recurrent layer, load and decode in llama.cpp, so they are not refused."""
+    m = parsed["llama"]
+    validate_main_model(_mutant(m, tmp_path, [("llama.attention.head_count", ARR, U32, [4, 9])]))
+    m = parsed["qwen35_mtp"]  # layer 2 is a gated delta net layer: no KV cache, no K projection
+    validate_main_model(_mutant(m, tmp_path, [("qwen35.attention.head_count_kv", ARR, U32, [2, 2, 3, 2, 2])]))
+
+
+def test_rope_keys_a_graph_does_not_use_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:
+    """Found by the fuzz: Nemotron-H has no rope (any rope.dimension_count loads), and rope sections whose int32
+    sum wraps negative pass llama.cpp's sect_dims <= ne0 assert: neither is refused."""
+    m = parsed["nemotron_h_moe"]
+    for n_rot in (0, 15, 1000):
+        validate_main_model(_mutant(m, tmp_path, [("nemotron_h_moe.rope.dimension_count", U32, -1, n_rot)]))
+    m = parsed["qwen35_mtp"]
+    validate_main_model(_mutant(m, tmp_path, [("qwen35.rope.dimension_sections", ARR, I32, [2**31 - 1, 2, 4, 0])]))
+
+
+VOCABS = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+
+
+@pytest.mark.skipif(not VOCABS.is_dir(), reason="no vendored llama.cpp source (models/ggml-vocab-*.gguf)")
+def test_real_vocabularies_pass_the_tokenizer_rules() -> None:
+    """llama.cpp's own vocabulary files (SentencePiece, BPE, WordPiece, UGM, 256k-token ones) break no rule."""
+    from engine_ext.gguf_info import _check_runnable, _parse
+
+    paths = sorted(VOCABS.glob("ggml-vocab-*.gguf"))
+    assert paths
+    for path in paths:
+        t0 = time.perf_counter()
+        _check_runnable(path, _parse(path))
+        assert time.perf_counter() - t0 < 2.0, path.name
+
+
 def test_special_token_ids_out_of_range_still_load(parsed: dict[str, Model], tmp_path: Path) -> None:
     """llama.cpp ignores an out-of-range special token id (llama-vocab.cpp 'bad special token'): not refused."""
     m = parsed["llama"]
@@ -161,7 +216,7 @@ def test_valid_models_are_not_refused(tiny_models: dict[str, Path]) -> None:
 # ----- a seeded sample through the real worker ---------------------------------------------------------------
 
 SEED = 2103
-N_SAMPLE = 30
+N_SAMPLE = 40
 
 
 def _check_outcomes(outcomes: list[tuple[str, Any]]) -> None:

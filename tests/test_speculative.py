@@ -417,7 +417,8 @@ def test_a_draft_is_verified_up_to_its_first_end_of_generation_token(
         eos = session.model.eos_token
         # The plain text's first token, then the end token, then tokens that are never used.
         drafter = Scripted("scripted", [plain[0], eos, *plain[1:9]])
-        session.spec = SpeculativeDriver(SpeculativeParams(types=("ngram-simple",), n_max=16), [drafter])
+        fixed = SpeculativeParams(types=("ngram-simple",), n_max=16, fixed_length=True)  # the whole draft at once
+        session.spec = SpeculativeDriver(fixed, [drafter])
         batches: list[int] = []
         decode = session.ctx.decode
 

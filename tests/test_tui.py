@@ -17,7 +17,8 @@ from app.models import starter_model_path
 from app.screens.chat import ChatScreen
 from app.store import open_default_store
 from app.tui import LlmtuiApp
-from app.widgets.transcript import BACKGROUND_RENDER_CHARS, LiveMessage, MessageView
+from app.widgets.live_body import LiveMessage
+from app.widgets.message_view import BACKGROUND_RENDER_CHARS, MessageView
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.usefixtures("app_dirs")

@@ -174,7 +174,7 @@ async def switcher_remotes(pilot: Pilot[Any]) -> None:
 
 async def long_message(pilot: Pilot[Any]) -> None:
     """A pasted log as the last message of the conversation: shown folded, and focused (the footer's "t Show all")."""
-    from app.widgets.transcript import MessageView
+    from app.widgets.message_view import MessageView
 
     app = pilot.app
     assert isinstance(app, LlmtuiApp)

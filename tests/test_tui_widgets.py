@@ -22,26 +22,22 @@ from textual.widgets import Static
 
 from app.bridge import EngineBridge, chunk_draft_spans
 from app.messages import TokensArrived
-from app.screens.cropped_compositor import CroppedCompositor
 from app.store import Message as StoredMessage
-from app.widgets.prompt_input import PromptInput
-from app.widgets.status import AppHeader, StatsBar
-from app.widgets.transcript import (
-    LIVE_HIGHLIGHT_MAX_LINES,
+from app.textual_internals.compositor import CroppedCompositor
+from app.widgets.draft_provenance import (
     MODEL_DRAFT,
     NGRAM_DRAFT,
     REJECTED_DRAFT,
-    LiveBody,
-    LiveMessage,
-    MessageView,
-    Transcript,
-    _markdown,
-    changed_lines,
-    code_blocks,
     draft_spans_from_stats,
-    freeze_point,
     mark_provenance,
 )
+from app.widgets.live_body import LiveBody, LiveMessage, changed_lines, freeze_point
+from app.widgets.markdown_render import LIVE_HIGHLIGHT_MAX_LINES, code_blocks
+from app.widgets.markdown_render import markdown_renderable as _markdown
+from app.widgets.message_view import MessageView
+from app.widgets.prompt_input import PromptInput
+from app.widgets.status import AppHeader, StatsBar
+from app.widgets.transcript import Transcript
 from engine_ext.client import EngineClient
 from engine_ext.protocol import Generate, TokenChunk, rejected_by
 from tests.fakes import ScriptedEngine, scripted_app
@@ -969,7 +965,7 @@ def test_code_fence_lexers_are_looked_up_without_scanning_plugins_each_time(monk
     entry points for each such name (tens of ms, once per frame); ours scans them once."""
     from pygments.lexers import CppLexer, PythonLexer
 
-    from app.widgets import transcript
+    from app.widgets import markdown_render as transcript
 
     scans: list[int] = []
     find_plugins = transcript.find_plugin_lexers
@@ -1153,7 +1149,7 @@ def test_code_blocks_keep_each_lines_rows_and_draw_what_rich_draws() -> None:
     with long wrapped lines, tabs, blank lines, with and without a final newline, in either theme."""
     from rich.syntax import Syntax
 
-    from app.widgets import transcript
+    from app.widgets import markdown_render as transcript
 
     code = ("def f(x):\n\tif x:  # a tab\n\n        return 'a long string that will have to wrap " + "x" * 90 +
             "'\n    return None\n")

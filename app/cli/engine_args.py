@@ -118,6 +118,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft-n-max", type=DRAFT_MAX, default=16, help="most tokens drafted per step")
     p.add_argument("--spec-draft-n-min", type=DRAFT_MIN, default=0, help="drafts shorter than this are skipped")
     p.add_argument("--spec-draft-p-min", type=PROBABILITY, default=0.0, help="min draft token probability")
+    p.add_argument("--spec-draft-fixed", action="store_true",
+                   help="draft lengths as llama.cpp (n-max, or the n-gram type's own) instead of starting short and "
+                        "growing with acceptance")
 
 
 def spec_params(args: argparse.Namespace, model: Path, types: str | None = None) -> SpeculativeParams:
@@ -130,6 +133,7 @@ def spec_params(args: argparse.Namespace, model: Path, types: str | None = None)
         n_max=args.spec_draft_n_max,
         n_min=args.spec_draft_n_min,
         p_min=args.spec_draft_p_min,
+        fixed_length=args.spec_draft_fixed,
     )
 
 

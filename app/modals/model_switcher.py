@@ -18,6 +18,10 @@ from app.model_list import LocalModel, human_size
 from app.remote import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
 
 SwitcherResult = Path | RemoteChoice | None
+# Rows shown per remote engine (and of local files) for one filter: a server may list hundreds of thousands of models
+# within its size limit, and an option list that long froze the app for a minute on every key. The rest are said to be
+# there; typing narrows them.
+MAX_ROWS = 300
 ModelLister = Callable[[RemoteSettings], list[RemoteModel]]
 
 
@@ -77,8 +81,12 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         highlighted = options.highlighted_option.id if options.highlighted_option is not None else None
         options.clear_options()
         needle = query.casefold().strip()
+        shown = 0
         for index, model in enumerate(self.models):
             if needle and needle not in model.name.casefold() and needle not in str(model.path).casefold():
+                continue
+            shown += 1
+            if shown > MAX_ROWS:
                 continue
             label = Text()
             label.append("● " if str(model.path) == self.current else "  ", style="bold green")
@@ -86,12 +94,19 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
             label.append(f"  {human_size(model.size_bytes)}  ", style="dim")
             label.append(model.source if model.source == "starter" else str(model.path.parent), style="dim italic")
             options.add_option(Option(label, id=str(index)))
+        if shown > MAX_ROWS:
+            options.add_option(Option(Text(f"  … {shown - MAX_ROWS} more model files: type to narrow", style="dim"),
+                                      id="local-more", disabled=True))
         for r_index, remote in enumerate(self.remotes):
             where = f"remote: {remote.name}"
             result = self.remote_models.get(remote.name)
             if isinstance(result, list):
+                shown = 0
                 for m_index, item in enumerate(result):
                     if needle and needle not in item.id.casefold() and needle not in where.casefold():
+                        continue
+                    shown += 1
+                    if shown > MAX_ROWS:
                         continue
                     label = Text()
                     label.append("● " if remote_path(remote.name, item.id) == self.current else "  ",
@@ -99,6 +114,9 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
                     label.append(item.id, style="bold")
                     label.append(f"  {where}", style="cyan")
                     options.add_option(Option(label, id=f"remote-{r_index}-{m_index}"))
+                if shown > MAX_ROWS:
+                    options.add_option(Option(Text(f"  … {shown - MAX_ROWS} more models on {where}: type to narrow",
+                                                   style="dim"), id=f"remote-{r_index}-more", disabled=True))
                 if not result and not needle:
                     options.add_option(Option(Text(f"  {where}: the server lists no models", style="italic"),
                                               id=f"remote-{r_index}-empty", disabled=True))

@@ -13,13 +13,15 @@ from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Checkbox, Input, Label, OptionList
 from textual.widgets.option_list import Option
+from textual.worker import Worker, WorkerState
 
 from app.config import ConfigError, SpeculativeSettings
 from app.modals.pick import PickModal
 from app.models import usable_folders, user_path
 from app.speculation import KIND_TYPES, effective_settings, find_drafts, supported_types
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf_info import GGUFError, format_bytes
 from models_catalog.drafts import DraftCandidate
+from models_catalog.errors import ModelsError
 
 NUMBER_FIELDS = (
     ("n_max", "most tokens drafted per step"),
@@ -134,12 +136,26 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
             return
         self._find_drafts(self.model_path)
 
-    @work(thread=True, exclusive=True, group="find-drafts")
+    @work(thread=True, exclusive=True, group="find-drafts", exit_on_error=False)
     def _find_drafts(self, model_path: str) -> None:
         """Read the headers of the library's models (slow for many) off the event loop, then offer the fitting."""
         folders = usable_folders(self.app.config.model_folders)  # type: ignore[attr-defined]
-        found, _ = find_drafts(model_path, folders, same_vocabulary=True)
+        try:
+            found, _ = find_drafts(model_path, folders, same_vocabulary=True)
+        except (ModelsError, GGUFError, OSError, ValueError) as error:  # the files of the library, as they are
+            self.app.call_from_thread(self._drafts_not_found, f"{error}")
+            return
         self.app.call_from_thread(self._offer_drafts, found)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The draft search reads every model file in the library (exit_on_error=False): an error it did not expect
+        would otherwise exit the whole app; it is said in one line instead, and the panel stays."""
+        if event.state == WorkerState.ERROR and event.worker.node is self:
+            self._drafts_not_found(f"{type(event.worker.error).__name__}: {event.worker.error}")
+
+    def _drafts_not_found(self, error: str) -> None:
+        text = " ".join(f"Drafts could not be looked for: {error}".split())
+        self.notify(text if len(text) <= 300 else text[:299] + "…", severity="error", timeout=10)
 
     def _offer_drafts(self, found: list[DraftCandidate]) -> None:
         if not found:

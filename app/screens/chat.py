@@ -26,14 +26,17 @@ from app.messages import (
     TokensArrived,
 )
 from app.recording import ReplyRecorder
-from app.screens.cropped_compositor import CroppedCompositor
 from app.speculation import short_summary
 from app.store import Conversation, Message, StoreError
+from app.textual_internals.compositor import use_cropped_compositor
+from app.widgets.draft_provenance import draft_spans_from_stats
+from app.widgets.markdown_render import code_blocks
+from app.widgets.message_view import BranchInfo, MessageView
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import ConversationList
 from app.widgets.spec_meter import SpecMeter
 from app.widgets.status import AppHeader, StatsBar
-from app.widgets.transcript import BranchInfo, MessageView, Transcript, code_blocks, draft_spans_from_stats
+from app.widgets.transcript import Transcript
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
@@ -133,7 +136,7 @@ class ChatScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._compositor = CroppedCompositor()  # a streamed line repaints that line, not the widgets under it
+        use_cropped_compositor(self)  # a streamed line repaints that line, not the widgets under it
         self.conversation_id: int | None = None
         self.generation: ActiveGeneration | None = None
         self.edit_target: int | None = None

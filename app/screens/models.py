@@ -43,6 +43,10 @@ WORK_NAMES = {"memory": "Detecting this machine's memory", "search": "Search", "
               "local": "Listing local models", "local-fit": "Judging the model", "pull": "Downloading",
               "delete": "Deleting the model"}
 MAX_MESSAGE = 300
+# Model files of one repository the screen groups into quants. Grouping pairs every file with its sidecars by
+# llama.cpp's rules, which takes time growing with the square of the files (5,000 took 43 s, and a listing may hold
+# 100,000); the largest real GGUF repositories hold a few hundred.
+MAX_REPO_MODEL_FILES = 2000
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
@@ -93,10 +97,11 @@ class HubSearched(Message):
 class RepoInspected(Message):
     """A repository's files grouped by quant and, when its header could be read, the fit of each quant."""
 
-    def __init__(self, listing: RepoListing, report: fit.FitReport | None, fit_error: str | None,
-                 entry: CatalogEntry | None) -> None:
+    def __init__(self, listing: RepoListing, groups: list[QuantGroup], report: fit.FitReport | None,
+                 fit_error: str | None, entry: CatalogEntry | None) -> None:
         super().__init__()
         self.listing = listing
+        self.groups = groups
         self.report = report
         self.fit_error = fit_error
         self.entry = entry
@@ -182,6 +187,8 @@ class ModelsScreen(Screen[None]):
         self.entry: CatalogEntry | None = None
         """The catalog entry in the detail pane (alone, or with its repo inspected)."""
         self.listing: RepoListing | None = None
+        self.groups: list[QuantGroup] = []
+        """The listing's quants (grouped once, off the event loop: see MAX_REPO_MODEL_FILES)."""
         self.report: fit.FitReport | None = None
         self.fit_error: str | None = None
         self.local: LocalModel | None = None
@@ -279,7 +286,12 @@ class ModelsScreen(Screen[None]):
             self.post_message(ModelsWorkFailed(f"Opening {repo_id}", str(error)))
             return
         report, fit_error = None, None
-        if not listing.quant_groups():
+        n_files = len(listing.gguf_files)
+        groups = listing.quant_groups() if n_files <= MAX_REPO_MODEL_FILES else []
+        if n_files > MAX_REPO_MODEL_FILES:
+            fit_error = (f"{repo_id} lists {n_files:,} .gguf files, more than the {MAX_REPO_MODEL_FILES:,} this "
+                         "screen groups into quants; download one by name with: llmtui models pull REPO:QUANT")
+        elif not groups:
             fit_error = "no GGUF model files in this repository"
         elif hfcache.is_offline():
             fit_error = "offline: the fit needs the model's header (unset HF_HUB_OFFLINE)"
@@ -289,7 +301,7 @@ class ModelsScreen(Screen[None]):
             except (ModelsError, GGUFError, OSError, HTTPException, ValueError) as error:
                 # OSError, HTTPException: the connection failed in the middle of the header's bytes
                 fit_error = one_line(str(error) or type(error).__name__)
-        self.post_message(RepoInspected(listing, report, fit_error, entry))
+        self.post_message(RepoInspected(listing, groups, report, fit_error, entry))
 
     @work(thread=True, exclusive=True, group="local", exit_on_error=False)
     def _list_local(self) -> None:
@@ -375,6 +387,7 @@ class ModelsScreen(Screen[None]):
         self.local = None
         self.entry = message.entry or self.catalog.for_repo(message.listing.repo_id)
         self.listing, self.report, self.fit_error = message.listing, message.report, message.fit_error
+        self.groups = message.groups
         self._show_repo()
         quants = self.query_one("#quant-list", OptionList)
         if quants.option_count:
@@ -567,7 +580,7 @@ class ModelsScreen(Screen[None]):
         if sidecars:
             text.append("Sidecars: " + ", ".join(
                 f"{kind} ({', '.join(f.name for f in files)})" for kind, files in sorted(sidecars.items())) + "\n")
-        groups = listing.quant_groups()
+        groups = self.groups
         if groups:
             text.append(f"\n   {'Quant':<7} {'download':>10}  {'fit':<7} memory", style="bold dim")
         self.query_one("#detail-info", Static).update(text)
@@ -585,7 +598,7 @@ class ModelsScreen(Screen[None]):
         quants.display = bool(groups)
         if groups:
             quants.highlighted = highlight
-        else:
+        elif not listing.gguf_files:  # (too many to group: "No fit" above says so)
             text.append("\nNo GGUF model files in this repository.", style="yellow")
             self.query_one("#detail-info", Static).update(text)
         notes = Text("★ recommended · ✓ downloaded · Enter or d: download the highlighted quant · u: use it",
@@ -657,7 +670,7 @@ class ModelsScreen(Screen[None]):
         if quants.highlighted is None or not quants.display:
             return None
         primary = quants.get_option_at_index(quants.highlighted).id
-        return next((g for g in self.listing.quant_groups() if g.primary == primary), None)
+        return next((g for g in self.groups if g.primary == primary), None)
 
     def action_download(self) -> None:
         group = self._highlighted_group()

@@ -7,10 +7,12 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
+from app.textual_internals.text_area import KeysBeforeTextArea
+
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 
 
-class PromptInput(TextArea):
+class PromptInput(KeysBeforeTextArea, TextArea):
     """Where the user writes a message.
 
     | Key | Action |
@@ -50,7 +52,7 @@ class PromptInput(TextArea):
     def action_newline(self) -> None:
         self.insert("\n")
 
-    async def _on_key(self, event: events.Key) -> None:
+    def take_key(self, event: events.Key) -> bool:
         if event.key in NEWLINE_KEYS:
             # Here rather than only through the binding: a binding's action runs after the key handlers, so in a
             # burst of keys (fast typing while a reply streams, tmux send-keys) the newline landed after the text
@@ -58,26 +60,26 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.action_newline()
-            return
+            return True
         if event.key == "enter":
             event.stop()
             event.prevent_default()
             text = self.text
             if text.strip():
                 self.post_message(self.Submitted(self, text))
-            return
+            return True
         if event.key == "up" and self.cursor_location[0] == 0 and self.sent_history:
             event.stop()
             event.prevent_default()
             self._recall(-1)
-            return
+            return True
         on_last_line = self.cursor_location[0] == self.document.line_count - 1
         if event.key == "down" and self._recall_index is not None and on_last_line:
             event.stop()
             event.prevent_default()
             self._recall(+1)
-            return
-        await super()._on_key(event)
+            return True
+        return False
 
     def _recall(self, step: int) -> None:
         if self._recall_index is None:

@@ -101,8 +101,9 @@ class Drafter(ABC):
     # Whether --spec-draft-n-max caps this drafter's drafts. Upstream applies it to model drafters only; the
     # n-gram types have their own lengths (size_m, ngram-mod's n_max, ngram-cache's 8).
     follows_draft_n_max: bool = True
-    # Auto mode's first draft length for this drafter (None: its longest), grown with measured acceptance.
-    start_length: int | None = None
+    # The first draft length (None: its longest), grown with measured acceptance (SpeculativeDriver), so a wrong
+    # guess costs a few tokens' verification, not a long draft's.
+    start_length: int | None = 4
 
     def __init__(self) -> None:
         self.stats = DrafterStats()

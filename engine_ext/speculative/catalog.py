@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 
 AUTO_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
-NGRAM_FLAGS = ("--spec-draft-n-max", "--spec-draft-n-min")
-MODEL_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
+NGRAM_FLAGS = ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-fixed")
+MODEL_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
+               "--spec-draft-fixed")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import DrafterReport, SpeculativeStats
-from engine_ext.speculative.base import Drafter, DrafterStats, count_positions
+from engine_ext.speculative.base import Drafter, DrafterStats, common_prefix_length, count_positions
 
 RECENT_STEPS = 64
 AUTO_WINDOW = 12  # verify steps compared against plain decoding before deciding
@@ -37,8 +37,16 @@ class SpeculativeDriver:
         # Only drafters that read the target's batches get them (the n-gram types do not): right after llama_decode
         # even a call to a no-op costs microseconds, as Python's code and data have been pushed out of the caches.
         self._processors = [d for d in self.drafters if type(d).process is not Drafter.process]
-        self.auto = auto  # adapt n_max to the measured acceptance; pause when slower than plain decoding
+        self.auto = auto  # pause when slower than plain decoding
+        # Draft lengths start short and follow the measured acceptance (per drafter, per conversation); fixed: as
+        # upstream (n_max for model drafters, each n-gram type's own length).
+        self.adaptive = auto or not params.fixed_length
+        self._conversation: tuple[int, ...] = ()  # the last prompt: a prompt that does not go on from it is new
+        self._reset_lengths()
         self.reset_stats()
+
+    def _reset_lengths(self) -> None:
+        self.caps = {id(d): min(d.start_length or self._ceiling(d), self._ceiling(d)) for d in self.drafters}
 
     def reset_stats(self) -> None:
         for d in self.drafters:
@@ -51,11 +59,8 @@ class SpeculativeDriver:
         self.draft_ms = 0.0
         self.verify_ms = 0.0
         self.n_max_now = self.params.n_max
-        # Auto mode: each drafter's draft length. A model drafter's starts at n_max and stays within it (the
-        # rollback depth is sized to it); an n-gram drafter's starts at AUTO_NGRAM_MAX, as long as in a fixed mode
-        # (ngram-mod drafts only when it can copy at least its n_min tokens: capped shorter, it stops drafting).
-        self.caps = {id(d): min(d.start_length or self._ceiling(d), self._ceiling(d)) for d in self.drafters}
-        if self.auto and self.drafters:
+        # Adaptive lengths (self.caps) are kept across generations of one conversation; see begin().
+        if self.adaptive and self.drafters:
             self.n_max_now = self.caps[id(self.drafters[0])]
         self.window: deque[tuple[int, float]] = deque(maxlen=AUTO_WINDOW)  # (tokens produced, ms) per step
         self.paused_until = 0  # generated-token count at which a paused auto mode drafts again
@@ -66,6 +71,11 @@ class SpeculativeDriver:
         return tuple(d.name for d in self.drafters)
 
     def begin(self, prompt: Sequence[int]) -> None:
+        # A prompt that does not go on from the last one (most of it) starts a new conversation: lengths start over.
+        last = self._conversation
+        if not last or common_prefix_length(prompt, last) < len(last) // 2:
+            self._reset_lengths()
+        self._conversation = tuple(prompt)
         for d in self.drafters:
             t0 = time.perf_counter()
             d.begin(prompt)
@@ -92,7 +102,7 @@ class SpeculativeDriver:
         try:
             capped = min(n_max, self.params.n_max)
             for d in self.drafters:
-                if self.auto:
+                if self.adaptive:
                     limit = min(n_max, self.caps[id(d)])
                 else:
                     limit = capped if d.follows_draft_n_max else n_max
@@ -115,7 +125,7 @@ class SpeculativeDriver:
         drafter.stats.n_call_accept += 1
         drafter.stats.record_accept(n_accepted)
         drafter.stats.t_accept_ms += (time.perf_counter() - t0) * 1000.0
-        if self.auto:
+        if self.adaptive:
             self._adapt(drafter, n_drafted, n_accepted)
         self.steps += 1
         self.drafted += n_drafted
@@ -134,7 +144,7 @@ class SpeculativeDriver:
         return self.paused_until == 0
 
     def _adapt(self, drafter: Drafter, n_drafted: int, n_accepted: int) -> None:
-        """Auto mode: a drafter's length stops at the first position that its drafts reaching it get accepted at
+        """Adaptive lengths: a drafter's length stops at the first position that its drafts reaching it get accepted at
         less often than AUTO_POSITION_FLOOR; once a draft fills the length and is accepted whole, it doubles again
         (up to n_max for a model drafter, AUTO_NGRAM_MAX for an n-gram one)."""
         key = id(drafter)

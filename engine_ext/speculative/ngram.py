@@ -545,6 +545,7 @@ class NgramMod(_NgramDrafter):
     """
 
     name = "ngram-mod"
+    start_length = None  # it drafts only where it can copy 48 tokens or more after a 24-token match: at full length
 
     def __init__(
         self,
@@ -905,15 +906,13 @@ def make_ngram_drafter(name: str, **params: object) -> Drafter:
 
 PROMPT_LOOKUP_KEY = 3  # tokens matched: the last two and the one just sampled
 PROMPT_LOOKUP_COPY = 16  # the most tokens copied from where they matched
-PROMPT_LOOKUP_START = 4  # auto mode's first length for it, grown with measured acceptance
 
 
 def prompt_lookup_drafter(*, record_stats: bool = False) -> NgramSimple:
     """Auto mode's short-key copier for a model without a model drafter ("ngram-prompt"): ngram-simple matching 3
     tokens instead of 12 and copying up to 16, so text repeated from the prompt is drafted in the first reply
     already (upstream's n-gram types need 12-24 matching tokens and copies of 12-48: a sentence repeated once is
-    too short for them). Its drafts start at 4 tokens and grow with acceptance (SpeculativeDriver, auto mode)."""
+    too short for them). Its drafts start short and grow with acceptance, as every drafter's (SpeculativeDriver)."""
     drafter = NgramSimple(size_n=PROMPT_LOOKUP_KEY, size_m=PROMPT_LOOKUP_COPY, record_stats=record_stats)
     drafter.name = "ngram-prompt"
-    drafter.start_length = PROMPT_LOOKUP_START
     return drafter

@@ -1,4 +1,9 @@
-"""A compositor that renders only the rows being updated.
+"""A compositor that renders only the rows being updated, and the call that gives a screen one.
+
+Relies on (Textual 8.2): the private `textual._compositor.Compositor`, its `visible_widgets` property, which
+`_get_renders(crop)` reads once on its first step (before yielding anything), `_render_chops(crop, is_rendered_line)`
+returning, for each row of the screen, a mapping of cut to strip; and the private `Screen._compositor`, set in
+`Screen.__init__` and read for every update.
 
 For a partial update Textual's compositor asks every widget under the updated area for the lines of its whole
 visible region, then keeps only the updated rows. While a reply streams, the update is usually one or two lines
@@ -17,9 +22,11 @@ update writes only those cells.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from textual._compositor import Compositor
 from textual.geometry import Region
+from textual.screen import Screen
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -111,3 +118,8 @@ class CroppedCompositor(Compositor):
             return
         yield first
         yield from renders
+
+
+def use_cropped_compositor(screen: Screen[Any]) -> None:
+    """Give `screen` (just constructed) a `CroppedCompositor` in place of Textual's own."""
+    screen._compositor = CroppedCompositor()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from app.paths import config_dir
+from app.paths import CONFIG_FILE_NAME, config_path
 from app.private_files import private_dir, write_private_text
 from engine_ext.params import (
     DEFAULT_FIT_TARGET_MIB,
@@ -27,7 +27,6 @@ from engine_ext.params import (
     SteeringEntry,
 )
 
-CONFIG_FILE_NAME: Final = "config.toml"
 THEMES: Final = ("dark", "light")
 FLASH_ATTENTION_MODES: Final = ("auto", "on", "off")
 REMOTE_NAME_PATTERN: Final = re.compile(r"^[\w.-]{1,40}$")
@@ -333,10 +332,6 @@ class Config:
         for folder in self.model_folders:
             if not folder.strip():
                 raise ConfigError("a model folder cannot be empty")
-
-
-def config_path() -> Path:
-    return config_dir() / CONFIG_FILE_NAME
 
 
 def _typed(table: dict[str, Any], key: str, kind: type, default: Any, where: str) -> Any:

@@ -22,6 +22,14 @@ def config_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_config_dir(APP_NAME))
 
 
+CONFIG_FILE_NAME = "config.toml"
+
+
+def config_path() -> Path:
+    """The settings file."""
+    return config_dir() / CONFIG_FILE_NAME
+
+
 def data_dir() -> Path:
     """The user data dir (`LLMTUI_DATA_DIR` overrides it)."""
     override = os.environ.get("LLMTUI_DATA_DIR")

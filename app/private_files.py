@@ -83,11 +83,10 @@ def write_private_text(path: Path, text: str) -> None:
 def secure_app_dirs() -> None:
     """Create or tighten the config, data and log folders (0700) and tighten the settings file (0600)."""
     from app import paths
-    from app.config import config_path
 
     for folder in (paths.config_dir(), paths.data_dir(), paths.log_dir()):
         private_dir(folder)
-    tighten_if_exists(config_path())
+    tighten_if_exists(paths.config_path())
 
 
 def take_notice() -> str | None:

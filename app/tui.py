@@ -1,26 +1,35 @@
-"""The Textual app: opens the store, the settings and the engine bridge, and routes engine events to the screens."""
+"""The Textual app: opens the store, the settings and the engine, creates the controllers, and routes engine events to
+them and to the screens (generation events to the request's owner)."""
 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from textual import work
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding
+from textual.reactive import var
 from textual.screen import Screen
 
 from app import paths
 from app.bridge import EngineBridge
-from app.config import Config, ConfigError, EngineSettings, SamplingSettings, load_config, save_config
-from app.features import FeaturesMixin
+from app.config import (
+    Config,
+    ConfigError,
+    RemoteSettings,
+    SamplingSettings,
+    SpeculativeSettings,
+    load_config,
+    save_config,
+)
+from app.controllers import GenerationRouter, ModelsController, SpeculationController, SteeringController
 from app.messages import (
     EngineCrashed,
     EngineRecovering,
+    EngineRequestFailed,
     EngineStarted,
     EngineStarting,
     GenerationFailed,
@@ -32,16 +41,22 @@ from app.messages import (
     ModelLoadStarted,
     ModelSummary,
     PromptProgressed,
+    SpeculativeConfigured,
+    SpeculativeStatsUpdated,
+    SteeringApplied,
     TokensArrived,
+    VectorCreated,
+    VectorProgressed,
 )
 from app.model_list import local_models
-from app.models import ModelNotFound, resolve_model, starter_model_path, usable_folders, user_path
+from app.models import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.private_files import private_dir, secure_app_dirs, take_notice, write_private_text
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
-from app.speculation import find_drafts
+from app.shell import LlmtuiShell
 from app.store import Store, StoreError, open_default_store
-from models_catalog.drafts import DraftCandidate
+
+_S = TypeVar("_S", bound=Screen[Any])
 
 THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
 
@@ -50,8 +65,11 @@ def _safe_file_name(title: str) -> str:
     return re.sub(r"[^\w.-]+", "-", title).strip("-")[:50] or "conversation"
 
 
-class LlmtuiApp(FeaturesMixin, App[None]):
+class LlmtuiApp(LlmtuiShell):
     """llmtui's chat app. `model`: a path or 'starter' (default: the last model used, else the starter)."""
+
+    features_version: var[int] = var(0)
+    """Bumped when speculation or steering state changes (the controllers publish, the chat screen watches)."""
 
     CSS_PATH = str(paths.assets_dir() / "llmtui.tcss")
     TITLE = "llmtui"
@@ -84,13 +102,17 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         """Sampling for new conversations."""
         self.config = Config()
         self.store: Store
-        self.bridge: EngineBridge | RemoteBridge = self._local_bridge()
+        self.bridge: EngineBridge | RemoteBridge = self.local_bridge()
         """The engine in use: the local worker, or a remote OpenAI-compatible server (ctrl+l switches)."""
-        self._closing_bridges: list[threading.Thread] = []
         self.engine_state = "starting"
         self.model: ModelSummary | None = None
         self.load_progress: float | None = None
         self.model_path: str | None = None
+        self.speculation = SpeculationController(self)
+        self.models = ModelsController(self, self.speculation)
+        self.steering = SteeringController(self, self.models)
+        self.generation = GenerationRouter()
+        """Generation events go to the request's owner (the chat, an A/B view)."""
 
     # ----- startup and shutdown -----
 
@@ -148,73 +170,22 @@ class LlmtuiApp(FeaturesMixin, App[None]):
             return Path(self.config.last_model)
         return starter_model_path()
 
-    def _local_bridge(self) -> EngineBridge:
+    def local_bridge(self) -> EngineBridge:
         return EngineBridge(self, paths.log_dir() / "engine.log", backlog=lambda: self._message_queue.qsize())
 
-    def _replace_bridge(self, bridge: EngineBridge | RemoteBridge) -> None:
-        """Use `bridge` from now on; the old one is closed (a local worker in a thread, so its memory is freed
-        without holding up the UI)."""
-        old, self.bridge = self.bridge, bridge
-        if isinstance(old, RemoteBridge):
-            old.close()
-        else:
-            closing = threading.Thread(target=old.close, name="llmtui-close-engine", daemon=True)
-            closing.start()
-            self._closing_bridges.append(closing)
-
-    @property
-    def remote_engine(self) -> RemoteBridge | None:
-        return self.bridge if isinstance(self.bridge, RemoteBridge) else None
+    def remote_bridge(self, remote: RemoteSettings, model: str) -> RemoteBridge:
+        return RemoteBridge(self, remote, model)
 
     def use_remote(self, choice: RemoteChoice) -> None:
         """Switch to a remote engine's model (the local engine is shut down; picking a local model starts it)."""
-        remote = RemoteBridge(self, choice.remote, choice.model)
-        self._replace_bridge(remote)
-        self.model_path = choice.path
-        self.model = None
-        if self.start_engine:
-            remote.connect()
-        self.set_engine_state("loading")
+        self.models.use_remote(choice)
 
     def load_model(self, path: Path) -> None:
-        if isinstance(self.bridge, RemoteBridge):
-            self._replace_bridge(self._local_bridge())
-        self.model_path = str(path)
-        self.model = None
-        self.draft_sidecars, self.missing_drafts = (), ()
-        if self.start_engine:
-            self.bridge.start()
-            self._find_drafts_then_load(str(path))
-        self.set_engine_state("loading")
-
-    @work(thread=True, exclusive=True, group="load-model")
-    def _find_drafts_then_load(self, path: str) -> None:
-        """Find the drafts the model brings along off the event loop (it reads GGUF headers: ~0.1 s per file of a
-        large vocabulary), then load it with the options they call for (a model drafter's rollback depth)."""
-        missing: list[tuple[str, str]] = []
-        try:
-            found, missing = find_drafts(path, usable_folders(self.config.model_folders))
-        except Exception as error:  # noqa: BLE001 - finding drafts must never keep a model from loading
-            self.call_from_thread(self.notify, f"Draft sidecars were not looked for: {error}", severity="warning")
-            found = []
-        self.call_from_thread(self._load_found, path, tuple(found), tuple(missing))
-
-    def _load_found(
-        self, path: str, sidecars: tuple[DraftCandidate, ...], missing: tuple[tuple[str, str], ...]
-    ) -> None:
-        if path != self.model_path or isinstance(self.bridge, RemoteBridge):
-            return  # another model (or a server) was chosen meanwhile
-        self.draft_sidecars, self.missing_drafts = sidecars, missing
-        self.bridge.load(path, self.engine_settings(), **self.speculative_load_options(path))
-
-    def engine_settings(self) -> EngineSettings:
-        """The engine settings models load with: the saved ones, with this session's overrides."""
-        return replace(self.config.engine, **self.engine_overrides)
+        self.models.load(path)
 
     async def on_unmount(self) -> None:
         self.bridge.close()
-        for closing in self._closing_bridges:
-            closing.join(5.0)
+        self.models.join_closing(5.0)
         store = getattr(self, "store", None)
         if store is not None:
             store.close()
@@ -228,6 +199,18 @@ class LlmtuiApp(FeaturesMixin, App[None]):
                 return screen
         return None
 
+    def reply_in_progress(self) -> bool:
+        chat = self.chat
+        return chat is not None and chat.generation is not None
+
+    def features_changed(self) -> None:
+        """The controllers publish a change of speculation or steering state; the chat screen watches this."""
+        self.features_version += 1
+
+    def refresh_feature_readouts(self) -> None:
+        """Redraw the meter under the transcript (while speculation is on) and the stats bar's spec/steer readouts."""
+        self.features_changed()
+
     def set_engine_state(self, state: str) -> None:
         self.engine_state = state
         chat = self.chat
@@ -239,9 +222,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
 
     def remember_sidebar(self, shown: bool) -> None:
         self.config = replace(self.config, show_sidebar=shown)
-        self._save_quietly()
+        self.save_config_quietly()
 
-    def _save_quietly(self) -> None:
+    def save_config_quietly(self) -> None:
         try:
             save_config(self.config)
         except ConfigError as error:
@@ -254,7 +237,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         for name in list(self.engine_overrides):  # a setting saved anew is the user's choice over the session's
             if getattr(config.engine, name) != getattr(self.config.engine, name):
                 del self.engine_overrides[name]
-        remote = self.remote_engine
+        remote = self.models.remote_engine
         if remote is not None:  # an edited endpoint (a new key, say) applies from the next request
             remote.remote = next((r for r in config.remotes if r.name == remote.remote.name), remote.remote)
         self.config = config
@@ -307,7 +290,14 @@ class LlmtuiApp(FeaturesMixin, App[None]):
                         f"in {event.model.load_ms / 1000:.1f} s.{placement}")
         if self.config.last_model != event.model.path:
             self.config = replace(self.config, last_model=event.model.path)
-            self._save_quietly()
+            self.save_config_quietly()
+        # A fresh engine knows nothing of the user's choices yet.
+        self.speculation.reset()
+        self.steering.reset()
+        if event.model.architecture != "remote":  # a remote server drafts on its own and takes no vectors
+            self.speculation.model_loaded()
+            self.steering.model_loaded()
+        self.features_changed()
 
     def on_model_load_failed(self, event: ModelLoadFailed) -> None:
         if self._stale(event.path):
@@ -320,24 +310,26 @@ class LlmtuiApp(FeaturesMixin, App[None]):
                     severity="error", timeout=20)
 
     async def on_tokens_arrived(self, event: TokensArrived) -> None:
-        chat = self.chat
-        if chat is not None:
-            await chat.on_tokens_arrived(event)
+        owner = self.generation.owner(event.request_id)
+        if owner is not None:
+            await owner.generation_tokens(event)
 
     def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
-        chat = self.chat
-        if chat is not None:
-            chat.on_generation_stats_updated(event)
+        owner = self.generation.owner(event.request_id)
+        if owner is not None:
+            owner.generation_progress(event)
 
     def on_prompt_progressed(self, event: PromptProgressed) -> None:
-        chat = self.chat
-        if chat is not None:
-            chat.on_prompt_progressed(event)
+        owner = self.generation.owner(event.request_id)
+        if owner is not None:
+            owner.generation_progress(event)
 
     async def on_generation_finished(self, event: GenerationFinished) -> None:
+        owner = self.generation.owner(event.request_id)
+        if owner is not None:
+            await owner.generation_finished(event)
         chat = self.chat
         if chat is not None:
-            await chat.on_generation_finished(event)
             # A server's own speculative decoding (llama-server's timings: draft_n / draft_n_accepted).
             summary = draft_summary(event.stats)
             extras = {k: v for k, v in chat.stats.extras.items() if k != "draft"}
@@ -347,11 +339,13 @@ class LlmtuiApp(FeaturesMixin, App[None]):
                 chat.stats.extras = extras
 
     async def on_generation_failed(self, event: GenerationFailed) -> None:
-        chat = self.chat
-        if chat is not None:
-            await chat.on_generation_failed(event)
-        else:
+        owner = self.generation.owner(event.request_id)
+        if owner is None:
             self.notify(f"Engine error: {event.error}", severity="error")
+            return
+        await owner.generation_failed(event)
+        if owner is not self.generation.default:  # said as the chat says its own
+            self.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
 
     async def on_engine_crashed(self, event: EngineCrashed) -> None:
         from app.modals.crash import RESTART, EngineCrashedModal
@@ -374,6 +368,9 @@ class LlmtuiApp(FeaturesMixin, App[None]):
 
         self.push_screen(EngineCrashedModal(event.description, event.log_tail, event.log_path, event.fallbacks),
                          restart)
+        self.speculation.reset()
+        self.steering.reset()
+        self.generation.lost()  # the A/B views' runs: a restarted engine knows nothing of them
 
     def on_engine_recovering(self, event: EngineRecovering) -> None:
         """Restarted without CPU weight repacking after an early native crash: kept off for this session."""
@@ -382,7 +379,142 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         self.set_engine_state("loading")
         self.notify(event.notice, severity="warning", timeout=20)
 
+    def on_speculative_configured(self, event: SpeculativeConfigured) -> None:
+        self.speculation.configured(event.drafters, event.notices)
+
+    def on_speculative_stats_updated(self, event: SpeculativeStatsUpdated) -> None:
+        side_run = self.generation.side_owner(event.stats.request_id)
+        if side_run is not None:  # an A/B view's run: its statistics are the view's, not the chat's meter's
+            side_run.generation_stats(event.stats)
+            return
+        self.speculation.stats_updated(event.stats, event.final)
+
+    def on_steering_applied(self, event: SteeringApplied) -> None:
+        from app.screens.steering import SteeringScreen
+
+        self.steering.engine_applied(event.applied)
+        screen = self._open_screen(SteeringScreen)
+        if screen is not None:
+            screen.show_applied(event.applied)
+        self.features_changed()
+
+    def on_vector_progressed(self, event: VectorProgressed) -> None:
+        from app.modals.make_vector import MakeVectorModal
+
+        dialog = self._open_screen(MakeVectorModal)
+        if dialog is not None:
+            dialog.show_progress(event.done, event.total)
+
+    async def on_vector_created(self, event: VectorCreated) -> None:
+        from app.modals.make_vector import MakeVectorModal
+        from app.screens.steering import SteeringScreen
+
+        self.steering.vector_created(event.path, event.layers, event.pairs, event.seconds)
+        dialog = self._open_screen(MakeVectorModal)
+        if dialog is not None:
+            dialog.finished(event.path, event.pairs, event.seconds)
+        screen = self._open_screen(SteeringScreen)
+        if screen is not None:
+            await screen.refresh_vectors(focus_path=event.path)
+
+    def on_engine_request_failed(self, event: EngineRequestFailed) -> None:
+        from app.modals.make_vector import MakeVectorModal
+        from app.screens.spec_check import SpecCheckScreen
+
+        what = {"speculative": "Speculative decoding", "steering": "Steering", "vector": "Making the vector"}
+        self.notify(f"{what.get(event.kind, event.kind)} failed: {event.error}", severity="error", timeout=12)
+        check = self._open_screen(SpecCheckScreen)
+        if event.kind == "speculative" and check is not None:
+            check.speculation_refused(event.error)
+        if event.kind == "speculative":
+            self.speculation.refused()
+        elif event.kind == "vector":
+            dialog = self._open_screen(MakeVectorModal)
+            if dialog is not None:
+                dialog.failed(event.error)
+        self.features_changed()
+
+    def _open_screen(self, kind: type[_S]) -> _S | None:
+        """The open screen of this kind, if any."""
+        return next((s for s in self.screen_stack if isinstance(s, kind)), None)
+
     # ----- actions -----
+
+    def action_toggle_speculation(self) -> None:
+        self.speculation.toggle()
+
+    def action_toggle_spec_details(self) -> None:
+        self.speculation.toggle_details()
+
+    def action_speculative_panel(self) -> None:
+        from app.modals.speculative import SpeculativePanel
+
+        if isinstance(self.screen, SpeculativePanel):
+            return
+        speculation = self.speculation
+        name = self.model.name if self.model else ""
+        panel = SpeculativePanel(self.config.speculative, self.model_path, name, speculation.draft_sidecars,
+                                 speculation.missing_drafts)
+
+        def chosen(settings: SpeculativeSettings | None) -> None:
+            if settings is not None:
+                speculation.apply(settings)
+                if panel.check_after:
+                    self.action_spec_check(settings)
+
+        self.push_screen(panel, chosen)
+
+    def action_spec_check(self, settings: SpeculativeSettings | None = None) -> None:
+        """Open the speculation check: the prompt decoded plainly and with `settings` (default: the user's)."""
+        from app.screens.spec_check import DEFAULT_PROMPT, SpecCheckScreen
+
+        if self.model_path is None or isinstance(self.bridge, RemoteBridge):  # (a model may be loading)
+            self.notify("Load a local model first (ctrl+l): the check runs on llmtui's own engine.",
+                        severity="warning")
+            return
+        if self._open_screen(SpecCheckScreen) is not None:
+            return
+        self.push_screen(SpecCheckScreen(settings or self.config.speculative, self._last_user_message(DEFAULT_PROMPT)))
+
+    def action_steering(self) -> None:
+        from app.screens.steering import SteeringScreen
+
+        if isinstance(self.screen, SteeringScreen):
+            self.screen.action_close()
+            return
+        if self.model is None:
+            self.notify("Load a model first (ctrl+l): steering acts on the loaded model.", severity="warning")
+            return
+        self.push_screen(SteeringScreen())
+
+    def action_make_vector(self) -> None:
+        from app.modals.make_vector import MakeVectorModal
+
+        if self.model is None:
+            self.notify("Load a model first (ctrl+l): a vector is made for one model.", severity="warning")
+            return
+        self.push_screen(MakeVectorModal(Path(self.model.path).stem))
+
+    def action_steering_ab(self) -> None:
+        from app.screens.steering_ab import DEFAULT_PROMPT, SteeringABScreen
+
+        if self.model is None:
+            self.notify("Load a model first (ctrl+l).", severity="warning")
+            return
+        prompt = self._last_user_message(DEFAULT_PROMPT)
+        mix = self.steering.mix_summary()
+        if not mix:
+            self.notify("Every strength is 0: B will be the same as A. Move a slider first.")
+        self.push_screen(SteeringABScreen(prompt, mix))
+
+    def _last_user_message(self, default: str) -> str:
+        """The open conversation's last message from the user (what the A/B views run by default)."""
+        chat = self.chat
+        if chat is None or chat.conversation_id is None:
+            return default
+        path = self.store.active_path(chat.conversation_id)
+        return next((m.content for m in reversed(path) if m.role == "user"), default)
+
 
     def action_restart_engine(self) -> None:
         if self.engine_state not in ("crashed", "error", "ready"):
@@ -394,7 +526,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         if isinstance(self.bridge, RemoteBridge):
             self.bridge.restart()
         else:  # the settings saved since the model was loaded (threads…) apply
-            self.bridge.restart(self.engine_settings())
+            self.bridge.restart(self.models.engine_settings())
 
     def action_help(self) -> None:
         from app.screens.help import HelpScreen
@@ -406,7 +538,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         theme = "light" if self.config.theme == "dark" else "dark"
         self.config = replace(self.config, theme=theme)
         self.theme = THEME_NAMES[theme]
-        self._save_quietly()
+        self.save_config_quietly()
 
     def action_settings(self) -> None:
         from app.screens.settings import SettingsScreen
@@ -488,7 +620,7 @@ class LlmtuiApp(FeaturesMixin, App[None]):
         yield SystemCommand("Restart engine", "Start a fresh engine process and reload the model (F5)",
                             self.action_restart_engine)
         yield SystemCommand("Import conversation", "Import a JSON export", self.action_import_conversation)
-        yield from self.feature_commands(screen)
+        yield from self._feature_commands()
         chat = self.chat
         if chat is None or screen is not chat:
             return
@@ -509,6 +641,23 @@ class LlmtuiApp(FeaturesMixin, App[None]):
              chat.action_toggle_draft_colouring),
         ):
             yield SystemCommand(title, help_text, callback)
+
+    def _feature_commands(self) -> list[SystemCommand]:
+        """Command-palette entries for speculation and steering."""
+        return [
+            SystemCommand("Toggle speculative decoding", "Turn speculation on or off (F8)",
+                          self.action_toggle_speculation),
+            SystemCommand("Speculative decoding settings", "Type, draft model, n_max/n_min/p_min (F9)",
+                          self.action_speculative_panel),
+            SystemCommand("Speculative details", "Expand the meter: counts, acceptance by draft position, time, "
+                          "drafters (ctrl+o)", self.action_toggle_spec_details),
+            SystemCommand("Speculation check", "One prompt, greedy, without and with speculation: the same text? "
+                          "(ctrl+b in F9)", self.action_spec_check),
+            SystemCommand("Steering", "Control-vector sliders, layer range, heat strip (F6)", self.action_steering),
+            SystemCommand("Make a control vector", "From a prompt set, on the loaded model", self.action_make_vector),
+            SystemCommand("Steering A/B", "One prompt without and with steering, side by side",
+                          self.action_steering_ab),
+        ]
 
 
 def run_tui(model: str | None = None, *, no_repack: bool = False) -> int:

@@ -84,9 +84,9 @@ async def _regenerated_with_drafts(pilot: Pilot[Any], app: LlmtuiApp, plain: str
     """Regenerate (ctrl+r) with speculation on: drafts were verified and the text is `plain`'s."""
     await press_and_start(pilot, "ctrl+r")
     await reply_done(pilot)
-    await wait_for(pilot, lambda: app.spec_stats is not None)
+    await wait_for(pilot, lambda: app.speculation.stats is not None)
     assert _generated(app) == plain
-    assert app.spec_stats is not None and app.spec_stats.drafted > 0
+    assert app.speculation.stats is not None and app.speculation.stats.drafted > 0
 
 
 async def _check_screen(pilot: Pilot[Any]) -> SpecCheckScreen:
@@ -191,18 +191,19 @@ async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path)
         await pilot.pause()
         assert not app.config.spec_details
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.spec_drafters == AUTO_WITHOUT_MODEL_DRAFTER)
+        await wait_for(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
         await pilot.press("ctrl+o")
         await pilot.pause()
         meter = chat.query_one(SpecMeter)
         assert meter.expanded and load_config().spec_details  # remembered
         await send(pilot, "a b c a b c a b c a b c a b c a b c")
         await reply_done(pilot)
-        await wait_for(pilot, lambda: app.spec_stats is not None and app.spec_stats.drafted > 0)
+        await wait_for(pilot, lambda: app.speculation.stats is not None and app.speculation.stats.drafted > 0)
         await pilot.pause()
         lines = meter.render().plain.split("\n")
         assert meter.size.height == len(lines) >= 4
-        assert lines[1].startswith(f"   drafted {app.spec_stats.drafted}  accepted {app.spec_stats.accepted}")
+        stats = app.speculation.stats
+        assert lines[1].startswith(f"   drafted {stats.drafted}  accepted {stats.accepted}")
         assert lines[2].startswith("   by position ")
         # A click folds it (and ctrl+o or a click opens it again).
         await pilot.click(SpecMeter)
@@ -217,7 +218,7 @@ async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path)
 @pytest.mark.usefixtures("app_dirs")
 async def test_panel_says_which_paired_drafts_are_not_downloaded() -> None:
     async with _without_engine((80, 24)) as (app, pilot):
-        app.missing_drafts = (("mtp", "org/model-GGUF"), ("dspark", "org/model-DSpark"))
+        app.speculation.missing_drafts = (("mtp", "org/model-GGUF"), ("dspark", "org/model-DSpark"))
         await pilot.press("f9")
         await pilot.pause()
         hint = app.screen.query_one("#spec-draft", Input).placeholder
@@ -288,19 +289,19 @@ async def test_toggling_speculation_keeps_greedy_text_and_feeds_the_meter(lone_l
         plain = _generated(app)
         assert not chat.query(SpecMeter)
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.spec_drafters == AUTO_WITHOUT_MODEL_DRAFTER)
+        await wait_for(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
         assert app.config.speculative.enabled and load_config().speculative.enabled  # persisted
         meter = chat.query_one(SpecMeter)
         await press_and_start(pilot, "ctrl+r")
         await reply_done(pilot)
-        await wait_for(pilot, lambda: app.spec_stats is not None)
+        await wait_for(pilot, lambda: app.speculation.stats is not None)
         assert _generated(app) == plain
-        assert meter.stats is app.spec_stats and meter.stats is not None
+        assert meter.stats is app.speculation.stats and meter.stats is not None
         assert "tok/step" in meter.render().plain
         assert "spec" in chat.stats.extras
         # Off again: the meter goes, the text is still the same.
         await pilot.press("f8")
-        await wait_for(pilot, lambda: not chat.query(SpecMeter) and app.spec_drafters == ())
+        await wait_for(pilot, lambda: not chat.query(SpecMeter) and app.speculation.drafters == ())
         await press_and_start(pilot, "ctrl+r")
         await reply_done(pilot)
         assert _generated(app) == plain
@@ -313,10 +314,10 @@ async def test_mtp_from_the_panel_reloads_with_heads_and_keeps_greedy_text(tiny_
     app = LlmtuiApp(str(tiny_models["qwen35_mtp"]), default_sampling=GREEDY)
     async with app.run_test(size=(120, 40)) as pilot:
         plain = await _plain_reply(pilot, app)
-        assert app.loaded_with == (False, 0)
+        assert app.speculation.loaded_with == (False, 0)
         await _choose_in_panel(pilot, "draft-mtp", "ctrl+s")
-        await wait_for(pilot, lambda: app.spec_drafters == ("draft-mtp",))
-        assert app.loaded_with == (True, 16)  # reloaded with the MTP heads and GDN rollback
+        await wait_for(pilot, lambda: app.speculation.drafters == ("draft-mtp",))
+        assert app.speculation.loaded_with == (True, 16)  # reloaded with the MTP heads and GDN rollback
         await _regenerated_with_drafts(pilot, app, plain)
 
 
@@ -330,10 +331,11 @@ async def test_auto_drafts_with_the_mtp_sidecar_beside_the_model_and_keeps_greed
     app = LlmtuiApp(str(tiny_models["qwen35"]), default_sampling=GREEDY)
     async with app.run_test(size=(120, 40)) as pilot:
         plain = await _plain_reply(pilot, app)
-        assert [c.kind for c in app.draft_sidecars][:1] == ["mtp"]
+        assert [c.kind for c in app.speculation.draft_sidecars][:1] == ["mtp"]
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod", "draft-mtp"))
-        assert app.loaded_with == (False, 16) and app.config.speculative.draft_model == ""  # the user's choice kept
+        await wait_for(pilot, lambda: app.speculation.drafters == ("ngram-mod", "draft-mtp"))
+        # the user's choice kept
+        assert app.speculation.loaded_with == (False, 16) and app.config.speculative.draft_model == ""
         await _regenerated_with_drafts(pilot, app, plain)
 
 
@@ -341,7 +343,7 @@ async def test_auto_drafts_with_the_mtp_sidecar_beside_the_model_and_keeps_greed
 @pytest.mark.usefixtures("app_dirs")
 async def test_panel_ctrl_d_picks_a_draft_found_on_this_machine(tiny_models: dict[str, Path]) -> None:
     async with _without_engine((120, 40), str(tiny_models["llama"])) as (app, pilot):
-        app.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
+        app.speculation.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
         await pilot.press("f9")
         await pilot.pause()
         panel = app.screen
@@ -374,7 +376,7 @@ async def test_a_refused_configuration_is_a_notification_and_speculation_turns_o
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         # A DSpark draft offered as DFlash: the engine refuses it, the worker stays up.
-        app.apply_speculative(SpeculativeSettings(enabled=True, spec_type="draft-dflash",
+        app.speculation.apply(SpeculativeSettings(enabled=True, spec_type="draft-dflash",
                                                   draft_model=str(tiny_models["dspark"])))
         await wait_for(pilot, lambda: not app.config.speculative.enabled)
         # notify() posts a message: the notification lands on the next turn of the event loop.
@@ -392,11 +394,11 @@ async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(lone_llam
     async with app.run_test(size=(120, 40)) as pilot:
         chat = await ready(pilot)
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.spec_drafters == AUTO_WITHOUT_MODEL_DRAFTER)
+        await wait_for(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
         await send(pilot, "a b c a b c a b c a b c a b c a b c")
         await reply_done(pilot)
-        await wait_for(pilot, lambda: app.spec_stats is not None)
-        assert app.spec_stats is not None and app.spec_stats.accepted > 0
+        await wait_for(pilot, lambda: app.speculation.stats is not None)
+        assert app.speculation.stats is not None and app.speculation.stats.accepted > 0
         reply = app.store.active_path(chat.conversation_id or 0)[-1]
         spans = reply.stats.get("draft_spans")
         # Accepted drafts by either drafter of the chain, and the target's tokens where a draft was rejected.
@@ -460,7 +462,7 @@ async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_sa
         await ready(pilot)
         await _choose_in_panel(pilot, "ngram-mod", "ctrl+b")  # apply, then check
         check = await _check_screen(pilot)
-        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
+        await wait_for(pilot, lambda: app.speculation.drafters == ("ngram-mod",))
         check.query_one(Input).value = "a b c a b c a b c a b c a b c a b c"
         await pilot.press("enter")
         await wait_for(pilot, lambda: check.runs_done == 1)
@@ -472,7 +474,7 @@ async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_sa
         verdict_line = str(check.query_one("#check-verdict").render())
         assert verdict_line.startswith(f"✓ The same text ({b.tokens} tokens)")
         # The engine is back on the user's settings, and the chat was not touched.
-        await wait_for(pilot, lambda: app.spec_drafters == ("ngram-mod",))
+        await wait_for(pilot, lambda: app.speculation.drafters == ("ngram-mod",))
         assert app.config.speculative.enabled and app.config.speculative.spec_type == "ngram-mod"
         assert chat_of(app).conversation_id is None
         await pilot.press("escape")
@@ -504,7 +506,7 @@ async def test_check_asked_for_while_a_reply_is_written_runs_after_it_on_the_las
         await wait_for(pilot, lambda: check.runs_done == 1)
         assert chat.generation is None and check.identical is True
         assert not app.config.speculative.enabled  # the user's setting is untouched: speculation stays off
-        await wait_for(pilot, lambda: app.spec_drafters == ())
+        await wait_for(pilot, lambda: app.speculation.drafters == ())
 
 
 @pytest.mark.anyio
@@ -566,7 +568,7 @@ async def test_check_waits_for_a_reload_and_closing_it_mid_run_restores_speculat
         check.query_one(Input).value = "hello there"
         await pilot.press("enter")
         await wait_for(pilot, lambda: check.runs_done == 1)
-        assert app.loaded_with == (True, 16)
+        assert app.speculation.loaded_with == (True, 16)
         assert check.identical is True and "b" in check.side_stats and check.side_stats["b"].drafted > 0
         # Closed while A is being written (the engine paused, so the tiny model cannot finish first): the
         # generation is cancelled and the user's drafter set again.
@@ -581,11 +583,12 @@ async def test_check_waits_for_a_reload_and_closing_it_mid_run_restores_speculat
         finally:
             os.kill(pid, signal.SIGCONT)
         assert not isinstance(app.screen, SpecCheckScreen)
-        app.spec_stats = None
+        app.speculation.stats = None
         await send(pilot, "hello there")
         await reply_done(pilot)
-        assert app.spec_stats is not None and app.spec_stats.drafted > 0  # the chat's reply was drafted again
-        assert app.spec_drafters == ("draft-mtp",)
+        stats = app.speculation.stats
+        assert stats is not None and stats.drafted > 0  # the chat's reply was drafted again
+        assert app.speculation.drafters == ("draft-mtp",)
 
 
 # ----- snapshots ------------------------------------------------------------------------------------
@@ -602,8 +605,8 @@ async def _meter(pilot: Pilot[Any], details: bool = False) -> None:
     assert isinstance(app, LlmtuiApp)
     app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True), spec_details=details)
     await loaded(pilot)
-    app.spec_drafters = ("ngram-mod", "draft-mtp") if details else ("ngram-mod",)
-    app.spec_stats = CHAINED if details else STATS
+    app.speculation.drafters = ("ngram-mod", "draft-mtp") if details else ("ngram-mod",)
+    app.speculation.stats = CHAINED if details else STATS
     app.refresh_feature_readouts()
     await pilot.pause()
 
@@ -686,7 +689,7 @@ def test_draft_pick_snapshot(snap_compare: Any, size: tuple[int, int], tiny_mode
         assert isinstance(app, LlmtuiApp)
         await loaded(pilot)
         app.model_path = str(tiny_models["qwen35"])
-        app.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
+        app.speculation.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
         await pilot.press("f9")
         await pilot.pause()
         await pilot.press("ctrl+d")

@@ -112,8 +112,8 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, SteeringScreen) and not screen.sliders
-        await wait_for(pilot, lambda: app.steering_applied is not None)  # the opening probe: which layers steer
-        assert app.steering_applied is not None and app.steering_applied.steered_layers == (1,)
+        await wait_for(pilot, lambda: app.steering.applied is not None)  # the opening probe: which layers steer
+        assert app.steering.applied is not None and app.steering.applied.steered_layers == (1,)
         await pilot.press("m")
         await pilot.pause()
         dialog = app.screen
@@ -163,7 +163,7 @@ async def test_a_slider_move_during_a_reply_is_applied_and_acknowledged(tiny_mod
         assert acknowledged_while_writing, "no SteeringSet arrived while the reply was being written"
         applied = acknowledged_while_writing[-1]
         assert (applied.layer_start, applied.layer_end, applied.steered_layers) == (1, 1, (1,))
-        assert app.steering_applied is not None and app.steering_applied.active
+        assert app.steering.applied is not None and app.steering.applied.active
         assert "Applied on layers 1–1" in str(screen.query_one("#steering-status").render())
         assert app.config.steering.strengths == (0.3,)
         await pilot.press("escape")  # close the screen: the steering stays
@@ -179,7 +179,7 @@ async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> Steering
     await pilot.press("f6")
     await pilot.pause()
     await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")  # +1.00
-    await wait_for(pilot, lambda: app.steering_applied is not None and app.steering_applied.active)
+    await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
     await pilot.press("b")
     await pilot.pause()
     ab = app.screen
@@ -201,7 +201,7 @@ async def test_ab_view_runs_the_prompt_without_then_with_steering(tiny_models: d
         assert ab.texts["a"] and ab.texts["b"] and ab.texts["a"] != ab.texts["b"]
         assert "strong +1.00" in str(ab.query_one("#ab-b-title").render())
         # B left the user's steering applied.
-        assert app.steering_applied is not None and app.steering_applied.active
+        assert app.steering.applied is not None and app.steering.applied.active
         # The chat was not touched.
         assert chat_of(app).conversation_id is None
 
@@ -216,8 +216,8 @@ async def test_ab_view_shows_what_steering_costs_in_acceptance(tiny_models: dict
     app = LlmtuiApp(llama)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        app.apply_speculative(SpeculativeSettings(enabled=True, spec_type="draft-simple", draft_model=llama))
-        await wait_for(pilot, lambda: bool(app.spec_drafters))
+        app.speculation.apply(SpeculativeSettings(enabled=True, spec_type="draft-simple", draft_model=llama))
+        await wait_for(pilot, lambda: bool(app.speculation.drafters))
         ab = await run_ab_at_full_strength(pilot, app)
         base, steered = ab.side_stats["a"], ab.side_stats["b"]
         assert base.drafted > 0 and base.accepted == base.drafted  # a perfect drafter without steering
@@ -227,7 +227,8 @@ async def test_ab_view_shows_what_steering_costs_in_acceptance(tiny_models: dict
         assert cost.startswith("Steering cost in acceptance (draft-simple): 100% → ")
         assert ab.query_one("#ab-cost").display
         # The chat's own speculative statistics were not replaced by the A/B runs'.
-        assert app.spec_stats is None or app.spec_stats.request_id not in (base.request_id, steered.request_id)
+        stats = app.speculation.stats
+        assert stats is None or stats.request_id not in (base.request_id, steered.request_id)
 
 
 def _stats(steps: int, drafted: int, accepted: int, speedup: float = 0.0) -> SpeculativeStats:
@@ -271,8 +272,8 @@ async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
         assert app.model is not None
         assert (steering_dir() / f"{Path(app.model.path).stem}-tiny-mood.gguf").is_file()
         await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")
-        await wait_for(pilot, lambda: app.steering_applied is not None and app.steering_applied.active)
-        assert app.steering_applied is not None and app.steering_applied.layer_end == 29
+        await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
+        assert app.steering.applied is not None and app.steering.applied.layer_end == 29
         await pilot.press("escape")
         await pilot.pause()
         await send(pilot, "How was your day?")
@@ -297,7 +298,7 @@ def _steering_scene(tiny: Path) -> Any:
         happy = synthetic_vector("happy-sad", 64, range(1, 5))
         synthetic_vector("formal-casual", 64, range(1, 5))
         app.config = replace(app.config, steering=SteeringSettings((str(happy),), (1.25,)))
-        app.steering_applied = SteeringSet(True, 1, 3, (0.8, 1.4, 1.9), (1, 2, 3))
+        app.steering.applied = SteeringSet(True, 1, 3, (0.8, 1.4, 1.9), (1, 2, 3))
         app.action_steering()
         await pilot.pause()
         await pilot.pause()
@@ -311,7 +312,7 @@ def _make_scene(tiny: Path) -> Any:
         assert isinstance(app, LlmtuiApp)
         await loaded(pilot)
         _with_tiny_model(app, tiny)
-        app.steering_applied = SteeringSet(False, 0, 0, (), (1, 2, 3))
+        app.steering.applied = SteeringSet(False, 0, 0, (), (1, 2, 3))
         app.action_steering()
         await pilot.pause()
         app.action_make_vector()

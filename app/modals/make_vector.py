@@ -20,7 +20,7 @@ from engine_ext.steering.extract import PromptSet
 from engine_ext.steering.prompt_sets import list_prompt_sets
 
 if TYPE_CHECKING:
-    from app.tui import LlmtuiApp
+    from app.shell import LlmtuiShell
 
 
 def _safe_stem(text: str) -> str:
@@ -38,7 +38,7 @@ class MakeVectorModal(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "close", "Close")]
 
-    app: LlmtuiApp
+    app: LlmtuiShell
 
     def __init__(self, model_stem: str) -> None:
         super().__init__(classes="dialog-screen")
@@ -103,7 +103,7 @@ class MakeVectorModal(ModalScreen[str | None]):
         self.making = output
         self.query_one("#make-progress").display = True
         self.query_one("#make-status", Label).update(f"Making {output.name} with {method}…")
-        self.app.make_vector(str(prompt_set), str(output), str(method))
+        self.app.steering.make_vector(str(prompt_set), str(output), str(method))
 
     def show_progress(self, done: int, total: int) -> None:
         bar = self.query_one("#make-progress", ProgressBar)

@@ -10,11 +10,11 @@ from textual.timer import Timer
 from textual.widgets import Input, Label
 
 from app.config import SamplingSettings
-from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+from app.messages import GenerationFailed, GenerationFinished, GenerationStatsUpdated, PromptProgressed, TokensArrived
 from engine_ext.protocol import SpeculativeStats
 
 if TYPE_CHECKING:
-    from app.tui import LlmtuiApp
+    from app.shell import LlmtuiShell
 
 # Engine states a run waits out, and what it says it waits for.
 WAIT_STATES = {"starting": "the engine to start", "loading": "the model to load",
@@ -26,13 +26,13 @@ class ABRunScreen(ModalScreen[None]):
 
     A subclass says what each side changes in the engine (`configure`), how to put the user's own setting back
     (`restore`), what to do with the text (`add`) and with a side's end (`side_finished`, `completed`). The app
-    routes the generations this screen asked for to it (`owns`).
+    routes the generations this screen asked for to it (it registers its request ids with `app.generation`).
     """
 
     BINDINGS = [Binding("escape", "close", "Close")]
     SAMPLING: ClassVar[SamplingSettings]
 
-    app: LlmtuiApp
+    app: LlmtuiShell
 
     def __init__(self, prompt: str) -> None:
         super().__init__(classes="dialog-screen")
@@ -95,6 +95,7 @@ class ABRunScreen(ModalScreen[None]):
         # Requests reach the engine in order: the change applies to the generation queued after it.
         self.configure(side)
         self.request_id = self.app.bridge.generate([("user", self.prompt)], self.SAMPLING)
+        self.app.generation.register(self.request_id, self)
         self.hint(f"writing {side.upper()}… · Esc close")
 
     def owns(self, request_id: int | None) -> bool:
@@ -104,6 +105,26 @@ class ABRunScreen(ModalScreen[None]):
         if self.running is not None:
             self.add(self.running, event)
 
+    # ----- generation events (the app routes this screen's requests here) -----
+
+    async def generation_tokens(self, event: TokensArrived) -> None:
+        self.tokens(event)
+
+    async def generation_finished(self, event: GenerationFinished) -> None:
+        self.finished(event)
+
+    async def generation_failed(self, event: GenerationFailed) -> None:
+        self.finished(event)
+
+    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+        """The views show the text as it comes, not the speed."""
+
+    def generation_stats(self, stats: SpeculativeStats) -> None:
+        self.speculative_stats(stats)
+
+    def generation_lost(self) -> None:
+        self.engine_crashed()
+
     def speculative_stats(self, stats: SpeculativeStats) -> None:
         if self.running is not None and stats.request_id == self.request_id:
             self.side_stats[self.running] = stats
@@ -112,6 +133,7 @@ class ABRunScreen(ModalScreen[None]):
         side = self.running
         if side is None:
             return
+        self.app.generation.release(self.request_id)
         self.request_id = None
         if isinstance(event, GenerationFailed):
             self.running = None
@@ -138,6 +160,7 @@ class ABRunScreen(ModalScreen[None]):
             self._wait_timer.stop()
         if self.request_id is not None:
             self.app.bridge.cancel(self.request_id)
+            self.app.generation.release(self.request_id)
             self.request_id = None
             self.restore()
         self.running = None

@@ -13,6 +13,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Input, Static
 
 from app.config import ConfigError, SamplingSettings, save_config
@@ -25,6 +26,7 @@ from app.messages import (
     TokensArrived,
 )
 from app.recording import ReplyRecorder
+from app.speculation import short_summary
 from app.store import Conversation, Message, StoreError
 from app.textual_internals.compositor import use_cropped_compositor
 from app.widgets.draft_provenance import draft_spans_from_stats
@@ -32,11 +34,13 @@ from app.widgets.markdown_render import code_blocks
 from app.widgets.message_view import BranchInfo, MessageView
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import ConversationList
+from app.widgets.spec_meter import SpecMeter
 from app.widgets.status import AppHeader, StatsBar
 from app.widgets.transcript import Transcript
 
 if TYPE_CHECKING:
-    from app.tui import LlmtuiApp
+    from app.shell import LlmtuiShell
+    from engine_ext.protocol import SpeculativeStats
 
 PURGE_AFTER = timedelta(days=30)
 IDLE_COLLECT_AFTER_S = 2.0
@@ -128,7 +132,7 @@ class ChatScreen(Screen[None]):
         Binding("f7", "toggle_draft_colouring", "Draft colours", show=False, priority=True),  # over select-all
     ]
 
-    app: LlmtuiApp
+    app: LlmtuiShell
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,6 +183,8 @@ class ChatScreen(Screen[None]):
         return self.query_one(ConversationList)
 
     async def on_mount(self) -> None:
+        self.app.generation.default = self  # events of requests nobody registered (or with no id) come here
+        self.watch(self.app, "features_version", self.refresh_feature_readouts, init=False)
         self.query_one("#edit-banner").display = False
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
@@ -190,6 +196,65 @@ class ChatScreen(Screen[None]):
         else:
             await self.open_conversation(None)
         self.prompt.focus()
+
+    def on_unmount(self) -> None:
+        if self.app.generation.default is self:
+            self.app.generation.default = None
+
+    def refresh_feature_readouts(self) -> None:
+        """The meter under the transcript (while speculation is on) and the stats bar's spec/steer readouts."""
+        try:
+            stats_bar = self.stats
+        except NoMatches:
+            return
+        speculation = self.app.speculation
+        settings = self.app.config.speculative
+        meters = list(self.query(SpecMeter))
+        container = stats_bar.parent
+        if settings.enabled and not meters and isinstance(container, Widget):
+            meter = SpecMeter(id="spec-meter")
+            container.mount(meter, before=stats_bar)
+            meters = [meter]
+        elif not settings.enabled:
+            for meter in meters:
+                meter.remove()
+            meters = []
+        for meter in meters:
+            meter.expanded = self.app.config.spec_details
+            meter.spec_type = settings.spec_type
+            meter.drafters = speculation.drafters
+            meter.stats = speculation.stats
+        extras = {k: v for k, v in stats_bar.extras.items() if k not in ("spec", "steer")}
+        if settings.enabled:
+            extras["spec"] = short_summary(speculation.stats) if speculation.stats else settings.spec_type
+        steer = self.app.steering.readout()
+        if steer:
+            extras["steer"] = steer
+        if extras != stats_bar.extras:
+            stats_bar.extras = extras
+
+    # ----- generation events (the app routes this screen's requests here) -----
+
+    async def generation_tokens(self, event: TokensArrived) -> None:
+        await self.on_tokens_arrived(event)
+
+    async def generation_finished(self, event: GenerationFinished) -> None:
+        await self.on_generation_finished(event)
+
+    async def generation_failed(self, event: GenerationFailed) -> None:
+        await self.on_generation_failed(event)
+
+    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+        if isinstance(event, PromptProgressed):
+            self.on_prompt_progressed(event)
+        else:
+            self.on_generation_stats_updated(event)
+
+    def generation_stats(self, stats: SpeculativeStats) -> None:
+        """The chat's statistics go to the speculation controller (the app sends them there)."""
+
+    def generation_lost(self) -> None:
+        """The app ends the chat's reply itself (on_engine_crashed)."""
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < NARROW_WIDTH, "-narrow")
@@ -467,6 +532,7 @@ class ChatScreen(Screen[None]):
         if self.generation is not generation:
             return  # ended before it was sent (the engine crashed)
         generation.request_id = self.app.bridge.generate(messages, sampling, continue_reply=continue_reply)
+        self.app.generation.register(generation.request_id, self)
         if generation.cancelling:  # Esc came first: the engine stops at once and the reply ends as stopped
             self.app.bridge.cancel(generation.request_id)
 
@@ -506,6 +572,7 @@ class ChatScreen(Screen[None]):
         if generation is None:
             return
         self.generation = None
+        self.app.generation.release(generation.request_id or None)
         self.prompt.cursor_blink = self._prompt_blink
         store = self.app.store
         live = self.transcript.live

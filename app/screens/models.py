@@ -32,7 +32,7 @@ from models_catalog.library import Library, LocalModel
 from models_catalog.pull import plan_pull
 
 if TYPE_CHECKING:
-    from app.tui import LlmtuiApp
+    from app.shell import LlmtuiShell
 
 SCREEN_NAME = "models"
 SEARCH_LIMIT = 50
@@ -176,7 +176,7 @@ class ModelsScreen(Screen[None]):
 
     CSS_PATH = str(paths.assets_dir() / "models.tcss")
 
-    app: LlmtuiApp
+    app: LlmtuiShell
 
     def __init__(self) -> None:
         super().__init__(id="models-screen")
@@ -717,8 +717,7 @@ class ModelsScreen(Screen[None]):
         if path is None:
             self.notify("Pick a downloaded model in the Local tab (3), or download this quant first (d).")
             return
-        chat = self.app.chat
-        if chat is not None and chat.generation is not None:
+        if self.app.reply_in_progress():
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")
             return
         try:

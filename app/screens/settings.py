@@ -26,7 +26,7 @@ from app.config import (
 from engine_ext.params import KV_CACHE_TYPES, SPLIT_MODES
 
 if TYPE_CHECKING:
-    from app.tui import LlmtuiApp
+    from app.shell import LlmtuiShell
 
 # Every EngineSettings field, in the order shown; labels carry llama.cpp's flag.
 NUMBER_FIELDS = {
@@ -94,7 +94,7 @@ class SettingsScreen(Screen[bool]):
         Binding("escape", "cancel", "Back"),
     ]
 
-    app: LlmtuiApp
+    app: LlmtuiShell
 
     def __init__(self, config: Config) -> None:
         super().__init__()

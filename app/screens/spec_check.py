@@ -18,7 +18,6 @@ from textual.widgets import Input, Label, Static
 from app.config import SamplingSettings, SpeculativeSettings
 from app.messages import GenerationFinished, TokensArrived
 from app.screens.ab_run import ABRunScreen
-from app.speculation import load_options
 from engine_ext.protocol import REJECTED_PREFIX, SpeculativeStats
 
 CHECK_SAMPLING = SamplingSettings(temperature=0.0, max_tokens=128)
@@ -133,8 +132,7 @@ class SpecCheckScreen(ABRunScreen):
                         classes="dialog-hint", id="check-hint")
 
     def can_run(self) -> bool:
-        app = self.app
-        if app.model_path and load_options(app.model_path, app.engine_speculative(self.settings)) != app.loaded_with:
+        if self.app.speculation.needs_reload(self.settings):
             self.notify(f"{self.settings.spec_type} needs the model reloaded (MTP heads / rollback): turn "
                         "speculation on (F8), then run the check.", severity="warning")
             return False
@@ -148,11 +146,11 @@ class SpecCheckScreen(ABRunScreen):
             self._show(side)
 
     def configure(self, side: str) -> None:
-        settings = self.app.engine_speculative(replace(self.settings, enabled=side == "b"))
+        settings = self.app.speculation.engine_settings(replace(self.settings, enabled=side == "b"))
         self.app.bridge.set_speculative(settings.params())
 
     def restore(self) -> None:
-        self.app.bridge.set_speculative(self.app.engine_speculative().params())
+        self.app.bridge.set_speculative(self.app.speculation.engine_settings().params())
 
     def _show(self, side: str, diverged_at: int | None = None) -> None:
         shown = side_text(self.sides[side], diverged_at, drafted=side == "b")

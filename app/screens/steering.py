@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -20,72 +17,16 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
 from app.models import user_path
-from app.paths import steering_dir
-from engine_ext.params import EngineError
+from app.vectors import VectorInfo, available_vectors, vector_info
 from engine_ext.protocol import SteeringSet
 
 if TYPE_CHECKING:
-    from app.tui import LlmtuiApp
+    from app.shell import LlmtuiShell
 
 STRENGTH_LIMIT = 2.0
 FINE_STEP = 0.05
 COARSE_STEP = 0.25
 HEAT_BARS = "▁▂▃▄▅▆▇█"
-
-
-@dataclass(frozen=True)
-class VectorInfo:
-    """What the steering screen shows about a control-vector file."""
-
-    path: str
-    name: str
-    n_embd: int
-    layers: tuple[int, ...]
-    positive: str
-    negative: str
-    made_for: str
-
-
-@lru_cache(maxsize=64)
-def _vector_info(path: str, mtime: float) -> VectorInfo | str:
-    from engine_ext.steering.cvec_file import read_control_vector
-
-    try:
-        vector = read_control_vector(Path(path))
-    except (EngineError, OSError, ValueError) as error:
-        return str(error)
-    meta = vector.metadata
-    stem, prompt_set = Path(path).stem, meta.get("llmtui.prompt_set", "")
-    name = prompt_set if prompt_set and stem.endswith(f"-{prompt_set}") else stem  # model-set.gguf: the set
-    return VectorInfo(path, name, vector.n_embd, tuple(vector.layers), meta.get("llmtui.positive", "+"),
-                      meta.get("llmtui.negative", "−"), meta.get("llmtui.model", vector.model_hint))
-
-
-def vector_info(path: str) -> VectorInfo | str:
-    """The file's facts, or a message saying why it cannot be used."""
-    try:
-        mtime = Path(path).stat().st_mtime
-    except OSError:
-        return f"{path} does not exist"
-    return _vector_info(path, mtime)
-
-
-def vector_name(path: str) -> str:
-    """The short name shown for a vector file (its prompt set when made here with the default name)."""
-    info = vector_info(path)
-    return info.name if isinstance(info, VectorInfo) else Path(path).stem
-
-
-def available_vectors(remembered: tuple[str, ...], n_embd: int) -> tuple[list[VectorInfo], int]:
-    """Vectors for a model of this embedding size: the remembered ones, then the steering folder's; and how many
-    other files were left out (made for another model, or unreadable)."""
-    paths = list(dict.fromkeys([*remembered, *(str(p) for p in sorted(steering_dir().glob("*.gguf")))]))
-    usable: list[VectorInfo] = []
-    for path in paths:
-        info = vector_info(path)
-        if isinstance(info, VectorInfo) and (n_embd <= 0 or info.n_embd == n_embd):
-            usable.append(info)
-    return usable, len(paths) - len(usable)
 
 
 def snap_strength(value: float) -> float:
@@ -254,7 +195,7 @@ class SteeringScreen(ModalScreen[None]):
         Binding("down", "focus_next", "Down", show=False),
     ]
 
-    app: LlmtuiApp
+    app: LlmtuiShell
 
     def __init__(self) -> None:
         super().__init__(classes="dialog-screen")
@@ -279,9 +220,9 @@ class SteeringScreen(ModalScreen[None]):
         self.query_one("#steering-layer-start", Input).value = str(settings.layer_start)
         self.query_one("#steering-layer-end", Input).value = str(settings.layer_end)
         await self.refresh_vectors()
-        self.show_applied(self.app.steering_applied)
-        if self.app.steering_applied is None:
-            self.app.bridge.set_steering(self.app.steering_entries())  # the answer says which layers steer
+        self.show_applied(self.app.steering.applied)
+        if self.app.steering.applied is None:
+            self.app.steering.request_applied()  # the answer says which layers steer
         sliders = self.query(VectorSlider)
         if sliders:
             sliders.first().focus()
@@ -293,7 +234,7 @@ class SteeringScreen(ModalScreen[None]):
     async def refresh_vectors(self, focus_path: str | None = None) -> None:
         """List the vectors usable with the loaded model, with the remembered strengths."""
         app = self.app
-        facts = app.model_facts()
+        facts = app.models.facts()
         model = app.model
         title = "Steering"
         if model is not None:
@@ -331,7 +272,7 @@ class SteeringScreen(ModalScreen[None]):
 
     @on(VectorSlider.Changed)
     def _strength_changed(self, event: VectorSlider.Changed) -> None:
-        self.app.set_vector_strength(event.slider.vector.path, event.strength)
+        self.app.steering.set_strength(event.slider.vector.path, event.strength)
 
     @on(Input.Changed, "#steering-range Input")
     def _range_changed(self, event: Input.Changed) -> None:
@@ -346,10 +287,10 @@ class SteeringScreen(ModalScreen[None]):
         if start < 0 or end < 0 or (end and end < start):
             self.query_one("#steering-status", Label).update("The range needs 0 ≤ from ≤ to (0: the default).")
             return
-        self.app.set_steering_range(start, end)
+        self.app.steering.set_range(start, end)
 
     def action_close(self) -> None:
-        self.app.remember_steering()
+        self.app.steering.remember()
         self.dismiss(None)
 
     def action_make(self) -> None:
@@ -376,12 +317,12 @@ class SteeringScreen(ModalScreen[None]):
             if isinstance(info, str):
                 self.notify(f"Cannot use {path}: {info}", severity="error", timeout=10)
                 return
-            facts = self.app.model_facts()
+            facts = self.app.models.facts()
             if facts is not None and info.n_embd != facts.n_embd:
                 self.notify(f"{info.name} was made for a model with {info.n_embd} embedding values; this one has "
                             f"{facts.n_embd}.", severity="error", timeout=10)
                 return
-            self.app.set_vector_strength(path, 0.0)
+            self.app.steering.set_strength(path, 0.0)
             await self.refresh_vectors()
 
         self.app.push_screen(TextPromptModal("Add a control vector (llama.cpp's .gguf format)", "",

@@ -1,0 +1,70 @@
+"""What screens, modals and widgets may use of the app, beyond Textual's App: its state and its controllers.
+
+LlmtuiApp (app.tui) is the one subclass. Screens type `self.app` as `LlmtuiShell`, so they never import the App
+module (which imports them): screens talk to controllers and to this, never to app.tui.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textual.app import App
+
+if TYPE_CHECKING:
+    from app.bridge import EngineBridge
+    from app.config import Config
+    from app.controllers import GenerationRouter, ModelsController, SpeculationController, SteeringController
+    from app.messages import ModelSummary
+    from app.remote import RemoteBridge
+    from app.store import Store
+
+
+class LlmtuiShell(App[None]):
+    """llmtui's App as its screens see it (no behaviour here: LlmtuiApp implements every method)."""
+
+    config: Config
+    store: Store
+    bridge: EngineBridge | RemoteBridge
+    model: ModelSummary | None
+    model_path: str | None
+    engine_state: str
+    load_progress: float | None
+    speculation: SpeculationController
+    steering: SteeringController
+    models: ModelsController
+    generation: GenerationRouter
+
+    def set_engine_state(self, state: str) -> None:
+        raise NotImplementedError
+
+    def reply_in_progress(self) -> bool:
+        """Whether the chat is writing a reply."""
+        raise NotImplementedError
+
+    def open_model(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
+        raise NotImplementedError
+
+    def remember_sidebar(self, shown: bool) -> None:
+        raise NotImplementedError
+
+    def default_conversation_settings(self) -> dict[str, object]:
+        raise NotImplementedError
+
+    def save_settings(self, config: Config) -> None:
+        raise NotImplementedError
+
+    def action_switch_model(self) -> None:
+        raise NotImplementedError
+
+    def action_restart_engine(self) -> None:
+        raise NotImplementedError
+
+    def action_make_vector(self) -> None:
+        raise NotImplementedError
+
+    def action_steering_ab(self) -> None:
+        raise NotImplementedError

@@ -1,0 +1,130 @@
+"""The controllers without a screen or an App: a fake host records what they ask of the app and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from app.config import Config, SpeculativeSettings
+from app.controllers import GenerationRouter, ModelsController, SpeculationController, SteeringController
+from engine_ext.protocol import SpeculativeStats
+
+
+class FakeBridge:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def set_speculative(self, params: Any) -> None:
+        self.calls.append(("set_speculative", params))
+
+    def set_steering(self, entries: Any) -> None:
+        self.calls.append(("set_steering", entries))
+
+
+@dataclass
+class FakeHost:
+    config: Config = field(default_factory=Config)
+    bridge: Any = field(default_factory=FakeBridge)
+    model: Any = None
+    model_path: str | None = None
+    engine_overrides: dict[str, Any] = field(default_factory=dict)
+    start_engine: bool = False
+    notices: list[str] = field(default_factory=list)
+    saved: int = 0
+    redrawn: int = 0
+    loaded: list[Path] = field(default_factory=list)
+
+    def notify(self, message: str, **_: Any) -> None:
+        self.notices.append(message)
+
+    def save_config_quietly(self) -> None:
+        self.saved += 1
+
+    def features_changed(self) -> None:
+        self.redrawn += 1
+
+    def reply_in_progress(self) -> bool:
+        return False
+
+    def load_model(self, path: Path) -> None:
+        self.loaded.append(path)
+
+
+def _stats(**changes: Any) -> SpeculativeStats:
+    stats = SpeculativeStats(1, 20, 40, 10, 0.25, 1.5, (), (), 1.0, 1.0, 5.0, 10.0, ())
+    return replace(stats, **changes)
+
+
+class Owner:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def generation_tokens(self, event: Any) -> None:
+        self.seen.append("tokens")
+
+    async def generation_finished(self, event: Any) -> None:
+        self.seen.append("finished")
+
+    async def generation_failed(self, event: Any) -> None:
+        self.seen.append("failed")
+
+    def generation_progress(self, event: Any) -> None:
+        self.seen.append("progress")
+
+    def generation_stats(self, stats: SpeculativeStats) -> None:
+        self.seen.append("stats")
+
+    def generation_lost(self) -> None:
+        self.seen.append("lost")
+
+
+def test_generation_events_go_to_the_owner_of_the_request() -> None:
+    router, chat, side = GenerationRouter(), Owner(), Owner()
+    assert router.owner(7) is None
+    router.default = chat
+    router.register(7, side)
+    assert router.owner(7) is side and router.side_owner(7) is side
+    assert router.owner(8) is chat and router.owner(None) is chat and router.side_owner(8) is None
+    router.register(8, chat)
+    assert router.side_owner(8) is None  # the default's own request is not a side run
+    router.lost()
+    assert side.seen == ["lost"] and chat.seen == []  # the app ends the chat's reply itself
+    assert router.owner(7) is chat
+    router.register(9, side)
+    router.release(9)
+    router.release(None)
+    assert router.owner(9) is chat
+
+
+def test_speculation_apply_toggle_refuse_and_the_slow_warning() -> None:
+    host = FakeHost(model_path="/m/model.gguf", model=object())
+    speculation = SpeculationController(host)  # type: ignore[arg-type]
+    speculation.toggle()
+    assert host.config.speculative.enabled and host.saved == 1 and host.redrawn == 1
+    assert [c[0] for c in host.bridge.calls] == ["set_speculative"]
+    assert host.notices[-1].startswith("Speculative decoding on (")
+    host.config = replace(host.config, speculative=SpeculativeSettings(enabled=True, spec_type="ngram-mod"))
+    speculation.stats_updated(_stats(), final=True)
+    speculation.stats_updated(_stats(), final=True)
+    assert sum("slower than plain decoding" in n for n in host.notices) == 1  # once per model and type
+    speculation.refused()
+    assert not host.config.speculative.enabled and speculation.drafters == ()
+
+
+def test_steering_strengths_and_a_made_vector() -> None:
+    host = FakeHost()
+    models = ModelsController(host, SpeculationController(host))  # type: ignore[arg-type]
+    steering = SteeringController(host, models)  # type: ignore[arg-type]
+    steering.set_strength("/v/a.gguf", 0.5)
+    steering.set_strength("/v/a.gguf", -0.25)
+    steering.set_range(2, 5)
+    settings = host.config.steering
+    assert settings.vectors == ("/v/a.gguf",) and settings.strengths == (-0.25,)
+    assert (settings.layer_start, settings.layer_end) == (2, 5)
+    assert host.bridge.calls == [] and host.saved == 0  # no model: nothing sent; remembered only when asked
+    assert steering.entries() == () and steering.readout() == ""  # the file does not exist: it cannot steer
+    steering.remember()
+    steering.vector_created("/v/b.gguf", 3, 10, 1.5)
+    assert host.config.steering.vectors == ("/v/a.gguf", "/v/b.gguf") and host.saved == 2
+    assert host.notices[-1].startswith("Made b.gguf: 3 layers from 10 pairs")

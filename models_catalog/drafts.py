@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from engine_ext.gguf_info import GGUFError, GGUFInfo, inspect_gguf
+from engine_ext.gguf_facts import GGUFInfo, inspect_gguf
+from engine_ext.gguf_reader import GGUFError
 from engine_ext.speculative.catalog import CATALOGUE
 from models_catalog import pairing
 from models_catalog.catalog import Catalog, CatalogEntry

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_ext.gguf_info import GGUFInfo, MemoryEstimate, estimate_memory, inspect_gguf, inspect_gguf_reader
+from engine_ext.gguf_facts import GGUFInfo, inspect_gguf, inspect_gguf_reader
+from engine_ext.gguf_memory import MemoryEstimate, estimate_memory
 from models_catalog import hfcache, pairing
 from models_catalog.download import RemoteFile, installed_path
 from models_catalog.errors import HubError

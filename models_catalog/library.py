@@ -15,7 +15,8 @@ from typing import Any
 
 import filelock
 
-from engine_ext.gguf_info import GGUFError, inspect_gguf
+from engine_ext.gguf_facts import inspect_gguf
+from engine_ext.gguf_reader import GGUFError
 from models_catalog import hfcache, pairing
 from models_catalog.download import Control, ProgressCallback, TransferOptions, fetch
 from models_catalog.errors import ModelsError

@@ -183,7 +183,8 @@ VOCABS = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
 @pytest.mark.skipif(not VOCABS.is_dir(), reason="no vendored llama.cpp source (models/ggml-vocab-*.gguf)")
 def test_real_vocabularies_pass_the_tokenizer_rules() -> None:
     """llama.cpp's own vocabulary files (SentencePiece, BPE, WordPiece, UGM, 256k-token ones) break no rule."""
-    from engine_ext.gguf_info import _check_runnable, _parse
+    from engine_ext.gguf_reader import _parse
+    from engine_ext.gguf_validate import _check_runnable
 
     paths = sorted(VOCABS.glob("ggml-vocab-*.gguf"))
     assert paths

@@ -41,7 +41,7 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         path = Path(params.draft_model)
         if not path.is_file():
             raise SpeculativeConfigError(f"draft model not found: {path}")
-        from engine_ext.gguf_info import validate_gguf
+        from engine_ext.gguf_reader import validate_gguf
 
         validate_gguf(path)
         return DraftSimple(path, model, ctx, p_min=params.p_min)
@@ -65,7 +65,7 @@ def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter
         path = Path(params.draft_model)
         if not path.is_file():
             raise SpeculativeConfigError(f"MTP sidecar not found: {path}")
-        from engine_ext.gguf_info import validate_gguf
+        from engine_ext.gguf_reader import validate_gguf
 
         validate_gguf(path)
         sidecar = Model(path, ModelParams(n_gpu_layers=model.params.n_gpu_layers, load_mtp=True))
@@ -83,7 +83,7 @@ def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter
 
 def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
     """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together."""
-    from engine_ext.gguf_info import inspect_gguf
+    from engine_ext.gguf_facts import inspect_gguf
     from engine_ext.params import ModelParams
     from engine_ext.speculative.dflash import DraftDFlash
 
@@ -110,7 +110,7 @@ def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: 
 
 def auto_types(params: SpeculativeParams, model: Model) -> tuple[str, ...]:
     """What auto mode chains: ngram-mod (free, strong on repeated text), then the best model drafter available."""
-    from engine_ext.gguf_info import inspect_gguf
+    from engine_ext.gguf_facts import inspect_gguf
 
     chain = ["ngram-mod"]
     if model.n_layer_nextn > 0 and model.params.load_mtp:

@@ -84,7 +84,7 @@ def read_control_vector(path: Path, *, n_embd: int | None = None, n_layer: int |
     anything is allocated), the tensor infos are checked, and only then are the directions read, straight from
     the file: a hostile file is refused with a one-line ControlVectorError, never read into memory.
     """
-    from engine_ext.gguf_info import GGUFError, _parse
+    from engine_ext.gguf_reader import GGUFError, _parse
 
     path = Path(path)
     if not path.is_file():

@@ -277,7 +277,8 @@ class SpeculativeSettings:
 
 @dataclass(frozen=True)
 class SteeringSettings:
-    """The control vectors the user steers with (F6): files and strengths in [-2, 2], one layer range (0: default)."""
+    """The control vectors the user steers with (F6): files and strengths (any finite number within ±1000, as
+    llama.cpp takes them), one layer range (0: default)."""
 
     vectors: tuple[str, ...] = ()
     strengths: tuple[float, ...] = ()

@@ -182,18 +182,24 @@ class SpeculativeParams:
             raise SpeculativeConfigError("draft-simple needs a draft model (--spec-draft-model PATH)")
 
 
+# llama.cpp takes any strength (--control-vector-scaled FILE S): vectors made by llama-cvector-generator steer at
+# ±4 or more. Far beyond this the hidden states overflow (inf, then NaN logits); nothing sensible needs it.
+MAX_STEERING_STRENGTH = 1000.0
+
+
 @dataclass(frozen=True)
 class SteeringEntry:
     """One control vector in the mix (llama.cpp: --control-vector-scaled F:S, --control-vector-layer-range)."""
 
     path: str
-    strength: float = 1.0  # in [-2, 2]
+    strength: float = 1.0  # any finite number within ±MAX_STEERING_STRENGTH, as llama.cpp takes it
     layer_start: int = 0  # first steered layer (0: the architecture's default)
     layer_end: int = 0  # last steered layer, inclusive (0: the architecture's default)
     layer_weights: tuple[float, ...] = ()  # optional per-layer factors, index = layer - 1
 
     def validate(self) -> None:
-        if not -2.0 <= self.strength <= 2.0:
-            raise EngineError(f"steering strength must be between -2 and 2, not {self.strength}")
+        if not -MAX_STEERING_STRENGTH <= self.strength <= MAX_STEERING_STRENGTH:  # also refuses NaN
+            raise EngineError(f"steering strength must be a number from -{MAX_STEERING_STRENGTH:g} to "
+                              f"{MAX_STEERING_STRENGTH:g}, not {self.strength}")
         if self.layer_start < 0 or self.layer_end < 0 or (self.layer_end and self.layer_end < self.layer_start):
             raise EngineError(f"invalid steering layer range {self.layer_start}..{self.layer_end}")

@@ -177,10 +177,14 @@ def test_steer_make_show_and_run_with_the_vector(tmp_path: Path, tiny_models: di
                      "--control-vector-scaled", f"{out}:2", data_dir=tmp_path)
     assert steered.returncode == 0, steered.stderr
     assert json.loads(steered.stdout)["tokens"] != json.loads(base.stdout)["tokens"]
-    bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--control-vector-scaled", f"{out}:9",
+    # llama.cpp takes any strength (its own vectors steer at ±4 or more): so does llmtui, within ±1000
+    strong = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--temp", "0", "-n", "4",
+                    "--control-vector-scaled", f"{out}:4", data_dir=tmp_path)
+    assert strong.returncode == 0, strong.stderr
+    bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--control-vector-scaled", f"{out}:nan",
                  data_dir=tmp_path)
-    assert bad.returncode == 2 and "--control-vector-scaled: expected FILE:STRENGTH with a strength from -2 to 2" \
-        in bad.stderr  # argparse refuses it (exit 2) before the engine starts
+    assert bad.returncode == 2 and "--control-vector-scaled: expected FILE:STRENGTH with a strength from -1000 to " \
+        "1000" in bad.stderr  # argparse refuses it (exit 2) before the engine starts
     sets = llmtui("steer", "sets", data_dir=tmp_path).stdout
     assert "happy-sad" in sets and "creative-literal" in sets
 

@@ -18,7 +18,7 @@ from engine_ext.params import EngineError, SteeringEntry
 def add_control_vector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-vector", action="append", default=[], metavar="FILE", help="apply a control vector")
     p.add_argument("--control-vector-scaled", action="append", type=control_vector_scaled, default=[], metavar="FILE:S",
-                   help="apply a control vector with strength S (-2..2)")
+                   help="apply a control vector with strength S (any number, as llama.cpp; ±1000 at most)")
     p.add_argument("--control-vector-layer-range", nargs=2, type=int_range(0, 512), default=None,
                    metavar=("START", "END"),
                    help="layers to steer (inclusive; default: every layer the architecture steers)")

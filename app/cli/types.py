@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from engine_ext.params import DEFAULT_SEED
+from engine_ext.params import DEFAULT_SEED, MAX_STEERING_STRENGTH
 
 MAX_CONTEXT = 1 << 24  # as app.config.EngineSettings.validate: beyond it llama.cpp's KV cache cannot be allocated
 MAX_THREADS = 1024
@@ -131,12 +131,15 @@ def text_file(name: str) -> str:
 
 
 def control_vector_scaled(text: str) -> str:
-    """--control-vector-scaled FILE:S, with a finite strength in [-2, 2] (kept as given; steering_entries parses)."""
+    """--control-vector-scaled FILE:S, with a finite strength within ±MAX_STEERING_STRENGTH, as llama.cpp takes any
+    (kept as given; steering_entries parses)."""
     file, sep, strength = text.rpartition(":")
     if not sep or not file:
         raise argparse.ArgumentTypeError(f"expected FILE:STRENGTH, not {text!r}")
     try:
-        finite_float(-2.0, 2.0)(strength)
+        finite_float(-MAX_STEERING_STRENGTH, MAX_STEERING_STRENGTH)(strength)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected FILE:STRENGTH with a strength from -2 to 2, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected FILE:STRENGTH with a strength from -{MAX_STEERING_STRENGTH:g} to {MAX_STEERING_STRENGTH:g}, "
+            f"not {text!r}") from None
     return text

@@ -121,34 +121,34 @@ def _refuse(path: Path | str, problem: str) -> GGUFValidationError:
 
 def _check_experts(path: Path | str, meta: _Metadata) -> None:
     """block_count and the expert counts as load_hparams asserts them (src/llama-model.cpp:1328-1377)."""
-    a = meta.arch
-    if a is None:
+    arch = meta.arch
+    if arch is None:
         return
-    block_count = meta.checked_int(f"{a}.block_count", path, 1, _MAX_LAYERS)  # llama-model.cpp:1328
-    meta.checked_int(f"{a}.nextn_predict_layers", path, 0, block_count or _MAX_LAYERS)  # llama-model.cpp:1330
-    meta.checked_int(f"{a}.expert_count", path, 0, _MAX_EXPERTS)  # llama-model.cpp:1361
-    meta.check_int_or_layers(f"{a}.expert_used_count", path, _MAX_EXPERTS, block_count)
+    block_count = meta.checked_int(f"{arch}.block_count", path, 1, _MAX_LAYERS)  # llama-model.cpp:1328
+    meta.checked_int(f"{arch}.nextn_predict_layers", path, 0, block_count or _MAX_LAYERS)  # llama-model.cpp:1330
+    meta.checked_int(f"{arch}.expert_count", path, 0, _MAX_EXPERTS)  # llama-model.cpp:1361
+    meta.check_int_or_layers(f"{arch}.expert_used_count", path, _MAX_EXPERTS, block_count)
     n_expert = meta.arch_int("expert_count") or 0
     used = meta.arch_int_or_layers("expert_used_count")
     used_max = (max(used) if used else 0) if isinstance(used, tuple) else (used or 0)
     groups = meta.arch_int("expert_group_count") or 0
     group_used = meta.arch_int("expert_group_used_count") or 0
-    if a in ("hunyuan-dense", "hunyuan_vl") and n_expert <= 1:
+    if arch in ("hunyuan-dense", "hunyuan_vl") and n_expert <= 1:
         n_expert = used_max = 0
     if used_max > n_expert:
-        raise _refuse(path, f"{a}.expert_used_count {used_max} exceeds expert_count {n_expert}")
+        raise _refuse(path, f"{arch}.expert_used_count {used_max} exceeds expert_count {n_expert}")
     if n_expert > 0:
         if used_max == 0:
-            raise _refuse(path, f"{a}.expert_count is {n_expert} but expert_used_count is 0 or missing "
+            raise _refuse(path, f"{arch}.expert_count is {n_expert} but expert_used_count is 0 or missing "
                                 "(an MoE model must route to at least one expert)")
         if groups >= n_expert:
-            raise _refuse(path, f"{a}.expert_group_count {groups} must be below expert_count {n_expert}")
+            raise _refuse(path, f"{arch}.expert_group_count {groups} must be below expert_count {n_expert}")
         if groups > 1 and (n_expert % groups or not 0 < group_used < groups):
-            raise _refuse(path, f"{a}.expert_group_count {groups} must divide expert_count {n_expert} and "
+            raise _refuse(path, f"{arch}.expert_group_count {groups} must divide expert_count {n_expert} and "
                                 f"expert_group_used_count ({group_used}) must be 1 to {groups - 1}")
     elif groups:
-        raise _refuse(path, f"{a}.expert_group_count is {groups} but the model has no experts")
-    if a in _NEMOTRON_ARCHS and n_expert > 0 and block_count:
+        raise _refuse(path, f"{arch}.expert_group_count is {groups} but the model has no experts")
+    if arch in _NEMOTRON_ARCHS and n_expert > 0 and block_count:
         # A trunk layer with n_ff != 0 is an MoE layer whose expert width falls back to n_ff / n_expert_used(il)
         # when expert_feed_forward_length is 0 there (models/nemotron-h.cpp:102-115): SIGFPE when both are 0.
         n_ff = _per_layer(meta.arch_int_or_layers("feed_forward_length"), block_count)
@@ -156,24 +156,25 @@ def _check_experts(path: Path | str, meta: _Metadata) -> None:
         used_l = _per_layer(used, block_count)
         for il in range(block_count - (meta.arch_int("nextn_predict_layers") or 0)):
             if n_ff[il] and not ff_exp[il] and not used_l[il]:
-                raise _refuse(path, f"{a}.feed_forward_length is {n_ff[il]} at layer {il} (an MoE layer) but "
+                raise _refuse(path, f"{arch}.feed_forward_length is {n_ff[il]} at layer {il} (an MoE layer) but "
                                     f"expert_used_count and expert_feed_forward_length are 0 there (divides by 0)")
 
 
 def _check_attention(path: Path | str, meta: _Metadata) -> None:
     """Norm epsilons, rope scaling type and head sizes that the graph asserts on (ggml-cpu/ops.cpp, models/*.cpp)."""
-    a = meta.arch
-    if a is None:
+    arch = meta.arch
+    if arch is None:
         return
     for suffix in ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon"):
         eps = meta.arch_value(suffix)
-        if suffix == "attention.layer_norm_epsilon" and a not in _LAYERNORM_ARCHS:
+        if suffix == "attention.layer_norm_epsilon" and arch not in _LAYERNORM_ARCHS:
             continue  # read but not used by this architecture's graph
         if isinstance(eps, float) and not eps >= 0.0:  # ggml-cpu/ops.cpp:4026 (norm), 4132 (rms_norm)
-            raise _refuse(path, f"{a}.{suffix} is {eps} (must be >= 0)")
+            raise _refuse(path, f"{arch}.{suffix} is {eps} (must be >= 0)")
     scaling = meta.arch_value("rope.scaling.type")
     if isinstance(scaling, str) and scaling not in _ROPE_SCALING_TYPES:  # llama-model.cpp:1420
-        raise _refuse(path, f"{a}.rope.scaling.type {scaling!r} is unknown (one of {', '.join(_ROPE_SCALING_TYPES)})")
+        known = ", ".join(_ROPE_SCALING_TYPES)
+        raise _refuse(path, f"{arch}.rope.scaling.type {scaling!r} is unknown (one of {known})")
     block_count = meta.arch_int("block_count")
     heads = _per_layer(meta.arch_int_or_layers("attention.head_count"),
                        _MAX_LAYERS if block_count is None else int(block_count or 0))
@@ -182,7 +183,7 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
     # Grouped-query attention broadcasts K/V over the heads (ggml_mul_mat asserts it): checked for the model-wide
     # values (layer 0's, which every graph uses); per-layer arrays are checked against the K tensors below.
     if heads and heads_kv and heads_kv[0] > 0 and heads[0] % heads_kv[0]:
-        raise _refuse(path, f"{a}.attention.head_count_kv {heads_kv[0]} must divide head_count {heads[0]}")
+        raise _refuse(path, f"{arch}.attention.head_count_kv {heads_kv[0]} must divide head_count {heads[0]}")
     n_head = heads[0] if heads else 0
     n_embd = meta.arch_int("embedding_length")
     if n_head <= 0 or not n_embd:
@@ -191,20 +192,20 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
     head_v = meta.arch_int("attention.value_length") or n_embd // n_head
     n_rot = meta.arch_int("rope.dimension_count")
     sections = meta.arch_int_or_layers("rope.dimension_sections")
-    if a in _MROPE_ARCHS and isinstance(sections, tuple):  # ggml-cpu/ops.cpp:6232, an int32 sum as in C
+    if arch in _MROPE_ARCHS and isinstance(sections, tuple):  # ggml-cpu/ops.cpp:6232, an int32 sum as in C
         total = sum(_int32(v) for v in sections[:4])
         if _int32(total) > head_k:
-            raise _refuse(path, f"{a}.rope.dimension_sections {list(sections[:4])} add up to more than the head "
+            raise _refuse(path, f"{arch}.rope.dimension_sections {list(sections[:4])} add up to more than the head "
                                 f"size {head_k}")
-    if a in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
-        raise _refuse(path, f"{a}.attention.key_length {head_k} must equal value_length {head_v} for {a}")
-    if n_rot is None or a in _NO_ROPE_ARCHS:
+    if arch in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
+        raise _refuse(path, f"{arch}.attention.key_length {head_k} must equal value_length {head_v} for {arch}")
+    if n_rot is None or arch in _NO_ROPE_ARCHS:
         return
-    if a in _ROT_EQ_HEAD_ARCHS and n_rot != head_k:
-        raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must equal the head size {head_k} for {a}")
+    if arch in _ROT_EQ_HEAD_ARCHS and n_rot != head_k:
+        raise _refuse(path, f"{arch}.rope.dimension_count {n_rot} must equal the head size {head_k} for {arch}")
     # ggml-cpu/ops.cpp:6355-6356 assert n_dims <= ne0 and n_dims % 2 == 0; n_dims 0 spins forever in the decode
     if n_rot < 2 or n_rot % 2 or n_rot > head_k:
-        raise _refuse(path, f"{a}.rope.dimension_count {n_rot} must be even, 2 to the head size {head_k}")
+        raise _refuse(path, f"{arch}.rope.dimension_count {n_rot} must be even, 2 to the head size {head_k}")
 
 
 def _int32(value: int) -> int:
@@ -216,27 +217,27 @@ def _int32(value: int) -> int:
 def _check_recurrent(path: Path | str, meta: _Metadata) -> None:
     """The layer pattern and the gated delta net sizes the loader and graph divide by and reshape with
     (src/models/qwen35.cpp:18-21 and 341-346)."""
-    a = meta.arch
-    if a in _INTERVAL_HYBRID_ARCHS and meta.arch_value("attention.recurrent_layers") is None:
+    arch = meta.arch
+    if arch in _INTERVAL_HYBRID_ARCHS and meta.arch_value("attention.recurrent_layers") is None:
         if meta.arch_int("full_attention_interval") == 0:  # (i + 1) % full_attn_interval: SIGFPE
-            raise _refuse(path, f"{a}.full_attention_interval is 0 (must be at least 1)")
-    if a not in _GDN_ARCHS:
+            raise _refuse(path, f"{arch}.full_attention_interval is 0 (must be at least 1)")
+    if arch not in _GDN_ARCHS:
         return
     inner, state = meta.arch_int("ssm.inner_size"), meta.arch_int("ssm.state_size")
     rank = meta.arch_int("ssm.time_step_rank")
     if inner is None or state is None or rank is None:
         return  # llama.cpp refuses a missing key itself
     if rank == 0 or inner != state * rank:
-        raise _refuse(path, f"{a}.ssm.inner_size {inner} must equal ssm.state_size × ssm.time_step_rank "
+        raise _refuse(path, f"{arch}.ssm.inner_size {inner} must equal ssm.state_size × ssm.time_step_rank "
                             f"({state} × {rank})")
 
 
 def _check_kv_heads(path: Path | str, meta: _Metadata, header: _Header) -> None:
     """A per-layer head_count_kv array must agree with each layer's K projection: the KV cache is sized per layer
     from the array while most graphs build K from the tensor, and ggml_set_rows asserts they match (ggml.c:4014)."""
-    a = meta.arch
+    arch = meta.arch
     kv_heads = meta.arch_int_or_layers("attention.head_count_kv")
-    if a is None or not isinstance(kv_heads, tuple) or meta.arch_value("attention.key_length_swa") is not None:
+    if arch is None or not isinstance(kv_heads, tuple) or meta.arch_value("attention.key_length_swa") is not None:
         return
     heads = meta.arch_int_or_layers("attention.head_count")
     n_head = heads[0] if isinstance(heads, tuple) and heads else heads
@@ -248,7 +249,7 @@ def _check_kv_heads(path: Path | str, meta: _Metadata, header: _Header) -> None:
     for il, hkv in enumerate(kv_heads):
         width = widths.get(f"blk.{il}.attn_k.weight")
         if width is not None and width != head_k * hkv:
-            raise _refuse(path, f"{a}.attention.head_count_kv is {hkv} at layer {il} but blk.{il}.attn_k.weight "
+            raise _refuse(path, f"{arch}.attention.head_count_kv is {hkv} at layer {il} but blk.{il}.attn_k.weight "
                                 f"has {width} rows ({width // head_k if head_k else '?'} heads of {head_k})")
 
 
@@ -338,20 +339,20 @@ def _check_hparams(path: Path | str, meta: _Metadata) -> None:
     """Refuse every count and size inspection uses that llama.cpp would refuse, before anything loops on it."""
     if meta.arch is None:
         return
-    a = meta.arch
-    block_count = meta.checked_int(f"{a}.block_count", path, 0, _MAX_LAYERS)
-    meta.checked_int(f"{a}.nextn_predict_layers", path, 0, _MAX_LAYERS if block_count is None else block_count)
+    arch = meta.arch
+    block_count = meta.checked_int(f"{arch}.block_count", path, 0, _MAX_LAYERS)
+    meta.checked_int(f"{arch}.nextn_predict_layers", path, 0, _MAX_LAYERS if block_count is None else block_count)
     for suffix, high, per_layer in _HPARAMS:
         if per_layer:
-            meta.check_int_or_layers(f"{a}.{suffix}", path, high, block_count)
+            meta.check_int_or_layers(f"{arch}.{suffix}", path, high, block_count)
         else:
-            meta.checked_int(f"{a}.{suffix}", path, 0, high)
+            meta.checked_int(f"{arch}.{suffix}", path, 0, high)
     expert_count = meta.arch_int("expert_count")
     used = meta.arch_int_or_layers("expert_used_count")
     top = max(used) if isinstance(used, tuple) and used else used
     if expert_count is not None and isinstance(top, int) and top > expert_count:
-        raise _fail(path, f"{a}.expert_used_count {top} exceeds expert_count {expert_count}", _HINT_METADATA)
-    target = meta.entries.get(f"{a}.target_layers")
+        raise _fail(path, f"{arch}.expert_used_count {top} exceeds expert_count {expert_count}", _HINT_METADATA)
+    target = meta.entries.get(f"{arch}.target_layers")
     if target is not None:
         values = target.value if isinstance(target.value, list) else None
         if (
@@ -362,11 +363,11 @@ def _check_hparams(path: Path | str, meta: _Metadata) -> None:
         ):
             raise _fail(
                 path,
-                f"{a}.target_layers must be an array of at most {_MAX_LAYERS} layer indices below {_MAX_LAYERS} "
+                f"{arch}.target_layers must be an array of at most {_MAX_LAYERS} layer indices below {_MAX_LAYERS} "
                 f"but is {_type_name(target)}" + (f" of {target.count}" if target.vtype == int(_VT.ARRAY) else ""),
                 _HINT_METADATA,
             )
     for suffix in ("attention.recurrent_layers", "attention.sliding_window_pattern"):
-        entry = meta.entries.get(f"{a}.{suffix}")
+        entry = meta.entries.get(f"{arch}.{suffix}")
         if entry is not None and entry.vtype == int(_VT.ARRAY) and entry.count > _MAX_LAYERS:
-            raise _fail(path, f"{a}.{suffix} has {entry.count} entries (at most {_MAX_LAYERS})", _HINT_METADATA)
+            raise _fail(path, f"{arch}.{suffix} has {entry.count} entries (at most {_MAX_LAYERS})", _HINT_METADATA)

@@ -49,10 +49,20 @@ def _generated(app: LlmtuiApp) -> str:
     return app.store.active_path(chat.conversation_id)[-1].content
 
 
+async def _types_read(pilot: Pilot[Any]) -> None:
+    """Let the panel read its types (the GGUF headers are read in a thread; typing is read once it pauses)."""
+    await pilot.pause()
+    panel = pilot.app.screen
+    if isinstance(panel, SpeculativePanel):
+        await wait_for(pilot, lambda: not panel.reading, what="the panel's types, read in a thread")
+        await pilot.pause()
+
+
 async def _choose_in_panel(pilot: Pilot[Any], spec_type: str, key: str) -> None:
     """Open the speculative panel (F9), highlight `spec_type` and press `key` (ctrl+s apply, ctrl+b check)."""
     await pilot.press("f9")
     await pilot.pause()
+    await _types_read(pilot)
     panel = pilot.app.screen
     assert isinstance(panel, SpeculativePanel)
     panel.query_one(OptionList).highlighted = panel.types.index(spec_type)
@@ -221,6 +231,7 @@ async def test_panel_says_which_paired_drafts_are_not_downloaded() -> None:
         app.speculation.missing_drafts = (("mtp", "org/model-GGUF"), ("dspark", "org/model-DSpark"))
         await pilot.press("f9")
         await pilot.pause()
+        await _types_read(pilot)
         hint = app.screen.query_one("#spec-draft", Input).placeholder
         assert hint == "a draft .gguf; not downloaded: MTP sidecar, DSpark draft (Models, F4)"
 
@@ -255,12 +266,14 @@ async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: d
     async with _without_engine((120, 40), str(tiny_models["qwen35_mtp"])) as (app, pilot):
         await pilot.press("f9")
         await pilot.pause()
+        await _types_read(pilot)
         panel = app.screen
         assert isinstance(panel, SpeculativePanel)
         assert "draft-mtp" in panel.types and "draft-dflash" not in panel.types
         # A DFlash draft file adds its type.
         panel.query_one("#spec-draft", Input).value = str(tiny_models["dflash"])
         await pilot.pause()
+        await _types_read(pilot)
         assert "draft-dflash" in panel.types
         # A bad number is refused with a notification; the panel stays.
         panel.query_one("#spec-n_max", Input).value = "lots"
@@ -346,6 +359,7 @@ async def test_panel_ctrl_d_picks_a_draft_found_on_this_machine(tiny_models: dic
         app.speculation.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
         await pilot.press("f9")
         await pilot.pause()
+        await _types_read(pilot)
         panel = app.screen
         assert isinstance(panel, SpeculativePanel)
         draft = panel.query_one("#spec-draft", Input)
@@ -359,6 +373,7 @@ async def test_panel_ctrl_d_picks_a_draft_found_on_this_machine(tiny_models: dic
         assert [label.split()[0] for label in pick.labels] == ["draft-dspark", "draft-dflash", "draft-eagle3"]
         await pilot.press("down", "down", "enter")
         await wait_for(pilot, lambda: app.screen is panel)
+        await _types_read(pilot)
         assert draft.value == str(tiny_models["eagle3"])
         assert panel.types[panel.query_one("#spec-types", OptionList).highlighted or 0] == "draft-eagle3"
         await pilot.press("ctrl+s")
@@ -598,6 +613,7 @@ async def _panel(pilot: Pilot[Any]) -> None:
     await loaded(pilot)
     await pilot.press("f9")
     await pilot.pause()
+    await _types_read(pilot)
 
 
 async def _meter(pilot: Pilot[Any], details: bool = False) -> None:
@@ -692,6 +708,7 @@ def test_draft_pick_snapshot(snap_compare: Any, size: tuple[int, int], tiny_mode
         app.speculation.draft_sidecars = tuple(find_sidecars(app.model_path, ()))
         await pilot.press("f9")
         await pilot.pause()
+        await _types_read(pilot)
         await pilot.press("ctrl+d")
         await wait_for(pilot, lambda: isinstance(app.screen, PickModal))
         await pilot.pause()

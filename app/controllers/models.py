@@ -98,6 +98,10 @@ class ModelsController:
             self.host.call_from_thread(self.host.notify, f"Draft sidecars were not looked for: {error}",
                                        severity="warning")
             found = []
+        try:
+            model_facts(path)  # the model's header, read here (cached) and not by load_found on the event loop
+        except Exception:  # noqa: BLE001, S110 - a header it cannot read: the load says why
+            pass
         self.host.call_from_thread(self.load_found, path, tuple(found), tuple(missing))
 
     def load_found(

@@ -11,9 +11,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Checkbox, Input, Label, OptionList
 from textual.widgets.option_list import Option
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.config import ConfigError, SpeculativeSettings
 from app.modals.pick import PickModal
@@ -38,6 +39,11 @@ def missing_drafts_hint(missing: Sequence[tuple[str, str]]) -> str:
     placeholder: the panel has no row to spare at 80×24)."""
     what = ", ".join(DRAFT_KIND_NAMES.get(kind, kind) for kind, _ in missing)
     return f"a draft .gguf; not downloaded: {what} (Models, F4)"
+
+
+DRAFT_LABEL = "Draft model (ctrl+d lists the drafts found on this machine)"
+TYPING_PAUSE_S = 0.15
+"""The draft field is read (its file's header) once typing pauses this long, not on every keystroke."""
 
 
 class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
@@ -70,6 +76,12 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         self.missing = tuple(missing)
         """(kind, repository) of the drafts the catalog pairs with the model that are not downloaded."""
         self.types: list[str] = []
+        self.placeholders: dict[str, str] = {}
+        """Per type shown: what an empty draft field means for it (read with the types, off the event loop)."""
+        self.reading = False
+        """Whether the types are being read (the model's and the draft file's headers, in a thread)."""
+        self._pending_type: str | None = None
+        self._typing: Timer | None = None
         self.check_after = False
         """Whether the user asked for the speculation check with these settings (ctrl+b)."""
 
@@ -82,9 +94,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
                            compact=True)
             yield Label("Type (the ones this model supports)", classes="field-label")
             yield OptionList(id="spec-types")
-            yield Label("Draft model (ctrl+d lists the drafts found on this machine)", classes="field-label")
-            yield Input(self.settings.draft_model, placeholder=self._draft_placeholder(self.settings.spec_type),
-                        id="spec-draft", compact=True)
+            yield Label(DRAFT_LABEL, classes="field-label", id="spec-draft-label")
+            yield Input(self.settings.draft_model, placeholder="", id="spec-draft", compact=True)
             with Grid(id="spec-grid"):
                 for name, meaning in NUMBER_FIELDS:
                     yield Label(name, classes="field-label")
@@ -97,7 +108,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         self.query_one("#spec-types", OptionList).focus()
 
     def _draft_placeholder(self, spec_type: str) -> str:
-        """What an empty draft field means for `spec_type`: the model's own sidecar, or none."""
+        """What an empty draft field means for `spec_type`: the model's own sidecar, or none (reads the model's
+        header: called in the worker)."""
         chosen = effective_settings(self.model_path, replace(self.settings, spec_type=spec_type, draft_model=""),
                                     self.sidecars).draft_model
         if chosen:
@@ -105,26 +117,62 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         return missing_drafts_hint(self.missing) if self.missing else "path to a draft .gguf (optional)"
 
     def _fill_types(self, selected: str) -> None:
-        options = self.query_one("#spec-types", OptionList)
+        """Read the types the model and the draft field allow in a thread (a newer read cancels an older one),
+        then show them with `selected` highlighted; meanwhile the panel says it is reading."""
         draft = self.query_one("#spec-draft", Input).value
         if user_path(draft.strip()) is None:  # not a path (a NUL byte, ~ of an unknown user): no draft type from it
             draft = ""
+        self._pending_type = selected
+        self._show_reading(True)
+        self._read_types(selected, draft)
+
+    def _show_reading(self, reading: bool) -> None:
+        self.reading = reading
+        self.query_one("#spec-draft-label", Label).update(DRAFT_LABEL + (" · reading…" if reading else ""))
+        options = self.query_one("#spec-types", OptionList)
+        if reading and not self.types and options.option_count == 0:
+            options.add_option(Option("reading the model's header…", id="spec-reading", disabled=True))
+
+    @work(thread=True, exclusive=True, group="spec-types", exit_on_error=False)
+    def _read_types(self, selected: str, draft: str) -> None:
+        """The types and placeholders: GGUF headers (the model's, the draft file's) are read here, never on the
+        event loop."""
         pairs = supported_types(self.model_path, draft, self.sidecars)
+        placeholders = {spec_type: self._draft_placeholder(spec_type) for spec_type, _ in pairs}
+        if not get_current_worker().is_cancelled:  # a newer read (the field changed again) shows its own
+            self.app.call_from_thread(self._show_types, selected, pairs, placeholders)
+
+    def _show_types(self, selected: str, pairs: list[tuple[str, str]], placeholders: dict[str, str]) -> None:
+        if not self.is_attached:
+            return
+        if self._pending_type is not None:
+            selected = self._pending_type
+        self._pending_type = None
+        self.placeholders = placeholders
+        options = self.query_one("#spec-types", OptionList)
         self.types = [spec_type for spec_type, _ in pairs]
         options.clear_options()
         options.add_options([Option(f"{spec_type:13} {help_text}", id=spec_type) for spec_type, help_text in pairs])
         options.highlighted = self.types.index(selected) if selected in self.types else 0
+        self.query_one("#spec-draft", Input).placeholder = placeholders.get(self.types[options.highlighted], "")
+        self._show_reading(False)
 
     @on(Input.Changed, "#spec-draft")
     def _draft_changed(self, event: Input.Changed) -> None:
+        """Typing in the draft field: the types are read again once the typing pauses."""
         options = self.query_one("#spec-types", OptionList)
-        current = self.types[options.highlighted] if options.highlighted is not None and self.types else "auto"
-        self._fill_types(current)
+        current = self._pending_type or (
+            self.types[options.highlighted] if options.highlighted is not None and self.types else "auto")
+        self._pending_type = current
+        self._show_reading(True)
+        if self._typing is not None:
+            self._typing.stop()
+        self._typing = self.set_timer(TYPING_PAUSE_S, lambda: self._fill_types(self._pending_type or current))
 
     @on(OptionList.OptionHighlighted, "#spec-types")
     def _type_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        if event.option.id:
-            self.query_one("#spec-draft", Input).placeholder = self._draft_placeholder(event.option.id)
+        if event.option.id and event.option.id in self.placeholders:
+            self.query_one("#spec-draft", Input).placeholder = self.placeholders[event.option.id]
 
     @on(OptionList.OptionSelected, "#spec-types")
     def _type_chosen(self, event: OptionList.OptionSelected) -> None:
@@ -150,8 +198,16 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The draft search reads every model file in the library (exit_on_error=False): an error it did not expect
         would otherwise exit the whole app; it is said in one line instead, and the panel stays."""
-        if event.state == WorkerState.ERROR and event.worker.node is self:
-            self._drafts_not_found(f"{type(event.worker.error).__name__}: {event.worker.error}")
+        if event.state != WorkerState.ERROR or event.worker.node is not self:
+            return
+        error = f"{type(event.worker.error).__name__}: {event.worker.error}"
+        if event.worker.group == "spec-types":
+            self._pending_type = None
+            self._show_reading(False)
+            text = " ".join(f"The model's speculative types could not be read: {error}".split())
+            self.notify(text if len(text) <= 300 else text[:299] + "…", severity="error", timeout=10)
+            return
+        self._drafts_not_found(error)
 
     def _drafts_not_found(self, error: str) -> None:
         text = " ".join(f"Drafts could not be looked for: {error}".split())

@@ -152,6 +152,7 @@ async def test_a_slider_move_during_a_reply_is_applied_and_acknowledged(tiny_mod
         await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
         await pilot.press("f6")
         await pilot.pause()
+        await vectors_listed(pilot)
         screen = app.screen
         assert isinstance(screen, SteeringScreen)
         slider = screen.sliders[0]
@@ -178,6 +179,7 @@ async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> Steering
     """F6, the first vector's slider to +1.00, then `b` and Enter: the A/B view once its run is done."""
     await pilot.press("f6")
     await pilot.pause()
+    await vectors_listed(pilot)
     await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")  # +1.00
     await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
     await pilot.press("b")
@@ -284,6 +286,15 @@ async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
 # ----- snapshots ------------------------------------------------------------------------------------
 
 
+async def vectors_listed(pilot: Pilot[Any]) -> None:
+    """Let the steering screen list its vectors (their files are read in a thread)."""
+    await pilot.pause()
+    screen = next((s for s in pilot.app.screen_stack if isinstance(s, SteeringScreen)), None)
+    if screen is not None:
+        await wait_for(pilot, lambda: not screen.listing, what="the steering screen's vectors, read in a thread")
+        await pilot.pause()
+
+
 def _with_tiny_model(app: LlmtuiApp, path: Path) -> None:
     app.model = replace(MODEL, path=str(path), architecture="qwen35")
     app.model_path = str(path)
@@ -301,6 +312,7 @@ def _steering_scene(tiny: Path) -> Any:
         app.steering.applied = SteeringSet(True, 1, 3, (0.8, 1.4, 1.9), (1, 2, 3))
         app.action_steering()
         await pilot.pause()
+        await vectors_listed(pilot)
         await pilot.pause()
 
     return run
@@ -315,6 +327,7 @@ def _make_scene(tiny: Path) -> Any:
         app.steering.applied = SteeringSet(False, 0, 0, (), (1, 2, 3))
         app.action_steering()
         await pilot.pause()
+        await vectors_listed(pilot)
         app.action_make_vector()
         await pilot.pause()
         dialog = app.screen

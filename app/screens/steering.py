@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -15,6 +15,7 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.models import user_path
 from app.vectors import VectorInfo, available_vectors, vector_info
@@ -22,6 +23,7 @@ from engine_ext.protocol import SteeringSet
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
+    from app.speculation import ModelFacts
 
 STRENGTH_LIMIT = 2.0
 FINE_STEP = 0.05
@@ -199,6 +201,10 @@ class SteeringScreen(ModalScreen[None]):
 
     def __init__(self) -> None:
         super().__init__(classes="dialog-screen")
+        self.listing = False
+        """Whether the vectors are being read (in a thread) for the list."""
+        self._focus_first_slider = True
+        """The first listing focuses the first slider (the screen opens on the vectors)."""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="steering-panel"):
@@ -232,18 +238,37 @@ class SteeringScreen(ModalScreen[None]):
         return list(self.query(VectorSlider))
 
     async def refresh_vectors(self, focus_path: str | None = None) -> None:
-        """List the vectors usable with the loaded model, with the remembered strengths."""
+        """List the vectors usable with the loaded model, with the remembered strengths. The files (the steering
+        folder, the vectors' and the model's headers) are read in a thread; the list shows when they are."""
         app = self.app
-        facts = app.models.facts()
         model = app.model
         title = "Steering"
         if model is not None:
             title += f" · {model.name} ({model.architecture})"
         self.query_one("#steering-title", Label).update(title)
-        settings = app.config.steering
-        strengths = dict(zip(settings.vectors, settings.strengths, strict=False))
-        vectors, hidden = available_vectors(settings.vectors, facts.n_embd if facts else 0)
         focused = focus_path or (self.focused.vector.path if isinstance(self.focused, VectorSlider) else None)
+        box = self.query_one("#steering-vectors", VerticalScroll)
+        self.listing = True
+        if not box.children:
+            await box.mount(Static("Reading the control vectors…", classes="steering-note", id="steering-reading"))
+        self._read_vectors(app.config.steering.vectors, focused)
+
+    @work(thread=True, exclusive=True, group="steering-vectors", exit_on_error=False)
+    def _read_vectors(self, remembered: tuple[str, ...], focused: str | None) -> None:
+        facts = self.app.models.facts()
+        vectors, hidden = available_vectors(remembered, facts.n_embd if facts else 0)
+        if not get_current_worker().is_cancelled:  # a newer listing shows its own
+            self.app.call_from_thread(self._show_vectors, facts, vectors, hidden, focused)  # type: ignore[arg-type]
+
+    async def _show_vectors(self, facts: ModelFacts | None, vectors: list[VectorInfo], hidden: int,
+                            focused: str | None) -> None:
+        if not self.is_attached:
+            return
+        self.listing = False
+        settings = self.app.config.steering
+        strengths = dict(zip(settings.vectors, settings.strengths, strict=False))
+        if isinstance(self.focused, VectorSlider):
+            focused = focused or self.focused.vector.path
         box = self.query_one("#steering-vectors", VerticalScroll)
         await box.remove_children()
         widgets: list[Widget] = [VectorSlider(v, strengths.get(v.path, 0.0)) for v in vectors]
@@ -259,8 +284,22 @@ class SteeringScreen(ModalScreen[None]):
         for slider in sliders:
             if slider.vector.path == focused:
                 slider.focus()
-        if sliders and self.focused is None:
+        if sliders and (self.focused is None or (self._focus_first_slider and not isinstance(self.focused,
+                                                                                               VectorSlider))):
             sliders[0].focus()
+        self._focus_first_slider = False
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The readers run with exit_on_error=False (a file they did not expect must not exit the app): their error
+        is said in one line, and the screen stays."""
+        if event.state != WorkerState.ERROR or event.worker.node is not self:
+            return
+        if event.worker.group == "steering-vectors":
+            self.listing = False
+        what = "The control vectors could not be listed" if event.worker.group == "steering-vectors" else (
+            "The control vector could not be read")
+        text = " ".join(f"{what}: {type(event.worker.error).__name__}: {event.worker.error}".split())
+        self.notify(text if len(text) <= 300 else text[:299] + "…", severity="error", timeout=10)
 
     def show_applied(self, applied: SteeringSet | None) -> None:
         """Show what the engine applies now (called on every SteeringSet)."""
@@ -302,31 +341,40 @@ class SteeringScreen(ModalScreen[None]):
     def action_add(self) -> None:
         from app.modals.text_prompt import TextPromptModal
 
-        async def add(text: str | None) -> None:
-            if not text or not text.strip():
-                return
-            typed = user_path(text.strip())
-            try:
-                path = str(typed.resolve()) if typed is not None else ""
-            except (OSError, RuntimeError):  # RuntimeError: a symlink loop
-                path = ""
-            if not path:
-                self.notify(f"{text.strip()!r} cannot be a path to a control vector.", severity="error", timeout=10)
-                return
-            info = vector_info(path)
-            if isinstance(info, str):
-                self.notify(f"Cannot use {path}: {info}", severity="error", timeout=10)
-                return
-            facts = self.app.models.facts()
-            if facts is not None and info.n_embd != facts.n_embd:
-                self.notify(f"{info.name} was made for a model with {info.n_embd} embedding values; this one has "
-                            f"{facts.n_embd}.", severity="error", timeout=10)
-                return
-            self.app.steering.set_strength(path, 0.0)
-            await self.refresh_vectors()
+        def add(text: str | None) -> None:
+            if text and text.strip():
+                self._add_vector(text.strip())
 
         self.app.push_screen(TextPromptModal("Add a control vector (llama.cpp's .gguf format)", "",
                                              "path to a control-vector .gguf"), add)
+
+    @work(thread=True, exclusive=True, group="steering-add", exit_on_error=False)
+    def _add_vector(self, text: str) -> None:
+        """Resolve the typed path and read the vector's header here, off the event loop; `_vector_read` decides."""
+        typed = user_path(text)
+        try:
+            path = str(typed.resolve()) if typed is not None else ""
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+            path = ""
+        if not path:
+            self.app.call_from_thread(self.notify, f"{text!r} cannot be a path to a control vector.",
+                                      severity="error", timeout=10)
+            return
+        info = vector_info(path)
+        facts = self.app.models.facts()
+        self.app.call_from_thread(self._vector_read, path, info, facts)  # type: ignore[arg-type]
+
+    async def _vector_read(self, path: str, info: VectorInfo | str, facts: ModelFacts | None) -> None:
+        if isinstance(info, str):
+            self.notify(f"Cannot use {path}: {info}", severity="error", timeout=10)
+            return
+        if facts is not None and info.n_embd != facts.n_embd:
+            self.notify(f"{info.name} was made for a model with {info.n_embd} embedding values; this one has "
+                        f"{facts.n_embd}.", severity="error", timeout=10)
+            return
+        self.app.steering.set_strength(path, 0.0)
+        if self.is_attached:
+            await self.refresh_vectors()
 
     def action_clear(self) -> None:
         for slider in self.sliders:

@@ -19,7 +19,7 @@ from app.config import SamplingSettings, SpeculativeSettings, load_config
 from app.messages import SpeculativeStatsUpdated, TokensArrived
 from app.modals.pick import PickModal
 from app.modals.speculative import SpeculativePanel
-from app.screens.spec_check import Side, SpecCheckScreen, first_difference, side_text, verdict
+from app.screens.spec_check import Side, SpecCheckScreen, first_difference, run_to_run_noise, side_text, verdict
 from app.speculation import find_sidecars, load_options, short_summary, sparkline, supported_types
 from app.store import open_default_store
 from app.tui import LlmtuiApp
@@ -445,16 +445,37 @@ def test_first_difference() -> None:
 
 
 def test_verdict_says_same_or_where_it_diverged_with_speeds_and_acceptance() -> None:
-    plain = Side("def add(a, b):\n    return a + b", tokens=12, tokens_per_s=100.0)
-    same, line = verdict(plain, replace(plain, tokens_per_s=150.0), STATS, "ngram-mod")
+    plain = Side("def add(a, b):\n    return a + b", tokens=12, tokens_per_s=100.0, speeds=[98.0, 100.0, 102.0])
+    same, line = verdict(plain, replace(plain, tokens_per_s=150.0, speeds=[148.0, 150.0, 152.0]), STATS, "ngram-mod")
     assert same
-    assert line == ("✓ The same text (12 tokens) · plain 100.0 tok/s · ngram-mod 150.0 tok/s (1.50×) · "
-                    "118 of 160 drafted tokens accepted (74%), 3.95 tokens per step")
+    assert line == ("✓ The same text (12 tokens) · plain 100.0 tok/s · ngram-mod 150.0 tok/s (1.50× faster, runs "
+                    "vary by 4%) · 118 of 160 drafted tokens accepted (74%), 3.95 tokens per step")
     other = Side("def add(a, b):\n    return b + a", tokens=12, tokens_per_s=150.0)
     same, line = verdict(plain, other, None, "draft-mtp")
     assert not same
     assert line.startswith("✗ DIVERGED at character 26, after “f add(a, b):⏎    return ”")
     assert line.endswith("nothing was drafted: B decoded as A did")
+
+
+def test_the_speed_verdict_comes_from_the_statistics_and_the_noise() -> None:
+    """A check that reported 1.26× with 0 tokens drafted: with nothing drafted there is no speed-up to measure, and a
+    difference inside the run-to-run noise is no measurable difference, never a speed-up."""
+    plain = Side("x", tokens=12, tokens_per_s=100.0, speeds=[90.0, 100.0, 110.0])
+    faster = replace(plain, tokens_per_s=126.0, speeds=[120.0, 126.0, 132.0])
+    nothing_drafted = replace(STATS, steps=0, drafted=0, accepted=0)
+    assert "(nothing was drafted: no speed-up to measure)" in verdict(plain, faster, nothing_drafted, "auto")[1]
+    assert "(nothing was drafted: no speed-up to measure)" in verdict(plain, faster, None, "auto")[1]
+    assert "(1.26× faster, runs vary by 20%)" in verdict(plain, faster, STATS, "auto")[1]
+    within_noise = replace(plain, tokens_per_s=108.0, speeds=[98.0, 108.0, 118.0])
+    assert "(no measurable difference: runs vary by 20%)" in verdict(plain, within_noise, STATS, "auto")[1]
+    slower = replace(plain, tokens_per_s=64.0, speeds=[63.0, 64.0, 65.0])
+    assert "(36% slower, runs vary by 20%)" in verdict(plain, slower, STATS, "auto")[1]
+    steady = replace(plain, speeds=[100.0, 100.0, 100.0])
+    assert "(no measurable difference: runs vary by 0%)" in verdict(steady, replace(steady, tokens_per_s=102.0,
+                                                                                     speeds=[102.0] * 3),
+                                                                    STATS, "auto")[1]  # within 3% whatever
+    assert run_to_run_noise(Side(speeds=[100.0]), plain) is None  # one run: no noise measured
+    assert "(1.26× faster, one run each)" in verdict(replace(plain, speeds=[]), faster, STATS, "auto")[1]
 
 
 def test_side_text_underlines_drafts_and_marks_the_divergence() -> None:

@@ -31,6 +31,9 @@ class ABRunScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape", "close", "Close")]
     SAMPLING: ClassVar[SamplingSettings]
+    ROUNDS: ClassVar[int] = 1
+    """How often each side runs, in turns (A, B, A, B, …): more rounds measure the speeds' run-to-run noise. The
+    text shown is the first round's (greedy: every round writes the same)."""
 
     app: LlmtuiShell
 
@@ -43,6 +46,8 @@ class ABRunScreen(ModalScreen[None]):
         self.request_id: int | None = None
         self.runs_done = 0
         """Completed A/B runs (tests wait on it)."""
+        self.round = 0
+        """The round being run (0 .. ROUNDS - 1)."""
         self.waiting = ""
         """A prompt to run once the engine is free (it was loading, or writing a chat reply)."""
         self._wait_timer: Timer | None = None
@@ -75,6 +80,7 @@ class ABRunScreen(ModalScreen[None]):
             return
         self.prompt = prompt
         self.side_stats = {}
+        self.round = 0
         self.reset()
         self.start("a")
 
@@ -96,13 +102,14 @@ class ABRunScreen(ModalScreen[None]):
         self.configure(side)
         self.request_id = self.app.bridge.generate([("user", self.prompt)], self.SAMPLING)
         self.app.generation.register(self.request_id, self)
-        self.hint(f"writing {side.upper()}… · Esc close")
+        rounds = f" (round {self.round + 1} of {self.ROUNDS}, to measure the noise)" if self.ROUNDS > 1 else ""
+        self.hint(f"writing {side.upper()}…{rounds} · Esc close")
 
     def owns(self, request_id: int | None) -> bool:
         return request_id is not None and request_id == self.request_id
 
     def tokens(self, event: TokensArrived) -> None:
-        if self.running is not None:
+        if self.running is not None and self.round == 0:
             self.add(self.running, event)
 
     # ----- generation events (the app routes this screen's requests here) -----
@@ -143,6 +150,10 @@ class ABRunScreen(ModalScreen[None]):
         self.side_finished(side, event)
         if side == "a":
             self.start("b")
+            return
+        if self.round + 1 < self.ROUNDS:
+            self.round += 1
+            self.start("a")
             return
         self.running = None
         self.runs_done += 1

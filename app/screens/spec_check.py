@@ -23,6 +23,8 @@ from engine_ext.protocol import REJECTED_PREFIX, SpeculativeStats
 CHECK_SAMPLING = SamplingSettings(temperature=0.0, max_tokens=128)
 DEFAULT_PROMPT = "List the numbers from 1 to 30, one per line, then repeat the list."
 CONTEXT_CHARS = 24  # characters of common text shown before the point where the two sides diverge
+CHECK_ROUNDS = 3  # each side runs three times, in turns: the speeds' spread is the run-to-run noise
+MIN_NOISE = 0.03  # speeds within 3% are no measurable difference, however steady the runs
 
 
 @dataclass
@@ -35,6 +37,9 @@ class Side:
     """Where `text` came from accepted draft tokens."""
     tokens: int = 0
     tokens_per_s: float = 0.0
+    """The decode speed: the mean of `speeds` once the side has run."""
+    speeds: list[float] = field(default_factory=list)
+    """Each round's decode speed (tokens/s)."""
 
     def add(self, event: TokensArrived) -> None:
         base = len(self.text)
@@ -72,11 +77,38 @@ def side_text(side: Side, diverged_at: int | None, *, drafted: bool) -> Text:
     return shown
 
 
+def run_to_run_noise(*sides: Side) -> float | None:
+    """How much a side's speed varies between its rounds, relative to its mean: the largest spread (max - min) /
+    mean of the sides; None when a side ran once (no noise measured)."""
+    spreads = []
+    for side in sides:
+        if len(side.speeds) < 2 or min(side.speeds) <= 0:
+            return None
+        spreads.append((max(side.speeds) - min(side.speeds)) / (sum(side.speeds) / len(side.speeds)))
+    return max(spreads, default=None)
+
+
+def speed_comparison(plain: Side, spec: Side, stats: SpeculativeStats | None) -> str:
+    """What the speeds say, from the statistics: nothing to measure when nothing was drafted, no measurable
+    difference inside the run-to-run noise, else the direction in words ("1.50× faster", "12% slower")."""
+    a, b = plain.tokens_per_s, spec.tokens_per_s
+    if a <= 0 or b <= 0:
+        return ""
+    if stats is None or stats.drafted == 0:
+        return " (nothing was drafted: no speed-up to measure)"
+    ratio = b / a
+    noise = run_to_run_noise(plain, spec)
+    if noise is not None and abs(ratio - 1) <= max(noise, MIN_NOISE):
+        return f" (no measurable difference: runs vary by {noise:.0%})"
+    direction = f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 - ratio:.0%} slower"
+    measured = f", runs vary by {noise:.0%}" if noise is not None else ", one run each"
+    return f" ({direction}{measured})"
+
+
 def verdict(plain: Side, spec: Side, stats: SpeculativeStats | None, spec_type: str) -> tuple[bool, str]:
     """(the same text?, the line that says so, with the speeds and the acceptance)."""
     speeds = f"plain {plain.tokens_per_s:.1f} tok/s · {spec_type} {spec.tokens_per_s:.1f} tok/s"
-    if plain.tokens_per_s > 0 and spec.tokens_per_s > 0:
-        speeds += f" ({spec.tokens_per_s / plain.tokens_per_s:.2f}×)"
+    speeds += speed_comparison(plain, spec, stats)
     if stats is None or stats.steps == 0:
         accepted = "nothing was drafted: B decoded as A did"
     else:
@@ -91,15 +123,17 @@ def verdict(plain: Side, spec: Side, stats: SpeculativeStats | None, spec_type: 
 
 
 class SpecCheckScreen(ABRunScreen):
-    """Enter runs the prompt twice (greedy): A with plain decoding, then B with speculation; Esc closes.
+    """Enter runs the prompt (greedy) with plain decoding (A) and with speculation (B), in turns, three times each;
+    Esc closes.
 
     | Key | Action |
     | :- | :- |
-    | enter | Run A then B, and compare. |
+    | enter | Run A then B, three times in turns (the speeds' spread is the noise), and compare. |
     | escape | Close (stops a run in progress; speculation is left as it was). |
     """
 
     SAMPLING = CHECK_SAMPLING
+    ROUNDS = CHECK_ROUNDS
 
     def __init__(self, settings: SpeculativeSettings, prompt: str = DEFAULT_PROMPT) -> None:
         super().__init__(prompt)
@@ -166,8 +200,10 @@ class SpecCheckScreen(ABRunScreen):
 
     def side_finished(self, side: str, event: GenerationFinished) -> None:
         record = self.sides[side]
-        record.tokens = int(event.stats.get("generated_tokens", 0))
-        record.tokens_per_s = float(event.stats.get("decode_tps", 0.0))
+        if self.round == 0:
+            record.tokens = int(event.stats.get("generated_tokens", 0))
+        record.speeds.append(float(event.stats.get("decode_tps", 0.0)))
+        record.tokens_per_s = sum(record.speeds) / len(record.speeds)
 
     def completed(self) -> None:
         self.restore()

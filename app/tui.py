@@ -48,7 +48,6 @@ from app.messages import (
     VectorCreated,
     VectorProgressed,
 )
-from app.model_list import local_models
 from app.models import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.private_files import private_dir, secure_app_dirs, take_notice, write_private_text
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
@@ -562,8 +561,9 @@ class LlmtuiApp(LlmtuiShell):
             elif choice is not None:
                 self.open_model(choice)
 
-        self.push_screen(ModelSwitcherModal(local_models(self.config.model_folders), self.model_path,
-                                            self.config.remotes), switch)
+        # The local files are looked for by the switcher, in a thread (no folder scan on the event loop).
+        self.push_screen(ModelSwitcherModal(None, self.model_path, self.config.remotes,
+                                            folders=self.config.model_folders), switch)
 
     def open_model(self, path: Path) -> None:
         """Load a model file and show the chat (the model switcher and the models screen's "use" call this)."""

@@ -515,6 +515,8 @@ async def test_model_switcher_loads_a_model_from_a_configured_folder(tiny_models
         await pilot.press("ctrl+l")
         await pilot.pause()
         assert isinstance(app.screen, ModelSwitcherModal)
+        switcher = app.screen
+        await wait_for(pilot, lambda: not switcher.scanning, what="the model folders, scanned in a thread")
         names = [m.name for m in app.screen.models]
         assert tiny_models["qwen3"].stem in names
         await pilot.press(*tiny_models["qwen3"].stem)

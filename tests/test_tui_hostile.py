@@ -633,6 +633,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
             await pilot.press("ctrl+l")
             switcher = app.screen
             assert isinstance(switcher, ModelSwitcherModal)
+            await wait_for(pilot, lambda s=switcher: not s.scanning, "the model folders, scanned in a thread")
             assert path.stem in [m.name for m in switcher.models]
             await pilot.press(*path.stem, "enter")
             await wait_for(pilot, lambda p=path: app.model_path == str(p) and app.engine_state in ("error", "ready"),
@@ -710,6 +711,7 @@ async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_
         await wait_for(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), "the model switcher")
         switcher = app.screen
         assert isinstance(switcher, ModelSwitcherModal)
+        await wait_for(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
         assert tiny_models["llama"].stem in [m.name for m in switcher.models]  # the good folder still listed
         await pilot.press("escape")
         screen = await open_local_tab(pilot, app)
@@ -779,6 +781,7 @@ async def test_a_server_listing_150000_models_and_symlink_loops_keep_the_switche
         await pilot.press("ctrl+l")
         switcher = app.screen
         assert isinstance(switcher, ModelSwitcherModal)
+        await wait_for(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
         assert "good" in [m.name for m in switcher.models]
         await wait_for(pilot, lambda: "hostile" in switcher.remote_models, "the 150,000 models")
         options = switcher.query_one(OptionList)

@@ -172,6 +172,17 @@ async def switcher_remotes(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
+async def switcher_scanned(pilot: Pilot[Any]) -> None:
+    """The switcher once its scan of the model folders (in a thread) is done."""
+    from app.modals.model_switcher import ModelSwitcherModal
+    from tests.waits import wait_until
+
+    switcher = pilot.app.screen
+    if isinstance(switcher, ModelSwitcherModal):
+        await wait_until(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
+        await pilot.pause()
+
+
 async def long_message(pilot: Pilot[Any]) -> None:
     """A pasted log as the last message of the conversation: shown folded, and focused (the footer's "t Show all")."""
     from app.widgets.message_view import MessageView
@@ -199,7 +210,7 @@ SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "settings": then(keys("f3")),
     "settings_remote_engines": then(settings_remotes),
     "remote_engine_dialog": then(remote_dialog),
-    "model_switcher": then(keys("ctrl+l")),
+    "model_switcher": then(keys("ctrl+l"), switcher_scanned),
     "model_switcher_remote": then(switcher_remotes),
     "conversation_settings": then(keys("ctrl+s")),
     "rename": then(rename_dialog),

@@ -12,9 +12,10 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
+from textual.worker import Worker, WorkerState
 
 from app.config import RemoteSettings
-from app.model_list import LocalModel, human_size
+from app.model_list import LocalModel, human_size, local_models
 from app.remote import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
 
 SwitcherResult = Path | RemoteChoice | None
@@ -29,7 +30,8 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
     """Type to filter, Enter loads, Esc cancels; dismisses with the chosen model file or remote model.
 
     Each remote engine's models are fetched (GET /v1/models) in a thread when the dialog opens; until they arrive
-    its row says so, and an error shows inline in its place.
+    its row says so, and an error shows inline in its place. Given `folders` instead of `models`, the local files are
+    looked for in a thread too (a scan of three levels of folders): until then a row says so.
     """
 
     BINDINGS = [
@@ -38,10 +40,13 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         Binding("up", "move(-1)", "Up", show=False),
     ]
 
-    def __init__(self, models: list[LocalModel], current: str | None, remotes: Sequence[RemoteSettings] = (),
-                 lister: ModelLister = list_models) -> None:
+    def __init__(self, models: list[LocalModel] | None, current: str | None, remotes: Sequence[RemoteSettings] = (),
+                 lister: ModelLister = list_models, folders: Sequence[str] = ()) -> None:
         super().__init__(classes="dialog-screen")
-        self.models = models
+        self.models: list[LocalModel] = models if models is not None else []
+        self.scanning = models is None
+        """Whether the local model files are still being looked for (in `folders`, off the event loop)."""
+        self.folders = tuple(folders)
         self.current = current
         self.remotes = tuple(remotes)
         self.remote_models: dict[str, list[RemoteModel] | str] = {}
@@ -58,9 +63,31 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
 
     def on_mount(self) -> None:
         self._fill("")
+        if self.scanning:
+            self.run_worker(self._scan, thread=True, group="local-models", exit_on_error=False)
         for remote in self.remotes:
             self.run_worker(lambda remote=remote: self._fetch(remote), thread=True, group="remote-models",
                             exit_on_error=False)
+
+    def _scan(self) -> None:
+        """Look for the local model files (folder listings and stats: never on the event loop)."""
+        found = local_models(self.folders)
+        self.app.call_from_thread(self._scanned, found)
+
+    def _scanned(self, found: list[LocalModel]) -> None:
+        self.models, self.scanning = found, False
+        if self.is_attached:
+            self._fill(self.query_one("#model-filter", Input).value)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A scan that failed in a way it did not expect (exit_on_error=False) is said in one line; the rest stays."""
+        if event.state == WorkerState.ERROR and event.worker.node is self and event.worker.group == "local-models":
+            self.scanning = False
+            error = event.worker.error
+            text = " ".join(f"The model folders could not be read: {type(error).__name__}: {error}".split())
+            self.notify(text[:300], severity="error", timeout=10)
+            if self.is_attached:
+                self._fill(self.query_one("#model-filter", Input).value)
 
     def _fetch(self, remote: RemoteSettings) -> None:
         try:
@@ -97,6 +124,9 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         if shown > MAX_ROWS:
             options.add_option(Option(Text(f"  … {shown - MAX_ROWS} more model files: type to narrow", style="dim"),
                                       id="local-more", disabled=True))
+        if self.scanning:
+            options.add_option(Option(Text("  looking in the model folders…", style="dim italic"), id="local-scanning",
+                                      disabled=True))
         for r_index, remote in enumerate(self.remotes):
             where = f"remote: {remote.name}"
             result = self.remote_models.get(remote.name)
@@ -127,7 +157,7 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
                 else:
                     label.append(result, style="red")
                 options.add_option(Option(label, id=f"remote-{r_index}-status", disabled=True))
-        if not any(not option.disabled for option in options.options) and not self.remotes:
+        if not any(not option.disabled for option in options.options) and not self.remotes and not self.scanning:
             options.add_option(Option(Text("No models found. Add a folder with .gguf files in Settings (F3).",
                                            style="italic"), id="none", disabled=True))
         choosable = [i for i, option in enumerate(options.options) if not option.disabled]

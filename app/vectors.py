@@ -38,18 +38,31 @@ def _vector_info(path: str, mtime: float) -> VectorInfo | str:
                       meta.get("llmtui.negative", "−"), meta.get("llmtui.model", vector.model_hint))
 
 
+_last_read: dict[str, VectorInfo | str] = {}
+"""What `vector_info` last found per path (what the UI thread uses without touching the disk)."""
+
+
 def vector_info(path: str) -> VectorInfo | str:
-    """The file's facts, or a message saying why it cannot be used."""
+    """The file's facts, or a message saying why it cannot be used (reads the file: call it in a worker)."""
     try:
         mtime = Path(path).stat().st_mtime
     except OSError:
-        return f"{path} does not exist"
-    return _vector_info(path, mtime)
+        info: VectorInfo | str = f"{path} does not exist"
+    else:
+        info = _vector_info(path, mtime)
+    _last_read[path] = info
+    return info
+
+
+def known_vector_info(path: str) -> VectorInfo | str | None:
+    """The file's facts as `vector_info` last read them (in a worker), without any I/O; None: never read."""
+    return _last_read.get(path)
 
 
 def vector_name(path: str) -> str:
-    """The short name shown for a vector file (its prompt set when made here with the default name)."""
-    info = vector_info(path)
+    """The short name shown for a vector file (its prompt set when made here with the default name), from what was
+    last read of it (no I/O)."""
+    info = known_vector_info(path)
     return info.name if isinstance(info, VectorInfo) else Path(path).stem
 
 

@@ -66,3 +66,13 @@ class ModelsHost(Host, Protocol):
                    thread: bool = False) -> Any: ...
 
     def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+
+class SteeringHost(Host, Protocol):
+    """What the steering controller needs besides: a worker thread to read control-vector files in."""
+
+    def run_worker(self, work: Callable[[], Any], name: str | None = "", group: str = "default",
+                   description: str = "", exit_on_error: bool = True, start: bool = True, exclusive: bool = False,
+                   thread: bool = False) -> Any: ...
+
+    def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...

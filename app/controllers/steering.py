@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.config import SteeringSettings
-from app.vectors import VectorInfo, vector_info, vector_name
+from app.vectors import VectorInfo, known_vector_info, vector_info, vector_name
 
 if TYPE_CHECKING:
-    from app.controllers.host import Host
+    from app.controllers.host import SteeringHost
     from app.controllers.models import ModelsController
     from engine_ext.params import SteeringEntry
     from engine_ext.protocol import SteeringSet
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 class SteeringController:
     """F6's sliders set strengths and the range here; the engine's answer (`applied`) is kept for the screen."""
 
-    def __init__(self, host: Host, models: ModelsController) -> None:
+    def __init__(self, host: SteeringHost, models: ModelsController) -> None:
         self.host = host
         self.models = models
         self.applied: SteeringSet | None = None
@@ -34,7 +35,9 @@ class SteeringController:
         facts = self.models.facts()
         entries = []
         for entry in self.settings.entries():
-            info = vector_info(entry.path)
+            # What a worker read of the file (before each send, the steering screen's listing): no I/O here, so a
+            # file not read yet does not steer until it is.
+            info = known_vector_info(entry.path)
             if isinstance(info, VectorInfo) and (facts is None or info.n_embd == facts.n_embd):
                 entries.append(entry)
         return tuple(entries)
@@ -59,15 +62,39 @@ class SteeringController:
 
     def model_loaded(self) -> None:
         """A fresh local engine knows nothing of the user's mix yet."""
+        self._send(always=False)
+
+    def _send(self, *, always: bool) -> None:
+        """Send the mix to the engine (`always`: even an empty one, whose answer says which layers steer). The
+        vectors' files no worker has read yet are read in a thread first: never on the event loop."""
+        unread = tuple(e.path for e in self.settings.entries() if known_vector_info(e.path) is None)
+        if not unread:
+            self._send_entries(always)
+            return
+        self.host.run_worker(partial(self._read_then_send, unread, always), name="read-vectors",
+                             group="steering-read", thread=True, exit_on_error=False)
+
+    def _read_then_send(self, paths: tuple[str, ...], always: bool) -> None:
+        try:
+            for path in paths:
+                vector_info(path)
+        except Exception as error:  # noqa: BLE001 - a file no reader expected: said in one line, the app goes on
+            text = " ".join(f"The control vectors could not be read: {type(error).__name__}: {error}".split())
+            self.host.call_from_thread(self.host.notify, text[:300], severity="error", timeout=10)
+            return
+        self.host.call_from_thread(self._send_entries, always)
+
+    def _send_entries(self, always: bool) -> None:
         entries = self.entries()
-        if entries:
+        if entries or always:
             self.host.bridge.set_steering(entries)
+        self.host.features_changed()  # the readouts name the vectors just read
 
     def _steer(self, settings: SteeringSettings) -> None:
         host = self.host
         host.config = replace(host.config, steering=settings)
         if host.model is not None:
-            host.bridge.set_steering(self.entries())
+            self._send(always=True)
         host.features_changed()
 
     def set_strength(self, path: str, strength: float) -> None:
@@ -89,7 +116,7 @@ class SteeringController:
 
     def request_applied(self) -> None:
         """Ask the engine for what it applies (its answer says which layers steer)."""
-        self.host.bridge.set_steering(self.entries())
+        self._send(always=True)
 
     def engine_applied(self, applied: SteeringSet) -> None:
         self.applied = applied

@@ -116,6 +116,7 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         assert app.steering.applied is not None and app.steering.applied.steered_layers == (1,)
         await pilot.press("m")
         await pilot.pause()
+        await sets_listed(pilot)
         dialog = app.screen
         assert isinstance(dialog, MakeVectorModal)
         names = [path.stem for path in dialog.sets]
@@ -267,6 +268,7 @@ async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
         screen = app.screen
         app.action_make_vector()
         await pilot.pause()
+        await sets_listed(pilot)
         dialog = app.screen
         assert isinstance(dialog, MakeVectorModal)
         dialog.start(next(p for p in dialog.sets if p.stem == "tiny-mood"))
@@ -284,6 +286,15 @@ async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
 
 
 # ----- snapshots ------------------------------------------------------------------------------------
+
+
+async def sets_listed(pilot: Pilot[Any]) -> None:
+    """Let the make dialog read its prompt sets (in a thread)."""
+    await pilot.pause()
+    dialog = pilot.app.screen
+    if isinstance(dialog, MakeVectorModal):
+        await wait_for(pilot, lambda: not dialog.listing, what="the prompt sets, read in a thread")
+        await pilot.pause()
 
 
 async def vectors_listed(pilot: Pilot[Any]) -> None:
@@ -330,6 +341,7 @@ def _make_scene(tiny: Path) -> Any:
         await vectors_listed(pilot)
         app.action_make_vector()
         await pilot.pause()
+        await sets_listed(pilot)
         dialog = app.screen
         assert isinstance(dialog, MakeVectorModal)
         dialog.making = Path("tiny-qwen35-happy-sad.gguf")

@@ -6,13 +6,14 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList, ProgressBar, Select
 from textual.widgets.option_list import Option
+from textual.worker import Worker, WorkerState
 
 from app.paths import prompt_set_folders, steering_dir
 from engine_ext.params import EngineError
@@ -43,7 +44,10 @@ class MakeVectorModal(ModalScreen[str | None]):
     def __init__(self, model_stem: str) -> None:
         super().__init__(classes="dialog-screen")
         self.model_stem = model_stem
-        self.sets: list[Path] = list_prompt_sets(prompt_set_folders())
+        self.sets: list[Path] = []
+        """The prompt sets found (listed and read in a thread when the dialog opens)."""
+        self.listing = True
+        """Whether the prompt sets are still being read."""
         self.making: Path | None = None
         """The output file while the engine makes it."""
 
@@ -51,7 +55,7 @@ class MakeVectorModal(ModalScreen[str | None]):
         with Vertical(classes="dialog wide", id="make-vector"):
             yield Label("Make a control vector", classes="dialog-title")
             yield Label("Prompt set (positive ↔ negative pairs)", classes="field-label")
-            yield OptionList(*[Option(self._describe(path), id=str(path)) for path in self.sets], id="make-sets")
+            yield OptionList(Option("Reading the prompt sets…", id="make-reading", disabled=True), id="make-sets")
             with Horizontal(id="make-options"):
                 yield Label("Method ", classes="field-label")
                 yield Select([("PCA (like llama-cvector-generator)", "pca"), ("mean difference", "mean")],
@@ -74,6 +78,32 @@ class MakeVectorModal(ModalScreen[str | None]):
     def on_mount(self) -> None:
         self.query_one("#make-progress").display = False
         self.query_one(OptionList).focus()
+        self._read_sets()
+
+    @work(thread=True, exclusive=True, group="prompt-sets", exit_on_error=False)
+    def _read_sets(self) -> None:
+        """List the prompt-set folders and read each set (its labels and pairs) off the event loop."""
+        sets = list_prompt_sets(prompt_set_folders())
+        labels = [self._describe(path) for path in sets]
+        self.app.call_from_thread(self._show_sets, sets, labels)
+
+    def _show_sets(self, sets: list[Path], labels: list[str]) -> None:
+        self.sets, self.listing = sets, False
+        if not self.is_attached:
+            return
+        options = self.query_one("#make-sets", OptionList)
+        options.clear_options()
+        options.add_options([Option(label, id=str(path)) for path, label in zip(sets, labels, strict=True)])
+        if sets:
+            options.action_first()  # as an option list made with its options starts
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The prompt sets are read with exit_on_error=False: an error no reader expected is said in one line."""
+        if event.state == WorkerState.ERROR and event.worker.node is self:
+            self.listing = False
+            text = " ".join(f"The prompt sets could not be read: {type(event.worker.error).__name__}: "
+                            f"{event.worker.error}".split())
+            self.notify(text if len(text) <= 300 else text[:299] + "…", severity="error", timeout=10)
 
     def output_path(self, prompt_set: Path) -> Path:
         name = self.query_one("#make-name", Input).value.strip()

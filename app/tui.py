@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -586,18 +587,31 @@ class LlmtuiApp(LlmtuiShell):
             if path is None:
                 self.notify(f"{text.strip()!r} cannot be a path.", severity="error", timeout=10)
                 return
-            try:
-                conversation_id = self.store.import_json(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, StoreError) as error:
-                self.notify(f"Could not import {path}: {error}", severity="error", timeout=10)
-                return
-            chat = self.chat
-            if chat is not None and chat.generation is None:
-                self.call_later(chat.open_conversation, conversation_id)
-            self.notify(f"Imported {path.name}.")
+            # The file is read in a thread (no file I/O on the event loop), then imported here.
+            self.run_worker(partial(self._read_import, path), name="read-import", group="import", thread=True,
+                            exit_on_error=False)
 
         self.push_screen(TextPromptModal("Import a conversation (JSON exported by llmtui)", "", "path to .json"),
                          import_file)
+
+    def _read_import(self, path: Path) -> None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a name the OS refuses
+            self.call_from_thread(self.notify, f"Could not import {path}: {error}", severity="error", timeout=10)
+            return
+        self.call_from_thread(self._import_text, path, text)
+
+    def _import_text(self, path: Path, text: str) -> None:
+        try:
+            conversation_id = self.store.import_json(text)
+        except StoreError as error:
+            self.notify(f"Could not import {path}: {error}", severity="error", timeout=10)
+            return
+        chat = self.chat
+        if chat is not None and chat.generation is None:
+            self.call_later(chat.open_conversation, conversation_id)
+        self.notify(f"Imported {path.name}.")
 
     def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
         """Write the conversation as Markdown and JSON into `<data dir>/exports`; the two paths."""

@@ -741,6 +741,7 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
         await pilot.press("f9")
         await wait_for(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
         panel = app.screen
+        await wait_for(pilot, lambda: not panel.reading, "the panel's types, read in a thread")  # type: ignore[attr-defined]
         panel.query_one("#spec-draft").value = bad  # type: ignore[attr-defined]
         await pilot.pause()
         await pilot.press("ctrl+s")

@@ -131,6 +131,9 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(models_hub: H
         await pilot.press("u")
         await wait_for(pilot, lambda: app.chat is not None and app.screen is app.chat)
         assert app.model_path == str(model.path)
+        usage_file = paths.data_dir() / "model-usage.json"
+        await wait_for(pilot, lambda: usage_file.is_file() and str(model.path.absolute()) in usage_file.read_text(),
+                       what="the model's use, recorded in a thread")
         usage = json.loads((paths.data_dir() / "model-usage.json").read_text())
         assert str(model.path.absolute()) in usage
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from http.client import HTTPException
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,7 +42,7 @@ VERDICT_STYLES = {"fits": "bold green", "tight": "bold yellow", "too big": "bold
 # What each worker group does, in the words of the one-line message when it fails unexpectedly.
 WORK_NAMES = {"memory": "Detecting this machine's memory", "search": "Search", "inspect": "Opening the repository",
               "local": "Listing local models", "local-fit": "Judging the model", "pull": "Downloading",
-              "delete": "Deleting the model"}
+              "delete": "Deleting the model", "delete-size": "Sizing the model's files"}
 MAX_MESSAGE = 300
 # Model files of one repository the screen groups into quants. Grouping pairs every file with its sidecars by
 # llama.cpp's rules, which takes time growing with the square of the files (5,000 took 43 s, and a listing may hold
@@ -720,10 +721,9 @@ class ModelsScreen(Screen[None]):
         if self.app.reply_in_progress():
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")
             return
-        try:
-            self._library().mark_used(path)
-        except OSError as error:
-            self.notify(f"Could not record the model's use: {error}", severity="warning")
+        # The use is recorded (a file written) in a thread of the app's: this screen is dismissed meanwhile.
+        self.app.run_worker(partial(self._mark_used, self._library(), path), name="mark-used", group="mark-used",
+                            thread=True, exit_on_error=False)
         self.dismiss()
         self.app.open_model(path)
 
@@ -735,15 +735,30 @@ class ModelsScreen(Screen[None]):
         if self.app.model_path is not None and Path(self.app.model_path) in (model.path, *model.files):
             self.notify(f"{model.name} is open in the chat; load another model first (ctrl+l).", severity="warning")
             return
+        self._size_then_confirm(model)
+
+    @work(thread=True, exclusive=True, group="delete-size", exit_on_error=False)
+    def _size_then_confirm(self, model: LocalModel) -> None:
+        """Which sidecars are there and how much deleting frees (file stats, off the event loop), then ask."""
         sidecar_files = [p for p in model.sidecars.values() if p.exists()]
         size = model.size + sum(_file_size(p) for p in sidecar_files)
         names = [p.name for p in model.files] + [f"{p.name} (sidecar)" for p in sidecar_files]
+        self.app.call_from_thread(self._confirm_delete, model, names, size)
 
+    def _mark_used(self, library: Library, path: Path) -> None:
+        try:
+            library.mark_used(path)
+        except (OSError, ValueError) as error:
+            self.app.call_from_thread(self.app.notify, one_line(f"Could not record the model's use: {error}"),
+                                      severity="warning")
+
+    def _confirm_delete(self, model: LocalModel, names: list[str], size: int) -> None:
         def delete(yes: bool | None) -> None:
             if yes:
                 self._delete(model)
 
-        self.app.push_screen(DeleteModelModal(model.name, names, size), delete)
+        if self.is_current:
+            self.app.push_screen(DeleteModelModal(model.name, names, size), delete)
 
 
 def open_models_screen(app: App[None]) -> None:

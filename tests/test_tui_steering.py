@@ -227,7 +227,7 @@ async def test_ab_view_shows_what_steering_costs_in_acceptance(tiny_models: dict
         assert steered.drafted > 0 and steered.acceptance_rate < 1.0
         assert "tok/s · 100% accepted" in str(ab.query_one("#ab-a-readout").render())
         cost = str(ab.query_one("#ab-cost").render())
-        assert cost.startswith("Steering cost in acceptance (draft-simple): 100% → ")
+        assert cost.startswith("Steering with draft-simple: 100% → ")
         assert ab.query_one("#ab-cost").display
         # The chat's own speculative statistics were not replaced by the A/B runs'.
         stats = app.speculation.stats
@@ -242,8 +242,12 @@ def _stats(steps: int, drafted: int, accepted: int, speedup: float = 0.0) -> Spe
 def test_acceptance_cost_lines() -> None:
     base, steered = _stats(10, 40, 32, 2.0), _stats(10, 40, 12, 1.1)
     assert acceptance_cost(base, steered, "draft-mtp") == (
-        "Steering cost in acceptance (draft-mtp): 80% → 30% accepted (-50 points), 4.20 → 2.20 tokens per step, "
-        "2.00× → 1.10× plain")
+        "Steering with draft-mtp: 80% → 30% of drafted tokens accepted (50 points fewer), 4.20 → 2.20 tokens per step, "
+        "speculation 45% slower (2.00× → 1.10× plain)")
+    # A gain reads as one: "more", "faster" (the view said "cost" for it)
+    assert acceptance_cost(steered, base, "draft-mtp") == (
+        "Steering with draft-mtp: 30% → 80% of drafted tokens accepted (50 points more), 2.20 → 4.20 tokens per step, "
+        "speculation 1.82× faster (1.10× → 2.00× plain)")
     assert acceptance_cost(None, steered, "ngram-mod") == ""
     assert acceptance_cost(_stats(0, 0, 0), steered, "ngram-mod") == (
         "ngram-mod drafted nothing on A: no acceptance to compare")

@@ -1,6 +1,6 @@
 """The steering A/B view (b on the steering screen): one prompt, greedy, without and with steering side by side.
 
-With speculation on, both sides speculate, and the view says what steering costs in acceptance: a control vector
+With speculation on, both sides speculate, and the view says what steering does to acceptance: a control vector
 changes the target's distribution, so a draft model that is not steered (or an n-gram drafter copying unsteered
 text) agrees with it less often, while MTP heads read the steered hidden states.
 """
@@ -29,18 +29,22 @@ def side_readout(tokens_per_s: float, stats: SpeculativeStats | None) -> str:
 
 
 def acceptance_cost(base: SpeculativeStats | None, steered: SpeculativeStats | None, spec_type: str) -> str:
-    """What steering cost speculation on this prompt: acceptance and tokens per target step, without → with."""
+    """What steering does to speculation on this prompt, in words that say the direction: acceptance and tokens per
+    target step without → with, and the speed-up over plain decoding "faster" or "slower"."""
     if base is None or steered is None:
         return ""
     if not base.steps or not steered.steps:
         side = "either side" if not base.steps and not steered.steps else "A" if not base.steps else "B"
         return f"{spec_type} drafted nothing on {side}: no acceptance to compare"
-    points = (steered.acceptance_rate - base.acceptance_rate) * 100
-    line = (f"Steering cost in acceptance ({spec_type}): {base.acceptance_rate:.0%} → {steered.acceptance_rate:.0%} "
-            f"accepted ({points:+.0f} points), {base.mean_accepted_length:.2f} → "
-            f"{steered.mean_accepted_length:.2f} tokens per step")
+    points = round((steered.acceptance_rate - base.acceptance_rate) * 100)
+    change = "no change" if points == 0 else f"{abs(points)} points {'more' if points > 0 else 'fewer'}"
+    line = (f"Steering with {spec_type}: {base.acceptance_rate:.0%} → {steered.acceptance_rate:.0%} of drafted "
+            f"tokens accepted ({change}), {base.mean_accepted_length:.2f} → {steered.mean_accepted_length:.2f} "
+            "tokens per step")
     if base.speedup > 0 and steered.speedup > 0:
-        line += f", {base.speedup:.2f}× → {steered.speedup:.2f}× plain"
+        ratio = steered.speedup / base.speedup
+        direction = f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 - ratio:.0%} slower"
+        line += f", speculation {direction} ({base.speedup:.2f}× → {steered.speedup:.2f}× plain)"
     return line
 
 
@@ -108,7 +112,7 @@ class SteeringABScreen(ABRunScreen):
         if settings.enabled:
             cost = acceptance_cost(self.side_stats.get("a"), self.side_stats.get("b"), settings.spec_type)
         else:
-            cost = "Speculation is off: with it on (F8), this view shows what steering costs in acceptance."
+            cost = "Speculation is off: with it on (F8), this view shows what steering does to acceptance."
         shown = self.query_one("#ab-cost", Static)
         shown.update(cost)
         shown.display = bool(cost)

@@ -145,9 +145,11 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     def _show_types(self, selected: str, pairs: list[tuple[str, str]], placeholders: dict[str, str]) -> None:
         if not self.is_attached:
             return
+        typing = self._typing is not None  # a newer read is due once the typing pauses: still reading
         if self._pending_type is not None:
             selected = self._pending_type
-        self._pending_type = None
+        if not typing:
+            self._pending_type = None
         self.placeholders = placeholders
         options = self.query_one("#spec-types", OptionList)
         self.types = [spec_type for spec_type, _ in pairs]
@@ -155,7 +157,7 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         options.add_options([Option(f"{spec_type:13} {help_text}", id=spec_type) for spec_type, help_text in pairs])
         options.highlighted = self.types.index(selected) if selected in self.types else 0
         self.query_one("#spec-draft", Input).placeholder = placeholders.get(self.types[options.highlighted], "")
-        self._show_reading(False)
+        self._show_reading(typing)
 
     @on(Input.Changed, "#spec-draft")
     def _draft_changed(self, event: Input.Changed) -> None:
@@ -167,7 +169,11 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         self._show_reading(True)
         if self._typing is not None:
             self._typing.stop()
-        self._typing = self.set_timer(TYPING_PAUSE_S, lambda: self._fill_types(self._pending_type or current))
+        self._typing = self.set_timer(TYPING_PAUSE_S, lambda: self._typing_paused(current))
+
+    def _typing_paused(self, current: str) -> None:
+        self._typing = None
+        self._fill_types(self._pending_type or current)
 
     @on(OptionList.OptionHighlighted, "#spec-types")
     def _type_highlighted(self, event: OptionList.OptionHighlighted) -> None:

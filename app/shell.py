@@ -6,6 +6,7 @@ module (which imports them): screens talk to controllers and to this, never to a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,10 @@ class LlmtuiShell(App[None]):
         raise NotImplementedError
 
     def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
+        raise NotImplementedError
+
+    def export_in_background(self, conversation_id: int, done: Callable[[tuple[Path, Path] | str], None]) -> None:
+        """Export with the files written in a thread; `done` gets the two paths or what went wrong."""
         raise NotImplementedError
 
     def remember_sidebar(self, shown: bool) -> None:

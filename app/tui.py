@@ -4,7 +4,7 @@ them and to the screens (generation events to the request's owner)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -615,12 +615,33 @@ class LlmtuiApp(LlmtuiShell):
 
     def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
         """Write the conversation as Markdown and JSON into `<data dir>/exports`; the two paths."""
+        return self._write_export(*self._export_texts(conversation_id))
+
+    def export_in_background(self, conversation_id: int, done: Callable[[tuple[Path, Path] | str], None]) -> None:
+        """Export: the texts from the store here (StoreError raised), the files written in a thread (no file I/O on
+        the event loop); `done` gets the two paths or what went wrong."""
+        texts = self._export_texts(conversation_id)
+
+        def write() -> None:
+            try:
+                result: tuple[Path, Path] | str = self._write_export(*texts)
+            except OSError as error:
+                result = str(error)
+            self.call_from_thread(done, result)
+
+        self.run_worker(write, name="export", group="export", thread=True, exit_on_error=False)
+
+    def _export_texts(self, conversation_id: int) -> tuple[str, str, str]:
         conversation = self.store.get_conversation(conversation_id)
-        folder = private_dir(paths.data_dir() / "exports")
         stem = f"{_safe_file_name(conversation.title)}-{conversation.id}"
+        return stem, self.store.export_markdown(conversation_id), self.store.export_json(conversation_id)
+
+    @staticmethod
+    def _write_export(stem: str, markdown: str, json_text: str) -> tuple[Path, Path]:
+        folder = private_dir(paths.data_dir() / "exports")
         markdown_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
-        write_private_text(markdown_path, self.store.export_markdown(conversation_id))
-        write_private_text(json_path, self.store.export_json(conversation_id))
+        write_private_text(markdown_path, markdown)
+        write_private_text(json_path, json_text)
         return markdown_path, json_path
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -607,6 +607,8 @@ async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> 
         await pilot.pause()
         chat = chat_of(app)
         chat.action_export_conversation()
+        await wait_for(pilot, lambda: any("Exported to" in n.message for n in app._notifications),
+                       what="the export, written in a thread")
         markdown, json_text = app.export_conversation(conversation.id)
         assert "a question" in markdown.read_text()
         assert app.store.import_json(json_text.read_text()) != conversation.id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import events, on
@@ -428,11 +429,16 @@ class ChatScreen(Screen[None]):
             self.notify("Nothing to export yet.")
             return
         try:
-            markdown_path, json_path = self.app.export_conversation(target)
-        except (OSError, StoreError) as error:
+            self.app.export_in_background(target, self._exported)  # the files are written in a thread
+        except StoreError as error:
             self.notify(f"Export failed: {error}", severity="error")
+
+    def _exported(self, result: tuple[Path, Path] | str) -> None:
+        if isinstance(result, str):
+            self.app.notify(f"Export failed: {result}", severity="error")
             return
-        self.notify(f"Exported to {markdown_path} and {json_path.name}.", timeout=8)
+        markdown_path, json_path = result
+        self.app.notify(f"Exported to {markdown_path} and {json_path.name}.", timeout=8)
 
     # ----- sending and streaming -----
 

@@ -365,8 +365,13 @@ class EngineBridge:
         self._sent_settings.clear()
         self._loading = path
         self._post(ModelLoadStarted(path))
-        self._send(LoadModel(path, replace(engine.model_params(), load_mtp=load_mtp),
-                             replace(engine.context_params(), n_rs_seq=n_rs_seq)))
+        self._send(
+            LoadModel(
+                path,
+                replace(engine.model_params(), load_mtp=load_mtp),
+                replace(engine.context_params(), n_rs_seq=n_rs_seq),
+            )
+        )
 
     def _do_restart(self, engine: EngineSettings | None = None) -> None:
         self._flush_tokens(force=True)
@@ -443,9 +448,7 @@ class EngineBridge:
                 self._post(SpeculativeStatsUpdated(event.speculative, final=True))
             self._generations.pop(event.request_id, None)
             self._replies_since_load += 1
-            self._post(
-                GenerationFinished(event.request_id, event.stop_reason, event.stats.to_dict(), event.notices)
-            )
+            self._post(GenerationFinished(event.request_id, event.stop_reason, event.stats.to_dict(), event.notices))
         elif isinstance(event, Failed):
             if self._loading is not None and event.request_id is None:
                 path, self._loading = self._loading, None
@@ -461,7 +464,8 @@ class EngineBridge:
         self._flush_tokens(force=True)
         self._running = False
         early = native_crash(crashed.exit_code) and (
-            self._loading is not None or self._replies_since_load < EARLY_REPLIES)
+            self._loading is not None or self._replies_since_load < EARLY_REPLIES
+        )
         in_flight = [g for g in self._generations.values() if g.request is not None]
         unanswered = [kind for kind in self._control if kind not in ("speculative", "steering")]
         self._loading = None
@@ -469,14 +473,21 @@ class EngineBridge:
         self._control.clear()
         if self._model is not None and early and self._recover(crashed, in_flight):
             for kind in unanswered:  # a control vector being made: its dialog hears it ended
-                self._post(EngineRequestFailed(kind, "the engine crashed and was restarted without CPU weight "
-                                                     "repacking; try again"))
+                self._post(
+                    EngineRequestFailed(
+                        kind, "the engine crashed and was restarted without CPU weight repacking; try again"
+                    )
+                )
             return
         found: tuple[Fallback, ...] = ()
         if self._model is not None:
             engine = self._model[1]
-            found = fallbacks(engine.model_params(), engine.context_params(), engine.n_threads or default_threads(),
-                              crashed.gpu_devices)
+            found = fallbacks(
+                engine.model_params(),
+                engine.context_params(),
+                engine.n_threads or default_threads(),
+                crashed.gpu_devices,
+            )
         self._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code, crashed.log_path, found))
 
     def _recover(self, crashed: Crashed, in_flight: list[_Generation]) -> bool:
@@ -504,8 +515,13 @@ class EngineBridge:
             if generation.n_tokens == 0:
                 self._do_generate(generation.request)
             else:
-                self._post(GenerationFailed(generation.request_id, "the engine crashed while writing this reply and "
-                                            "was restarted without CPU weight repacking; ctrl+g continues it"))
+                self._post(
+                    GenerationFailed(
+                        generation.request_id,
+                        "the engine crashed while writing this reply and "
+                        "was restarted without CPU weight repacking; ctrl+g continues it",
+                    )
+                )
         return True
 
     def _tokens(self, chunk: TokenChunk) -> None:
@@ -537,8 +553,15 @@ class EngineBridge:
             return
         self._flushed_at = now
         for request_id, pending in self._pending.items():
-            self._post(TokensArrived(request_id, "".join(pending.text), "".join(pending.reasoning), pending.n_tokens,
-                                     tuple(pending.draft_spans)))
+            self._post(
+                TokensArrived(
+                    request_id,
+                    "".join(pending.text),
+                    "".join(pending.reasoning),
+                    pending.n_tokens,
+                    tuple(pending.draft_spans),
+                )
+            )
             generation = self._generations.get(request_id)
             if generation is not None and now - generation.stats_posted_at >= STATS_INTERVAL_S:
                 generation.stats_posted_at = now
@@ -554,9 +577,17 @@ class EngineBridge:
             elapsed = now - first
             rate = (generation.n_tokens - 1) / elapsed if elapsed > 0 and generation.n_tokens > 1 else 0.0
             ttft_ms = (first - generation.sent_at) * 1000
-        self._post(GenerationStatsUpdated(generation.request_id, generation.n_tokens, rate, ttft_ms,
-                                          generation.prompt_tokens, generation.n_ctx,
-                                          self._sample_cpu(generation.request_id, now)))
+        self._post(
+            GenerationStatsUpdated(
+                generation.request_id,
+                generation.n_tokens,
+                rate,
+                ttft_ms,
+                generation.prompt_tokens,
+                generation.n_ctx,
+                self._sample_cpu(generation.request_id, now),
+            )
+        )
 
     def _sample_cpu(self, request_id: int, now: float) -> CpuLoad | None:
         """Other programs' CPU use during this reply (at most every CPU_SAMPLE_S; the last reading in between),

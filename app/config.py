@@ -67,8 +67,9 @@ class EngineSettings:
         if self.n_threads < 0 or self.n_threads > 1024:
             raise ConfigError(f"threads must be 0 (automatic) or a positive number, not {self.n_threads}")
         if self.n_gpu_layers < GPU_LAYERS_AUTO:
-            raise ConfigError(f"GPU layers must be auto, -1 (all), 0 (none) or a positive number, "
-                              f"not {self.n_gpu_layers}")
+            raise ConfigError(
+                f"GPU layers must be auto, -1 (all), 0 (none) or a positive number, not {self.n_gpu_layers}"
+            )
         if self.flash_attn not in FLASH_ATTENTION_MODES:
             raise ConfigError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
         for name, value in (("K", self.type_k), ("V", self.type_v)):
@@ -158,8 +159,10 @@ class RemoteSettings:
             raise ConfigError(f"remote engine name {self.name!r} should be 1-40 letters, digits, '.', '_' or '-'")
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"remote engine {self.name}: base URL {self.base_url!r} should start with http:// or "
-                              "https:// and name a host (for example http://127.0.0.1:8080/v1)")
+            raise ConfigError(
+                f"remote engine {self.name}: base URL {self.base_url!r} should start with http:// or "
+                "https:// and name a host (for example http://127.0.0.1:8080/v1)"
+            )
         try:
             parts.port  # noqa: B018 - raises ValueError on a bad port
         except ValueError:
@@ -392,14 +395,15 @@ def _engine_values(table: dict[str, Any]) -> dict[str, Any]:
             values[f.name] = parse_gpu_layers(table[f.name])
         elif f.name == "tensor_split":
             shares = table.get(f.name, [])
-            if not isinstance(shares, list) or not all(isinstance(v, int | float) and not isinstance(v, bool)
-                                                       for v in shares):
+            if not isinstance(shares, list) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in shares
+            ):
                 raise ConfigError("engine.tensor_split should be a list of numbers (shares per device)")
             values[f.name] = tuple(float(v) for v in shares)
         elif f.name == "rpc_servers":
             servers = table.get(f.name, [])
             if not isinstance(servers, list) or not all(isinstance(v, str) for v in servers):
-                raise ConfigError("engine.rpc_servers should be a list of \"HOST:PORT\" strings")
+                raise ConfigError('engine.rpc_servers should be a list of "HOST:PORT" strings')
             values[f.name] = tuple(servers)
         else:
             values[f.name] = _typed(table, f.name, type(default), default, "engine.")
@@ -416,13 +420,15 @@ def _remotes_from_toml(data: dict[str, Any], source: str) -> tuple[RemoteSetting
         where = f"remote {name or '(unnamed)'}: "
         if not name or "base_url" not in item:
             raise ConfigError(f"{source}: every [[remote]] needs a name and a base_url")
-        remotes.append(RemoteSettings(
-            name=name,
-            base_url=_typed(item, "base_url", str, "", where),
-            api_key_env=_typed(item, "api_key_env", str, "", where),
-            api_key=_typed(item, "api_key", str, "", where),
-            model=_typed(item, "model", str, "", where),
-        ))
+        remotes.append(
+            RemoteSettings(
+                name=name,
+                base_url=_typed(item, "base_url", str, "", where),
+                api_key_env=_typed(item, "api_key_env", str, "", where),
+                api_key=_typed(item, "api_key", str, "", where),
+                model=_typed(item, "model", str, "", where),
+            )
+        )
     return tuple(remotes)
 
 
@@ -435,10 +441,12 @@ def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
 
 def _speculative_from_toml(data: dict[str, Any], source: str) -> SpeculativeSettings:
     table, defaults = _table(data, "speculative", source), SpeculativeSettings()
-    return SpeculativeSettings(**{
-        f.name: _typed(table, f.name, type(getattr(defaults, f.name)), getattr(defaults, f.name), "speculative.")
-        for f in fields(SpeculativeSettings)
-    })
+    return SpeculativeSettings(
+        **{
+            f.name: _typed(table, f.name, type(getattr(defaults, f.name)), getattr(defaults, f.name), "speculative.")
+            for f in fields(SpeculativeSettings)
+        }
+    )
 
 
 def _steering_from_toml(data: dict[str, Any], source: str) -> SteeringSettings:
@@ -446,8 +454,9 @@ def _steering_from_toml(data: dict[str, Any], source: str) -> SteeringSettings:
     vectors, strengths = table.get("vectors", []), table.get("strengths", [])
     if not isinstance(vectors, list) or not all(isinstance(v, str) for v in vectors):
         raise ConfigError(f"{source}: steering.vectors should be a list of control-vector files")
-    if not isinstance(strengths, list) or not all(isinstance(v, int | float) and not isinstance(v, bool)
-                                                  for v in strengths):
+    if not isinstance(strengths, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in strengths
+    ):
         raise ConfigError(f"{source}: steering.strengths should be a list of numbers")
     return SteeringSettings(
         vectors=tuple(vectors),
@@ -478,8 +487,12 @@ def config_to_toml(config: Config) -> str:
     tables: dict[str, dict[str, object]] = {
         "engine": engine,
         "models": {"folders": list(config.model_folders), "last_model": config.last_model},
-        "ui": {"theme": config.theme, "show_sidebar": config.show_sidebar, "draft_colouring": config.draft_colouring,
-               "spec_details": config.spec_details},
+        "ui": {
+            "theme": config.theme,
+            "show_sidebar": config.show_sidebar,
+            "draft_colouring": config.draft_colouring,
+            "spec_details": config.spec_details,
+        },
         "speculative": asdict(config.speculative),
         "steering": asdict(config.steering),
     }
@@ -489,8 +502,11 @@ def config_to_toml(config: Config) -> str:
         lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
     for remote in config.remotes:
         lines.append("\n[[remote]]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in asdict(remote).items()
-                     if value or key in ("name", "base_url"))
+        lines.extend(
+            f"{key} = {_toml_value(value)}"
+            for key, value in asdict(remote).items()
+            if value or key in ("name", "base_url")
+        )
     return "\n".join(lines) + "\n"
 
 

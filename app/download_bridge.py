@@ -84,8 +84,13 @@ class DownloadBridge:
             primary = None
             if plan.primary is not None:
                 primary = next(t.task_id for t in tasks if t.file == plan.primary)
-            job = PullJob(next(self._ids), plan, tuple(t.task_id for t in tasks), primary,
-                          names={t.task_id: t.file.name for t in tasks})
+            job = PullJob(
+                next(self._ids),
+                plan,
+                tuple(t.task_id for t in tasks),
+                primary,
+                names={t.task_id: t.file.name for t in tasks},
+            )
             self._pulls[job.pull_id] = job
         return job
 

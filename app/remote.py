@@ -123,8 +123,11 @@ def _connection(remote: RemoteSettings, timeout: float) -> http.client.HTTPConne
 
 
 def _headers(remote: RemoteSettings) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-               "User-Agent": "llmtui"}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "User-Agent": "llmtui",
+    }
     key = remote.resolved_key()
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -149,8 +152,9 @@ def error_detail(body: bytes) -> str:
     return one_line(text, 200)
 
 
-def http_error_message(remote: RemoteSettings, status: int, reason: str, body: bytes,
-                       retry_after_header: str | None = None) -> str:
+def http_error_message(
+    remote: RemoteSettings, status: int, reason: str, body: bytes, retry_after_header: str | None = None
+) -> str:
     """One line for an HTTP error answer, with what to check (the wait a 429 or 503 asks for, when it says)."""
     detail = error_detail(body)
     message = f"{remote.name} answered {status} {one_line(reason, 60)}".rstrip()
@@ -172,14 +176,19 @@ def http_error_message(remote: RemoteSettings, status: int, reason: str, body: b
 def connection_error_message(remote: RemoteSettings, error: BaseException) -> str:
     where = f"{remote.name} at {remote.base_url}"
     if isinstance(error, http.client.LineTooLong):
-        return one_line(f"{where} sent a response header line longer than {MAX_HEADER_LINE // 1024} KiB; llmtui "
-                        "stopped reading (is it an OpenAI-compatible server?)")
+        return one_line(
+            f"{where} sent a response header line longer than {MAX_HEADER_LINE // 1024} KiB; llmtui "
+            "stopped reading (is it an OpenAI-compatible server?)"
+        )
     if isinstance(error, http.client.HTTPException) and "got more than" in str(error):
-        return one_line(f"{where} sent more than {MAX_HEADERS} response headers; llmtui stopped reading (is it an "
-                        "OpenAI-compatible server?)")
+        return one_line(
+            f"{where} sent more than {MAX_HEADERS} response headers; llmtui stopped reading (is it an "
+            "OpenAI-compatible server?)"
+        )
     if isinstance(error, http.client.BadStatusLine | http.client.RemoteDisconnected):
-        return one_line(f"{where} did not answer with HTTP ({type(error).__name__}); is it an OpenAI-compatible "
-                        "server?")
+        return one_line(
+            f"{where} did not answer with HTTP ({type(error).__name__}); is it an OpenAI-compatible server?"
+        )
     if isinstance(error, ConnectionRefusedError):
         return f"cannot connect to {where}: connection refused (is the server running?)"
     if isinstance(error, TimeoutError | socket.timeout):
@@ -191,8 +200,9 @@ def connection_error_message(remote: RemoteSettings, error: BaseException) -> st
     return one_line(f"cannot reach {where}: {error}")
 
 
-def read_bounded(response: http.client.HTTPResponse, limit: int, deadline: float, what: str, *,
-                 truncate: bool = False) -> bytes:
+def read_bounded(
+    response: http.client.HTTPResponse, limit: int, deadline: float, what: str, *, truncate: bool = False
+) -> bytes:
     """The response body, read in chunks: RemoteError once it passes `limit` bytes (with `truncate`: its first
     `limit` bytes) or time.monotonic() passes `deadline` (a server dripping a byte at a time never trips the
     socket's own timeout; a Watchdog on the connection unblocks a read waiting for one)."""
@@ -205,24 +215,26 @@ def read_bounded(response: http.client.HTTPResponse, limit: int, deadline: float
                 raise RemoteError(f"{what} took longer than its time limit; llmtui stopped reading")
             missing = getattr(response, "length", None)  # http.client counts down the Content-Length
             if not truncate and isinstance(missing, int) and missing > 0:
-                raise RemoteError(f"{what} ended after {size} bytes, {missing} short of the Content-Length it "
-                                  "announced (the server closed the connection)")
+                raise RemoteError(
+                    f"{what} ended after {size} bytes, {missing} short of the Content-Length it "
+                    "announced (the server closed the connection)"
+                )
             return b"".join(parts)
         size += len(chunk)
         if size > limit:
             if truncate:
                 parts.append(chunk)
                 return b"".join(parts)[:limit]
-            raise RemoteError(f"{what} passed {format_size(limit)}; llmtui stopped reading (is it an "
-                              "OpenAI-compatible server?)")
+            raise RemoteError(
+                f"{what} passed {format_size(limit)}; llmtui stopped reading (is it an OpenAI-compatible server?)"
+            )
         if time.monotonic() > deadline:
             raise RemoteError(f"{what} took longer than its time limit; llmtui stopped reading")
         parts.append(chunk)
 
 
 def _too_slow(remote: RemoteSettings, what: str, seconds: float) -> RemoteError:
-    return RemoteError(f"{remote.name} took longer than the {seconds:g} s limit to send {what}; llmtui stopped "
-                       "reading")
+    return RemoteError(f"{remote.name} took longer than the {seconds:g} s limit to send {what}; llmtui stopped reading")
 
 
 def _get_json(remote: RemoteSettings, endpoint: str, timeout: float) -> Any:
@@ -239,8 +251,9 @@ def _get_json(remote: RemoteSettings, endpoint: str, timeout: float) -> Any:
         ok = response.status == 200
         body = read_bounded(response, MAX_JSON_BODY if ok else MAX_ERROR_BODY, deadline, what, truncate=not ok)
         if not ok:
-            raise RemoteError(http_error_message(remote, response.status, response.reason, body,
-                                                 response.getheader("Retry-After")))
+            raise RemoteError(
+                http_error_message(remote, response.status, response.reason, body, response.getheader("Retry-After"))
+            )
     except (OSError, http.client.HTTPException, RemoteError) as error:
         if watchdog.fired:
             raise _too_slow(remote, f"its answer to GET {_api_path(remote, endpoint)}", limit_s) from None
@@ -251,13 +264,17 @@ def _get_json(remote: RemoteSettings, endpoint: str, timeout: float) -> Any:
         watchdog.cancel()
         connection.close()
     if json_items(body) > MAX_JSON_ITEMS:
-        raise RemoteError(f"{what} holds more than {MAX_JSON_ITEMS:,} JSON values; llmtui stopped before reading "
-                          "them (is it an OpenAI-compatible server?)")
+        raise RemoteError(
+            f"{what} holds more than {MAX_JSON_ITEMS:,} JSON values; llmtui stopped before reading "
+            "them (is it an OpenAI-compatible server?)"
+        )
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as error:
-        raise RemoteError(f"{remote.name} did not answer GET {_api_path(remote, endpoint)} with JSON; "
-                          "is it an OpenAI-compatible server?") from error
+        raise RemoteError(
+            f"{remote.name} did not answer GET {_api_path(remote, endpoint)} with JSON; "
+            "is it an OpenAI-compatible server?"
+        ) from error
 
 
 def list_models(remote: RemoteSettings, timeout: float = CONNECT_TIMEOUT_S) -> list[RemoteModel]:
@@ -265,8 +282,10 @@ def list_models(remote: RemoteSettings, timeout: float = CONNECT_TIMEOUT_S) -> l
     data = _get_json(remote, "models", timeout)
     items = data.get("data") if isinstance(data, dict) else None
     if not isinstance(items, list):
-        raise RemoteError(f"{remote.name} did not answer GET {_api_path(remote, 'models')} with a model list; "
-                          "is it an OpenAI-compatible server?")
+        raise RemoteError(
+            f"{remote.name} did not answer GET {_api_path(remote, 'models')} with a model list; "
+            "is it an OpenAI-compatible server?"
+        )
     models = []
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str):
@@ -277,8 +296,9 @@ def list_models(remote: RemoteSettings, timeout: float = CONNECT_TIMEOUT_S) -> l
     return models
 
 
-def request_body(model: str, messages: Sequence[tuple[str, str]], sampling: SamplingSettings,
-                 continue_reply: bool) -> dict[str, Any]:
+def request_body(
+    model: str, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, continue_reply: bool
+) -> dict[str, Any]:
     """The streamed /v1/chat/completions request for a conversation and its sampling settings."""
     body: dict[str, Any] = {
         "model": model,
@@ -315,8 +335,9 @@ def _stream_lines(response: http.client.HTTPResponse, name: str, line_time_s: fl
     while True:
         newline = pending.find(b"\n")
         if newline > MAX_SSE_LINE or (newline < 0 and len(pending) > MAX_SSE_LINE):
-            raise RemoteError(f"{name} sent a stream line longer than {MAX_SSE_LINE // 1024} KiB; llmtui stopped "
-                              "reading")
+            raise RemoteError(
+                f"{name} sent a stream line longer than {MAX_SSE_LINE // 1024} KiB; llmtui stopped reading"
+            )
         if newline >= 0:
             line = bytes(pending[: newline + 1])
             del pending[: newline + 1]
@@ -324,8 +345,10 @@ def _stream_lines(response: http.client.HTTPResponse, name: str, line_time_s: fl
             yield line
             continue
         if pending and time.monotonic() - started > line_time_s:
-            raise RemoteError(f"{name} took longer than {line_time_s:g} s to send one stream line (a slow drip); "
-                              "llmtui stopped reading")
+            raise RemoteError(
+                f"{name} took longer than {line_time_s:g} s to send one stream line (a slow drip); "
+                "llmtui stopped reading"
+            )
         chunk = response.read1(READ_CHUNK) if hasattr(response, "read1") else response.readline(READ_CHUNK)
         if not chunk:
             if pending:
@@ -336,8 +359,9 @@ def _stream_lines(response: http.client.HTTPResponse, name: str, line_time_s: fl
         pending += chunk
 
 
-def sse_events(response: http.client.HTTPResponse, name: str = "the server",
-               line_time_s: float = SSE_LINE_TIME_S) -> Iterator[str]:
+def sse_events(
+    response: http.client.HTTPResponse, name: str = "the server", line_time_s: float = SSE_LINE_TIME_S
+) -> Iterator[str]:
     """The `data` of each server-sent event, as text ("[DONE]" included); ends at the end of the stream. A line
     longer than MAX_SSE_LINE (or slower than `line_time_s`) or an event longer than MAX_SSE_EVENT is a
     RemoteError, not read to its end."""
@@ -353,8 +377,10 @@ def sse_events(response: http.client.HTTPResponse, name: str = "the server",
             data.append(line[5:].removeprefix(" "))
             size += len(line)
             if size > MAX_SSE_EVENT:
-                raise RemoteError(f"{name} sent a stream event longer than {MAX_SSE_EVENT // (1024 * 1024)} MiB; "
-                                  "llmtui stopped reading")
+                raise RemoteError(
+                    f"{name} sent a stream event longer than {MAX_SSE_EVENT // (1024 * 1024)} MiB; "
+                    "llmtui stopped reading"
+                )
         # other fields (event:, id:, retry:) and comments (":" keep-alives) carry nothing llmtui uses
     if data:
         yield "\n".join(data)
@@ -403,8 +429,15 @@ class RemoteBridge:
     server cannot do (llmtui's speculative decoding, control vectors) is refused with EngineRequestFailed.
     """
 
-    def __init__(self, target: MessageTarget, remote: RemoteSettings, model: str = "", *,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        target: MessageTarget,
+        remote: RemoteSettings,
+        model: str = "",
+        *,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
         self._target = target
         self.remote = remote
         self.model = model or remote.model
@@ -457,8 +490,9 @@ class RemoteBridge:
             stream.cancel()
         self.connect()
 
-    def generate(self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *,
-                 continue_reply: bool = False) -> int:
+    def generate(
+        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *, continue_reply: bool = False
+    ) -> int:
         """Stream a reply; its request id (carried by its TokensArrived / GenerationFinished / GenerationFailed)."""
         request_id = next(_request_ids)
         stream = _Stream(request_id, time.monotonic())
@@ -479,20 +513,28 @@ class RemoteBridge:
         if not params.enabled:
             self._post(SpeculativeConfigured((), ()))
             return
-        self._post(EngineRequestFailed(
-            "speculative",
-            f"{self.remote.name} is a remote server: it does its own speculative decoding (llama-server: "
-            "--model-draft, --spec-type), and its draft acceptance shows in the stats bar when it reports it",
-        ))
+        self._post(
+            EngineRequestFailed(
+                "speculative",
+                f"{self.remote.name} is a remote server: it does its own speculative decoding (llama-server: "
+                "--model-draft, --spec-type), and its draft acceptance shows in the stats bar when it reports it",
+            )
+        )
 
     def set_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
         if entries:
-            self._post(EngineRequestFailed(
-                "steering", f"control vectors need the local engine; {self.remote.name} is a remote server"))
+            self._post(
+                EngineRequestFailed(
+                    "steering", f"control vectors need the local engine; {self.remote.name} is a remote server"
+                )
+            )
 
     def make_vector(self, prompt_set_path: str, output_path: str, method: str = "pca") -> None:
-        self._post(EngineRequestFailed(
-            "vector", f"making a control vector needs a local model; {self.remote.name} is a remote server"))
+        self._post(
+            EngineRequestFailed(
+                "vector", f"making a control vector needs a local model; {self.remote.name} is a remote server"
+            )
+        )
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop every reply in flight; nothing is posted afterwards. Idempotent."""
@@ -526,16 +568,20 @@ class RemoteBridge:
             self._post(ModelLoadFailed(path, f"{self.remote.name} does not serve {self.model!r}; it serves {names}"))
             return
         self.model, self.n_ctx, self.connected = chosen.id, chosen.n_ctx, True
-        self._post(ModelLoaded(ModelSummary(
-            path=self.model_path,
-            name=chosen.id,
-            architecture="remote",
-            backend=self.backend,
-            n_ctx=chosen.n_ctx,
-            n_params=0,
-            size_bytes=0,
-            load_ms=(time.monotonic() - started) * 1000,
-        )))
+        self._post(
+            ModelLoaded(
+                ModelSummary(
+                    path=self.model_path,
+                    name=chosen.id,
+                    architecture="remote",
+                    backend=self.backend,
+                    n_ctx=chosen.n_ctx,
+                    n_params=0,
+                    size_bytes=0,
+                    load_ms=(time.monotonic() - started) * 1000,
+                )
+            )
+        )
 
     def _generate(self, stream: _Stream, body: dict[str, Any]) -> None:
         flusher = threading.Thread(target=self._flush_loop, args=(stream,), name="llmtui-remote-flush", daemon=True)
@@ -552,8 +598,11 @@ class RemoteBridge:
             if stream.cancelled:
                 outcome = ("cancelled", "")
             elif stream.n_tokens:
-                outcome = ("failed", f"the connection to {self.remote.name} broke mid-reply "
-                                     f"({type(error).__name__}); the partial reply is kept")
+                outcome = (
+                    "failed",
+                    f"the connection to {self.remote.name} broke mid-reply "
+                    f"({type(error).__name__}); the partial reply is kept",
+                )
             else:
                 outcome = ("failed", connection_error_message(self.remote, error))
         except Exception as error:  # never let a thread die silently; the UI hears about it
@@ -574,8 +623,9 @@ class RemoteBridge:
         else:
             self._post(GenerationFailed(stream.request_id, str(detail)))
 
-    def _stream_reply(self, connection: http.client.HTTPConnection, stream: _Stream,
-                      body: dict[str, Any]) -> dict[str, Any]:
+    def _stream_reply(
+        self, connection: http.client.HTTPConnection, stream: _Stream, body: dict[str, Any]
+    ) -> dict[str, Any]:
         connection.connect()
         assert connection.sock is not None
         connection.sock.settimeout(self._read_timeout_s)
@@ -588,15 +638,22 @@ class RemoteBridge:
         watchdog = Watchdog(self._read_timeout_s)
         watchdog.watch(connection)
         try:
-            connection.request("POST", _api_path(self.remote, "chat/completions"),
-                               body=json.dumps(body).encode(), headers=_headers(self.remote))
+            connection.request(
+                "POST",
+                _api_path(self.remote, "chat/completions"),
+                body=json.dumps(body).encode(),
+                headers=_headers(self.remote),
+            )
             response = connection.getresponse()
             if watchdog.fired:  # http.client returns the headers that came before the socket was shut down
                 raise TimeoutError
             if response.status != 200:
                 detail = read_bounded(response, MAX_ERROR_BODY, watchdog.deadline, "its error", truncate=True)
-                raise RemoteError(http_error_message(self.remote, response.status, response.reason, detail,
-                                                     response.getheader("Retry-After")))
+                raise RemoteError(
+                    http_error_message(
+                        self.remote, response.status, response.reason, detail, response.getheader("Retry-After")
+                    )
+                )
         except (OSError, http.client.HTTPException, RemoteError) as error:
             if stream.cancelled:
                 raise _Cancelled from None
@@ -623,22 +680,27 @@ class RemoteBridge:
                 done = True
                 break
             if json_items(data) > MAX_EVENT_ITEMS:
-                raise RemoteError(f"{self.remote.name} sent a stream event of more than {MAX_EVENT_ITEMS:,} JSON "
-                                  "values; llmtui stopped reading")
+                raise RemoteError(
+                    f"{self.remote.name} sent a stream event of more than {MAX_EVENT_ITEMS:,} JSON "
+                    "values; llmtui stopped reading"
+                )
             try:
                 chunk = json.loads(data)
             except (ValueError, RecursionError):
-                raise RemoteError(f"{self.remote.name} sent a stream line that is not JSON: "
-                                  f"{one_line(data, 80)}") from None
+                raise RemoteError(
+                    f"{self.remote.name} sent a stream line that is not JSON: {one_line(data, 80)}"
+                ) from None
             if not isinstance(chunk, dict):
                 continue
             if "error" in chunk:
                 raise RemoteError(f"{self.remote.name} stopped with an error: {error_detail(data.encode())}")
             finish = self._chunk(stream, chunk) or finish
             if stream.n_tokens > most:
-                raise RemoteError(f"{self.remote.name} sent more than the {most - TOKEN_SLACK} tokens "
-                                  f"{'asked for' if asked > 0 else 'its context holds'}; llmtui stopped the reply "
-                                  "(the text so far is kept)")
+                raise RemoteError(
+                    f"{self.remote.name} sent more than the {most - TOKEN_SLACK} tokens "
+                    f"{'asked for' if asked > 0 else 'its context holds'}; llmtui stopped the reply "
+                    "(the text so far is kept)"
+                )
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]
             if isinstance(chunk.get("timings"), dict):
@@ -647,10 +709,13 @@ class RemoteBridge:
             raise _Cancelled
         if not done and finish is None:
             if stream.n_tokens:
-                raise RemoteError(f"{self.remote.name} closed the stream before the reply finished; "
-                                  "the partial reply is kept")
-            raise RemoteError(f"{self.remote.name} closed the stream without a reply (the request may be too long "
-                              "for its context, or it failed: see the server's log)")
+                raise RemoteError(
+                    f"{self.remote.name} closed the stream before the reply finished; the partial reply is kept"
+                )
+            raise RemoteError(
+                f"{self.remote.name} closed the stream without a reply (the request may be too long "
+                "for its context, or it failed: see the server's log)"
+            )
         stats = self._stats(stream, usage, timings)
         stats["stop_reason"] = STOP_REASONS.get(finish or "stop", finish or "eos")
         return stats

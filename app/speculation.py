@@ -37,8 +37,7 @@ def model_facts(path: str) -> ModelFacts | None:
         info = inspect_gguf(Path(path))
     except (GGUFError, OSError):
         return None
-    return ModelFacts(info.architecture or "", info.embedding_length or 0, info.block_count or 0,
-                      info.n_layer_nextn)
+    return ModelFacts(info.architecture or "", info.embedding_length or 0, info.block_count or 0, info.n_layer_nextn)
 
 
 def draft_file_type(path: str) -> tuple[str | None, str]:
@@ -117,8 +116,16 @@ def drafts_with_own_heads(model_path: str | None, spec_type: str, draft_model: s
     """Whether the model's own MTP heads draft (and must be loaded): it has some, the type is auto or draft-mtp, and no
     draft file is named."""
     facts = model_facts(model_path) if model_path else None
-    return facts is not None and load_plan((spec_type,), architecture=facts.architecture,
-                                           n_layer_nextn=facts.n_layer_nextn, draft_model=draft_model, n_max=1).load_mtp
+    return (
+        facts is not None
+        and load_plan(
+            (spec_type,),
+            architecture=facts.architecture,
+            n_layer_nextn=facts.n_layer_nextn,
+            draft_model=draft_model,
+            n_max=1,
+        ).load_mtp
+    )
 
 
 def effective_settings(
@@ -140,8 +147,13 @@ def load_options(model_path: str, settings: SpeculativeSettings) -> tuple[bool, 
     facts = model_facts(model_path)
     if facts is None or not settings.enabled:
         return False, 0
-    plan = load_plan((settings.spec_type,), architecture=facts.architecture, n_layer_nextn=facts.n_layer_nextn,
-                     draft_model=settings.draft_model, n_max=settings.n_max)
+    plan = load_plan(
+        (settings.spec_type,),
+        architecture=facts.architecture,
+        n_layer_nextn=facts.n_layer_nextn,
+        draft_model=settings.draft_model,
+        n_max=settings.n_max,
+    )
     return plan.load_mtp, plan.n_rs_seq
 
 

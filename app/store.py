@@ -122,9 +122,10 @@ class Message:
         max tokens, or the user edited its text."""
         if self.role != "assistant":
             return False
-        return (self.state in ("stopped", "interrupted", "error")
-                or (self.state == "complete" and (bool(self.stats.get("edited"))
-                                                  or self.stats.get("stop_reason") == "max_tokens")))
+        return self.state in ("stopped", "interrupted", "error") or (
+            self.state == "complete"
+            and (bool(self.stats.get("edited")) or self.stats.get("stop_reason") == "max_tokens")
+        )
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,7 @@ class LlmtuiApp(LlmtuiShell):
         try:
             self.config = load_config()
         except ConfigError as error:
-            self.notify(f"{error}. Using default settings until you save new ones (F3).", severity="error",
-                        timeout=15)
+            self.notify(f"{error}. Using default settings until you save new ones (F3).", severity="error", timeout=15)
         self.theme = THEME_NAMES.get(self.config.theme, "textual-dark")
         try:
             self.store = open_default_store()
@@ -286,8 +285,10 @@ class LlmtuiApp(LlmtuiShell):
             self.notify(f"Using {event.model.name} ({event.model.backend}{context}).")
         else:
             placement = f" {event.model.placement.removeprefix('-ngl auto: ')}." if event.model.placement else ""
-            self.notify(f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
-                        f"in {event.model.load_ms / 1000:.1f} s.{placement}")
+            self.notify(
+                f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
+                f"in {event.model.load_ms / 1000:.1f} s.{placement}"
+            )
         if self.config.last_model != event.model.path:
             self.config = replace(self.config, last_model=event.model.path)
             self.save_config_quietly()
@@ -306,8 +307,11 @@ class LlmtuiApp(LlmtuiShell):
         self.load_progress = None
         self.set_engine_state("error")
         what = event.path.removeprefix(REMOTE_PREFIX) if event.path.startswith(REMOTE_PREFIX) else Path(event.path).name
-        self.notify(f"Could not load {what}: {event.error}. Press ctrl+l to pick another model (F5 retries).",
-                    severity="error", timeout=20)
+        self.notify(
+            f"Could not load {what}: {event.error}. Press ctrl+l to pick another model (F5 retries).",
+            severity="error",
+            timeout=20,
+        )
 
     async def on_tokens_arrived(self, event: TokensArrived) -> None:
         owner = self.generation.owner(event.request_id)
@@ -361,13 +365,17 @@ class LlmtuiApp(LlmtuiShell):
             fallback = next((f for f in event.fallbacks if f.key == choice), None)
             if fallback is not None:
                 self.engine_overrides[fallback.field] = fallback.value
-                self.notify(f"Restarting with {fallback.what} ({fallback.flag}) for this session; F3 settings keep "
-                            "it for good.", timeout=15)
+                self.notify(
+                    f"Restarting with {fallback.what} ({fallback.flag}) for this session; F3 settings keep "
+                    "it for good.",
+                    timeout=15,
+                )
             if choice == RESTART or fallback is not None:
                 self.action_restart_engine()
 
-        self.push_screen(EngineCrashedModal(event.description, event.log_tail, event.log_path, event.fallbacks),
-                         restart)
+        self.push_screen(
+            EngineCrashedModal(event.description, event.log_tail, event.log_path, event.fallbacks), restart
+        )
         self.speculation.reset()
         self.steering.reset()
         self.generation.lost()  # the A/B views' runs: a restarted engine knows nothing of them
@@ -453,8 +461,9 @@ class LlmtuiApp(LlmtuiShell):
             return
         speculation = self.speculation
         name = self.model.name if self.model else ""
-        panel = SpeculativePanel(self.config.speculative, self.model_path, name, speculation.draft_sidecars,
-                                 speculation.missing_drafts)
+        panel = SpeculativePanel(
+            self.config.speculative, self.model_path, name, speculation.draft_sidecars, speculation.missing_drafts
+        )
 
         def chosen(settings: SpeculativeSettings | None) -> None:
             if settings is not None:
@@ -469,8 +478,7 @@ class LlmtuiApp(LlmtuiShell):
         from app.screens.spec_check import DEFAULT_PROMPT, SpecCheckScreen
 
         if self.model_path is None or isinstance(self.bridge, RemoteBridge):  # (a model may be loading)
-            self.notify("Load a local model first (ctrl+l): the check runs on llmtui's own engine.",
-                        severity="warning")
+            self.notify("Load a local model first (ctrl+l): the check runs on llmtui's own engine.", severity="warning")
             return
         if self._open_screen(SpecCheckScreen) is not None:
             return
@@ -514,7 +522,6 @@ class LlmtuiApp(LlmtuiShell):
             return default
         path = self.store.active_path(chat.conversation_id)
         return next((m.content for m in reversed(path) if m.role == "user"), default)
-
 
     def action_restart_engine(self) -> None:
         if self.engine_state not in ("crashed", "error", "ready"):
@@ -563,8 +570,9 @@ class LlmtuiApp(LlmtuiShell):
                 self.open_model(choice)
 
         # The local files are looked for by the switcher, in a thread (no folder scan on the event loop).
-        self.push_screen(ModelSwitcherModal(None, self.model_path, self.config.remotes,
-                                            folders=self.config.model_folders), switch)
+        self.push_screen(
+            ModelSwitcherModal(None, self.model_path, self.config.remotes, folders=self.config.model_folders), switch
+        )
 
     def open_model(self, path: Path) -> None:
         """Load a model file and show the chat (the model switcher and the models screen's "use" call this)."""
@@ -588,11 +596,13 @@ class LlmtuiApp(LlmtuiShell):
                 self.notify(f"{text.strip()!r} cannot be a path.", severity="error", timeout=10)
                 return
             # The file is read in a thread (no file I/O on the event loop), then imported here.
-            self.run_worker(partial(self._read_import, path), name="read-import", group="import", thread=True,
-                            exit_on_error=False)
+            self.run_worker(
+                partial(self._read_import, path), name="read-import", group="import", thread=True, exit_on_error=False
+            )
 
-        self.push_screen(TextPromptModal("Import a conversation (JSON exported by llmtui)", "", "path to .json"),
-                         import_file)
+        self.push_screen(
+            TextPromptModal("Import a conversation (JSON exported by llmtui)", "", "path to .json"), import_file
+        )
 
     def _read_import(self, path: Path) -> None:
         try:
@@ -648,12 +658,14 @@ class LlmtuiApp(LlmtuiShell):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Help: keys", "Every key, by where it works (F1)", self.action_help)
         yield SystemCommand("Settings", "Engine options, model folders, remote engines (F3)", self.action_settings)
-        yield SystemCommand("Switch model", "Load a local model or use a remote engine's (ctrl+l)",
-                            self.action_switch_model)
+        yield SystemCommand(
+            "Switch model", "Load a local model or use a remote engine's (ctrl+l)", self.action_switch_model
+        )
         yield SystemCommand("Models", "Catalog, Hugging Face search, downloads, local models (F4)", self.action_models)
         yield SystemCommand("Toggle dark/light", "Switch the theme (ctrl+t)", self.action_toggle_theme)
-        yield SystemCommand("Restart engine", "Start a fresh engine process and reload the model (F5)",
-                            self.action_restart_engine)
+        yield SystemCommand(
+            "Restart engine", "Start a fresh engine process and reload the model (F5)", self.action_restart_engine
+        )
         yield SystemCommand("Import conversation", "Import a JSON export", self.action_import_conversation)
         yield from self._feature_commands()
         chat = self.chat
@@ -672,26 +684,40 @@ class LlmtuiApp(LlmtuiShell):
             ("Search conversations", "Titles and messages (ctrl+f)", chat.action_search),
             ("Toggle conversation list", "Show or hide the sidebar (ctrl+b)", chat.action_toggle_sidebar),
             ("Go to messages", "Focus the last message (ctrl+up)", chat.action_focus_messages),
-            ("Toggle draft colouring", "Underline text from accepted draft tokens (F7)",
-             chat.action_toggle_draft_colouring),
+            (
+                "Toggle draft colouring",
+                "Underline text from accepted draft tokens (F7)",
+                chat.action_toggle_draft_colouring,
+            ),
         ):
             yield SystemCommand(title, help_text, callback)
 
     def _feature_commands(self) -> list[SystemCommand]:
         """Command-palette entries for speculation and steering."""
         return [
-            SystemCommand("Toggle speculative decoding", "Turn speculation on or off (F8)",
-                          self.action_toggle_speculation),
-            SystemCommand("Speculative decoding settings", "Type, draft model, n_max/n_min/p_min (F9)",
-                          self.action_speculative_panel),
-            SystemCommand("Speculative details", "Expand the meter: counts, acceptance by draft position, time, "
-                          "drafters (ctrl+o)", self.action_toggle_spec_details),
-            SystemCommand("Speculation check", "One prompt, greedy, without and with speculation: the same text? "
-                          "(ctrl+b in F9)", self.action_spec_check),
+            SystemCommand(
+                "Toggle speculative decoding", "Turn speculation on or off (F8)", self.action_toggle_speculation
+            ),
+            SystemCommand(
+                "Speculative decoding settings",
+                "Type, draft model, n_max/n_min/p_min (F9)",
+                self.action_speculative_panel,
+            ),
+            SystemCommand(
+                "Speculative details",
+                "Expand the meter: counts, acceptance by draft position, time, drafters (ctrl+o)",
+                self.action_toggle_spec_details,
+            ),
+            SystemCommand(
+                "Speculation check",
+                "One prompt, greedy, without and with speculation: the same text? (ctrl+b in F9)",
+                self.action_spec_check,
+            ),
             SystemCommand("Steering", "Control-vector sliders, layer range, heat strip (F6)", self.action_steering),
             SystemCommand("Make a control vector", "From a prompt set, on the loaded model", self.action_make_vector),
-            SystemCommand("Steering A/B", "One prompt without and with steering, side by side",
-                          self.action_steering_ab),
+            SystemCommand(
+                "Steering A/B", "One prompt without and with steering, side by side", self.action_steering_ab
+            ),
         ]
 
 

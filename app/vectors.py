@@ -34,8 +34,15 @@ def _vector_info(path: str, mtime: float) -> VectorInfo | str:
     meta = vector.metadata
     stem, prompt_set = Path(path).stem, meta.get("llmtui.prompt_set", "")
     name = prompt_set if prompt_set and stem.endswith(f"-{prompt_set}") else stem  # model-set.gguf: the set
-    return VectorInfo(path, name, vector.n_embd, tuple(vector.layers), meta.get("llmtui.positive", "+"),
-                      meta.get("llmtui.negative", "−"), meta.get("llmtui.model", vector.model_hint))
+    return VectorInfo(
+        path,
+        name,
+        vector.n_embd,
+        tuple(vector.layers),
+        meta.get("llmtui.positive", "+"),
+        meta.get("llmtui.negative", "−"),
+        meta.get("llmtui.model", vector.model_hint),
+    )
 
 
 _last_read: dict[str, VectorInfo | str] = {}

@@ -16,7 +16,12 @@ from llama_cpp import llama_cpp_ext
 C = llama_cpp
 ext = llama_cpp_ext
 __all__ = [
-    "C", "ext", "log_llama_to_stderr", "ExtensionUnavailable", "logits_address", "target_layer_ids",
+    "C",
+    "ext",
+    "log_llama_to_stderr",
+    "ExtensionUnavailable",
+    "logits_address",
+    "target_layer_ids",
     "missing_ext_functions",
 ]
 
@@ -208,8 +213,11 @@ def ggml_lib() -> ctypes.CDLL:
         fn.argtypes = [ctypes.c_void_p]
         fn.restype = ctypes.c_char_p
     # void ggml_backend_dev_memory(ggml_backend_dev_t, size_t * free, size_t * total);
-    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
     lib.ggml_backend_dev_memory.restype = None
     # enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t);
     lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]

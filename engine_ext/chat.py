@@ -558,9 +558,7 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # HF semantics: plain json.dumps, no HTML escaping, non-ASCII kept as is.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _finalize(value: Any) -> Any:
@@ -794,9 +792,7 @@ def render_chat(
     except MemoryError:
         raise ChatTemplateError("The chat template ran out of memory and was stopped.") from None
     except Exception as exc:  # anything else the untrusted template triggers
-        raise ChatTemplateError(
-            f"The chat template failed{_at_line(exc)}: {type(exc).__name__}: {exc}"
-        ) from None
+        raise ChatTemplateError(f"The chat template failed{_at_line(exc)}: {type(exc).__name__}: {exc}") from None
     finally:
         stream.close()
         _budget.reset(token)

@@ -103,9 +103,7 @@ class EngineClient:
         self.model_info = None
         mp = multiprocessing.get_context("spawn")
         parent, child = mp.Pipe(duplex=True)
-        process = mp.Process(
-            target=worker_main, args=(child, str(self.log_path)), name="llmtui-engine", daemon=True
-        )
+        process = mp.Process(target=worker_main, args=(child, str(self.log_path)), name="llmtui-engine", daemon=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         process.start()
         child.close()  # so the pipe reports EOF when the worker dies
@@ -194,8 +192,12 @@ class EngineClient:
         if process is not None:
             process.join(5.0)
             exit_code = process.exitcode
-        crashed = Crashed(exit_code, read_log_tail(self.log_path), str(self.log_path),
-                          self.hello.gpu_devices if self.hello is not None else 0)
+        crashed = Crashed(
+            exit_code,
+            read_log_tail(self.log_path),
+            str(self.log_path),
+            self.hello.gpu_devices if self.hello is not None else 0,
+        )
         self.crashed = crashed
         if self._conn is not None:
             self._conn.close()

@@ -78,8 +78,9 @@ def math_cores(cpus: Iterable[int], sysfs: Path = SYSFS) -> int | None:
     siblings: set[str] = set()
     for cpu in cpus:
         try:
-            siblings.add((sysfs / "devices/system/cpu" / f"cpu{cpu}" / "topology/thread_siblings_list").read_text()
-                         .strip())
+            siblings.add(
+                (sysfs / "devices/system/cpu" / f"cpu{cpu}" / "topology/thread_siblings_list").read_text().strip()
+            )
         except OSError:
             return None
     return len(siblings) or None
@@ -94,8 +95,10 @@ def cgroup_cpu_quota(sysfs: Path = SYSFS, proc: Path = PROC) -> int | None:
     root = sysfs / "fs/cgroup"
     limits: list[float] = []
     try:
-        own = next((line[3:].strip() for line in (proc / "self/cgroup").read_text().splitlines()
-                    if line.startswith("0::")), "/")
+        own = next(
+            (line[3:].strip() for line in (proc / "self/cgroup").read_text().splitlines() if line.startswith("0::")),
+            "/",
+        )
     except OSError:
         own = "/"
     folder = root / own.lstrip("/")
@@ -156,7 +159,6 @@ def _darwin_performance_cores() -> int | None:
     return None
 
 
-
 # ----- contention: how much of the CPUs the engine runs on other programs are using -----
 
 PROC_STAT_MAX_BYTES = 256 * 1024  # /proc/stat's cpu lines come first (about 100 bytes each); the rest is not read
@@ -185,8 +187,9 @@ class CpuLoad:
         and their use is more than `BUSY_MIN_CPUS` and more than `BUSY_MIN_SHARE` of the threads. A 2-CPU machine
         decoding on 2 threads is busy once others use 0.5 of a CPU; a 64-CPU one on 8 threads only past 56."""
         threads = self.threads or self.cpus
-        return (self.others > BUSY_MIN_CPUS and self.others > BUSY_MIN_SHARE * threads
-                and self.cpus - self.others < threads)
+        return (
+            self.others > BUSY_MIN_CPUS and self.others > BUSY_MIN_SHARE * threads and self.cpus - self.others < threads
+        )
 
 
 class CpuContention:
@@ -198,8 +201,9 @@ class CpuContention:
     an unreadable or garbled file, a pid that is new since the last sample: None (the next sample has a baseline).
     """
 
-    def __init__(self, cpus: Iterable[int] | None = None, *, proc: Path = PROC,
-                 read: Callable[[Path, int], str] = read_bounded) -> None:
+    def __init__(
+        self, cpus: Iterable[int] | None = None, *, proc: Path = PROC, read: Callable[[Path, int], str] = read_bounded
+    ) -> None:
         if cpus is None:
             cpus = _usable_cpus()
         self.cpus = frozenset(cpus) if cpus is not None else None  # None: the machine's total ("cpu " line)
@@ -250,6 +254,6 @@ class CpuContention:
         ours: dict[int, int] = {}
         for pid in set(pids):
             stat = self.read(self.proc / str(pid) / "stat", PID_STAT_MAX_BYTES)
-            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": comm may hold spaces and ')'
+            fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": comm may hold spaces and ')'
             ours[pid] = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
         return (busy, total, ours, n_cpus) if n_cpus else None

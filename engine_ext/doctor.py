@@ -105,8 +105,10 @@ def diagnose(*, repack: bool = True) -> DoctorReport:
     fixes = (("NVIDIA", "-DGGML_CUDA=on"), ("AMD (ROCm)", "-DGGML_HIP=on"), ("Apple Silicon", "-DGGML_METAL=on"))
     for gpu, flag in fixes:
         if gpu in gpus and not has_gpu_backend:
-            advice.append(f"a {gpu} GPU is present but this engine is built for the CPU only; rebuild it with: "
-                          + REINSTALL.format(flag=flag))
+            advice.append(
+                f"a {gpu} GPU is present but this engine is built for the CPU only; rebuild it with: "
+                + REINSTALL.format(flag=flag)
+            )
     if not has_gpu_backend and not gpus:
         advice.append("no GPU found: the engine runs on the CPU (-t sets its threads)")
 

@@ -124,8 +124,13 @@ class Session:
             self.anchors.append((text, tuple(tokens)))
             del self.anchors[:-MAX_CHECKPOINTS]
 
-    def _render(self, request: Generate, messages: Sequence[Mapping[str, str]],
-                cancelled: Callable[[], bool] | None = None, started_at: float | None = None) -> tuple[str, bool]:
+    def _render(
+        self,
+        request: Generate,
+        messages: Sequence[Mapping[str, str]],
+        cancelled: Callable[[], bool] | None = None,
+        started_at: float | None = None,
+    ) -> tuple[str, bool]:
         """The prompt's text, and whether it ends inside the answer of the reply being continued (cut right after
         its text as given: that reply goes on from there, leading space and all)."""
         continue_reply = request.continue_reply and bool(messages) and messages[-1]["role"] == "assistant"
@@ -177,8 +182,14 @@ class Session:
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
             text, continues = self._render(request, kept, cancelled, render_started)
-            plan = PromptPlan(self._tokens_for(text), text, dropped, prompt_opens_reasoning(text), chat=True,
-                              continues_answer=continues)
+            plan = PromptPlan(
+                self._tokens_for(text),
+                text,
+                dropped,
+                prompt_opens_reasoning(text),
+                chat=True,
+                continues_answer=continues,
+            )
         if len(plan.tokens) >= n_ctx:
             raise PromptTooLong(
                 f"the prompt is {len(plan.tokens)} tokens but the context holds {n_ctx}; "
@@ -246,9 +257,15 @@ class Session:
             if self.spec is not None:
                 self.spec.process(chunk, pos0)  # model drafters (MTP) read the target's hidden states
 
-    def evaluate_prompt(self, tokens: Sequence[int], *, split_last: bool = True, hold_last: bool = False,
-                        cancelled: Callable[[], bool] | None = None,
-                        progress: Callable[[int, int], None] | None = None) -> int:
+    def evaluate_prompt(
+        self,
+        tokens: Sequence[int],
+        *,
+        split_last: bool = True,
+        hold_last: bool = False,
+        cancelled: Callable[[], bool] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
         """Evaluate what the cache lacks, leaving logits for the last token; returns tokens reused.
 
         With `hold_last` the last token is left out: speculative decoding verifies it in its first batch, with
@@ -296,8 +313,13 @@ class Session:
             plan = self.plan(request, cancelled)
         except ChatTemplateCancelled:  # Esc while a slow template rendered: no reply, nothing read
             now = time.perf_counter()
-            return self._finish(request, PromptPlan([], None, 0, False, chat=True), 0, 0.0,
-                                _LoopResult("cancelled", 0, now, now, 0.0, None))
+            return self._finish(
+                request,
+                PromptPlan([], None, 0, False, chat=True),
+                0,
+                0.0,
+                _LoopResult("cancelled", 0, now, now, 0.0, None),
+            )
         sampler = Sampler(self.model, request.sampling)
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
@@ -305,8 +327,12 @@ class Session:
             t_prompt = time.perf_counter()
             try:
                 n_cached = self.evaluate_prompt(
-                    plan.tokens, split_last=plan.split_last, hold_last=spec is not None, cancelled=cancelled,
-                    progress=lambda done, total: emit(PromptProgress(request.request_id, done, total)))
+                    plan.tokens,
+                    split_last=plan.split_last,
+                    hold_last=spec is not None,
+                    cancelled=cancelled,
+                    progress=lambda done, total: emit(PromptProgress(request.request_id, done, total)),
+                )
             except PromptCancelled as stop:  # Esc while a long prompt was read: no reply, what was read is kept
                 now = time.perf_counter()
                 stopped = _LoopResult("cancelled", 0, now, now, 0.0, None)
@@ -621,8 +647,11 @@ class _ReplyStream:
         self.utf8 = Utf8StreamDecoder()
         self.stopper = StopStringMatcher(list(request.stop))
         self.has_stops = any(request.stop)
-        self.splitter = (ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning,
-                                           starts_in_answer=plan.continues_answer) if plan.chat else None)
+        self.splitter = (
+            ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning, starts_in_answer=plan.continues_answer)
+            if plan.chat
+            else None
+        )
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.ids: list[int] = []
@@ -726,7 +755,11 @@ class _ReplyStream:
         if self.ids or self.text or self.reasoning:
             self.emit(
                 TokenChunk(
-                    self.request_id, "".join(self.text), "".join(self.reasoning), tuple(self.ids), tuple(self.sources),
+                    self.request_id,
+                    "".join(self.text),
+                    "".join(self.reasoning),
+                    tuple(self.ids),
+                    tuple(self.sources),
                     tuple(self.text_ends),
                 )
             )

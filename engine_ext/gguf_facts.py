@@ -501,8 +501,11 @@ def read_chat_template(path: Path, name: str | None = None) -> str | None:
         return None
     start, end = span
     if end - start > _MAX_TEMPLATE:
-        raise _fail(path, f"{key} is {end - start} bytes long (at most {_MAX_TEMPLATE >> 20} MiB is read)",
-                    "the chat template is not usable; re-download or re-convert the model")
+        raise _fail(
+            path,
+            f"{key} is {end - start} bytes long (at most {_MAX_TEMPLATE >> 20} MiB is read)",
+            "the chat template is not usable; re-download or re-convert the model",
+        )
     try:
         with _open_source(path) as src:
             return src.read(start, end - start).decode("utf-8", errors="replace")

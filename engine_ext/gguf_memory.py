@@ -118,7 +118,12 @@ def estimate_memory(
     return _guarded(
         info.path,
         lambda: _estimate_memory(
-            info, n_ctx, kv_type_bytes=kv_type_bytes, n_seq=n_seq, n_rs_seq=n_rs_seq, n_ubatch=n_ubatch,
+            info,
+            n_ctx,
+            kv_type_bytes=kv_type_bytes,
+            n_seq=n_seq,
+            n_rs_seq=n_rs_seq,
+            n_ubatch=n_ubatch,
             flash_attn=flash_attn,
         ),
     )

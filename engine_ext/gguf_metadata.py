@@ -77,9 +77,7 @@ class _Metadata:
             raise _fail(path, f"{key} is {value} (must be {low} to {high})", _HINT_METADATA)
         return int(value)
 
-    def check_int_or_layers(
-        self, key: str, path: Path | str, high: int, n_layers: int | None
-    ) -> None:
+    def check_int_or_layers(self, key: str, path: Path | str, high: int, n_layers: int | None) -> None:
         """An integer, or an array of integers with one entry per block, each in [0, high]."""
         entry = self.entries.get(key)
         if entry is None or entry.vtype != int(_VT.ARRAY):
@@ -89,7 +87,8 @@ class _Metadata:
         if entry.count != n_max and (n_layers is not None or entry.count > n_max):
             want = f"block_count is {n_layers}" if n_layers is not None else f"at most {_MAX_LAYERS} are allowed"
             raise _fail(
-                path, f"{key} has {entry.count} entries but {want} (wrong array length)",
+                path,
+                f"{key} has {entry.count} entries but {want} (wrong array length)",
                 _HINT_METADATA,
             )
         values = entry.value if isinstance(entry.value, list) else []

@@ -232,8 +232,17 @@ def _some(items: Sequence[str], n: int = 3) -> str:
 
 _T = TypeVar("_T")
 _UNEXPECTED = (
-    ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, ZeroDivisionError, MemoryError,
-    RecursionError, UnicodeError, struct.error,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    ZeroDivisionError,
+    MemoryError,
+    RecursionError,
+    UnicodeError,
+    struct.error,
 )
 
 
@@ -294,8 +303,9 @@ class _Parser:
             return None
         if max_len is not None:  # a key or a tensor name: always kept, so the header's total is capped
             if self.kept + n > 2 * _KEEP_STRINGS_TOTAL:
-                raise _fail(self.path, f"the header's keys and names pass {2 * _KEEP_STRINGS_TOTAL >> 20} MiB",
-                            _HINT_CORRUPT)
+                raise _fail(
+                    self.path, f"the header's keys and names pass {2 * _KEEP_STRINGS_TOTAL >> 20} MiB", _HINT_CORRUPT
+                )
         elif not self.keep_strings and (n > _KEEP_STRING or self.kept + n > _KEEP_STRINGS_TOTAL):
             return None
         self.kept += n

@@ -44,8 +44,11 @@ def validate_main_model(path: Path) -> None:
         if has_nextn and not any(t.name == "blk.0.attn_norm.weight" for t in header.tensors):
             what = "an mtp- sidecar (another model's MTP head)"
     if what is not None:
-        raise _fail(path, f"{what}, not a model to chat with",
-                    "open the model it belongs to (its drafts are paired automatically)")
+        raise _fail(
+            path,
+            f"{what}, not a model to chat with",
+            "open the model it belongs to (its drafts are paired automatically)",
+        )
     _check_runnable(path, header)
 
 
@@ -139,13 +142,19 @@ def _check_experts(path: Path | str, meta: _Metadata) -> None:
         raise _refuse(path, f"{arch}.expert_used_count {used_max} exceeds expert_count {n_expert}")
     if n_expert > 0:
         if used_max == 0:
-            raise _refuse(path, f"{arch}.expert_count is {n_expert} but expert_used_count is 0 or missing "
-                                "(an MoE model must route to at least one expert)")
+            raise _refuse(
+                path,
+                f"{arch}.expert_count is {n_expert} but expert_used_count is 0 or missing "
+                "(an MoE model must route to at least one expert)",
+            )
         if groups >= n_expert:
             raise _refuse(path, f"{arch}.expert_group_count {groups} must be below expert_count {n_expert}")
         if groups > 1 and (n_expert % groups or not 0 < group_used < groups):
-            raise _refuse(path, f"{arch}.expert_group_count {groups} must divide expert_count {n_expert} and "
-                                f"expert_group_used_count ({group_used}) must be 1 to {groups - 1}")
+            raise _refuse(
+                path,
+                f"{arch}.expert_group_count {groups} must divide expert_count {n_expert} and "
+                f"expert_group_used_count ({group_used}) must be 1 to {groups - 1}",
+            )
     elif groups:
         raise _refuse(path, f"{arch}.expert_group_count is {groups} but the model has no experts")
     if arch in _NEMOTRON_ARCHS and n_expert > 0 and block_count:
@@ -156,8 +165,11 @@ def _check_experts(path: Path | str, meta: _Metadata) -> None:
         used_l = _per_layer(used, block_count)
         for il in range(block_count - (meta.arch_int("nextn_predict_layers") or 0)):
             if n_ff[il] and not ff_exp[il] and not used_l[il]:
-                raise _refuse(path, f"{arch}.feed_forward_length is {n_ff[il]} at layer {il} (an MoE layer) but "
-                                    f"expert_used_count and expert_feed_forward_length are 0 there (divides by 0)")
+                raise _refuse(
+                    path,
+                    f"{arch}.feed_forward_length is {n_ff[il]} at layer {il} (an MoE layer) but "
+                    f"expert_used_count and expert_feed_forward_length are 0 there (divides by 0)",
+                )
 
 
 def _check_attention(path: Path | str, meta: _Metadata) -> None:
@@ -176,8 +188,9 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
         known = ", ".join(_ROPE_SCALING_TYPES)
         raise _refuse(path, f"{arch}.rope.scaling.type {scaling!r} is unknown (one of {known})")
     block_count = meta.arch_int("block_count")
-    heads = _per_layer(meta.arch_int_or_layers("attention.head_count"),
-                       _MAX_LAYERS if block_count is None else int(block_count or 0))
+    heads = _per_layer(
+        meta.arch_int_or_layers("attention.head_count"), _MAX_LAYERS if block_count is None else int(block_count or 0)
+    )
     heads_kv_raw = meta.arch_int_or_layers("attention.head_count_kv")
     heads_kv = heads if heads_kv_raw is None else _per_layer(heads_kv_raw, len(heads))
     # Grouped-query attention broadcasts K/V over the heads (ggml_mul_mat asserts it): checked for the model-wide
@@ -195,8 +208,9 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
     if arch in _MROPE_ARCHS and isinstance(sections, tuple):  # ggml-cpu/ops.cpp:6232, an int32 sum as in C
         total = sum(_int32(v) for v in sections[:4])
         if _int32(total) > head_k:
-            raise _refuse(path, f"{arch}.rope.dimension_sections {list(sections[:4])} add up to more than the head "
-                                f"size {head_k}")
+            raise _refuse(
+                path, f"{arch}.rope.dimension_sections {list(sections[:4])} add up to more than the head size {head_k}"
+            )
     if arch in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
         raise _refuse(path, f"{arch}.attention.key_length {head_k} must equal value_length {head_v} for {arch}")
     if n_rot is None or arch in _NO_ROPE_ARCHS:
@@ -228,8 +242,9 @@ def _check_recurrent(path: Path | str, meta: _Metadata) -> None:
     if inner is None or state is None or rank is None:
         return  # llama.cpp refuses a missing key itself
     if rank == 0 or inner != state * rank:
-        raise _refuse(path, f"{arch}.ssm.inner_size {inner} must equal ssm.state_size × ssm.time_step_rank "
-                            f"({state} × {rank})")
+        raise _refuse(
+            path, f"{arch}.ssm.inner_size {inner} must equal ssm.state_size × ssm.time_step_rank ({state} × {rank})"
+        )
 
 
 def _check_kv_heads(path: Path | str, meta: _Metadata, header: _Header) -> None:
@@ -249,8 +264,11 @@ def _check_kv_heads(path: Path | str, meta: _Metadata, header: _Header) -> None:
     for il, hkv in enumerate(kv_heads):
         width = widths.get(f"blk.{il}.attn_k.weight")
         if width is not None and width != head_k * hkv:
-            raise _refuse(path, f"{arch}.attention.head_count_kv is {hkv} at layer {il} but blk.{il}.attn_k.weight "
-                                f"has {width} rows ({width // head_k if head_k else '?'} heads of {head_k})")
+            raise _refuse(
+                path,
+                f"{arch}.attention.head_count_kv is {hkv} at layer {il} but blk.{il}.attn_k.weight "
+                f"has {width} rows ({width // head_k if head_k else '?'} heads of {head_k})",
+            )
 
 
 def _check_tensor_types(path: Path | str, header: _Header) -> None:
@@ -258,12 +276,18 @@ def _check_tensor_types(path: Path | str, header: _Header) -> None:
     for t in header.tensors:
         # ggml-cpu binary ops and matmuls abort or crash on them; only a draft's d2t token map is I64 (eagle3.cpp:312)
         if t.type_id in _INTEGER_TENSOR_TYPES and not t.name.endswith(("d2t", "t2d")):
-            raise _refuse(path, f"tensor {t.name!r} has the integer type {_INTEGER_TENSOR_TYPES[t.type_id]}, "
-                                "which no model weight uses")
+            raise _refuse(
+                path,
+                f"tensor {t.name!r} has the integer type {_INTEGER_TENSOR_TYPES[t.type_id]}, "
+                "which no model weight uses",
+            )
         start = header.data_offset + t.offset
         if start % _TENSOR_ALIGNMENT:  # ggml-backend.cpp:2527, the mapped weights must be 32-byte aligned
-            raise _refuse(path, f"tensor {t.name!r} data starts at file offset {start}, not a multiple of "
-                                f"{_TENSOR_ALIGNMENT} (general.alignment is {header.alignment})")
+            raise _refuse(
+                path,
+                f"tensor {t.name!r} data starts at file offset {start}, not a multiple of "
+                f"{_TENSOR_ALIGNMENT} (general.alignment is {header.alignment})",
+            )
 
 
 def _check_tokens(path: Path | str, header: _Header) -> None:
@@ -293,8 +317,11 @@ def _check_tokens(path: Path | str, header: _Header) -> None:
         # the C API, which terminates the process on the first such character typed.
         missing = [b for b in range(256) if b"<0x%02X>" % b not in seen and bytes([b]) not in seen]
         if missing:
-            raise _refuse(path, f"tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no byte "
-                                f"token for {len(missing)} of the 256 bytes (first <0x{missing[0]:02X}>)")
+            raise _refuse(
+                path,
+                f"tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no byte "
+                f"token for {len(missing)} of the 256 bytes (first <0x{missing[0]:02X}>)",
+            )
 
 
 # (key suffix, largest value, may be a per-layer array) for every count or size inspection reads

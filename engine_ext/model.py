@@ -24,7 +24,15 @@ from engine_ext.params import (
 
 # ggml type ids of the KV cache types (ggml/include/ggml.h, enum ggml_type).
 _GGML_TYPES: dict[str, int] = {
-    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30,
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "q8_0": 8,
+    "iq4_nl": 20,
+    "bf16": 30,
 }
 assert set(_GGML_TYPES) == set(KV_CACHE_TYPES)
 
@@ -369,9 +377,7 @@ class Context:
         self.one_output = True
         rc = C.llama_decode(handle, batch)
         if rc != 0:
-            raise ContextError(
-                "the context is full" if rc == 1 else f"llama_decode failed with code {rc}"
-            )
+            raise ContextError("the context is full" if rc == 1 else f"llama_decode failed with code {rc}")
 
     # ----- memory -----------------------------------------------------------------------------------
 

@@ -94,9 +94,7 @@ class ContextParams:
             raise ContextError("thread counts must be positive (0 picks the default)")
         for name in (self.type_k, self.type_v):
             if name not in KV_CACHE_TYPES:
-                raise ContextError(
-                    f"unknown KV cache type {name!r}; use one of {', '.join(sorted(KV_CACHE_TYPES))}"
-                )
+                raise ContextError(f"unknown KV cache type {name!r}; use one of {', '.join(sorted(KV_CACHE_TYPES))}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise ContextError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
         if self.type_v != "f16" and self.type_v != "f32" and self.flash_attn == "off":
@@ -199,7 +197,9 @@ class SteeringEntry:
 
     def validate(self) -> None:
         if not -MAX_STEERING_STRENGTH <= self.strength <= MAX_STEERING_STRENGTH:  # also refuses NaN
-            raise EngineError(f"steering strength must be a number from -{MAX_STEERING_STRENGTH:g} to "
-                              f"{MAX_STEERING_STRENGTH:g}, not {self.strength}")
+            raise EngineError(
+                f"steering strength must be a number from -{MAX_STEERING_STRENGTH:g} to "
+                f"{MAX_STEERING_STRENGTH:g}, not {self.strength}"
+            )
         if self.layer_start < 0 or self.layer_end < 0 or (self.layer_end and self.layer_end < self.layer_start):
             raise EngineError(f"invalid steering layer range {self.layer_start}..{self.layer_end}")

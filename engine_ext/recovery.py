@@ -37,8 +37,10 @@ def repack_retry(model: ModelParams, extra_bufts: tuple[str, ...]) -> ModelParam
 def retry_notice(extra_bufts: tuple[str, ...], keep_off: str) -> str:
     """The one line said when the engine is restarted without repacking; `keep_off` says how to make it permanent."""
     kinds = ", ".join(extra_bufts) or "repack"
-    return (f"The engine crashed natively with CPU weight repacking on ({kinds}); restarted without it "
-            f"(--no-repack). {keep_off}")
+    return (
+        f"The engine crashed natively with CPU weight repacking on ({kinds}); restarted without it "
+        f"(--no-repack). {keep_off}"
+    )
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,21 @@ def fallbacks(model: ModelParams, context: ContextParams, n_threads: int, gpu_de
         found.append(Fallback("no-repack", "no CPU weight repacking", "--no-repack", "use_extra_bufts", False))
     if n_threads > 1:
         fewer = max(1, n_threads // 2)
-        found.append(Fallback("threads", f"{fewer} thread{'s' if fewer > 1 else ''} instead of {n_threads}",
-                              f"-t {fewer}", "n_threads", fewer))
+        found.append(
+            Fallback(
+                "threads",
+                f"{fewer} thread{'s' if fewer > 1 else ''} instead of {n_threads}",
+                f"-t {fewer}",
+                "n_threads",
+                fewer,
+            )
+        )
     if model.use_mmap:
         found.append(Fallback("no-mmap", "the model read into memory, not mapped", "--no-mmap", "use_mmap", False))
     if model.n_gpu_layers != 0 and (gpu_devices > 0 or model.rpc_servers):
         found.append(Fallback("cpu-only", "CPU only, no GPU offload", "-ngl 0", "n_gpu_layers", 0))
     if context.n_ctx == 0 or context.n_ctx > SMALL_CONTEXT:
-        found.append(Fallback("small-context", f"a {SMALL_CONTEXT}-token context", f"-c {SMALL_CONTEXT}", "n_ctx",
-                              SMALL_CONTEXT))
+        found.append(
+            Fallback("small-context", f"a {SMALL_CONTEXT}-token context", f"-c {SMALL_CONTEXT}", "n_ctx", SMALL_CONTEXT)
+        )
     return tuple(found)

@@ -50,8 +50,9 @@ def serve_rpc(endpoint: str, n_threads: int, cache_dir: str | None = None) -> No
     C.llama_backend_init()
     # void ggml_backend_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads,
     #                                    size_t n_devices, ggml_backend_dev_t * devices);
-    start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                             ctypes.POINTER(ctypes.c_void_p))(_rpc_proc("ggml_backend_rpc_start_server"))
+    start = ctypes.CFUNCTYPE(
+        None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)
+    )(_rpc_proc("ggml_backend_rpc_start_server"))
     cpu = ggml_lib().ggml_backend_dev_by_type(0)
     devices = (ctypes.c_void_p * 1)(cpu)
     start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, 1, devices)

@@ -67,9 +67,7 @@ class Sampler:
         chain: Any = C.llama_sampler_chain_init(chain_params)
         self._chain: Any = chain
         add = C.llama_sampler_chain_add
-        penalized = (
-            params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-        )
+        penalized = params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         if penalized and params.repeat_last_n != 0:
             add(
                 chain,
@@ -102,8 +100,9 @@ class Sampler:
                 return _backend_token(ctx, idx)
             # After a one-output decode the last row is the buffer's first: its address read as an int costs no
             # pointer object and cast (tens of µs right after a decode has cooled the caches).
-            ptr = (logits_address(ctx.handle) if idx == -1 and ctx.one_output
-                   else C.llama_get_logits_ith(ctx.handle, idx))
+            ptr = (
+                logits_address(ctx.handle) if idx == -1 and ctx.one_output else C.llama_get_logits_ith(ctx.handle, idx)
+            )
             if ptr:
                 return int(self._logits(ptr, 1)[0].argmax())
         return int(C.llama_sampler_sample(self._chain, ctx.handle, idx))

@@ -91,7 +91,7 @@ def _entry(raw: dict[str, Any], where: str) -> CatalogEntry:
     where = f"{where} ({model_id})"
     repos = need("repos", list)
     if not repos or not all(isinstance(r, str) and r.count("/") == 1 for r in repos):
-        raise CatalogError(f"{where}: `repos` must list repositories as \"org/name\"")
+        raise CatalogError(f'{where}: `repos` must list repositories as "org/name"')
     params = need("params_b", list)
     if len(params) != 2 or not all(isinstance(p, int | float) and p > 0 for p in params):
         raise CatalogError(f"{where}: `params_b` must be [total, active] in billions")
@@ -105,7 +105,7 @@ def _entry(raw: dict[str, Any], where: str) -> CatalogEntry:
     try:
         tiers = tuple(sorted((int(k), str(v)) for k, v in quants.items()))
     except (AttributeError, ValueError):
-        raise CatalogError(f"{where}: `quants` keys must be memory sizes in GiB, e.g. \"16\" = \"Q4_K_M\"") from None
+        raise CatalogError(f'{where}: `quants` keys must be memory sizes in GiB, e.g. "16" = "Q4_K_M"') from None
     return CatalogEntry(
         id=model_id,
         name=need("name", str),

@@ -459,9 +459,12 @@ class _Fetch:
                             f"at byte {self.offset} of {self.file.size}. The partial file is kept: pull again to "
                             "resume"
                         ) from None
-                    delay = 0.0 if failures == 0 else min(
-                        self.opts.backoff_max, self.opts.backoff_base * 2 ** (failures - 1)
-                    ) * random.uniform(0.5, 1.0)
+                    delay = (
+                        0.0
+                        if failures == 0
+                        else min(self.opts.backoff_max, self.opts.backoff_base * 2 ** (failures - 1))
+                        * random.uniform(0.5, 1.0)
+                    )
                     asked = getattr(exc, "retry_after", None)
                     if asked is not None:  # the server's Retry-After, within our own backoff's ceiling
                         delay = max(delay, min(float(asked), self.opts.backoff_max))
@@ -475,8 +478,14 @@ class _Fetch:
     def attempt(self, fd: int) -> None:
         """One request from the current offset to the end (or until the connection breaks)."""
         extra = {"Range": f"bytes={self.offset}-"} if self.offset else {}
-        resp = open_url(self.file.url, headers=hub_headers(extra), timeout=self.opts.stall_timeout,
-                        time_limit=2 * self.opts.stall_timeout, stream=True, what=self.file.path)
+        resp = open_url(
+            self.file.url,
+            headers=hub_headers(extra),
+            timeout=self.opts.stall_timeout,
+            time_limit=2 * self.opts.stall_timeout,
+            stream=True,
+            what=self.file.path,
+        )
         self.control.attach(resp)
         try:
             if resp.status == 416:

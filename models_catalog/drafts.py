@@ -132,12 +132,15 @@ def draft_candidates(
     listed = _catalog_entry(model, models, catalog)
     if listed is not None:
         for draft_repo in dict.fromkeys(listed[1].drafts.values()):
-            files = [p for m in models if (m.repo_id or "").lower() == draft_repo.lower()
-                     for p in (m.path, *m.sidecars.values())]
+            files = [
+                p
+                for m in models
+                if (m.repo_id or "").lower() == draft_repo.lower()
+                for p in (m.path, *m.sidecars.values())
+            ]
             found += consider(files, f"paired draft repo {draft_repo}", SIDECAR_ORDER + ("model",))
     if same_vocabulary:
-        smaller = consider((m.path for m in models if m.complete and m.problem is None), "same vocabulary",
-                           ("model",))
+        smaller = consider((m.path for m in models if m.complete and m.problem is None), "same vocabulary", ("model",))
         found += sorted(smaller, key=lambda c: c.size)
     return found
 
@@ -159,4 +162,3 @@ def missing_drafts(
     for kind, repo in catalog_entry.drafts.items():
         wanted.setdefault("dflash" if kind == "dflash2" else kind, repo)
     return [(kind, repo) for kind, repo in wanted.items() if kind not in have]
-

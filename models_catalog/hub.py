@@ -174,33 +174,41 @@ def _get_json(url: str, what: str, repo_id: str = "", time_limit: float | None =
             if code == "RevisionNotFound":
                 raise RepoNotFound(f"{repo_id}: the revision asked for does not exist")
             if code in ("RepoNotFound", ""):
-                raise RepoNotFound(f"{repo_id}: no such model on {hfcache.endpoint()}; check the name (private "
-                                   "repos need HF_TOKEN)")
+                raise RepoNotFound(
+                    f"{repo_id}: no such model on {hfcache.endpoint()}; check the name (private repos need HF_TOKEN)"
+                )
         raise_for_status(resp, repo_id, what)
         if resp.status != 200:
-            raise HubError(f"{resp.server} returned {resp.status} {resp.reason} for {what}, not an answer; is "
-                           f"{hfcache.endpoint()} a Hugging Face hub?")
+            raise HubError(
+                f"{resp.server} returned {resp.status} {resp.reason} for {what}, not an answer; is "
+                f"{hfcache.endpoint()} a Hugging Face hub?"
+            )
         body = resp.read_body(transport.LIMITS.max_json_bytes, what)
         link = resp.header("Link")
         server = resp.server
     finally:
         resp.close()
     if transport.json_items(body) > transport.LIMITS.max_json_items:
-        raise HubError(f"{server} sent more than {transport.LIMITS.max_json_items:,} JSON values for {what}; "
-                       "stopped before reading them")
+        raise HubError(
+            f"{server} sent more than {transport.LIMITS.max_json_items:,} JSON values for {what}; "
+            "stopped before reading them"
+        )
     try:
         value = json.loads(body)
     except (ValueError, RecursionError) as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-        raise HubError(f"{server} sent invalid JSON for {what} ({reason}); is {hfcache.endpoint()} a Hugging Face "
-                       "hub?") from None
+        raise HubError(
+            f"{server} sent invalid JSON for {what} ({reason}); is {hfcache.endpoint()} a Hugging Face hub?"
+        ) from None
     found = _LINK_NEXT.search((link or "")[:8192])
     return value, urljoin(url, found.group(1)) if found else None
 
 
 def _shape_error(what: str, detail: str) -> HubError:
-    return HubError(f"the Hub at {hfcache.endpoint()} sent {what} that is not what the Hub sends ({detail}); "
-                    "llmtui stopped reading it")
+    return HubError(
+        f"the Hub at {hfcache.endpoint()} sent {what} that is not what the Hub sends ({detail}); "
+        "llmtui stopped reading it"
+    )
 
 
 def _str(value: Any) -> str | None:
@@ -290,16 +298,20 @@ def list_repo(repo_id: str, revision: str = "main") -> RepoListing:
         raise _shape_error(f"the info of {repo_id}", f"a {type(info).__name__}, not an object")
     commit = _str(info.get("sha")) or revision
     if not hfcache.is_commit(commit):
-        raise HubError(f"{repo_id}: the server named its commit {commit[:80]!r}, not a commit id; is "
-                       f"{endpoint} a Hugging Face hub?")
+        raise HubError(
+            f"{repo_id}: the server named its commit {commit[:80]!r}, not a commit id; is "
+            f"{endpoint} a Hugging Face hub?"
+        )
     what = f"the listing of {repo_id}"
     files: list[RemoteFile] = []
     url: str | None = f"{endpoint}/api/models/{repo_id}/tree/{commit}?recursive=true&expand=false"
     pages = 0
     while url is not None:
         left = deadline - time.monotonic()
-        too_slow = HubError(f"{transport.server_name(url)} took longer than the {limits.listing_s:g} s limit to "
-                            f"send {what} ({len(files)} files in {pages} pages); stopped reading")
+        too_slow = HubError(
+            f"{transport.server_name(url)} took longer than the {limits.listing_s:g} s limit to "
+            f"send {what} ({len(files)} files in {pages} pages); stopped reading"
+        )
         if left <= 0:
             raise too_slow
         try:
@@ -320,8 +332,10 @@ def list_repo(repo_id: str, revision: str = "main") -> RepoListing:
             path, size, blob_id, sha256 = entry
             if not hfcache.safe_repo_path(path) or not hfcache.is_oid(sha256 or blob_id):
                 # A file named "../../x" (or a blob id that is not one) would be written outside the cache.
-                raise HubError(f"{repo_id}: lists a file with an unsafe name or id ({path[:80]!r}); llmtui "
-                               "does not download from it")
+                raise HubError(
+                    f"{repo_id}: lists a file with an unsafe name or id ({path[:80]!r}); llmtui "
+                    "does not download from it"
+                )
             files.append(
                 RemoteFile(
                     repo_id=repo_id,
@@ -405,4 +419,3 @@ def model_card(repo_id: str, revision: str = "main") -> str:
 def pick_files(listing: RepoListing, tag: str, sidecars: Sequence[str] = ()) -> pairing.DownloadPlan | None:
     """llama.cpp's plan for `repo:TAG` (+ sidecars) over this listing, in the Hub's listing order."""
     return pairing.plan_download(listing.repo_id, tag, listing.paths, sidecars)
-

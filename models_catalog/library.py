@@ -184,8 +184,9 @@ class Library:
                         if sib is not None:
                             sidecars[kind] = snapshot / sib
                     out.append(
-                        self._model(name, snapshot / rel, source, repo_id, info.tag, files, info.count, sidecars,
-                                    usage, inspect)
+                        self._model(
+                            name, snapshot / rel, source, repo_id, info.tag, files, info.count, sidecars, usage, inspect
+                        )
                     )
         return out
 
@@ -205,8 +206,18 @@ class Library:
                 files = tuple(directory / p for p in pairing.split_files(ggufs, n))
                 rel = (directory / n).relative_to(folder).as_posix()
                 out.append(
-                    self._model(rel, directory / n, str(folder), None, info.tag, files, info.count, dict(sidecars),
-                                usage, inspect)
+                    self._model(
+                        rel,
+                        directory / n,
+                        str(folder),
+                        None,
+                        info.tag,
+                        files,
+                        info.count,
+                        dict(sidecars),
+                        usage,
+                        inspect,
+                    )
                 )
         return out
 
@@ -281,8 +292,9 @@ class Library:
                         st = path.stat()
                     except OSError:
                         continue
-                    out.append(PartialDownload(path, repo_id, oid, st.st_size, st.st_mtime, tool,
-                                               _locked(rc.lock(oid))))
+                    out.append(
+                        PartialDownload(path, repo_id, oid, st.st_size, st.st_mtime, tool, _locked(rc.lock(oid)))
+                    )
         return out
 
     def clean_partials(self, partials: Sequence[PartialDownload] | None = None) -> int:

@@ -178,24 +178,29 @@ class Response:
         except (OSError, http.client.HTTPException) as exc:
             self._check_time(what)
             if isinstance(exc, TimeoutError):
-                raise TransientHTTPError(f"{self.server} sent no data for {self.timeout:g} s while sending {what}; "
-                                         "stopped waiting") from None
-            raise TransientHTTPError(f"{self.server} broke the connection while sending {what} "
-                                     f"({type(exc).__name__}); try again") from None
+                raise TransientHTTPError(
+                    f"{self.server} sent no data for {self.timeout:g} s while sending {what}; stopped waiting"
+                ) from None
+            raise TransientHTTPError(
+                f"{self.server} broke the connection while sending {what} ({type(exc).__name__}); try again"
+            ) from None
         self._check_time(what)
         return b"".join(parts), False
 
     def _check_time(self, what: str) -> None:
         if self._watchdog is not None and self._watchdog.fired:
-            raise TransientHTTPError(f"{self.server} took longer than the {self._watchdog.seconds:g} s limit to "
-                                     f"send {what}; stopped reading")
+            raise TransientHTTPError(
+                f"{self.server} took longer than the {self._watchdog.seconds:g} s limit to send {what}; stopped reading"
+            )
 
     def _check_length(self, data: bytes, what: str) -> None:
         """A body that ended (the server closed) short of the Content-Length it announced is an error."""
         announced = (self.header("Content-Length") or "").strip()
         if announced.isdigit() and int(announced[:20]) > len(data):
-            raise TransientHTTPError(f"{self.server} closed the connection after {len(data)} of the "
-                                     f"{announced[:20]} bytes it announced for {what}; try again")
+            raise TransientHTTPError(
+                f"{self.server} closed the connection after {len(data)} of the "
+                f"{announced[:20]} bytes it announced for {what}; try again"
+            )
 
     def read_all(self, limit: int, what: str = "") -> bytes:
         """The body, up to `limit` bytes (the rest is not read), within the exchange's time limit; an error when
@@ -204,8 +209,10 @@ class Response:
         cap = min(limit, LIMITS.max_read_bytes)
         data, more = self._read_up_to(cap, what)
         if more and cap < limit:
-            raise HubError(f"{self.server} sent more than {format_size(cap)} for {what} in one read; stopped "
-                           "reading (is the file what its listing says?)")
+            raise HubError(
+                f"{self.server} sent more than {format_size(cap)} for {what} in one read; stopped "
+                "reading (is the file what its listing says?)"
+            )
         if not more and len(data) < limit:
             self._check_length(data, what)
         return data
@@ -306,15 +313,26 @@ def open_url(
                 continue
             if stream:
                 watchdog.cancel()
-            response = Response(resp.status, resp.headers, url, conn, resp, timeout,
-                                None if stream else watchdog, (resp.reason or "")[:60], what)
+            response = Response(
+                resp.status,
+                resp.headers,
+                url,
+                conn,
+                resp,
+                timeout,
+                None if stream else watchdog,
+                (resp.reason or "")[:60],
+                what,
+            )
             return response
     except BaseException:
         watchdog.cancel()
         raise
     watchdog.cancel()
-    raise HubError(f"{server_name(url)} redirected more than {MAX_REDIRECTS} times for {what} (a redirect loop?); "
-                   "stopped following")
+    raise HubError(
+        f"{server_name(url)} redirected more than {MAX_REDIRECTS} times for {what} (a redirect loop?); "
+        "stopped following"
+    )
 
 
 def _what(url: str) -> str:
@@ -329,17 +347,19 @@ def _request_error(url: str, what: str, exc: BaseException, timeout: float, watc
     """One line for a request that got no usable response."""
     server = server_name(url)
     if watchdog.fired:
-        return TransientHTTPError(f"{server} did not answer {what} within the {watchdog.seconds:g} s limit "
-                                  "(headers too slow); stopped waiting")
+        return TransientHTTPError(
+            f"{server} did not answer {what} within the {watchdog.seconds:g} s limit "
+            "(headers too slow); stopped waiting"
+        )
     if isinstance(exc, http.client.LineTooLong):
-        return HubError(f"{server} sent a response header line longer than {MAX_HEADER_LINE // 1024} KiB "
-                        f"for {what}; stopped reading")
+        return HubError(
+            f"{server} sent a response header line longer than {MAX_HEADER_LINE // 1024} KiB "
+            f"for {what}; stopped reading"
+        )
     if isinstance(exc, http.client.HTTPException) and "got more than" in str(exc):
-        return HubError(f"{server} sent more than {MAX_HEADERS} response headers for {what}; "
-                        "stopped reading")
+        return HubError(f"{server} sent more than {MAX_HEADERS} response headers for {what}; stopped reading")
     if isinstance(exc, TimeoutError):
-        return TransientHTTPError(f"{server} sent nothing for {timeout:g} s when asked for {what}; check the "
-                                  "network")
+        return TransientHTTPError(f"{server} sent nothing for {timeout:g} s when asked for {what}; check the network")
     detail = " ".join(str(exc).split())[:120] or type(exc).__name__
     return TransientHTTPError(f"cannot reach {server} for {what}: {detail}; check the network")
 

@@ -35,8 +35,7 @@ def rendered(model_path: Path, text: str) -> str:
     from engine_ext.chat import render_chat
     from engine_ext.gguf_info import read_chat_template
 
-    return render_chat(read_chat_template(model_path), [{"role": "user", "content": text}], bos_token="",
-                       eos_token="")
+    return render_chat(read_chat_template(model_path), [{"role": "user", "content": text}], bos_token="", eos_token="")
 
 
 def main() -> int:
@@ -60,10 +59,38 @@ def main() -> int:
     (work / "pos.txt").write_text("\n".join(rendered(model, p).translate(escape) for p, _ in pairs) + "\n")
     (work / "neg.txt").write_text("\n".join(rendered(model, n).translate(escape) for _, n in pairs) + "\n")
     (work / "set.json").write_text(json.dumps({"name": "bench32", "pairs": pairs}))
-    upstream_cmd = [str(TOOL), "-m", str(model), "-t", str(args.threads), "--positive-file", str(work / "pos.txt"),
-                    "--negative-file", str(work / "neg.txt"), "--method", args.method, "-o", str(work / "up.gguf")]
-    ours_cmd = [sys.executable, "-m", "app", "steer", "make", "-m", str(model), "--prompts", str(work / "set.json"),
-                "--method", args.method, "-t", str(args.threads), "-o", str(work / "ours.gguf")]
+    upstream_cmd = [
+        str(TOOL),
+        "-m",
+        str(model),
+        "-t",
+        str(args.threads),
+        "--positive-file",
+        str(work / "pos.txt"),
+        "--negative-file",
+        str(work / "neg.txt"),
+        "--method",
+        args.method,
+        "-o",
+        str(work / "up.gguf"),
+    ]
+    ours_cmd = [
+        sys.executable,
+        "-m",
+        "app",
+        "steer",
+        "make",
+        "-m",
+        str(model),
+        "--prompts",
+        str(work / "set.json"),
+        "--method",
+        args.method,
+        "-t",
+        str(args.threads),
+        "-o",
+        str(work / "ours.gguf"),
+    ]
     times: dict[str, list[float]] = {"upstream": [], "llmtui": []}
     for round_no in range(args.rounds):
         order = [("upstream", upstream_cmd), ("llmtui", ours_cmd)]

@@ -77,8 +77,10 @@ def main() -> int:
 
     for mode, values in speeds.items():
         print(f"{mode:>12}  median {statistics.median(values):7.1f} tok/s   rounds {[round(v, 1) for v in values]}")
-    print(f"auto / {args.fixed} (median of per-round ratios) {per_round('auto', args.fixed):.3f}   "
-          f"auto / plain {per_round('auto', 'plain'):.3f}")
+    print(
+        f"auto / {args.fixed} (median of per-round ratios) {per_round('auto', args.fixed):.3f}   "
+        f"auto / plain {per_round('auto', 'plain'):.3f}"
+    )
     same = len(set.union(*texts.values())) == 1
     print("the same text in every mode and round" if same else "TEXTS DIFFER between modes or rounds")
     return 0 if same else 1

@@ -139,13 +139,17 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'mode':>14} {'steps':>6} {'rows/step':>9} {'py ms/step median':>18} {'mean':>7} {'py CPU ms median':>17} "
-          f"{'py us/row':>10} {'decode ms/step':>15} {'tok/s':>8} {'accepted':>10}")
+    print(
+        f"{'mode':>14} {'steps':>6} {'rows/step':>9} {'py ms/step median':>18} {'mean':>7} {'py CPU ms median':>17} "
+        f"{'py us/row':>10} {'decode ms/step':>15} {'tok/s':>8} {'accepted':>10}"
+    )
     for r in rows:
-        print(f"{r['mode']:>14} {r['steps']:6d} {r['rows_per_step']:9.1f} {r['py_ms_median']:18.3f} "
-              f"{r['py_ms_mean']:7.3f} "
-              f"{r['py_cpu_ms_median']:17.3f} {r['us_per_row']:10.1f} {r['decode_ms_median']:15.3f} {r['tps']:8.2f} "
-              f"{r['accepted']:>4}/{r['drafted']:<5}")
+        print(
+            f"{r['mode']:>14} {r['steps']:6d} {r['rows_per_step']:9.1f} {r['py_ms_median']:18.3f} "
+            f"{r['py_ms_mean']:7.3f} "
+            f"{r['py_cpu_ms_median']:17.3f} {r['us_per_row']:10.1f} {r['decode_ms_median']:15.3f} {r['tps']:8.2f} "
+            f"{r['accepted']:>4}/{r['drafted']:<5}"
+        )
     return 0
 
 

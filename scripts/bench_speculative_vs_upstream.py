@@ -28,8 +28,27 @@ TOOL = ROOT / ".bench" / "build" / "bin" / "llama-speculative-simple"
 def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float]:
     from app.cli.bench import COPY_HEAVY_PROMPT as PROMPT
 
-    cmd = [str(TOOL), "-m", model, "-p", PROMPT, "-n", str(args.n_gen), "-t", str(args.threads), "--temp", "0",
-           "--spec-type", mode, "--spec-draft-n-max", str(args.n_max), "-c", "4096", "--seed", "1"]
+    cmd = [
+        str(TOOL),
+        "-m",
+        model,
+        "-p",
+        PROMPT,
+        "-n",
+        str(args.n_gen),
+        "-t",
+        str(args.threads),
+        "--temp",
+        "0",
+        "--spec-type",
+        mode,
+        "--spec-draft-n-max",
+        str(args.n_max),
+        "-c",
+        "4096",
+        "--seed",
+        "1",
+    ]
     speeds: list[float] = []
     decoded = 0
     log = ""
@@ -51,9 +70,14 @@ def upstream(model: str, mode: str, args: argparse.Namespace) -> dict[str, float
         if n_done >= args.n_gen:
             break
         n_done, acc_n, drafted_n = n_done + a + 1, acc_n + a, drafted_n + d
-    return {"tps": statistics.median(speeds), "decoded": decoded,
-            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0,
-            "drafted_n": drafted_n, "accepted_n": acc_n}
+    return {
+        "tps": statistics.median(speeds),
+        "decoded": decoded,
+        "drafted": int(drafted.group(1)) if drafted else 0,
+        "accepted": int(accepted.group(1)) if accepted else 0,
+        "drafted_n": drafted_n,
+        "accepted_n": acc_n,
+    }
 
 
 def ours(model: str, modes: list[str], args: argparse.Namespace, n_gen: int) -> dict[str, dict[str, float]]:
@@ -120,8 +144,10 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     # Speeds over the same text: llmtui generates as many tokens as upstream decoded (its last step overshoots
     # -n). Counts over the same steps: upstream's steps begun before -n tokens, llmtui run with -n.
-    print(f"{'mode':>14} {'tokens':>7} {'upstream t/s':>13} {'llmtui t/s':>11} {'ratio':>6} "
-          f"{'upstream acc (all)':>19} {'upstream acc @n':>16} {'llmtui acc @n':>14} {'plain t/s':>10} {'auto t/s':>9}")
+    print(
+        f"{'mode':>14} {'tokens':>7} {'upstream t/s':>13} {'llmtui t/s':>11} {'ratio':>6} "
+        f"{'upstream acc (all)':>19} {'upstream acc @n':>16} {'llmtui acc @n':>14} {'plain t/s':>10} {'auto t/s':>9}"
+    )
     for mode in modes:
         ref = upstream(model, mode, args)
         mine = ours(model, [mode, "auto"], args, int(ref["decoded"]))
@@ -129,10 +155,12 @@ def main() -> int:
         got, plain, auto = mine[mode], mine["plain"], mine["auto"]
         ratio = got["tps"] / ref["tps"]
         same = "" if (counts["accepted"], counts["drafted"]) == (ref["accepted_n"], ref["drafted_n"]) else " *"
-        print(f"{mode:>14} {int(ref['decoded']):7d} {ref['tps']:13.2f} {got['tps']:11.2f} {ratio:6.3f} "
-              f"{int(ref['accepted']):>9}/{int(ref['drafted']):<9} "
-              f"{int(ref['accepted_n']):>7}/{int(ref['drafted_n']):<8} "
-              f"{counts['accepted']:>6}/{counts['drafted']:<5}{same:2} {plain['tps']:10.2f} {auto['tps']:9.2f}")
+        print(
+            f"{mode:>14} {int(ref['decoded']):7d} {ref['tps']:13.2f} {got['tps']:11.2f} {ratio:6.3f} "
+            f"{int(ref['accepted']):>9}/{int(ref['drafted']):<9} "
+            f"{int(ref['accepted_n']):>7}/{int(ref['drafted_n']):<8} "
+            f"{counts['accepted']:>6}/{counts['drafted']:<5}{same:2} {plain['tps']:10.2f} {auto['tps']:9.2f}"
+        )
     print("* : the counts differ")
     return 0
 

@@ -66,8 +66,12 @@ def percentiles(values: list[float]) -> dict[str, float]:
         return {"n": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-    return {"n": len(values), "p50": round(statistics.median(ordered), 2), "p99": round(p99, 2),
-            "max": round(ordered[-1], 2)}
+    return {
+        "n": len(values),
+        "p50": round(statistics.median(ordered), 2),
+        "p99": round(p99, 2),
+        "max": round(ordered[-1], 2),
+    }
 
 
 # ----- a synthetic engine behind the real bridge ---------------------------------------------------------
@@ -76,8 +80,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
 class SyntheticClient:
     """Stands in for EngineClient: loads instantly and streams a token schedule from a thread."""
 
-    def __init__(self, log_path: Path, *, seconds: float, base_rate: float, burst_rate: float,
-                 drafted: bool = False) -> None:
+    def __init__(
+        self, log_path: Path, *, seconds: float, base_rate: float, burst_rate: float, drafted: bool = False
+    ) -> None:
         from engine_ext.protocol import Hello
 
         self.log_path = log_path
@@ -110,8 +115,9 @@ class SyntheticClient:
         from engine_ext.protocol import Cancel, Generate, Loaded, LoadModel, ModelInfo
 
         if isinstance(request, LoadModel):
-            info = ModelInfo(request.path, "llama", "synthetic", 1, 1, 32768, 32768, 1, 1, 0, 1, False, False,
-                             True, 1, "CPU", 1.0)
+            info = ModelInfo(
+                request.path, "llama", "synthetic", 1, 1, 32768, 32768, 1, 1, 0, 1, False, False, True, 1, "CPU", 1.0
+            )
             self.events.put(Loaded(info))
         elif isinstance(request, Generate):
             threading.Thread(target=self._stream, args=(request.request_id,), daemon=True).start()
@@ -163,8 +169,9 @@ class SyntheticClient:
 
         def send_held() -> None:
             n = len(held)
-            self.events.put(TokenChunk(request_id, "".join(held), "", tuple(range(sent - n, sent)), ("target",) * n,
-                                       ()))
+            self.events.put(
+                TokenChunk(request_id, "".join(held), "", tuple(range(sent - n, sent)), ("target",) * n, ())
+            )
             held.clear()
 
         while sent < len(pieces) and time.perf_counter() - start < self.seconds and not self.cancelled.is_set():
@@ -260,14 +267,17 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
     client_box: list[SyntheticClient] = []
 
     def factory(log_path: Path) -> Any:
-        client = SyntheticClient(log_path, seconds=seconds, base_rate=base_rate, burst_rate=burst_rate,
-                                 drafted=drafted)
+        client = SyntheticClient(log_path, seconds=seconds, base_rate=base_rate, burst_rate=burst_rate, drafted=drafted)
         client_box.append(client)
         return client
 
     app = LlmtuiApp("starter", default_sampling=SamplingSettings())
-    app.bridge = EngineBridge(app, Path(tempfile.gettempdir()) / "bench.log", client_factory=factory,
-                              backlog=lambda: app._message_queue.qsize())
+    app.bridge = EngineBridge(
+        app,
+        Path(tempfile.gettempdir()) / "bench.log",
+        client_factory=factory,
+        backlog=lambda: app._message_queue.qsize(),
+    )
     async with app.run_test(size=(120, 40)) as pilot:
         while app.engine_state != "ready":
             await pilot.pause(0.01)
@@ -355,10 +365,14 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
         return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
     app = LlmtuiApp("starter", default_sampling=SamplingSettings())
-    bridge = EngineBridge(app, Path(tempfile.gettempdir()) / "bench.log",
-                          client_factory=lambda log_path: SyntheticClient(  # type: ignore[arg-type, return-value]
-                              log_path, seconds=seconds, base_rate=rate, burst_rate=rate),
-                          backlog=lambda: app._message_queue.qsize())
+    bridge = EngineBridge(
+        app,
+        Path(tempfile.gettempdir()) / "bench.log",
+        client_factory=lambda log_path: SyntheticClient(  # type: ignore[arg-type, return-value]
+            log_path, seconds=seconds, base_rate=rate, burst_rate=rate
+        ),
+        backlog=lambda: app._message_queue.qsize(),
+    )
     app.bridge = bridge
     async with app.run_test(size=(120, 40)):
         while app.engine_state != "ready":
@@ -385,10 +399,13 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
         while chat.generation is not None:
             await asyncio.sleep(0.05)
     wall = wall2 - wall1
-    return {"rate": rate, "event_loop_cpu_fraction": round((loop2 - loop1) / wall, 3),
-            "bridge_cpu_fraction": round((reader2 - reader1) / wall, 3),
-            "cpu_fraction_streaming": round((loop2 - loop1 + reader2 - reader1) / wall, 3),
-            "cpu_fraction_idle": round(idle, 3)}
+    return {
+        "rate": rate,
+        "event_loop_cpu_fraction": round((loop2 - loop1) / wall, 3),
+        "bridge_cpu_fraction": round((reader2 - reader1) / wall, 3),
+        "cpu_fraction_streaming": round((loop2 - loop1 + reader2 - reader1) / wall, 3),
+        "cpu_fraction_idle": round(idle, 3),
+    }
 
 
 async def bench_open(n_messages: int) -> dict[str, Any]:
@@ -411,8 +428,11 @@ async def bench_open(n_messages: int) -> dict[str, Any]:
             results.append((frame - moment) * 1000)
             await chat.open_conversation(None)
             await pilot.pause(0.2)
-        return {"messages": n_messages, "first_paint_ms": [round(r, 1) for r in results],
-                "first_paint_ms_median": round(statistics.median(results), 1)}
+        return {
+            "messages": n_messages,
+            "first_paint_ms": [round(r, 1) for r in results],
+            "first_paint_ms_median": round(statistics.median(results), 1),
+        }
 
 
 def bench_decode(n_tokens: int, repetitions: int, threads: int = 0) -> dict[str, Any]:
@@ -445,8 +465,9 @@ def bench_decode(n_tokens: int, repetitions: int, threads: int = 0) -> dict[str,
     tokens: list[int] = []
 
     def engine_alone(client: EngineClient) -> float:
-        request = Generate(0, (ChatMessage("user", prompt),), sampling=sampling.sampling_params(),
-                           max_tokens=n_tokens, ignore_eos=True)
+        request = Generate(
+            0, (ChatMessage("user", prompt),), sampling=sampling.sampling_params(), max_tokens=n_tokens, ignore_eos=True
+        )
         finished = [e for e in client.generate(request) if isinstance(e, Finished)][0]
         tokens.append(finished.stats.generated_tokens)
         return finished.stats.decode_tps
@@ -480,12 +501,15 @@ def bench_decode(n_tokens: int, repetitions: int, threads: int = 0) -> dict[str,
     asyncio.run(pairs())
     headless, attached, tokens = headless[1:], attached[1:], tokens[2:]
     ratios = [ui / alone for ui, alone in zip(attached, headless, strict=True) if alone]
-    return {"tokens": n_tokens, "generated": tokens, "engine_alone_tps": [round(v, 1) for v in headless],
-            "with_ui_tps": [round(v, 1) for v in attached],
-            "pair_ratios": [round(r, 3) for r in ratios],
-            "median_pair_ratio": round(statistics.median(ratios), 3) if ratios else 0.0,
-            "ratio_of_medians": round(statistics.median(attached) / statistics.median(headless), 3)
-            if headless else 0.0}
+    return {
+        "tokens": n_tokens,
+        "generated": tokens,
+        "engine_alone_tps": [round(v, 1) for v in headless],
+        "with_ui_tps": [round(v, 1) for v in attached],
+        "pair_ratios": [round(r, 3) for r in ratios],
+        "median_pair_ratio": round(statistics.median(ratios), 3) if ratios else 0.0,
+        "ratio_of_medians": round(statistics.median(attached) / statistics.median(headless), 3) if headless else 0.0,
+    }
 
 
 def main() -> int:
@@ -494,14 +518,25 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=500.0, help="base tokens per second")
     parser.add_argument("--burst", type=float, default=2000.0, help="burst tokens per second")
     parser.add_argument("--messages", type=int, default=1000, help="messages in the conversation to open")
-    parser.add_argument("--drafted", action="store_true",
-                        help="half the synthetic tokens come from a drafter, with draft colouring on (F7)")
+    parser.add_argument(
+        "--drafted",
+        action="store_true",
+        help="half the synthetic tokens come from a drafter, with draft colouring on (F7)",
+    )
     parser.add_argument("--engine", action="store_true", help="also compare decode speed with the starter model")
-    parser.add_argument("--steady-rate", type=float, default=100.0,
-                        help="tokens per second of the steady stream whose CPU use is measured")
+    parser.add_argument(
+        "--steady-rate",
+        type=float,
+        default=100.0,
+        help="tokens per second of the steady stream whose CPU use is measured",
+    )
     parser.add_argument("--decode-tokens", type=int, default=256)
-    parser.add_argument("--decode-threads", type=int, default=0,
-                        help="engine threads for --engine (0: every CPU; fewer leaves the UI a core of its own)")
+    parser.add_argument(
+        "--decode-threads",
+        type=int,
+        default=0,
+        help="engine threads for --engine (0: every CPU; fewer leaves the UI a core of its own)",
+    )
     parser.add_argument("--repetitions", type=int, default=10, help="engine-alone / with-UI pairs for --engine")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -524,30 +559,42 @@ def main() -> int:
         print(json.dumps(results, indent=2))
         return 0
     stream = results["stream"]
-    print(f"stream: {stream['tokens']} tokens ({args.rate:.0f} tok/s, {args.burst:.0f} tok/s bursts) into a chat "
-          f"with {stream['earlier_chars']} earlier characters")
+    print(
+        f"stream: {stream['tokens']} tokens ({args.rate:.0f} tok/s, {args.burst:.0f} tok/s bursts) into a chat "
+        f"with {stream['earlier_chars']} earlier characters"
+    )
     lag, key = stream["lag_ms"], stream["keypress_ms"]
-    print(f"  event-loop lag  p50 {lag['p50']:6.2f} ms  p99 {lag['p99']:6.2f} ms  max {lag['max']:6.2f} ms"
-          f"   (goal p99 ≤ {GOALS['lag_p99_ms']:.0f} ms)")
-    print(f"  keypress→frame  p50 {key['p50']:6.2f} ms  p99 {key['p99']:6.2f} ms  max {key['max']:6.2f} ms"
-          f"   (goal p99 ≤ {GOALS['key_p99_ms']:.0f} ms, n={key['n']})")
+    print(
+        f"  event-loop lag  p50 {lag['p50']:6.2f} ms  p99 {lag['p99']:6.2f} ms  max {lag['max']:6.2f} ms"
+        f"   (goal p99 ≤ {GOALS['lag_p99_ms']:.0f} ms)"
+    )
+    print(
+        f"  keypress→frame  p50 {key['p50']:6.2f} ms  p99 {key['p99']:6.2f} ms  max {key['max']:6.2f} ms"
+        f"   (goal p99 ≤ {GOALS['key_p99_ms']:.0f} ms, n={key['n']})"
+    )
     print(f"  UI thread CPU   {stream['ui_thread_cpu_fraction'] * 100:.0f}% of one core while streaming")
     opened = results["open"]
-    print(f"open: {opened['messages']} messages, first paint {opened['first_paint_ms_median']} ms "
-          f"(runs {opened['first_paint_ms']}; goal ≤ {GOALS['open_ms']:.0f} ms)")
+    print(
+        f"open: {opened['messages']} messages, first paint {opened['first_paint_ms_median']} ms "
+        f"(runs {opened['first_paint_ms']}; goal ≤ {GOALS['open_ms']:.0f} ms)"
+    )
     steady = results["steady"]
-    print(f"steady: the UI uses {steady['cpu_fraction_streaming'] * 100:.1f}% of one core while a reply streams at "
-          f"{steady['rate']:.0f} tok/s (event loop {steady['event_loop_cpu_fraction'] * 100:.1f}%, bridge "
-          f"{steady['bridge_cpu_fraction'] * 100:.1f}%; idle {steady['cpu_fraction_idle'] * 100:.1f}%)")
+    print(
+        f"steady: the UI uses {steady['cpu_fraction_streaming'] * 100:.1f}% of one core while a reply streams at "
+        f"{steady['rate']:.0f} tok/s (event loop {steady['event_loop_cpu_fraction'] * 100:.1f}%, bridge "
+        f"{steady['bridge_cpu_fraction'] * 100:.1f}%; idle {steady['cpu_fraction_idle'] * 100:.1f}%)"
+    )
     if "decode" in results:
         decode = results["decode"]
         if "skipped" in decode:
             print(f"decode: skipped ({decode['skipped']})")
         else:
-            print(f"decode: {decode['tokens']} tokens, engine alone {decode['engine_alone_tps']} tok/s, with the UI "
-                  f"{decode['with_ui_tps']} tok/s: median ratio of the pairs {decode['median_pair_ratio']} "
-                  f"(ratio of medians {decode['ratio_of_medians']})"
-                  f"   (goal ≥ {GOALS['decode_ratio']})")
+            print(
+                f"decode: {decode['tokens']} tokens, engine alone {decode['engine_alone_tps']} tok/s, with the UI "
+                f"{decode['with_ui_tps']} tok/s: median ratio of the pairs {decode['median_pair_ratio']} "
+                f"(ratio of medians {decode['ratio_of_medians']})"
+                f"   (goal ≥ {GOALS['decode_ratio']})"
+            )
     return 0
 
 

@@ -35,8 +35,18 @@ def build_llama_bench(
     sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
     if not sdists:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(WORK),
-             LLAMA_CPP_PYTHON],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                str(WORK),
+                LLAMA_CPP_PYTHON,
+            ],
             check=True,
         )
         sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
@@ -47,8 +57,19 @@ def build_llama_bench(
         unpacked = next((WORK / "unpacked").iterdir())
         shutil.move(str(unpacked / "vendor" / "llama.cpp"), src)
     subprocess.run(
-        ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF", *cmake_args],
+        [
+            "cmake",
+            "-S",
+            str(src),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=ON",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            *cmake_args,
+        ],
         check=True,
     )
     jobs = str(os.cpu_count() or 2)
@@ -64,8 +85,23 @@ def resolve_model(spec: str) -> str:
 
 
 def run_llama_bench(binary: Path, model: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    cmd = [str(binary), "-m", model, "-t", str(args.threads), "-p", str(args.n_prompt), "-n", str(args.n_gen),
-           "-r", str(args.repetitions), "-ngl", str(args.n_gpu_layers), "-o", "json"]
+    cmd = [
+        str(binary),
+        "-m",
+        model,
+        "-t",
+        str(args.threads),
+        "-p",
+        str(args.n_prompt),
+        "-n",
+        str(args.n_gen),
+        "-r",
+        str(args.repetitions),
+        "-ngl",
+        str(args.n_gpu_layers),
+        "-o",
+        "json",
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     result: dict[str, list[float]] = {}
     for test in json.loads(out):
@@ -76,8 +112,25 @@ def run_llama_bench(binary: Path, model: str, args: argparse.Namespace) -> dict[
 
 def run_llmtui_bench(model: str, args: argparse.Namespace) -> dict[str, list[float]]:
     python = getattr(args, "python", None) or sys.executable  # the interpreter whose engine build is measured
-    cmd = [str(python), "-m", "app", "bench", "-m", model, "-t", str(args.threads), "-p", str(args.n_prompt),
-           "-n", str(args.n_gen), "-r", str(args.repetitions), "-ngl", str(args.n_gpu_layers), "--json"]
+    cmd = [
+        str(python),
+        "-m",
+        "app",
+        "bench",
+        "-m",
+        model,
+        "-t",
+        str(args.threads),
+        "-p",
+        str(args.n_prompt),
+        "-n",
+        str(args.n_gen),
+        "-r",
+        str(args.repetitions),
+        "-ngl",
+        str(args.n_gpu_layers),
+        "--json",
+    ]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
     return {key: [float(v) for v in out[key]["tps"]] for key in ("pp", "tg") if key in out}
 
@@ -113,8 +166,10 @@ def compare(binary: Path, model: str, args: argparse.Namespace) -> dict[str, flo
     round_ratios: dict[str, list[float]] = {}  # llmtui median / llama-bench median within each round
     for round_no in range(args.rounds):
         this_round: dict[str, dict[str, float]] = {}
-        order = [("llama-bench", lambda: run_llama_bench(binary, model, args)),
-                 ("llmtui", lambda: run_llmtui_bench(model, args))]
+        order = [
+            ("llama-bench", lambda: run_llama_bench(binary, model, args)),
+            ("llmtui", lambda: run_llmtui_bench(model, args)),
+        ]
         if round_no % 2:
             order.reverse()
         for name, run in order:
@@ -136,8 +191,10 @@ def compare(binary: Path, model: str, args: argparse.Namespace) -> dict[str, flo
         ref_med, our_med = statistics.median(ref), statistics.median(ours)
         ratios = round_ratios.get(key, [])
         per_round = " ".join(f"{r:.3f}" for r in ratios)
-        print(f"{label:>8} {ref_med:16.2f} {our_med:12.2f} {our_med / ref_med:7.3f}   {per_round} "
-              f"({statistics.median(ratios):.3f})")
+        print(
+            f"{label:>8} {ref_med:16.2f} {our_med:12.2f} {our_med / ref_med:7.3f}   {per_round} "
+            f"({statistics.median(ratios):.3f})"
+        )
         ratios_out[key] = statistics.median(ratios)
     return ratios_out
 

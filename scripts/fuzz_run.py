@@ -40,15 +40,25 @@ from gguf import GGUFReader, GGUFValueType  # noqa: E402
 
 _VT = GGUFValueType
 _SCALAR_FMT = {
-    int(_VT.UINT8): "<B", int(_VT.INT8): "<b", int(_VT.UINT16): "<H", int(_VT.INT16): "<h",
-    int(_VT.UINT32): "<I", int(_VT.INT32): "<i", int(_VT.FLOAT32): "<f", int(_VT.BOOL): "<?",
-    int(_VT.UINT64): "<Q", int(_VT.INT64): "<q", int(_VT.FLOAT64): "<d",
+    int(_VT.UINT8): "<B",
+    int(_VT.INT8): "<b",
+    int(_VT.UINT16): "<H",
+    int(_VT.INT16): "<h",
+    int(_VT.UINT32): "<I",
+    int(_VT.INT32): "<i",
+    int(_VT.FLOAT32): "<f",
+    int(_VT.BOOL): "<?",
+    int(_VT.UINT64): "<Q",
+    int(_VT.INT64): "<q",
+    int(_VT.FLOAT64): "<d",
 }
-_INT_TYPES = {int(t) for t in (_VT.UINT8, _VT.INT8, _VT.UINT16, _VT.INT16, _VT.UINT32, _VT.INT32, _VT.UINT64,
-                                _VT.INT64)}
+_INT_TYPES = {
+    int(t) for t in (_VT.UINT8, _VT.INT8, _VT.UINT16, _VT.INT16, _VT.UINT32, _VT.INT32, _VT.UINT64, _VT.INT64)
+}
 _FLOAT_TYPES = {int(_VT.FLOAT32), int(_VT.FLOAT64)}
-_STR, _ARR, _U32, _I32, _BOOL, _F32 = (int(t) for t in (_VT.STRING, _VT.ARRAY, _VT.UINT32, _VT.INT32, _VT.BOOL,
-                                                      _VT.FLOAT32))
+_STR, _ARR, _U32, _I32, _BOOL, _F32 = (
+    int(t) for t in (_VT.STRING, _VT.ARRAY, _VT.UINT32, _VT.INT32, _VT.BOOL, _VT.FLOAT32)
+)
 
 KV = tuple[str, int, int, Any]  # key, value type, element type of an array (or -1), value
 
@@ -163,21 +173,63 @@ def del_kv(kvs: list[KV], key: str) -> list[KV]:
 
 _TOKENIZER_MODELS = ["llama", "gpt2", "bert", "t5", "rwkv", "plamo2", "none", "no_vocab", "nonsense", ""]
 _PRE = ["default", "llama3", "qwen2", "deepseek-llm", "nonsense", "", "smollm", "gpt-4o"]
-_SPECIAL_IDS = ["bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask", "cls", "sep",
-                "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep"]
+_SPECIAL_IDS = [
+    "bos",
+    "eos",
+    "eot",
+    "eom",
+    "unknown",
+    "seperator",
+    "padding",
+    "mask",
+    "cls",
+    "sep",
+    "fim_pre",
+    "fim_suf",
+    "fim_mid",
+    "fim_pad",
+    "fim_rep",
+    "fim_sep",
+]
 
 
 def _int_candidates(v: int, rng: random.Random) -> list[int]:
-    base = [0, 1, 2, 3, 5, 7, 8, 16, 17, 32, 64, 100, 128, 256, 1000, 4096, 65536, v - 1, v + 1, v // 2, v * 2,
-            v * 3, 2**31 - 1]
+    base = [
+        0,
+        1,
+        2,
+        3,
+        5,
+        7,
+        8,
+        16,
+        17,
+        32,
+        64,
+        100,
+        128,
+        256,
+        1000,
+        4096,
+        65536,
+        v - 1,
+        v + 1,
+        v // 2,
+        v * 2,
+        v * 3,
+        2**31 - 1,
+    ]
     return [x for x in base if x >= 0 and x != v]
 
 
 def _mutate_int(m: Model, kvs: list[KV], rng: random.Random) -> tuple[list[KV], str]:
     """Change one integer hyperparameter (a scalar, or one entry or the length of a per-layer array)."""
     arch = m.arch
-    keys = [kv for kv in kvs if kv[0].startswith(arch + ".") and (kv[1] in _INT_TYPES or
-                                                                    (kv[1] == _ARR and kv[2] in _INT_TYPES))]
+    keys = [
+        kv
+        for kv in kvs
+        if kv[0].startswith(arch + ".") and (kv[1] in _INT_TYPES or (kv[1] == _ARR and kv[2] in _INT_TYPES))
+    ]
     key, vtype, sub, value = rng.choice(keys)
     if vtype == _ARR:
         values = list(value)
@@ -217,15 +269,39 @@ def _mutate_float(m: Model, kvs: list[KV], rng: random.Random) -> tuple[list[KV]
 def _add_hparam(m: Model, kvs: list[KV], rng: random.Random) -> tuple[list[KV], str]:
     """Add (or overwrite) a hyperparameter the model may not have."""
     arch = m.arch
-    suffix = rng.choice([
-        "rope.dimension_count", "attention.key_length", "attention.value_length", "attention.head_count_kv",
-        "expert_count", "expert_used_count", "expert_shared_count", "expert_feed_forward_length",
-        "attention.sliding_window", "full_attention_interval", "nextn_predict_layers", "vocab_size",
-        "ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank",
-        "rope.dimension_sections", "attention.layer_norm_rms_epsilon", "context_length", "leading_dense_block_count",
-        "expert_gating_func", "rope.scaling.type", "pooling_type", "attention.causal", "rope.scaling.factor",
-        "attention.clamp_kqv", "logit_scale", "embedding_length_per_layer_input",
-    ])
+    suffix = rng.choice(
+        [
+            "rope.dimension_count",
+            "attention.key_length",
+            "attention.value_length",
+            "attention.head_count_kv",
+            "expert_count",
+            "expert_used_count",
+            "expert_shared_count",
+            "expert_feed_forward_length",
+            "attention.sliding_window",
+            "full_attention_interval",
+            "nextn_predict_layers",
+            "vocab_size",
+            "ssm.conv_kernel",
+            "ssm.inner_size",
+            "ssm.state_size",
+            "ssm.group_count",
+            "ssm.time_step_rank",
+            "rope.dimension_sections",
+            "attention.layer_norm_rms_epsilon",
+            "context_length",
+            "leading_dense_block_count",
+            "expert_gating_func",
+            "rope.scaling.type",
+            "pooling_type",
+            "attention.causal",
+            "rope.scaling.factor",
+            "attention.clamp_kqv",
+            "logit_scale",
+            "embedding_length_per_layer_input",
+        ]
+    )
     key = f"{arch}.{suffix}"
     if suffix == "rope.dimension_sections":
         vals = [rng.choice([0, 1, 4, 8, 16, 64]) for _ in range(4)]
@@ -308,13 +384,26 @@ def _mutate_tokenizer(m: Model, kvs: list[KV], rng: random.Random) -> tuple[list
         new[i] = rng.choice(["", "a", "a b c", "zzz qqq", " ", "a  b", "\u0120 \u0120"])
         return set_kv(kvs, ("tokenizer.ggml.merges", _ARR, _STR, new)), f"merges[{i}]={new[i]!r}"
     if r < 0.9:
-        key = rng.choice(["tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-                          "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces"])
+        key = rng.choice(
+            [
+                "tokenizer.ggml.add_bos_token",
+                "tokenizer.ggml.add_eos_token",
+                "tokenizer.ggml.add_space_prefix",
+                "tokenizer.ggml.remove_extra_whitespaces",
+            ]
+        )
         v: Any = rng.choice([True, "yes", 7])
         vt = _BOOL if isinstance(v, bool) else (_STR if isinstance(v, str) else _U32)
         return set_kv(kvs, (key, vt, -1, v)), f"{key}={v!r}"
-    key = rng.choice(["tokenizer.ggml.model", "tokenizer.ggml.token_type", "tokenizer.ggml.pre",
-                      "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"])
+    key = rng.choice(
+        [
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.token_type",
+            "tokenizer.ggml.pre",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+        ]
+    )
     return del_kv(kvs, key), f"del {key}"
 
 
@@ -327,8 +416,23 @@ def _mutate_general(m: Model, kvs: list[KV], rng: random.Random) -> tuple[list[K
         v = rng.choice([1, 2, 8, 16, 64, 256])
         return set_kv(kvs, ("general.alignment", _U32, -1, v)), f"general.alignment={v}"
     if r < 0.85:
-        v = rng.choice(["llama", "qwen3", "qwen35", "qwen3next", "nemotron_h_moe", "mamba2", "gemma3", "bert",
-                        "t5", "rwkv7", "mtp", "clip", "dflash"])
+        v = rng.choice(
+            [
+                "llama",
+                "qwen3",
+                "qwen35",
+                "qwen3next",
+                "nemotron_h_moe",
+                "mamba2",
+                "gemma3",
+                "bert",
+                "t5",
+                "rwkv7",
+                "mtp",
+                "clip",
+                "dflash",
+            ]
+        )
         return set_kv(kvs, ("general.architecture", _STR, -1, v)), f"general.architecture={v}"
     key = rng.choice([kv[0] for kv in kvs if kv[0].startswith(m.arch + ".")])
     return del_kv(kvs, key), f"del {key}"
@@ -357,8 +461,13 @@ def _mutate_tensor(m: Model, tensors: list[TensorInfo], rng: random.Random) -> t
     t = rng.choice(tensors)
     if r < 0.8:  # renamed: missing where llama.cpp wants it, unexpected under its new name
         old_name = t.name
-        t.name = rng.choice([t.name.replace("weight", "bias"), t.name + ".x", "blk.99." + t.name.split(".")[-2]
-                             + ".weight" if t.name.count(".") >= 2 else t.name + "2"])
+        t.name = rng.choice(
+            [
+                t.name.replace("weight", "bias"),
+                t.name + ".x",
+                "blk.99." + t.name.split(".")[-2] + ".weight" if t.name.count(".") >= 2 else t.name + "2",
+            ]
+        )
         if any(o is not t and o.name == t.name for o in tensors):
             t.name = old_name + ".dup"
         return tensors, f"rename {old_name} -> {t.name}"
@@ -385,15 +494,19 @@ def mutate(m: Model, rng: random.Random) -> tuple[list[KV], list[TensorInfo], st
         if kind == "tensor":
             tensors, what = _mutate_tensor(m, tensors, rng)
         else:
-            fn = {"int": _mutate_int, "float": _mutate_float, "add": _add_hparam, "tok": _mutate_tokenizer,
-                  "general": _mutate_general}[kind]
+            fn = {
+                "int": _mutate_int,
+                "float": _mutate_float,
+                "add": _add_hparam,
+                "tok": _mutate_tokenizer,
+                "general": _mutate_general,
+            }[kind]
             kvs, what = fn(m, kvs, rng)
         whats.append(what)
     return kvs, tensors, "; ".join(whats)
 
 
-def mutants(models: dict[str, Model], seed: int, n: int) -> Iterator[tuple[int, str, str, list[KV],
-                                                                           list[TensorInfo]]]:
+def mutants(models: dict[str, Model], seed: int, n: int) -> Iterator[tuple[int, str, str, list[KV], list[TensorInfo]]]:
     """``n`` deterministic mutants: (index, model name, what changed, metadata, tensor infos)."""
     rng = random.Random(seed)
     names = sorted(models)
@@ -405,8 +518,10 @@ def mutants(models: dict[str, Model], seed: int, n: int) -> Iterator[tuple[int, 
 
 # ----- running one case in the worker --------------------------------------------------------------------
 
-_ASSERT = re.compile(r"(GGML_ASSERT\(.*?\) failed|GGML_ABORT.*|[\w/.-]+\.(?:cpp|c|h):\d+: .*|"
-                     r"terminate called .*|what\(\): .*|Segmentation fault.*|Aborted.*)")
+_ASSERT = re.compile(
+    r"(GGML_ASSERT\(.*?\) failed|GGML_ABORT.*|[\w/.-]+\.(?:cpp|c|h):\d+: .*|"
+    r"terminate called .*|what\(\): .*|Segmentation fault.*|Aborted.*)"
+)
 
 
 @dataclass
@@ -436,8 +551,9 @@ def crash_signature(exit_code: int | None, log: str) -> str:
 class Runner:
     """One engine worker (restarted after a crash or a hang); every wait bounded."""
 
-    def __init__(self, log_path: Path, *, load_timeout: float = 60.0, gen_timeout: float = 30.0,
-                 n_ctx: int = 512) -> None:
+    def __init__(
+        self, log_path: Path, *, load_timeout: float = 60.0, gen_timeout: float = 30.0, n_ctx: int = 512
+    ) -> None:
         from engine_ext.client import EngineClient
         from engine_ext.params import ContextParams
 
@@ -484,9 +600,12 @@ class Runner:
         outcome = self._judge(event, "load", log_start, t0, (Loaded,))
         if outcome is not None:
             return outcome
-        request = Generate(request_id=self.client.new_request_id(),
-                           messages=(ChatMessage("user", "Hello, how are you?"),),
-                           sampling=SamplingParams(temperature=0.0), max_tokens=4)
+        request = Generate(
+            request_id=self.client.new_request_id(),
+            messages=(ChatMessage("user", "Hello, how are you?"),),
+            sampling=SamplingParams(temperature=0.0),
+            max_tokens=4,
+        )
         self.client.send(request)
         event = self._wait((Finished,), time.monotonic() + self.gen_timeout)
         outcome = self._judge(event, "decode", log_start, t0, (Finished,))
@@ -501,8 +620,11 @@ class Runner:
             return None
         if event is None:
             self.close()
-            return Outcome("hang", f"no answer to {stage} in time; log: " + crash_signature(None, self._log(log_start)),
-                           time.monotonic() - t0)
+            return Outcome(
+                "hang",
+                f"no answer to {stage} in time; log: " + crash_signature(None, self._log(log_start)),
+                time.monotonic() - t0,
+            )
         if isinstance(event, Failed):
             return Outcome(f"{stage}_failed", f"{event.error}: {event.message}"[:300], time.monotonic() - t0)
         assert isinstance(event, Crashed)
@@ -584,13 +706,26 @@ def main(argv: list[str] | None = None) -> int:
                 if out.kind in args.show.split(","):
                     shown.append(line)
                 if args.json:
-                    print(json.dumps({"i": i, "model": name, "what": what, "outcome": out.kind,
-                                      "detail": out.detail, "seconds": round(out.seconds, 2)}), flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                "i": i,
+                                "model": name,
+                                "what": what,
+                                "outcome": out.kind,
+                                "detail": out.detail,
+                                "seconds": round(out.seconds, 2),
+                            }
+                        ),
+                        flush=True,
+                    )
         finally:
             runner.close()
     total = sum(counts.values())
-    print(f"\nrun fuzz: seed {args.seed}, {total} cases, models {', '.join(sorted(models))}, "
-          f"{time.monotonic() - t_start:.0f} s, slowest case {worst:.1f} s")
+    print(
+        f"\nrun fuzz: seed {args.seed}, {total} cases, models {', '.join(sorted(models))}, "
+        f"{time.monotonic() - t_start:.0f} s, slowest case {worst:.1f} s"
+    )
     print(f"{'outcome':<36}{'cases':>7}")
     for kind in ("refused", "ok", "load_failed", "decode_failed", "crash", "hang"):
         print(f"{kind:<36}{counts.get(kind, 0):>7}")

@@ -62,8 +62,18 @@ def setup_engine(backend: str, venv: Path, *, dry_run: bool) -> Path:
     run([str(python), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[starter]"], dry_run=dry_run)
     # --no-binary forces a compile; --no-cache-dir keeps pip from reusing a CPU-only wheel it built before
     run(
-        [str(python), "-m", "pip", "install", "--force-reinstall", "--no-cache-dir", "--no-deps",
-         "--no-binary", "llama-cpp-python", LLAMA_CPP_PYTHON],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--force-reinstall",
+            "--no-cache-dir",
+            "--no-deps",
+            "--no-binary",
+            "llama-cpp-python",
+            LLAMA_CPP_PYTHON,
+        ],
         dry_run=dry_run,
         env={"CMAKE_ARGS": FLAGS[backend]},
     )
@@ -79,8 +89,10 @@ def check_doctor(python: Path, *, dry_run: bool) -> None:
     report = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
     gpus = [d for d in report["devices"] if d["type"] in ("GPU", "integrated GPU")]
     for d in gpus:
-        print(f"  {d['name']} ({d['description']}): {d['free_bytes'] / 2**30:.1f} of {d['total_bytes'] / 2**30:.1f} "
-              "GiB free")
+        print(
+            f"  {d['name']} ({d['description']}): {d['free_bytes'] / 2**30:.1f} of {d['total_bytes'] / 2**30:.1f} "
+            "GiB free"
+        )
     if not gpus:
         advice = "; ".join(report.get("advice", [])) or "see `llmtui doctor`"
         raise SystemExit(f"the engine was built but sees no GPU device: {advice}")
@@ -99,8 +111,10 @@ def main() -> int:
     args = parser.parse_args()
     backend = detect_backend() if args.backend == "auto" else args.backend
     if backend is None:
-        print("no GPU found (no nvidia-smi, /dev/kfd, Apple Silicon or vulkaninfo); pass --backend to force one",
-              file=sys.stderr)
+        print(
+            "no GPU found (no nvidia-smi, /dev/kfd, Apple Silicon or vulkaninfo); pass --backend to force one",
+            file=sys.stderr,
+        )
         return 1
     home = WORK / f"gpu-{backend}"
     print(f"backend {backend} ({FLAGS[backend]}), working in {home}", flush=True)
@@ -116,7 +130,10 @@ def main() -> int:
     if model == "starter" or not Path(model).exists():
         out = subprocess.run(
             [str(python), "-c", f"from app.models import resolve_model; print(resolve_model({model!r}))"],
-            check=True, capture_output=True, text=True, cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
         )
         model = out.stdout.strip()
     ratios = compare(binary, model, args)

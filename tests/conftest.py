@@ -32,9 +32,19 @@ def lone_llama(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFa
 
 # ----- models: a local Hub on 127.0.0.1 and an isolated Hugging Face environment ---------------------------
 
-_HF_ENV_VARS = ("HF_ENDPOINT", "MODEL_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
-                "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "LLAMA_CACHE",
-                "LLMTUI_MODEL_DIRS")
+_HF_ENV_VARS = (
+    "HF_ENDPOINT",
+    "MODEL_ENDPOINT",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_HOME",
+    "LLAMA_CACHE",
+    "LLMTUI_MODEL_DIRS",
+)
 
 
 # ----- hermetic tests: every test has its own HOME, config, data, cache, state and log directories -----------
@@ -74,18 +84,31 @@ def hermetic_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     home = root / "home"
     home.mkdir()
     dirs = HermeticDirs(
-        home=home, config=root / "config", data=root / "data", xdg_config=home / ".config",
-        xdg_data=home / ".local" / "share", xdg_cache=home / ".cache", xdg_state=home / ".local" / "state",
-        hf_home=root / "hf-home", hf_cache=root / "hf-cache",
+        home=home,
+        config=root / "config",
+        data=root / "data",
+        xdg_config=home / ".config",
+        xdg_data=home / ".local" / "share",
+        xdg_cache=home / ".cache",
+        xdg_state=home / ".local" / "state",
+        hf_home=root / "hf-home",
+        hf_cache=root / "hf-cache",
     )
     # A Python with packages in the user site (pip install --user) still finds them from a subprocess.
     monkeypatch.setenv("PYTHONUSERBASE", site.getuserbase())
     for name in _HF_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    for name, path in (("HOME", dirs.home), ("XDG_CONFIG_HOME", dirs.xdg_config), ("XDG_DATA_HOME", dirs.xdg_data),
-                       ("XDG_CACHE_HOME", dirs.xdg_cache), ("XDG_STATE_HOME", dirs.xdg_state),
-                       ("LLMTUI_CONFIG_DIR", dirs.config), ("LLMTUI_DATA_DIR", dirs.data),
-                       ("HF_HOME", dirs.hf_home), ("HF_HUB_CACHE", dirs.hf_cache)):
+    for name, path in (
+        ("HOME", dirs.home),
+        ("XDG_CONFIG_HOME", dirs.xdg_config),
+        ("XDG_DATA_HOME", dirs.xdg_data),
+        ("XDG_CACHE_HOME", dirs.xdg_cache),
+        ("XDG_STATE_HOME", dirs.xdg_state),
+        ("LLMTUI_CONFIG_DIR", dirs.config),
+        ("LLMTUI_DATA_DIR", dirs.data),
+        ("HF_HOME", dirs.hf_home),
+        ("HF_HUB_CACHE", dirs.hf_cache),
+    ):
         monkeypatch.setenv(name, str(path))
     monkeypatch.delenv("LLMTUI_TEST_FAULT", raising=False)  # the worker's crash switch: only the tests that set it
     # The app's stats bar reads the machine's load (the busy note): not in tests, whose screens must not depend on

@@ -15,12 +15,29 @@ if TYPE_CHECKING:
     from app.tui import LlmtuiApp
 
 
-def scripted_model_info(path: str = "/models/m.gguf", *, n_threads: int = 1, description: str = "scripted",
-                        n_ctx: int = 4096) -> ModelInfo:
+def scripted_model_info(
+    path: str = "/models/m.gguf", *, n_threads: int = 1, description: str = "scripted", n_ctx: int = 4096
+) -> ModelInfo:
     """What a scripted engine says it loaded: a one-layer llama on the CPU."""
-    return ModelInfo(path=path, architecture="llama", description=description, n_params=1, size_bytes=1, n_ctx=n_ctx,
-                     n_ctx_train=4096, n_embd=1, n_layer=1, n_layer_nextn=0, n_vocab=1, is_recurrent=False,
-                     is_hybrid=False, has_chat_template=True, n_threads=n_threads, backend="CPU", load_ms=1.0)
+    return ModelInfo(
+        path=path,
+        architecture="llama",
+        description=description,
+        n_params=1,
+        size_bytes=1,
+        n_ctx=n_ctx,
+        n_ctx_train=4096,
+        n_embd=1,
+        n_layer=1,
+        n_layer_nextn=0,
+        n_vocab=1,
+        is_recurrent=False,
+        is_hybrid=False,
+        has_chat_template=True,
+        n_threads=n_threads,
+        backend="CPU",
+        load_ms=1.0,
+    )
 
 
 class ScriptedEngine:
@@ -69,8 +86,9 @@ class ScriptedEngine:
         raise NotImplementedError
 
 
-def scripted_app(model: Path, client: type[ScriptedEngine], *, sampling: SamplingSettings | None = None,
-                 cpu_sampler: object = None) -> LlmtuiApp:
+def scripted_app(
+    model: Path, client: type[ScriptedEngine], *, sampling: SamplingSettings | None = None, cpu_sampler: object = None
+) -> LlmtuiApp:
     """The app on `model` (a tiny GGUF: the scripted engine loads nothing) with `client` behind its real bridge, in
     the test's own config and data dirs (tests/conftest.py). `cpu_sampler` as EngineBridge takes it (None: off)."""
     from app.bridge import EngineBridge
@@ -79,6 +97,11 @@ def scripted_app(model: Path, client: type[ScriptedEngine], *, sampling: Samplin
 
     app = LlmtuiApp(str(model), default_sampling=sampling or SamplingSettings())
     extra = {} if cpu_sampler is None else {"cpu_sampler": cpu_sampler}
-    app.bridge = EngineBridge(app, Path("scripted.log"), client_factory=client,  # type: ignore[arg-type]
-                              backlog=lambda: app._message_queue.qsize(), **extra)  # type: ignore[arg-type]
+    app.bridge = EngineBridge(
+        app,
+        Path("scripted.log"),
+        client_factory=client,  # type: ignore[arg-type]
+        backlog=lambda: app._message_queue.qsize(),
+        **extra,
+    )  # type: ignore[arg-type]
     return app

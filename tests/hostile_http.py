@@ -30,19 +30,48 @@ FILE_BYTES = b"GGUF" + bytes(FILE_SIZE - 4)
 FILE_SHA256 = hashlib.sha256(FILE_BYTES).hexdigest()
 RETRY_AFTER_S = 30
 
-STATUS_CASES = {"401": (401, None), "403": (403, None), "429": (429, None), "429-retry-after": (429, RETRY_AFTER_S),
-                "500": (500, None), "503": (503, None), "503-retry-after": (503, RETRY_AFTER_S)}
-CASES = ("endless-body", "drip", "drip-headers", "header-bomb", "header-line", "invalid-json", "json-bomb",
-         *STATUS_CASES, "redirect-loop", "length-lie")
+STATUS_CASES = {
+    "401": (401, None),
+    "403": (403, None),
+    "429": (429, None),
+    "429-retry-after": (429, RETRY_AFTER_S),
+    "500": (500, None),
+    "503": (503, None),
+    "503-retry-after": (503, RETRY_AFTER_S),
+}
+CASES = (
+    "endless-body",
+    "drip",
+    "drip-headers",
+    "header-bomb",
+    "header-line",
+    "invalid-json",
+    "json-bomb",
+    *STATUS_CASES,
+    "redirect-loop",
+    "length-lie",
+)
 PAGE_PAUSE_S = 0.05  # endless-pages: each page of 1000 files comes after this long
 
-_REASONS = {401: "Unauthorized", 403: "Forbidden", 429: "Too Many Requests", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+_REASONS = {
+    401: "Unauthorized",
+    403: "Forbidden",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 def good_tree() -> list[dict[str, Any]]:
-    return [{"type": "file", "path": "model.gguf", "size": FILE_SIZE, "oid": "d" * 40,
-             "lfs": {"oid": FILE_SHA256, "size": FILE_SIZE, "pointerSize": 134}}]
+    return [
+        {
+            "type": "file",
+            "path": "model.gguf",
+            "size": FILE_SIZE,
+            "oid": "d" * 40,
+            "lfs": {"oid": FILE_SHA256, "size": FILE_SIZE, "pointerSize": 134},
+        }
+    ]
 
 
 class HostileHandler(BaseHTTPRequestHandler):
@@ -72,8 +101,9 @@ class HostileHandler(BaseHTTPRequestHandler):
 
     # -- well-behaved answers ------------------------------------------------------------------------
 
-    def _send(self, status: int, body: bytes, content_type: str = "application/json",
-              headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, body: bytes, content_type: str = "application/json", headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status, _REASONS.get(status))
         self.send_header("Content-Type", content_type)
         for k, v in (headers or {}).items():
@@ -167,8 +197,9 @@ class HostileHandler(BaseHTTPRequestHandler):
             return
         if case == "length-lie":  # promises a megabyte, sends a few bytes, closes
             self._start(headers={"Content-Length": "1048576"})
-            self.wfile.write(b"data: {" if post else b'[{"type": "file", ' if self.path.startswith("/api/")
-                             else b"GGUF\0\0\0\0")
+            self.wfile.write(
+                b"data: {" if post else b'[{"type": "file", ' if self.path.startswith("/api/") else b"GGUF\0\0\0\0"
+            )
             return
         if case == "json-bomb":
             if post:  # one stream line of a megabyte at most

@@ -226,8 +226,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, code: str, message: str) -> None:
         body = json.dumps({"error": message}).encode()
-        self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code,
-                                  "X-Error-Message": message})
+        self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message})
 
     def _authorized(self, repo: HubRepo) -> bool:
         return not repo.gated or self.headers.get("Authorization") == f"Bearer {GOOD_TOKEN}"
@@ -259,8 +258,13 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._error(404, "RevisionNotFound", "Invalid rev id")
                 return self._info(repo)
             if rest[0] == "refs":
-                return self._json({"branches": [{"name": "main", "ref": "refs/heads/main",
-                                                 "targetCommit": repo.commit}], "converts": [], "tags": []})
+                return self._json(
+                    {
+                        "branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": repo.commit}],
+                        "converts": [],
+                        "tags": [],
+                    }
+                )
             if rest[0] == "tree" and len(rest) >= 2:
                 if rest[1] not in ("main", repo.commit):
                     return self._error(404, "RevisionNotFound", "Invalid rev id")
@@ -279,8 +283,12 @@ class _Handler(BaseHTTPRequestHandler):
             if segs[3] not in ("main", repo.commit):
                 return self._error(404, "RevisionNotFound", "Invalid rev id")
             if not self._authorized(repo):
-                return self._error(401, "GatedRepo", f"Access to model {repo.repo_id} is restricted. You must have "
-                                   "access to it and be authenticated to access it. Please log in.")
+                return self._error(
+                    401,
+                    "GatedRepo",
+                    f"Access to model {repo.repo_id} is restricted. You must have "
+                    "access to it and be authenticated to access it. Please log in.",
+                )
             found = repo.files.get("/".join(segs[4:]))
             if found is None:
                 return self._error(404, "EntryNotFound", "Entry not found")
@@ -301,8 +309,12 @@ class _Handler(BaseHTTPRequestHandler):
             repos = [r for r in repos if r.repo_id.split("/")[0] == q["author"]]
         if q.get("filter"):
             repos = [r for r in repos if q["filter"] in r.tags]
-        key = {"downloads": "downloads", "likes": "likes", "lastModified": "last_modified",
-               "createdAt": "last_modified"}.get(q.get("sort", ""), "downloads")
+        key = {
+            "downloads": "downloads",
+            "likes": "likes",
+            "lastModified": "last_modified",
+            "createdAt": "last_modified",
+        }.get(q.get("sort", ""), "downloads")
         repos.sort(key=lambda r: getattr(r, key), reverse=True)
         limit = int(q.get("limit", "1000"))
         self._json([r.summary() for r in repos[:limit]])
@@ -320,7 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
         for path, f in repo.files.items():
             if not path.startswith(prefix):
                 continue
-            rel = path[len(prefix):]
+            rel = path[len(prefix) :]
             parts = rel.split("/")
             for i in range(1, len(parts)):
                 dirs.add(prefix + "/".join(parts[:i]))
@@ -331,9 +343,8 @@ class _Handler(BaseHTTPRequestHandler):
                 entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
             entries.append(entry)
         for d in sorted(dirs):
-            if recursive or "/" not in d[len(prefix):]:
-                entries.append({"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0,
-                                "path": d})
+            if recursive or "/" not in d[len(prefix) :]:
+                entries.append({"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d})
         entries.sort(key=lambda e: e["path"])
         self._json(entries)
 

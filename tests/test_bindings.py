@@ -58,8 +58,17 @@ def test_layer_input_embeddings_are_readable(tiny_models: dict[str, Path]) -> No
 def test_context_params_layout_matches_llama_h() -> None:
     # llama.h: n_ctx n_batch n_ubatch n_seq_max n_rs_seq n_outputs_max n_outputs_max_per_seq (uint32) n_threads...
     fields = [name for name, *_ in C.llama_context_params._fields_]
-    assert fields[:9] == ["n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "n_outputs_max",
-                          "n_outputs_max_per_seq", "n_threads", "n_threads_batch"]
+    assert fields[:9] == [
+        "n_ctx",
+        "n_batch",
+        "n_ubatch",
+        "n_seq_max",
+        "n_rs_seq",
+        "n_outputs_max",
+        "n_outputs_max_per_seq",
+        "n_threads",
+        "n_threads_batch",
+    ]
     assert fields[-3:] == ["samplers", "n_samplers", "ctx_other"]
     assert C.llama_context_params.n_outputs_max_per_seq.offset == 24
 

@@ -37,8 +37,14 @@ pytestmark = pytest.mark.anyio
 
 BUSY = CpuLoad(1.4, 2, 2)  # the issue's 2-CPU machine: 2 threads, others take 1.4 CPUs
 IDLE = CpuLoad(0.1, 2, 2)
-REPLY_STATS = {"decode_tps": 0.6, "ttft_ms": 6012.0, "prompt_tokens": 31, "generated_tokens": 8, "n_ctx": 4096,
-               "n_ctx_used": 2048}
+REPLY_STATS = {
+    "decode_tps": 0.6,
+    "ttft_ms": 6012.0,
+    "prompt_tokens": 31,
+    "generated_tokens": 8,
+    "n_ctx": 4096,
+    "n_ctx_used": 2048,
+}
 
 
 class FakeSampler:
@@ -58,6 +64,7 @@ def as_sampler(fake: FakeSampler) -> Callable[[], CpuContention | None]:
 
 
 # ----- the stats bar -----
+
 
 class StatsHost(App[None]):
     def compose(self) -> ComposeResult:
@@ -105,14 +112,22 @@ async def test_a_machine_that_is_not_busy_shows_nothing_new(cpu: CpuLoad | None)
         assert drawn.tooltip is None
 
 
-@pytest.mark.parametrize(("width", "parts"), [
-    (120, ("0.6 tok/s  TTFT 6012 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k  "
-           "busy: others use 1.4 of 2 CPUs · 2 threads",)),
-    (100, ("0.6 tok/s  TTFT 6012 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k  busy 1.4/2 CPUs · 2 threads",)),
-    (90, ("0.6 tok/s TTFT 6012ms prompt 31 reply 8 ctx ██░░ 2.0k/4.1k busy 1.4/2 CPUs · 2 threads",)),
-    (80, ("0.6 tok/s TTFT 6012ms ctx ██░░ 2.0k/4.1k busy 1.4/2 CPUs · 2 threads",)),  # the note before the counts
-    (56, ("0.6 tok/s ctx ██░░ 2.0k/4.1k busy 1.4/2 · 2 threads",)),  # 80×24 less the sidebar
-])
+@pytest.mark.parametrize(
+    ("width", "parts"),
+    [
+        (
+            120,
+            (
+                "0.6 tok/s  TTFT 6012 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k  "
+                "busy: others use 1.4 of 2 CPUs · 2 threads",
+            ),
+        ),
+        (100, ("0.6 tok/s  TTFT 6012 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k  busy 1.4/2 CPUs · 2 threads",)),
+        (90, ("0.6 tok/s TTFT 6012ms prompt 31 reply 8 ctx ██░░ 2.0k/4.1k busy 1.4/2 CPUs · 2 threads",)),
+        (80, ("0.6 tok/s TTFT 6012ms ctx ██░░ 2.0k/4.1k busy 1.4/2 CPUs · 2 threads",)),  # the note before the counts
+        (56, ("0.6 tok/s ctx ██░░ 2.0k/4.1k busy 1.4/2 · 2 threads",)),  # 80×24 less the sidebar
+    ],
+)
 async def test_the_busy_note_fits_and_the_context_stays_in_view(width: int, parts: tuple[str, ...]) -> None:
     line = (await drawn_bar(width, BUSY)).line
     assert "…" not in line and len(line.rstrip()) <= width
@@ -128,6 +143,7 @@ async def test_one_thread_and_unknown_threads() -> None:
 
 
 # ----- the bridge: sampling while a reply streams -----
+
 
 class Target:
     def __init__(self) -> None:
@@ -147,15 +163,35 @@ class PidClient:
 
 def stats_bridge(tmp_path: Path, sampler: FakeSampler | None) -> tuple[EngineBridge, Target]:
     target = Target()
-    bridge = EngineBridge(target, tmp_path / "engine.log", client_factory=lambda path: cast(EngineClient, PidClient()),
-                          cpu_sampler=as_sampler(sampler) if sampler is not None else lambda: None)
+    bridge = EngineBridge(
+        target,
+        tmp_path / "engine.log",
+        client_factory=lambda path: cast(EngineClient, PidClient()),
+        cpu_sampler=as_sampler(sampler) if sampler is not None else lambda: None,
+    )
     return bridge, target
 
 
 def model_info(n_threads: int) -> ModelInfo:
-    return ModelInfo(path="/models/m.gguf", architecture="llama", description="m", n_params=1, size_bytes=1, n_ctx=4096,
-                     n_ctx_train=4096, n_embd=1, n_layer=1, n_layer_nextn=0, n_vocab=1, is_recurrent=False,
-                     is_hybrid=False, has_chat_template=True, n_threads=n_threads, backend="CPU", load_ms=1.0)
+    return ModelInfo(
+        path="/models/m.gguf",
+        architecture="llama",
+        description="m",
+        n_params=1,
+        size_bytes=1,
+        n_ctx=4096,
+        n_ctx_train=4096,
+        n_embd=1,
+        n_layer=1,
+        n_layer_nextn=0,
+        n_vocab=1,
+        is_recurrent=False,
+        is_hybrid=False,
+        has_chat_template=True,
+        n_threads=n_threads,
+        backend="CPU",
+        load_ms=1.0,
+    )
 
 
 def test_the_bridge_samples_once_a_second_per_reply_with_the_engines_threads(tmp_path: Path) -> None:
@@ -191,6 +227,7 @@ def test_a_bridge_without_a_sampler_measures_nothing(tmp_path: Path) -> None:
 
 # ----- through the app: a reply streamed by a scripted engine -----
 
+
 class WordEngine(ScriptedEngine):
     """Loads with 2 threads; a reply streams a token every 50 ms until `stop` (at most 30 s)."""
 
@@ -212,7 +249,9 @@ class WordEngine(ScriptedEngine):
 
 @pytest.mark.parametrize(("load", "busy"), [(BUSY, True), (IDLE, False)])
 async def test_a_reply_on_a_busy_machine_says_so_in_the_stats_bar(
-    load: CpuLoad, busy: bool, lone_llama: Path,
+    load: CpuLoad,
+    busy: bool,
+    lone_llama: Path,
 ) -> None:
     sampler = FakeSampler(load)
     app = scripted_app(lone_llama, WordEngine, cpu_sampler=as_sampler(sampler))
@@ -241,8 +280,9 @@ def test_the_app_samples_the_machine_by_default(monkeypatch: pytest.MonkeyPatch,
     import app.bridge
 
     monkeypatch.setattr(app.bridge, "CpuContention", CpuContention)
-    bridge = app.bridge.EngineBridge(type("Target", (), {"post_message": lambda self, m: True})(),
-                                     tmp_path / "engine.log")
+    bridge = app.bridge.EngineBridge(
+        type("Target", (), {"post_message": lambda self, m: True})(), tmp_path / "engine.log"
+    )
     try:
         assert isinstance(bridge._cpu, CpuContention)
     finally:

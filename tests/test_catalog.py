@@ -94,8 +94,9 @@ def test_field_checks(tmp_path: Path) -> None:
         load_catalog(path)
 
 
-def test_refresh_confirms_an_entry_from_its_remote_header(hub_server: HubServer, tiny_models: dict[str, Path],
-                                                          tmp_path: Path) -> None:
+def test_refresh_confirms_an_entry_from_its_remote_header(
+    hub_server: HubServer, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     hub_server.add_repo("org/Tiny-GGUF", {"Tiny-Q4_K_M.gguf": tiny_models["qwen35_mtp"]})
     path = tmp_path / "c.toml"
     path.write_text(GOOD)

@@ -216,9 +216,7 @@ def test_hf_extras() -> None:
 
 
 def test_trim_and_lstrip_blocks() -> None:
-    template = (
-        "{% for m in messages %}\n  {% if m.role == 'user' %}\n{{ m.content }}\n  {% endif %}\n{% endfor %}"
-    )
+    template = "{% for m in messages %}\n  {% if m.role == 'user' %}\n{{ m.content }}\n  {% endif %}\n{% endfor %}"
     assert render(template) == "Hi\n2+2?\n"
 
 
@@ -319,8 +317,9 @@ def test_size_limit_grows_with_the_conversation() -> None:
     pasted = "x" * 1_200_000
     assert pasted in render(None, [{"role": "user", "content": pasted}])
     with pytest.raises(ChatTemplateError, match="larger than|more than"):
-        render("{% for i in range(2000) %}{{ messages[0].content }}{% endfor %}",
-               [{"role": "user", "content": "y" * 1000}])
+        render(
+            "{% for i in range(2000) %}{{ messages[0].content }}{% endfor %}", [{"role": "user", "content": "y" * 1000}]
+        )
 
 
 def test_range_and_pow_limits() -> None:
@@ -538,5 +537,7 @@ def test_truncate_counts_few_times() -> None:
 def test_a_continued_answer_keeps_its_leading_space_and_tags() -> None:
     # Continued from the middle of its answer: nothing is dropped and no <think> opens a reasoning block.
     assert split_all(ReasoningSplitter(starts_in_answer=True), [" said", " <think>x</think>", " more"]) == (
-        "", " said <think>x</think> more")
+        "",
+        " said <think>x</think> more",
+    )
     assert split_all(ReasoningSplitter(), [" said", " more"]) == ("", "said more")

@@ -32,8 +32,9 @@ def llmtui(*args: str, data_dir: Path, timeout: float = 300) -> subprocess.Compl
 
 @needs_starter
 def test_run_starter_answers_with_real_text_and_full_stats(tmp_path: Path) -> None:
-    result = llmtui("run", "-m", "starter", "-p", "What is 2+2?", "--temp", "0", "-n", "48",
-                    "-t", "2", "--json", data_dir=tmp_path)
+    result = llmtui(
+        "run", "-m", "starter", "-p", "What is 2+2?", "--temp", "0", "-n", "48", "-t", "2", "--json", data_dir=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     text = out["text"]
@@ -102,8 +103,21 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_bench_reports_prompt_and_decode_speed(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
-    result = llmtui("bench", "-m", str(tiny_models["llama"]), "-p", "64", "-n", "16", "-r", "2", "-t", "2",
-                    "--json", data_dir=tmp_path)
+    result = llmtui(
+        "bench",
+        "-m",
+        str(tiny_models["llama"]),
+        "-p",
+        "64",
+        "-n",
+        "16",
+        "-r",
+        "2",
+        "-t",
+        "2",
+        "--json",
+        data_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert len(out["pp"]["tps"]) == 2 and out["pp"]["median"] > 0
@@ -111,9 +125,23 @@ def test_bench_reports_prompt_and_decode_speed(tmp_path: Path, tiny_models: dict
 
 
 def test_bench_speculative_modes_side_by_side(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
-    result = llmtui("bench", "-m", str(tiny_models["llama"]), "--spec-type", "ngram-mod,draft-simple",
-                    "--spec-draft-model", str(tiny_models["llama"]), "-n", "32", "-r", "1", "-t", "2", "--json",
-                    data_dir=tmp_path)
+    result = llmtui(
+        "bench",
+        "-m",
+        str(tiny_models["llama"]),
+        "--spec-type",
+        "ngram-mod,draft-simple",
+        "--spec-draft-model",
+        str(tiny_models["llama"]),
+        "-n",
+        "32",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "--json",
+        data_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     modes = {m["mode"]: m for m in json.loads(result.stdout)["modes"]}
     assert set(modes) == {"plain", "ngram-mod", "draft-simple"}
@@ -123,8 +151,23 @@ def test_bench_speculative_modes_side_by_side(tmp_path: Path, tiny_models: dict[
 
 
 def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
-    result = llmtui("run", "-m", str(tiny_models["qwen35_mtp"]), "-p", "hi", "--temp", "0", "-n", "24",
-                    "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--json", data_dir=tmp_path)
+    result = llmtui(
+        "run",
+        "-m",
+        str(tiny_models["qwen35_mtp"]),
+        "-p",
+        "hi",
+        "--temp",
+        "0",
+        "-n",
+        "24",
+        "--spec-type",
+        "draft-mtp",
+        "--spec-draft-n-max",
+        "3",
+        "--json",
+        data_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     spec = out["speculative"]
@@ -132,9 +175,24 @@ def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: di
     # Every token says where it came from: an accepted draft (and whose) or the target.
     assert len(out["provenance"]) == len(out["tokens"]) > 0
     assert out["provenance"].count("draft-mtp") == spec["accepted"]
-    copied = json.loads(llmtui("run", "-m", str(tiny_models["llama"]), "--raw", "-p", "a b c a b c a b c a b c a b c",
-                               "--temp", "0", "-n", "96", "--spec-type", "ngram-mod", "--json",
-                               data_dir=tmp_path).stdout)
+    copied = json.loads(
+        llmtui(
+            "run",
+            "-m",
+            str(tiny_models["llama"]),
+            "--raw",
+            "-p",
+            "a b c a b c a b c a b c a b c",
+            "--temp",
+            "0",
+            "-n",
+            "96",
+            "--spec-type",
+            "ngram-mod",
+            "--json",
+            data_dir=tmp_path,
+        ).stdout
+    )
     drafted = copied["provenance"].count("ngram-mod")
     assert 0 < drafted <= copied["speculative"]["accepted"]
     assert set(copied["provenance"]) <= {"ngram-mod", "target", "target/ngram-mod"}  # (where a draft was rejected)
@@ -158,33 +216,86 @@ def test_run_auto_drafts_with_the_sidecar_beside_the_model(tmp_path: Path, tiny_
     assert "note:" not in named.stderr
     assert [d["name"] for d in json.loads(named.stdout)["speculative"]["drafters"]] == ["ngram-mod", "draft-simple"]
     # A model with MTP heads of its own drafts with them under auto (loaded with the heads), not with the sidecar.
-    heads = llmtui("run", "-m", str(tiny_models["qwen35_mtp"]), "-p", "hi", "--temp", "0", "-n", "16", "--json",
-                   "--spec-type", "auto", data_dir=tmp_path)
+    heads = llmtui(
+        "run",
+        "-m",
+        str(tiny_models["qwen35_mtp"]),
+        "-p",
+        "hi",
+        "--temp",
+        "0",
+        "-n",
+        "16",
+        "--json",
+        "--spec-type",
+        "auto",
+        data_dir=tmp_path,
+    )
     assert heads.returncode == 0 and "note:" not in heads.stderr, heads.stderr
     assert [d["name"] for d in json.loads(heads.stdout)["speculative"]["drafters"]] == ["ngram-mod", "draft-mtp"]
 
 
 def test_steer_make_show_and_run_with_the_vector(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     out = tmp_path / "v.gguf"
-    made = llmtui("steer", "make", "-m", str(tiny_models["llama"]), "--prompts", "formal-casual", "--method", "mean",
-                  "-o", str(out), data_dir=tmp_path)
+    made = llmtui(
+        "steer",
+        "make",
+        "-m",
+        str(tiny_models["llama"]),
+        "--prompts",
+        "formal-casual",
+        "--method",
+        "mean",
+        "-o",
+        str(out),
+        data_dir=tmp_path,
+    )
     assert made.returncode == 0, made.stderr
     shown = json.loads(llmtui("steer", "show", str(out), "--json", data_dir=tmp_path).stdout)
     assert shown["layers"] == [1] and shown["metadata"]["llmtui.prompt_set"] == "formal-casual"
-    base = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--temp", "0", "-n", "24", "--json",
-                  data_dir=tmp_path)
-    steered = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--temp", "0", "-n", "24", "--json",
-                     "--control-vector-scaled", f"{out}:2", data_dir=tmp_path)
+    base = llmtui(
+        "run", "-m", str(tiny_models["llama"]), "-p", "hi", "--temp", "0", "-n", "24", "--json", data_dir=tmp_path
+    )
+    steered = llmtui(
+        "run",
+        "-m",
+        str(tiny_models["llama"]),
+        "-p",
+        "hi",
+        "--temp",
+        "0",
+        "-n",
+        "24",
+        "--json",
+        "--control-vector-scaled",
+        f"{out}:2",
+        data_dir=tmp_path,
+    )
     assert steered.returncode == 0, steered.stderr
     assert json.loads(steered.stdout)["tokens"] != json.loads(base.stdout)["tokens"]
     # llama.cpp takes any strength (its own vectors steer at ±4 or more): so does llmtui, within ±1000
-    strong = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--temp", "0", "-n", "4",
-                    "--control-vector-scaled", f"{out}:4", data_dir=tmp_path)
+    strong = llmtui(
+        "run",
+        "-m",
+        str(tiny_models["llama"]),
+        "-p",
+        "hi",
+        "--temp",
+        "0",
+        "-n",
+        "4",
+        "--control-vector-scaled",
+        f"{out}:4",
+        data_dir=tmp_path,
+    )
     assert strong.returncode == 0, strong.stderr
-    bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--control-vector-scaled", f"{out}:nan",
-                 data_dir=tmp_path)
-    assert bad.returncode == 2 and "--control-vector-scaled: expected FILE:STRENGTH with a strength from -1000 to " \
-        "1000" in bad.stderr  # argparse refuses it (exit 2) before the engine starts
+    bad = llmtui(
+        "run", "-m", str(tiny_models["llama"]), "-p", "hi", "--control-vector-scaled", f"{out}:nan", data_dir=tmp_path
+    )
+    assert (
+        bad.returncode == 2
+        and "--control-vector-scaled: expected FILE:STRENGTH with a strength from -1000 to 1000" in bad.stderr
+    )  # argparse refuses it (exit 2) before the engine starts
     sets = llmtui("steer", "sets", data_dir=tmp_path).stdout
     assert "happy-sad" in sets and "creative-literal" in sets
 

@@ -101,13 +101,60 @@ def test_bad_value_exits_2_naming_the_flag(
 
 def test_good_values_still_parse(tmp_path: Path) -> None:
     parser = build_parser()
-    args = parser.parse_args([
-        "run", "-p", "hi", "-c", "0", "-t", "1024", "-b", "1", "-ub", "1", "-ngl", "auto", "--fit-target", "0",
-        "-mg", "0", "--n-cpu-moe", "0", "--temp", "0", "--top-k", "0", "--top-p", "1", "--min-p", "0",
-        "--repeat-penalty", "1.1", "--repeat-last-n", "-1", "--presence-penalty", "-0.5",
-        "--frequency-penalty", "1e-3", "-s", "-1", "-n", "-1", "--spec-draft-n-max", "1", "--spec-draft-p-min", "1",
-        "--control-vector-scaled", "v.gguf:-2", "--control-vector-layer-range", "1", "4", "-ts", "3/1",
-    ])
+    args = parser.parse_args(
+        [
+            "run",
+            "-p",
+            "hi",
+            "-c",
+            "0",
+            "-t",
+            "1024",
+            "-b",
+            "1",
+            "-ub",
+            "1",
+            "-ngl",
+            "auto",
+            "--fit-target",
+            "0",
+            "-mg",
+            "0",
+            "--n-cpu-moe",
+            "0",
+            "--temp",
+            "0",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--repeat-penalty",
+            "1.1",
+            "--repeat-last-n",
+            "-1",
+            "--presence-penalty",
+            "-0.5",
+            "--frequency-penalty",
+            "1e-3",
+            "-s",
+            "-1",
+            "-n",
+            "-1",
+            "--spec-draft-n-max",
+            "1",
+            "--spec-draft-p-min",
+            "1",
+            "--control-vector-scaled",
+            "v.gguf:-2",
+            "--control-vector-layer-range",
+            "1",
+            "4",
+            "-ts",
+            "3/1",
+        ]
+    )
     assert (args.ctx_size, args.threads, args.batch_size, args.temp, args.top_p) == (0, 1024, 1, 0.0, 1.0)
     assert args.seed == DEFAULT_SEED  # -1: llama.cpp's random seed
     assert args.repeat_last_n == -1 and args.n_predict == -1 and args.presence_penalty == -0.5
@@ -166,17 +213,21 @@ def test_type_functions() -> None:
     assert finite_float(0.0, 1.0)("0.5") == 0.5
 
 
-def _llmtui(*args: str | bytes, tmp_path: Path, stdin: bytes | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+def _llmtui(
+    *args: str | bytes, tmp_path: Path, stdin: bytes | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path), LLMTUI_CONFIG_DIR=str(tmp_path / "config"))
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, input=stdin,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, input=stdin, capture_output=True, timeout=timeout
+    )
 
 
 def test_subprocess_errors_are_one_line(tmp_path: Path) -> None:
-    for args, flag in ((("run", "-p", "hi", "-c", "4294967297"), "-c/--ctx-size"),
-                       (("run", "-p", "hi", "--temp", "nan"), "--temp"),
-                       (("run", "-p", b"caf\xc3\xa9 \xff"), "-p/--prompt")):
+    for args, flag in (
+        (("run", "-p", "hi", "-c", "4294967297"), "-c/--ctx-size"),
+        (("run", "-p", "hi", "--temp", "nan"), "--temp"),
+        (("run", "-p", b"caf\xc3\xa9 \xff"), "-p/--prompt"),
+    ):
         result = _llmtui(*args, tmp_path=tmp_path, timeout=60)
         assert result.returncode == 2
         _one_error_line(result.stderr.decode(), "run", flag)
@@ -188,8 +239,21 @@ def test_subprocess_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_chat_goes_on_after_a_bad_byte_and_an_over_long_line(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     lines = b"hi \xff there\n" + b"word " * 200_000 + b"\n" + b"hello\n"  # a 1 MB paste: far over the context
-    result = _llmtui("chat", "-m", str(tiny_models["llama"]), "-c", "200", "-n", "4", "-t", "1", "--temp", "0",
-                     tmp_path=tmp_path, stdin=lines)
+    result = _llmtui(
+        "chat",
+        "-m",
+        str(tiny_models["llama"]),
+        "-c",
+        "200",
+        "-n",
+        "4",
+        "-t",
+        "1",
+        "--temp",
+        "0",
+        tmp_path=tmp_path,
+        stdin=lines,
+    )
     err = result.stderr.decode("utf-8", "replace")
     assert result.returncode == 0, err
     assert "Traceback" not in err

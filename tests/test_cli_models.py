@@ -18,26 +18,42 @@ REPO = "org/Tiny-Qwen35-GGUF"
 
 
 def llmtui(*args: str, tmp: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp / "data"), LLMTUI_CONFIG_DIR=str(tmp / "config"),
-               LLMTUI_RAM_BYTES=str(8 << 30), LLMTUI_VRAM_BYTES="0")
-    return subprocess.run([sys.executable, "-m", "app", "models", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    env = dict(
+        os.environ,
+        LLMTUI_DATA_DIR=str(tmp / "data"),
+        LLMTUI_CONFIG_DIR=str(tmp / "config"),
+        LLMTUI_RAM_BYTES=str(8 << 30),
+        LLMTUI_VRAM_BYTES="0",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "app", "models", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
 def tiny_hub(hub_server: HubServer, tiny_models: dict[str, Path]) -> HubServer:
-    hub_server.add_repo(REPO, {
-        "Tiny-Q4_K_M.gguf": tiny_models["qwen35_mtp"],
-        "Tiny-Q8_0.gguf": tiny_models["qwen35"],
-        "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"],
-        "README.md": b"# Tiny Qwen3.5\n",
-    }, downloads=42)
+    hub_server.add_repo(
+        REPO,
+        {
+            "Tiny-Q4_K_M.gguf": tiny_models["qwen35_mtp"],
+            "Tiny-Q8_0.gguf": tiny_models["qwen35"],
+            "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"],
+            "README.md": b"# Tiny Qwen3.5\n",
+        },
+        downloads=42,
+    )
     hub_server.add_repo("meta/Gated-GGUF", {"Gated-Q4_K_M.gguf": tiny_models["llama"]}, gated=True)
     return hub_server
 
 
-def test_a_new_user_searches_inspects_pulls_lists_and_deletes(tiny_hub: HubServer, hf_env: Path,
-                                                             tmp_path: Path) -> None:
+def test_a_new_user_searches_inspects_pulls_lists_and_deletes(
+    tiny_hub: HubServer, hf_env: Path, tmp_path: Path
+) -> None:
     found = llmtui("search", "tiny", "--json", tmp=tmp_path)
     assert found.returncode == 0, found.stderr
     assert [r["repo_id"] for r in json.loads(found.stdout)["hub"]] == [REPO]

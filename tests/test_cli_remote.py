@@ -24,8 +24,15 @@ def server() -> Iterator[FakeServer]:
 
 
 def llmtui(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=dict(os.environ, **(env or {})),
-                          input=stdin, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env=dict(os.environ, **(env or {})),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_run_streams_a_reply_from_a_remote_server(server: FakeServer) -> None:
@@ -55,8 +62,16 @@ def test_chat_keeps_the_conversation_with_a_remote_server(server: FakeServer) ->
 def test_a_key_from_the_environment_and_a_refusal_in_one_line() -> None:
     denied = FakeServer("401")
     try:
-        result = llmtui("run", "--remote", denied.url, "--api-key-env", "TEST_CLI_KEY", "-p", "hi",
-                        env={"TEST_CLI_KEY": "sk-cli-secret"})
+        result = llmtui(
+            "run",
+            "--remote",
+            denied.url,
+            "--api-key-env",
+            "TEST_CLI_KEY",
+            "-p",
+            "hi",
+            env={"TEST_CLI_KEY": "sk-cli-secret"},
+        )
         assert result.returncode == 1
         assert result.stderr.startswith("llmtui: error:") and len(result.stderr.strip().splitlines()) == 1
         assert "sk-cli-secret" not in result.stderr

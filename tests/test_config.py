@@ -32,8 +32,9 @@ def test_missing_file_gives_defaults(app_dirs: tuple[Path, Path]) -> None:
 
 def test_save_then_load_round_trip(app_dirs: tuple[Path, Path]) -> None:
     config = Config(
-        engine=EngineSettings(n_ctx=8192, n_threads=4, n_gpu_layers=20, flash_attn="on", type_k="q8_0",
-                              type_v="q8_0", n_batch=512),
+        engine=EngineSettings(
+            n_ctx=8192, n_threads=4, n_gpu_layers=20, flash_attn="on", type_k="q8_0", type_v="q8_0", n_batch=512
+        ),
         model_folders=("~/models", '/data/odd "quoted" \\ folder'),
         last_model="/models/x.gguf",
         theme="light",
@@ -82,8 +83,13 @@ def test_sampling_settings_to_engine_params_and_back() -> None:
     assert SamplingSettings(seed=7).sampling_params().seed == 7
     assert SamplingSettings.from_json(sampling.to_json()) == sampling
     assert SamplingSettings.from_json({"temperature": "hot", "top_k": 5, "extra": 1}) == SamplingSettings(top_k=5)
-    for bad in (SamplingSettings(temperature=-1), SamplingSettings(top_p=2), SamplingSettings(max_tokens=0),
-                SamplingSettings(seed=-2), SamplingSettings(temperature=float("nan"))):
+    for bad in (
+        SamplingSettings(temperature=-1),
+        SamplingSettings(top_p=2),
+        SamplingSettings(max_tokens=0),
+        SamplingSettings(seed=-2),
+        SamplingSettings(temperature=float("nan")),
+    ):
         with pytest.raises(ConfigError):
             bad.validate()
 
@@ -91,9 +97,22 @@ def test_sampling_settings_to_engine_params_and_back() -> None:
 # ----- every engine setting: config.toml round trip and the engine parameters it becomes --------------------
 
 EVERY_ENGINE_SETTING = EngineSettings(
-    n_ctx=8192, n_threads=6, n_gpu_layers=GPU_LAYERS_AUTO, flash_attn="on", type_k="q8_0", type_v="q4_0",
-    n_batch=1024, n_ubatch=256, split_mode="row", tensor_split=(3.0, 1.0), main_gpu=1, n_cpu_moe=12,
-    use_mmap=False, use_mlock=True, rpc_servers=("192.168.1.20:50052", "gpu-box:50053"), fit_target_mib=2048,
+    n_ctx=8192,
+    n_threads=6,
+    n_gpu_layers=GPU_LAYERS_AUTO,
+    flash_attn="on",
+    type_k="q8_0",
+    type_v="q4_0",
+    n_batch=1024,
+    n_ubatch=256,
+    split_mode="row",
+    tensor_split=(3.0, 1.0),
+    main_gpu=1,
+    n_cpu_moe=12,
+    use_mmap=False,
+    use_mlock=True,
+    rpc_servers=("192.168.1.20:50052", "gpu-box:50053"),
+    fit_target_mib=2048,
     use_extra_bufts=False,
 )
 
@@ -106,12 +125,21 @@ def test_every_engine_setting_round_trips_and_maps_onto_the_engine_params(app_di
     assert raw["n_gpu_layers"] == "auto" and raw["tensor_split"] == [3.0, 1.0] and raw["use_mmap"] is False
     assert load_config().engine == EVERY_ENGINE_SETTING
     model, context = EVERY_ENGINE_SETTING.model_params(), EVERY_ENGINE_SETTING.context_params()
-    assert model == ModelParams(n_gpu_layers=GPU_LAYERS_AUTO, use_mmap=False, use_mlock=True, use_extra_bufts=False,
-                                main_gpu=1,
-                                rpc_servers=("192.168.1.20:50052", "gpu-box:50053"), split_mode="row",
-                                tensor_split=(3.0, 1.0), n_cpu_moe=12, fit_target_mib=2048)
-    assert context == ContextParams(n_ctx=8192, n_batch=1024, n_ubatch=256, n_threads=6, flash_attn="on",
-                                    type_k="q8_0", type_v="q4_0")
+    assert model == ModelParams(
+        n_gpu_layers=GPU_LAYERS_AUTO,
+        use_mmap=False,
+        use_mlock=True,
+        use_extra_bufts=False,
+        main_gpu=1,
+        rpc_servers=("192.168.1.20:50052", "gpu-box:50053"),
+        split_mode="row",
+        tensor_split=(3.0, 1.0),
+        n_cpu_moe=12,
+        fit_target_mib=2048,
+    )
+    assert context == ContextParams(
+        n_ctx=8192, n_batch=1024, n_ubatch=256, n_threads=6, flash_attn="on", type_k="q8_0", type_v="q4_0"
+    )
     # Numbers of layers are written as numbers; -ub is clamped to -b as llama.cpp does.
     save_config(Config(engine=EngineSettings(n_gpu_layers=12, n_batch=128)))
     assert tomllib.loads(config_path().read_text())["engine"]["n_gpu_layers"] == 12
@@ -151,8 +179,9 @@ def test_combinations_llama_cpp_refuses_are_refused(engine: EngineSettings, frag
 # ----- remote engines -----------------------------------------------------------------------------------------
 
 
-def test_remote_engines_round_trip_and_keys_stay_hidden(app_dirs: tuple[Path, Path],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remote_engines_round_trip_and_keys_stay_hidden(
+    app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("LLMTUI_TEST_KEY", raising=False)
     remotes = (
         RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1", api_key_env="LLMTUI_TEST_KEY", model="qwen3"),
@@ -161,8 +190,12 @@ def test_remote_engines_round_trip_and_keys_stay_hidden(app_dirs: tuple[Path, Pa
     )
     save_config(Config(remotes=remotes))
     text = config_path().read_text()
-    assert tomllib.loads(text)["remote"][0] == {"name": "gpu-box", "base_url": "http://192.168.1.20:8080/v1",
-                                                "api_key_env": "LLMTUI_TEST_KEY", "model": "qwen3"}
+    assert tomllib.loads(text)["remote"][0] == {
+        "name": "gpu-box",
+        "base_url": "http://192.168.1.20:8080/v1",
+        "api_key_env": "LLMTUI_TEST_KEY",
+        "model": "qwen3",
+    }
     assert load_config().remotes == remotes
     gpu, cloud, plain = remotes
     assert "sk-very-secret" not in repr(cloud) and "sk-very-secret" not in cloud.masked_key()
@@ -181,8 +214,10 @@ def test_remote_engines_round_trip_and_keys_stay_hidden(app_dirs: tuple[Path, Pa
         ('[[remote]]\nname = "bad name"\nbase_url = "http://h/v1"\n', "remote engine name"),
         ('[[remote]]\nbase_url = "http://h/v1"\n', "needs a name and a base_url"),
         ('[[remote]]\nname = "x"\nbase_url = "http://h/v1"\napi_key_env = "NOT-A-VAR"\n', "environment variable"),
-        ('[[remote]]\nname = "x"\nbase_url = "http://a/v1"\n[[remote]]\nname = "X"\nbase_url = "http://b/v1"\n',
-         "two remote engines"),
+        (
+            '[[remote]]\nname = "x"\nbase_url = "http://a/v1"\n[[remote]]\nname = "X"\nbase_url = "http://b/v1"\n',
+            "two remote engines",
+        ),
         ('remote = "http://h"\n', r"\[\[remote\]\] tables"),
         ('[engine]\ntensor_split = ["a"]\n', "engine.tensor_split"),
         ('[engine]\nrpc_servers = "h:1"\n', "engine.rpc_servers"),
@@ -238,9 +273,16 @@ async def test_settings_screen_refuses_a_bad_combination_and_keeps_a_good_one(ap
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert not isinstance(app.screen, SettingsScreen)
-    expected = EngineSettings(n_gpu_layers=GPU_LAYERS_AUTO, tensor_split=(3.0, 1.0), n_ubatch=256, n_cpu_moe=4,
-                              main_gpu=1, use_mlock=True, use_mmap=False,
-                              rpc_servers=("10.0.0.2:50052", "10.0.0.3:50052"))
+    expected = EngineSettings(
+        n_gpu_layers=GPU_LAYERS_AUTO,
+        tensor_split=(3.0, 1.0),
+        n_ubatch=256,
+        n_cpu_moe=4,
+        main_gpu=1,
+        use_mlock=True,
+        use_mmap=False,
+        rpc_servers=("10.0.0.2:50052", "10.0.0.3:50052"),
+    )
     assert load_config().engine == expected
     # A new app shows what was saved.
     second = LlmtuiApp("starter", start_engine=False)
@@ -283,13 +325,15 @@ async def test_settings_screen_adds_edits_and_removes_a_remote_engine(app_dirs: 
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is dialog and "should start with http:// or https://" in str(
-            dialog.query_one("#remote-status", Label).render())
+            dialog.query_one("#remote-status", Label).render()
+        )
         dialog.query_one("#remote-base-url", Input).value = "http://192.168.1.20:8080/v1"
         dialog.query_one("#remote-key", Input).value = "sk-typed-secret"
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is screen and screen.remotes == [
-            RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1", api_key="sk-typed-secret")]
+            RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1", api_key="sk-typed-secret")
+        ]
         assert "key in config.toml (hidden)" in str(screen.query_one(".remote-line", Label).render())
         screen.edit_remote(0)
         await pilot.pause()
@@ -303,8 +347,9 @@ async def test_settings_screen_adds_edits_and_removes_a_remote_engine(app_dirs: 
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert not isinstance(app.screen, SettingsScreen)
-        assert load_config().remotes == (RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1",
-                                                        api_key_env="GPU_BOX_KEY"),)
+        assert load_config().remotes == (
+            RemoteSettings("gpu-box", "http://192.168.1.20:8080/v1", api_key_env="GPU_BOX_KEY"),
+        )
         await pilot.press("f3")
         await pilot.pause()
         reopened = app.screen

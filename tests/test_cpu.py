@@ -91,14 +91,18 @@ def test_default_threads_within_affinity_and_quota(tmp_path: Path) -> None:
 
 def test_plan_says_what_decided_the_count() -> None:
     assert ThreadPlan(8, 16, 8, None).describe() == (
-        "8 (one per physical core: 8 among the 16 CPUs this process may use)")
+        "8 (one per physical core: 8 among the 16 CPUs this process may use)"
+    )
     assert ThreadPlan(2, 16, 8, 2).describe() == (
-        "2 (one per physical core: 8 among the 16 CPUs this process may use; capped by a cgroup CPU quota of 2)")
+        "2 (one per physical core: 8 among the 16 CPUs this process may use; capped by a cgroup CPU quota of 2)"
+    )
     assert ThreadPlan(6, 12, None, None).describe() == (
-        "6 (12 CPUs, core layout unknown: all of them up to 4, else half)")
+        "6 (12 CPUs, core layout unknown: all of them up to 4, else half)"
+    )
 
 
 # ----- CpuContention: other programs' CPU use, from fake /proc contents -----
+
 
 def proc_stat(per_cpu: list[tuple[int, int]]) -> str:
     """A /proc/stat whose CPUs have (busy, idle) ticks: busy split between user and system, some iowait."""
@@ -111,8 +115,10 @@ def proc_stat(per_cpu: list[tuple[int, int]]) -> str:
 
 
 def pid_stat(pid: int, utime: int, stime: int, comm: str = "python3") -> str:
-    return (f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 3 0 4807 "
-            "1000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n")
+    return (
+        f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 3 0 4807 "
+        "1000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n"
+    )
 
 
 class FakeProc:
@@ -229,16 +235,19 @@ def test_reads_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sampler._read([]) == (200, 500, {}, 1)  # cpu0 alone
 
 
-@pytest.mark.parametrize(("load", "busy"), [
-    (CpuLoad(0.6, 2, 2), True),  # the issue's 2-CPU machine: 0.6 tok/s
-    (CpuLoad(0.4, 2, 2), False),  # under half a CPU: noise
-    (CpuLoad(0.6, 2, 1), False),  # one thread, 1.4 CPUs idle: nothing waits
-    (CpuLoad(0.9, 4, 4), False),  # a quarter or less of the threads' share
-    (CpuLoad(1.2, 4, 4), True),
-    (CpuLoad(20.0, 64, 8), False),  # a big machine with room to spare
-    (CpuLoad(57.0, 64, 8), True),
-    (CpuLoad(1.5, 2), True),  # threads not known: as many as CPUs
-])
+@pytest.mark.parametrize(
+    ("load", "busy"),
+    [
+        (CpuLoad(0.6, 2, 2), True),  # the issue's 2-CPU machine: 0.6 tok/s
+        (CpuLoad(0.4, 2, 2), False),  # under half a CPU: noise
+        (CpuLoad(0.6, 2, 1), False),  # one thread, 1.4 CPUs idle: nothing waits
+        (CpuLoad(0.9, 4, 4), False),  # a quarter or less of the threads' share
+        (CpuLoad(1.2, 4, 4), True),
+        (CpuLoad(20.0, 64, 8), False),  # a big machine with room to spare
+        (CpuLoad(57.0, 64, 8), True),
+        (CpuLoad(1.5, 2), True),  # threads not known: as many as CPUs
+    ],
+)
 def test_busy_means_others_leave_fewer_idle_cpus_than_the_engines_threads(load: CpuLoad, busy: bool) -> None:
     assert load.busy() is busy
 

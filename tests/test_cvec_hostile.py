@@ -35,8 +35,11 @@ _HUGE = [0, 1, 5, 63, 64, 65, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**62, 
 
 def _vector_file(path: Path) -> Path:
     rng = np.random.default_rng(0)
-    vector = ControlVector({il: rng.normal(size=N_EMBD).astype(np.float32) for il in (1, 2, 3)}, "llama",
-                           {"llmtui.method": "pca", "llmtui.prompt_set": "happy-sad"})
+    vector = ControlVector(
+        {il: rng.normal(size=N_EMBD).astype(np.float32) for il in (1, 2, 3)},
+        "llama",
+        {"llmtui.method": "pca", "llmtui.prompt_set": "happy-sad"},
+    )
     return write_control_vector(vector, path)
 
 
@@ -164,8 +167,9 @@ def test_claimed_sizes_beyond_the_file_are_refused_without_reading(tmp_path: Pat
 
 def test_a_big_metadata_array_is_cheap(tmp_path: Path) -> None:
     """100,000 provenance strings in one array: refused or read within the limits, never held."""
-    path = _writer_file(tmp_path / "many.gguf", {"direction.1": np.ones(N_EMBD, np.float32)},
-                        {"llmtui.junk": ["x"] * 100_000})
+    path = _writer_file(
+        tmp_path / "many.gguf", {"direction.1": np.ones(N_EMBD, np.float32)}, {"llmtui.junk": ["x"] * 100_000}
+    )
     t0 = time.perf_counter()
     vector = read_control_vector(path)
     assert time.perf_counter() - t0 < MAX_SECONDS / 4  # about 0.1 s here: the strings are walked, not read

@@ -25,8 +25,9 @@ from tests.hub_server import HubServer
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "org/Blob-GGUF"
 NAME = "Blob-Q4_K_M.gguf"
-FAST = TransferOptions(chunk_size=64 * 1024, stall_timeout=5, backoff_base=0.01, backoff_max=0.05,
-                       progress_interval=0.01, lock_poll=0.05)
+FAST = TransferOptions(
+    chunk_size=64 * 1024, stall_timeout=5, backoff_base=0.01, backoff_max=0.05, progress_interval=0.01, lock_poll=0.05
+)
 
 
 def payload(size: int, seed: int = 7) -> bytes:
@@ -52,8 +53,9 @@ def blob_path(cache: Path, data: bytes) -> Path:
     return hfcache.RepoCache(cache, REPO).blob(sha(data))
 
 
-def test_fetch_installs_in_the_hf_cache_layout_that_huggingface_hub_reads(hf_env: Path, blob_repo: bytes,
-                                                                          hub_server: HubServer) -> None:
+def test_fetch_installs_in_the_hf_cache_layout_that_huggingface_hub_reads(
+    hf_env: Path, blob_repo: bytes, hub_server: HubServer
+) -> None:
     from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 
     events: list[Progress] = []
@@ -76,8 +78,9 @@ def test_fetch_installs_in_the_hf_cache_layout_that_huggingface_hub_reads(hf_env
     assert len(hub_server.data_requests(NAME)) == served
 
 
-def test_huggingface_hub_download_and_ours_share_one_blob(hf_env: Path, blob_repo: bytes,
-                                                          hub_server: HubServer) -> None:
+def test_huggingface_hub_download_and_ours_share_one_blob(
+    hf_env: Path, blob_repo: bytes, hub_server: HubServer
+) -> None:
     from huggingface_hub import hf_hub_download
 
     theirs = hf_hub_download(REPO, NAME, cache_dir=hf_env, endpoint=hub_server.url)
@@ -107,8 +110,7 @@ def test_a_server_that_ignores_range_restarts_cleanly(hf_env: Path, blob_repo: b
     assert any("ignored the Range" in e.message for e in events)
 
 
-def test_stall_is_detected_and_the_download_reconnects(hf_env: Path, blob_repo: bytes,
-                                                       hub_server: HubServer) -> None:
+def test_stall_is_detected_and_the_download_reconnects(hf_env: Path, blob_repo: bytes, hub_server: HubServer) -> None:
     hub_server.fault(REPO, NAME, stall_at=200_000, stall_seconds=20)
     events: list[Progress] = []
     start = time.monotonic()
@@ -129,8 +131,9 @@ def test_5xx_answers_are_retried_with_backoff(hf_env: Path, blob_repo: bytes, hu
     assert statuses == [503, 503, 503, 200]
 
 
-def test_a_flipped_byte_is_caught_never_installed_and_fetched_again(hf_env: Path, blob_repo: bytes,
-                                                                   hub_server: HubServer) -> None:
+def test_a_flipped_byte_is_caught_never_installed_and_fetched_again(
+    hf_env: Path, blob_repo: bytes, hub_server: HubServer
+) -> None:
     hub_server.fault(REPO, NAME, corrupt_times=1, corrupt_offset=123_456)
     events: list[Progress] = []
     path = download.fetch(remote(), options=FAST, on_progress=events.append)
@@ -140,8 +143,7 @@ def test_a_flipped_byte_is_caught_never_installed_and_fetched_again(hf_env: Path
     assert len(reqs) == 2 and reqs[0].range is None and reqs[1].range is None  # the bad copy is not resumed
 
 
-def test_a_persistently_corrupt_file_is_never_installed(hf_env: Path, blob_repo: bytes,
-                                                        hub_server: HubServer) -> None:
+def test_a_persistently_corrupt_file_is_never_installed(hf_env: Path, blob_repo: bytes, hub_server: HubServer) -> None:
     hub_server.fault(REPO, NAME, corrupt_times=100, corrupt_offset=5)
     with pytest.raises(ChecksumMismatch, match="not installed"):
         download.fetch(remote(), options=FAST)
@@ -177,8 +179,9 @@ def test_a_full_disk_gives_a_clear_error_keeps_the_partial_and_resumes(
     assert hub_server.data_requests(NAME)[-1].start == kept
 
 
-def test_the_disk_space_check_runs_before_any_byte(hf_env: Path, blob_repo: bytes, hub_server: HubServer,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_disk_space_check_runs_before_any_byte(
+    hf_env: Path, blob_repo: bytes, hub_server: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(download, "_free_bytes", lambda path: 1000)
     with pytest.raises(NotEnoughDiskSpace, match="free some space"):
         pull.pull(f"{REPO}:Q4_K_M", options=FAST)
@@ -205,8 +208,9 @@ class SocketGuard:
         return deny
 
 
-def test_offline_mode_opens_no_socket(hf_env: Path, blob_repo: bytes, hub_server: HubServer,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_offline_mode_opens_no_socket(
+    hf_env: Path, blob_repo: bytes, hub_server: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     online = pull.pull(f"{REPO}:Q4_K_M", options=FAST)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     guard = SocketGuard(monkeypatch)
@@ -283,8 +287,7 @@ def test_sigkill_at_random_points_then_pull_again_ten_times(hf_env: Path, hub_se
     assert sum(r.sent for r in reqs) <= size + 10 * in_flight
 
 
-def test_two_fetchers_of_one_blob_take_turns_on_the_lock(hf_env: Path, blob_repo: bytes,
-                                                         hub_server: HubServer) -> None:
+def test_two_fetchers_of_one_blob_take_turns_on_the_lock(hf_env: Path, blob_repo: bytes, hub_server: HubServer) -> None:
     hub_server.fault(REPO, NAME, throttle_bps=2 << 20)
     file = remote()
     events: list[Progress] = []
@@ -338,8 +341,9 @@ def test_queue_pause_resume_cancel_and_progress_events(hf_env: Path, hub_server:
     assert State.PAUSED in states and states[-1] == State.DONE
 
 
-def test_queue_cancel_of_a_running_download_deletes_its_partial(hf_env: Path, blob_repo: bytes,
-                                                                hub_server: HubServer) -> None:
+def test_queue_cancel_of_a_running_download_deletes_its_partial(
+    hf_env: Path, blob_repo: bytes, hub_server: HubServer
+) -> None:
     hub_server.fault(REPO, NAME, throttle_bps=1 << 20)
     with DownloadQueue(options=FAST) as queue:
         task = queue.add(remote())

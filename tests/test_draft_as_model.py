@@ -35,8 +35,14 @@ def test_models_with_their_own_heads_still_open(tiny_models: dict[str, Path], ki
 
 def test_run_on_a_sidecar_says_what_to_open(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path), LLMTUI_CONFIG_DIR=str(tmp_path / "config"))
-    result = subprocess.run([sys.executable, "-m", "app", "run", "-m", str(tiny_models["qwen35_mtp_sidecar"]), "-p",
-                             "hi", "-n", "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "run", "-m", str(tiny_models["qwen35_mtp_sidecar"]), "-p", "hi", "-n", "4"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("llmtui: error:") and "mtp- sidecar" in result.stderr
     assert "SIGSEGV" not in result.stderr and "Traceback" not in result.stderr
@@ -48,6 +54,9 @@ async def test_the_app_shows_why_a_draft_does_not_load(tiny_models: dict[str, Pa
     app = LlmtuiApp(str(tiny_models["dflash"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.engine_state == "error", "the load to fail", 60)
-        await wait_until(pilot, lambda: any("not a model to chat with" in str(n.message) for n in app._notifications),
-                         "the reason in a notification")
+        await wait_until(
+            pilot,
+            lambda: any("not a model to chat with" in str(n.message) for n in app._notifications),
+            "the reason in a notification",
+        )
         assert app.bridge.pid is not None  # the engine did not crash

@@ -53,19 +53,53 @@ def test_paired_draft_repo_in_the_cache_and_smaller_models_with_the_same_vocabul
     draft_dir.mkdir()
     draft = draft_dir / "Tiny-DFlash-Q8_0.gguf"  # a paired repo's file needs no sidecar name
     shutil.copyfile(tiny_models["dflash"], draft)
-    entry = CatalogEntry("tiny", "Tiny", "tiny", ("org/tiny",), True, 0.1, 0.1, "llama", 2048, "mit", "", False, False,
-                         drafts={"dflash": "org/tiny-dflash"})
+    entry = CatalogEntry(
+        "tiny",
+        "Tiny",
+        "tiny",
+        ("org/tiny",),
+        True,
+        0.1,
+        0.1,
+        "llama",
+        2048,
+        "mit",
+        "",
+        False,
+        False,
+        drafts={"dflash": "org/tiny-dflash"},
+    )
     catalog = Catalog([entry])
-    models = [_local(lone_llama, "org/tiny"), _local(draft, "org/tiny-dflash"), _local(tiny_models["qwen3"]),
-              _local(tiny_models["qwen35"])]
+    models = [
+        _local(lone_llama, "org/tiny"),
+        _local(draft, "org/tiny-dflash"),
+        _local(tiny_models["qwen3"]),
+        _local(tiny_models["qwen35"]),
+    ]
     found = draft_candidates(lone_llama, models, catalog)
     assert ("dflash", draft.name, "paired draft repo org/tiny-dflash") in _kinds(found)
     # What the catalog pairs with the model and is not downloaded: here nothing (the DFlash draft is in the cache).
     assert missing_drafts(lone_llama, models, catalog, found) == []
-    mtp_and_more = CatalogEntry("tiny", "Tiny", "tiny", ("org/tiny",), True, 0.1, 0.1, "llama", 2048, "mit", "sidecar",
-                                False, False, drafts={"dflash2": "org/tiny-dflash", "dspark": "org/tiny-dspark"})
-    assert missing_drafts(lone_llama, models, Catalog([mtp_and_more]), found) == [("mtp", "org/tiny"),
-                                                                                  ("dspark", "org/tiny-dspark")]
+    mtp_and_more = CatalogEntry(
+        "tiny",
+        "Tiny",
+        "tiny",
+        ("org/tiny",),
+        True,
+        0.1,
+        0.1,
+        "llama",
+        2048,
+        "mit",
+        "sidecar",
+        False,
+        False,
+        drafts={"dflash2": "org/tiny-dflash", "dspark": "org/tiny-dspark"},
+    )
+    assert missing_drafts(lone_llama, models, Catalog([mtp_and_more]), found) == [
+        ("mtp", "org/tiny"),
+        ("dspark", "org/tiny-dspark"),
+    ]
     assert missing_drafts(lone_llama, [], Catalog([mtp_and_more]), found) == []  # not a cache model: unknown repo
     # With nothing beside the model, auto drafts with the paired draft (never with a plain smaller model).
     sidecars = [c for c in found if c.kind != "model"]

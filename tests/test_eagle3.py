@@ -104,8 +104,16 @@ def test_eagle3_reading_the_final_hidden_state_of_qwen35(tiny_models: dict[str, 
 
 def _check(**overrides: object) -> None:
     values: dict[str, object] = dict(
-        name="d.gguf", target_layers=[0, 1, 1], target_hidden_size=64, draft_n_embd=64, draft_n_vocab=272,
-        own_token_embd_rows=None, own_output=False, target_arch="llama", target_n_layer=2, target_n_embd=64,
+        name="d.gguf",
+        target_layers=[0, 1, 1],
+        target_hidden_size=64,
+        draft_n_embd=64,
+        draft_n_vocab=272,
+        own_token_embd_rows=None,
+        own_output=False,
+        target_arch="llama",
+        target_n_layer=2,
+        target_n_embd=64,
         target_n_vocab=272,
     )
     values.update(overrides)
@@ -157,8 +165,9 @@ def test_eagle3_refusals_keep_the_worker_alive(tiny_models: dict[str, Path], tmp
                 client.set_speculative(params)
         configured = client.set_speculative(eagle3(tiny_models["eagle3"]))
         assert configured.drafters == ("draft-eagle3",)
-        request = Generate(request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=16,
-                           ignore_eos=True)
+        request = Generate(
+            request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=16, ignore_eos=True
+        )
         events = list(client.generate(request))
         finished = events[-1]
         assert isinstance(finished, Finished) and finished.speculative is not None

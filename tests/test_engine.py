@@ -53,13 +53,10 @@ def chat(client: EngineClient, *messages: tuple[str, str], max_tokens: int = 16)
 
 
 @pytest.mark.parametrize("kind", LOADABLE_KINDS)
-def test_tiny_model_generates_deterministically(
-    engine: EngineClient, tiny_models: dict[str, Path], kind: str
-) -> None:
+def test_tiny_model_generates_deterministically(engine: EngineClient, tiny_models: dict[str, Path], kind: str) -> None:
     info = engine.load(tiny_models[kind], ModelParams(load_mtp=kind.endswith("_mtp")), SMALL_CTX)
     assert info.n_ctx == 512
-    request = Generate(request_id=0, prompt="Hello there, tiny model", sampling=GREEDY, max_tokens=12,
-                       ignore_eos=True)
+    request = Generate(request_id=0, prompt="Hello there, tiny model", sampling=GREEDY, max_tokens=12, ignore_eos=True)
     _, _, first, done = run_to_end(engine, request)
     assert len(first) == 12 and done.stop_reason == "max_tokens"
     # Same prompt again (served from the prompt cache) and after a reload (fresh context): same tokens.
@@ -71,9 +68,7 @@ def test_tiny_model_generates_deterministically(
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen35", "qwen3next", "nemotron_h_moe"])
-def test_second_turn_evaluates_only_new_tokens(
-    engine: EngineClient, tiny_models: dict[str, Path], kind: str
-) -> None:
+def test_second_turn_evaluates_only_new_tokens(engine: EngineClient, tiny_models: dict[str, Path], kind: str) -> None:
     engine.load(tiny_models[kind], ModelParams(), SMALL_CTX)
     first_turn = (("system", "You are terse."), ("user", "Say something."))
     reply, _, _, first = run_to_end(engine, chat(engine, *first_turn))
@@ -101,8 +96,9 @@ def test_edit_earlier_message_reuses_checkpoint_on_hybrid(engine: EngineClient, 
 
 def test_cancel_stops_within_one_step(engine: EngineClient, tiny_models: dict[str, Path]) -> None:
     engine.load(tiny_models["llama"], ModelParams(), SMALL_CTX)
-    request = Generate(request_id=engine.new_request_id(), prompt="Go on forever", sampling=GREEDY,
-                       max_tokens=-1, ignore_eos=True)
+    request = Generate(
+        request_id=engine.new_request_id(), prompt="Go on forever", sampling=GREEDY, max_tokens=-1, ignore_eos=True
+    )
     seen = 0
     cancelled_at: int | None = None
     finished: Finished | None = None
@@ -131,9 +127,7 @@ def test_context_full_stops_cleanly(tiny_models: dict[str, Path], tmp_path: Path
         assert any("context is full" in n for n in done.notices)
 
 
-def test_long_conversation_drops_oldest_turns_keeps_system(
-    engine: EngineClient, tiny_models: dict[str, Path]
-) -> None:
+def test_long_conversation_drops_oldest_turns_keeps_system(engine: EngineClient, tiny_models: dict[str, Path]) -> None:
     engine.load(tiny_models["llama"], ModelParams(), ContextParams(n_ctx=256, n_batch=256, n_threads=2))
     turns: list[tuple[str, str]] = [("system", "SYSTEM PROMPT STAYS")]
     for i in range(12):
@@ -160,8 +154,9 @@ def test_prompt_longer_than_context_is_refused(engine: EngineClient, tiny_models
 def test_streamed_text_is_valid_utf8_and_matches_tokens(engine: EngineClient, tiny_models: dict[str, Path]) -> None:
     # Random weights over a byte-level vocabulary emit arbitrary bytes, including split multi-byte characters.
     engine.load(tiny_models["qwen3"], ModelParams(), SMALL_CTX)
-    request = Generate(request_id=engine.new_request_id(), prompt="héllo ✓ 😀", sampling=GREEDY,
-                       max_tokens=64, ignore_eos=True)
+    request = Generate(
+        request_id=engine.new_request_id(), prompt="héllo ✓ 😀", sampling=GREEDY, max_tokens=64, ignore_eos=True
+    )
     chunks: list[str] = []
     for event in engine.generate(request):
         if isinstance(event, TokenChunk):
@@ -170,9 +165,7 @@ def test_streamed_text_is_valid_utf8_and_matches_tokens(engine: EngineClient, ti
     assert "".join(chunks)
 
 
-def test_worker_killed_mid_generation_reports_crash_and_restarts(
-    tiny_models: dict[str, Path], tmp_path: Path
-) -> None:
+def test_worker_killed_mid_generation_reports_crash_and_restarts(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     client = EngineClient(tmp_path / "engine.log")
     client.start()
     try:
@@ -192,8 +185,9 @@ def test_worker_killed_mid_generation_reports_crash_and_restarts(
         assert not client.alive
         client.start()
         client.load(tiny_models["llama"], ModelParams(), SMALL_CTX)
-        _, _, ids, _ = run_to_end(client, Generate(request_id=2, prompt="again", sampling=GREEDY, max_tokens=3,
-                                                   ignore_eos=True))
+        _, _, ids, _ = run_to_end(
+            client, Generate(request_id=2, prompt="again", sampling=GREEDY, max_tokens=3, ignore_eos=True)
+        )
         assert len(ids) == 3
     finally:
         client.close()
@@ -220,9 +214,7 @@ def test_native_abort_becomes_crash_event(tiny_models: dict[str, Path], tmp_path
         (b"this is not a model at all, just text" * 10, "not a GGUF"),
     ],
 )
-def test_garbage_files_are_refused_clearly(
-    engine: EngineClient, tmp_path: Path, content: bytes, expected: str
-) -> None:
+def test_garbage_files_are_refused_clearly(engine: EngineClient, tmp_path: Path, content: bytes, expected: str) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(content)
     with pytest.raises(EngineFailure) as info:
@@ -231,9 +223,7 @@ def test_garbage_files_are_refused_clearly(
     assert expected.lower() in str(info.value).lower()
 
 
-def test_truncated_model_is_refused_clearly(
-    engine: EngineClient, tiny_models: dict[str, Path], tmp_path: Path
-) -> None:
+def test_truncated_model_is_refused_clearly(engine: EngineClient, tiny_models: dict[str, Path], tmp_path: Path) -> None:
     data = tiny_models["llama"].read_bytes()
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(data[: len(data) * 2 // 3])
@@ -285,8 +275,13 @@ def test_reasoning_streams_apart_from_answer(engine: EngineClient, tmp_path: Pat
     )
     thinker = write_tiny_model("qwen3", tmp_path / "thinker.gguf", chat_template=template)
     engine.load(thinker, ModelParams(), SMALL_CTX)
-    request = Generate(request_id=engine.new_request_id(), messages=(ChatMessage("user", "think"),),
-                       sampling=GREEDY, max_tokens=24, ignore_eos=True)
+    request = Generate(
+        request_id=engine.new_request_id(),
+        messages=(ChatMessage("user", "think"),),
+        sampling=GREEDY,
+        max_tokens=24,
+        ignore_eos=True,
+    )
     text, reasoning, ids, _ = run_to_end(engine, request)
     assert reasoning  # the reply starts inside <think>
     assert "<think>" not in text + reasoning and "</think>" not in text + reasoning
@@ -310,8 +305,15 @@ def test_llama_log_callback_filters_by_ggml_level(capsys: pytest.CaptureFixture[
     bindings.log_llama_to_stderr(bindings.GGML_LOG_LEVEL_INFO)
     try:
         callback = bindings._log_callbacks[0]
-        for level, text in [(1, b"debug "), (5, b"debug-cont\n"), (2, b"info "), (5, b"info-cont\n"),
-                            (3, b"warn\n"), (4, b"error\n"), (1, b"debug2\n")]:
+        for level, text in [
+            (1, b"debug "),
+            (5, b"debug-cont\n"),
+            (2, b"info "),
+            (5, b"info-cont\n"),
+            (3, b"warn\n"),
+            (4, b"error\n"),
+            (1, b"debug2\n"),
+        ]:
             callback(level, text, None)
         assert capsys.readouterr().err == "info info-cont\nwarn\nerror\n"
     finally:

@@ -41,13 +41,16 @@ def tiny_repo(hub_server: HubServer, tiny_models: dict[str, Path]) -> HubServer:
     model = tiny_models["qwen35_mtp"].read_bytes()
     # three "quants" of one model: the header is the same, the sizes differ (padding past the tensor data is
     # harmless for the header reader)
-    hub_server.add_repo(REPO, {
-        "Tiny-Q4_K_M.gguf": model,
-        "Tiny-Q8_0.gguf": model + b"\0" * 400_000,
-        "F16/Tiny-F16-00001-of-00002.gguf": model,
-        "F16/Tiny-F16-00002-of-00002.gguf": model + b"\0" * 900_000,
-        "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"].read_bytes(),
-    })
+    hub_server.add_repo(
+        REPO,
+        {
+            "Tiny-Q4_K_M.gguf": model,
+            "Tiny-Q8_0.gguf": model + b"\0" * 400_000,
+            "F16/Tiny-F16-00001-of-00002.gguf": model,
+            "F16/Tiny-F16-00002-of-00002.gguf": model + b"\0" * 900_000,
+            "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"].read_bytes(),
+        },
+    )
     return hub_server
 
 
@@ -73,8 +76,9 @@ def test_a_server_ignoring_range_still_reads_only_what_it_needs(tiny_repo: HubSe
 def test_fit_repo_judges_every_quant_from_one_header(tiny_repo: HubServer) -> None:
     listing = hub.list_repo(REPO)
     sizes = {g.tag: g.size for g in listing.quant_groups()}
-    info = inspect_gguf_reader("x", listing.file("Tiny-Q4_K_M.gguf").size, fit.RangeReader(
-        listing.file("Tiny-Q4_K_M.gguf")))
+    info = inspect_gguf_reader(
+        "x", listing.file("Tiny-Q4_K_M.gguf").size, fit.RangeReader(listing.file("Tiny-Q4_K_M.gguf"))
+    )
     overhead = fit.overhead_bytes(estimate_memory(info, 4096))
     # a machine where Q4_K_M and Q8_0 fit on the GPU and F16 only spills into RAM
     vram = int((sizes["Q8_0"] + overhead) / 0.9) + 1
@@ -102,8 +106,11 @@ def test_judge_rules() -> None:
     assert fit.judge(30 * GIB, cpu)[0] == Verdict.TOO_BIG
     mac = MachineMemory(ram_total=64 * GIB, ram_available=50 * GIB, vram_total=64 * GIB, unified=True)
     assert fit.judge(40 * GIB, mac) == (Verdict.FITS, "GPU (unified memory)")
-    quants = [QuantFit("Q2_K", "a", 1, 1, Verdict.FITS, "GPU"), QuantFit("Q4_K_M", "b", 2, 2, Verdict.FITS, "GPU"),
-              QuantFit("Q8_0", "c", 4, 4, Verdict.TIGHT, "GPU + CPU")]
+    quants = [
+        QuantFit("Q2_K", "a", 1, 1, Verdict.FITS, "GPU"),
+        QuantFit("Q4_K_M", "b", 2, 2, Verdict.FITS, "GPU"),
+        QuantFit("Q8_0", "c", 4, 4, Verdict.TIGHT, "GPU + CPU"),
+    ]
     assert fit.recommend(quants) == "Q4_K_M"
     assert fit.recommend(quants[2:]) == "Q8_0"
 

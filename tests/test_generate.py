@@ -71,8 +71,11 @@ def test_cancel_while_a_long_prompt_is_read_keeps_what_was_read(tiny_models: dic
         # Told how far it got before the second batch; no reply started.
         assert events == [PromptProgress(1, 16, done.stats.prompt_tokens)]
         # The next request reads only what the cancelled one had not.
-        again = session.generate(Generate(request_id=2, prompt=prompt, sampling=GREEDY, max_tokens=8,
-                                          ignore_eos=True), lambda _e: None, lambda: False)
+        again = session.generate(
+            Generate(request_id=2, prompt=prompt, sampling=GREEDY, max_tokens=8, ignore_eos=True),
+            lambda _e: None,
+            lambda: False,
+        )
         assert again.stop_reason == "max_tokens" and again.stats.prompt_tokens_cached == 32
     finally:
         ctx.close()
@@ -84,8 +87,9 @@ def test_a_long_prompt_reports_its_progress_between_micro_batches(tiny_models: d
     ctx = Context(model, ContextParams(n_ctx=512, n_batch=512, n_ubatch=64, n_threads=2))
     try:
         events: list[Event] = []
-        request = Generate(request_id=5, prompt=" ".join(f"word{i}" for i in range(40)), sampling=GREEDY,
-                           max_tokens=2, ignore_eos=True)
+        request = Generate(
+            request_id=5, prompt=" ".join(f"word{i}" for i in range(40)), sampling=GREEDY, max_tokens=2, ignore_eos=True
+        )
         done = Session(model, ctx).generate(request, events.append, lambda: False)
         progress = [e for e in events if isinstance(e, PromptProgress)]
         total = done.stats.prompt_tokens
@@ -114,11 +118,11 @@ def test_starter_second_turn_evaluates_only_new_tokens() -> None:
     path = starter_model_path()
     assert path is not None
     with open_session(path, n_ctx=2048) as session:
-        first = Generate(request_id=1, messages=(ChatMessage("user", "What is 2+2?"),), sampling=GREEDY,
-                         max_tokens=64)
+        first = Generate(request_id=1, messages=(ChatMessage("user", "What is 2+2?"),), sampling=GREEDY, max_tokens=64)
         parts: list[str] = []
-        done1 = session.generate(first, lambda c: parts.append(c.text) if isinstance(c, TokenChunk) else None,
-                                 lambda: False)
+        done1 = session.generate(
+            first, lambda c: parts.append(c.text) if isinstance(c, TokenChunk) else None, lambda: False
+        )
         reply = "".join(parts)
         assert "4" in reply and done1.stop_reason == "eos"
         follow_up = (ChatMessage("assistant", reply), ChatMessage("user", "And 3+3?"))
@@ -127,16 +131,21 @@ def test_starter_second_turn_evaluates_only_new_tokens() -> None:
         s = done2.stats
         # Everything up to the end of the first reply comes from the cache.
         assert s.prompt_tokens_cached == done1.stats.prompt_tokens + done1.stats.generated_tokens - 1
-        new_text_tokens = len(session.model.tokenize("<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n"
-                                                     "<|im_start|>assistant\n", add_special=False,
-                                                     parse_special=True))
+        new_text_tokens = len(
+            session.model.tokenize(
+                "<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n",
+                add_special=False,
+                parse_special=True,
+            )
+        )
         assert s.prompt_tokens_evaluated == new_text_tokens
 
 
 def _reply(session: Session, prompt: str, sampling: SamplingParams, *, speculative: bool = True) -> list[int]:
     chunks: list[TokenChunk] = []
-    request = Generate(request_id=1, prompt=prompt, sampling=sampling, max_tokens=48, ignore_eos=True,
-                       speculative=speculative)
+    request = Generate(
+        request_id=1, prompt=prompt, sampling=sampling, max_tokens=48, ignore_eos=True, speculative=speculative
+    )
     session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None, lambda: False)
     return [t for c in chunks for t in c.token_ids]
 
@@ -172,8 +181,22 @@ class _FakeVocab:
     """token_piece / is_eog over a small made-up vocabulary: ASCII, split multi-byte characters, EOG, control."""
 
     PIECES: dict[int, bytes] = {
-        0: b"", 1: b"", 2: b"a", 3: b" b", 4: b"<think>", 5: b"</think>", 6: b"\xc3", 7: b"\xa9", 8: b"\xe2\x9c",
-        9: b"\x93", 10: b"\n", 11: b"stop", 12: b"st", 13: b"op", 14: b"  ", 15: b"xyz",
+        0: b"",
+        1: b"",
+        2: b"a",
+        3: b" b",
+        4: b"<think>",
+        5: b"</think>",
+        6: b"\xc3",
+        7: b"\xa9",
+        8: b"\xe2\x9c",
+        9: b"\x93",
+        10: b"\n",
+        11: b"stop",
+        12: b"st",
+        13: b"op",
+        14: b"  ",
+        15: b"xyz",
     }
     EOG = {0}
 
@@ -270,11 +293,16 @@ def test_starter_continue_goes_on_from_the_middle_of_the_answer() -> None:
     assert path is not None
 
     def reply(session: Session, messages: tuple[ChatMessage, ...], n: int, *, continue_reply: bool = False) -> str:
-        request = Generate(request_id=1, messages=messages, sampling=GREEDY, max_tokens=n, ignore_eos=True,
-                           continue_reply=continue_reply)
+        request = Generate(
+            request_id=1,
+            messages=messages,
+            sampling=GREEDY,
+            max_tokens=n,
+            ignore_eos=True,
+            continue_reply=continue_reply,
+        )
         parts: list[str] = []
-        session.generate(request, lambda e: parts.append(e.text) if isinstance(e, TokenChunk) else None,
-                         lambda: False)
+        session.generate(request, lambda e: parts.append(e.text) if isinstance(e, TokenChunk) else None, lambda: False)
         return "".join(parts)
 
     question = (ChatMessage("user", "Tell me a story about a lighthouse keeper."),)
@@ -295,8 +323,9 @@ def test_esc_stops_a_slow_chat_template_while_it_renders(llama_session: Session)
     """A hostile template that would run to the 2 s render limit stops within a poll of Esc: no reply, no error."""
     import time
 
-    llama_session.template = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-                              "{{ messages[0]['content'] }}")
+    llama_session.template = (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0]['content'] }}"
+    )
     polls = 0
 
     def cancelled() -> bool:
@@ -312,8 +341,9 @@ def test_esc_stops_a_slow_chat_template_while_it_renders(llama_session: Session)
     assert polls >= 3
 
 
-def test_trimming_a_long_conversation_renders_under_one_time_limit(llama_session: Session,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trimming_a_long_conversation_renders_under_one_time_limit(
+    llama_session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Trimming renders the conversation several times; they share one start, so a template just under the 2 s limit
     cannot take 2 s per render."""
     import engine_ext.generate as generate_module
@@ -326,10 +356,12 @@ def test_trimming_a_long_conversation_renders_under_one_time_limit(llama_session
         return real_render(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(generate_module, "render_chat", recording_render)
-    turns = [ChatMessage(role, f"{role} turn {i}: " + "words " * 40) for i in range(40)
-             for role in ("user", "assistant")]
-    request = Generate(request_id=1, messages=(*turns, ChatMessage("user", "last question")), sampling=GREEDY,
-                       max_tokens=8)
+    turns = [
+        ChatMessage(role, f"{role} turn {i}: " + "words " * 40) for i in range(40) for role in ("user", "assistant")
+    ]
+    request = Generate(
+        request_id=1, messages=(*turns, ChatMessage("user", "last question")), sampling=GREEDY, max_tokens=8
+    )
     plan = llama_session.plan(request)
     assert plan.dropped_messages > 0
     assert len(starts) >= 3, starts

@@ -35,21 +35,55 @@ MAX_MESSAGE = 300
 
 _VT = GGUFValueType
 _SCALAR_FMT = {
-    _VT.UINT8: "<B", _VT.INT8: "<b", _VT.UINT16: "<H", _VT.INT16: "<h", _VT.UINT32: "<I", _VT.INT32: "<i",
-    _VT.FLOAT32: "<f", _VT.BOOL: "<?", _VT.UINT64: "<Q", _VT.INT64: "<q", _VT.FLOAT64: "<d",
+    _VT.UINT8: "<B",
+    _VT.INT8: "<b",
+    _VT.UINT16: "<H",
+    _VT.INT16: "<h",
+    _VT.UINT32: "<I",
+    _VT.INT32: "<i",
+    _VT.FLOAT32: "<f",
+    _VT.BOOL: "<?",
+    _VT.UINT64: "<Q",
+    _VT.INT64: "<q",
+    _VT.FLOAT64: "<d",
 }
 
 # metadata keys worth attacking ("{a}." = the architecture prefix)
 _KEYS = [
-    "{a}.block_count", "{a}.context_length", "{a}.embedding_length", "{a}.feed_forward_length",
-    "{a}.attention.head_count", "{a}.attention.head_count_kv", "{a}.attention.key_length",
-    "{a}.attention.value_length", "{a}.expert_count", "{a}.expert_used_count", "{a}.expert_feed_forward_length",
-    "{a}.nextn_predict_layers", "{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
-    "{a}.full_attention_interval", "{a}.attention.recurrent_layers", "{a}.ssm.conv_kernel", "{a}.ssm.inner_size",
-    "{a}.ssm.state_size", "{a}.ssm.group_count", "{a}.target_layers", "{a}.target_hidden_size", "{a}.block_size",
-    "{a}.leading_dense_block_count", "{a}.interleave_moe_layer_step", "{a}.vocab_size", "{a}.selector_top_k",
-    "split.count", "split.no", "split.tensors.count", "general.architecture", "general.file_type",
-    "general.alignment", "tokenizer.ggml.tokens",
+    "{a}.block_count",
+    "{a}.context_length",
+    "{a}.embedding_length",
+    "{a}.feed_forward_length",
+    "{a}.attention.head_count",
+    "{a}.attention.head_count_kv",
+    "{a}.attention.key_length",
+    "{a}.attention.value_length",
+    "{a}.expert_count",
+    "{a}.expert_used_count",
+    "{a}.expert_feed_forward_length",
+    "{a}.nextn_predict_layers",
+    "{a}.attention.sliding_window",
+    "{a}.attention.sliding_window_pattern",
+    "{a}.full_attention_interval",
+    "{a}.attention.recurrent_layers",
+    "{a}.ssm.conv_kernel",
+    "{a}.ssm.inner_size",
+    "{a}.ssm.state_size",
+    "{a}.ssm.group_count",
+    "{a}.target_layers",
+    "{a}.target_hidden_size",
+    "{a}.block_size",
+    "{a}.leading_dense_block_count",
+    "{a}.interleave_moe_layer_step",
+    "{a}.vocab_size",
+    "{a}.selector_top_k",
+    "split.count",
+    "split.no",
+    "split.tensors.count",
+    "general.architecture",
+    "general.file_type",
+    "general.alignment",
+    "tokenizer.ggml.tokens",
 ]
 _INTS = [0, -1, 1, 2, 7, 512, 513, 1024, 1025, 2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**31)]
 
@@ -272,7 +306,10 @@ def test_gguf_inspection_fuzz(tiny_models: dict[str, Path]) -> None:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.run(
         [sys.executable, __file__, "--child", str(SEED), str(N_MUTANTS), json.dumps(models)],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -285,7 +322,6 @@ def test_gguf_inspection_fuzz(tiny_models: dict[str, Path]) -> None:
 def test_mutants_are_deterministic(tiny_models: dict[str, Path]) -> None:
     some = {k: tiny_models[k] for k in ("llama", "nemotron_h_moe")}
     assert mutants(some, 5, 30) == mutants(some, 5, 30)
-
 
 
 def _write_edited(model: Path, out: Path, edits: list[KV]) -> Path:
@@ -367,6 +403,7 @@ def test_big_strings_are_not_read(tiny_models: dict[str, Path], tmp_path: Path) 
     path = _write_edited(tiny_models["llama"], tmp_path / "key.gguf", [("k" * 100_000, _U32, -1, 1)])
     with pytest.raises(GGUFValidationError, match="the key of metadata entry .* is 100000 bytes long"):
         inspect_gguf(path)
+
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:

@@ -952,6 +952,7 @@ def test_module_imports_no_ui_or_llama_cpp() -> None:
 # The shared tiny models (tests/tiny_models.py)
 # ---------------------------------------------------------------------------
 
+
 def test_tiny_models_all_inspect(tiny_models: dict[str, Path]) -> None:
     for kind, path in tiny_models.items():
         validate_gguf(path)

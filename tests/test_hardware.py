@@ -20,8 +20,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_model_flag_maps_onto_llama_params() -> None:
-    params = ModelParams(n_gpu_layers=12, use_mmap=False, use_mlock=True, load_mtp=True, main_gpu=1,
-                         split_mode="row", tensor_split=(3.0, 1.0), n_cpu_moe=2)
+    params = ModelParams(
+        n_gpu_layers=12,
+        use_mmap=False,
+        use_mlock=True,
+        load_mtp=True,
+        main_gpu=1,
+        split_mode="row",
+        tensor_split=(3.0, 1.0),
+        n_cpu_moe=2,
+    )
     m = model_params_struct(params)
     assert (m.n_gpu_layers, m.use_mmap, m.use_mlock, m.load_mtp, m.main_gpu) == (12, False, True, True, 1)
     assert m.split_mode == 2
@@ -52,8 +60,23 @@ def test_invalid_combinations_are_refused(params: ModelParams, message: str) -> 
 
 def test_experts_on_cpu_and_tensor_split_mode_in_the_worker(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path))
-    base = [sys.executable, "-m", "app", "run", "-m", str(tiny_models["qwen3next"]), "-p", "hi", "--temp", "0",
-            "-n", "8", "-t", "2", "--json"]
+    base = [
+        sys.executable,
+        "-m",
+        "app",
+        "run",
+        "-m",
+        str(tiny_models["qwen3next"]),
+        "-p",
+        "hi",
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "-t",
+        "2",
+        "--json",
+    ]
     plain = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     moe = subprocess.run([*base, "--n-cpu-moe", "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert moe.returncode == 0, moe.stderr

@@ -22,20 +22,39 @@ from tests.waits import wait_until
 # The user's own directories, as the app and platformdirs find them in the environment this run started with:
 # computed when the module is imported (collection), before any test's hermetic_dirs points HOME elsewhere.
 REAL_HOME = Path(os.path.expanduser("~"))
-REAL_APP_DIRS = sorted({
-    Path(platformdirs.user_config_dir("llmtui")), Path(platformdirs.user_data_dir("llmtui")),
-    Path(platformdirs.user_cache_dir("llmtui")), Path(platformdirs.user_state_dir("llmtui")),
-    Path(platformdirs.user_log_dir("llmtui")),
-    REAL_HOME / ".config" / "llmtui", REAL_HOME / ".local" / "share" / "llmtui", REAL_HOME / ".cache" / "llmtui",
-    REAL_HOME / ".local" / "state" / "llmtui",
-    *(Path(os.environ[name]) for name in ("LLMTUI_CONFIG_DIR", "LLMTUI_DATA_DIR") if os.environ.get(name)),
-})
+REAL_APP_DIRS = sorted(
+    {
+        Path(platformdirs.user_config_dir("llmtui")),
+        Path(platformdirs.user_data_dir("llmtui")),
+        Path(platformdirs.user_cache_dir("llmtui")),
+        Path(platformdirs.user_state_dir("llmtui")),
+        Path(platformdirs.user_log_dir("llmtui")),
+        REAL_HOME / ".config" / "llmtui",
+        REAL_HOME / ".local" / "share" / "llmtui",
+        REAL_HOME / ".cache" / "llmtui",
+        REAL_HOME / ".local" / "state" / "llmtui",
+        *(Path(os.environ[name]) for name in ("LLMTUI_CONFIG_DIR", "LLMTUI_DATA_DIR") if os.environ.get(name)),
+    }
+)
 
 # Audit events that write to the file system, and which of their arguments are the paths written.
-_WRITE_EVENTS = {"os.mkdir": (0,), "os.rename": (0, 1), "os.replace": (0, 1), "os.remove": (0,), "os.rmdir": (0,),
-                 "os.truncate": (0,), "os.symlink": (1,), "os.link": (1,), "os.utime": (0,), "os.chmod": (0,),
-                 "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.move": (1,), "shutil.rmtree": (0,),
-                 "sqlite3.connect": (0,)}
+_WRITE_EVENTS = {
+    "os.mkdir": (0,),
+    "os.rename": (0, 1),
+    "os.replace": (0, 1),
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.truncate": (0,),
+    "os.symlink": (1,),
+    "os.link": (1,),
+    "os.utime": (0,),
+    "os.chmod": (0,),
+    "shutil.copyfile": (1,),
+    "shutil.copytree": (1,),
+    "shutil.move": (1,),
+    "shutil.rmtree": (0,),
+    "sqlite3.connect": (0,),
+}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _writes: list[tuple[str, str]] | None = None  # (event, path) while a test records; None otherwise
 _hook_installed = False
@@ -79,8 +98,12 @@ def writes_outside(hermetic_dirs: HermeticDirs) -> Iterator[list[tuple[str, str]
         yield outside
     finally:
         recorded, _writes = _writes, None
-    allowed = [str(root) for root in hermetic_dirs.roots] + [os.path.realpath(tempfile.gettempdir()),
-                                                            tempfile.gettempdir(), "/dev", "/proc"]
+    allowed = [str(root) for root in hermetic_dirs.roots] + [
+        os.path.realpath(tempfile.gettempdir()),
+        tempfile.gettempdir(),
+        "/dev",
+        "/proc",
+    ]
     for event, path in recorded:
         if "__pycache__" in Path(path).parts or path == os.devnull or path.startswith(":memory:"):
             continue
@@ -130,8 +153,11 @@ async def test_a_tui_session_writes_only_the_tests_own_directories(
         await pilot.press("ctrl+q")
         await wait_until(pilot, lambda: not app.is_running, "ctrl+q to quit the app", timeout_s=30)
     after = {folder: _tree(folder) for folder in REAL_APP_DIRS}
-    changed = {str(folder): sorted(set(before[folder].items()) ^ set(after[folder].items()))
-               for folder in REAL_APP_DIRS if before[folder] != after[folder]}
+    changed = {
+        str(folder): sorted(set(before[folder].items()) ^ set(after[folder].items()))
+        for folder in REAL_APP_DIRS
+        if before[folder] != after[folder]
+    }
     assert not changed, f"the session changed the user's own llmtui dirs: {changed}"
     assert not writes_outside, f"the session wrote outside the test's dirs: {writes_outside}"
     # What it wrote went to the test's dirs.

@@ -77,8 +77,15 @@ BOUNDED_MEMORY = {"endless-body", "header-bomb", "header-line", "json-bomb", "en
 
 
 def _remote_file(server: HostileHTTPServer) -> RemoteFile:
-    return RemoteFile(REPO, "model.gguf", FILE_SIZE, FILE_SHA256, COMMIT,
-                      f"{server.url}/{REPO}/resolve/{COMMIT}/model.gguf", FILE_SHA256)
+    return RemoteFile(
+        REPO,
+        "model.gguf",
+        FILE_SIZE,
+        FILE_SHA256,
+        COMMIT,
+        f"{server.url}/{REPO}/resolve/{COMMIT}/model.gguf",
+        FILE_SHA256,
+    )
 
 
 def _remote(server: HostileHTTPServer) -> RemoteSettings:
@@ -136,8 +143,9 @@ def _cases() -> list[tuple[str, str]]:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(("kind", "case"), _cases(), ids=[f"{k}-{c}" for k, c in _cases()])
-def test_a_hostile_server_gets_one_line(kind: str, case: str, hf_env: Path, monkeypatch: pytest.MonkeyPatch,
-                                        report: list[dict[str, object]]) -> None:
+def test_a_hostile_server_gets_one_line(
+    kind: str, case: str, hf_env: Path, monkeypatch: pytest.MonkeyPatch, report: list[dict[str, object]]
+) -> None:
     monkeypatch.setattr(transport, "LIMITS", LIMITS)
     with HostileHTTPServer(case, TARGETS[kind]) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
@@ -152,8 +160,17 @@ def test_a_hostile_server_gets_one_line(kind: str, case: str, hf_env: Path, monk
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
         message = str(caught.value)
-        report.append({"kind": kind, "case": case, "error": type(caught.value).__name__, "message": message,
-                       "seconds": round(seconds, 2), "peak_mb": round(peak / 2**20, 1), "sent": server.sent})
+        report.append(
+            {
+                "kind": kind,
+                "case": case,
+                "error": type(caught.value).__name__,
+                "message": message,
+                "seconds": round(seconds, 2),
+                "peak_mb": round(peak / 2**20, 1),
+                "sent": server.sent,
+            }
+        )
         assert server.faulted, "the hostile answer was never asked for"
         assert "\n" not in message and len(message) <= 300 and "Traceback" not in message, message
         assert re.search(SAID[case], message.lower()), message
@@ -192,8 +209,14 @@ def test_a_download_waits_as_asked_and_resumes_after_a_drip(hub_server: HubServe
     hub_server.fault("org/Slow-GGUF", "model.gguf", errors_5xx=1, retry_after="1", slow_times=1, slow_bps=100)
     listing = hub.list_repo("org/Slow-GGUF")
     events: list[download.Progress] = []
-    options = TransferOptions(chunk_size=16 * 1024, stall_timeout=1.0, max_retries=3, backoff_base=0.01,
-                              backoff_max=2.0, progress_interval=0.0)
+    options = TransferOptions(
+        chunk_size=16 * 1024,
+        stall_timeout=1.0,
+        max_retries=3,
+        backoff_base=0.01,
+        backoff_max=2.0,
+        progress_interval=0.0,
+    )
     started = time.monotonic()
     path = download.fetch(listing.file("model.gguf"), options=options, on_progress=events.append)
     assert path.read_bytes() == data

@@ -33,10 +33,20 @@ def hub_repos(hub_server: HubServer) -> HubServer:
         likes=5,
         last_modified="2026-03-01T00:00:00.000Z",
     )
-    hub_server.add_repo("bartowski/Tiny-GGUF", {"Tiny-Q4_K_M.gguf": blob(4100)}, downloads=900, likes=1,
-                        last_modified="2026-01-01T00:00:00.000Z")
-    hub_server.add_repo("someone/Other-GGUF", {"Other-Q4_0.gguf": blob(100)}, downloads=10, likes=50,
-                        last_modified="2026-05-01T00:00:00.000Z")
+    hub_server.add_repo(
+        "bartowski/Tiny-GGUF",
+        {"Tiny-Q4_K_M.gguf": blob(4100)},
+        downloads=900,
+        likes=1,
+        last_modified="2026-01-01T00:00:00.000Z",
+    )
+    hub_server.add_repo(
+        "someone/Other-GGUF",
+        {"Other-Q4_0.gguf": blob(100)},
+        downloads=10,
+        likes=50,
+        last_modified="2026-05-01T00:00:00.000Z",
+    )
     hub_server.add_repo("someone/Tiny-safetensors", {"model.safetensors": blob(10)}, tags=("transformers",))
     hub_server.add_repo("meta/Gated-GGUF", {"Gated-Q4_K_M.gguf": blob(1000)}, gated=True)
     return hub_server
@@ -65,7 +75,8 @@ def test_listing_groups_quants_shards_and_sidecars(hub_repos: HubServer) -> None
     assert [g.tag for g in listing.quant_groups()] == ["Q4_K_M", "Q8_0", "BF16"]  # smallest first
     sidecars = listing.sidecar_files()
     assert {k: [f.path for f in v] for k, v in sidecars.items()} == {
-        "mtp": ["mtp-Tiny-Q8_0.gguf"], "mmproj": ["mmproj-Tiny-F16.gguf"]
+        "mtp": ["mtp-Tiny-Q8_0.gguf"],
+        "mmproj": ["mmproj-Tiny-F16.gguf"],
     }
     q4 = listing.file("Tiny-Q4_K_M.gguf")
     assert q4.size == 4000 and q4.sha256 and q4.oid == q4.sha256

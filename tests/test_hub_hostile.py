@@ -21,8 +21,21 @@ def test_ordinary_repository_paths_are_safe(path: str) -> None:
     assert safe_repo_path(path)
 
 
-@pytest.mark.parametrize("path", ["../evil.gguf", "a/../../evil.gguf", "/etc/passwd", "a//b.gguf", "./a.gguf",
-                                  "a\\..\\b.gguf", "a\0b.gguf", "", "x" * 2000, "dir/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../evil.gguf",
+        "a/../../evil.gguf",
+        "/etc/passwd",
+        "a//b.gguf",
+        "./a.gguf",
+        "a\\..\\b.gguf",
+        "a\0b.gguf",
+        "",
+        "x" * 2000,
+        "dir/",
+    ],
+)
 def test_paths_that_leave_the_snapshot_are_refused(path: str, tmp_path: Path) -> None:
     assert not safe_repo_path(path)
     with pytest.raises(HubError, match="unsafe file path"):

@@ -70,3 +70,18 @@ def test_the_ui_process_never_loads_llama_cpp() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def _ruff() -> str:
+    ruff = Path(sys.executable).parent / "ruff"
+    return str(ruff) if ruff.exists() else shutil.which("ruff") or "ruff"
+
+
+@pytest.mark.parametrize("command", [["format", "--check"], ["check"]], ids=["format", "lint"])
+def test_the_code_is_formatted_and_linted(command: list[str]) -> None:
+    """`ruff format` is applied and `ruff check` is clean (pyproject pins ruff: its formatting changes between
+    versions). To fix: `.venv/bin/ruff format . && .venv/bin/ruff check --fix .`."""
+    result = subprocess.run(
+        [_ruff(), *command, "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -20,17 +20,21 @@ FAST = TransferOptions(chunk_size=64 * 1024, backoff_base=0.01, progress_interva
 
 @pytest.fixture
 def tiny_hub(hub_server: HubServer, tiny_models: dict[str, Path]) -> HubServer:
-    hub_server.add_repo(REPO, {
-        "Tiny-Q4_K_M.gguf": tiny_models["qwen35_mtp"],
-        "Tiny-Q8_0.gguf": tiny_models["qwen35"],
-        "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"],
-        "README.md": b"# tiny\n",
-    })
+    hub_server.add_repo(
+        REPO,
+        {
+            "Tiny-Q4_K_M.gguf": tiny_models["qwen35_mtp"],
+            "Tiny-Q8_0.gguf": tiny_models["qwen35"],
+            "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"],
+            "README.md": b"# tiny\n",
+        },
+    )
     return hub_server
 
 
-def test_cached_models_with_sidecars_sizes_and_architecture(tiny_hub: HubServer, hf_env: Path,
-                                                            tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_cached_models_with_sidecars_sizes_and_architecture(
+    tiny_hub: HubServer, hf_env: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     pull.pull(f"{REPO}:Q8_0", ["mtp"], options=FAST)
     pull.pull(f"{REPO}:Q4_K_M", options=FAST)
     library = Library(usage_file=tmp_path / "usage.json")
@@ -49,8 +53,7 @@ def test_cached_models_with_sidecars_sizes_and_architecture(tiny_hub: HubServer,
     assert [m.name for m in library.find(str(q8.path))] == [f"{REPO}:Q8_0"]
 
 
-def test_user_folders_follow_llama_cpp_local_rules(tmp_path: Path, hf_env: Path,
-                                                   tiny_models: dict[str, Path]) -> None:
+def test_user_folders_follow_llama_cpp_local_rules(tmp_path: Path, hf_env: Path, tiny_models: dict[str, Path]) -> None:
     folder = tmp_path / "models"
     (folder / "qwen").mkdir(parents=True)
     (folder / "split").mkdir()
@@ -63,8 +66,10 @@ def test_user_folders_follow_llama_cpp_local_rules(tmp_path: Path, hf_env: Path,
     assert sorted(models) == ["loose-Q8_0.gguf", "qwen/Qwen-Q4_K_M.gguf", "split/Big-Q4_0-00001-of-00002.gguf"]
     qwen = models["qwen/Qwen-Q4_K_M.gguf"]
     assert qwen.source == str(folder) and qwen.tag == "Q4_K_M" and qwen.architecture == "qwen35"
-    assert {k: v.name for k, v in qwen.sidecars.items()} == {"mtp": "mtp-Qwen-Q8_0.gguf",
-                                                             "mmproj": "mmproj-Qwen-F16.gguf"}
+    assert {k: v.name for k, v in qwen.sidecars.items()} == {
+        "mtp": "mtp-Qwen-Q8_0.gguf",
+        "mmproj": "mmproj-Qwen-F16.gguf",
+    }
     assert models["loose-Q8_0.gguf"].sidecars == {}  # sidecars attach within their own folder only
     assert not models["split/Big-Q4_0-00001-of-00002.gguf"].complete
 
@@ -88,8 +93,9 @@ def test_delete_frees_space_and_keeps_shared_blobs(tiny_hub: HubServer, hf_env: 
     assert library.models() == []
 
 
-def test_partials_are_listed_cleaned_and_resumed(tiny_hub: HubServer, hf_env: Path,
-                                                 tiny_models: dict[str, Path]) -> None:
+def test_partials_are_listed_cleaned_and_resumed(
+    tiny_hub: HubServer, hf_env: Path, tiny_models: dict[str, Path]
+) -> None:
     listing = hub.list_repo(REPO)
     file = listing.file("Tiny-Q8_0.gguf")
     rc = hfcache.RepoCache(hf_env, REPO)
@@ -138,8 +144,11 @@ def test_damaged_usage_entries_and_folders_that_cannot_be_paths_are_left_out(tmp
     folder.mkdir()
     (folder / "good.gguf").write_bytes(b"GGUF" + b"\0" * 60)
     usage = tmp_path / "model-usage.json"
-    usage.write_text(json.dumps({str(folder / "good.gguf"): 1700000000.0, "/x.gguf": None, "/y.gguf": "soon",
-                                 "/z.gguf": float("inf")}))
+    usage.write_text(
+        json.dumps(
+            {str(folder / "good.gguf"): 1700000000.0, "/x.gguf": None, "/y.gguf": "soon", "/z.gguf": float("inf")}
+        )
+    )
     library = Library([folder, "bad\0folder", "~nosuchuser-llmtui/models"], usage_file=usage)
     assert library.folders == [folder]
     models = library.models(inspect=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-GENERATED_TESTS = '''
+GENERATED_TESTS = """
 import ctypes
 
 
@@ -20,9 +20,9 @@ def test_crashes_natively():
 
 def test_passes_after_the_crash():
     assert True
-'''
+"""
 
-GENERATED_HANG = '''
+GENERATED_HANG = """
 import time
 
 
@@ -32,7 +32,7 @@ def test_hangs():
 
 def test_passes_after_the_hang():
     assert True
-'''
+"""
 
 
 def test_a_native_crash_fails_one_test_and_the_run_still_prints_its_summary(tmp_path: Path) -> None:
@@ -69,8 +69,26 @@ def _pytest(tmp_path: Path, name: str, source: str, *options: str) -> subprocess
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONFAULTHANDLER"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
-         "--confcutdir", str(tmp_path), "-p", "tests.crash_isolation", "-p", "no:cacheprovider", *options,
-         str(tmp_path / name)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            "--confcutdir",
+            str(tmp_path),
+            "-p",
+            "tests.crash_isolation",
+            "-p",
+            "no:cacheprovider",
+            *options,
+            str(tmp_path / name),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )

@@ -41,14 +41,26 @@ def test_split_info_and_tags_as_llama_cpp(path: str, expected: SplitInfo) -> Non
 
 def test_quant_bits_is_the_first_number_of_the_tag() -> None:
     assert [quant_bits(f"m-{t}.gguf") for t in ("Q4_K_M", "F16", "BF16", "NVFP4", "IQ2_XXS", "Q8_0")] == [
-        4, 16, 16, 4, 2, 8
+        4,
+        16,
+        16,
+        4,
+        2,
+        8,
     ]
     assert quant_bits("m.gguf") == 0
 
 
 def test_companion_files_are_not_models() -> None:
-    for name in ("mmproj-M-F16.gguf", "M.imatrix.gguf", "mtp-M-Q8_0.gguf", "eagle3-M.gguf", "dflash-M.gguf",
-                 "dspark-M.gguf", "notes.txt"):
+    for name in (
+        "mmproj-M-F16.gguf",
+        "M.imatrix.gguf",
+        "mtp-M-Q8_0.gguf",
+        "eagle3-M.gguf",
+        "dflash-M.gguf",
+        "dspark-M.gguf",
+        "notes.txt",
+    ):
         assert not is_model_file(name), name
     assert is_model_file("dir/M-Q4_K_M.gguf")
     assert is_model_file("mtp-heads/M-Q4_K_M.gguf")  # only the basename counts
@@ -126,8 +138,10 @@ def test_exact_tag_needs_dash_tag_dot() -> None:
     assert find_best_sibling(files, "M-Q4_K_M.gguf", "mtp-", "q4_k_m") == "mtp-M-Q4_K_M.gguf"
 
 
-@pytest.mark.parametrize(("kind", "keyword_file"), [("dflash", "dflash-M-Q8_0.gguf"), ("dspark", "dspark-M.gguf"),
-                                                    ("eagle3", "eagle3-M-BF16.gguf")])
+@pytest.mark.parametrize(
+    ("kind", "keyword_file"),
+    [("dflash", "dflash-M-Q8_0.gguf"), ("dspark", "dspark-M.gguf"), ("eagle3", "eagle3-M-BF16.gguf")],
+)
 def test_draft_kinds_by_keyword(kind: str, keyword_file: str) -> None:
     files = ["M-Q4_K_M.gguf", keyword_file, "mtp-M-Q4_K_M.gguf"]
     plan = plan_download("o/M", "Q4_K_M", files, [kind])
@@ -183,8 +197,9 @@ def test_same_choices_as_llama_cpp_on_random_repos(tmp_path: Path) -> None:
     subprocess.run(["g++", "-std=c++17", "-O0", "-w", "-o", str(exe), str(HARNESS)], check=True, timeout=300)
     rng = random.Random(42)
     cases = [_random_case(rng) for _ in range(500)]
-    stdin = "".join(f"{tag}\t{kw}\t{model}\n" + "".join(f + "\n" for f in files) + "\n"
-                    for tag, kw, model, files in cases)
+    stdin = "".join(
+        f"{tag}\t{kw}\t{model}\n" + "".join(f + "\n" for f in files) + "\n" for tag, kw, model, files in cases
+    )
     out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True, timeout=60).stdout
     lines = out.split("\n")[:-1]
     assert len(lines) == len(cases)

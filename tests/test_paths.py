@@ -26,9 +26,21 @@ def test_assets_dir_holds_the_stylesheets() -> None:
 def test_wheel_ships_every_subpackage_and_the_assets(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-         str(root)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     import zipfile

@@ -139,14 +139,34 @@ def test_worker_plans_auto_on_this_machine(tiny_models: dict[str, Path], tmp_pat
         if "no GPU device" in info.placement:  # this CPU machine: everything stays on the CPU
             assert info.n_gpu_layers == 0
         with pytest.raises(EngineFailure, match="tensor"):
-            client.load(tiny_models["llama"], ModelParams(n_gpu_layers=GPU_LAYERS_AUTO, split_mode="tensor"),
-                        ContextParams(n_ctx=256))
+            client.load(
+                tiny_models["llama"],
+                ModelParams(n_gpu_layers=GPU_LAYERS_AUTO, split_mode="tensor"),
+                ContextParams(n_ctx=256),
+            )
 
 
 def test_cli_accepts_auto_and_says_where_layers_went(tmp_path: Path) -> None:
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path))
-    cmd = [sys.executable, "-m", "app", "run", "-m", "starter", "-ngl", "auto", "-p", "hi", "--temp", "0", "-n", "4",
-           "-t", "2", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "app",
+        "run",
+        "-m",
+        "starter",
+        "-ngl",
+        "auto",
+        "-p",
+        "hi",
+        "--temp",
+        "0",
+        "-n",
+        "4",
+        "-t",
+        "2",
+        "--json",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "note: -ngl auto: " in done.stderr

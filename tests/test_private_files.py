@@ -131,7 +131,11 @@ def test_cli_run_leaves_an_owner_only_engine_log(tmp_path: Path, tiny_models: di
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path / "data"), LLMTUI_CONFIG_DIR=str(tmp_path / "config"))
     result = subprocess.run(
         [sys.executable, "-m", "app", "run", "-m", str(tiny_models["llama"]), "-p", "hi", "-n", "4", "-t", "2"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     log = tmp_path / "data" / "logs" / "engine.log"
@@ -148,8 +152,14 @@ def test_a_partial_download_is_0600_until_installed_then_shared_like_huggingface
     data = random.Random(7).randbytes(1 << 20)
     hub_server.add_repo("org/Blob-GGUF", {"Blob.gguf": data})
     file = hub.list_repo("org/Blob-GGUF").file("Blob.gguf")
-    options = TransferOptions(chunk_size=64 * 1024, stall_timeout=5, backoff_base=0.01, backoff_max=0.05,
-                              progress_interval=0.01, lock_poll=0.05)
+    options = TransferOptions(
+        chunk_size=64 * 1024,
+        stall_timeout=5,
+        backoff_base=0.01,
+        backoff_max=0.05,
+        progress_interval=0.01,
+        lock_poll=0.05,
+    )
     real_write = download._write_all
 
     def disk_full_after_the_first_chunk(fd: int, chunk: bytes) -> int:

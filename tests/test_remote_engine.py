@@ -67,9 +67,23 @@ class LlamaServer:
         self.log = log
         self._log_file = log.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "tiny",
-             "--n_ctx", str(SERVER_N_CTX), "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self._log_file, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(model),
+                "--model_alias",
+                "tiny",
+                "--n_ctx",
+                str(SERVER_N_CTX),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self, timeout: float = 90.0) -> None:
@@ -254,11 +268,25 @@ LLAMA_SERVER_STREAM: list[dict[str, Any] | str] = [
     delta(content="Hello"),
     delta(content=" there"),
     delta(content="!"),
-    {**delta(finish="stop"), "timings": {"cache_n": 3, "prompt_n": 11, "prompt_ms": 12.5, "prompt_per_second": 880.0,
-                                         "predicted_n": 5, "predicted_ms": 40.0, "predicted_per_second": 125.0,
-                                         "draft_n": 8, "draft_n_accepted": 6}},
-    {"object": "chat.completion.chunk", "choices": [],
-     "usage": {"prompt_tokens": 14, "completion_tokens": 5, "total_tokens": 19}},
+    {
+        **delta(finish="stop"),
+        "timings": {
+            "cache_n": 3,
+            "prompt_n": 11,
+            "prompt_ms": 12.5,
+            "prompt_per_second": 880.0,
+            "predicted_n": 5,
+            "predicted_ms": 40.0,
+            "predicted_per_second": 125.0,
+            "draft_n": 8,
+            "draft_n_accepted": 6,
+        },
+    },
+    {
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": 14, "completion_tokens": 5, "total_tokens": 19},
+    },
     "[DONE]",
 ]
 
@@ -292,8 +320,13 @@ class FakeServer:
                 if owner.behaviour == "401":
                     self._json(401, {"error": {"message": "Invalid API key", "type": "invalid_request_error"}})
                 elif self.path == "/v1/models":
-                    self._json(200, {"object": "list", "data": [{"id": m, "object": "model", "max_model_len": 2048}
-                                                                for m in owner.models]})
+                    self._json(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": m, "object": "model", "max_model_len": 2048} for m in owner.models],
+                        },
+                    )
                 else:
                     self._json(404, {"detail": "Not Found"})
 
@@ -369,8 +402,9 @@ def test_llama_server_timings_and_reasoning_are_used(fake_server: Callable[..., 
     assert draft_summary(stats) == "75% 6/8" and draft_summary({"generated_tokens": 3}) is None
 
 
-def test_a_401_names_the_key_without_showing_it(fake_server: Callable[..., FakeServer],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_401_names_the_key_without_showing_it(
+    fake_server: Callable[..., FakeServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = fake_server("401")
     monkeypatch.setenv("TEST_REMOTE_KEY", "sk-secret-from-env")
     remote = RemoteSettings("box", server.url, api_key_env="TEST_REMOTE_KEY", api_key="sk-secret-in-file")
@@ -378,8 +412,9 @@ def test_a_401_names_the_key_without_showing_it(fake_server: Callable[..., FakeS
     bridge = RemoteBridge(collector, remote, "fake-model")
     bridge.connect()
     failed = collector.wait_for(ModelLoadFailed)
-    assert failed.error == ("box answered 401 Unauthorized: Invalid API key "
-                            "(check the API key: $TEST_REMOTE_KEY (set))")
+    assert failed.error == (
+        "box answered 401 Unauthorized: Invalid API key (check the API key: $TEST_REMOTE_KEY (set))"
+    )
     assert server.requests[0][1]["Authorization"] == "Bearer sk-secret-from-env"  # the variable wins
     bridge.generate([("user", "hi")], SHORT)
     assert "401" in collector.wait_for(GenerationFailed).error
@@ -394,12 +429,16 @@ def test_a_json_error_body_becomes_one_line(fake_server: Callable[..., FakeServe
     assert not collector.of(TokensArrived)
 
 
-@pytest.mark.parametrize(("behaviour", "message"), [
-    ("drop", "box closed the stream before the reply finished; the partial reply is kept"),
-    ("error-event", "box stopped with an error: the model crashed"),
-])
-def test_a_broken_stream_fails_and_keeps_the_partial_reply(fake_server: Callable[..., FakeServer], behaviour: str,
-                                                           message: str) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "message"),
+    [
+        ("drop", "box closed the stream before the reply finished; the partial reply is kept"),
+        ("error-event", "box stopped with an error: the model crashed"),
+    ],
+)
+def test_a_broken_stream_fails_and_keeps_the_partial_reply(
+    fake_server: Callable[..., FakeServer], behaviour: str, message: str
+) -> None:
     bridge, collector = connected(RemoteSettings("box", fake_server(behaviour).url))
     request_id = bridge.generate([("user", "hi")], SHORT)
     failed = collector.wait_for(GenerationFailed)
@@ -435,9 +474,12 @@ def test_what_a_remote_cannot_do_is_refused_clearly(fake_server: Callable[..., F
 
 
 def test_request_body_maps_sampling_and_continue() -> None:
-    body = request_body("m", [("user", "hi"), ("assistant", "Once")],
-                        SamplingSettings(temperature=0.3, top_k=0, min_p=0.1, repeat_penalty=1.1, max_tokens=50,
-                                         seed=7), continue_reply=True)
+    body = request_body(
+        "m",
+        [("user", "hi"), ("assistant", "Once")],
+        SamplingSettings(temperature=0.3, top_k=0, min_p=0.1, repeat_penalty=1.1, max_tokens=50, seed=7),
+        continue_reply=True,
+    )
     assert body["model"] == "m" and body["stream"] is True and body["messages"][-1]["role"] == "assistant"
     assert (body["temperature"], body["min_p"], body["max_tokens"], body["seed"]) == (0.3, 0.1, 50, 7)
     assert body["repeat_penalty"] == body["repetition_penalty"] == 1.1 and "top_k" not in body
@@ -486,8 +528,7 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
         await wait_for(pilot, lambda: chat.generation is None and app.engine_state == "ready")
         assert chat.conversation_id is not None
         user, reply = app.store.active_path(chat.conversation_id)
-        assert (user.content, reply.role, reply.state, reply.model) == ("hello remote", "assistant", "complete",
-                                                                        "tiny")
+        assert (user.content, reply.role, reply.state, reply.model) == ("hello remote", "assistant", "complete", "tiny")
         assert reply.content and reply.stats["backend"] == "remote: local"
         assert chat.transcript.views()[-1].message.content == reply.content
         assert load_config().last_model == "remote:local/tiny"  # the next start uses it again
@@ -562,8 +603,7 @@ def test_remote_choice_path() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
-async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(
-        fake_server: Callable[..., FakeServer]) -> None:
+async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(fake_server: Callable[..., FakeServer]) -> None:
     from app.tui import LlmtuiApp
 
     server = fake_server("replay")
@@ -579,8 +619,11 @@ async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(
         await wait_for(pilot, lambda: chat.replies_started == 1 and chat.generation is None)
         assert chat.conversation_id is not None
         reply = app.store.active_path(chat.conversation_id)[-1]
-        assert (reply.content, reply.reasoning, reply.state) == ("Hello there!", "The user says hi. Answer briefly.",
-                                                                 "complete")
+        assert (reply.content, reply.reasoning, reply.state) == (
+            "Hello there!",
+            "The user says hi. Answer briefly.",
+            "complete",
+        )
         assert chat.stats.extras["draft"] == "75% 6/8" and chat.stats.decode_tps == 125.0
         assert "draft 75% 6/8" in str(chat.stats.render()) and "remote: box" in str(chat.header.render())
         sent = json.loads(server.requests[-1][2])

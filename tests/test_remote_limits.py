@@ -108,10 +108,11 @@ def test_a_dripping_model_list_is_cut_off_by_time(hostile: type[HostileServer]) 
     assert time.monotonic() - started < 6
 
 
-@pytest.mark.parametrize(("behaviour", "said"), [("endless-line", f"longer than {MAX_SSE_LINE // 1024} KiB"),
-                                                  ("endless-event", "stream event longer than")])
-def test_an_endless_stream_fails_the_reply_in_one_line(hostile: type[HostileServer], behaviour: str,
-                                                       said: str) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "said"),
+    [("endless-line", f"longer than {MAX_SSE_LINE // 1024} KiB"), ("endless-event", "stream event longer than")],
+)
+def test_an_endless_stream_fails_the_reply_in_one_line(hostile: type[HostileServer], behaviour: str, said: str) -> None:
     server = hostile(behaviour)
     collector = Collector()
     bridge = RemoteBridge(collector, server.remote, "m", connect_timeout_s=5.0, read_timeout_s=10.0)

@@ -38,8 +38,11 @@ def _extra_bufts() -> tuple[str, ...]:
     return cpu_extra_buffer_types()
 
 
-needs_extra_bufts = pytest.mark.skipif(not _extra_bufts(), reason="this build on this CPU has no extra buffer types "
-                                       "(nothing is repacked, so there is nothing to recover from)")
+needs_extra_bufts = pytest.mark.skipif(
+    not _extra_bufts(),
+    reason="this build on this CPU has no extra buffer types "
+    "(nothing is repacked, so there is nothing to recover from)",
+)
 
 
 # ----- the policy -----------------------------------------------------------------------------------------
@@ -70,8 +73,9 @@ def test_fallbacks_leave_out_what_is_already_safe() -> None:
     assert "cpu-only" in [f.key for f in fallbacks(ModelParams(rpc_servers=("h:1",)), ContextParams(), 4, 0)]
     threads = next(f for f in fallbacks(ModelParams(), ContextParams(), 4, 0) if f.key == "threads")
     assert (threads.flag, threads.field, threads.value) == ("-t 2", "n_threads", 2)
-    safe = fallbacks(ModelParams(use_extra_bufts=False, use_mmap=False, n_gpu_layers=0), ContextParams(n_ctx=2048), 1,
-                     gpu_devices=1)
+    safe = fallbacks(
+        ModelParams(use_extra_bufts=False, use_mmap=False, n_gpu_layers=0), ContextParams(n_ctx=2048), 1, gpu_devices=1
+    )
     assert safe == ()
     # Every fallback names a real engine setting of the app, with a value of its type.
     for fallback in fallbacks(ModelParams(), ContextParams(n_ctx=0), 8, gpu_devices=1):
@@ -119,8 +123,9 @@ def _run(*args: str, data_dir: Path, fault: str = "", timeout: float = 240) -> s
     env.pop(FAULT_ENV, None)
     if fault:
         env[FAULT_ENV] = fault
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_no_repack_keeps_greedy_output_identical(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
@@ -128,8 +133,20 @@ def test_no_repack_keeps_greedy_output_identical(tmp_path: Path, tiny_models: di
 
     models = [tiny_models["llama"]] + ([starter_model_path()] if starter_model_path() is not None else [])
     for model in models:
-        common = ("run", "-m", str(model), "-p", "Count from one to ten.", "--temp", "0", "-n", "24", "-t", "2",
-                  "--json")
+        common = (
+            "run",
+            "-m",
+            str(model),
+            "-p",
+            "Count from one to ten.",
+            "--temp",
+            "0",
+            "-n",
+            "24",
+            "-t",
+            "2",
+            "--json",
+        )
         with_repack = _run(*common, data_dir=tmp_path)
         without = _run(*common, "--no-repack", data_dir=tmp_path)
         assert with_repack.returncode == 0 and without.returncode == 0, with_repack.stderr + without.stderr
@@ -166,8 +183,21 @@ def test_run_restarts_without_repacking_after_a_native_crash(
 def test_run_names_the_flags_that_could_avoid_a_crash_that_persists(
     tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:
-    result = _run("run", "-m", str(tiny_models["llama"]), "-p", "hello", "--temp", "0", "-n", "8", "-t", "2",
-                  data_dir=tmp_path, fault="decode")
+    result = _run(
+        "run",
+        "-m",
+        str(tiny_models["llama"]),
+        "-p",
+        "hello",
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "-t",
+        "2",
+        data_dir=tmp_path,
+        fault="decode",
+    )
     assert result.returncode == 2
     err = result.stderr
     assert "SIGSEGV" in err
@@ -205,8 +235,11 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         chat.prompt.load_text("hello after a crash")
         await pilot.press("enter")
         await wait(pilot, lambda: chat.replies_started > 0, "the reply to start")
-        await wait(pilot, lambda: chat.generation is None and app.engine_state == "ready",
-                    "the reply to finish after the automatic restart")
+        await wait(
+            pilot,
+            lambda: chat.generation is None and app.engine_state == "ready",
+            "the reply to finish after the automatic restart",
+        )
         assert app.bridge.pid != pid  # a new worker
         assert app.engine_overrides == {"use_extra_bufts": False}
         notice = next(n for n in _notices(app) if "crashed natively" in n)
@@ -241,8 +274,11 @@ async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
         chat.prompt.focus()
         chat.prompt.load_text("this crashes every time")
         await pilot.press("enter")
-        await wait(pilot, lambda: isinstance(app.screen, EngineCrashedModal)
-                    and bool(app.screen.query("#crash-log-text")), "the crash dialog, drawn")
+        await wait(
+            pilot,
+            lambda: isinstance(app.screen, EngineCrashedModal) and bool(app.screen.query("#crash-log-text")),
+            "the crash dialog, drawn",
+        )
         modal = app.screen
         assert isinstance(modal, EngineCrashedModal)
         assert "SIGSEGV" in modal.description

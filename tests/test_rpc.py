@@ -33,8 +33,13 @@ def test_generation_through_a_loopback_rpc_server(tiny_models: dict[str, Path], 
         pytest.skip("engine built without RPC (CMAKE_ARGS=-DGGML_RPC=ON)")
     port = free_port()
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path))
-    server = subprocess.Popen([sys.executable, "-m", "app", "rpc-server", "--port", str(port), "-t", "1"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app", "rpc-server", "--port", str(port), "-t", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -44,18 +49,43 @@ def test_generation_through_a_loopback_rpc_server(tiny_models: dict[str, Path], 
             time.sleep(0.2)
         else:
             pytest.fail("the RPC server did not start listening")
-        args = ["-m", "app", "run", "-m", str(tiny_models["llama"]), "-p", "hello", "--temp", "0", "-n", "8",
-                "-t", "2", "--json"]
-        local = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=120)
-        remote = subprocess.run([sys.executable, *args, "--rpc", f"127.0.0.1:{port}", "-ngl", "99"], cwd=ROOT,
-                                env=env, capture_output=True, text=True, timeout=120)
+        args = [
+            "-m",
+            "app",
+            "run",
+            "-m",
+            str(tiny_models["llama"]),
+            "-p",
+            "hello",
+            "--temp",
+            "0",
+            "-n",
+            "8",
+            "-t",
+            "2",
+            "--json",
+        ]
+        local = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        remote = subprocess.run(
+            [sys.executable, *args, "--rpc", f"127.0.0.1:{port}", "-ngl", "99"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert remote.returncode == 0, remote.stderr
         assert json.loads(remote.stdout)["tokens"] == json.loads(local.stdout)["tokens"]
         log = (tmp_path / "logs" / "engine.log").read_text()
         assert "RPC" in log
-        unreachable = subprocess.run([sys.executable, *args, "--rpc", "127.0.0.1:1"], cwd=ROOT, env=env,
-                                     capture_output=True, text=True, timeout=120)
+        unreachable = subprocess.run(
+            [sys.executable, *args, "--rpc", "127.0.0.1:1"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
     finally:
         server.terminate()

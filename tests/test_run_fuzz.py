@@ -34,8 +34,13 @@ def parsed(tiny_models: dict[str, Path]) -> dict[str, Model]:
     return {kind: load_model(kind, tiny_models[kind]) for kind in MAIN_KINDS}
 
 
-def _mutant(m: Model, tmp_path: Path, edits: list[KV] = (), drop: tuple[str, ...] = (),  # type: ignore[assignment]
-            tensors: list[TensorInfo] | None = None) -> Path:
+def _mutant(
+    m: Model,
+    tmp_path: Path,
+    edits: list[KV] = (),
+    drop: tuple[str, ...] = (),  # type: ignore[assignment]
+    tensors: list[TensorInfo] | None = None,
+) -> Path:
     kvs = list(m.kvs)
     for key in drop:
         kvs = del_kv(kvs, key)
@@ -62,62 +67,117 @@ CLASSES: dict[str, tuple[str, list[KV], str]] = {
     "block_count 0": ("llama", [("llama.block_count", U32, -1, 0)], "llama.block_count is 0 (must be 1 to 512)"),
     "block_count 1000": ("qwen3", [("qwen3.block_count", U32, -1, 1000)], "qwen3.block_count is 1000 (must be 1 to"),
     # llama-model.cpp:1330 GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all)
-    "nextn above block_count": ("qwen35_mtp", [("qwen35.nextn_predict_layers", U32, -1, 16)],
-                                "qwen35.nextn_predict_layers is 16 (must be 0 to"),
+    "nextn above block_count": (
+        "qwen35_mtp",
+        [("qwen35.nextn_predict_layers", U32, -1, 16)],
+        "qwen35.nextn_predict_layers is 16 (must be 0 to",
+    ),
     # llama-model.cpp:1364 GGML_ASSERT(n_expert_used_max > 0)
-    "experts without used count": ("llama", [("llama.expert_count", U32, -1, 4)],
-                                   "llama.expert_count is 4 but expert_used_count is 0 or missing"),
+    "experts without used count": (
+        "llama",
+        [("llama.expert_count", U32, -1, 4)],
+        "llama.expert_count is 4 but expert_used_count is 0 or missing",
+    ),
     # llama-model.cpp:1362 GGML_ASSERT(n_expert_used_max <= hparams.n_expert)
-    "used above expert_count": ("nemotron_h_moe", [("nemotron_h_moe.expert_count", U32, -1, 0)],
-                                "nemotron_h_moe.expert_used_count 3 exceeds expert_count 0"),
+    "used above expert_count": (
+        "nemotron_h_moe",
+        [("nemotron_h_moe.expert_count", U32, -1, 0)],
+        "nemotron_h_moe.expert_used_count 3 exceeds expert_count 0",
+    ),
     # ggml-cpu/ops.cpp:4132 GGML_ASSERT(eps >= 0.0f) in rms_norm
-    "negative rms epsilon": ("nemotron_h_moe", [("nemotron_h_moe.attention.layer_norm_rms_epsilon", F32, -1, -1.0)],
-                             "nemotron_h_moe.attention.layer_norm_rms_epsilon is -1.0 (must be >= 0)"),
-    "NaN rms epsilon": ("llama", [("llama.attention.layer_norm_rms_epsilon", F32, -1, float("nan"))],
-                        "llama.attention.layer_norm_rms_epsilon is nan (must be >= 0)"),
+    "negative rms epsilon": (
+        "nemotron_h_moe",
+        [("nemotron_h_moe.attention.layer_norm_rms_epsilon", F32, -1, -1.0)],
+        "nemotron_h_moe.attention.layer_norm_rms_epsilon is -1.0 (must be >= 0)",
+    ),
+    "NaN rms epsilon": (
+        "llama",
+        [("llama.attention.layer_norm_rms_epsilon", F32, -1, float("nan"))],
+        "llama.attention.layer_norm_rms_epsilon is nan (must be >= 0)",
+    ),
     # llama-model.cpp:1420 GGML_ASSERT(hparams.rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED)
-    "unknown rope scaling": ("qwen3", [("qwen3.rope.scaling.type", STR, -1, "bogus")],
-                             "qwen3.rope.scaling.type 'bogus' is unknown (one of none, linear, yarn, longrope)"),
+    "unknown rope scaling": (
+        "qwen3",
+        [("qwen3.rope.scaling.type", STR, -1, "bogus")],
+        "qwen3.rope.scaling.type 'bogus' is unknown (one of none, linear, yarn, longrope)",
+    ),
     # models/qwen3.cpp:57 GGML_ASSERT(n_embd_head == n_rot)
-    "rope dims not the head size": ("qwen3", [("qwen3.rope.dimension_count", U32, -1, 8)],
-                                    "qwen3.rope.dimension_count 8 must equal the head size 16 for qwen3"),
+    "rope dims not the head size": (
+        "qwen3",
+        [("qwen3.rope.dimension_count", U32, -1, 8)],
+        "qwen3.rope.dimension_count 8 must equal the head size 16 for qwen3",
+    ),
     # ggml-cpu/ops.cpp:6356 GGML_ASSERT(n_dims % 2 == 0)
-    "odd rope dims": ("qwen35", [("qwen35.rope.dimension_count", U32, -1, 15)],
-                      "qwen35.rope.dimension_count 15 must be even, 2 to the head size"),
+    "odd rope dims": (
+        "qwen35",
+        [("qwen35.rope.dimension_count", U32, -1, 15)],
+        "qwen35.rope.dimension_count 15 must be even, 2 to the head size",
+    ),
     # ggml-cpu/ops.cpp:6355 GGML_ASSERT(n_dims <= ne0)
-    "rope dims above the head": ("qwen35_mtp", [("qwen35.rope.dimension_count", U32, -1, 256)],
-                                 "qwen35.rope.dimension_count 256 must be even, 2 to the head size"),
+    "rope dims above the head": (
+        "qwen35_mtp",
+        [("qwen35.rope.dimension_count", U32, -1, 256)],
+        "qwen35.rope.dimension_count 256 must be even, 2 to the head size",
+    ),
     # rope over 0 dimensions: the decode never returns (ggml_graph_compute spins)
-    "zero rope dims": ("qwen3next", [("qwen3next.rope.dimension_count", U32, -1, 0)],
-                       "qwen3next.rope.dimension_count 0 must be even, 2 to the head size"),
+    "zero rope dims": (
+        "qwen3next",
+        [("qwen3next.rope.dimension_count", U32, -1, 0)],
+        "qwen3next.rope.dimension_count 0 must be even, 2 to the head size",
+    ),
     # ggml.c:4014 GGML_ASSERT(a->ne[0] == b->ne[0]) in ggml_set_rows (the KV cache of that layer)
-    "per-layer kv heads above heads": ("llama", [("llama.attention.head_count_kv", ARR, U32, [2, 8])],
-                                       "llama.attention.head_count_kv is 8 at layer 1 but blk.1.attn_k.weight has 32"),
+    "per-layer kv heads above heads": (
+        "llama",
+        [("llama.attention.head_count_kv", ARR, U32, [2, 8])],
+        "llama.attention.head_count_kv is 8 at layer 1 but blk.1.attn_k.weight has 32",
+    ),
     # grouped-query attention (ggml_mul_mat's broadcast of K/V over the heads)
-    "kv heads not dividing heads": ("llama", [("llama.attention.head_count_kv", U32, -1, 3)],
-                                    "llama.attention.head_count_kv 3 must divide head_count 4"),
-    "per-layer kv heads against K": ("qwen3next", [("qwen3next.attention.head_count_kv", ARR, U32, [2, 0, 2, 2])],
-                                     "qwen3next.attention.head_count_kv is 0 at layer 1 but blk.1.attn_k.weight has"),
+    "kv heads not dividing heads": (
+        "llama",
+        [("llama.attention.head_count_kv", U32, -1, 3)],
+        "llama.attention.head_count_kv 3 must divide head_count 4",
+    ),
+    "per-layer kv heads against K": (
+        "qwen3next",
+        [("qwen3next.attention.head_count_kv", ARR, U32, [2, 0, 2, 2])],
+        "qwen3next.attention.head_count_kv is 0 at layer 1 but blk.1.attn_k.weight has",
+    ),
     # ggml-cpu/ops.cpp:6232 GGML_ASSERT(sect_dims <= ne0) in ggml_mrope_cache_init
-    "rope sections above the head": ("qwen35_mtp", [("qwen35.rope.dimension_sections", ARR, I32, [8, 4, 8, 16])],
-                                     "qwen35.rope.dimension_sections [8, 4, 8, 16] add up to more than the head size"),
+    "rope sections above the head": (
+        "qwen35_mtp",
+        [("qwen35.rope.dimension_sections", ARR, I32, [8, 4, 8, 16])],
+        "qwen35.rope.dimension_sections [8, 4, 8, 16] add up to more than the head size",
+    ),
     # models/qwen35.cpp:21 (i + 1) % full_attn_interval: SIGFPE
-    "zero attention interval": ("qwen35", [("qwen35.full_attention_interval", U32, -1, 0)],
-                                "qwen35.full_attention_interval is 0 (must be at least 1)"),
+    "zero attention interval": (
+        "qwen35",
+        [("qwen35.full_attention_interval", U32, -1, 0)],
+        "qwen35.full_attention_interval is 0 (must be at least 1)",
+    ),
     # llama-vocab.cpp:3422 GGML_ASSERT(tokenizer && "Tokenizer not initialized. ...") on the first tokenize
-    "no tokenizer": ("qwen35_mtp", [("tokenizer.ggml.model", STR, -1, "none")],
-                     "tokenizer.ggml.model is 'none': the model has no tokenizer to chat with"),
+    "no tokenizer": (
+        "qwen35_mtp",
+        [("tokenizer.ggml.model", STR, -1, "none")],
+        "tokenizer.ggml.model is 'none': the model has no tokenizer to chat with",
+    ),
     # llama-vocab.cpp:4014 token_to_id.at() throws std::out_of_range through the C API: terminate, SIGABRT
-    "SentencePiece without byte tokens": ("llama", [("tokenizer.ggml.model", STR, -1, "llama")],
-                                          "tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no "
-                                          "byte token for"),
+    "SentencePiece without byte tokens": (
+        "llama",
+        [("tokenizer.ggml.model", STR, -1, "llama")],
+        "tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no byte token for",
+    ),
     # models/nemotron-h.cpp:115 n_ff(i) / n_expert_used(i): SIGFPE on a layer turned MoE with no experts routed
-    "MoE layer routing no expert": ("nemotron_h_moe", [("nemotron_h_moe.feed_forward_length", ARR, U32,
-                                                        [0, 17, 64, 0, 64])],
-                                    "nemotron_h_moe.feed_forward_length is 17 at layer 1 (an MoE layer) but"),
+    "MoE layer routing no expert": (
+        "nemotron_h_moe",
+        [("nemotron_h_moe.feed_forward_length", ARR, U32, [0, 17, 64, 0, 64])],
+        "nemotron_h_moe.feed_forward_length is 17 at layer 1 (an MoE layer) but",
+    ),
     # ggml.c:2645 GGML_ASSERT(a->ne[d] == b->ne[d]) in ggml_concat (models/qwen35.cpp:346 head_v_dim = d_inner / ...)
-    "GDN inner size": ("qwen35", [("qwen35.ssm.inner_size", U32, -1, 7)],
-                       "qwen35.ssm.inner_size 7 must equal ssm.state_size × ssm.time_step_rank"),
+    "GDN inner size": (
+        "qwen35",
+        [("qwen35.ssm.inner_size", U32, -1, 7)],
+        "qwen35.ssm.inner_size 7 must equal ssm.state_size × ssm.time_step_rank",
+    ),
     # ggml-backend.cpp:2527 GGML_ASSERT((uintptr_t)ptr % TENSOR_ALIGNMENT == 0 && "buffer pointer must be aligned")
     "alignment below 32": ("qwen3", [("general.alignment", U32, -1, 8)], "not a multiple of 32 (general.alignment"),
 }
@@ -152,8 +212,10 @@ def test_empty_tokens_are_renamed_not_duplicates(parsed: dict[str, Model], tmp_p
 def test_integer_weight_is_refused(parsed: dict[str, Model], tmp_path: Path) -> None:
     """An I32 weight: the CPU binary ops abort (binary-ops.cpp:135) or the matmul segfaults."""
     m = parsed["llama"]
-    tensors = [TensorInfo(t.name, list(t.shape), 26 if t.name == "blk.1.attn_v.weight" else t.type_id, t.offset)
-               for t in m.tensors]
+    tensors = [
+        TensorInfo(t.name, list(t.shape), 26 if t.name == "blk.1.attn_v.weight" else t.type_id, t.offset)
+        for t in m.tensors
+    ]
     message = _refused(_mutant(m, tmp_path, tensors=tensors))
     assert "tensor 'blk.1.attn_v.weight' has the integer type I32" in message
 
@@ -198,8 +260,13 @@ def test_special_token_ids_out_of_range_still_load(parsed: dict[str, Model], tmp
     """llama.cpp ignores an out-of-range special token id (llama-vocab.cpp 'bad special token'): not refused."""
     m = parsed["llama"]
     n = len(_tokens(m))
-    validate_main_model(_mutant(m, tmp_path, [("tokenizer.ggml.eos_token_id", U32, -1, n + 70000),
-                                              ("tokenizer.ggml.bos_token_id", U32, -1, 2**32 - 1)]))
+    validate_main_model(
+        _mutant(
+            m,
+            tmp_path,
+            [("tokenizer.ggml.eos_token_id", U32, -1, n + 70000), ("tokenizer.ggml.bos_token_id", U32, -1, 2**32 - 1)],
+        )
+    )
 
 
 def test_valid_models_are_not_refused(tiny_models: dict[str, Path]) -> None:
@@ -244,8 +311,9 @@ def _run_sample(parsed: dict[str, Model], tmp_path: Path, seed: int, n: int) -> 
     return outcomes
 
 
-def test_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_seeded_mutants_in_the_worker(
+    parsed: dict[str, Model], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")  # an abort ends the worker at once (no gdb attaching)
     outcomes = _run_sample(parsed, tmp_path, SEED, N_SAMPLE)
     assert len(outcomes) == N_SAMPLE
@@ -255,7 +323,8 @@ def test_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_many_seeded_mutants_in_the_worker(parsed: dict[str, Model], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_many_seeded_mutants_in_the_worker(
+    parsed: dict[str, Model], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
     _check_outcomes(_run_sample(parsed, tmp_path, 21, 300))

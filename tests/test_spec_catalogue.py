@@ -36,8 +36,10 @@ def test_the_cli_and_the_tui_load_every_type_the_same_way(tiny_models: dict[str,
             args = _cli_args(spec.name)
             cli_spec = SpeculativeParams(types=(spec.name,), draft_model=draft_model, n_max=6)
             cli = (model_params(args, cli_spec, model).load_mtp, target_load_plan(cli_spec, model).n_rs_seq)
-            tui = load_options(str(model), SpeculativeSettings(enabled=True, spec_type=spec.name,
-                                                               draft_model=draft_model or "", n_max=6))
+            tui = load_options(
+                str(model),
+                SpeculativeSettings(enabled=True, spec_type=spec.name, draft_model=draft_model or "", n_max=6),
+            )
             assert cli == tui, (spec.name, draft)
             seen.add(cli)
     # Off: nothing extra, both ways.
@@ -87,8 +89,9 @@ def test_every_reader_shares_the_catalogue() -> None:
 
 def test_the_readme_carries_the_catalogue_table() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert markdown_table() in readme, "README's speculative types table: regenerate it with " \
-        "`python -m engine_ext.speculative.catalog`"
+    assert markdown_table() in readme, (
+        "README's speculative types table: regenerate it with `python -m engine_ext.speculative.catalog`"
+    )
 
 
 def test_the_tui_offers_types_by_the_catalogue(tiny_models: dict[str, Path]) -> None:

@@ -173,8 +173,9 @@ def test_auto_without_a_model_drafter_adds_the_prompt_copier(tiny_models: dict[s
     try:
         plain = build_driver(SpeculativeParams(types=("auto",), n_max=8), model, ctx)
         assert plain.names == ("ngram-mod", "ngram-prompt") and plain.auto
-        with_draft = build_driver(SpeculativeParams(types=("auto",), n_max=8, draft_model=str(tiny_models["qwen3"])),
-                                  model, ctx)
+        with_draft = build_driver(
+            SpeculativeParams(types=("auto",), n_max=8, draft_model=str(tiny_models["qwen3"])), model, ctx
+        )
         assert with_draft.names == ("ngram-mod", "draft-simple")  # a model drafter drafts where the copier would
         with_draft.close()
     finally:

@@ -30,8 +30,14 @@ PROMPTS = [
 
 
 @contextmanager
-def session_for(path: Path, *, n_rs_seq: int = 0, spec: SpeculativeParams | None = None,
-                backend_greedy: bool = False, n_batch: int = 256) -> Iterator[Session]:
+def session_for(
+    path: Path,
+    *,
+    n_rs_seq: int = 0,
+    spec: SpeculativeParams | None = None,
+    backend_greedy: bool = False,
+    n_batch: int = 256,
+) -> Iterator[Session]:
     model = Model(path)
     ctx = Context(model, ContextParams(n_ctx=1024, n_batch=n_batch, n_threads=2, n_rs_seq=n_rs_seq))
     session = Session(model, ctx)
@@ -50,8 +56,7 @@ def session_for(path: Path, *, n_rs_seq: int = 0, spec: SpeculativeParams | None
 def generate(session: Session, prompt: str, n: int = 64) -> tuple[list[int], list[str], Finished]:
     chunks: list[TokenChunk] = []
     request = Generate(request_id=1, prompt=prompt, sampling=GREEDY, max_tokens=n, ignore_eos=True)
-    done = session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None,
-                            lambda: False)
+    done = session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None, lambda: False)
     ids = [t for c in chunks for t in c.token_ids]
     sources = [s for c in chunks for s in c.provenance]
     return ids, sources, done
@@ -62,8 +67,15 @@ def plain_outputs(path: Path, prompts: list[str], n: int = 64) -> list[list[int]
         return [generate(session, p, n)[0] for p in prompts]
 
 
-def check_lossless(target: Path, spec: SpeculativeParams, *, n_rs_seq: int = 0, prompts: list[str] = PROMPTS,
-                   n: int = 64, backend_greedy: bool = False) -> list[Finished]:
+def check_lossless(
+    target: Path,
+    spec: SpeculativeParams,
+    *,
+    n_rs_seq: int = 0,
+    prompts: list[str] = PROMPTS,
+    n: int = 64,
+    backend_greedy: bool = False,
+) -> list[Finished]:
     expected = plain_outputs(target, prompts, n)
     results = []
     with session_for(target, n_rs_seq=n_rs_seq, spec=spec, backend_greedy=backend_greedy) as session:
@@ -135,8 +147,9 @@ def test_draft_simple_with_another_model_is_lossless(tiny_models: dict[str, Path
 
 
 @pytest.mark.parametrize("kind, n_rs_seq", [("qwen35", 4), ("qwen35", 0), ("qwen3next", 0), ("nemotron_h_moe", 4)])
-def test_hybrid_targets_roll_back_or_restore_checkpoints(tiny_models: dict[str, Path], kind: str,
-                                                         n_rs_seq: int) -> None:
+def test_hybrid_targets_roll_back_or_restore_checkpoints(
+    tiny_models: dict[str, Path], kind: str, n_rs_seq: int
+) -> None:
     # A draft from another model is mostly rejected: every step exercises partial rollback (n_rs_seq > 0 on
     # architectures that support it) or the checkpoint-and-replay path (qwen3next, or n_rs_seq = 0).
     spec = SpeculativeParams(types=("draft-simple",), draft_model=str(tiny_models["llama"]), n_max=4)
@@ -178,8 +191,9 @@ def test_refused_combinations_keep_the_worker_alive(tiny_models: dict[str, Path]
             SpeculativeParams(types=("draft-simple",), draft_model=str(tiny_models["llama"]), n_max=4)
         )
         assert configured.drafters == ("draft-simple",)
-        request = Generate(request_id=client.new_request_id(), prompt="hi", sampling=GREEDY, max_tokens=16,
-                           ignore_eos=True)
+        request = Generate(
+            request_id=client.new_request_id(), prompt="hi", sampling=GREEDY, max_tokens=16, ignore_eos=True
+        )
         events = list(client.generate(request))
         finished = events[-1]
         assert isinstance(finished, Finished) and finished.speculative is not None
@@ -295,8 +309,9 @@ def test_dflash_refusals(tiny_models: dict[str, Path], tmp_path: Path) -> None:
             SpeculativeParams(types=("draft-dflash",), draft_model=str(tiny_models["dflash"]), n_max=3)
         )
         assert configured.drafters == ("draft-dflash",)
-        request = Generate(request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=8,
-                           ignore_eos=True)
+        request = Generate(
+            request_id=client.new_request_id(), prompt="ok", sampling=GREEDY, max_tokens=8, ignore_eos=True
+        )
         assert isinstance(list(client.generate(request))[-1], Finished)
 
 
@@ -383,14 +398,20 @@ def test_long_copies_are_verified_as_plain_decoding_computes_them() -> None:
 
     path = starter_model_path()
     assert path is not None
-    request = Generate(request_id=1, messages=(ChatMessage("user", "Write a short story about a lighthouse keeper "
-                                                           "who finds a message in a bottle."),),
-                       sampling=GREEDY, max_tokens=128)
+    request = Generate(
+        request_id=1,
+        messages=(
+            ChatMessage("user", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+        ),
+        sampling=GREEDY,
+        max_tokens=128,
+    )
 
     def run(session: Session) -> tuple[list[int], Finished]:
         ids: list[int] = []
-        done = session.generate(request, lambda e: ids.extend(e.token_ids) if isinstance(e, TokenChunk) else None,
-                                lambda: False)
+        done = session.generate(
+            request, lambda e: ids.extend(e.token_ids) if isinstance(e, TokenChunk) else None, lambda: False
+        )
         return ids, done
 
     with session_for(path) as session:
@@ -405,7 +426,8 @@ def test_long_copies_are_verified_as_plain_decoding_computes_them() -> None:
 
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_a_draft_is_verified_up_to_its_first_end_of_generation_token(
-    tiny_models: dict[str, Path], ignore_eos: bool,
+    tiny_models: dict[str, Path],
+    ignore_eos: bool,
 ) -> None:
     """Nothing after an end-of-generation draft token is used (accepted, it ends the reply; rejected, so is the rest),
     so it is not decoded, unless the request ignores end-of-generation tokens. The output is unchanged."""
@@ -429,8 +451,9 @@ def test_a_draft_is_verified_up_to_its_first_end_of_generation_token(
 
         session.ctx.decode = recorded  # type: ignore[method-assign]
         chunks: list[TokenChunk] = []
-        request = Generate(request_id=1, prompt="Once upon a time", sampling=GREEDY, max_tokens=24,
-                           ignore_eos=ignore_eos)
+        request = Generate(
+            request_id=1, prompt="Once upon a time", sampling=GREEDY, max_tokens=24, ignore_eos=ignore_eos
+        )
         session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None, lambda: False)
     assert [t for c in chunks for t in c.token_ids] == plain  # the model does not end here: eos is rejected
     # id_last and the draft, up to eos (shorter near max_tokens, where the budget caps the draft)

@@ -28,8 +28,9 @@ def constant_vector(n_layer: int, value: float = 1.0, layers: list[int] | None =
 
 def test_round_trip_keeps_directions_and_metadata(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    vector = ControlVector({il: rng.normal(size=N_EMBD).astype(np.float32) for il in (1, 2, 5)}, "qwen35",
-                           {"llmtui.method": "pca"})
+    vector = ControlVector(
+        {il: rng.normal(size=N_EMBD).astype(np.float32) for il in (1, 2, 5)}, "qwen35", {"llmtui.method": "pca"}
+    )
     back = read_control_vector(write_control_vector(vector, tmp_path / "v.gguf"))
     assert back.layers == [1, 2, 5] and back.model_hint == "qwen35"
     assert back.metadata["llmtui.method"] == "pca"
@@ -137,8 +138,9 @@ def test_strength_change_mid_generation_acts_at_the_next_token(tiny_models: dict
         ids: list[int] = []
         sent_at = -1
         applied: list[SteeringSet] = []
-        for event in client.generate(Generate(request_id=2, prompt="hello", sampling=GREEDY, max_tokens=300,
-                                              ignore_eos=True)):
+        for event in client.generate(
+            Generate(request_id=2, prompt="hello", sampling=GREEDY, max_tokens=300, ignore_eos=True)
+        ):
             if isinstance(event, TokenChunk):
                 ids.extend(event.token_ids)
                 if sent_at < 0:
@@ -165,8 +167,9 @@ def test_make_vector_in_the_worker_writes_an_upstream_file(tiny_models: dict[str
         client.start()
         client.load(tiny_models["qwen35"], ModelParams(), ContextParams(n_ctx=512, n_threads=2))
         seen: list[tuple[int, int]] = []
-        made = client.make_vector(assets_dir() / "steering" / "happy-sad.json", tmp_path / "hs.gguf", "mean",
-                                  lambda d, t: seen.append((d, t)))
+        made = client.make_vector(
+            assets_dir() / "steering" / "happy-sad.json", tmp_path / "hs.gguf", "mean", lambda d, t: seen.append((d, t))
+        )
         assert made.pairs == 16 and seen[-1] == (16, 16) and made.layers == 3
         vector = read_control_vector(Path(made.path), n_embd=N_EMBD, n_layer=4)
         assert vector.model_hint == "qwen35" and vector.metadata["llmtui.prompt_set"] == "happy-sad"

@@ -188,8 +188,9 @@ def test_a_reply_edited_in_place_keeps_its_id_and_can_be_continued(store: Store)
     reply = store.begin_assistant_message(conversation.id, prompt.id, "m")
     with pytest.raises(ValueError, match="not a finished reply"):
         store.edit_assistant_message(reply, "too early")  # still streaming
-    store.finish_assistant_message(reply, "a whole answer", "", "complete",
-                                   {"stop_reason": "eos", "draft_spans": [[0, 3, "ngram-mod"]]})
+    store.finish_assistant_message(
+        reply, "a whole answer", "", "complete", {"stop_reason": "eos", "draft_spans": [[0, 3, "ngram-mod"]]}
+    )
     assert not store.get_message(reply).can_continue  # it ended on its own
     with pytest.raises(MessageNotStreaming):
         store.resume_assistant_message(reply)

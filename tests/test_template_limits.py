@@ -302,18 +302,18 @@ def test_long_conversation_still_renders_with_real_templates() -> None:
 # loops, lipsum, joins, sums, batch/slice, tuple unpacking, literals): output captured before the limits.
 SAMPLER = (
     "{% macro box(t) %}[{{ t }}|{{ caller() }}]{% endmacro %}{% call box('a') %}"
-    'inner {{ messages[0].content }}{% endcall %}{% filter upper %}up {{ 1 ~ 2 }}'
+    "inner {{ messages[0].content }}{% endcall %}{% filter upper %}up {{ 1 ~ 2 }}"
     "{% endfilter %}{% set b %}blk{{ [1,2]|join(',') }}{% endset %}{{ b }}"
     "{{ '%-5s|%05.1f' % ('ab', 3.14159) }}{{ '{:>6}|{}'.format('r', [1, 'x']) }}"
     "{{ {'k': messages[0].role}|tojson }}{{ (messages|map(attribute='content')|list)|string }}"
-    '{% for x in [1,[2,3]] recursive %}{% if x is iterable %}{{ loop(x) }}{% else %}{{ x }}'
-    '{% endif %}{% endfor %}{{ lipsum(1, false, 3, 5)|wordcount > 0 }}'
+    "{% for x in [1,[2,3]] recursive %}{% if x is iterable %}{{ loop(x) }}{% else %}{{ x }}"
+    "{% endif %}{% endfor %}{{ lipsum(1, false, 3, 5)|wordcount > 0 }}"
     "{{ 'a\\tb'.expandtabs(4) }}{{ 'x'.center(5, '*') }}{{ ('a','b')|join('-') }}"
-    '{{ [[1],[2]]|sum(start=[]) }}{{ range(5)|batch(2)|list }}{{ range(5)|slice(2)|list }}'
+    "{{ [[1],[2]]|sum(start=[]) }}{{ range(5)|batch(2)|list }}{{ range(5)|slice(2)|list }}"
     "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% for k, v in {'x': 1}.items() %}{{ k }}={{ v }}"
     "{% endfor %}{{ 'abc'.replace('b', 'BB') }}{{ '-'.join(['p', 'q']) }}"
     "{{ '%(n)s' % {'n': 'named'} }}{{ 'x'|indent(2, true) }}{{ 'aa bb'|wordwrap(2) }}"
-    '{{ [1, 2] + [3] }}{{ (1, 2) * 2 }}'
+    "{{ [1, 2] + [3] }}{{ (1, 2) * 2 }}"
 )
 
 

@@ -53,40 +53,87 @@ def changed(library: str, what: str, module: str) -> str:
 
 # (what, the function, its expected parameters, the module relying on it)
 SIGNATURES: list[tuple[str, Callable[..., Any], Shape, str]] = [
-    ("Widget._size_updated", Widget._size_updated,
-     [("self", POSITIONAL, EMPTY), ("size", POSITIONAL, EMPTY), ("virtual_size", POSITIONAL, EMPTY),
-      ("container_size", POSITIONAL, EMPTY), ("layout", POSITIONAL, True)], "layout.py"),
+    (
+        "Widget._size_updated",
+        Widget._size_updated,
+        [
+            ("self", POSITIONAL, EMPTY),
+            ("size", POSITIONAL, EMPTY),
+            ("virtual_size", POSITIONAL, EMPTY),
+            ("container_size", POSITIONAL, EMPTY),
+            ("layout", POSITIONAL, True),
+        ],
+        "layout.py",
+    ),
     ("Compositor.__init__", Compositor.__init__, [("self", POSITIONAL, EMPTY)], "compositor.py"),
-    ("Compositor._get_renders", Compositor._get_renders,
-     [("self", POSITIONAL, EMPTY), ("crop", POSITIONAL, None)], "compositor.py"),
-    ("Compositor._render_chops", Compositor._render_chops,
-     [("self", POSITIONAL, EMPTY), ("crop", POSITIONAL, EMPTY), ("is_rendered_line", POSITIONAL, EMPTY)],
-     "compositor.py"),
-    ("ScrollBar.__init__", ScrollBar.__init__,
-     [("self", POSITIONAL, EMPTY), ("vertical", POSITIONAL, True), ("name", POSITIONAL, None),
-      ("thickness", KEYWORD, 1)], "scrollbar.py"),
-    ("ScrollBar.render_lines", ScrollBar.render_lines, [("self", POSITIONAL, EMPTY), ("crop", POSITIONAL, EMPTY)],
-     "scrollbar.py"),
-    ("App._start_widget", App._start_widget,
-     [("self", POSITIONAL, EMPTY), ("parent", POSITIONAL, EMPTY), ("widget", POSITIONAL, EMPTY)], "scrollbar.py"),
-    ("TextArea._on_key", TextArea._on_key, [("self", POSITIONAL, EMPTY), ("event", POSITIONAL, EMPTY)],
-     "text_area.py"),
-    ("Syntax._get_syntax", Syntax._get_syntax,
-     [("self", POSITIONAL, EMPTY), ("console", POSITIONAL, EMPTY), ("options", POSITIONAL, EMPTY)], "rich_render.py"),
+    (
+        "Compositor._get_renders",
+        Compositor._get_renders,
+        [("self", POSITIONAL, EMPTY), ("crop", POSITIONAL, None)],
+        "compositor.py",
+    ),
+    (
+        "Compositor._render_chops",
+        Compositor._render_chops,
+        [("self", POSITIONAL, EMPTY), ("crop", POSITIONAL, EMPTY), ("is_rendered_line", POSITIONAL, EMPTY)],
+        "compositor.py",
+    ),
+    (
+        "ScrollBar.__init__",
+        ScrollBar.__init__,
+        [
+            ("self", POSITIONAL, EMPTY),
+            ("vertical", POSITIONAL, True),
+            ("name", POSITIONAL, None),
+            ("thickness", KEYWORD, 1),
+        ],
+        "scrollbar.py",
+    ),
+    (
+        "ScrollBar.render_lines",
+        ScrollBar.render_lines,
+        [("self", POSITIONAL, EMPTY), ("crop", POSITIONAL, EMPTY)],
+        "scrollbar.py",
+    ),
+    (
+        "App._start_widget",
+        App._start_widget,
+        [("self", POSITIONAL, EMPTY), ("parent", POSITIONAL, EMPTY), ("widget", POSITIONAL, EMPTY)],
+        "scrollbar.py",
+    ),
+    ("TextArea._on_key", TextArea._on_key, [("self", POSITIONAL, EMPTY), ("event", POSITIONAL, EMPTY)], "text_area.py"),
+    (
+        "Syntax._get_syntax",
+        Syntax._get_syntax,
+        [("self", POSITIONAL, EMPTY), ("console", POSITIONAL, EMPTY), ("options", POSITIONAL, EMPTY)],
+        "rich_render.py",
+    ),
     ("Syntax._get_base_style", Syntax._get_base_style, [("self", POSITIONAL, EMPTY)], "rich_render.py"),
-    ("Syntax._process_code", Syntax._process_code, [("self", POSITIONAL, EMPTY), ("code", POSITIONAL, EMPTY)],
-     "rich_render.py"),
-    ("Syntax._get_number_styles", Syntax._get_number_styles,
-     [("self", POSITIONAL, EMPTY), ("console", POSITIONAL, EMPTY)], "rich_render.py"),
-    ("Syntax.highlight", Syntax.highlight,
-     [("self", POSITIONAL, EMPTY), ("code", POSITIONAL, EMPTY), ("line_range", POSITIONAL, None)], "rich_render.py"),
+    (
+        "Syntax._process_code",
+        Syntax._process_code,
+        [("self", POSITIONAL, EMPTY), ("code", POSITIONAL, EMPTY)],
+        "rich_render.py",
+    ),
+    (
+        "Syntax._get_number_styles",
+        Syntax._get_number_styles,
+        [("self", POSITIONAL, EMPTY), ("console", POSITIONAL, EMPTY)],
+        "rich_render.py",
+    ),
+    (
+        "Syntax.highlight",
+        Syntax.highlight,
+        [("self", POSITIONAL, EMPTY), ("code", POSITIONAL, EMPTY), ("line_range", POSITIONAL, None)],
+        "rich_render.py",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("what", "function", "expected", "module"), SIGNATURES,
-                         ids=[entry[0] for entry in SIGNATURES])
-def test_each_private_method_relied_on_keeps_its_signature(what: str, function: Callable[..., Any],
-                                                           expected: Shape, module: str) -> None:
+@pytest.mark.parametrize(("what", "function", "expected", "module"), SIGNATURES, ids=[entry[0] for entry in SIGNATURES])
+def test_each_private_method_relied_on_keeps_its_signature(
+    what: str, function: Callable[..., Any], expected: Shape, module: str
+) -> None:
     library = "Rich" if what.startswith("Syntax") else "Textual"
     assert shape(function) == expected, changed(library, what, module)
 
@@ -100,7 +147,8 @@ def test_the_checked_versions_are_the_installed_ones() -> None:
     for library, installed, checked in (("Textual", TEXTUAL, CHECKED_WITH_TEXTUAL), ("Rich", RICH, CHECKED_WITH_RICH)):
         assert installed.split(".")[:2] == checked.split(".")[:2], (
             f"{library} {installed} is installed; app/textual_internals/ was checked against {checked}: read each of "
-            f"its modules again against {library} {installed} and update CHECKED_WITH_{library.upper()}")
+            f"its modules again against {library} {installed} and update CHECKED_WITH_{library.upper()}"
+        )
 
 
 def test_the_compositor_reads_visible_widgets_before_its_first_render() -> None:
@@ -114,20 +162,24 @@ def test_the_compositor_reads_visible_widgets_before_its_first_render() -> None:
             return {}
 
     renders = Counting()._get_renders(Region(0, 0, 10, 1))
-    assert not reads, changed("Textual", "Compositor._get_renders (reads visible_widgets before it is iterated)",
-                              "compositor.py")
+    assert not reads, changed(
+        "Textual", "Compositor._get_renders (reads visible_widgets before it is iterated)", "compositor.py"
+    )
     assert next(iter(renders), None) is None
-    assert reads == [1], changed("Textual", "Compositor._get_renders (reads visible_widgets once, on its first step)",
-                                 "compositor.py")
+    assert reads == [1], changed(
+        "Textual", "Compositor._get_renders (reads visible_widgets once, on its first step)", "compositor.py"
+    )
     assert isinstance(inspect.getattr_static(Compositor, "visible_widgets"), property), changed(
-        "Textual", "Compositor.visible_widgets (no longer a property)", "compositor.py")
+        "Textual", "Compositor.visible_widgets (no longer a property)", "compositor.py"
+    )
 
 
 def test_the_private_attributes_relied_on_are_there() -> None:
     assert isinstance(Screen()._compositor, Compositor), changed("Textual", "Screen._compositor", "compositor.py")
     assert Widget()._vertical_scrollbar is None, changed("Textual", "Widget._vertical_scrollbar", "scrollbar.py")
-    assert inspect.iscoroutinefunction(TextArea._on_key), changed("Textual", "TextArea._on_key (not a coroutine)",
-                                                                  "text_area.py")
+    assert inspect.iscoroutinefunction(TextArea._on_key), changed(
+        "Textual", "TextArea._on_key (not a coroutine)", "text_area.py"
+    )
     assert isinstance(Console()._lock, type(threading.RLock())), changed("Rich", "Console._lock", "rich_render.py")
 
 
@@ -135,8 +187,9 @@ def test_the_scrollbar_render_has_the_fields_its_lines_are_kept_by() -> None:
     fields = [name for name, _, _ in shape(ScrollBarRender.__init__)][1:]
     assert fields == list(SCROLLBAR_FIELDS), changed("Textual", f"ScrollBarRender's fields ({fields})", "scrollbar.py")
     bar = ScrollBarRender()
-    assert all(hasattr(bar, name) for name in SCROLLBAR_FIELDS), changed("Textual", "ScrollBarRender's attributes",
-                                                                         "scrollbar.py")
+    assert all(hasattr(bar, name) for name in SCROLLBAR_FIELDS), changed(
+        "Textual", "ScrollBarRender's attributes", "scrollbar.py"
+    )
 
 
 # Private names of Textual or Rich that app/ outside app/textual_internals/ still uses, each with where it should go.
@@ -153,16 +206,26 @@ def _private_names_defined_by(base: type) -> frozenset[str]:
         source = textwrap.dedent(inspect.getsource(base))
     except (OSError, TypeError):
         return frozenset(names)
-    names |= {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
-              and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr.startswith("_")
-              and not node.attr.startswith("__")}
+    names |= {
+        node.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    }
     return frozenset(names)
 
 
 def _private_names_of_library_bases(cls: type) -> set[str]:
     """The private names that the Textual and Rich classes among `cls`'s bases define or assign."""
-    return {name for base in cls.__mro__ if base.__module__.startswith(("textual", "rich"))
-            for name in _private_names_defined_by(base)}
+    return {
+        name
+        for base in cls.__mro__
+        if base.__module__.startswith(("textual", "rich"))
+        for name in _private_names_defined_by(base)
+    }
 
 
 def test_no_private_textual_or_rich_api_is_used_outside_textual_internals() -> None:
@@ -177,20 +240,37 @@ def test_no_private_textual_or_rich_api_is_used_outside_textual_internals() -> N
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module = importlib.import_module(relative.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("textual", "rich") \
-                    and any(part.startswith("_") for part in node.module.split(".")):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[0] in ("textual", "rich")
+                and any(part.startswith("_") for part in node.module.split("."))
+            ):
                 found.append(f"{relative}:{node.lineno} imports {node.module}")
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                    and isinstance(node.value, ast.Attribute) and node.value.attr in ("app", "screen"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr in ("app", "screen")
+            ):
                 if (relative, node.attr) not in KNOWN_OUTSIDE:
                     found.append(f"{relative}:{node.lineno} reads .{node.value.attr}.{node.attr}")
             if not isinstance(node, ast.ClassDef) or not inspect.isclass(cls := getattr(module, node.name, None)):
                 continue
             private = _private_names_of_library_bases(cls)
             for inner in ast.walk(node):
-                name = inner.name if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef) else (
-                    inner.attr if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
-                    and inner.value.id == "self" else None)
+                name = (
+                    inner.name
+                    if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef)
+                    else (
+                        inner.attr
+                        if isinstance(inner, ast.Attribute)
+                        and isinstance(inner.value, ast.Name)
+                        and inner.value.id == "self"
+                        else None
+                    )
+                )
                 if name in private and (relative, name) not in KNOWN_OUTSIDE:
                     found.append(f"{relative}:{inner.lineno} {node.name} uses {name}, private to its Textual/Rich base")
     assert not found, "Textual's or Rich's private API belongs in app/textual_internals/:\n" + "\n".join(found)

@@ -251,8 +251,11 @@ async def test_edit_and_resend_keeps_the_old_branch_reachable(tiny_models: dict[
         await pilot.pause()
         assert [v.message.id for v in chat.transcript.views()] == [m.id for m in original_path]
         assert chat.stats.n_ctx_used == original_path[-1].stats["n_ctx_used"]
-        assert chat.stats.prompt_tokens == original_path[-1].stats["prompt_tokens"] != edited_path[-1].stats[
-            "prompt_tokens"]
+        assert (
+            chat.stats.prompt_tokens
+            == original_path[-1].stats["prompt_tokens"]
+            != edited_path[-1].stats["prompt_tokens"]
+        )
 
 
 @pytest.mark.anyio
@@ -417,15 +420,23 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
     from app.modals.crash import EngineCrashedModal
 
     app = LlmtuiApp("starter", start_engine=False)
-    log = "\n".join(f"sched_reserve: line {n} of a long engine log, long enough to wrap at 80 columns: " + "x" * 30
-                    for n in range(1, 60))
+    log = "\n".join(
+        f"sched_reserve: line {n} of a long engine log, long enough to wrap at 80 columns: " + "x" * 30
+        for n in range(1, 60)
+    )
     async with app.run_test(size=size) as pilot:
         from engine_ext.params import ContextParams, ModelParams
         from engine_ext.recovery import fallbacks
 
         tries = fallbacks(ModelParams(), ContextParams(), n_threads=4, gpu_devices=1)  # all five, the longest list
-        app.push_screen(EngineCrashedModal("the engine process was killed by SIGKILL", log,
-                                           "/home/someone/.local/state/llmtui/log/engine.log", tries))
+        app.push_screen(
+            EngineCrashedModal(
+                "the engine process was killed by SIGKILL",
+                log,
+                "/home/someone/.local/state/llmtui/log/engine.log",
+                tries,
+            )
+        )
         await pilot.pause(0.2)
         modal = app.screen
         hint = modal.query_one(".dialog-hint", Static)
@@ -544,10 +555,23 @@ async def test_help_screen_and_command_palette_entries(tiny_models: dict[str, Pa
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("escape")
         titles = {command.title for command in app.get_system_commands(chat)}
-        for wanted in ("New conversation", "Stop reply", "Continue reply", "Regenerate reply", "Switch model",
-                       "Conversation settings", "Delete conversation", "Undo delete", "Export conversation",
-                       "Import conversation", "Restart engine", "Settings", "Help: keys", "Toggle dark/light",
-                       "Toggle draft colouring"):
+        for wanted in (
+            "New conversation",
+            "Stop reply",
+            "Continue reply",
+            "Regenerate reply",
+            "Switch model",
+            "Conversation settings",
+            "Delete conversation",
+            "Undo delete",
+            "Export conversation",
+            "Import conversation",
+            "Restart engine",
+            "Settings",
+            "Help: keys",
+            "Toggle dark/light",
+            "Toggle draft colouring",
+        ):
             assert wanted in titles
         # The palette's draft colouring entry toggles it like F7 does.
         toggle = next(c for c in app.get_system_commands(chat) if c.title == "Toggle draft colouring")
@@ -607,8 +631,11 @@ async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> 
         await pilot.pause()
         chat = chat_of(app)
         chat.action_export_conversation()
-        await wait_for(pilot, lambda: any("Exported to" in n.message for n in app._notifications),
-                       what="the export, written in a thread")
+        await wait_for(
+            pilot,
+            lambda: any("Exported to" in n.message for n in app._notifications),
+            what="the export, written in a thread",
+        )
         markdown, json_text = app.export_conversation(conversation.id)
         assert "a question" in markdown.read_text()
         assert app.store.import_json(json_text.read_text()) != conversation.id
@@ -772,5 +799,6 @@ async def test_gpu_layers_auto_says_where_the_layers_went(tiny_models: dict[str,
         await ready(pilot)
         assert app.model is not None and app.model.placement.startswith("-ngl auto: ")
         # this CPU machine has no GPU device: the notice says so next to the load time
-        await wait_for(pilot, lambda: any("no GPU device: all layers on the CPU" in n.message
-                                          for n in app._notifications))
+        await wait_for(
+            pilot, lambda: any("no GPU device: all layers on the CPU" in n.message for n in app._notifications)
+        )

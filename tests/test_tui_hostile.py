@@ -78,14 +78,18 @@ def hostile_ggufs(models: dict[str, Path], folder: Path, *, n_mutants: int = 4) 
     write("bad-key-length", _raw(0, 1, struct.pack("<Q", 2**62) + b"general.architecture"))
     write("bad-value-length", _raw(0, 1, _str("general.architecture") + struct.pack("<IQ", _STRING, 2**40) + b"x"))
     write("huge-array", _raw(0, 1, _str("tokenizer.ggml.tokens") + struct.pack("<IIQ", _ARRAY, _STRING, 2**40)))
-    out["block-count"] = _write_edited(models["llama"], folder / "hostile-block-count.gguf",
-                                       [("llama.block_count", _U64, -1, 2**63)])
-    out["negative-context"] = _write_edited(models["llama"], folder / "hostile-negative-context.gguf",
-                                            [("llama.context_length", _I32, -1, -5)])
-    out["arch-string"] = _write_edited(models["llama"], folder / "hostile-arch-string.gguf",
-                                       [("llama.embedding_length", _STR, -1, "64")])
-    out["split-count"] = _write_edited(models["llama"], folder / "hostile-split-count.gguf",
-                                       [("split.count", _U32, -1, 2**32 - 1)])
+    out["block-count"] = _write_edited(
+        models["llama"], folder / "hostile-block-count.gguf", [("llama.block_count", _U64, -1, 2**63)]
+    )
+    out["negative-context"] = _write_edited(
+        models["llama"], folder / "hostile-negative-context.gguf", [("llama.context_length", _I32, -1, -5)]
+    )
+    out["arch-string"] = _write_edited(
+        models["llama"], folder / "hostile-arch-string.gguf", [("llama.embedding_length", _STR, -1, "64")]
+    )
+    out["split-count"] = _write_edited(
+        models["llama"], folder / "hostile-split-count.gguf", [("split.count", _U32, -1, 2**32 - 1)]
+    )
     write("not-gguf", b"this is not a model\n" * 50)
     write("empty", b"")
     directory = folder / "hostile-directory.gguf"
@@ -136,6 +140,7 @@ def assert_one_line(text: str) -> None:
 
 async def said(pilot: Pilot[Any], app: LlmtuiApp, *words: str, timeout: float = WAIT_S) -> str:
     """Wait for a notification holding every one of `words`; it must be one line."""
+
     def found() -> str | None:
         return next((m for m in messages(app) if all(w in m for w in words)), None)
 
@@ -153,14 +158,24 @@ def use_folder(folder: Path) -> None:
 # ----- 1. llmtui -m hostile.gguf --------------------------------------------------------------------------------
 
 # (every kind is also listed, judged and opened in F4's test; these go through the engine as well)
-STARTUP_KINDS = ("truncated", "huge-counts", "huge-array", "block-count", "mtp-sidecar", "not-gguf", "empty",
-                 "directory", "mutant-1")
+STARTUP_KINDS = (
+    "truncated",
+    "huge-counts",
+    "huge-array",
+    "block-count",
+    "mtp-sidecar",
+    "not-gguf",
+    "empty",
+    "directory",
+    "mutant-1",
+)
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", STARTUP_KINDS)
-async def test_started_on_a_hostile_model_the_app_says_why_in_one_line(hostile_folder: dict[str, Path],
-                                                                     kind: str) -> None:
+async def test_started_on_a_hostile_model_the_app_says_why_in_one_line(
+    hostile_folder: dict[str, Path], kind: str
+) -> None:
     app = LlmtuiApp(str(hostile_folder[kind]), start_engine=kind != "directory")  # (the starter would open)
     async with app.run_test(size=(100, 30)) as pilot:
         if kind == "directory":  # refused before the engine: said, then the starter model opens
@@ -225,8 +240,8 @@ def detail(screen: ModelsScreen) -> str:
 
 @pytest.mark.anyio
 async def test_f4_lists_and_judges_hostile_local_models_and_the_good_ones_still(
-        hostile_folder: dict[str, Path], tiny_models: dict[str, Path], hf_env: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    hostile_folder: dict[str, Path], tiny_models: dict[str, Path], hf_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LLMTUI_RAM_BYTES", str(8 << 30))
     monkeypatch.setenv("LLMTUI_VRAM_BYTES", "0")
     folder = hostile_folder["truncated"].parent
@@ -247,8 +262,11 @@ async def test_f4_lists_and_judges_hostile_local_models_and_the_good_ones_still(
         local_list.focus()
         for index, model in enumerate(screen.local_models):  # highlight each: its facts and fit are read
             local_list.highlighted = index
-            await wait_for(pilot, lambda m=model: screen.local is not None and screen.local.path == m.path,
-                           f"{model.name} in the detail pane")
+            await wait_for(
+                pilot,
+                lambda m=model: screen.local is not None and screen.local.path == m.path,
+                f"{model.name} in the detail pane",
+            )
             await pilot.pause(0.05)
             assert_up(app)
             text = detail(screen)
@@ -312,8 +330,9 @@ def token_bomb(n_tokens: int) -> bytes:
 HEADER_BOMBS = {
     "key-length": _raw(0, 1, struct.pack("<Q", 2**62) + b"general.architecture" + b"\0" * 4096),
     "value-length": _raw(0, 1, _str("general.architecture") + struct.pack("<IQ", _STRING, 2**40) + b"\0" * 4096),
-    "array-count": _raw(0, 1, _str("tokenizer.ggml.tokens") + struct.pack("<IIQ", _ARRAY, _STRING, 2**40)
-                        + b"\0" * 4096),
+    "array-count": _raw(
+        0, 1, _str("tokenizer.ggml.tokens") + struct.pack("<IIQ", _ARRAY, _STRING, 2**40) + b"\0" * 4096
+    ),
     "nested-arrays": _raw(0, 1, _str("x") + struct.pack("<IIQ", _ARRAY, _ARRAY, 2**32) + b"\0" * 4096),
     "tensor-count": _raw(2**40, 0, b"\0" * 4096),
     "tokens": token_bomb(200_000),
@@ -348,7 +367,8 @@ async def open_models_screen(pilot: Pilot[Any], app: LlmtuiApp) -> ModelsScreen:
 
 @pytest.mark.anyio
 async def test_f4_reads_a_header_bomb_through_http_range_with_bounded_memory(
-        hostile_hub: HostileHub, tiny_models: dict[str, Path]) -> None:
+    hostile_hub: HostileHub, tiny_models: dict[str, Path]
+) -> None:
     for kind, data in HEADER_BOMBS.items():
         hostile_hub.add_repo(f"evil/Bomb-{kind}-GGUF", {f"Bomb-{kind}-Q4_K_M.gguf": data})
     hostile_hub.add_repo("good/Tiny-GGUF", {"Tiny-Q8_0.gguf": tiny_models["qwen3"]})
@@ -379,8 +399,10 @@ async def test_f4_reads_a_header_bomb_through_http_range_with_bounded_memory(
             assert_up(app)
         await open_repo(pilot, app, screen, "good/Tiny-GGUF")  # the hub still works after the bombs
         assert screen.report is not None and screen.report.info.architecture == "qwen3"
-    print("header bombs (KiB traced peak, KiB max RSS growth, s):",
-          {k: (t >> 10, g >> 10, round(s, 2)) for k, (t, g, s) in figures.items()})
+    print(
+        "header bombs (KiB traced peak, KiB max RSS growth, s):",
+        {k: (t >> 10, g >> 10, round(s, 2)) for k, (t, g, s) in figures.items()},
+    )
 
 
 def _json_bytes(value: object) -> bytes:
@@ -394,8 +416,20 @@ HOSTILE_REPOS: dict[str, tuple[int, bytes] | None] = {
     "evil/NotJson-GGUF": (200, b"<html>this is not JSON"),
     "evil/Truncated-Json-GGUF": (200, b'{"id": "evil/Truncated-Json-GGUF", "sha": "'),
     "evil/List-Not-Object-GGUF": (200, _json_bytes([1, 2, 3])),
-    "evil/Wrong-Types-GGUF": (200, _json_bytes({"id": 5, "sha": ["x"], "siblings": "nope", "downloads": "many",
-                                                "lastModified": 7, "gated": {"a": 1}, "tags": 3})),
+    "evil/Wrong-Types-GGUF": (
+        200,
+        _json_bytes(
+            {
+                "id": 5,
+                "sha": ["x"],
+                "siblings": "nope",
+                "downloads": "many",
+                "lastModified": 7,
+                "gated": {"a": 1},
+                "tags": 3,
+            }
+        ),
+    ),
     "evil/Bad-Commit-GGUF": (200, _json_bytes({"id": "evil/Bad-Commit-GGUF", "sha": "../../../etc"})),
     "evil/Traversal-GGUF": None,
     "evil/Dropped-GGUF": None,
@@ -414,20 +448,23 @@ HOSTILE_SEARCHES = {
 
 @pytest.mark.anyio
 async def test_f4_opens_hostile_repositories_and_says_why_in_one_line(
-        hostile_hub: HostileHub, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    hostile_hub: HostileHub, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for repo_id, canned in HOSTILE_REPOS.items():
         name = repo_id.split("/")[1].removesuffix("-GGUF")
         data = tiny_models["llama"].read_bytes() + repo_id.encode()  # its own bytes: the CDN finds files by sha256
         hostile_hub.add_repo(repo_id, {f"{name}-Q4_K_M.gguf": data})
         if canned is not None:
             hostile_hub.canned[f"/api/models/{repo_id}"] = canned
-    hostile_hub.add_repo("evil/Traversal-GGUF", {"../../../outside.gguf": tiny_models["llama"],
-                                                 "ok-Q4_K_M.gguf": tiny_models["llama"]})
+    hostile_hub.add_repo(
+        "evil/Traversal-GGUF", {"../../../outside.gguf": tiny_models["llama"], "ok-Q4_K_M.gguf": tiny_models["llama"]}
+    )
     hostile_hub.fault("evil/Dropped-GGUF", "Dropped-Q4_K_M.gguf", drop_at=100, drop_times=100)
     hostile_hub.fault("evil/Flaky-GGUF", "Flaky-Q4_K_M.gguf", errors_5xx=100)
     # 3,000 model files: grouping them into quants pairs each with its sidecars, time growing with the square
-    hostile_hub.add_repo("evil/Thousands-GGUF", {f"M{i:05d}-Q4_K_M.gguf": b"GGUF" + i.to_bytes(4, "little")
-                                                 for i in range(3000)})
+    hostile_hub.add_repo(
+        "evil/Thousands-GGUF", {f"M{i:05d}-Q4_K_M.gguf": b"GGUF" + i.to_bytes(4, "little") for i in range(3000)}
+    )
     hostile_hub.fault("evil/Stalled-GGUF", "Stalled-Q4_K_M.gguf", stall_at=100, stall_seconds=5.0, stall_times=100)
     # the header read's socket timeout, from 30 s to 1 s, so the stall trips it
     monkeypatch.setattr(fit.RangeReader.__init__, "__defaults__", (1.0,))
@@ -464,11 +501,13 @@ async def test_f4_opens_hostile_repositories_and_says_why_in_one_line(
 # ----- 4. a hostile remote engine ---------------------------------------------------------------------------------
 
 _GOOD_MODELS = _json_bytes({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 2048}]})
-_HOSTILE_TIMINGS = (b'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\n'
-                    b'data: {"choices": [{"delta": {"content": 5}, "finish_reason": "stop"}], "usage": '
-                    b'{"completion_tokens": 1e308, "prompt_tokens": -7}, "timings": {"predicted_per_second": '
-                    b'Infinity, "draft_n": 1e300, "draft_n_accepted": -3, "prompt_ms": NaN, "predicted_n": 1e308}}'
-                    b'\n\ndata: [DONE]\n\n')
+_HOSTILE_TIMINGS = (
+    b'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\n'
+    b'data: {"choices": [{"delta": {"content": 5}, "finish_reason": "stop"}], "usage": '
+    b'{"completion_tokens": 1e308, "prompt_tokens": -7}, "timings": {"predicted_per_second": '
+    b'Infinity, "draft_n": 1e300, "draft_n_accepted": -3, "prompt_ms": NaN, "predicted_n": 1e308}}'
+    b"\n\ndata: [DONE]\n\n"
+)
 
 
 def _reply(content: str) -> bytes:
@@ -561,7 +600,8 @@ def hostile_remote() -> Iterator[Callable[[str], HostileRemote]]:
 @pytest.mark.anyio
 @pytest.mark.parametrize("behaviour", list(REMOTE_BEHAVIOURS))
 async def test_a_hostile_remote_engine_fails_in_one_line_and_the_app_stays(
-        hostile_remote: Callable[[str], HostileRemote], tiny_models: dict[str, Path], behaviour: str) -> None:
+    hostile_remote: Callable[[str], HostileRemote], tiny_models: dict[str, Path], behaviour: str
+) -> None:
     server = hostile_remote(behaviour)
     save_config(Config(remotes=(server.remote,), last_model="remote:hostile/m"))
     app = LlmtuiApp()
@@ -608,7 +648,8 @@ SWITCH_KINDS = ("truncated", "not-gguf", "mutant-1")
 
 @pytest.mark.anyio
 async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads(
-        hostile_folder: dict[str, Path], tiny_models: dict[str, Path]) -> None:
+    hostile_folder: dict[str, Path], tiny_models: dict[str, Path]
+) -> None:
     from app.modals.pick import PickModal
     from app.modals.speculative import SpeculativePanel
     from app.screens.chat import ChatScreen
@@ -636,20 +677,29 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
             await wait_for(pilot, lambda s=switcher: not s.scanning, "the model folders, scanned in a thread")
             assert path.stem in [m.name for m in switcher.models]
             await pilot.press(*path.stem, "enter")
-            await wait_for(pilot, lambda p=path: app.model_path == str(p) and app.engine_state in ("error", "ready"),
-                           f"{kind} to be refused")
+            await wait_for(
+                pilot,
+                lambda p=path: app.model_path == str(p) and app.engine_state in ("error", "ready"),
+                f"{kind} to be refused",
+            )
             assert_up(app)
             if app.engine_state == "error":
                 await said(pilot, app, f"Could not load {path.name}")
         # the library: F4, Local, highlight a hostile model, u
         screen = await open_local_tab(pilot, app)
-        await wait_for(pilot, lambda: any(m.path == hostile_folder["not-gguf"] for m in screen.local_models),
-                       "the hostile models in the Local tab")
+        await wait_for(
+            pilot,
+            lambda: any(m.path == hostile_folder["not-gguf"] for m in screen.local_models),
+            "the hostile models in the Local tab",
+        )
         local_list = screen.query_one("#local-list", OptionList)
         local_list.focus()
         local_list.highlighted = [m.path for m in screen.local_models].index(hostile_folder["not-gguf"])
-        await wait_for(pilot, lambda: screen.local is not None and screen.local.path == hostile_folder["not-gguf"],
-                       "the hostile model in the detail pane")
+        await wait_for(
+            pilot,
+            lambda: screen.local is not None and screen.local.path == hostile_folder["not-gguf"],
+            "the hostile model in the detail pane",
+        )
         app.clear_notifications()
         await pilot.press("u")
         await wait_for(pilot, lambda: app.screen is app.chat and app.engine_state == "error", "the refusal")
@@ -692,7 +742,8 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
 
 @pytest.mark.anyio
 async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_and_ctrl_l_working(
-        app_dirs: tuple[Path, Path], tiny_models: dict[str, Path]) -> None:
+    app_dirs: tuple[Path, Path], tiny_models: dict[str, Path]
+) -> None:
     config_dir, data_dir = app_dirs
     config_dir.mkdir(parents=True, exist_ok=True)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -701,7 +752,8 @@ async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_
     # (RuntimeError from expanduser); the settings screen takes any text as a folder
     (config_dir / "config.toml").write_text(
         f'[models]\nlast_model = "/tmp/a\\u0000b.gguf"\n'
-        f'folders = ["/tmp/x\\u0000y", "~nosuchuser-llmtui/models", "{good_folder}"]\n')
+        f'folders = ["/tmp/x\\u0000y", "~nosuchuser-llmtui/models", "{good_folder}"]\n'
+    )
     (data_dir / "catalog-refresh.json").write_text(json.dumps({"qwen3.5-2b": {"context_length": "very long"}}))
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -715,8 +767,11 @@ async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_
         assert tiny_models["llama"].stem in [m.name for m in switcher.models]  # the good folder still listed
         await pilot.press("escape")
         screen = await open_local_tab(pilot, app)
-        await wait_for(pilot, lambda: any(m.path == tiny_models["llama"] for m in screen.local_models),
-                       "the good folder's models in F4")
+        await wait_for(
+            pilot,
+            lambda: any(m.path == tiny_models["llama"] for m in screen.local_models),
+            "the good folder's models in F4",
+        )
         # The damaged overlay's count is read past (the catalog's own stays): the catalog is there, nothing to say.
         from models_catalog.catalog import load_catalog
 
@@ -750,8 +805,11 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
         await pilot.press("escape")
         # importing a conversation from a path
         app.action_import_conversation()
-        await wait_for(pilot, lambda: isinstance(app.screen, TextPromptModal)
-                       and bool(app.screen.query("#text-prompt-input")), "the import dialog")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, TextPromptModal) and bool(app.screen.query("#text-prompt-input")),
+            "the import dialog",
+        )
         app.screen.query_one("#text-prompt-input").value = bad  # type: ignore[attr-defined]
         await pilot.press("enter")
         await said(pilot, app, repr(bad), "cannot be a path")
@@ -760,8 +818,12 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
 
 @pytest.mark.anyio
 async def test_a_server_listing_150000_models_and_symlink_loops_keep_the_switcher_and_f4_usable(
-        hostile_remote: Callable[[str], HostileRemote], tiny_models: dict[str, Path], hf_env: Path,
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hostile_remote: Callable[[str], HostileRemote],
+    tiny_models: dict[str, Path],
+    hf_env: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from app.modals.model_switcher import MAX_ROWS
 
     # 150,000 model ids: 1.7 MB, within the 8 MiB a model list may have; one option each froze the app for a minute
@@ -799,8 +861,9 @@ async def test_a_server_listing_150000_models_and_symlink_loops_keep_the_switche
 
 
 @pytest.mark.anyio
-async def test_a_damaged_model_usage_file_is_said_in_one_line_in_f4(app_dirs: tuple[Path, Path],
-                                                                    tiny_models: dict[str, Path]) -> None:
+async def test_a_damaged_model_usage_file_is_said_in_one_line_in_f4(
+    app_dirs: tuple[Path, Path], tiny_models: dict[str, Path]
+) -> None:
     data_dir = app_dirs[1]
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "model-usage.json").write_text(json.dumps({str(tiny_models["llama"]): None}))

@@ -27,17 +27,23 @@ SIZES = [(80, 24), (120, 40)]
 
 
 @pytest.fixture
-def models_hub(hub_server: HubServer, tiny_models: dict[str, Path], app_dirs: tuple[Path, Path],
-               monkeypatch: pytest.MonkeyPatch) -> HubServer:
+def models_hub(
+    hub_server: HubServer, tiny_models: dict[str, Path], app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> HubServer:
     """The local Hub with a tiny Qwen3.5 repo (two quants, an mtp- sidecar) and a gated repo; 8 GiB RAM, no GPU."""
     monkeypatch.setenv("LLMTUI_RAM_BYTES", str(8 << 30))
     monkeypatch.setenv("LLMTUI_VRAM_BYTES", "0")
-    hub_server.add_repo(REPO, {
-        "Tiny-Q4_K_M.gguf": tiny_models["qwen35_mtp"],
-        "Tiny-Q8_0.gguf": tiny_models["qwen35"],
-        "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"],
-        "README.md": b"# Tiny Qwen3.5\n",
-    }, downloads=42, likes=7)
+    hub_server.add_repo(
+        REPO,
+        {
+            "Tiny-Q4_K_M.gguf": tiny_models["qwen35_mtp"],
+            "Tiny-Q8_0.gguf": tiny_models["qwen35"],
+            "mtp-Tiny-Q8_0.gguf": tiny_models["qwen35_mtp_sidecar"],
+            "README.md": b"# Tiny Qwen3.5\n",
+        },
+        downloads=42,
+        likes=7,
+    )
     hub_server.add_repo(GATED, {"Gated-Q4_K_M.gguf": tiny_models["llama"]}, gated=True, downloads=3)
     return hub_server
 
@@ -84,8 +90,9 @@ def states_of(seen: list[Progress], name: str) -> list[State]:
 
 
 @pytest.mark.anyio
-async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(models_hub: HubServer,
-                                                                   tiny_models: dict[str, Path]) -> None:
+async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
     models_hub.fault(REPO, "Tiny-Q8_0.gguf", throttle_bps=400_000)  # about 2 s: progress is visible
     seen: list[Progress] = []
 
@@ -132,8 +139,11 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(models_hub: H
         await wait_for(pilot, lambda: app.chat is not None and app.screen is app.chat)
         assert app.model_path == str(model.path)
         usage_file = paths.data_dir() / "model-usage.json"
-        await wait_for(pilot, lambda: usage_file.is_file() and str(model.path.absolute()) in usage_file.read_text(),
-                       what="the model's use, recorded in a thread")
+        await wait_for(
+            pilot,
+            lambda: usage_file.is_file() and str(model.path.absolute()) in usage_file.read_text(),
+            what="the model's use, recorded in a thread",
+        )
         usage = json.loads((paths.data_dir() / "model-usage.json").read_text())
         assert str(model.path.absolute()) in usage
 
@@ -205,8 +215,9 @@ async def test_a_gated_repo_says_how_to_set_hf_token(models_hub: HubServer, tiny
 
 
 @pytest.mark.anyio
-async def test_f4_and_the_command_palette_open_the_models_screen(models_hub: HubServer,
-                                                                 tiny_models: dict[str, Path]) -> None:
+async def test_f4_and_the_command_palette_open_the_models_screen(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
     app = make_app(tiny_models)
     async with app.run_test(size=(120, 40)) as pilot:
         first = await open_models(pilot)
@@ -251,8 +262,9 @@ SCENES = {"models_catalog_download": catalog_with_download, "models_repo_downloa
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("scene", list(SCENES))
-def test_models_screen_snapshot(snap_compare: Any, models_hub: HubServer, tiny_models: dict[str, Path], scene: str,
-                                size: tuple[int, int]) -> None:
+def test_models_screen_snapshot(
+    snap_compare: Any, models_hub: HubServer, tiny_models: dict[str, Path], scene: str, size: tuple[int, int]
+) -> None:
     assert snap_compare(make_app(tiny_models), terminal_size=size, run_before=SCENES[scene])
 
 
@@ -263,8 +275,9 @@ def test_progress_messages_of_a_task_replace_each_other_not_other_tasks() -> Non
 
 
 @pytest.mark.anyio
-async def test_a_model_used_from_the_first_run_screen_opens_the_chat(models_hub: HubServer,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_model_used_from_the_first_run_screen_opens_the_chat(
+    models_hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from app.screens.first_run import FirstRunScreen
 
     monkeypatch.setattr("app.tui.starter_model_path", lambda: None)

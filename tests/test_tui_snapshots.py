@@ -51,8 +51,14 @@ def seeded(app_dirs: tuple[Path, Path]) -> None:
     store.finish_assistant_message(reply, "Use slicing.", "", "complete", {})
     edited = store.edit_user_message(first.id, "How do I reverse a string in Python? Show code.")
     reply = store.begin_assistant_message(conversation.id, edited.id, "SmolLM2-135M-Instruct.Q4_1")
-    stats = {"decode_tps": 42.5, "ttft_ms": 120.0, "prompt_tokens": 31, "generated_tokens": 48,
-             "n_ctx": 4096, "n_ctx_used": 79}
+    stats = {
+        "decode_tps": 42.5,
+        "ttft_ms": 120.0,
+        "prompt_tokens": 31,
+        "generated_tokens": 48,
+        "n_ctx": 4096,
+        "n_ctx_used": 79,
+    }
     store.finish_assistant_message(reply, REPLY, "The user wants code. Slicing is simplest.", "complete", stats, 48)
     question = store.add_user_message(conversation.id, "And for a list?")
     stopped = store.begin_assistant_message(conversation.id, question.id, "SmolLM2-135M-Instruct.Q4_1")
@@ -102,8 +108,11 @@ async def crash_dialog(pilot: Pilot[Any]) -> None:
     from engine_ext.recovery import fallbacks
 
     tries = fallbacks(ModelParams(use_extra_bufts=False), ContextParams(), n_threads=2, gpu_devices=1)
-    pilot.app.push_screen(EngineCrashedModal("the engine process was killed by SIGSEGV", log,
-                                             "/home/user/.local/state/llmtui/log/engine.log", tries))
+    pilot.app.push_screen(
+        EngineCrashedModal(
+            "the engine process was killed by SIGSEGV", log, "/home/user/.local/state/llmtui/log/engine.log", tries
+        )
+    )
     await pilot.pause()
 
 
@@ -158,8 +167,9 @@ async def switcher_remotes(pilot: Pilot[Any]) -> None:
     def lister(remote: RemoteSettings) -> list[RemoteModel]:
         if remote.name == "gpu-box":
             return [RemoteModel("qwen3-8b", 40960), RemoteModel("llama-3.1-8b-instruct", 131072)]
-        raise RemoteError(f"cannot connect to {remote.name} at {remote.base_url}: connection refused "
-                          "(is the server running?)")
+        raise RemoteError(
+            f"cannot connect to {remote.name} at {remote.base_url}: connection refused (is the server running?)"
+        )
 
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
@@ -227,8 +237,9 @@ def test_screen(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_first_run_screen(snap_compare: Any, app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
-                          size: tuple[int, int]) -> None:
+def test_first_run_screen(
+    snap_compare: Any, app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
+) -> None:
     monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     app.requested_model = None

@@ -32,11 +32,20 @@ from tests.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # n
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=24)
 
 STATS = SpeculativeStats(
-    request_id=1, steps=40, drafted=160, accepted=118, acceptance_rate=118 / 160, mean_accepted_length=3.95,
+    request_id=1,
+    steps=40,
+    drafted=160,
+    accepted=118,
+    acceptance_rate=118 / 160,
+    mean_accepted_length=3.95,
     acceptance_per_position=(0.95, 0.8, 0.7, 0.5),
     recent_acceptance=(0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 0.5, 1.0, 1.0, 1.0, 0.875),
-    draft_ms=12.0, verify_ms=300.0, effective_tps=181.0, plain_tps=133.0,
-    drafters=(DrafterReport("ngram-mod", 40, 160, 118, (0.95, 0.8, 0.7, 0.5), 12.0),), n_max=16,
+    draft_ms=12.0,
+    verify_ms=300.0,
+    effective_tps=181.0,
+    plain_tps=133.0,
+    drafters=(DrafterReport("ngram-mod", 40, 160, 118, (0.95, 0.8, 0.7, 0.5), 12.0),),
+    n_max=16,
     status="drafting with ngram-mod",
 )
 
@@ -118,7 +127,8 @@ def test_supported_types_follow_the_model_and_the_draft_file(tiny_models: dict[s
     assert "draft-dflash" in with_dflash and "draft-dspark" not in with_dflash
     assert "draft-simple" in [t for t, _ in supported_types(str(tiny_models["llama"]), str(tiny_models["llama"]))]
     assert supported_types(str(tiny_models["llama"]), "/no/such/draft.gguf") == supported_types(
-        str(tiny_models["llama"]), "")
+        str(tiny_models["llama"]), ""
+    )
 
 
 def test_load_options_load_mtp_heads_and_rollback_only_when_they_draft(tiny_models: dict[str, Path]) -> None:
@@ -159,8 +169,13 @@ async def test_meter_shows_sparkline_length_speedup_and_status() -> None:
         assert "drafting with ngram-mod" in text
 
 
-CHAINED = replace(STATS, drafters=(DrafterReport("ngram-mod", 30, 120, 100, (1.0, 0.9, 0.8), 4.0),
-                                    DrafterReport("draft-mtp", 10, 40, 18, (0.8, 0.5, 0.2), 8.0)))
+CHAINED = replace(
+    STATS,
+    drafters=(
+        DrafterReport("ngram-mod", 30, 120, 100, (1.0, 0.9, 0.8), 4.0),
+        DrafterReport("draft-mtp", 10, 40, 18, (0.8, 0.5, 0.2), 8.0),
+    ),
+)
 
 
 @pytest.mark.anyio
@@ -187,8 +202,12 @@ async def test_expanded_meter_shows_counts_positions_time_and_each_drafter() -> 
         await pilot.pause()
         assert meter.size.height == len(meter.render().plain.split("\n")) == 4  # no line per drafter for one
         positions = meter.render().plain.split("\n")[2]
-        assert positions == "   by position " + sparkline([1 - i / 16 for i in range(16)], 16) + \
-            "  1: 100%  2: 94%  3: 88%  4: 81%  …  16: 6%"
+        assert (
+            positions
+            == "   by position "
+            + sparkline([1 - i / 16 for i in range(16)], 16)
+            + "  1: 100%  2: 94%  3: 88%  4: 81%  …  16: 6%"
+        )
 
 
 @pytest.mark.anyio
@@ -245,10 +264,12 @@ async def test_a_fixed_type_that_slows_a_reply_down_is_said_once() -> None:
             return [n.message for n in app._notifications if "slower than plain decoding" in n.message]
 
         slow = replace(STATS, effective_tps=80.0)  # 0.60× plain
-        for spec_type, stats, final in (("ngram-simple", slow, False),  # live figures say nothing yet
-                                        ("auto", slow, True),  # auto pauses on its own
-                                        ("ngram-simple", STATS, True),  # faster
-                                        ("ngram-simple", replace(slow, steps=3), True)):  # too short to tell
+        for spec_type, stats, final in (
+            ("ngram-simple", slow, False),  # live figures say nothing yet
+            ("auto", slow, True),  # auto pauses on its own
+            ("ngram-simple", STATS, True),  # faster
+            ("ngram-simple", replace(slow, steps=3), True),
+        ):  # too short to tell
             app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True, spec_type=spec_type))
             app.post_message(SpeculativeStatsUpdated(stats, final=final))
             await pilot.pause()
@@ -256,8 +277,9 @@ async def test_a_fixed_type_that_slows_a_reply_down_is_said_once() -> None:
         for _ in range(2):
             app.post_message(SpeculativeStatsUpdated(slow, final=True))
             await pilot.pause()
-        assert len(warnings()) == 1 and warnings()[0].startswith("ngram-simple made this reply slower than plain "
-                                                                 "decoding (0.60×, 74% of drafted tokens accepted)")
+        assert len(warnings()) == 1 and warnings()[0].startswith(
+            "ngram-simple made this reply slower than plain decoding (0.60×, 74% of drafted tokens accepted)"
+        )
 
 
 @pytest.mark.anyio
@@ -391,8 +413,9 @@ async def test_a_refused_configuration_is_a_notification_and_speculation_turns_o
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         # A DSpark draft offered as DFlash: the engine refuses it, the worker stays up.
-        app.speculation.apply(SpeculativeSettings(enabled=True, spec_type="draft-dflash",
-                                                  draft_model=str(tiny_models["dspark"])))
+        app.speculation.apply(
+            SpeculativeSettings(enabled=True, spec_type="draft-dflash", draft_model=str(tiny_models["dspark"]))
+        )
         await wait_for(pilot, lambda: not app.config.speculative.enabled)
         # notify() posts a message: the notification lands on the next turn of the event loop.
         await wait_for(pilot, lambda: any("Speculative decoding failed" in n.message for n in app._notifications))
@@ -417,12 +440,14 @@ async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(lone_llam
         reply = app.store.active_path(chat.conversation_id or 0)[-1]
         spans = reply.stats.get("draft_spans")
         # Accepted drafts by either drafter of the chain, and the target's tokens where a draft was rejected.
-        assert spans and all(0 <= start < end <= len(reply.content)
-                             and drafter.removeprefix("target/") in AUTO_WITHOUT_MODEL_DRAFTER
-                             for start, end, drafter in spans)
+        assert spans and all(
+            0 <= start < end <= len(reply.content) and drafter.removeprefix("target/") in AUTO_WITHOUT_MODEL_DRAFTER
+            for start, end, drafter in spans
+        )
         view = chat.transcript.views()[-1]
-        assert not view.colour_drafts and not any(s.style and s.style.underline for strip in view._strips
-                                                  for s in strip)
+        assert not view.colour_drafts and not any(
+            s.style and s.style.underline for strip in view._strips for s in strip
+        )
         await pilot.press("f7")
         await pilot.pause()
         assert view.colour_drafts and load_config().draft_colouring  # persisted
@@ -448,8 +473,10 @@ def test_verdict_says_same_or_where_it_diverged_with_speeds_and_acceptance() -> 
     plain = Side("def add(a, b):\n    return a + b", tokens=12, tokens_per_s=100.0, speeds=[98.0, 100.0, 102.0])
     same, line = verdict(plain, replace(plain, tokens_per_s=150.0, speeds=[148.0, 150.0, 152.0]), STATS, "ngram-mod")
     assert same
-    assert line == ("✓ The same text (12 tokens) · plain 100.0 tok/s · ngram-mod 150.0 tok/s (1.50× faster, runs "
-                    "vary by 4%) · 118 of 160 drafted tokens accepted (74%), 3.95 tokens per step")
+    assert line == (
+        "✓ The same text (12 tokens) · plain 100.0 tok/s · ngram-mod 150.0 tok/s (1.50× faster, runs "
+        "vary by 4%) · 118 of 160 drafted tokens accepted (74%), 3.95 tokens per step"
+    )
     other = Side("def add(a, b):\n    return b + a", tokens=12, tokens_per_s=150.0)
     same, line = verdict(plain, other, None, "draft-mtp")
     assert not same
@@ -471,9 +498,10 @@ def test_the_speed_verdict_comes_from_the_statistics_and_the_noise() -> None:
     slower = replace(plain, tokens_per_s=64.0, speeds=[63.0, 64.0, 65.0])
     assert "(36% slower, runs vary by 20%)" in verdict(plain, slower, STATS, "auto")[1]
     steady = replace(plain, speeds=[100.0, 100.0, 100.0])
-    assert "(no measurable difference: runs vary by 0%)" in verdict(steady, replace(steady, tokens_per_s=102.0,
-                                                                                     speeds=[102.0] * 3),
-                                                                    STATS, "auto")[1]  # within 3% whatever
+    assert (
+        "(no measurable difference: runs vary by 0%)"
+        in verdict(steady, replace(steady, tokens_per_s=102.0, speeds=[102.0] * 3), STATS, "auto")[1]
+    )  # within 3% whatever
     assert run_to_run_noise(Side(speeds=[100.0]), plain) is None  # one run: no noise measured
     assert "(1.26× faster, one run each)" in verdict(replace(plain, speeds=[]), faster, STATS, "auto")[1]
 
@@ -660,9 +688,15 @@ def _check(diverge: bool) -> Any:
         app.push_screen(SpecCheckScreen(SpeculativeSettings(spec_type="ngram-mod"), "Repeat: def add(a, b)"))
         check = await _check_screen(pilot)
         text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b"
-        for side, reply, spans, speed in (("a", text, (), 131.0),
-                                          ("b", text.replace("a - b", "b - a") if diverge else text,
-                                           ((4, 14, "ngram-mod"), (31, 45, "ngram-mod")), 176.5)):
+        for side, reply, spans, speed in (
+            ("a", text, (), 131.0),
+            (
+                "b",
+                text.replace("a - b", "b - a") if diverge else text,
+                ((4, 14, "ngram-mod"), (31, 45, "ngram-mod")),
+                176.5,
+            ),
+        ):
             check.running = side
             check.tokens(TokensArrived(7, reply, "", 24, spans))
             check.sides[side].tokens, check.sides[side].tokens_per_s = 24, speed
@@ -678,8 +712,13 @@ def _check(diverge: bool) -> Any:
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("scene", ["panel", "meter", "meter_details", "check_same", "check_diverged"])
 def test_snapshot(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
-    run = {"panel": _panel, "meter": _meter, "meter_details": _meter_details, "check_same": _check(False),
-           "check_diverged": _check(True)}[scene]
+    run = {
+        "panel": _panel,
+        "meter": _meter,
+        "meter_details": _meter_details,
+        "check_same": _check(False),
+        "check_diverged": _check(True),
+    }[scene]
     assert snap_compare(make_app(), terminal_size=size, run_before=run)
 
 
@@ -696,8 +735,9 @@ async def _draft_colouring(pilot: Pilot[Any]) -> None:
     reply = store.begin_assistant_message(conversation.id, question.id, MODEL.name)
     # The first span as stored before the drafter was kept; the code by MTP heads (a model drafter's colour); "method"
     # the target's token where an n-gram draft was rejected.
-    spans: list[list[int | str]] = [[DRAFTED_REPLY.index(part), DRAFTED_REPLY.index(part) + len(part)]
-                                    for part in DRAFTED]
+    spans: list[list[int | str]] = [
+        [DRAFTED_REPLY.index(part), DRAFTED_REPLY.index(part) + len(part)] for part in DRAFTED
+    ]
     spans[1].append("draft-mtp")
     spans[2].append("ngram-mod")
     spans[3].append("target/ngram-mod")
@@ -735,4 +775,3 @@ def test_draft_pick_snapshot(snap_compare: Any, size: tuple[int, int], tiny_mode
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=size, run_before=run)
-

@@ -27,9 +27,16 @@ from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.test_tui import chat_of, ready, reply_done, send, wait_for
 from tests.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
 
-TINY_SET = {"name": "tiny-mood", "positive_label": "happy", "negative_label": "sad",
-            "pairs": [["I am so happy today", "I am so sad today"], ["What a joy", "What a pity"],
-                      ["A wonderful day", "An awful day"]]}
+TINY_SET = {
+    "name": "tiny-mood",
+    "positive_label": "happy",
+    "negative_label": "sad",
+    "pairs": [
+        ["I am so happy today", "I am so sad today"],
+        ["What a joy", "What a pity"],
+        ["A wonderful day", "An awful day"],
+    ],
+}
 
 
 def synthetic_vector(name: str, n_embd: int, layers: range, scale: float = 1.0) -> Path:
@@ -235,24 +242,41 @@ async def test_ab_view_shows_what_steering_costs_in_acceptance(tiny_models: dict
 
 
 def _stats(steps: int, drafted: int, accepted: int, speedup: float = 0.0) -> SpeculativeStats:
-    return SpeculativeStats(1, steps, drafted, accepted, accepted / drafted if drafted else 0.0,
-                            1 + accepted / steps if steps else 1.0, (), (), 0.0, 0.0, 50.0 * speedup, 50.0, ())
+    return SpeculativeStats(
+        1,
+        steps,
+        drafted,
+        accepted,
+        accepted / drafted if drafted else 0.0,
+        1 + accepted / steps if steps else 1.0,
+        (),
+        (),
+        0.0,
+        0.0,
+        50.0 * speedup,
+        50.0,
+        (),
+    )
 
 
 def test_acceptance_cost_lines() -> None:
     base, steered = _stats(10, 40, 32, 2.0), _stats(10, 40, 12, 1.1)
     assert acceptance_cost(base, steered, "draft-mtp") == (
         "Steering with draft-mtp: 80% → 30% of drafted tokens accepted (50 points fewer), 4.20 → 2.20 tokens per step, "
-        "speculation 45% slower (2.00× → 1.10× plain)")
+        "speculation 45% slower (2.00× → 1.10× plain)"
+    )
     # A gain reads as one: "more", "faster" (the view said "cost" for it)
     assert acceptance_cost(steered, base, "draft-mtp") == (
         "Steering with draft-mtp: 30% → 80% of drafted tokens accepted (50 points more), 2.20 → 4.20 tokens per step, "
-        "speculation 1.82× faster (1.10× → 2.00× plain)")
+        "speculation 1.82× faster (1.10× → 2.00× plain)"
+    )
     assert acceptance_cost(None, steered, "ngram-mod") == ""
     assert acceptance_cost(_stats(0, 0, 0), steered, "ngram-mod") == (
-        "ngram-mod drafted nothing on A: no acceptance to compare")
-    assert acceptance_cost(_stats(0, 0, 0), _stats(0, 0, 0), "ngram-mod").endswith("on either side: no acceptance "
-                                                                                     "to compare")
+        "ngram-mod drafted nothing on A: no acceptance to compare"
+    )
+    assert acceptance_cost(_stats(0, 0, 0), _stats(0, 0, 0), "ngram-mod").endswith(
+        "on either side: no acceptance to compare"
+    )
     assert side_readout(41.23, base) == "41.2 tok/s · 80% accepted, 4.20 tok/step"
     assert side_readout(41.23, None) == side_readout(41.23, _stats(0, 0, 0)) == "41.2 tok/s"
 
@@ -369,9 +393,10 @@ def _ab_scene(tiny: Path) -> Any:
         ab = app.screen
         assert isinstance(ab, SteeringABScreen)
         app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True, spec_type="draft-mtp"))
-        for side, text, stats in (("a", "It was fine. I went to work and came home.", _stats(10, 40, 32, 2.0)),
-                                  ("b", "It was wonderful! The sun was out and everyone smiled.",
-                                   _stats(10, 40, 12, 1.1))):
+        for side, text, stats in (
+            ("a", "It was fine. I went to work and came home.", _stats(10, 40, 32, 2.0)),
+            ("b", "It was wonderful! The sun was out and everyone smiled.", _stats(10, 40, 12, 1.1)),
+        ):
             ab.running = side
             ab.tokens(TokensArrived(1, text, "", 12))
             ab.side_stats[side] = stats

@@ -80,9 +80,11 @@ def test_changed_lines_finds_the_rows_to_repaint() -> None:
 
 def test_shared_parser_markdown_draws_as_rich_markdown_does() -> None:
     console = Console(width=60, color_system="truecolor")
-    text = "# Title\n\nSome *emphasis*, `code`, ~~struck~~ and a table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n" \
-           "```python\nprint('hi')\n```\n\n- item https://example.com\n\n```rust\nfn main() {}\n```\n\n" \
-           "```no-such-language\nplain\ttext\n```\n\n```\nno language\n```\n\n    indented code\n"
+    text = (
+        "# Title\n\nSome *emphasis*, `code`, ~~struck~~ and a table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+        "```python\nprint('hi')\n```\n\n- item https://example.com\n\n```rust\nfn main() {}\n```\n\n"
+        "```no-such-language\nplain\ttext\n```\n\n```\nno language\n```\n\n    indented code\n"
+    )
     for dark, theme in ((True, "monokai"), (False, "default")):
         ours = console.render_lines(_markdown(text, dark=dark), console.options)
         rich = console.render_lines(RichMarkdown(text, code_theme=theme, hyperlinks=False), console.options)
@@ -171,8 +173,9 @@ def _marked_text(strips: list[Strip]) -> str:
 
 
 def test_mark_provenance_colours_the_rendered_words_of_the_spans_only() -> None:
-    source = ("Plain words then **bold drafted** words.\n\n- first item\n- drafted item\n\n"
-              "```python\nx = 1\ny = 2\n```\n")
+    source = (
+        "Plain words then **bold drafted** words.\n\n- first item\n- drafted item\n\n```python\nx = 1\ny = 2\n```\n"
+    )
     drafted = {"bold drafted": "ngram-mod", "drafted item": "draft-mtp", "y = 2": ""}
     spans = [(source.index(part), source.index(part) + len(part), drafter) for part, drafter in drafted.items()]
     console = Console(width=60, force_terminal=True, color_system="truecolor")
@@ -187,8 +190,9 @@ def test_mark_provenance_colours_the_rendered_words_of_the_spans_only() -> None:
     # The target's token where a draft was rejected has a style of its own.
     start = source.index("words.")
     styles[REJECTED_DRAFT] = Style(strike=True)
-    marked = [Strip(line) for line in mark_provenance(lines, source, [(start, start + 5, rejected_by("ngram-mod"))],
-                                                       styles)]
+    marked = [
+        Strip(line) for line in mark_provenance(lines, source, [(start, start + 5, rejected_by("ngram-mod"))], styles)
+    ]
     assert "".join(s.text for strip in marked for s in strip if s.style and s.style.strike) == "words"
 
 
@@ -245,8 +249,20 @@ async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> N
         await pilot.pause(0.1)
         body.render_line(0)
         assert _marked_text(body._strips) == "drafted words here"
-        message = StoredMessage(7, 1, None, "assistant", live.text, "", "complete", "", "", "model",
-                                {"draft_spans": [list(span) for span in body.draft_spans]}, 3)
+        message = StoredMessage(
+            7,
+            1,
+            None,
+            "assistant",
+            live.text,
+            "",
+            "complete",
+            "",
+            "",
+            "model",
+            {"draft_spans": [list(span) for span in body.draft_spans]},
+            3,
+        )
         view = await transcript.freeze_live(message)
         assert view is not None
         await pilot.pause(0.1)
@@ -263,11 +279,13 @@ async def test_your_messages_keep_their_line_breaks_and_replies_are_markdown() -
     async with app.run_test(size=(80, 30)) as pilot:
         transcript = app.query_one(Transcript)
         for role in ("user", "assistant"):
-            await transcript.append(StoredMessage(1 if role == "user" else 2, 1, None, role, text, "", "complete",
-                                                  "", "", "model", {}, 3))
+            await transcript.append(
+                StoredMessage(1 if role == "user" else 2, 1, None, role, text, "", "complete", "", "", "model", {}, 3)
+            )
         await pilot.pause()
-        mine, reply = (["".join(s.text for s in line).strip() for line in view.body_lines(60)]
-                       for view in transcript.views())
+        mine, reply = (
+            ["".join(s.text for s in line).strip() for line in view.body_lines(60)] for view in transcript.views()
+        )
         assert mine[:3] == ["Names:", "Ada Lovelace", "Alan Turing"]  # as written
         assert reply[0] == "Names: Ada Lovelace Alan Turing"  # Markdown joins a paragraph's lines
         assert any("code stays code" in line for line in mine)
@@ -289,8 +307,13 @@ async def test_the_reply_header_says_how_much_of_a_long_prompt_is_read() -> None
 
 def _code_colours(strips: list[Strip], marker: str) -> set[object]:
     """The foreground colours of the text on the rows that show `marker` (lines of a code block)."""
-    return {segment.style.color for strip in strips if marker in strip.text for segment in strip
-            if segment.text.strip() and segment.style is not None}
+    return {
+        segment.style.color
+        for strip in strips
+        if marker in strip.text
+        for segment in strip
+        if segment.text.strip() and segment.style is not None
+    }
 
 
 async def test_a_long_code_block_being_written_is_highlighted_once_complete() -> None:
@@ -388,19 +411,33 @@ async def test_a_burst_of_keys_keeps_the_new_lines_where_they_were_typed() -> No
         prompt = app.query_one(PromptInput)
         prompt.focus()
         await pilot.pause()
-        for key, character in (("l", "l"), ("i", "i"), ("ctrl+j", None), ("t", "t"), ("w", "w"), ("shift+enter", None),
-                               ("o", "o")):
+        for key, character in (
+            ("l", "l"),
+            ("i", "i"),
+            ("ctrl+j", None),
+            ("t", "t"),
+            ("w", "w"),
+            ("shift+enter", None),
+            ("o", "o"),
+        ):
             app.post_message(events.Key(key, character))
         await pilot.pause(0.2)
         assert prompt.text == "li\ntw\no"
+
 
 class StatsHost(App[None]):
     def compose(self) -> ComposeResult:
         yield StatsBar()
 
 
-REPLY_STATS = {"decode_tps": 41.5, "ttft_ms": 120.4, "prompt_tokens": 31, "generated_tokens": 8, "n_ctx": 4096,
-               "n_ctx_used": 2048}
+REPLY_STATS = {
+    "decode_tps": 41.5,
+    "ttft_ms": 120.4,
+    "prompt_tokens": 31,
+    "generated_tokens": 8,
+    "n_ctx": 4096,
+    "n_ctx_used": 2048,
+}
 
 
 def ready_stats_bar(app: StatsHost) -> StatsBar:
@@ -422,12 +459,15 @@ async def test_stats_bar_shows_speed_ttft_prompt_and_context() -> None:
             assert part in line
 
 
-@pytest.mark.parametrize(("width", "parts"), [
-    (84, ("41.5 tok/s  TTFT 120 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k  ready · CUDA",)),
-    (72, ("41.5 tok/s  TTFT 120 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k",)),  # the header has the rest
-    (62, ("41.5 tok/s TTFT 120ms prompt 31 reply 8 ctx ██░░ 2.0k/4.1k",)),
-    (56, ("41.5 tok/s TTFT 120ms ctx ██░░ 2.0k/4.1k",)),  # about 80 columns less the sidebar
-])
+@pytest.mark.parametrize(
+    ("width", "parts"),
+    [
+        (84, ("41.5 tok/s  TTFT 120 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k  ready · CUDA",)),
+        (72, ("41.5 tok/s  TTFT 120 ms  prompt 31  reply 8  ctx █████░░░░░ 2.0k/4.1k",)),  # the header has the rest
+        (62, ("41.5 tok/s TTFT 120ms prompt 31 reply 8 ctx ██░░ 2.0k/4.1k",)),
+        (56, ("41.5 tok/s TTFT 120ms ctx ██░░ 2.0k/4.1k",)),  # about 80 columns less the sidebar
+    ],
+)
 async def test_a_narrow_stats_bar_keeps_every_number(width: int, parts: tuple[str, ...]) -> None:
     app = StatsHost()
     async with app.run_test(size=(width, 3)) as pilot:
@@ -439,7 +479,6 @@ async def test_a_narrow_stats_bar_keeps_every_number(width: int, parts: tuple[st
             assert part in drawn
 
 
-
 class HeaderHost(App[None]):
     def compose(self) -> ComposeResult:
         yield AppHeader()
@@ -448,12 +487,15 @@ class HeaderHost(App[None]):
 LONG_TITLE = "Tell me a long story about a lighthouse keeper and his daughter"
 
 
-@pytest.mark.parametrize(("width", "parts"), [
-    (140, (f" llmtui  {LONG_TITLE}  │ SmolLM2-135M-Instruct.Q4_1 · CPU · generating",)),
-    (80, (" llmtui  Tell me a long story …  │ SmolLM2-135M-Instruct.Q4_1 · CPU · generating",)),
-    (50, (" llmtui  │ SmolLM2-135M-Instru… · CPU · generating",)),  # no room for the title
-    (36, (" llmtui  │ SmolL… · CPU · generating",)),  # the model name gives way to the state
-])
+@pytest.mark.parametrize(
+    ("width", "parts"),
+    [
+        (140, (f" llmtui  {LONG_TITLE}  │ SmolLM2-135M-Instruct.Q4_1 · CPU · generating",)),
+        (80, (" llmtui  Tell me a long story …  │ SmolLM2-135M-Instruct.Q4_1 · CPU · generating",)),
+        (50, (" llmtui  │ SmolLM2-135M-Instru… · CPU · generating",)),  # no room for the title
+        (36, (" llmtui  │ SmolL… · CPU · generating",)),  # the model name gives way to the state
+    ],
+)
 async def test_the_header_keeps_the_model_backend_and_state_when_narrow(width: int, parts: tuple[str, ...]) -> None:
     app = HeaderHost()
     async with app.run_test(size=(width, 3)) as pilot:
@@ -467,6 +509,7 @@ async def test_the_header_keeps_the_model_backend_and_state_when_narrow(width: i
         assert len(drawn.rstrip()) <= width
         for part in parts:
             assert part in drawn
+
 
 class CroppedHost(App[None]):
     """A transcript inside containers with a sidebar and a footer line, on a screen with the cropped compositor."""
@@ -488,8 +531,9 @@ class CroppedHost(App[None]):
         self.screen.refresh(layout=True)
 
 
-async def _streamed_into(app: CroppedHost, pilot: Pilot[None]) -> tuple[Transcript, LiveMessage, CroppedCompositor,
-                                                                       Compositor]:
+async def _streamed_into(
+    app: CroppedHost, pilot: Pilot[None]
+) -> tuple[Transcript, LiveMessage, CroppedCompositor, Compositor]:
     """A live reply filling the host's view; the screen's compositor and a stock one laid out the same."""
     transcript = app.query_one(Transcript)
     live = await transcript.start_live(1, "model")
@@ -569,9 +613,11 @@ class _ScriptedClient(ScriptedEngine):
     SPECULATIVE_EVERY = 0
     """Live speculative statistics after every this many chunks (0: none)."""
 
-    REPLY = ("A first paragraph that wraps over more than one line of the transcript, word after word, " * 3
-             + "\n\n- an item\n- another item\n\n```python\ndef f(x):\n    return x * 2\n```\n\n"
-             + "The end of the reply, " * 20)
+    REPLY = (
+        "A first paragraph that wraps over more than one line of the transcript, word after word, " * 3
+        + "\n\n- an item\n- another item\n\n```python\ndef f(x):\n    return x * 2\n```\n\n"
+        + "The end of the reply, " * 20
+    )
 
     def __init__(self, log_path: Path) -> None:
         import threading
@@ -605,9 +651,24 @@ def _speculative_update(request_id: int, step: int) -> object:
 
     drafted = 4 * (step + 1)
     accepted = (3 * step) % drafted
-    return SpeculativeUpdate(SpeculativeStats(
-        request_id, step + 1, drafted, accepted, accepted / drafted, 1 + accepted / (step + 1), (0.8, 0.5, 0.25),
-        tuple(((step + i) % 5) / 4 for i in range(8)), 1.0 * step, 2.0 * step, 50.0 + step, 40.0, (), n_max=16))
+    return SpeculativeUpdate(
+        SpeculativeStats(
+            request_id,
+            step + 1,
+            drafted,
+            accepted,
+            accepted / drafted,
+            1 + accepted / (step + 1),
+            (0.8, 0.5, 0.25),
+            tuple(((step + i) % 5) / 4 for i in range(8)),
+            1.0 * step,
+            2.0 * step,
+            50.0 + step,
+            40.0,
+            (),
+            n_max=16,
+        )
+    )
 
 
 class _SpeculativeScriptedClient(_ScriptedClient):
@@ -702,8 +763,9 @@ def bolt_cells(request: pytest.FixtureRequest) -> Iterator[int]:
     _clear_cell_width_caches()
 
 
-async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_draws(lone_llama: Path,
-                                                                                    bolt_cells: int) -> None:
+async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_draws(
+    lone_llama: Path, bolt_cells: int
+) -> None:
     """What a terminal shows after the chat screen's partial updates (cropped rows, skipped hidden widgets) is
     what a full render of the screen draws, during and after a streamed reply; with the speculative meter's wide
     ⚡ on screen and its line drawn again as live statistics arrive, whether the machine measures ⚡ as one cell or
@@ -832,7 +894,9 @@ async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end(lone
 PLAIN_PARAGRAPH = (
     "The keeper climbed the stairs every evening and counted them as his father had done before him, "
     "twenty - thirty - forty steps, then 1. the lamp and 2. the log; a word too long for any line: "
-    + "x" * 150 + " and on it went, the ships passing far out in the grey water while the lamp warmed "
+    + "x"
+    * 150
+    + " and on it went, the ships passing far out in the grey water while the lamp warmed "
     "and the gulls settled on the rail for the night, "
 )
 
@@ -919,7 +983,8 @@ async def test_a_repaint_of_the_whole_view_skips_the_containers_behind_the_reply
 
 
 async def test_the_reply_grows_when_the_view_scrolls_and_the_screen_is_laid_out_once_per_change(
-        lone_llama: Path) -> None:
+    lone_llama: Path,
+) -> None:
     """The reply's room grows in the frame that scrolls to follow it (one repaint of the view, not two), and a
     change of its height lays the screen out once (Textual would lay it out a second time for the new size)."""
     app = _scripted_app(lone_llama)
@@ -1062,6 +1127,7 @@ async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: s
     await pilot.pause(0.2)
     return chat
 
+
 async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_messages_in_place() -> None:
     from textual.widgets import Static
 
@@ -1124,8 +1190,9 @@ async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> Non
         conversation = store.create_conversation("thinking")
         user = store.add_user_message(conversation.id, "Why is the sky blue?")
         reply = store.begin_assistant_message(conversation.id, user.id, "model")
-        store.finish_assistant_message(reply, "Rayleigh scattering.", "Short light scatters more. Say so briefly.",
-                                       "complete", {})
+        store.finish_assistant_message(
+            reply, "Rayleigh scattering.", "Short light scatters more. Say so briefly.", "complete", {}
+        )
         await chat.open_conversation(conversation.id)
         await pilot.pause(0.2)
         view = chat.transcript.views()[-1]
@@ -1151,8 +1218,11 @@ def test_code_blocks_keep_each_lines_rows_and_draw_what_rich_draws() -> None:
 
     from app.widgets import markdown_render as transcript
 
-    code = ("def f(x):\n\tif x:  # a tab\n\n        return 'a long string that will have to wrap " + "x" * 90 +
-            "'\n    return None\n")
+    code = (
+        "def f(x):\n\tif x:  # a tab\n\n        return 'a long string that will have to wrap "
+        + "x" * 90
+        + "'\n    return None\n"
+    )
     for theme in ("monokai", "default"):
         for width in (30, 61, 120):
             console = Console(width=width, force_terminal=True, color_system="truecolor")
@@ -1164,8 +1234,12 @@ def test_code_blocks_keep_each_lines_rows_and_draw_what_rich_draws() -> None:
     # Drawing the same block again renders no line again: every row comes from the cache.
     console = Console(width=61, force_terminal=True, color_system="truecolor")
     before = len(transcript._SYNTAX_ROWS)
-    rendered = console.render_lines(transcript._LineCachedSyntax(code + "y = 1\n", transcript._lexer("python"),
-                                                                 theme="monokai", word_wrap=True, padding=1))
+    rendered = console.render_lines(
+        transcript._LineCachedSyntax(
+            code + "y = 1\n", transcript._lexer("python"), theme="monokai", word_wrap=True, padding=1
+        )
+    )
     assert len(transcript._SYNTAX_ROWS) == before + 1  # only the new line
-    assert rendered == console.render_lines(Syntax(code + "y = 1\n", transcript._lexer("python"), theme="monokai",
-                                                   word_wrap=True, padding=1))
+    assert rendered == console.render_lines(
+        Syntax(code + "y = 1\n", transcript._lexer("python"), theme="monokai", word_wrap=True, padding=1)
+    )

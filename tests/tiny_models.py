@@ -758,9 +758,7 @@ _BUILDERS: dict[str, Callable[[Path, int], Path]] = {
 assert tuple(_BUILDERS) == TINY_KINDS
 
 
-def write_tiny_model(
-    kind: str, path: Path, *, seed: int = 0, chat_template: str | None = TINY_CHAT_TEMPLATE
-) -> Path:
+def write_tiny_model(kind: str, path: Path, *, seed: int = 0, chat_template: str | None = TINY_CHAT_TEMPLATE) -> Path:
     """Write the tiny model ``kind`` (one of :data:`TINY_KINDS`) to ``path`` and return ``path``.
 
     ``chat_template`` replaces the embedded chatml template; None writes no template at all.

@@ -28,8 +28,13 @@ def _timed_out(what: str, timeout_s: float) -> AssertionError:
     return AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
-async def wait_until(pilot: Any, predicate: Callable[[], object], what: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,
-                     interval_s: float = 0.05) -> None:
+async def wait_until(
+    pilot: Any,
+    predicate: Callable[[], object],
+    what: str = "",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    interval_s: float = 0.05,
+) -> None:
     """Let the app behind `pilot` run until `predicate()` is true; fail after `timeout_s` seconds of wall time
     with a message naming `what` (or the predicate's source line)."""
     deadline = time.monotonic() + timeout_s
@@ -39,8 +44,9 @@ async def wait_until(pilot: Any, predicate: Callable[[], object], what: str = ""
         await pilot.pause(interval_s)
 
 
-def wait_for(predicate: Callable[[], object], what: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,
-             interval_s: float = 0.05) -> None:
+def wait_for(
+    predicate: Callable[[], object], what: str = "", timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = 0.05
+) -> None:
     """Poll `predicate()` (sleeping `interval_s` between calls; 0 polls without sleeping) until it is true; fail
     after `timeout_s` seconds with a message naming `what` (or the predicate's source line)."""
     deadline = time.monotonic() + timeout_s

@@ -38,8 +38,16 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmtui", description="Run open language models from a terminal.")
     sub = parser.add_subparsers(dest="command")
-    for add in (add_run_parser, add_chat_parser, add_info_parser, add_rpc_server_parser, add_doctor_parser,
-                add_bench_parser, add_models_parser, add_steer_parser):
+    for add in (
+        add_run_parser,
+        add_chat_parser,
+        add_info_parser,
+        add_rpc_server_parser,
+        add_doctor_parser,
+        add_bench_parser,
+        add_models_parser,
+        add_steer_parser,
+    ):
         add(sub)
     return parser
 
@@ -48,8 +56,11 @@ def _open_tui(arguments: list[str]) -> int:
     """`llmtui [-m MODEL]`: the full-screen chat app."""
     parser = argparse.ArgumentParser(prog="llmtui", description="Open the chat app.")
     parser.add_argument("-m", "--model", default=None, help="model: a .gguf path or 'starter' (default: the last)")
-    parser.add_argument("--no-repack", action="store_true", help="no CPU weight repacking this session (AMX, "
-                        "CPU_REPACK; F3 settings keep it off for good)")
+    parser.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="no CPU weight repacking this session (AMX, CPU_REPACK; F3 settings keep it off for good)",
+    )
     args = parser.parse_args(arguments)
     from app.tui import run_tui
 

@@ -59,8 +59,11 @@ def _chat_lines() -> Iterator[str]:
             print(file=sys.stderr)
             return
         except UnicodeDecodeError as error:  # stdin in strict mode: say so and read the next line
-            print(f"llmtui: that line is not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset "
-                  f"{error.start}); it was not sent", file=sys.stderr)
+            print(
+                f"llmtui: that line is not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset "
+                f"{error.start}); it was not sent",
+                file=sys.stderr,
+            )
             continue
         if not line.strip():
             continue

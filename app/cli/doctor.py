@@ -16,8 +16,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict()))
         return 0
     gib = 1024**3
-    print(f"llmtui {report.llmtui_version}, llama-cpp-python {report.llama_cpp_python_version}, "
-          f"Python {report.python}, {report.platform}")
+    print(
+        f"llmtui {report.llmtui_version}, llama-cpp-python {report.llama_cpp_python_version}, "
+        f"Python {report.python}, {report.platform}"
+    )
     print(f"backends: {', '.join(report.backends)}  (RPC {'yes' if report.rpc else 'no'})")
     for d in report.devices:
         memory = f"{d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free"
@@ -25,8 +27,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"CPU features: {' '.join(report.cpu_features)}")
     print(f"threads by default: {report.threads_reason}")
     if report.cpu_extra_bufts:
-        use = ("in use: CPU weights are repacked for them when a model loads (--no-repack or F3 → Repack weights "
-               "turns it off)" if report.repack else "not in use: repacking is off in the settings (F3)")
+        use = (
+            "in use: CPU weights are repacked for them when a model loads (--no-repack or F3 → Repack weights "
+            "turns it off)"
+            if report.repack
+            else "not in use: repacking is off in the settings (F3)"
+        )
         print(f"CPU extra buffer types: {', '.join(report.cpu_extra_bufts)}, {use}")
     else:
         print("CPU extra buffer types: none in this build on this CPU (no weight repacking)")

@@ -71,13 +71,29 @@ DRAFT_MIN = int_range(0, 1024)
 
 def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> None:
     p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
-    p.add_argument("-c", "--ctx-size", type=CONTEXT, default=default_ctx,
-                   help="context size in tokens (0: model's; llama.cpp rounds it up to a multiple of 256)")
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        type=CONTEXT,
+        default=default_ctx,
+        help="context size in tokens (0: model's; llama.cpp rounds it up to a multiple of 256)",
+    )
     p.add_argument("-t", "--threads", type=THREADS, default=0, help="threads (default: one per physical core)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=_gpu_layers, default=-1, metavar="N|auto|all",
-                   help="layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)")
-    p.add_argument("--fit-target", type=COUNT, default=DEFAULT_FIT_TARGET_MIB, metavar="MiB",
-                   help="with -ngl auto: memory to leave free on each device (default %(default)s MiB)")
+    p.add_argument(
+        "-ngl",
+        "--n-gpu-layers",
+        type=_gpu_layers,
+        default=-1,
+        metavar="N|auto|all",
+        help="layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)",
+    )
+    p.add_argument(
+        "--fit-target",
+        type=COUNT,
+        default=DEFAULT_FIT_TARGET_MIB,
+        metavar="MiB",
+        help="with -ngl auto: memory to leave free on each device (default %(default)s MiB)",
+    )
     p.add_argument("-b", "--batch-size", type=BATCH, default=2048, help="logical batch size")
     p.add_argument("-ub", "--ubatch-size", type=BATCH, default=512, help="physical batch size")
     p.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto")
@@ -85,16 +101,31 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> N
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_CACHE_TYPES), default="f16")
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     p.add_argument("--mlock", action="store_true", help="lock the model in RAM")
-    p.add_argument("--no-repack", action="store_true", help="keep CPU weights as stored: no repacking for this "
-                   "CPU's matrix instructions (AMX, CPU_REPACK); avoids a repack path that crashes")
+    p.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="keep CPU weights as stored: no repacking for this "
+        "CPU's matrix instructions (AMX, CPU_REPACK); avoids a repack path that crashes",
+    )
     p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="llama.cpp RPC servers to use as devices")
-    p.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default="layer",
-                   help="how to split the model across devices (tensor: llama.cpp's tensor parallelism)")
-    p.add_argument("-ts", "--tensor-split", type=shares, default="", metavar="N0,N1,...",
-                   help="share of the model per device")
+    p.add_argument(
+        "-sm",
+        "--split-mode",
+        choices=SPLIT_MODES,
+        default="layer",
+        help="how to split the model across devices (tensor: llama.cpp's tensor parallelism)",
+    )
+    p.add_argument(
+        "-ts", "--tensor-split", type=shares, default="", metavar="N0,N1,...", help="share of the model per device"
+    )
     p.add_argument("-mg", "--main-gpu", type=DEVICE, default=0, help="the device for the whole model with -sm none")
-    p.add_argument("--n-cpu-moe", type=LAYERS, default=0, metavar="N", help="keep the experts of the first N layers "
-                   "on the CPU (MoE models)")
+    p.add_argument(
+        "--n-cpu-moe",
+        type=LAYERS,
+        default=0,
+        metavar="N",
+        help="keep the experts of the first N layers on the CPU (MoE models)",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -112,15 +143,22 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec-type", default="", metavar="T[,T...]",
-                   help=f"speculative decoding: {', '.join(SPEC_TYPES)} (comma-separated; off by default)")
+    p.add_argument(
+        "--spec-type",
+        default="",
+        metavar="T[,T...]",
+        help=f"speculative decoding: {', '.join(SPEC_TYPES)} (comma-separated; off by default)",
+    )
     p.add_argument("--spec-draft-model", default=None, metavar="PATH", help="draft model for draft-simple")
     p.add_argument("--spec-draft-n-max", type=DRAFT_MAX, default=16, help="most tokens drafted per step")
     p.add_argument("--spec-draft-n-min", type=DRAFT_MIN, default=0, help="drafts shorter than this are skipped")
     p.add_argument("--spec-draft-p-min", type=PROBABILITY, default=0.0, help="min draft token probability")
-    p.add_argument("--spec-draft-fixed", action="store_true",
-                   help="draft lengths as llama.cpp (n-max, or the n-gram type's own) instead of starting short and "
-                        "growing with acceptance")
+    p.add_argument(
+        "--spec-draft-fixed",
+        action="store_true",
+        help="draft lengths as llama.cpp (n-max, or the n-gram type's own) instead of starting short and "
+        "growing with acceptance",
+    )
 
 
 def spec_params(args: argparse.Namespace, model: Path, types: str | None = None) -> SpeculativeParams:
@@ -150,8 +188,11 @@ def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
     if not chosen.draft_model:
         return None
     where = next(c.where for c in sidecars if str(c.path) == chosen.draft_model)
-    print(f"note: {spec_types[0]} drafts with {Path(chosen.draft_model).name} ({where}); "
-          "--spec-draft-model names another", file=sys.stderr)
+    print(
+        f"note: {spec_types[0]} drafts with {Path(chosen.draft_model).name} ({where}); "
+        "--spec-draft-model names another",
+        file=sys.stderr,
+    )
     return chosen.draft_model
 
 
@@ -163,8 +204,13 @@ def target_load_plan(spec: SpeculativeParams | None, model: Path) -> LoadPlan:
     facts = model_facts(str(model))
     if spec is None or facts is None:
         return LoadPlan(False, 0)
-    return load_plan(spec.types, architecture=facts.architecture, n_layer_nextn=facts.n_layer_nextn,
-                     draft_model=spec.draft_model, n_max=spec.n_max)
+    return load_plan(
+        spec.types,
+        architecture=facts.architecture,
+        n_layer_nextn=facts.n_layer_nextn,
+        draft_model=spec.draft_model,
+        n_max=spec.n_max,
+    )
 
 
 def model_params(

@@ -52,15 +52,26 @@ def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
     info = sub.add_parser("info", help="quants, sizes, sidecars and memory fit of a repo, catalog id or file")
     info.add_argument("model", help="org/repo[:QUANT], a catalog id, or a .gguf path")
-    info.add_argument("-c", "--ctx-size", type=int_range(0, MAX_CONTEXT, meaning="0: the model's"), default=0,
-                      help="context for the memory estimate")
+    info.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int_range(0, MAX_CONTEXT, meaning="0: the model's"),
+        default=0,
+        help="context for the memory estimate",
+    )
     info.add_argument("--card", action="store_true", help="also print the model card")
     info.add_argument("--json", action="store_true")
 
     pull = sub.add_parser("pull", help="download a model (resumable, verified) into the Hugging Face cache")
     pull.add_argument("model", help="org/repo[:QUANT] or a catalog id[:QUANT]")
-    pull.add_argument("--with", dest="sidecars", action="append", default=[], choices=SIDECAR_CHOICES,
-                      help="also fetch this sidecar (repeatable): mtp, dflash, dspark, eagle3, mmproj")
+    pull.add_argument(
+        "--with",
+        dest="sidecars",
+        action="append",
+        default=[],
+        choices=SIDECAR_CHOICES,
+        help="also fetch this sidecar (repeatable): mtp, dflash, dspark, eagle3, mmproj",
+    )
     pull.add_argument("--dry-run", action="store_true", help="show what would be downloaded")
     pull.add_argument("--json", action="store_true")
 
@@ -185,8 +196,10 @@ def _list(args: argparse.Namespace) -> int:
         sidecars = ",".join(sorted(m.sidecars)) or "-"
         state = "" if m.complete else "  INCOMPLETE (missing shards)"
         problem = f"  ({m.problem})" if m.problem else ""
-        print(f"  {m.name:<50} {format_bytes(m.size):>10}  {m.architecture or '?':<14} sidecars: {sidecars:<12} "
-              f"used: {_ago(m.last_used)}{state}{problem}")
+        print(
+            f"  {m.name:<50} {format_bytes(m.size):>10}  {m.architecture or '?':<14} sidecars: {sidecars:<12} "
+            f"used: {_ago(m.last_used)}{state}{problem}"
+        )
     partials = library.partials()
     if partials:
         print(f"{len(partials)} unfinished download(s): llmtui models list --partials")
@@ -241,9 +254,11 @@ def _info(args: argparse.Namespace) -> int:
     if report:
         mem = report.memory
         gpu = f"{format_bytes(mem.vram_total)} VRAM ({', '.join(mem.gpus)})" if mem.vram_total else "no GPU"
-        print(f"  {report.info.architecture} · trained context {report.info.context_length} · "
-              f"fit at {report.n_ctx} ctx on {format_bytes(mem.ram_total)} RAM, {gpu} "
-              f"(header read remotely: {format_bytes(report.bytes_read)})")
+        print(
+            f"  {report.info.architecture} · trained context {report.info.context_length} · "
+            f"fit at {report.n_ctx} ctx on {format_bytes(mem.ram_total)} RAM, {gpu} "
+            f"(header read remotely: {format_bytes(report.bytes_read)})"
+        )
     fits = {q.primary: q for q in report.quants} if report else {}
     for g in groups:
         q = fits.get(g.primary)
@@ -264,6 +279,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _progress_printer(json_mode: bool) -> Any:
     from models_catalog.download import State
+
     tty = sys.stderr.isatty()
     last: dict[str, Any] = {"state": None, "time": 0.0}
 

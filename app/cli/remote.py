@@ -39,10 +39,16 @@ class _Inbox:
 
 
 def add_remote_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--remote", default=None, metavar="URL", help="an OpenAI-compatible server's base URL (e.g. "
-                   "http://host:8080/v1) as the engine instead of the local one; -m names its model")
-    p.add_argument("--api-key-env", default="", metavar="NAME", help="with --remote: the environment variable "
-                   "holding the API key")
+    p.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="an OpenAI-compatible server's base URL (e.g. "
+        "http://host:8080/v1) as the engine instead of the local one; -m names its model",
+    )
+    p.add_argument(
+        "--api-key-env", default="", metavar="NAME", help="with --remote: the environment variable holding the API key"
+    )
 
 
 def remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, str]:
@@ -57,9 +63,15 @@ def remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, str]:
 
 
 def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
-    return SamplingSettings(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, max_tokens=args.n_predict,
-                            seed=-1 if args.seed in (-1, 0xFFFFFFFF) else args.seed)
+    return SamplingSettings(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        max_tokens=args.n_predict,
+        seed=-1 if args.seed in (-1, 0xFFFFFFFF) else args.seed,
+    )
 
 
 class RemoteSession:
@@ -91,8 +103,9 @@ class RemoteSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def ask(self, messages: list[tuple[str, str]], sampling: SamplingSettings, *,
-            echo: bool) -> tuple[str, dict[str, Any]]:
+    def ask(
+        self, messages: list[tuple[str, str]], sampling: SamplingSettings, *, echo: bool
+    ) -> tuple[str, dict[str, Any]]:
         from app.messages import GenerationFailed, GenerationFinished, TokensArrived
 
         request_id = self.bridge.generate(messages, sampling)
@@ -123,5 +136,7 @@ def format_remote_stats(stats: dict[str, Any]) -> str:
         value = stats.get(key)
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
-    return (f"prompt {number('prompt_tokens'):.0f} tok | generated {number('generated_tokens'):.0f} tok, "
-            f"{number('decode_tps'):.1f} tok/s | ttft {number('ttft_ms'):.0f} ms | {stats.get('stop_reason', '')}")
+    return (
+        f"prompt {number('prompt_tokens'):.0f} tok | generated {number('generated_tokens'):.0f} tok, "
+        f"{number('decode_tps'):.1f} tok/s | ttft {number('ttft_ms'):.0f} ms | {stats.get('stop_reason', '')}"
+    )

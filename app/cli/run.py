@@ -120,13 +120,21 @@ def _run_generation(
 
 def refuse_local_only_flags(args: argparse.Namespace) -> None:
     """--remote takes the reply from a server: what only the local engine does is refused, not ignored."""
-    local = [flag for flag, on in (("--spec-type", bool(getattr(args, "spec_type", ""))),
-                                   ("--control-vector", bool(getattr(args, "control_vector", None))),
-                                   ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
-                                   ("--raw", bool(getattr(args, "raw", False)))) if on]
+    local = [
+        flag
+        for flag, on in (
+            ("--spec-type", bool(getattr(args, "spec_type", ""))),
+            ("--control-vector", bool(getattr(args, "control_vector", None))),
+            ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
+            ("--raw", bool(getattr(args, "raw", False))),
+        )
+        if on
+    ]
     if local:
-        raise CliError(f"{', '.join(local)} need{'s' if len(local) == 1 else ''} the local engine; drop "
-                       f"{'it' if len(local) == 1 else 'them'} or --remote")
+        raise CliError(
+            f"{', '.join(local)} need{'s' if len(local) == 1 else ''} the local engine; drop "
+            f"{'it' if len(local) == 1 else 'them'} or --remote"
+        )
 
 
 def _run_remote(args: argparse.Namespace) -> int:
@@ -151,8 +159,14 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     add_sampling_args(run)
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("-p", "--prompt", type=utf8_text, help="the user message (or raw text with --raw)")
-    source.add_argument("-f", "--file", dest="prompt", type=text_file, metavar="FILE",
-                        help="read the prompt from a UTF-8 text file (at most 8 MiB)")
+    source.add_argument(
+        "-f",
+        "--file",
+        dest="prompt",
+        type=text_file,
+        metavar="FILE",
+        help="read the prompt from a UTF-8 text file (at most 8 MiB)",
+    )
     run.add_argument("-n", "--n-predict", type=n_predict, default=-1, help="max tokens to generate (-1: no limit)")
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")

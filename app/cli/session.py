@@ -54,8 +54,14 @@ def format_stats(stats: GenerationStats) -> str:
     )
 
 
-def stream_reply(client: EngineClient, request: Generate, *, echo: bool, provenance: list[str] | None = None,
-            echoed: list[bool] | None = None) -> tuple[str, list[int], Finished]:
+def stream_reply(
+    client: EngineClient,
+    request: Generate,
+    *,
+    echo: bool,
+    provenance: list[str] | None = None,
+    echoed: list[bool] | None = None,
+) -> tuple[str, list[int], Finished]:
     """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`; each token's source
     ("target", or the drafter that proposed it) is added to `provenance` when given."""
     text: list[str] = []

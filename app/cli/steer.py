@@ -17,11 +17,22 @@ from engine_ext.params import EngineError, SteeringEntry
 
 def add_control_vector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-vector", action="append", default=[], metavar="FILE", help="apply a control vector")
-    p.add_argument("--control-vector-scaled", action="append", type=control_vector_scaled, default=[], metavar="FILE:S",
-                   help="apply a control vector with strength S (any number, as llama.cpp; ±1000 at most)")
-    p.add_argument("--control-vector-layer-range", nargs=2, type=int_range(0, 512), default=None,
-                   metavar=("START", "END"),
-                   help="layers to steer (inclusive; default: every layer the architecture steers)")
+    p.add_argument(
+        "--control-vector-scaled",
+        action="append",
+        type=control_vector_scaled,
+        default=[],
+        metavar="FILE:S",
+        help="apply a control vector with strength S (any number, as llama.cpp; ±1000 at most)",
+    )
+    p.add_argument(
+        "--control-vector-layer-range",
+        nargs=2,
+        type=int_range(0, 512),
+        default=None,
+        metavar=("START", "END"),
+        help="layers to steer (inclusive; default: every layer the architecture steers)",
+    )
 
 
 def steering_entries(args: argparse.Namespace) -> tuple[SteeringEntry, ...]:
@@ -74,8 +85,18 @@ def _show(args: argparse.Namespace) -> int:
     vector = read_control_vector(Path(args.file).expanduser())
     norms = norm_summary(vector)
     if args.json:
-        print(json.dumps({"path": str(vector.path), "model_hint": vector.model_hint, "n_embd": vector.n_embd,
-                          "layers": vector.layers, "norms": [n for _, n in norms], "metadata": vector.metadata}))
+        print(
+            json.dumps(
+                {
+                    "path": str(vector.path),
+                    "model_hint": vector.model_hint,
+                    "n_embd": vector.n_embd,
+                    "layers": vector.layers,
+                    "norms": [n for _, n in norms],
+                    "metadata": vector.metadata,
+                }
+            )
+        )
         return 0
     print(f"{vector.path}: control vector for {vector.model_hint or 'any'} model, n_embd {vector.n_embd}")
     print(f"layers {vector.layers[0]}..{vector.layers[-1]} ({len(vector.layers)} directions)")

@@ -141,5 +141,6 @@ def control_vector_scaled(text: str) -> str:
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"expected FILE:STRENGTH with a strength from -{MAX_STEERING_STRENGTH:g} to {MAX_STEERING_STRENGTH:g}, "
-            f"not {text!r}") from None
+            f"not {text!r}"
+        ) from None
     return text

@@ -26,8 +26,15 @@ class Host(Protocol):
     model: ModelSummary | None
     model_path: str | None
 
-    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
-               timeout: float | None = None, markup: bool = True) -> None: ...
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None: ...
 
     def save_config_quietly(self) -> None:
         """Save `config`, saying so when it cannot be written."""
@@ -61,9 +68,17 @@ class ModelsHost(Host, Protocol):
     def remote_bridge(self, remote: RemoteSettings, model: str) -> RemoteBridge:
         """A new remote engine bridge posting to the app."""
 
-    def run_worker(self, work: Callable[[], Any], name: str | None = "", group: str = "default",
-                   description: str = "", exit_on_error: bool = True, start: bool = True, exclusive: bool = False,
-                   thread: bool = False) -> Any: ...
+    def run_worker(
+        self,
+        work: Callable[[], Any],
+        name: str | None = "",
+        group: str = "default",
+        description: str = "",
+        exit_on_error: bool = True,
+        start: bool = True,
+        exclusive: bool = False,
+        thread: bool = False,
+    ) -> Any: ...
 
     def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
@@ -71,8 +86,16 @@ class ModelsHost(Host, Protocol):
 class SteeringHost(Host, Protocol):
     """What the steering controller needs besides: a worker thread to read control-vector files in."""
 
-    def run_worker(self, work: Callable[[], Any], name: str | None = "", group: str = "default",
-                   description: str = "", exit_on_error: bool = True, start: bool = True, exclusive: bool = False,
-                   thread: bool = False) -> Any: ...
+    def run_worker(
+        self,
+        work: Callable[[], Any],
+        name: str | None = "",
+        group: str = "default",
+        description: str = "",
+        exit_on_error: bool = True,
+        start: bool = True,
+        exclusive: bool = False,
+        thread: bool = False,
+    ) -> Any: ...
 
     def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...

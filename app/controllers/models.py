@@ -76,8 +76,13 @@ class ModelsController:
         self.speculation.forget_drafts()
         if host.start_engine:
             host.bridge.start()
-            host.run_worker(partial(self.find_drafts_then_load, str(path)), name="find_drafts_then_load",
-                            group="load-model", exclusive=True, thread=True)
+            host.run_worker(
+                partial(self.find_drafts_then_load, str(path)),
+                name="find_drafts_then_load",
+                group="load-model",
+                exclusive=True,
+                thread=True,
+            )
         host.set_engine_state("loading")
 
     def engine_settings(self) -> EngineSettings:
@@ -95,8 +100,9 @@ class ModelsController:
         try:
             found, missing = find_drafts(path, usable_folders(self.host.config.model_folders))
         except Exception as error:  # noqa: BLE001 - finding drafts must never keep a model from loading
-            self.host.call_from_thread(self.host.notify, f"Draft sidecars were not looked for: {error}",
-                                       severity="warning")
+            self.host.call_from_thread(
+                self.host.notify, f"Draft sidecars were not looked for: {error}", severity="warning"
+            )
             found = []
         try:
             model_facts(path)  # the model's header, read here (cached) and not by load_found on the event loop
@@ -104,9 +110,7 @@ class ModelsController:
             pass
         self.host.call_from_thread(self.load_found, path, tuple(found), tuple(missing))
 
-    def load_found(
-        self, path: str, sidecars: tuple[DraftCandidate, ...], missing: tuple[tuple[str, str], ...]
-    ) -> None:
+    def load_found(self, path: str, sidecars: tuple[DraftCandidate, ...], missing: tuple[tuple[str, str], ...]) -> None:
         host = self.host
         if path != host.model_path or isinstance(host.bridge, RemoteBridge):
             return  # another model (or a server) was chosen meanwhile

@@ -82,8 +82,9 @@ class SpeculationController:
         if host.model_path and host.model is not None:
             if self.needs_reload(settings):
                 if host.reply_in_progress():
-                    host.notify("This needs the model reloaded; stop the reply (Esc) and try again.",
-                                severity="warning")
+                    host.notify(
+                        "This needs the model reloaded; stop the reply (Esc) and try again.", severity="warning"
+                    )
                     return
                 host.notify("Reloading the model for this speculative type (MTP weights / rollback depth).")
                 host.load_model(Path(host.model_path))
@@ -135,9 +136,13 @@ class SpeculationController:
         if key in self.slow_types_warned:
             return
         self.slow_types_warned = self.slow_types_warned | {key}
-        self.host.notify(f"{settings.spec_type} made this reply slower than plain decoding ({stats.speedup:.2f}×, "
-                         f"{stats.acceptance_rate:.0%} of drafted tokens accepted). auto (F9) pauses speculation "
-                         "when it does not pay; F8 turns it off.", severity="warning", timeout=12)
+        self.host.notify(
+            f"{settings.spec_type} made this reply slower than plain decoding ({stats.speedup:.2f}×, "
+            f"{stats.acceptance_rate:.0%} of drafted tokens accepted). auto (F9) pauses speculation "
+            "when it does not pay; F8 turns it off.",
+            severity="warning",
+            timeout=12,
+        )
 
     def refused(self) -> None:
         """The engine refused the settings: speculation is off (not saved: the user's choice stays on file)."""

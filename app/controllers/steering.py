@@ -71,8 +71,13 @@ class SteeringController:
         if not unread:
             self._send_entries(always)
             return
-        self.host.run_worker(partial(self._read_then_send, unread, always), name="read-vectors",
-                             group="steering-read", thread=True, exit_on_error=False)
+        self.host.run_worker(
+            partial(self._read_then_send, unread, always),
+            name="read-vectors",
+            group="steering-read",
+            thread=True,
+            exit_on_error=False,
+        )
 
     def _read_then_send(self, paths: tuple[str, ...], always: bool) -> None:
         try:
@@ -130,8 +135,10 @@ class SteeringController:
 
     def vector_created(self, path: str, layers: int, pairs: int, seconds: float) -> None:
         """Say so, and add the new vector to the list at strength 0 (remembered)."""
-        self.host.notify(f"Made {Path(path).name}: {layers} layers from {pairs} pairs in "
-                         f"{seconds:.1f} s. Move its slider to steer.", timeout=8)
+        self.host.notify(
+            f"Made {Path(path).name}: {layers} layers from {pairs} pairs in {seconds:.1f} s. Move its slider to steer.",
+            timeout=8,
+        )
         if path not in self.settings.vectors:
             self.set_strength(path, 0.0)
             self.remember()

@@ -57,8 +57,11 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                 yield TextArea(self.system_prompt, id="system-prompt", soft_wrap=True, compact=True)
                 yield Label("Preset", classes="field-label")
                 yield Select(
-                    [(name, name) for name in self.presets], prompt="apply a saved preset…", id="preset-select",
-                    allow_blank=True, compact=True,
+                    [(name, name) for name in self.presets],
+                    prompt="apply a saved preset…",
+                    id="preset-select",
+                    allow_blank=True,
+                    compact=True,
                 )
                 with Grid(id="sampling-grid"):
                     for field in fields(SamplingSettings):

@@ -27,8 +27,9 @@ class EngineCrashedModal(ModalScreen[str | None]):
         *(Binding(str(n), f"fallback({n})", "Restart with", show=False) for n in range(1, 6)),
     ]
 
-    def __init__(self, description: str, log_tail: str, log_path: str = "",
-                 fallbacks: tuple[Fallback, ...] = ()) -> None:
+    def __init__(
+        self, description: str, log_tail: str, log_path: str = "", fallbacks: tuple[Fallback, ...] = ()
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.description = description
         self.log_tail = log_tail
@@ -54,8 +55,9 @@ class EngineCrashedModal(ModalScreen[str | None]):
                 keys = "R restart · or with " + " · ".join(f"{n} {f.flag}" for n, f in enumerate(self.fallbacks, 1))
             hint = Static(f"{keys} · Esc close, F5 restarts later", id="crash-keys", classes="dialog-hint")
             if self.fallbacks:
-                hint.tooltip = "\n".join(f"{n}: restart with {f.what} ({f.flag}), for this session"
-                                          for n, f in enumerate(self.fallbacks, 1))
+                hint.tooltip = "\n".join(
+                    f"{n}: restart with {f.what} ({f.flag}), for this session" for n, f in enumerate(self.fallbacks, 1)
+                )
             yield hint
 
     def on_mount(self) -> None:
@@ -69,8 +71,9 @@ class EngineCrashedModal(ModalScreen[str | None]):
         of the height): a long log in an 80x24 terminal pushed the line saying which keys restart or close off
         the screen."""
         dialog, log = self.query_one("#crash-dialog"), self.query_one("#crash-log")
-        chrome = dialog.styles.gutter.height + sum(child.outer_size.height for child in dialog.children
-                                                   if child is not log)
+        chrome = dialog.styles.gutter.height + sum(
+            child.outer_size.height for child in dialog.children if child is not log
+        )
         log.styles.max_height = max(3, min(LOG_LINES, int(self.size.height * 0.9) - chrome))
         log.scroll_end(animate=False)
 

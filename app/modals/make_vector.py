@@ -58,8 +58,13 @@ class MakeVectorModal(ModalScreen[str | None]):
             yield OptionList(Option("Reading the prompt sets…", id="make-reading", disabled=True), id="make-sets")
             with Horizontal(id="make-options"):
                 yield Label("Method ", classes="field-label")
-                yield Select([("PCA (like llama-cvector-generator)", "pca"), ("mean difference", "mean")],
-                             value="pca", allow_blank=False, compact=True, id="make-method")
+                yield Select(
+                    [("PCA (like llama-cvector-generator)", "pca"), ("mean difference", "mean")],
+                    value="pca",
+                    allow_blank=False,
+                    compact=True,
+                    id="make-method",
+                )
                 yield Label(" Name ", classes="field-label")
                 yield Input(placeholder="default: model-set", compact=True, id="make-name")
             yield ProgressBar(total=None, show_eta=False, id="make-progress")
@@ -72,8 +77,10 @@ class MakeVectorModal(ModalScreen[str | None]):
             prompt_set = PromptSet.load(path)
         except EngineError as error:
             return f"{path.stem}: {error}"
-        return (f"{prompt_set.name:20} {prompt_set.positive_label} ↔ {prompt_set.negative_label} "
-                f"({len(prompt_set.pairs)} pairs)")
+        return (
+            f"{prompt_set.name:20} {prompt_set.positive_label} ↔ {prompt_set.negative_label} "
+            f"({len(prompt_set.pairs)} pairs)"
+        )
 
     def on_mount(self) -> None:
         self.query_one("#make-progress").display = False
@@ -101,8 +108,9 @@ class MakeVectorModal(ModalScreen[str | None]):
         """The prompt sets are read with exit_on_error=False: an error no reader expected is said in one line."""
         if event.state == WorkerState.ERROR and event.worker.node is self:
             self.listing = False
-            text = " ".join(f"The prompt sets could not be read: {type(event.worker.error).__name__}: "
-                            f"{event.worker.error}".split())
+            text = " ".join(
+                f"The prompt sets could not be read: {type(event.worker.error).__name__}: {event.worker.error}".split()
+            )
             self.notify(text if len(text) <= 300 else text[:299] + "…", severity="error", timeout=10)
 
     def output_path(self, prompt_set: Path) -> Path:
@@ -138,8 +146,9 @@ class MakeVectorModal(ModalScreen[str | None]):
     def show_progress(self, done: int, total: int) -> None:
         bar = self.query_one("#make-progress", ProgressBar)
         bar.update(total=total, progress=done)
-        self.query_one("#make-status", Label).update(f"Making {self.making.name if self.making else ''}: "
-                                                     f"{done}/{total} pairs")
+        self.query_one("#make-status", Label).update(
+            f"Making {self.making.name if self.making else ''}: {done}/{total} pairs"
+        )
 
     def finished(self, path: str, pairs: int, seconds: float) -> None:
         self.making = None

@@ -21,8 +21,9 @@ class PullModal(ModalScreen[list[str] | None]):
         Binding("d", "confirm", "Download"),
     ]
 
-    def __init__(self, title: str, model_files: list[tuple[str, int]], sidecars: dict[str, str],
-                 chosen: set[str], note: str = "") -> None:
+    def __init__(
+        self, title: str, model_files: list[tuple[str, int]], sidecars: dict[str, str], chosen: set[str], note: str = ""
+    ) -> None:
         """`model_files`: (name, size); `sidecars`: kind -> what it is (file and size); `chosen`: kinds ticked."""
         super().__init__(classes="dialog-screen")
         self.title_text = title
@@ -34,14 +35,17 @@ class PullModal(ModalScreen[list[str] | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="pull-dialog"):
             yield Label(self.title_text, classes="dialog-title")
-            lines = Text("\n").join(Text.assemble((f"{name}  ", "bold"), (format_bytes(size), "dim"))
-                                     for name, size in self.model_files)
+            lines = Text("\n").join(
+                Text.assemble((f"{name}  ", "bold"), (format_bytes(size), "dim")) for name, size in self.model_files
+            )
             yield Label(lines, classes="dialog-text")
             if self.sidecars:
                 yield Label("Sidecars paired with this quant (space toggles):", classes="field-label")
                 yield SelectionList[str](
-                    *(Selection(f"{kind:<7} {what}", kind, kind in self.chosen)
-                      for kind, what in self.sidecars.items()),
+                    *(
+                        Selection(f"{kind:<7} {what}", kind, kind in self.chosen)
+                        for kind, what in self.sidecars.items()
+                    ),
                     id="pull-sidecars",
                 )
             if self.note:

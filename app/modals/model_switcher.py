@@ -40,8 +40,14 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         Binding("up", "move(-1)", "Up", show=False),
     ]
 
-    def __init__(self, models: list[LocalModel] | None, current: str | None, remotes: Sequence[RemoteSettings] = (),
-                 lister: ModelLister = list_models, folders: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        models: list[LocalModel] | None,
+        current: str | None,
+        remotes: Sequence[RemoteSettings] = (),
+        lister: ModelLister = list_models,
+        folders: Sequence[str] = (),
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.models: list[LocalModel] = models if models is not None else []
         self.scanning = models is None
@@ -58,16 +64,16 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
             yield Label("Switch model", classes="dialog-title")
             yield Input(placeholder="Filter models", id="model-filter")
             yield OptionList(id="model-options")
-            yield Label("Enter load · Esc cancel · folders and remote engines: Settings (F3)",
-                        classes="dialog-hint")
+            yield Label("Enter load · Esc cancel · folders and remote engines: Settings (F3)", classes="dialog-hint")
 
     def on_mount(self) -> None:
         self._fill("")
         if self.scanning:
             self.run_worker(self._scan, thread=True, group="local-models", exit_on_error=False)
         for remote in self.remotes:
-            self.run_worker(lambda remote=remote: self._fetch(remote), thread=True, group="remote-models",
-                            exit_on_error=False)
+            self.run_worker(
+                lambda remote=remote: self._fetch(remote), thread=True, group="remote-models", exit_on_error=False
+            )
 
     def _scan(self) -> None:
         """Look for the local model files (folder listings and stats: never on the event loop)."""
@@ -122,11 +128,17 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
             label.append(model.source if model.source == "starter" else str(model.path.parent), style="dim italic")
             options.add_option(Option(label, id=str(index)))
         if shown > MAX_ROWS:
-            options.add_option(Option(Text(f"  … {shown - MAX_ROWS} more model files: type to narrow", style="dim"),
-                                      id="local-more", disabled=True))
+            options.add_option(
+                Option(
+                    Text(f"  … {shown - MAX_ROWS} more model files: type to narrow", style="dim"),
+                    id="local-more",
+                    disabled=True,
+                )
+            )
         if self.scanning:
-            options.add_option(Option(Text("  looking in the model folders…", style="dim italic"), id="local-scanning",
-                                      disabled=True))
+            options.add_option(
+                Option(Text("  looking in the model folders…", style="dim italic"), id="local-scanning", disabled=True)
+            )
         for r_index, remote in enumerate(self.remotes):
             where = f"remote: {remote.name}"
             result = self.remote_models.get(remote.name)
@@ -139,17 +151,28 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
                     if shown > MAX_ROWS:
                         continue
                     label = Text()
-                    label.append("● " if remote_path(remote.name, item.id) == self.current else "  ",
-                                 style="bold green")
+                    label.append(
+                        "● " if remote_path(remote.name, item.id) == self.current else "  ", style="bold green"
+                    )
                     label.append(item.id, style="bold")
                     label.append(f"  {where}", style="cyan")
                     options.add_option(Option(label, id=f"remote-{r_index}-{m_index}"))
                 if shown > MAX_ROWS:
-                    options.add_option(Option(Text(f"  … {shown - MAX_ROWS} more models on {where}: type to narrow",
-                                                   style="dim"), id=f"remote-{r_index}-more", disabled=True))
+                    options.add_option(
+                        Option(
+                            Text(f"  … {shown - MAX_ROWS} more models on {where}: type to narrow", style="dim"),
+                            id=f"remote-{r_index}-more",
+                            disabled=True,
+                        )
+                    )
                 if not result and not needle:
-                    options.add_option(Option(Text(f"  {where}: the server lists no models", style="italic"),
-                                              id=f"remote-{r_index}-empty", disabled=True))
+                    options.add_option(
+                        Option(
+                            Text(f"  {where}: the server lists no models", style="italic"),
+                            id=f"remote-{r_index}-empty",
+                            disabled=True,
+                        )
+                    )
             elif not needle or needle in where.casefold():
                 label = Text(f"  {where}  ", style="cyan")
                 if result is None:
@@ -158,8 +181,13 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
                     label.append(result, style="red")
                 options.add_option(Option(label, id=f"remote-{r_index}-status", disabled=True))
         if not any(not option.disabled for option in options.options) and not self.remotes and not self.scanning:
-            options.add_option(Option(Text("No models found. Add a folder with .gguf files in Settings (F3).",
-                                           style="italic"), id="none", disabled=True))
+            options.add_option(
+                Option(
+                    Text("No models found. Add a folder with .gguf files in Settings (F3).", style="italic"),
+                    id="none",
+                    disabled=True,
+                )
+            )
         choosable = [i for i, option in enumerate(options.options) if not option.disabled]
         if choosable:
             previous = next((i for i in choosable if options.options[i].id == highlighted), choosable[0])

@@ -26,8 +26,7 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
         Binding("ctrl+t", "test", "Test", priority=True),
     ]
 
-    def __init__(self, remote: RemoteSettings | None, taken_names: set[str],
-                 lister: ModelLister = list_models) -> None:
+    def __init__(self, remote: RemoteSettings | None, taken_names: set[str], lister: ModelLister = list_models) -> None:
         super().__init__(classes="dialog-screen")
         self.remote = remote
         self.taken_names = {name.casefold() for name in taken_names}
@@ -41,21 +40,30 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
                 yield Label("Name", classes="field-label")
                 yield Input(remote.name, placeholder="e.g. gpu-box", id="remote-name", compact=True)
                 yield Label("Base URL", classes="field-label")
-                yield Input(remote.base_url, placeholder="http://127.0.0.1:8080/v1", id="remote-base-url",
-                            compact=True)
+                yield Input(remote.base_url, placeholder="http://127.0.0.1:8080/v1", id="remote-base-url", compact=True)
                 yield Label("API key env variable", classes="field-label")
-                yield Input(remote.api_key_env, placeholder="e.g. VLLM_API_KEY (preferred)", id="remote-key-env",
-                            compact=True)
+                yield Input(
+                    remote.api_key_env, placeholder="e.g. VLLM_API_KEY (preferred)", id="remote-key-env", compact=True
+                )
                 yield Label("API key", classes="field-label")
-                yield Input(remote.api_key, placeholder="stored in config.toml; prefer the variable above",
-                            password=True, id="remote-key", compact=True)
+                yield Input(
+                    remote.api_key,
+                    placeholder="stored in config.toml; prefer the variable above",
+                    password=True,
+                    id="remote-key",
+                    compact=True,
+                )
                 yield Label("Default model", classes="field-label")
-                yield Input(remote.model, placeholder="empty: the first the server lists", id="remote-model",
-                            compact=True)
+                yield Input(
+                    remote.model, placeholder="empty: the first the server lists", id="remote-model", compact=True
+                )
             yield Label("", id="remote-status")
-            yield Static("Works with llama-server, vLLM, SGLang and other OpenAI-compatible servers. Prefer the key's "
-                         "environment variable: it keeps the key out of config.toml (the variable wins when set). "
-                         "Keys are never shown.", classes="dialog-hint")
+            yield Static(
+                "Works with llama-server, vLLM, SGLang and other OpenAI-compatible servers. Prefer the key's "
+                "environment variable: it keeps the key out of config.toml (the variable wins when set). "
+                "Keys are never shown.",
+                classes="dialog-hint",
+            )
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Keep", variant="primary", id="remote-keep", compact=True)
                 yield Button("Test (ctrl+t)", id="remote-test", compact=True)
@@ -70,9 +78,13 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
         def value(widget_id: str) -> str:
             return self.query_one(f"#{widget_id}", Input).value.strip()
 
-        remote = RemoteSettings(name=value("remote-name"), base_url=value("remote-base-url"),
-                                api_key_env=value("remote-key-env"), api_key=value("remote-key"),
-                                model=value("remote-model"))
+        remote = RemoteSettings(
+            name=value("remote-name"),
+            base_url=value("remote-base-url"),
+            api_key_env=value("remote-key-env"),
+            api_key=value("remote-key"),
+            model=value("remote-model"),
+        )
         if not remote.name:
             raise ConfigError("give the remote engine a name")
         if not remote.base_url:
@@ -103,8 +115,9 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
             self.show_status(str(error), error=True)
             return
         self.show_status(f"Asking {remote.base_url} for its models…", error=False)
-        self.run_worker(lambda: self._test(remote), thread=True, group="remote-test", exclusive=True,
-                        exit_on_error=False)
+        self.run_worker(
+            lambda: self._test(remote), thread=True, group="remote-test", exclusive=True, exit_on_error=False
+        )
 
     def _test(self, remote: RemoteSettings) -> None:
         try:

@@ -65,8 +65,14 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         Binding("ctrl+b", "check", "Check"),
     ]
 
-    def __init__(self, settings: SpeculativeSettings, model_path: str | None, model_name: str = "",
-                 sidecars: Sequence[DraftCandidate] = (), missing: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self,
+        settings: SpeculativeSettings,
+        model_path: str | None,
+        model_name: str = "",
+        sidecars: Sequence[DraftCandidate] = (),
+        missing: Sequence[tuple[str, str]] = (),
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.settings = settings
         self.model_path = model_path
@@ -90,8 +96,9 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
             title = "Speculative decoding" + (f" · {self.model_name}" if self.model_name else "")
             yield Label(title, classes="dialog-title")
             # Opening the panel means wanting speculation: on unless unticked.
-            yield Checkbox("Speculative decoding on (F8 toggles it from the chat)", True, id="spec-enabled",
-                           compact=True)
+            yield Checkbox(
+                "Speculative decoding on (F8 toggles it from the chat)", True, id="spec-enabled", compact=True
+            )
             yield Label("Type (the ones this model supports)", classes="field-label")
             yield OptionList(id="spec-types")
             yield Label(DRAFT_LABEL, classes="field-label", id="spec-draft-label")
@@ -100,8 +107,9 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
                 for name, meaning in NUMBER_FIELDS:
                     yield Label(name, classes="field-label")
                     yield Input(str(getattr(self.settings, name)), id=f"spec-{name}", compact=True, tooltip=meaning)
-            yield Label("Enter use the type · ctrl+s apply · ctrl+b apply and check · Esc cancel",
-                        classes="dialog-hint")
+            yield Label(
+                "Enter use the type · ctrl+s apply · ctrl+b apply and check · Esc cancel", classes="dialog-hint"
+            )
 
     def on_mount(self) -> None:
         self._fill_types(self.settings.spec_type)
@@ -110,8 +118,9 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
     def _draft_placeholder(self, spec_type: str) -> str:
         """What an empty draft field means for `spec_type`: the model's own sidecar, or none (reads the model's
         header: called in the worker)."""
-        chosen = effective_settings(self.model_path, replace(self.settings, spec_type=spec_type, draft_model=""),
-                                    self.sidecars).draft_model
+        chosen = effective_settings(
+            self.model_path, replace(self.settings, spec_type=spec_type, draft_model=""), self.sidecars
+        ).draft_model
         if chosen:
             return f"empty: {Path(chosen).name} (beside the model)"
         return missing_drafts_hint(self.missing) if self.missing else "path to a draft .gguf (optional)"
@@ -164,7 +173,8 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         """Typing in the draft field: the types are read again once the typing pauses."""
         options = self.query_one("#spec-types", OptionList)
         current = self._pending_type or (
-            self.types[options.highlighted] if options.highlighted is not None and self.types else "auto")
+            self.types[options.highlighted] if options.highlighted is not None and self.types else "auto"
+        )
         self._pending_type = current
         self._show_reading(True)
         if self._typing is not None:
@@ -221,9 +231,11 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
 
     def _offer_drafts(self, found: list[DraftCandidate]) -> None:
         if not found:
-            self.notify("No draft fits this model here: no mtp-/dflash-/dspark-/eagle3- file beside it, no paired "
-                        "draft in the cache, no smaller model with its vocabulary. Type a path instead.",
-                        severity="warning")
+            self.notify(
+                "No draft fits this model here: no mtp-/dflash-/dspark-/eagle3- file beside it, no paired "
+                "draft in the cache, no smaller model with its vocabulary. Type a path instead.",
+                severity="warning",
+            )
             return
         labels = [f"{KIND_TYPES[c.kind]:13} {c.path.name}\n{'':13} {c.where} · {format_bytes(c.size)}" for c in found]
 

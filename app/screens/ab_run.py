@@ -17,8 +17,11 @@ if TYPE_CHECKING:
     from app.shell import LlmtuiShell
 
 # Engine states a run waits out, and what it says it waits for.
-WAIT_STATES = {"starting": "the engine to start", "loading": "the model to load",
-               "generating": "the chat's reply to end"}
+WAIT_STATES = {
+    "starting": "the engine to start",
+    "loading": "the model to load",
+    "generating": "the chat's reply to end",
+}
 
 
 class ABRunScreen(ModalScreen[None]):

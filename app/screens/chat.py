@@ -307,8 +307,9 @@ class ChatScreen(Screen[None]):
 
     def _show_last_stats(self, path: list[Message]) -> None:
         """The stats bar shows the last measured reply of the branch on screen (nothing measured: "–")."""
-        last_stats = next((m.stats for m in reversed(path)
-                           if m.role == "assistant" and m.stats and "n_ctx_used" in m.stats), None)
+        last_stats = next(
+            (m.stats for m in reversed(path) if m.role == "assistant" and m.stats and "n_ctx_used" in m.stats), None
+        )
         self.stats.set_stats(last_stats or {})
 
     async def reload_transcript(self) -> None:
@@ -507,8 +508,13 @@ class ChatScreen(Screen[None]):
             # Stopped before any answer text: the engine starts the reply again, thinking included.
             reasoning = resume.reasoning if resume.content else ""
             recorder = ReplyRecorder(store, message_id, content=resume.content, reasoning=reasoning)
-            await self.transcript.start_live(message_id, model_name, content=resume.content, reasoning=reasoning,
-                                             draft_spans=draft_spans_from_stats(resume.stats))
+            await self.transcript.start_live(
+                message_id,
+                model_name,
+                content=resume.content,
+                reasoning=reasoning,
+                draft_spans=draft_spans_from_stats(resume.stats),
+            )
         else:
             message_id = store.begin_assistant_message(conversation.id, parent_id, model_name)
             path = store.active_path(conversation.id)[:-1]
@@ -533,8 +539,13 @@ class ChatScreen(Screen[None]):
         messages = self._engine_messages(path, conversation)
         self.call_after_refresh(self._request_reply, generation, messages, sampling, resume is not None)
 
-    def _request_reply(self, generation: ActiveGeneration, messages: list[tuple[str, str]],
-                       sampling: SamplingSettings, continue_reply: bool) -> None:
+    def _request_reply(
+        self,
+        generation: ActiveGeneration,
+        messages: list[tuple[str, str]],
+        sampling: SamplingSettings,
+        continue_reply: bool,
+    ) -> None:
         if self.generation is not generation:
             return  # ended before it was sent (the engine crashed)
         generation.request_id = self.app.bridge.generate(messages, sampling, continue_reply=continue_reply)
@@ -610,8 +621,9 @@ class ChatScreen(Screen[None]):
         for notice in event.notices:
             self.notify(notice, severity="warning")
         if event.stop_reason == "context_full":
-            self.notify("The context is full; start a new conversation or raise the context size (F3).",
-                        severity="warning")
+            self.notify(
+                "The context is full; start a new conversation or raise the context size (F3).", severity="warning"
+            )
 
     async def on_generation_failed(self, event: GenerationFailed) -> None:
         generation = self.generation
@@ -655,8 +667,9 @@ class ChatScreen(Screen[None]):
             return
         last = self._last_assistant()
         if last is None or not last.can_continue:
-            self.notify("The last reply is complete; there is nothing to continue (edit it with e to cut or change "
-                        "it first).")
+            self.notify(
+                "The last reply is complete; there is nothing to continue (edit it with e to cut or change it first)."
+            )
             return
         if not self._engine_ready():
             return
@@ -716,8 +729,10 @@ class ChatScreen(Screen[None]):
                 self.app.copy_to_clipboard(blocks[index])
                 self.notify(f"Code block {index + 1} copied.")
 
-        labels = [f"{i + 1}. {block.strip().splitlines()[0][:60] if block.strip() else '(empty)'}"
-                  for i, block in enumerate(blocks)]
+        labels = [
+            f"{i + 1}. {block.strip().splitlines()[0][:60] if block.strip() else '(empty)'}"
+            for i, block in enumerate(blocks)
+        ]
         self.app.push_screen(PickModal("Copy which code block?", labels), copy)
 
     async def _switch_branch(self, message: Message, step: int) -> None:
@@ -756,9 +771,12 @@ class ChatScreen(Screen[None]):
         self.edit_target = message.id
         self.editing_reply = message.role == "assistant"
         banner = self.query_one("#edit-banner", Static)
-        banner.update("Editing a reply: Enter saves the new text in place (then ctrl+g continues it if it is the "
-                      "last one), Esc cancels." if self.editing_reply else
-                      "Editing an earlier message: Enter resends it as a new branch (the old one stays), Esc cancels.")
+        banner.update(
+            "Editing a reply: Enter saves the new text in place (then ctrl+g continues it if it is the "
+            "last one), Esc cancels."
+            if self.editing_reply
+            else "Editing an earlier message: Enter resends it as a new branch (the old one stays), Esc cancels."
+        )
         banner.display = True
         self.prompt.load_text(message.content)
         self.prompt.move_cursor(self.prompt.document.end)
@@ -783,8 +801,9 @@ class ChatScreen(Screen[None]):
             save_config(self.app.config)
         except ConfigError as error:
             self.notify(str(error), severity="error")
-        self.notify("Draft colouring on: text from accepted draft tokens is underlined." if colour
-                    else "Draft colouring off.")
+        self.notify(
+            "Draft colouring on: text from accepted draft tokens is underlined." if colour else "Draft colouring off."
+        )
 
     def action_focus_messages(self) -> None:
         last = self.transcript.last_view()

@@ -40,9 +40,16 @@ SEARCH_LIMIT = 50
 SORTS = (("most downloaded", "downloads"), ("most liked", "likes"), ("recently updated", "updated"))
 VERDICT_STYLES = {"fits": "bold green", "tight": "bold yellow", "too big": "bold red"}
 # What each worker group does, in the words of the one-line message when it fails unexpectedly.
-WORK_NAMES = {"memory": "Detecting this machine's memory", "search": "Search", "inspect": "Opening the repository",
-              "local": "Listing local models", "local-fit": "Judging the model", "pull": "Downloading",
-              "delete": "Deleting the model", "delete-size": "Sizing the model's files"}
+WORK_NAMES = {
+    "memory": "Detecting this machine's memory",
+    "search": "Search",
+    "inspect": "Opening the repository",
+    "local": "Listing local models",
+    "local-fit": "Judging the model",
+    "pull": "Downloading",
+    "delete": "Deleting the model",
+    "delete-size": "Sizing the model's files",
+}
 MAX_MESSAGE = 300
 # Model files of one repository the screen groups into quants. Grouping pairs every file with its sidecars by
 # llama.cpp's rules, which takes time growing with the square of the files (5,000 took 43 s, and a listing may hold
@@ -98,8 +105,14 @@ class HubSearched(Message):
 class RepoInspected(Message):
     """A repository's files grouped by quant and, when its header could be read, the fit of each quant."""
 
-    def __init__(self, listing: RepoListing, groups: list[QuantGroup], report: fit.FitReport | None,
-                 fit_error: str | None, entry: CatalogEntry | None) -> None:
+    def __init__(
+        self,
+        listing: RepoListing,
+        groups: list[QuantGroup],
+        report: fit.FitReport | None,
+        fit_error: str | None,
+        entry: CatalogEntry | None,
+    ) -> None:
         super().__init__()
         self.listing = listing
         self.groups = groups
@@ -290,8 +303,10 @@ class ModelsScreen(Screen[None]):
         n_files = len(listing.gguf_files)
         groups = listing.quant_groups() if n_files <= MAX_REPO_MODEL_FILES else []
         if n_files > MAX_REPO_MODEL_FILES:
-            fit_error = (f"{repo_id} lists {n_files:,} .gguf files, more than the {MAX_REPO_MODEL_FILES:,} this "
-                         "screen groups into quants; download one by name with: llmtui models pull REPO:QUANT")
+            fit_error = (
+                f"{repo_id} lists {n_files:,} .gguf files, more than the {MAX_REPO_MODEL_FILES:,} this "
+                "screen groups into quants; download one by name with: llmtui models pull REPO:QUANT"
+            )
         elif not groups:
             fit_error = "no GGUF model files in this repository"
         elif hfcache.is_offline():
@@ -410,8 +425,13 @@ class ModelsScreen(Screen[None]):
                 label.append("  unusable", style="red")
             local_list.add_option(Option(label, id=str(index)))
         if not message.models:
-            local_list.add_option(Option(Text("No models on disk yet: find one in Catalog or Search.",
-                                              style="italic"), id="none", disabled=True))
+            local_list.add_option(
+                Option(
+                    Text("No models on disk yet: find one in Catalog or Search.", style="italic"),
+                    id="none",
+                    disabled=True,
+                )
+            )
         else:
             paths_now = [m.path for m in message.models]
             local_list.highlighted = paths_now.index(previous) if previous in paths_now else 0
@@ -502,8 +522,9 @@ class ModelsScreen(Screen[None]):
 
     def _open_repo(self, repo_id: str, entry: CatalogEntry | None) -> None:
         self.inspecting = repo_id
-        self.query_one("#detail-notes", Static).update(Text(f"Reading {repo_id}: files and model header…",
-                                                           style="italic"))
+        self.query_one("#detail-notes", Static).update(
+            Text(f"Reading {repo_id}: files and model header…", style="italic")
+        )
         self._inspect(repo_id, entry, self.memory)
 
     def _show_highlighted_local(self) -> None:
@@ -535,7 +556,8 @@ class ModelsScreen(Screen[None]):
         text = Text()
         text.append(entry.name + "\n", style="bold")
         size = f"{entry.total_params_b:g} B parameters" + (
-            f", {entry.active_params_b:g} B active (MoE)" if entry.is_moe else "")
+            f", {entry.active_params_b:g} B active (MoE)" if entry.is_moe else ""
+        )
         text.append(f"{size} · {entry.architecture} · context {entry.context_length} · {entry.license}\n")
         if entry.capabilities():
             text.append("Capabilities: " + ", ".join(entry.capabilities()) + "\n")
@@ -562,12 +584,15 @@ class ModelsScreen(Screen[None]):
             text.append("  (from the cache, offline)", style="dim")
         text.append("\n")
         if self.entry is not None:
-            text.append(f"{self.entry.name} · {self.entry.license} · {', '.join(self.entry.capabilities())}\n",
-                        style="dim")
+            text.append(
+                f"{self.entry.name} · {self.entry.license} · {', '.join(self.entry.capabilities())}\n", style="dim"
+            )
         if report is not None:
             info = report.info
-            text.append(f"{info.architecture or '?'} · {format_params(info.n_params)} params · trained context "
-                        f"{info.context_length or '?'}\n")
+            text.append(
+                f"{info.architecture or '?'} · {format_params(info.n_params)} params · trained context "
+                f"{info.context_length or '?'}\n"
+            )
             text.append(f"Fit at {report.n_ctx} ctx on {memory_text(report.memory)}\n", style="dim")
         elif self.fit_error and listing.gated:
             text.append("No fit: reading the model's header needs access to this gated repo.\n", style="yellow")
@@ -575,12 +600,17 @@ class ModelsScreen(Screen[None]):
             text.append(f"No fit: {self.fit_error}\n", style="yellow")
         if listing.gated:
             guidance = hub.gated_message(listing.repo_id)
-            text.append(("Gated: " if hfcache.token() else "Gated, and HF_TOKEN is not set: ") + guidance + "\n",
-                        style="bold yellow")
+            text.append(
+                ("Gated: " if hfcache.token() else "Gated, and HF_TOKEN is not set: ") + guidance + "\n",
+                style="bold yellow",
+            )
         sidecars = listing.sidecar_files()
         if sidecars:
-            text.append("Sidecars: " + ", ".join(
-                f"{kind} ({', '.join(f.name for f in files)})" for kind, files in sorted(sidecars.items())) + "\n")
+            text.append(
+                "Sidecars: "
+                + ", ".join(f"{kind} ({', '.join(f.name for f in files)})" for kind, files in sorted(sidecars.items()))
+                + "\n"
+            )
         groups = self.groups
         if groups:
             text.append(f"\n   {'Quant':<7} {'download':>10}  {'fit':<7} memory", style="bold dim")
@@ -590,8 +620,7 @@ class ModelsScreen(Screen[None]):
         recommended = report.recommended if report else None
         highlight = 0
         for index, group in enumerate(groups):
-            quants.add_option(Option(self._quant_label(group, fits.get(group.primary), recommended),
-                                     id=group.primary))
+            quants.add_option(Option(self._quant_label(group, fits.get(group.primary), recommended), id=group.primary))
             if recommended in (group.tag, group.primary) and previous is None:
                 highlight = index
             if previous is not None and previous.primary == group.primary:
@@ -602,8 +631,9 @@ class ModelsScreen(Screen[None]):
         elif not listing.gguf_files:  # (too many to group: "No fit" above says so)
             text.append("\nNo GGUF model files in this repository.", style="yellow")
             self.query_one("#detail-info", Static).update(text)
-        notes = Text("★ recommended · ✓ downloaded · Enter or d: download the highlighted quant · u: use it",
-                     style="dim italic")
+        notes = Text(
+            "★ recommended · ✓ downloaded · Enter or d: download the highlighted quant · u: use it", style="dim italic"
+        )
         if report is not None and report.notes:
             notes.append("\n" + "\n".join(report.notes), style="dim")
         self.query_one("#detail-notes", Static).update(notes)
@@ -628,8 +658,10 @@ class ModelsScreen(Screen[None]):
         self.entry, self.listing, self.report = None, None, None
         text = Text()
         text.append(model.name + "\n", style="bold")
-        text.append(f"{format_bytes(model.size)} · {model.architecture or '?'} · quant {model.tag or '?'}"
-                    f" · {len(model.files)} file(s)\n")
+        text.append(
+            f"{format_bytes(model.size)} · {model.architecture or '?'} · quant {model.tag or '?'}"
+            f" · {len(model.files)} file(s)\n"
+        )
         text.append(f"{model.path}\n", style="dim")
         where = {"hf-cache": "Hugging Face cache", "llama-cache": "llama.cpp cache"}.get(model.source, model.source)
         text.append(f"In: {where}\n", style="dim")
@@ -684,10 +716,15 @@ class ModelsScreen(Screen[None]):
                 self.notify("Open a repo (Enter on a catalog entry or search result) and pick a quant first.")
             return
         repo_id = listing.repo_id
-        sidecars = {kind: f"{pairing.basename(path)}  {format_bytes(listing.file(path).size)}"
-                    for kind, path in group.sidecars.items()}
-        drafts = {kind: repo for kind, repo in (self.entry.drafts if self.entry else {}).items()
-                  if kind in pairing.SIDECAR_KEYWORDS and kind not in sidecars}
+        sidecars = {
+            kind: f"{pairing.basename(path)}  {format_bytes(listing.file(path).size)}"
+            for kind, path in group.sidecars.items()
+        }
+        drafts = {
+            kind: repo
+            for kind, repo in (self.entry.drafts if self.entry else {}).items()
+            if kind in pairing.SIDECAR_KEYWORDS and kind not in sidecars
+        }
         sidecars.update({kind: f"from {repo}" for kind, repo in drafts.items()})
         chosen = next(({kind} for kind in pairing.DRAFT_KIND_ORDER if kind in sidecars), set())
         note = ""
@@ -722,8 +759,13 @@ class ModelsScreen(Screen[None]):
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")
             return
         # The use is recorded (a file written) in a thread of the app's: this screen is dismissed meanwhile.
-        self.app.run_worker(partial(self._mark_used, self._library(), path), name="mark-used", group="mark-used",
-                            thread=True, exit_on_error=False)
+        self.app.run_worker(
+            partial(self._mark_used, self._library(), path),
+            name="mark-used",
+            group="mark-used",
+            thread=True,
+            exit_on_error=False,
+        )
         self.dismiss()
         self.app.open_model(path)
 
@@ -749,8 +791,9 @@ class ModelsScreen(Screen[None]):
         try:
             library.mark_used(path)
         except (OSError, ValueError) as error:
-            self.app.call_from_thread(self.app.notify, one_line(f"Could not record the model's use: {error}"),
-                                      severity="warning")
+            self.app.call_from_thread(
+                self.app.notify, one_line(f"Could not record the model's use: {error}"), severity="warning"
+            )
 
     def _confirm_delete(self, model: LocalModel, names: list[str], size: int) -> None:
         def delete(yes: bool | None) -> None:
@@ -771,4 +814,3 @@ def open_models_screen(app: App[None]) -> None:
     if not app.is_screen_installed(SCREEN_NAME):
         app.install_screen(ModelsScreen(), SCREEN_NAME)
     app.push_screen(SCREEN_NAME)
-

@@ -53,9 +53,25 @@ ON_OFF = [("on", True), ("off", False)]
 GPU_LAYERS_LABEL = "GPU layers (-ngl; auto, -1 all, 0 none)"
 TENSOR_SPLIT_LABEL = "Tensor split (-ts; shares, e.g. 3,1)"
 RPC_LABEL = "RPC servers (--rpc; HOST:PORT, …)"
-FIELD_ORDER = ("n_ctx", "n_threads", "n_gpu_layers", "fit_target_mib", "split_mode", "tensor_split", "main_gpu",
-               "n_cpu_moe", "flash_attn", "type_k", "type_v", "n_batch", "n_ubatch", "use_mmap", "use_mlock",
-               "use_extra_bufts", "rpc_servers")
+FIELD_ORDER = (
+    "n_ctx",
+    "n_threads",
+    "n_gpu_layers",
+    "fit_target_mib",
+    "split_mode",
+    "tensor_split",
+    "main_gpu",
+    "n_cpu_moe",
+    "flash_attn",
+    "type_k",
+    "type_v",
+    "n_batch",
+    "n_ubatch",
+    "use_mmap",
+    "use_mlock",
+    "use_extra_bufts",
+    "rpc_servers",
+)
 assert set(FIELD_ORDER) == {f.name for f in fields(EngineSettings)}, "every engine setting is on the screen"
 
 
@@ -112,36 +128,63 @@ class SettingsScreen(Screen[bool]):
                     for name in FIELD_ORDER:
                         if name in NUMBER_FIELDS:
                             yield Label(NUMBER_FIELDS[name], classes="field-label")
-                            yield Input(str(getattr(engine, name)), id=f"setting-{name}", type="integer",
-                                        compact=True)
+                            yield Input(str(getattr(engine, name)), id=f"setting-{name}", type="integer", compact=True)
                         elif name in CHOICE_FIELDS:
                             label, choices = CHOICE_FIELDS[name]
                             yield Label(label, classes="field-label")
-                            yield Select([(c, c) for c in choices], value=getattr(engine, name), allow_blank=False,
-                                         id=f"setting-{name}", compact=True)
+                            yield Select(
+                                [(c, c) for c in choices],
+                                value=getattr(engine, name),
+                                allow_blank=False,
+                                id=f"setting-{name}",
+                                compact=True,
+                            )
                         elif name in BOOL_FIELDS:
                             yield Label(BOOL_FIELDS[name], classes="field-label")
-                            yield Select(ON_OFF, value=getattr(engine, name), allow_blank=False, id=f"setting-{name}",
-                                         compact=True)
+                            yield Select(
+                                ON_OFF,
+                                value=getattr(engine, name),
+                                allow_blank=False,
+                                id=f"setting-{name}",
+                                compact=True,
+                            )
                         elif name == "n_gpu_layers":
                             yield Label(GPU_LAYERS_LABEL, classes="field-label")
-                            yield Input(gpu_layers_text(engine.n_gpu_layers), id="setting-n_gpu_layers",
-                                        placeholder="auto", compact=True)
+                            yield Input(
+                                gpu_layers_text(engine.n_gpu_layers),
+                                id="setting-n_gpu_layers",
+                                placeholder="auto",
+                                compact=True,
+                            )
                         elif name == "tensor_split":
                             yield Label(TENSOR_SPLIT_LABEL, classes="field-label")
-                            yield Input(",".join(f"{v:g}" for v in engine.tensor_split), id="setting-tensor_split",
-                                        placeholder="empty: automatic", compact=True)
+                            yield Input(
+                                ",".join(f"{v:g}" for v in engine.tensor_split),
+                                id="setting-tensor_split",
+                                placeholder="empty: automatic",
+                                compact=True,
+                            )
                         elif name == "rpc_servers":
                             yield Label(RPC_LABEL, classes="field-label")
-                            yield Input(", ".join(engine.rpc_servers), id="setting-rpc_servers",
-                                        placeholder="none", compact=True)
+                            yield Input(
+                                ", ".join(engine.rpc_servers),
+                                id="setting-rpc_servers",
+                                placeholder="none",
+                                compact=True,
+                            )
                     yield Label("Theme", classes="field-label")
-                    yield Select([(t, t) for t in THEMES], value=self.config.theme, allow_blank=False,
-                                 id="setting-theme", compact=True)
+                    yield Select(
+                        [(t, t) for t in THEMES],
+                        value=self.config.theme,
+                        allow_blank=False,
+                        id="setting-theme",
+                        compact=True,
+                    )
                 yield Label("Model folders (one per line; their .gguf files show in ctrl+l)", classes="section-title")
                 yield TextArea("\n".join(self.config.model_folders), id="setting-model-folders", compact=True)
-                yield Label("Remote engines (OpenAI-compatible servers; their models show in ctrl+l)",
-                            classes="section-title")
+                yield Label(
+                    "Remote engines (OpenAI-compatible servers; their models show in ctrl+l)", classes="section-title"
+                )
                 yield Vertical(id="remote-list")
                 yield Button("Add remote engine", id="remote-add", compact=True)
             with Horizontal(classes="dialog-buttons"):
@@ -159,12 +202,14 @@ class SettingsScreen(Screen[bool]):
         await container.remove_children()
         rows: list[Horizontal | Label] = []
         for index, remote in enumerate(self.remotes):
-            rows.append(Horizontal(
-                Label(remote_line(remote), classes="remote-line"),
-                Button("Edit", id=f"remote-edit-{index}", compact=True),
-                Button("Remove", id=f"remote-remove-{index}", compact=True),
-                classes="remote-row",
-            ))
+            rows.append(
+                Horizontal(
+                    Label(remote_line(remote), classes="remote-line"),
+                    Button("Edit", id=f"remote-edit-{index}", compact=True),
+                    Button("Remove", id=f"remote-remove-{index}", compact=True),
+                    classes="remote-row",
+                )
+            )
         if not rows:
             rows.append(Label("None yet.", classes="field-label"))
         await container.mount_all(rows)
@@ -185,12 +230,17 @@ class SettingsScreen(Screen[bool]):
         values["n_gpu_layers"] = parse_gpu_layers(self.query_one("#setting-n_gpu_layers", Input).value)
         values["tensor_split"] = parse_tensor_split(self.query_one("#setting-tensor_split", Input).value)
         values["rpc_servers"] = parse_list(self.query_one("#setting-rpc_servers", Input).value)
-        engine = EngineSettings(**{f.name: values.get(f.name, getattr(self.config.engine, f.name))
-                                   for f in fields(EngineSettings)})  # type: ignore[arg-type]
+        merged = {f.name: values.get(f.name, getattr(self.config.engine, f.name)) for f in fields(EngineSettings)}
+        engine = EngineSettings(**merged)  # type: ignore[arg-type]
         folders_text = self.query_one("#setting-model-folders", TextArea).text
         folders = tuple(line.strip() for line in folders_text.splitlines() if line.strip())
-        config = replace(self.config, engine=engine, model_folders=folders,
-                         theme=str(self.query_one("#setting-theme", Select).value), remotes=tuple(self.remotes))
+        config = replace(
+            self.config,
+            engine=engine,
+            model_folders=folders,
+            theme=str(self.query_one("#setting-theme", Select).value),
+            remotes=tuple(self.remotes),
+        )
         config.validate()
         return config
 

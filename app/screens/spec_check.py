@@ -43,8 +43,11 @@ class Side:
 
     def add(self, event: TokensArrived) -> None:
         base = len(self.text)
-        self.draft_spans += [(base + start, base + end) for start, end, drafter in event.draft_spans
-                             if not drafter.startswith(REJECTED_PREFIX)]  # accepted drafts only
+        self.draft_spans += [
+            (base + start, base + end)
+            for start, end, drafter in event.draft_spans
+            if not drafter.startswith(REJECTED_PREFIX)
+        ]  # accepted drafts only
         self.text += event.text
         self.reasoning += event.reasoning
 
@@ -112,8 +115,10 @@ def verdict(plain: Side, spec: Side, stats: SpeculativeStats | None, spec_type: 
     if stats is None or stats.steps == 0:
         accepted = "nothing was drafted: B decoded as A did"
     else:
-        accepted = (f"{stats.accepted} of {stats.drafted} drafted tokens accepted ({stats.acceptance_rate:.0%}), "
-                    f"{stats.mean_accepted_length:.2f} tokens per step")
+        accepted = (
+            f"{stats.accepted} of {stats.drafted} drafted tokens accepted ({stats.acceptance_rate:.0%}), "
+            f"{stats.mean_accepted_length:.2f} tokens per step"
+        )
     where = first_difference(plain.reasoning + plain.text, spec.reasoning + spec.text)
     if where is None:
         return True, f"✓ The same text ({spec.tokens} tokens) · {speeds} · {accepted}"
@@ -148,10 +153,12 @@ class SpecCheckScreen(ABRunScreen):
     def compose(self) -> ComposeResult:
         spec_type = self.settings.spec_type
         with Vertical(classes="dialog wide", id="spec-check"):
-            yield Label(f"Speculation check: the same prompt, greedy, without and with {spec_type}",
-                        classes="dialog-title")
-            yield Input(self.initial_prompt, placeholder="a prompt to decode both ways", id="check-prompt",
-                        compact=True)
+            yield Label(
+                f"Speculation check: the same prompt, greedy, without and with {spec_type}", classes="dialog-title"
+            )
+            yield Input(
+                self.initial_prompt, placeholder="a prompt to decode both ways", id="check-prompt", compact=True
+            )
             with Horizontal(id="ab-sides"):
                 with Vertical(classes="ab-side"):
                     yield Label("A · plain decoding", classes="ab-title")
@@ -162,13 +169,19 @@ class SpecCheckScreen(ABRunScreen):
                     with VerticalScroll():
                         yield Static("", id="check-b")
             yield Static("", id="check-verdict")
-            yield Label(f"Enter run (greedy, {CHECK_SAMPLING.max_tokens} tokens at most) · Esc close",
-                        classes="dialog-hint", id="check-hint")
+            yield Label(
+                f"Enter run (greedy, {CHECK_SAMPLING.max_tokens} tokens at most) · Esc close",
+                classes="dialog-hint",
+                id="check-hint",
+            )
 
     def can_run(self) -> bool:
         if self.app.speculation.needs_reload(self.settings):
-            self.notify(f"{self.settings.spec_type} needs the model reloaded (MTP heads / rollback): turn "
-                        "speculation on (F8), then run the check.", severity="warning")
+            self.notify(
+                f"{self.settings.spec_type} needs the model reloaded (MTP heads / rollback): turn "
+                "speculation on (F8), then run the check.",
+                severity="warning",
+            )
             return False
         return True
 

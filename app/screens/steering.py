@@ -218,8 +218,11 @@ class SteeringScreen(ModalScreen[None]):
                 yield Label(" (0: every layer the model steers)", classes="field-label")
             yield HeatStrip(id="steering-heat")
             yield Label("", id="steering-status")
-            yield Label("←/→ ±0.05 · shift+←/→ ±0.25 · 0 reset · tab the layer range\n"
-                        "m make a vector · b A/B · a add a file · c clear all · Esc close", classes="dialog-hint")
+            yield Label(
+                "←/→ ±0.05 · shift+←/→ ±0.25 · 0 reset · tab the layer range\n"
+                "m make a vector · b A/B · a add a file · c clear all · Esc close",
+                classes="dialog-hint",
+            )
 
     async def on_mount(self) -> None:
         settings = self.app.config.steering
@@ -260,8 +263,9 @@ class SteeringScreen(ModalScreen[None]):
         if not get_current_worker().is_cancelled:  # a newer listing shows its own
             self.app.call_from_thread(self._show_vectors, facts, vectors, hidden, focused)  # type: ignore[arg-type]
 
-    async def _show_vectors(self, facts: ModelFacts | None, vectors: list[VectorInfo], hidden: int,
-                            focused: str | None) -> None:
+    async def _show_vectors(
+        self, facts: ModelFacts | None, vectors: list[VectorInfo], hidden: int, focused: str | None
+    ) -> None:
         if not self.is_attached:
             return
         self.listing = False
@@ -273,8 +277,13 @@ class SteeringScreen(ModalScreen[None]):
         await box.remove_children()
         widgets: list[Widget] = [VectorSlider(v, strengths.get(v.path, 0.0)) for v in vectors]
         if not vectors:
-            widgets.append(Static("No control vectors for this model yet: press m to make one from a prompt set "
-                                  "(happy↔sad, formal↔casual, …) or a to add a .gguf file.", classes="empty-hint"))
+            widgets.append(
+                Static(
+                    "No control vectors for this model yet: press m to make one from a prompt set "
+                    "(happy↔sad, formal↔casual, …) or a to add a .gguf file.",
+                    classes="empty-hint",
+                )
+            )
         if hidden:
             widgets.append(Static(f"{hidden} vector file(s) for other models are not shown.", classes="steering-note"))
         await box.mount_all(widgets)
@@ -284,8 +293,9 @@ class SteeringScreen(ModalScreen[None]):
         for slider in sliders:
             if slider.vector.path == focused:
                 slider.focus()
-        if sliders and (self.focused is None or (self._focus_first_slider and not isinstance(self.focused,
-                                                                                               VectorSlider))):
+        if sliders and (
+            self.focused is None or (self._focus_first_slider and not isinstance(self.focused, VectorSlider))
+        ):
             sliders[0].focus()
         self._focus_first_slider = False
 
@@ -296,8 +306,11 @@ class SteeringScreen(ModalScreen[None]):
             return
         if event.worker.group == "steering-vectors":
             self.listing = False
-        what = "The control vectors could not be listed" if event.worker.group == "steering-vectors" else (
-            "The control vector could not be read")
+        what = (
+            "The control vectors could not be listed"
+            if event.worker.group == "steering-vectors"
+            else ("The control vector could not be read")
+        )
         text = " ".join(f"{what}: {type(event.worker.error).__name__}: {event.worker.error}".split())
         self.notify(text if len(text) <= 300 else text[:299] + "…", severity="error", timeout=10)
 
@@ -345,8 +358,10 @@ class SteeringScreen(ModalScreen[None]):
             if text and text.strip():
                 self._add_vector(text.strip())
 
-        self.app.push_screen(TextPromptModal("Add a control vector (llama.cpp's .gguf format)", "",
-                                             "path to a control-vector .gguf"), add)
+        self.app.push_screen(
+            TextPromptModal("Add a control vector (llama.cpp's .gguf format)", "", "path to a control-vector .gguf"),
+            add,
+        )
 
     @work(thread=True, exclusive=True, group="steering-add", exit_on_error=False)
     def _add_vector(self, text: str) -> None:
@@ -357,8 +372,9 @@ class SteeringScreen(ModalScreen[None]):
         except (OSError, RuntimeError):  # RuntimeError: a symlink loop
             path = ""
         if not path:
-            self.app.call_from_thread(self.notify, f"{text!r} cannot be a path to a control vector.",
-                                      severity="error", timeout=10)
+            self.app.call_from_thread(
+                self.notify, f"{text!r} cannot be a path to a control vector.", severity="error", timeout=10
+            )
             return
         info = vector_info(path)
         facts = self.app.models.facts()
@@ -369,8 +385,11 @@ class SteeringScreen(ModalScreen[None]):
             self.notify(f"Cannot use {path}: {info}", severity="error", timeout=10)
             return
         if facts is not None and info.n_embd != facts.n_embd:
-            self.notify(f"{info.name} was made for a model with {info.n_embd} embedding values; this one has "
-                        f"{facts.n_embd}.", severity="error", timeout=10)
+            self.notify(
+                f"{info.name} was made for a model with {info.n_embd} embedding values; this one has {facts.n_embd}.",
+                severity="error",
+                timeout=10,
+            )
             return
         self.app.steering.set_strength(path, 0.0)
         if self.is_attached:

@@ -38,9 +38,11 @@ def acceptance_cost(base: SpeculativeStats | None, steered: SpeculativeStats | N
         return f"{spec_type} drafted nothing on {side}: no acceptance to compare"
     points = round((steered.acceptance_rate - base.acceptance_rate) * 100)
     change = "no change" if points == 0 else f"{abs(points)} points {'more' if points > 0 else 'fewer'}"
-    line = (f"Steering with {spec_type}: {base.acceptance_rate:.0%} → {steered.acceptance_rate:.0%} of drafted "
-            f"tokens accepted ({change}), {base.mean_accepted_length:.2f} → {steered.mean_accepted_length:.2f} "
-            "tokens per step")
+    line = (
+        f"Steering with {spec_type}: {base.acceptance_rate:.0%} → {steered.acceptance_rate:.0%} of drafted "
+        f"tokens accepted ({change}), {base.mean_accepted_length:.2f} → {steered.mean_accepted_length:.2f} "
+        "tokens per step"
+    )
     if base.speedup > 0 and steered.speedup > 0:
         ratio = steered.speedup / base.speedup
         direction = f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 - ratio:.0%} slower"

@@ -83,9 +83,7 @@ class CroppedCompositor(Compositor):
             cropped[widget] = (region, rows)
         return cropped
 
-    def _render_chops(
-        self, crop: Region, is_rendered_line: Callable[[int], bool]
-    ) -> Sequence[Mapping[int, Strip]]:
+    def _render_chops(self, crop: Region, is_rendered_line: Callable[[int], bool]) -> Sequence[Mapping[int, Strip]]:
         bands: list[tuple[int, int]] = []
         for y in range(crop.y, crop.bottom):
             if is_rendered_line(y):

@@ -25,14 +25,19 @@ class SyntaxLineByLine(Syntax):
     """Rich's Syntax, each highlighted line of a word-wrapped block without line numbers drawn by `line_rows` (as
     Rich draws it, unless a subclass keeps the rows); any other Syntax is drawn by Rich."""
 
-    def line_rows(self, console: Console, line: Text, options: ConsoleOptions, style: Style,
-                  pad: bool) -> list[list[Segment]]:
+    def line_rows(
+        self, console: Console, line: Text, options: ConsoleOptions, style: Style, pad: bool
+    ) -> list[list[Segment]]:
         """The rows of one highlighted `line`: `console.render_lines(line, options, style=style, pad=pad)`."""
         return console.render_lines(line, options, style=style, pad=pad)
 
     def _get_syntax(self, console: Console, options: ConsoleOptions) -> Iterable[Segment]:
-        if self.line_numbers or self.line_range or not self.word_wrap or self.code_width is not None or (
-            self.indent_guides and not options.ascii_only
+        if (
+            self.line_numbers
+            or self.line_range
+            or not self.word_wrap
+            or self.code_width is not None
+            or (self.indent_guides and not options.ascii_only)
         ):
             yield from super()._get_syntax(console, options)
             return

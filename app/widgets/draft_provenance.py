@@ -40,9 +40,11 @@ def draft_kind(drafter: str) -> int:
 def draft_styles(widget: Widget, prefix: str) -> dict[int, Style]:
     """The styles of draft text by kind, from the widget's `{prefix}--draft`, `{prefix}--draft-model` and
     `{prefix}--draft-rejected` classes."""
-    return {NGRAM_DRAFT: widget.get_component_rich_style(f"{prefix}--draft", partial=True),
-            MODEL_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-model", partial=True),
-            REJECTED_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-rejected", partial=True)}
+    return {
+        NGRAM_DRAFT: widget.get_component_rich_style(f"{prefix}--draft", partial=True),
+        MODEL_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-model", partial=True),
+        REJECTED_DRAFT: widget.get_component_rich_style(f"{prefix}--draft-rejected", partial=True),
+    }
 
 
 def draft_spans_from_stats(stats: dict[str, Any]) -> DraftSpans:

@@ -207,8 +207,9 @@ class LiveBody(RenderedOnce):
         segment = FrozenSegment(tail[:cut], self._frozen_chars, [])
         markdown = markdown_renderable(segment.markdown, dark=self.dark)
         starts_with_container, segment.ends_with_rule = _block_edges(markdown)
-        segment.separated = bool(self.segments) and _needs_separator(self.segments[-1].ends_with_rule,
-                                                                    starts_with_container)
+        segment.separated = bool(self.segments) and _needs_separator(
+            self.segments[-1].ends_with_rule, starts_with_container
+        )
         if self._frozen_width > 0:
             segment.lines = self._render_segment(segment, self._frozen_width, markdown)
         self.segments.append(segment)
@@ -388,8 +389,11 @@ class LiveBody(RenderedOnce):
 
     def _coloured(self, lines: Lines, source: str, start: int, styles: Mapping[int, Style]) -> Lines:
         end = start + len(source)
-        spans = [(max(s, start) - start, min(e, end) - start, drafter) for s, e, drafter in self.draft_spans
-                 if s < end and e > start]
+        spans = [
+            (max(s, start) - start, min(e, end) - start, drafter)
+            for s, e, drafter in self.draft_spans
+            if s < end and e > start
+        ]
         return mark_provenance(lines, source, spans, styles)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
@@ -408,8 +412,17 @@ class LiveMessage(LaidOutOnce, Vertical):
     }
     """
 
-    def __init__(self, message_id: int, model: str, *, content: str = "", reasoning: str = "",
-                 dark: bool = True, draft_spans: DraftSpans = (), colour_drafts: bool = False) -> None:
+    def __init__(
+        self,
+        message_id: int,
+        model: str,
+        *,
+        content: str = "",
+        reasoning: str = "",
+        dark: bool = True,
+        draft_spans: DraftSpans = (),
+        colour_drafts: bool = False,
+    ) -> None:
         super().__init__(classes="message -assistant -streaming")
         self.message_id = message_id
         self.model = model

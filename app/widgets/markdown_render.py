@@ -85,10 +85,19 @@ class _LineCachedSyntax(SyntaxLineByLine):
     changed lines are rendered; the rows are those Rich's Syntax draws for them.
     """
 
-    def line_rows(self, console: Console, line: Text, options: ConsoleOptions, style: Style,
-                  pad: bool) -> list[list[Segment]]:
-        key = (line.plain, tuple(line.spans), line.style, options.max_width, style, pad, options.no_wrap,
-               options.overflow)
+    def line_rows(
+        self, console: Console, line: Text, options: ConsoleOptions, style: Style, pad: bool
+    ) -> list[list[Segment]]:
+        key = (
+            line.plain,
+            tuple(line.spans),
+            line.style,
+            options.max_width,
+            style,
+            pad,
+            options.no_wrap,
+            options.overflow,
+        )
         rows = _SYNTAX_ROWS.get(key)
         if rows is None:
             rows = super().line_rows(console, line, options, style, pad)
@@ -106,8 +115,9 @@ class _CodeBlock(RichCodeBlock):
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         code = str(self.text).rstrip()
         lexer = _lexer(self.lexer_name) or _lexer("text")  # Rich's Syntax falls back to the "text" lexer too
-        yield _LineCachedSyntax(code, lexer or self.lexer_name, theme=_syntax_theme(self.theme), word_wrap=True,
-                                padding=1)
+        yield _LineCachedSyntax(
+            code, lexer or self.lexer_name, theme=_syntax_theme(self.theme), word_wrap=True, padding=1
+        )
 
 
 LIVE_HIGHLIGHT_MAX_LINES = 80
@@ -130,8 +140,9 @@ class _LiveCodeBlock(_CodeBlock):
         if _highlighted_live(code):
             yield from super().__rich_console__(console, options)
             return
-        yield _LineCachedSyntax(code, _lexer("text") or "text", theme=_syntax_theme(self.theme), word_wrap=True,
-                                padding=1)
+        yield _LineCachedSyntax(
+            code, _lexer("text") or "text", theme=_syntax_theme(self.theme), word_wrap=True, padding=1
+        )
 
 
 class _Markdown(RichMarkdown):
@@ -143,9 +154,11 @@ class _LiveMarkdown(RichMarkdown):
 
 
 _MARKDOWN_TEMPLATES = {
-    (dark, live): (_LiveMarkdown if live else _Markdown)("", code_theme="monokai" if dark else "default",
-                                                         hyperlinks=False)
-    for dark in (True, False) for live in (True, False)
+    (dark, live): (_LiveMarkdown if live else _Markdown)(
+        "", code_theme="monokai" if dark else "default", hyperlinks=False
+    )
+    for dark in (True, False)
+    for live in (True, False)
 }
 _MARKDOWN_PARSER = MarkdownIt().enable("strikethrough").enable("table")  # the parser RichMarkdown builds
 
@@ -169,5 +182,6 @@ def markdown_renderable(text: str, *, dark: bool, live: bool = False, line_break
 
 def has_long_live_code(markdown: RichMarkdown) -> bool:
     """Whether the text has a code block that a live render draws unhighlighted."""
-    return any(token.type in ("fence", "code_block") and not _highlighted_live(token.content)
-               for token in markdown.parsed)
+    return any(
+        token.type in ("fence", "code_block") and not _highlighted_live(token.content) for token in markdown.parsed
+    )

@@ -42,8 +42,7 @@ class BranchInfo:
 def message_header(role: str, state: str, model: str, branch: BranchInfo | None) -> Text:
     """A message's first line: who wrote it, the model, its state and where it sits among its branches."""
     header = Text()
-    header.append("You" if role == "user" else "Assistant" if role == "assistant" else role.capitalize(),
-                  style="bold")
+    header.append("You" if role == "user" else "Assistant" if role == "assistant" else role.capitalize(), style="bold")
     if role == "assistant" and model:
         header.append(f"  {model}", style="dim")
     label = STATE_LABELS.get(state)
@@ -113,8 +112,12 @@ class MessageView(RenderedOnce, can_focus=True):
         Binding("down,j", "move(1)", "Next", show=False),
     ]
 
-    COMPONENT_CLASSES = {"message-view--reasoning", "message-view--draft", "message-view--draft-model",
-                         "message-view--draft-rejected"}
+    COMPONENT_CLASSES = {
+        "message-view--reasoning",
+        "message-view--draft",
+        "message-view--draft-model",
+        "message-view--draft-rejected",
+    }
 
     DEFAULT_CSS = """
     MessageView {
@@ -151,8 +154,14 @@ class MessageView(RenderedOnce, can_focus=True):
         def control(self) -> MessageView:
             return self.view
 
-    def __init__(self, message: StoredMessage, branch: BranchInfo | None = None, *, dark: bool = True,
-                 colour_drafts: bool = False) -> None:
+    def __init__(
+        self,
+        message: StoredMessage,
+        branch: BranchInfo | None = None,
+        *,
+        dark: bool = True,
+        colour_drafts: bool = False,
+    ) -> None:
         super().__init__(classes=f"message -{message.role} -{message.state}")
         self.message = message
         self.branch = branch
@@ -171,8 +180,9 @@ class MessageView(RenderedOnce, can_focus=True):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "edit":  # a question (resent as a new branch) or a finished reply (changed in place)
-            return self.message.role == "user" or (self.message.role == "assistant"
-                                                   and self.message.state != "streaming")
+            return self.message.role == "user" or (
+                self.message.role == "assistant" and self.message.state != "streaming"
+            )
         if action == "regenerate":
             return self.message.role == "assistant"
         if action == "copy_code":

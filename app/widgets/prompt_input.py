@@ -41,8 +41,13 @@ class PromptInput(KeysBeforeTextArea, TextArea):
 
     def __init__(self, *, id: str | None = None, placeholder: str = "") -> None:  # noqa: A002
         super().__init__(
-            id=id, soft_wrap=True, tab_behavior="focus", show_line_numbers=False, compact=True,
-            placeholder=placeholder, highlight_cursor_line=False,
+            id=id,
+            soft_wrap=True,
+            tab_behavior="focus",
+            show_line_numbers=False,
+            compact=True,
+            placeholder=placeholder,
+            highlight_cursor_line=False,
         )
         self.sent_history: list[str] = []
         """Messages sent, oldest first (recalled with Up)."""

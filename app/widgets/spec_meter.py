@@ -67,21 +67,42 @@ class SpecMeter(Widget):
         speeds = f"{stats.effective_tps:.1f} tok/s"
         if stats.plain_tps > 0:
             speeds += f" vs plain {stats.plain_tps:.1f}"
-        lines = [row(("drafted ", label), (str(stats.drafted), "bold"), ("  accepted ", label),
-                     (f"{stats.accepted}{rate}", "bold"), ("  steps ", label), (str(stats.steps), "bold"),
-                     ("  ", ""), (speeds, "bold"))]
+        lines = [
+            row(
+                ("drafted ", label),
+                (str(stats.drafted), "bold"),
+                ("  accepted ", label),
+                (f"{stats.accepted}{rate}", "bold"),
+                ("  steps ", label),
+                (str(stats.steps), "bold"),
+                ("  ", ""),
+                (speeds, "bold"),
+            )
+        ]
         lines.append(row(*by_position(stats.acceptance_per_position, label, spark)))
         total = stats.draft_ms + stats.verify_ms
         if total > 0:
-            lines.append(row(("drafting ", label), (f"{stats.draft_ms:.1f} ms", "bold"),
-                             (f" ({stats.draft_ms / total:.0%})", label), ("  verifying ", label),
-                             (f"{stats.verify_ms:.1f} ms", "bold"), (f" ({stats.verify_ms / total:.0%})", label)))
+            lines.append(
+                row(
+                    ("drafting ", label),
+                    (f"{stats.draft_ms:.1f} ms", "bold"),
+                    (f" ({stats.draft_ms / total:.0%})", label),
+                    ("  verifying ", label),
+                    (f"{stats.verify_ms:.1f} ms", "bold"),
+                    (f" ({stats.verify_ms / total:.0%})", label),
+                )
+            )
         for report in stats.drafters if len(stats.drafters) > 1 else ():
             share = f" ({report.accepted / report.drafted:.0%})" if report.drafted else ""
-            lines.append(row((f"{report.name:<13} ", "bold"), (f"{report.drafts} drafts  ", label),
-                             (f"{report.accepted}/{report.drafted}{share} accepted  ", ""),
-                             (sparkline(report.acceptance_per_position, SPARK_WIDTH), spark),
-                             (f"  {report.draft_ms:.1f} ms drafting", label)))
+            lines.append(
+                row(
+                    (f"{report.name:<13} ", "bold"),
+                    (f"{report.drafts} drafts  ", label),
+                    (f"{report.accepted}/{report.drafted}{share} accepted  ", ""),
+                    (sparkline(report.acceptance_per_position, SPARK_WIDTH), spark),
+                    (f"  {report.draft_ms:.1f} ms drafting", label),
+                )
+            )
         return lines
 
     def _summary(self) -> Text:
@@ -97,8 +118,10 @@ class SpecMeter(Widget):
             return line
         width = max(4, min(SPARK_WIDTH, self.size.width // 6)) if self.size.width else SPARK_WIDTH
         line.append("  ")
-        line.append(sparkline(stats.recent_acceptance, width).ljust(width, " "),
-                    style=self.get_component_rich_style("spec-meter--spark", partial=True))
+        line.append(
+            sparkline(stats.recent_acceptance, width).ljust(width, " "),
+            style=self.get_component_rich_style("spec-meter--spark", partial=True),
+        )
         line.append(f" {stats.acceptance_rate:.0%}" if stats.drafted else " –", style="bold")
         line.append(" accepted", style=label)
         line.append(f"  {stats.mean_accepted_length:.2f}", style="bold")

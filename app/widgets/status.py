@@ -179,6 +179,7 @@ class StatsBar(Widget):
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         """Show a finished reply's stats (GenerationStats.to_dict())."""
+
         def number(key: str, kind: type[float] | type[int]) -> Any:
             value = stats.get(key)
             return None if value is None else kind(value)  # not measured (a reply that failed): shown as –
@@ -219,8 +220,16 @@ class StatsBar(Widget):
             return f"busy {cpu.others:.1f}/{cpu.cpus} CPUs · {threads} {unit}"
         return f"busy {cpu.others:.1f}/{cpu.cpus} · {threads} {unit}"
 
-    def _text(self, *, state: bool = True, gap: str = "  ", bar: int = 10, counts: bool = True, ttft: bool = True,
-              busy: str = "long") -> Text:
+    def _text(
+        self,
+        *,
+        state: bool = True,
+        gap: str = "  ",
+        bar: int = 10,
+        counts: bool = True,
+        ttft: bool = True,
+        busy: str = "long",
+    ) -> Text:
         label = self._style("stats-bar--label")
         line = Text(no_wrap=True, overflow="ellipsis")
         if self.progress is not None:

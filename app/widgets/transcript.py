@@ -79,8 +79,12 @@ class Transcript(LaidOutOnce, VerticalScroll):
     @property
     def vertical_scrollbar(self) -> ScrollBar:
         # Widget.vertical_scrollbar, with the scrollbar that makes its lines once per position.
-        return use_vertical_scrollbar(self, lambda: LinesOncePerPositionScrollBar(
-            vertical=True, name="vertical", thickness=self.scrollbar_size_vertical))
+        return use_vertical_scrollbar(
+            self,
+            lambda: LinesOncePerPositionScrollBar(
+                vertical=True, name="vertical", thickness=self.scrollbar_size_vertical
+            ),
+        )
 
     @property
     def at_bottom(self) -> bool:
@@ -177,15 +181,23 @@ class Transcript(LaidOutOnce, VerticalScroll):
             self.scroll_end(animate=False)
         return view
 
-    async def start_live(self, message_id: int, model: str, *, content: str = "", reasoning: str = "",
-                         draft_spans: DraftSpans = ()) -> LiveMessage:
+    async def start_live(
+        self, message_id: int, model: str, *, content: str = "", reasoning: str = "", draft_spans: DraftSpans = ()
+    ) -> LiveMessage:
         """Mount the streaming reply at the end (replacing a frozen view of the same message, when continuing)."""
         for view in self.query(MessageView):
             if view.message.id == message_id:
                 await view.remove()
         self.messages = [message for message in self.messages if message.id != message_id]
-        live = LiveMessage(message_id, model, content=content, reasoning=reasoning, dark=self.dark,
-                           draft_spans=draft_spans, colour_drafts=self.colour_drafts)
+        live = LiveMessage(
+            message_id,
+            model,
+            content=content,
+            reasoning=reasoning,
+            dark=self.dark,
+            draft_spans=draft_spans,
+            colour_drafts=self.colour_drafts,
+        )
         self.live = live
         await self.mount(live)
         # Not scroll_end: the live reply keeps room below its text (a screenful, so that new lines seldom change

@@ -14,8 +14,13 @@ from engine_ext.archs import RS_ROLLBACK_ARCHS
 
 AUTO_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
 NGRAM_FLAGS = ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-fixed")
-MODEL_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
-               "--spec-draft-fixed")
+MODEL_FLAGS = (
+    "--spec-draft-model",
+    "--spec-draft-n-max",
+    "--spec-draft-n-min",
+    "--spec-draft-p-min",
+    "--spec-draft-fixed",
+)
 
 
 @dataclass(frozen=True)
@@ -41,25 +46,70 @@ class SpecType:
 
 # In upstream's chain order (common/speculative.cpp: the first that drafts wins); auto first, llmtui's own.
 CATALOGUE: tuple[SpecType, ...] = (
-    SpecType("auto", "auto", "best drafter for this model; pauses when slower",
-             "nothing; uses the model's MTP heads or a draft when there is one", own_heads=True, flags=AUTO_FLAGS),
+    SpecType(
+        "auto",
+        "auto",
+        "best drafter for this model; pauses when slower",
+        "nothing; uses the model's MTP heads or a draft when there is one",
+        own_heads=True,
+        flags=AUTO_FLAGS,
+    ),
     SpecType("ngram-simple", "ngram", "repeats what followed the last n-gram", "nothing", flags=NGRAM_FLAGS),
     SpecType("ngram-map-k", "ngram", "n-gram map with key counts", "nothing", flags=NGRAM_FLAGS),
     SpecType("ngram-map-k4v", "ngram", "n-gram map, 4 values per key", "nothing", flags=NGRAM_FLAGS),
     SpecType("ngram-mod", "ngram", "rolling-hash n-grams (repeated text)", "nothing", flags=NGRAM_FLAGS),
     SpecType("ngram-cache", "ngram", "n-gram cache of the conversation", "nothing", flags=NGRAM_FLAGS),
-    SpecType("draft-simple", "model", "a small model, same vocabulary",
-             "a smaller model with the same vocabulary", draft_types=(None,), candidate_kind="model",
-             rolls_back=True, flags=MODEL_FLAGS),
-    SpecType("draft-eagle3", "model", "an EAGLE3 draft head", "an EAGLE3 draft GGUF", draft_types=("eagle3",),
-             candidate_kind="eagle3", rolls_back=True, flags=MODEL_FLAGS),
-    SpecType("draft-mtp", "model", "the model's own MTP heads",
-             "the model's NextN heads, or its mtp-*.gguf sidecar", draft_types=("draft-mtp",), candidate_kind="mtp",
-             own_heads=True, rolls_back=True, flags=MODEL_FLAGS),
-    SpecType("draft-dflash", "model", "a DFlash / DFlash2 block draft", "a DFlash or DFlash2 draft GGUF",
-             draft_types=("dflash", "dflash2"), candidate_kind="dflash", rolls_back=True, flags=MODEL_FLAGS),
-    SpecType("draft-dspark", "model", "a DSpark block draft", "a DSpark draft GGUF", draft_types=("dspark",),
-             candidate_kind="dspark", rolls_back=True, flags=MODEL_FLAGS),
+    SpecType(
+        "draft-simple",
+        "model",
+        "a small model, same vocabulary",
+        "a smaller model with the same vocabulary",
+        draft_types=(None,),
+        candidate_kind="model",
+        rolls_back=True,
+        flags=MODEL_FLAGS,
+    ),
+    SpecType(
+        "draft-eagle3",
+        "model",
+        "an EAGLE3 draft head",
+        "an EAGLE3 draft GGUF",
+        draft_types=("eagle3",),
+        candidate_kind="eagle3",
+        rolls_back=True,
+        flags=MODEL_FLAGS,
+    ),
+    SpecType(
+        "draft-mtp",
+        "model",
+        "the model's own MTP heads",
+        "the model's NextN heads, or its mtp-*.gguf sidecar",
+        draft_types=("draft-mtp",),
+        candidate_kind="mtp",
+        own_heads=True,
+        rolls_back=True,
+        flags=MODEL_FLAGS,
+    ),
+    SpecType(
+        "draft-dflash",
+        "model",
+        "a DFlash / DFlash2 block draft",
+        "a DFlash or DFlash2 draft GGUF",
+        draft_types=("dflash", "dflash2"),
+        candidate_kind="dflash",
+        rolls_back=True,
+        flags=MODEL_FLAGS,
+    ),
+    SpecType(
+        "draft-dspark",
+        "model",
+        "a DSpark block draft",
+        "a DSpark draft GGUF",
+        draft_types=("dspark",),
+        candidate_kind="dspark",
+        rolls_back=True,
+        flags=MODEL_FLAGS,
+    ),
 )
 
 BY_NAME = {t.name: t for t in CATALOGUE}
@@ -81,8 +131,9 @@ class LoadPlan:
     n_rs_seq: int
 
 
-def load_plan(types: Sequence[str], *, architecture: str, n_layer_nextn: int, draft_model: str | None,
-              n_max: int) -> LoadPlan:
+def load_plan(
+    types: Sequence[str], *, architecture: str, n_layer_nextn: int, draft_model: str | None, n_max: int
+) -> LoadPlan:
     """The one rule the CLI and the TUI load a target by. `types` empty: speculation off. The model's own heads are
     loaded when a type that can use them is on, the model has some and no draft file is named; a model drafter
     (or auto with heads or a draft file) on a rollback architecture keeps n_max recurrent states."""

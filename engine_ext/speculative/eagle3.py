@@ -37,10 +37,22 @@ G_HISTORY = 512  # encoder rows kept by target position, to re-anchor after a ro
 # Targets whose graphs emit their final hidden state (t_h_nextn, width n_embd) for every row when asked: a
 # target layer id equal to the target's layer count reads it (upstream enables llama_set_embeddings_nextn).
 # deepseek4 is left out: its unmasked h_nextn is the multi-stream residual, not n_embd wide.
-NEXTN_OUTPUT_ARCHS = frozenset(
-    {"qwen35", "qwen35moe", "qwen3next", "nemotron_h", "nemotron_h_moe", "mimo2", "gemma4", "gpt-oss",
-     "bailingmoe3"}
-) & LAYER_INPUT_ARCHS
+NEXTN_OUTPUT_ARCHS = (
+    frozenset(
+        {
+            "qwen35",
+            "qwen35moe",
+            "qwen3next",
+            "nemotron_h",
+            "nemotron_h_moe",
+            "mimo2",
+            "gemma4",
+            "gpt-oss",
+            "bailingmoe3",
+        }
+    )
+    & LAYER_INPUT_ARCHS
+)
 
 
 def check_eagle3_compatible(
@@ -67,8 +79,7 @@ def check_eagle3_compatible(
     layers = list(target_layers)
     if len(layers) != EAGLE3_N_TARGET_LAYERS:
         raise SpeculativeConfigError(
-            f"{name} lists {len(layers)} target layers {layers}; an EAGLE3 draft reads exactly "
-            f"{EAGLE3_N_TARGET_LAYERS}"
+            f"{name} lists {len(layers)} target layers {layers}; an EAGLE3 draft reads exactly {EAGLE3_N_TARGET_LAYERS}"
         )
     if target_hidden_size is None:
         raise SpeculativeConfigError(f"{name} does not say its target's hidden size (eagle3.target_hidden_size)")

@@ -144,13 +144,9 @@ def read_control_vector(path: Path, *, n_embd: int | None = None, n_layer: int |
         path=path,
     )
     if n_embd is not None and vector.n_embd != n_embd:
-        raise ControlVectorError(
-            f"{name_of} was made for embedding size {vector.n_embd}, the model has {n_embd}"
-        )
+        raise ControlVectorError(f"{name_of} was made for embedding size {vector.n_embd}, the model has {n_embd}")
     if n_layer is not None and max(directions) >= n_layer:
-        raise ControlVectorError(
-            f"{name_of} steers layer {max(directions)}, the model has layers 1..{n_layer - 1}"
-        )
+        raise ControlVectorError(f"{name_of} steers layer {max(directions)}, the model has layers 1..{n_layer - 1}")
     return vector
 
 

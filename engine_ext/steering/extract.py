@@ -115,8 +115,9 @@ def make_control_vector(
     pad = (model.tokenize(" ", add_special=False, parse_special=False) or [model.eos_token])[-1]
     encoded = [(tokens_of(p), tokens_of(n)) for p, n in prompt_set.pairs]
     longest = max(max(len(p), len(n)) for p, n in encoded)
-    ctx = Context(model, ContextParams(n_ctx=longest + 8, n_batch=longest + 8, n_ubatch=longest + 8,
-                                       n_threads=n_threads))
+    ctx = Context(
+        model, ContextParams(n_ctx=longest + 8, n_batch=longest + 8, n_ubatch=longest + 8, n_threads=n_threads)
+    )
     diffs: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
     try:
         for il in range(1, n_layer):

@@ -30,7 +30,7 @@ from engine_ext.protocol import (
     PromptEvaluated,
     TokenChunk,
 )
-from tests.fakes import ScriptedEngine, scripted_app
+from tests.fakes import ScriptedEngine, scripted_app, scripted_model_info
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -172,32 +172,10 @@ def stats_bridge(tmp_path: Path, sampler: FakeSampler | None) -> tuple[EngineBri
     return bridge, target
 
 
-def model_info(n_threads: int) -> ModelInfo:
-    return ModelInfo(
-        path="/models/m.gguf",
-        architecture="llama",
-        description="m",
-        n_params=1,
-        size_bytes=1,
-        n_ctx=4096,
-        n_ctx_train=4096,
-        n_embd=1,
-        n_layer=1,
-        n_layer_nextn=0,
-        n_vocab=1,
-        is_recurrent=False,
-        is_hybrid=False,
-        has_chat_template=True,
-        n_threads=n_threads,
-        backend="CPU",
-        load_ms=1.0,
-    )
-
-
 def test_the_bridge_samples_once_a_second_per_reply_with_the_engines_threads(tmp_path: Path) -> None:
     sampler = FakeSampler(CpuLoad(0.9, 2), CpuLoad(1.4, 2), CpuLoad(0.2, 2), CpuLoad(1.0, 2))
     bridge, target = stats_bridge(tmp_path, sampler)
-    bridge._dispatch(Loaded(model_info(n_threads=2)))
+    bridge._dispatch(Loaded(scripted_model_info(n_threads=2, description="m")))
     generation = _Generation(1, 100.0, first_token_at=100.5, n_tokens=5)
 
     def posted_cpu(now: float, reply: _Generation = generation) -> CpuLoad | None:
@@ -232,7 +210,7 @@ class WordEngine(ScriptedEngine):
     """Loads with 2 threads; a reply streams a token every 50 ms until `stop` (at most 30 s)."""
 
     def model_info(self, request: LoadModel) -> ModelInfo:
-        return model_info(n_threads=2)
+        return scripted_model_info(n_threads=2, description="m")
 
     def stream(self, request: Generate) -> None:
         request_id = request.request_id

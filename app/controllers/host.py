@@ -53,7 +53,25 @@ class SpeculationHost(Host, Protocol):
         """Load a model file (the local engine)."""
 
 
-class ModelsHost(Host, Protocol):
+class WorkerHost(Host, Protocol):
+    """A host that runs work in a thread (Textual's run_worker) and hands results back to the event loop."""
+
+    def run_worker(
+        self,
+        work: Callable[[], Any],
+        name: str | None = "",
+        group: str = "default",
+        description: str = "",
+        exit_on_error: bool = True,
+        start: bool = True,
+        exclusive: bool = False,
+        thread: bool = False,
+    ) -> Any: ...
+
+    def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+
+class ModelsHost(WorkerHost, Protocol):
     """What the models controller needs besides: new bridges, the engine state, a worker thread."""
 
     engine_overrides: dict[str, Any]
@@ -68,34 +86,6 @@ class ModelsHost(Host, Protocol):
     def remote_bridge(self, remote: RemoteSettings, model: str) -> RemoteBridge:
         """A new remote engine bridge posting to the app."""
 
-    def run_worker(
-        self,
-        work: Callable[[], Any],
-        name: str | None = "",
-        group: str = "default",
-        description: str = "",
-        exit_on_error: bool = True,
-        start: bool = True,
-        exclusive: bool = False,
-        thread: bool = False,
-    ) -> Any: ...
 
-    def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
-
-
-class SteeringHost(Host, Protocol):
+class SteeringHost(WorkerHost, Protocol):
     """What the steering controller needs besides: a worker thread to read control-vector files in."""
-
-    def run_worker(
-        self,
-        work: Callable[[], Any],
-        name: str | None = "",
-        group: str = "default",
-        description: str = "",
-        exit_on_error: bool = True,
-        start: bool = True,
-        exclusive: bool = False,
-        thread: bool = False,
-    ) -> Any: ...
-
-    def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...

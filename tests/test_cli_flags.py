@@ -58,7 +58,7 @@ BAD = [
     ("run", "--spec-draft-p-min", ["--spec-draft-p-min", "nan"]),
     ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf:nan"]),
     ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf:inf"]),
-    ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf:3"]),
+    ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf:1001"]),
     ("run", "--control-vector-layer-range", ["--control-vector-layer-range", "-1", "4"]),
     ("chat", "-n/--n-predict", ["-n", "-5"]),
     ("chat", "--temp", ["--temp", "nan"]),

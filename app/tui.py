@@ -49,6 +49,7 @@ from app.messages import (
     VectorCreated,
     VectorProgressed,
 )
+from app.modals.pick import PickModal
 from app.models import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.private_files import private_dir, secure_app_dirs, take_notice, write_private_text
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
@@ -580,6 +581,40 @@ class LlmtuiApp(LlmtuiShell):
             self.switch_screen(ChatScreen())
         self.load_model(path)
 
+    def unfinished_downloads(self) -> list[str]:
+        """The downloads the models screen (F4) has not finished: running, queued or paused ("name (state)")."""
+        from app.screens.models import SCREEN_NAME, ModelsScreen
+        from models_catalog.download import FINAL_STATES
+
+        if not self.is_screen_installed(SCREEN_NAME):
+            return []
+        screen = self.get_screen(SCREEN_NAME)
+        downloads = screen.downloads if isinstance(screen, ModelsScreen) else None
+        if downloads is None:
+            return []
+        return [f"{t.file.name} ({t.state})" for t in downloads.queue.tasks() if t.state not in FINAL_STATES]
+
+    async def action_quit(self) -> None:
+        """ctrl+q: quit at once, unless downloads are unfinished: then ask (a second ctrl+q quits). Quitting pauses
+        them; their bytes are kept and the next pull of the same model resumes them."""
+        unfinished = self.unfinished_downloads()
+        if not unfinished or isinstance(self.screen, QuitWithDownloadsModal):
+            self.exit()
+            return
+        shown = ", ".join(unfinished[:3]) + (f" and {len(unfinished) - 3} more" if len(unfinished) > 3 else "")
+        title = f"{len(unfinished)} download{'s' if len(unfinished) > 1 else ''} not finished: {shown}"
+
+        def chosen(index: int | None) -> None:
+            if index == 0:
+                self.exit()
+
+        self.push_screen(
+            QuitWithDownloadsModal(
+                title, ["Quit: they pause, and a pull of the same model later resumes them", "Stay"]
+            ),
+            chosen,
+        )
+
     def action_models(self) -> None:
         from app.screens.models import open_models_screen
 
@@ -719,6 +754,10 @@ class LlmtuiApp(LlmtuiShell):
                 "Steering A/B", "One prompt without and with steering, side by side", self.action_steering_ab
             ),
         ]
+
+
+class QuitWithDownloadsModal(PickModal):
+    """ctrl+q with unfinished downloads: quit (they pause, resumable) or stay."""
 
 
 def run_tui(model: str | None = None, *, no_repack: bool = False) -> int:

@@ -204,6 +204,46 @@ async def test_a_download_in_progress_pauses_and_resumes(models_hub: HubServer, 
 
 
 @pytest.mark.anyio
+async def test_quit_asks_while_a_download_is_unfinished(models_hub: HubServer, tiny_models: dict[str, Path]) -> None:
+    """ctrl+q quit at once during a paused download: it now asks (Stay keeps the app; a second ctrl+q, or Quit,
+    quits), and the partial bytes stay for the next pull."""
+    from app.tui import QuitWithDownloadsModal
+
+    models_hub.fault(REPO, "Tiny-Q8_0.gguf", throttle_bps=150_000)  # about 5 s
+    app = make_app(tiny_models)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        assert app.unfinished_downloads() == []
+        await search_and_open(pilot, screen, "tiny", REPO)
+        await highlight_quant(pilot, screen, "Q8_0")
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, PullModal))
+        await pilot.press("shift+tab", "space", "d")  # untick the mtp sidecar, download
+        panel = screen.query_one(DownloadsPanel)
+        await wait_for(pilot, lambda: bool(panel.rows))
+        row = next(iter(panel.rows.values()))
+        await wait_for(pilot, lambda: row.progress.state == State.DOWNLOADING and row.progress.downloaded > 0)
+        panel.focus()
+        await pilot.press("p")
+        await wait_for(pilot, lambda: row.progress.state == State.PAUSED)
+        await pilot.press("escape")  # back to the chat: the download stays with the models screen
+        await wait_for(pilot, lambda: not isinstance(app.screen, type(screen)), what="the chat again")
+        assert app.unfinished_downloads() == ["Tiny-Q8_0.gguf (paused)"]
+
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitWithDownloadsModal), what="the quit question")
+        assert "1 download not finished: Tiny-Q8_0.gguf (paused)" in app.screen.title_text
+        await pilot.press("down", "enter")  # Stay
+        await wait_for(pilot, lambda: not isinstance(app.screen, QuitWithDownloadsModal), what="the question to close")
+        assert app.is_running and app.return_code is None
+
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitWithDownloadsModal), what="the quit question again")
+        await pilot.press("ctrl+q")  # a second ctrl+q quits
+        await wait_for(pilot, lambda: app.return_code is not None or not app.is_running, what="the app to quit")
+
+
+@pytest.mark.anyio
 async def test_a_gated_repo_says_how_to_set_hf_token(models_hub: HubServer, tiny_models: dict[str, Path]) -> None:
     app = make_app(tiny_models)
     async with app.run_test(size=(120, 40)) as pilot:

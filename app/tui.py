@@ -171,7 +171,7 @@ class LlmtuiApp(LlmtuiShell):
         return starter_model_path()
 
     def local_bridge(self) -> EngineBridge:
-        return EngineBridge(self, paths.log_dir() / "engine.log", backlog=lambda: self._message_queue.qsize())
+        return EngineBridge(self, paths.log_dir() / "engine.log", backlog=lambda: self.message_queue_size)
 
     def remote_bridge(self, remote: RemoteSettings, model: str) -> RemoteBridge:
         return RemoteBridge(self, remote, model)

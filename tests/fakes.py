@@ -101,7 +101,7 @@ def scripted_app(
         app,
         Path("scripted.log"),
         client_factory=client,  # type: ignore[arg-type]
-        backlog=lambda: app._message_queue.qsize(),
+        backlog=lambda: app.message_queue_size,
         **extra,
     )  # type: ignore[arg-type]
     return app

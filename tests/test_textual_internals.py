@@ -193,9 +193,7 @@ def test_the_scrollbar_render_has_the_fields_its_lines_are_kept_by() -> None:
 
 
 # Private names of Textual or Rich that app/ outside app/textual_internals/ still uses, each with where it should go.
-KNOWN_OUTSIDE: dict[tuple[str, str], str] = {
-    ("app/tui.py", "_message_queue"): "App.message_queue_size is the public spelling of _message_queue.qsize()",
-}
+KNOWN_OUTSIDE: dict[tuple[str, str], str] = {}
 
 
 @functools.cache

@@ -9,7 +9,7 @@ for, its recurrent state, plus one compute buffer and the output head's logits o
 
 Upstream's own fitter (common/fit.cpp) measures by loading the model with ``no_alloc`` and reading
 ``llama_get_memory_breakdown``, a C++ map that ctypes cannot read; this plan uses llmtui's GGUF estimate
-instead, which ``tests/test_gguf_info.py`` checks against llama.cpp's buffer sizes. Several devices are planned
+instead, which ``tests/unit/test_gguf_info.py`` checks against llama.cpp's buffer sizes. Several devices are planned
 as one pool, as llama.cpp's default split shares layers in proportion to free memory.
 """
 

@@ -11,7 +11,7 @@ counted as a hang.
     .venv/bin/python scripts/fuzz_run.py [--seed 21] [-n 200] [--kinds llama,qwen3,...] [--no-starter] [--json]
 
 prints a table: cases, refused by validation, loaded and decoded, clean load/decode failures, worker crashes by
-signal and assert text, hangs. tests/test_run_fuzz.py imports the mutant builder from here.
+signal and assert text, hangs. tests/engine/test_run_fuzz.py imports the mutant builder from here.
 """
 
 from __future__ import annotations

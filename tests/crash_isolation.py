@@ -7,7 +7,7 @@ running ..."), a fresh worker takes the remaining tests, and the summary still p
 The default applies unless the command line chose otherwise: `-n N` / `--dist` (xdist as given), `-n 0` or
 `-p no:xdist` (everything in the pytest process, for debugging), `--pdb` / `--trace` / `-s` (which need the
 tests in the pytest process), or `--collect-only`. Without pytest-xdist installed the tests run in-process, as
-before. tests/conftest.py loads this hook; tests/test_native_crash_isolation.py runs it on a crashing test.
+before. tests/conftest.py loads this hook; tests/engine/test_native_crash_isolation.py runs it on a crashing test.
 
 Snapshot tests work in the worker (pytest-textual-snapshot's report and --snapshot-update), but syrupy neither
 reports nor deletes snapshot files that no test uses when xdist runs the tests: `-n 0 --snapshot-update` does.

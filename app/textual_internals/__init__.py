@@ -1,9 +1,9 @@
 """Every use of Textual's and Rich's private API in llmtui, one module per internal, each saying what it relies on.
 
-Checked against Textual 8.2.8 and Rich 15.0.0 (CHECKED_WITH_TEXTUAL, CHECKED_WITH_RICH). tests/test_textual_internals.py
-checks that every private name used here still exists with the signature relied on, and that the installed versions
-are the ones checked; after an upgrade, read each module here again against the new sources, then update the
-constants.
+Checked against Textual 8.2.8 and Rich 15.0.0 (CHECKED_WITH_TEXTUAL, CHECKED_WITH_RICH).
+tests/unit/test_textual_internals.py checks that every private name used here still exists with the signature relied
+on, and that the installed versions are the ones checked; after an upgrade, read each module here again against the
+new sources, then update the constants.
 
 - `layout`: `LaidOutOnce`, skipping the second layout after a change of size (`Widget._size_updated`).
 - `compositor`: `CroppedCompositor` and `use_cropped_compositor` (`textual._compositor.Compositor`,

@@ -1,0 +1,666 @@
+"""Remote engines: a real OpenAI-compatible server (llama-cpp-python's own, serving a tiny model) on 127.0.0.1,
+plus stdlib HTTP servers for what it cannot show (401, JSON errors, a dropped or silent stream, llama-server's
+`timings` with draft counts), through RemoteBridge and through the app with Pilot."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.message import Message
+from textual.pilot import Pilot
+
+from app.config import Config, RemoteSettings, SamplingSettings, load_config, save_config
+from app.messages import (
+    EngineRequestFailed,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStatsUpdated,
+    ModelLoaded,
+    ModelLoadFailed,
+    SpeculativeConfigured,
+    TokensArrived,
+)
+from app.remote import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
+from engine_ext.params import SpeculativeParams, SteeringEntry
+from tests.quiet_http import QuietHTTPServer
+from tests.tiny_models import write_tiny_model
+from tests.tui.test_tui import wait_for
+
+SERVER_N_CTX = 512
+SHORT = SamplingSettings(temperature=0.0, max_tokens=8)
+# Long enough to stop midway (llama_cpp.server slows down as a reply grows: 150 tokens take about a second, a reply
+# that fills its context tens of seconds, which it would spend after a cancel before answering the next test).
+LONG = SamplingSettings(temperature=0.0, max_tokens=150)
+WAIT_S = 30.0
+
+
+# ----- a real server ----------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LlamaServer:
+    """`python -m llama_cpp.server` serving the tiny llama model as "tiny"."""
+
+    def __init__(self, model: Path, log: Path) -> None:
+        self.model = model
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.log = log
+        self._log_file = log.open("wb")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(model),
+                "--model_alias",
+                "tiny",
+                "--n_ctx",
+                str(SERVER_N_CTX),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited: {self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/models", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("llama_cpp.server did not answer /v1/models in time")
+
+    def wait_idle(self) -> None:
+        """Until a one-token request is answered (a cancelled reply may keep the server busy until it ends)."""
+        body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}).encode()
+        request = urllib.request.Request(f"{self.url}/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self._log_file.close()
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    folder = tmp_path_factory.mktemp("remote-server")
+    model = write_tiny_model("llama", folder / "tiny-llama.gguf")
+    server = LlamaServer(model, folder / "server.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
+
+
+def local_remote(server: LlamaServer, **changes: Any) -> RemoteSettings:
+    return replace(RemoteSettings("local", server.url), **changes)
+
+
+# ----- collecting what the bridge posts ----------------------------------------------------------------------
+
+
+class Collector:
+    """A MessageTarget that keeps every message, thread-safely, and waits for one of a kind."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self._changed = threading.Condition()
+
+    def post_message(self, message: Message) -> bool:
+        with self._changed:
+            self.messages.append(message)
+            self._changed.notify_all()
+        return True
+
+    def wait_for(self, kind: type[Message] | tuple[type[Message], ...], timeout: float = WAIT_S) -> Any:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                found = next((m for m in self.messages if isinstance(m, kind)), None)
+                if found is not None:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    got = [type(m).__name__ for m in self.messages]
+                    raise AssertionError(f"no {kind} within {timeout} s; got {got}")
+                self._changed.wait(left)
+
+    def of(self, kind: type[Message]) -> list[Any]:
+        with self._changed:
+            return [m for m in self.messages if isinstance(m, kind)]
+
+    def text(self) -> str:
+        return "".join(m.text for m in self.of(TokensArrived))
+
+
+def connected(remote: RemoteSettings, model: str = "") -> tuple[RemoteBridge, Collector]:
+    collector = Collector()
+    bridge = RemoteBridge(collector, remote, model, connect_timeout_s=5.0, read_timeout_s=60.0)
+    bridge.connect()
+    loaded = collector.wait_for((ModelLoaded, ModelLoadFailed))
+    assert isinstance(loaded, ModelLoaded), getattr(loaded, "error", "")
+    return bridge, collector
+
+
+# ----- the real server ----------------------------------------------------------------------------------------
+
+
+def test_stream_a_chat_from_a_real_server(llama_server: LlamaServer) -> None:
+    bridge, collector = connected(local_remote(llama_server))
+    model = collector.wait_for(ModelLoaded).model
+    assert (model.name, model.backend, model.path) == ("tiny", "remote: local", "remote:local/tiny")
+    assert [m.id for m in list_models(local_remote(llama_server))] == ["tiny"]
+    request_id = bridge.generate([("system", "Be brief."), ("user", "hello")], SHORT)
+    finished = collector.wait_for((GenerationFinished, GenerationFailed))
+    assert isinstance(finished, GenerationFinished), getattr(finished, "error", "")
+    assert finished.request_id == request_id and finished.stop_reason == "max_tokens"
+    arrived = collector.of(TokensArrived)
+    assert arrived and all(m.request_id == request_id for m in arrived)
+    assert collector.text() and sum(m.n_tokens for m in arrived) == finished.stats["generated_tokens"]
+    assert collector.messages.index(arrived[-1]) < collector.messages.index(finished)  # text before the end
+    stats = finished.stats
+    assert stats["ttft_ms"] > 0 and stats["timings_from"] == "client" and stats["backend"] == "remote: local"
+    assert 1 <= stats["generated_tokens"] <= SHORT.max_tokens
+    bridge.close()
+
+
+def test_cancel_mid_stream_keeps_the_partial_reply(llama_server: LlamaServer) -> None:
+    """Esc stops at once: the server is frozen (SIGSTOP) after the first tokens, so only the client can end it."""
+    bridge, collector = connected(local_remote(llama_server))
+    request_id = bridge.generate([("user", "write a long story")], LONG)
+    collector.wait_for(TokensArrived)
+    os.kill(llama_server.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        bridge.cancel(request_id)
+        finished = collector.wait_for((GenerationFinished, GenerationFailed), timeout=5.0)
+        assert time.monotonic() - started < 2.0
+    finally:
+        os.kill(llama_server.process.pid, signal.SIGCONT)
+    assert isinstance(finished, GenerationFinished) and finished.stop_reason == "cancelled"
+    assert collector.text() and finished.stats["generated_tokens"] >= 1
+    llama_server.wait_idle()
+
+
+def test_a_prompt_longer_than_the_server_context_fails_clearly(llama_server: LlamaServer) -> None:
+    bridge, collector = connected(local_remote(llama_server))
+    bridge.generate([("user", "hello " * (SERVER_N_CTX + 100))], SHORT)
+    failed = collector.wait_for((GenerationFailed, GenerationFinished))
+    assert isinstance(failed, GenerationFailed)
+    assert "local closed the stream without a reply" in failed.error and "\n" not in failed.error
+
+
+def test_an_unknown_model_is_refused_when_connecting(llama_server: LlamaServer) -> None:
+    collector = Collector()
+    RemoteBridge(collector, local_remote(llama_server), "no-such-model").connect()
+    failed = collector.wait_for((ModelLoadFailed, ModelLoaded))
+    assert isinstance(failed, ModelLoadFailed)
+    assert failed.error == "local does not serve 'no-such-model'; it serves tiny"
+
+
+def test_connection_refused() -> None:
+    remote = RemoteSettings("gone", f"http://127.0.0.1:{free_port()}/v1")
+    collector = Collector()
+    bridge = RemoteBridge(collector, remote, "any")
+    bridge.connect()
+    failed = collector.wait_for(ModelLoadFailed)
+    assert "connection refused (is the server running?)" in failed.error
+    bridge.generate([("user", "hi")], SHORT)
+    assert "connection refused" in collector.wait_for(GenerationFailed).error
+
+
+# ----- stdlib servers: what a real server cannot be made to do ---------------------------------------------
+
+
+def sse(chunks: list[dict[str, Any] | str]) -> list[bytes]:
+    return [f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks]
+
+
+def delta(content: str = "", reasoning: str = "", finish: str | None = None) -> dict[str, Any]:
+    piece: dict[str, Any] = {}
+    if content:
+        piece["content"] = content
+    if reasoning:
+        piece["reasoning_content"] = reasoning
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": piece, "finish_reason": finish}]}
+
+
+# A llama-server (b6000-era) stream with speculative decoding on: reasoning, text, the final chunk's timings.
+LLAMA_SERVER_STREAM: list[dict[str, Any] | str] = [
+    delta(reasoning="The user says hi."),
+    delta(reasoning=" Answer briefly."),
+    delta(content="Hello"),
+    delta(content=" there"),
+    delta(content="!"),
+    {
+        **delta(finish="stop"),
+        "timings": {
+            "cache_n": 3,
+            "prompt_n": 11,
+            "prompt_ms": 12.5,
+            "prompt_per_second": 880.0,
+            "predicted_n": 5,
+            "predicted_ms": 40.0,
+            "predicted_per_second": 125.0,
+            "draft_n": 8,
+            "draft_n_accepted": 6,
+        },
+    },
+    {
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": 14, "completion_tokens": 5, "total_tokens": 19},
+    },
+    "[DONE]",
+]
+
+
+class FakeServer:
+    """A stdlib OpenAI-compatible server whose chat answer is `behaviour`; records the requests it gets."""
+
+    def __init__(self, behaviour: str, models: tuple[str, ...] = ("fake-model",)) -> None:
+        self.behaviour = behaviour
+        self.models = models
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.disconnected = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _json(self, status: int, payload: object) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                owner.requests.append((self.path, dict(self.headers), b""))
+                if owner.behaviour == "401":
+                    self._json(401, {"error": {"message": "Invalid API key", "type": "invalid_request_error"}})
+                elif self.path == "/v1/models":
+                    self._json(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": m, "object": "model", "max_model_len": 2048} for m in owner.models],
+                        },
+                    )
+                else:
+                    self._json(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                owner.requests.append((self.path, dict(self.headers), body))
+                if owner.behaviour == "401":
+                    self._json(401, {"error": {"message": "Invalid API key", "type": "invalid_request_error"}})
+                    return
+                if owner.behaviour == "500":
+                    self._json(500, {"error": {"message": "CUDA out of memory", "type": "server_error"}})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                chunks: list[bytes] = {
+                    "replay": sse(LLAMA_SERVER_STREAM),
+                    "drop": sse([delta(content="Partial"), delta(content=" reply")]),
+                    "stall": sse([delta(content="Thinking")]),
+                    "error-event": sse([delta(content="Half"), {"error": {"message": "the model crashed"}}]),
+                }[owner.behaviour]
+                for chunk in chunks:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                if owner.behaviour == "stall":  # silent until the client goes away
+                    try:
+                        while True:
+                            time.sleep(0.05)
+                            self.wfile.write(b": keep-alive\n\n")
+                            self.wfile.flush()
+                    except OSError:
+                        owner.disconnected.set()
+                self.close_connection = True
+
+        self.server = QuietHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Callable[..., FakeServer]]:
+    servers: list[FakeServer] = []
+
+    def start(behaviour: str, models: tuple[str, ...] = ("fake-model",)) -> FakeServer:
+        servers.append(FakeServer(behaviour, models))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def test_llama_server_timings_and_reasoning_are_used(fake_server: Callable[..., FakeServer]) -> None:
+    server = fake_server("replay")
+    bridge, collector = connected(RemoteSettings("box", server.url))
+    assert bridge.n_ctx == 2048
+    bridge.generate([("user", "hi")], SamplingSettings())
+    finished = collector.wait_for(GenerationFinished)
+    assert collector.text() == "Hello there!"
+    assert "".join(m.reasoning for m in collector.of(TokensArrived)) == "The user says hi. Answer briefly."
+    stats = finished.stats
+    assert finished.stop_reason == "eos" and stats["timings_from"] == "server"
+    assert (stats["generated_tokens"], stats["decode_tps"], stats["decode_ms"]) == (5, 125.0, 40.0)
+    assert (stats["prompt_tokens"], stats["prompt_tokens_cached"], stats["prompt_tps"]) == (14, 3, 880.0)
+    assert (stats["draft_n"], stats["draft_n_accepted"], stats["draft_acceptance"]) == (8, 6, 0.75)
+    assert (stats["n_ctx"], stats["n_ctx_used"]) == (2048, 19)
+    assert draft_summary(stats) == "75% 6/8" and draft_summary({"generated_tokens": 3}) is None
+
+
+def test_a_401_names_the_key_without_showing_it(
+    fake_server: Callable[..., FakeServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = fake_server("401")
+    monkeypatch.setenv("TEST_REMOTE_KEY", "sk-secret-from-env")
+    remote = RemoteSettings("box", server.url, api_key_env="TEST_REMOTE_KEY", api_key="sk-secret-in-file")
+    collector = Collector()
+    bridge = RemoteBridge(collector, remote, "fake-model")
+    bridge.connect()
+    failed = collector.wait_for(ModelLoadFailed)
+    assert failed.error == (
+        "box answered 401 Unauthorized: Invalid API key (check the API key: $TEST_REMOTE_KEY (set))"
+    )
+    assert server.requests[0][1]["Authorization"] == "Bearer sk-secret-from-env"  # the variable wins
+    bridge.generate([("user", "hi")], SHORT)
+    assert "401" in collector.wait_for(GenerationFailed).error
+    assert "sk-secret" not in repr(remote) and "sk-secret" not in remote.masked_key()
+
+
+def test_a_json_error_body_becomes_one_line(fake_server: Callable[..., FakeServer]) -> None:
+    bridge, collector = connected(RemoteSettings("box", fake_server("500").url))
+    bridge.generate([("user", "hi")], SHORT)
+    failed = collector.wait_for(GenerationFailed)
+    assert failed.error == "box answered 500 Internal Server Error: CUDA out of memory"
+    assert not collector.of(TokensArrived)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "message"),
+    [
+        ("drop", "box closed the stream before the reply finished; the partial reply is kept"),
+        ("error-event", "box stopped with an error: the model crashed"),
+    ],
+)
+def test_a_broken_stream_fails_and_keeps_the_partial_reply(
+    fake_server: Callable[..., FakeServer], behaviour: str, message: str
+) -> None:
+    bridge, collector = connected(RemoteSettings("box", fake_server(behaviour).url))
+    request_id = bridge.generate([("user", "hi")], SHORT)
+    failed = collector.wait_for(GenerationFailed)
+    assert (failed.request_id, failed.error) == (request_id, message)
+    assert collector.text() in ("Partial reply", "Half")
+    assert collector.messages.index(collector.of(TokensArrived)[-1]) < collector.messages.index(failed)
+
+
+def test_cancel_while_the_server_is_silent(fake_server: Callable[..., FakeServer]) -> None:
+    server = fake_server("stall")
+    bridge, collector = connected(RemoteSettings("box", server.url))
+    request_id = bridge.generate([("user", "hi")], SHORT)
+    collector.wait_for(TokensArrived)
+    collector.wait_for(GenerationStatsUpdated)
+    bridge.cancel(request_id)
+    finished = collector.wait_for(GenerationFinished, timeout=2.0)
+    assert finished.stop_reason == "cancelled" and collector.text() == "Thinking"
+    assert server.disconnected.wait(5.0)
+
+
+def test_what_a_remote_cannot_do_is_refused_clearly(fake_server: Callable[..., FakeServer]) -> None:
+    bridge, collector = connected(RemoteSettings("box", fake_server("replay").url))
+    bridge.set_speculative(SpeculativeParams())
+    assert collector.wait_for(SpeculativeConfigured).drafters == ()
+    bridge.set_speculative(SpeculativeParams(types=("ngram-simple",)))
+    bridge.set_steering((SteeringEntry("/v/happy.gguf", 0.5),))
+    bridge.set_steering(())
+    bridge.make_vector("prompts.json", "out.gguf")
+    failures = collector.of(EngineRequestFailed)
+    assert [f.kind for f in failures] == ["speculative", "steering", "vector"]
+    assert all("remote server" in f.error for f in failures)
+    assert bridge.pid is None
+
+
+def test_request_body_maps_sampling_and_continue() -> None:
+    body = request_body(
+        "m",
+        [("user", "hi"), ("assistant", "Once")],
+        SamplingSettings(temperature=0.3, top_k=0, min_p=0.1, repeat_penalty=1.1, max_tokens=50, seed=7),
+        continue_reply=True,
+    )
+    assert body["model"] == "m" and body["stream"] is True and body["messages"][-1]["role"] == "assistant"
+    assert (body["temperature"], body["min_p"], body["max_tokens"], body["seed"]) == (0.3, 0.1, 50, 7)
+    assert body["repeat_penalty"] == body["repetition_penalty"] == 1.1 and "top_k" not in body
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    plain = request_body("m", [("user", "hi")], SamplingSettings(), continue_reply=False)
+    assert "max_tokens" not in plain and "seed" not in plain and "continue_final_message" not in plain
+
+
+# ----- the app ----------------------------------------------------------------------------------------------
+
+
+async def pick_remote_in_switcher(pilot: Pilot[None], remote_name: str) -> None:
+    """ctrl+l, wait for the remote's models, filter to them, Enter; until the remote model is ready."""
+    from app.modals.model_switcher import ModelSwitcherModal
+
+    app = pilot.app
+    await pilot.press("ctrl+l")
+    switcher = app.screen
+    assert isinstance(switcher, ModelSwitcherModal)
+    await wait_for(pilot, lambda: remote_name in switcher.remote_models)
+    switcher.query_one("#model-filter").value = f"remote: {remote_name}"  # type: ignore[attr-defined]
+    await pilot.pause()
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.engine_state == "ready" and app.model is not None)  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_server: LlamaServer) -> None:
+    from app.tui import LlmtuiApp
+
+    save_config(Config(remotes=(local_remote(llama_server),), last_model="remote:local/no-longer-served"))
+    app = LlmtuiApp(default_sampling=SHORT)  # starts on the remote used last: no local engine at all
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.engine_state == "error")  # that model is gone: pick another
+        chat = app.chat
+        assert chat is not None and app.model is None
+        await pick_remote_in_switcher(pilot, "local")
+        assert isinstance(app.bridge, RemoteBridge) and app.model is not None and app.bridge.pid is None
+        assert (app.model.name, app.model.backend) == ("tiny", "remote: local")
+        assert "tiny · remote: local · ready" in str(chat.header.render())
+        chat.prompt.focus()
+        chat.prompt.load_text("hello remote")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: chat.replies_started == 1)
+        await wait_for(pilot, lambda: chat.generation is None and app.engine_state == "ready")
+        assert chat.conversation_id is not None
+        user, reply = app.store.active_path(chat.conversation_id)
+        assert (user.content, reply.role, reply.state, reply.model) == ("hello remote", "assistant", "complete", "tiny")
+        assert reply.content and reply.stats["backend"] == "remote: local"
+        assert chat.transcript.views()[-1].message.content == reply.content
+        assert load_config().last_model == "remote:local/tiny"  # the next start uses it again
+        # Esc stops a long reply (the server frozen, so only the client can end it); the text so far is kept.
+        app.default_sampling = LONG
+        await pilot.press("ctrl+n")
+        chat.prompt.focus()
+        chat.prompt.load_text("a long one")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
+        os.kill(llama_server.process.pid, signal.SIGSTOP)
+        try:
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: chat.generation is None, timeout=5.0)
+        finally:
+            os.kill(llama_server.process.pid, signal.SIGCONT)
+        stopped = app.store.active_path(chat.conversation_id)[-1]
+        assert (stopped.state, stopped.stats["stop_reason"]) == ("stopped", "cancelled") and stopped.content
+        assert app.engine_state == "ready"
+    llama_server.wait_idle()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_switching_from_the_local_engine_to_a_remote_one_and_back(llama_server: LlamaServer) -> None:
+    from app.tui import LlmtuiApp
+
+    save_config(Config(remotes=(local_remote(llama_server),)))
+    local_model = llama_server.model  # the same tiny file, loaded by the local engine
+    app = LlmtuiApp(str(local_model), default_sampling=SHORT)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.engine_state == "ready")
+        worker = app.bridge.pid
+        assert worker is not None
+        await pick_remote_in_switcher(pilot, "local")
+        assert isinstance(app.bridge, RemoteBridge) and app.model is not None and app.model.name == "tiny"
+        await wait_for(pilot, lambda: not Path(f"/proc/{worker}").exists(), timeout=15)  # its memory is freed
+        # Back to the local engine: a fresh worker loads the file.
+        app.open_model(local_model)
+        await wait_for(pilot, lambda: app.engine_state == "ready" and app.model is not None)
+        assert not isinstance(app.bridge, RemoteBridge) and app.model is not None
+        assert app.model.path == str(local_model) and not app.model.backend.startswith("remote")
+    assert load_config().last_model == str(local_model)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_app_starts_with_the_remote_model_used_last() -> None:
+    from app.tui import LlmtuiApp
+
+    remote = RemoteSettings("gpu-box", "http://127.0.0.1:9/v1")
+    save_config(Config(remotes=(remote,), last_model="remote:gpu-box/qwen3-8b"))
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.bridge, RemoteBridge) and app.bridge.remote == remote
+        assert (app.model_path, app.bridge.model, app.chat is not None) == ("remote:gpu-box/qwen3-8b", "qwen3-8b", True)
+    # An endpoint no longer configured falls back to a local model.
+    save_config(Config(last_model="remote:gone/qwen3-8b"))
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert not isinstance(app.bridge, RemoteBridge)
+        assert app.model_path is None or not app.model_path.startswith("remote:")
+
+
+def test_remote_choice_path() -> None:
+    choice = RemoteChoice(RemoteSettings("gpu", "http://h:1/v1"), "qwen/Qwen3-8B")
+    assert choice.path == "remote:gpu/qwen/Qwen3-8B"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(fake_server: Callable[..., FakeServer]) -> None:
+    from app.tui import LlmtuiApp
+
+    server = fake_server("replay")
+    save_config(Config(remotes=(RemoteSettings("box", server.url),), last_model="remote:box/fake-model"))
+    app = LlmtuiApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.engine_state == "ready")
+        chat = app.chat
+        assert chat is not None and app.model is not None and app.model.backend == "remote: box"
+        assert chat.stats.n_ctx == 2048
+        chat.prompt.load_text("hi")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: chat.replies_started == 1 and chat.generation is None)
+        assert chat.conversation_id is not None
+        reply = app.store.active_path(chat.conversation_id)[-1]
+        assert (reply.content, reply.reasoning, reply.state) == (
+            "Hello there!",
+            "The user says hi. Answer briefly.",
+            "complete",
+        )
+        assert chat.stats.extras["draft"] == "75% 6/8" and chat.stats.decode_tps == 125.0
+        assert "draft 75% 6/8" in str(chat.stats.render()) and "remote: box" in str(chat.header.render())
+        sent = json.loads(server.requests[-1][2])
+        assert sent["model"] == "fake-model" and sent["messages"][-1] == {"role": "user", "content": "hi"}
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_endpoint_dialog_tests_the_connection(fake_server: Callable[..., FakeServer]) -> None:
+    from textual.widgets import Input, Label
+
+    from app.modals.remote_endpoint import RemoteEndpointModal
+    from app.tui import LlmtuiApp
+
+    good, refusing = fake_server("replay"), fake_server("401")
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        results: list[RemoteSettings | None] = []
+        dialog = RemoteEndpointModal(None, {"taken"})
+        app.push_screen(dialog, results.append)
+        await pilot.pause()
+        status = dialog.query_one("#remote-status", Label)
+        dialog.query_one("#remote-name", Input).value = "taken"
+        dialog.query_one("#remote-base-url", Input).value = good.url
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert "another remote engine is already named 'taken'" in str(status.render())
+        dialog.query_one("#remote-name", Input).value = "box"
+        dialog.query_one("#remote-model", Input).value = "fake-model"
+        await pilot.press("ctrl+t")
+        await wait_for(pilot, lambda: "OK" in str(status.render()), timeout=10)
+        assert str(status.render()) == "OK: 1 model (fake-model)" and not status.has_class("error")
+        dialog.query_one("#remote-base-url", Input).value = refusing.url
+        await pilot.press("ctrl+t")
+        await wait_for(pilot, lambda: "401" in str(status.render()), timeout=10)
+        assert status.has_class("error")
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+    assert results == [RemoteSettings("box", refusing.url, model="fake-model")]

@@ -1,0 +1,416 @@
+"""Steering in the TUI: the screen (F6) with sliders and heat strip, the make dialog, live changes, the A/B view."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from textual.app import App, ComposeResult
+from textual.message import Message
+from textual.pilot import Pilot
+from textual.widgets import Input, OptionList
+
+from app.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
+from app.messages import SteeringApplied
+from app.modals.make_vector import MakeVectorModal
+from app.models import starter_model_path
+from app.paths import steering_dir
+from app.screens.steering import HeatStrip, SteeringScreen, VectorInfo, VectorSlider, snap_strength
+from app.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
+from app.tui import LlmtuiApp
+from engine_ext.protocol import SpeculativeStats, SteeringSet
+from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+from tests.snapshot.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
+from tests.tui.test_tui import chat_of, ready, reply_done, send, wait_for
+
+TINY_SET = {
+    "name": "tiny-mood",
+    "positive_label": "happy",
+    "negative_label": "sad",
+    "pairs": [
+        ["I am so happy today", "I am so sad today"],
+        ["What a joy", "What a pity"],
+        ["A wonderful day", "An awful day"],
+    ],
+}
+
+
+def synthetic_vector(name: str, n_embd: int, layers: range, scale: float = 1.0) -> Path:
+    """A control vector in the user's steering folder (unit directions times `scale`, larger at later layers)."""
+    rng = np.random.default_rng(7)
+    directions = {}
+    for il in layers:
+        d = rng.standard_normal(n_embd).astype(np.float32)
+        directions[il] = d / np.linalg.norm(d) * scale * (0.5 + il / (2 * layers.stop))
+    metadata = {"llmtui.prompt_set": name, "llmtui.positive": "happy", "llmtui.negative": "sad"}
+    return write_control_vector(ControlVector(directions, "llama", metadata), steering_dir() / f"model-{name}.gguf")
+
+
+def user_prompt_set() -> Path:
+    folder = steering_dir() / "prompts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny-mood.json"
+    path.write_text(json.dumps(TINY_SET), encoding="utf-8")
+    return path
+
+
+# ----- the slider -----------------------------------------------------------------------------------
+
+
+def test_snap_strength_clamps_and_rounds() -> None:
+    assert snap_strength(0.07) == 0.05
+    assert snap_strength(2.6) == 2.0 and snap_strength(-9) == -2.0
+    assert snap_strength(0.1 + 0.2) == 0.3
+    assert snap_strength(-0.0) == 0.0
+
+
+class SliderHost(App[None]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.changes: list[float] = []
+
+    def compose(self) -> ComposeResult:
+        yield VectorSlider(VectorInfo("/x/happy.gguf", "happy-sad", 64, (1,), "happy", "sad", "tiny"))
+
+    def on_vector_slider_changed(self, event: VectorSlider.Changed) -> None:
+        self.changes.append(event.strength)
+
+
+@pytest.mark.anyio
+async def test_slider_keys_fine_coarse_reset_and_limits() -> None:
+    app = SliderHost()
+    async with app.run_test(size=(80, 3)) as pilot:
+        slider = app.query_one(VectorSlider)
+        slider.focus()
+        await pilot.press("right", "right", "shift+right")
+        assert slider.strength == 0.35
+        await pilot.press("shift+left", "left")
+        assert slider.strength == 0.05
+        await pilot.press("0")
+        assert slider.strength == 0.0
+        await pilot.press(*["shift+right"] * 10)
+        assert slider.strength == 2.0
+        await pilot.pause()
+        assert app.changes[:3] == [0.05, 0.1, 0.35] and app.changes[-1] == 2.0
+        assert "+2.00" in slider.render().plain and "happy" in slider.render().plain
+
+
+# ----- with the engine ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tiny_models: dict[str, Path]) -> None:
+    user_prompt_set()
+    progress: list[tuple[int, int]] = []
+    app = LlmtuiApp(str(tiny_models["llama"]))
+
+    def hook(message: Message) -> None:
+        if type(message).__name__ == "VectorProgressed":
+            progress.append((message.done, message.total))  # type: ignore[attr-defined]
+
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await ready(pilot)
+        await pilot.press("f6")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SteeringScreen) and not screen.sliders
+        await wait_for(pilot, lambda: app.steering.applied is not None)  # the opening probe: which layers steer
+        assert app.steering.applied is not None and app.steering.applied.steered_layers == (1,)
+        await pilot.press("m")
+        await pilot.pause()
+        await sets_listed(pilot)
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        names = [path.stem for path in dialog.sets]
+        assert {"happy-sad", "formal-casual", "tiny-mood"} <= set(names)
+        dialog.query_one(OptionList).highlighted = names.index("tiny-mood")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.screen is screen and bool(screen.sliders))
+        made = steering_dir() / "tiny-llama-tiny-mood.gguf"
+        assert made.is_file()
+        assert progress and progress[-1] == (3, 3)
+        slider = screen.sliders[0]
+        await wait_for(pilot, lambda: slider.has_focus)  # focus moves to the new slider after it mounts
+        assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood"
+        assert load_config().steering.vectors == (str(made),)
+        await wait_for(pilot, lambda: any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications))
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_slider_move_during_a_reply_is_applied_and_acknowledged(tiny_models: dict[str, Path]) -> None:
+    vector = synthetic_vector("mood", 64, range(1, 2))
+    acknowledged_while_writing: list[SteeringSet] = []
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4000))
+
+    def hook(message: Message) -> None:
+        if isinstance(message, SteeringApplied) and message.applied.active:
+            chat = app.chat
+            if chat is not None and chat.generation is not None:
+                acknowledged_while_writing.append(message.applied)
+
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, "tell me a long story")
+        await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
+        await pilot.press("f6")
+        await pilot.pause()
+        await vectors_listed(pilot)
+        screen = app.screen
+        assert isinstance(screen, SteeringScreen)
+        slider = screen.sliders[0]
+        assert slider.has_focus and slider.vector.path == str(vector)
+        await pilot.press("shift+right", "right")
+        # Two changes (0.25, then 0.30), each answered; the vector's layer-1 direction has norm 0.75.
+        heat = screen.query_one(HeatStrip)
+        await wait_for(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 0.3 * 0.75) < 1e-6)
+        assert acknowledged_while_writing, "no SteeringSet arrived while the reply was being written"
+        applied = acknowledged_while_writing[-1]
+        assert (applied.layer_start, applied.layer_end, applied.steered_layers) == (1, 1, (1,))
+        assert app.steering.applied is not None and app.steering.applied.active
+        assert "Applied on layers 1–1" in str(screen.query_one("#steering-status").render())
+        assert app.config.steering.strengths == (0.3,)
+        await pilot.press("escape")  # close the screen: the steering stays
+        await pilot.pause()
+        assert chat_of(app).stats.extras.get("steer") == "mood +0.30"
+        await pilot.press("escape")  # stop the reply
+        await reply_done(pilot)
+        assert load_config().steering == SteeringSettings((str(vector),), (0.3,))
+
+
+async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> SteeringABScreen:
+    """F6, the first vector's slider to +1.00, then `b` and Enter: the A/B view once its run is done."""
+    await pilot.press("f6")
+    await pilot.pause()
+    await vectors_listed(pilot)
+    await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")  # +1.00
+    await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
+    await pilot.press("b")
+    await pilot.pause()
+    ab = app.screen
+    assert isinstance(ab, SteeringABScreen)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: ab.runs_done == 1)
+    return ab
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_ab_view_runs_the_prompt_without_then_with_steering(tiny_models: dict[str, Path]) -> None:
+    synthetic_vector("strong", 64, range(1, 2), scale=40.0)
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        ab = await run_ab_at_full_strength(pilot, app)
+        assert ab.query_one(Input).value == "How was your day?"
+        assert ab.texts["a"] and ab.texts["b"] and ab.texts["a"] != ab.texts["b"]
+        assert "strong +1.00" in str(ab.query_one("#ab-b-title").render())
+        # B left the user's steering applied.
+        assert app.steering.applied is not None and app.steering.applied.active
+        # The chat was not touched.
+        assert chat_of(app).conversation_id is None
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_ab_view_shows_what_steering_costs_in_acceptance(tiny_models: dict[str, Path]) -> None:
+    # draft-simple with the model itself as its draft: unsteered, the draft agrees with the target on every token;
+    # steered, the target's distribution moves and the (unsteered) draft context is rejected more often.
+    synthetic_vector("strong", 64, range(1, 2), scale=40.0)
+    llama = str(tiny_models["llama"])
+    app = LlmtuiApp(llama)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.speculation.apply(SpeculativeSettings(enabled=True, spec_type="draft-simple", draft_model=llama))
+        await wait_for(pilot, lambda: bool(app.speculation.drafters))
+        ab = await run_ab_at_full_strength(pilot, app)
+        base, steered = ab.side_stats["a"], ab.side_stats["b"]
+        assert base.drafted > 0 and base.accepted == base.drafted  # a perfect drafter without steering
+        assert steered.drafted > 0 and steered.acceptance_rate < 1.0
+        assert "tok/s · 100% accepted" in str(ab.query_one("#ab-a-readout").render())
+        cost = str(ab.query_one("#ab-cost").render())
+        assert cost.startswith("Steering with draft-simple: 100% → ")
+        assert ab.query_one("#ab-cost").display
+        # The chat's own speculative statistics were not replaced by the A/B runs'.
+        stats = app.speculation.stats
+        assert stats is None or stats.request_id not in (base.request_id, steered.request_id)
+
+
+def _stats(steps: int, drafted: int, accepted: int, speedup: float = 0.0) -> SpeculativeStats:
+    return SpeculativeStats(
+        1,
+        steps,
+        drafted,
+        accepted,
+        accepted / drafted if drafted else 0.0,
+        1 + accepted / steps if steps else 1.0,
+        (),
+        (),
+        0.0,
+        0.0,
+        50.0 * speedup,
+        50.0,
+        (),
+    )
+
+
+def test_acceptance_cost_lines() -> None:
+    base, steered = _stats(10, 40, 32, 2.0), _stats(10, 40, 12, 1.1)
+    assert acceptance_cost(base, steered, "draft-mtp") == (
+        "Steering with draft-mtp: 80% → 30% of drafted tokens accepted (50 points fewer), 4.20 → 2.20 tokens per step, "
+        "speculation 45% slower (2.00× → 1.10× plain)"
+    )
+    # A gain reads as one: "more", "faster" (the view said "cost" for it)
+    assert acceptance_cost(steered, base, "draft-mtp") == (
+        "Steering with draft-mtp: 30% → 80% of drafted tokens accepted (50 points more), 2.20 → 4.20 tokens per step, "
+        "speculation 1.82× faster (1.10× → 2.00× plain)"
+    )
+    assert acceptance_cost(None, steered, "ngram-mod") == ""
+    assert acceptance_cost(_stats(0, 0, 0), steered, "ngram-mod") == (
+        "ngram-mod drafted nothing on A: no acceptance to compare"
+    )
+    assert acceptance_cost(_stats(0, 0, 0), _stats(0, 0, 0), "ngram-mod").endswith(
+        "on either side: no acceptance to compare"
+    )
+    assert side_readout(41.23, base) == "41.2 tok/s · 80% accepted, 4.20 tok/step"
+    assert side_readout(41.23, None) == side_readout(41.23, _stats(0, 0, 0)) == "41.2 tok/s"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
+    starter = starter_model_path()
+    if starter is None:
+        pytest.skip("the starter model is not installed")
+    user_prompt_set()
+    app = LlmtuiApp(str(starter), default_sampling=SamplingSettings(temperature=0.0, max_tokens=16))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.action_steering()
+        await pilot.pause()
+        screen = app.screen
+        app.action_make_vector()
+        await pilot.pause()
+        await sets_listed(pilot)
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        dialog.start(next(p for p in dialog.sets if p.stem == "tiny-mood"))
+        await wait_for(pilot, lambda: app.screen is screen and bool(screen.sliders), timeout=300)  # type: ignore[attr-defined]
+        assert app.model is not None
+        assert (steering_dir() / f"{Path(app.model.path).stem}-tiny-mood.gguf").is_file()
+        await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")
+        await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
+        assert app.steering.applied is not None and app.steering.applied.layer_end == 29
+        await pilot.press("escape")
+        await pilot.pause()
+        await send(pilot, "How was your day?")
+        await reply_done(pilot)
+        assert chat_of(app).stats.extras.get("steer") == "tiny-mood +1.00"
+
+
+# ----- snapshots ------------------------------------------------------------------------------------
+
+
+async def sets_listed(pilot: Pilot[Any]) -> None:
+    """Let the make dialog read its prompt sets (in a thread)."""
+    await pilot.pause()
+    dialog = pilot.app.screen
+    if isinstance(dialog, MakeVectorModal):
+        await wait_for(pilot, lambda: not dialog.listing, what="the prompt sets, read in a thread")
+        await pilot.pause()
+
+
+async def vectors_listed(pilot: Pilot[Any]) -> None:
+    """Let the steering screen list its vectors (their files are read in a thread)."""
+    await pilot.pause()
+    screen = next((s for s in pilot.app.screen_stack if isinstance(s, SteeringScreen)), None)
+    if screen is not None:
+        await wait_for(pilot, lambda: not screen.listing, what="the steering screen's vectors, read in a thread")
+        await pilot.pause()
+
+
+def _with_tiny_model(app: LlmtuiApp, path: Path) -> None:
+    app.model = replace(MODEL, path=str(path), architecture="qwen35")
+    app.model_path = str(path)
+
+
+def _steering_scene(tiny: Path) -> Any:
+    async def run(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        _with_tiny_model(app, tiny)
+        happy = synthetic_vector("happy-sad", 64, range(1, 5))
+        synthetic_vector("formal-casual", 64, range(1, 5))
+        app.config = replace(app.config, steering=SteeringSettings((str(happy),), (1.25,)))
+        app.steering.applied = SteeringSet(True, 1, 3, (0.8, 1.4, 1.9), (1, 2, 3))
+        app.action_steering()
+        await pilot.pause()
+        await vectors_listed(pilot)
+        await pilot.pause()
+
+    return run
+
+
+def _make_scene(tiny: Path) -> Any:
+    async def run(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        _with_tiny_model(app, tiny)
+        app.steering.applied = SteeringSet(False, 0, 0, (), (1, 2, 3))
+        app.action_steering()
+        await pilot.pause()
+        await vectors_listed(pilot)
+        app.action_make_vector()
+        await pilot.pause()
+        await sets_listed(pilot)
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        dialog.making = Path("tiny-qwen35-happy-sad.gguf")
+        dialog.query_one("#make-progress").display = True
+        dialog.show_progress(5, 16)
+        await pilot.pause()
+
+    return run
+
+
+def _ab_scene(tiny: Path) -> Any:
+    async def run(pilot: Pilot[Any]) -> None:
+        from app.messages import GenerationFinished, TokensArrived
+
+        app = pilot.app
+        assert isinstance(app, LlmtuiApp)
+        await loaded(pilot)
+        _with_tiny_model(app, tiny)
+        app.push_screen(SteeringABScreen("How was your day?", "happy-sad +1.25"))
+        await pilot.pause()
+        ab = app.screen
+        assert isinstance(ab, SteeringABScreen)
+        app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True, spec_type="draft-mtp"))
+        for side, text, stats in (
+            ("a", "It was fine. I went to work and came home.", _stats(10, 40, 32, 2.0)),
+            ("b", "It was wonderful! The sun was out and everyone smiled.", _stats(10, 40, 12, 1.1)),
+        ):
+            ab.running = side
+            ab.tokens(TokensArrived(1, text, "", 12))
+            ab.side_stats[side] = stats
+            ab.side_finished(side, GenerationFinished(1, "eos", {"decode_tps": 50.0 * stats.speedup}, ()))
+        ab.running = None
+        ab.completed()
+        await pilot.pause()
+
+    return run
+
+
+@pytest.mark.usefixtures("seeded")
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("scene", ["steering", "make_vector", "ab"])
+def test_snapshot(snap_compare: Any, tiny_models: dict[str, Path], scene: str, size: tuple[int, int]) -> None:
+    scenes = {"steering": _steering_scene, "make_vector": _make_scene, "ab": _ab_scene}
+    assert snap_compare(make_app(), terminal_size=size, run_before=scenes[scene](tiny_models["qwen35"]))

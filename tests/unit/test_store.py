@@ -1,0 +1,499 @@
+"""Tests for app.store: durable chat history (crash recovery, branches, migrations, damage, export)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from app import store as store_module
+from app.store import (
+    HISTORY_FILE_NAME,
+    HistoryFromNewerVersion,
+    ImportFormatError,
+    MessageNotStreaming,
+    PresetNotFound,
+    Store,
+    open_default_store,
+    title_from_message,
+)
+from tests.waits import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def history_path(tmp_path: Path) -> Path:
+    return tmp_path / HISTORY_FILE_NAME
+
+
+@pytest.fixture
+def store(history_path: Path) -> Iterator[Store]:
+    with Store(history_path) as opened:
+        yield opened
+
+
+def contents(messages: list[store_module.Message]) -> list[str]:
+    return [message.content for message in messages]
+
+
+# ----- opening ------------------------------------------------------------------------------------------
+
+
+def test_default_store_lives_in_the_data_dir_with_wal_and_foreign_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMTUI_DATA_DIR", str(tmp_path / "data"))
+    with open_default_store() as opened:
+        assert opened.path == tmp_path / "data" / "history.sqlite3"
+        assert opened.path.is_file()
+        pragma = opened._db.execute
+        assert pragma("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert pragma("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert pragma("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert pragma("PRAGMA user_version").fetchone()[0] == len(store_module.MIGRATIONS)
+        assert opened.startup_notice is None
+    assert not list((tmp_path / "data").glob("*.bak-*"))  # a new file needs no backup
+
+
+def test_store_module_never_imports_textual_or_rich() -> None:
+    code = (
+        "import sys, app.store\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+# ----- durability ---------------------------------------------------------------------------------------
+
+
+def test_prompt_and_partial_reply_survive_a_crash(history_path: Path) -> None:
+    crashed = Store(history_path)
+    conversation = crashed.create_conversation()
+    prompt = crashed.add_user_message(conversation.id, "Explain WAL mode")
+    reply_id = crashed.begin_assistant_message(conversation.id, prompt.id, "smollm2")
+    crashed.checkpoint_assistant_message(reply_id, "WAL appends pages", "Let me think")
+    try:
+        # A second process opening the same file while the first never closed it (it died).
+        with Store(history_path) as restarted:
+            user, reply = restarted.active_path(conversation.id)
+            assert (user.role, user.content, user.state) == ("user", "Explain WAL mode", "complete")
+            assert (reply.role, reply.content, reply.reasoning) == ("assistant", "WAL appends pages", "Let me think")
+            assert reply.state == "interrupted"
+            assert reply.model == "smollm2"
+            assert restarted.get_conversation(conversation.id).model == "smollm2"
+            assert restarted.recover_interrupted() == 0
+        with pytest.raises(MessageNotStreaming):
+            crashed.checkpoint_assistant_message(reply_id, "more", "")
+    finally:
+        crashed.close()
+
+
+def test_finished_reply_keeps_state_stats_and_token_count(store: Store) -> None:
+    conversation = store.create_conversation()
+    prompt = store.add_user_message(conversation.id, "hi")
+    reply_id = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    assert store.get_message(reply_id).state == "streaming"
+    stats = {"prompt_tokens": 3, "tokens_per_s": 41.5, "stop_reason": "user"}
+    store.finish_assistant_message(reply_id, "Hel", "", "stopped", stats, token_count=2)
+    reply = store.get_message(reply_id)
+    assert (reply.content, reply.state, reply.stats, reply.token_count) == ("Hel", "stopped", stats, 2)
+    with pytest.raises(ValueError):
+        store.finish_assistant_message(reply_id, "x", "", "streaming", {})
+    store.close()
+    store.close()  # idempotent
+
+
+def test_conversations_list_most_recently_active_first_and_auto_title(store: Store) -> None:
+    older = store.create_conversation()
+    newer = store.create_conversation("Named")
+    store.add_user_message(older.id, "\n  First line of a long question about   sqlite and durability, in detail\nmore")
+    store.add_user_message(newer.id, "does not rename")
+    store.add_user_message(older.id, "bump")
+    listed = store.list_conversations()
+    assert [c.id for c in listed] == [older.id, newer.id]
+    assert listed[0].title == "First line of a long question about sqlite and durability…"
+    assert len(listed[0].title) <= 60
+    assert listed[1].title == "Named"
+    assert title_from_message("short") == "short"
+    assert title_from_message(" \n ") == ""
+
+
+# ----- branching ----------------------------------------------------------------------------------------
+
+
+def test_edit_and_resend_keeps_the_old_branch_reachable(store: Store) -> None:
+    conversation = store.create_conversation()
+    first = store.add_user_message(conversation.id, "q1")
+    answer_id = store.begin_assistant_message(conversation.id, first.id, "m")
+    store.finish_assistant_message(answer_id, "a1", "", "complete", {})
+    second = store.add_user_message(conversation.id, "q2")
+    old_reply = store.begin_assistant_message(conversation.id, second.id, "m")
+    store.finish_assistant_message(old_reply, "a2", "", "complete", {})
+
+    edited = store.edit_user_message(second.id, "q2 edited")
+    new_reply = store.begin_assistant_message(conversation.id, edited.id, "m")
+    store.finish_assistant_message(new_reply, "a2 again", "", "complete", {})
+    assert contents(store.active_path(conversation.id)) == ["q1", "a1", "q2 edited", "a2 again"]
+
+    alternatives = store.siblings(edited.id)
+    assert contents(alternatives.messages) == ["q2", "q2 edited"]
+    assert alternatives.index == 1
+    assert store.siblings(second.id).index == 0
+
+    assert contents(store.switch_branch(second.id)) == ["q1", "a1", "q2", "a2"]
+    assert contents(store.switch_branch(edited.id)) == ["q1", "a1", "q2 edited", "a2 again"]
+
+    # Editing the very first message makes a second root.
+    root_edit = store.edit_user_message(first.id, "q1 edited")
+    assert contents(store.active_path(conversation.id)) == ["q1 edited"]
+    assert contents(store.siblings(first.id).messages) == ["q1", "q1 edited"]
+    assert contents(store.switch_branch(first.id)) == ["q1", "a1", "q2 edited", "a2 again"]
+    assert store.siblings(root_edit.id).index == 1
+
+
+def test_regenerate_keeps_the_old_reply_and_switch_branch_returns_to_the_latest_leaf(store: Store) -> None:
+    conversation = store.create_conversation()
+    prompt = store.add_user_message(conversation.id, "q")
+    first_reply = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    store.finish_assistant_message(first_reply, "r1", "", "complete", {})
+    second_reply = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    store.finish_assistant_message(second_reply, "r2", "", "complete", {})
+    assert contents(store.active_path(conversation.id)) == ["q", "r2"]
+    regenerated = store.siblings(second_reply)
+    assert (contents(regenerated.messages), regenerated.index) == (["r1", "r2"], 1)
+
+    # Continue on the first reply, then look at the second: going back to the prompt shows the
+    # most recent work (the continuation below r1), not merely the newest reply.
+    store.switch_branch(first_reply)
+    follow_up = store.add_user_message(conversation.id, "q2")
+    assert contents(store.active_path(conversation.id)) == ["q", "r1", "q2"]
+    assert contents(store.switch_branch(second_reply)) == ["q", "r2"]
+    assert contents(store.switch_branch(prompt.id)) == ["q", "r1", "q2"]
+    assert store.get_conversation(conversation.id).active_leaf_id == follow_up.id
+
+
+def test_a_reply_edited_in_place_keeps_its_id_and_can_be_continued(store: Store) -> None:
+    conversation = store.create_conversation()
+    prompt = store.add_user_message(conversation.id, "q")
+    reply = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    with pytest.raises(ValueError, match="not a finished reply"):
+        store.edit_assistant_message(reply, "too early")  # still streaming
+    store.finish_assistant_message(
+        reply, "a whole answer", "", "complete", {"stop_reason": "eos", "draft_spans": [[0, 3, "ngram-mod"]]}
+    )
+    assert not store.get_message(reply).can_continue  # it ended on its own
+    with pytest.raises(MessageNotStreaming):
+        store.resume_assistant_message(reply)
+    with pytest.raises(ValueError, match="not a finished reply"):
+        store.edit_assistant_message(prompt.id, "a question is resent, not edited")
+    edited = store.edit_assistant_message(reply, "a better")
+    assert (edited.id, edited.content, edited.state) == (reply, "a better", "complete")
+    assert edited.stats == {"stop_reason": "eos", "edited": True}  # the draft spans no longer match the text
+    assert contents(store.active_path(conversation.id)) == ["q", "a better"]
+    assert edited.can_continue and store.resume_assistant_message(reply).state == "streaming"
+    # Cut short by max tokens: continued as is.
+    other = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    store.finish_assistant_message(other, "cut", "", "complete", {"stop_reason": "max_tokens"})
+    assert store.get_message(other).can_continue
+
+
+# ----- delete, search -----------------------------------------------------------------------------------
+
+
+def test_delete_undo_and_purge(store: Store) -> None:
+    kept = store.create_conversation("kept")
+    doomed = store.create_conversation("doomed")
+    store.add_user_message(doomed.id, "bye")
+    store.delete_conversation(doomed.id)
+    assert [c.id for c in store.list_conversations()] == [kept.id]
+    assert [c.id for c in store.list_conversations(deleted=True)] == [doomed.id]
+    store.undo_delete(doomed.id)
+    assert {c.id for c in store.list_conversations()} == {kept.id, doomed.id}
+
+    store.delete_conversation(doomed.id)
+    assert store.purge_deleted(older_than=timedelta(days=30)) == 0
+    assert store.purge_deleted(older_than=timedelta(0)) == 1
+    with pytest.raises(store_module.ConversationNotFound):
+        store.get_conversation(doomed.id)
+    assert store._db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    assert [c.id for c in store.list_conversations()] == [kept.id]
+
+
+def test_search_finds_titles_and_message_contents_ignoring_case(store: Store) -> None:
+    by_title = store.create_conversation("Rust lifetimes")
+    by_content = store.create_conversation("Cooking")
+    prompt = store.add_user_message(by_content.id, "How long should I boil an egg?")
+    reply = store.begin_assistant_message(by_content.id, prompt.id, "m")
+    store.finish_assistant_message(
+        reply, "About " + "very " * 20 + "long: ÄRGER Nine minutes. " * 3, "", "complete", {}
+    )
+    hidden = store.create_conversation("Rust, deleted")
+    store.delete_conversation(hidden.id)
+
+    hits = store.search("RUST")
+    assert [(hit.conversation_id, hit.message_id) for hit in hits] == [(by_title.id, None)]
+    assert hits[0].snippet == "Rust lifetimes"
+
+    (hit,) = store.search("nine MINUTES")
+    assert (hit.conversation_id, hit.message_id, hit.title) == (by_content.id, reply, "Cooking")
+    assert "Nine minutes" in hit.snippet and hit.snippet.startswith("…")
+    assert [h.message_id for h in store.search("ärger")] == [reply]  # case folding beyond ASCII
+    assert store.search("  ") == []
+    assert store.search("100%") == []
+
+
+# ----- migrations and damage ----------------------------------------------------------------------------
+
+
+def test_an_unversioned_database_with_data_is_backed_up_then_migrated(history_path: Path) -> None:
+    with sqlite3.connect(history_path) as old:
+        old.execute("CREATE TABLE notes (body TEXT)")
+        old.execute("INSERT INTO notes VALUES ('keep me')")
+    old.close()
+    with Store(history_path) as migrated:
+        assert migrated._db.execute("PRAGMA user_version").fetchone()[0] == 1
+        migrated.create_conversation("works")
+    backup = history_path.with_name("history.sqlite3.bak-v0")
+    assert backup.is_file()
+    with sqlite3.connect(backup) as copy:
+        assert copy.execute("SELECT body FROM notes").fetchall() == [("keep me",)]
+        assert copy.execute("PRAGMA user_version").fetchone()[0] == 0
+    copy.close()
+
+
+def test_upgrading_to_a_newer_schema_backs_up_first(history_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store(history_path) as version_1:
+        conversation = version_1.create_conversation("old")
+
+    def add_pinned(connection: sqlite3.Connection) -> None:
+        connection.execute("ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+
+    monkeypatch.setattr(store_module, "MIGRATIONS", [*store_module.MIGRATIONS, add_pinned])
+    with Store(history_path) as version_2:
+        assert version_2._db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert [tuple(row) for row in version_2._db.execute("SELECT pinned FROM conversations")] == [(0,)]
+        assert version_2.get_conversation(conversation.id).title == "old"
+    backup = history_path.with_name("history.sqlite3.bak-v1")
+    with sqlite3.connect(backup) as copy:
+        assert copy.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert copy.execute("SELECT title FROM conversations").fetchall() == [("old",)]
+    copy.close()
+
+
+def test_a_database_from_a_newer_llmtui_is_left_alone(history_path: Path) -> None:
+    with Store(history_path) as opened:
+        opened._db.execute("PRAGMA user_version = 99")
+    with pytest.raises(HistoryFromNewerVersion, match="newer llmtui"):
+        Store(history_path)
+    assert history_path.is_file()
+
+
+def test_a_garbage_file_is_moved_aside_and_a_fresh_history_started(history_path: Path) -> None:
+    with Store(history_path) as opened:
+        opened.create_conversation("lost")
+    history_path.write_bytes(b"this is not sqlite " * 500)
+    with Store(history_path) as fresh:
+        assert fresh.list_conversations() == []
+        assert fresh.startup_notice is not None
+        assert str(history_path) in fresh.startup_notice and "moved to" in fresh.startup_notice
+        fresh.create_conversation("new")
+    (moved,) = history_path.parent.glob("history.sqlite3.corrupt-*")
+    assert moved.read_bytes().startswith(b"this is not sqlite")
+    with Store(history_path) as reopened:
+        assert reopened.startup_notice is None
+        assert [c.title for c in reopened.list_conversations()] == ["new"]
+
+
+def test_damaged_pages_are_caught_by_quick_check(history_path: Path) -> None:
+    with Store(history_path) as opened:
+        conversation = opened.create_conversation()
+        for _ in range(50):
+            opened.add_user_message(conversation.id, "x" * 2000)
+    damaged = bytearray(history_path.read_bytes())
+    page_size = int.from_bytes(damaged[16:18], "big")  # from the SQLite file header
+    damaged[3 * page_size : 6 * page_size] = b"Z" * (3 * page_size)
+    history_path.write_bytes(bytes(damaged))
+    with Store(history_path) as fresh:
+        assert fresh.startup_notice is not None and "damaged" in fresh.startup_notice
+        assert fresh.list_conversations() == []
+    assert len(list(history_path.parent.glob("history.sqlite3.corrupt-*"))) == 1
+
+
+def test_bad_json_in_one_conversation_does_not_hide_the_others(store: Store) -> None:
+    good = store.create_conversation("good", settings={"temperature": 0.7})
+    bad = store.create_conversation("bad")
+    prompt = store.add_user_message(bad.id, "q")
+    reply = store.begin_assistant_message(bad.id, prompt.id, "m")
+    store.finish_assistant_message(reply, "a", "", "complete", {"tokens": 1})
+    store._db.execute("UPDATE conversations SET settings = '{not json' WHERE id = ?", (bad.id,))
+    store._db.execute("UPDATE messages SET stats = '[1, 2' WHERE id = ?", (reply,))
+    store.save_preset("broken", {})
+    store._db.execute("UPDATE presets SET settings = '\"a string\"'")
+
+    listed = {c.id: c for c in store.list_conversations()}
+    assert set(listed) == {good.id, bad.id}
+    assert (listed[good.id].settings, listed[good.id].damaged) == ({"temperature": 0.7}, False)
+    assert (listed[bad.id].settings, listed[bad.id].damaged) == ({}, True)
+    user, assistant = store.active_path(bad.id)
+    assert (assistant.content, assistant.stats, assistant.damaged) == ("a", {}, True)
+    assert not user.damaged
+    assert store.list_presets() == [store_module.Preset("broken", {}, damaged=True)]
+
+
+# ----- export and import --------------------------------------------------------------------------------
+
+
+def build_branchy_conversation(store: Store) -> int:
+    conversation = store.create_conversation(
+        "Ünïcode & branches", system_prompt="You are terse.", settings={"preset": "precise", "top_p": 0.9}
+    )
+    prompt = store.add_user_message(conversation.id, "Why is the sky blue? 🌤")
+    first = store.begin_assistant_message(conversation.id, prompt.id, "qwen3")
+    stats = {"tokens_per_s": 12.25, "prompt_tokens": 9}
+    store.finish_assistant_message(
+        first, "Rayleigh scattering.", "Short light scatters more.", "complete", stats, token_count=4
+    )
+    second = store.begin_assistant_message(conversation.id, prompt.id, "smollm2")
+    store.finish_assistant_message(second, "Because", "", "stopped", {"stop": "user"}, token_count=1)
+    edited = store.edit_user_message(prompt.id, "Why is the sunset red?")
+    store.begin_assistant_message(conversation.id, edited.id, "qwen3")  # left streaming
+    store.switch_branch(first)
+    return conversation.id
+
+
+def test_markdown_export_shows_the_active_branch_with_folded_reasoning(store: Store) -> None:
+    conversation_id = build_branchy_conversation(store)
+    assert store.export_markdown(conversation_id) == (
+        "# Ünïcode & branches\n\n"
+        "## System prompt\n\nYou are terse.\n\n"
+        "## User\n\nWhy is the sky blue? 🌤\n\n"
+        "## Assistant\n\n"
+        "<details>\n<summary>Reasoning</summary>\n\nShort light scatters more.\n\n</details>\n\n"
+        "Rayleigh scattering.\n"
+    )
+    store.switch_branch(store.siblings(store.active_path(conversation_id)[1].id).messages[1].id)
+    assert store.export_markdown(conversation_id).endswith("## Assistant\n\nBecause\n\n*Reply stopped.*\n")
+
+
+def test_json_export_import_export_is_byte_exact(store: Store) -> None:
+    conversation_id = build_branchy_conversation(store)
+    store.recover_interrupted()  # the streaming reply as it would be after a restart
+    exported = store.export_json(conversation_id)
+    document = json.loads(exported)
+    assert [m["id"] for m in document["messages"]] == [0, 1, 2, 3, 4]
+    assert [m["parent"] for m in document["messages"]] == [None, 0, 0, None, 3]
+    assert document["conversation"]["active_leaf"] == 1
+    assert document["messages"][1]["stats"] == {"prompt_tokens": 9, "tokens_per_s": 12.25}
+    assert "🌤" in exported  # ensure_ascii=False
+
+    imported_id = store.import_json(exported)
+    assert imported_id != conversation_id
+    assert store.export_json(imported_id) == exported
+    assert contents(store.active_path(imported_id)) == contents(store.active_path(conversation_id))
+    original = store.get_conversation(conversation_id)
+    copy = store.get_conversation(imported_id)
+    assert (copy.created_at, copy.updated_at, copy.settings) == (
+        original.created_at,
+        original.updated_at,
+        original.settings,
+    )
+
+
+def test_import_turns_a_streaming_reply_into_an_interrupted_one(store: Store) -> None:
+    conversation_id = build_branchy_conversation(store)
+    imported_id = store.import_json(store.export_json(conversation_id))
+    assert [m.state for m in store.messages(imported_id)].count("streaming") == 0
+    assert "interrupted" in [m.state for m in store.messages(imported_id)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        '{"format": "something else", "version": 1}',
+        '{"format": "llmtui.conversation", "version": 2}',
+        '{"format": "llmtui.conversation", "version": 1, "conversation": {}, "messages": []}',
+    ],
+)
+def test_import_rejects_what_is_not_an_export(store: Store, text: str) -> None:
+    with pytest.raises(ImportFormatError):
+        store.import_json(text)
+    assert store.list_conversations() == []
+
+
+def test_import_rejects_a_message_whose_parent_is_unknown(store: Store) -> None:
+    document = json.loads(store.export_json(build_branchy_conversation(store)))
+    document["messages"][1]["parent"] = 7
+    with pytest.raises(ImportFormatError, match=r"messages\[1\]\.parent"):
+        store.import_json(json.dumps(document))
+
+
+# ----- settings and presets -----------------------------------------------------------------------------
+
+
+def test_presets_and_conversation_settings(store: Store) -> None:
+    store.save_preset("precise", {"temperature": 0.2})
+    store.save_preset("creative", {"temperature": 1.1})
+    store.save_preset("precise", {"temperature": 0.1, "top_k": 20})
+    assert store.list_presets() == [
+        store_module.Preset("creative", {"temperature": 1.1}),
+        store_module.Preset("precise", {"temperature": 0.1, "top_k": 20}),
+    ]
+    store.delete_preset("creative")
+    assert [p.name for p in store.list_presets()] == ["precise"]
+    with pytest.raises(PresetNotFound):
+        store.delete_preset("creative")
+    with pytest.raises(store_module.StoreError):
+        store.save_preset("  ", {})
+
+    conversation = store.create_conversation()
+    store.update_settings(conversation.id, system_prompt="Be brief.")
+    store.update_settings(conversation.id, settings={"preset": "precise"})
+    updated = store.get_conversation(conversation.id)
+    assert (updated.system_prompt, updated.settings) == ("Be brief.", {"preset": "precise"})
+    store.rename_conversation(conversation.id, "Renamed")
+    assert store.get_conversation(conversation.id).title == "Renamed"
+
+
+# ----- threads ------------------------------------------------------------------------------------------
+
+
+def test_a_worker_thread_can_stream_while_the_main_thread_reads(store: Store) -> None:
+    conversation = store.create_conversation()
+    prompt = store.add_user_message(conversation.id, "count")
+    reply_id = store.begin_assistant_message(conversation.id, prompt.id, "m")
+    errors: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            text = ""
+            for number in range(200):
+                text += f"{number} "
+                store.checkpoint_assistant_message(reply_id, text, "")
+            store.finish_assistant_message(reply_id, text, "", "complete", {})
+        except BaseException as error:  # reported to the main thread
+            errors.append(error)
+
+    worker = threading.Thread(target=stream, daemon=True)
+    worker.start()
+
+    def read_once_then_is_done() -> bool:
+        store.list_conversations()
+        store.active_path(conversation.id)
+        return not worker.is_alive()
+
+    wait_for(read_once_then_is_done, "the writer thread to checkpoint 200 times while this one reads", 120, 0)
+    assert errors == []
+    reply = store.get_message(reply_id)
+    assert (reply.state, reply.content.split()[-1]) == ("complete", "199")

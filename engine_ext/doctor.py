@@ -14,6 +14,8 @@ from engine_ext.bindings import ggml_lib
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator", 4: "meta"}
 REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36'
+# Written into the llama_cpp package by scripts/build_engine.sh: the backend, CMake arguments and patches it carries.
+BUILD_RECORD = "llmtui_engine.json"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class DoctorReport:
     threads_reason: str = ""  # how the default thread count was chosen
     cpu_extra_bufts: tuple[str, ...] = ()  # CPU extra buffer types (weight repacking: AMX, CPU_REPACK, KLEIDIAI)
     repack: bool = True  # whether models load with them (the user's setting; False: --no-repack)
+    engine_patches: tuple[
+        str, ...
+    ] = ()  # patches/llama.cpp/*.patch the engine was built with (scripts/build_engine.sh)
+    engine_build: str = ""  # how the engine was built: "vulkan (-DGGML_VULKAN=on …)", or "" without a build record
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +78,43 @@ def list_devices() -> tuple[tuple[str, ...], tuple[Device, ...]]:
     return backends, tuple(devices)
 
 
+@dataclass(frozen=True)
+class EngineBuild:
+    """What scripts/build_engine.sh recorded next to the engine it built; `recorded` False for a plain pip build."""
+
+    recorded: bool
+    backend: str = ""
+    cmake_args: str = ""
+    patches: tuple[str, ...] = ()
+
+
+def engine_build(package_dir: Path | None = None) -> EngineBuild:
+    """The build record in the installed llama_cpp package (or in `package_dir`); a bad record reads as none."""
+    import json
+
+    if package_dir is None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or spec.origin is None:
+            return EngineBuild(recorded=False)
+        package_dir = Path(spec.origin).parent
+    path = package_dir / BUILD_RECORD
+    try:
+        if not path.is_file() or path.stat().st_size > 64 * 1024:
+            return EngineBuild(recorded=False)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        patches = tuple(str(p["name"]) for p in data.get("patches", ()))
+        return EngineBuild(
+            recorded=True,
+            backend=str(data.get("backend", "")),
+            cmake_args=str(data.get("cmake_args", "")),
+            patches=patches,
+        )
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return EngineBuild(recorded=False)
+
+
 def hardware_gpus() -> tuple[str, ...]:
     """GPUs present on this machine, seen without the engine (so a CPU-only build can be told)."""
     found = []
@@ -92,6 +135,7 @@ def diagnose(*, repack: bool = True) -> DoctorReport:
     from engine_ext.cpu import thread_plan
 
     backends, devices = list_devices()
+    build = engine_build()
     threads = thread_plan()
     info = C.llama_print_system_info().decode("utf-8", errors="replace")
     features = tuple(
@@ -134,4 +178,6 @@ def diagnose(*, repack: bool = True) -> DoctorReport:
         threads_reason=threads.describe(),
         cpu_extra_bufts=cpu_extra_buffer_types(),
         repack=repack,
+        engine_patches=build.patches,
+        engine_build=f"{build.backend} ({build.cmake_args})" if build.recorded else "",
     )

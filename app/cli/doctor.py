@@ -20,6 +20,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"llmtui {report.llmtui_version}, llama-cpp-python {report.llama_cpp_python_version}, "
         f"Python {report.python}, {report.platform}"
     )
+    if report.engine_build:
+        patches = ", ".join(report.engine_patches) or "none"
+        print(f"engine patches: {patches}  (built by scripts/build_engine.sh: {report.engine_build})")
+    else:
+        print("engine patches: none (a plain pip build; scripts/build_engine.sh builds one with patches/llama.cpp)")
     print(f"backends: {', '.join(report.backends)}  (RPC {'yes' if report.rpc else 'no'})")
     for d in report.devices:
         memory = f"{d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free"

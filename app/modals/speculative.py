@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
 from textual.timer import Timer
-from textual.widgets import Checkbox, Input, Label, OptionList
+from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState, get_current_worker
 
@@ -20,6 +20,7 @@ from app.config import ConfigError, SpeculativeSettings
 from app.modals.pick import PickModal
 from app.models import usable_folders, user_path
 from app.speculation import KIND_TYPES, effective_settings, find_drafts, supported_types
+from app.widgets.tick_box import TickBox
 from engine_ext.gguf_info import GGUFError, format_bytes
 from models_catalog.drafts import DraftCandidate
 from models_catalog.errors import ModelsError
@@ -96,7 +97,7 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
             title = "Speculative decoding" + (f" · {self.model_name}" if self.model_name else "")
             yield Label(title, classes="dialog-title")
             # Opening the panel means wanting speculation: on unless unticked.
-            yield Checkbox(
+            yield TickBox(
                 "Speculative decoding on (F8 toggles it from the chat)", True, id="spec-enabled", compact=True
             )
             yield Label("Type (the ones this model supports)", classes="field-label")
@@ -265,7 +266,7 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
             raise ConfigError(f"draft model: {draft_model!r} cannot be a path")
         settings = replace(
             self.settings,
-            enabled=self.query_one(Checkbox).value,
+            enabled=self.query_one(TickBox).value,
             spec_type=self.types[options.highlighted],
             draft_model=draft_model,
             **values,  # type: ignore[arg-type]

@@ -1,0 +1,48 @@
+"""A checkbox whose two states read apart at a glance, without colour too.
+
+Textual's Checkbox draws `▐X▌` both ticked and not (only the X's colour changes), so on a monochrome terminal, or to
+a reader who does not tell the colours apart, every box looks ticked. This one draws `[x]` ticked and `[ ]` not: ASCII,
+one cell wide in every terminal and font.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from textual.content import Content
+from textual.geometry import Size
+from textual.widgets import Checkbox
+
+TICKED: Final = "[x]"
+UNTICKED: Final = "[ ]"
+
+
+class TickBox(Checkbox):
+    """A Checkbox drawn `[x] label` when ticked and `[ ] label` when not (every checkbox of the app is one)."""
+
+    DEFAULT_CSS = """
+    TickBox > .toggle--button {
+        color: $text-muted;
+        background: transparent;
+    }
+    TickBox.-on > .toggle--button {
+        color: $text-success;
+        background: transparent;
+        text-style: bold;
+    }
+    """
+
+    @property
+    def box(self) -> str:
+        """The box as drawn for the current value."""
+        return TICKED if self.value else UNTICKED
+
+    def render(self) -> Content:
+        button = Content.styled(self.box, self.get_visual_style("toggle--button"))
+        if not self.label:
+            return button
+        label = self.label.pad(1, 1).stylize_before(self.get_visual_style("toggle--label"))
+        return Content.assemble(button, label)
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        return len(self.box) + (self.label.cell_length + 2 if self.label else 0)

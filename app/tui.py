@@ -277,8 +277,8 @@ class LlmtuiApp(LlmtuiShell):
         self.load_progress = None
         chat = self.chat
         if chat is not None:
+            chat.model_loaded(event.model.path)
             chat.stats.n_ctx = event.model.n_ctx
-        chat = self.chat
         # A reply sent again after an automatic restart is still being written.
         self.set_engine_state("generating" if chat is not None and chat.generation is not None else "ready")
         if event.model.path.startswith(REMOTE_PREFIX):

@@ -148,6 +148,10 @@ class ChatScreen(Screen[None]):
         self._prompt_blink = True  # the prompt's cursor blink setting, restored when a reply ends
         self.replies_started = 0
         """Replies started since the screen opened (tests and benchmarks wait on it)."""
+        self.measured: set[int] = set()
+        """Replies whose figures (tok/s, TTFT…) were measured in this session on the model loaded now: the only ones
+        the stats bar shows (an earlier session's or another model's figures would mislead)."""
+        self._measured_on = ""  # the model those were measured on
 
     # ----- layout -----
 
@@ -190,6 +194,7 @@ class ChatScreen(Screen[None]):
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
         self.transcript.colour_drafts = self.app.config.draft_colouring
+        self._measured_on = self.app.model.path if self.app.model else ""
         self.sync_engine_state()
         conversations = self.app.store.list_conversations()
         if conversations:
@@ -306,11 +311,30 @@ class ChatScreen(Screen[None]):
         self.refresh_bindings()  # Continue and Regenerate depend on the conversation's last reply
 
     def _show_last_stats(self, path: list[Message]) -> None:
-        """The stats bar shows the last measured reply of the branch on screen (nothing measured: "–")."""
+        """The stats bar shows the last reply of the branch on screen measured in this session on this model
+        (none: "–", and the loaded model's context)."""
         last_stats = next(
-            (m.stats for m in reversed(path) if m.role == "assistant" and m.stats and "n_ctx_used" in m.stats), None
+            (
+                m.stats
+                for m in reversed(path)
+                if m.id in self.measured and m.role == "assistant" and m.stats and "n_ctx_used" in m.stats
+            ),
+            None,
         )
         self.stats.set_stats(last_stats or {})
+        if last_stats is None:
+            self.stats.cpu = None
+
+    def model_loaded(self, path: str) -> None:
+        """A model is loaded: another model's figures no longer describe this one, so the stats bar starts over
+        (the same model reloaded, after a crash or F5, keeps them)."""
+        if path == self._measured_on:
+            return
+        self._measured_on = path
+        self.measured.clear()
+        if self.generation is None:
+            self.stats.set_stats({})
+            self.stats.cpu = None
 
     async def reload_transcript(self) -> None:
         if self.conversation_id is not None:
@@ -595,6 +619,8 @@ class ChatScreen(Screen[None]):
         live = self.transcript.live
         if live is not None and live.body.draft_spans:
             stats = dict(stats, draft_spans=[list(span) for span in live.body.draft_spans])
+        if "n_ctx_used" in stats:
+            self.measured.add(generation.message_id)
         try:
             generation.recorder.finish(state, stats)  # type: ignore[arg-type]
             message = store.get_message(generation.message_id)

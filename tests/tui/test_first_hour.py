@@ -4,14 +4,20 @@ without stale figures, a command palette of the app's own commands, and a footer
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from textual.geometry import Region
 
+from app.config import load_config, save_config
+from app.modals.model_switcher import ModelSwitcherModal
 from app.modals.speculative import SpeculativePanel
+from app.store import open_default_store
+from app.tui import LlmtuiApp
 from app.widgets.tick_box import TICKED, UNTICKED, TickBox
+from tests.tui.test_tui import ready, reply_done, send
 from tests.tui.test_tui_spec import _types_read, _without_engine
 from tests.waits import wait_until
 
@@ -73,3 +79,64 @@ def test_the_boxes_are_one_cell_per_character() -> None:
 
     assert TICKED != UNTICKED and TICKED.isascii() and UNTICKED.isascii()
     assert cell_len(TICKED) == cell_len(UNTICKED) == len(TICKED) == 3
+
+
+# ----- the stats bar ----------------------------------------------------------------------------------------
+
+EARLIER_SESSION = {
+    "decode_tps": 42.5,
+    "ttft_ms": 120.0,
+    "prompt_tokens": 31,
+    "generated_tokens": 48,
+    "n_ctx": 4096,
+    "n_ctx_used": 79,
+}
+
+
+def earlier_session() -> None:
+    """A conversation whose reply an earlier session measured (another model, another machine load)."""
+    store = open_default_store()
+    conversation = store.create_conversation("From yesterday")
+    question = store.add_user_message(conversation.id, "hello")
+    reply = store.begin_assistant_message(conversation.id, question.id, "Some-Other-Model")
+    store.finish_assistant_message(reply, "Hi there.", "", "complete", EARLIER_SESSION, 3)
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_the_stats_bar_shows_this_sessions_figures_only(tiny_models: dict[str, Path]) -> None:
+    """At startup the bar shows the loaded model's context but no tok/s or TTFT of an earlier session; a reply
+    measured now is shown; after ctrl+l switches model the figures start over."""
+    save_config(replace(load_config(), model_folders=(str(tiny_models["qwen3"].parent),)))
+    earlier_session()
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(120, 30)) as pilot:
+        chat = await ready(pilot)
+        stats = chat.stats
+        assert chat.header.conversation_title == "From yesterday"  # the old conversation is on screen
+        assert app.model is not None and stats.n_ctx == app.model.n_ctx > 0
+        assert stats.decode_tps is None and stats.ttft_ms is None and stats.prompt_tokens is None
+        line = drawn(stats)
+        assert "42.5" not in line and "120" not in line and "– tok/s" in line and "TTFT –" in line
+        assert f"/{app.model.n_ctx / 1000:.1f}k" in line and "ready · CPU" in line
+        await send(pilot, "hi")
+        await reply_done(pilot)
+        assert stats.decode_tps is not None and stats.ttft_ms is not None and stats.n_ctx_used > 0
+        await wait_until(pilot, lambda: "– tok/s" not in drawn(stats), what="this reply's tok/s drawn")
+        # Another conversation and back: this session's reply keeps its figures.
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: stats.decode_tps is None, what="the new conversation's empty bar")
+        # ctrl+l: another model; the figures measured on the first one are gone.
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), what="the model switcher")
+        switcher = app.screen
+        assert isinstance(switcher, ModelSwitcherModal)
+        await wait_until(pilot, lambda: not switcher.scanning, what="the model folders, scanned in a thread")
+        await pilot.press(*tiny_models["qwen3"].stem)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.model is not None and app.model.path == str(tiny_models["qwen3"]))
+        await ready(pilot)
+        await chat.open_conversation(app.store.list_conversations()[0].id)  # the conversation replied to above
+        await pilot.pause()
+        assert stats.decode_tps is None and stats.ttft_ms is None and stats.n_ctx == app.model.n_ctx
+        assert "– tok/s" in drawn(stats)

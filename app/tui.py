@@ -51,6 +51,7 @@ from app.messages import (
 )
 from app.modals.pick import PickModal
 from app.models import ModelNotFound, resolve_model, starter_model_path, user_path
+from app.palette import palette_commands
 from app.private_files import private_dir, secure_app_dirs, take_notice, write_private_text
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
@@ -690,70 +691,8 @@ class LlmtuiApp(LlmtuiShell):
         return markdown_path, json_path
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        yield SystemCommand("Help: keys", "Every key, by where it works (F1)", self.action_help)
-        yield SystemCommand("Settings", "Engine options, model folders, remote engines (F3)", self.action_settings)
-        yield SystemCommand(
-            "Switch model", "Load a local model or use a remote engine's (ctrl+l)", self.action_switch_model
-        )
-        yield SystemCommand("Models", "Catalog, Hugging Face search, downloads, local models (F4)", self.action_models)
-        yield SystemCommand("Toggle dark/light", "Switch the theme (ctrl+t)", self.action_toggle_theme)
-        yield SystemCommand(
-            "Restart engine", "Start a fresh engine process and reload the model (F5)", self.action_restart_engine
-        )
-        yield SystemCommand("Import conversation", "Import a JSON export", self.action_import_conversation)
-        yield from self._feature_commands()
-        chat = self.chat
-        if chat is None or screen is not chat:
-            return
-        for title, help_text, callback in (
-            ("New conversation", "Start a new conversation (ctrl+n)", chat.action_new_conversation),
-            ("Stop reply", "Stop the reply being written (Esc)", chat.action_stop),
-            ("Continue reply", "Continue a stopped reply (ctrl+g)", chat.action_continue_reply),
-            ("Regenerate reply", "Write the last reply again as a new branch (ctrl+r)", chat.action_regenerate),
-            ("Conversation settings", "System prompt, sampling, presets (ctrl+s)", chat.action_conversation_settings),
-            ("Rename conversation", "Change the title (F2)", chat.action_rename_conversation),
-            ("Delete conversation", "Delete it (undo from the list with u)", chat.action_delete_conversation),
-            ("Undo delete", "Bring back the last deleted conversation", chat.action_undo_delete),
-            ("Export conversation", "Write it as Markdown and JSON", chat.action_export_conversation),
-            ("Search conversations", "Titles and messages (ctrl+f)", chat.action_search),
-            ("Toggle conversation list", "Show or hide the sidebar (ctrl+b)", chat.action_toggle_sidebar),
-            ("Go to messages", "Focus the last message (ctrl+up)", chat.action_focus_messages),
-            (
-                "Toggle draft colouring",
-                "Underline text from accepted draft tokens (F7)",
-                chat.action_toggle_draft_colouring,
-            ),
-        ):
-            yield SystemCommand(title, help_text, callback)
-
-    def _feature_commands(self) -> list[SystemCommand]:
-        """Command-palette entries for speculation and steering."""
-        return [
-            SystemCommand(
-                "Toggle speculative decoding", "Turn speculation on or off (F8)", self.action_toggle_speculation
-            ),
-            SystemCommand(
-                "Speculative decoding settings",
-                "Type, draft model, n_max/n_min/p_min (F9)",
-                self.action_speculative_panel,
-            ),
-            SystemCommand(
-                "Speculative details",
-                "Expand the meter: counts, acceptance by draft position, time, drafters (ctrl+o)",
-                self.action_toggle_spec_details,
-            ),
-            SystemCommand(
-                "Speculation check",
-                "One prompt, greedy, without and with speculation: the same text? (ctrl+b in F9)",
-                self.action_spec_check,
-            ),
-            SystemCommand("Steering", "Control-vector sliders, layer range, heat strip (F6)", self.action_steering),
-            SystemCommand("Make a control vector", "From a prompt set, on the loaded model", self.action_make_vector),
-            SystemCommand(
-                "Steering A/B", "One prompt without and with steering, side by side", self.action_steering_ab
-            ),
-        ]
+        """The command palette's entries: the app's own, grouped (app/palette.py)."""
+        return palette_commands(self, screen, self.chat)
 
 
 class QuitWithDownloadsModal(PickModal):

@@ -426,7 +426,7 @@ class ChatScreen(Screen[None]):
         title = self.app.store.get_conversation(target).title or "New conversation"
         self.app.store.delete_conversation(target)
         self._deleted.append(target)
-        self.notify(f"Deleted “{title}”. Press u in the list (or “Undo delete” in ctrl+p) to bring it back.")
+        self.notify(f"Deleted “{title}”. Press u in the list (or “Chat: Undo delete” in ctrl+p) to bring it back.")
         if target == self.conversation_id:
             remaining = self.app.store.list_conversations()
             await self.open_conversation(remaining[0].id if remaining else None)

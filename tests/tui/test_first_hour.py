@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.command import CommandList, CommandPalette
 from textual.geometry import Region
 
 from app.config import load_config, save_config
 from app.modals.model_switcher import ModelSwitcherModal
 from app.modals.speculative import SpeculativePanel
+from app.palette import GROUPS
 from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.tick_box import TICKED, UNTICKED, TickBox
@@ -140,3 +142,43 @@ async def test_the_stats_bar_shows_this_sessions_figures_only(tiny_models: dict[
         await pilot.pause()
         assert stats.decode_tps is None and stats.ttft_ms is None and stats.n_ctx == app.model.n_ctx
         assert "– tok/s" in drawn(stats)
+
+
+# ----- the command palette ----------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
+    async with _without_engine((120, 40)) as (app, pilot):
+        await pilot.press("ctrl+p")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), what="the command palette")
+        await wait_until(pilot, lambda: len(app.screen.query_one(CommandList).options) > 20, what="its entries")
+        titles = [command.hit.text for command in app.screen.query_one(CommandList).options]  # type: ignore[attr-defined]
+        assert titles == sorted(titles)  # listed by title, so group by group
+        groups = {title.split(": ", 1)[0] for title in titles}
+        assert groups == set(GROUPS)  # every entry is in a group
+        for gone in ("Keys", "Maximize", "Minimize", "Screenshot", "Theme", "Quit"):  # Textual's own, ungrouped
+            assert gone not in titles
+        for wanted in (
+            "Chat: New conversation",
+            "Chat: Regenerate reply",
+            "Models: Switch model",
+            "Models: Browse and download",
+            "Speculation: Settings",
+            "Speculation: Check",
+            "Steering: Sliders",
+            "View: Help (keys)",
+            "View: Theme",
+            "App: Quit",
+        ):
+            assert wanted in titles
+        # Typing a group's name narrows the list to that group; Enter runs the highlighted command.
+        await pilot.press(*"steering sliders")
+        await wait_until(
+            pilot,
+            lambda: [c.hit.text for c in app.screen.query_one(CommandList).options][:1] == ["Steering: Sliders"],  # type: ignore[attr-defined]
+            what="Steering: Sliders first",
+        )
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: type(app.screen).__name__ == "SteeringScreen", what="the steering screen")

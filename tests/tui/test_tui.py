@@ -556,25 +556,25 @@ async def test_help_screen_and_command_palette_entries(tiny_models: dict[str, Pa
         await pilot.press("escape")
         titles = {command.title for command in app.get_system_commands(chat)}
         for wanted in (
-            "New conversation",
-            "Stop reply",
-            "Continue reply",
-            "Regenerate reply",
-            "Switch model",
-            "Conversation settings",
-            "Delete conversation",
-            "Undo delete",
-            "Export conversation",
-            "Import conversation",
-            "Restart engine",
-            "Settings",
-            "Help: keys",
-            "Toggle dark/light",
-            "Toggle draft colouring",
+            "Chat: New conversation",
+            "Chat: Stop reply",
+            "Chat: Continue reply",
+            "Chat: Regenerate reply",
+            "Models: Switch model",
+            "Chat: Conversation settings",
+            "Chat: Delete conversation",
+            "Chat: Undo delete",
+            "Chat: Export conversation",
+            "Chat: Import conversation",
+            "Models: Restart engine",
+            "App: Settings",
+            "View: Help (keys)",
+            "View: Dark / light",
+            "Speculation: Draft colouring",
         ):
             assert wanted in titles
         # The palette's draft colouring entry toggles it like F7 does.
-        toggle = next(c for c in app.get_system_commands(chat) if c.title == "Toggle draft colouring")
+        toggle = next(c for c in app.get_system_commands(chat) if c.title == "Speculation: Draft colouring")
         toggle.callback()
         assert chat.transcript.colour_drafts and app.config.draft_colouring
 

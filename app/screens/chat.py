@@ -6,11 +6,12 @@ import gc
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from rich.cells import cell_len
 from textual import events, on
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import ActiveBinding, Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -117,16 +118,25 @@ class ChatScreen(Screen[None]):
     | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
     """
 
+    # The footer shows the shown bindings in this order, most useful first, and all of them fit in 80 columns (at
+    # most 69 cells beside "^p palette"; tests/tui/test_first_hour.py checks it): Stop while a reply is written,
+    # then help, models, speculation, steering, a new conversation, Continue where a reply can go on, Quit. F1
+    # lists every key; the app's own bindings for f1, f4, f9, f6 and ctrl+q stay for the other screens.
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),  # shown while a reply is written
         Binding("escape", "back", "Back", show=False, priority=True),  # otherwise: leave editing, clear search, …
-        Binding("ctrl+g", "continue_reply", "Continue"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+n", "new_conversation", "New"),
-        Binding("ctrl+b", "toggle_sidebar", "Sidebar"),
+        Binding("f1", "app.help", "Help"),
+        Binding("ctrl+l", "switch_model", "Model", tooltip="Switch model: every model on this machine"),
+        Binding("f4", "app.models", "Models", tooltip="Catalog, Hugging Face search, downloads, local models"),
+        Binding("f9", "app.speculative_panel", "Spec", tooltip="Speculative decoding: type, draft model, check"),
+        Binding("f6", "app.steering", "Steer", priority=True, tooltip="Steering: control-vector sliders"),
+        Binding("ctrl+n", "new_conversation", "New", tooltip="New conversation"),
+        Binding("ctrl+g", "continue_reply", "Go on", tooltip="Continue the last reply from where it ends"),
+        Binding("ctrl+q", "app.quit", "Quit"),  # the App's (a priority binding) takes this place in the footer
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False),
         Binding("ctrl+f", "search", "Search", show=False),
-        Binding("ctrl+l", "switch_model", "Model"),
-        Binding("ctrl+s", "conversation_settings", "Settings"),
+        Binding("ctrl+s", "conversation_settings", "Settings", show=False),
         Binding("f2", "rename_conversation", "Rename", show=False),
         Binding("f5", "restart_engine", "Restart engine", show=False),
         Binding("ctrl+up", "focus_messages", "Messages", show=False),
@@ -134,6 +144,40 @@ class ChatScreen(Screen[None]):
     ]
 
     app: LlmtuiShell
+
+    @property
+    def active_bindings(self) -> dict[str, ActiveBinding]:
+        """Screen's, in the footer's order, trimmed to what fits its width (F1 lists every key).
+
+        This screen's shown keys come in BINDINGS' order (a focused widget that binds one of them too, as the
+        prompt's TextArea binds f6, would otherwise put it first); while a message or the conversation list has
+        the focus, its own keys come before them. A key that does not fit, and every one after it, is not shown
+        (it still works), nor is a second key for an action or a label already shown (`?` beside F1 Help)."""
+        focused = self.focused
+        widget_first = focused is not None and not isinstance(focused, PromptInput)
+
+        def rank(item: tuple[str, ActiveBinding]) -> tuple[int, int]:
+            place = FOOTER_ORDER.get(item[0])
+            if place is None:
+                return (0 if widget_first else 1, 0)
+            return (1 if widget_first else 0, place)
+
+        room = (self.size.width or 80) - FOOTER_PALETTE_CELLS
+        shown: set[str] = set()
+        fitted: dict[str, ActiveBinding] = {}
+        for key, active in sorted(super().active_bindings.items(), key=rank):
+            binding = active.binding
+            if binding.show:
+                label = binding.description
+                cells = cell_len(self.app.get_key_display(binding)) + cell_len(label) + 2  # "key label" + a gap
+                if room < cells or label in shown or binding.action in shown:
+                    active = active._replace(binding=replace(binding, show=False))
+                    room = min(room, 0) if room < cells else room
+                else:
+                    room -= cells
+                    shown.update((label, binding.action))
+            fitted[key] = active
+        return fitted
 
     def __init__(self) -> None:
         super().__init__()
@@ -165,7 +209,7 @@ class ChatScreen(Screen[None]):
                 yield Static("", id="edit-banner")
                 yield PromptInput(id="prompt", placeholder="Message  (Enter sends · Shift+Enter or Ctrl+J new line)")
                 yield StatsBar(id="stats")
-        yield Footer()
+        yield Footer(compact=True)
 
     @property
     def transcript(self) -> Transcript:
@@ -264,6 +308,7 @@ class ChatScreen(Screen[None]):
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < NARROW_WIDTH, "-narrow")
+        self.refresh_bindings()  # the footer shows what fits the new width
 
     def sync_engine_state(self) -> None:
         """Copy the app's engine state into the header and the stats bar."""
@@ -890,6 +935,14 @@ class ChatScreen(Screen[None]):
         if action == "regenerate":
             return self.generation is None and self.conversation_id is not None
         return True
+
+
+FOOTER_PALETTE_CELLS: Final = 11
+"""What the compact footer's "▏^p palette" at the right takes."""
+FOOTER_ORDER: Final = {
+    binding.key: n for n, binding in enumerate(ChatScreen.BINDINGS) if isinstance(binding, Binding) and binding.show
+}
+"""The chat footer's keys, in the order shown."""
 
 
 def sampling_from_preset(settings: dict[str, Any]) -> SamplingSettings:

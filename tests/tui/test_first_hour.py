@@ -4,6 +4,8 @@ without stale figures, a command palette of the app's own commands, and a footer
 from __future__ import annotations
 
 import ast
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,14 +13,17 @@ from typing import Any
 import pytest
 from textual.command import CommandList, CommandPalette
 from textual.geometry import Region
+from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
-from app.config import load_config, save_config
+from app.config import SamplingSettings, load_config, save_config
 from app.modals.model_switcher import ModelSwitcherModal
 from app.modals.speculative import SpeculativePanel
 from app.palette import GROUPS
 from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.tick_box import TICKED, UNTICKED, TickBox
+from tests.snapshot.test_tui_snapshots import loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
 from tests.tui.test_tui import ready, reply_done, send
 from tests.tui.test_tui_spec import _types_read, _without_engine
 from tests.waits import wait_until
@@ -182,3 +187,78 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
         )
         await pilot.press("enter")
         await wait_until(pilot, lambda: type(app.screen).__name__ == "SteeringScreen", what="the steering screen")
+
+
+# ----- the footer at 80 columns -----------------------------------------------------------------------------
+
+MOST_USEFUL = ["Help", "Model", "Models", "Spec", "Steer", "New"]
+"""The footer's first keys on the chat, in this order (Stop comes first while a reply is written)."""
+
+
+def footer_items(app: LlmtuiApp) -> list[tuple[int, int, str]]:
+    """(x, width, text as drawn) of each footer key of the chat, left to right, the palette key last."""
+    footer = app.screen.query_one(Footer)
+    keys = sorted(footer.query(FooterKey), key=lambda key: ("-command-palette" in key.classes, key.region.x))
+    return [
+        (key.region.x, key.region.width, key.render_lines(Region(0, 0, key.region.width, 1))[0].text) for key in keys
+    ]
+
+
+def assert_footer_fits(app: LlmtuiApp, width: int) -> list[str]:
+    """Every footer key is drawn whole, left of the palette key, inside `width`; their labels, in order."""
+    items = footer_items(app)
+    *keys, palette = items
+    assert palette[2].strip().endswith("palette") and palette[0] + palette[1] <= width
+    right = 0
+    for x, cells, text in keys:
+        assert x >= right and x + cells <= palette[0], f"{text!r} at {x}+{cells} is cut by the palette at {palette[0]}"
+        right = x + cells
+    return [text.split(maxsplit=1)[1].strip() for _, _, text in keys]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("seeded")
+async def test_the_chat_footer_fits_80_columns_most_useful_keys_first() -> None:
+    """80×24, a conversation whose last reply was stopped (so Continue is shown too): every key fits."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(footer_items(app)) > 5, what="the footer's keys")
+        labels = assert_footer_fits(app, 80)
+        assert labels[: len(MOST_USEFUL)] == MOST_USEFUL and "Go on" in labels and labels[-1] == "Quit"
+        line = "".join(text for _, _, text in footer_items(app))
+        assert "f1 Help" in line and "^l Model" in line and "f4 Models" in line and "^q Quit" in line
+        # A message focused (ctrl+up): its own keys first, then what still fits; nothing is cut.
+        await pilot.press("ctrl+up")
+        await wait_until(pilot, lambda: "Copy" in drawn_labels(app), what="the message's keys in the footer")
+        labels = assert_footer_fits(app, 80)
+        assert labels[0] == "Copy" and labels.count("Help") <= 1
+        # Wider: every key of the chat, in the same order.
+        await pilot.resize_terminal(200, 50)
+        await wait_until(pilot, lambda: "Quit" in drawn_labels(app), what="the footer at 200 columns")
+        labels = assert_footer_fits(app, 200)
+        assert [label for label in labels if label in MOST_USEFUL] == MOST_USEFUL and labels[-1] == "Quit"
+
+
+@pytest.mark.anyio
+async def test_stop_leads_the_footer_while_a_reply_is_written(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=3000))
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, "first question")
+        await wait_until(pilot, lambda: chat.generation is None or chat.generation.recorder.tokens > 0)
+        pid = app.bridge.pid or 0
+        os.kill(pid, signal.SIGSTOP)  # the tiny model is fast: hold the reply while the footer is read
+        try:
+            assert chat.generation is not None, "the reply ended before the footer was read"
+            await wait_until(pilot, lambda: "Stop" in drawn_labels(app), what="Stop in the footer")
+            labels = assert_footer_fits(app, 80)
+            assert labels[0] == "Stop" and labels[1 : 1 + len(MOST_USEFUL)] == MOST_USEFUL
+            await pilot.press("escape")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await reply_done(pilot)
+
+
+def drawn_labels(app: LlmtuiApp) -> str:
+    return " ".join(text for _, _, text in footer_items(app))

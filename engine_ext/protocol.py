@@ -231,7 +231,8 @@ class DrafterReport:
 
     name: str
     drafts: int  # non-empty drafts proposed
-    drafted: int  # tokens proposed
+    proposed: int  # tokens proposed (upstream's "#gen tokens"); more than were drafted when a draft is cut at an
+    # end-of-generation token before verification (SpeculativeStats.drafted counts what was verified)
     accepted: int  # tokens accepted by the target
     acceptance_per_position: tuple[float, ...]
     draft_ms: float
@@ -243,7 +244,8 @@ class SpeculativeStats:
 
     request_id: int
     steps: int  # verify steps that had a draft
-    drafted: int
+    drafted: int  # tokens submitted for verification, as llama.cpp's n_drafted (a draft cut at an end-of-generation
+    # token counts up to it); the drafters proposed `proposed` tokens
     accepted: int
     acceptance_rate: float  # accepted / drafted
     mean_accepted_length: float  # 1 + accepted / steps: tokens produced per target decode
@@ -258,12 +260,25 @@ class SpeculativeStats:
     status: str = ""  # what speculation is doing and why (auto mode explains pauses)
 
     @property
+    def proposed(self) -> int:
+        """Tokens the drafters proposed (at least `drafted`: what follows an end-of-generation token is not
+        verified)."""
+        return sum(d.proposed for d in self.drafters)
+
+    def counts(self) -> str:
+        """The three counts, named as everywhere they are shown: "proposed 138 · drafted 59 · accepted 41 (69%)"
+        (the rate is of the drafted tokens, as llama.cpp's)."""
+        rate = f" ({self.acceptance_rate:.0%})" if self.drafted else ""
+        return f"proposed {self.proposed} · drafted {self.drafted} · accepted {self.accepted}{rate}"
+
+    @property
     def speedup(self) -> float:
         return self.effective_tps / self.plain_tps if self.plain_tps > 0 else 0.0
 
     def to_dict(self) -> dict[str, object]:
         return {
             "steps": self.steps,
+            "proposed": self.proposed,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
@@ -280,7 +295,7 @@ class SpeculativeStats:
                 {
                     "name": d.name,
                     "drafts": d.drafts,
-                    "drafted": d.drafted,
+                    "proposed": d.proposed,
                     "accepted": d.accepted,
                     "acceptance_per_position": [round(v, 4) for v in d.acceptance_per_position],
                     "draft_ms": round(d.draft_ms, 3),

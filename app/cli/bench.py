@@ -102,6 +102,7 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
                     "mode": mode,
                     "tps": round(statistics.median(speeds), 2),
                     "generated": finished.stats.generated_tokens,
+                    "proposed": s.proposed if s else 0,
                     "drafted": s.drafted if s else 0,
                     "accepted": s.accepted if s else 0,
                     "mean_accepted_length": round(s.mean_accepted_length, 3) if s else 1.0,
@@ -118,12 +119,19 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
         print(json.dumps({"model": str(path), "description": info.description, "n_gen": n_gen, "modes": rows}))
     else:
         print(f"model: {info.description} ({info.backend}, {info.n_threads} threads), {n_gen} tokens, median of {reps}")
-        print(f"{'mode':>14} {'tok/s':>8} {'speedup':>8} {'accepted':>12} {'mean len':>9} {'same text':>10}")
+        # proposed: the drafters' tokens; drafted: those verified (llama.cpp's n_drafted); accepted: of the drafted
+        print(
+            f"{'mode':>14} {'tok/s':>8} {'speedup':>8} {'proposed':>9} {'drafted':>8} {'accepted':>9} "
+            f"{'mean len':>9} {'same text':>10}"
+        )
         for row in rows:
-            acc = f"{row['accepted']}/{row['drafted']}" if row["mode"] != "plain" else "-"
+            counts = [str(row[k]) if row["mode"] != "plain" else "-" for k in ("proposed", "drafted", "accepted")]
             mean_len = row["mean_accepted_length"]
             same = "yes" if row["identical"] else "DIVERGED"
-            print(f"{row['mode']:>14} {row['tps']:8.2f} {row['speedup']:7.2f}x {acc:>12} {mean_len:9.2f} {same:>10}")
+            print(
+                f"{row['mode']:>14} {row['tps']:8.2f} {row['speedup']:7.2f}x {counts[0]:>9} {counts[1]:>8} "
+                f"{counts[2]:>9} {mean_len:9.2f} {same:>10}"
+            )
     return 0
 
 

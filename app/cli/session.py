@@ -111,7 +111,7 @@ def with_advice(error: EngineCrashedError, model: ModelParams, context: ContextP
 def format_spec_stats(s: SpeculativeStats) -> str:
     per_pos = " ".join(f"{v:.2f}" for v in s.acceptance_per_position[:8])
     return (
-        f"speculative: {s.accepted}/{s.drafted} drafted tokens accepted ({s.acceptance_rate:.0%}), "
+        f"speculative: {s.counts()}, "
         f"mean accepted length {s.mean_accepted_length:.2f}, per position [{per_pos}], "
         f"drafting {s.draft_ms:.0f} ms, verifying {s.verify_ms:.0f} ms"
     )

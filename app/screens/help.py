@@ -87,6 +87,11 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                 "ctrl+o",
                 "speculative details under the transcript: counts, acceptance by draft position, time, drafters",
             ),
+            (
+                "",
+                "proposed: tokens the drafters proposed · drafted: those sent to verify (llama.cpp's n_drafted; cut"
+                " after an end-of-generation token) · accepted: drafted tokens kept",
+            ),
             ("ctrl+b", "in the F9 panel: check the same prompt, greedy, without and with speculation (the same text?)"),
             ("ctrl+d", "in the F9 panel: pick a draft model among those found on this machine that fit the model"),
             (

@@ -115,10 +115,7 @@ def verdict(plain: Side, spec: Side, stats: SpeculativeStats | None, spec_type: 
     if stats is None or stats.steps == 0:
         accepted = "nothing was drafted: B decoded as A did"
     else:
-        accepted = (
-            f"{stats.accepted} of {stats.drafted} drafted tokens accepted ({stats.acceptance_rate:.0%}), "
-            f"{stats.mean_accepted_length:.2f} tokens per step"
-        )
+        accepted = f"{stats.counts()}, {stats.mean_accepted_length:.2f} tokens per step"
     where = first_difference(plain.reasoning + plain.text, spec.reasoning + spec.text)
     if where is None:
         return True, f"✓ The same text ({spec.tokens} tokens) · {speeds} · {accepted}"

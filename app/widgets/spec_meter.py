@@ -3,6 +3,8 @@ expanded (ctrl+o), the counts, acceptance by draft position, drafting vs verifyi
 
 from __future__ import annotations
 
+from typing import Final
+
 from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
@@ -12,6 +14,13 @@ from app.speculation import sparkline
 from engine_ext.protocol import SpeculativeStats
 
 SPARK_WIDTH = 16
+
+COUNTS_HELP: Final = (
+    "proposed: the tokens the drafters proposed. drafted: those sent to the model to verify (llama.cpp's "
+    "n_drafted): a draft is cut after an end-of-generation token, since nothing after it is used. accepted: the "
+    "drafted tokens the model kept (the % is of the drafted ones)."
+)
+"""What the details' counts mean (the expanded meter's tooltip; F1 says it too)."""
 
 
 class SpecMeter(Widget):
@@ -36,6 +45,9 @@ class SpecMeter(Widget):
     """The latest statistics (live while a reply streams, then the reply's final ones)."""
     expanded: reactive[bool] = reactive(False, layout=True)
     """Whether the details are shown under the summary line."""
+
+    def watch_expanded(self, expanded: bool) -> None:
+        self.tooltip = COUNTS_HELP if expanded else None
 
     def watch_stats(self) -> None:
         # Lay the screen out again only when the details gain or lose a line (not at every live update).
@@ -69,7 +81,9 @@ class SpecMeter(Widget):
             speeds += f" vs plain {stats.plain_tps:.1f}"
         lines = [
             row(
-                ("drafted ", label),
+                ("proposed ", label),
+                (str(stats.proposed), "bold"),
+                ("  drafted ", label),
                 (str(stats.drafted), "bold"),
                 ("  accepted ", label),
                 (f"{stats.accepted}{rate}", "bold"),
@@ -93,12 +107,12 @@ class SpecMeter(Widget):
                 )
             )
         for report in stats.drafters if len(stats.drafters) > 1 else ():
-            share = f" ({report.accepted / report.drafted:.0%})" if report.drafted else ""
+            share = f" ({report.accepted / report.proposed:.0%})" if report.proposed else ""
             lines.append(
                 row(
                     (f"{report.name:<13} ", "bold"),
                     (f"{report.drafts} drafts  ", label),
-                    (f"{report.accepted}/{report.drafted}{share} accepted  ", ""),
+                    (f"accepted {report.accepted} of {report.proposed} proposed{share}  ", ""),
                     (sparkline(report.acceptance_per_position, SPARK_WIDTH), spark),
                     (f"  {report.draft_ms:.1f} ms drafting", label),
                 )

@@ -186,7 +186,7 @@ class SpeculativeDriver:
             DrafterReport(
                 name=d.name,
                 drafts=d.stats.n_gen_drafts,
-                drafted=d.stats.n_gen_tokens,
+                proposed=d.stats.n_gen_tokens,
                 accepted=d.stats.n_acc_tokens,
                 acceptance_per_position=tuple(d.stats.acceptance_per_position()),
                 draft_ms=d.stats.t_draft_ms,

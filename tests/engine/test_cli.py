@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,7 +148,19 @@ def test_bench_speculative_modes_side_by_side(tmp_path: Path, tiny_models: dict[
     assert set(modes) == {"plain", "ngram-mod", "draft-simple"}
     assert all(m["identical"] for m in modes.values())
     assert modes["draft-simple"]["accepted"] == modes["draft-simple"]["drafted"] > 0
+    assert modes["draft-simple"]["proposed"] >= modes["draft-simple"]["drafted"]
     assert modes["plain"]["speedup"] == 1.0
+
+
+def test_bench_names_proposed_drafted_and_accepted(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    """The table's counts say which is which: proposed (the drafters'), drafted (verified), accepted."""
+    args = ("bench", "-m", str(tiny_models["llama"]), "--spec-type", "ngram-mod", "-n", "16", "-r", "1", "-t", "2")
+    result = llmtui(*args, data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    header = next(line for line in result.stdout.splitlines() if "speedup" in line)
+    assert header.split()[3:6] == ["proposed", "drafted", "accepted"]
+    plain = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["plain"])
+    assert plain.split()[3:6] == ["-", "-", "-"]
 
 
 def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
@@ -196,8 +209,20 @@ def test_run_with_speculation_reports_statistics(tmp_path: Path, tiny_models: di
     drafted = copied["provenance"].count("ngram-mod")
     assert 0 < drafted <= copied["speculative"]["accepted"]
     assert set(copied["provenance"]) <= {"ngram-mod", "target", "target/ngram-mod"}  # (where a draft was rejected)
+    assert copied["speculative"]["proposed"] >= copied["speculative"]["drafted"] > 0
     bad = llmtui("run", "-m", str(tiny_models["llama"]), "-p", "hi", "--spec-type", "draft-mtp", data_dir=tmp_path)
     assert bad.returncode == 1 and "no MTP head" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_run_with_speculation_names_proposed_drafted_and_accepted(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    args = ("run", "-m", str(tiny_models["llama"]), "--raw", "-p", "a b c a b c a b c a b c a b c", "--temp", "0")
+    plain = llmtui(*args, "-n", "96", "--spec-type", "ngram-mod", data_dir=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    line = next(line for line in plain.stderr.splitlines() if line.startswith("speculative: "))
+    counts = re.match(r"speculative: proposed (\d+) · drafted (\d+) · accepted (\d+)( \(\d+%\))?, mean", line)
+    assert counts, line
+    proposed, drafted, accepted = (int(counts.group(n)) for n in (1, 2, 3))
+    assert proposed >= drafted >= accepted and drafted > 0
 
 
 def test_run_auto_drafts_with_the_sidecar_beside_the_model(tmp_path: Path, tiny_models: dict[str, Path]) -> None:

@@ -112,7 +112,7 @@ def check_provenance(sources: list[str], done: Finished) -> None:
         assert name in drafters, source
         if source.startswith(REJECTED_PREFIX):
             assert 0 < sources.count(source) <= drafters[name].drafts
-            assert drafters[name].accepted < drafters[name].drafted
+            assert drafters[name].accepted < drafters[name].proposed
     assert sum(not s.startswith(REJECTED_PREFIX) and s != "target" for s in sources) <= s.accepted
 
 

@@ -20,12 +20,15 @@ from app.config import SamplingSettings, load_config, save_config
 from app.modals.model_switcher import ModelSwitcherModal
 from app.modals.speculative import SpeculativePanel
 from app.palette import GROUPS
+from app.screens.spec_check import Side, verdict
 from app.store import open_default_store
 from app.tui import LlmtuiApp
+from app.widgets.spec_meter import SpecMeter
 from app.widgets.tick_box import TICKED, UNTICKED, TickBox
+from engine_ext.protocol import DrafterReport
 from tests.snapshot.test_tui_snapshots import loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
 from tests.tui.test_tui import ready, reply_done, send
-from tests.tui.test_tui_spec import _types_read, _without_engine
+from tests.tui.test_tui_spec import STATS, MeterHost, _types_read, _without_engine
 from tests.waits import wait_until
 
 APP = Path(__file__).resolve().parents[2] / "app"
@@ -262,3 +265,44 @@ async def test_stop_leads_the_footer_while_a_reply_is_written(tiny_models: dict[
 
 def drawn_labels(app: LlmtuiApp) -> str:
     return " ".join(text for _, _, text in footer_items(app))
+
+
+# ----- speculation: proposed, drafted, accepted -------------------------------------------------------------
+
+HELD_OUT = replace(
+    STATS,
+    drafted=59,
+    accepted=41,
+    acceptance_rate=41 / 59,
+    drafters=(
+        DrafterReport("ngram-mod", 12, 100, 30, (0.9, 0.5), 2.0),
+        DrafterReport("ngram-map", 5, 38, 11, (0.7,), 1.0),
+    ),
+)
+"""A run whose drafters proposed 138 tokens, of which 59 were verified (the rest followed an end-of-generation
+token) and 41 accepted: the issue's held-out run."""
+
+
+@pytest.mark.anyio
+async def test_the_meter_details_name_proposed_drafted_and_accepted() -> None:
+    async with MeterHost().run_test(size=(140, 8)) as pilot:
+        meter = pilot.app.query_one(SpecMeter)
+        meter.spec_type, meter.drafters, meter.stats, meter.expanded = (
+            "auto",
+            ("ngram-mod", "ngram-map"),
+            HELD_OUT,
+            True,
+        )
+        await pilot.pause()
+        lines = meter.render().plain.split("\n")
+        assert lines[1].startswith("   proposed 138  drafted 59  accepted 41 (69%)  steps 40")
+        assert "accepted 30 of 100 proposed (30%)" in lines[4] and "accepted 11 of 38 proposed (29%)" in lines[5]
+        assert meter.tooltip is not None and "n_drafted" in str(meter.tooltip)
+
+
+def test_the_speculation_check_names_proposed_drafted_and_accepted() -> None:
+    plain = Side("text", tokens=12, tokens_per_s=100.0, speeds=[100.0])
+    _, line = verdict(plain, replace(plain, tokens_per_s=101.0), HELD_OUT, "auto")
+    assert "proposed 138 · drafted 59 · accepted 41 (69%)" in line
+    assert HELD_OUT.to_dict()["proposed"] == 138 and HELD_OUT.to_dict()["drafted"] == 59
+    assert [d["proposed"] for d in HELD_OUT.to_dict()["drafters"]] == [100, 38]  # type: ignore[index]

@@ -190,13 +190,13 @@ async def test_expanded_meter_shows_counts_positions_time_and_each_drafter() -> 
         lines = meter.render().plain.split("\n")
         assert meter.size.height == len(lines) == 6
         assert lines[0].startswith(" ⚡ auto (ngram-mod+draft-mtp)")
-        assert lines[1] == "   drafted 160  accepted 118 (74%)  steps 40  181.0 tok/s vs plain 133.0"
+        assert lines[1] == "   proposed 160  drafted 160  accepted 118 (74%)  steps 40  181.0 tok/s vs plain 133.0"
         bars = sparkline(STATS.acceptance_per_position, 4)
         assert lines[2] == f"   by position {bars}  1: 95%  2: 80%  3: 70%  4: 50%"
         assert lines[3] == "   drafting 12.0 ms (4%)  verifying 300.0 ms (96%)"
         mod, mtp = (sparkline(report.acceptance_per_position, 3) for report in CHAINED.drafters)
-        assert lines[4] == f"   ngram-mod     30 drafts  100/120 (83%) accepted  {mod}  4.0 ms drafting"
-        assert lines[5] == f"   draft-mtp     10 drafts  18/40 (45%) accepted  {mtp}  8.0 ms drafting"
+        assert lines[4] == f"   ngram-mod     30 drafts  accepted 100 of 120 proposed (83%)  {mod}  4.0 ms drafting"
+        assert lines[5] == f"   draft-mtp     10 drafts  accepted 18 of 40 proposed (45%)  {mtp}  8.0 ms drafting"
         # Sixteen positions: a bar each, the rates of the first four and the last.
         meter.stats = replace(STATS, acceptance_per_position=tuple(1 - i / 16 for i in range(16)), drafters=())
         await pilot.pause()
@@ -232,7 +232,7 @@ async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path)
         lines = meter.render().plain.split("\n")
         assert meter.size.height == len(lines) >= 4
         stats = app.speculation.stats
-        assert lines[1].startswith(f"   drafted {stats.drafted}  accepted {stats.accepted}")
+        assert lines[1].startswith(f"   proposed {stats.proposed}  drafted {stats.drafted}  accepted {stats.accepted}")
         assert lines[2].startswith("   by position ")
         # A click folds it (and ctrl+o or a click opens it again).
         await pilot.click(SpecMeter)
@@ -475,7 +475,7 @@ def test_verdict_says_same_or_where_it_diverged_with_speeds_and_acceptance() -> 
     assert same
     assert line == (
         "✓ The same text (12 tokens) · plain 100.0 tok/s · ngram-mod 150.0 tok/s (1.50× faster, runs "
-        "vary by 4%) · 118 of 160 drafted tokens accepted (74%), 3.95 tokens per step"
+        "vary by 4%) · proposed 160 · drafted 160 · accepted 118 (74%), 3.95 tokens per step"
     )
     other = Side("def add(a, b):\n    return b + a", tokens=12, tokens_per_s=150.0)
     same, line = verdict(plain, other, None, "draft-mtp")

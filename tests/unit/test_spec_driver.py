@@ -46,7 +46,7 @@ def test_statistics_follow_upstream_definitions() -> None:
     assert s.acceptance_per_position == (0.75, 0.75, 0.5, 0.25)  # non-increasing by construction
     assert s.speedup == 2.0
     assert d.accepted == [4, 2, 0, 3]
-    assert s.drafters[0].accepted == 9 and s.drafters[0].drafted == 16
+    assert s.drafters[0].accepted == 9 and s.drafters[0].proposed == 16
 
 
 def test_auto_mode_pauses_when_slower_then_tries_again() -> None:

@@ -112,8 +112,8 @@ class SpecMeter(Widget):
                 row(
                     (f"{report.name:<13} ", "bold"),
                     (f"{report.drafts} drafts  ", label),
-                    (f"accepted {report.accepted} of {report.proposed} proposed{share}  ", ""),
-                    (sparkline(report.acceptance_per_position, SPARK_WIDTH), spark),
+                    (f"accepted {report.accepted} of {report.proposed} proposed{share}", ""),
+                    (f"  {sparkline(report.acceptance_per_position, SPARK_WIDTH)}".rstrip(), spark),
                     (f"  {report.draft_ms:.1f} ms drafting", label),
                 )
             )

@@ -636,7 +636,7 @@ async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> 
             lambda: any("Exported to" in n.message for n in app._notifications),
             what="the export, written in a thread",
         )
-        markdown, json_text = app.export_conversation(conversation.id)
+        markdown, json_text = app.conversations.export(conversation.id)
         assert "a question" in markdown.read_text()
         assert app.store.import_json(json_text.read_text()) != conversation.id
 

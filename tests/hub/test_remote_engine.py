@@ -34,8 +34,8 @@ from app.messages import (
 from app.remote import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from tests.fakes import Collector, FakeServer
+from tests.pilot import wait_for
 from tests.tiny_models import write_tiny_model
-from tests.tui.test_tui import wait_for
 
 SERVER_N_CTX = 512
 SHORT = SamplingSettings(temperature=0.0, max_tokens=8)

@@ -26,8 +26,7 @@ from app.tui import LlmtuiApp
 from app.widgets.spec_meter import SpecMeter
 from app.widgets.tick_box import TICKED, UNTICKED, TickBox
 from engine_ext.protocol import DrafterReport
-from tests.snapshot.test_tui_snapshots import loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
-from tests.tui.test_tui import ready, reply_done, send
+from tests.pilot import loaded, make_app, ready, reply_done, seeded, send  # noqa: F401 (seeded: fixture)
 from tests.tui.test_tui_spec import STATS, MeterHost, _types_read, _without_engine
 from tests.waits import wait_until
 

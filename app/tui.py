@@ -412,7 +412,7 @@ class LlmtuiApp(LlmtuiShell):
 
         dialog = self._open_screen(MakeVectorModal)
         if dialog is not None:
-            dialog.show_progress(event.done, event.total)
+            dialog.show_progress(event.phase, event.done, event.total, event.phase_seconds, event.fraction)
 
     async def on_vector_created(self, event: VectorCreated) -> None:
         from app.modals.make_vector import MakeVectorModal

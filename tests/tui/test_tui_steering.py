@@ -12,11 +12,12 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.message import Message
 from textual.pilot import Pilot
-from textual.widgets import Input, OptionList
+from textual.widgets import Input, Label, OptionList, ProgressBar
 
 from app.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
-from app.messages import SteeringApplied
-from app.modals.make_vector import MakeVectorModal
+from app.controllers.steering import phase_eta, vector_progress_text
+from app.messages import SteeringApplied, VectorProgressed
+from app.modals.make_vector import MakeVectorModal, bar_steps
 from app.models import starter_model_path
 from app.paths import steering_dir
 from app.screens.steering import HeatStrip, SteeringScreen, VectorInfo, VectorSlider, snap_strength
@@ -106,12 +107,12 @@ async def test_slider_keys_fine_coarse_reset_and_limits() -> None:
 @pytest.mark.usefixtures("app_dirs")
 async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tiny_models: dict[str, Path]) -> None:
     user_prompt_set()
-    progress: list[tuple[int, int]] = []
+    progress: list[VectorProgressed] = []
     app = LlmtuiApp(str(tiny_models["llama"]))
 
     def hook(message: Message) -> None:
-        if type(message).__name__ == "VectorProgressed":
-            progress.append((message.done, message.total))  # type: ignore[attr-defined]
+        if isinstance(message, VectorProgressed):
+            progress.append(message)
 
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         await ready(pilot)
@@ -133,12 +134,61 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         await wait_for(pilot, lambda: app.screen is screen and bool(screen.sliders))
         made = steering_dir() / "tiny-llama-tiny-mood.gguf"
         assert made.is_file()
-        assert progress and progress[-1] == (3, 3)
+        # The last word is the written file, at 100%; the phases came in order (a newer event may replace an older).
+        assert progress and (progress[-1].phase, progress[-1].fraction) == ("writing", 1.0)
+        phases = [p.phase for p in progress]
+        assert phases == sorted(phases, key=["evaluating", "directions", "writing"].index)
+        assert [p.fraction for p in progress] == sorted(p.fraction for p in progress)
         slider = screen.sliders[0]
         await wait_for(pilot, lambda: slider.has_focus)  # focus moves to the new slider after it mounts
         assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood"
         assert load_config().steering.vectors == (str(made),)
         await wait_for(pilot, lambda: any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications))
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_make_dialog_shows_each_phase_with_its_eta_and_no_full_bar_before_the_end(
+    tiny_models: dict[str, Path],
+) -> None:
+    """The engine's progress events (as the bridge posts them) drive the dialog: the phase, its step and its ETA
+    from the phase's measured rate; the bar is below 100% until the file is written."""
+    user_prompt_set()
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        app.action_make_vector()
+        await sets_listed(pilot)
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        dialog.making = steering_dir() / "tiny-llama-tiny-mood.gguf"  # as start() sets it while the engine works
+        dialog.query_one("#make-progress").display = True
+        status, bar = dialog.query_one("#make-status", Label), dialog.query_one("#make-progress", ProgressBar)
+
+        async def shown(event: VectorProgressed, text: str) -> None:
+            app.post_message(event)
+            await wait_for(pilot, lambda: text in str(status.render()), what=text)
+
+        await shown(VectorProgressed(0, 16, "evaluating", 0.0, 0.0), "Evaluating pair 1 of 16 · measuring the rate")
+        await shown(VectorProgressed(4, 16, "evaluating", 2.0, 4 / 46), "Evaluating pair 5 of 16 · about 6 s left")
+        assert "in this phase" in str(status.render()) and (bar.progress, bar.total) == (87, 1000)
+        assert "Making tiny-llama-tiny-mood.gguf" in str(dialog.query_one("#make-title", Label).render())
+        # The pairs are done; the directions take most of the time on a wide model: layer by layer, with an ETA.
+        await shown(VectorProgressed(0, 29, "directions", 0.0, 16 / 46), "Computing directions: layer 1 of 29")
+        await shown(VectorProgressed(10, 29, "directions", 20.0, 26 / 46), "layer 11 of 29 · about 38 s left")
+        await shown(VectorProgressed(29, 29, "directions", 58.0, 45 / 46), "layer 29 of 29 · done")
+        assert bar.progress == 978  # shown as 98%, not 100%, while the file is still to be written
+        await shown(VectorProgressed(0, 1, "writing", 0.0, 45 / 46), "Writing the file")
+        await shown(VectorProgressed(1, 1, "writing", 0.01, 1.0), "Written")
+        assert bar.progress == 1000
+
+
+def test_vector_progress_text_and_eta() -> None:
+    assert vector_progress_text("evaluating", 0, 8, 0.0) == "evaluating pair 1 of 8 · measuring the rate…"
+    assert vector_progress_text("evaluating", 2, 8, 3.0) == "evaluating pair 3 of 8 · about 9 s left in this phase"
+    assert vector_progress_text("directions", 30, 120, 45.0).endswith("about 2 min 15 s left in this phase")
+    assert phase_eta(0, 8, 1.0) is None and phase_eta(8, 8, 4.0) == 0.0
+    assert bar_steps(0.996) == 990 and bar_steps(1.0) == 1000 and bar_steps(0.5) == 500
 
 
 @pytest.mark.anyio
@@ -374,7 +424,7 @@ def _make_scene(tiny: Path) -> Any:
         assert isinstance(dialog, MakeVectorModal)
         dialog.making = Path("tiny-qwen35-happy-sad.gguf")
         dialog.query_one("#make-progress").display = True
-        dialog.show_progress(5, 16)
+        dialog.show_progress("evaluating", 5, 16, 10.0, 5 / 36)
         await pilot.pause()
 
     return run

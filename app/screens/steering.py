@@ -314,6 +314,11 @@ class SteeringPanel(Vertical, can_focus=True):
         self.app.steering.remember()
         self.remove_class("-open")
 
+    def on_unmount(self) -> None:
+        """Quitting with the panel open keeps the mix, as closing it does."""
+        if self.is_open:
+            self.app.steering.remember()
+
     def action_move(self, step: int) -> None:
         """↑/↓: the previous or next slider or layer field of the panel (it wraps around)."""
         focusable = [w for w in self.query("VectorSlider, #steering-range Input") if w.focusable]

@@ -300,6 +300,26 @@ async def test_the_panel_leaves_the_reply_in_view_and_a_slider_move_applies_whil
         assert load_config().steering == SteeringSettings((str(vector),), (12.0,))
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_quitting_with_the_panel_open_keeps_the_mix(tiny_models: dict[str, Path]) -> None:
+    vector = synthetic_vector("mood", 64, range(1, 2))
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        _with_tiny_model(app, tiny_models["llama"])
+        await pilot.press("f6")
+        await vectors_listed(pilot)
+        panel = chat_of(app).steering_panel
+        assert panel.is_open and panel.sliders[0].has_focus
+        await pilot.press("down", "down", "down")  # ↑/↓ go round the panel: the layer fields, back to the slider
+        assert panel.sliders[0].has_focus
+        await pilot.press("shift+right")
+        await wait_for(pilot, lambda: app.config.steering.strengths == (0.375,))
+        await pilot.press("ctrl+q")
+    assert load_config().steering == SteeringSettings((str(vector),), (0.375,))
+
+
 async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> SteeringABScreen:
     """F6, the first vector's strength typed as 1 (Enter on its slider), then `b` and Enter: the A/B view once its
     run is done."""

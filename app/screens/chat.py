@@ -184,13 +184,16 @@ class ChatScreen(Screen[None]):
         return self.query_one(SteeringPanel)
 
     async def toggle_steering(self) -> None:
-        """F6: open the steering panel on its sliders, or close it and give the prompt its keys back."""
+        """F6: open the steering panel on its sliders, or close it (the prompt gets the keys back)."""
         panel = self.steering_panel
         if panel.is_open:
             panel.close()
-            self.prompt.focus()
         else:
             await panel.open()
+
+    @on(SteeringPanel.Closed)
+    def _steering_closed(self) -> None:
+        self.prompt.focus()
 
     def _steering_has_focus(self) -> bool:
         focused = self.focused
@@ -659,10 +662,6 @@ class ChatScreen(Screen[None]):
         await self._end_generation("error", {"error": event.description})
 
     def action_stop(self) -> None:
-        if self._steering_has_focus():  # Esc in the steering panel closes it; the reply goes on
-            self.steering_panel.close()
-            self.prompt.focus()
-            return
         if self.generation is not None:
             if not self.generation.cancelling:
                 self.generation.cancelling = True
@@ -672,12 +671,7 @@ class ChatScreen(Screen[None]):
         self.action_back()
 
     def action_back(self) -> None:
-        """Esc when no reply is being written: close the steering panel (from inside it), leave editing, clear the
-        search, or go back to the prompt."""
-        if self._steering_has_focus():
-            self.steering_panel.close()
-            self.prompt.focus()
-            return
+        """Esc when no reply is being written: leave editing, clear the search, or go back to the prompt."""
         if self.edit_target is not None:
             self._leave_edit_mode(restore=True)
             return
@@ -881,6 +875,8 @@ class ChatScreen(Screen[None]):
         )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("stop", "back") and self._steering_has_focus():
+            return False  # Esc in the steering panel is its own: it closes the panel, the reply goes on
         if action == "stop":
             return self.generation is not None
         if action == "back":

@@ -256,6 +256,7 @@ class SteeringPanel(Vertical, can_focus=True):
     """
 
     BINDINGS = [
+        Binding("escape", "close", "Close"),
         Binding("m", "make", "Make vector"),
         Binding("b", "ab", "A/B"),
         Binding("a", "add", "Add file"),
@@ -309,10 +310,17 @@ class SteeringPanel(Vertical, can_focus=True):
         else:
             self.focus()  # m, a, b and c reach the panel until (or if no) sliders show
 
+    class Closed(Message):
+        """The panel was closed (the chat gives the prompt its keys back)."""
+
     def close(self) -> None:
-        """Hide the panel (the steering stays applied) and remember the mix; the prompt gets the keys again."""
+        """Hide the panel (the steering stays applied) and remember the mix."""
         self.app.steering.remember()
         self.remove_class("-open")
+        self.post_message(self.Closed())
+
+    def action_close(self) -> None:
+        self.close()
 
     def on_unmount(self) -> None:
         """Quitting with the panel open keeps the mix, as closing it does."""

@@ -28,6 +28,7 @@ from app.messages import (
     TokensArrived,
 )
 from app.recording import ReplyRecorder
+from app.screens.steering import SteeringPanel
 from app.speculation import short_summary
 from app.store import Conversation, Message, StoreError
 from app.textual_internals.compositor import use_cropped_compositor
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 PURGE_AFTER = timedelta(days=30)
 IDLE_COLLECT_AFTER_S = 2.0
 NARROW_WIDTH = 100  # below this many columns the conversation list is narrower
+STEERING_BESIDE_WIDTH = 110  # from this many columns the steering panel sits beside the transcript, else below it
 FULL_COLLECTIONS_PAUSED = 1_000_000
 DEFAULT_OLD_THRESHOLD = gc.get_threshold()[2]
 
@@ -115,6 +117,7 @@ class ChatScreen(Screen[None]):
     | f2 | Rename the conversation. |
     | f5 | Restart the engine. |
     | ctrl+up | Go to the messages (then c copy, y copy code, e edit, r regenerate, ←/→ branches). |
+    | f6 | Steering panel, beside the transcript (wide) or below it (narrow); F6 or Esc in it closes it. |
     | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
     """
 
@@ -149,18 +152,19 @@ class ChatScreen(Screen[None]):
     def active_bindings(self) -> dict[str, ActiveBinding]:
         """Screen's, in the footer's order, trimmed to what fits its width (F1 lists every key).
 
-        This screen's shown keys come in BINDINGS' order (a focused widget that binds one of them too, as the
-        prompt's TextArea binds f6, would otherwise put it first); while a message or the conversation list has
-        the focus, its own keys come before them. A key that does not fit, and every one after it, is not shown
-        (it still works), nor is a second key for an action or a label already shown (`?` beside F1 Help)."""
+        This screen's and the App's shown keys come in BINDINGS' order (a focused widget that binds one of them
+        too, as the prompt's TextArea binds f6, would otherwise put it first); while a message, the conversation
+        list or the steering panel has the focus, its own keys come before them. A key that does not fit, and every
+        one after it, is not shown (it still works), nor is a second key for an action or a label already shown
+        (`?` beside F1 Help)."""
         focused = self.focused
         widget_first = focused is not None and not isinstance(focused, PromptInput)
 
         def rank(item: tuple[str, ActiveBinding]) -> tuple[int, int]:
-            place = FOOTER_ORDER.get(item[0])
-            if place is None:
+            key, active = item
+            if active.node is not self and active.node is not self.app:  # a widget's own key
                 return (0 if widget_first else 1, 0)
-            return (1 if widget_first else 0, place)
+            return (1 if widget_first else 0, FOOTER_ORDER.get(key, len(FOOTER_ORDER)))
 
         room = (self.size.width or 80) - FOOTER_PALETTE_CELLS
         shown: set[str] = set()
@@ -209,6 +213,7 @@ class ChatScreen(Screen[None]):
                 yield Static("", id="edit-banner")
                 yield PromptInput(id="prompt", placeholder="Message  (Enter sends · Shift+Enter or Ctrl+J new line)")
                 yield StatsBar(id="stats")
+            yield SteeringPanel(id="steering-panel")  # F6: docked beside the chat (wide) or below it (narrow)
         yield Footer(compact=True)
 
     @property
@@ -222,6 +227,27 @@ class ChatScreen(Screen[None]):
     @property
     def stats(self) -> StatsBar:
         return self.query_one(StatsBar)
+
+    @property
+    def steering_panel(self) -> SteeringPanel:
+        return self.query_one(SteeringPanel)
+
+    async def toggle_steering(self) -> None:
+        """F6: open the steering panel on its sliders, or close it (the prompt gets the keys back)."""
+        panel = self.steering_panel
+        if panel.is_open:
+            panel.close()
+        else:
+            await panel.open()
+
+    @on(SteeringPanel.Closed)
+    def _steering_closed(self) -> None:
+        self.prompt.focus()
+
+    def _steering_has_focus(self) -> bool:
+        focused = self.focused
+        panel = self.steering_panel
+        return panel.is_open and focused is not None and (focused is panel or panel in focused.ancestors)
 
     @property
     def header(self) -> AppHeader:
@@ -308,6 +334,7 @@ class ChatScreen(Screen[None]):
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < NARROW_WIDTH, "-narrow")
+        self.set_class(event.size.width >= STEERING_BESIDE_WIDTH, "-steering-beside")
         self.refresh_bindings()  # the footer shows what fits the new width
 
     def sync_engine_state(self) -> None:
@@ -920,6 +947,8 @@ class ChatScreen(Screen[None]):
         )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("stop", "back") and self._steering_has_focus():
+            return False  # Esc in the steering panel is its own: it closes the panel, the reply goes on
         if action == "stop":
             return self.generation is not None
         if action == "back":

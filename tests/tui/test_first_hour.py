@@ -188,7 +188,9 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
             what="Steering: Sliders first",
         )
         await pilot.press("enter")
-        await wait_until(pilot, lambda: type(app.screen).__name__ == "SteeringScreen", what="the steering screen")
+        chat = app.chat
+        assert chat is not None
+        await wait_until(pilot, lambda: chat.steering_panel.is_open, what="the steering panel")
 
 
 # ----- the footer at 80 columns -----------------------------------------------------------------------------

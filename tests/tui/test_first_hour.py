@@ -237,6 +237,12 @@ async def test_the_chat_footer_fits_80_columns_most_useful_keys_first() -> None:
         await wait_until(pilot, lambda: "Copy" in drawn_labels(app), what="the message's keys in the footer")
         labels = assert_footer_fits(app, 80)
         assert labels[0] == "Copy" and labels.count("Help") <= 1
+        # The steering panel (F6) focused: its keys first, Esc closing it, and nothing cut.
+        await pilot.press("f6")
+        await wait_until(pilot, lambda: "Close" in drawn_labels(app), what="the steering panel's keys in the footer")
+        labels = assert_footer_fits(app, 80)
+        assert labels[0] == "Close" and "Help" in labels
+        await pilot.press("escape")
         # Wider: every key of the chat, in the same order.
         await pilot.resize_terminal(200, 50)
         await wait_until(pilot, lambda: "Quit" in drawn_labels(app), what="the footer at 200 columns")

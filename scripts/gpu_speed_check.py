@@ -6,10 +6,11 @@ On a machine with a GPU (CUDA, ROCm/HIP, Vulkan or Metal):
     python scripts/gpu_speed_check.py -m PATH.gguf --backend cuda -p 512 -n 128 --rounds 3
 
 Steps, each printed before it runs:
-1. a virtual environment in .bench/gpu-<backend>/venv with llmtui installed and llama-cpp-python==0.3.36 compiled
-   from source with the backend's CMake flag (the same way the README's GPU section builds it);
+1. a virtual environment in .bench/gpu-<backend>/venv with llama-cpp-python==0.3.36 built by
+   scripts/build_engine.sh (from the sdist with patches/llama.cpp applied, the backend's CMake flag) and llmtui;
 2. `llmtui doctor --json` from that environment must list a GPU device, else the script stops and says so;
-3. llama-bench built with the same flag from the same vendored llama.cpp source (.bench/gpu-<backend>/build);
+3. llama-bench built with the same flag from the same vendored llama.cpp source with the same patches
+   (.bench/src, .bench/gpu-<backend>/build);
 4. alternating rounds of llama-bench and `llmtui bench` with every layer offloaded (-ngl 99), then the
    prompt (pp) and decode (tg) speed of each and the ratio llmtui / llama-bench (goal: tg ≥ 0.98).
 
@@ -26,6 +27,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,30 +56,57 @@ def run(cmd: list[str], *, dry_run: bool, env: dict[str, str] | None = None) -> 
         subprocess.run(cmd, check=True, env=dict(os.environ, **(env or {})))
 
 
+BUILD_ENGINE_BACKEND = {"cuda": "cuda", "hip": "rocm", "vulkan": "vulkan", "metal": "metal"}
+
+
 def setup_engine(backend: str, venv: Path, *, dry_run: bool) -> Path:
-    """A venv with llmtui and a from-source llama-cpp-python built for `backend`; returns its python."""
+    """A venv with llmtui and llama-cpp-python==0.3.36 built for `backend` by scripts/build_engine.sh (from the sdist,
+    with patches/llama.cpp applied: the Vulkan build needs them on Debian 12's headers); returns its python."""
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    if not python.exists():
-        run([sys.executable, "-m", "venv", str(venv)], dry_run=dry_run)
+    run(["bash", str(ROOT / "scripts" / "build_engine.sh"), BUILD_ENGINE_BACKEND[backend], str(venv)], dry_run=dry_run)
     run([str(python), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[starter]"], dry_run=dry_run)
-    # --no-binary forces a compile; --no-cache-dir keeps pip from reusing a CPU-only wheel it built before
-    run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--force-reinstall",
-            "--no-cache-dir",
-            "--no-deps",
-            "--no-binary",
-            "llama-cpp-python",
-            LLAMA_CPP_PYTHON,
-        ],
-        dry_run=dry_run,
-        env={"CMAKE_ARGS": FLAGS[backend]},
-    )
     return python
+
+
+def patch_llama_bench_source(*, dry_run: bool) -> None:
+    """Unpack the vendored llama.cpp where build_llama_bench builds it from (.bench/src) and apply patches/llama.cpp,
+    so llama-bench is built from the same source as the engine (once: a marker lists the patches applied)."""
+    src = WORK / "src"
+    patches = sorted((ROOT / "patches" / "llama.cpp").glob("*.patch"))
+    marker = src / ".llmtui-patches"
+    wanted = "".join(f"{p.name}\n" for p in patches)
+    print(f"$ patch -p1 -d {src} < patches/llama.cpp/*.patch ({len(patches)} patches)", flush=True)
+    if dry_run or (marker.is_file() and marker.read_text() == wanted):
+        return
+    if src.exists():  # unpatched, or patched with another set: unpack afresh
+        shutil.rmtree(src)
+        shutil.rmtree(WORK / "unpacked", ignore_errors=True)
+    WORK.mkdir(exist_ok=True)
+    sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                str(WORK),
+                LLAMA_CPP_PYTHON,
+            ],
+            check=True,
+        )
+        sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(sdists[0]) as tar:
+        tar.extractall(WORK / "unpacked", filter="data")
+    shutil.move(str(next((WORK / "unpacked").iterdir()) / "vendor" / "llama.cpp"), src)
+    for patch in patches:
+        with patch.open("rb") as f:
+            subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", str(src)], stdin=f, check=True)
+    marker.write_text(wanted)
 
 
 def check_doctor(python: Path, *, dry_run: bool) -> None:
@@ -120,6 +149,7 @@ def main() -> int:
     print(f"backend {backend} ({FLAGS[backend]}), working in {home}", flush=True)
     python = setup_engine(backend, home / "venv", dry_run=args.dry_run)
     check_doctor(python, dry_run=args.dry_run)
+    patch_llama_bench_source(dry_run=args.dry_run)
     print(f"$ cmake ... {FLAGS[backend]} (llama-bench from the vendored source, in {home / 'build'})", flush=True)
     if args.dry_run:
         return 0

@@ -1,7 +1,9 @@
 """The command palette's entries (ctrl+p): the app's own commands, grouped by what they act on.
 
-Each title starts with its group ("Chat: …", "Models: …", "Speculation: …", "Steering: …", "View: …", "App: …"), so
-the list reads by topic and typing a group's name lists its commands. Textual's generic system commands (Keys,
+Each title starts with its group ("Chat: …", "Models: …", "Speculation: …", "Steering: …", "View: …", "llmtui: …"),
+so the list reads by topic and typing a group's name lists its commands. The palette sorts the titles as strings, so
+the app-wide group, lowercase "llmtui", comes last: the first entry, highlighted when the palette opens, is a chat
+command, not Quit. Textual's generic system commands (Keys,
 Maximize, Screenshot) are left out: F1 lists every key, and the others are not part of this app; its theme picker
 is kept, as "View: Theme".
 """
@@ -38,8 +40,8 @@ APP_COMMANDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("View: Help (keys)", "Every key, by where it works (F1)", "help"),
     ("View: Dark / light", "Switch the theme (ctrl+t)", "toggle_theme"),
     ("View: Theme", "Choose a colour theme", "change_theme"),
-    ("App: Settings", "Engine options, model folders, remote engines (F3)", "settings"),
-    ("App: Quit", "Quit llmtui (asks first while downloads are unfinished) (ctrl+q)", "quit"),
+    ("llmtui: Settings", "Engine options, model folders, remote engines (F3)", "settings"),
+    ("llmtui: Quit", "Quit llmtui (asks first while downloads are unfinished) (ctrl+q)", "quit"),
 )
 
 # … and on the chat screen (listed while it is the screen the palette opened on).
@@ -63,7 +65,7 @@ CHAT_COMMANDS: Final[tuple[tuple[str, str, str], ...]] = (
     ),
 )
 
-GROUPS: Final = ("App", "Chat", "Models", "Speculation", "Steering", "View")
+GROUPS: Final = ("Chat", "Models", "Speculation", "Steering", "View", "llmtui")
 """The groups (the palette lists its entries by title, so group by group, in this order)."""
 
 

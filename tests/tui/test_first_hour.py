@@ -165,6 +165,7 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
         assert titles == sorted(titles)  # listed by title, so group by group
         groups = {title.split(": ", 1)[0] for title in titles}
         assert groups == set(GROUPS)  # every entry is in a group
+        assert titles[0].startswith("Chat: ") and titles[-1].startswith("llmtui: ")  # Enter at once does not quit
         for gone in ("Keys", "Maximize", "Minimize", "Screenshot", "Theme", "Quit"):  # Textual's own, ungrouped
             assert gone not in titles
         for wanted in (
@@ -177,7 +178,7 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
             "Steering: Sliders",
             "View: Help (keys)",
             "View: Theme",
-            "App: Quit",
+            "llmtui: Quit",
         ):
             assert wanted in titles
         # Typing a group's name narrows the list to that group; Enter runs the highlighted command.

@@ -500,7 +500,7 @@ async def test_help_screen_and_command_palette_entries(tiny_models: dict[str, Pa
             "Chat: Export conversation",
             "Chat: Import conversation",
             "Models: Restart engine",
-            "App: Settings",
+            "llmtui: Settings",
             "View: Help (keys)",
             "View: Dark / light",
             "Speculation: Draft colouring",

@@ -22,14 +22,15 @@ from app import paths
 from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
 from app.modals.model_actions import DeleteModelModal, PullModal
 from app.models import usable_folders
+from app.screens.models_local import PartialRow, size_partials, words_tooltip
 from app.widgets.downloads import DownloadsPanel
 from engine_ext.gguf_info import GGUFError, format_bytes
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
-from models_catalog.download import installed_path
+from models_catalog.download import FINAL_STATES, State, installed_path
 from models_catalog.errors import ModelsError
 from models_catalog.hub import QuantGroup, RepoListing, RepoSummary
-from models_catalog.library import Library, LocalModel
+from models_catalog.library import Library, LocalModel, PartialDownload
 from models_catalog.pull import plan_pull
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ WORK_NAMES = {
     "pull": "Downloading",
     "delete": "Deleting the model",
     "delete-size": "Sizing the model's files",
+    "resume-partial": "Resuming the partial download",
 }
 MAX_MESSAGE = 300
 # Model files of one repository the screen groups into quants. Grouping pairs every file with its sidecars by
@@ -76,6 +78,11 @@ def format_params(n: float) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.1f} B"
     return f"{n / 1e6:.0f} M" if n >= 1e7 else f"{n / 1e6:.1f} M"
+
+
+def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:
+    widget.tooltip = tooltip
+    return widget
 
 
 def memory_text(memory: fit.MachineMemory) -> str:
@@ -122,11 +129,13 @@ class RepoInspected(Message):
 
 
 class LocalModelsListed(Message):
-    """The models on disk."""
+    """The models on disk, and the partial downloads (sized against the Hub when `sized`)."""
 
-    def __init__(self, models: list[LocalModel]) -> None:
+    def __init__(self, models: list[LocalModel], partials: list[PartialRow], sized: bool = True) -> None:
         super().__init__()
         self.models = models
+        self.partials = partials
+        self.sized = sized
 
 
 class LocalModelJudged(Message):
@@ -166,22 +175,31 @@ class ModelsScreen(Screen[None]):
     | Key | Action |
     | :- | :- |
     | 1 / 2 / 3 | Catalog / Search / Local tab. |
-    | / | Search Hugging Face (type, Enter). |
-    | enter | Open the highlighted repo (quants, fit, sidecars); on a quant: download it. |
+    | / | Focus the Hugging Face search box (type, Enter); in the box, / is typed (org/name). |
+    | down | In the search box: to the results. |
+    | enter | Open the highlighted repo (quants, fit, sidecars); on a quant: download it; in the search box with the |
+    |  | results of that query shown: open the highlighted result. |
     | d | Download the highlighted quant (with the sidecars you tick). |
     | u | Use the model in the chat (a local model, or a downloaded quant). |
-    | x, delete | Delete the highlighted local model (asks first). |
-    | p / c | Pause or resume / cancel the highlighted download (in the downloads panel). |
+    | x, delete | Local tab: delete the highlighted model or partial download (asks first); elsewhere: cancel the |
+    |  | highlighted download. |
+    | p | Pause or resume the highlighted download, wherever the focus is. |
+    | r | Local tab: resume the highlighted partial download. |
     | ctrl+r | Reload the local models. |
     | escape, F4 | Back to the chat. |
     """
 
+    # The most useful first: at 80 columns the footer shows what fits.
     BINDINGS = [
-        Binding("escape", "back", "Back"),
-        Binding("slash", "search", "Search"),
+        Binding("slash", "search", "Search", priority=True),
+        Binding("down", "to_results", "Results", show=False),
         Binding("d", "download", "Download"),
-        Binding("u", "use", "Use in chat"),
+        Binding("u", "use", "Use"),
+        Binding("p", "pause_download", "Pause/resume"),
+        Binding("r", "resume_partial", "Resume"),
         Binding("x,delete", "delete", "Delete"),
+        Binding("x", "cancel_download", "Cancel"),
+        Binding("escape", "back", "Back"),
         Binding("ctrl+r", "reload_local", "Reload", show=False),
         Binding("1", "tab('catalog')", "Catalog", show=False),
         Binding("2", "tab('search')", "Search tab", show=False),
@@ -198,6 +216,10 @@ class ModelsScreen(Screen[None]):
         self.memory: fit.MachineMemory | None = None
         self.search_results: list[RepoSummary] = []
         self.local_models: list[LocalModel] = []
+        self.partials: list[PartialRow] = []
+        """Partial downloads in the caches, listed in the Local tab after the models."""
+        self.partials_sized = False
+        """Whether the partials' totals were looked up (the Hub's listing) since the last listing."""
         self.entry: CatalogEntry | None = None
         """The catalog entry in the detail pane (alone, or with its repo inspected)."""
         self.listing: RepoListing | None = None
@@ -209,6 +231,8 @@ class ModelsScreen(Screen[None]):
         self.local_fit: fit.QuantFit | None = None
         self.inspecting: str | None = None
         """The repository being inspected now."""
+        self.searched: tuple[str, str | None, str] | None = None
+        """(query, author, sort) of the last search asked for."""
         self.downloads: DownloadBridge | None = None
 
     # ----- layout -----
@@ -218,21 +242,35 @@ class ModelsScreen(Screen[None]):
         with Horizontal(id="models-main"):
             with TabbedContent(id="models-tabs", initial="catalog"):
                 with TabPane("Catalog", id="catalog"):
-                    yield OptionList(id="catalog-list")
+                    yield with_tooltip(OptionList(id="catalog-list"), words_tooltip("unverified"))
                 with TabPane("Search", id="search"):
                     yield Input(placeholder="Search Hugging Face GGUF repos", id="search-query")
                     with Horizontal(id="search-options"):
                         yield Input(placeholder="author", id="search-author", compact=True)
                         yield Select(SORTS, value="downloads", allow_blank=False, id="search-sort", compact=True)
-                    yield OptionList(id="search-results")
+                    yield with_tooltip(OptionList(id="search-results"), words_tooltip("gated"))
                 with TabPane("Local", id="local"):
-                    yield OptionList(id="local-list")
+                    yield with_tooltip(
+                        OptionList(id="local-list"),
+                        words_tooltip("+mtp, +dflash…", "incomplete", "unusable", "partial", "needs, memory"),
+                    )
             with Vertical(id="models-detail"):
                 with VerticalScroll(id="detail-scroll"):
-                    yield Static("", id="detail-info")
-                    yield OptionList(id="quant-list")
+                    info = Static("", id="detail-info")
+                    info.tooltip = words_tooltip(
+                        "unverified", "gated", "fits", "tight", "too big", "needs, memory", "incomplete", "unusable"
+                    )
+                    yield info
+                    yield with_tooltip(
+                        OptionList(id="quant-list"),
+                        words_tooltip("★", "✓", "fits", "tight", "too big", "needs, memory", "+mtp, +dflash…"),
+                    )
                     yield Static("", id="detail-notes")
-        yield DownloadsPanel(id="downloads")
+        panel = DownloadsPanel(id="downloads")
+        panel.tooltip = words_tooltip(
+            "queued", "waiting", "checking", "downloading", "verifying", "paused", "done", "failed", "cancelled"
+        )
+        yield panel
         yield Footer()
 
     def on_mount(self) -> None:
@@ -321,12 +359,47 @@ class ModelsScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="local", exit_on_error=False)
     def _list_local(self) -> None:
+        """The models on disk and the partial downloads; then the partials' totals from the Hub's listing."""
         try:
-            models = self._library().models()
+            library = self._library()
+            models, partials = library.models(), library.partials()
         except (ModelsError, OSError, ValueError) as error:  # ValueError: a folder name the OS refuses (NUL)
             self.post_message(ModelsWorkFailed("Listing local models", str(error)))
             return
-        self.post_message(LocalModelsListed(models))
+        self.post_message(LocalModelsListed(models, [PartialRow(p) for p in partials], sized=not partials))
+        if partials:
+            self.post_message(LocalModelsListed(models, size_partials(partials)))
+
+    @work(thread=True, group="resume-partial", exit_on_error=False)
+    def _resume_partial(self, row: PartialRow) -> None:
+        """Find the partial's file on the Hub (when not known yet) and queue it: the download resumes from the
+        bytes on disk, in the downloads panel."""
+        file = row.file or size_partials([row.partial])[0].file
+        if file is None:
+            self.post_message(
+                ModelsWorkFailed(
+                    f"Resuming {row.name}",
+                    f"no file of {row.partial.repo_id} has this content at its current revision; delete it with x",
+                )
+            )
+            return
+        try:
+            assert self.downloads is not None
+            self.downloads.resume_file(file)
+        except ModelsError as error:
+            self.post_message(ModelsWorkFailed(f"Resuming {file.name}", str(error)))
+
+    @work(thread=True, group="delete", exit_on_error=False)
+    def _delete_partial(self, partial: PartialDownload, name: str) -> None:
+        try:
+            freed = self._library().clean_partials([partial])
+        except (ModelsError, OSError) as error:
+            self.post_message(ModelsWorkFailed(f"Deleting {name}", str(error)))
+            return
+        if not freed:
+            self.post_message(ModelsWorkFailed(f"Deleting {name}", "a process is writing it; pause it first (p)"))
+            return
+        self.post_message(ModelDeleted(name, freed))
 
     @work(thread=True, exclusive=True, group="local-fit", exit_on_error=False)
     def _judge_local(self, model: LocalModel, memory: fit.MachineMemory | None) -> None:
@@ -410,9 +483,12 @@ class ModelsScreen(Screen[None]):
             quants.focus()
 
     def on_local_models_listed(self, message: LocalModelsListed) -> None:
-        self.local_models = message.models
+        self.local_models, self.partials, self.partials_sized = message.models, message.partials, message.sized
         local_list = self.query_one("#local-list", OptionList)
         previous = self.local.path if self.local else None
+        previous_id = (
+            local_list.get_option_at_index(local_list.highlighted).id if local_list.highlighted is not None else None
+        )
         local_list.clear_options()
         for index, model in enumerate(message.models):
             label = Text(model.name, style="bold")
@@ -424,7 +500,9 @@ class ModelsScreen(Screen[None]):
             if model.problem:
                 label.append("  unusable", style="red")
             local_list.add_option(Option(label, id=str(index)))
-        if not message.models:
+        for row in message.partials:
+            local_list.add_option(Option(row.label(), id=f"partial-{row.partial.path}"))
+        if not message.models and not message.partials:
             local_list.add_option(
                 Option(
                     Text("No models on disk yet: find one in Catalog or Search.", style="italic"),
@@ -434,9 +512,16 @@ class ModelsScreen(Screen[None]):
             )
         else:
             paths_now = [m.path for m in message.models]
-            local_list.highlighted = paths_now.index(previous) if previous in paths_now else 0
+            ids_now = [local_list.get_option_at_index(i).id for i in range(local_list.option_count)]
+            if previous in paths_now:
+                local_list.highlighted = paths_now.index(previous)
+            elif previous_id is not None and previous_id.startswith("partial-") and previous_id in ids_now:
+                local_list.highlighted = ids_now.index(previous_id)
+            else:
+                local_list.highlighted = 0
         if self._active_tab() == "local":
             self._show_highlighted_local()
+        self.refresh_bindings()
 
     def on_local_model_judged(self, message: LocalModelJudged) -> None:
         if self.local is None or message.model.path != self.local.path:
@@ -456,7 +541,17 @@ class ModelsScreen(Screen[None]):
         self.notify(one_line(f"{message.what}: {message.error}", 2 * MAX_MESSAGE), severity="error", timeout=12)
 
     def on_download_progressed(self, message: DownloadProgressed) -> None:
-        self.downloads_panel.show_progress(message.progress)
+        panel = self.downloads_panel
+        row = panel.rows.get(message.progress.task_id)
+        before = row.progress.state if row is not None else None
+        panel.show_progress(message.progress)
+        stopped = (State.PAUSED, State.FAILED, State.CANCELLED)
+        if message.progress.state in stopped and before != message.progress.state:
+            self._list_local()  # its partial file shows in the Local tab (or is gone, when cancelled)
+        self.refresh_bindings()
+
+    def on_descendant_focus(self) -> None:
+        self.refresh_bindings()
 
     def on_pull_finished(self, message: PullFinished) -> None:
         self.notify(f"Downloaded {message.pull.label}. Press u to chat with it.")
@@ -494,10 +589,13 @@ class ModelsScreen(Screen[None]):
             self._open_repo(self.search_results[int(option_id)].repo_id, None)
         elif list_id == "quant-list":
             self.action_download()
+        elif list_id == "local-list" and option_id.startswith("partial-"):
+            self.action_resume_partial()
         elif list_id == "local-list":
             self.action_use()
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()
         if event.pane.id == "local":
             self._show_highlighted_local()
         elif event.pane.id == "catalog" and self.listing is None:
@@ -513,6 +611,13 @@ class ModelsScreen(Screen[None]):
         author = self.query_one("#search-author", Input).value.strip() or None
         sort = str(self.query_one("#search-sort", Select).value)
         results = self.query_one("#search-results", OptionList)
+        if (query, author, sort) == self.searched and self.search_results and results.highlighted is not None:
+            # The results of this very query are shown: Enter opens the highlighted one (it took a second Enter,
+            # the first searching again and moving the focus to the results).
+            results.focus()
+            results.action_select()
+            return
+        self.searched = (query, author, sort)
         results.clear_options()
         results.add_option(Option(Text("Searching…", style="italic"), id="none", disabled=True))
         self._search(query, author, sort)  # type: ignore[arg-type]
@@ -527,12 +632,30 @@ class ModelsScreen(Screen[None]):
         )
         self._inspect(repo_id, entry, self.memory)
 
+    def _highlighted_partial(self) -> PartialRow | None:
+        """The partial download highlighted in the Local tab (when the tab shows)."""
+        if not self.is_mounted or self._active_tab() != "local":
+            return None
+        local_list = self.query_one("#local-list", OptionList)
+        if local_list.highlighted is None:
+            return None
+        option_id = local_list.get_option_at_index(local_list.highlighted).id or ""
+        return next((r for r in self.partials if option_id == f"partial-{r.partial.path}"), None)
+
     def _show_highlighted_local(self) -> None:
         local_list = self.query_one("#local-list", OptionList)
         index = local_list.highlighted
         if index is None:
             return
         option_id = local_list.get_option_at_index(index).id or ""
+        partial = self._highlighted_partial()
+        if partial is not None:
+            self.local, self.local_fit = None, None
+            self._clear_detail()
+            self.entry, self.listing, self.report = None, None, None
+            self.query_one("#detail-info", Static).update(partial.detail())
+            self.refresh_bindings()
+            return
         if not option_id.isdigit():
             return
         model = self.local_models[int(option_id)]
@@ -682,16 +805,48 @@ class ModelsScreen(Screen[None]):
 
     # ----- actions -----
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Keys act on what is selected on screen, wherever the focus is; those that have nothing to act on now
+        are left out of the footer (False)."""
+        if action == "search":  # in the search box itself, / is typed (org/name)
+            return self.focused is None or self.focused.id != "search-query"
+        if action == "to_results":
+            focused = self.focused.id if self.focused is not None else None
+            return focused in ("search-query", "search-author") and bool(self.search_results)
+        if action in ("pause_download", "cancel_download"):
+            progress = self.downloads_panel.highlighted if self.is_mounted else None
+            unfinished = progress is not None and progress.state not in FINAL_STATES
+            return unfinished and (action == "pause_download" or self._active_tab() != "local")
+        if action == "delete":
+            return self._active_tab() == "local"
+        if action == "resume_partial":
+            return self._active_tab() == "local" and self._highlighted_partial() is not None
+        return True
+
     def action_back(self) -> None:
         self.dismiss()
+
+    def action_pause_download(self) -> None:
+        self.downloads_panel.action_pause_resume()
+
+    def action_cancel_download(self) -> None:
+        self.downloads_panel.action_cancel()
+
+    def action_to_results(self) -> None:
+        self.query_one("#search-results", OptionList).focus()
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
         target = {"catalog": "#catalog-list", "search": "#search-query", "local": "#local-list"}[tab]
+        if tab == "search" and self.search_results:  # back to results shown: Enter opens the highlighted one
+            target = "#search-results"
         self.query_one(target).focus()
+        self.refresh_bindings()
 
     def action_search(self) -> None:
-        self.action_tab("search")
+        self.query_one(TabbedContent).active = "search"
+        self.query_one("#search-query", Input).focus()
+        self.refresh_bindings()
 
     def action_reload_local(self) -> None:
         self._list_local()
@@ -769,7 +924,35 @@ class ModelsScreen(Screen[None]):
         self.dismiss()
         self.app.open_model(path)
 
+    def action_resume_partial(self) -> None:
+        row = self._highlighted_partial()
+        if row is None:
+            self.notify("Pick a partial download in the Local tab (3) to resume it.")
+            return
+        if row.partial.active:
+            self.notify(f"{row.name} is being downloaded now (p pauses it).")
+            return
+        if self.downloads is None:
+            self.downloads = DownloadBridge(self)
+        self.notify(f"Resuming {row.name} from {format_bytes(row.partial.size)}.")
+        self._resume_partial(row)
+
     def action_delete(self) -> None:
+        row = self._highlighted_partial()
+        if row is not None:
+            if row.partial.active:
+                self.notify(f"{row.name} is being downloaded now; pause it first (p).", severity="warning")
+                return
+
+            def delete_partial(yes: bool | None) -> None:
+                if yes:
+                    self._delete_partial(row.partial, f"partial {row.name}")
+
+            self.app.push_screen(
+                DeleteModelModal(f"partial download {row.name}", [row.partial.path.name], row.partial.size),
+                delete_partial,
+            )
+            return
         model = self.local
         if self._active_tab() != "local" or model is None:
             self.notify("Pick a model in the Local tab (3) to delete it.")

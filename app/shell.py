@@ -6,7 +6,6 @@ module (which imports them): screens talk to controllers and to this, never to a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +14,13 @@ from textual.app import App
 if TYPE_CHECKING:
     from app.bridge import EngineBridge
     from app.config import Config
-    from app.controllers import GenerationRouter, ModelsController, SpeculationController, SteeringController
+    from app.controllers import (
+        ConversationsController,
+        GenerationRouter,
+        ModelsController,
+        SpeculationController,
+        SteeringController,
+    )
     from app.messages import ModelSummary
     from app.remote import RemoteBridge
     from app.store import Store
@@ -35,6 +40,7 @@ class LlmtuiShell(App[None]):
     steering: SteeringController
     models: ModelsController
     generation: GenerationRouter
+    conversations: ConversationsController
 
     def set_engine_state(self, state: str) -> None:
         raise NotImplementedError
@@ -44,13 +50,6 @@ class LlmtuiShell(App[None]):
         raise NotImplementedError
 
     def open_model(self, path: Path) -> None:
-        raise NotImplementedError
-
-    def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
-        raise NotImplementedError
-
-    def export_in_background(self, conversation_id: int, done: Callable[[tuple[Path, Path] | str], None]) -> None:
-        """Export with the files written in a thread; `done` gets the two paths or what went wrong."""
         raise NotImplementedError
 
     def remember_sidebar(self, shown: bool) -> None:

@@ -3,10 +3,8 @@ them and to the screens (generation events to the request's owner)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +24,13 @@ from app.config import (
     load_config,
     save_config,
 )
-from app.controllers import GenerationRouter, ModelsController, SpeculationController, SteeringController
+from app.controllers import (
+    ConversationsController,
+    GenerationRouter,
+    ModelsController,
+    SpeculationController,
+    SteeringController,
+)
 from app.messages import (
     EngineCrashed,
     EngineRecovering,
@@ -51,7 +55,7 @@ from app.messages import (
 )
 from app.modals.pick import PickModal
 from app.models import ModelNotFound, resolve_model, starter_model_path, user_path
-from app.private_files import private_dir, secure_app_dirs, take_notice, write_private_text
+from app.private_files import secure_app_dirs, take_notice
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
 from app.screens.chat import ChatScreen
 from app.shell import LlmtuiShell
@@ -60,10 +64,6 @@ from app.store import Store, StoreError, open_default_store
 _S = TypeVar("_S", bound=Screen[Any])
 
 THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
-
-
-def _safe_file_name(title: str) -> str:
-    return re.sub(r"[^\w.-]+", "-", title).strip("-")[:50] or "conversation"
 
 
 class LlmtuiApp(LlmtuiShell):
@@ -114,6 +114,7 @@ class LlmtuiApp(LlmtuiShell):
         self.steering = SteeringController(self, self.models)
         self.generation = GenerationRouter()
         """Generation events go to the request's owner (the chat, an A/B view)."""
+        self.conversations = ConversationsController(self)
 
     # ----- startup and shutdown -----
 
@@ -630,64 +631,16 @@ class LlmtuiApp(LlmtuiShell):
             if path is None:
                 self.notify(f"{text.strip()!r} cannot be a path.", severity="error", timeout=10)
                 return
-            # The file is read in a thread (no file I/O on the event loop), then imported here.
-            self.run_worker(
-                partial(self._read_import, path), name="read-import", group="import", thread=True, exit_on_error=False
-            )
+            self.conversations.import_file(path)
 
         self.push_screen(
             TextPromptModal("Import a conversation (JSON exported by llmtui)", "", "path to .json"), import_file
         )
 
-    def _read_import(self, path: Path) -> None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a name the OS refuses
-            self.call_from_thread(self.notify, f"Could not import {path}: {error}", severity="error", timeout=10)
-            return
-        self.call_from_thread(self._import_text, path, text)
-
-    def _import_text(self, path: Path, text: str) -> None:
-        try:
-            conversation_id = self.store.import_json(text)
-        except StoreError as error:
-            self.notify(f"Could not import {path}: {error}", severity="error", timeout=10)
-            return
+    def show_conversation(self, conversation_id: int) -> None:
         chat = self.chat
         if chat is not None and chat.generation is None:
             self.call_later(chat.open_conversation, conversation_id)
-        self.notify(f"Imported {path.name}.")
-
-    def export_conversation(self, conversation_id: int) -> tuple[Path, Path]:
-        """Write the conversation as Markdown and JSON into `<data dir>/exports`; the two paths."""
-        return self._write_export(*self._export_texts(conversation_id))
-
-    def export_in_background(self, conversation_id: int, done: Callable[[tuple[Path, Path] | str], None]) -> None:
-        """Export: the texts from the store here (StoreError raised), the files written in a thread (no file I/O on
-        the event loop); `done` gets the two paths or what went wrong."""
-        texts = self._export_texts(conversation_id)
-
-        def write() -> None:
-            try:
-                result: tuple[Path, Path] | str = self._write_export(*texts)
-            except OSError as error:
-                result = str(error)
-            self.call_from_thread(done, result)
-
-        self.run_worker(write, name="export", group="export", thread=True, exit_on_error=False)
-
-    def _export_texts(self, conversation_id: int) -> tuple[str, str, str]:
-        conversation = self.store.get_conversation(conversation_id)
-        stem = f"{_safe_file_name(conversation.title)}-{conversation.id}"
-        return stem, self.store.export_markdown(conversation_id), self.store.export_json(conversation_id)
-
-    @staticmethod
-    def _write_export(stem: str, markdown: str, json_text: str) -> tuple[Path, Path]:
-        folder = private_dir(paths.data_dir() / "exports")
-        markdown_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
-        write_private_text(markdown_path, markdown)
-        write_private_text(json_path, json_text)
-        return markdown_path, json_path
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

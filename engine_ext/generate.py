@@ -10,10 +10,6 @@ from itertools import accumulate
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.chat import (
     ChatTemplateCancelled,
-    ReasoningSplitter,
-    StopStringMatcher,
-    Utf8StreamDecoder,
-    prompt_opens_reasoning,
     render_chat,
     truncate_messages_to_fit,
 )
@@ -32,6 +28,7 @@ from engine_ext.protocol import (
     TokenChunk,
     rejected_by,
 )
+from engine_ext.reply_stream import ReasoningSplitter, StopStringMatcher, Utf8StreamDecoder, prompt_opens_reasoning
 from engine_ext.sampling import Sampler
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver

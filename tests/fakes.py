@@ -1,14 +1,22 @@
 """Test doubles shared by the test files: a scripted engine client the app's real bridge drives, and the app built on
-it. One definition here instead of one per test file."""
+it; a message collector standing in for the App; a stdlib OpenAI-compatible server. One definition here instead of
+one per test file."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
+import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from textual.message import Message
+
+from app.messages import TokensArrived
 from engine_ext.protocol import Cancel, Generate, Hello, Loaded, LoadModel, ModelInfo
+from tests.quiet_http import QuietHTTPServer
 
 if TYPE_CHECKING:
     from app.config import SamplingSettings
@@ -105,3 +113,166 @@ def scripted_app(
         **extra,
     )  # type: ignore[arg-type]
     return app
+
+
+# ----- the App as a message target, and an OpenAI-compatible server -------------------------------------------
+
+WAIT_S = 30.0
+
+
+class Collector:
+    """A MessageTarget that keeps every message, thread-safely, and waits for one of a kind."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self._changed = threading.Condition()
+
+    def post_message(self, message: Message) -> bool:
+        with self._changed:
+            self.messages.append(message)
+            self._changed.notify_all()
+        return True
+
+    def wait_for(self, kind: type[Message] | tuple[type[Message], ...], timeout: float = WAIT_S) -> Any:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                found = next((m for m in self.messages if isinstance(m, kind)), None)
+                if found is not None:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    got = [type(m).__name__ for m in self.messages]
+                    raise AssertionError(f"no {kind} within {timeout} s; got {got}")
+                self._changed.wait(left)
+
+    def of(self, kind: type[Message]) -> list[Any]:
+        with self._changed:
+            return [m for m in self.messages if isinstance(m, kind)]
+
+    def text(self) -> str:
+        return "".join(m.text for m in self.of(TokensArrived))
+
+
+def sse(chunks: list[dict[str, Any] | str]) -> list[bytes]:
+    return [f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks]
+
+
+def delta(content: str = "", reasoning: str = "", finish: str | None = None) -> dict[str, Any]:
+    piece: dict[str, Any] = {}
+    if content:
+        piece["content"] = content
+    if reasoning:
+        piece["reasoning_content"] = reasoning
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": piece, "finish_reason": finish}]}
+
+
+# A llama-server (b6000-era) stream with speculative decoding on: reasoning, text, the final chunk's timings.
+LLAMA_SERVER_STREAM: list[dict[str, Any] | str] = [
+    delta(reasoning="The user says hi."),
+    delta(reasoning=" Answer briefly."),
+    delta(content="Hello"),
+    delta(content=" there"),
+    delta(content="!"),
+    {
+        **delta(finish="stop"),
+        "timings": {
+            "cache_n": 3,
+            "prompt_n": 11,
+            "prompt_ms": 12.5,
+            "prompt_per_second": 880.0,
+            "predicted_n": 5,
+            "predicted_ms": 40.0,
+            "predicted_per_second": 125.0,
+            "draft_n": 8,
+            "draft_n_accepted": 6,
+        },
+    },
+    {
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": 14, "completion_tokens": 5, "total_tokens": 19},
+    },
+    "[DONE]",
+]
+
+
+class FakeServer:
+    """A stdlib OpenAI-compatible server whose chat answer is `behaviour`; records the requests it gets."""
+
+    def __init__(self, behaviour: str, models: tuple[str, ...] = ("fake-model",)) -> None:
+        self.behaviour = behaviour
+        self.models = models
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.disconnected = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _json(self, status: int, payload: object) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                owner.requests.append((self.path, dict(self.headers), b""))
+                if owner.behaviour == "401":
+                    self._json(401, {"error": {"message": "Invalid API key", "type": "invalid_request_error"}})
+                elif self.path == "/v1/models":
+                    self._json(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": m, "object": "model", "max_model_len": 2048} for m in owner.models],
+                        },
+                    )
+                else:
+                    self._json(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                owner.requests.append((self.path, dict(self.headers), body))
+                if owner.behaviour == "401":
+                    self._json(401, {"error": {"message": "Invalid API key", "type": "invalid_request_error"}})
+                    return
+                if owner.behaviour == "500":
+                    self._json(500, {"error": {"message": "CUDA out of memory", "type": "server_error"}})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                chunks: list[bytes] = {
+                    "replay": sse(LLAMA_SERVER_STREAM),
+                    "drop": sse([delta(content="Partial"), delta(content=" reply")]),
+                    "stall": sse([delta(content="Thinking")]),
+                    "error-event": sse([delta(content="Half"), {"error": {"message": "the model crashed"}}]),
+                }[owner.behaviour]
+                for chunk in chunks:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                if owner.behaviour == "stall":  # silent until the client goes away
+                    try:
+                        while True:
+                            time.sleep(0.05)
+                            self.wfile.write(b": keep-alive\n\n")
+                            self.wfile.flush()
+                    except OSError:
+                        owner.disconnected.set()
+                self.close_connection = True
+
+        self.server = QuietHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -430,7 +430,7 @@ class ChatScreen(Screen[None]):
             self.notify("Nothing to export yet.")
             return
         try:
-            self.app.export_in_background(target, self._exported)  # the files are written in a thread
+            self.app.conversations.export_in_background(target, self._exported)  # the files are written in a thread
         except StoreError as error:
             self.notify(f"Export failed: {error}", severity="error")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hub.test_remote_engine import FakeServer
+from tests.fakes import FakeServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,8 +27,8 @@ from engine_ext.gguf_info import GGUFError
 from models_catalog import download, fit, hfcache, hub, transport
 from models_catalog.download import RemoteFile, TransferOptions
 from models_catalog.errors import DownloadError, ModelsError
+from tests.fakes import Collector
 from tests.hostile_http import CASES, COMMIT, FILE_SHA256, FILE_SIZE, HostileHTTPServer
-from tests.hub.test_remote_engine import Collector
 from tests.hub_server import HubServer
 
 REPO = "evil/Repo"

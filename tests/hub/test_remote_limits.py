@@ -13,7 +13,7 @@ import pytest
 from app.config import RemoteSettings, SamplingSettings
 from app.messages import GenerationFailed, ModelLoaded
 from app.remote import MAX_SSE_LINE, RemoteBridge, RemoteError, list_models
-from tests.hub.test_remote_engine import Collector
+from tests.fakes import Collector
 from tests.quiet_http import QuietHTTPServer
 
 

@@ -11,75 +11,8 @@ import pytest
 from textual.pilot import Pilot
 
 from app.config import RemoteSettings
-from app.messages import ModelSummary
-from app.store import open_default_store
 from app.tui import LlmtuiApp
-
-SIZES = [(80, 24), (120, 40)]
-MODEL = ModelSummary(
-    path="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-    name="SmolLM2-135M-Instruct.Q4_1",
-    architecture="llama",
-    backend="CPU",
-    n_ctx=4096,
-    n_params=134_515_008,
-    size_bytes=98_000_000,
-    load_ms=300.0,
-)
-REPLY = """\
-Here is a function that reverses a string:
-
-```python
-def reverse(text: str) -> str:
-    return text[::-1]
-```
-
-- It works on **any** string.
-- Slicing makes a copy.
-"""
-
-
-@pytest.fixture
-def seeded(app_dirs: tuple[Path, Path]) -> None:
-    """A history with one conversation: two branches of a question, reasoning, a stopped reply."""
-    store = open_default_store()
-    older = store.create_conversation("Shopping list")
-    store.add_user_message(older.id, "Milk, eggs, bread")
-    conversation = store.create_conversation("Reverse a string")
-    first = store.add_user_message(conversation.id, "How do I reverse a string in Python?")
-    reply = store.begin_assistant_message(conversation.id, first.id, "SmolLM2-135M-Instruct.Q4_1")
-    store.finish_assistant_message(reply, "Use slicing.", "", "complete", {})
-    edited = store.edit_user_message(first.id, "How do I reverse a string in Python? Show code.")
-    reply = store.begin_assistant_message(conversation.id, edited.id, "SmolLM2-135M-Instruct.Q4_1")
-    stats = {
-        "decode_tps": 42.5,
-        "ttft_ms": 120.0,
-        "prompt_tokens": 31,
-        "generated_tokens": 48,
-        "n_ctx": 4096,
-        "n_ctx_used": 79,
-    }
-    store.finish_assistant_message(reply, REPLY, "The user wants code. Slicing is simplest.", "complete", stats, 48)
-    question = store.add_user_message(conversation.id, "And for a list?")
-    stopped = store.begin_assistant_message(conversation.id, question.id, "SmolLM2-135M-Instruct.Q4_1")
-    store.finish_assistant_message(stopped, "Lists have a `reverse()` method, and", "", "stopped", {})
-    store.close()
-
-
-def make_app() -> LlmtuiApp:
-    return LlmtuiApp("starter", start_engine=False)
-
-
-async def loaded(pilot: Pilot[Any]) -> None:
-    app = pilot.app
-    assert isinstance(app, LlmtuiApp)
-    app.model = MODEL
-    app.set_engine_state("ready")
-    await pilot.pause()
-    chat = app.chat
-    assert chat is not None
-    chat.prompt.cursor_blink = False
-    await pilot.pause()
+from tests.pilot import SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: a fixture)
 
 
 def then(*steps: Callable[[Pilot[Any]], Awaitable[None]]) -> Callable[[Pilot[Any]], Awaitable[None]]:
@@ -155,6 +88,11 @@ async def remote_dialog(pilot: Pilot[Any]) -> None:
     screen = pilot.app.screen
     assert isinstance(screen, SettingsScreen)
     screen.edit_remote(1)
+    await pilot.pause()
+    from textual.widgets import Input
+
+    for field in pilot.app.screen.query(Input):  # a steady cursor: a blinking one is drawn or not by timing
+        field.cursor_blink = False
     await pilot.pause()
 
 

@@ -16,7 +16,7 @@ import pytest
 from app.config import SamplingSettings
 from app.tui import LlmtuiApp
 from tests.conftest import HermeticDirs
-from tests.tui.test_tui import ready, reply_done, send
+from tests.pilot import ready, reply_done, send
 from tests.waits import wait_until
 
 # The user's own directories, as the app and platformdirs find them in the environment this run started with:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from textual.pilot import Pilot
 
 from app.config import SamplingSettings, load_config
 from app.models import starter_model_path
@@ -19,76 +16,12 @@ from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.live_body import LiveMessage
 from app.widgets.message_view import BACKGROUND_RENDER_CHARS, MessageView
-from tests.waits import wait_until
+from tests.pilot import chat_of, line_text, press_and_start, ready, reply_done, send, stop_mid_reply, wait_for
 
 pytestmark = pytest.mark.usefixtures("app_dirs")
 
 SHORT = SamplingSettings(temperature=0.0, max_tokens=12)
 LONG = SamplingSettings(temperature=0.0, max_tokens=3000)
-WAIT_S = 60.0
-
-
-async def wait_for(pilot: Pilot[None], condition: Callable[[], bool], timeout: float = WAIT_S, what: str = "") -> None:
-    """Let the app run until `condition` holds (fails after `timeout` seconds, naming `what` or the condition's
-    source line)."""
-    await wait_until(pilot, condition, what, timeout_s=timeout)
-
-
-def line_text(line: list[Any]) -> str:
-    """The text of one of Rich's rendered lines (a list of Segments)."""
-    return "".join(segment.text for segment in line).rstrip()
-
-
-def chat_of(app: LlmtuiApp) -> ChatScreen:
-    chat = app.chat
-    assert chat is not None
-    return chat
-
-
-async def ready(pilot: Pilot[None]) -> ChatScreen:
-    app = pilot.app
-    assert isinstance(app, LlmtuiApp)
-    await wait_for(pilot, lambda: app.engine_state == "ready")
-    return chat_of(app)
-
-
-async def send(pilot: Pilot[None], text: str) -> None:
-    chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    chat.prompt.focus()
-    started = chat.replies_started
-    chat.prompt.load_text(text)
-    await pilot.press("enter")
-    await wait_for(pilot, lambda: chat.replies_started > started)
-
-
-async def press_and_start(pilot: Pilot[None], *keys: str) -> None:
-    """Press keys that start a reply and wait until it has started."""
-    chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    started = chat.replies_started
-    await pilot.press(*keys)
-    await wait_for(pilot, lambda: chat.replies_started > started)
-
-
-async def reply_done(pilot: Pilot[None]) -> None:
-    chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    await wait_for(pilot, lambda: chat.generation is None and pilot.app.engine_state == "ready")
-    await pilot.pause()
-
-
-async def stop_mid_reply(pilot: Pilot[None]) -> None:
-    """Once some tokens arrived, press Esc while the engine is paused (SIGSTOP), so the tiny model, which is
-    fast, cannot finish first; then let it see the cancel."""
-    chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    await wait_for(pilot, lambda: chat.generation is None or chat.generation.recorder.tokens > 0)
-    assert chat.generation is not None, "the reply ended before it could be stopped"
-    pid = pilot.app.bridge.pid or 0  # type: ignore[attr-defined]
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        await pilot.press("escape")
-        await pilot.pause(0.1)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    await reply_done(pilot)
 
 
 def path_roles_and_states(chat: ChatScreen) -> list[tuple[str, str]]:
@@ -636,7 +569,7 @@ async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> 
             lambda: any("Exported to" in n.message for n in app._notifications),
             what="the export, written in a thread",
         )
-        markdown, json_text = app.export_conversation(conversation.id)
+        markdown, json_text = app.conversations.export(conversation.id)
         assert "a question" in markdown.read_text()
         assert app.store.import_json(json_text.read_text()) != conversation.id
 

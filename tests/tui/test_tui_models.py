@@ -19,7 +19,7 @@ from app.tui import LlmtuiApp
 from app.widgets.downloads import DownloadsPanel
 from models_catalog.download import Progress, State
 from tests.hub_server import HubServer
-from tests.tui.test_tui import wait_for
+from tests.pilot import wait_for
 
 REPO = "org/Tiny-Qwen35-GGUF"
 GATED = "meta/Gated-GGUF"

@@ -26,8 +26,19 @@ from app.tui import LlmtuiApp
 from app.widgets.message_view import MessageView
 from app.widgets.spec_meter import SpecMeter
 from engine_ext.protocol import DrafterReport, SpeculativeStats
-from tests.snapshot.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
-from tests.tui.test_tui import chat_of, press_and_start, ready, reply_done, send, wait_for
+from tests.pilot import (  # noqa: F401 (seeded: fixture)
+    MODEL,
+    SIZES,
+    chat_of,
+    loaded,
+    make_app,
+    press_and_start,
+    ready,
+    reply_done,
+    seeded,
+    send,
+    wait_for,
+)
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=24)
 

@@ -24,8 +24,7 @@ from app.screens.steering_ab import SteeringABScreen, acceptance_cost, side_read
 from app.tui import LlmtuiApp
 from engine_ext.protocol import SpeculativeStats, SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
-from tests.snapshot.test_tui_snapshots import MODEL, SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
-from tests.tui.test_tui import chat_of, ready, reply_done, send, wait_for
+from tests.pilot import MODEL, SIZES, chat_of, loaded, make_app, ready, reply_done, seeded, send, wait_for  # noqa: F401 (seeded: fixture)
 
 TINY_SET = {
     "name": "tiny-mood",

@@ -41,7 +41,7 @@ from app.widgets.transcript import Transcript
 from engine_ext.client import EngineClient
 from engine_ext.protocol import Generate, TokenChunk, rejected_by
 from tests.fakes import ScriptedEngine, scripted_app
-from tests.tui.test_tui import wait_for
+from tests.pilot import wait_for
 from tests.waits import wait_until
 
 if TYPE_CHECKING:

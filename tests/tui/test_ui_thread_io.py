@@ -25,7 +25,7 @@ from app.modals.speculative import SpeculativePanel
 from app.screens.steering import SteeringScreen
 from app.speculation import model_facts
 from app.tui import LlmtuiApp
-from tests.snapshot.test_tui_snapshots import MODEL
+from tests.pilot import MODEL
 from tests.tui.test_tui_steering import synthetic_vector
 from tests.waits import wait_until
 

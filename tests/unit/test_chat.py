@@ -12,13 +12,10 @@ import pytest
 from engine_ext.chat import (
     FALLBACK_CHAT_TEMPLATE,
     ChatTemplateError,
-    ReasoningSplitter,
-    StopStringMatcher,
-    Utf8StreamDecoder,
-    prompt_opens_reasoning,
     render_chat,
     truncate_messages_to_fit,
 )
+from engine_ext.reply_stream import ReasoningSplitter, StopStringMatcher, Utf8StreamDecoder, prompt_opens_reasoning
 
 # ----- templates (abridged from real GGUF files) -----------------------------------------------------
 

@@ -128,3 +128,43 @@ def test_steering_strengths_and_a_made_vector() -> None:
     steering.vector_created("/v/b.gguf", 3, 10, 1.5)
     assert host.config.steering.vectors == ("/v/a.gguf", "/v/b.gguf") and host.saved == 2
     assert host.notices[-1].startswith("Made b.gguf: 3 layers from 10 pairs")
+
+
+class ConversationsHost(FakeHost):
+    """A FakeHost with a history and workers that run at once, on the caller's thread."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self.store = store
+        self.shown: list[int] = []
+
+    def run_worker(self, work: Any, *args: Any, **kwargs: Any) -> None:
+        work()
+
+    def call_from_thread(self, callback: Any, *args: Any, **kwargs: Any) -> Any:
+        return callback(*args, **kwargs)
+
+    def show_conversation(self, conversation_id: int) -> None:
+        self.shown.append(conversation_id)
+
+
+def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
+    from app.controllers import ConversationsController
+    from app.store import Store
+
+    with Store(tmp_path / "history.db") as store:
+        conversation = store.create_conversation("A/B: tea?")
+        store.add_user_message(conversation.id, "hello")
+        host = ConversationsHost(store)
+        controller = ConversationsController(host)
+        results: list[Any] = []
+        controller.export_in_background(conversation.id, results.append)
+        (markdown, json_path) = results[0]
+        assert markdown.name == f"A-B-tea-{conversation.id}.md" and "hello" in markdown.read_text(encoding="utf-8")
+        controller.import_file(json_path)
+        assert host.shown and host.shown[0] != conversation.id
+        assert [m.content for m in store.active_path(host.shown[0])] == ["hello"]
+        assert host.notices == [f"Imported {json_path.name}."]
+        controller.import_file(tmp_path / "missing.json")
+        assert host.notices[-1].startswith(f"Could not import {tmp_path / 'missing.json'}")
+        assert len(host.shown) == 1

@@ -122,7 +122,7 @@ async def test_the_app_says_once_that_it_tightened_and_exports_are_0600(tiny_mod
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         assert [n for n in notices if "owner-only" in n and str(data) in n], notices
-        markdown, json_path = app.export_conversation(conversation.id)
+        markdown, json_path = app.conversations.export(conversation.id)
         assert mode(markdown) == 0o600 and mode(json_path) == 0o600 and mode(markdown.parent) == 0o700
     assert mode(data) == 0o700 and mode(data / "history.sqlite3") == 0o600
 

@@ -1,0 +1,151 @@
+"""What the Pilot tests share: bounded waits for the app's states, sending a message, and the scripted scene of the
+snapshots (a seeded history, a model shown as loaded without an engine)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from app.messages import ModelSummary
+from app.screens.chat import ChatScreen
+from app.store import open_default_store
+from app.tui import LlmtuiApp
+from tests.waits import wait_until
+
+WAIT_S = 60.0
+
+
+async def wait_for(pilot: Pilot[None], condition: Callable[[], bool], timeout: float = WAIT_S, what: str = "") -> None:
+    """Let the app run until `condition` holds (fails after `timeout` seconds, naming `what` or the condition's
+    source line)."""
+    await wait_until(pilot, condition, what, timeout_s=timeout)
+
+
+def line_text(line: list[Any]) -> str:
+    """The text of one of Rich's rendered lines (a list of Segments)."""
+    return "".join(segment.text for segment in line).rstrip()
+
+
+def chat_of(app: LlmtuiApp) -> ChatScreen:
+    chat = app.chat
+    assert chat is not None
+    return chat
+
+
+async def ready(pilot: Pilot[None]) -> ChatScreen:
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    await wait_for(pilot, lambda: app.engine_state == "ready")
+    return chat_of(app)
+
+
+async def send(pilot: Pilot[None], text: str) -> None:
+    chat = chat_of(pilot.app)  # type: ignore[arg-type]
+    chat.prompt.focus()
+    started = chat.replies_started
+    chat.prompt.load_text(text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: chat.replies_started > started)
+
+
+async def press_and_start(pilot: Pilot[None], *keys: str) -> None:
+    """Press keys that start a reply and wait until it has started."""
+    chat = chat_of(pilot.app)  # type: ignore[arg-type]
+    started = chat.replies_started
+    await pilot.press(*keys)
+    await wait_for(pilot, lambda: chat.replies_started > started)
+
+
+async def reply_done(pilot: Pilot[None]) -> None:
+    chat = chat_of(pilot.app)  # type: ignore[arg-type]
+    await wait_for(pilot, lambda: chat.generation is None and pilot.app.engine_state == "ready")
+    await pilot.pause()
+
+
+async def stop_mid_reply(pilot: Pilot[None]) -> None:
+    """Once some tokens arrived, press Esc while the engine is paused (SIGSTOP), so the tiny model, which is
+    fast, cannot finish first; then let it see the cancel."""
+    chat = chat_of(pilot.app)  # type: ignore[arg-type]
+    await wait_for(pilot, lambda: chat.generation is None or chat.generation.recorder.tokens > 0)
+    assert chat.generation is not None, "the reply ended before it could be stopped"
+    pid = pilot.app.bridge.pid or 0  # type: ignore[attr-defined]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await reply_done(pilot)
+
+
+SIZES = [(80, 24), (120, 40)]
+MODEL = ModelSummary(
+    path="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    name="SmolLM2-135M-Instruct.Q4_1",
+    architecture="llama",
+    backend="CPU",
+    n_ctx=4096,
+    n_params=134_515_008,
+    size_bytes=98_000_000,
+    load_ms=300.0,
+)
+REPLY = """\
+Here is a function that reverses a string:
+
+```python
+def reverse(text: str) -> str:
+    return text[::-1]
+```
+
+- It works on **any** string.
+- Slicing makes a copy.
+"""
+
+
+@pytest.fixture
+def seeded(app_dirs: tuple[Path, Path]) -> None:
+    """A history with one conversation: two branches of a question, reasoning, a stopped reply."""
+    store = open_default_store()
+    older = store.create_conversation("Shopping list")
+    store.add_user_message(older.id, "Milk, eggs, bread")
+    conversation = store.create_conversation("Reverse a string")
+    first = store.add_user_message(conversation.id, "How do I reverse a string in Python?")
+    reply = store.begin_assistant_message(conversation.id, first.id, "SmolLM2-135M-Instruct.Q4_1")
+    store.finish_assistant_message(reply, "Use slicing.", "", "complete", {})
+    edited = store.edit_user_message(first.id, "How do I reverse a string in Python? Show code.")
+    reply = store.begin_assistant_message(conversation.id, edited.id, "SmolLM2-135M-Instruct.Q4_1")
+    stats = {
+        "decode_tps": 42.5,
+        "ttft_ms": 120.0,
+        "prompt_tokens": 31,
+        "generated_tokens": 48,
+        "n_ctx": 4096,
+        "n_ctx_used": 79,
+    }
+    store.finish_assistant_message(reply, REPLY, "The user wants code. Slicing is simplest.", "complete", stats, 48)
+    question = store.add_user_message(conversation.id, "And for a list?")
+    stopped = store.begin_assistant_message(conversation.id, question.id, "SmolLM2-135M-Instruct.Q4_1")
+    store.finish_assistant_message(stopped, "Lists have a `reverse()` method, and", "", "stopped", {})
+    store.close()
+
+
+def make_app() -> LlmtuiApp:
+    return LlmtuiApp("starter", start_engine=False)
+
+
+async def loaded(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    app.model = MODEL
+    app.set_engine_state("ready")
+    await pilot.pause()
+    chat = app.chat
+    assert chat is not None
+    chat.prompt.cursor_blink = False
+    await pilot.pause()

@@ -23,7 +23,7 @@ from engine_ext.gguf_info import format_bytes
 from models_catalog import hfcache
 from models_catalog.download import State
 from tests.hub_server import HubServer
-from tests.tui.test_tui import ready
+from tests.pilot import ready
 from tests.tui.test_tui_models import REPO, highlight_quant, models_hub, open_models, search_and_open
 from tests.waits import wait_until
 
@@ -54,12 +54,15 @@ async def test_switcher_lists_a_model_just_downloaded_with_size_quant_drafts_and
         screen = await open_models(pilot)
         await download_q8_with_mtp(pilot, screen)
         [model] = [m for m in screen.local_models if m.name == f"{REPO}:Q8_0"]
+        assert screen.report is not None
+        [search_fit] = [q for q in screen.report.quants if q.tag == "Q8_0"]
 
         # F4's figure for it, from the Local tab
         await pilot.press("3")
         await wait_until(pilot, lambda: screen.local is not None and screen.local_fit is not None, "F4's fit")
         assert screen.local is not None and screen.local.path == model.path and screen.local_fit is not None
         f4_need = format_bytes(screen.local_fit.need_bytes)
+        assert screen.local_fit.need_bytes == search_fit.need_bytes  # the same in F4's Search and Local tabs
         await pilot.press("escape")
         await wait_until(pilot, lambda: app.screen is app.chat, "the chat")
 

@@ -12,7 +12,6 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
@@ -22,7 +21,25 @@ from app import paths
 from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
 from app.modals.model_actions import DeleteModelModal, PullModal
 from app.models import usable_folders
+from app.screens.models_detail import (
+    catalog_label,
+    entry_text,
+    local_label,
+    local_text,
+    memory_text,
+    quant_label,
+    repo_text,
+)
 from app.screens.models_local import PartialRow, size_partials, words_tooltip
+from app.screens.models_messages import (
+    HubSearched,
+    LocalModelJudged,
+    LocalModelsListed,
+    MemoryDetected,
+    ModelDeleted,
+    ModelsWorkFailed,
+    RepoInspected,
+)
 from app.widgets.downloads import DownloadsPanel
 from engine_ext.gguf_info import GGUFError, format_bytes
 from models_catalog import fit, hfcache, hub, pairing
@@ -39,7 +56,6 @@ if TYPE_CHECKING:
 SCREEN_NAME = "models"
 SEARCH_LIMIT = 50
 SORTS = (("most downloaded", "downloads"), ("most liked", "likes"), ("recently updated", "updated"))
-VERDICT_STYLES = {"fits": "bold green", "tight": "bold yellow", "too big": "bold red"}
 # What each worker group does, in the words of the one-line message when it fails unexpectedly.
 WORK_NAMES = {
     "memory": "Detecting this machine's memory",
@@ -65,105 +81,17 @@ def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:
+    widget.tooltip = tooltip
+    return widget
+
+
 def _file_size(path: Path) -> int:
     """The size of a file that may have gone since it was listed (0 then)."""
     try:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def format_params(n: float) -> str:
-    """`1.2 B`, `135 M`, `0.8 M`."""
-    if n >= 1e9:
-        return f"{n / 1e9:.1f} B"
-    return f"{n / 1e6:.0f} M" if n >= 1e7 else f"{n / 1e6:.1f} M"
-
-
-def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:
-    widget.tooltip = tooltip
-    return widget
-
-
-def memory_text(memory: fit.MachineMemory) -> str:
-    gpu = f"{format_bytes(memory.vram_total)} VRAM ({', '.join(memory.gpus)})" if memory.vram_total else "no GPU"
-    return f"{format_bytes(memory.ram_total)} RAM · {gpu}"
-
-
-# ----- what the workers found (posted to the screen) -------------------------------------------------------
-
-
-class MemoryDetected(Message):
-    """RAM and VRAM of this machine."""
-
-    def __init__(self, memory: fit.MachineMemory) -> None:
-        super().__init__()
-        self.memory = memory
-
-
-class HubSearched(Message):
-    """Search results from the Hub."""
-
-    def __init__(self, results: list[RepoSummary]) -> None:
-        super().__init__()
-        self.results = results
-
-
-class RepoInspected(Message):
-    """A repository's files grouped by quant and, when its header could be read, the fit of each quant."""
-
-    def __init__(
-        self,
-        listing: RepoListing,
-        groups: list[QuantGroup],
-        report: fit.FitReport | None,
-        fit_error: str | None,
-        entry: CatalogEntry | None,
-    ) -> None:
-        super().__init__()
-        self.listing = listing
-        self.groups = groups
-        self.report = report
-        self.fit_error = fit_error
-        self.entry = entry
-
-
-class LocalModelsListed(Message):
-    """The models on disk, and the partial downloads (sized against the Hub when `sized`)."""
-
-    def __init__(self, models: list[LocalModel], partials: list[PartialRow], sized: bool = True) -> None:
-        super().__init__()
-        self.models = models
-        self.partials = partials
-        self.sized = sized
-
-
-class LocalModelJudged(Message):
-    """The fit of a model on disk."""
-
-    def __init__(self, model: LocalModel, verdict: fit.QuantFit | None, error: str | None) -> None:
-        super().__init__()
-        self.model = model
-        self.verdict = verdict
-        self.error = error
-
-
-class ModelDeleted(Message):
-    """A local model was deleted; `freed` bytes."""
-
-    def __init__(self, name: str, freed: int) -> None:
-        super().__init__()
-        self.name = name
-        self.freed = freed
-
-
-class ModelsWorkFailed(Message):
-    """Background work failed; `error` says why in words a user understands."""
-
-    def __init__(self, what: str, error: str) -> None:
-        super().__init__()
-        self.what = what
-        self.error = error
 
 
 # ----- the screen ----------------------------------------------------------------------------------------
@@ -282,7 +210,7 @@ class ModelsScreen(Screen[None]):
             self.notify(f"The model catalog could not be read: {one_line(str(error))}", severity="error", timeout=10)
         catalog_list = self.query_one("#catalog-list", OptionList)
         for index, entry in enumerate(self.catalog):
-            catalog_list.add_option(Option(self._catalog_label(entry), id=str(index)))
+            catalog_list.add_option(Option(catalog_label(entry), id=str(index)))
         self._detect_memory()
         self._list_local()
         if catalog_list.option_count:
@@ -296,16 +224,6 @@ class ModelsScreen(Screen[None]):
     @property
     def downloads_panel(self) -> DownloadsPanel:
         return self.query_one(DownloadsPanel)
-
-    # ----- labels -----
-
-    def _catalog_label(self, entry: CatalogEntry) -> Text:
-        size = f"{entry.total_params_b:g}B" + (f"-A{entry.active_params_b:g}B" if entry.is_moe else "")
-        label = Text(entry.name, style="bold")
-        label.append(f"  {size}", style="dim")
-        if not entry.verified:
-            label.append("  unverified", style="dim italic")
-        return label
 
     def _set_title(self) -> None:
         title = "Models"
@@ -491,15 +409,7 @@ class ModelsScreen(Screen[None]):
         )
         local_list.clear_options()
         for index, model in enumerate(message.models):
-            label = Text(model.name, style="bold")
-            label.append(f"  {format_bytes(model.size)}", style="dim")
-            if model.sidecars:
-                label.append(f"  +{','.join(sorted(model.sidecars))}", style="cyan")
-            if not model.complete:
-                label.append("  incomplete", style="yellow")
-            if model.problem:
-                label.append("  unusable", style="red")
-            local_list.add_option(Option(label, id=str(index)))
+            local_list.add_option(Option(local_label(model), id=str(index)))
         for row in message.partials:
             local_list.add_option(Option(row.label(), id=f"partial-{row.partial.path}"))
         if not message.models and not message.partials:
@@ -676,22 +586,7 @@ class ModelsScreen(Screen[None]):
         """A catalog entry's facts (no network); Enter inspects its repo."""
         self.entry, self.listing, self.report, self.local = entry, None, None, None
         self._clear_detail()
-        text = Text()
-        text.append(entry.name + "\n", style="bold")
-        size = f"{entry.total_params_b:g} B parameters" + (
-            f", {entry.active_params_b:g} B active (MoE)" if entry.is_moe else ""
-        )
-        text.append(f"{size} · {entry.architecture} · context {entry.context_length} · {entry.license}\n")
-        if entry.capabilities():
-            text.append("Capabilities: " + ", ".join(entry.capabilities()) + "\n")
-        text.append("Repo: " + ", ".join(entry.repos) + ("" if entry.verified else "  (unverified)") + "\n")
-        for kind, repo in sorted(entry.drafts.items()):
-            text.append(f"Paired {kind} draft: {repo}\n", style="dim")
-        if self.memory is not None and entry.quants:
-            memory = self.memory.vram_total or self.memory.ram_total
-            text.append(f"\nFor this machine: {entry.recommended_quant(memory)}\n", style="bold green")
-        text.append("\nEnter: open the repo (quants, fit, sidecars)", style="dim italic")
-        self.query_one("#detail-info", Static).update(text)
+        self.query_one("#detail-info", Static).update(entry_text(entry, self.memory))
 
     def _show_repo(self) -> None:
         listing = self.listing
@@ -700,50 +595,14 @@ class ModelsScreen(Screen[None]):
         previous = self._highlighted_group()
         self._clear_detail()
         report = self.report
-        text = Text()
-        text.append(listing.repo_id, style="bold")
-        text.append(f"  ↓{listing.downloads} ♥{listing.likes}", style="dim")
-        if listing.from_cache:
-            text.append("  (from the cache, offline)", style="dim")
-        text.append("\n")
-        if self.entry is not None:
-            text.append(
-                f"{self.entry.name} · {self.entry.license} · {', '.join(self.entry.capabilities())}\n", style="dim"
-            )
-        if report is not None:
-            info = report.info
-            text.append(
-                f"{info.architecture or '?'} · {format_params(info.n_params)} params · trained context "
-                f"{info.context_length or '?'}\n"
-            )
-            text.append(f"Fit at {report.n_ctx} ctx on {memory_text(report.memory)}\n", style="dim")
-        elif self.fit_error and listing.gated:
-            text.append("No fit: reading the model's header needs access to this gated repo.\n", style="yellow")
-        elif self.fit_error:
-            text.append(f"No fit: {self.fit_error}\n", style="yellow")
-        if listing.gated:
-            guidance = hub.gated_message(listing.repo_id)
-            text.append(
-                ("Gated: " if hfcache.token() else "Gated, and HF_TOKEN is not set: ") + guidance + "\n",
-                style="bold yellow",
-            )
-        sidecars = listing.sidecar_files()
-        if sidecars:
-            text.append(
-                "Sidecars: "
-                + ", ".join(f"{kind} ({', '.join(f.name for f in files)})" for kind, files in sorted(sidecars.items()))
-                + "\n"
-            )
         groups = self.groups
-        if groups:
-            text.append(f"\n   {'Quant':<7} {'download':>10}  {'fit':<7} memory", style="bold dim")
-        self.query_one("#detail-info", Static).update(text)
+        self.query_one("#detail-info", Static).update(repo_text(listing, self.entry, report, self.fit_error, groups))
         quants = self.query_one("#quant-list", OptionList)
         fits = {q.primary: q for q in report.quants} if report else {}
         recommended = report.recommended if report else None
         highlight = 0
         for index, group in enumerate(groups):
-            quants.add_option(Option(self._quant_label(group, fits.get(group.primary), recommended), id=group.primary))
+            quants.add_option(Option(quant_label(group, fits.get(group.primary), recommended), id=group.primary))
             if recommended in (group.tag, group.primary) and previous is None:
                 highlight = index
             if previous is not None and previous.primary == group.primary:
@@ -751,9 +610,6 @@ class ModelsScreen(Screen[None]):
         quants.display = bool(groups)
         if groups:
             quants.highlighted = highlight
-        elif not listing.gguf_files:  # (too many to group: "No fit" above says so)
-            text.append("\nNo GGUF model files in this repository.", style="yellow")
-            self.query_one("#detail-info", Static).update(text)
         notes = Text(
             "★ recommended · ✓ downloaded · Enter or d: download the highlighted quant · u: use it", style="dim italic"
         )
@@ -761,47 +617,10 @@ class ModelsScreen(Screen[None]):
             notes.append("\n" + "\n".join(report.notes), style="dim")
         self.query_one("#detail-notes", Static).update(notes)
 
-    def _quant_label(self, group: QuantGroup, quant_fit: fit.QuantFit | None, recommended: str | None) -> Text:
-        """`★✓ Q4_K_M  989.56 KiB  fits    42.60 MiB +mtp`: recommended, downloaded, size, fit, memory, sidecars."""
-        label = Text()
-        label.append("★" if recommended in (group.tag, group.primary) else " ", style="bold green")
-        label.append("✓ " if installed_path(group.files[0]) is not None else "  ", style="bold")
-        label.append(f"{group.tag or pairing.basename(group.primary):<7}", style="bold")
-        shards = f" ×{group.n_shards}" if group.n_shards > 1 else ""
-        label.append(f" {format_bytes(group.size):>10}{shards}")
-        if quant_fit is not None:
-            label.append(f"  {quant_fit.verdict:<7}", style=VERDICT_STYLES.get(str(quant_fit.verdict), ""))
-            label.append(f" {format_bytes(quant_fit.need_bytes)}", style="dim")
-        if group.sidecars:
-            label.append(" +" + ",".join(group.sidecars), style="cyan")
-        return label
-
     def _show_local(self, model: LocalModel, error: str | None) -> None:
         self._clear_detail()
         self.entry, self.listing, self.report = None, None, None
-        text = Text()
-        text.append(model.name + "\n", style="bold")
-        text.append(
-            f"{format_bytes(model.size)} · {model.architecture or '?'} · quant {model.tag or '?'}"
-            f" · {len(model.files)} file(s)\n"
-        )
-        text.append(f"{model.path}\n", style="dim")
-        where = {"hf-cache": "Hugging Face cache", "llama-cache": "llama.cpp cache"}.get(model.source, model.source)
-        text.append(f"In: {where}\n", style="dim")
-        for kind, path in sorted(model.sidecars.items()):
-            text.append(f"Sidecar {kind}: {path.name}\n", style="cyan")
-        if not model.complete:
-            text.append("Incomplete: shards are missing; download it again to finish.\n", style="yellow")
-        if model.problem:
-            text.append(f"Problem: {model.problem}\n", style="yellow")
-        if self.local_fit is not None:
-            verdict = self.local_fit
-            text.append(f"Fit: {verdict.verdict}", style=VERDICT_STYLES.get(str(verdict.verdict), ""))
-            text.append(f" on {verdict.where}, needs {format_bytes(verdict.need_bytes)}\n")
-        elif error and error != model.problem:
-            text.append(f"Fit unknown: {error}\n", style="yellow")
-        text.append("\nu or Enter: chat with it · x: delete it", style="dim italic")
-        self.query_one("#detail-info", Static).update(text)
+        self.query_one("#detail-info", Static).update(local_text(model, self.local_fit, error))
 
     # ----- actions -----
 

@@ -22,6 +22,8 @@ from models_catalog import drafts, fit, pairing
 from models_catalog.catalog import Catalog
 
 MAX_SCAN_DEPTH: Final = 3
+IN_MODEL_MTP: Final = "draft-mtp"
+"""The draft type of a model that carries its own MTP (NextN) heads: a chat model that drafts for itself."""
 DRAFT_KINDS: Final = frozenset(pairing.DRAFT_KIND_ORDER)
 """Sidecar kinds that draft for a model (mmproj is a projector: shown, but not a draft)."""
 
@@ -115,8 +117,8 @@ def describe_models(
         except (GGUFError, OSError, ValueError) as error:
             out.append(replace(model, problem=" ".join(str(error).split())[:200]))
             continue
-        if info.is_mtp_sidecar or drafts.DRAFT_TYPE_KINDS.get(info.draft_type or "", "model") != "model":
-            continue
+        if info.is_mtp_sidecar or info.draft_type not in (None, IN_MODEL_MTP):
+            continue  # an MTP sidecar, or a DFlash/DSpark/EAGLE3 draft (its own architecture): not a chat model
         try:
             need = fit.fit_local(model.path, memory=memory).need_bytes
         except (GGUFError, OSError, ValueError):
@@ -125,7 +127,8 @@ def describe_models(
             found = drafts.draft_candidates(model.path, everything, catalog, same_vocabulary=False)
         except (GGUFError, OSError, ValueError):
             found = []
-        kinds = tuple(dict.fromkeys(c.kind for c in found))
+        in_model = ("mtp",) if info.draft_type == IN_MODEL_MTP else ()  # its own NextN heads draft
+        kinds = tuple(dict.fromkeys((*in_model, *(c.kind for c in found))))
         out.append(replace(model, need_bytes=need, drafts=kinds))
     return out
 

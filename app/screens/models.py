@@ -44,7 +44,7 @@ from app.widgets.downloads import DownloadsPanel
 from engine_ext.gguf_info import GGUFError, format_bytes
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
-from models_catalog.download import FINAL_STATES, State, installed_path
+from models_catalog.download import FINAL_STATES, DownloadTask, State, installed_path
 from models_catalog.errors import ModelsError
 from models_catalog.hub import QuantGroup, RepoListing, RepoSummary
 from models_catalog.library import Library, LocalModel, PartialDownload
@@ -751,10 +751,30 @@ class ModelsScreen(Screen[None]):
         if row.partial.active:
             self.notify(f"{row.name} is being downloaded now (p pauses it).")
             return
-        if self.downloads is None:
-            self.downloads = DownloadBridge(self)
+        task = self._task_of(row)
+        if task is not None:  # paused in this session: its own task resumes (one row in the panel)
+            assert self.downloads is not None
+            self.downloads.resume(task.task_id)
+        else:
+            if self.downloads is None:
+                self.downloads = DownloadBridge(self)
+            self._resume_partial(row)
         self.notify(f"Resuming {row.name} from {format_bytes(row.partial.size)}.")
-        self._resume_partial(row)
+
+    def _task_of(self, row: PartialRow) -> DownloadTask | None:
+        """The unfinished download of this session that writes the partial file (paused, queued), if any."""
+        if self.downloads is None:
+            return None
+        return next(
+            (
+                t
+                for t in self.downloads.queue.tasks()
+                if t.file.oid == row.partial.oid
+                and t.file.repo_id == row.partial.repo_id
+                and t.state not in FINAL_STATES
+            ),
+            None,
+        )
 
     def action_delete(self) -> None:
         row = self._highlighted_partial()
@@ -764,7 +784,11 @@ class ModelsScreen(Screen[None]):
                 return
 
             def delete_partial(yes: bool | None) -> None:
-                if yes:
+                task = self._task_of(row)
+                if yes and task is not None and self.downloads is not None:
+                    self.downloads.cancel(task.task_id)  # cancelling deletes its partial file
+                    self.notify(f"Cancelled {row.name}: its {format_bytes(row.partial.size)} deleted.")
+                elif yes:
                     self._delete_partial(row.partial, f"partial {row.name}")
 
             self.app.push_screen(

@@ -309,3 +309,60 @@ async def test_status_words_have_tooltips_and_an_f1_entry(models_hub: HubServer,
     for word in STATUS_WORDS:
         assert word in helped, f"{word} is not in F1"
     assert "unreadable" in helped  # the switcher's word
+
+
+def test_the_switcher_lists_chat_models_with_their_drafts_and_never_a_draft(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Models with their own MTP heads are chat models (+mtp); sidecars and draft models are not offered, also when
+    only their header says so (a DFlash draft named like a model)."""
+    import shutil
+
+    from app.model_list import describe_models, local_models
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for key in ("qwen35_mtp", "qwen35", "qwen35_mtp_sidecar", "llama"):
+        shutil.copy(tiny_models[key], folder / tiny_models[key].name)
+    dflash = tiny_models["llama"].parent / "dflash-tiny-llama.gguf"
+    shutil.copy(dflash, folder / dflash.name)  # a sidecar by name
+    shutil.copy(dflash, folder / "Tiny-Llama-DFlash-b16-Q8_0.gguf")  # a model by name
+    listed = local_models([str(folder)])
+    described = {m.path.name: m for m in describe_models(listed, [str(folder)])}
+    assert "Tiny-Llama-DFlash-b16-Q8_0.gguf" in {m.path.name for m in listed}  # a model by its name…
+    assert "Tiny-Llama-DFlash-b16-Q8_0.gguf" not in described  # …a draft by its header
+    assert not {tiny_models["qwen35_mtp_sidecar"].name, dflash.name} & {m.path.name for m in listed}
+    mtp_model = described[tiny_models["qwen35_mtp"].name]
+    assert mtp_model.draft_kinds[0] == "mtp" and mtp_model.need_bytes
+    assert "mtp" in described[tiny_models["qwen35"].name].draft_kinds  # the mtp- sidecar beside it
+    assert described[tiny_models["llama"].name].draft_kinds == ("dflash",)  # it fits llama; the mtp- one does not
+
+
+@pytest.mark.anyio
+async def test_a_download_paused_in_this_session_shows_in_local_and_resumes_or_is_deleted_there(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    models_hub.fault(REPO, "Tiny-Q8_0.gguf", throttle_bps=100_000)  # about 8 s
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        row = await start_slow_download(pilot, screen)
+        await pilot.press("p")
+        await wait_until(pilot, lambda: row.progress.state == State.PAUSED, "the download paused")
+        await pilot.press("3")
+        await wait_until(pilot, lambda: [p.file.name for p in screen.partials if p.file] == ["Tiny-Q8_0.gguf"], "it")
+        [partial] = screen.partials
+        await highlight_local(pilot, screen, f"partial-{partial.partial.path}")
+        await pilot.press("r")  # its own task resumes: one row in the panel, not a second download
+        await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING, "the same download resumed")
+        assert len(screen.downloads_panel.rows) == 1
+        await pilot.press("p")
+        await wait_until(pilot, lambda: row.progress.state == State.PAUSED, "paused again")
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: f"partial-{partial.partial.path}" in local_ids(screen), "the partial listed")
+        await highlight_local(pilot, screen, f"partial-{partial.partial.path}")
+        await pilot.press("x")
+        await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal), "the delete question")
+        await pilot.press("y")  # its task is cancelled, which deletes the partial file
+        await wait_until(pilot, lambda: row.progress.state == State.CANCELLED, "the download cancelled")
+        await wait_until(pilot, lambda: not partial.partial.path.exists() and not screen.partials, "the file gone")

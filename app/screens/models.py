@@ -627,13 +627,15 @@ class ModelsScreen(Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Keys act on what is selected on screen, wherever the focus is; those that have nothing to act on now
         are left out of the footer (False)."""
+        if not self.is_mounted:
+            return True
         if action == "search":  # in the search box itself, / is typed (org/name)
             return self.focused is None or self.focused.id != "search-query"
         if action == "to_results":
             focused = self.focused.id if self.focused is not None else None
             return focused in ("search-query", "search-author") and bool(self.search_results)
         if action in ("pause_download", "cancel_download"):
-            progress = self.downloads_panel.highlighted if self.is_mounted else None
+            progress = self.downloads_panel.highlighted
             unfinished = progress is not None and progress.state not in FINAL_STATES
             return unfinished and (action == "pause_download" or self._active_tab() != "local")
         if action == "delete":

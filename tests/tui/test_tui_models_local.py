@@ -352,6 +352,7 @@ async def test_a_download_paused_in_this_session_shows_in_local_and_resumes_or_i
         await pilot.press("3")
         await wait_until(pilot, lambda: [p.file.name for p in screen.partials if p.file] == ["Tiny-Q8_0.gguf"], "it")
         [partial] = screen.partials
+        assert row.progress.downloaded == partial.partial.size  # the panel and the Local tab: the same bytes
         await highlight_local(pilot, screen, f"partial-{partial.partial.path}")
         await pilot.press("r")  # its own task resumes: one row in the panel, not a second download
         await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING, "the same download resumed")

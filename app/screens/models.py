@@ -455,9 +455,15 @@ class ModelsScreen(Screen[None]):
         row = panel.rows.get(message.progress.task_id)
         before = row.progress.state if row is not None else None
         panel.show_progress(message.progress)
+        progress = message.progress
         stopped = (State.PAUSED, State.FAILED, State.CANCELLED)
-        if message.progress.state in stopped and before != message.progress.state:
-            self._list_local()  # its partial file shows in the Local tab (or is gone, when cancelled)
+        listed = any(
+            r.file is not None and (r.file.repo_id, r.file.path) == (progress.repo_id, progress.path)
+            for r in self.partials
+        )
+        if before != progress.state and (progress.state in stopped or listed):
+            # its partial file shows in the Local tab (or is gone, when cancelled), or its row there changes state
+            self._list_local()
         self.refresh_bindings()
 
     def on_descendant_focus(self) -> None:
@@ -641,7 +647,8 @@ class ModelsScreen(Screen[None]):
         if action == "delete":
             return self._active_tab() == "local"
         if action == "resume_partial":
-            return self._active_tab() == "local" and self._highlighted_partial() is not None
+            partial = self._highlighted_partial()
+            return partial is not None and not partial.partial.active
         return True
 
     def action_back(self) -> None:

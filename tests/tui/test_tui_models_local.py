@@ -357,6 +357,12 @@ async def test_a_download_paused_in_this_session_shows_in_local_and_resumes_or_i
         await pilot.press("r")  # its own task resumes: one row in the panel, not a second download
         await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING, "the same download resumed")
         assert len(screen.downloads_panel.rows) == 1
+        await wait_until(  # its row in Local follows: being written now, r not offered
+            pilot,
+            lambda: any("downloading" in t for t in option_texts(screen.query_one("#local-list", OptionList))),
+            "the Local row saying it is downloading",
+        )
+        assert "r" not in footer_keys(screen)
         await pilot.press("p")
         await wait_until(pilot, lambda: row.progress.state == State.PAUSED, "paused again")
         await pilot.press("ctrl+r")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from app import paths
-from app.models import starter_model_path, usable_folders
+from app.models import starter_model_path, usable_folders, user_path
 from engine_ext.gguf_facts import inspect_gguf
 from engine_ext.gguf_reader import GGUFError
 from models_catalog import drafts, fit, pairing
@@ -58,9 +58,10 @@ class LocalModel:
         return {"hf-cache": "Hugging Face cache", "llama-cache": "llama.cpp cache"}.get(self.source, self.source)
 
 
-def local_models(folders: Iterable[str]) -> list[LocalModel]:
+def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[LocalModel]:
     """The starter model (when installed), then the Hugging Face and llama.cpp caches, then every model in `folders`
-    (three levels deep), no duplicates; draft sidecars, projectors and split parts after the first are not listed."""
+    (three levels deep), then the files in `also` (the model in use, opened by its path) not found there; no
+    duplicates; draft sidecars, projectors and split parts after the first are not listed."""
     found: list[LocalModel] = []
     seen: set[Path] = set()
     starter = starter_model_path()
@@ -95,6 +96,17 @@ def local_models(folders: Iterable[str]) -> list[LocalModel]:
                 sidecars=tuple(sorted(model.sidecars)),
             )
         )
+    for text in also:
+        path = user_path(text)
+        if path is None or path.suffix.lower() != ".gguf":
+            continue
+        try:
+            resolved, size = path.resolve(), path.stat().st_size
+        except (OSError, RuntimeError):
+            continue
+        if resolved not in seen and path.is_file():
+            seen.add(resolved)
+            found.append(LocalModel(path.stem, path, size, str(path.parent), quant=pairing.quant_tag(path.name)))
     return found
 
 

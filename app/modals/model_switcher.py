@@ -112,7 +112,7 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
 
     def _scan(self) -> None:
         """Look for the local models (folder listings, stats, then their headers: never on the event loop)."""
-        found = local_models(self.folders)
+        found = local_models(self.folders, also=(self.current,) if self.current else ())
         self.app.call_from_thread(self._scanned, found, True)
         described = describe_models(found, self.folders)
         self.app.call_from_thread(self._scanned, described, False)

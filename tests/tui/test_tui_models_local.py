@@ -76,6 +76,7 @@ async def test_switcher_lists_a_model_just_downloaded_with_size_quant_drafts_and
         assert row.quant == "Q8_0" and row.size_bytes == model.size and row.draft_kinds == ("mtp",)
         assert row.need_bytes == screen.local_fit.need_bytes  # one memory figure, F4 and ctrl+l
         assert not any(m.path.name.startswith("mtp-") for m in switcher.models)  # drafts are not chat models
+        assert tiny_models["llama"] in [m.path for m in switcher.models]  # the model in use, opened by its path
         [label] = [t for t in option_texts(switcher.query_one(OptionList)) if f"{REPO}:Q8_0" in t]
         assert "Q8_0" in label and format_bytes(model.size) in label and f"needs {f4_need}" in label
         assert "+mtp" in label and "Hugging Face cache" in label

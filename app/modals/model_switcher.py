@@ -35,11 +35,11 @@ ROW_WORDS = (
 
 
 def model_label(model: LocalModel, current: bool) -> Text:
-    """`● org/repo:Q8_0  Q8_0  8.01 MiB  needs 42.60 MiB  +mtp  Hugging Face cache`."""
+    """`● org/repo:Q8_0  8.01 MiB  needs 42.60 MiB  +mtp  Hugging Face cache`, `  model  Q4_K_M  1.2 GiB  …`."""
     label = Text()
     label.append("● " if current else "  ", style="bold green")
     label.append(model.name, style="bold")
-    if model.quant:
+    if model.quant and not model.name.endswith(f":{model.quant}"):  # a cache model's name ends with it already
         label.append(f"  {model.quant}")
     label.append(f"  {format_bytes(model.size_bytes)}", style="dim")
     if model.need_bytes is not None:

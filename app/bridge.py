@@ -434,7 +434,7 @@ class EngineBridge:
             self._answered("steering")
             self._post(SteeringApplied(event))
         elif isinstance(event, VectorProgress):
-            self._post(VectorProgressed(event.done, event.total))
+            self._post(VectorProgressed(event.done, event.total, event.phase, event.phase_seconds, event.fraction))
         elif isinstance(event, VectorMade):
             self._answered("vector")
             self._post(VectorCreated(event.path, event.layers, event.pairs, event.seconds))

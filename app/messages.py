@@ -231,12 +231,18 @@ class SteeringApplied(Message):
 
 
 class VectorProgressed(Message, bubble=False):
-    """Making a control vector: `done` of `total` prompt pairs; a newer one replaces an older one."""
+    """Making a control vector: `done` of `total` steps of `phase` (the worker's VectorProgress: prompt pairs,
+    layers, the file), `phase_seconds` into that phase, `fraction` of the whole; a newer one replaces an older one."""
 
-    def __init__(self, done: int, total: int) -> None:
+    def __init__(
+        self, done: int, total: int, phase: str = "evaluating", phase_seconds: float = 0.0, fraction: float = 0.0
+    ) -> None:
         super().__init__()
         self.done = done
         self.total = total
+        self.phase = phase
+        self.phase_seconds = phase_seconds
+        self.fraction = fraction
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, VectorProgressed)

@@ -400,12 +400,10 @@ class LlmtuiApp(LlmtuiShell):
         self.speculation.stats_updated(event.stats, event.final)
 
     def on_steering_applied(self, event: SteeringApplied) -> None:
-        from app.screens.steering import SteeringScreen
-
         self.steering.engine_applied(event.applied)
-        screen = self._open_screen(SteeringScreen)
-        if screen is not None:
-            screen.show_applied(event.applied)
+        chat = self.chat
+        if chat is not None:
+            chat.steering_panel.show_applied(event.applied)
         self.features_changed()
 
     def on_vector_progressed(self, event: VectorProgressed) -> None:
@@ -413,19 +411,18 @@ class LlmtuiApp(LlmtuiShell):
 
         dialog = self._open_screen(MakeVectorModal)
         if dialog is not None:
-            dialog.show_progress(event.done, event.total)
+            dialog.show_progress(event.phase, event.done, event.total, event.phase_seconds, event.fraction)
 
     async def on_vector_created(self, event: VectorCreated) -> None:
         from app.modals.make_vector import MakeVectorModal
-        from app.screens.steering import SteeringScreen
 
         self.steering.vector_created(event.path, event.layers, event.pairs, event.seconds)
         dialog = self._open_screen(MakeVectorModal)
         if dialog is not None:
             dialog.finished(event.path, event.pairs, event.seconds)
-        screen = self._open_screen(SteeringScreen)
-        if screen is not None:
-            await screen.refresh_vectors(focus_path=event.path)
+        chat = self.chat
+        if chat is not None and chat.steering_panel.is_open:
+            await chat.steering_panel.refresh_vectors(focus_path=event.path)
 
     def on_engine_request_failed(self, event: EngineRequestFailed) -> None:
         from app.modals.make_vector import MakeVectorModal
@@ -486,16 +483,20 @@ class LlmtuiApp(LlmtuiShell):
             return
         self.push_screen(SpecCheckScreen(settings or self.config.speculative, self._last_user_message(DEFAULT_PROMPT)))
 
-    def action_steering(self) -> None:
-        from app.screens.steering import SteeringScreen
-
-        if isinstance(self.screen, SteeringScreen):
-            self.screen.action_close()
+    async def action_steering(self) -> None:
+        """F6: the steering panel of the chat, opened or closed (it sits beside or below the transcript)."""
+        chat = self.chat
+        if chat is None:
             return
-        if self.model is None:
+        if not chat.steering_panel.is_open and self.model is None:
             self.notify("Load a model first (ctrl+l): steering acts on the loaded model.", severity="warning")
             return
-        self.push_screen(SteeringScreen())
+        if self.screen is not chat:
+            if chat.steering_panel.is_open:
+                return  # a dialog over the chat (make, add a file) has the keys
+            self.notify("The steering panel is part of the chat: go back to it (Esc) and press F6.")
+            return
+        await chat.toggle_steering()
 
     def action_make_vector(self) -> None:
         from app.modals.make_vector import MakeVectorModal

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 from app.paths import steering_dir
 from engine_ext.params import EngineError
@@ -21,6 +25,13 @@ class VectorInfo:
     positive: str
     negative: str
     made_for: str
+    norms: tuple[float, ...] = ()
+    """The L2 norm of its direction per layer (in `layers`' order; empty: not known, taken as unit directions)."""
+
+    @property
+    def slider_range(self) -> float:
+        """How far its slider goes each way (see `slider_range`)."""
+        return slider_range(self.norms, self.n_embd)
 
 
 @lru_cache(maxsize=64)
@@ -32,6 +43,7 @@ def _vector_info(path: str, mtime: float) -> VectorInfo | str:
     except (EngineError, OSError, ValueError) as error:
         return str(error)
     meta = vector.metadata
+    norms = tuple(float(np.linalg.norm(vector.directions[il])) for il in vector.layers)
     stem, prompt_set = Path(path).stem, meta.get("llmtui.prompt_set", "")
     name = prompt_set if prompt_set and stem.endswith(f"-{prompt_set}") else stem  # model-set.gguf: the set
     return VectorInfo(
@@ -42,7 +54,43 @@ def _vector_info(path: str, mtime: float) -> VectorInfo | str:
         meta.get("llmtui.positive", "+"),
         meta.get("llmtui.negative", "−"),
         meta.get("llmtui.model", vector.model_hint),
+        norms,
     )
+
+
+VISIBLE_SHARE = 0.25
+"""A slider's end pushes each layer by this share of a hidden state's typical norm: where a vector's effect is plain
+to see (a unit direction on a 64-wide model: ±2; on the 576-wide starter: ±6, as llama-cvector-generator's vectors
+there steer visibly at about ±4)."""
+NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)
+MIN_RANGE, MAX_RANGE = 0.01, 1000.0  # MAX_RANGE: the engine's MAX_STEERING_STRENGTH
+
+
+def hidden_state_norm(n_embd: int) -> float:
+    """A hidden state's typical L2 norm per layer: about sqrt(n_embd) (each value of order 1 after the norms)."""
+    return math.sqrt(max(1, n_embd))
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 1.5, 2, 3, 4, 5, 6, 8 × 10^k at or above `value`."""
+    if not math.isfinite(value) or value <= 0:
+        return MIN_RANGE
+    exponent = math.floor(math.log10(value))
+    for scale in (10.0**exponent, 10.0 ** (exponent + 1)):
+        for step in NICE_STEPS:
+            nice = round(step * scale, 10)
+            if nice >= value * (1 - 1e-9):
+                return nice
+    return value  # not reached: 10^(k+1) ≥ value
+
+
+def slider_range(norms: Sequence[float], n_embd: int) -> float:
+    """The strength at a slider's end for a vector with these per-layer norms: where strength × its typical (median)
+    layer norm is VISIBLE_SHARE of a hidden state's norm, rounded up to a round number, within ±1000."""
+    finite = sorted(n for n in norms if math.isfinite(n) and n > 0)
+    typical = finite[len(finite) // 2] if finite else 1.0
+    wanted = VISIBLE_SHARE * hidden_state_norm(n_embd) / typical
+    return min(MAX_RANGE, max(MIN_RANGE, nice_ceiling(wanted)))
 
 
 _last_read: dict[str, VectorInfo | str] = {}

@@ -285,13 +285,13 @@ class EngineClient:
         prompt_set_path: Path | str,
         output_path: Path | str,
         method: str = "pca",
-        on_progress: Callable[[int, int], None] | None = None,
+        on_progress: Callable[[VectorProgress], None] | None = None,
     ) -> VectorMade:
-        """Make a control vector on the loaded model from a prompt-set file."""
+        """Make a control vector on the loaded model from a prompt-set file (`on_progress` hears each phase's steps)."""
 
         def progress(event: Event) -> None:
             if isinstance(event, VectorProgress) and on_progress is not None:
-                on_progress(event.done, event.total)
+                on_progress(event)
 
         self.send(MakeControlVector(str(prompt_set_path), str(output_path), method))
         return self._answer(VectorMade, progress)

@@ -335,8 +335,15 @@ class SteeringSet:
 
 @dataclass(frozen=True)
 class VectorProgress:
+    """Making a control vector: `done` of `total` steps of `phase` ("evaluating": prompt pairs, "directions":
+    layers, "writing": the file), `phase_seconds` since that phase began (its rate gives an ETA), and `fraction` of
+    every step of every phase (monotonic; 1.0 only once the file is written)."""
+
     done: int
     total: int
+    phase: str = "evaluating"
+    phase_seconds: float = 0.0
+    fraction: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from engine_ext.protocol import (
     Unloaded,
     UnloadModel,
     VectorMade,
-    VectorProgress,
 )
 
 LOAD_PROGRESS_INTERVAL_S = 0.1
@@ -253,6 +252,7 @@ class Worker:
         from engine_ext.params import EngineError
         from engine_ext.steering.cvec_file import write_control_vector
         from engine_ext.steering.extract import PromptSet, make_control_vector
+        from engine_ext.steering.progress import PhaseProgress
 
         if self.model is None:
             raise EngineError("load a model before making a control vector for it")
@@ -260,14 +260,17 @@ class Worker:
             raise EngineError(f"unknown method {request.method!r}: use pca or mean")
         prompt_set = PromptSet.load(Path(request.prompt_set_path))
         t0 = time.perf_counter()
+        progress = PhaseProgress(self.send, pairs=len(prompt_set.pairs), layers=max(0, self.model.n_layer - 1))
         vector = make_control_vector(
             self.model,
             prompt_set,
             method="pca" if request.method == "pca" else "mean",
             n_threads=self.ctx.params.n_threads if self.ctx is not None else 0,
-            progress=lambda done, total: self.send(VectorProgress(done, total)),
+            progress=progress,
         )
+        progress("writing", 0, 1)
         path = write_control_vector(vector, Path(request.output_path))
+        progress("writing", 1, 1)
         self.send(VectorMade(str(path), len(vector.directions), len(prompt_set.pairs), time.perf_counter() - t0))
 
     def unload(self) -> None:

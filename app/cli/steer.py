@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.types import MAX_THREADS, control_vector_scaled, int_range, read_text_file
+from app.controllers.steering import vector_progress_text
 from app.models import resolve_model
 from app.paths import prompt_set_folders, steering_dir
 from app.private_files import private_dir
 from engine_ext.params import EngineError, SteeringEntry
+from engine_ext.protocol import VectorProgress
 
 
 def add_control_vector_args(p: argparse.ArgumentParser) -> None:
@@ -126,8 +128,10 @@ def _make(args: argparse.Namespace) -> int:
     with start_engine() as client:
         client.load(model, ModelParams(), ContextParams(n_ctx=512, n_threads=args.threads))
 
-        def progress(done: int, total: int) -> None:
-            print(f"\rmaking {prompt_set.name} vector: {done}/{total} pairs", end="", file=sys.stderr, flush=True)
+        def progress(event: VectorProgress) -> None:
+            text = vector_progress_text(event.phase, event.done, event.total, event.phase_seconds)
+            line = f"making {prompt_set.name} vector ({event.fraction:.0%}): {text}"
+            print(f"\r{line:<88}", end="", file=sys.stderr, flush=True)
 
         made = client.make_vector(set_path, output, args.method, progress)
     print(file=sys.stderr)

@@ -15,6 +15,7 @@ from textual.widgets import Input, Label, OptionList, ProgressBar, Select
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState
 
+from app.controllers.steering import vector_progress_text
 from app.paths import prompt_set_folders, steering_dir
 from engine_ext.params import EngineError
 from engine_ext.steering.extract import PromptSet
@@ -22,6 +23,17 @@ from engine_ext.steering.prompt_sets import list_prompt_sets
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
+
+
+PROGRESS_STEPS = 1000
+"""The bar's resolution: the engine's fraction of all steps, in thousandths (1000 only when the file is written)."""
+
+
+def bar_steps(fraction: float) -> int:
+    """The bar's progress for the engine's fraction: at most 99% (which the bar rounds to) until the work is done."""
+    if fraction >= 1.0:
+        return PROGRESS_STEPS
+    return min(round(max(0.0, fraction) * PROGRESS_STEPS), PROGRESS_STEPS * 99 // 100)
 
 
 def _safe_stem(text: str) -> str:
@@ -53,7 +65,7 @@ class MakeVectorModal(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="make-vector"):
-            yield Label("Make a control vector", classes="dialog-title")
+            yield Label("Make a control vector", classes="dialog-title", id="make-title")
             yield Label("Prompt set (positive ↔ negative pairs)", classes="field-label")
             yield OptionList(Option("Reading the prompt sets…", id="make-reading", disabled=True), id="make-sets")
             with Horizontal(id="make-options"):
@@ -143,12 +155,15 @@ class MakeVectorModal(ModalScreen[str | None]):
         self.query_one("#make-status", Label).update(f"Making {output.name} with {method}…")
         self.app.steering.make_vector(str(prompt_set), str(output), str(method))
 
-    def show_progress(self, done: int, total: int) -> None:
+    def show_progress(self, phase: str, done: int, total: int, phase_seconds: float, fraction: float) -> None:
+        """The bar shows the fraction of every step of every phase (full only once the file is written); the line
+        says which phase, which step and that phase's ETA."""
         bar = self.query_one("#make-progress", ProgressBar)
-        bar.update(total=total, progress=done)
-        self.query_one("#make-status", Label).update(
-            f"Making {self.making.name if self.making else ''}: {done}/{total} pairs"
-        )
+        bar.update(total=PROGRESS_STEPS, progress=bar_steps(fraction))
+        if self.making is not None:
+            self.query_one("#make-title", Label).update(f"Making {self.making.name}")
+        text = vector_progress_text(phase, done, total, phase_seconds)
+        self.query_one("#make-status", Label).update(text[:1].upper() + text[1:])
 
     def finished(self, path: str, pairs: int, seconds: float) -> None:
         self.making = None
@@ -156,6 +171,7 @@ class MakeVectorModal(ModalScreen[str | None]):
 
     def failed(self, error: str) -> None:
         self.making = None
+        self.query_one("#make-title", Label).update("Make a control vector")
         self.query_one("#make-progress").display = False
         self.query_one("#make-status", Label).update(f"Could not make the vector: {error}")
 

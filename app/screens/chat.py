@@ -27,6 +27,7 @@ from app.messages import (
     TokensArrived,
 )
 from app.recording import ReplyRecorder
+from app.screens.steering import SteeringPanel
 from app.speculation import short_summary
 from app.store import Conversation, Message, StoreError
 from app.textual_internals.compositor import use_cropped_compositor
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 PURGE_AFTER = timedelta(days=30)
 IDLE_COLLECT_AFTER_S = 2.0
 NARROW_WIDTH = 100  # below this many columns the conversation list is narrower
+STEERING_BESIDE_WIDTH = 110  # from this many columns the steering panel sits beside the transcript, else below it
 FULL_COLLECTIONS_PAUSED = 1_000_000
 DEFAULT_OLD_THRESHOLD = gc.get_threshold()[2]
 
@@ -114,6 +116,7 @@ class ChatScreen(Screen[None]):
     | f2 | Rename the conversation. |
     | f5 | Restart the engine. |
     | ctrl+up | Go to the messages (then c copy, y copy code, e edit, r regenerate, ←/→ branches). |
+    | f6 | Steering panel, beside the transcript (wide) or below it (narrow); F6 or Esc in it closes it. |
     | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
     """
 
@@ -161,6 +164,7 @@ class ChatScreen(Screen[None]):
                 yield Static("", id="edit-banner")
                 yield PromptInput(id="prompt", placeholder="Message  (Enter sends · Shift+Enter or Ctrl+J new line)")
                 yield StatsBar(id="stats")
+            yield SteeringPanel(id="steering-panel")  # F6: docked beside the chat (wide) or below it (narrow)
         yield Footer()
 
     @property
@@ -174,6 +178,27 @@ class ChatScreen(Screen[None]):
     @property
     def stats(self) -> StatsBar:
         return self.query_one(StatsBar)
+
+    @property
+    def steering_panel(self) -> SteeringPanel:
+        return self.query_one(SteeringPanel)
+
+    async def toggle_steering(self) -> None:
+        """F6: open the steering panel on its sliders, or close it (the prompt gets the keys back)."""
+        panel = self.steering_panel
+        if panel.is_open:
+            panel.close()
+        else:
+            await panel.open()
+
+    @on(SteeringPanel.Closed)
+    def _steering_closed(self) -> None:
+        self.prompt.focus()
+
+    def _steering_has_focus(self) -> bool:
+        focused = self.focused
+        panel = self.steering_panel
+        return panel.is_open and focused is not None and (focused is panel or panel in focused.ancestors)
 
     @property
     def header(self) -> AppHeader:
@@ -259,6 +284,7 @@ class ChatScreen(Screen[None]):
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < NARROW_WIDTH, "-narrow")
+        self.set_class(event.size.width >= STEERING_BESIDE_WIDTH, "-steering-beside")
 
     def sync_engine_state(self) -> None:
         """Copy the app's engine state into the header and the stats bar."""
@@ -849,6 +875,8 @@ class ChatScreen(Screen[None]):
         )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("stop", "back") and self._steering_has_focus():
+            return False  # Esc in the steering panel is its own: it closes the panel, the reply goes on
         if action == "stop":
             return self.generation is not None
         if action == "back":

@@ -104,9 +104,10 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                 "F7",
                 "underline text from accepted draft tokens (n-gram: accent, model: green; rejected draft: bold red)",
             ),
-            ("F6", "steering: control-vector sliders, layer range, per-layer heat strip"),
-            ("←/→, shift+←/→, 0", "on a slider: strength ±0.05, ±0.25, reset (applies at the next token)"),
-            ("m / b / a / c", "on the steering screen: make a vector · A/B view · add a file · clear all"),
+            ("F6", "steering panel beside / below the transcript: sliders, layer range, heat strip (F6, Esc close)"),
+            ("←/→, shift+←/→, 0", "on a slider: strength ±1/40, ±1/8 of its range, reset (applies at the next token)"),
+            ("enter", "on a slider: type a strength, past the slider's range too (any number within ±1000)"),
+            ("m / b / a / c", "in the steering panel: make a vector · A/B view · add a file · clear all"),
         ),
     ),
 )

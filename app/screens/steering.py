@@ -1,4 +1,8 @@
-"""The steering screen (F6): control vectors with strength sliders, the layer range and a per-layer heat strip."""
+"""The steering panel (F6): control vectors with strength sliders, the layer range and a per-layer heat strip.
+
+The panel is docked in the chat screen, beside the transcript on a wide terminal and below it on a narrow one, so
+the reply it steers stays in view and keeps streaming while the sliders move.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +16,13 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
-from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.models import user_path
 from app.vectors import VectorInfo, available_vectors, vector_info
+from engine_ext.params import MAX_STEERING_STRENGTH
 from engine_ext.protocol import SteeringSet
 
 if TYPE_CHECKING:
@@ -26,32 +30,53 @@ if TYPE_CHECKING:
     from app.speculation import ModelFacts
 
 STRENGTH_LIMIT = 2.0
-FINE_STEP = 0.05
-COARSE_STEP = 0.25
+"""The range of a slider whose vector's norms are not known (a unit direction on a 64-wide model)."""
+FINE_STEPS, COARSE_STEPS = 40, 8
+"""A slider's range divided into steps: ←/→ move by range/40 (0.05 on ±2), shift+←/→ by range/8 (0.25 on ±2)."""
 HEAT_BARS = "▁▂▃▄▅▆▇█"
 
 
-def snap_strength(value: float) -> float:
-    """Clamp to [-2, 2] and round to the 0.05 grid."""
-    value = max(-STRENGTH_LIMIT, min(STRENGTH_LIMIT, value))
-    return round(round(value / FINE_STEP) * FINE_STEP, 2) + 0.0
+def snap_strength(value: float, limit: float = STRENGTH_LIMIT) -> float:
+    """Clamp to [-limit, limit] and round to the grid of that range's fine step (0.05 on ±2)."""
+    step = limit / FINE_STEPS
+    value = max(-limit, min(limit, value))
+    return round(round(value / step) * step, strength_decimals(step) + 2) + 0.0
+
+
+def strength_decimals(step: float) -> int:
+    """Decimals that show a strength on a slider of this fine step: 2, more for a small range."""
+    return max(2, -math.floor(math.log10(step)) if step > 0 else 2)
+
+
+def parse_strength(text: str) -> float | str:
+    """A typed strength, or why it cannot be one (any finite number within the engine's ±1000)."""
+    try:
+        value = float(text.strip().replace("−", "-").lstrip("+"))
+    except ValueError:
+        return f"{text.strip()!r} is not a number"
+    if not -MAX_STEERING_STRENGTH <= value <= MAX_STEERING_STRENGTH:  # also NaN
+        return f"a strength is a number from -{MAX_STEERING_STRENGTH:g} to {MAX_STEERING_STRENGTH:g}"
+    return value + 0.0
 
 
 class VectorSlider(Widget, can_focus=True):
-    """One control vector and its strength in [-2, 2].
+    """One control vector and its strength; the slider's range follows the vector (`VectorInfo.slider_range`), a
+    typed strength may go past it.
 
     | Key | Action |
     | :- | :- |
-    | left / right | −/+ 0.05 |
-    | shift+left / shift+right | −/+ 0.25 |
+    | left / right | −/+ a fortieth of the range (0.05 on ±2) |
+    | shift+left / shift+right | −/+ an eighth of the range (0.25 on ±2) |
+    | enter | Type a strength (any number within ±1000, past the slider's range too). |
     | 0 | Back to 0 (off). |
     """
 
     BINDINGS = [
-        Binding("left", "nudge(-1)", "−0.05", show=False),
-        Binding("right", "nudge(1)", "+0.05", show=False),
-        Binding("shift+left", "nudge(-5)", "−0.25", show=False),
-        Binding("shift+right", "nudge(5)", "+0.25", show=False),
+        Binding("left", "nudge(-1)", "Weaker", show=False),
+        Binding("right", "nudge(1)", "Stronger", show=False),
+        Binding("shift+left", "nudge(-5)", "Weaker ×5", show=False),
+        Binding("shift+right", "nudge(5)", "Stronger ×5", show=False),
+        Binding("enter", "type_strength", "Type", show=False),
         Binding("0", "reset", "Reset", show=False),
     ]
 
@@ -59,7 +84,7 @@ class VectorSlider(Widget, can_focus=True):
 
     DEFAULT_CSS = """
     VectorSlider {
-        height: 1;
+        height: 2;
     }
     """
 
@@ -81,40 +106,81 @@ class VectorSlider(Widget, can_focus=True):
     def __init__(self, vector: VectorInfo, strength: float = 0.0, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.vector = vector
-        self.set_reactive(VectorSlider.strength, snap_strength(strength))
+        self.range = vector.slider_range
+        """How far the slider goes each way (a typed strength may go further)."""
+        self.fine_step = self.range / FINE_STEPS
+        # A remembered strength is kept as it is, past the range too (it may have been typed).
+        self.set_reactive(VectorSlider.strength, float(strength) + 0.0)
 
     def watch_strength(self, old: float, new: float) -> None:
         if old != new:
             self.post_message(self.Changed(self, new))
 
     def action_nudge(self, steps: int) -> None:
-        self.strength = snap_strength(self.strength + steps * FINE_STEP)
+        """Move by `steps` fine steps within the range; a typed strength past it only moves back toward it."""
+        limit = max(self.range, abs(self.strength))
+        value = max(-limit, min(limit, self.strength + steps * self.fine_step))
+        snapped = round(round(value / self.fine_step) * self.fine_step, strength_decimals(self.fine_step) + 2)
+        self.strength = max(-limit, min(limit, snapped)) + 0.0
 
     def action_reset(self) -> None:
         self.strength = 0.0
 
+    def action_type_strength(self) -> None:
+        """Enter: a small input for a strength, past the slider's range too (up to the engine's ±1000)."""
+        from app.modals.text_prompt import TextPromptModal
+
+        def typed(text: str | None) -> None:
+            if text is None or not text.strip():
+                return
+            value = parse_strength(text)
+            if isinstance(value, str):
+                self.notify(f"Strength not changed: {value}.", severity="error", timeout=8)
+                return
+            self.strength = value
+
+        self.app.push_screen(
+            TextPromptModal(
+                f"Strength of {self.vector.name} (the slider spans ±{self.range:g}; "
+                f"any number within ±{MAX_STEERING_STRENGTH:g})",
+                self.strength_text().lstrip("+"),
+                "e.g. 4 or -12.5",
+            ),
+            typed,
+        )
+
+    def strength_text(self) -> str:
+        return f"{self.strength:+.{strength_decimals(self.fine_step)}f}"
+
     def render(self) -> Text:
+        """Two lines: ▸ name, strength and range; then negative ━━━┼━━●━ positive."""
         label = self.get_component_rich_style("vector-slider--label", partial=True)
         width = self.size.width or 60
-        name = self.vector.name[:22]
-        negative, positive = self.vector.negative[:8], self.vector.positive[:8]
-        track = max(9, width - 24 - len(negative) - len(positive) - 10)
-        track -= 1 - track % 2  # odd: the middle cell is 0
-        knob = round((self.strength + STRENGTH_LIMIT) / (2 * STRENGTH_LIMIT) * (track - 1))
+        value = self.strength_text()
+        span = f" ±{self.range:g}"
+        name_width = max(4, width - 2 - len(value) - len(span) - 1)
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append("▸ " if self.has_focus else "  ", style="bold")
-        line.append(f"{name:22} ", style="bold" if self.strength else label)
-        line.append(f"{negative} ", style=label)
+        line.append(f"{self.vector.name[:name_width]:{name_width}} ", style="bold" if self.strength else label)
+        line.append(value, style="bold" if self.strength else label)
+        line.append(span + "\n", style=label)
+        negative, positive = self.vector.negative[:10], self.vector.positive[:10]
+        track = max(9, width - 4 - len(negative) - len(positive) - 1)
+        track -= 1 - track % 2  # odd: the middle cell is 0
+        beyond = abs(self.strength) > self.range
+        shown = max(-self.range, min(self.range, self.strength))
+        knob = round((shown + self.range) / (2 * self.range) * (track - 1))
+        line.append(f"  {negative} ", style=label)
         track_style = self.get_component_rich_style("vector-slider--track", partial=True)
+        knob_style = self.get_component_rich_style("vector-slider--knob", partial=True)
         for cell in range(track):
-            if cell == knob:
-                line.append("●", style=self.get_component_rich_style("vector-slider--knob", partial=True))
+            if cell == knob:  # past the range: an arrow at the end the strength went beyond
+                line.append(("▶" if self.strength > 0 else "◀") if beyond else "●", style=knob_style)
             elif cell == track // 2:
                 line.append("┼", style=track_style)
             else:
                 line.append("━", style=track_style)
         line.append(f" {positive}", style=label)
-        line.append(f" {self.strength:+.2f}", style="bold" if self.strength else label)
         return line
 
 
@@ -173,58 +239,64 @@ def describe_applied(applied: SteeringSet | None) -> str:
     return f"Applied on layers {applied.layer_start}–{applied.layer_end}."
 
 
-class SteeringScreen(ModalScreen[None]):
-    """Steer the loaded model; changes apply at the next token, even while a reply is being written.
+class SteeringPanel(Vertical, can_focus=True):
+    """Steer the loaded model; changes apply at the next token, even while a reply is being written. F6 opens and
+    closes the panel, beside the transcript (wide terminal) or below it (narrow), so the reply stays in view.
 
     | Key | Action |
     | :- | :- |
-    | up / down, tab | Move between vectors and the layer range. |
-    | left / right | Strength −/+ 0.05 (shift: 0.25); 0 resets. |
+    | up / down | Move between vectors and the layer range. |
+    | left / right | Strength −/+ a fortieth of the slider's range (shift: an eighth); 0 resets. |
+    | enter | Type a strength (past the slider's range too, within ±1000). |
     | m | Make a vector from a prompt set. |
     | b | A/B: the same prompt with and without steering. |
     | a | Add a control-vector file by path. |
     | c | Clear: every strength to 0. |
-    | escape | Close (the steering stays applied). |
+    | escape, f6 | Close the panel (the steering stays applied). |
     """
 
     BINDINGS = [
-        Binding("escape,f6", "close", "Close"),
+        Binding("escape", "close", "Close"),
         Binding("m", "make", "Make vector"),
         Binding("b", "ab", "A/B"),
         Binding("a", "add", "Add file"),
         Binding("c", "clear", "Clear"),
-        Binding("up", "focus_previous", "Up", show=False),
-        Binding("down", "focus_next", "Down", show=False),
+        Binding("up", "move(-1)", "Up", show=False),
+        Binding("down", "move(1)", "Down", show=False),
     ]
 
     app: LlmtuiShell
 
-    def __init__(self) -> None:
-        super().__init__(classes="dialog-screen")
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.listing = False
         """Whether the vectors are being read (in a thread) for the list."""
         self._focus_first_slider = True
-        """The first listing focuses the first slider (the screen opens on the vectors)."""
+        """A listing after opening focuses the first slider (the panel opens on the vectors)."""
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog wide", id="steering-panel"):
-            yield Label("Steering", classes="dialog-title", id="steering-title")
-            yield VerticalScroll(id="steering-vectors")
-            with Horizontal(id="steering-range"):
-                yield Label("Layers from ", classes="field-label")
-                yield Input(id="steering-layer-start", compact=True, type="integer")
-                yield Label(" to ", classes="field-label")
-                yield Input(id="steering-layer-end", compact=True, type="integer")
-                yield Label(" (0: every layer the model steers)", classes="field-label")
-            yield HeatStrip(id="steering-heat")
-            yield Label("", id="steering-status")
-            yield Label(
-                "←/→ ±0.05 · shift+←/→ ±0.25 · 0 reset · tab the layer range\n"
-                "m make a vector · b A/B · a add a file · c clear all · Esc close",
-                classes="dialog-hint",
-            )
+        yield Label("Steering", classes="steering-title", id="steering-title")
+        yield VerticalScroll(id="steering-vectors")
+        with Horizontal(id="steering-range"):
+            yield Label("Layers ", classes="field-label")
+            yield Input(id="steering-layer-start", compact=True, type="integer")
+            yield Label(" to ", classes="field-label")
+            yield Input(id="steering-layer-end", compact=True, type="integer")
+            yield Label(" (0: all)", classes="field-label")
+        yield HeatStrip(id="steering-heat")
+        yield Label("", id="steering-status")
+        yield Label(  # m, b, a and c are in the footer
+            "←/→ strength (shift ×5) · Enter type one · 0 reset · ↑/↓ move · Esc/F6 close", id="steering-hint"
+        )
 
-    async def on_mount(self) -> None:
+    @property
+    def is_open(self) -> bool:
+        return self.has_class("-open")
+
+    async def open(self) -> None:
+        """Show the panel on the vectors (read in a thread), with what the engine applies."""
+        self.add_class("-open")
+        self._focus_first_slider = True
         settings = self.app.config.steering
         self.query_one("#steering-layer-start", Input).value = str(settings.layer_start)
         self.query_one("#steering-layer-end", Input).value = str(settings.layer_end)
@@ -232,9 +304,37 @@ class SteeringScreen(ModalScreen[None]):
         self.show_applied(self.app.steering.applied)
         if self.app.steering.applied is None:
             self.app.steering.request_applied()  # the answer says which layers steer
-        sliders = self.query(VectorSlider)
+        sliders = self.sliders
         if sliders:
-            sliders.first().focus()
+            sliders[0].focus()
+        else:
+            self.focus()  # m, a, b and c reach the panel until (or if no) sliders show
+
+    class Closed(Message):
+        """The panel was closed (the chat gives the prompt its keys back)."""
+
+    def close(self) -> None:
+        """Hide the panel (the steering stays applied) and remember the mix."""
+        self.app.steering.remember()
+        self.remove_class("-open")
+        self.post_message(self.Closed())
+
+    def action_close(self) -> None:
+        self.close()
+
+    def on_unmount(self) -> None:
+        """Quitting with the panel open keeps the mix, as closing it does."""
+        if self.is_open:
+            self.app.steering.remember()
+
+    def action_move(self, step: int) -> None:
+        """↑/↓: the previous or next slider or layer field of the panel (it wraps around)."""
+        focusable = [w for w in self.query("VectorSlider, #steering-range Input") if w.focusable]
+        if not focusable:
+            return
+        current = self.screen.focused
+        index = focusable.index(current) if current in focusable else -1
+        focusable[(index + step) % len(focusable)].focus()
 
     @property
     def sliders(self) -> list[VectorSlider]:
@@ -247,9 +347,10 @@ class SteeringScreen(ModalScreen[None]):
         model = app.model
         title = "Steering"
         if model is not None:
-            title += f" · {model.name} ({model.architecture})"
+            title += f" · {model.name}"
         self.query_one("#steering-title", Label).update(title)
-        focused = focus_path or (self.focused.vector.path if isinstance(self.focused, VectorSlider) else None)
+        current = self.screen.focused
+        focused = focus_path or (current.vector.path if isinstance(current, VectorSlider) else None)
         box = self.query_one("#steering-vectors", VerticalScroll)
         self.listing = True
         if not box.children:
@@ -271,17 +372,18 @@ class SteeringScreen(ModalScreen[None]):
         self.listing = False
         settings = self.app.config.steering
         strengths = dict(zip(settings.vectors, settings.strengths, strict=False))
-        if isinstance(self.focused, VectorSlider):
-            focused = focused or self.focused.vector.path
+        current = self.screen.focused
+        if isinstance(current, VectorSlider):
+            focused = focused or current.vector.path
         box = self.query_one("#steering-vectors", VerticalScroll)
         await box.remove_children()
         widgets: list[Widget] = [VectorSlider(v, strengths.get(v.path, 0.0)) for v in vectors]
         if not vectors:
             widgets.append(
                 Static(
-                    "No control vectors for this model yet: press m to make one from a prompt set "
-                    "(happy↔sad, formal↔casual, …) or a to add a .gguf file.",
-                    classes="empty-hint",
+                    "No control vectors for this model yet: m makes one from a prompt set "
+                    "(happy↔sad, formal↔casual, …), a adds a .gguf file.",
+                    classes="steering-note",
                 )
             )
         if hidden:
@@ -290,12 +392,14 @@ class SteeringScreen(ModalScreen[None]):
         heat = self.query_one(HeatStrip)
         heat.n_layer = facts.n_layer if facts else 0
         sliders = self.sliders
+        if not self.is_open:
+            return
         for slider in sliders:
             if slider.vector.path == focused:
                 slider.focus()
-        if sliders and (
-            self.focused is None or (self._focus_first_slider and not isinstance(self.focused, VectorSlider))
-        ):
+        focus = self.screen.focused
+        inside = focus is not None and (focus is self or self in focus.ancestors)
+        if sliders and (not inside or (self._focus_first_slider and not isinstance(focus, VectorSlider))):
             sliders[0].focus()
         self._focus_first_slider = False
 
@@ -340,10 +444,6 @@ class SteeringScreen(ModalScreen[None]):
             self.query_one("#steering-status", Label).update("The range needs 0 ≤ from ≤ to (0: the default).")
             return
         self.app.steering.set_range(start, end)
-
-    def action_close(self) -> None:
-        self.app.steering.remember()
-        self.dismiss(None)
 
     def action_make(self) -> None:
         self.app.action_make_vector()

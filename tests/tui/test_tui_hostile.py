@@ -653,7 +653,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
     from app.modals.pick import PickModal
     from app.modals.speculative import SpeculativePanel
     from app.screens.chat import ChatScreen
-    from app.screens.steering import SteeringScreen
+    from app.screens.steering import SteeringPanel
 
     folder = hostile_folder["truncated"].parent
     good = folder / "good-llama.gguf"
@@ -721,7 +721,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
             await pilot.press("escape")
         # F6 lists the control vectors of the steering folder (hostile files there too); a: add one by its path
         await pilot.press("f6")
-        await wait_for(pilot, lambda: isinstance(app.screen, SteeringScreen), "the steering screen")
+        await wait_for(pilot, lambda: app.screen.query_one(SteeringPanel).is_open, "the steering panel")
         await pilot.pause()
         assert_up(app)
         await pilot.press("a")

@@ -1,4 +1,4 @@
-"""Steering in the TUI: the screen (F6) with sliders and heat strip, the make dialog, live changes, the A/B view."""
+"""Steering in the TUI: the panel (F6) with sliders and heat strip, the make dialog, live changes, the A/B view."""
 
 from __future__ import annotations
 
@@ -10,16 +10,26 @@ from typing import Any
 import numpy as np
 import pytest
 from textual.app import App, ComposeResult
+from textual.geometry import Region
 from textual.message import Message
 from textual.pilot import Pilot
-from textual.widgets import Input, OptionList
+from textual.widgets import Input, Label, OptionList, ProgressBar
 
 from app.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
-from app.messages import SteeringApplied
-from app.modals.make_vector import MakeVectorModal
+from app.controllers.steering import phase_eta, vector_progress_text
+from app.messages import SteeringApplied, VectorProgressed
+from app.modals.make_vector import MakeVectorModal, bar_steps
 from app.models import starter_model_path
 from app.paths import steering_dir
-from app.screens.steering import HeatStrip, SteeringScreen, VectorInfo, VectorSlider, snap_strength
+from app.screens.chat import ChatScreen
+from app.screens.steering import (
+    HeatStrip,
+    SteeringPanel,
+    VectorInfo,
+    VectorSlider,
+    parse_strength,
+    snap_strength,
+)
 from app.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
 from app.tui import LlmtuiApp
 from engine_ext.protocol import SpeculativeStats, SteeringSet
@@ -98,6 +108,33 @@ async def test_slider_keys_fine_coarse_reset_and_limits() -> None:
         assert "+2.00" in slider.render().plain and "happy" in slider.render().plain
 
 
+@pytest.mark.anyio
+async def test_enter_on_a_slider_types_a_strength_past_its_range() -> None:
+    app = SliderHost()
+    async with app.run_test(size=(80, 12)) as pilot:
+        slider = app.query_one(VectorSlider)
+        slider.focus()
+        assert slider.range == 2.0
+        await type_strength(pilot, "7.5")
+        assert slider.strength == 7.5 and app.changes[-1] == 7.5
+        plain = slider.render().plain
+        assert "+7.50" in plain and "±2" in plain and "▶" in plain  # the knob points past the end it went beyond
+        await pilot.press("right")  # the keys do not push a typed strength further out…
+        assert slider.strength == 7.5
+        await pilot.press("left")  # …but move it back toward the range
+        assert slider.strength == 7.45
+        await type_strength(pilot, "-1000")
+        assert slider.strength == -1000.0 and "◀" in slider.render().plain
+        for bad in ("1001", "nan", "lots"):
+            await type_strength(pilot, bad)
+            assert slider.strength == -1000.0
+        await wait_for(pilot, lambda: any("Strength not changed" in n.message for n in app._notifications))
+        await type_strength(pilot, "-0.3")
+        assert slider.strength == -0.3
+    assert parse_strength("−4") == -4.0 and parse_strength("+4") == 4.0  # a typographic minus, a plus
+    assert parse_strength("inf") == parse_strength("-1e4") == "a strength is a number from -1000 to 1000"
+
+
 # ----- with the engine ------------------------------------------------------------------------------
 
 
@@ -105,19 +142,20 @@ async def test_slider_keys_fine_coarse_reset_and_limits() -> None:
 @pytest.mark.usefixtures("app_dirs")
 async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tiny_models: dict[str, Path]) -> None:
     user_prompt_set()
-    progress: list[tuple[int, int]] = []
+    progress: list[VectorProgressed] = []
     app = LlmtuiApp(str(tiny_models["llama"]))
 
     def hook(message: Message) -> None:
-        if type(message).__name__ == "VectorProgressed":
-            progress.append((message.done, message.total))  # type: ignore[attr-defined]
+        if isinstance(message, VectorProgressed):
+            progress.append(message)
 
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         await ready(pilot)
         await pilot.press("f6")
         await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, SteeringScreen) and not screen.sliders
+        chat = chat_of(app)
+        screen = chat.steering_panel
+        assert screen.is_open and not screen.sliders
         await wait_for(pilot, lambda: app.steering.applied is not None)  # the opening probe: which layers steer
         assert app.steering.applied is not None and app.steering.applied.steered_layers == (1,)
         await pilot.press("m")
@@ -129,10 +167,14 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         assert {"happy-sad", "formal-casual", "tiny-mood"} <= set(names)
         dialog.query_one(OptionList).highlighted = names.index("tiny-mood")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.screen is screen and bool(screen.sliders))
+        await wait_for(pilot, lambda: app.screen is chat and bool(screen.sliders))
         made = steering_dir() / "tiny-llama-tiny-mood.gguf"
         assert made.is_file()
-        assert progress and progress[-1] == (3, 3)
+        # The last word is the written file, at 100%; the phases came in order (a newer event may replace an older).
+        assert progress and (progress[-1].phase, progress[-1].fraction) == ("writing", 1.0)
+        phases = [p.phase for p in progress]
+        assert phases == sorted(phases, key=["evaluating", "directions", "writing"].index)
+        assert [p.fraction for p in progress] == sorted(p.fraction for p in progress)
         slider = screen.sliders[0]
         await wait_for(pilot, lambda: slider.has_focus)  # focus moves to the new slider after it mounts
         assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood"
@@ -142,7 +184,59 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
-async def test_a_slider_move_during_a_reply_is_applied_and_acknowledged(tiny_models: dict[str, Path]) -> None:
+async def test_make_dialog_shows_each_phase_with_its_eta_and_no_full_bar_before_the_end(
+    tiny_models: dict[str, Path],
+) -> None:
+    """The engine's progress events (as the bridge posts them) drive the dialog: the phase, its step and its ETA
+    from the phase's measured rate; the bar is below 100% until the file is written."""
+    user_prompt_set()
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        app.action_make_vector()
+        await sets_listed(pilot)
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        dialog.making = steering_dir() / "tiny-llama-tiny-mood.gguf"  # as start() sets it while the engine works
+        dialog.query_one("#make-progress").display = True
+        status, bar = dialog.query_one("#make-status", Label), dialog.query_one("#make-progress", ProgressBar)
+
+        async def shown(event: VectorProgressed, text: str) -> None:
+            app.post_message(event)
+            await wait_for(pilot, lambda: text in str(status.render()), what=text)
+
+        await shown(VectorProgressed(0, 16, "evaluating", 0.0, 0.0), "Evaluating pair 1 of 16 · measuring the rate")
+        await shown(VectorProgressed(4, 16, "evaluating", 2.0, 4 / 46), "Evaluating pair 5 of 16 · about 6 s left")
+        assert "in this phase" in str(status.render()) and (bar.progress, bar.total) == (87, 1000)
+        assert "Making tiny-llama-tiny-mood.gguf" in str(dialog.query_one("#make-title", Label).render())
+        # The pairs are done; the directions take most of the time on a wide model: layer by layer, with an ETA.
+        await shown(VectorProgressed(0, 29, "directions", 0.0, 16 / 46), "Computing directions: layer 1 of 29")
+        await shown(VectorProgressed(10, 29, "directions", 20.0, 26 / 46), "layer 11 of 29 · about 38 s left")
+        await shown(VectorProgressed(29, 29, "directions", 58.0, 45 / 46), "layer 29 of 29 · done")
+        assert bar.progress == 978  # shown as 98%, not 100%, while the file is still to be written
+        await shown(VectorProgressed(0, 1, "writing", 0.0, 45 / 46), "Writing the file")
+        await shown(VectorProgressed(1, 1, "writing", 0.01, 1.0), "Written")
+        assert bar.progress == 1000
+
+
+def test_vector_progress_text_and_eta() -> None:
+    assert vector_progress_text("evaluating", 0, 8, 0.0) == "evaluating pair 1 of 8 · measuring the rate…"
+    assert vector_progress_text("evaluating", 2, 8, 3.0) == "evaluating pair 3 of 8 · about 9 s left in this phase"
+    assert vector_progress_text("directions", 30, 120, 45.0).endswith("about 2 min 15 s left in this phase")
+    assert phase_eta(0, 8, 1.0) is None and phase_eta(8, 8, 4.0) == 0.0
+    assert bar_steps(0.996) == 990 and bar_steps(1.0) == 1000 and bar_steps(0.5) == 500
+
+
+def regions_overlap(a: Region, b: Region) -> bool:
+    return bool(a.intersection(b).area)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_the_panel_leaves_the_reply_in_view_and_a_slider_move_applies_while_it_streams(
+    tiny_models: dict[str, Path], size: tuple[int, int]
+) -> None:
     vector = synthetic_vector("mood", 64, range(1, 2))
     acknowledged_while_writing: list[SteeringSet] = []
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4000))
@@ -153,41 +247,85 @@ async def test_a_slider_move_during_a_reply_is_applied_and_acknowledged(tiny_mod
             if chat is not None and chat.generation is not None:
                 acknowledged_while_writing.append(message.applied)
 
-    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+    async with app.run_test(size=size, message_hook=hook) as pilot:
         chat = await ready(pilot)
         await send(pilot, "tell me a long story")
         await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
         await pilot.press("f6")
         await pilot.pause()
         await vectors_listed(pilot)
-        screen = app.screen
-        assert isinstance(screen, SteeringScreen)
-        slider = screen.sliders[0]
+        panel = chat.steering_panel
+        assert app.screen is chat and panel.is_open  # a panel of the chat, not a dialog over it
+        # Beside the transcript at 120 columns, below it at 80: the reply stays in view, no cell of it covered.
+        transcript = chat.transcript
+        assert transcript.region.height >= 5 and transcript.region.width >= 40, transcript.region
+        assert not regions_overlap(transcript.region, panel.region), (transcript.region, panel.region)
+        beside = size[0] >= 110
+        if beside:
+            assert panel.region.x >= transcript.region.right and panel.region.height > transcript.region.height // 2
+        else:
+            assert panel.region.y >= transcript.region.bottom and panel.region.width == size[0]
+        slider = panel.sliders[0]
         assert slider.has_focus and slider.vector.path == str(vector)
+        assert slider.range == 3.0  # norm 0.75 on a 64-wide model: ±3 (a quarter of sqrt(64) / 0.75, rounded up)
+        tokens_before = chat.generation.recorder.tokens if chat.generation else 0
         await pilot.press("shift+right", "right")
-        # Two changes (0.25, then 0.30), each answered; the vector's layer-1 direction has norm 0.75.
-        heat = screen.query_one(HeatStrip)
-        await wait_for(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 0.3 * 0.75) < 1e-6)
+        # Two changes (0.375, then 0.45): steps of 3/8 and 3/40; each answered; the layer-1 direction has norm 0.75.
+        heat = panel.query_one(HeatStrip)
+        await wait_for(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 0.45 * 0.75) < 1e-6)
         assert acknowledged_while_writing, "no SteeringSet arrived while the reply was being written"
         applied = acknowledged_while_writing[-1]
         assert (applied.layer_start, applied.layer_end, applied.steered_layers) == (1, 1, (1,))
-        assert app.steering.applied is not None and app.steering.applied.active
-        assert "Applied on layers 1–1" in str(screen.query_one("#steering-status").render())
-        assert app.config.steering.strengths == (0.3,)
-        await pilot.press("escape")  # close the screen: the steering stays
+        assert "Applied on layers 1–1" in str(panel.query_one("#steering-status").render())
+        assert app.config.steering.strengths == (0.45,)
+        # The reply kept streaming into the visible transcript while the slider moved.
+        await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > tokens_before)
+        assert not regions_overlap(transcript.region, panel.region)
+        # A typed strength goes past the slider's ±3: Enter, 12, Enter; the engine applies it.
+        await type_strength(pilot, "12")
+        await wait_for(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 12 * 0.75) < 1e-4)
+        assert slider.has_focus and slider.strength == 12.0 and app.config.steering.strengths == (12.0,)
+        await pilot.press("escape")  # close the panel: the steering stays, the reply goes on
         await pilot.pause()
-        assert chat_of(app).stats.extras.get("steer") == "mood +0.30"
-        await pilot.press("escape")  # stop the reply
+        assert not panel.is_open and chat.prompt.has_focus
+        assert chat_of(app).stats.extras.get("steer") == "mood +12.00"
+        await pilot.press("f6")  # F6 opens it again on its slider, F6 closes it
+        await wait_for(pilot, lambda: panel.is_open and not panel.listing and panel.sliders[0].has_focus)
+        assert panel.sliders[0].strength == 12.0
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: not panel.is_open and chat.prompt.has_focus)
+        await pilot.press("escape")  # stop the reply (if it is still being written)
         await reply_done(pilot)
-        assert load_config().steering == SteeringSettings((str(vector),), (0.3,))
+        assert load_config().steering == SteeringSettings((str(vector),), (12.0,))
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_quitting_with_the_panel_open_keeps_the_mix(tiny_models: dict[str, Path]) -> None:
+    vector = synthetic_vector("mood", 64, range(1, 2))
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        _with_tiny_model(app, tiny_models["llama"])
+        await pilot.press("f6")
+        await vectors_listed(pilot)
+        panel = chat_of(app).steering_panel
+        assert panel.is_open and panel.sliders[0].has_focus
+        await pilot.press("down", "down", "down")  # ↑/↓ go round the panel: the layer fields, back to the slider
+        assert panel.sliders[0].has_focus
+        await pilot.press("shift+right")
+        await wait_for(pilot, lambda: app.config.steering.strengths == (0.375,))
+        await pilot.press("ctrl+q")
+    assert load_config().steering == SteeringSettings((str(vector),), (0.375,))
 
 
 async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> SteeringABScreen:
-    """F6, the first vector's slider to +1.00, then `b` and Enter: the A/B view once its run is done."""
+    """F6, the first vector's strength typed as 1 (Enter on its slider), then `b` and Enter: the A/B view once its
+    run is done."""
     await pilot.press("f6")
     await pilot.pause()
     await vectors_listed(pilot)
-    await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")  # +1.00
+    await type_strength(pilot, "1")
     await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
     await pilot.press("b")
     await pilot.pause()
@@ -290,18 +428,21 @@ async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
     app = LlmtuiApp(str(starter), default_sampling=SamplingSettings(temperature=0.0, max_tokens=16))
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        app.action_steering()
+        await app.action_steering()
         await pilot.pause()
-        screen = app.screen
+        chat = chat_of(app)
+        screen = chat.steering_panel
         app.action_make_vector()
         await pilot.pause()
         await sets_listed(pilot)
         dialog = app.screen
         assert isinstance(dialog, MakeVectorModal)
         dialog.start(next(p for p in dialog.sets if p.stem == "tiny-mood"))
-        await wait_for(pilot, lambda: app.screen is screen and bool(screen.sliders), timeout=300)  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: app.screen is chat and bool(screen.sliders), timeout=300)  # type: ignore[attr-defined]
         assert app.model is not None
         assert (steering_dir() / f"{Path(app.model.path).stem}-tiny-mood.gguf").is_file()
+        # A PCA direction is a unit vector; on the 576-wide starter its slider spans ±6 (steps of 0.15 and 0.75).
+        assert screen.sliders[0].range == 6.0
         await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")
         await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
         assert app.steering.applied is not None and app.steering.applied.layer_end == 29
@@ -309,7 +450,7 @@ async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
         await pilot.pause()
         await send(pilot, "How was your day?")
         await reply_done(pilot)
-        assert chat_of(app).stats.extras.get("steer") == "tiny-mood +1.00"
+        assert chat_of(app).stats.extras.get("steer") == "tiny-mood +3.00"
 
 
 # ----- snapshots ------------------------------------------------------------------------------------
@@ -325,12 +466,21 @@ async def sets_listed(pilot: Pilot[Any]) -> None:
 
 
 async def vectors_listed(pilot: Pilot[Any]) -> None:
-    """Let the steering screen list its vectors (their files are read in a thread)."""
+    """Let the steering panel list its vectors (their files are read in a thread)."""
     await pilot.pause()
-    screen = next((s for s in pilot.app.screen_stack if isinstance(s, SteeringScreen)), None)
-    if screen is not None:
-        await wait_for(pilot, lambda: not screen.listing, what="the steering screen's vectors, read in a thread")
+    panel = next(iter(pilot.app.query(SteeringPanel)), None) if isinstance(pilot.app.screen, ChatScreen) else None
+    if panel is not None and panel.is_open:
+        await wait_for(pilot, lambda: not panel.listing, what="the steering panel's vectors, read in a thread")
         await pilot.pause()
+
+
+async def type_strength(pilot: Pilot[Any], text: str) -> None:
+    """Enter on the focused slider, `text` typed into its input, Enter."""
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: bool(pilot.app.screen.query("#text-prompt-input")), what="the strength input")
+    pilot.app.screen.query_one("#text-prompt-input", Input).value = ""
+    await pilot.press(*text, "enter")
+    await wait_for(pilot, lambda: not pilot.app.screen.query("#text-prompt-input"), what="the input closed")
 
 
 def _with_tiny_model(app: LlmtuiApp, path: Path) -> None:
@@ -348,7 +498,7 @@ def _steering_scene(tiny: Path) -> Any:
         synthetic_vector("formal-casual", 64, range(1, 5))
         app.config = replace(app.config, steering=SteeringSettings((str(happy),), (1.25,)))
         app.steering.applied = SteeringSet(True, 1, 3, (0.8, 1.4, 1.9), (1, 2, 3))
-        app.action_steering()
+        await app.action_steering()
         await pilot.pause()
         await vectors_listed(pilot)
         await pilot.pause()
@@ -363,7 +513,7 @@ def _make_scene(tiny: Path) -> Any:
         await loaded(pilot)
         _with_tiny_model(app, tiny)
         app.steering.applied = SteeringSet(False, 0, 0, (), (1, 2, 3))
-        app.action_steering()
+        await app.action_steering()
         await pilot.pause()
         await vectors_listed(pilot)
         app.action_make_vector()
@@ -373,7 +523,7 @@ def _make_scene(tiny: Path) -> Any:
         assert isinstance(dialog, MakeVectorModal)
         dialog.making = Path("tiny-qwen35-happy-sad.gguf")
         dialog.query_one("#make-progress").display = True
-        dialog.show_progress(5, 16)
+        dialog.show_progress("evaluating", 5, 16, 10.0, 5 / 36)
         await pilot.pause()
 
     return run

@@ -22,7 +22,7 @@ from app import vectors
 from app.config import SteeringSettings
 from app.modals.model_switcher import ModelSwitcherModal
 from app.modals.speculative import SpeculativePanel
-from app.screens.steering import SteeringScreen
+from app.screens.steering import SteeringPanel
 from app.speculation import model_facts
 from app.tui import LlmtuiApp
 from tests.pilot import MODEL
@@ -126,9 +126,8 @@ async def test_steering_screen_reads_vectors_off_the_event_loop(
         app.config = replace(app.config, steering=SteeringSettings((str(remembered),), (0.5,)))
         app.model, app.model_path = replace(MODEL, path=model), model
         await pilot.press("f6")
-        await wait_until(pilot, lambda: isinstance(app.screen, SteeringScreen), "the steering screen", timeout_s=10)
-        screen = app.screen
-        assert isinstance(screen, SteeringScreen)
+        screen = app.screen.query_one(SteeringPanel)
+        await wait_until(pilot, lambda: screen.is_open, "the steering panel", timeout_s=10)
         await answers_keys_while_reading(pilot, slow_vectors)
         await wait_until(pilot, lambda: not screen.listing and len(screen.sliders) == 2, "the vectors listed")
         assert screen.sliders[0].vector.path == str(remembered)

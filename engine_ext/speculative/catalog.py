@@ -122,6 +122,32 @@ TYPE_FOR_KIND = {t.candidate_kind: t.name for t in CATALOGUE if t.candidate_kind
 TYPE_FOR_DRAFT = {draft_type: t.name for t in CATALOGUE for draft_type in t.draft_types}
 
 
+# Speculative types refused when the target is offloaded to a device of these backends: each crashed the engine there
+# (issue 24, measured on Vulkan with Mesa's lavapipe), and the refusal says which and why in one line.
+DEVICE_REFUSALS: dict[str, dict[str, str]] = {
+    "draft-dflash": {
+        "Vulkan": "the engine crashes (heap corruption, SIGSEGV/SIGABRT) when the draft reads the target's layer "
+        "inputs from a Vulkan device",
+    },
+    "draft-dspark": {
+        "Vulkan": "the engine crashes (heap corruption) when the draft reads the target's layer inputs from a Vulkan "
+        "device, as draft-dflash does",
+    },
+}
+
+
+def device_refusal(spec_type: str, backends: Sequence[str]) -> str | None:
+    """Why `spec_type` is refused with the target's layers on devices of `backends` (None: it is not)."""
+    for backend in backends:
+        why = DEVICE_REFUSALS.get(spec_type, {}).get(backend)
+        if why:
+            return (
+                f"{spec_type} is off with the target on a {backend} device: {why}; load the target with -ngl 0 "
+                "(the draft follows it to the CPU) or pick another drafter"
+            )
+    return None
+
+
 @dataclass(frozen=True)
 class LoadPlan:
     """How the target loads for a set of types: its MTP heads (load_mtp), and the recurrent states its context keeps

@@ -7,7 +7,7 @@ from pathlib import Path
 from engine_ext.model import Context, Model
 from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
 from engine_ext.speculative.base import Drafter
-from engine_ext.speculative.catalog import NGRAM_TYPES, TYPE_FOR_DRAFT
+from engine_ext.speculative.catalog import NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
 from engine_ext.speculative.driver import SpeculativeDriver
 
 
@@ -81,12 +81,26 @@ def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter
     return DraftMTP(model, model, ctx, p_min=params.p_min)
 
 
+def target_backends(model: Model) -> tuple[str, ...]:
+    """The GPU backends (e.g. Vulkan, CUDA) the target's layers are on: none with -ngl 0 or without a GPU device."""
+    if model.params.n_gpu_layers == 0:
+        return ()
+    from engine_ext.doctor import list_devices
+
+    _, devices = list_devices()
+    names = [d.name for d in devices if d.type in ("GPU", "integrated GPU", "accelerator")]
+    return tuple(dict.fromkeys(name.rstrip("0123456789") for name in names))
+
+
 def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
     """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together."""
     from engine_ext.gguf_facts import inspect_gguf
     from engine_ext.params import ModelParams
     from engine_ext.speculative.dflash import DraftDFlash
 
+    refusal = device_refusal(spec_type, target_backends(model))
+    if refusal:
+        raise SpeculativeConfigError(refusal)
     if not params.draft_model:
         raise SpeculativeConfigError(f"{spec_type} needs its draft GGUF (--spec-draft-model PATH)")
     path = Path(params.draft_model)

@@ -10,9 +10,7 @@ Run them with `scripts/vulkan_lane.sh`, or `.venv-vulkan/bin/python -m pytest te
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +18,12 @@ import pytest
 # Before llama.cpp's backend registry starts (the first ggml_backend call), in this process and in the engine
 # workers it spawns (they inherit the environment).
 os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+# Mesa keeps compiled shaders in $XDG_CACHE_HOME/mesa_shader_cache, which every test here gets fresh (the hermetic
+# dirs): lavapipe then compiles ggml's pipelines again in every engine worker, about 30 s each on 2 cores. A cache
+# kept in the build folder (git-ignored) is compiled once; a cache of compiled shaders holds no user data.
+os.environ.setdefault("MESA_SHADER_CACHE_DIR", str(Path(__file__).resolve().parents[2] / "build" / "mesa-shader-cache"))
 
-from tests.device.devices import GpuDevice, find_gpu_device  # noqa: E402
+from tests.device.devices import DeviceReport, GpuDevice, find_gpu_device  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,13 +48,5 @@ def gpu_device(_gpu_device: GpuDevice | str) -> GpuDevice:
 
 
 @pytest.fixture(scope="session")
-def device_report() -> Iterator[list[dict[str, object]]]:
-    """Rows the tests record (the speculation matrix); written as JSON to $LLMTUI_DEVICE_REPORT when it is set, for
-    scripts/vulkan_lane.sh's table."""
-    rows: list[dict[str, object]] = []
-    yield rows
-    target = os.environ.get("LLMTUI_DEVICE_REPORT")
-    if target and rows:
-        path = Path(target)
-        old = json.loads(path.read_text()) if path.is_file() else []
-        path.write_text(json.dumps(old + rows, indent=1))
+def device_report() -> DeviceReport:
+    return DeviceReport()

@@ -1,0 +1,46 @@
+"""Greedy output with and without speculation on the device, for every drafter × tiny architecture.
+
+Each row is identical (speculative decoding on the device gives what plain decoding on the device gives), diverged
+(measured and named here, with why), refused (up front, with the engine's one-line reason) or crashed, which fails:
+no crash may reach the user. Plain decoding on the device is compared with the CPU too (the row records it). The
+rows go to scripts/vulkan_lane.sh's table ($LLMTUI_DEVICE_REPORT).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.device.devices import LAVAPIPE_MOE_CRASH, MOE_ARCHS, DeviceReport, GpuDevice, is_lavapipe
+from tests.device.spec_matrix import COMBOS, Combo, run_combo
+
+# combo id → why its speculative output may differ from plain decoding on the device (none known yet).
+KNOWN_DIVERGENCES: dict[str, str] = {}
+# combo id → the words the engine's refusal must contain: combinations that crashed the engine on the device
+# (engine_ext/speculative/catalog.py DEVICE_REFUSALS says why).
+_VULKAN_REFUSAL = "is off with the target on a Vulkan device"
+EXPECTED_REFUSALS: dict[str, str] = {
+    "draft-dflash-llama-dflash": _VULKAN_REFUSAL,
+    "draft-dflash-qwen3next-dflash": _VULKAN_REFUSAL,
+    "draft-dspark-llama-dspark": _VULKAN_REFUSAL,
+}
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: c.id)
+def test_speculation_on_the_device(
+    combo: Combo, tiny_models: dict[str, Path], tmp_path: Path, device_report: DeviceReport, gpu_device: GpuDevice
+) -> None:
+    row = run_combo(combo, tiny_models, tmp_path / "engine.log")
+    device_report.append(row.as_dict())
+    print(row)
+    if row.outcome == "crashed" and is_lavapipe(gpu_device) and combo.arch in MOE_ARCHS:
+        pytest.xfail(f"{LAVAPIPE_MOE_CRASH}: {row.detail}")
+    assert row.outcome not in ("crashed", "failed"), f"{combo.id}: {row.outcome} {row.detail}"
+    if combo.id in EXPECTED_REFUSALS:
+        assert row.outcome == "refused" and EXPECTED_REFUSALS[combo.id] in row.detail, row
+        return
+    assert row.outcome != "refused", f"{combo.id} refused: {row.detail}"
+    if row.outcome == "diverged":
+        assert combo.id in KNOWN_DIVERGENCES, f"{combo.id} diverged {row.detail} (drafted {row.drafted})"
+    assert row.drafted > 0 or combo.drafter.startswith("ngram"), row

@@ -10,7 +10,8 @@ from pathlib import Path
 from textual.message import Message
 
 from app.bridge import MessageTarget
-from models_catalog.download import FINAL_STATES, DownloadQueue, Progress, State, TransferOptions
+from models_catalog import pairing
+from models_catalog.download import FINAL_STATES, DownloadQueue, Progress, RemoteFile, State, TransferOptions
 from models_catalog.pull import PullPlan, check_disk_space
 
 
@@ -93,6 +94,12 @@ class DownloadBridge:
             )
             self._pulls[job.pull_id] = job
         return job
+
+    def resume_file(self, file: RemoteFile) -> PullJob:
+        """Finish one file whose partial download is on disk (the Local tab's resume): a pull of that file alone,
+        which continues from the partial's bytes."""
+        primary = file if pairing.is_model_file(file.path) else None
+        return self.pull(PullPlan(file.repo_id, pairing.quant_tag(file.path), file.commit, primary, (file,)))
 
     def pause(self, task_id: int) -> None:
         self.queue.pause(task_id)

@@ -232,6 +232,14 @@ def installed_path(file: RemoteFile, cache_root: Path | None = None) -> Path | N
     return None
 
 
+def partial_size(file: RemoteFile, cache_root: Path | None = None) -> int | None:
+    """The bytes of a file's partial download on disk; None when there is none."""
+    try:
+        return hfcache.RepoCache(cache_root or hfcache.cache_dir(), file.repo_id).partial(file.oid).stat().st_size
+    except (OSError, ValueError):
+        return None
+
+
 def discard_partial(file: RemoteFile, cache_root: Path | None = None) -> bool:
     """Delete a file's partial download unless a process (this one included) is writing it."""
     rc = hfcache.RepoCache(cache_root or hfcache.cache_dir(), file.repo_id)
@@ -776,6 +784,12 @@ class DownloadQueue:
         except DownloadCancelled:
             final = State.PAUSED if task.control.reason == "pause" else State.CANCELLED
             message = ""
+            if final == State.PAUSED and task.progress is not None:
+                # Progress is reported at most every progress_interval: the bytes kept are the partial file's, the
+                # figure the Local tab shows for it too.
+                kept = partial_size(task.file, self.cache_root)
+                if kept is not None:
+                    task.progress = replace(task.progress, downloaded=kept)
         except ModelsError as exc:
             task.error = exc
             final, message = State.FAILED, str(exc)

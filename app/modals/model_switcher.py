@@ -1,4 +1,5 @@
-"""The quick model switcher: the starter model, the .gguf files in the model folders, and remote engines' models."""
+"""The quick model switcher: every model on this machine (the starter, the Hugging Face cache, the model folders) with
+its size, quant, memory need and paired drafts, and remote engines' models."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState
 
 from app.config import RemoteSettings
-from app.model_list import LocalModel, human_size, local_models
+from app.model_list import LocalModel, describe_models, local_models
 from app.remote import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
+from engine_ext.gguf_info import format_bytes
 
 SwitcherResult = Path | RemoteChoice | None
 # Rows shown per remote engine (and of local files) for one filter: a server may list hundreds of thousands of models
@@ -24,14 +26,43 @@ SwitcherResult = Path | RemoteChoice | None
 # there; typing narrows them.
 MAX_ROWS = 300
 ModelLister = Callable[[RemoteSettings], list[RemoteModel]]
+ROW_WORDS = (
+    "Each row: name · quant · file size · needs: memory to run it at its context (up to 8192), the figure F4 shows · "
+    "+mtp, +dflash, +dspark, +eagle3: drafts that pair with it (sidecars beside it, or the catalog's draft repos "
+    "downloaded) · where it is. unreadable: its GGUF header could not be read."
+)
+"""What the words in a row mean (the list's tooltip; F1 says the same)."""
+
+
+def model_label(model: LocalModel, current: bool) -> Text:
+    """`● org/repo:Q8_0  8.01 MiB  needs 42.60 MiB  +mtp  Hugging Face cache`, `  model  Q4_K_M  1.2 GiB  …`."""
+    label = Text()
+    label.append("● " if current else "  ", style="bold green")
+    label.append(model.name, style="bold")
+    if model.quant and not model.name.endswith(f":{model.quant}"):  # a cache model's name ends with it already
+        label.append(f"  {model.quant}")
+    label.append(f"  {format_bytes(model.size_bytes)}", style="dim")
+    if model.need_bytes is not None:
+        label.append(f"  needs {format_bytes(model.need_bytes)}")
+    if model.draft_kinds:
+        label.append("  +" + ",".join(model.draft_kinds), style="cyan")
+    if model.problem:
+        label.append("  unreadable", style="red")
+    where = model.where if model.source in ("starter", "hf-cache", "llama-cache") else str(model.path.parent)
+    label.append(f"  {where}", style="dim italic")
+    return label
 
 
 class ModelSwitcherModal(ModalScreen[SwitcherResult]):
     """Type to filter, Enter loads, Esc cancels; dismisses with the chosen model file or remote model.
 
     Each remote engine's models are fetched (GET /v1/models) in a thread when the dialog opens; until they arrive
-    its row says so, and an error shows inline in its place. Given `folders` instead of `models`, the local files are
-    looked for in a thread too (a scan of three levels of folders): until then a row says so.
+    its row says so, and an error shows inline in its place. Given `folders` instead of `models`, the local models are
+    looked for in a thread too (the caches and three levels of folders): until then a row says so; then their headers
+    are read there (memory need, paired drafts) and the rows fill in.
+
+    Each local row: name, quant, file size, memory need ("needs …", the figure F4 shows), drafts that pair with it
+    (+mtp, +dflash, …) and where it is.
     """
 
     BINDINGS = [
@@ -52,6 +83,8 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         self.models: list[LocalModel] = models if models is not None else []
         self.scanning = models is None
         """Whether the local model files are still being looked for (in `folders`, off the event loop)."""
+        self.describing = False
+        """Whether the models' headers are still being read (memory need, drafts)."""
         self.folders = tuple(folders)
         self.current = current
         self.remotes = tuple(remotes)
@@ -63,7 +96,9 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         with Vertical(classes="dialog wide"):
             yield Label("Switch model", classes="dialog-title")
             yield Input(placeholder="Filter models", id="model-filter")
-            yield OptionList(id="model-options")
+            options = OptionList(id="model-options")
+            options.tooltip = ROW_WORDS
+            yield options
             yield Label("Enter load · Esc cancel · folders and remote engines: Settings (F3)", classes="dialog-hint")
 
     def on_mount(self) -> None:
@@ -76,19 +111,21 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
             )
 
     def _scan(self) -> None:
-        """Look for the local model files (folder listings and stats: never on the event loop)."""
-        found = local_models(self.folders)
-        self.app.call_from_thread(self._scanned, found)
+        """Look for the local models (folder listings, stats, then their headers: never on the event loop)."""
+        found = local_models(self.folders, also=(self.current,) if self.current else ())
+        self.app.call_from_thread(self._scanned, found, True)
+        described = describe_models(found, self.folders)
+        self.app.call_from_thread(self._scanned, described, False)
 
-    def _scanned(self, found: list[LocalModel]) -> None:
-        self.models, self.scanning = found, False
+    def _scanned(self, found: list[LocalModel], describing: bool = False) -> None:
+        self.models, self.scanning, self.describing = found, False, describing
         if self.is_attached:
             self._fill(self.query_one("#model-filter", Input).value)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A scan that failed in a way it did not expect (exit_on_error=False) is said in one line; the rest stays."""
         if event.state == WorkerState.ERROR and event.worker.node is self and event.worker.group == "local-models":
-            self.scanning = False
+            self.scanning = self.describing = False
             error = event.worker.error
             text = " ".join(f"The model folders could not be read: {type(error).__name__}: {error}".split())
             self.notify(text[:300], severity="error", timeout=10)
@@ -115,18 +152,13 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         options.clear_options()
         needle = query.casefold().strip()
         shown = 0
-        for index, model in enumerate(self.models):
+        for model in self.models:
             if needle and needle not in model.name.casefold() and needle not in str(model.path).casefold():
                 continue
             shown += 1
             if shown > MAX_ROWS:
                 continue
-            label = Text()
-            label.append("● " if str(model.path) == self.current else "  ", style="bold green")
-            label.append(model.name, style="bold")
-            label.append(f"  {human_size(model.size_bytes)}  ", style="dim")
-            label.append(model.source if model.source == "starter" else str(model.path.parent), style="dim italic")
-            options.add_option(Option(label, id=str(index)))
+            options.add_option(Option(model_label(model, str(model.path) == self.current), id=f"local:{model.path}"))
         if shown > MAX_ROWS:
             options.add_option(
                 Option(
@@ -138,6 +170,14 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         if self.scanning:
             options.add_option(
                 Option(Text("  looking in the model folders…", style="dim italic"), id="local-scanning", disabled=True)
+            )
+        elif self.describing:
+            options.add_option(
+                Option(
+                    Text("  reading the models' headers (memory, drafts)…", style="dim italic"),
+                    id="local-describing",
+                    disabled=True,
+                )
             )
         for r_index, remote in enumerate(self.remotes):
             where = f"remote: {remote.name}"
@@ -209,8 +249,8 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
     def _choose(self, option_id: str | None) -> None:
         if option_id is None:
             return
-        if option_id.isdigit():
-            self.dismiss(self.models[int(option_id)].path)
+        if option_id.startswith("local:"):
+            self.dismiss(Path(option_id.removeprefix("local:")))
             return
         parts = option_id.split("-")
         if len(parts) == 3 and parts[0] == "remote" and parts[1].isdigit() and parts[2].isdigit():

@@ -10,6 +10,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from app.screens.models_local import STATUS_WORDS
+
 KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Anywhere",
@@ -68,15 +70,24 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Models (F4)",
         (
-            ("1 / 2 / 3", "catalog / search / local tab"),
-            ("/", "search Hugging Face (author and sort below the box)"),
-            ("enter", "open a repo: quants, fit, sidecars · on a quant: download it"),
+            ("1 / 2 / 3", "catalog / search / local tab (2 returns to the results shown)"),
+            ("/", "focus the Hugging Face search box (author and sort below it); in the box, / is typed (org/name)"),
+            ("down", "in the search box: to the results"),
+            ("enter", "open a repo: quants, fit, sidecars · on a quant: download it · on a partial: resume it"),
             ("d", "download the highlighted quant, with the sidecars you tick"),
             ("u", "chat with a local model or a downloaded quant"),
-            ("x, delete", "delete a local model (asks, says the space freed)"),
-            ("p / c", "pause or resume / cancel a download (downloads panel)"),
+            ("p", "pause or resume the highlighted download, wherever the focus is"),
+            ("x, delete", "local tab: delete the model or partial download (asks, says the space freed)"),
+            ("x, c", "elsewhere, or in the downloads panel: cancel the highlighted download"),
+            ("r", "local tab: resume the highlighted partial download"),
+            ("up / down", "in the downloads panel: highlight another download"),
+            ("ctrl+r", "reload the local models and partial downloads"),
             ("escape, F4", "back to the chat"),
         ),
+    ),
+    (
+        "Models: words",
+        tuple(STATUS_WORDS.items()) + (("unreadable", "ctrl+l: the model's GGUF header could not be read"),),
     ),
     (
         "Speculative decoding and steering",

@@ -12,7 +12,6 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
@@ -22,14 +21,33 @@ from app import paths
 from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
 from app.modals.model_actions import DeleteModelModal, PullModal
 from app.models import usable_folders
+from app.screens.models_detail import (
+    catalog_label,
+    entry_text,
+    local_label,
+    local_text,
+    memory_text,
+    quant_label,
+    repo_text,
+)
+from app.screens.models_local import PartialRow, size_partials, words_tooltip
+from app.screens.models_messages import (
+    HubSearched,
+    LocalModelJudged,
+    LocalModelsListed,
+    MemoryDetected,
+    ModelDeleted,
+    ModelsWorkFailed,
+    RepoInspected,
+)
 from app.widgets.downloads import DownloadsPanel
 from engine_ext.gguf_info import GGUFError, format_bytes
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
-from models_catalog.download import installed_path
+from models_catalog.download import FINAL_STATES, DownloadTask, State, installed_path
 from models_catalog.errors import ModelsError
 from models_catalog.hub import QuantGroup, RepoListing, RepoSummary
-from models_catalog.library import Library, LocalModel
+from models_catalog.library import Library, LocalModel, PartialDownload
 from models_catalog.pull import plan_pull
 
 if TYPE_CHECKING:
@@ -38,7 +56,6 @@ if TYPE_CHECKING:
 SCREEN_NAME = "models"
 SEARCH_LIMIT = 50
 SORTS = (("most downloaded", "downloads"), ("most liked", "likes"), ("recently updated", "updated"))
-VERDICT_STYLES = {"fits": "bold green", "tight": "bold yellow", "too big": "bold red"}
 # What each worker group does, in the words of the one-line message when it fails unexpectedly.
 WORK_NAMES = {
     "memory": "Detecting this machine's memory",
@@ -49,6 +66,7 @@ WORK_NAMES = {
     "pull": "Downloading",
     "delete": "Deleting the model",
     "delete-size": "Sizing the model's files",
+    "resume-partial": "Resuming the partial download",
 }
 MAX_MESSAGE = 300
 # Model files of one repository the screen groups into quants. Grouping pairs every file with its sidecars by
@@ -63,98 +81,17 @@ def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:
+    widget.tooltip = tooltip
+    return widget
+
+
 def _file_size(path: Path) -> int:
     """The size of a file that may have gone since it was listed (0 then)."""
     try:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def format_params(n: float) -> str:
-    """`1.2 B`, `135 M`, `0.8 M`."""
-    if n >= 1e9:
-        return f"{n / 1e9:.1f} B"
-    return f"{n / 1e6:.0f} M" if n >= 1e7 else f"{n / 1e6:.1f} M"
-
-
-def memory_text(memory: fit.MachineMemory) -> str:
-    gpu = f"{format_bytes(memory.vram_total)} VRAM ({', '.join(memory.gpus)})" if memory.vram_total else "no GPU"
-    return f"{format_bytes(memory.ram_total)} RAM · {gpu}"
-
-
-# ----- what the workers found (posted to the screen) -------------------------------------------------------
-
-
-class MemoryDetected(Message):
-    """RAM and VRAM of this machine."""
-
-    def __init__(self, memory: fit.MachineMemory) -> None:
-        super().__init__()
-        self.memory = memory
-
-
-class HubSearched(Message):
-    """Search results from the Hub."""
-
-    def __init__(self, results: list[RepoSummary]) -> None:
-        super().__init__()
-        self.results = results
-
-
-class RepoInspected(Message):
-    """A repository's files grouped by quant and, when its header could be read, the fit of each quant."""
-
-    def __init__(
-        self,
-        listing: RepoListing,
-        groups: list[QuantGroup],
-        report: fit.FitReport | None,
-        fit_error: str | None,
-        entry: CatalogEntry | None,
-    ) -> None:
-        super().__init__()
-        self.listing = listing
-        self.groups = groups
-        self.report = report
-        self.fit_error = fit_error
-        self.entry = entry
-
-
-class LocalModelsListed(Message):
-    """The models on disk."""
-
-    def __init__(self, models: list[LocalModel]) -> None:
-        super().__init__()
-        self.models = models
-
-
-class LocalModelJudged(Message):
-    """The fit of a model on disk."""
-
-    def __init__(self, model: LocalModel, verdict: fit.QuantFit | None, error: str | None) -> None:
-        super().__init__()
-        self.model = model
-        self.verdict = verdict
-        self.error = error
-
-
-class ModelDeleted(Message):
-    """A local model was deleted; `freed` bytes."""
-
-    def __init__(self, name: str, freed: int) -> None:
-        super().__init__()
-        self.name = name
-        self.freed = freed
-
-
-class ModelsWorkFailed(Message):
-    """Background work failed; `error` says why in words a user understands."""
-
-    def __init__(self, what: str, error: str) -> None:
-        super().__init__()
-        self.what = what
-        self.error = error
 
 
 # ----- the screen ----------------------------------------------------------------------------------------
@@ -166,22 +103,31 @@ class ModelsScreen(Screen[None]):
     | Key | Action |
     | :- | :- |
     | 1 / 2 / 3 | Catalog / Search / Local tab. |
-    | / | Search Hugging Face (type, Enter). |
-    | enter | Open the highlighted repo (quants, fit, sidecars); on a quant: download it. |
+    | / | Focus the Hugging Face search box (type, Enter); in the box, / is typed (org/name). |
+    | down | In the search box: to the results. |
+    | enter | Open the highlighted repo (quants, fit, sidecars); on a quant: download it; in the search box with the |
+    |  | results of that query shown: open the highlighted result. |
     | d | Download the highlighted quant (with the sidecars you tick). |
     | u | Use the model in the chat (a local model, or a downloaded quant). |
-    | x, delete | Delete the highlighted local model (asks first). |
-    | p / c | Pause or resume / cancel the highlighted download (in the downloads panel). |
+    | x, delete | Local tab: delete the highlighted model or partial download (asks first); elsewhere: cancel the |
+    |  | highlighted download. |
+    | p | Pause or resume the highlighted download, wherever the focus is. |
+    | r | Local tab: resume the highlighted partial download. |
     | ctrl+r | Reload the local models. |
     | escape, F4 | Back to the chat. |
     """
 
+    # The most useful first: at 80 columns the footer shows what fits.
     BINDINGS = [
-        Binding("escape", "back", "Back"),
-        Binding("slash", "search", "Search"),
+        Binding("slash", "search", "Search", priority=True),
+        Binding("down", "to_results", "Results", show=False),
         Binding("d", "download", "Download"),
-        Binding("u", "use", "Use in chat"),
+        Binding("u", "use", "Use"),
+        Binding("p", "pause_download", "Pause/resume"),
+        Binding("r", "resume_partial", "Resume"),
         Binding("x,delete", "delete", "Delete"),
+        Binding("x", "cancel_download", "Cancel"),
+        Binding("escape", "back", "Back"),
         Binding("ctrl+r", "reload_local", "Reload", show=False),
         Binding("1", "tab('catalog')", "Catalog", show=False),
         Binding("2", "tab('search')", "Search tab", show=False),
@@ -198,6 +144,10 @@ class ModelsScreen(Screen[None]):
         self.memory: fit.MachineMemory | None = None
         self.search_results: list[RepoSummary] = []
         self.local_models: list[LocalModel] = []
+        self.partials: list[PartialRow] = []
+        """Partial downloads in the caches, listed in the Local tab after the models."""
+        self.partials_sized = False
+        """Whether the partials' totals were looked up (the Hub's listing) since the last listing."""
         self.entry: CatalogEntry | None = None
         """The catalog entry in the detail pane (alone, or with its repo inspected)."""
         self.listing: RepoListing | None = None
@@ -209,6 +159,8 @@ class ModelsScreen(Screen[None]):
         self.local_fit: fit.QuantFit | None = None
         self.inspecting: str | None = None
         """The repository being inspected now."""
+        self.searched: tuple[str, str | None, str] | None = None
+        """(query, author, sort) of the last search asked for."""
         self.downloads: DownloadBridge | None = None
 
     # ----- layout -----
@@ -218,21 +170,35 @@ class ModelsScreen(Screen[None]):
         with Horizontal(id="models-main"):
             with TabbedContent(id="models-tabs", initial="catalog"):
                 with TabPane("Catalog", id="catalog"):
-                    yield OptionList(id="catalog-list")
+                    yield with_tooltip(OptionList(id="catalog-list"), words_tooltip("unverified"))
                 with TabPane("Search", id="search"):
                     yield Input(placeholder="Search Hugging Face GGUF repos", id="search-query")
                     with Horizontal(id="search-options"):
                         yield Input(placeholder="author", id="search-author", compact=True)
                         yield Select(SORTS, value="downloads", allow_blank=False, id="search-sort", compact=True)
-                    yield OptionList(id="search-results")
+                    yield with_tooltip(OptionList(id="search-results"), words_tooltip("gated"))
                 with TabPane("Local", id="local"):
-                    yield OptionList(id="local-list")
+                    yield with_tooltip(
+                        OptionList(id="local-list"),
+                        words_tooltip("+mtp, +dflash…", "incomplete", "unusable", "partial", "needs, memory"),
+                    )
             with Vertical(id="models-detail"):
                 with VerticalScroll(id="detail-scroll"):
-                    yield Static("", id="detail-info")
-                    yield OptionList(id="quant-list")
+                    info = Static("", id="detail-info")
+                    info.tooltip = words_tooltip(
+                        "unverified", "gated", "fits", "tight", "too big", "needs, memory", "incomplete", "unusable"
+                    )
+                    yield info
+                    yield with_tooltip(
+                        OptionList(id="quant-list"),
+                        words_tooltip("★", "✓", "fits", "tight", "too big", "needs, memory", "+mtp, +dflash…"),
+                    )
                     yield Static("", id="detail-notes")
-        yield DownloadsPanel(id="downloads")
+        panel = DownloadsPanel(id="downloads")
+        panel.tooltip = words_tooltip(
+            "queued", "waiting", "checking", "downloading", "verifying", "paused", "done", "failed", "cancelled"
+        )
+        yield panel
         yield Footer()
 
     def on_mount(self) -> None:
@@ -244,7 +210,7 @@ class ModelsScreen(Screen[None]):
             self.notify(f"The model catalog could not be read: {one_line(str(error))}", severity="error", timeout=10)
         catalog_list = self.query_one("#catalog-list", OptionList)
         for index, entry in enumerate(self.catalog):
-            catalog_list.add_option(Option(self._catalog_label(entry), id=str(index)))
+            catalog_list.add_option(Option(catalog_label(entry), id=str(index)))
         self._detect_memory()
         self._list_local()
         if catalog_list.option_count:
@@ -258,16 +224,6 @@ class ModelsScreen(Screen[None]):
     @property
     def downloads_panel(self) -> DownloadsPanel:
         return self.query_one(DownloadsPanel)
-
-    # ----- labels -----
-
-    def _catalog_label(self, entry: CatalogEntry) -> Text:
-        size = f"{entry.total_params_b:g}B" + (f"-A{entry.active_params_b:g}B" if entry.is_moe else "")
-        label = Text(entry.name, style="bold")
-        label.append(f"  {size}", style="dim")
-        if not entry.verified:
-            label.append("  unverified", style="dim italic")
-        return label
 
     def _set_title(self) -> None:
         title = "Models"
@@ -321,12 +277,47 @@ class ModelsScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="local", exit_on_error=False)
     def _list_local(self) -> None:
+        """The models on disk and the partial downloads; then the partials' totals from the Hub's listing."""
         try:
-            models = self._library().models()
+            library = self._library()
+            models, partials = library.models(), library.partials()
         except (ModelsError, OSError, ValueError) as error:  # ValueError: a folder name the OS refuses (NUL)
             self.post_message(ModelsWorkFailed("Listing local models", str(error)))
             return
-        self.post_message(LocalModelsListed(models))
+        self.post_message(LocalModelsListed(models, [PartialRow(p) for p in partials], sized=not partials))
+        if partials:
+            self.post_message(LocalModelsListed(models, size_partials(partials)))
+
+    @work(thread=True, group="resume-partial", exit_on_error=False)
+    def _resume_partial(self, row: PartialRow) -> None:
+        """Find the partial's file on the Hub (when not known yet) and queue it: the download resumes from the
+        bytes on disk, in the downloads panel."""
+        file = row.file or size_partials([row.partial])[0].file
+        if file is None:
+            self.post_message(
+                ModelsWorkFailed(
+                    f"Resuming {row.name}",
+                    f"no file of {row.partial.repo_id} has this content at its current revision; delete it with x",
+                )
+            )
+            return
+        try:
+            assert self.downloads is not None
+            self.downloads.resume_file(file)
+        except ModelsError as error:
+            self.post_message(ModelsWorkFailed(f"Resuming {file.name}", str(error)))
+
+    @work(thread=True, group="delete", exit_on_error=False)
+    def _delete_partial(self, partial: PartialDownload, name: str) -> None:
+        try:
+            freed = self._library().clean_partials([partial])
+        except (ModelsError, OSError) as error:
+            self.post_message(ModelsWorkFailed(f"Deleting {name}", str(error)))
+            return
+        if not freed:
+            self.post_message(ModelsWorkFailed(f"Deleting {name}", "a process is writing it; pause it first (p)"))
+            return
+        self.post_message(ModelDeleted(name, freed))
 
     @work(thread=True, exclusive=True, group="local-fit", exit_on_error=False)
     def _judge_local(self, model: LocalModel, memory: fit.MachineMemory | None) -> None:
@@ -410,21 +401,18 @@ class ModelsScreen(Screen[None]):
             quants.focus()
 
     def on_local_models_listed(self, message: LocalModelsListed) -> None:
-        self.local_models = message.models
+        self.local_models, self.partials, self.partials_sized = message.models, message.partials, message.sized
         local_list = self.query_one("#local-list", OptionList)
         previous = self.local.path if self.local else None
+        previous_id = (
+            local_list.get_option_at_index(local_list.highlighted).id if local_list.highlighted is not None else None
+        )
         local_list.clear_options()
         for index, model in enumerate(message.models):
-            label = Text(model.name, style="bold")
-            label.append(f"  {format_bytes(model.size)}", style="dim")
-            if model.sidecars:
-                label.append(f"  +{','.join(sorted(model.sidecars))}", style="cyan")
-            if not model.complete:
-                label.append("  incomplete", style="yellow")
-            if model.problem:
-                label.append("  unusable", style="red")
-            local_list.add_option(Option(label, id=str(index)))
-        if not message.models:
+            local_list.add_option(Option(local_label(model), id=str(index)))
+        for row in message.partials:
+            local_list.add_option(Option(row.label(), id=f"partial-{row.partial.path}"))
+        if not message.models and not message.partials:
             local_list.add_option(
                 Option(
                     Text("No models on disk yet: find one in Catalog or Search.", style="italic"),
@@ -434,9 +422,16 @@ class ModelsScreen(Screen[None]):
             )
         else:
             paths_now = [m.path for m in message.models]
-            local_list.highlighted = paths_now.index(previous) if previous in paths_now else 0
+            ids_now = [local_list.get_option_at_index(i).id for i in range(local_list.option_count)]
+            if previous in paths_now:
+                local_list.highlighted = paths_now.index(previous)
+            elif previous_id is not None and previous_id.startswith("partial-") and previous_id in ids_now:
+                local_list.highlighted = ids_now.index(previous_id)
+            else:
+                local_list.highlighted = 0
         if self._active_tab() == "local":
             self._show_highlighted_local()
+        self.refresh_bindings()
 
     def on_local_model_judged(self, message: LocalModelJudged) -> None:
         if self.local is None or message.model.path != self.local.path:
@@ -456,7 +451,23 @@ class ModelsScreen(Screen[None]):
         self.notify(one_line(f"{message.what}: {message.error}", 2 * MAX_MESSAGE), severity="error", timeout=12)
 
     def on_download_progressed(self, message: DownloadProgressed) -> None:
-        self.downloads_panel.show_progress(message.progress)
+        panel = self.downloads_panel
+        row = panel.rows.get(message.progress.task_id)
+        before = row.progress.state if row is not None else None
+        panel.show_progress(message.progress)
+        progress = message.progress
+        stopped = (State.PAUSED, State.FAILED, State.CANCELLED)
+        listed = any(
+            r.file is not None and (r.file.repo_id, r.file.path) == (progress.repo_id, progress.path)
+            for r in self.partials
+        )
+        if before != progress.state and (progress.state in stopped or listed):
+            # its partial file shows in the Local tab (or is gone, when cancelled), or its row there changes state
+            self._list_local()
+        self.refresh_bindings()
+
+    def on_descendant_focus(self) -> None:
+        self.refresh_bindings()
 
     def on_pull_finished(self, message: PullFinished) -> None:
         self.notify(f"Downloaded {message.pull.label}. Press u to chat with it.")
@@ -494,10 +505,13 @@ class ModelsScreen(Screen[None]):
             self._open_repo(self.search_results[int(option_id)].repo_id, None)
         elif list_id == "quant-list":
             self.action_download()
+        elif list_id == "local-list" and option_id.startswith("partial-"):
+            self.action_resume_partial()
         elif list_id == "local-list":
             self.action_use()
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()
         if event.pane.id == "local":
             self._show_highlighted_local()
         elif event.pane.id == "catalog" and self.listing is None:
@@ -513,6 +527,13 @@ class ModelsScreen(Screen[None]):
         author = self.query_one("#search-author", Input).value.strip() or None
         sort = str(self.query_one("#search-sort", Select).value)
         results = self.query_one("#search-results", OptionList)
+        if (query, author, sort) == self.searched and self.search_results and results.highlighted is not None:
+            # The results of this very query are shown: Enter opens the highlighted one (it took a second Enter,
+            # the first searching again and moving the focus to the results).
+            results.focus()
+            results.action_select()
+            return
+        self.searched = (query, author, sort)
         results.clear_options()
         results.add_option(Option(Text("Searching…", style="italic"), id="none", disabled=True))
         self._search(query, author, sort)  # type: ignore[arg-type]
@@ -527,12 +548,30 @@ class ModelsScreen(Screen[None]):
         )
         self._inspect(repo_id, entry, self.memory)
 
+    def _highlighted_partial(self) -> PartialRow | None:
+        """The partial download highlighted in the Local tab (when the tab shows)."""
+        if not self.is_mounted or self._active_tab() != "local":
+            return None
+        local_list = self.query_one("#local-list", OptionList)
+        if local_list.highlighted is None:
+            return None
+        option_id = local_list.get_option_at_index(local_list.highlighted).id or ""
+        return next((r for r in self.partials if option_id == f"partial-{r.partial.path}"), None)
+
     def _show_highlighted_local(self) -> None:
         local_list = self.query_one("#local-list", OptionList)
         index = local_list.highlighted
         if index is None:
             return
         option_id = local_list.get_option_at_index(index).id or ""
+        partial = self._highlighted_partial()
+        if partial is not None:
+            self.local, self.local_fit = None, None
+            self._clear_detail()
+            self.entry, self.listing, self.report = None, None, None
+            self.query_one("#detail-info", Static).update(partial.detail())
+            self.refresh_bindings()
+            return
         if not option_id.isdigit():
             return
         model = self.local_models[int(option_id)]
@@ -553,22 +592,7 @@ class ModelsScreen(Screen[None]):
         """A catalog entry's facts (no network); Enter inspects its repo."""
         self.entry, self.listing, self.report, self.local = entry, None, None, None
         self._clear_detail()
-        text = Text()
-        text.append(entry.name + "\n", style="bold")
-        size = f"{entry.total_params_b:g} B parameters" + (
-            f", {entry.active_params_b:g} B active (MoE)" if entry.is_moe else ""
-        )
-        text.append(f"{size} · {entry.architecture} · context {entry.context_length} · {entry.license}\n")
-        if entry.capabilities():
-            text.append("Capabilities: " + ", ".join(entry.capabilities()) + "\n")
-        text.append("Repo: " + ", ".join(entry.repos) + ("" if entry.verified else "  (unverified)") + "\n")
-        for kind, repo in sorted(entry.drafts.items()):
-            text.append(f"Paired {kind} draft: {repo}\n", style="dim")
-        if self.memory is not None and entry.quants:
-            memory = self.memory.vram_total or self.memory.ram_total
-            text.append(f"\nFor this machine: {entry.recommended_quant(memory)}\n", style="bold green")
-        text.append("\nEnter: open the repo (quants, fit, sidecars)", style="dim italic")
-        self.query_one("#detail-info", Static).update(text)
+        self.query_one("#detail-info", Static).update(entry_text(entry, self.memory))
 
     def _show_repo(self) -> None:
         listing = self.listing
@@ -577,50 +601,14 @@ class ModelsScreen(Screen[None]):
         previous = self._highlighted_group()
         self._clear_detail()
         report = self.report
-        text = Text()
-        text.append(listing.repo_id, style="bold")
-        text.append(f"  ↓{listing.downloads} ♥{listing.likes}", style="dim")
-        if listing.from_cache:
-            text.append("  (from the cache, offline)", style="dim")
-        text.append("\n")
-        if self.entry is not None:
-            text.append(
-                f"{self.entry.name} · {self.entry.license} · {', '.join(self.entry.capabilities())}\n", style="dim"
-            )
-        if report is not None:
-            info = report.info
-            text.append(
-                f"{info.architecture or '?'} · {format_params(info.n_params)} params · trained context "
-                f"{info.context_length or '?'}\n"
-            )
-            text.append(f"Fit at {report.n_ctx} ctx on {memory_text(report.memory)}\n", style="dim")
-        elif self.fit_error and listing.gated:
-            text.append("No fit: reading the model's header needs access to this gated repo.\n", style="yellow")
-        elif self.fit_error:
-            text.append(f"No fit: {self.fit_error}\n", style="yellow")
-        if listing.gated:
-            guidance = hub.gated_message(listing.repo_id)
-            text.append(
-                ("Gated: " if hfcache.token() else "Gated, and HF_TOKEN is not set: ") + guidance + "\n",
-                style="bold yellow",
-            )
-        sidecars = listing.sidecar_files()
-        if sidecars:
-            text.append(
-                "Sidecars: "
-                + ", ".join(f"{kind} ({', '.join(f.name for f in files)})" for kind, files in sorted(sidecars.items()))
-                + "\n"
-            )
         groups = self.groups
-        if groups:
-            text.append(f"\n   {'Quant':<7} {'download':>10}  {'fit':<7} memory", style="bold dim")
-        self.query_one("#detail-info", Static).update(text)
+        self.query_one("#detail-info", Static).update(repo_text(listing, self.entry, report, self.fit_error, groups))
         quants = self.query_one("#quant-list", OptionList)
         fits = {q.primary: q for q in report.quants} if report else {}
         recommended = report.recommended if report else None
         highlight = 0
         for index, group in enumerate(groups):
-            quants.add_option(Option(self._quant_label(group, fits.get(group.primary), recommended), id=group.primary))
+            quants.add_option(Option(quant_label(group, fits.get(group.primary), recommended), id=group.primary))
             if recommended in (group.tag, group.primary) and previous is None:
                 highlight = index
             if previous is not None and previous.primary == group.primary:
@@ -628,9 +616,6 @@ class ModelsScreen(Screen[None]):
         quants.display = bool(groups)
         if groups:
             quants.highlighted = highlight
-        elif not listing.gguf_files:  # (too many to group: "No fit" above says so)
-            text.append("\nNo GGUF model files in this repository.", style="yellow")
-            self.query_one("#detail-info", Static).update(text)
         notes = Text(
             "★ recommended · ✓ downloaded · Enter or d: download the highlighted quant · u: use it", style="dim italic"
         )
@@ -638,60 +623,58 @@ class ModelsScreen(Screen[None]):
             notes.append("\n" + "\n".join(report.notes), style="dim")
         self.query_one("#detail-notes", Static).update(notes)
 
-    def _quant_label(self, group: QuantGroup, quant_fit: fit.QuantFit | None, recommended: str | None) -> Text:
-        """`★✓ Q4_K_M  989.56 KiB  fits    42.60 MiB +mtp`: recommended, downloaded, size, fit, memory, sidecars."""
-        label = Text()
-        label.append("★" if recommended in (group.tag, group.primary) else " ", style="bold green")
-        label.append("✓ " if installed_path(group.files[0]) is not None else "  ", style="bold")
-        label.append(f"{group.tag or pairing.basename(group.primary):<7}", style="bold")
-        shards = f" ×{group.n_shards}" if group.n_shards > 1 else ""
-        label.append(f" {format_bytes(group.size):>10}{shards}")
-        if quant_fit is not None:
-            label.append(f"  {quant_fit.verdict:<7}", style=VERDICT_STYLES.get(str(quant_fit.verdict), ""))
-            label.append(f" {format_bytes(quant_fit.need_bytes)}", style="dim")
-        if group.sidecars:
-            label.append(" +" + ",".join(group.sidecars), style="cyan")
-        return label
-
     def _show_local(self, model: LocalModel, error: str | None) -> None:
         self._clear_detail()
         self.entry, self.listing, self.report = None, None, None
-        text = Text()
-        text.append(model.name + "\n", style="bold")
-        text.append(
-            f"{format_bytes(model.size)} · {model.architecture or '?'} · quant {model.tag or '?'}"
-            f" · {len(model.files)} file(s)\n"
-        )
-        text.append(f"{model.path}\n", style="dim")
-        where = {"hf-cache": "Hugging Face cache", "llama-cache": "llama.cpp cache"}.get(model.source, model.source)
-        text.append(f"In: {where}\n", style="dim")
-        for kind, path in sorted(model.sidecars.items()):
-            text.append(f"Sidecar {kind}: {path.name}\n", style="cyan")
-        if not model.complete:
-            text.append("Incomplete: shards are missing; download it again to finish.\n", style="yellow")
-        if model.problem:
-            text.append(f"Problem: {model.problem}\n", style="yellow")
-        if self.local_fit is not None:
-            verdict = self.local_fit
-            text.append(f"Fit: {verdict.verdict}", style=VERDICT_STYLES.get(str(verdict.verdict), ""))
-            text.append(f" on {verdict.where}, needs {format_bytes(verdict.need_bytes)}\n")
-        elif error and error != model.problem:
-            text.append(f"Fit unknown: {error}\n", style="yellow")
-        text.append("\nu or Enter: chat with it · x: delete it", style="dim italic")
-        self.query_one("#detail-info", Static).update(text)
+        self.query_one("#detail-info", Static).update(local_text(model, self.local_fit, error))
 
     # ----- actions -----
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Keys act on what is selected on screen, wherever the focus is; those that have nothing to act on now
+        are left out of the footer (False)."""
+        if not self.is_mounted:
+            return True
+        if action == "search":  # in the search box itself, / is typed (org/name)
+            return self.focused is None or self.focused.id != "search-query"
+        if action == "to_results":
+            focused = self.focused.id if self.focused is not None else None
+            return focused in ("search-query", "search-author") and bool(self.search_results)
+        if action in ("pause_download", "cancel_download"):
+            progress = self.downloads_panel.highlighted
+            unfinished = progress is not None and progress.state not in FINAL_STATES
+            return unfinished and (action == "pause_download" or self._active_tab() != "local")
+        if action == "delete":
+            return self._active_tab() == "local"
+        if action == "resume_partial":
+            partial = self._highlighted_partial()
+            return partial is not None and not partial.partial.active
+        return True
 
     def action_back(self) -> None:
         self.dismiss()
 
+    def action_pause_download(self) -> None:
+        self.downloads_panel.action_pause_resume()
+
+    def action_cancel_download(self) -> None:
+        self.downloads_panel.action_cancel()
+
+    def action_to_results(self) -> None:
+        self.query_one("#search-results", OptionList).focus()
+
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
         target = {"catalog": "#catalog-list", "search": "#search-query", "local": "#local-list"}[tab]
+        if tab == "search" and self.search_results:  # back to results shown: Enter opens the highlighted one
+            target = "#search-results"
         self.query_one(target).focus()
+        self.refresh_bindings()
 
     def action_search(self) -> None:
-        self.action_tab("search")
+        self.query_one(TabbedContent).active = "search"
+        self.query_one("#search-query", Input).focus()
+        self.refresh_bindings()
 
     def action_reload_local(self) -> None:
         self._list_local()
@@ -769,7 +752,59 @@ class ModelsScreen(Screen[None]):
         self.dismiss()
         self.app.open_model(path)
 
+    def action_resume_partial(self) -> None:
+        row = self._highlighted_partial()
+        if row is None:
+            self.notify("Pick a partial download in the Local tab (3) to resume it.")
+            return
+        if row.partial.active:
+            self.notify(f"{row.name} is being downloaded now (p pauses it).")
+            return
+        task = self._task_of(row)
+        if task is not None:  # paused in this session: its own task resumes (one row in the panel)
+            assert self.downloads is not None
+            self.downloads.resume(task.task_id)
+        else:
+            if self.downloads is None:
+                self.downloads = DownloadBridge(self)
+            self._resume_partial(row)
+        self.notify(f"Resuming {row.name} from {format_bytes(row.partial.size)}.")
+
+    def _task_of(self, row: PartialRow) -> DownloadTask | None:
+        """The unfinished download of this session that writes the partial file (paused, queued), if any."""
+        if self.downloads is None:
+            return None
+        return next(
+            (
+                t
+                for t in self.downloads.queue.tasks()
+                if t.file.oid == row.partial.oid
+                and t.file.repo_id == row.partial.repo_id
+                and t.state not in FINAL_STATES
+            ),
+            None,
+        )
+
     def action_delete(self) -> None:
+        row = self._highlighted_partial()
+        if row is not None:
+            if row.partial.active:
+                self.notify(f"{row.name} is being downloaded now; pause it first (p).", severity="warning")
+                return
+
+            def delete_partial(yes: bool | None) -> None:
+                task = self._task_of(row)
+                if yes and task is not None and self.downloads is not None:
+                    self.downloads.cancel(task.task_id)  # cancelling deletes its partial file
+                    self.notify(f"Cancelled {row.name}: its {format_bytes(row.partial.size)} deleted.")
+                elif yes:
+                    self._delete_partial(row.partial, f"partial {row.name}")
+
+            self.app.push_screen(
+                DeleteModelModal(f"partial download {row.name}", [row.partial.path.name], row.partial.size),
+                delete_partial,
+            )
+            return
         model = self.local
         if self._active_tab() != "local" or model is None:
             self.notify("Pick a model in the Local tab (3) to delete it.")

@@ -85,14 +85,16 @@ class DownloadsPanel(VerticalScroll, can_focus=True):
     | :- | :- |
     | up / down | Highlight the previous / next download. |
     | p | Pause the highlighted download, or resume it when paused. |
-    | c | Cancel it (its partial file is deleted). |
+    | x, c | Cancel it (its partial file is deleted). |
+
+    The models screen binds p and x too, so they act on the highlighted download wherever the focus is.
     """
 
     BINDINGS = [
         Binding("up", "move(-1)", "Previous", show=False),
         Binding("down", "move(1)", "Next", show=False),
         Binding("p", "pause_resume", "Pause/resume"),
-        Binding("c", "cancel", "Cancel download"),
+        Binding("x,c", "cancel", "Cancel"),
     ]
 
     cursor: reactive[int] = reactive(0)
@@ -131,6 +133,7 @@ class DownloadsPanel(VerticalScroll, can_focus=True):
         else:
             row.show(progress)
         self.border_subtitle = self._summary()
+        self.screen.refresh_bindings()  # p and x show in the footer while a download is unfinished
 
     def _summary(self) -> str:
         active = [r for r in self.rows.values() if r.progress.state not in FINAL_STATES]

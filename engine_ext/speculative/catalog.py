@@ -129,6 +129,10 @@ DEVICE_REFUSALS: dict[str, dict[str, str]] = {
         "Vulkan": "the engine crashes (heap corruption, SIGSEGV/SIGABRT) when the draft reads the target's layer "
         "inputs from a Vulkan device",
     },
+    "draft-eagle3": {
+        "Vulkan": "the engine crashes (SIGSEGV) when the draft reads the target's layer inputs from a Vulkan device, "
+        "as draft-dflash does",
+    },
     "draft-dspark": {
         "Vulkan": "the engine crashes (heap corruption) when the draft reads the target's layer inputs from a Vulkan "
         "device, as draft-dflash does",

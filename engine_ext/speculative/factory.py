@@ -34,6 +34,9 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         from engine_ext.speculative.ngram import make_ngram_drafter
 
         return make_ngram_drafter(spec_type, record_stats=False)  # the driver records statistics
+    refusal = device_refusal(spec_type, target_backends(model))
+    if refusal:  # a combination that crashed the engine on this kind of device (catalog.DEVICE_REFUSALS)
+        raise SpeculativeConfigError(refusal)
     if spec_type == "draft-simple":
         from engine_ext.speculative.draft_model import DraftSimple
 
@@ -98,9 +101,6 @@ def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: 
     from engine_ext.params import ModelParams
     from engine_ext.speculative.dflash import DraftDFlash
 
-    refusal = device_refusal(spec_type, target_backends(model))
-    if refusal:
-        raise SpeculativeConfigError(refusal)
     if not params.draft_model:
         raise SpeculativeConfigError(f"{spec_type} needs its draft GGUF (--spec-draft-model PATH)")
     path = Path(params.draft_model)

@@ -24,6 +24,7 @@ EXPECTED_REFUSALS: dict[str, str] = {
     "draft-dflash-llama-dflash": _VULKAN_REFUSAL,
     "draft-dflash-qwen3next-dflash": _VULKAN_REFUSAL,
     "draft-dspark-llama-dspark": _VULKAN_REFUSAL,
+    "draft-eagle3-llama-eagle3": _VULKAN_REFUSAL,
 }
 
 

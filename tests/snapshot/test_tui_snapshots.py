@@ -127,7 +127,9 @@ async def switcher_scanned(pilot: Pilot[Any]) -> None:
 
     switcher = pilot.app.screen
     if isinstance(switcher, ModelSwitcherModal):
-        await wait_until(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
+        await wait_until(
+            pilot, lambda: not switcher.scanning and not switcher.describing, "the models, scanned in a thread"
+        )
         await pilot.pause()
 
 

@@ -148,6 +148,8 @@ async def test_model_switcher_scans_folders_off_the_event_loop(
     save_config(replace(load_config(), model_folders=(str(tiny_models["llama"].parent),)))
     scan = SlowReader(switcher_module.local_models)
     monkeypatch.setattr(switcher_module, "local_models", scan)
+    headers = SlowReader(switcher_module.describe_models)  # memory need and drafts: GGUF headers
+    monkeypatch.setattr(switcher_module, "describe_models", headers)
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
@@ -160,4 +162,8 @@ async def test_model_switcher_scans_folders_off_the_event_loop(
         assert switcher.scanning
         await wait_until(pilot, lambda: not switcher.scanning, "the model folders scanned")
         assert tiny_models["llama"].stem in [m.name for m in switcher.models]
+        await wait_until(pilot, lambda: not switcher.describing, "the models' headers read")
+        [llama] = [m for m in switcher.models if m.path == tiny_models["llama"]]
+        assert llama.need_bytes and llama.drafts is not None
     assert scan.calls and not scan.on_main_thread, "the model folders were scanned on the UI thread"
+    assert headers.calls and not headers.on_main_thread, "the models' headers were read on the UI thread"

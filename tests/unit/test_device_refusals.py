@@ -7,7 +7,7 @@ from engine_ext.speculative.catalog import BY_NAME, DEVICE_REFUSALS, device_refu
 
 def test_refusals_name_real_types_and_say_why_in_one_line() -> None:
     assert set(DEVICE_REFUSALS) <= set(BY_NAME)
-    for spec_type in ("draft-dflash", "draft-dspark"):
+    for spec_type in ("draft-dflash", "draft-dspark", "draft-eagle3"):
         message = device_refusal(spec_type, ("Vulkan",))
         assert message is not None and "\n" not in message
         assert message.startswith(f"{spec_type} is off with the target on a Vulkan device: the engine crashes")

@@ -1,0 +1,376 @@
+"""Models on this machine (issue 22, Models): ctrl+l lists a model just downloaded in F4 with its size, quant, memory
+need and drafts and loads it; F4's keys act wherever focus is; partial downloads in the Local tab; status words
+explained."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from textual.binding import Binding
+from textual.pilot import Pilot
+from textual.widgets import Input, OptionList, TabbedContent
+
+from app.modals.model_actions import DeleteModelModal, PullModal
+from app.modals.model_switcher import ModelSwitcherModal
+from app.screens.models import ModelsScreen
+from app.tui import LlmtuiApp
+from app.widgets.downloads import DownloadRow, DownloadsPanel
+from engine_ext.gguf_info import format_bytes
+from models_catalog import hfcache
+from models_catalog.download import State
+from tests.hub_server import HubServer
+from tests.pilot import ready
+from tests.tui.test_tui_models import REPO, highlight_quant, models_hub, open_models, search_and_open
+from tests.waits import wait_until
+
+__all__ = ["models_hub"]  # the fixture, used by name
+
+
+def option_texts(options: OptionList) -> list[str]:
+    return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+
+async def download_q8_with_mtp(pilot: Pilot[Any], screen: ModelsScreen) -> None:
+    app = pilot.app
+    await search_and_open(pilot, screen, "tiny", REPO)
+    await highlight_quant(pilot, screen, "Q8_0")
+    await pilot.press("d")
+    await wait_until(pilot, lambda: isinstance(app.screen, PullModal))
+    await pilot.press("enter")  # the mtp sidecar is ticked
+    await wait_until(pilot, lambda: any(m.name == f"{REPO}:Q8_0" for m in screen.local_models), "the download")
+
+
+@pytest.mark.anyio
+async def test_switcher_lists_a_model_just_downloaded_with_size_quant_drafts_and_loads_it(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(pilot)
+        screen = await open_models(pilot)
+        await download_q8_with_mtp(pilot, screen)
+        [model] = [m for m in screen.local_models if m.name == f"{REPO}:Q8_0"]
+        assert screen.report is not None
+        [search_fit] = [q for q in screen.report.quants if q.tag == "Q8_0"]
+
+        # F4's figure for it, from the Local tab
+        await pilot.press("3")
+        await wait_until(pilot, lambda: screen.local is not None and screen.local_fit is not None, "F4's fit")
+        assert screen.local is not None and screen.local.path == model.path and screen.local_fit is not None
+        f4_need = format_bytes(screen.local_fit.need_bytes)
+        assert screen.local_fit.need_bytes == search_fit.need_bytes  # the same in F4's Search and Local tabs
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.screen is app.chat, "the chat")
+
+        # ctrl+l: the downloaded model is there, without a restart, with size, quant, memory and its mtp draft
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), "the switcher")
+        switcher = app.screen
+        assert isinstance(switcher, ModelSwitcherModal)
+        await wait_until(pilot, lambda: not switcher.scanning and not switcher.describing, "the switcher's scan")
+        [row] = [m for m in switcher.models if m.path == model.path]
+        assert row.quant == "Q8_0" and row.size_bytes == model.size and row.draft_kinds == ("mtp",)
+        assert row.need_bytes == screen.local_fit.need_bytes  # one memory figure, F4 and ctrl+l
+        assert not any(m.path.name.startswith("mtp-") for m in switcher.models)  # drafts are not chat models
+        assert tiny_models["llama"] in [m.path for m in switcher.models]  # the model in use, opened by its path
+        [label] = [t for t in option_texts(switcher.query_one(OptionList)) if f"{REPO}:Q8_0" in t]
+        assert "Q8_0" in label and format_bytes(model.size) in label and f"needs {f4_need}" in label
+        assert "+mtp" in label and "Hugging Face cache" in label
+
+        # selecting it (typed filter, Enter) loads it
+        await pilot.press(*"Q8_0", "enter")
+        await wait_until(
+            pilot, lambda: app.model is not None and app.model.path == str(model.path), "the model loaded", 60
+        )
+        await ready(pilot)
+
+
+# ----- F4's keys -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_slash_focuses_the_search_box_and_types_in_it(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        query = screen.query_one("#search-query", Input)
+        assert app.focused is screen.query_one("#catalog-list")
+        await pilot.press("slash")  # from the catalog list: focuses the search box, types nothing
+        await wait_until(pilot, lambda: app.focused is query, "the search box focused")
+        assert screen.query_one(TabbedContent).active == "search" and query.value == ""
+        await pilot.press(*"org", "slash", *"Tiny")  # in the box: / is typed (org/name)
+        assert query.value == "org/Tiny"
+        author = screen.query_one("#search-author", Input)
+        author.focus()
+        await pilot.press("slash")  # from the author box: back to the query, the author untouched
+        await wait_until(pilot, lambda: app.focused is query, "the search box focused again")
+        assert author.value == "" and query.value == "org/Tiny"
+
+
+@pytest.mark.anyio
+async def test_one_enter_opens_the_highlighted_result(models_hub: HubServer, tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        await pilot.press("slash", *"tiny", "enter")
+        await wait_until(pilot, lambda: [r.repo_id for r in screen.search_results] == [REPO], "the results")
+        # Back in the search box with that query's results shown, one Enter opens the highlighted result (it
+        # searched again and moved to the results, and a second Enter opened it).
+        await pilot.press("slash")
+        await wait_until(pilot, lambda: app.focused is screen.query_one("#search-query"), "the search box")
+        requests = len(models_hub.requests)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen.listing is not None and screen.listing.repo_id == REPO, "the repo")
+        assert not any("/api/models?" in r.path for r in models_hub.requests[requests:])  # no second search
+        # From the results list too, one Enter; and 2 returns to the results shown
+        await pilot.press("2")
+        await wait_until(pilot, lambda: app.focused is screen.query_one("#search-results"), "the results list")
+        screen.listing = None
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen.listing is not None and screen.listing.repo_id == REPO, "the repo")
+        # down in the search box goes to the results
+        await pilot.press("slash")
+        await wait_until(pilot, lambda: app.focused is screen.query_one("#search-query"), "the search box")
+        await pilot.press("down")
+        await wait_until(pilot, lambda: app.focused is screen.query_one("#search-results"), "the results list")
+
+
+def footer_keys(screen: ModelsScreen) -> dict[str, str]:
+    """The keys the footer shows now, with their labels."""
+    return {key: b.binding.description for key, b in screen.active_bindings.items() if b.binding.show}
+
+
+async def start_slow_download(pilot: Pilot[Any], screen: ModelsScreen) -> DownloadRow:
+    await search_and_open(pilot, screen, "tiny", REPO)
+    await highlight_quant(pilot, screen, "Q8_0")
+    await pilot.press("d")
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, PullModal), "the download dialog")
+    await pilot.press("shift+tab", "space", "d")  # untick the mtp sidecar, download
+    panel = screen.query_one(DownloadsPanel)
+    await wait_until(pilot, lambda: bool(panel.rows), "the download's row")
+    row = next(iter(panel.rows.values()))
+    await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING, "bytes arriving")
+    return row
+
+
+@pytest.mark.anyio
+async def test_p_and_x_act_on_the_highlighted_download_wherever_the_focus_is(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    models_hub.fault(REPO, "Tiny-Q8_0.gguf", throttle_bps=100_000)  # about 8 s
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        assert "p" not in footer_keys(screen) and "x" not in footer_keys(screen)  # nothing to act on yet
+        row = await start_slow_download(pilot, screen)
+        assert app.focused is screen.query_one("#quant-list")  # the focus stays on the quants
+        await wait_until(pilot, lambda: {"p", "x"} <= set(footer_keys(screen)), "p and x in the footer")
+        assert footer_keys(screen)["p"] == "Pause/resume" and footer_keys(screen)["x"] == "Cancel"
+
+        await pilot.press("p")
+        await wait_until(pilot, lambda: row.progress.state == State.PAUSED, "the download paused")
+        await pilot.press("p")
+        await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING, "the download resumed")
+        await pilot.press("1")  # the catalog list focused
+        await wait_until(pilot, lambda: app.focused is screen.query_one("#catalog-list"), "the catalog list")
+        await pilot.press("x")
+        await wait_until(pilot, lambda: row.progress.state == State.CANCELLED, "the download cancelled")
+        assert "p" not in footer_keys(screen) and "x" not in footer_keys(screen)
+        # the downloads panel focused: its own footer shows p and x
+        screen.query_one(DownloadsPanel).focus()
+        await pilot.pause()
+        assert footer_keys(screen).get("x") == "Cancel"
+
+
+@pytest.mark.anyio
+async def test_every_key_of_the_models_screen_is_in_its_footer_or_f1(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    from app.screens.help import KEYS
+
+    [(_, models_keys)] = [(name, keys) for name, keys in KEYS if name == "Models (F4)"]
+    helped = " ".join(key for key, _ in models_keys)
+    for binding in (*ModelsScreen.BINDINGS, *DownloadsPanel.BINDINGS):
+        assert isinstance(binding, Binding)
+        first = binding.key.split(",")[0]
+        shown = {"slash": "/", "escape": "escape", "delete": "delete"}.get(first, first)
+        assert shown in helped, f"{binding.key} ({binding.description}) is not in F1's Models section"
+
+
+# ----- partial downloads in the Local tab ----------------------------------------------------------------------
+
+
+def make_partial(model: Path, fraction: float) -> tuple[Path, int]:
+    """A partial download of `model` (as the Hub serves it in REPO) in the test's cache: its first bytes, under the
+    name an interrupted pull leaves (blobs/<sha256>.incomplete)."""
+    data = model.read_bytes()
+    oid = hashlib.sha256(data).hexdigest()
+    path = hfcache.RepoCache(hfcache.cache_dir(), REPO).partial(oid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = int(len(data) * fraction)
+    path.write_bytes(data[:kept])
+    path.chmod(0o600)
+    return path, kept
+
+
+def local_ids(screen: ModelsScreen) -> list[str]:
+    options = screen.query_one("#local-list", OptionList)
+    return [options.get_option_at_index(i).id or "" for i in range(options.option_count)]
+
+
+async def highlight_local(pilot: Pilot[Any], screen: ModelsScreen, option_id: str) -> None:
+    options = screen.query_one("#local-list", OptionList)
+    options.focus()
+    options.highlighted = local_ids(screen).index(option_id)
+    await pilot.pause()
+
+
+@pytest.mark.anyio
+async def test_partial_downloads_show_in_local_with_progress_resume_and_delete(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    q8, q8_kept = make_partial(tiny_models["qwen35"], 0.4)  # Tiny-Q8_0.gguf
+    q4, q4_kept = make_partial(tiny_models["qwen35_mtp"], 0.25)  # Tiny-Q4_K_M.gguf
+    q8_total, q4_total = tiny_models["qwen35"].stat().st_size, tiny_models["qwen35_mtp"].stat().st_size
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        await pilot.press("3")
+        await wait_until(pilot, lambda: screen.partials_sized and len(screen.partials) == 2, "the partials, sized")
+        labels = option_texts(screen.query_one("#local-list", OptionList))
+        [q8_label] = [t for t in labels if "Tiny-Q8_0.gguf" in t]
+        assert "partial" in q8_label and f"{format_bytes(q8_kept)} / {format_bytes(q8_total)}" in q8_label
+        assert f"{100 * q8_kept / q8_total:.0f}%" in q8_label
+        [q4_label] = [t for t in labels if "Tiny-Q4_K_M.gguf" in t]
+        assert f"{100 * q4_kept / q4_total:.0f}%" in q4_label
+
+        # resume (r): it continues from its bytes against the Hub and becomes a model
+        await highlight_local(pilot, screen, f"partial-{q8}")
+        assert "r" in footer_keys(screen) and "x" in footer_keys(screen)
+        await pilot.press("r")
+        await wait_until(
+            pilot, lambda: any(m.name == f"{REPO}:Q8_0" for m in screen.local_models), "the resumed model", 60
+        )
+        assert not q8.exists()
+        assert [r.start for r in models_hub.data_requests("Tiny-Q8_0.gguf")] == [q8_kept]  # resumed, not restarted
+        await wait_until(pilot, lambda: [r.partial.path for r in screen.partials] == [q4], "one partial left")
+
+        # delete (x): asks, then removes it and frees its bytes
+        await highlight_local(pilot, screen, f"partial-{q4}")
+        await pilot.press("x")
+        await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal), "the delete question")
+        assert isinstance(app.screen, DeleteModelModal) and app.screen.freed_bytes == q4_kept
+        await pilot.press("y")
+        await wait_until(pilot, lambda: not q4.exists() and not screen.partials, "the partial deleted")
+        await wait_until(
+            pilot,
+            lambda: any(f"freed {format_bytes(q4_kept)}" in n.message for n in app._notifications),
+            "the space freed, said",
+        )
+        assert [m.name for m in screen.local_models] == [f"{REPO}:Q8_0"]  # the model stays
+
+
+# ----- status words, explained where they show ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_status_words_have_tooltips_and_an_f1_entry(models_hub: HubServer, tiny_models: dict[str, Path]) -> None:
+    from app.screens.help import HelpScreen, keys_table
+    from app.screens.models_local import STATUS_WORDS
+
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        catalog = screen.query_one("#catalog-list", OptionList)
+        assert any("unverified" in t for t in option_texts(catalog))  # the word shows there…
+        assert f"unverified: {STATUS_WORDS['unverified']}" in str(catalog.tooltip)  # …and is explained there
+        assert "sha256" in STATUS_WORDS["unverified"] and "repository name" in STATUS_WORDS["unverified"]
+        shown_where = {
+            "#search-results": ("gated",),
+            "#quant-list": ("★", "✓", "fits", "tight", "too big", "needs, memory", "+mtp, +dflash…"),
+            "#local-list": ("incomplete", "unusable", "partial", "+mtp, +dflash…"),
+            "#detail-info": ("unverified", "gated", "fits", "tight", "too big", "incomplete"),
+            "#downloads": ("queued", "waiting", "checking", "downloading", "verifying", "paused", "done", "failed"),
+        }
+        for selector, words in shown_where.items():
+            tooltip = str(screen.query_one(selector).tooltip)
+            for word in words:
+                assert f"{word}: {STATUS_WORDS[word]}" in tooltip, f"{word} unexplained in {selector}"
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "F1's help")
+    console = Console(width=200, record=True)
+    console.print(keys_table())
+    helped = console.export_text()
+    for word in STATUS_WORDS:
+        assert word in helped, f"{word} is not in F1"
+    assert "unreadable" in helped  # the switcher's word
+
+
+def test_the_switcher_lists_chat_models_with_their_drafts_and_never_a_draft(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Models with their own MTP heads are chat models (+mtp); sidecars and draft models are not offered, also when
+    only their header says so (a DFlash draft named like a model)."""
+    import shutil
+
+    from app.model_list import describe_models, local_models
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for key in ("qwen35_mtp", "qwen35", "qwen35_mtp_sidecar", "llama"):
+        shutil.copy(tiny_models[key], folder / tiny_models[key].name)
+    dflash = tiny_models["llama"].parent / "dflash-tiny-llama.gguf"
+    shutil.copy(dflash, folder / dflash.name)  # a sidecar by name
+    shutil.copy(dflash, folder / "Tiny-Llama-DFlash-b16-Q8_0.gguf")  # a model by name
+    listed = local_models([str(folder)])
+    described = {m.path.name: m for m in describe_models(listed, [str(folder)])}
+    assert "Tiny-Llama-DFlash-b16-Q8_0.gguf" in {m.path.name for m in listed}  # a model by its name…
+    assert "Tiny-Llama-DFlash-b16-Q8_0.gguf" not in described  # …a draft by its header
+    assert not {tiny_models["qwen35_mtp_sidecar"].name, dflash.name} & {m.path.name for m in listed}
+    mtp_model = described[tiny_models["qwen35_mtp"].name]
+    assert mtp_model.draft_kinds[0] == "mtp" and mtp_model.need_bytes
+    assert "mtp" in described[tiny_models["qwen35"].name].draft_kinds  # the mtp- sidecar beside it
+    assert described[tiny_models["llama"].name].draft_kinds == ("dflash",)  # it fits llama; the mtp- one does not
+
+
+@pytest.mark.anyio
+async def test_a_download_paused_in_this_session_shows_in_local_and_resumes_or_is_deleted_there(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    models_hub.fault(REPO, "Tiny-Q8_0.gguf", throttle_bps=100_000)  # about 8 s
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models(pilot)
+        row = await start_slow_download(pilot, screen)
+        await pilot.press("p")
+        await wait_until(pilot, lambda: row.progress.state == State.PAUSED, "the download paused")
+        await pilot.press("3")
+        await wait_until(pilot, lambda: [p.file.name for p in screen.partials if p.file] == ["Tiny-Q8_0.gguf"], "it")
+        [partial] = screen.partials
+        assert row.progress.downloaded == partial.partial.size  # the panel and the Local tab: the same bytes
+        await highlight_local(pilot, screen, f"partial-{partial.partial.path}")
+        await pilot.press("r")  # its own task resumes: one row in the panel, not a second download
+        await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING, "the same download resumed")
+        assert len(screen.downloads_panel.rows) == 1
+        await wait_until(  # its row in Local follows: being written now, r not offered
+            pilot,
+            lambda: any("downloading" in t for t in option_texts(screen.query_one("#local-list", OptionList))),
+            "the Local row saying it is downloading",
+        )
+        assert "r" not in footer_keys(screen)
+        await pilot.press("p")
+        await wait_until(pilot, lambda: row.progress.state == State.PAUSED, "paused again")
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: f"partial-{partial.partial.path}" in local_ids(screen), "the partial listed")
+        await highlight_local(pilot, screen, f"partial-{partial.partial.path}")
+        await pilot.press("x")
+        await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal), "the delete question")
+        await pilot.press("y")  # its task is cancelled, which deletes the partial file
+        await wait_until(pilot, lambda: row.progress.state == State.CANCELLED, "the download cancelled")
+        await wait_until(pilot, lambda: not partial.partial.path.exists() and not screen.partials, "the file gone")

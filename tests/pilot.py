@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.geometry import Region
 from textual.pilot import Pilot
+from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
 from app.messages import ModelSummary
 from app.screens.chat import ChatScreen
@@ -149,3 +152,24 @@ async def loaded(pilot: Pilot[Any]) -> None:
     assert chat is not None
     chat.prompt.cursor_blink = False
     await pilot.pause()
+
+
+def footer_items(app: LlmtuiApp) -> list[tuple[int, int, str]]:
+    """(x, width, text as drawn) of each footer key of the chat, left to right, the palette key last."""
+    footer = app.screen.query_one(Footer)
+    keys = sorted(footer.query(FooterKey), key=lambda key: ("-command-palette" in key.classes, key.region.x))
+    return [
+        (key.region.x, key.region.width, key.render_lines(Region(0, 0, key.region.width, 1))[0].text) for key in keys
+    ]
+
+
+def assert_footer_fits(app: LlmtuiApp, width: int) -> list[str]:
+    """Every footer key is drawn whole, left of the palette key, inside `width`; their labels, in order."""
+    items = footer_items(app)
+    *keys, palette = items
+    assert palette[2].strip().endswith("palette") and palette[0] + palette[1] <= width
+    right = 0
+    for x, cells, text in keys:
+        assert x >= right and x + cells <= palette[0], f"{text!r} at {x}+{cells} is cut by the palette at {palette[0]}"
+        right = x + cells
+    return [text.split(maxsplit=1)[1].strip() for _, _, text in keys]

@@ -123,7 +123,7 @@ class ModelsScreen(Screen[None]):
         Binding("down", "to_results", "Results", show=False),
         Binding("d", "download", "Download"),
         Binding("u", "use", "Use"),
-        Binding("p", "pause_download", "Pause/resume"),
+        Binding("p", "pause_download", "Pause"),
         Binding("r", "resume_partial", "Resume"),
         Binding("x,delete", "delete", "Delete"),
         Binding("x", "cancel_download", "Cancel"),
@@ -199,7 +199,7 @@ class ModelsScreen(Screen[None]):
             "queued", "waiting", "checking", "downloading", "verifying", "paused", "done", "failed", "cancelled"
         )
         yield panel
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#quant-list").display = False

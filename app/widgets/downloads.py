@@ -93,7 +93,7 @@ class DownloadsPanel(VerticalScroll, can_focus=True):
     BINDINGS = [
         Binding("up", "move(-1)", "Previous", show=False),
         Binding("down", "move(1)", "Next", show=False),
-        Binding("p", "pause_resume", "Pause/resume"),
+        Binding("p", "pause_resume", "Pause"),
         Binding("x,c", "cancel", "Cancel"),
     ]
 

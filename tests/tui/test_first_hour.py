@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 from textual.command import CommandList, CommandPalette
 from textual.geometry import Region
-from textual.widgets import Footer
-from textual.widgets._footer import FooterKey
 
 from app.config import SamplingSettings, load_config, save_config
 from app.modals.model_switcher import ModelSwitcherModal
@@ -26,7 +24,16 @@ from app.tui import LlmtuiApp
 from app.widgets.spec_meter import SpecMeter
 from app.widgets.tick_box import TICKED, UNTICKED, TickBox
 from engine_ext.protocol import DrafterReport
-from tests.pilot import loaded, make_app, ready, reply_done, seeded, send  # noqa: F401 (seeded: fixture)
+from tests.pilot import (  # noqa: F401 (seeded: fixture)
+    assert_footer_fits,
+    footer_items,
+    loaded,
+    make_app,
+    ready,
+    reply_done,
+    seeded,
+    send,
+)
 from tests.tui.test_tui_spec import STATS, MeterHost, _types_read, _without_engine
 from tests.waits import wait_until
 
@@ -198,27 +205,6 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
 
 MOST_USEFUL = ["Help", "Model", "Models", "Spec", "Steer", "New"]
 """The footer's first keys on the chat, in this order (Stop comes first while a reply is written)."""
-
-
-def footer_items(app: LlmtuiApp) -> list[tuple[int, int, str]]:
-    """(x, width, text as drawn) of each footer key of the chat, left to right, the palette key last."""
-    footer = app.screen.query_one(Footer)
-    keys = sorted(footer.query(FooterKey), key=lambda key: ("-command-palette" in key.classes, key.region.x))
-    return [
-        (key.region.x, key.region.width, key.render_lines(Region(0, 0, key.region.width, 1))[0].text) for key in keys
-    ]
-
-
-def assert_footer_fits(app: LlmtuiApp, width: int) -> list[str]:
-    """Every footer key is drawn whole, left of the palette key, inside `width`; their labels, in order."""
-    items = footer_items(app)
-    *keys, palette = items
-    assert palette[2].strip().endswith("palette") and palette[0] + palette[1] <= width
-    right = 0
-    for x, cells, text in keys:
-        assert x >= right and x + cells <= palette[0], f"{text!r} at {x}+{cells} is cut by the palette at {palette[0]}"
-        right = x + cells
-    return [text.split(maxsplit=1)[1].strip() for _, _, text in keys]
 
 
 @pytest.mark.anyio

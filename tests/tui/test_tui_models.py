@@ -19,7 +19,7 @@ from app.tui import LlmtuiApp
 from app.widgets.downloads import DownloadsPanel
 from models_catalog.download import Progress, State
 from tests.hub_server import HubServer
-from tests.pilot import wait_for
+from tests.pilot import assert_footer_fits, wait_for
 
 REPO = "org/Tiny-Qwen35-GGUF"
 GATED = "meta/Gated-GGUF"
@@ -335,3 +335,16 @@ async def test_a_model_used_from_the_first_run_screen_opens_the_chat(
         await wait_for(pilot, lambda: app.chat is not None and app.screen is app.chat)
         assert app.model_path == str(screen.local_models[0].path)
         assert not any(isinstance(s, FirstRunScreen) for s in app.screen_stack)
+
+
+@pytest.mark.anyio
+async def test_the_models_footer_fits_80_columns_with_a_download_running(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    """F4 at 80×24 with a download running: every key in the footer is drawn whole, Quit and Help included (issue
+    22: the footer was cut at 80 columns)."""
+    app = make_app(tiny_models)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await catalog_with_download(pilot)
+        labels = assert_footer_fits(app, 80)
+        assert {"Search", "Download", "Pause", "Cancel", "Back", "Quit", "Help"} <= set(labels), labels

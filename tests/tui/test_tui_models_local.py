@@ -171,7 +171,7 @@ async def test_p_and_x_act_on_the_highlighted_download_wherever_the_focus_is(
         row = await start_slow_download(pilot, screen)
         assert app.focused is screen.query_one("#quant-list")  # the focus stays on the quants
         await wait_until(pilot, lambda: {"p", "x"} <= set(footer_keys(screen)), "p and x in the footer")
-        assert footer_keys(screen)["p"] == "Pause/resume" and footer_keys(screen)["x"] == "Cancel"
+        assert footer_keys(screen)["p"] == "Pause" and footer_keys(screen)["x"] == "Cancel"
 
         await pilot.press("p")
         await wait_until(pilot, lambda: row.progress.state == State.PAUSED, "the download paused")

@@ -7,9 +7,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, SelectionList
+from textual.widgets import Button, Label
 from textual.widgets.selection_list import Selection
 
+from app.widgets.tick_box import TickList
 from engine_ext.gguf_info import format_bytes
 
 
@@ -41,7 +42,7 @@ class PullModal(ModalScreen[list[str] | None]):
             yield Label(lines, classes="dialog-text")
             if self.sidecars:
                 yield Label("Sidecars paired with this quant (space toggles):", classes="field-label")
-                yield SelectionList[str](
+                yield TickList[str](
                     *(
                         Selection(f"{kind:<7} {what}", kind, kind in self.chosen)
                         for kind, what in self.sidecars.items()
@@ -68,7 +69,7 @@ class PullModal(ModalScreen[list[str] | None]):
     def action_confirm(self) -> None:
         kinds: list[str] = []
         if self.sidecars:
-            kinds = list(self.query_one("#pull-sidecars", SelectionList).selected)
+            kinds = list(self.query_one("#pull-sidecars", TickList).selected)
         self.dismiss(kinds)
 
     def action_cancel(self) -> None:

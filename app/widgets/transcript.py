@@ -67,6 +67,7 @@ class Transcript(LaidOutOnce, VerticalScroll):
         self._follow_pending = False
         self._live_top: tuple[object, int] | None = None  # (layout key, where the live reply's text starts)
         self._at_end = True  # whether the view showed the end of the conversation at its last scroll
+        self._laid_out_height = 0  # the view's height at the last layout that resized it
         self.dark = True
         self.colour_drafts = False
         """Whether text from accepted draft tokens is coloured."""
@@ -161,9 +162,13 @@ class Transcript(LaidOutOnce, VerticalScroll):
         # The view got shorter (the prompt grew a line, the speculative meter appeared): a view that showed the end
         # of the conversation keeps showing it, rather than the last lines going below it. Here rather than in a
         # Resize handler: Textual does not always send the transcript one. A streamed reply is followed by its own
-        # logic.
+        # logic: whether the view followed it is judged with the view's height before this layout, so that a view
+        # made shorter under a following reader (F6's sliders below it) goes on following rather than leaving the
+        # reply's end below it (issue 22).
+        height = self._view_height()
+        before, self._laid_out_height = self._laid_out_height, height
         if self.live is not None:
-            if self._following():
+            if self._following(before or height):
                 self.call_after_refresh(self._follow)
         elif self._at_end:
             self.scroll_end(animate=False)  # after the refresh
@@ -206,13 +211,14 @@ class Transcript(LaidOutOnce, VerticalScroll):
         self.call_after_refresh(self._follow, True)
         return live
 
-    def _live_target(self, *, clamp: bool = True) -> float:
+    def _live_target(self, *, clamp: bool = True, view_height: int | None = None) -> float:
         """The scroll offset that shows the end of the streamed text at the bottom of the view (unclamped: below 0
-        when the text ends above the view's bottom at offset 0)."""
+        when the text ends above the view's bottom at offset 0); `view_height`: the view's, unless given."""
         live = self.live
         if live is None:
             return self.max_scroll_y
-        offset = self._live_text_top(live) + live.body.content_height + 1 - self._view_height()
+        height = self._view_height() if view_height is None else view_height
+        offset = self._live_text_top(live) + live.body.content_height + 1 - height
         return max(0.0, min(self.max_scroll_y, offset)) if clamp else offset
 
     def _view_height(self) -> int:
@@ -240,10 +246,12 @@ class Transcript(LaidOutOnce, VerticalScroll):
             self._follow_pending = True
             self.call_after_refresh(self._follow)
 
-    def _following(self) -> bool:
-        """Whether the view shows the end of the streamed text (or is past it, in the room kept below it)."""
-        step = max(1, self._view_height() // 3)
-        return self.scroll_y >= self._live_target() - 1 - step
+    def _following(self, view_height: int | None = None) -> bool:
+        """Whether the view shows the end of the streamed text (or is past it, in the room kept below it);
+        `view_height`: judged for a view of that height (the view's own, unless given)."""
+        height = self._view_height() if view_height is None else view_height
+        step = max(1, height // 3)
+        return self.scroll_y >= self._live_target(view_height=height) - 1 - step
 
     def _follow(self, jump: bool = False) -> None:
         """Keep the end of the streamed text in view: in steps of a third of the view rather than a line at a time

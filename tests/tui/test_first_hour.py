@@ -80,12 +80,15 @@ async def test_the_f9_checkbox_reads_on_and_off_without_colour() -> None:
 
 
 def test_every_checkbox_of_the_app_is_a_tick_box() -> None:
-    """Textual's Checkbox (▐X▌ both ways) is not used directly anywhere in app/."""
+    """Textual's Checkbox and SelectionList (▐X▌ both ways) are not used directly anywhere in app/."""
     offenders = []
     for path in APP.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Checkbox":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in {
+                "Checkbox",
+                "SelectionList",
+            }:
                 offenders.append(f"{path.relative_to(APP.parent)}:{node.lineno}")
     assert not offenders
 
@@ -300,3 +303,34 @@ def test_the_speculation_check_names_proposed_drafted_and_accepted() -> None:
     assert "proposed 138 · drafted 59 · accepted 41 (69%)" in line
     assert HELD_OUT.to_dict()["proposed"] == 138 and HELD_OUT.to_dict()["drafted"] == 59
     assert [d["proposed"] for d in HELD_OUT.to_dict()["drafters"]] == [100, 38]  # type: ignore[index]
+
+
+@pytest.mark.anyio
+async def test_the_download_dialogs_sidecar_list_reads_on_and_off_without_colour() -> None:
+    """Issue 22: F4's download dialog listed its sidecars as `▐X▌ mtp` ticked and unticked alike (seen in tmux)."""
+    from textual.app import App
+
+    from app.modals.model_actions import PullModal
+    from app.widgets.tick_box import TickList
+
+    modal = PullModal("Download org/Tiny:Q8_0", [("Tiny-Q8_0.gguf", 1000)], {"mtp": "mtp-Tiny.gguf"}, {"mtp"})
+
+    class Host(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(modal)
+
+    def first_line(widget: TickList[str]) -> str:
+        return widget.render_line(0).text
+
+    async with Host().run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: modal.is_current, what="the download dialog")
+        sidecars = modal.query_one("#pull-sidecars", TickList)
+        on = first_line(sidecars)
+        assert on.startswith(TICKED) and "mtp" in on and "▐X▌" not in on
+        await pilot.press("shift+tab", "space")  # the keyboard unticks it
+        await wait_until(pilot, lambda: not sidecars.selected, what="the sidecar unticked by space")
+        await pilot.pause()
+        off = first_line(sidecars)
+        assert off.startswith(UNTICKED) and off.replace(UNTICKED, TICKED, 1) == on
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not modal.is_current, what="the dialog dismissed")

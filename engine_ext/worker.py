@@ -214,7 +214,8 @@ class Worker:
 
     def set_speculative(self, request: SetSpeculative) -> None:
         from engine_ext.params import EngineError
-        from engine_ext.speculative.factory import build_driver
+        from engine_ext.speculative.catalog import needs_fresh_context
+        from engine_ext.speculative.factory import build_driver, target_backends
 
         if self.session is None:
             raise EngineError("load a model before turning on speculative decoding")
@@ -224,11 +225,35 @@ class Worker:
         if not request.params.enabled:
             self.send(SpeculativeSet(()))
             return
+        if needs_fresh_context(request.params.types) and target_backends(self.model):
+            self._fresh_context()
         driver = build_driver(request.params, self.model, self.ctx)
         self.session.spec = driver
         # Model drafters must see every row the target holds: evaluate the next prompt in full.
         self.session.reset_cache()
         self.send(SpeculativeSet(driver.names))
+
+    def _fresh_context(self) -> None:
+        """Replace the target context by a new one that has never decoded, keeping steering (issue 24: a drafter
+        that turns the target's layer inputs on after the context's first decode crashed the engine on a Vulkan
+        device; with them on before the first decode it did not). The old one is closed first, so device memory
+        holds one KV cache at a time."""
+        from engine_ext.model import Context
+
+        assert self.session is not None and self.ctx is not None
+        params = self.ctx.params
+        self.ctx.close()
+        try:
+            self.ctx = Context(self.model, params)
+        except Exception:
+            self.unload()
+            raise
+        self.session.ctx = self.ctx
+        self.session.reset_cache()
+        if self.mixer is not None:
+            self.mixer.ctx = self.ctx
+            if self.mixer.active is not None:
+                self.mixer.apply(self.mixer.active.entries)
 
     def set_steering(self, request: SetSteering) -> None:
         from engine_ext.params import EngineError

@@ -122,22 +122,21 @@ TYPE_FOR_KIND = {t.candidate_kind: t.name for t in CATALOGUE if t.candidate_kind
 TYPE_FOR_DRAFT = {draft_type: t.name for t in CATALOGUE for draft_type in t.draft_types}
 
 
+# Drafters that read the target's layer inputs (llama_set_embeddings_layer_inp). Turning those outputs on in a target
+# context that has already decoded on a Vulkan device crashed the engine (issue 24: heap corruption or SIGSEGV in
+# lavapipe's queue thread, 4 of 4 runs; 0 of 4 with them on before the context's first decode): the engine worker
+# gives them a fresh target context when the target has layers on a device (worker.set_speculative).
+LAYER_INPUT_TYPES = ("draft-dflash", "draft-dspark", "draft-eagle3")
+
 # Speculative types refused when the target is offloaded to a device of these backends: each crashed the engine there
-# (issue 24, measured on Vulkan with Mesa's lavapipe), and the refusal says which and why in one line.
-DEVICE_REFUSALS: dict[str, dict[str, str]] = {
-    "draft-dflash": {
-        "Vulkan": "the engine crashes (heap corruption, SIGSEGV/SIGABRT) when the draft reads the target's layer "
-        "inputs from a Vulkan device",
-    },
-    "draft-eagle3": {
-        "Vulkan": "the engine crashes (SIGSEGV) when the draft reads the target's layer inputs from a Vulkan device, "
-        "as draft-dflash does",
-    },
-    "draft-dspark": {
-        "Vulkan": "the engine crashes (heap corruption) when the draft reads the target's layer inputs from a Vulkan "
-        "device, as draft-dflash does",
-    },
-}
+# (issue 24, measured on Vulkan with Mesa's lavapipe), and the refusal says which and why in one line. None now: the
+# layer-input drafters' crash is avoided by the fresh context above.
+DEVICE_REFUSALS: dict[str, dict[str, str]] = {}
+
+
+def needs_fresh_context(types: Sequence[str]) -> bool:
+    """Whether turning `types` on may turn on the target's layer inputs (auto may pick a layer-input drafter)."""
+    return any(t in LAYER_INPUT_TYPES or t == "auto" for t in types)
 
 
 def device_refusal(spec_type: str, backends: Sequence[str]) -> str | None:

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
-from engine_ext.speculative.catalog import BY_NAME, DEVICE_REFUSALS, device_refusal
+from engine_ext.speculative.catalog import (
+    BY_NAME,
+    DEVICE_REFUSALS,
+    LAYER_INPUT_TYPES,
+    device_refusal,
+    needs_fresh_context,
+)
 
 
 def test_refusals_name_real_types_and_say_why_in_one_line() -> None:
     assert set(DEVICE_REFUSALS) <= set(BY_NAME)
-    for spec_type in ("draft-dflash", "draft-dspark", "draft-eagle3"):
-        message = device_refusal(spec_type, ("Vulkan",))
-        assert message is not None and "\n" not in message
-        assert message.startswith(f"{spec_type} is off with the target on a Vulkan device: the engine crashes")
-        assert "-ngl 0" in message
+    for spec_type, by_backend in DEVICE_REFUSALS.items():
+        for backend in by_backend:
+            message = device_refusal(spec_type, (backend,))
+            assert message is not None and "\n" not in message
+            assert message.startswith(f"{spec_type} is off with the target on a {backend} device: ")
+            assert "-ngl 0" in message
+
+
+def test_layer_input_drafters_get_a_fresh_context_instead_of_a_refusal() -> None:
+    for spec_type in LAYER_INPUT_TYPES:
+        assert spec_type in BY_NAME
+        assert device_refusal(spec_type, ("Vulkan",)) is None
+        assert needs_fresh_context((spec_type,))
+    assert needs_fresh_context(("auto",))
+    assert not needs_fresh_context(("draft-mtp", "ngram-mod"))
 
 
 def test_nothing_is_refused_on_the_cpu_or_other_backends() -> None:

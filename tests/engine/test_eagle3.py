@@ -186,7 +186,7 @@ def test_eagle3_behind_an_ngram_drafter(tiny_models: dict[str, Path]) -> None:
     for r in results:
         assert r.speculative is not None
         for d in r.speculative.drafters:
-            by_name[d.name] = by_name.get(d.name, 0) + d.drafted
+            by_name[d.name] = by_name.get(d.name, 0) + d.proposed
     assert by_name.get("ngram-mod", 0) > 0 and by_name.get("draft-eagle3", 0) > 0
 
 

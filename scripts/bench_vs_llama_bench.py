@@ -27,10 +27,8 @@ def llama_bench_path(build: Path = WORK / "build") -> Path:
     return build / "bin" / "llama-bench"
 
 
-def build_llama_bench(
-    cmake_args: list[str], targets: tuple[str, ...] = ("llama-bench",), build: Path = WORK / "build"
-) -> Path:
-    """Fetch the llama-cpp-python sdist (the vendored llama.cpp) and build llama-bench (and `targets`) with CMake."""
+def fetch_sdist() -> Path:
+    """The llama-cpp-python sdist (the vendored llama.cpp) in WORK, downloaded once."""
     WORK.mkdir(exist_ok=True)
     sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
     if not sdists:
@@ -50,9 +48,17 @@ def build_llama_bench(
             check=True,
         )
         sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
+    return sdists[0]
+
+
+def build_llama_bench(
+    cmake_args: list[str], targets: tuple[str, ...] = ("llama-bench",), build: Path = WORK / "build"
+) -> Path:
+    """Fetch the llama-cpp-python sdist (the vendored llama.cpp) and build llama-bench (and `targets`) with CMake."""
+    sdist = fetch_sdist()
     src = WORK / "src"
     if not src.exists():
-        with tarfile.open(sdists[0]) as tar:
+        with tarfile.open(sdist) as tar:
             tar.extractall(WORK / "unpacked", filter="data")
         unpacked = next((WORK / "unpacked").iterdir())
         shutil.move(str(unpacked / "vendor" / "llama.cpp"), src)

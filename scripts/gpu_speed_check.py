@@ -31,7 +31,7 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llama_bench import LLAMA_CPP_PYTHON, ROOT, WORK, build_llama_bench, compare  # noqa: E402
+from bench_vs_llama_bench import ROOT, WORK, build_llama_bench, compare, fetch_sdist  # noqa: E402
 
 FLAGS = {"cuda": "-DGGML_CUDA=on", "hip": "-DGGML_HIP=on", "vulkan": "-DGGML_VULKAN=on", "metal": "-DGGML_METAL=on"}
 
@@ -81,26 +81,8 @@ def patch_llama_bench_source(*, dry_run: bool) -> None:
     if src.exists():  # unpatched, or patched with another set: unpack afresh
         shutil.rmtree(src)
         shutil.rmtree(WORK / "unpacked", ignore_errors=True)
-    WORK.mkdir(exist_ok=True)
-    sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
-    if not sdists:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "-d",
-                str(WORK),
-                LLAMA_CPP_PYTHON,
-            ],
-            check=True,
-        )
-        sdists = list(WORK.glob("llama_cpp_python-*.tar.gz"))
-    with tarfile.open(sdists[0]) as tar:
+    sdist = fetch_sdist()
+    with tarfile.open(sdist) as tar:
         tar.extractall(WORK / "unpacked", filter="data")
     shutil.move(str(next((WORK / "unpacked").iterdir()) / "vendor" / "llama.cpp"), src)
     for patch in patches:

@@ -4,11 +4,8 @@ between them with --split-mode layer and --tensor-split; each layer's device rea
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import pytest
 from engine_ext.params import ModelParams
 from tests.device.devices import GpuDevice
 from tests.device.test_offload import greedy, loaded
+from tests.rpc_server import rpc_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,30 +25,8 @@ def rpc_endpoint(tmp_path: Path) -> Iterator[str]:
 
     if not C.llama_supports_rpc():
         pytest.skip("engine built without RPC (scripts/build_engine.sh turns it on)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path))
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app", "rpc-server", "--port", str(port), "-t", "1"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the RPC server did not start listening within 60 s")
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with rpc_server(tmp_path) as endpoint:
+        yield endpoint
 
 
 SPLIT_LOAD = """

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.rpc_server import rpc_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,34 +21,12 @@ def rpc_built() -> bool:
     return out.stdout.strip() == "1"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_generation_through_a_loopback_rpc_server(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     if not rpc_built():
         print("llama-cpp-python was built without GGML_RPC=ON: the RPC test cannot run")
         pytest.skip("engine built without RPC (CMAKE_ARGS=-DGGML_RPC=ON)")
-    port = free_port()
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path))
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app", "rpc-server", "--port", str(port), "-t", "1"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the RPC server did not start listening")
+    with rpc_server(tmp_path, timeout_s=30) as endpoint:
         args = [
             "-m",
             "app",
@@ -67,7 +45,7 @@ def test_generation_through_a_loopback_rpc_server(tiny_models: dict[str, Path], 
         ]
         local = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         remote = subprocess.run(
-            [sys.executable, *args, "--rpc", f"127.0.0.1:{port}", "-ngl", "99"],
+            [sys.executable, *args, "--rpc", endpoint, "-ngl", "99"],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -87,6 +65,3 @@ def test_generation_through_a_loopback_rpc_server(tiny_models: dict[str, Path], 
             timeout=120,
         )
         assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
-    finally:
-        server.terminate()
-        server.wait(10)

@@ -90,24 +90,20 @@ def resolve_model(spec: str) -> str:
     return str(resolve(spec))
 
 
-def run_llama_bench(binary: Path, model: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    cmd = [
-        str(binary),
+def bench_flags(model: str, args: argparse.Namespace) -> list[str]:
+    """The flags llama-bench and `llmtui bench` share (llmtui's are llama-bench's names)."""
+    numbers = {"-t": args.threads, "-p": args.n_prompt, "-n": args.n_gen, "-r": args.repetitions}
+    return [
         "-m",
         model,
-        "-t",
-        str(args.threads),
-        "-p",
-        str(args.n_prompt),
-        "-n",
-        str(args.n_gen),
-        "-r",
-        str(args.repetitions),
+        *(x for flag, value in numbers.items() for x in (flag, str(value))),
         "-ngl",
         str(args.n_gpu_layers),
-        "-o",
-        "json",
     ]
+
+
+def run_llama_bench(binary: Path, model: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    cmd = [str(binary), *bench_flags(model, args), "-o", "json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     result: dict[str, list[float]] = {}
     for test in json.loads(out):
@@ -118,25 +114,7 @@ def run_llama_bench(binary: Path, model: str, args: argparse.Namespace) -> dict[
 
 def run_llmtui_bench(model: str, args: argparse.Namespace) -> dict[str, list[float]]:
     python = getattr(args, "python", None) or sys.executable  # the interpreter whose engine build is measured
-    cmd = [
-        str(python),
-        "-m",
-        "app",
-        "bench",
-        "-m",
-        model,
-        "-t",
-        str(args.threads),
-        "-p",
-        str(args.n_prompt),
-        "-n",
-        str(args.n_gen),
-        "-r",
-        str(args.repetitions),
-        "-ngl",
-        str(args.n_gpu_layers),
-        "--json",
-    ]
+    cmd = [str(python), "-m", "app", "bench", *bench_flags(model, args), "--json"]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
     return {key: [float(v) for v in out[key]["tps"]] for key in ("pp", "tg") if key in out}
 

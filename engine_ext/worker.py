@@ -9,7 +9,7 @@ import traceback
 from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
@@ -36,11 +36,16 @@ from engine_ext.protocol import (
     VectorMade,
 )
 
+if TYPE_CHECKING:
+    from engine_ext.params import SteeringEntry
+
 LOAD_PROGRESS_INTERVAL_S = 0.1
 # Tests only: the worker crashes natively (SIGSEGV) where a CPU's weight-repack path crashed a user's machine (AMX,
 # on the first decode), so recovery can be tested on machines where repacking works. Values: repack-load and
 # repack-decode (only while repacking is on: use_extra_bufts), decode (always, on every generation).
 FAULT_ENV = "LLMTUI_TEST_FAULT"
+# Written to the engine log when set_speculative replaced the target context (the device tests look for it).
+FRESH_CONTEXT_LOG = "a fresh target context"
 
 
 def _inject_fault(stage: str, repacking: bool) -> None:
@@ -74,6 +79,8 @@ class Worker:
         self.model: Any = None
         self.ctx: Any = None
         self.mixer: Any = None  # engine_ext.steering.mixer.SteeringMixer once steering is used
+        self.spec_params: Any = None  # the SpeculativeParams speculation was turned on with (None: off)
+        self.device_backends: tuple[str, ...] = ()  # the GPU backends the target's layers are on (none: the CPU)
         self.backlog: deque[Request] = deque()
         self.shutting_down = False
 
@@ -180,6 +187,9 @@ class Worker:
             raise
         self.model, self.ctx = model, ctx
         self.session = Session(model, ctx)
+        from engine_ext.speculative.factory import target_backends
+
+        self.device_backends = target_backends(model)
         system = C.llama_print_system_info().decode("utf-8", errors="replace")
         backend = "CPU"
         if request.model.rpc_servers:
@@ -189,6 +199,8 @@ class Worker:
                 if name.upper() in system.upper():
                     backend = name
                     break
+            else:  # Vulkan lists no features in the system info: the devices the layers went to say it
+                backend = next(iter(self.device_backends), backend)
         info = ModelInfo(
             path=str(path),
             architecture=model.architecture,
@@ -215,32 +227,42 @@ class Worker:
     def set_speculative(self, request: SetSpeculative) -> None:
         from engine_ext.params import EngineError
         from engine_ext.speculative.catalog import needs_fresh_context
-        from engine_ext.speculative.factory import build_driver, target_backends
+        from engine_ext.speculative.factory import build_driver
 
         if self.session is None:
             raise EngineError("load a model before turning on speculative decoding")
         if self.session.spec is not None:
             self.session.spec.close()
             self.session.spec = None
+        self.spec_params = None
         if not request.params.enabled:
             self.send(SpeculativeSet(()))
             return
-        if needs_fresh_context(request.params.types) and target_backends(self.model):
-            self._fresh_context()
+        if self.device_backends and needs_fresh_context(request.params.types):
+            self._fresh_context("before the layer inputs go on")
         driver = build_driver(request.params, self.model, self.ctx)
-        self.session.spec = driver
+        self.session.spec, self.spec_params = driver, request.params
         # Model drafters must see every row the target holds: evaluate the next prompt in full.
         self.session.reset_cache()
         self.send(SpeculativeSet(driver.names))
 
-    def _fresh_context(self) -> None:
-        """Replace the target context by a new one that has never decoded, keeping steering (issue 24: a drafter
-        that turns the target's layer inputs on after the context's first decode crashed the engine on a Vulkan
-        device; with them on before the first decode it did not). The old one is closed first, so device memory
-        holds one KV cache at a time."""
+    def _fresh_context(self, why: str, steering: tuple[SteeringEntry, ...] | None = None) -> None:
+        """Replace the target context by a new one that has never decoded, with `steering` applied (None: the
+        steering applied now) and the drafters built again on it.
+
+        Issue 24: whatever makes llama.cpp re-reserve its compute graph (llama_set_adapter_cvec,
+        llama_set_embeddings_layer_inp: `sched_need_reserve`) after the context's first decode crashed the engine
+        on a Vulkan device (lavapipe: heap corruption or SIGSEGV, 4 of 4 runs for layer inputs, 7 of 9 for a
+        control vector); before the first decode it did not (0 of 4, 0 of 8). The old context is closed first, so
+        device memory holds one KV cache at a time; the next prompt is evaluated in full."""
         from engine_ext.model import Context
+        from engine_ext.speculative.factory import build_driver
 
         assert self.session is not None and self.ctx is not None
+        spec = self.session.spec
+        if spec is not None:  # its drafters hold the old context
+            spec.close()
+            self.session.spec = None
         params = self.ctx.params
         self.ctx.close()
         try:
@@ -250,10 +272,15 @@ class Worker:
             raise
         self.session.ctx = self.ctx
         self.session.reset_cache()
+        print(f"--- {FRESH_CONTEXT_LOG} {why} (the target is on {', '.join(self.device_backends)})", flush=True)
         if self.mixer is not None:
             self.mixer.ctx = self.ctx
-            if self.mixer.active is not None:
-                self.mixer.apply(self.mixer.active.entries)
+            entries = steering if steering is not None else self.mixer.active.entries if self.mixer.active else ()
+            self.mixer.active = None
+            if entries:
+                self.mixer.apply(entries)
+        if spec is not None and self.spec_params is not None:
+            self.session.spec = build_driver(self.spec_params, self.model, self.ctx)
 
     def set_steering(self, request: SetSteering) -> None:
         from engine_ext.params import EngineError
@@ -267,7 +294,14 @@ class Worker:
         notices: tuple[str, ...] = ()
         if request.entries and not layers:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
-        active = self.mixer.apply(request.entries)
+        if not self.device_backends:
+            active = self.mixer.apply(request.entries)
+        elif request.entries or self.mixer.active is not None:
+            self.mixer.compose(request.entries)  # a bad vector fails here, before the context is replaced
+            self._fresh_context("for the new steering", request.entries)
+            active = self.mixer.active
+        else:
+            active = None  # nothing applied, nothing to clear: llama.cpp is not touched
         if active is None:
             self.send(SteeringSet(False, 0, 0, (), layers, notices))
         else:
@@ -300,6 +334,8 @@ class Worker:
 
     def unload(self) -> None:
         self.mixer = None
+        self.spec_params = None
+        self.device_backends = ()
         if self.session is not None and self.session.spec is not None:
             self.session.spec.close()
         self.session = None
@@ -332,9 +368,9 @@ class Worker:
                 elif isinstance(incoming, Shutdown):
                     self.shutting_down = True
                     cancelled[0] = True
-                elif isinstance(incoming, SetSteering):
+                elif isinstance(incoming, SetSteering) and not self.device_backends:
                     self.handle(incoming)  # a slider move acts on the very next token
-                else:
+                else:  # on a device a steering change replaces the context (_fresh_context): after this generation
                     self.backlog.append(incoming)
             return cancelled[0]
 

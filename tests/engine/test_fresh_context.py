@@ -90,7 +90,7 @@ def steering_entry(target: Path, tmp_path: Path) -> SteeringEntry:
     info = inspect_gguf(target)
     n_layer = (info.block_count or 0) - (info.n_layer_nextn or 0)  # the MTP heads take no control vector
     rng = np.random.default_rng(24)
-    vector = ControlVector({il: rng.normal(scale=2.0, size=N_EMBD).astype(np.float32) for il in range(1, n_layer)})
+    vector = ControlVector({il: rng.normal(scale=0.25, size=N_EMBD).astype(np.float32) for il in range(1, n_layer)})
     return SteeringEntry(str(write_control_vector(vector, tmp_path / "steer.gguf")))
 
 

@@ -231,15 +231,19 @@ class Worker:
 
         if self.session is None:
             raise EngineError("load a model before turning on speculative decoding")
+        before = self.spec_params.types if self.spec_params is not None else ()
         if self.session.spec is not None:
-            self.session.spec.close()
+            self.session.spec.close()  # a layer-input drafter turns the target's layer inputs off
             self.session.spec = None
         self.spec_params = None
+        types = request.params.types if request.params.enabled else ()
+        if self.device_backends and needs_fresh_context(types):
+            self._fresh_context("before the layer inputs go on")
+        elif self.device_backends and needs_fresh_context(before):
+            self._fresh_context("after the layer inputs went off")
         if not request.params.enabled:
             self.send(SpeculativeSet(()))
             return
-        if self.device_backends and needs_fresh_context(request.params.types):
-            self._fresh_context("before the layer inputs go on")
         driver = build_driver(request.params, self.model, self.ctx)
         self.session.spec, self.spec_params = driver, request.params
         # Model drafters must see every row the target holds: evaluate the next prompt in full.
@@ -252,9 +256,10 @@ class Worker:
 
         Issue 24: whatever makes llama.cpp re-reserve its compute graph (llama_set_adapter_cvec,
         llama_set_embeddings_layer_inp: `sched_need_reserve`) after the context's first decode crashed the engine
-        on a Vulkan device (lavapipe: heap corruption or SIGSEGV, 4 of 4 runs for layer inputs, 7 of 9 for a
-        control vector); before the first decode it did not (0 of 4, 0 of 8). The old context is closed first, so
-        device memory holds one KV cache at a time; the next prompt is evaluated in full."""
+        on a Vulkan device (lavapipe: heap corruption or SIGSEGV, 4 of 4 runs turning layer inputs on, 3 of 3
+        turning them off, 7 of 9 applying a control vector); before the first decode it did not (0 of 4, 0 of 8).
+        The old context is closed first, so device memory holds one KV cache at a time; the next prompt is evaluated
+        in full."""
         from engine_ext.model import Context
         from engine_ext.speculative.factory import build_driver
 

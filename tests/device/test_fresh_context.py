@@ -273,3 +273,22 @@ def test_steering_changes_after_decoding_do_not_crash(
         assert engine.answer(SteeringSet, "applying the steering sent mid-reply")[0].active
         assert engine.fresh_contexts() == 4
         assert engine.greedy(speculative=False)[0] == steered
+
+
+@pytest.mark.parametrize("then", [(), ("ngram-mod",)], ids=["off", "ngram-mod"])
+def test_a_layer_input_drafter_turned_off_does_not_crash(
+    then: tuple[str, ...], tiny_models: dict[str, Path], tmp_path: Path, gpu_device: GpuDevice
+) -> None:
+    """Closing the drafter turns the target's layer inputs off, a graph re-reserve: in the context that had decoded
+    it crashed the engine on lavapipe (off: 3 of 3 runs, ngram-mod: 1 of 3; issue 24)."""
+    target_path, draft_path = tiny_models["llama"], tiny_models["dflash"]
+    context, _ = context_for(target_path, ("draft-dflash",), draft_path)
+    with worker(tmp_path, gpu_device) as engine:
+        engine.load(target_path, -1, context)
+        plain, _ = engine.greedy(speculative=False)
+        engine.speculate(SpeculativeParams(types=("draft-dflash",), draft_model=str(draft_path), n_max=N_MAX))
+        assert engine.greedy(speculative=True)[0] == plain
+        assert engine.speculate(SpeculativeParams(types=then, n_max=N_MAX)).drafters == then
+        assert engine.fresh_contexts() == 2, "the layer inputs went off in the context that had decoded"
+        assert engine.greedy(speculative=True)[0] == plain
+        assert engine.greedy(speculative=True)[0] == plain

@@ -206,3 +206,21 @@ def test_a_steering_change_during_a_generation_acts_at_once_on_the_cpu(
         kinds = [type(e) for e in events]
         assert SteeringSet in kinds and kinds.index(SteeringSet) < kinds.index(Finished)
         assert not worker.backlog
+
+
+@pytest.mark.parametrize("then", [(), ("ngram-mod",)], ids=["off", "ngram-mod"])
+def test_a_layer_input_drafter_turned_off_on_a_device_leaves_a_fresh_context(
+    then: tuple[str, ...], tiny_models: dict[str, Path], on_a_device: None
+) -> None:
+    """Its layer inputs go off when it closes: that re-reserve, in the context that decoded, crashed on Vulkan."""
+    draft = str(tiny_models["dflash"])
+    for worker, pipe in loaded(tiny_models["llama"], ("draft-dflash",), draft):
+        plain, _ = greedy(worker, pipe, speculative=False)
+        handle(worker, pipe, SetSpeculative(SpeculativeParams(("draft-dflash",), draft, n_max=N_MAX)))
+        assert greedy(worker, pipe, speculative=True)[0] == plain
+        old = worker.ctx
+        events = handle(worker, pipe, SetSpeculative(SpeculativeParams(then, n_max=N_MAX)))
+        (configured,) = [e for e in events if isinstance(e, SpeculativeSet)]
+        assert configured.drafters == then
+        assert worker.ctx is not old, "the layer inputs went off in the context that had decoded"
+        assert greedy(worker, pipe, speculative=True)[0] == plain

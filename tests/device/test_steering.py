@@ -26,20 +26,29 @@ def logits(model: Model, ctx: Context, tokens: list[int]) -> np.ndarray:
 
 
 def steering_delta(path: Path, ngl: int, vector: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The logits without steering, and the change the vector makes, with `ngl` layers offloaded."""
+    """The logits without steering, and the change the vector makes, with `ngl` layers offloaded. Each context gets
+    its steering before its first decode: applied or cleared in a context that has decoded, a control vector
+    re-reserves llama.cpp's graph, which crashed on lavapipe (issue 24; the engine worker replaces the context)."""
     model = Model(path, ModelParams(n_gpu_layers=ngl))
-    ctx = Context(model, CONTEXT)
+    entry = SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)
+
+    def run(entries: list[SteeringEntry], *, cleared: bool = False) -> np.ndarray:
+        ctx = Context(model, CONTEXT)
+        try:
+            mixer = SteeringMixer(model, ctx)
+            mixer.apply(entries)
+            if cleared:
+                mixer.clear()
+            return logits(model, ctx, model.tokenize("steer me", add_special=False, parse_special=False))
+        finally:
+            ctx.close()
+
     try:
-        tokens = model.tokenize("steer me", add_special=False, parse_special=False)
-        base = logits(model, ctx, tokens)
-        mixer = SteeringMixer(model, ctx)
-        mixer.apply([SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)])
-        steered = logits(model, ctx, tokens)
-        mixer.clear()
-        assert np.array_equal(logits(model, ctx, tokens), base) or np.allclose(logits(model, ctx, tokens), base)
+        base = run([])
+        steered = run([entry])
+        assert np.allclose(run([entry], cleared=True), base)
         return base, steered - base
     finally:
-        ctx.close()
         model.close()
 
 

@@ -28,6 +28,8 @@ def test_layer_input_drafters_get_a_fresh_context_instead_of_a_refusal() -> None
         assert needs_fresh_context((spec_type,))
     assert needs_fresh_context(("auto",))
     assert not needs_fresh_context(("draft-mtp", "ngram-mod"))
+    assert not needs_fresh_context(())  # speculation off (the worker asks this of the types turned off, too)
+    assert needs_fresh_context(("ngram-mod", "draft-eagle3"))  # one in a chain is enough
 
 
 def test_nothing_is_refused_on_the_cpu_or_other_backends() -> None:

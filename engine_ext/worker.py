@@ -301,6 +301,8 @@ class Worker:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
         if not self.device_backends:
             active = self.mixer.apply(request.entries)
+        elif self.mixer.active is not None and tuple(request.entries) == self.mixer.active.entries:
+            active = self.mixer.active  # applied already: the context stays
         elif request.entries or self.mixer.active is not None:
             self.mixer.compose(request.entries)  # a bad vector fails here, before the context is replaced
             self._fresh_context("for the new steering", request.entries)

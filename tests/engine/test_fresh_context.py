@@ -149,6 +149,9 @@ def test_steering_and_drafters_survive_each_fresh_context(
         old = worker.ctx
         assert steering_set(handle(worker, pipe, SetSteering((entry,)))).active
         assert worker.ctx is not old, "a steering change on a device kept the context that had decoded"
+        old = worker.ctx
+        assert steering_set(handle(worker, pipe, SetSteering((entry,)))).active
+        assert worker.ctx is old  # the same mix again: applied already
         steered, _ = greedy(worker, pipe, speculative=False)
         assert steered != unsteered, "the vector does not change the greedy output: the test could not fail"
 

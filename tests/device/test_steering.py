@@ -26,20 +26,32 @@ def logits(model: Model, ctx: Context, tokens: list[int]) -> np.ndarray:
 
 
 def steering_delta(path: Path, ngl: int, vector: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The logits without steering, and the change the vector makes, with `ngl` layers offloaded."""
+    """The logits without steering, and the change the vector makes, with `ngl` layers offloaded.
+
+    Each logits row comes from a context that had not decoded before steering was set on it, as the engine worker
+    does on lavapipe (engine_ext/worker.py): a control vector set in a context that has decoded crashed Mesa 22.3's
+    lavapipe intermittently (issue 24; a driver bug, Mesa 25 runs it)."""
     model = Model(path, ModelParams(n_gpu_layers=ngl))
-    ctx = Context(model, CONTEXT)
     try:
         tokens = model.tokenize("steer me", add_special=False, parse_special=False)
-        base = logits(model, ctx, tokens)
-        mixer = SteeringMixer(model, ctx)
-        mixer.apply([SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)])
-        steered = logits(model, ctx, tokens)
-        mixer.clear()
-        assert np.array_equal(logits(model, ctx, tokens), base) or np.allclose(logits(model, ctx, tokens), base)
+
+        def fresh_logits(entries: list[SteeringEntry], *, clear_after: bool = False) -> np.ndarray:
+            ctx = Context(model, CONTEXT)
+            try:
+                mixer = SteeringMixer(model, ctx)
+                mixer.apply(entries)
+                if clear_after:
+                    mixer.clear()
+                return logits(model, ctx, tokens)
+            finally:
+                ctx.close()
+
+        base = fresh_logits([])
+        steered = fresh_logits([SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)])
+        cleared = fresh_logits([SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)], clear_after=True)
+        assert np.array_equal(cleared, base) or np.allclose(cleared, base)
         return base, steered - base
     finally:
-        ctx.close()
         model.close()
 
 

@@ -6,6 +6,7 @@ import ctypes
 import os
 import platform
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,29 @@ def hardware_gpus() -> tuple[str, ...]:
     return tuple(found)
 
 
+# Mesa's lavapipe (a Vulkan driver that runs on the CPU) names its devices llvmpipe. Mesa 22.3's crashed on every
+# mixture-of-experts graph in ggml-vulkan's reordered node order (issue 24); this patch turns the reorder off there.
+LAVAPIPE_PATCH = "0002-vulkan-no-reorder-on-cpu-devices.patch"
+
+
+def is_lavapipe(description: str) -> bool:
+    """Whether a ggml device description is Mesa's lavapipe, e.g. 'llvmpipe (LLVM 15.0.6, 256 bits)'."""
+    return "llvmpipe" in description
+
+
+def lavapipe_advice(devices: Sequence[Device], build: EngineBuild) -> list[str]:
+    """What a user on lavapipe with an engine that lacks LAVAPIPE_PATCH should do before loading an MoE model."""
+    if LAVAPIPE_PATCH in build.patches:
+        return []
+    return [
+        f"{d.name} is Mesa's lavapipe and this engine lacks patch {LAVAPIPE_PATCH[:4]}: mixture-of-experts models "
+        "crash Mesa 22.3's lavapipe without it; build the engine with scripts/build_engine.sh vulkan VENV, or set "
+        "GGML_VK_DISABLE_GRAPH_OPTIMIZE=1"
+        for d in devices
+        if is_lavapipe(d.description)
+    ]
+
+
 def diagnose(*, repack: bool = True) -> DoctorReport:
     """What the engine can use here; `repack` is whether models load with CPU weight repacking (the user's setting)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -155,6 +179,7 @@ def diagnose(*, repack: bool = True) -> DoctorReport:
             )
     if not has_gpu_backend and not gpus:
         advice.append("no GPU found: the engine runs on the CPU (-t sets its threads)")
+    advice.extend(lavapipe_advice(devices, build))
 
     def pkg_version(name: str) -> str:
         try:

@@ -26,27 +26,30 @@ def logits(model: Model, ctx: Context, tokens: list[int]) -> np.ndarray:
 
 
 def steering_delta(path: Path, ngl: int, vector: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The logits without steering, and the change the vector makes, with `ngl` layers offloaded. Each context gets
-    its steering before its first decode: applied or cleared in a context that has decoded, a control vector
-    re-reserves llama.cpp's graph, which crashed on lavapipe (issue 24; the engine worker replaces the context)."""
+    """The logits without steering, and the change the vector makes, with `ngl` layers offloaded.
+
+    Each logits row comes from a context that had not decoded before steering was set on it, as the engine worker
+    does on lavapipe (engine_ext/worker.py): a control vector set in a context that has decoded crashed Mesa 22.3's
+    lavapipe intermittently (issue 24; a driver bug, Mesa 25 runs it)."""
     model = Model(path, ModelParams(n_gpu_layers=ngl))
-    entry = SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)
-
-    def run(entries: list[SteeringEntry], *, cleared: bool = False) -> np.ndarray:
-        ctx = Context(model, CONTEXT)
-        try:
-            mixer = SteeringMixer(model, ctx)
-            mixer.apply(entries)
-            if cleared:
-                mixer.clear()
-            return logits(model, ctx, model.tokenize("steer me", add_special=False, parse_special=False))
-        finally:
-            ctx.close()
-
     try:
-        base = run([])
-        steered = run([entry])
-        assert np.allclose(run([entry], cleared=True), base)
+        tokens = model.tokenize("steer me", add_special=False, parse_special=False)
+
+        def fresh_logits(entries: list[SteeringEntry], *, clear_after: bool = False) -> np.ndarray:
+            ctx = Context(model, CONTEXT)
+            try:
+                mixer = SteeringMixer(model, ctx)
+                mixer.apply(entries)
+                if clear_after:
+                    mixer.clear()
+                return logits(model, ctx, tokens)
+            finally:
+                ctx.close()
+
+        base = fresh_logits([])
+        steered = fresh_logits([SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)])
+        cleared = fresh_logits([SteeringEntry(str(vector), 1.0, 1, model.n_layer - 1)], clear_after=True)
+        assert np.array_equal(cleared, base) or np.allclose(cleared, base)
         return base, steered - base
     finally:
         model.close()

@@ -64,3 +64,18 @@ def test_doctor_prints_the_engine_patches(monkeypatch: pytest.MonkeyPatch, capsy
     assert report["engine_patches"] == [] and report["engine_build"] == ""
     assert cmd_doctor(argparse.Namespace(json=False)) == 0
     assert "engine patches: none (a plain pip build" in capsys.readouterr().out
+
+
+def test_doctor_tells_a_lavapipe_user_whose_engine_lacks_the_reorder_patch() -> None:
+    from engine_ext.doctor import LAVAPIPE_PATCH, Device, lavapipe_advice
+
+    lavapipe = Device("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", "GPU", 2 << 30, 2 << 30)
+    gpu = Device("Vulkan1", "NVIDIA GeForce RTX 4090", "GPU", 24 << 30, 24 << 30)
+    plain = EngineBuild(recorded=False)
+    (line,) = lavapipe_advice([lavapipe, gpu], plain)
+    assert line.startswith("Vulkan0 is Mesa's lavapipe and this engine lacks patch 0002")
+    assert "scripts/build_engine.sh vulkan" in line and "GGML_VK_DISABLE_GRAPH_OPTIMIZE=1" in line
+    assert lavapipe_advice([gpu], plain) == []
+    patched = EngineBuild(recorded=True, backend="vulkan", patches=("0001-a.patch", LAVAPIPE_PATCH))
+    assert lavapipe_advice([lavapipe], patched) == []
+    assert (PATCHES / LAVAPIPE_PATCH).is_file()  # the name doctor looks for is the patch's

@@ -48,6 +48,18 @@ FAULT_ENV = "LLMTUI_TEST_FAULT"
 FRESH_CONTEXT_LOG = "a fresh target context"
 
 
+def steering_replaces_context(model: Any) -> bool:
+    """Whether a steering change gets a fresh target context: with layers on Mesa's lavapipe, where a control vector
+    set in a context that had decoded crashed the engine (Mesa 22.3; Mesa 25 ran it, issue 24). On a GPU a change
+    acts at the next token, also while a reply streams."""
+    if model.params.n_gpu_layers == 0:
+        return False
+    from engine_ext.doctor import is_lavapipe, list_devices
+
+    _, devices = list_devices()
+    return any(is_lavapipe(d.description) for d in devices if d.type in ("GPU", "integrated GPU", "accelerator"))
+
+
 def _inject_fault(stage: str, repacking: bool) -> None:
     fault = os.environ.get(FAULT_ENV, "")
     if fault == stage or (fault == f"repack-{stage}" and repacking):
@@ -81,6 +93,7 @@ class Worker:
         self.mixer: Any = None  # engine_ext.steering.mixer.SteeringMixer once steering is used
         self.spec_params: Any = None  # the SpeculativeParams speculation was turned on with (None: off)
         self.device_backends: tuple[str, ...] = ()  # the GPU backends the target's layers are on (none: the CPU)
+        self.fresh_steering = False  # steering changes get a fresh context (steering_replaces_context)
         self.backlog: deque[Request] = deque()
         self.shutting_down = False
 
@@ -190,6 +203,7 @@ class Worker:
         from engine_ext.speculative.factory import target_backends
 
         self.device_backends = target_backends(model)
+        self.fresh_steering = bool(self.device_backends) and steering_replaces_context(model)
         system = C.llama_print_system_info().decode("utf-8", errors="replace")
         backend = "CPU"
         if request.model.rpc_servers:
@@ -299,7 +313,7 @@ class Worker:
         notices: tuple[str, ...] = ()
         if request.entries and not layers:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
-        if not self.device_backends:
+        if not self.fresh_steering:
             active = self.mixer.apply(request.entries)
         elif self.mixer.active is not None and tuple(request.entries) == self.mixer.active.entries:
             active = self.mixer.active  # applied already: the context stays
@@ -343,6 +357,7 @@ class Worker:
         self.mixer = None
         self.spec_params = None
         self.device_backends = ()
+        self.fresh_steering = False
         if self.session is not None and self.session.spec is not None:
             self.session.spec.close()
         self.session = None
@@ -375,9 +390,9 @@ class Worker:
                 elif isinstance(incoming, Shutdown):
                     self.shutting_down = True
                     cancelled[0] = True
-                elif isinstance(incoming, SetSteering) and not self.device_backends:
+                elif isinstance(incoming, SetSteering) and not self.fresh_steering:
                     self.handle(incoming)  # a slider move acts on the very next token
-                else:  # on a device a steering change replaces the context (_fresh_context): after this generation
+                else:  # on lavapipe a steering change replaces the context (_fresh_context): after this generation
                     self.backlog.append(incoming)
             return cancelled[0]
 

@@ -1,10 +1,11 @@
 """The worker's fresh target context (issue 24), on the CPU.
 
-With the target on a device, llama.cpp's graph must not be re-reserved after the context's first decode (that crashed
-the engine on Vulkan): the worker replaces the target context instead, when a layer-input drafter (or auto) is turned
-on and when steering changes (engine_ext/worker.py, _fresh_context). The device tests
+With the target on a device, llama.cpp's graph re-reserved in a context that had decoded crashed the engine on Mesa
+22.3's lavapipe: the worker replaces the target context instead when a layer-input drafter (or auto) is turned on or
+off, on any device, and when steering changes, on lavapipe (engine_ext/worker.py, _fresh_context). The device tests
 (tests/device/test_fresh_context.py) run that on a device; these run the same paths in every normal run: the worker
-here is told its target is on a Vulkan device (factory.target_backends), so it replaces the context on the CPU.
+here is told its target is on a Vulkan device (factory.target_backends), lavapipe or a GPU
+(worker.steering_replaces_context), so it replaces the context on the CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engine_ext import worker as worker_module
 from engine_ext.gguf_facts import inspect_gguf
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
@@ -101,8 +103,16 @@ def steering_set(events: list[Event]) -> SteeringSet:
 
 @pytest.fixture
 def on_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker takes the target's layers to be on a Vulkan device."""
+    """The worker takes the target's layers to be on a Vulkan device, Mesa's lavapipe."""
     monkeypatch.setattr(factory, "target_backends", lambda model: ("Vulkan",))
+    monkeypatch.setattr(worker_module, "steering_replaces_context", lambda model: True)
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker takes the target's layers to be on a Vulkan GPU (not lavapipe)."""
+    monkeypatch.setattr(factory, "target_backends", lambda model: ("Vulkan",))
+    monkeypatch.setattr(worker_module, "steering_replaces_context", lambda model: False)
 
 
 def loaded(target: Path, types: tuple[str, ...], draft: str | None) -> Iterator[tuple[Worker, Pipe]]:
@@ -180,7 +190,7 @@ def test_steering_and_drafters_survive_each_fresh_context(
         assert worker.ctx is old  # nothing to clear: llama.cpp is not touched
 
 
-def test_a_steering_change_during_a_generation_waits_for_its_end_on_a_device(
+def test_a_steering_change_during_a_generation_waits_for_its_end_on_lavapipe(
     tiny_models: dict[str, Path], tmp_path: Path, on_a_device: None
 ) -> None:
     entry = steering_entry(tiny_models["llama"], tmp_path)
@@ -199,16 +209,35 @@ def test_a_steering_change_during_a_generation_waits_for_its_end_on_a_device(
         assert steering_set(handle(worker, pipe, worker.backlog.popleft())).active  # next, as the worker serves it
 
 
-def test_a_steering_change_during_a_generation_acts_at_once_on_the_cpu(
-    tiny_models: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+def test_a_steering_change_acts_at_once_on_the_cpu_and_on_a_gpu(
+    where: str, tiny_models: dict[str, Path], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    if where == "gpu":
+        request.getfixturevalue("on_a_gpu")
     entry = steering_entry(tiny_models["llama"], tmp_path)
     for worker, pipe in loaded(tiny_models["llama"], (), None):
+        assert worker.device_backends == (("Vulkan",) if where == "gpu" else ())
         pipe.incoming.append(SetSteering((entry,)))
+        old = worker.ctx
         events = handle(worker, pipe, generate(PROMPTS[0], speculative=False))
         kinds = [type(e) for e in events]
-        assert SteeringSet in kinds and kinds.index(SteeringSet) < kinds.index(Finished)
+        assert SteeringSet in kinds and kinds.index(SteeringSet) < kinds.index(Finished)  # mid-reply
         assert not worker.backlog
+        assert not steering_set(handle(worker, pipe, SetSteering(()))).active
+        assert worker.ctx is old  # steering changed in the context, as llama.cpp does it
+
+
+def test_on_a_gpu_a_layer_input_drafter_still_gets_a_fresh_context(
+    tiny_models: dict[str, Path], tmp_path: Path, on_a_gpu: None
+) -> None:
+    draft = str(tiny_models["eagle3"])
+    for worker, pipe in loaded(tiny_models["llama"], ("draft-eagle3",), draft):
+        plain, _ = greedy(worker, pipe, speculative=False)
+        old = worker.ctx
+        handle(worker, pipe, SetSpeculative(SpeculativeParams(("draft-eagle3",), draft, n_max=N_MAX)))
+        assert worker.ctx is not old
+        assert greedy(worker, pipe, speculative=True)[0] == plain
 
 
 @pytest.mark.parametrize("then", [(), ("ngram-mod",)], ids=["off", "ngram-mod"])

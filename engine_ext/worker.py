@@ -44,7 +44,7 @@ LOAD_PROGRESS_INTERVAL_S = 0.1
 # on the first decode), so recovery can be tested on machines where repacking works. Values: repack-load and
 # repack-decode (only while repacking is on: use_extra_bufts), decode (always, on every generation).
 FAULT_ENV = "LLMTUI_TEST_FAULT"
-# Written to the engine log when set_speculative replaced the target context (the device tests look for it).
+# Written to the engine log each time the worker replaces the target context (the device tests count it).
 FRESH_CONTEXT_LOG = "a fresh target context"
 
 
@@ -292,14 +292,16 @@ class Worker:
         self.session.ctx = self.ctx
         self.session.reset_cache()
         print(f"--- {FRESH_CONTEXT_LOG} {why} (the target is on {', '.join(self.device_backends)})", flush=True)
-        if self.mixer is not None:
-            self.mixer.ctx = self.ctx
-            entries = steering if steering is not None else self.mixer.active.entries if self.mixer.active else ()
-            self.mixer.active = None
-            if entries:
-                self.mixer.apply(entries)
-        if spec is not None and self.spec_params is not None:
-            self.session.spec = build_driver(self.spec_params, self.model, self.ctx)
+        try:
+            if self.mixer is not None:
+                self.mixer.ctx = self.ctx
+                entries = steering if steering is not None else self.mixer.active.entries if self.mixer.active else ()
+                self.mixer.active = None
+                if entries:
+                    self.mixer.apply(entries)
+        finally:  # speculation stays on when llama.cpp refuses the vector
+            if spec is not None and self.spec_params is not None:
+                self.session.spec = build_driver(self.spec_params, self.model, self.ctx)
 
     def set_steering(self, request: SetSteering) -> None:
         from engine_ext.params import EngineError

@@ -256,3 +256,20 @@ def test_a_layer_input_drafter_turned_off_on_a_device_leaves_a_fresh_context(
         assert configured.drafters == then
         assert worker.ctx is not old, "the layer inputs went off in the context that had decoded"
         assert greedy(worker, pipe, speculative=True)[0] == plain
+
+
+def test_on_lavapipe_a_bad_vector_is_refused_before_the_context_is_replaced(
+    tiny_models: dict[str, Path], tmp_path: Path, on_a_device: None
+) -> None:
+    draft = str(tiny_models["dflash"])
+    wrong = write_control_vector(ControlVector({1: np.ones(N_EMBD // 2, np.float32)}), tmp_path / "wrong.gguf")
+    for worker, pipe in loaded(tiny_models["llama"], ("draft-dflash",), draft):
+        plain, _ = greedy(worker, pipe, speculative=False)
+        handle(worker, pipe, SetSpeculative(SpeculativeParams(("draft-dflash",), draft, n_max=N_MAX)))
+        old, spec = worker.ctx, worker.session.spec
+        worker.handle(SetSteering((SteeringEntry(str(wrong)),)))
+        (failed,) = pipe.events
+        pipe.events.clear()
+        assert isinstance(failed, Failed) and "embedding size" in failed.message
+        assert worker.ctx is old and worker.session.spec is spec  # nothing changed
+        assert greedy(worker, pipe, speculative=True)[0] == plain

@@ -303,10 +303,13 @@ class ChatScreen(Screen[None]):
             meter.expanded = self.app.config.spec_details
             meter.spec_type = settings.spec_type
             meter.drafters = speculation.drafters
+            meter.noise = speculation.speed_noise
             meter.stats = speculation.stats
         extras = {k: v for k, v in stats_bar.extras.items() if k not in ("spec", "steer")}
         if settings.enabled:
-            extras["spec"] = short_summary(speculation.stats) if speculation.stats else settings.spec_type
+            extras["spec"] = (
+                short_summary(speculation.stats, speculation.speed_noise) if speculation.stats else settings.spec_type
+            )
         steer = self.app.steering.readout()
         if steer:
             extras["steer"] = steer

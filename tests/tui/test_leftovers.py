@@ -3,12 +3,20 @@ progress at 80×24, the Search tab's detail pane, the check dialog's prompt line
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from textual import events
 from textual.widgets import Input
 
+from app.config import SpeculativeSettings
+from app.messages import SpeculativeStatsUpdated
+from app.screens.spec_check import Side, verdict
+from app.speculation import short_summary
 from app.tui import LlmtuiApp
+from app.widgets.spec_meter import SpecMeter
 from tests.pilot import chat_of, seeded  # noqa: F401 (seeded: fixture)
+from tests.tui.test_tui_spec import STATS, _without_engine
 from tests.waits import wait_until
 
 
@@ -41,3 +49,50 @@ async def test_keys_typed_before_the_first_screen_land_in_the_prompt() -> None:
         )
         assert search.value == ""
         assert app.focused is chat.prompt
+
+
+# ----- 2. the stats bar's speedup, as honest as the speculation check -----------------------------------------
+
+
+def test_the_bars_speedup_is_marked_unless_outside_the_measured_spread() -> None:
+    """The check's verdict and the bar's mark agree: no measurable difference (within the spread, or not measured)
+    is "~"; a ratio outside the spread is shown plain."""
+    assert short_summary(STATS) == "74% ~×1.4"  # one reply: its spread is not measured
+    assert short_summary(STATS, 0.05) == "74% ×1.4"  # steady replies: 1.36 is outside a 5% spread
+    assert short_summary(STATS, 0.40) == "74% ~×1.4"  # replies vary by 40%: 1.36 is within it
+    assert short_summary(replace(STATS, effective_tps=135.0), 0.0) == "74% ~×1.0"  # within 3%, however steady
+    plain, spec = Side(tokens_per_s=100.0, speeds=[80.0, 100.0, 120.0]), Side(tokens=12, tokens_per_s=130.0)
+    spec.speeds = [110.0, 130.0, 150.0]
+    assert "no measurable difference" in verdict(plain, spec, STATS, "ngram-mod")[1]
+    assert short_summary(replace(STATS, effective_tps=130.0, plain_tps=100.0), 0.4).endswith("~×1.3")
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_after_one_message_the_stats_bar_marks_the_speedup_as_unmeasured_noise() -> None:
+    async with _without_engine((80, 24)) as (app, pilot):
+        app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True, spec_type="ngram-mod"))
+        app.set_engine_state("ready")
+        chat = chat_of(app)
+
+        def bar() -> str:
+            return chat.stats.render().plain
+
+        async def reply(tps: float) -> None:
+            app.post_message(SpeculativeStatsUpdated(replace(STATS, effective_tps=tps), final=True))
+            await wait_until(
+                pilot, lambda: app.speculation.stats is not None and app.speculation.stats.effective_tps == tps
+            )
+            await pilot.pause()
+
+        await reply(172.9)  # one message: ×1.3, and nothing says how much replies vary
+        await wait_until(pilot, lambda: "spec 74% ~×1.3" in bar(), what="the bar's speedup marked ~ after one reply")
+        meter = chat.query_one(SpecMeter)
+        await wait_until(pilot, lambda: "~×1.30" in meter.render().plain, what="the meter's speedup marked ~")
+        await reply(133.0 * 1.05)  # a second reply: the ratios vary by 21%, and 1.05 is inside that
+        await wait_until(pilot, lambda: "spec 74% ~×1.1" in bar(), what="a ratio within the spread marked ~")
+        for _ in range(4):  # steady replies: the last five ratios are all 1.36, so the spread is 0
+            await reply(181.0)
+        await wait_until(pilot, lambda: "spec 74% ×1.4" in bar(), what="a steady, measurable speedup shown plain")
+        assert "~" not in bar()
+        await wait_until(pilot, lambda: "  ×1.36" in meter.render().plain, what="the meter's speedup plain")

@@ -135,6 +135,15 @@ class ModelsScreen(Screen[None]):
     ]
 
     CSS_PATH = str(paths.assets_dir() / "models.tcss")
+    CSS = """
+    ToastRack {
+        dock: top;
+        align: right top;
+        margin-bottom: 0;
+    }
+    """
+    """Toasts at the top right on this screen: at the bottom, Textual's place, they covered the downloads' progress
+    numbers at 80×24 until they faded (scoped: other screens keep Textual's placement)."""
 
     app: LlmtuiShell
 

@@ -4,18 +4,23 @@ progress at 80×24, the Search tab's detail pane, the check dialog's prompt line
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from textual import events
-from textual.widgets import Input
+from textual.geometry import Region
+from textual.widgets import Input, Label
 
 from app.config import SpeculativeSettings
 from app.messages import SpeculativeStatsUpdated
 from app.screens.spec_check import Side, verdict
 from app.speculation import short_summary
 from app.tui import LlmtuiApp
+from app.widgets.downloads import progress_text
 from app.widgets.spec_meter import SpecMeter
 from tests.pilot import chat_of, seeded  # noqa: F401 (seeded: fixture)
+from tests.tui.test_tui_models import REPO, catalog_with_download, in_progress, models_hub  # noqa: F401 (models_hub: fixture)
+from tests.tui.test_tui_models import make_app as models_app
 from tests.tui.test_tui_spec import STATS, _without_engine
 from tests.waits import wait_until
 
@@ -96,3 +101,29 @@ async def test_after_one_message_the_stats_bar_marks_the_speedup_as_unmeasured_n
         await wait_until(pilot, lambda: "spec 74% ×1.4" in bar(), what="a steady, measurable speedup shown plain")
         assert "~" not in bar()
         await wait_until(pilot, lambda: "  ×1.36" in meter.render().plain, what="the meter's speedup plain")
+
+
+# ----- 3. F4's download progress, readable at 80×24 while a toast shows ----------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("models_hub")
+async def test_the_download_progress_is_readable_at_80x24_while_toasts_show(tiny_models: dict[str, Path]) -> None:
+    app = models_app(tiny_models)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await catalog_with_download(pilot)
+        screen = app.screen
+        screen.notify(f"Downloading {REPO}:Q8_0 with mtp.")  # what d says, and what a finished download says
+        screen.notify(f"Downloaded {REPO}:Q8_0. Press u to chat with it.")
+        await wait_until(pilot, lambda: len(screen.query("Toast")) == 2, what="the two toasts shown")
+        await pilot.pause()
+        toasts = [toast.region for toast in screen.query("Toast")]
+        rows = list(screen.query(".download-row"))
+        assert len(rows) == 2
+        for row, progress in zip(rows, in_progress(), strict=True):
+            stats = row.query_one(".download-stats", Label)
+            drawn = stats.render_lines(Region(0, 0, stats.size.width, 1))[0].text.rstrip()
+            assert drawn == progress_text(progress)  # every number, not cut at 80 columns
+            assert stats.region.right <= 80
+            for toast in toasts:
+                assert not toast.overlaps(row.region), f"a toast at {toast} covers the download row at {row.region}"

@@ -19,7 +19,16 @@ from app.tui import LlmtuiApp
 from app.widgets.downloads import progress_text
 from app.widgets.spec_meter import SpecMeter
 from tests.pilot import chat_of, seeded  # noqa: F401 (seeded: fixture)
-from tests.tui.test_tui_models import REPO, catalog_with_download, in_progress, models_hub  # noqa: F401 (models_hub: fixture)
+from tests.tui.test_tui_models import (
+    GATED,
+    REPO,
+    catalog_with_download,
+    detail_text,
+    in_progress,
+    models_hub,  # noqa: F401 (a fixture)
+    open_models,
+    quant_list,
+)
 from tests.tui.test_tui_models import make_app as models_app
 from tests.tui.test_tui_spec import STATS, _without_engine
 from tests.waits import wait_until
@@ -127,3 +136,31 @@ async def test_the_download_progress_is_readable_at_80x24_while_toasts_show(tiny
             assert stats.region.right <= 80
             for toast in toasts:
                 assert not toast.overlaps(row.region), f"a toast at {toast} covers the download row at {row.region}"
+
+
+# ----- 4. F4's Search tab: the detail pane follows the highlighted result --------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("models_hub")
+async def test_the_search_tabs_detail_follows_the_highlighted_result(tiny_models: dict[str, Path]) -> None:
+    app = models_app(tiny_models)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_models(pilot)
+        catalog_model = screen.entry
+        assert catalog_model is not None and catalog_model.name in detail_text(screen)  # the catalog's first model
+        await pilot.press("slash", *"gguf", "enter")  # both repos of the local Hub, the most downloaded first
+        await wait_until(
+            pilot, lambda: [r.repo_id for r in screen.search_results] == [REPO, GATED], what="the two results"
+        )
+        await wait_until(pilot, lambda: REPO in detail_text(screen), what="the first result in the detail pane")
+        assert catalog_model.name not in detail_text(screen) and "↓42 ♥7" in detail_text(screen)
+        await pilot.press("down")  # the keyboard moves the highlight: the pane follows, without Enter
+        await wait_until(pilot, lambda: GATED in detail_text(screen), what="the highlighted result's facts")
+        assert REPO not in detail_text(screen) and "Gated" in detail_text(screen)
+        assert screen.listing is None and not quant_list(screen).display  # nothing read: Enter reads the repo
+        await pilot.press("up", "enter")
+        await wait_until(
+            pilot, lambda: screen.listing is not None and screen.listing.repo_id == REPO, what="Enter opened it"
+        )
+        assert quant_list(screen).option_count == 2 and app.focused is quant_list(screen)

@@ -11,6 +11,7 @@ from textual.widgets import Input, Label
 
 from app.config import SamplingSettings
 from app.messages import GenerationFailed, GenerationFinished, GenerationStatsUpdated, PromptProgressed, TokensArrived
+from app.widgets.prompt_input import PromptInput
 from engine_ext.protocol import SpeculativeStats
 
 if TYPE_CHECKING:
@@ -58,11 +59,16 @@ class ABRunScreen(ModalScreen[None]):
         """The latest speculative statistics of each side that speculated (final once the side has ended)."""
 
     def on_mount(self) -> None:
-        self.query_one(Input).focus()
+        self.query_one(".ab-prompt").focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.run(event.value.strip())
+
+    def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        """A view whose prompt wraps (a PromptInput): Enter runs it, as in an Input."""
+        event.stop()
+        self.run(event.text.strip())
 
     def run(self, prompt: str) -> None:
         """Run A then B on `prompt`; while the engine loads or writes a chat reply, once it is done."""

@@ -69,7 +69,13 @@ class SteeringABScreen(ABRunScreen):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="steering-ab"):
             yield Label("A/B: the same prompt, greedy, without and with steering", classes="dialog-title")
-            yield Input(self.initial_prompt, placeholder="a prompt to compare", id="ab-prompt", compact=True)
+            yield Input(
+                self.initial_prompt,
+                placeholder="a prompt to compare",
+                id="ab-prompt",
+                compact=True,
+                classes="ab-prompt",
+            )
             with Horizontal(id="ab-sides"):
                 with Vertical(classes="ab-side"):
                     yield Label("A · without steering", classes="ab-title", id="ab-a-title")

@@ -13,12 +13,14 @@ from textual.widgets import Input, Label
 
 from app.config import SpeculativeSettings
 from app.messages import SpeculativeStatsUpdated
-from app.screens.spec_check import Side, verdict
+from app.screens.spec_check import Side, SpecCheckScreen, verdict
 from app.speculation import short_summary
+from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.downloads import progress_text
+from app.widgets.prompt_input import PromptInput
 from app.widgets.spec_meter import SpecMeter
-from tests.pilot import chat_of, seeded  # noqa: F401 (seeded: fixture)
+from tests.pilot import chat_of, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
 from tests.tui.test_tui_models import (
     GATED,
     REPO,
@@ -30,7 +32,7 @@ from tests.tui.test_tui_models import (
     quant_list,
 )
 from tests.tui.test_tui_models import make_app as models_app
-from tests.tui.test_tui_spec import STATS, _without_engine
+from tests.tui.test_tui_spec import STATS, _types_read, _without_engine
 from tests.waits import wait_until
 
 
@@ -164,3 +166,37 @@ async def test_the_search_tabs_detail_follows_the_highlighted_result(tiny_models
             pilot, lambda: screen.listing is not None and screen.listing.repo_id == REPO, what="Enter opened it"
         )
         assert quant_list(screen).option_count == 2 and app.focused is quant_list(screen)
+
+
+# ----- 5. the speculation check's prompt, from its start at 80 columns ------------------------------------------
+
+LONG_PROMPT = (
+    "repeat this text: The quick brown fox jumps over the lazy dog while the cat sleeps on the warm windowsill "
+    "in the afternoon sun, and nobody minds."
+)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("seeded")
+async def test_the_checks_prompt_wraps_at_words_from_its_start_at_80_columns() -> None:
+    store = open_default_store()
+    conversation = store.create_conversation("Repeat")  # the newest: the chat opens it, the check runs its message
+    store.add_user_message(conversation.id, LONG_PROMPT)
+    store.close()
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f9")
+        await _types_read(pilot)
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: isinstance(app.screen, SpecCheckScreen), what="the check open")
+        prompt = app.screen.query_one("#check-prompt")  # (any widget: an Input showed it from its end, mid-word)
+        await pilot.pause()
+        assert isinstance(prompt, PromptInput) and prompt.text == LONG_PROMPT and app.focused is prompt
+        width, height = prompt.size
+        lines = [strip.text.strip() for strip in prompt.render_lines(Region(0, 0, width, height))]
+        lines = [line for line in lines if line]
+        assert len(lines) >= 2 and lines[0].startswith("repeat this text: The quick")  # from its start
+        assert " ".join(lines) == LONG_PROMPT  # wrapped between words: no word cut, nothing hidden
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.screen is app.chat, what="Esc closes the check")

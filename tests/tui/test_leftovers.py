@@ -6,20 +6,25 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from textual import events
 from textual.geometry import Region
 from textual.widgets import Input, Label
 
-from app.config import SpeculativeSettings
-from app.messages import SpeculativeStatsUpdated
+from app.config import SpeculativeSettings, SteeringSettings
+from app.messages import SpeculativeStatsUpdated, SteeringApplied
+from app.paths import steering_dir
 from app.screens.spec_check import Side, SpecCheckScreen, verdict
+from app.screens.steering import HeatStrip
 from app.speculation import short_summary
 from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.downloads import progress_text
 from app.widgets.prompt_input import PromptInput
 from app.widgets.spec_meter import SpecMeter
+from engine_ext.protocol import SteeringSet
+from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.pilot import chat_of, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
 from tests.tui.test_tui_models import (
     GATED,
@@ -33,6 +38,7 @@ from tests.tui.test_tui_models import (
 )
 from tests.tui.test_tui_models import make_app as models_app
 from tests.tui.test_tui_spec import STATS, _types_read, _without_engine
+from tests.tui.test_tui_steering import _with_tiny_model, type_strength, vectors_listed
 from tests.waits import wait_until
 
 
@@ -200,3 +206,53 @@ async def test_the_checks_prompt_wraps_at_words_from_its_start_at_80_columns() -
         assert " ".join(lines) == LONG_PROMPT  # wrapped between words: no word cut, nothing hidden
         await pilot.press("escape")
         await wait_until(pilot, lambda: app.screen is app.chat, what="Esc closes the check")
+
+
+# ----- 6. the heat strip saturates at each slider's own range ---------------------------------------------------
+
+PEAKED = (0.1, 0.1, 4.0)
+"""Per-layer norms of a vector strong on its last layer only (the tiny model steers layers 1-3): its slider spans
+±20 (the median layer, 0.1, sets the range on this 64-wide model), so the old strip, full at an applied norm of 2,
+was full at strength 1."""
+
+
+def _peaked_vector() -> Path:
+    directions = {}
+    for layer, norm in zip(range(1, 4), PEAKED, strict=True):
+        direction = np.random.default_rng(layer).standard_normal(64).astype(np.float32)
+        directions[layer] = direction / np.linalg.norm(direction) * norm
+    metadata = {"llmtui.prompt_set": "peaked", "llmtui.positive": "happy", "llmtui.negative": "sad"}
+    return write_control_vector(ControlVector(directions, "llama", metadata), steering_dir() / "model-peaked.gguf")
+
+
+def _cells(heat: HeatStrip) -> str:
+    return heat.render().plain.removeprefix("layers 1 ").rsplit(" ", 1)[0]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("seeded")
+async def test_the_heat_strip_fills_only_when_a_slider_reaches_its_own_range(tiny_models: dict[str, Path]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        _with_tiny_model(app, tiny_models["qwen35"])
+        vector = _peaked_vector()
+        app.config = replace(app.config, steering=SteeringSettings((str(vector),), (1.0,)))
+        app.steering.applied = SteeringSet(True, 1, 3, PEAKED, (1, 2, 3))  # strength 1: the norms themselves
+        await app.action_steering()
+        await vectors_listed(pilot)
+        panel = chat_of(app).steering_panel
+        slider = panel.sliders[0]
+        assert slider.range == 20.0 and slider.strength == 1.0
+        heat = panel.query_one(HeatStrip)
+        await wait_until(pilot, lambda: heat.layer_norms == PEAKED, what="the strip on what the engine applies")
+        await pilot.pause()
+        assert _cells(heat) == "▁▁▁"  # a twentieth of the slider: no cell full (it was "▁▁█")
+        assert abs(heat.full - 80.0) < 1e-3  # the scale: ±20 × the largest norm, 4
+        slider.focus()
+        await type_strength(pilot, "20")  # the slider's end
+        assert app.config.steering.strengths == (20.0,)
+        app.post_message(SteeringApplied(SteeringSet(True, 1, 3, tuple(20 * n for n in PEAKED), (1, 2, 3))))
+        await wait_until(pilot, lambda: heat.layer_norms[-1] == 80.0, what="the engine's answer shown")
+        assert abs(heat.full - 80.0) < 1e-3
+        assert _cells(heat) == "▁▁█"  # at its range's end, its strongest layer is full

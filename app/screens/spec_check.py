@@ -19,7 +19,6 @@ from app.config import SamplingSettings, SpeculativeSettings
 from app.messages import GenerationFinished, TokensArrived
 from app.screens.ab_run import ABRunScreen
 from app.speculation import measurable, spread
-from app.widgets.prompt_input import PromptInput
 from engine_ext.protocol import REJECTED_PREFIX, SpeculativeStats
 
 CHECK_SAMPLING = SamplingSettings(temperature=0.0, max_tokens=128)
@@ -133,15 +132,6 @@ class SpecCheckScreen(ABRunScreen):
     | escape | Close (stops a run in progress; speculation is left as it was). |
     """
 
-    DEFAULT_CSS = """
-    SpecCheckScreen #check-prompt {
-        height: auto;
-        max-height: 3;
-    }
-    """
-    """The prompt wraps at word boundaries on up to three lines (then scrolls): as one Input line, a long prompt
-    (the conversation's last message) was shown from its end, starting mid-word."""
-
     SAMPLING = CHECK_SAMPLING
     ROUNDS = CHECK_ROUNDS
 
@@ -161,10 +151,7 @@ class SpecCheckScreen(ABRunScreen):
             yield Label(
                 f"Speculation check: the same prompt, greedy, without and with {spec_type}", classes="dialog-title"
             )
-            prompt = PromptInput(id="check-prompt", placeholder="a prompt to decode both ways")
-            prompt.add_class("ab-prompt")
-            prompt.load_text(self.initial_prompt)  # wrapped at word boundaries, shown from its start
-            yield prompt
+            yield self.prompt_input("check-prompt", "a prompt to decode both ways")
             with Horizontal(id="ab-sides"):
                 with Vertical(classes="ab-side"):
                     yield Label("A · plain decoding", classes="ab-title")

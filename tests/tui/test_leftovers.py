@@ -15,8 +15,10 @@ from textual.widgets import Input, Label
 from app.config import SpeculativeSettings, SteeringSettings
 from app.messages import SpeculativeStatsUpdated, SteeringApplied
 from app.paths import steering_dir
+from app.screens.ab_run import ABRunScreen
 from app.screens.spec_check import Side, SpecCheckScreen, verdict
 from app.screens.steering import HeatStrip
+from app.screens.steering_ab import SteeringABScreen
 from app.speculation import short_summary
 from app.store import open_default_store
 from app.tui import LlmtuiApp
@@ -184,19 +186,28 @@ LONG_PROMPT = (
 
 @pytest.mark.anyio
 @pytest.mark.usefixtures("seeded")
-async def test_the_checks_prompt_wraps_at_words_from_its_start_at_80_columns() -> None:
+@pytest.mark.parametrize("view", ["check", "steering A/B"])
+async def test_the_checks_prompt_wraps_at_words_from_its_start_at_80_columns(view: str) -> None:
+    """The speculation check (F9, ctrl+b) and the steering A/B view (F6, b) open on the last message."""
     store = open_default_store()
-    conversation = store.create_conversation("Repeat")  # the newest: the chat opens it, the check runs its message
+    conversation = store.create_conversation("Repeat")  # the newest: the chat opens it, the view runs its message
     store.add_user_message(conversation.id, LONG_PROMPT)
     store.close()
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
-        await pilot.press("f9")
-        await _types_read(pilot)
-        await pilot.press("ctrl+b")
-        await wait_until(pilot, lambda: isinstance(app.screen, SpecCheckScreen), what="the check open")
-        prompt = app.screen.query_one("#check-prompt")  # (any widget: an Input showed it from its end, mid-word)
+        if view == "check":
+            await pilot.press("f9")
+            await _types_read(pilot)
+            await pilot.press("ctrl+b")
+            kind: type[ABRunScreen] = SpecCheckScreen
+        else:
+            app.action_steering_ab()  # (the panel's b; F6 needs the model's facts, this scene has no file)
+            kind = SteeringABScreen
+        await wait_until(
+            pilot, lambda: isinstance(app.screen, kind) and app.screen.query(".ab-prompt"), what=f"the {view} open"
+        )
+        prompt = app.screen.query_one(".ab-prompt")  # (any widget: an Input showed it from its end, mid-word)
         await pilot.pause()
         assert isinstance(prompt, PromptInput) and prompt.text == LONG_PROMPT and app.focused is prompt
         width, height = prompt.size
@@ -205,7 +216,7 @@ async def test_the_checks_prompt_wraps_at_words_from_its_start_at_80_columns() -
         assert len(lines) >= 2 and lines[0].startswith("repeat this text: The quick")  # from its start
         assert " ".join(lines) == LONG_PROMPT  # wrapped between words: no word cut, nothing hidden
         await pilot.press("escape")
-        await wait_until(pilot, lambda: app.screen is app.chat, what="Esc closes the check")
+        await wait_until(pilot, lambda: app.screen is app.chat, what=f"Esc closes the {view}")
 
 
 # ----- 6. the heat strip saturates at each slider's own range ---------------------------------------------------

@@ -19,20 +19,6 @@ class GpuDevice:
     total_bytes: int
 
 
-# Mixture-of-experts models offloaded to Mesa 22.3's lavapipe (Debian 12) crash the engine intermittently: a SIGSEGV
-# in the driver's queue thread while a decode runs (seen with qwen3next and nemotron_h_moe, plain decoding and
-# steering alike, with and without speculation; never with llama or qwen35). Not understood yet (issue 24): the
-# tests record it where a worker survives it, and skip in-process tests that it would end.
-MOE_ARCHS = ("qwen3next", "nemotron_h_moe")
-LAVAPIPE_MOE_CRASH = (
-    "MoE models on lavapipe crash the engine intermittently (SIGSEGV in Mesa's queue thread; issue 24, not fixed)"
-)
-
-
-def is_lavapipe(device: GpuDevice) -> bool:
-    return "llvmpipe" in device.description
-
-
 def find_gpu_device() -> GpuDevice | str:
     """The first GPU device of the installed engine, or why there is none (the skip reason)."""
     try:

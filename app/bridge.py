@@ -414,6 +414,7 @@ class EngineBridge:
                         load_ms=info.load_ms,
                         placement=info.placement,
                         n_threads=info.n_threads,
+                        n_embd=info.n_embd,
                         repack=self._model[1].use_extra_bufts if self._model is not None else True,
                     )
                 )

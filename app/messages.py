@@ -29,6 +29,7 @@ class ModelSummary:
     placement: str = ""  # with -ngl auto: what the engine placed where and why
     n_threads: int = 0  # decode threads in use (0: not known, a remote engine)
     repack: bool = True  # CPU weights loaded into llama.cpp's extra buffer types (False: --no-repack)
+    n_embd: int = 0  # the model's embedding width (0: not known, a remote engine)
 
 
 class EngineStarting(Message):

@@ -163,9 +163,38 @@ def sparkline(values: tuple[float, ...] | list[float], width: int) -> str:
     return "".join(SPARK_BARS[max(0, min(7, round(v * 7)))] for v in tail)
 
 
-def short_summary(stats: SpeculativeStats) -> str:
-    """A few characters for the stats bar: acceptance and speedup."""
+MIN_NOISE = 0.03
+"""Speeds within 3% are no measurable difference, however steady the runs (the check and the readouts)."""
+NOISE_RUNS = 5
+"""The readouts measure the run-to-run spread over the last five replies."""
+
+
+def spread(speeds: Sequence[float]) -> float | None:
+    """How much measured speeds (or speed ratios) vary between runs, relative to their mean: (max - min) / mean;
+    None with fewer than two runs (no spread measured)."""
+    if len(speeds) < 2 or min(speeds) <= 0:
+        return None
+    return (max(speeds) - min(speeds)) / (sum(speeds) / len(speeds))
+
+
+def measurable(ratio: float, noise: float | None) -> bool:
+    """Whether a speed ratio says anything: outside the measured run-to-run spread (and at least `MIN_NOISE` away
+    from 1). Not while the spread is unmeasured (one run)."""
+    return noise is not None and abs(ratio - 1) > max(noise, MIN_NOISE)
+
+
+def speedup_text(speedup: float, noise: float | None, digits: int = 1) -> str:
+    """ "×1.4" when the ratio is a measurable difference; "~×1.4" when it is within the run-to-run spread of this
+    session's replies, or when only one reply measured it (the speculation check says "no measurable
+    difference" then)."""
+    mark = "" if measurable(speedup, noise) else "~"
+    return f"{mark}×{speedup:.{digits}f}"
+
+
+def short_summary(stats: SpeculativeStats, noise: float | None = None) -> str:
+    """A few characters for the stats bar: acceptance and speedup ("~" marks a speedup within the noise, or whose
+    noise is not measured yet: `speedup_text`)."""
     parts = [f"{stats.acceptance_rate:.0%}"] if stats.drafted else []
     if stats.speedup > 0:
-        parts.append(f"×{stats.speedup:.1f}")
+        parts.append(speedup_text(stats.speedup, noise))
     return " ".join(parts) or "on"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.config import SpeculativeSettings
-from app.speculation import effective_settings, load_options
+from app.speculation import NOISE_RUNS, effective_settings, load_options, spread
 
 if TYPE_CHECKING:
     from app.controllers.host import SpeculationHost
@@ -35,6 +35,8 @@ class SpeculationController:
         """The drafts the current model brings along (beside it, or from its paired repositories), found at load."""
         self.missing_drafts: tuple[tuple[str, str], ...] = ()
         """(kind, repository) of the drafts the catalog pairs with the current model that are not downloaded."""
+        self.speedups: list[float] = []
+        """Each finished reply's speed ratio to plain decoding, since the model loaded or the settings changed."""
 
     @property
     def settings(self) -> SpeculativeSettings:
@@ -63,8 +65,15 @@ class SpeculationController:
         self.draft_sidecars, self.missing_drafts = (), ()
 
     def reset(self) -> None:
-        """A fresh (or dead) engine: nothing confirmed, no statistics."""
+        """A fresh (or dead) engine, or new settings: nothing confirmed, no statistics."""
         self.drafters, self.stats = (), None
+        self.speedups = []
+
+    @property
+    def speed_noise(self) -> float | None:
+        """The run-to-run spread of the speed ratio over the last replies (`app.speculation.spread`); None until two
+        replies measured it. A ratio inside it is no measurable difference, as the speculation check says."""
+        return spread(self.speedups[-NOISE_RUNS:])
 
     def model_loaded(self) -> None:
         """A fresh local engine knows nothing of the user's choices yet."""
@@ -120,6 +129,8 @@ class SpeculationController:
 
     def stats_updated(self, stats: SpeculativeStats, final: bool) -> None:
         self.stats = stats
+        if final and stats.speedup > 0:
+            self.speedups.append(stats.speedup)
         if final:
             self._warn_if_slower(stats)
         self.host.features_changed()

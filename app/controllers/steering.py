@@ -64,13 +64,16 @@ class SteeringController:
 
     def entries(self) -> tuple[SteeringEntry, ...]:
         """The user's mix, limited to the vectors that fit the loaded model."""
-        facts = self.models.facts()
+        # The width the engine reported when the model loaded: no header read here (this runs on the event loop,
+        # e.g. for the stats bar's readout).
+        model = self.host.model
+        n_embd = model.n_embd if model is not None else 0
         entries = []
         for entry in self.settings.entries():
             # What a worker read of the file (before each send, the steering screen's listing): no I/O here, so a
             # file not read yet does not steer until it is.
             info = known_vector_info(entry.path)
-            if isinstance(info, VectorInfo) and (facts is None or info.n_embd == facts.n_embd):
+            if isinstance(info, VectorInfo) and (not n_embd or info.n_embd == n_embd):
                 entries.append(entry)
         return tuple(entries)
 

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, ClassVar
 from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.timer import Timer
-from textual.widgets import Input, Label
+from textual.widgets import Label
 
 from app.config import SamplingSettings
 from app.messages import GenerationFailed, GenerationFinished, GenerationStatsUpdated, PromptProgressed, TokensArrived
+from app.widgets.prompt_input import PromptInput
 from engine_ext.protocol import SpeculativeStats
 
 if TYPE_CHECKING:
@@ -25,11 +26,18 @@ WAIT_STATES = {
 
 
 class ABRunScreen(ModalScreen[None]):
-    """Enter runs the prompt in the Input as A, then as B; Esc closes (cancelling a run and restoring the engine).
+    """Enter runs the prompt as A, then as B; Esc closes (cancelling a run and restoring the engine).
 
     A subclass says what each side changes in the engine (`configure`), how to put the user's own setting back
     (`restore`), what to do with the text (`add`) and with a side's end (`side_finished`, `completed`). The app
     routes the generations this screen asked for to it (it registers its request ids with `app.generation`).
+    """
+
+    DEFAULT_CSS = """
+    ABRunScreen .ab-prompt {
+        height: auto;
+        max-height: 3;
+    }
     """
 
     BINDINGS = [Binding("escape", "close", "Close")]
@@ -57,12 +65,21 @@ class ABRunScreen(ModalScreen[None]):
         self.side_stats: dict[str, SpeculativeStats] = {}
         """The latest speculative statistics of each side that speculated (final once the side has ended)."""
 
-    def on_mount(self) -> None:
-        self.query_one(Input).focus()
+    def prompt_input(self, id: str, placeholder: str) -> PromptInput:  # noqa: A002
+        """The view's prompt, loaded with the one it opened on: it wraps between words on up to three lines (then
+        scrolls) and shows from its start (a one-line Input showed a long prompt from its end, starting mid-word);
+        Enter runs it, Shift+Enter adds a line."""
+        prompt = PromptInput(id=id, placeholder=placeholder)
+        prompt.add_class("ab-prompt")
+        prompt.load_text(self.initial_prompt)
+        return prompt
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_mount(self) -> None:
+        self.query_one(".ab-prompt").focus()
+
+    def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         event.stop()
-        self.run(event.value.strip())
+        self.run(event.text.strip())
 
     def run(self, prompt: str) -> None:
         """Run A then B on `prompt`; while the engine loads or writes a chat reply, once it is done."""

@@ -121,6 +121,10 @@ class ChatScreen(Screen[None]):
     | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
     """
 
+    AUTO_FOCUS = "#prompt"
+    """The prompt has the keys from the first frame, so keys typed while the app starts go to it, not to the
+    conversation search (the first focusable widget: Textual's default focus until on_mount ends)."""
+
     # The footer shows the shown bindings in this order, most useful first, and all of them fit in 80 columns (at
     # most 69 cells beside "^p palette"; tests/tui/test_first_hour.py checks it): Stop while a reply is written,
     # then help, models, speculation, steering, a new conversation, Continue where a reply can go on, Quit. F1
@@ -299,10 +303,13 @@ class ChatScreen(Screen[None]):
             meter.expanded = self.app.config.spec_details
             meter.spec_type = settings.spec_type
             meter.drafters = speculation.drafters
+            meter.noise = speculation.speed_noise
             meter.stats = speculation.stats
         extras = {k: v for k, v in stats_bar.extras.items() if k not in ("spec", "steer")}
         if settings.enabled:
-            extras["spec"] = short_summary(speculation.stats) if speculation.stats else settings.spec_type
+            extras["spec"] = (
+                short_summary(speculation.stats, speculation.speed_noise) if speculation.stats else settings.spec_type
+            )
         steer = self.app.steering.readout()
         if steer:
             extras["steer"] = steer

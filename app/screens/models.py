@@ -29,6 +29,7 @@ from app.screens.models_detail import (
     memory_text,
     quant_label,
     repo_text,
+    search_result_text,
 )
 from app.screens.models_local import PartialRow, size_partials, words_tooltip
 from app.screens.models_messages import (
@@ -135,6 +136,15 @@ class ModelsScreen(Screen[None]):
     ]
 
     CSS_PATH = str(paths.assets_dir() / "models.tcss")
+    CSS = """
+    ToastRack {
+        dock: top;
+        align: right top;
+        margin-bottom: 0;
+    }
+    """
+    """Toasts at the top right on this screen: at the bottom, Textual's place, they covered the downloads' progress
+    numbers at 80×24 until they faded (scoped: other screens keep Textual's placement)."""
 
     app: LlmtuiShell
 
@@ -494,6 +504,8 @@ class ModelsScreen(Screen[None]):
             self._show_entry(self.catalog.entries[int(event.option.id or "")])
         elif list_id == "local-list" and tab == "local":
             self._show_highlighted_local()
+        elif list_id == "search-results" and tab == "search":
+            self._show_highlighted_result()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         list_id, option_id = event.option_list.id, event.option.id or ""
@@ -514,6 +526,8 @@ class ModelsScreen(Screen[None]):
         self.refresh_bindings()
         if event.pane.id == "local":
             self._show_highlighted_local()
+        elif event.pane.id == "search":
+            self._show_highlighted_result()
         elif event.pane.id == "catalog" and self.listing is None:
             catalog_list = self.query_one("#catalog-list", OptionList)
             if catalog_list.highlighted is not None:
@@ -579,6 +593,24 @@ class ModelsScreen(Screen[None]):
             self.local, self.local_fit = model, None
             self._judge_local(model, self.memory)
         self._show_local(model, None)
+
+    def _show_highlighted_result(self) -> None:
+        """The highlighted search result's facts, as the search returned them (the pane showed the catalog's model
+        until Enter); the repo it reads on Enter, or has read, stays when it is this one."""
+        results = self.query_one("#search-results", OptionList)
+        index = results.highlighted
+        option_id = (results.get_option_at_index(index).id or "") if index is not None else ""
+        if not option_id.isdigit() or int(option_id) >= len(self.search_results):
+            return
+        repo = self.search_results[int(option_id)]
+        if repo.repo_id in (self.inspecting, self.listing.repo_id if self.listing else None):
+            return
+        self.inspecting = None  # a repo read for another result is not shown over this one
+        self._clear_detail()
+        self.entry, self.listing, self.report, self.local = None, None, None, None
+        entry = self.catalog.for_repo(repo.repo_id)
+        self.query_one("#detail-info", Static).update(search_result_text(repo, entry))
+        self.refresh_bindings()
 
     # ----- the detail pane -----
 

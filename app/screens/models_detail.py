@@ -68,6 +68,29 @@ def entry_text(entry: CatalogEntry, memory: fit.MachineMemory | None) -> Text:
     return text
 
 
+def search_result_text(repo: hub.RepoSummary, entry: CatalogEntry | None) -> Text:
+    """A search result's facts as the search returned them (no network); Enter reads the repo (quants, fit)."""
+    text = Text()
+    text.append(repo.repo_id, style="bold")
+    text.append(f"  ↓{repo.downloads} ♥{repo.likes}", style="dim")
+    if repo.last_modified:
+        text.append(f"  updated {repo.last_modified[:10]}", style="dim")
+    text.append("\n")
+    if entry is not None:
+        text.append(f"In the catalog: {entry.name} · {entry.license} · {', '.join(entry.capabilities())}\n")
+    if repo.gated:
+        guidance = hub.gated_message(repo.repo_id)
+        text.append(
+            ("Gated: " if hfcache.token() else "Gated, and HF_TOKEN is not set: ") + guidance + "\n",
+            style="bold yellow",
+        )
+    tags = [tag for tag in repo.tags if ":" not in tag][:8]  # the plain tags; "license:…", "base_model:…" left out
+    if tags:
+        text.append("Tags: " + ", ".join(tags) + "\n", style="dim")
+    text.append("\nEnter: open the repo (quants, fit, sidecars)", style="dim italic")
+    return text
+
+
 def repo_text(
     listing: RepoListing,
     entry: CatalogEntry | None,

@@ -13,18 +13,18 @@ from dataclasses import dataclass, field, replace
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Input, Label, Static
+from textual.widgets import Label, Static
 
 from app.config import SamplingSettings, SpeculativeSettings
 from app.messages import GenerationFinished, TokensArrived
 from app.screens.ab_run import ABRunScreen
+from app.speculation import measurable, spread
 from engine_ext.protocol import REJECTED_PREFIX, SpeculativeStats
 
 CHECK_SAMPLING = SamplingSettings(temperature=0.0, max_tokens=128)
 DEFAULT_PROMPT = "List the numbers from 1 to 30, one per line, then repeat the list."
 CONTEXT_CHARS = 24  # characters of common text shown before the point where the two sides diverge
 CHECK_ROUNDS = 3  # each side runs three times, in turns: the speeds' spread is the run-to-run noise
-MIN_NOISE = 0.03  # speeds within 3% are no measurable difference, however steady the runs
 
 
 @dataclass
@@ -83,12 +83,10 @@ def side_text(side: Side, diverged_at: int | None, *, drafted: bool) -> Text:
 def run_to_run_noise(*sides: Side) -> float | None:
     """How much a side's speed varies between its rounds, relative to its mean: the largest spread (max - min) /
     mean of the sides; None when a side ran once (no noise measured)."""
-    spreads = []
-    for side in sides:
-        if len(side.speeds) < 2 or min(side.speeds) <= 0:
-            return None
-        spreads.append((max(side.speeds) - min(side.speeds)) / (sum(side.speeds) / len(side.speeds)))
-    return max(spreads, default=None)
+    spreads = [spread(side.speeds) for side in sides]
+    if not spreads or None in spreads:
+        return None
+    return max(s for s in spreads if s is not None)
 
 
 def speed_comparison(plain: Side, spec: Side, stats: SpeculativeStats | None) -> str:
@@ -101,7 +99,7 @@ def speed_comparison(plain: Side, spec: Side, stats: SpeculativeStats | None) ->
         return " (nothing was drafted: no speed-up to measure)"
     ratio = b / a
     noise = run_to_run_noise(plain, spec)
-    if noise is not None and abs(ratio - 1) <= max(noise, MIN_NOISE):
+    if noise is not None and not measurable(ratio, noise):
         return f" (no measurable difference: runs vary by {noise:.0%})"
     direction = f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 - ratio:.0%} slower"
     measured = f", runs vary by {noise:.0%}" if noise is not None else ", one run each"
@@ -153,9 +151,7 @@ class SpecCheckScreen(ABRunScreen):
             yield Label(
                 f"Speculation check: the same prompt, greedy, without and with {spec_type}", classes="dialog-title"
             )
-            yield Input(
-                self.initial_prompt, placeholder="a prompt to decode both ways", id="check-prompt", compact=True
-            )
+            yield self.prompt_input("check-prompt", "a prompt to decode both ways")
             with Horizontal(id="ab-sides"):
                 with Vertical(classes="ab-side"):
                     yield Label("A · plain decoding", classes="ab-title")

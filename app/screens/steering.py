@@ -7,6 +7,7 @@ the reply it steers stays in view and keeps streaming while the sliders move.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -184,6 +185,18 @@ class VectorSlider(Widget, can_focus=True):
         return line
 
 
+def heat_full_scale(mix: Sequence[tuple[VectorInfo, float]]) -> float:
+    """The applied norm that fills a heat-strip cell: a slider at the end of its own range, on its strongest layer
+    (range × the vector's largest per-layer norm), the largest of the sliders in use (strength ≠ 0); a unit
+    direction at ±2 (`STRENGTH_LIMIT`) when none is."""
+    ends = [
+        vector.slider_range * max((n for n in vector.norms if math.isfinite(n) and n > 0), default=1.0)
+        for vector, strength in mix
+        if strength != 0
+    ]
+    return max(ends, default=STRENGTH_LIMIT)
+
+
 class HeatStrip(Widget):
     """One cell per layer: the norm of the applied direction there; · for layers the architecture does not steer."""
 
@@ -201,6 +214,8 @@ class HeatStrip(Widget):
     """Applied norm per layer 1..n_layer-1 (empty: nothing applied)."""
     steered: reactive[tuple[int, ...]] = reactive(tuple)
     """The layers control vectors act on for this architecture."""
+    full: reactive[float] = reactive(STRENGTH_LIMIT)
+    """The applied norm that fills a cell (`heat_full_scale`: a slider at its range's end)."""
 
     def render(self) -> Text:
         label = self.get_component_rich_style("heat-strip--label", partial=True)
@@ -211,8 +226,8 @@ class HeatStrip(Widget):
         if n == 0:
             line.append("–", style=label)
             return line
-        # A unit direction at full strength (2) fills a cell; stronger mixes scale to their peak.
-        peak = max(max(self.layer_norms, default=0.0), STRENGTH_LIMIT)
+        # A slider at its range's end fills its strongest layer's cell; mixes past that scale to their peak.
+        peak = max(max(self.layer_norms, default=0.0), self.full)
         steered = set(self.steered)
         line.append("1 ", style=label)
         for layer in range(1, n + 1):
@@ -391,6 +406,7 @@ class SteeringPanel(Vertical, can_focus=True):
         await box.mount_all(widgets)
         heat = self.query_one(HeatStrip)
         heat.n_layer = facts.n_layer if facts else 0
+        self._scale_heat()
         sliders = self.sliders
         if not self.is_open:
             return
@@ -421,14 +437,20 @@ class SteeringPanel(Vertical, can_focus=True):
     def show_applied(self, applied: SteeringSet | None) -> None:
         """Show what the engine applies now (called on every SteeringSet)."""
         heat = self.query_one(HeatStrip)
+        self._scale_heat()
         if applied is not None:
             heat.layer_norms = applied.layer_norms if applied.active else ()
             heat.steered = applied.steered_layers
         self.query_one("#steering-status", Label).update(describe_applied(applied))
 
+    def _scale_heat(self) -> None:
+        """The heat strip fills a cell where a slider in use reaches its own range's end (`heat_full_scale`)."""
+        self.query_one(HeatStrip).full = heat_full_scale([(s.vector, s.strength) for s in self.sliders])
+
     @on(VectorSlider.Changed)
     def _strength_changed(self, event: VectorSlider.Changed) -> None:
         self.app.steering.set_strength(event.slider.vector.path, event.strength)
+        self._scale_heat()
 
     @on(Input.Changed, "#steering-range Input")
     def _range_changed(self, event: Input.Changed) -> None:

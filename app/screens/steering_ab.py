@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Input, Label, Static
+from textual.widgets import Label, Static
 
 from app.config import SamplingSettings
 from app.messages import GenerationFinished, TokensArrived
@@ -69,7 +69,7 @@ class SteeringABScreen(ABRunScreen):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="steering-ab"):
             yield Label("A/B: the same prompt, greedy, without and with steering", classes="dialog-title")
-            yield Input(self.initial_prompt, placeholder="a prompt to compare", id="ab-prompt", compact=True)
+            yield self.prompt_input("ab-prompt", "a prompt to compare")
             with Horizontal(id="ab-sides"):
                 with Vertical(classes="ab-side"):
                     yield Label("A · without steering", classes="ab-title", id="ab-a-title")

@@ -48,10 +48,10 @@ class DownloadRow(Horizontal):
 
     DEFAULT_CSS = """
     DownloadRow { height: 1; }
-    DownloadRow .download-name { width: 28; text-overflow: ellipsis; text-wrap: nowrap; }
+    DownloadRow .download-name { width: 1fr; min-width: 12; max-width: 28; text-overflow: ellipsis; text-wrap: nowrap; }
     DownloadRow ProgressBar { width: auto; padding: 0 1; }
-    DownloadRow ProgressBar Bar { width: 20; }
-    DownloadRow .download-stats { width: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
+    DownloadRow ProgressBar Bar { width: 12; }
+    DownloadRow .download-stats { width: auto; max-width: 52; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     def __init__(self, progress: Progress) -> None:

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from app.speculation import sparkline
+from app.speculation import measurable, sparkline, speedup_text
 from engine_ext.protocol import SpeculativeStats
 
 SPARK_WIDTH = 16
@@ -43,6 +43,9 @@ class SpecMeter(Widget):
     """The drafters the engine chained (empty until it confirms)."""
     stats: reactive[SpeculativeStats | None] = reactive(None)
     """The latest statistics (live while a reply streams, then the reply's final ones)."""
+    noise: reactive[float | None] = reactive(None)
+    """The run-to-run spread of the speed ratio over this session's replies (None: one reply, not measured): a
+    ratio inside it is marked "~" (no measurable difference)."""
     expanded: reactive[bool] = reactive(False, layout=True)
     """Whether the details are shown under the summary line."""
 
@@ -141,7 +144,10 @@ class SpecMeter(Widget):
         line.append(f"  {stats.mean_accepted_length:.2f}", style="bold")
         line.append(" tok/step", style=label)
         if stats.speedup > 0:
-            line.append(f"  ×{stats.speedup:.2f}", style="bold green" if stats.speedup >= 1 else "bold yellow")
+            style: Style | str = label  # within the noise (or not measured): "~", not coloured as a gain or a loss
+            if measurable(stats.speedup, self.noise):
+                style = "bold green" if stats.speedup >= 1 else "bold yellow"
+            line.append(f"  {speedup_text(stats.speedup, self.noise, 2)}", style=style)
         if stats.n_max:
             line.append(f"  n_max {stats.n_max}", style=label)
         if stats.status:

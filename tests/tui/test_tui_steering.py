@@ -32,6 +32,7 @@ from app.screens.steering import (
 )
 from app.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
 from app.tui import LlmtuiApp
+from app.widgets.prompt_input import PromptInput
 from engine_ext.protocol import SpeculativeStats, SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.pilot import MODEL, SIZES, chat_of, loaded, make_app, ready, reply_done, seeded, send, wait_for  # noqa: F401 (seeded: fixture)
@@ -348,7 +349,7 @@ async def test_ab_view_runs_the_prompt_without_then_with_steering(tiny_models: d
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         ab = await run_ab_at_full_strength(pilot, app)
-        assert ab.query_one(Input).value == "How was your day?"
+        assert ab.query_one(PromptInput).text == "How was your day?"
         assert ab.texts["a"] and ab.texts["b"] and ab.texts["a"] != ab.texts["b"]
         assert "strong +1.00" in str(ab.query_one("#ab-b-title").render())
         # B left the user's steering applied.

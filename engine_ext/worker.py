@@ -52,12 +52,9 @@ def steering_replaces_context(model: Any) -> bool:
     """Whether a steering change gets a fresh target context: with layers on Mesa's lavapipe, where a control vector
     set in a context that had decoded crashed the engine (Mesa 22.3; Mesa 25 ran it, issue 24). On a GPU a change
     acts at the next token, also while a reply streams."""
-    if model.params.n_gpu_layers == 0:
-        return False
-    from engine_ext.doctor import is_lavapipe, list_devices
+    from engine_ext.speculative.factory import target_on_lavapipe
 
-    _, devices = list_devices()
-    return any(is_lavapipe(d.description) for d in devices if d.type in ("GPU", "integrated GPU", "accelerator"))
+    return target_on_lavapipe(model)
 
 
 def _inject_fault(stage: str, repacking: bool) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from engine_ext.model import Context, Model
 from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
 from engine_ext.speculative.base import Drafter
-from engine_ext.speculative.catalog import NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
+from engine_ext.speculative.catalog import LAYER_INPUT_TYPES, NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
 from engine_ext.speculative.driver import SpeculativeDriver
 
 
@@ -34,7 +34,7 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         from engine_ext.speculative.ngram import make_ngram_drafter
 
         return make_ngram_drafter(spec_type, record_stats=False)  # the driver records statistics
-    refusal = device_refusal(spec_type, target_backends(model))
+    refusal = device_refusal(spec_type, target_backends(model)) or lavapipe_refusal(spec_type, model)
     if refusal:  # a combination that crashed the engine on this kind of device (catalog.DEVICE_REFUSALS)
         raise SpeculativeConfigError(refusal)
     if spec_type == "draft-simple":
@@ -95,6 +95,33 @@ def target_backends(model: Model) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name.rstrip("0123456789") for name in names))
 
 
+def target_on_lavapipe(model: Model) -> bool:
+    """Whether the target has layers on Mesa's lavapipe (a Vulkan driver that runs on the CPU)."""
+    if model.params.n_gpu_layers == 0:
+        return False
+    from engine_ext.doctor import is_lavapipe, list_devices
+
+    _, devices = list_devices()
+    return any(is_lavapipe(d.description) for d in devices if d.type in ("GPU", "integrated GPU", "accelerator"))
+
+
+def lavapipe_refusal(spec_type: str, model: Model) -> str | None:
+    """Why `spec_type` is refused for this target on lavapipe (None: it is not). A drafter that reads the target's
+    layer inputs with a mixture-of-experts target crashed Mesa 22.3's lavapipe (issue 24: draft-dflash on the tiny
+    qwen3next, SIGSEGV while decoding speculatively, in 5 of 5 runs through the worker, with the fresh target
+    context); Mesa 25.0's lavapipe ran it, identical to plain decoding, in 3 of 3."""
+    if spec_type not in LAYER_INPUT_TYPES or not target_on_lavapipe(model):
+        return None
+    from engine_ext.gguf_facts import inspect_gguf
+
+    if not inspect_gguf(model.path).expert_count:
+        return None
+    return (
+        f"{spec_type} is off with a mixture-of-experts target on Mesa's lavapipe: it crashed the engine there (a "
+        "Mesa 22.3 driver bug); load the target with -ngl 0 (the draft follows it to the CPU) or pick another drafter"
+    )
+
+
 def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
     """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together."""
     from engine_ext.gguf_facts import inspect_gguf
@@ -131,7 +158,9 @@ def auto_types(params: SpeculativeParams, model: Model) -> tuple[str, ...]:
         chain.append("draft-mtp")
     elif params.draft_model:
         draft_type = inspect_gguf(Path(params.draft_model)).draft.draft_type
-        chain.append(TYPE_FOR_DRAFT.get(draft_type, "draft-simple"))
+        drafter = TYPE_FOR_DRAFT.get(draft_type, "draft-simple")
+        if not lavapipe_refusal(drafter, model):  # refused there: auto keeps to ngram-mod
+            chain.append(drafter)
     return tuple(chain)
 
 

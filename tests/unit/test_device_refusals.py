@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from engine_ext.doctor import Device
+from engine_ext.params import ModelParams, SpeculativeParams
 from engine_ext.speculative.catalog import (
     BY_NAME,
     DEVICE_REFUSALS,
@@ -37,3 +43,42 @@ def test_nothing_is_refused_on_the_cpu_or_other_backends() -> None:
         assert device_refusal(spec_type, ()) is None
         assert device_refusal(spec_type, ("CUDA", "Metal")) is None
     assert device_refusal("draft-mtp", ("Vulkan",)) is None
+
+
+class _Target:
+    """What lavapipe_refusal and auto_types read of a loaded target."""
+
+    def __init__(self, path: Path, n_gpu_layers: int) -> None:
+        self.path = path
+        self.params = ModelParams(n_gpu_layers=n_gpu_layers)
+        self.n_layer_nextn = 0
+
+
+def _devices(description: str) -> tuple[tuple[str, ...], tuple[Device, ...]]:
+    return ("Vulkan", "CPU"), (Device("Vulkan0", description, "GPU", 2 << 30, 2 << 30),)
+
+
+@pytest.mark.parametrize("description", ["llvmpipe (LLVM 15.0.6, 256 bits)", "NVIDIA GeForce RTX 4090"])
+def test_a_layer_input_drafter_with_an_moe_target_is_refused_on_lavapipe_only(
+    description: str, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine_ext.speculative import factory
+
+    monkeypatch.setattr("engine_ext.doctor.list_devices", lambda: _devices(description))
+    lavapipe = description.startswith("llvmpipe")
+    moe, dense = _Target(tiny_models["qwen3next"], -1), _Target(tiny_models["llama"], -1)
+    for spec_type in LAYER_INPUT_TYPES:
+        refusal = factory.lavapipe_refusal(spec_type, moe)  # type: ignore[arg-type]
+        if lavapipe:
+            assert refusal is not None and "\n" not in refusal and "-ngl 0" in refusal
+            assert refusal.startswith(f"{spec_type} is off with a mixture-of-experts target on Mesa's lavapipe")
+        else:
+            assert refusal is None
+        assert factory.lavapipe_refusal(spec_type, dense) is None  # type: ignore[arg-type]
+        assert factory.lavapipe_refusal(spec_type, _Target(moe.path, 0)) is None  # type: ignore[arg-type]
+    assert factory.lavapipe_refusal("draft-simple", moe) is None  # type: ignore[arg-type]
+    # auto leaves the refused drafter out of its chain (and keeps it where it runs)
+    params = SpeculativeParams(types=("auto",), draft_model=str(tiny_models["dflash"]))
+    chain = factory.auto_types(params, moe)  # type: ignore[arg-type]
+    assert chain == (("ngram-mod",) if lavapipe else ("ngram-mod", "draft-dflash"))
+    assert factory.auto_types(params, dense) == ("ngram-mod", "draft-dflash")  # type: ignore[arg-type]

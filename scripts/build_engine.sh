@@ -3,7 +3,11 @@
 # (patches/llama.cpp/*.patch, applied in name order), for one backend, into a venv; then install llmtui itself (with
 # its test extras) into that venv so `VENV/bin/llmtui` and `VENV/bin/python -m pytest` use this engine.
 #
-#   scripts/build_engine.sh BACKEND VENV        BACKEND: cpu | vulkan | cuda | metal | rocm
+#   scripts/build_engine.sh BACKEND VENV        BACKEND: auto | cpu | vulkan | cuda | metal | rocm
+#
+# `auto` (what scripts/setup.sh uses) adds no backend argument of its own: the backend is whatever your CMAKE_ARGS
+# turn on (CPU when they name none), and the record names it. LLMTUI_ENGINE_ONLY=1 installs the engine only, not
+# llmtui[test] beside it (scripts/setup.sh installs llmtui with the extras it wants).
 #
 # Your own CMAKE_ARGS are passed through after the backend's (so yours win), e.g.
 #   CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=89" scripts/build_engine.sh cuda .venv-cuda
@@ -11,15 +15,26 @@
 # llama_cpp/llmtui_engine.json inside the installed package; `llmtui doctor` shows it as "engine patches: …".
 # Running it again with the same patches, backend and arguments skips the build (LLMTUI_FORCE_BUILD=1 rebuilds);
 # CMake's build folder (build/engine-BACKEND) is kept, so a changed patch recompiles only what it touches.
-# The default CPU set-up (scripts/setup.sh) does not use this script.
+# Both README set-ups (scripts/setup.sh) build their engine with this script, so every engine llmtui sets up carries
+# the patches; pip never builds or takes from its cache an unpatched one (--no-cache-dir, a forced reinstall).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-usage() { echo "usage: scripts/build_engine.sh cpu|vulkan|cuda|metal|rocm VENV" >&2; exit 2; }
+usage() { echo "usage: scripts/build_engine.sh auto|cpu|vulkan|cuda|metal|rocm VENV" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 backend=$1
 venv=$2
+if [ "$backend" = auto ]; then
+  # The backend your CMAKE_ARGS turn on, for the record and the build folder; no argument added.
+  case " ${CMAKE_ARGS:-} " in
+    *-DGGML_CUDA=[Oo][Nn]*|*-DGGML_CUDA=1*) backend=cuda ;;
+    *-DGGML_HIP=[Oo][Nn]*|*-DGGML_HIP=1*) backend=rocm ;;
+    *-DGGML_VULKAN=[Oo][Nn]*|*-DGGML_VULKAN=1*) backend=vulkan ;;
+    *-DGGML_METAL=[Oo][Nn]*|*-DGGML_METAL=1*) backend=metal ;;
+    *) backend=cpu ;;
+  esac
+fi
 case "$backend" in
   cpu) backend_args="" ;;
   vulkan) backend_args="-DGGML_VULKAN=on" ;;
@@ -28,6 +43,7 @@ case "$backend" in
   rocm) backend_args="-DGGML_HIP=on" ;;
   *) usage ;;
 esac
+[ "$1" = auto ] && backend_args=""  # auto: CMAKE_ARGS alone
 version=0.3.36
 # As scripts/setup.sh: the RPC backend on (llmtui --rpc, rpc-server and their tests), the multimodal library off.
 cmake_args="$backend_args -DGGML_RPC=on -DLLAVA_BUILD=off ${CMAKE_ARGS:-}"
@@ -61,6 +77,11 @@ EOF
 if [ "${LLMTUI_FORCE_BUILD:-0}" != 1 ] && [ "$installed" = "$record" ]; then
   echo "build_engine: $venv already has this engine ($backend, same patches and CMake arguments): not rebuilding"
 else
+  if "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llama_cpp") is None)' 2>/dev/null; then
+    if [ -z "$installed" ]; then why="without llmtui's patches (a plain pip build or a cached wheel)"
+    else why="with other patches or CMake arguments"; fi
+    echo "build_engine: the engine in $venv was built $why: rebuilding it"
+  fi
   sdist="$src_cache/llama_cpp_python-$version.tar.gz"
   if [ ! -f "$sdist" ]; then
     echo "build_engine: downloading the llama-cpp-python $version sdist"
@@ -90,7 +111,7 @@ else
   printf '%s\n' "$record" > "$tree/llama_cpp/llmtui_engine.json"
 
   echo "build_engine: building llama-cpp-python $version for $backend with CMAKE_ARGS=\"$cmake_args\" (minutes:" \
-       "the first Vulkan build took 941 s on 2 cores here, a rebuild after a patch change 230 s)"
+       "the first CPU build took about 5 minutes on 2 cores here, Vulkan 941 s, a rebuild after a patch change 230 s)"
   start=$(date +%s)
   CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "$py" -m pip install --disable-pip-version-check --force-reinstall --no-deps --no-cache-dir \
@@ -99,7 +120,7 @@ else
 fi
 
 # llmtui and its test extras beside the engine: pip keeps the engine just installed (same version).
-if ! "$py" -c 'import app, engine_ext, pytest' 2>/dev/null; then
+if [ "${LLMTUI_ENGINE_ONLY:-0}" != 1 ] && ! "$py" -c 'import app, engine_ext, pytest' 2>/dev/null; then
   echo "build_engine: installing llmtui[test] into $venv"
   "$py" -m pip install --disable-pip-version-check -q -e "$root[test]"
 fi

@@ -69,10 +69,10 @@ from engine_ext.protocol import (
     VectorMade,
     VectorProgress,
 )
-from engine_ext.recovery import EARLY_REPLIES, Fallback, fallbacks, native_crash, repack_retry, retry_notice
+from engine_ext.recovery import EARLY_REPLIES, Fallback, fallbacks, native_crash
 
 POLL_S: Final = 0.05
-KEEP_REPACK_OFF: Final = "To keep it off: F3 → Repack weights: off (or llmtui --no-repack)."
+KEEP_REPACK_OFF: Final = "To turn repacking off altogether: F3 → Repack weights: off (or llmtui --no-repack)."
 # Tokens reach the UI at most 20 times a second (batched in order, never dropped). The worker sends them 15 times a
 # second, so each batch is passed on as it arrives (one wake-up of this thread, no added delay); the gap only holds
 # back bursts (a backlog drained from the pipe at once).
@@ -144,7 +144,7 @@ class EngineBridge:
         target: MessageTarget,
         log_path: Path,
         *,
-        client_factory: Callable[[Path], EngineClient] = EngineClient,
+        client_factory: Callable[[Path], EngineClient] | None = None,  # None: the real one, with the crash memory
         backlog: Callable[[], int] | None = None,
         cpu_sampler: Callable[[], CpuContention | None] | None = None,  # None: CpuContention, looked up now
     ) -> None:
@@ -152,7 +152,12 @@ class EngineBridge:
         # sys.stderr is still the real one (inside a Textual app it is a capture object without a file descriptor).
         resource_tracker.ensure_running()
         self._target = target
-        self._client = client_factory(log_path)
+        if client_factory is None:
+            from app.paths import repack_memory
+
+            self._client = EngineClient(log_path, memory=repack_memory())
+        else:
+            self._client = client_factory(log_path)
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         # The thread sleeps until the worker sends something, the worker exits or a command comes (a byte on
         # this pipe), not in short polls: an idle app takes no CPU, and a streaming one only what it draws.
@@ -415,7 +420,9 @@ class EngineBridge:
                         placement=info.placement,
                         n_threads=info.n_threads,
                         n_embd=info.n_embd,
-                        repack=self._model[1].use_extra_bufts if self._model is not None else True,
+                        # weights repacked for some extra buffer type (none left after a crash: not repacked)
+                        repack=bool(self._extra_bufts)
+                        and (self._model[1].use_extra_bufts if self._model is not None else True),
                     )
                 )
             )
@@ -476,7 +483,7 @@ class EngineBridge:
             for kind in unanswered:  # a control vector being made: its dialog hears it ended
                 self._post(
                     EngineRequestFailed(
-                        kind, "the engine crashed and was restarted without CPU weight repacking; try again"
+                        kind, "the engine crashed and was restarted with less CPU weight repacking; try again"
                     )
                 )
             return
@@ -498,13 +505,14 @@ class EngineBridge:
         repacking was not on (nothing to turn off)."""
         assert self._model is not None
         path, engine, load_mtp, n_rs_seq = self._model
-        if repack_retry(engine.model_params(), self._extra_bufts) is None:
+        notice = self._client.drop_crashed_repack(engine.model_params(), KEEP_REPACK_OFF)
+        if notice is None:
             return False
         settings = dict(self._sent_settings)
-        self._post(EngineRecovering(retry_notice(self._extra_bufts, KEEP_REPACK_OFF)))
+        self._post(EngineRecovering(notice))
         self._client.close()
         try:
-            self._do_load(path, replace(engine, use_extra_bufts=False), load_mtp, n_rs_seq)
+            self._do_load(path, engine, load_mtp, n_rs_seq)
         except EngineCrashedError as error:  # the new worker died at once: the crash dialog, without repacking
             self._crashed(error.crashed)
             return True
@@ -520,7 +528,7 @@ class EngineBridge:
                     GenerationFailed(
                         generation.request_id,
                         "the engine crashed while writing this reply and "
-                        "was restarted without CPU weight repacking; ctrl+g continues it",
+                        "was restarted with less CPU weight repacking; ctrl+g continues it",
                     )
                 )
         return True

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import platformdirs
 
 if TYPE_CHECKING:
+    from engine_ext.recovery import RepackMemory
     from models_catalog.library import Library
 
 APP_NAME = "llmtui"
@@ -71,3 +72,10 @@ def library(config_folders: Iterable[str]) -> Library:
     from models_catalog.library import Library
 
     return Library(user_model_folders(config_folders), usage_file=data_dir() / "model-usage.json")
+
+
+def repack_memory() -> RepackMemory:
+    """Which CPU extra buffer types crashed this CPU with this engine build (`<data dir>/engine-recovery.json`)."""
+    from engine_ext.recovery import RepackMemory
+
+    return RepackMemory(data_dir() / "engine-recovery.json")

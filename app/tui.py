@@ -384,8 +384,7 @@ class LlmtuiApp(LlmtuiShell):
         self.generation.lost()  # the A/B views' runs: a restarted engine knows nothing of them
 
     def on_engine_recovering(self, event: EngineRecovering) -> None:
-        """Restarted without CPU weight repacking after an early native crash: kept off for this session."""
-        self.engine_overrides["use_extra_bufts"] = False
+        """Restarted without the CPU extra buffer type that crashed (the engine client remembers it)."""
         self.model = None
         self.set_engine_state("loading")
         self.notify(event.notice, severity="warning", timeout=20)

@@ -39,6 +39,7 @@ from engine_ext.protocol import (
     VectorMade,
     VectorProgress,
 )
+from engine_ext.recovery import RepackMemory, next_skip, retry_notice
 
 LOG_TAIL_LINES = 40
 _E = TypeVar("_E")
@@ -81,9 +82,11 @@ class EngineClient:
     `events`, or the blocking helpers `load`, `generate`, `inspect`).
     """
 
-    def __init__(self, log_path: Path, *, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, log_path: Path, *, start_timeout_s: float = 120.0, memory: RepackMemory | None = None) -> None:
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
+        self.memory = memory  # which CPU extra buffer types crashed here (None: nothing remembered, e.g. in tests)
+        self.skip_bufts: tuple[str, ...] = memory.skipped() if memory is not None else ()
         self._conn: Connection | None = None
         self._process: Any = None
         self._send_lock = threading.Lock()
@@ -103,7 +106,9 @@ class EngineClient:
         self.model_info = None
         mp = multiprocessing.get_context("spawn")
         parent, child = mp.Pipe(duplex=True)
-        process = mp.Process(target=worker_main, args=(child, str(self.log_path)), name="llmtui-engine", daemon=True)
+        process = mp.Process(
+            target=worker_main, args=(child, str(self.log_path), self.skip_bufts), name="llmtui-engine", daemon=True
+        )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         process.start()
         child.close()  # so the pipe reports EOF when the worker dies
@@ -121,6 +126,23 @@ class EngineClient:
             )
         self.hello = event
         return event
+
+    def drop_crashed_repack(self, model: ModelParams, keep_off: str) -> str | None:
+        """After an early native crash (while loading or in the first replies) with weights repacked: leave out the
+        first CPU extra buffer type the crashed worker repacked for at the next start, remember that for this CPU
+        and engine build, and return the one line to say (`keep_off`: how to turn repacking off for good). None
+        when nothing is left to drop (the crash was not the repacking's)."""
+        extra = self.hello.cpu_extra_bufts if self.hello is not None else ()
+        skip = next_skip(model, self.skip_bufts, extra)
+        if skip is None:
+            return None
+        self.skip_bufts = skip
+        if self.memory is not None:
+            try:
+                self.memory.remember(skip)
+            except OSError:
+                pass  # not remembered (a read-only or full disk): this start still recovers
+        return retry_notice(extra[0], extra[1:], keep_off)
 
     @property
     def pid(self) -> int | None:

@@ -151,6 +151,32 @@ def lavapipe_advice(devices: Sequence[Device], build: EngineBuild) -> list[str]:
     ]
 
 
+# A Xeon with AMX crashed on the first prompt in ggml's AMX matmul without this patch (a GCC 12 miscompile, issue 30).
+AMX_PATCH = "0003-amx-tile-config-before-ldtilecfg.patch"
+REBUILD = "rebuild it with scripts/setup.sh (or scripts/build_engine.sh cpu VENV) from a clone of llmtui"
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first CPU's feature flags (Linux); empty where /proc does not say."""
+    try:
+        with open(cpuinfo, "rb") as file:
+            text = file.read(256 * 1024).decode("ascii", "replace")
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def amx_advice(flags: frozenset[str], build: EngineBuild) -> list[str]:
+    """What a user on a CPU with AMX whose engine lacks AMX_PATCH should do."""
+    if "amx_tile" not in flags or AMX_PATCH in build.patches:
+        return []
+    return [
+        f"this CPU has AMX and this engine lacks patch {AMX_PATCH[:4]}: llama.cpp's AMX matmul crashes on the first "
+        f"prompt without it (GCC 12 drops the tile configuration's stores); {REBUILD}"
+    ]
+
+
 def diagnose(*, repack: bool = True) -> DoctorReport:
     """What the engine can use here; `repack` is whether models load with CPU weight repacking (the user's setting)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -180,6 +206,7 @@ def diagnose(*, repack: bool = True) -> DoctorReport:
     if not has_gpu_backend and not gpus:
         advice.append("no GPU found: the engine runs on the CPU (-t sets its threads)")
     advice.extend(lavapipe_advice(devices, build))
+    advice.extend(amx_advice(cpu_flags(), build))
 
     def pkg_version(name: str) -> str:
         try:

@@ -1,16 +1,29 @@
-"""After the engine worker dies natively: the automatic retry without CPU weight repacking, and the fallbacks a user
-can try next. One policy for the chat app and the command line.
+"""After the engine worker dies natively: the automatic retry with one CPU extra buffer type fewer, remembered for
+this CPU and engine build, and the fallbacks a user can try next. One policy for the chat app and every command.
 
-A Xeon with AMX crashed on the first message inside llama.cpp's AMX repack path (`ggml_backend_amx_mul_mat`), and
-so did llama.cpp's own tools built from the same source, unless --no-repack. A crash while loading or during the
-first replies after a load, with weights repacked, is blamed on the repacking and retried once without it.
+A Xeon with AMX crashed on the first message inside llama.cpp's AMX path (`ggml_backend_amx_mul_mat`; a GCC 12
+miscompile that patch 0003 fixes), and so did llama.cpp's own tools built from the same source. A crash while
+loading or during the first replies after a load, with weights repacked, is blamed on the repacking: the worker is
+started again without the first extra buffer type it repacked for (AMX before CPU_REPACK, llama.cpp's order), the
+others kept (patch 0004's GGML_CPU_SKIP_EXTRA_BUFTS), and that is remembered in a small file keyed by this CPU and
+this engine build, so the next start does not crash again. A crash that persists drops the next one, down to none.
+A new engine build (or another CPU) starts with a clean slate; `llmtui doctor --forget-crashes` forgets by hand.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from engine_ext.params import ContextParams, ModelParams
+
+SKIP_ENV = "GGML_CPU_SKIP_EXTRA_BUFTS"  # patch 0004: CPU extra buffer types (by name) the worker leaves out
+MEMORY_MAX_BYTES = 64 * 1024  # the memory file is tiny; anything bigger is not ours and reads as empty
+MEMORY_MAX_ENTRIES = 32  # CPUs x engine builds remembered (the oldest are dropped)
 
 # A crash while loading, or before this many replies have finished since the load, counts as early.
 EARLY_REPLIES = 2
@@ -28,19 +41,120 @@ def native_crash(exit_code: int | None) -> bool:
 
 def repack_retry(model: ModelParams, extra_bufts: tuple[str, ...]) -> ModelParams | None:
     """The model parameters to retry an early native crash with: repacking off, when it was on and this build on this
-    CPU has extra buffer types to repack into; None when there is nothing to turn off."""
+    CPU has extra buffer types to repack into; None when there is nothing to turn off. (What an engine without patch
+    0004 can do; `next_skip` drops one buffer type at a time.)"""
     if model.use_extra_bufts and extra_bufts:
         return replace(model, use_extra_bufts=False)
     return None
 
 
-def retry_notice(extra_bufts: tuple[str, ...], keep_off: str) -> str:
-    """The one line said when the engine is restarted without repacking; `keep_off` says how to make it permanent."""
-    kinds = ", ".join(extra_bufts) or "repack"
+def next_skip(model: ModelParams, skipped: tuple[str, ...], extra_bufts: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The extra buffer types to leave out after an early native crash: those left out already and the first one the
+    crashed worker still repacked for (`extra_bufts`, in llama.cpp's order: AMX, KLEIDIAI, CPU_REPACK). None when
+    repacking was off or there is none left to drop: the crash was not the repacking's."""
+    if not model.use_extra_bufts or not extra_bufts:
+        return None
+    return (*skipped, extra_bufts[0])
+
+
+def retry_notice(dropped: str, kept: tuple[str, ...], keep_off: str) -> str:
+    """The one line said when the engine is restarted without the extra buffer type `dropped` (`kept`: those it still
+    repacks for); `keep_off` says how to turn repacking off altogether."""
+    rest = f"{', '.join(kept)} kept" if kept else "no repacking left"
     return (
-        f"The engine crashed natively with CPU weight repacking on ({kinds}); restarted without it "
-        f"(--no-repack). {keep_off}"
+        f"The engine crashed natively with CPU weights repacked for {dropped}; restarted without {dropped} ({rest}), "
+        f"and it stays so on this CPU with this engine build. {keep_off}"
     )
+
+
+def machine_key(cpuinfo: Path = Path("/proc/cpuinfo"), engine_dir: Path | None = None) -> str:
+    """This CPU (its model name and feature flags) and this engine build (the installed llama_cpp package's
+    libraries: size and time, and its build record), as a short hash; read without importing llama_cpp."""
+    digest = hashlib.sha256()
+    try:
+        with open(cpuinfo, "rb") as file:
+            text = file.read(256 * 1024).decode("ascii", "replace")
+        first = text.split("\n\n", 1)[0]
+        digest.update(
+            "\n".join(
+                line for line in first.splitlines() if line.startswith(("model name", "flags", "Features", "CPU part"))
+            ).encode()
+        )
+    except OSError:
+        import platform
+
+        digest.update(f"{platform.machine()} {platform.processor()}".encode())
+    if engine_dir is None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llama_cpp")
+        engine_dir = Path(spec.origin).parent if spec is not None and spec.origin else None
+    if engine_dir is not None:
+        for path in sorted((engine_dir / "lib").glob("*")) + [engine_dir / "llmtui_engine.json"]:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            digest.update(f"{path.name} {st.st_size} {st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:24]
+
+
+class RepackMemory:
+    """Which CPU extra buffer types crashed this CPU with this engine build: a small JSON file (0600), read bounded
+    (a missing, oversized or garbled file is an empty memory), written whole."""
+
+    def __init__(self, path: Path, key: str | None = None) -> None:
+        self.path = Path(path)
+        self.key = key if key is not None else machine_key()
+
+    def _entries(self) -> dict[str, dict[str, object]]:
+        try:
+            with open(self.path, "rb") as file:
+                raw = file.read(MEMORY_MAX_BYTES + 1)
+            data = json.loads(raw) if len(raw) <= MEMORY_MAX_BYTES else {}
+        except (OSError, ValueError):
+            return {}
+        entries = data.get("entries") if isinstance(data, dict) else None
+        return {k: v for k, v in entries.items() if isinstance(v, dict)} if isinstance(entries, dict) else {}
+
+    def skipped(self) -> tuple[str, ...]:
+        """The extra buffer types to leave out on this CPU with this engine build (names of at most 32 characters)."""
+        skip = self._entries().get(self.key, {}).get("skip")
+        if not isinstance(skip, list):
+            return ()
+        return tuple(s for s in skip if isinstance(s, str) and 0 < len(s) <= 32 and s.replace("_", "").isalnum())[:8]
+
+    def describe(self) -> str:
+        """One line for `llmtui doctor`: what is left out since when, or ""."""
+        entry = self._entries().get(self.key, {})
+        skip = self.skipped()
+        if not skip:
+            return ""
+        when = entry.get("when")
+        since = f" since {when}" if isinstance(when, str) and len(when) <= 32 else ""
+        return f"left out after a native crash{since}: {', '.join(skip)}"
+
+    def remember(self, skip: tuple[str, ...]) -> None:
+        entries = self._entries()
+        entries.pop(self.key, None)
+        entries[self.key] = {"skip": list(skip), "when": time.strftime("%Y-%m-%d %H:%M")}
+        self._write(dict(list(entries.items())[-MEMORY_MAX_ENTRIES:]))
+
+    def forget(self) -> bool:
+        """Forget this CPU's and build's entry; whether there was one."""
+        entries = self._entries()
+        if entries.pop(self.key, None) is None:
+            return False
+        self._write(entries)
+        return True
+
+    def _write(self, entries: dict[str, dict[str, object]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            json.dump({"version": 1, "entries": entries}, file, indent=1)
+        os.replace(tmp, self.path)
 
 
 @dataclass(frozen=True)

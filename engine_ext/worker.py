@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 LOAD_PROGRESS_INTERVAL_S = 0.1
 # Tests only: the worker crashes natively (SIGSEGV) where a CPU's weight-repack path crashed a user's machine (AMX,
 # on the first decode), so recovery can be tested on machines where repacking works. Values: repack-load and
-# repack-decode (only while repacking is on: use_extra_bufts), decode (always, on every generation).
+# repack-decode (only while weights are repacked: use_extra_bufts, and an extra buffer type left to repack for),
+# decode (always, on every generation).
 FAULT_ENV = "LLMTUI_TEST_FAULT"
 # Written to the engine log each time the worker replaces the target context (the device tests count it).
 FRESH_CONTEXT_LOG = "a fresh target context"
@@ -82,7 +83,7 @@ def _redirect_native_output(log_path: Path) -> None:
 class Worker:
     """Serves one client: dispatches requests, streams events, polls for cancel between decode steps."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, skip_bufts: tuple[str, ...] = ()) -> None:
         self.conn = conn
         self.session: Any = None  # engine_ext.generate.Session once a model is loaded
         self.model: Any = None
@@ -93,6 +94,9 @@ class Worker:
         self.fresh_steering = False  # steering changes get a fresh context (steering_replaces_context)
         self.backlog: deque[Request] = deque()
         self.shutting_down = False
+        self.skip_bufts = skip_bufts
+        self.no_repack = False  # an engine without patch 0004 kept a buffer type it was to leave out: none at all
+        self.extra_bufts: tuple[str, ...] = ()  # the CPU extra buffer types weights are repacked for
 
     def send(self, event: Event) -> None:
         self.conn.send(event)
@@ -107,6 +111,9 @@ class Worker:
             extra_bufts, gpu_devices = cpu_extra_buffer_types(), offload_device_count()
         except (OSError, AttributeError):  # a build without the registry functions: none to report
             extra_bufts, gpu_devices = (), 0
+        if set(self.skip_bufts) & set(extra_bufts):  # the engine lacks patch 0004: no repacking is all it can do
+            self.no_repack, extra_bufts = True, ()
+        self.extra_bufts = extra_bufts
         self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info, extra_bufts, gpu_devices))
         while not self.shutting_down:
             request = self.backlog.popleft() if self.backlog else self._recv()
@@ -188,8 +195,12 @@ class Worker:
         from engine_ext.placement import resolve_gpu_layers
 
         model_params, placement = resolve_gpu_layers(path, request.model, request.context)
+        if self.no_repack:
+            from dataclasses import replace
+
+            model_params = replace(model_params, use_extra_bufts=False)
         model = Model(path, model_params, progress)
-        _inject_fault("load", model_params.use_extra_bufts)
+        _inject_fault("load", model_params.use_extra_bufts and bool(self.extra_bufts))
         try:
             ctx = Context(model, request.context)
         except Exception:
@@ -395,7 +406,7 @@ class Worker:
                     self.backlog.append(incoming)
             return cancelled[0]
 
-        _inject_fault("decode", self.model.params.use_extra_bufts)
+        _inject_fault("decode", self.model.params.use_extra_bufts and bool(self.extra_bufts))
         finished = self.session.generate(request, self.send, poll_cancel)
         self.send(finished)
 
@@ -409,11 +420,17 @@ def _llama_cpp_version() -> str:
         return "unknown"
 
 
-def worker_main(conn: Connection, log_path: str) -> None:
-    """Entry point of the worker process (multiprocessing spawn target)."""
+def worker_main(conn: Connection, log_path: str, skip_bufts: tuple[str, ...] = ()) -> None:
+    """Entry point of the worker process (multiprocessing spawn target); `skip_bufts`: CPU extra buffer types to
+    leave out (a crash in their repack path is remembered for this CPU and engine build: engine_ext.recovery)."""
     _redirect_native_output(Path(log_path))
     print(f"--- llmtui engine worker pid {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    if skip_bufts:
+        from engine_ext.recovery import SKIP_ENV
+
+        os.environ[SKIP_ENV] = ",".join(skip_bufts)  # read when ggml's CPU backend first lists them (patch 0004)
+        print(f"--- CPU extra buffer types left out after a native crash: {', '.join(skip_bufts)}")
     try:
-        Worker(conn).serve()
+        Worker(conn, skip_bufts).serve()
     finally:
         conn.close()

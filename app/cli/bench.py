@@ -17,17 +17,16 @@ from app.cli.engine_args import (
     spec_params,
     target_load_plan,
 )
-from app.cli.session import loaded, start_engine, stream_reply
+from app.cli.session import loaded, recovering, start_engine, stream_reply
 from app.cli.types import MAX_CONTEXT, int_range, utf8_text
 from app.models import resolve_model
-from engine_ext.params import (
-    SamplingParams,
-)
+from engine_ext.params import ModelParams, SamplingParams
 from engine_ext.protocol import (
     ChatMessage,
     Finished,
     Generate,
     GenerationStats,
+    ModelInfo,
 )
 
 
@@ -75,41 +74,48 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
         spec.validate()
     n_rs_seq = max(target_load_plan(spec, path).n_rs_seq for spec in specs.values())
     rows: list[dict[str, Any]] = []
+    heads = (spec for spec in specs.values() if target_load_plan(spec, path).load_mtp)
+    context = context_params(args, args.ctx_size or 4096, n_rs_seq)
+    model = model_params(args, next(heads, None), path)
     with start_engine() as client:
-        heads = (spec for spec in specs.values() if target_load_plan(spec, path).load_mtp)
-        context = context_params(args, args.ctx_size or 4096, n_rs_seq)
-        info = loaded(client.load(path, model_params(args, next(heads, None), path), context))
-        for mode in modes:
-            client.set_speculative(specs[mode])
-            speeds: list[float] = []
-            finished: Finished | None = None
-            ids: list[int] = []
-            for rep in range(reps + 1):  # the first run warms the prompt cache and is not counted
-                request = Generate(
-                    request_id=client.new_request_id(),
-                    messages=() if args.raw else (ChatMessage("user", prompt),),
-                    prompt=prompt if args.raw else None,
-                    sampling=greedy,
-                    max_tokens=n_gen,
+
+        def measure(model: ModelParams) -> ModelInfo:
+            rows.clear()
+            info = loaded(client.load(path, model, context))
+            for mode in modes:
+                client.set_speculative(specs[mode])
+                speeds: list[float] = []
+                finished: Finished | None = None
+                ids: list[int] = []
+                for rep in range(reps + 1):  # the first run warms the prompt cache and is not counted
+                    request = Generate(
+                        request_id=client.new_request_id(),
+                        messages=() if args.raw else (ChatMessage("user", prompt),),
+                        prompt=prompt if args.raw else None,
+                        sampling=greedy,
+                        max_tokens=n_gen,
+                    )
+                    _, ids, finished = stream_reply(client, request, echo=False)
+                    if rep > 0:
+                        speeds.append(finished.stats.decode_tps)
+                assert finished is not None
+                s = finished.speculative
+                rows.append(
+                    {
+                        "mode": mode,
+                        "tps": round(statistics.median(speeds), 2),
+                        "generated": finished.stats.generated_tokens,
+                        "proposed": s.proposed if s else 0,
+                        "drafted": s.drafted if s else 0,
+                        "accepted": s.accepted if s else 0,
+                        "mean_accepted_length": round(s.mean_accepted_length, 3) if s else 1.0,
+                        "draft_ms": round(s.draft_ms, 2) if s else 0.0,
+                        "tokens": ids,
+                    }
                 )
-                _, ids, finished = stream_reply(client, request, echo=False)
-                if rep > 0:
-                    speeds.append(finished.stats.decode_tps)
-            assert finished is not None
-            s = finished.speculative
-            rows.append(
-                {
-                    "mode": mode,
-                    "tps": round(statistics.median(speeds), 2),
-                    "generated": finished.stats.generated_tokens,
-                    "proposed": s.proposed if s else 0,
-                    "drafted": s.drafted if s else 0,
-                    "accepted": s.accepted if s else 0,
-                    "mean_accepted_length": round(s.mean_accepted_length, 3) if s else 1.0,
-                    "draft_ms": round(s.draft_ms, 2) if s else 0.0,
-                    "tokens": ids,
-                }
-            )
+            return info
+
+        info = recovering(client, model, context, measure)
     plain_tps, plain_ids = rows[0]["tps"], rows[0]["tokens"]
     for row in rows:
         row["speedup"] = round(row["tps"] / plain_tps, 3) if plain_tps else 0.0
@@ -144,53 +150,59 @@ def cmd_bench(args: argparse.Namespace) -> int:
     n_ctx = args.ctx_size or max(n_prompt, n_gen + 1) + 16
     greedy = SamplingParams(temperature=0.0)
     rng = random.Random(1234)
+    model, context = model_params(args), context_params(args, n_ctx)
     with start_engine() as client:
-        info = loaded(client.load(path, model_params(args), context_params(args, n_ctx)))
-        n_vocab = info.n_vocab
 
-        def run(tokens: list[int], max_tokens: int) -> GenerationStats:
-            request = Generate(
-                request_id=client.new_request_id(),
-                prompt_tokens=tuple(tokens),
-                sampling=greedy,
-                max_tokens=max_tokens,
-                ignore_eos=True,
-            )
-            return stream_reply(client, request, echo=False)[2].stats
+        def measure(model: ModelParams) -> dict[str, Any]:
+            info = loaded(client.load(path, model, context))
+            n_vocab = info.n_vocab
 
-        def fresh(n: int, previous: list[int]) -> list[int]:
-            # Random tokens whose first differs from the last run's, so nothing comes from the cache.
-            tokens = [rng.randrange(n_vocab) for _ in range(n)]
-            while previous and tokens[0] == previous[0]:
-                tokens[0] = rng.randrange(n_vocab)
-            return tokens
+            def run(tokens: list[int], max_tokens: int) -> GenerationStats:
+                request = Generate(
+                    request_id=client.new_request_id(),
+                    prompt_tokens=tuple(tokens),
+                    sampling=greedy,
+                    max_tokens=max_tokens,
+                    ignore_eos=True,
+                )
+                return stream_reply(client, request, echo=False)[2].stats
 
-        results: dict[str, Any] = {
-            "model": str(path),
-            "description": info.description,
-            "backend": info.backend,
-            "n_threads": info.n_threads,
-            "n_ctx": info.n_ctx,
-        }
-        last: list[int] = []
-        if n_prompt > 0:
-            last = fresh(min(n_prompt, 8), last)
-            run(last, 1)  # warm-up
-            pp: list[float] = []
-            for _ in range(reps):
-                last = fresh(n_prompt, last)
-                stats = run(last, 1)
-                pp.append(stats.prompt_tps)
-            results["pp"] = {"n_prompt": n_prompt, "tps": [round(v, 2) for v in pp], **_summary(pp)}
-        if n_gen > 0:
-            last = fresh(1, last)
-            run(last, 2)  # warm-up
-            tg: list[float] = []
-            for _ in range(reps):
+            def fresh(n: int, previous: list[int]) -> list[int]:
+                # Random tokens whose first differs from the last run's, so nothing comes from the cache.
+                tokens = [rng.randrange(n_vocab) for _ in range(n)]
+                while previous and tokens[0] == previous[0]:
+                    tokens[0] = rng.randrange(n_vocab)
+                return tokens
+
+            results: dict[str, Any] = {
+                "model": str(path),
+                "description": info.description,
+                "backend": info.backend,
+                "n_threads": info.n_threads,
+                "n_ctx": info.n_ctx,
+            }
+            last: list[int] = []
+            if n_prompt > 0:
+                last = fresh(min(n_prompt, 8), last)
+                run(last, 1)  # warm-up
+                pp: list[float] = []
+                for _ in range(reps):
+                    last = fresh(n_prompt, last)
+                    stats = run(last, 1)
+                    pp.append(stats.prompt_tps)
+                results["pp"] = {"n_prompt": n_prompt, "tps": [round(v, 2) for v in pp], **_summary(pp)}
+            if n_gen > 0:
                 last = fresh(1, last)
-                stats = run(last, n_gen + 1)  # n_gen decodes after the first sampled token
-                tg.append(stats.decode_tps)
-            results["tg"] = {"n_gen": n_gen, "tps": [round(v, 2) for v in tg], **_summary(tg)}
+                run(last, 2)  # warm-up
+                tg: list[float] = []
+                for _ in range(reps):
+                    last = fresh(1, last)
+                    stats = run(last, n_gen + 1)  # n_gen decodes after the first sampled token
+                    tg.append(stats.decode_tps)
+                results["tg"] = {"n_gen": n_gen, "tps": [round(v, 2) for v in tg], **_summary(tg)}
+            return results
+
+        results = recovering(client, model, context, measure)
     if args.json:
         print(json.dumps(results))
     else:

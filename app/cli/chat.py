@@ -9,20 +9,19 @@ from collections.abc import Iterator
 
 from app.cli.engine_args import add_engine_args, add_sampling_args, context_params, model_params, sampling_params
 from app.cli.remote import add_remote_args
-from app.cli.session import drain, format_stats, loaded, start_engine, stream_reply
+from app.cli.session import drain, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.types import (
     n_predict,
     utf8_error,
 )
 from app.models import resolve_model
-from engine_ext.client import EngineFailure
-from engine_ext.params import (
-    EngineError,
-)
+from engine_ext.client import EngineCrashedError, EngineFailure
+from engine_ext.params import EngineError, ModelParams
 from engine_ext.protocol import (
     ChatMessage,
     Generate,
 )
+from engine_ext.recovery import EARLY_REPLIES
 
 
 def _chat_remote(args: argparse.Namespace) -> int:
@@ -78,33 +77,56 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.remote:
         return _chat_remote(args)
     path = resolve_model(args.model)
+    model, context = model_params(args), context_params(args)
+    history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
+    replies = [0]  # replies finished: a crash after EARLY_REPLIES is not blamed on the repacking
+    printed: list[bool] = []  # text of the reply in flight was printed: a retry would repeat it
+    pending: list[ChatMessage] = []  # the message whose reply a crash interrupted, sent again after the restart
+    lines = _chat_lines()
     with start_engine() as client:
-        info = loaded(client.load(path, model_params(args), context_params(args)))
-        asked = f" (-c {args.ctx_size} rounded up by llama.cpp)" if 0 < args.ctx_size != info.n_ctx else ""
-        print(f"{info.description} · {info.backend} · context {info.n_ctx}{asked} · Ctrl-D to quit", file=sys.stderr)
-        history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
-        for line in _chat_lines():
-            history.append(ChatMessage("user", line))
-            request = Generate(
-                request_id=client.new_request_id(),
-                messages=tuple(history),
-                sampling=sampling_params(args),
-                max_tokens=args.n_predict,
-                stop=tuple(args.stop),
-            )
-            try:
-                text, _, finished = stream_reply(client, request, echo=True)
-            except KeyboardInterrupt:
-                client.cancel(request.request_id)
-                text, _, finished = drain(client, request.request_id)
-            except (EngineFailure, EngineError) as error:  # e.g. a line longer than the context: say so, go on
-                history.pop()
-                print(f"llmtui: error: {error}", file=sys.stderr)
-                continue
-            history.append(ChatMessage("assistant", text))
-            sys.stdout.write("\n")
-            print(format_stats(finished.stats), file=sys.stderr)
-    return 0
+
+        def session(model: ModelParams) -> int:
+            info = loaded(client.load(path, model, context))
+            if not replies[0] and not pending:
+                asked = f" (-c {args.ctx_size} rounded up by llama.cpp)" if 0 < args.ctx_size != info.n_ctx else ""
+                print(
+                    f"{info.description} · {info.backend} · context {info.n_ctx}{asked} · Ctrl-D to quit",
+                    file=sys.stderr,
+                )
+            while True:
+                if pending:
+                    history.append(pending.pop())
+                else:
+                    line = next(lines, None)
+                    if line is None:
+                        return 0
+                    history.append(ChatMessage("user", line))
+                printed.clear()
+                request = Generate(
+                    request_id=client.new_request_id(),
+                    messages=tuple(history),
+                    sampling=sampling_params(args),
+                    max_tokens=args.n_predict,
+                    stop=tuple(args.stop),
+                )
+                try:
+                    text, _, finished = stream_reply(client, request, echo=True, echoed=printed)
+                except KeyboardInterrupt:
+                    client.cancel(request.request_id)
+                    text, _, finished = drain(client, request.request_id)
+                except (EngineFailure, EngineError) as error:  # e.g. a line longer than the context: say so, go on
+                    history.pop()
+                    print(f"llmtui: error: {error}", file=sys.stderr)
+                    continue
+                except EngineCrashedError:
+                    pending.append(history.pop())  # asked again after a restart, or lost with the engine
+                    raise
+                history.append(ChatMessage("assistant", text))
+                replies[0] += 1
+                sys.stdout.write("\n")
+                print(format_stats(finished.stats), file=sys.stderr)
+
+        return recovering(client, model, context, session, early=lambda: replies[0] < EARLY_REPLIES and not printed)
 
 
 def add_chat_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -18,11 +18,11 @@ from app.cli.engine_args import (
     target_load_plan,
 )
 from app.cli.remote import add_remote_args
-from app.cli.session import CliError, format_spec_stats, format_stats, loaded, start_engine, stream_reply, with_advice
+from app.cli.session import CliError, format_spec_stats, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import n_predict, text_file, utf8_text
 from app.models import resolve_model
-from engine_ext.client import EngineClient, EngineCrashedError
+from engine_ext.client import EngineClient
 from engine_ext.params import (
     ContextParams,
     ModelParams,
@@ -43,24 +43,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = model_params(args, spec, path)
     context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
     with start_engine() as client:
-        echoed: list[bool] = []
-        try:
-            return _run_generation(args, client, path, spec, model, context, echoed)
-        except EngineCrashedError as error:
-            # A native crash while loading or writing the reply, with weights repacked for this CPU (a Xeon's AMX
-            # path crashed so): once more without repacking, unless the reply was already partly printed.
-            from engine_ext.recovery import native_crash, repack_retry, retry_notice
-
-            extra_bufts = client.hello.cpu_extra_bufts if client.hello is not None else ()
-            retry = repack_retry(model, extra_bufts) if native_crash(error.crashed.exit_code) else None
-            if retry is None or echoed:
-                raise with_advice(error, model, context) from None
-            print(f"llmtui: {retry_notice(extra_bufts, 'Add --no-repack to keep it off.')}", file=sys.stderr)
-            client.start()
-            try:
-                return _run_generation(args, client, path, spec, retry, context, echoed)
-            except EngineCrashedError as again:
-                raise with_advice(again, retry, context) from None
+        echoed: list[bool] = []  # a reply partly printed is not written again by a retry
+        return recovering(
+            client,
+            model,
+            context,
+            lambda model: _run_generation(args, client, path, spec, model, context, echoed),
+            early=lambda: not echoed,
+        )
 
 
 def _run_generation(

@@ -4,6 +4,9 @@ statistics lines."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TypeVar
 
 from app import paths
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
@@ -34,15 +37,50 @@ def loaded(info: ModelInfo) -> ModelInfo:
     return info
 
 
+KEEP_REPACK_OFF = "Add --no-repack to turn repacking off altogether."
+T = TypeVar("T")
+
+
 def start_engine() -> EngineClient:
+    """A started engine worker that leaves out the CPU extra buffer types that crashed this CPU with this engine
+    build before (engine_ext.recovery)."""
     from app.private_files import private_dir, take_notice
 
-    client = EngineClient(private_dir(paths.log_dir()) / "engine.log")
+    client = EngineClient(private_dir(paths.log_dir()) / "engine.log", memory=paths.repack_memory())
     notice = take_notice()
     if notice:
         print(f"llmtui: {notice}", file=sys.stderr)
     client.start()
     return client
+
+
+def recovering(
+    client: EngineClient,
+    model: ModelParams,
+    context: ContextParams,
+    attempt: Callable[[ModelParams], T],
+    *,
+    early: Callable[[], bool] = lambda: True,
+) -> T:
+    """`attempt(model)` on a started engine; after a native crash in it while `early()` (nothing of a reply printed
+    yet, no reply finished that a retry would repeat) with weights repacked: say so in one line, start the engine
+    again without the extra buffer type that crashed (remembered for this CPU and engine build) and try again, down
+    to no repacking. A crash that persists is one line with the settings that could avoid it."""
+    from engine_ext.recovery import native_crash
+
+    while True:
+        try:
+            return attempt(model)
+        except EngineCrashedError as error:
+            notice = None
+            if native_crash(error.crashed.exit_code) and early():
+                notice = client.drop_crashed_repack(model, KEEP_REPACK_OFF)
+            if notice is None:
+                if client.hello is not None and not client.hello.cpu_extra_bufts:  # none left: --no-repack is moot
+                    model = replace(model, use_extra_bufts=False)
+                raise with_advice(error, model, context) from None
+            print(f"llmtui: {notice}", file=sys.stderr)
+            client.start()
 
 
 def format_stats(stats: GenerationStats) -> str:

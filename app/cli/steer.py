@@ -14,7 +14,7 @@ from app.models import resolve_model
 from app.paths import prompt_set_folders, steering_dir
 from app.private_files import private_dir
 from engine_ext.params import EngineError, SteeringEntry
-from engine_ext.protocol import VectorProgress
+from engine_ext.protocol import VectorMade, VectorProgress
 
 
 def add_control_vector_args(p: argparse.ArgumentParser) -> None:
@@ -111,7 +111,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from app.cli.session import start_engine
+    from app.cli.session import recovering, start_engine
     from engine_ext.params import ContextParams, ModelParams
     from engine_ext.steering.prompt_sets import find_prompt_set
 
@@ -125,15 +125,19 @@ def _make(args: argparse.Namespace) -> int:
     prompt_set, set_path = find_prompt_set(args.prompts, prompt_set_folders())
     default_output = f"{model.stem}-{prompt_set.name}.gguf"
     output = Path(args.output) if args.output else private_dir(steering_dir()) / default_output
+    context = ContextParams(n_ctx=512, n_threads=args.threads)
+
+    def progress(event: VectorProgress) -> None:
+        text = vector_progress_text(event.phase, event.done, event.total, event.phase_seconds)
+        line = f"making {prompt_set.name} vector ({event.fraction:.0%}): {text}"
+        print(f"\r{line:<88}", end="", file=sys.stderr, flush=True)
+
+    def make(params: ModelParams) -> VectorMade:
+        client.load(model, params, context)
+        return client.make_vector(set_path, output, args.method, progress)
+
     with start_engine() as client:
-        client.load(model, ModelParams(), ContextParams(n_ctx=512, n_threads=args.threads))
-
-        def progress(event: VectorProgress) -> None:
-            text = vector_progress_text(event.phase, event.done, event.total, event.phase_seconds)
-            line = f"making {prompt_set.name} vector ({event.fraction:.0%}): {text}"
-            print(f"\r{line:<88}", end="", file=sys.stderr, flush=True)
-
-        made = client.make_vector(set_path, output, args.method, progress)
+        made = recovering(client, ModelParams(), context, make)
     print(file=sys.stderr)
     print(f"wrote {made.path} ({made.layers} layers from {made.pairs} pairs in {made.seconds:.1f} s)")
     return 0

@@ -20,7 +20,15 @@ import pytest
 from app.config import EngineSettings, SamplingSettings, load_config, save_config
 from app.tui import LlmtuiApp
 from engine_ext.params import ContextParams, ModelParams
-from engine_ext.recovery import fallbacks, native_crash, repack_retry, retry_notice
+from engine_ext.recovery import (
+    RepackMemory,
+    fallbacks,
+    machine_key,
+    native_crash,
+    next_skip,
+    repack_retry,
+    retry_notice,
+)
 from engine_ext.worker import FAULT_ENV
 from tests.waits import wait_until
 
@@ -61,8 +69,51 @@ def test_repack_retry_turns_repacking_off_only_when_it_was_in_use() -> None:
     assert repack_retry(on, ("CPU_REPACK",)) == replace(on, use_extra_bufts=False)
     assert repack_retry(on, ()) is None  # no extra buffer types in this build: nothing was repacked
     assert repack_retry(replace(on, use_extra_bufts=False), ("AMX",)) is None
-    notice = retry_notice(("AMX", "CPU_REPACK"), "Add --no-repack to keep it off.")
-    assert "AMX, CPU_REPACK" in notice and "--no-repack" in notice and "\n" not in notice
+    notice = retry_notice("AMX", ("CPU_REPACK",), "Add --no-repack to turn repacking off altogether.")
+    assert "repacked for AMX" in notice and "without AMX (CPU_REPACK kept)" in notice and "\n" not in notice
+    assert "--no-repack" in notice and len(notice) <= 300
+    assert "no repacking left" in retry_notice("CPU_REPACK", (), "")
+
+
+def test_a_crash_drops_one_extra_buffer_type_at_a_time() -> None:
+    on = ModelParams()
+    # AMX first (llama.cpp lists it first, and its path is the one that crashed): CPU_REPACK stays.
+    assert next_skip(on, (), ("AMX", "CPU_REPACK")) == ("AMX",)
+    assert next_skip(on, ("AMX",), ("CPU_REPACK",)) == ("AMX", "CPU_REPACK")
+    assert next_skip(on, ("AMX", "CPU_REPACK"), ()) is None  # nothing left: not the repacking's crash
+    assert next_skip(replace(on, use_extra_bufts=False), (), ("AMX",)) is None
+
+
+def test_the_memory_is_per_cpu_and_engine_build_and_survives_hostile_files(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "engine-recovery.json"
+    here, other = RepackMemory(path, key="a" * 24), RepackMemory(path, key="b" * 24)
+    assert here.skipped() == () and here.describe() == ""
+    here.remember(("AMX",))
+    assert here.skipped() == ("AMX",) and other.skipped() == ()
+    assert "AMX" in here.describe() and "since" in here.describe()
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    other.remember(("AMX", "CPU_REPACK"))
+    assert here.skipped() == ("AMX",) and other.skipped() == ("AMX", "CPU_REPACK")
+    assert here.forget() and here.skipped() == () and not here.forget()
+    assert other.skipped() == ("AMX", "CPU_REPACK")
+    # Whatever else is in the file reads as nothing remembered; names that are not buffer types are ignored.
+    for bad in (b"{", b"[]", b'{"entries": 3}', b"x" * (70 * 1024), '{"entries": {"' + "a" * 24 + '": {"skip": 5}}}'):
+        path.write_bytes(bad if isinstance(bad, bytes) else bad.encode())
+        assert here.skipped() == ()
+    path.write_text('{"entries": {"' + "a" * 24 + '": {"skip": ["AMX", "../x", "", 7, "' + "Z" * 40 + '"]}}}')
+    assert here.skipped() == ("AMX",)
+    # Keys: another CPU or another engine build is another key.
+    cpu = tmp_path / "cpuinfo"
+    cpu.write_text("processor : 0\nmodel name : Xeon\nflags : avx512f amx_tile\n\nprocessor : 1\n")
+    engine = tmp_path / "llama_cpp"
+    (engine / "lib").mkdir(parents=True)
+    (engine / "lib" / "libggml-cpu.so").write_bytes(b"x")
+    key = machine_key(cpu, engine)
+    assert key == machine_key(cpu, engine)
+    (engine / "lib" / "libggml-cpu.so").write_bytes(b"xy")  # a rebuilt engine
+    assert machine_key(cpu, engine) != key
+    cpu.write_text("processor : 0\nmodel name : Xeon\nflags : avx512f\n")
+    assert machine_key(cpu, engine) not in (key, machine_key(cpu.with_name("missing"), engine))
 
 
 def test_fallbacks_leave_out_what_is_already_safe() -> None:
@@ -173,11 +224,61 @@ def test_run_restarts_without_repacking_after_a_native_crash(
     common = ("run", "-m", str(tiny_models["llama"]), "-p", "hello", "--temp", "0", "-n", "8", "--json")
     result = _run(*common, data_dir=tmp_path, fault=fault)
     assert result.returncode == 0, result.stderr
-    assert "crashed natively with CPU weight repacking on" in result.stderr and "--no-repack" in result.stderr
-    reference = _run(*common, "--no-repack", data_dir=tmp_path)
+    first = _extra_bufts()[0]
+    assert f"crashed natively with CPU weights repacked for {first}" in result.stderr
+    assert "--no-repack" in result.stderr and "Traceback" not in result.stderr
+    reference = _run(*common, "--no-repack", data_dir=tmp_path / "reference")
     assert json.loads(result.stdout)["tokens"] == json.loads(reference.stdout)["tokens"]
     log = (tmp_path / "logs" / "engine.log").read_text()
-    assert f"{FAULT_ENV}={fault}: crashing natively" in log
+    assert log.count(f"{FAULT_ENV}={fault}: crashing natively") == 1
+    # Remembered for this CPU and engine build: the next start leaves that buffer type out and does not crash.
+    again = _run(*common, data_dir=tmp_path, fault=fault)
+    assert again.returncode == 0 and "crashed" not in again.stderr, again.stderr
+    assert (tmp_path / "logs" / "engine.log").read_text().count("crashing natively") == 1
+    assert f"left out after a native crash: {first}" in (tmp_path / "logs" / "engine.log").read_text()
+    doctor = _run("doctor", data_dir=tmp_path).stdout
+    assert "left out after a native crash since" in doctor and "--forget-crashes" in doctor
+    assert first not in json.loads(_run("doctor", "--json", data_dir=tmp_path).stdout)["cpu_extra_bufts"]
+    assert "forgot" in _run("doctor", "--forget-crashes", data_dir=tmp_path).stdout
+    assert "left out" not in _run("doctor", data_dir=tmp_path).stdout
+
+
+@needs_extra_bufts
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("bench", "-p", "16", "-n", "4", "-r", "1"),
+        ("bench", "-n", "8", "-r", "1", "--spec-type", "ngram-simple"),
+        ("steer", "make", "--prompts", "happy-sad", "--method", "mean"),
+    ],
+    ids=["bench", "bench-spec", "steer-make"],
+)
+def test_bench_and_steer_make_recover_and_remember(
+    tmp_path: Path, tiny_models: dict[str, Path], command: tuple[str, ...]
+) -> None:
+    extra = ("-o", str(tmp_path / "v.gguf")) if command[0] == "steer" else ()
+    result = _run(*command, "-m", str(tiny_models["llama"]), *extra, data_dir=tmp_path, fault="repack-load")
+    assert result.returncode == 0, result.stderr
+    assert "crashed natively with CPU weights repacked for" in result.stderr and "Traceback" not in result.stderr
+    assert RepackMemory(tmp_path / "engine-recovery.json").skipped() == _extra_bufts()[:1]
+
+
+@needs_extra_bufts
+def test_chat_recovers_and_asks_the_message_again(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path), LLMTUI_CONFIG_DIR=str(tmp_path / "config"))
+    env[FAULT_ENV] = "repack-decode"
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "chat", "-m", str(tiny_models["llama"]), "--temp", "0", "-n", "6"],
+        cwd=ROOT,
+        env=env,
+        input="hello\nagain\n",
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("crashed natively") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("generated ") == 2  # both messages answered, the first after the restart
 
 
 def test_run_names_the_flags_that_could_avoid_a_crash_that_persists(
@@ -207,8 +308,8 @@ def test_run_names_the_flags_that_could_avoid_a_crash_that_persists(
     from engine_ext.bindings import offload_device_count
 
     assert ("-ngl 0" in advice) == (offload_device_count() > 0)  # offered only where there is something to offload to
-    if _extra_bufts():  # retried once without repacking, so that is no longer offered
-        assert "restarted without it" in err and "--no-repack" not in advice
+    if _extra_bufts():  # retried without each extra buffer type in turn, so repacking is no longer offered
+        assert f"restarted without {_extra_bufts()[-1]} (no repacking left)" in err and "--no-repack" not in advice
     assert "Traceback" not in err
 
 
@@ -241,7 +342,7 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
             "the reply to finish after the automatic restart",
         )
         assert app.bridge.pid != pid  # a new worker
-        assert app.engine_overrides == {"use_extra_bufts": False}
+        assert app.engine_overrides == {}  # the settings are the user's: the engine client leaves the type out
         notice = next(n for n in _notices(app) if "crashed natively" in n)
         assert "F3" in notice and "--no-repack" in notice
         path = app.store.active_path(chat.conversation_id or 0)

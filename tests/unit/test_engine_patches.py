@@ -79,3 +79,63 @@ def test_doctor_tells_a_lavapipe_user_whose_engine_lacks_the_reorder_patch() -> 
     patched = EngineBuild(recorded=True, backend="vulkan", patches=("0001-a.patch", LAVAPIPE_PATCH))
     assert lavapipe_advice([lavapipe], patched) == []
     assert (PATCHES / LAVAPIPE_PATCH).is_file()  # the name doctor looks for is the patch's
+
+
+def test_the_engine_the_tests_run_carries_every_patch() -> None:
+    """Both README set-ups build the engine with patches/llama.cpp applied; an engine without one is not ours."""
+    built = engine_build()
+    wanted = tuple(sorted(p.name for p in PATCHES.glob("*.patch")))
+    assert built.recorded, "the engine has no build record: set it up with scripts/setup.sh test"
+    assert built.patches == wanted, f"the engine carries {built.patches}, patches/llama.cpp has {wanted}"
+
+
+def test_doctor_tells_an_amx_user_whose_engine_lacks_the_amx_patch(tmp_path: Path) -> None:
+    from engine_ext.doctor import AMX_PATCH, amx_advice, cpu_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n\nprocessor\t: 1\n")
+    flags = cpu_flags(cpuinfo)
+    assert "amx_tile" in flags and cpu_flags(tmp_path / "missing") == frozenset()
+    (line,) = amx_advice(flags, EngineBuild(recorded=False))
+    assert line.startswith("this CPU has AMX and this engine lacks patch 0003") and "scripts/setup.sh" in line
+    assert amx_advice(flags, EngineBuild(recorded=True, patches=(AMX_PATCH,))) == []
+    assert amx_advice(frozenset({"avx2"}), EngineBuild(recorded=False)) == []
+
+
+def _amx_source() -> Path | None:
+    """The patched llama.cpp tree scripts/build_engine.sh extracted (build/engine-*/…/vendor/llama.cpp)."""
+    root = PATCHES.parents[1] / "build"
+    found = sorted(root.glob("engine-*/llama_cpp_python-*/vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"))
+    return found[0] if found else None
+
+
+def test_amx_tile_config_is_stored_before_ldtilecfg(tmp_path: Path) -> None:
+    """Patch 0003, checked where it matters on any x86 machine: compiled for a CPU with AMX by this machine's
+    compiler, the stores that fill the tile configuration's colsb and rows come before `ldtilecfg` (without the
+    patch, GCC 12 dropped them and the instruction loaded stale stack bytes)."""
+    import platform
+    import shutil
+    import subprocess
+
+    source, compiler = _amx_source(), shutil.which("g++")
+    if platform.machine() not in ("x86_64", "AMD64") or compiler is None or source is None:
+        pytest.skip("needs an x86-64 machine with g++ and the patched tree scripts/setup.sh extracts under build/")
+    if shutil.which("objdump") is None:
+        pytest.skip("needs objdump (binutils) to read the generated code")
+    tree = source.parents[4]
+    obj = tmp_path / "mmq.o"
+    flags = ["-std=c++17", "-O3", "-march=sapphirerapids", "-fPIC", "-DGGML_USE_CPU_REPACK", "-c"]
+    includes = [f"-I{tree / 'ggml/include'}", f"-I{tree / 'ggml/src'}", f"-I{tree / 'ggml/src/ggml-cpu'}"]
+    subprocess.run([compiler, *flags, *includes, str(source), "-o", str(obj)], check=True, timeout=240)
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True).stdout
+    lines = asm.splitlines()
+    at = next(i for i, line in enumerate(lines) if "ldtilecfg" in line)
+    base = int(re.search(r"ldtilecfg\s+0x([0-9a-f]+)\(%rsp\)", lines[at]).group(1), 16)  # type: ignore[union-attr]
+    stored = set()
+    for line in lines[max(0, at - 40) : at]:
+        match = re.search(r"mov\S*\s+\S+,0x([0-9a-f]+)\(%rsp\)", line)
+        if match:
+            stored.add(int(match.group(1), 16) - base)
+    # tile_config_t: palette_id at 0, colsb[16] (uint16) at 16..47, rows[16] at 48..63.
+    assert any(16 <= offset < 48 for offset in stored), f"no colsb store before ldtilecfg: {sorted(stored)}"
+    assert any(48 <= offset < 64 for offset in stored), f"no rows store before ldtilecfg: {sorted(stored)}"

@@ -65,6 +65,7 @@ from engine_ext.protocol import (
     SpeculativeSet,
     SpeculativeUpdate,
     SteeringSet,
+    ThreadsChanged,
     TokenChunk,
     VectorMade,
     VectorProgress,
@@ -172,7 +173,8 @@ class EngineBridge:
         # that the default by replacing CpuContention here)
         self._cpu = (cpu_sampler if cpu_sampler is not None else CpuContention)()
         self._cpu_sampled: tuple[int, float, CpuLoad | None] = (0, 0.0, None)  # request id, when, what it measured
-        self._n_threads = 0  # the loaded model's decode threads (the worker's ModelInfo)
+        self._n_threads = 0  # the engine's decode threads now (the worker's ModelInfo, then ThreadsChanged)
+        self._max_threads = 0  # ... and its default count (it runs below it while others crowd the machine)
         self._pending: dict[int, _Pending] = {}
         self._pending_since: float | None = None  # when the tokens not yet posted began to arrive
         self._flushed_at = -FLUSH_INTERVAL_S  # when tokens were last posted (time.monotonic)
@@ -397,6 +399,9 @@ class EngineBridge:
         if isinstance(event, TokenChunk):
             self._tokens(event)
             return
+        if isinstance(event, ThreadsChanged):  # the busy note shows the count in use from the next stats update
+            self._n_threads = event.threads
+            return
         self._flush_tokens(force=True)
         if isinstance(event, LoadProgress):
             self._post(ModelLoadProgress(self._loading or "", event.fraction))
@@ -405,7 +410,7 @@ class EngineBridge:
             self._replies_since_load = 0
             info = event.info
             name = Path(info.path).stem or info.description
-            self._n_threads = info.n_threads
+            self._n_threads = self._max_threads = info.n_threads
             self._post(
                 ModelLoaded(
                     ModelSummary(
@@ -610,7 +615,7 @@ class EngineBridge:
         pid = self.pid
         load = self._cpu.sample([os.getpid()] if pid is None else [os.getpid(), pid])
         if load is not None and last_id == request_id:
-            load = replace(load, threads=self._n_threads)
+            load = replace(load, threads=self._n_threads, max_threads=self._max_threads)
         else:
             load = None
         self._cpu_sampled = (request_id, now, load)

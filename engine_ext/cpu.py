@@ -180,6 +180,11 @@ class CpuLoad:
     others: float  # CPUs' worth other processes used (1.5: one and a half CPUs busy all the time)
     cpus: int  # logical CPUs counted: the engine's affinity (all the machine's where it is not known)
     threads: int = 0  # the engine's decode threads (0: not known; the bridge fills it in)
+    max_threads: int = 0  # its default count, which it runs below while others crowd it (engine_ext.threads)
+
+    def adapted(self) -> bool:
+        """Whether the engine runs on fewer threads than its default because others use CPUs."""
+        return 0 < self.threads < self.max_threads
 
     def busy(self) -> bool:
         """Whether others crowd the engine's threads: the CPUs they leave idle are fewer than the engine's threads

@@ -32,6 +32,7 @@ from engine_ext.reply_stream import ReasoningSplitter, StopStringMatcher, Utf8St
 from engine_ext.sampling import Sampler
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
+from engine_ext.threads import PlainBaseline, ThreadGovernor
 
 MAX_CHECKPOINTS = 8
 # Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
@@ -42,6 +43,7 @@ MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is 
 # Accepted runs at least this long are streamed in one go; shorter ones token by token, through the code the
 # step's first token just ran (right after llama_decode, fresh code costs cache misses more than the tokens do).
 BULK_RUN = 8
+PLAIN_PROBE_STEPS = 4  # plain steps a speculative reply takes under conditions plain decoding was not measured in
 
 
 class PromptTooLong(EngineError):
@@ -85,7 +87,11 @@ class Session:
         self.uses_checkpoints = model.is_recurrent or model.is_hybrid
         self.spec: SpeculativeDriver | None = None
         self.token_info = _TokenInfo(model)
-        self.plain_step_ms = 0.0  # measured time of one plain decode step (moving average; 0: unknown)
+        # Plain decoding's step time per (threads, others' load): speculation's speedup is measured against plain
+        # decoding under the same conditions. `governor` (the worker's) sets the threads and says the conditions.
+        self.baseline = PlainBaseline()
+        self.governor: ThreadGovernor | None = None
+        self._plain_steps: dict[tuple[int, int], int] = {}
         # Let llama_decode take each verify row's argmax itself for greedy speculative requests (backend sampling):
         # Python then reads token ids instead of scanning n_vocab logits per row. Off by default: on the CPU
         # backend ggml's scalar argmax made each verify decode ~0.5 ms per row slower than numpy's argmax here
@@ -365,6 +371,15 @@ class Session:
         elif spec is not None:
             ctx.set_backend_greedy(self.backend_greedy)
 
+    @property
+    def conditions(self) -> tuple[int, int]:
+        return self.governor.conditions if self.governor is not None else (0, 0)
+
+    @property
+    def plain_step_ms(self) -> float:
+        """Plain decoding's step time under the current conditions (0: not measured under them)."""
+        return self.baseline.get(self.conditions)
+
     def _decode_plain(
         self,
         request: Generate,
@@ -381,13 +396,22 @@ class Session:
         stop_reason: StopReason = "max_tokens"
         t_first = t_last = time.perf_counter()
         ttft_ms = 0.0
+        governor = self.governor
+        # The step time is measured per segment of constant conditions (the governor counts its changes).
+        changes = governor.changes if governor is not None else 0
+        segment = (self.conditions, t_first, 1)  # conditions, start time, tokens generated at the start
         while True:
             token = sampler.sample(ctx)
             t_last = time.perf_counter()
             if n_generated == 0:
                 t_first = t_last
                 ttft_ms = (t_last - t_request) * 1000.0
+                segment = (segment[0], t_first, 1)
             n_generated += 1
+            if governor is not None and governor.changes != changes:
+                changes = governor.changes
+                self._observe_plain_segment(segment, t_last, n_generated)
+                segment = (self.conditions, t_last, n_generated)
             reason = push(token, "target", t_last)
             if reason is not None:
                 stop_reason = reason
@@ -402,12 +426,24 @@ class Session:
                 break
             decode_one(token, len(cached))
             cached.append(token)
-        if n_generated > 1:
-            self._observe_plain_step((t_last - t_first) * 1000.0 / (n_generated - 1))
+        self._observe_plain_segment(segment, t_last, n_generated)
         return _LoopResult(stop_reason, n_generated, t_first, t_last, ttft_ms, None)
 
+    def _observe_plain_segment(self, segment: tuple[tuple[int, int], float, int], t_end: float, n_end: int) -> None:
+        conditions, t_start, n_start = segment
+        if n_end > n_start:
+            self.baseline.observe(conditions, (t_end - t_start) * 1000.0 / (n_end - n_start))
+
     def _observe_plain_step(self, step_ms: float) -> None:
-        self.plain_step_ms = step_ms if self.plain_step_ms == 0 else 0.8 * self.plain_step_ms + 0.2 * step_ms
+        conditions = self.conditions
+        self.baseline.observe(conditions, step_ms)
+        self._plain_steps[conditions] = self._plain_steps.get(conditions, 0) + 1
+
+    def _plain_probe(self) -> bool:
+        """Whether this speculative step decodes plainly instead: plain decoding was measured fewer than
+        PLAIN_PROBE_STEPS times under the current conditions (a busy machine's, a new thread count's), so the
+        speedup shown and auto's pause rule compare with plain decoding as fast as it is now."""
+        return self._plain_steps.get(self.conditions, 0) < PLAIN_PROBE_STEPS
 
     def _decode_speculative(
         self,
@@ -477,7 +513,7 @@ class Session:
                 budget = min(budget, max_tokens - n_generated - 1)
             if rollback:
                 budget = min(budget, ctx.params.n_rs_seq)
-            if budget > 0 and spec.drafting_allowed(n_generated):
+            if budget > 0 and spec.drafting_allowed(n_generated) and not self._plain_probe():
                 draft, drafter = spec.draft(cached, id_last, budget)
             else:
                 draft, drafter = [], None

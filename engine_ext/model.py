@@ -237,6 +237,33 @@ class Checkpoint:
     data: bytes
 
 
+_LIVE_CONTEXTS: dict[int, Any] = {}  # every llama_context this process made, by address (set_threads reaches all)
+
+
+def _address(handle: Any) -> int:
+    return handle if isinstance(handle, int) else int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+def init_context(model_handle: Any, cparams: Any) -> Any:
+    """llama_init_from_model, remembered so that `set_threads` reaches the context (None when llama.cpp refuses)."""
+    handle = C.llama_init_from_model(model_handle, cparams)
+    if handle:
+        _LIVE_CONTEXTS[_address(handle)] = handle
+    return handle
+
+
+def free_context(handle: Any) -> None:
+    _LIVE_CONTEXTS.pop(_address(handle), None)
+    C.llama_free(handle)
+
+
+def set_threads(n_threads: int) -> None:
+    """Every live context (the target's, the drafts') computes with `n_threads` from its next graph on (prompt
+    batches too): llama_set_n_threads, which only sets what the next llama_decode reads."""
+    for handle in list(_LIVE_CONTEXTS.values()):
+        C.llama_set_n_threads(handle, n_threads, n_threads)
+
+
 class Context:
     """A llama_context over a Model with one reusable batch; `close()` frees both (idempotent)."""
 
@@ -262,7 +289,7 @@ class Context:
         cparams.type_v = _GGML_TYPES[params.type_v]
         cparams.no_perf = False
         self._stack = ExitStack()
-        handle = C.llama_init_from_model(model.handle, cparams)
+        handle = init_context(model.handle, cparams)
         if not handle:
             raise ContextError(
                 f"llama.cpp could not create a context (n_ctx={params.n_ctx}, n_batch={params.n_batch}); "
@@ -293,7 +320,7 @@ class Context:
         self.one_output = False  # the last decode gave exactly one logits row (then row -1 is the buffer's first)
 
     def _free_handle(self) -> None:
-        C.llama_free(self._handle)
+        free_context(self._handle)
         self._handle = None
         if self._greedy_chain is not None:  # the context held it: free it only once the context is gone
             C.llama_sampler_free(self._greedy_chain)
@@ -449,4 +476,4 @@ def new_draft_context(model: Model, target: Context, *, n_outputs_max: int, mtp:
     threads = target.params.n_threads or int(C.llama_n_threads(target.handle))
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
-    return C.llama_init_from_model(model.handle, cparams)
+    return init_context(model.handle, cparams)

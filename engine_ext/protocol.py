@@ -145,6 +145,17 @@ class Unloaded:
 
 
 @dataclass(frozen=True)
+class ThreadsChanged:
+    """The engine changed its thread count between decode steps (engine_ext.threads): others use `others_cpus` of
+    the `cpus` it may run on. Sent only when the count changes."""
+
+    request_id: int
+    threads: int
+    others_cpus: float
+    cpus: int
+
+
+@dataclass(frozen=True)
 class PromptProgress:
     """A long prompt is being read: `done` of `total` tokens are in the context (sent after each micro-batch)."""
 
@@ -411,6 +422,7 @@ Event = (
     | Loaded
     | Unloaded
     | PromptProgress
+    | ThreadsChanged
     | PromptEvaluated
     | TokenChunk
     | Finished

@@ -31,6 +31,7 @@ from engine_ext.protocol import (
     Shutdown,
     SpeculativeSet,
     SteeringSet,
+    ThreadsChanged,
     Unloaded,
     UnloadModel,
     VectorMade,
@@ -208,6 +209,7 @@ class Worker:
             raise
         self.model, self.ctx = model, ctx
         self.session = Session(model, ctx)
+        self.session.governor = _thread_governor(request.context.n_threads)
         from engine_ext.speculative.factory import target_backends
 
         self.device_backends = target_backends(model)
@@ -298,6 +300,10 @@ class Worker:
             self.unload()
             raise
         self.session.ctx = self.ctx
+        if self.session.governor is not None:  # the new context starts at the default count
+            from engine_ext.model import set_threads
+
+            set_threads(self.session.governor.current)
         self.session.reset_cache()
         print(f"--- {FRESH_CONTEXT_LOG} {why} (the target is on {', '.join(self.device_backends)})", flush=True)
         try:
@@ -385,9 +391,16 @@ class Worker:
             raise EngineError("no model is loaded")
         cancelled = [False]
         conn = self.conn
+        governor = self.session.governor
+        if governor is not None:
+            governor.tick(force=True)  # others' use while the engine waited: the prompt's threads follow it
 
         def poll_cancel() -> bool:
-            # Drain the pipe between decode steps: a Cancel stops this generation, the rest waits.
+            # Between decode steps: the thread count follows the machine's load (at most every SAMPLE_S) ...
+            if governor is not None and governor.tick() and governor.last_load is not None:
+                load = governor.last_load
+                self.send(ThreadsChanged(request.request_id, governor.current, load.others, load.cpus))
+            # ... and the pipe is drained: a Cancel stops this generation, the rest waits.
             while conn.poll(0):
                 try:
                     incoming = conn.recv()
@@ -409,6 +422,23 @@ class Worker:
         _inject_fault("decode", self.model.params.use_extra_bufts and bool(self.extra_bufts))
         finished = self.session.generate(request, self.send, poll_cancel)
         self.send(finished)
+
+
+ADAPTIVE_THREADS_ENV = "LLMTUI_ADAPTIVE_THREADS"  # "off": the default thread count stays fixed (the tests set it)
+
+
+def _thread_governor(n_threads: int) -> Any:
+    """The governor that sets the thread count from the machine's load, or None when the count is fixed: given
+    explicitly (-t, the settings' threads), or LLMTUI_ADAPTIVE_THREADS=off."""
+    if n_threads or os.environ.get(ADAPTIVE_THREADS_ENV, "").lower() in ("0", "off", "no", "false"):
+        return None
+    from engine_ext.cpu import default_threads
+    from engine_ext.model import set_threads
+    from engine_ext.threads import ThreadGovernor
+
+    governor = ThreadGovernor(default_threads(), set_threads)
+    governor.tick(force=True)  # a baseline: the next sample measures the time since the load
+    return governor
 
 
 def _llama_cpp_version() -> str:

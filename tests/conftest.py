@@ -111,6 +111,9 @@ def hermetic_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     ):
         monkeypatch.setenv(name, str(path))
     monkeypatch.delenv("LLMTUI_TEST_FAULT", raising=False)  # the worker's crash switch: only the tests that set it
+    # The engine's thread count follows the machine's load (engine_ext.threads): not in tests, whose speculative
+    # step counts must not depend on what else the machine runs. Tests of the governor turn it on.
+    monkeypatch.setenv("LLMTUI_ADAPTIVE_THREADS", "off")
     # The app's stats bar reads the machine's load (the busy note): not in tests, whose screens must not depend on
     # what else the machine runs. Tests of the note pass a fake sampler.
     import app.bridge

@@ -93,6 +93,11 @@ BUSY_HELP: Final = (
     "for their turn and replies come slower. Close other programs, or set fewer threads (F3 settings: Threads, "
     "or -t on the command line)."
 )
+ADAPTED_HELP: Final = (
+    "Other programs are using {others:.1f} of the {cpus} CPUs the engine runs on, so it decodes on {threads} of its "
+    "{max_threads} threads: more threads than free CPUs would wait for each other after every step. It goes back to "
+    "{max_threads} when the CPUs are free again (a thread count set in F3 settings or with -t stays fixed)."
+)
 
 
 class StatsBar(Widget):
@@ -166,8 +171,12 @@ class StatsBar(Widget):
 
     def watch_cpu(self, cpu: CpuLoad | None) -> None:
         """The busy note's tooltip says what helps; none when not busy."""
-        if cpu is None or not cpu.busy():
+        if cpu is None or not (cpu.busy() or cpu.adapted()):
             self.tooltip = None
+        elif cpu.adapted():
+            self.tooltip = ADAPTED_HELP.format(
+                others=cpu.others, cpus=cpu.cpus, threads=cpu.threads, max_threads=cpu.max_threads
+            )
         else:
             self.tooltip = BUSY_HELP.format(others=cpu.others, cpus=cpu.cpus, threads=cpu.threads or cpu.cpus)
 
@@ -197,7 +206,7 @@ class StatsBar(Widget):
         reply token counts (the context in use stays). A busy machine's note shortens along the way, and last the
         TTFT gives way to it."""
         width = self.size.width
-        busy = self.cpu is not None and self.cpu.busy()
+        busy = self.cpu is not None and (self.cpu.busy() or self.cpu.adapted())
         line = self._text()
         for compact, busy_only in COMPACT_STATS:
             if not width or line.cell_len <= width:
@@ -210,10 +219,12 @@ class StatsBar(Widget):
         """'busy: others use 1.4 of 2 CPUs · 2 threads', shorter in the 'short' and 'tiny' forms; '' when the
         machine is not busy."""
         cpu = self.cpu
-        if cpu is None or not cpu.busy():
+        if cpu is None or not (cpu.busy() or cpu.adapted()):
             return ""
         threads = cpu.threads or cpu.cpus
         unit = "thread" if threads == 1 else "threads"
+        if cpu.adapted():  # the engine runs on fewer threads while others crowd it: 'busy: … · 1 of 2 threads'
+            unit = f"of {cpu.max_threads} threads"
         if form == "long":
             return f"busy: others use {cpu.others:.1f} of {cpu.cpus} CPUs · {threads} {unit}"
         if form == "short":

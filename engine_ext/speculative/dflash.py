@@ -16,7 +16,7 @@ import numpy as np
 from engine_ext import bindings
 from engine_ext.archs import LAST_LAYER_INPUT_ARCHS, LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
-from engine_ext.model import Context, Model, new_draft_context
+from engine_ext.model import Context, Model, free_context, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.speculative import target_outputs
 from engine_ext.speculative.base import Drafter
@@ -214,6 +214,6 @@ class DraftDFlash(Drafter):
         if self.ctx is not None:
             for lid in self.layer_ids:
                 target_outputs.release(self.target_ctx, lid)
-            C.llama_free(self.ctx)
+            free_context(self.ctx)
             self.ctx = None
             self.draft_model.close()

@@ -25,7 +25,7 @@ import numpy as np
 from engine_ext import bindings
 from engine_ext.archs import LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
-from engine_ext.model import Context, Model
+from engine_ext.model import Context, Model, free_context, init_context
 from engine_ext.params import SpeculativeConfigError, SpeculativeParams
 from engine_ext.speculative import target_outputs
 from engine_ext.speculative.base import Drafter
@@ -196,7 +196,7 @@ class DraftEagle3(Drafter):
         threads = target_ctx.params.n_threads or int(C.llama_n_threads(target_ctx.handle))
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        handle = C.llama_init_from_model(draft.handle, cparams)
+        handle = init_context(draft.handle, cparams)
         if not handle:
             raise SpeculativeConfigError(f"llama.cpp could not create a draft context on {draft.path.name}")
         self.ctx = handle
@@ -384,7 +384,7 @@ class DraftEagle3(Drafter):
                     target_outputs.release(self.target_ctx, lid)
             if self.uses_nextn:
                 target_outputs.release(self.target_ctx, target_outputs.NEXTN)
-            C.llama_free(self.ctx)
+            free_context(self.ctx)
             self.ctx = None
             self.draft_model.close()
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from engine_ext.bindings import C, ext, logits_address
-from engine_ext.model import Context, Model, new_draft_context
+from engine_ext.model import Context, Model, free_context, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.sampling import FloatRows
 from engine_ext.speculative import target_outputs
@@ -158,7 +158,7 @@ class DraftMTP(Drafter):
             target_outputs.release(self.target_ctx, target_outputs.NEXTN)
             self.batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama's to free
             C.llama_batch_free(self.batch)
-            C.llama_free(self.ctx)
+            free_context(self.ctx)
             self.ctx = None
             if self.owns_head:
                 self.head_model.close()

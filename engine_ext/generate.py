@@ -601,6 +601,7 @@ class Session:
             n_ctx=n_ctx,
             n_ctx_used=len(self.cached),
             dropped_messages=plan.dropped_messages,
+            n_threads=self.ctx.n_threads,
         )
         return Finished(request.request_id, loop.stop_reason, stats, notices, loop.speculative)
 

@@ -319,6 +319,11 @@ class Context:
         self.backend_greedy_broken = False  # the device gave no sampled token once: keep sampling in llmtui
         self.one_output = False  # the last decode gave exactly one logits row (then row -1 is the buffer's first)
 
+    @property
+    def n_threads(self) -> int:
+        """The threads the next decode runs on (engine_ext.threads may change them between steps)."""
+        return int(C.llama_n_threads(self._handle))
+
     def _free_handle(self) -> None:
         free_context(self._handle)
         self._handle = None

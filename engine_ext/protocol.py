@@ -208,6 +208,7 @@ class GenerationStats:
     n_ctx: int
     n_ctx_used: int
     dropped_messages: int = 0  # oldest turns dropped to fit the context
+    n_threads: int = 0  # the CPU threads decoding when the reply ended (they follow a busy machine; 0: not known)
 
     @property
     def prompt_tps(self) -> float:
@@ -233,6 +234,7 @@ class GenerationStats:
             "n_ctx": self.n_ctx,
             "n_ctx_used": self.n_ctx_used,
             "dropped_messages": self.dropped_messages,
+            "n_threads": self.n_threads,
         }
 
 

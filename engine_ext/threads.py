@@ -6,9 +6,9 @@ machine with one busy process, `-t 2` decoded at 1.8 tok/s and `-t 1` at 58 (iss
 is no answer (a third of the speed on a quiet machine). So the worker measures, between decode steps and at most
 every `SAMPLE_S`, how many CPUs' worth other programs use (engine_ext.cpu.CpuContention: /proc/stat less this
 process's and its parent's CPU time) and runs on as many threads as CPUs they leave free, from 1 to the default
-count: fewer at once when others crowd in, more again only when two samples in a row leave room (a quiet machine
-keeps the default). `llama_set_n_threads` only sets what the next graph reads, so a change costs nothing. An
-explicit thread count (`-t`, the settings' threads) stays fixed.
+count (rounded: half a CPU's worth of others' use is noise): fewer at once when others crowd in, more again only
+when two samples in a row leave room (a quiet machine keeps the default). `llama_set_n_threads` only sets what the
+next graph reads, so a change costs nothing. An explicit thread count (`-t`, the settings' threads) stays fixed.
 
 The worker measures plain decoding's speed per (threads, others' load) too (`PlainBaseline`), so speculative
 decoding's speedup is always against plain decoding under the same conditions.
@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterable
 from engine_ext.cpu import CpuContention, CpuLoad
 
 SAMPLE_S = 0.3  # how often the load is measured while decoding (/proc reads: tens of microseconds)
-HEADROOM = 0.25  # CPUs others use below a whole CPU's worth that still leave it free: 1.8 free CPUs run 2 threads
+# Half a CPU of others' use is noise (a terminal, a shell; engine_ext.cpu's BUSY_MIN_CPUS): 1.5 free CPUs still run
+# 2 threads, 1.4 run 1 (a busy process beside 2 spinning threads measures about 0.67).
+HEADROOM = 0.5
 RAISE_AFTER = 2  # samples in a row that must leave room for more threads before more are used
 
 
@@ -75,6 +77,7 @@ class ThreadGovernor:
         self._sampled_at = now
         load = self.contention.sample(self.pids)
         if load is None:
+            self._room = 0  # room must be measured in a row
             return False
         self.last_load = load
         target = threads_for(load, self.max_threads)

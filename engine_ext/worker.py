@@ -393,7 +393,7 @@ class Worker:
         conn = self.conn
         governor = self.session.governor
         if governor is not None:
-            governor.tick(force=True)  # others' use while the engine waited: the prompt's threads follow it
+            governor.tick()  # others' use while the engine waited (if SAMPLE_S passed): the prompt's threads follow it
 
         def poll_cancel() -> bool:
             # Between decode steps: the thread count follows the machine's load (at most every SAMPLE_S) ...

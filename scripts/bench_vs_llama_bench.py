@@ -1,4 +1,5 @@
-"""Compare `llmtui bench` with llama.cpp's own `llama-bench` built from the same vendored source.
+"""Compare `llmtui bench` with llama.cpp's own `llama-bench` built from the same vendored source, with the same
+patches (patches/llama.cpp) and weight repacking on (AMX where the CPU has it), as the engine.
 
 Runs both on the same model, threads and sizes, alternating rounds so drift hits both alike, and prints
 prompt-processing and decode speed side by side with the ratio llmtui / llama-bench.
@@ -9,6 +10,7 @@ prompt-processing and decode speed side by side with the ratio llmtui / llama-be
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -57,11 +59,22 @@ def build_llama_bench(
     """Fetch the llama-cpp-python sdist (the vendored llama.cpp) and build llama-bench (and `targets`) with CMake."""
     sdist = fetch_sdist()
     src = WORK / "src"
+    # The engine is the vendored llama.cpp with patches/llama.cpp applied (scripts/build_engine.sh): so is llama-bench.
+    patches = sorted((ROOT / "patches" / "llama.cpp").glob("*.patch"))
+    stamp = "\n".join(f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in patches)
+    if src.exists() and (not (WORK / "src.patches").is_file() or (WORK / "src.patches").read_text() != stamp):
+        shutil.rmtree(src)  # extracted before these patches (or without any): start again
+        shutil.rmtree(WORK / "unpacked", ignore_errors=True)
     if not src.exists():
         with tarfile.open(sdist) as tar:
             tar.extractall(WORK / "unpacked", filter="data")
         unpacked = next((WORK / "unpacked").iterdir())
         shutil.move(str(unpacked / "vendor" / "llama.cpp"), src)
+        for patch in patches:
+            subprocess.run(
+                ["patch", "-p1", "--forward", "--batch", "--quiet", "-d", str(src)], stdin=patch.open("rb"), check=True
+            )
+        (WORK / "src.patches").write_text(stamp)
     subprocess.run(
         [
             "cmake",

@@ -222,14 +222,16 @@ class StatsBar(Widget):
         if cpu is None or not (cpu.busy() or cpu.adapted()):
             return ""
         threads = cpu.threads or cpu.cpus
-        unit = "thread" if threads == 1 else "threads"
-        if cpu.adapted():  # the engine runs on fewer threads while others crowd it: 'busy: … · 1 of 2 threads'
-            unit = f"of {cpu.max_threads} threads"
+        count = f"{threads} thread" if threads == 1 else f"{threads} threads"
+        if cpu.adapted():  # the engine runs on fewer threads while others crowd it: '… · 1 of 2 threads'
+            count = (
+                f"{threads}/{cpu.max_threads} threads" if form == "tiny" else f"{threads} of {cpu.max_threads} threads"
+            )
         if form == "long":
-            return f"busy: others use {cpu.others:.1f} of {cpu.cpus} CPUs · {threads} {unit}"
+            return f"busy: others use {cpu.others:.1f} of {cpu.cpus} CPUs · {count}"
         if form == "short":
-            return f"busy {cpu.others:.1f}/{cpu.cpus} CPUs · {threads} {unit}"
-        return f"busy {cpu.others:.1f}/{cpu.cpus} · {threads} {unit}"
+            return f"busy {cpu.others:.1f}/{cpu.cpus} CPUs · {count}"
+        return f"busy {cpu.others:.1f}/{cpu.cpus} · {count}"
 
     def _text(
         self,

@@ -28,6 +28,7 @@ from engine_ext.protocol import (
     LoadModel,
     ModelInfo,
     PromptEvaluated,
+    ThreadsChanged,
     TokenChunk,
 )
 from tests.fakes import ScriptedEngine, scripted_app, scripted_model_info
@@ -142,6 +143,19 @@ async def test_one_thread_and_unknown_threads() -> None:
     assert "busy: others use 1.5 of 2 CPUs · 2 threads" in line
 
 
+async def test_threads_taken_away_by_a_busy_machine_are_shown_with_the_default() -> None:
+    # The engine went from 2 threads to 1 while others use one CPU: no longer crowded by the busy rule, but the
+    # note stays, with the count in use and the default it goes back to.
+    adapted = CpuLoad(1.0, 2, 1, max_threads=2)
+    assert not adapted.busy() and adapted.adapted()
+    line, tooltip, _, _ = await drawn_bar(140, adapted)
+    assert "busy: others use 1.0 of 2 CPUs · 1 of 2 threads" in line
+    assert tooltip is not None and "decodes on 1 of its 2 threads" in tooltip and "-t" in tooltip
+    assert "busy 1.0/2 · 1/2 threads" in (await drawn_bar(56, adapted)).line
+    back = CpuLoad(0.1, 2, 2, max_threads=2)  # the CPUs are free again: the default, and no note
+    assert "busy" not in (await drawn_bar(140, back)).line
+
+
 # ----- the bridge: sampling while a reply streams -----
 
 
@@ -186,13 +200,16 @@ def test_the_bridge_samples_once_a_second_per_reply_with_the_engines_threads(tmp
 
     assert posted_cpu(101.0) is None  # the reply's first sample is a baseline (the time before was not its)
     assert posted_cpu(101.5) is None and len(sampler.pids) == 1  # not a second yet: not sampled again
-    assert posted_cpu(101.0 + CPU_SAMPLE_S) == CpuLoad(1.4, 2, 2)  # with the engine's threads
-    assert posted_cpu(101.5 + CPU_SAMPLE_S) == CpuLoad(1.4, 2, 2)  # the last reading in between
-    assert posted_cpu(102.0 + CPU_SAMPLE_S) == CpuLoad(0.2, 2, 2)
+    assert posted_cpu(101.0 + CPU_SAMPLE_S) == CpuLoad(1.4, 2, 2, 2)  # with the engine's threads (and its default)
+    assert posted_cpu(101.5 + CPU_SAMPLE_S) == CpuLoad(1.4, 2, 2, 2)  # the last reading in between
+    assert posted_cpu(102.0 + CPU_SAMPLE_S) == CpuLoad(0.2, 2, 2, 2)
+    # The engine took a thread away: the next readings carry the count in use beside the default.
+    bridge._dispatch(ThreadsChanged(1, 1, 1.4, 2))
+    assert posted_cpu(103.0 + CPU_SAMPLE_S) == CpuLoad(1.0, 2, 1, 2)
     assert sampler.pids[0] == (os.getpid(), PidClient.pid)  # this process and the engine are "ours"
     # The next reply starts from a baseline again, whatever the last one measured.
     assert posted_cpu(110.0, _Generation(2, 109.0)) is None
-    assert posted_cpu(111.0, _Generation(2, 109.0)) == CpuLoad(1.0, 2, 2)
+    assert posted_cpu(111.0, _Generation(2, 109.0)) == CpuLoad(1.0, 2, 1, 2)
 
 
 def test_a_bridge_without_a_sampler_measures_nothing(tmp_path: Path) -> None:

@@ -440,10 +440,11 @@ class Session:
         self._plain_steps[conditions] = self._plain_steps.get(conditions, 0) + 1
 
     def _plain_probe(self) -> bool:
-        """Whether this speculative step decodes plainly instead: plain decoding was measured fewer than
-        PLAIN_PROBE_STEPS times under the current conditions (a busy machine's, a new thread count's), so the
-        speedup shown and auto's pause rule compare with plain decoding as fast as it is now."""
-        return self._plain_steps.get(self.conditions, 0) < PLAIN_PROBE_STEPS
+        """Whether this speculative step decodes plainly instead: the thread count follows the load and plain
+        decoding was measured fewer than PLAIN_PROBE_STEPS times under the current conditions (a busy machine's, a
+        new thread count's), so the speedup shown and auto's pause rule compare with plain decoding as fast as it is
+        now. (A fixed count keeps today's rule: the speedup is known once a plain reply was measured.)"""
+        return self.governor is not None and self._plain_steps.get(self.conditions, 0) < PLAIN_PROBE_STEPS
 
     def _decode_speculative(
         self,

@@ -458,3 +458,59 @@ def test_a_draft_is_verified_up_to_its_first_end_of_generation_token(
     assert [t for c in chunks for t in c.token_ids] == plain  # the model does not end here: eos is rejected
     # id_last and the draft, up to eos (shorter near max_tokens, where the budget caps the draft)
     assert batches[0] == max(batches) == (11 if ignore_eos else 3)
+
+
+class SteppingGovernor:
+    """A ThreadGovernor whose load changes on a script: `tick` (between steps) moves to the next conditions every
+    `every` calls, and applies the thread count to the contexts as the real one does."""
+
+    def __init__(self, script: list[tuple[int, int]], every: int) -> None:
+        self.script, self.every, self.calls, self.changes = script, every, 0, 0
+        self.conditions = script[0]
+        self.current = script[0][0]
+
+    def tick(self, *, force: bool = False) -> bool:
+        from engine_ext.model import set_threads
+
+        self.calls += 1
+        index = min(len(self.script) - 1, self.calls // self.every)
+        if self.script[index] == self.conditions:
+            return False
+        self.conditions = self.script[index]
+        self.current = self.conditions[0]
+        self.changes += 1
+        set_threads(self.current)
+        return True
+
+
+def test_speedup_is_against_plain_decoding_under_the_same_threads_and_load(tiny_models: dict[str, Path]) -> None:
+    """With the thread count following the load, a speculative reply decodes PLAIN_PROBE_STEPS plain steps under
+    each new condition (threads, others' load) before drafting again, so its speedup (and auto's pause rule) compares
+    with plain decoding measured under that condition; the text stays plain greedy decoding's."""
+    from engine_ext.generate import PLAIN_PROBE_STEPS
+
+    path = tiny_models["llama"]
+    prompt = "abcabcabcabcabcabc"
+    reference = plain_outputs(path, [prompt], n=96)[0]
+    spec = SpeculativeParams(types=("ngram-simple",), n_max=8, n_min=0)
+    with session_for(path, spec=spec) as session:
+        governor = SteppingGovernor([(2, 0), (1, 1), (2, 0)], every=20)
+        session.governor = governor  # type: ignore[assignment]
+        chunks: list[TokenChunk] = []
+        request = Generate(request_id=1, prompt=prompt, sampling=GREEDY, max_tokens=96, ignore_eos=True)
+
+        def cancelled() -> bool:
+            governor.tick()
+            return False
+
+        done = session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None, cancelled)
+        ids = [t for c in chunks for t in c.token_ids]
+        assert ids == reference
+        assert governor.changes == 2
+        # Plain decoding was measured under both conditions, at least PLAIN_PROBE_STEPS steps each.
+        assert session._plain_steps.get((2, 0), 0) >= PLAIN_PROBE_STEPS
+        assert session._plain_steps.get((1, 1), 0) >= PLAIN_PROBE_STEPS
+        assert session.baseline.get((2, 0)) > 0 and session.baseline.get((1, 1)) > 0
+        assert done.speculative is not None and done.speculative.plain_tps > 0
+        # The plain speed shown is the one measured under the conditions the reply ended in.
+        assert done.speculative.plain_tps == pytest.approx(1000.0 / session.baseline.get((2, 0)))

@@ -84,8 +84,8 @@ class _ExtFunction:
         if self._func is None:
             raise ExtensionUnavailable(
                 f"llama.cpp function {self.name} is not exported by the installed llama-cpp-python "
-                f"(looked for {', '.join(self.symbols)}). llmtui needs llama-cpp-python==0.3.36; reinstall it "
-                "with: pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36"
+                f"(looked for {', '.join(self.symbols)}). llmtui needs llama-cpp-python==0.3.36 with its patches; "
+                "rebuild it with scripts/setup.sh from a clone of llmtui"
             )
         return self._func(*args)
 

@@ -14,7 +14,8 @@ from typing import Any
 from engine_ext.bindings import ggml_lib
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator", 4: "meta"}
-REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36'
+# The engine with llmtui's patches for that backend (scripts/build_engine.sh auto, from a clone of llmtui).
+REINSTALL = 'CMAKE_ARGS="{flag}" scripts/setup.sh'
 # Written into the llama_cpp package by scripts/build_engine.sh: the backend, CMake arguments and patches it carries.
 BUILD_RECORD = "llmtui_engine.json"
 

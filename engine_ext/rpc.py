@@ -15,7 +15,7 @@ def _rpc_proc(name: str) -> int:
     if not C.llama_supports_rpc():
         raise EngineError(
             "this engine was built without RPC; rebuild it with: "
-            'scripts/setup.sh from a clone of llmtui (it turns RPC on)'
+            "scripts/setup.sh from a clone of llmtui (it turns RPC on)"
         )
     lib = ggml_lib()
     reg = lib.ggml_backend_reg_by_name(b"RPC")

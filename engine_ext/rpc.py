@@ -6,7 +6,7 @@ import ctypes
 from collections.abc import Sequence
 
 from engine_ext.bindings import C, ggml_lib
-from engine_ext.params import EngineError
+from engine_ext.params import EngineError, ascii_digits
 
 _added: set[str] = set()
 
@@ -36,7 +36,7 @@ def add_rpc_servers(endpoints: Sequence[str]) -> None:
     lib = ggml_lib()
     for endpoint in fresh:
         host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not ascii_digits(port):
             raise EngineError(f"RPC server {endpoint!r} must be host:port")
         reg = add_server(endpoint.encode())
         if not reg:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,8 +109,15 @@ def utf8_text(text: str) -> str:
 
 
 def read_text_file(path: Path, limit: int = MAX_TEXT_FILE_BYTES) -> str:
-    """A user's text file, read whole: ValueError (one line) when it is too large or not valid UTF-8."""
-    with path.open("rb") as handle:
+    """A user's text file, read whole: ValueError (one line) when it is not a regular file, too large or not valid
+    UTF-8. Opened without blocking and checked before reading: a FIFO with no writer, a device or a socket would
+    block or never end (as -m refuses what is not a file)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+            raise ValueError(f"{path} is {kind}, not a regular file; give a text file (or the text with -p)")
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{path} is larger than {limit // (1 << 20)} MiB, the limit for a text file")

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine_ext.bindings import C
 from engine_ext.cpu import default_threads
+from engine_ext.gguf_validate import validate_loadable
 from engine_ext.params import (
     GPU_LAYERS_AUTO,
     KV_CACHE_TYPES,
@@ -92,6 +93,9 @@ class Model:
         self.path = Path(path)
         self.params = params
         params.validate()
+        # Every file llama.cpp loads, the model or a draft, goes through the same rules first: metadata that would
+        # abort llama.cpp is refused in one line (GGUFError) instead.
+        validate_loadable(self.path)
         mparams = model_params_struct(params)
         if progress is not None:
 

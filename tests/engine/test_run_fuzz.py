@@ -11,6 +11,7 @@ one mutant per class that aborted llama.cpp as --spec-draft-model, and a seeded 
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -476,3 +477,81 @@ def test_many_seeded_draft_mutants_in_the_worker(
 ) -> None:
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
     _check_draft_outcomes(_run_draft_sample(parsed, tmp_path, 21, 300))
+
+
+# ----- long runs of one kind of character through the tokenizer (issue 32) -------------------------------------
+
+
+def test_split_long_runs_keeps_the_text_and_special_tokens() -> None:
+    from engine_ext.model import split_long_runs
+
+    for text in ("", "short text", "a " * 5000, "<" * 2048):
+        assert split_long_runs(text, 2048) == [text]  # nothing to cut: tokenised whole, as before
+    specials = ("<|im_end|>", "<|im_start|>")
+    for before in range(2030, 2050):  # a special token's text across every cut position near the first cut
+        text = "x" * 100 + " " + "<" * before + "<|im_end|>" + "<" * 9000 + " tail"
+        pieces = split_long_runs(text, 2048, specials)
+        assert "".join(pieces) == text
+        assert sum(p.count("<|im_end|>") for p in pieces) == 1
+        assert all(len(run) <= 2048 for p in pieces for run in p.split())
+
+
+def _tokenizer_cases(seed: int, n: int) -> list[tuple[str, str]]:
+    """Runs of punctuation, digits, CJK punctuation, symbols, whitespace or special-token text, 2,000 to 300,000
+    characters, alone or inside ordinary text."""
+    rng = random.Random(seed)
+    units = ["<", "1", "<>", "。", "!?", "$", "\n", " ", "\t", "<|im_end|>", "é", "😀", "a", "==", "ab1", "<|im"]
+    cases = []
+    for _ in range(n):
+        unit = rng.choice(units)
+        length = rng.choice([2_000, 2_049, 30_000, 100_000, 300_000])
+        run = unit * max(1, length // len(unit))
+        text = run if rng.random() < 0.5 else f"Say this back: {run} thanks"
+        cases.append((f"{unit!r} × {len(run) // len(unit)}", text))
+    return cases
+
+
+def test_long_runs_do_not_crash_the_worker(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A 100,000-character run of '<' from a prompt file or a template crashed the worker (SIGSEGV in llama.cpp's
+    BPE pre-tokenizer regex). Seeded runs, raw and through the chat template, on the tiny llama: each generation
+    ends (a reply, or a clean 'too long for the context' failure), the worker never crashes."""
+    from engine_ext.client import EngineClient
+    from engine_ext.params import ContextParams
+    from engine_ext.protocol import ChatMessage, Crashed, Failed, Finished, Generate
+
+    cases = _tokenizer_cases(3202, 24) + [("'<' × 100000 (the issue's)", "<" * 100_000)]
+    with EngineClient(tmp_path / "engine.log", start_timeout_s=60.0) as client:
+        client.start()
+        client.load(tiny_models["llama"], context=ContextParams(n_ctx=512, n_threads=2))
+        worst = 0.0
+        for i, (what, text) in enumerate(cases):
+            chat = i % 2 == 1
+            request = Generate(
+                request_id=client.new_request_id(),
+                messages=(ChatMessage("user", text),) if chat else (),
+                prompt=None if chat else text,
+                max_tokens=2,
+            )
+            t0 = time.monotonic()
+            client.send(request)
+            deadline = t0 + 60.0
+            event = None
+            while time.monotonic() < deadline:
+                event = client.next_event(timeout=1.0)
+                if (
+                    isinstance(event, Finished | Crashed)
+                    or isinstance(event, Failed)
+                    and event.request_id
+                    in (
+                        request.request_id,
+                        None,
+                    )
+                ):
+                    break
+            worst = max(worst, time.monotonic() - t0)
+            label = f"{what}{' (chat)' if chat else ''}"
+            assert not isinstance(event, Crashed), f"{label}: the worker crashed: {event}"
+            assert isinstance(event, Finished | Failed), f"{label}: no end within 60 s"
+            if isinstance(event, Failed):
+                assert "\n" not in event.message and len(event.message) <= MAX_MESSAGE, event.message
+        print(f"\nlong runs: {len(cases)} cases, 0 crashes, worst {worst:.2f} s")

@@ -226,10 +226,15 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
     n_rot = meta.arch_int("rope.dimension_count")
     sections = meta.arch_int_or_layers("rope.dimension_sections")
     if arch in _MROPE_ARCHS and isinstance(sections, tuple):  # ggml-cpu/ops.cpp:6232, an int32 sum as in C
-        total = sum(_int32(v) for v in sections[:4])
-        if _int32(total) > head_k:
+        total = _int32(sum(_int32(v) for v in sections[:4]))
+        if total > head_k:
             raise _refuse(
                 path, f"{arch}.rope.dimension_sections {list(sections[:4])} add up to more than the head size {head_k}"
+            )
+        if total == 0 and _uses_mrope(arch, [_int32(v) for v in (*sections[:4], 0, 0, 0, 0)[:4]]):
+            # ops.cpp:6237 (i0 / 2) % sect_dims: SIGFPE
+            raise _refuse(
+                path, f"{arch}.rope.dimension_sections {list(sections[:4])} add up to 0 as int32 (divided by)"
             )
     if arch in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
         raise _refuse(path, f"{arch}.attention.key_length {head_k} must equal value_length {head_v} for {arch}")
@@ -258,6 +263,16 @@ def _check_dspark(path: Path | str, meta: _Metadata, header: _Header) -> None:
     if block is None or not 1 <= block <= _MAX_DSPARK_BLOCK:
         shown = "missing" if block is None else f"{block}"
         raise _refuse(path, f"dflash.block_size is {shown} in a DSpark draft (must be 1 to {_MAX_DSPARK_BLOCK})")
+
+
+def _uses_mrope(arch: str, sections: list[int]) -> bool:
+    """Whether llama.cpp ropes ``arch`` in sections with these values (llama_model_rope_type, llama-model.cpp:3179
+    and 3187-3204; use_mrope, llama-hparams.cpp:352)."""
+    if arch in ("qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp", "qwen3tts"):
+        return True
+    if arch in ("glm4", "glm4moe", "hunyuan_vl"):
+        return sections[0] > 0 and sections[1] > 0
+    return arch == "dflash" and any(sections)
 
 
 def _int32(value: int) -> int:

@@ -386,6 +386,17 @@ DRAFT_CLASSES: dict[str, tuple[str, list[KV], str]] = {
         "dflash.block_size is 4096 in a DSpark draft (must be 1 to 64)",
     ),
     "DSpark without block_size": ("dspark", [], "dflash.block_size is missing in a DSpark draft"),
+    # ggml-cpu/ops.cpp:6237 (i0 / 2) % sect_dims: SIGFPE when the int32 sum of the sections wraps to 0
+    "DSpark rope sections adding up to 0": (
+        "dspark",
+        [("dflash.rope.dimension_sections", ARR, I32, [2**31 - 1, 0, 2**31 - 1, 2])],
+        "add up to 0 as int32",
+    ),
+    "sidecar rope sections all 0": (
+        "qwen35_mtp_sidecar",
+        [("qwen35.rope.dimension_sections", ARR, I32, [0, 0, 0, 0])],
+        "qwen35.rope.dimension_sections [0, 0, 0, 0] add up to 0 as int32",
+    ),
 }
 _DRAFT_DROPS = {"DSpark without block_size": ("dflash.block_size",)}
 

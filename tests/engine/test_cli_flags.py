@@ -193,18 +193,36 @@ def test_prompt_file_not_utf8_or_too_large(tmp_path: Path, capsys: pytest.Captur
     assert "cannot read" in _one_error_line(capsys.readouterr().err, "run", "-f/--file")
 
 
-def test_a_prompt_file_that_is_not_a_regular_file_is_refused_at_once(
+def test_a_prompt_file_that_is_not_a_file_is_read_within_bounds_or_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 32: `run -f FIFO` with no writer blocked; a FIFO, a folder and a device are refused without reading."""
+    """Issue 32: `run -f FIFO` with no writer blocked. A FIFO nobody writes to, an empty device, an endless one and
+    a folder are refused at once; a pipe is read to its end, and one that sends nothing is given up on."""
     fifo = tmp_path / "prompt.fifo"
     os.mkfifo(fifo)
-    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a device or socket"), (tmp_path, "")):
+    for path, words in (
+        (fifo, "is a FIFO with nothing to read (no writer)"),
+        (Path("/dev/null"), "is a device with nothing to read"),
+        (Path("/dev/zero"), "is larger than 8 MiB"),
+        (tmp_path, "is a folder, not a text file"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(["run", "-f", str(path)])
         assert exit_info.value.code == 2
-        line = _one_error_line(capsys.readouterr().err, "run", "-f/--file")
-        assert f"{path} is {kind}, not a regular file" in line if kind else "cannot read" in line or "folder" in line
+        assert f"{path} {words}" in _one_error_line(capsys.readouterr().err, "run", "-f/--file")
+    read_end, write_end = os.pipe()
+    try:
+        pipe = Path(f"/proc/self/fd/{read_end}")  # as `-f /dev/stdin` with a pipe
+        with pytest.raises(ValueError, match="sent nothing for 0.2 s"):
+            read_text_file(pipe, idle_s=0.2)
+        os.write(write_end, "héllo\n".encode())
+        os.close(write_end)
+        write_end = -1
+        assert read_text_file(pipe) == "héllo\n"
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
 
 
 # Refusals whose text comes from the user: long, multi-line, with escape codes; each must stay one short line.

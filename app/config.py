@@ -25,6 +25,7 @@ from engine_ext.params import (
     SamplingParams,
     SpeculativeParams,
     SteeringEntry,
+    ascii_digits,
 )
 
 THEMES: Final = ("dark", "light")
@@ -87,7 +88,7 @@ class EngineSettings:
             raise ConfigError("main GPU, CPU MoE layers and the fit target must not be negative")
         for server in self.rpc_servers:
             host, _, port = server.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not host or not ascii_digits(port) or not 0 < int(port) < 65536:
                 raise ConfigError(f"RPC server {server!r} should be HOST:PORT (for example 192.168.1.20:50052)")
         try:
             self.model_params().validate()

@@ -29,6 +29,7 @@ from engine_ext.gguf_reader import (
     _Tensor,
 )
 from engine_ext.gguf_validate import _check_hparams
+from engine_ext.params import ascii_digits
 
 
 @dataclass(frozen=True)
@@ -344,7 +345,7 @@ def _build_info(
     for t in tensors:
         if t.name.startswith("blk."):
             index = t.name.split(".", 2)[1]
-            if index.isdigit() and int(index) < n_blocks:
+            if ascii_digits(index) and int(index) < n_blocks:
                 layer_bytes[int(index)] += t.n_bytes
         elif t.name.startswith(("output.", "output_norm.")):
             output_bytes += t.n_bytes

@@ -7,7 +7,8 @@ above it:
   read through a ``read_at(offset, n)`` callback.
 - ``gguf_metadata``: typed, checked access to one header's metadata, and llama.cpp's limits on its values.
 - ``gguf_layers``: which kind each block is (attention, recurrent, MoE, NextN), sliding-window layers, layout_string.
-- ``gguf_validate``: metadata rules llama.cpp enforces by refusing or by aborting (validate_main_model).
+- ``gguf_validate``: metadata rules llama.cpp enforces by refusing or by aborting (validate_loadable for every file
+  llama.cpp loads, validate_main_model for the model to chat with).
 - ``gguf_facts``: GGUFInfo, DraftInfo, SSMParams; inspect_gguf, inspect_gguf_reader, read_chat_template.
 - ``gguf_memory``: MemoryEstimate, estimate_memory, kv_bytes_per_layer, recurrent_bytes_per_layer.
 - ``gguf_describe``: describe (``llmtui info``), format_bytes, format_count.
@@ -23,7 +24,7 @@ from engine_ext.gguf_layers import LAYER_LETTERS, layout_string
 from engine_ext.gguf_memory import MemoryEstimate, estimate_memory, kv_bytes_per_layer, recurrent_bytes_per_layer
 from engine_ext.gguf_metadata import IntOrLayers
 from engine_ext.gguf_reader import GGUFError, GGUFValidationError, ReadAt, validate_gguf
-from engine_ext.gguf_validate import validate_main_model
+from engine_ext.gguf_validate import validate_loadable, validate_main_model
 
 __all__ = [
     "LAYER_LETTERS",
@@ -46,5 +47,6 @@ __all__ = [
     "read_chat_template",
     "recurrent_bytes_per_layer",
     "validate_gguf",
+    "validate_loadable",
     "validate_main_model",
 ]

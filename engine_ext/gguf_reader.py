@@ -189,7 +189,7 @@ _MAX_MESSAGE = 300  # every GGUFError message is one line of at most this many c
 _MAX_PATH_IN_MESSAGE = 100
 
 
-def _clip(text: str, limit: int) -> str:
+def one_line(text: str, limit: int = _MAX_MESSAGE) -> str:
     """One line (whitespace runs and control characters folded) of at most ``limit`` characters."""
     text = " ".join(text[: limit * 4].split())
     if not text.isprintable():
@@ -197,26 +197,26 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _message(path: Path | str, problem: str, hint: str = "") -> str:
+def one_line_message(path: Path | str, problem: str, hint: str = "") -> str:
     """``<path>: <problem>; <hint>`` in one line of at most _MAX_MESSAGE characters: a long path keeps its end,
     a long problem (values, keys, names read from the file) is cut so that the hint still fits."""
-    where = _clip(str(path), 10_000)
+    where = one_line(str(path), 10_000)
     if len(where) > _MAX_PATH_IN_MESSAGE:
         where = "…" + where[-(_MAX_PATH_IN_MESSAGE - 1) :]
-    hint = _clip(hint, 120)
+    hint = one_line(hint, 120)
     room = _MAX_MESSAGE - len(where) - 2 - (len(hint) + 2 if hint else 0)
-    text = f"{where}: {_clip(problem, max(room, 40))}" + (f"; {hint}" if hint else "")
-    return _clip(text, _MAX_MESSAGE)
+    text = f"{where}: {one_line(problem, max(room, 40))}" + (f"; {hint}" if hint else "")
+    return one_line(text, _MAX_MESSAGE)
 
 
 def _error(path: Path | str, problem: str, hint: str = "") -> GGUFError:
     """A GGUFError (missing or unreadable file) with a short one-line message."""
-    return GGUFError(_message(path, problem, hint))
+    return GGUFError(one_line_message(path, problem, hint))
 
 
 def _fail(path: Path | str, problem: str, hint: str) -> GGUFValidationError:
     """A GGUFValidationError (malformed file) with a short one-line message."""
-    return GGUFValidationError(_message(path, problem, hint))
+    return GGUFValidationError(one_line_message(path, problem, hint))
 
 
 _HINT_REDOWNLOAD = "the file is incomplete or corrupt, re-download it"

@@ -1,5 +1,6 @@
 """Metadata rules beyond the file format: counts and sizes inspection reads (llama.cpp refuses them), and metadata that
-passes llama.cpp's loader checks and then aborts the process (validate_main_model)."""
+passes llama.cpp's loader checks and then aborts the process (validate_loadable, for every file llama.cpp loads:
+engine_ext.model.Model calls it; validate_main_model adds the refusal of a draft opened as the model)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,29 @@ from engine_ext.gguf_reader import (
 _DRAFT_ARCHS = {"dflash": "a DFlash/DSpark draft", "eagle3": "an EAGLE3 draft"}  # for another model
 
 
+def validate_loadable(path: Path | str) -> None:
+    """The rules for every file llama.cpp loads, the model to chat with or a draft (a draft-simple model, an ``mtp-``
+    sidecar, a DFlash/DSpark or EAGLE3 draft): the file format (validate_gguf), then the metadata that passes
+    llama.cpp's loader checks and then aborts it. GGUFError (one line) when a rule is broken."""
+    path = Path(path)
+    _check_runnable(path, _parse(path))
+
+
 def validate_main_model(path: Path) -> None:
-    """validate_gguf, and refuse a draft that cannot run on its own: a DFlash/DSpark or EAGLE3 draft, or an ``mtp-``
-    sidecar (NextN head only), opened as the model to chat with (llama.cpp aborts or segfaults on them)."""
+    """validate_loadable, and refuse a draft that cannot run on its own: a DFlash/DSpark or EAGLE3 draft, or an
+    ``mtp-`` sidecar (NextN head only), opened as the model to chat with (llama.cpp aborts or segfaults on them)."""
+    path = Path(path)
     header = _parse(path)
+    _refuse_draft_as_model(path, header)
+    _check_runnable(path, header)
+
+
+def refuse_draft_as_model(path: Path) -> None:
+    """Only the draft-as-model refusal of validate_main_model (the worker's; Model checks the rest as it loads)."""
+    _refuse_draft_as_model(Path(path), _parse(Path(path)))
+
+
+def _refuse_draft_as_model(path: Path, header: _Header) -> None:
     arch_kv = header.kv.get("general.architecture")
     arch = arch_kv.value if arch_kv is not None and isinstance(arch_kv.value, str) else ""
     what = _DRAFT_ARCHS.get(arch)
@@ -49,7 +69,6 @@ def validate_main_model(path: Path) -> None:
             f"{what}, not a model to chat with",
             "open the model it belongs to (its drafts are paired automatically)",
         )
-    _check_runnable(path, header)
 
 
 # Rules that llama.cpp enforces with GGML_ASSERT/GGML_ABORT (a worker crash) instead of an error, found by fuzzing
@@ -112,6 +131,7 @@ def _check_runnable(path: Path | str, header: _Header) -> None:
     _guarded(path, lambda: _check_recurrent(path, meta))
     _guarded(path, lambda: _check_kv_heads(path, meta, header))
     _check_tensor_types(path, header)
+    _guarded(path, lambda: _check_dspark(path, meta, header))
     _check_tokens(path, header)
     model = header.kv.get("tokenizer.ggml.model")
     if model is not None and model.value in ("none", "no_vocab"):  # llama-vocab.cpp:3422 on the first tokenize
@@ -206,10 +226,15 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
     n_rot = meta.arch_int("rope.dimension_count")
     sections = meta.arch_int_or_layers("rope.dimension_sections")
     if arch in _MROPE_ARCHS and isinstance(sections, tuple):  # ggml-cpu/ops.cpp:6232, an int32 sum as in C
-        total = sum(_int32(v) for v in sections[:4])
-        if _int32(total) > head_k:
+        total = _int32(sum(_int32(v) for v in sections[:4]))
+        if total > head_k:
             raise _refuse(
                 path, f"{arch}.rope.dimension_sections {list(sections[:4])} add up to more than the head size {head_k}"
+            )
+        if total == 0 and _uses_mrope(arch, [_int32(v) for v in (*sections[:4], 0, 0, 0, 0)[:4]]):
+            # ops.cpp:6237 (i0 / 2) % sect_dims: SIGFPE
+            raise _refuse(
+                path, f"{arch}.rope.dimension_sections {list(sections[:4])} add up to 0 as int32 (divided by)"
             )
     if arch in _HEAD_K_EQ_V_ARCHS and head_k != head_v:
         raise _refuse(path, f"{arch}.attention.key_length {head_k} must equal value_length {head_v} for {arch}")
@@ -220,6 +245,34 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
     # ggml-cpu/ops.cpp:6355-6356 assert n_dims <= ne0 and n_dims % 2 == 0; n_dims 0 spins forever in the decode
     if n_rot < 2 or n_rot % 2 or n_rot > head_k:
         raise _refuse(path, f"{arch}.rope.dimension_count {n_rot} must be even, 2 to the head size {head_k}")
+
+
+# The DSpark head is built one step per block position, about 8 graph nodes each (src/models/dflash.cpp:349-385),
+# for min(block_size, micro-batch) positions when the graph is reserved; llama.cpp's graph holds max(1024, 8 ×
+# tensors) nodes, and 128 positions already abort the tiny draft (GGML_ASSERT(obj_new), ggml.c:1814). Real DSpark
+# and DFlash drafts use blocks of 16.
+_MAX_DSPARK_BLOCK = 64
+
+
+def _check_dspark(path: Path | str, meta: _Metadata, header: _Header) -> None:
+    """A DSpark draft (a DFlash draft with a Markov head) needs dflash.block_size from 1 to _MAX_DSPARK_BLOCK:
+    models/dflash.cpp:312-314 asserts it is there and positive, and a larger one overflows the graph."""
+    if meta.arch != "dflash" or not any(t.name == "markov_w1.weight" for t in header.tensors):
+        return
+    block = meta.arch_int("block_size")
+    if block is None or not 1 <= block <= _MAX_DSPARK_BLOCK:
+        shown = "missing" if block is None else f"{block}"
+        raise _refuse(path, f"dflash.block_size is {shown} in a DSpark draft (must be 1 to {_MAX_DSPARK_BLOCK})")
+
+
+def _uses_mrope(arch: str, sections: list[int]) -> bool:
+    """Whether llama.cpp ropes ``arch`` in sections with these values (llama_model_rope_type, llama-model.cpp:3179
+    and 3187-3204; use_mrope, llama-hparams.cpp:352)."""
+    if arch in ("qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp", "qwen3tts"):
+        return True
+    if arch in ("glm4", "glm4moe", "hunyuan_vl"):
+        return sections[0] > 0 and sections[1] > 0
+    return arch == "dflash" and any(sections)
 
 
 def _int32(value: int) -> int:

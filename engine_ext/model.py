@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 
 from engine_ext.bindings import C
 from engine_ext.cpu import default_threads
+from engine_ext.gguf_validate import validate_loadable
 from engine_ext.params import (
     GPU_LAYERS_AUTO,
     KV_CACHE_TYPES,
@@ -80,6 +82,51 @@ def model_params_struct(params: ModelParams) -> Any:
     return mparams
 
 
+# llama.cpp's BPE pre-tokenizers match some of their patterns with std::regex, which recurses once per character
+# of a match: a run of about 30,000 punctuation characters or digits ('<' × 100,000 from a prompt file or a chat
+# template) overflowed the worker's 8 MiB stack (SIGSEGV in unicode_regex_split, src/unicode.cpp). No pattern's
+# match crosses a change between whitespace and other characters, so pieces whose runs stay below this many
+# characters match at most this long: 2,048 keeps the recursion under 1 MiB of stack.
+MAX_TOKENIZED_RUN = 2048
+
+
+def split_long_runs(text: str, max_run: int, specials: Sequence[str] = ()) -> list[str]:
+    """``text`` cut into pieces (joined, they are ``text``) in which no run of whitespace or of other characters is
+    longer than ``max_run``. Cuts are made only inside longer runs, and never inside one of ``specials`` (the special
+    tokens' texts, which llama.cpp matches before the pre-tokenizer); text without such a run is one piece, so it
+    tokenises exactly as before. A piece's tokens at a cut may differ from the uncut text's (BPE merges stop there)."""
+    longest = max((len(s) for s in specials), default=1)
+    # each run is scanned once: the lookbehinds let a match start only where a run starts
+    long_runs = re.compile(rf"(?<!\S)\S{{{max_run + 1},}}|(?<!\s)\s{{{max_run + 1},}}")
+    cuts: list[int] = []
+    for run in long_runs.finditer(text):
+        last, end = run.span()
+        while end - last > max_run:
+            cut = last + max_run
+            for _ in range(8):  # moved to the start of a special token's text that spans it (overlaps: again)
+                moved = _spanning_special(text, cut, last, specials, longest)
+                if moved is None:
+                    break
+                cut = moved
+            cuts.append(cut)
+            last = cut
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _spanning_special(text: str, cut: int, floor: int, specials: Sequence[str], longest: int) -> int | None:
+    """Where a special token's text that spans ``cut`` starts, when that is above ``floor``; else None."""
+    lo = max(floor + 1, cut - longest + 1)
+    window = text[lo : cut + longest - 1]
+    for special in specials:
+        i = window.find(special)
+        while i != -1 and lo + i < cut:
+            if lo + i + len(special) > cut:
+                return lo + i
+            i = window.find(special, i + 1)
+    return None
+
+
 class Model:
     """A loaded llama_model plus its vocabulary; `close()` frees it (idempotent)."""
 
@@ -92,6 +139,9 @@ class Model:
         self.path = Path(path)
         self.params = params
         params.validate()
+        # Every file llama.cpp loads, the model or a draft, goes through the same rules first: metadata that would
+        # abort llama.cpp is refused in one line (GGUFError) instead.
+        validate_loadable(self.path)
         mparams = model_params_struct(params)
         if progress is not None:
 
@@ -112,6 +162,7 @@ class Model:
         self.vocab: Any = C.llama_model_get_vocab(handle)
         self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._special_texts: tuple[str, ...] | None = None
 
     @property
     def handle(self) -> Any:
@@ -187,6 +238,32 @@ class Model:
     # ----- tokens -----------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Every text the engine tokenises comes here. A BPE vocabulary's text with a run longer than MAX_TOKENIZED_RUN
+        is tokenised in pieces (split_long_runs; see there why); any other text whole, as llama.cpp would."""
+        pieces = [text]
+        if len(text) > MAX_TOKENIZED_RUN and int(C.llama_vocab_type(self.vocab)) == C.LLAMA_VOCAB_TYPE_BPE:
+            pieces = split_long_runs(text, MAX_TOKENIZED_RUN, self.special_texts() if parse_special else ())
+        if len(pieces) == 1:
+            return self._tokenize(text, add_special=add_special, parse_special=parse_special)
+        tokens = [self.bos_token] if add_special and self.add_bos else []
+        for piece in pieces:
+            tokens += self._tokenize(piece, add_special=False, parse_special=parse_special)
+        if add_special and C.llama_vocab_get_add_eos(self.vocab):
+            tokens.append(self.eos_token)
+        return tokens
+
+    def special_texts(self) -> tuple[str, ...]:
+        """The texts llama.cpp matches as special tokens when it parses them (control, user-defined and unknown
+        tokens: llama-vocab.cpp cache_special_tokens), two characters or longer; read once per model."""
+        if self._special_texts is None:
+            wanted = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED | C.LLAMA_TOKEN_ATTR_UNKNOWN
+            texts = {
+                self.token_text(t) for t in range(self.n_vocab) if int(C.llama_vocab_get_attr(self.vocab, t)) & wanted
+            }
+            self._special_texts = tuple(sorted(t for t in texts if len(t) >= 2))
+        return self._special_texts
+
+    def _tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (C.llama_token * n_max)()

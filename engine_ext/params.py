@@ -21,6 +21,13 @@ DEFAULT_FIT_TARGET_MIB = 1024  # memory left free on each device by -ngl auto (l
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed per generation
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits 0-9: the numbers llama.cpp (std::stoi), GGUF tensor names, host
+    ports and HTTP headers mean. str.isdigit() also accepts '١', '²' and every other Unicode digit, and int() reads
+    most of them ('direction.١' would be layer 1), so text from a file or a server is checked with this."""
+    return text.isascii() and text.isdigit()
+
+
 class EngineError(Exception):
     """An error a user can act on (bad file, bad setting); the message says what and what to do."""
 

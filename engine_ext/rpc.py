@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import socket
 from collections.abc import Sequence
 
 from engine_ext.bindings import C, ggml_lib
-from engine_ext.params import EngineError
+from engine_ext.params import EngineError, ascii_digits
 
 _added: set[str] = set()
 
@@ -25,9 +26,32 @@ def _rpc_proc(name: str) -> int:
     return int(address)
 
 
+# How long the check before registering waits for an RPC server to accept a connection
+RPC_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_rpc_endpoint(endpoint: str, timeout_s: float = RPC_CONNECT_TIMEOUT_S) -> None:
+    """EngineError (one line) unless ``endpoint`` is host:port and something there accepts a TCP connection within
+    ``timeout_s``: ggml-rpc aborts the process when it cannot connect (ggml-rpc.cpp "Failed to connect")."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not ascii_digits(port) or not 0 < int(port) < 65536:
+        raise EngineError(f"RPC server {endpoint[:100]!r} must be host:port (a port from 1 to 65535)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = f"no answer in {timeout_s:g} s" if isinstance(exc, TimeoutError) else exc.strerror or exc
+        raise EngineError(
+            f"cannot reach the RPC server at {endpoint[:100]} ({reason}); start `llmtui rpc-server` there or fix --rpc"
+        ) from None
+
+
 def add_rpc_servers(endpoints: Sequence[str]) -> None:
-    """Register each host:port as ggml devices (common/arg.cpp add_rpc_devices); once per process."""
+    """Register each host:port as ggml devices (common/arg.cpp add_rpc_devices); once per process. Each is checked
+    first, at every load (check_rpc_endpoint): one that cannot be reached is a message, not an abort."""
     C.llama_backend_init()
+    for endpoint in endpoints:  # the registered ones too: a server that went away aborts the next load as well
+        check_rpc_endpoint(endpoint)
     fresh = [e for e in endpoints if e not in _added]
     if not fresh:
         return
@@ -35,9 +59,6 @@ def add_rpc_servers(endpoints: Sequence[str]) -> None:
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(_rpc_proc("ggml_backend_rpc_add_server"))
     lib = ggml_lib()
     for endpoint in fresh:
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise EngineError(f"RPC server {endpoint!r} must be host:port")
         reg = add_server(endpoint.encode())
         if not reg:
             raise EngineError(f"could not reach the RPC server at {endpoint}")

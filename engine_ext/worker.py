@@ -169,7 +169,7 @@ class Worker:
         from engine_ext.bindings import C
         from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
-        from engine_ext.gguf_validate import validate_main_model
+        from engine_ext.gguf_validate import refuse_draft_as_model
         from engine_ext.model import Context, Model
 
         self.unload()
@@ -179,7 +179,7 @@ class Worker:
 
             raise ModelLoadError(f"model file not found: {path}")
         request.context.validate()
-        validate_main_model(path)  # a bad header, or a draft opened as the model: a message, not an abort
+        refuse_draft_as_model(path)  # a message, not an abort; Model refuses what else would abort llama.cpp
         if request.model.rpc_servers:
             from engine_ext.rpc import add_rpc_servers
 

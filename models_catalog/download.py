@@ -27,6 +27,7 @@ from pathlib import Path
 
 import filelock
 
+from engine_ext.gguf_reader import one_line_message
 from models_catalog import hfcache
 from models_catalog.errors import (
     ChecksumMismatch,
@@ -295,6 +296,11 @@ class _Fetch:
         self.meter = _RateMeter()
         self.last_report = 0.0
 
+    @property
+    def where(self) -> str:
+        """The file as messages name it (one_line_message keeps the end of a long one)."""
+        return f"{self.file.repo_id}/{self.file.path}"
+
     # -- events --------------------------------------------------------------------------------------
 
     def report(self, state: State, message: str = "", *, force: bool = True, local_path: str | None = None) -> None:
@@ -332,8 +338,9 @@ class _Fetch:
             return existing
         if hfcache.is_offline():
             raise OfflineError(
-                f"{self.file.repo_id}/{self.file.path} is not in the cache and HF_HUB_OFFLINE=1 is set; "
-                "unset HF_HUB_OFFLINE to download it"
+                one_line_message(
+                    self.where, "not in the cache and HF_HUB_OFFLINE=1 is set", "unset HF_HUB_OFFLINE to download it"
+                )
             )
         lock_path = self.rc.lock(self.file.oid)
         lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,9 +385,12 @@ class _Fetch:
             failures += 1
             if failures >= self.opts.max_checksum_failures:
                 raise ChecksumMismatch(
-                    f"{self.file.repo_id}/{self.file.path}: the downloaded bytes hash to {got[:12]}…, the Hub says "
-                    f"{self.hasher.expected[:12]}…, {failures} times; the file was not installed. The server or a "
-                    "proxy is corrupting data; try again later or from another network"
+                    one_line_message(
+                        self.where,
+                        f"the downloaded bytes hash to {got[:12]}…, the Hub says {self.hasher.expected[:12]}…, "
+                        f"{failures} times; the file was not installed",
+                        "the server or a proxy is corrupting data; try again later or from another network",
+                    )
                 )
             self.report(State.DOWNLOADING, "checksum mismatch: the file was discarded and is fetched again")
 
@@ -395,9 +405,11 @@ class _Fetch:
         free = _free_bytes(self.partial.parent)
         if free < remaining:
             raise NotEnoughDiskSpace(
-                f"{self.file.repo_id}/{self.file.path}: needs {_fmt_size(remaining)} more but only "
-                f"{_fmt_size(free)} is free in {self.partial.parent}; free some space (llmtui models rm ...) "
-                "or point HF_HUB_CACHE at a larger disk, then pull again"
+                one_line_message(
+                    self.where,
+                    f"needs {_fmt_size(remaining)} more but only {_fmt_size(free)} is free in the cache's disk",
+                    "free some space (llmtui models rm ...) or point HF_HUB_CACHE at a larger disk, then pull again",
+                )
             )
         self.offset = 0
         if size:
@@ -433,12 +445,16 @@ class _Fetch:
                 pass
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(
-                    f"{self.partial}: the disk is full after {_fmt_size(self.offset)} of "
-                    f"{_fmt_size(self.file.size)}; free some space and pull again: the partial file is kept and "
-                    "the download resumes where it stopped"
+                    one_line_message(
+                        self.partial,
+                        f"the disk is full after {_fmt_size(self.offset)} of {_fmt_size(self.file.size)}",
+                        "free some space and pull again: the partial file is kept and resumes where it stopped",
+                    )
                 ) from None
             raise DownloadError(
-                f"{self.partial}: cannot write ({exc.strerror or exc}); check the disk and permissions"
+                one_line_message(
+                    self.partial, f"cannot write ({exc.strerror or exc})", "check the disk and permissions"
+                )
             ) from None
         self.hasher.update(data)
         self.offset += len(data)
@@ -463,9 +479,12 @@ class _Fetch:
                     reason = _describe_failure(exc, self.opts.stall_timeout)
                     if failures > self.opts.max_retries:
                         raise DownloadError(
-                            f"{self.file.repo_id}/{self.file.path}: {reason}; gave up after {failures} attempts "
-                            f"at byte {self.offset} of {self.file.size}. The partial file is kept: pull again to "
-                            "resume"
+                            one_line_message(
+                                self.where,
+                                f"{reason}; gave up after {failures} attempts at byte {self.offset} of "
+                                f"{self.file.size}",
+                                "the partial file is kept: pull again to resume",
+                            )
                         ) from None
                     delay = (
                         0.0
@@ -794,7 +813,9 @@ class DownloadQueue:
             task.error = exc
             final, message = State.FAILED, str(exc)
         except Exception as exc:  # never let a worker thread die silently
-            task.error = DownloadError(f"{task.file.repo_id}/{task.file.path}: unexpected error: {exc!r}")
+            task.error = DownloadError(
+                one_line_message(f"{task.file.repo_id}/{task.file.path}", f"unexpected error: {exc!r}")
+            )
             final, message = State.FAILED, str(task.error)
         with self._cond:
             task.state = final

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from engine_ext.gguf_reader import one_line
+
 
 class ModelsError(Exception):
-    """Base of every error the models package raises on purpose."""
+    """Base of every error the models package raises on purpose; its message is one line of at most 300 characters
+    (sites that name a file build theirs with one_line_message, which keeps the hint; this is the net)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(one_line(str(message)))
 
 
 class OfflineError(ModelsError):

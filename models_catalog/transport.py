@@ -31,6 +31,7 @@ from urllib.parse import urljoin, urlsplit
 
 from huggingface_hub.utils import build_hf_headers
 
+from engine_ext.params import ascii_digits
 from models_catalog import hfcache
 from models_catalog.errors import GatedRepoError, HubError, RepoNotFound
 
@@ -196,7 +197,7 @@ class Response:
     def _check_length(self, data: bytes, what: str) -> None:
         """A body that ended (the server closed) short of the Content-Length it announced is an error."""
         announced = (self.header("Content-Length") or "").strip()
-        if announced.isdigit() and int(announced[:20]) > len(data):
+        if ascii_digits(announced) and int(announced[:20]) > len(data):
             raise TransientHTTPError(
                 f"{self.server} closed the connection after {len(data)} of the "
                 f"{announced[:20]} bytes it announced for {what}; try again"
@@ -381,7 +382,7 @@ def retry_after(value: str | None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if ascii_digits(value):
         return float(min(int(value[:12]), 10**9))
     try:
         when = email.utils.parsedate_to_datetime(value[:100])

@@ -9,6 +9,11 @@ asked for a short greedy chat reply. Every wait is bounded: a worker that does n
 counted as a hang.
 
     .venv/bin/python scripts/fuzz_run.py [--seed 21] [-n 200] [--kinds llama,qwen3,...] [--no-starter] [--json]
+    .venv/bin/python scripts/fuzz_run.py --drafts [--seed 21] [-n 300]
+
+--drafts mutates draft files instead (DRAFT_PAIRS: a draft-simple model, an mtp- sidecar, DFlash, DSpark and
+EAGLE3 drafts) and runs each as the --spec-draft-model of its target, unvalidated by this script: what the worker
+refuses (a GGUFError from Model's validate_loadable) counts as refused.
 
 prints a table: cases, refused by validation, loaded and decoded, clean load/decode failures, worker crashes by
 signal and assert text, hangs. tests/engine/test_run_fuzz.py imports the mutant builder from here.
@@ -63,6 +68,14 @@ _STR, _ARR, _U32, _I32, _BOOL, _F32 = (
 KV = tuple[str, int, int, Any]  # key, value type, element type of an array (or -1), value
 
 RUN_KINDS = ("llama", "qwen3", "qwen35", "qwen35_mtp", "qwen3next", "nemotron_h_moe")
+# Draft files (tiny models kinds) with the target and speculative type each drafts for (--drafts)
+DRAFT_PAIRS: dict[str, tuple[str, str]] = {
+    "qwen3": ("llama", "draft-simple"),
+    "qwen35_mtp_sidecar": ("qwen35", "draft-mtp"),
+    "dflash": ("llama", "draft-dflash"),
+    "dspark": ("llama", "draft-dspark"),
+    "eagle3": ("llama", "draft-eagle3"),
+}
 
 
 @dataclass
@@ -506,6 +519,42 @@ def mutate(m: Model, rng: random.Random) -> tuple[list[KV], list[TensorInfo], st
     return kvs, tensors, "; ".join(whats)
 
 
+def _mutate_draft(m: Model, kvs: list[KV], rng: random.Random) -> tuple[list[KV], str]:
+    """The hyperparameters a draft's own loader path reads: layer counts, the NextN count, rope sizes and sections,
+    the target layers and block size of a DFlash/EAGLE3 draft."""
+    arch = m.arch
+    n_layer = int(m.get(f"{arch}.block_count") or 1)
+    suffix = rng.choice(
+        ["block_count", "nextn_predict_layers", "rope.dimension_count", "rope.dimension_sections", "target_layers"]
+        + ["block_size", "attention.head_count", "embedding_length", "target_hidden_size"]
+    )
+    key = f"{arch}.{suffix}"
+    if suffix == "rope.dimension_sections":
+        vals = [rng.choice([0, 2, 4, 8, 11, 24, 99, 2**31 - 1]) for _ in range(4)]
+        return set_kv(kvs, (key, _ARR, _I32, vals)), f"{key}={vals}"
+    if suffix == "target_layers":
+        vals = [rng.choice([0, 1, n_layer, 7, 511, 512, 2**31 - 1]) for _ in range(rng.choice([0, 1, 3, 5]))]
+        return set_kv(kvs, (key, _ARR, _I32, vals)), f"{key}={vals}"
+    v = rng.choice([0, 1, 3, n_layer + 1, 100, 512, 513, 65535, 2**31 - 1])
+    return set_kv(kvs, (key, _U32, -1, v)), f"{key}={v}"
+
+
+def draft_mutants(
+    models: dict[str, Model], seed: int, n: int
+) -> Iterator[tuple[int, str, str, list[KV], list[TensorInfo]]]:
+    """``n`` deterministic mutants of the draft kinds in ``models``: half a draft hyperparameter, half as mutate."""
+    rng = random.Random(seed)
+    names = sorted(k for k in models if k in DRAFT_PAIRS)
+    for i in range(n):
+        m = models[rng.choice(names)]
+        if rng.random() < 0.5:
+            kvs, what = _mutate_draft(m, list(m.kvs), rng)
+            tensors = list(m.tensors)
+        else:
+            kvs, tensors, what = mutate(m, rng)
+        yield i, m.name, what, kvs, tensors
+
+
 def mutants(models: dict[str, Model], seed: int, n: int) -> Iterator[tuple[int, str, str, list[KV], list[TensorInfo]]]:
     """``n`` deterministic mutants: (index, model name, what changed, metadata, tensor infos)."""
     rng = random.Random(seed)
@@ -562,10 +611,12 @@ class Runner:
         self.load_timeout, self.gen_timeout = load_timeout, gen_timeout
         self.ctx = ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=2)
         self.started = False
+        self.target: Path | None = None  # the target loaded for run_draft
 
     def close(self) -> None:
         self.client.close(timeout_s=3.0)
         self.started = False
+        self.target = None
 
     def _wait(self, want: tuple[type, ...], deadline: float) -> Any:
         """Events until one of ``want``, a Failed, a Crashed, or the deadline (None)."""
@@ -613,6 +664,47 @@ class Runner:
             return outcome
         return Outcome("ok", "", time.monotonic() - t0)
 
+    def run_draft(self, target: Path, draft: Path, spec_type: str) -> Outcome:
+        """``draft`` as the --spec-draft-model of ``target`` (loaded once and kept): nothing validated here, the
+        worker's own path must refuse what would abort llama.cpp (a Failed GGUFError counts as refused)."""
+        from engine_ext.params import SamplingParams, SpeculativeParams
+        from engine_ext.protocol import Failed, Finished, Generate, Loaded, LoadModel, SetSpeculative, SpeculativeSet
+
+        t0 = time.monotonic()
+        if not self.started or self.target != target:
+            if not self.started:
+                self.client.start()
+                self.started = True
+            self.client.send(LoadModel(str(target), context=self.ctx))
+            event = self._wait((Loaded,), time.monotonic() + self.load_timeout)
+            outcome = self._judge(event, "target_load", 0, t0, (Loaded,))
+            if outcome is not None:
+                return outcome
+            self.target = target
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.client.send(SetSpeculative(SpeculativeParams(types=(spec_type,), draft_model=str(draft), n_max=4)))
+        event = self._wait((SpeculativeSet,), time.monotonic() + self.load_timeout)
+        if isinstance(event, Failed) and event.error.startswith("GGUF"):  # the worker's validation refused it
+            return Outcome("refused", event.message, time.monotonic() - t0)
+        outcome = self._judge(event, "draft_load", log_start, t0, (SpeculativeSet,))
+        if outcome is not None:
+            return outcome
+        request = Generate(
+            request_id=self.client.new_request_id(),
+            prompt="Hello, how are you?",
+            sampling=SamplingParams(temperature=0.0),
+            max_tokens=6,
+            ignore_eos=True,
+        )
+        self.client.send(request)
+        event = self._wait((Finished,), time.monotonic() + self.gen_timeout)
+        outcome = self._judge(event, "decode", log_start, t0, (Finished,))
+        if outcome is None or outcome.kind == "decode_failed":  # the worker is alive: close the draft
+            self.client.send(SetSpeculative(SpeculativeParams()))
+            after = self._wait((SpeculativeSet,), time.monotonic() + self.load_timeout)
+            outcome = outcome or self._judge(after, "draft_close", log_start, t0, (SpeculativeSet,))
+        return outcome or Outcome("ok", "", time.monotonic() - t0)
+
     def _judge(self, event: Any, stage: str, log_start: int, t0: float, good: tuple[type, ...]) -> Outcome | None:
         from engine_ext.protocol import Crashed, Failed
 
@@ -629,6 +721,7 @@ class Runner:
             return Outcome(f"{stage}_failed", f"{event.error}: {event.message}"[:300], time.monotonic() - t0)
         assert isinstance(event, Crashed)
         self.started = False
+        self.target = None
         log = self._log(log_start)
         return Outcome("crash", f"{stage}: " + crash_signature(event.exit_code, log), time.monotonic() - t0)
 
@@ -664,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--kinds", default=",".join(RUN_KINDS))
+    ap.add_argument("--drafts", action="store_true", help="mutate draft files, run each as another's draft")
     ap.add_argument("--no-starter", action="store_true")
     ap.add_argument("--json", action="store_true", help="print every case as one JSON line too")
     ap.add_argument("--only", default="", help="run only these case numbers (comma-separated)")
@@ -682,15 +776,27 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        models = build_models(work, [k for k in args.kinds.split(",") if k], not args.no_starter)
+        if args.drafts:
+            kinds = sorted({*DRAFT_PAIRS, *(target for target, _ in DRAFT_PAIRS.values())})
+            models = build_models(work, kinds, False)
+            cases = draft_mutants(models, args.seed, args.n)
+        else:
+            models = build_models(work, [k for k in args.kinds.split(",") if k], not args.no_starter)
+            cases = mutants(models, args.seed, args.n)
         runner = Runner(work / "engine.log")
         try:
             only = {int(x) for x in args.only.split(",") if x}
-            for i, name, what, kvs, tensors in mutants(models, args.seed, args.n):
+            for i, name, what, kvs, tensors in cases:
                 if only and i not in only:
                     continue
                 path = write_mutant(models[name], kvs, tensors, work / f"mutant{i}.gguf")
-                out = runner.run(path)
+                if args.drafts:
+                    target, spec_type = DRAFT_PAIRS[name]
+                    if name == "qwen35_mtp_sidecar":  # found as a sidecar by its mtp- name
+                        path = path.rename(path.with_name(f"mtp-{path.name}"))
+                    out = runner.run_draft(models[target].path, path, spec_type)
+                else:
+                    out = runner.run(path)
                 if args.keep:
                     Path(args.keep).mkdir(parents=True, exist_ok=True)
                     path.replace(Path(args.keep) / path.name)
@@ -727,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.monotonic() - t_start:.0f} s, slowest case {worst:.1f} s"
     )
     print(f"{'outcome':<36}{'cases':>7}")
-    for kind in ("refused", "ok", "load_failed", "decode_failed", "crash", "hang"):
+    for kind in dict.fromkeys(["refused", "ok", "load_failed", "decode_failed", "crash", "hang", *counts]):
         print(f"{kind:<36}{counts.get(kind, 0):>7}")
     if failures:
         print("\nclean failures by error type:")

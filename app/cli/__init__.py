@@ -17,7 +17,7 @@ from app.cli.models import add_models_parser, cmd_models
 from app.cli.remote import RemoteCliError
 from app.cli.rpc_server import add_rpc_server_parser, cmd_rpc_server
 from app.cli.run import add_run_parser, cmd_run
-from app.cli.session import CliError, with_advice
+from app.cli.session import CliError, CliParser, error_line, with_advice
 from app.cli.steer import add_steer_parser, cmd_steer
 from app.models import ModelNotFound
 from engine_ext.client import EngineCrashedError, EngineFailure
@@ -36,7 +36,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmtui", description="Run open language models from a terminal.")
+    parser = CliParser(prog="llmtui", description="Run open language models from a terminal.")
     sub = parser.add_subparsers(dest="command")
     for add in (
         add_run_parser,
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _open_tui(arguments: list[str]) -> int:
     """`llmtui [-m MODEL]`: the full-screen chat app."""
-    parser = argparse.ArgumentParser(prog="llmtui", description="Open the chat app.")
+    parser = CliParser(prog="llmtui", description="Open the chat app.")
     parser.add_argument("-m", "--model", default=None, help="model: a .gguf path or 'starter' (default: the last)")
     parser.add_argument(
         "--no-repack",
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (CliError, ModelNotFound, EngineError, EngineFailure, RemoteCliError) as exc:
-        print(f"llmtui: error: {exc}", file=sys.stderr)
+        sys.stderr.write(error_line(str(exc)))
         return 1
     except EngineCrashedError as exc:
         if not exc.advice and hasattr(args, "no_repack"):  # run, chat, bench: the engine settings that could help
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (CliError, ValueError):
                 pass
         crashed = exc.crashed
-        print(f"llmtui: error: {crashed.description}", file=sys.stderr)
+        sys.stderr.write(error_line(crashed.description))
         if crashed.log_tail:
             print("engine log (last lines):\n" + crashed.log_tail, file=sys.stderr)
         if crashed.log_path:
@@ -102,6 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine_ext.gguf_info import GGUFError
 
         if isinstance(exc, GGUFError | OSError):
-            print(f"llmtui: error: {exc}", file=sys.stderr)
+            sys.stderr.write(error_line(str(exc)))
             return 1
         raise

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from app.cli.engine_args import add_engine_args, add_sampling_args, context_params, model_params, sampling_params
 from app.cli.remote import add_remote_args
-from app.cli.session import drain, format_stats, loaded, recovering, start_engine, stream_reply
+from app.cli.session import drain, error_line, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.types import (
     n_predict,
     utf8_error,
@@ -38,7 +38,7 @@ def _chat_remote(args: argparse.Namespace) -> int:
                 print(file=sys.stderr)
                 continue
             except RemoteCliError as error:  # the server refused this one (too long, …): say so, go on
-                print(f"llmtui: error: {error}", file=sys.stderr)
+                sys.stderr.write(error_line(str(error)))
                 continue
             history += [("user", line), ("assistant", text)]
             sys.stdout.write("\n")
@@ -116,7 +116,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     text, _, finished = drain(client, request.request_id)
                 except (EngineFailure, EngineError) as error:  # e.g. a line longer than the context: say so, go on
                     history.pop()
-                    print(f"llmtui: error: {error}", file=sys.stderr)
+                    sys.stderr.write(error_line(str(error)))
                     continue
                 except EngineCrashedError:
                     pending.append(history.pop())  # asked again after a restart, or lost with the engine

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import paths
+from app.cli.session import error_line
 from app.cli.types import MAX_CONTEXT, int_range
 from app.models import ModelNotFound
 from models_catalog import pairing
@@ -422,5 +423,5 @@ def cmd_models(args: argparse.Namespace) -> int:
     try:
         return HANDLERS[args.models_command](args)
     except (ModelsError, ModelNotFound, GGUFError) as exc:
-        print(f"llmtui: error: {exc}", file=sys.stderr)
+        sys.stderr.write(error_line(str(exc)))
         return 1

@@ -3,13 +3,15 @@ statistics lines."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from app import paths
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
+from engine_ext.gguf_reader import one_line
 from engine_ext.params import (
     ContextParams,
     ModelParams,
@@ -28,6 +30,21 @@ from engine_ext.protocol import (
 
 class CliError(Exception):
     """A problem reported as one line on stderr with a non-zero exit."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """llmtui's argument parser (its sub-commands' parsers are of this class too): a refusal is one line of at
+    most 300 characters that points at --help, not argparse's usage block before it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, error_line(message, self.prog, f" (see {self.prog} --help)"))
+
+
+def error_line(message: str, prog: str = "llmtui", tail: str = "") -> str:
+    """``prog: error: message`` + ``tail`` as one line of at most 300 characters and a newline (every CLI refusal
+    goes through here); a long message is cut, the tail kept."""
+    head = f"{prog}: error: "
+    return head + one_line(message, max(300 - len(head) - len(tail), 40)) + tail + "\n"
 
 
 def loaded(info: ModelInfo) -> ModelInfo:

@@ -44,9 +44,6 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         path = Path(params.draft_model)
         if not path.is_file():
             raise SpeculativeConfigError(f"draft model not found: {path}")
-        from engine_ext.gguf_reader import validate_gguf
-
-        validate_gguf(path)
         return DraftSimple(path, model, ctx, p_min=params.p_min)
     if spec_type == "draft-mtp":
         return _build_mtp(params, model, ctx)
@@ -68,9 +65,6 @@ def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter
         path = Path(params.draft_model)
         if not path.is_file():
             raise SpeculativeConfigError(f"MTP sidecar not found: {path}")
-        from engine_ext.gguf_reader import validate_gguf
-
-        validate_gguf(path)
         sidecar = Model(path, ModelParams(n_gpu_layers=model.params.n_gpu_layers, load_mtp=True))
         try:
             return DraftMTP(sidecar, model, ctx, p_min=params.p_min, owns_head=True)

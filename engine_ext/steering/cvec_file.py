@@ -71,10 +71,30 @@ def write_control_vector(vector: ControlVector, path: Path) -> Path:
     return path
 
 
-_DIRECTION = re.compile(r"direction\.(\d{1,9})")
+_DIRECTION = re.compile(r"direction\.([0-9]{1,9})")  # ASCII digits only: llama.cpp reads the layer with std::stoi
 _MAX_LAYER = 512  # LLAMA_MAX_LAYERS: llama.cpp sizes the vector by the highest layer it names
 _MAX_N_EMBD = 1 << 20  # as gguf_info's largest plausible width
 _MAX_METADATA = 256  # llmtui.* provenance strings kept (more are ignored)
+# The largest L2 norm a layer's applied direction may have (after strength and layer weight). A direction is added
+# to the hidden state at the end of its layer; real models' hidden states have norms from about 1 to a few thousand
+# (the largest "massive activations" reported are about 1e4), so an addition beyond 1e5 replaces the state instead
+# of steering it, and from about 1.8e19 its squares overflow float32 in the next RMS norm (inf, then NaN or a
+# silent end of the reply). Vectors llmtui makes are unit directions; llama-cvector-generator's steer at ±4 or so.
+MAX_STEERING_NORM = 1e5
+
+
+def check_steerable(direction: np.ndarray, what: str) -> None:
+    """Refuse a direction that cannot steer: a value that is not finite, or an L2 norm above MAX_STEERING_NORM.
+    Used on each layer of a file (strength 1) and on each layer of a mix after scaling (the mixer)."""
+    wide = direction.astype(np.float64)
+    if not np.isfinite(wide).all():
+        raise ControlVectorError(f"{what} contains NaN or infinite values")
+    norm = float(np.linalg.norm(wide))
+    if not norm <= MAX_STEERING_NORM:  # float64 holds the norm of any float32 vector llama.cpp could be given
+        raise ControlVectorError(
+            f"{what} has a norm of {norm:.3g}, above {MAX_STEERING_NORM:g}: far beyond any model's hidden states, "
+            "it would drown them instead of steering (use a smaller strength or a unit-norm vector)"
+        )
 
 
 def read_control_vector(path: Path, *, n_embd: int | None = None, n_layer: int | None = None) -> ControlVector:
@@ -132,11 +152,12 @@ def read_control_vector(path: Path, *, n_embd: int | None = None, n_layer: int |
                 data = np.frombuffer(fh.read(count * 4), dtype="<f4").astype(np.float32)
                 if data.shape[0] != count:
                     raise ControlVectorError(f"{name_of}: {name} is cut short (the file changed while read)")
-                if not np.isfinite(data).all():
-                    raise ControlVectorError(f"{name_of}: {name} contains NaN or infinite values")
+                check_steerable(data, f"{name_of}: {name}")
                 directions[il] = directions[il] + data if il in directions else data
     except OSError as exc:
         raise ControlVectorError(f"{name_of}: cannot be read ({exc.strerror or exc})") from None
+    for il, direction in directions.items():  # llama.cpp adds the tensors that name one layer
+        check_steerable(direction, f"{name_of}: layer {il} (its direction tensors added up)")
     vector = ControlVector(
         directions,
         model_hint=strings.pop("controlvector.model_hint", ""),

@@ -13,7 +13,7 @@ from engine_ext.archs import FFN_ONLY_CONTROL_VECTOR_ARCHS, NO_CONTROL_VECTOR_AR
 from engine_ext.bindings import C
 from engine_ext.model import Context, Model
 from engine_ext.params import EngineError, SteeringEntry
-from engine_ext.steering.cvec_file import ControlVector, read_control_vector
+from engine_ext.steering.cvec_file import ControlVector, check_steerable, read_control_vector
 
 
 def steered_layers(model: Model) -> list[int]:
@@ -80,6 +80,8 @@ class SteeringMixer:
                     weight = entry.layer_weights[il - 1] if il - 1 < len(entry.layer_weights) else 1.0
                     data[il - 1] += np.float32(entry.strength * weight) * direction
             start, end = min(start, lo), max(end, hi)
+        for il, row in enumerate(data, start=1):
+            check_steerable(row, f"the steering mix at layer {il}")
         return data, start, end
 
     def apply(self, entries: Sequence[SteeringEntry]) -> ActiveSteering | None:

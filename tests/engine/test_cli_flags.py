@@ -78,12 +78,12 @@ BAD = [
 
 
 def _one_error_line(err: str, command: str, flag: str) -> str:
+    """The refusal's one line (no usage block: it ends by pointing at --help), without that pointer."""
     lines = err.strip().splitlines()
-    assert lines and lines[0].startswith(f"usage: llmtui {command}"), err
-    last = lines[-1]
-    assert last.startswith(f"llmtui {command}: error: argument {flag}: "), err
-    assert "Traceback" not in err
-    return last
+    assert len(lines) == 1 and len(lines[0]) <= 300, err
+    line, see = lines[0], f" (see llmtui {command} --help)"
+    assert line.startswith(f"llmtui {command}: error: argument {flag}: ") and line.endswith(see), err
+    return line.removesuffix(see)
 
 
 @pytest.mark.parametrize(("command", "flag", "arguments"), BAD, ids=[" ".join([c, *a]) for c, _, a in BAD])
@@ -193,6 +193,66 @@ def test_prompt_file_not_utf8_or_too_large(tmp_path: Path, capsys: pytest.Captur
     assert "cannot read" in _one_error_line(capsys.readouterr().err, "run", "-f/--file")
 
 
+def test_a_prompt_file_that_is_not_a_file_is_read_within_bounds_or_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: `run -f FIFO` with no writer blocked. A FIFO nobody writes to, an empty device, an endless one and
+    a folder are refused at once; a pipe is read to its end, and one that sends nothing is given up on."""
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    for path, words in (
+        (fifo, "is a FIFO with nothing to read (no writer)"),
+        (Path("/dev/null"), "is a device with nothing to read"),
+        (Path("/dev/zero"), "is larger than 8 MiB"),
+        (tmp_path, "is a folder, not a text file"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", "-f", str(path)])
+        assert exit_info.value.code == 2
+        assert f"{path} {words}" in _one_error_line(capsys.readouterr().err, "run", "-f/--file")
+    read_end, write_end = os.pipe()
+    try:
+        pipe = Path(f"/proc/self/fd/{read_end}")  # as `-f /dev/stdin` with a pipe
+        with pytest.raises(ValueError, match="sent nothing for 0.2 s"):
+            read_text_file(pipe, idle_s=0.2)
+        os.write(write_end, "héllo\n".encode())
+        os.close(write_end)
+        write_end = -1
+        assert read_text_file(pipe) == "héllo\n"
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+
+
+# Refusals whose text comes from the user: long, multi-line, with escape codes; each must stay one short line.
+HOSTILE_ARGUMENTS = [
+    ["models", "x" * 100_000],
+    ["models", "line1\nline2\n" * 200],
+    ["run", "-p", "hi", "--" + "y" * 5000],
+    ["run", "-p", "hi", "-n", "\x1b[2J\x1b]0;PWN\x07" * 50],
+    ["run", "-p", "hi", "--spec-type", "z" * 20_000],
+    ["steer"],
+    ["run"],
+    ["bench", "-p", "0", "-n", "0"],
+    ["--bogus", "\n" * 30],
+]
+
+
+@pytest.mark.parametrize("arguments", HOSTILE_ARGUMENTS, ids=range(len(HOSTILE_ARGUMENTS)))
+def test_argparse_refusals_are_one_short_line(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: argparse printed a 22-line usage block before its error; now one line that points at --help."""
+    try:
+        code = main(arguments)  # refused after parsing (a CliError): exit 1
+    except SystemExit as exit_info:
+        code = exit_info.code  # refused by the parser: exit 2, pointing at --help
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert code in (1, 2) and captured.out == "" and len(lines) == 1, captured.err[:2000]
+    assert len(lines[0]) <= 300 and lines[0].isprintable(), lines[0]
+    assert lines[0].endswith("--help)") == (code == 2), lines[0]
+
+
 def test_steering_prompt_set_not_utf8_is_one_line(
     tmp_path: Path, tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -231,7 +291,7 @@ def test_subprocess_errors_are_one_line(tmp_path: Path) -> None:
         result = _llmtui(*args, tmp_path=tmp_path, timeout=60)
         assert result.returncode == 2
         _one_error_line(result.stderr.decode(), "run", flag)
-    assert result.stderr.decode().strip().endswith("not valid UTF-8 (byte 0xff at offset 6)")
+    assert result.stderr.decode().strip().endswith("not valid UTF-8 (byte 0xff at offset 6) (see llmtui run --help)")
     bench = _llmtui("bench", "-p", "-5", tmp_path=tmp_path, timeout=60)
     assert bench.returncode == 2
     _one_error_line(bench.stderr.decode(), "bench", "-p/--n-prompt")

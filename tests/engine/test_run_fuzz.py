@@ -4,19 +4,34 @@ scripts/fuzz_run.py found these classes by loading seeded metadata mutants of re
 test below builds one mutant of its class and checks that validate_main_model refuses it with a one-line message
 naming the key and the rule. A seeded sample then goes through the real worker: every case is refused by
 validation, or loads and decodes, or fails cleanly (a load error) — a worker crash only for the class listed in
-KNOWN_CRASHES, never a hang, never an exception in the test process.
+KNOWN_CRASHES, never a hang, never an exception in the test process. Draft files (a draft-simple model, an mtp-
+sidecar, DFlash/DSpark/EAGLE3 drafts) go through the same rules when they load (Model calls validate_loadable):
+one mutant per class that aborted llama.cpp as --spec-draft-model, and a seeded sample run as drafts in the worker.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine_ext.gguf_info import GGUFError, validate_main_model
-from scripts.fuzz_run import KV, Model, Runner, TensorInfo, del_kv, load_model, mutants, set_kv, write_mutant
+from engine_ext.gguf_info import GGUFError, validate_loadable, validate_main_model
+from scripts.fuzz_run import (
+    DRAFT_PAIRS,
+    KV,
+    Model,
+    Runner,
+    TensorInfo,
+    del_kv,
+    draft_mutants,
+    load_model,
+    mutants,
+    set_kv,
+    write_mutant,
+)
 
 MAX_MESSAGE = 300
 U32, I32, F32, STR, ARR = 4, 5, 6, 8, 9  # GGUFValueType
@@ -31,7 +46,7 @@ KNOWN_CRASHES = ("binary_op: unsupported types",)
 
 @pytest.fixture(scope="module")
 def parsed(tiny_models: dict[str, Path]) -> dict[str, Model]:
-    return {kind: load_model(kind, tiny_models[kind]) for kind in MAIN_KINDS}
+    return {kind: load_model(kind, tiny_models[kind]) for kind in (*MAIN_KINDS, *DRAFT_PAIRS)}
 
 
 def _mutant(
@@ -302,7 +317,7 @@ def _run_sample(parsed: dict[str, Model], tmp_path: Path, seed: int, n: int) -> 
     runner = Runner(tmp_path / "engine.log", load_timeout=60.0, gen_timeout=30.0, n_ctx=256)
     outcomes = []
     try:
-        for i, name, what, kvs, tensors in mutants(parsed, seed, n):
+        for i, name, what, kvs, tensors in mutants({k: parsed[k] for k in MAIN_KINDS}, seed, n):
             path = write_mutant(parsed[name], kvs, tensors, tmp_path / f"mutant{i}.gguf")
             outcomes.append((f"#{i} {name} [{what}]", runner.run(path)))
             path.unlink()
@@ -328,3 +343,226 @@ def test_many_seeded_mutants_in_the_worker(
 ) -> None:
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
     _check_outcomes(_run_sample(parsed, tmp_path, 21, 300))
+
+
+# ----- draft files: the same rules, on the path that loads them (issue 32) -------------------------------------
+
+# one mutant per kind of draft that aborted llama.cpp as --spec-draft-model while the same file as -m was refused:
+# (draft kind, edits, expected words in the message)
+DRAFT_CLASSES: dict[str, tuple[str, list[KV], str]] = {
+    # llama-model.cpp:1328 GGML_ASSERT(hparams.n_layer_all > 0 ...), a draft-simple model
+    "draft-simple block_count 0": ("qwen3", [("qwen3.block_count", U32, -1, 0)], "qwen3.block_count is 0 (must be 1"),
+    # llama-model.cpp:1330 GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all), an mtp- sidecar
+    "sidecar nextn 65535": (
+        "qwen35_mtp_sidecar",
+        [("qwen35.nextn_predict_layers", U32, -1, 65535)],
+        "qwen35.nextn_predict_layers is 65535 (must be 0 to",
+    ),
+    "sidecar nextn 100": (
+        "qwen35_mtp_sidecar",
+        [("qwen35.nextn_predict_layers", U32, -1, 100)],
+        "qwen35.nextn_predict_layers is 100 (must be 0 to",
+    ),
+    # ggml-cpu/ops.cpp:6355 GGML_ASSERT(n_dims <= ne0)
+    "sidecar rope dims 65535": (
+        "qwen35_mtp_sidecar",
+        [("qwen35.rope.dimension_count", U32, -1, 65535)],
+        "qwen35.rope.dimension_count 65535 must be even, 2 to the head size",
+    ),
+    # ggml-cpu/ops.cpp:6232 GGML_ASSERT(sect_dims <= ne0)
+    "sidecar rope section 99": (
+        "qwen35_mtp_sidecar",
+        [("qwen35.rope.dimension_sections", ARR, I32, [4, 99, 0, 0])],
+        "qwen35.rope.dimension_sections [4, 99, 0, 0] add up to more than the head size",
+    ),
+    "DFlash block_count 0": ("dflash", [("dflash.block_count", U32, -1, 0)], "dflash.block_count is 0 (must be 1"),
+    "DSpark block_count 0": ("dspark", [("dflash.block_count", U32, -1, 0)], "dflash.block_count is 0 (must be 1"),
+    "EAGLE3 block_count 0": ("eagle3", [("eagle3.block_count", U32, -1, 0)], "eagle3.block_count is 0 (must be 1"),
+    # models/dflash.cpp:314 GGML_ASSERT(block_size > 0); past 64 positions the head overflows the graph (ggml.c:1814)
+    "DSpark block_size 0": ("dspark", [("dflash.block_size", U32, -1, 0)], "dflash.block_size is 0 in a DSpark draft"),
+    "DSpark block_size 4096": (
+        "dspark",
+        [("dflash.block_size", U32, -1, 4096)],
+        "dflash.block_size is 4096 in a DSpark draft (must be 1 to 64)",
+    ),
+    "DSpark without block_size": ("dspark", [], "dflash.block_size is missing in a DSpark draft"),
+    # ggml-cpu/ops.cpp:6237 (i0 / 2) % sect_dims: SIGFPE when the int32 sum of the sections wraps to 0
+    "DSpark rope sections adding up to 0": (
+        "dspark",
+        [("dflash.rope.dimension_sections", ARR, I32, [2**31 - 1, 0, 2**31 - 1, 2])],
+        "add up to 0 as int32",
+    ),
+    "sidecar rope sections all 0": (
+        "qwen35_mtp_sidecar",
+        [("qwen35.rope.dimension_sections", ARR, I32, [0, 0, 0, 0])],
+        "qwen35.rope.dimension_sections [0, 0, 0, 0] add up to 0 as int32",
+    ),
+}
+_DRAFT_DROPS = {"DSpark without block_size": ("dflash.block_size",)}
+
+
+def _draft_mutant(parsed: dict[str, Model], tmp_path: Path, case: str) -> tuple[Path, str]:
+    kind, edits, expected = DRAFT_CLASSES[case]
+    path = _mutant(parsed[kind], tmp_path, edits, _DRAFT_DROPS.get(case, ()))
+    if kind == "qwen35_mtp_sidecar":  # a sidecar is known by its mtp- name
+        path = path.rename(path.with_name("mtp-" + path.name))
+    return path, expected
+
+
+@pytest.mark.parametrize("case", sorted(DRAFT_CLASSES))
+def test_draft_crash_class_is_refused(parsed: dict[str, Model], tmp_path: Path, case: str) -> None:
+    path, expected = _draft_mutant(parsed, tmp_path, case)
+    with pytest.raises(GGUFError) as exc:
+        validate_loadable(path)
+    message = str(exc.value)
+    assert expected in message and "llama.cpp would" in message, message
+    assert "\n" not in message and len(message) <= MAX_MESSAGE, message
+
+
+def test_valid_drafts_are_not_refused(tiny_models: dict[str, Path]) -> None:
+    for kind in DRAFT_PAIRS:
+        validate_loadable(tiny_models[kind])
+
+
+def test_draft_crash_classes_in_the_worker(
+    parsed: dict[str, Model], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each class as --spec-draft-model of its target in the real worker: refused in one line, the worker alive."""
+    monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
+    runner = Runner(tmp_path / "engine.log", load_timeout=60.0, gen_timeout=30.0, n_ctx=256)
+    try:
+        for case in sorted(DRAFT_CLASSES):
+            path, expected = _draft_mutant(parsed, tmp_path, case)
+            target, spec_type = DRAFT_PAIRS[DRAFT_CLASSES[case][0]]
+            out = runner.run_draft(parsed[target].path, path, spec_type)
+            assert out.kind == "refused" and expected in out.detail, f"{case}: {out.kind} {out.detail}"
+            assert "\n" not in out.detail and len(out.detail) <= MAX_MESSAGE, out.detail
+        good = runner.run_draft(parsed["llama"].path, parsed["dflash"].path, "draft-dflash")
+        assert good.kind == "ok", good.detail
+    finally:
+        runner.close()
+
+
+DRAFT_SEED = 3201
+N_DRAFT_SAMPLE = 40
+
+
+def _run_draft_sample(parsed: dict[str, Model], tmp_path: Path, seed: int, n: int) -> list[tuple[str, Any]]:
+    runner = Runner(tmp_path / "engine.log", load_timeout=60.0, gen_timeout=30.0, n_ctx=256)
+    outcomes = []
+    try:
+        for i, name, what, kvs, tensors in draft_mutants(parsed, seed, n):
+            prefix = "mtp-" if name == "qwen35_mtp_sidecar" else ""
+            path = write_mutant(parsed[name], kvs, tensors, tmp_path / f"{prefix}draft{i}.gguf")
+            target, spec_type = DRAFT_PAIRS[name]
+            outcomes.append((f"#{i} {name} [{what}]", runner.run_draft(parsed[target].path, path, spec_type)))
+            path.unlink()
+    finally:
+        runner.close()
+    return outcomes
+
+
+def _check_draft_outcomes(outcomes: list[tuple[str, Any]]) -> None:
+    for what, out in outcomes:
+        assert out.kind in ("refused", "ok", "draft_load_failed", "decode_failed"), f"{what}: {out.kind} {out.detail}"
+        if out.kind == "refused":
+            assert "\n" not in out.detail and len(out.detail) <= MAX_MESSAGE, f"{what}: {out.detail!r}"
+
+
+def test_seeded_draft_mutants_in_the_worker(
+    parsed: dict[str, Model], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutated draft files as --spec-draft-model: refused, loaded and drafting, or a clean load error; never a
+    worker crash or a hang (a sample; scripts/fuzz_run.py --drafts runs more)."""
+    monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
+    outcomes = _run_draft_sample(parsed, tmp_path, DRAFT_SEED, N_DRAFT_SAMPLE)
+    assert len(outcomes) == N_DRAFT_SAMPLE
+    kinds = {out.kind for _, out in outcomes}
+    assert "refused" in kinds and "ok" in kinds, kinds
+    _check_draft_outcomes(outcomes)
+
+
+@pytest.mark.slow
+def test_many_seeded_draft_mutants_in_the_worker(
+    parsed: dict[str, Model], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
+    _check_draft_outcomes(_run_draft_sample(parsed, tmp_path, 21, 300))
+
+
+# ----- long runs of one kind of character through the tokenizer (issue 32) -------------------------------------
+
+
+def test_split_long_runs_keeps_the_text_and_special_tokens() -> None:
+    from engine_ext.model import split_long_runs
+
+    for text in ("", "short text", "a " * 5000, "<" * 2048):
+        assert split_long_runs(text, 2048) == [text]  # nothing to cut: tokenised whole, as before
+    specials = ("<|im_end|>", "<|im_start|>")
+    for before in range(2030, 2050):  # a special token's text across every cut position near the first cut
+        text = "x" * 100 + " " + "<" * before + "<|im_end|>" + "<" * 9000 + " tail"
+        pieces = split_long_runs(text, 2048, specials)
+        assert "".join(pieces) == text
+        assert sum(p.count("<|im_end|>") for p in pieces) == 1
+        assert all(len(run) <= 2048 for p in pieces for run in p.split())
+
+
+def _tokenizer_cases(seed: int, n: int) -> list[tuple[str, str]]:
+    """Runs of punctuation, digits, CJK punctuation, symbols, whitespace or special-token text, 2,000 to 300,000
+    characters, alone or inside ordinary text."""
+    rng = random.Random(seed)
+    units = ["<", "1", "<>", "。", "!?", "$", "\n", " ", "\t", "<|im_end|>", "é", "😀", "a", "==", "ab1", "<|im"]
+    cases = []
+    for _ in range(n):
+        unit = rng.choice(units)
+        length = rng.choice([2_000, 2_049, 30_000, 100_000, 300_000])
+        run = unit * max(1, length // len(unit))
+        text = run if rng.random() < 0.5 else f"Say this back: {run} thanks"
+        cases.append((f"{unit!r} × {len(run) // len(unit)}", text))
+    return cases
+
+
+def test_long_runs_do_not_crash_the_worker(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A 100,000-character run of '<' from a prompt file or a template crashed the worker (SIGSEGV in llama.cpp's
+    BPE pre-tokenizer regex). Seeded runs, raw and through the chat template, on the tiny llama: each generation
+    ends (a reply, or a clean 'too long for the context' failure), the worker never crashes."""
+    from engine_ext.client import EngineClient
+    from engine_ext.params import ContextParams
+    from engine_ext.protocol import ChatMessage, Crashed, Failed, Finished, Generate
+
+    cases = _tokenizer_cases(3202, 24) + [("'<' × 100000 (the issue's)", "<" * 100_000)]
+    with EngineClient(tmp_path / "engine.log", start_timeout_s=60.0) as client:
+        client.start()
+        client.load(tiny_models["llama"], context=ContextParams(n_ctx=512, n_threads=2))
+        worst = 0.0
+        for i, (what, text) in enumerate(cases):
+            chat = i % 2 == 1
+            request = Generate(
+                request_id=client.new_request_id(),
+                messages=(ChatMessage("user", text),) if chat else (),
+                prompt=None if chat else text,
+                max_tokens=2,
+            )
+            t0 = time.monotonic()
+            client.send(request)
+            deadline = t0 + 60.0
+            event = None
+            while time.monotonic() < deadline:
+                event = client.next_event(timeout=1.0)
+                if (
+                    isinstance(event, Finished | Crashed)
+                    or isinstance(event, Failed)
+                    and event.request_id
+                    in (
+                        request.request_id,
+                        None,
+                    )
+                ):
+                    break
+            worst = max(worst, time.monotonic() - t0)
+            label = f"{what}{' (chat)' if chat else ''}"
+            assert not isinstance(event, Crashed), f"{label}: the worker crashed: {event}"
+            assert isinstance(event, Finished | Failed), f"{label}: no end within 60 s"
+            if isinstance(event, Failed):
+                assert "\n" not in event.message and len(event.message) <= MAX_MESSAGE, event.message
+        print(f"\nlong runs: {len(cases)} cases, 0 crashes, worst {worst:.2f} s")

@@ -152,6 +152,18 @@ def test_a_persistently_corrupt_file_is_never_installed(hf_env: Path, blob_repo:
     assert not rc.pointer(hub.list_repo(REPO).commit, NAME).exists()
 
 
+def test_a_mismatch_on_a_deep_path_is_one_short_line(hf_env: Path, hub_server: HubServer) -> None:
+    """Issue 32: a file 8 folders of 60 characters deep; the message keeps the path's end and the advice."""
+    deep = "/".join(["d" * 60] * 8) + "/" + NAME
+    hub_server.add_repo(REPO, {deep: payload(100_000)})
+    hub_server.fault(REPO, deep, corrupt_times=100, corrupt_offset=5)
+    with pytest.raises(ChecksumMismatch) as exc:
+        download.fetch(remote(deep), options=FAST)
+    text = str(exc.value)
+    assert "\n" not in text and len(text) <= 300, text
+    assert text.startswith("…") and NAME in text and "not installed" in text and "another network" in text
+
+
 def test_a_full_disk_gives_a_clear_error_keeps_the_partial_and_resumes(
     hf_env: Path, blob_repo: bytes, hub_server: HubServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,7 @@ template longer than read_chat_template's cap is refused, not read.
 
 from __future__ import annotations
 
+import math
 import random
 import struct
 import time
@@ -200,3 +201,117 @@ def test_a_huge_chat_template_is_refused_not_read(tiny_models: dict[str, Path], 
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 2 << 20, peak
+
+
+# ----- values that cannot steer, and layer names in other digits (issue 32) -----------------------------------
+
+# Layer numbers written with digits other than ASCII 0-9: int() reads most of them (Arabic-Indic, Devanagari,
+# fullwidth, mathematical bold), str.isdigit() also superscripts; llama.cpp's std::stoi reads none of them.
+_FOREIGN_DIGITS = ["١", "۲", "३", "１", "𝟙", "²", "1١", "٣٢", "৭", "߁", "๑"]
+# Values per direction: finite ones far beyond any hidden state, non-finite ones, and ones that steer.
+_BAD_VALUES = [3.4e38, -3.4e38, 1e30, 1e20, 2e4, float("inf"), float("nan")]
+_GOOD_VALUES = [0.0, 1e-3, 0.5, 4.0, 100.0, -250.0]
+
+
+def _steers(data: np.ndarray) -> bool:
+    """The rule, computed apart: every value finite and an L2 norm of at most 1e5."""
+    values = [float(x) for x in data]
+    return all(math.isfinite(x) for x in values) and math.sqrt(sum(x * x for x in values)) <= 1e5
+
+
+def steering_mutants(seed: int, n: int) -> list[tuple[str, dict[str, np.ndarray], bool]]:
+    """``n`` seeded control vectors as (what, tensors, should be read): a direction of huge or non-finite values
+    (every value or a few), a constant one on either side of the norm limit, a layer named in other digits."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        kind = rng.choice(["values", "some values", "edge", "digits"])
+        tensors = {f"direction.{il}": np.full(N_EMBD, 0.1, np.float32) for il in (1, 2)}
+        good = True
+        if kind == "values":
+            value = rng.choice(_BAD_VALUES + _GOOD_VALUES)
+            tensors[f"direction.{rng.choice([1, 2])}"] = np.full(N_EMBD, value, np.float32)
+            what = f"every value {value}"
+        elif kind == "some values":
+            value, count = rng.choice(_BAD_VALUES), rng.choice([1, 3, 40])
+            tensors["direction.2"][rng.sample(range(N_EMBD), count)] = value
+            what = f"{count} values {value}"
+        elif kind == "edge":  # a constant direction's norm is |v| × 8: 12,500 is the limit
+            value = rng.choice([12_000.0, 12_499.0, 12_501.0, 13_000.0]) * rng.choice([1, -1])
+            tensors["direction.1"] = np.full(N_EMBD, value, np.float32)
+            what = f"every value {value}"
+        else:
+            digit = rng.choice(_FOREIGN_DIGITS)
+            tensors[f"direction.{digit}"] = np.full(N_EMBD, 0.1, np.float32)
+            what = f"direction.{digit}"
+            good = False
+        good = good and all(_steers(t) for t in tensors.values())
+        out.append((what, tensors, good))
+    return out
+
+
+def test_seeded_vectors_that_cannot_steer_are_refused(tmp_path: Path) -> None:
+    """Every vector of huge or non-finite values, and every layer name in non-ASCII digits, is refused in one line;
+    the others are read. Figures: cases, refused, worst time."""
+    failures: list[str] = []
+    refused = 0
+    worst = 0.0
+    cases = steering_mutants(SEED, 120)
+    for i, (what, tensors, good) in enumerate(cases):
+        path = _writer_file(tmp_path / f"s{i}.gguf", tensors)
+        t0 = time.perf_counter()
+        outcome = _check(path, f"#{i} ({what})", failures)
+        worst = max(worst, time.perf_counter() - t0)
+        refused += outcome == "refused"
+        if outcome != ("read" if good else "refused"):
+            failures.append(f"#{i} ({what}): {outcome}, expected {'read' if good else 'refused'}")
+        path.unlink()
+    assert failures == [], "\n".join(failures[:30])
+    assert 0 < refused < len(cases)
+    print(f"\nsteering values and digits: {len(cases)} cases, {refused} refused, 0 crashes, worst {worst:.3f} s")
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        ({"direction.1": np.full(N_EMBD, 3.4e38, np.float32)}, "direction.1 has a norm of 2.72e+39, above 100000"),
+        ({"direction.1": np.full(N_EMBD, 2e4, np.float32)}, "direction.1 has a norm of 1.6e+05, above 100000"),
+        ({"direction.1": np.full(N_EMBD, np.nan, np.float32)}, "direction.1 contains NaN or infinite values"),
+        ({"direction.١": np.ones(N_EMBD, np.float32)}, "is not direction.<layer>"),
+        ({"direction.１２": np.ones(N_EMBD, np.float32)}, "is not direction.<layer>"),
+    ],
+)
+def test_vectors_that_cannot_steer_say_why(tmp_path: Path, tensors: dict[str, np.ndarray], message: str) -> None:
+    with pytest.raises(ControlVectorError) as exc:
+        read_control_vector(_writer_file(tmp_path / "v.gguf", tensors))
+    assert message in str(exc.value), str(exc.value)
+    assert "\n" not in str(exc.value) and len(str(exc.value)) <= MAX_MESSAGE
+
+
+def test_a_mix_scaled_beyond_any_hidden_state_is_refused(tmp_path: Path) -> None:
+    """Strength × layer weight × direction is checked after scaling, as llama.cpp would add it."""
+    from types import SimpleNamespace
+
+    from engine_ext.params import SteeringEntry
+    from engine_ext.steering.mixer import SteeringMixer
+
+    path = _writer_file(tmp_path / "v.gguf", {"direction.1": np.full(N_EMBD, 20.0, np.float32)})  # norm 160
+    model = SimpleNamespace(n_embd=N_EMBD, n_layer=4, architecture="llama", path=tmp_path / "m.gguf")
+    mixer = SteeringMixer(model, None)  # type: ignore[arg-type]  # compose reads no context
+    data, start, end = mixer.compose([SteeringEntry(str(path), 500.0)])  # norm 8e4: within the rule
+    assert (start, end) == (1, 3) and np.isfinite(data).all()
+    for entry in (SteeringEntry(str(path), -1000.0), SteeringEntry(str(path), 1.0, layer_weights=(1e30,))):
+        with pytest.raises(ControlVectorError) as exc:
+            mixer.compose([entry])
+        assert "the steering mix at layer 1 " in str(exc.value) and len(str(exc.value)) <= MAX_MESSAGE
+
+
+def test_only_ascii_digits_are_numbers() -> None:
+    """The one rule for numbers in text from files and servers: tensor layers, RPC ports, HTTP headers."""
+    from engine_ext.params import ascii_digits
+    from models_catalog.transport import retry_after
+
+    assert ascii_digits("0") and ascii_digits("0123456789")
+    for text in ["", "١", "1١", "²", "１", "𝟙", "-1", "+1", " 1", "1.0", "1_0"]:
+        assert not ascii_digits(text), text
+    assert retry_after("²") is None and retry_after("١٠") is None and retry_after("7") == 7.0  # int("²") raised

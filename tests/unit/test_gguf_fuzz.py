@@ -227,6 +227,9 @@ def mutants(models: dict[str, Path], seed: int, n: int) -> list[tuple[str, str, 
     return out
 
 
+_DRAFT_KINDS = ("qwen35_mtp_sidecar", "dflash", "dspark", "eagle3")
+
+
 class _Timeout(Exception):
     pass
 
@@ -237,11 +240,12 @@ def _alarm(signum: int, frame: Any) -> None:
 
 def run_fuzz(models: dict[str, Path], seed: int, n: int, workdir: Path) -> dict[str, Any]:
     """Inspect every mutant; return counts and every failure (exception, long message, slow, memory)."""
-    from engine_ext.gguf_info import GGUFError, describe, estimate_memory, inspect_gguf
+    from engine_ext.gguf_info import GGUFError, describe, estimate_memory, inspect_gguf, validate_loadable
 
     signal.signal(signal.SIGALRM, _alarm)
     per_kind: Counter[str] = Counter()
     refused: Counter[str] = Counter()
+    loader_refused: Counter[bool] = Counter()  # by the loader's rules after inspection passed: drafts, the others
     failures: list[str] = []
     worst_time, worst_mem = 0.0, 0
     for i, (kind, name, what, head, tail) in enumerate(mutants(models, seed, n)):
@@ -259,6 +263,13 @@ def run_fuzz(models: dict[str, Path], seed: int, n: int, workdir: Path) -> dict[
             estimate = estimate_memory(info, info.context_length or 4096)
             describe(info, estimate)
             json.dumps({**info.to_dict(), "memory_estimate": estimate.to_dict()})  # as `llmtui info --json`
+            try:  # the loader's rules, which every file llama.cpp loads (a model or a draft) goes through
+                validate_loadable(path)
+            except GGUFError as exc:
+                loader_refused[name in _DRAFT_KINDS] += 1
+                msg = str(exc)
+                if "\n" in msg or len(msg) > MAX_MESSAGE:
+                    failures.append(f"{label}: loader message of {len(msg)} chars: {msg[:120]!r}")
         except GGUFError as exc:
             refused[kind] += 1
             msg = str(exc)
@@ -282,6 +293,7 @@ def run_fuzz(models: dict[str, Path], seed: int, n: int, workdir: Path) -> dict[
     return {
         "per_kind": dict(per_kind),
         "refused": dict(refused),
+        "loader_refused": {"drafts": loader_refused[True], "models": loader_refused[False]},
         "failures": failures,
         "worst_seconds": round(worst_time, 3),
         "worst_traced_bytes": worst_mem,
@@ -316,6 +328,7 @@ def test_gguf_inspection_fuzz(tiny_models: dict[str, Path]) -> None:
     assert sum(result["per_kind"].values()) == N_MUTANTS
     assert min(result["per_kind"].values()) >= 50, result["per_kind"]
     assert sum(result["refused"].values()) > 0
+    assert result["loader_refused"]["drafts"] > 0, result["loader_refused"]
     assert result["failures"] == [], "\n".join(result["failures"][:40])
 
 

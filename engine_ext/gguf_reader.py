@@ -17,6 +17,8 @@ from typing import Any, BinaryIO, Protocol, TypeAlias, TypeVar
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from engine_ext.untrusted_text import MAX_MESSAGE, one_line
+
 
 class GGUFError(Exception):
     """A GGUF file cannot be used: missing, unreadable, or (subclass) malformed."""
@@ -185,28 +187,20 @@ class _Header:
 
 # One-line error messages, and the net that turns any other exception from reading a header into one
 
-_MAX_MESSAGE = 300  # every GGUFError message is one line of at most this many characters
+_MAX_MESSAGE = MAX_MESSAGE  # every GGUFError message is one line of at most this many characters
 _MAX_PATH_IN_MESSAGE = 100
-
-
-def _clip(text: str, limit: int) -> str:
-    """One line (whitespace runs and control characters folded) of at most ``limit`` characters."""
-    text = " ".join(text[: limit * 4].split())
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _message(path: Path | str, problem: str, hint: str = "") -> str:
     """``<path>: <problem>; <hint>`` in one line of at most _MAX_MESSAGE characters: a long path keeps its end,
     a long problem (values, keys, names read from the file) is cut so that the hint still fits."""
-    where = _clip(str(path), 10_000)
+    where = one_line(str(path), 10_000)
     if len(where) > _MAX_PATH_IN_MESSAGE:
         where = "…" + where[-(_MAX_PATH_IN_MESSAGE - 1) :]
-    hint = _clip(hint, 120)
+    hint = one_line(hint, 120)
     room = _MAX_MESSAGE - len(where) - 2 - (len(hint) + 2 if hint else 0)
-    text = f"{where}: {_clip(problem, max(room, 40))}" + (f"; {hint}" if hint else "")
-    return _clip(text, _MAX_MESSAGE)
+    text = f"{where}: {one_line(problem, max(room, 40))}" + (f"; {hint}" if hint else "")
+    return one_line(text, _MAX_MESSAGE)
 
 
 def _error(path: Path | str, problem: str, hint: str = "") -> GGUFError:

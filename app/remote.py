@@ -42,6 +42,7 @@ from app.messages import (
     TokensArrived,
 )
 from engine_ext.params import SpeculativeParams, SteeringEntry
+from engine_ext.untrusted_text import one_line, shown
 from models_catalog.transport import MAX_HEADER_LINE, MAX_HEADERS, Watchdog, format_size, json_items, retry_after
 
 REMOTE_PREFIX: Final = "remote:"
@@ -98,11 +99,6 @@ class RemoteChoice:
 
 def remote_path(name: str, model: str) -> str:
     return f"{REMOTE_PREFIX}{name}/{model}"
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # ----- HTTP -----
@@ -565,14 +561,15 @@ class RemoteBridge:
         chosen = next((m for m in models if m.id == self.model), None) if self.model else models[0]
         if chosen is None:
             names = ", ".join(m.id for m in models[:5]) + (" …" if len(models) > 5 else "")
-            self._post(ModelLoadFailed(path, f"{self.remote.name} does not serve {self.model!r}; it serves {names}"))
+            message = f"{self.remote.name} does not serve {self.model!r}; it serves {names}"
+            self._post(ModelLoadFailed(path, one_line(message)))
             return
         self.model, self.n_ctx, self.connected = chosen.id, chosen.n_ctx, True
         self._post(
             ModelLoaded(
                 ModelSummary(
                     path=self.model_path,
-                    name=chosen.id,
+                    name=shown(chosen.id),
                     architecture="remote",
                     backend=self.backend,
                     n_ctx=chosen.n_ctx,

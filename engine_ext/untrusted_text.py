@@ -8,9 +8,11 @@ Newlines and tabs are kept where a text has lines (a model card); a message is o
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
-__all__ = ["MAX_MESSAGE", "one_line", "shown", "valid_text"]
+__all__ = ["MAX_MESSAGE", "json_text", "one_line", "shown", "valid_text"]
 
 MAX_MESSAGE = 300  # every message about bad input is one line of at most this many characters
 
@@ -52,6 +54,14 @@ def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
     text = " ".join(str(text)[: limit * 4 + 16].split())
     text = shown(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """`value` as JSON for a terminal: non-ASCII text kept readable, but every character shown() would change
+    written as a \\u escape (JSON escapes C0 controls itself; not DEL, C1 or bidirectional controls, nor lone
+    surrogates, which could not even be printed). The same value as json.dumps gives, to any JSON reader."""
+    text = json.dumps(value, ensure_ascii=False, indent=indent)
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in "\n\t" else f"\\u{ord(m.group()):04x}", text)
 
 
 def valid_text(text: str) -> str:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from app import paths
 from app.cli.types import MAX_CONTEXT, int_range
 from app.models import ModelNotFound
+from engine_ext.untrusted_text import json_text
 from models_catalog import pairing
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def _library(extra: list[str]) -> Library:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2))
+    print(json_text(value, indent=2))
 
 
 def _ago(ts: str | float | None) -> str:

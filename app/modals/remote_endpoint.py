@@ -10,7 +10,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from app.config import ConfigError, RemoteSettings
+from app.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings
 from app.remote import RemoteError, RemoteModel, list_models
 from engine_ext.untrusted_text import one_line
 
@@ -85,6 +85,7 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
             api_key_env=value("remote-key-env"),
             api_key=value("remote-key"),
             model=value("remote-model"),
+            stall_timeout_s=self.remote.stall_timeout_s if self.remote else REMOTE_STALL_TIMEOUT_S,  # config.toml only
         )
         if not remote.name:
             raise ConfigError("give the remote engine a name")

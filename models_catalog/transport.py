@@ -56,6 +56,7 @@ class Limits:
     # string of gigabytes in a file the listing says is huge) gets an error instead of buffering it.
     max_read_bytes: int = 16 * 1024 * 1024
     listing_s: float = 180.0  # a repository's whole listing (its info and every page of its tree)
+    header_s: float = 120.0  # a remote GGUF header's whole Range read (every window of it)
 
 
 LIMITS = Limits()

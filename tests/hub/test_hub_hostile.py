@@ -10,6 +10,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,37 @@ def test_fuzzed_untrusted_text_never_shows_a_raw_control() -> None:
         assert json.loads(json_text({"k": text})) == {"k": text}
         assert_no_raw_controls(json_text({"k": text}, indent=2))
     assert shown("a\udfffb") == "a\ufffdb"
+
+
+def test_a_hub_errors_reason_header_and_body_are_shown_without_escapes(
+    hf_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.quiet_http import QuietHTTPServer
+
+    class Erring(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = f"body{ESCAPES}".encode()
+            in_latin1 = ESCAPES.replace("\x00", "").replace("\u202e", "")  # what a status line and header carry
+            self.send_response(418, f"Teapot{in_latin1}")
+            self.send_header("X-Error-Message", f"header{in_latin1}")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = QuietHTTPServer(("127.0.0.1", 0), Erring)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        with pytest.raises(HubError) as refused:
+            hub.search("x")
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(refused.value)
+    assert_no_raw_controls(message)
+    assert "Teapot␛]0;PWNED␇" in message and "\n" not in message and len(message) <= 300

@@ -168,7 +168,7 @@ class _KV:
     count: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Tensor:
     name: str
     type_id: int

@@ -17,6 +17,7 @@ import filelock
 from engine_ext.gguf_facts import inspect_gguf
 from engine_ext.gguf_reader import GGUFError
 from engine_ext.private_files import PRIVATE_FILE_MODE, write_private_text
+from engine_ext.untrusted_text import shown
 from models_catalog import hfcache, pairing
 from models_catalog.download import Control, ProgressCallback, TransferOptions, fetch
 from models_catalog.errors import ModelsError
@@ -240,7 +241,7 @@ class Library:
                 problem = str(exc)
         present = tuple(f for f in files if f.exists())
         return LocalModel(
-            name=name,
+            name=shown(name),  # from file and folder names on disk: as it may be shown
             path=path,
             source=source,
             repo_id=repo_id,

@@ -225,3 +225,24 @@ def test_a_hub_errors_reason_header_and_body_are_shown_without_escapes(
     message = str(refused.value)
     assert_no_raw_controls(message)
     assert "Teapot␛]0;PWNED␇" in message and "\n" not in message and len(message) <= 300
+
+
+def test_model_files_named_with_controls_are_listed_with_them_shown(
+    tiny_models: dict[str, Path], tmp_path: Path, hf_env: Path
+) -> None:
+    """A file name is text from outside too (another tool may have saved a hostile repository's names)."""
+    import shutil
+
+    from app.model_list import local_models
+    from tests.hub.test_cli_models import llmtui
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    name = ESCAPES.replace("\x00", "").replace("/", "")
+    shutil.copyfile(tiny_models["llama"], folder / f"m{name}.gguf")
+    listed = [m.name for m in local_models([str(folder)])]
+    assert "m␛]0;PWNED␇␛[2J<U+009B>31m<U+202E>" in listed
+    for args in (["list", "--dir", str(folder)], ["list", "--dir", str(folder), "--json"]):
+        result = llmtui(*args, tmp=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert_no_raw_controls(result.stdout + result.stderr)

@@ -71,6 +71,7 @@ from engine_ext.protocol import (
     VectorProgress,
 )
 from engine_ext.recovery import EARLY_REPLIES, Fallback, fallbacks, native_crash
+from engine_ext.untrusted_text import shown
 
 POLL_S: Final = 0.05
 KEEP_REPACK_OFF: Final = "To turn repacking off altogether: F3 → Repack weights: off (or llmtui --no-repack)."
@@ -415,8 +416,8 @@ class EngineBridge:
                 ModelLoaded(
                     ModelSummary(
                         path=info.path,
-                        name=name,
-                        architecture=info.architecture,
+                        name=shown(name),
+                        architecture=shown(info.architecture),
                         backend=info.backend,
                         n_ctx=info.n_ctx,
                         n_params=info.n_params,

@@ -141,6 +141,11 @@ def parse_gpu_layers(text: str) -> int:
     return value
 
 
+REMOTE_STALL_TIMEOUT_S = 60.0
+MIN_STALL_TIMEOUT_S = 1.0
+MAX_STALL_TIMEOUT_S = 3600.0
+
+
 @dataclass(frozen=True)
 class RemoteSettings:
     """An OpenAI-compatible endpoint (llama-server, vLLM, SGLang…) used as an engine: `[[remote]]` in config.toml.
@@ -154,10 +159,17 @@ class RemoteSettings:
     api_key_env: str = ""
     api_key: str = field(default="", repr=False)
     model: str = ""  # the model to use when none is picked ('' : the first the server lists)
+    # A reply ends when the server sends no text (keep-alives and empty events do not count) for this long.
+    stall_timeout_s: float = REMOTE_STALL_TIMEOUT_S
 
     def validate(self) -> None:
         if not REMOTE_NAME_PATTERN.match(self.name):
             raise ConfigError(f"remote engine name {self.name!r} should be 1-40 letters, digits, '.', '_' or '-'")
+        if not MIN_STALL_TIMEOUT_S <= self.stall_timeout_s <= MAX_STALL_TIMEOUT_S:
+            raise ConfigError(
+                f"remote engine {self.name}: stall_timeout_s is {self.stall_timeout_s:g}; it should be "
+                f"{MIN_STALL_TIMEOUT_S:g} to {MAX_STALL_TIMEOUT_S:g} seconds"
+            )
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(
@@ -428,6 +440,7 @@ def _remotes_from_toml(data: dict[str, Any], source: str) -> tuple[RemoteSetting
                 api_key_env=_typed(item, "api_key_env", str, "", where),
                 api_key=_typed(item, "api_key", str, "", where),
                 model=_typed(item, "model", str, "", where),
+                stall_timeout_s=_typed(item, "stall_timeout_s", float, REMOTE_STALL_TIMEOUT_S, where),
             )
         )
     return tuple(remotes)
@@ -506,7 +519,8 @@ def config_to_toml(config: Config) -> str:
         lines.extend(
             f"{key} = {_toml_value(value)}"
             for key, value in asdict(remote).items()
-            if value or key in ("name", "base_url")
+            if key in ("name", "base_url")
+            or (value and not (key == "stall_timeout_s" and value == REMOTE_STALL_TIMEOUT_S))
         )
     return "\n".join(lines) + "\n"
 

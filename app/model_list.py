@@ -18,6 +18,7 @@ from app import paths
 from app.models import starter_model_path, usable_folders, user_path
 from engine_ext.gguf_facts import inspect_gguf
 from engine_ext.gguf_reader import GGUFError
+from engine_ext.untrusted_text import shown
 from models_catalog import drafts, fit, pairing
 from models_catalog.catalog import Catalog
 
@@ -85,7 +86,7 @@ def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[Local
         if resolved in seen or not model.path.is_file():
             continue
         seen.add(resolved)
-        name = model.name if model.repo_id else model.path.stem
+        name = model.name if model.repo_id else shown(model.path.stem)  # a file's name, as it may be shown
         found.append(
             LocalModel(
                 name,
@@ -106,7 +107,7 @@ def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[Local
             continue
         if resolved not in seen and path.is_file():
             seen.add(resolved)
-            found.append(LocalModel(path.stem, path, size, str(path.parent), quant=pairing.quant_tag(path.name)))
+            found.append(LocalModel(shown(path.stem), path, size, str(path.parent), quant=pairing.quant_tag(path.name)))
     return found
 
 

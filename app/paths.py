@@ -43,6 +43,15 @@ def log_dir() -> Path:
     return Path(override) / "logs" if override else Path(platformdirs.user_log_dir(APP_NAME))
 
 
+def private_folders() -> list[Path]:
+    """llmtui's own folders, made and kept owner-only: settings, data, logs, and the folder named llmtui that holds
+    the logs (platformdirs' state folder on Linux, ~/.local/state/llmtui, where logs are its log/)."""
+    folders = [config_dir(), data_dir(), log_dir()]
+    if log_dir().parent.name == APP_NAME:
+        folders.insert(2, log_dir().parent)
+    return folders
+
+
 def assets_dir() -> Path:
     """The bundled assets folder, from an installed wheel (`llmtui_assets`) or from a source checkout."""
     try:

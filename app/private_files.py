@@ -1,116 +1,36 @@
-"""Owner-only files and folders: llmtui's settings, history, logs, exports and control vectors.
-
-Folders llmtui creates for these are made 0700 and files 0600, whatever the umask. A folder that already exists
-with group or world access is tightened to 0700 once (after that its mode is right, so nothing is said again);
-`take_notice()` gives the one line that says so. Never used on the user's model folders or the Hugging Face cache.
-"""
+"""The app's owner-only folders: `secure_app_dirs` creates or tightens them at start. How files and folders are made
+owner-only is engine_ext/private_files.py's (re-exported here for the app's writers)."""
 
 from __future__ import annotations
 
-import os
-import stat
-import threading
-from pathlib import Path
+from app import paths
+from engine_ext.private_files import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
+    private_dir,
+    private_file,
+    take_notice,
+    tighten_if_exists,
+    write_private_bytes,
+    write_private_text,
+)
 
-PRIVATE_DIR_MODE = 0o700
-PRIVATE_FILE_MODE = 0o600
-
-_lock = threading.Lock()
-_tightened: list[Path] = []
-
-
-def private_dir(path: Path) -> Path:
-    """Create `path` (0700) if missing, else tighten it to 0700 when group/world can reach it; `path`."""
-    path = Path(path)
-    existed = path.is_dir()
-    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
-    if os.name != "posix":
-        return path
-    if stat.S_IMODE(path.stat().st_mode) & 0o077:
-        try:
-            os.chmod(path, PRIVATE_DIR_MODE)
-        except PermissionError:  # another user's folder (a shared LLMTUI_DATA_DIR): left as it is
-            return path
-        if existed:
-            _record(path)
-    return path
-
-
-def private_file(path: Path) -> Path:
-    """Create `path` empty (0600) if missing, else tighten an existing one to 0600; `path`."""
-    path = Path(path)
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), PRIVATE_FILE_MODE)
-    try:
-        if _tighten_fd(fd):
-            _record(path)
-    finally:
-        os.close(fd)
-    return path
-
-
-def tighten_if_exists(path: Path) -> None:
-    """Tighten an existing file to 0600 when group/world can read it (recorded for the notice)."""
-    if os.name != "posix":
-        return
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        return
-    if stat.S_ISREG(path.stat().st_mode) and mode & 0o077:
-        try:
-            os.chmod(path, PRIVATE_FILE_MODE)
-        except PermissionError:  # another user's file: left as it is
-            return
-        _record(path)
-
-
-def write_private_text(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` atomically: a 0600 temporary file beside it, renamed over it."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), PRIVATE_FILE_MODE)
-    try:
-        _tighten_fd(fd)  # a stale temporary file left by an older version keeps its mode otherwise
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            fd = -1
-            file.write(text)
-    finally:
-        if fd != -1:
-            os.close(fd)
-    os.replace(temporary, path)
+__all__ = [
+    "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
+    "private_dir",
+    "private_file",
+    "secure_app_dirs",
+    "take_notice",
+    "tighten_if_exists",
+    "write_private_bytes",
+    "write_private_text",
+]
 
 
 def secure_app_dirs() -> None:
-    """Create or tighten the config, data and log folders (0700) and tighten the settings file (0600)."""
-    from app import paths
-
-    for folder in (paths.config_dir(), paths.data_dir(), paths.log_dir()):
+    """Create or tighten llmtui's folders (0700: settings, data, logs and the state folder holding the logs) and
+    tighten the settings file (0600)."""
+    for folder in paths.private_folders():
         private_dir(folder)
     tighten_if_exists(paths.config_path())
-
-
-def take_notice() -> str | None:
-    """One line naming the folders tightened since the last call (None when there were none)."""
-    with _lock:
-        tightened, _tightened[:] = list(_tightened), []
-    if not tightened:
-        return None
-    names = ", ".join(str(p) for p in tightened)
-    return f"Made owner-only (other users on this machine could read them): {names}"
-
-
-def _record(path: Path) -> None:
-    with _lock:
-        if path not in _tightened:
-            _tightened.append(path)
-
-
-def _tighten_fd(fd: int) -> bool:
-    """Make an open file 0600 if group/world can reach it; whether it was changed."""
-    if os.name == "posix" and stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
-        try:
-            os.fchmod(fd, PRIVATE_FILE_MODE)
-        except PermissionError:  # another user's file: left as it is
-            return False
-        return True
-    return False

@@ -16,11 +16,12 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import select
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -42,6 +43,7 @@ from app.messages import (
     TokensArrived,
 )
 from engine_ext.params import SpeculativeParams, SteeringEntry
+from engine_ext.untrusted_text import one_line, shown, valid_text
 from models_catalog.transport import MAX_HEADER_LINE, MAX_HEADERS, Watchdog, format_size, json_items, retry_after
 
 REMOTE_PREFIX: Final = "remote:"
@@ -59,6 +61,14 @@ READ_CHUNK: Final = 64 * 1024
 # server writes at once) within SSE_LINE_TIME_S of its first byte. A watchdog shuts the socket down when the time
 # is up, so even a read blocked inside http.client (a header line dripping in) returns.
 SSE_LINE_TIME_S: Final = 30.0
+# A reply's headers, once their first byte came (the server may think up to the read timeout before it answers),
+# within this long however slowly they drip, as a stream line is.
+HEADER_TIME_S: Final = SSE_LINE_TIME_S
+# A reply is stopped (its text kept) past these, whatever was asked: tokens when neither max_tokens nor the server's
+# context says (a server streaming one-token chunks without end grew the reply without bound), and characters of
+# text and reasoning together in any case (a chunk may hold a megabyte).
+MAX_REPLY_TOKENS: Final = 131_072
+MAX_REPLY_CHARS: Final = 8 * 1024 * 1024
 # Values in one JSON answer or stream event, counted before parsing (models_catalog.transport.json_items): within
 # the byte limits, "[{},{},..." would still parse into millions of objects (hundreds of MB).
 MAX_JSON_ITEMS: Final = 500_000
@@ -98,11 +108,6 @@ class RemoteChoice:
 
 def remote_path(name: str, model: str) -> str:
     return f"{REMOTE_PREFIX}{name}/{model}"
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # ----- HTTP -----
@@ -360,11 +365,15 @@ def _stream_lines(response: http.client.HTTPResponse, name: str, line_time_s: fl
 
 
 def sse_events(
-    response: http.client.HTTPResponse, name: str = "the server", line_time_s: float = SSE_LINE_TIME_S
+    response: http.client.HTTPResponse,
+    name: str = "the server",
+    line_time_s: float = SSE_LINE_TIME_S,
+    on_idle: Callable[[], None] | None = None,
 ) -> Iterator[str]:
     """The `data` of each server-sent event, as text ("[DONE]" included); ends at the end of the stream. A line
     longer than MAX_SSE_LINE (or slower than `line_time_s`) or an event longer than MAX_SSE_EVENT is a
-    RemoteError, not read to its end."""
+    RemoteError, not read to its end. `on_idle` is called for every line that brings no event data (a keep-alive
+    comment, a blank line, another field); it may raise to stop a stream that brings nothing."""
     data: list[str] = []
     size = 0
     for raw in _stream_lines(response, name, line_time_s):
@@ -373,6 +382,8 @@ def sse_events(
             if data:
                 yield "\n".join(data)
                 data, size = [], 0
+            elif on_idle is not None:
+                on_idle()
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
             size += len(line)
@@ -381,7 +392,8 @@ def sse_events(
                     f"{name} sent a stream event longer than {MAX_SSE_EVENT // (1024 * 1024)} MiB; "
                     "llmtui stopped reading"
                 )
-        # other fields (event:, id:, retry:) and comments (":" keep-alives) carry nothing llmtui uses
+        elif on_idle is not None:  # other fields (event:, id:, retry:) and comments (":" keep-alives)
+            on_idle()
     if data:
         yield "\n".join(data)
 
@@ -407,6 +419,7 @@ class _Stream:
     reasoning: list[str] = field(default_factory=list)
     n_pending: int = 0
     n_tokens: int = 0
+    n_chars: int = 0  # of text and reasoning
     first_token_at: float | None = None
     last_token_at: float | None = None
     stats_posted_at: float = 0.0
@@ -565,14 +578,15 @@ class RemoteBridge:
         chosen = next((m for m in models if m.id == self.model), None) if self.model else models[0]
         if chosen is None:
             names = ", ".join(m.id for m in models[:5]) + (" …" if len(models) > 5 else "")
-            self._post(ModelLoadFailed(path, f"{self.remote.name} does not serve {self.model!r}; it serves {names}"))
+            message = f"{self.remote.name} does not serve {self.model!r}; it serves {names}"
+            self._post(ModelLoadFailed(path, one_line(message)))
             return
         self.model, self.n_ctx, self.connected = chosen.id, chosen.n_ctx, True
         self._post(
             ModelLoaded(
                 ModelSummary(
                     path=self.model_path,
-                    name=chosen.id,
+                    name=shown(chosen.id),
                     architecture="remote",
                     backend=self.backend,
                     n_ctx=chosen.n_ctx,
@@ -633,10 +647,12 @@ class RemoteBridge:
             stream.sock = connection.sock
             if stream.cancelled:
                 raise _Cancelled
-        # The headers must come within the read timeout, however slowly their bytes drip (a watchdog shuts the
-        # socket down then); the body's lines have their own limits (sse_events).
+        # The answer must start within the read timeout (the server may think that long about the prompt), and its
+        # headers then come within HEADER_TIME_S however slowly their bytes drip (a watchdog shuts the socket down
+        # then); the body's lines have their own limits (sse_events), and its text the stall limit.
         watchdog = Watchdog(self._read_timeout_s)
         watchdog.watch(connection)
+        limit_s, what = self._read_timeout_s, "an answer"
         try:
             connection.request(
                 "POST",
@@ -644,6 +660,12 @@ class RemoteBridge:
                 body=json.dumps(body).encode(),
                 headers=_headers(self.remote),
             )
+            if not select.select([connection.sock], [], [], self._read_timeout_s)[0]:
+                raise TimeoutError
+            watchdog.cancel()
+            limit_s, what = min(HEADER_TIME_S, self._read_timeout_s), "the reply's headers"
+            watchdog = Watchdog(limit_s)
+            watchdog.watch(connection)
             response = connection.getresponse()
             if watchdog.fired:  # http.client returns the headers that came before the socket was shut down
                 raise TimeoutError
@@ -658,22 +680,49 @@ class RemoteBridge:
             if stream.cancelled:
                 raise _Cancelled from None
             if watchdog.fired:
-                raise _too_slow(self.remote, "the reply's headers", self._read_timeout_s) from None
+                raise _too_slow(self.remote, what, limit_s) from None
             if isinstance(error, RemoteError):
                 raise
             raise RemoteError(connection_error_message(self.remote, error)) from None
         finally:
             watchdog.cancel()
         # A server that ignores max_tokens (or streams without end) is stopped a little past what was asked for,
-        # or past its context when nothing was; with neither known, Esc stops it.
+        # or past its context when nothing was, or past MAX_REPLY_TOKENS when neither is known.
         asked_for = body.get("max_tokens")
         asked: int = asked_for if isinstance(asked_for, int) else 0
-        most = (asked if asked > 0 else self.n_ctx) + TOKEN_SLACK if (asked > 0 or self.n_ctx > 0) else 1 << 62
+        cap = asked if asked > 0 else self.n_ctx if self.n_ctx > 0 else MAX_REPLY_TOKENS
+        why = "asked for" if asked > 0 else "its context holds" if self.n_ctx > 0 else "llmtui takes in one reply"
+        most = cap + TOKEN_SLACK
         finish: str | None = None
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
         done = False
-        for data in sse_events(response, self.remote.name, min(SSE_LINE_TIME_S, self._read_timeout_s)):
+        stall_s = self.remote.stall_timeout_s
+        body_started = time.monotonic()
+        stalled = RemoteError(
+            f"{self.remote.name} sent no text for {stall_s:g} s (keep-alives or empty events only); llmtui "
+            "stopped the reply (the text so far is kept; stall_timeout_s in [[remote]] or --stall-timeout waits longer)"
+        )
+
+        def check_stall() -> None:
+            """No text for stall_s ends the reply: counted from the headers (a server that says nothing at all
+            before its first text thinks about the prompt, within the read timeout) or from the last text (then
+            silence counts too: the socket's timeout becomes the stall limit)."""
+            if time.monotonic() - (stream.last_token_at or body_started) > stall_s:
+                raise stalled
+            if stream.last_token_at is not None and connection.sock is not None:
+                connection.sock.settimeout(min(stall_s, self._read_timeout_s))
+
+        events = sse_events(response, self.remote.name, min(SSE_LINE_TIME_S, self._read_timeout_s), check_stall)
+        while True:
+            try:
+                data = next(events)
+            except StopIteration:
+                break
+            except TimeoutError:
+                if stream.cancelled or stream.last_token_at is None:
+                    raise
+                raise stalled from None
             if stream.cancelled:
                 raise _Cancelled
             if data.strip() == "[DONE]":
@@ -691,16 +740,22 @@ class RemoteBridge:
                     f"{self.remote.name} sent a stream line that is not JSON: {one_line(data, 80)}"
                 ) from None
             if not isinstance(chunk, dict):
+                check_stall()
                 continue
             if "error" in chunk:
                 raise RemoteError(f"{self.remote.name} stopped with an error: {error_detail(data.encode())}")
             finish = self._chunk(stream, chunk) or finish
             if stream.n_tokens > most:
                 raise RemoteError(
-                    f"{self.remote.name} sent more than the {most - TOKEN_SLACK} tokens "
-                    f"{'asked for' if asked > 0 else 'its context holds'}; llmtui stopped the reply "
+                    f"{self.remote.name} sent more than the {cap} tokens {why}; llmtui stopped the reply "
                     "(the text so far is kept)"
                 )
+            if stream.n_chars > MAX_REPLY_CHARS:
+                raise RemoteError(
+                    f"{self.remote.name} sent more than {MAX_REPLY_CHARS // (1024 * 1024)} M characters in one "
+                    "reply; llmtui stopped it (the text so far is kept)"
+                )
+            check_stall()
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]
             if isinstance(chunk.get("timings"), dict):
@@ -717,7 +772,7 @@ class RemoteBridge:
                 "for its context, or it failed: see the server's log)"
             )
         stats = self._stats(stream, usage, timings)
-        stats["stop_reason"] = STOP_REASONS.get(finish or "stop", finish or "eos")
+        stats["stop_reason"] = STOP_REASONS.get(finish or "stop", one_line(finish or "eos", 40))
         return stats
 
     def _chunk(self, stream: _Stream, chunk: dict[str, Any]) -> str | None:
@@ -730,11 +785,14 @@ class RemoteBridge:
         if isinstance(delta, dict):
             content = delta.get("content")
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            content = content if isinstance(content, str) else ""
-            reasoning = reasoning if isinstance(reasoning, str) else ""
+            # text a server sends is made valid UTF-8 before it is shown, printed or stored (JSON can carry a lone
+            # surrogate, "\ud800", which no UTF-8 writer accepts)
+            content = valid_text(content) if isinstance(content, str) else ""
+            reasoning = valid_text(reasoning) if isinstance(reasoning, str) else ""
             if content or reasoning:
                 now = time.monotonic()
                 with stream.lock:
+                    stream.n_chars += len(content) + len(reasoning)
                     if content:
                         stream.text.append(content)
                     if reasoning:

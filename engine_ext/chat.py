@@ -31,6 +31,8 @@ from jinja2.utils import Namespace, generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
 from markupsafe import Markup
 
+from engine_ext.untrusted_text import one_line
+
 __all__ = [
     "FALLBACK_CHAT_TEMPLATE",
     "ChatTemplateCancelled",
@@ -70,7 +72,12 @@ _COMPILE_FOLD_LIMIT_S = 2.0
 
 
 class ChatTemplateError(Exception):
-    """The model's chat template could not be rendered; the message says why."""
+    """The model's chat template could not be rendered; the message says why, in one line of at most 300
+    characters with its control characters made visible, whatever the template raised or quoted (its own
+    raise_exception() text, an unknown filter's name, a compile error)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 class ChatTemplateCancelled(ChatTemplateError):

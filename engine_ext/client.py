@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from engine_ext.params import ContextParams, ModelParams, SpeculativeParams, SteeringEntry
+from engine_ext.private_files import private_dir
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
@@ -109,7 +110,7 @@ class EngineClient:
         process = mp.Process(
             target=worker_main, args=(child, str(self.log_path), self.skip_bufts), name="llmtui-engine", daemon=True
         )
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_path.parent)
         process.start()
         child.close()  # so the pipe reports EOF when the worker dies
         self._conn, self._process = parent, process

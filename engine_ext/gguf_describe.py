@@ -9,6 +9,7 @@ from engine_ext.gguf_layers import _LAYER_LEGEND
 from engine_ext.gguf_memory import MemoryEstimate
 from engine_ext.gguf_metadata import IntOrLayers
 from engine_ext.gguf_reader import _guarded, _some
+from engine_ext.untrusted_text import shown
 
 
 def format_bytes(n: float) -> str:
@@ -45,7 +46,7 @@ def _describe(info: GGUFInfo, estimate: MemoryEstimate | None) -> list[str]:
     lines: list[str] = []
 
     def add(label: str, text: str) -> None:
-        lines.append(f"{label:<12}{text}")
+        lines.append(shown(f"{label:<12}{text}"))  # names, keys and paths from the file, its controls visible
 
     size = format_bytes(info.total_size)
     add("File", f"{info.path} ({size}, GGUF v{info.gguf_version})")

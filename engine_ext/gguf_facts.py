@@ -30,6 +30,7 @@ from engine_ext.gguf_reader import (
 )
 from engine_ext.gguf_validate import _check_hparams
 from engine_ext.params import ascii_digits
+from engine_ext.untrusted_text import shown
 
 
 @dataclass(frozen=True)
@@ -374,8 +375,8 @@ def _build_info(
         alignment=head.alignment,
         n_kv=len(head.kv),
         n_tensors=len(tensors),
-        architecture=arch,
-        name=meta.str_value("general.name"),
+        architecture=_shown_or_none(arch),
+        name=_shown_or_none(meta.str_value("general.name")),
         file_type=file_type,
         file_type_label=label,
         file_type_guessed=guessed,
@@ -420,8 +421,8 @@ def _build_info(
         is_mtp_sidecar=is_sidecar,
         draft=draft,
         vocab_size=vocab_size,
-        tokenizer_model=meta.str_value("tokenizer.ggml.model"),
-        tokenizer_pre=meta.str_value("tokenizer.ggml.pre"),
+        tokenizer_model=_shown_or_none(meta.str_value("tokenizer.ggml.model")),
+        tokenizer_pre=_shown_or_none(meta.str_value("tokenizer.ggml.pre")),
         bos_token_id=meta.int_value("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.int_value("tokenizer.ggml.eos_token_id"),
         has_chat_template="tokenizer.chat_template" in head.kv,
@@ -434,6 +435,11 @@ def _build_info(
         output_weights_bytes=output_bytes,
         warnings=tuple(warnings),
     )
+
+
+def _shown_or_none(text: str | None) -> str | None:
+    """A string from the file as it may be shown (its control characters made visible), or None."""
+    return None if text is None else shown(text)
 
 
 def _file_type(meta: _Metadata, tensors: Sequence[_Tensor]) -> tuple[int | None, str, bool]:

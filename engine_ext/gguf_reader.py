@@ -17,6 +17,8 @@ from typing import Any, BinaryIO, Protocol, TypeAlias, TypeVar
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from engine_ext.untrusted_text import MAX_MESSAGE, one_line
+
 
 class GGUFError(Exception):
     """A GGUF file cannot be used: missing, unreadable, or (subclass) malformed."""
@@ -44,6 +46,11 @@ _MAX_KEY = 1 << 16  # metadata keys are short dotted names; a longer one is host
 _KEEP_STRING = 1 << 20  # string values longer than this are skipped (None), never read into memory
 _KEEP_STRINGS_TOTAL = 32 << 20  # and once this much string data is held, later values are skipped too
 _KEEP_ARRAY = 4096  # arrays longer than this (vocabularies, merges, scores) are skipped, only counted
+# A header read through a callback (a remote file, over HTTP Range) is walked this far at most: real headers hold a
+# few MiB (a 262,144-token vocabulary with its scores and merges is under 16 MiB), and a hostile one declaring 10^9
+# token strings in a file listed as huge would otherwise be read to its end (1.95 GB in 95 s). What a header claims
+# beyond this is refused before it is read. A local file is walked through a memory map, without reading it.
+MAX_READ_HEADER_BYTES = 64 << 20
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, one key byte, value type, smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
 
@@ -161,7 +168,7 @@ class _KV:
     count: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Tensor:
     name: str
     type_id: int
@@ -185,16 +192,8 @@ class _Header:
 
 # One-line error messages, and the net that turns any other exception from reading a header into one
 
-_MAX_MESSAGE = 300  # every GGUFError message is one line of at most this many characters
+_MAX_MESSAGE = MAX_MESSAGE  # every GGUFError message is one line of at most this many characters
 _MAX_PATH_IN_MESSAGE = 100
-
-
-def one_line(text: str, limit: int = _MAX_MESSAGE) -> str:
-    """One line (whitespace runs and control characters folded) of at most ``limit`` characters."""
-    text = " ".join(text[: limit * 4].split())
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def one_line_message(path: Path | str, problem: str, hint: str = "") -> str:
@@ -260,10 +259,11 @@ def _guarded(path: Path | str, fn: Callable[[], _T]) -> _T:
 class _Parser:
     """Walks the GGUF header with a bounds check before every read; raises GGUFValidationError."""
 
-    def __init__(self, path: Path, src: _Source, size: int, *, keep_strings: bool) -> None:
+    def __init__(self, path: Path, src: _Source, size: int, *, keep_strings: bool, limit: int | None = None) -> None:
         self.path = path
         self.src = src
         self.size = size
+        self.limit = size if limit is None else min(size, limit)  # where the header must end
         self.pos = 0
         self.keep_strings = keep_strings
         self.kept = 0  # bytes of string data read into memory
@@ -278,6 +278,17 @@ class _Parser:
                 f"truncated header: reading {what} needs {n} bytes at offset {self.pos} "
                 f"but the file has only {self.size} bytes",
                 _HINT_REDOWNLOAD,
+            )
+        self._within_limit(n, what)
+
+    def _within_limit(self, n: int, what: str) -> None:
+        """Refuse a header that would pass `limit` (MAX_READ_HEADER_BYTES for a remote one) before reading on."""
+        if self.pos + n > self.limit:
+            raise _fail(
+                self.path,
+                f"the header does not end within its first {self.limit:,} bytes: {what} needs {n:,} bytes at offset "
+                f"{self.pos}, more than a real header holds; llmtui stopped reading",
+                _HINT_CORRUPT,
             )
 
     def _unpack(self, fmt: struct.Struct, what: str) -> Any:
@@ -297,6 +308,7 @@ class _Parser:
             )
         if max_len is not None and n > max_len:
             raise _fail(self.path, f"{what} is {n} bytes long (at most {max_len})", _HINT_CORRUPT)
+        self._within_limit(n, what)
         start = self.pos
         self.pos += n
         if not keep:
@@ -345,6 +357,7 @@ class _Parser:
                 f"but the file has only {self.size} bytes",
                 _HINT_REDOWNLOAD,
             )
+        self._within_limit(need, f"{count} {what}")
 
     def _check_magic(self) -> None:
         head = self.src.read(0, min(self.size, 64))
@@ -437,6 +450,7 @@ class _Parser:
                 f"metadata array {key!r} claims {count} elements, more than the {remaining} bytes left can hold",
                 _HINT_REDOWNLOAD,
             )
+        self._within_limit(count * min_bytes, f"metadata array {key!r} of {count} elements")
         keep = count <= _KEEP_ARRAY
         if subtype == int(_VT.STRING):
             start = self.pos
@@ -459,9 +473,9 @@ class _Parser:
 
     def _skip_strings(self, key: str, count: int) -> None:
         """Walk ``count`` strings without reading them, with _string's bounds checks and messages."""
-        pos, size, unpack = self.pos, self.size, self.src.unpack
+        pos, size, limit, unpack = self.pos, self.size, self.limit, self.src.unpack
         for j in range(count):
-            if pos + 8 > size:
+            if pos + 8 > limit:
                 self.pos = pos
                 self._need(8, f"the length of element {j} of {key!r}")
             (n,) = unpack(_U64, pos)
@@ -469,6 +483,9 @@ class _Parser:
             if n > _MAX_STRING or n > size - pos:
                 self.pos = pos
                 self._string_too_long(f"element {j} of {key!r}", n)
+            if pos + n > limit:
+                self.pos = pos
+                self._within_limit(n, f"element {j} of {key!r}")
             pos += n
         self.pos = pos
 
@@ -645,11 +662,13 @@ class _ReaderSource:
 
 
 def _parse_reader(name: str, size: int, read_at: ReadAt, window: int) -> _Header:
+    """A header read through ``read_at``: walked to MAX_READ_HEADER_BYTES at most."""
     path = Path(name)
     if size <= 0:
         raise _fail(path, "the file is empty (0 bytes)", "the upload is broken; pick another file")
     try:
-        return _Parser(path, _ReaderSource(read_at, size, window), size, keep_strings=False).parse()
+        source = _ReaderSource(read_at, size, window)
+        return _Parser(path, source, size, keep_strings=False, limit=MAX_READ_HEADER_BYTES).parse()
     except (struct.error, ValueError, OverflowError, IndexError, MemoryError, UnicodeError) as exc:
         problem = f"the header could not be parsed ({type(exc).__name__}: {exc})"
         raise _fail(path, problem, _HINT_CORRUPT) from None

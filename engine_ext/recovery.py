@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -149,12 +148,9 @@ class RepackMemory:
         return True
 
     def _write(self, entries: dict[str, dict[str, object]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump({"version": 1, "entries": entries}, file, indent=1)
-        os.replace(tmp, self.path)
+        from engine_ext.private_files import write_private_text
+
+        write_private_text(self.path, json.dumps({"version": 1, "entries": entries}, indent=1))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine_ext.private_files import private_dir, private_file
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
@@ -70,10 +71,8 @@ def _inject_fault(stage: str, repacking: bool) -> None:
 
 def _redirect_native_output(log_path: Path) -> None:
     """Send fds 1 and 2 (llama.cpp's logging, GGML_ABORT messages) to the log file, never the terminal."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # owner-only, like the app's files
-    if os.name == "posix" and os.fstat(fd).st_mode & 0o077:
-        os.fchmod(fd, 0o600)  # a log left by an older version
+    private_file(private_dir(log_path.parent) / log_path.name)  # owner-only, like the app's files (an older log too)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

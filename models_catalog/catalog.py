@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import os
 import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine_ext.private_files import write_private_text
 from models_catalog.errors import CatalogError
 
 MTP_KINDS = ("in-model", "sidecar", "none")
@@ -176,10 +176,7 @@ class Catalog:
             for e in self.entries
             if e.refreshed
         }
-        self.overlay_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.overlay_path.with_name(self.overlay_path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, self.overlay_path)
+        write_private_text(self.overlay_path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def bundled_catalog_path() -> Path:

@@ -28,6 +28,7 @@ from pathlib import Path
 import filelock
 
 from engine_ext.gguf_reader import one_line_message
+from engine_ext.private_files import PRIVATE_FILE_MODE
 from models_catalog import hfcache
 from models_catalog.errors import (
     ChecksumMismatch,
@@ -90,7 +91,7 @@ class State(enum.StrEnum):
 
 
 FINAL_STATES = frozenset({State.DONE, State.FAILED, State.CANCELLED})
-PARTIAL_FILE_MODE = 0o600  # a partial download is owner-only until it is verified and installed
+PARTIAL_FILE_MODE = PRIVATE_FILE_MODE  # a partial download is owner-only until it is verified and installed
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ def discard_partial(file: RemoteFile, cache_root: Path | None = None) -> bool:
     rc = hfcache.RepoCache(cache_root or hfcache.cache_dir(), file.repo_id)
     lock_path = rc.lock(file.oid)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(lock_path), mode=0o664)
+    lock = filelock.FileLock(str(lock_path), mode=PRIVATE_FILE_MODE)
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
@@ -344,7 +345,7 @@ class _Fetch:
             )
         lock_path = self.rc.lock(self.file.oid)
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(str(lock_path), mode=0o664)
+        lock = filelock.FileLock(str(lock_path), mode=PRIVATE_FILE_MODE)
         waiting = False
         while True:
             self.control.check()

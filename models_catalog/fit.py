@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,9 @@ from typing import Any
 
 from engine_ext.gguf_facts import GGUFInfo, inspect_gguf, inspect_gguf_reader
 from engine_ext.gguf_memory import MemoryEstimate, estimate_memory
-from models_catalog import hfcache, pairing
+from engine_ext.gguf_reader import MAX_READ_HEADER_BYTES
+from engine_ext.untrusted_text import one_line
+from models_catalog import hfcache, pairing, transport
 from models_catalog.download import RemoteFile, installed_path
 from models_catalog.errors import HubError
 from models_catalog.hub import QuantGroup, RepoListing
@@ -216,23 +219,44 @@ def recommend(quants: Sequence[QuantFit]) -> str | None:
 
 
 class RangeReader:
-    """read_at(offset, n) over HTTP Range requests on a Hub file; counts requests and bytes."""
+    """read_at(offset, n) over HTTP Range requests on a Hub file; counts requests and bytes. The whole header read is
+    bounded as a local one is: the parser walks MAX_READ_HEADER_BYTES at most (refusing a header that claims more
+    before reading it), this reader stops past that many bytes too, and all its requests share LIMITS.header_s."""
 
     def __init__(self, file: RemoteFile, timeout: float = 30.0) -> None:
         self.file = file
         self.timeout = timeout
         self.requests = 0
         self.bytes_read = 0
+        self.deadline: float | None = None  # set by the first read
 
     def __call__(self, offset: int, n: int) -> bytes:
-        hfcache.require_online(f"reading the header of {self.file.repo_id}/{self.file.path}")
+        what = f"the header of {self.file.repo_id}/{self.file.path}"
+        hfcache.require_online(f"reading {what}")
         end = min(self.file.size, offset + n) - 1
         if end < offset:
             return b""
+        limit_s = transport.LIMITS.header_s
+        if self.deadline is None:
+            self.deadline = time.monotonic() + limit_s
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise HubError(
+                one_line(f"the Hub took longer than the {limit_s:g} s limit to send {what}; stopped reading")
+            )
+        if self.bytes_read > MAX_READ_HEADER_BYTES + (4 << 20):  # the parser's limit and a window or so
+            raise HubError(
+                one_line(
+                    f"{what} passes {MAX_READ_HEADER_BYTES >> 20} MiB, more than a real header holds; stopped reading"
+                )
+            )
         self.requests += 1
         try:
             resp = open_url(
-                self.file.url, headers=hub_headers({"Range": f"bytes={offset}-{end}"}), timeout=self.timeout
+                self.file.url,
+                headers=hub_headers({"Range": f"bytes={offset}-{end}"}),
+                timeout=self.timeout,
+                time_limit=min(transport.LIMITS.exchange_s, left),
             )
         except TransientHTTPError as exc:
             raise HubError(str(exc)) from None

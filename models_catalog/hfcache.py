@@ -9,6 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine_ext.untrusted_text import shown
 from models_catalog.errors import BadModelSpec, OfflineError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -107,8 +108,9 @@ def is_oid(value: str) -> bool:
 
 def safe_repo_path(path: str) -> bool:
     """A file path inside a repository that stays inside its snapshot folder: relative, "/"-separated, no empty,
-    "." or ".." part, no backslash or NUL, not too long. A hostile listing naming "../../x" is refused by it."""
-    if not path or len(path) > MAX_REPO_PATH or "\\" in path or "\0" in path or path.startswith("/"):
+    "." or ".." part, no backslash or control character, not too long. A hostile listing naming "../../x" (or a
+    file whose name would write escape codes to a terminal) is refused by it."""
+    if not path or len(path) > MAX_REPO_PATH or "\\" in path or path.startswith("/") or shown(path) != path:
         return False
     return all(part not in ("", ".", "..") for part in path.split("/"))
 

@@ -13,6 +13,7 @@ from urllib.parse import quote, urlencode, urljoin
 
 from huggingface_hub import hf_hub_url
 
+from engine_ext.untrusted_text import shown
 from models_catalog import hfcache, pairing, transport
 from models_catalog.download import RemoteFile
 from models_catalog.errors import HubError, OfflineError, RepoNotFound
@@ -223,18 +224,25 @@ def _tags(value: Any) -> tuple[str, ...]:
     return tuple(t for t in value[:1000] if isinstance(t, str)) if isinstance(value, list) else ()
 
 
-def _summary(item: Any, what: str) -> RepoSummary:
+def _summary(item: Any, what: str) -> RepoSummary | None:
+    """One search hit; None for one whose id is no repository id (control characters, spaces: nothing llmtui could
+    list or download), so it is never shown. The author is the id's owner when the Hub's is no such name."""
     if not isinstance(item, dict) or not isinstance(item.get("id"), str):
         raise _shape_error(what, "an entry without an id")
     repo_id = item["id"][:200]
+    if not hfcache.is_valid_repo_id(repo_id):
+        return None
+    owner = repo_id.split("/")[0]
+    author = _str(item.get("author"))
+    modified = _str(item.get("lastModified"))
     return RepoSummary(
         repo_id=repo_id,
-        author=_str(item.get("author")) or repo_id.split("/")[0],
+        author=author if author and hfcache.is_valid_repo_id(f"{author}/x") else owner,
         downloads=_int(item.get("downloads")),
         likes=_int(item.get("likes")),
-        last_modified=_str(item.get("lastModified")),
+        last_modified=shown(modified) if modified is not None else None,
         gated=bool(item.get("gated")),
-        tags=_tags(item.get("tags")),
+        tags=tuple(shown(tag) for tag in _tags(item.get("tags"))),
     )
 
 
@@ -261,7 +269,8 @@ def search(
     value, _ = _get_json(f"{hfcache.endpoint()}/api/models?{urlencode(params)}", what)
     if not isinstance(value, list):
         raise _shape_error(what, f"a {type(value).__name__}, not a list")
-    return [_summary(item, what) for item in value[:limit]]
+    hits = (_summary(item, what) for item in value[:limit])
+    return [hit for hit in hits if hit is not None]
 
 
 def _tree_entry(entry: Any, what: str) -> tuple[str, int, str, str | None] | None:
@@ -352,10 +361,10 @@ def list_repo(repo_id: str, revision: str = "main") -> RepoListing:
         commit=commit,
         files=tuple(files),
         gated=bool(info.get("gated")),
-        tags=_tags(info.get("tags")),
+        tags=tuple(shown(tag) for tag in _tags(info.get("tags"))),
         downloads=_int(info.get("downloads")),
         likes=_int(info.get("likes")),
-        last_modified=_str(info.get("lastModified")),
+        last_modified=shown(info["lastModified"]) if isinstance(info.get("lastModified"), str) else None,
     )
 
 
@@ -402,7 +411,8 @@ def listing(repo_id: str, revision: str = "main") -> RepoListing:
 
 
 def model_card(repo_id: str, revision: str = "main") -> str:
-    """The repository's README.md (the model card) as text; '' when it has none."""
+    """The repository's README.md (the model card) as text, its control characters made visible (newlines and
+    tabs kept); '' when it has none."""
     hfcache.require_online(f"fetching the model card of {repo_id}")
     url = hf_hub_url(repo_id, "README.md", revision=revision, endpoint=hfcache.endpoint())
     what = f"the model card of {repo_id}"
@@ -411,7 +421,7 @@ def model_card(repo_id: str, revision: str = "main") -> str:
         if resp.status == 404:
             return ""
         raise_for_status(resp, repo_id, what)
-        return resp.read_body(MAX_CARD_BYTES, what).decode("utf-8", "replace")
+        return shown(resp.read_body(MAX_CARD_BYTES, what).decode("utf-8", "replace"), multiline=True)
     finally:
         resp.close()
 

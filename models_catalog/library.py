@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -17,6 +16,8 @@ import filelock
 
 from engine_ext.gguf_facts import inspect_gguf
 from engine_ext.gguf_reader import GGUFError
+from engine_ext.private_files import PRIVATE_FILE_MODE, write_private_text
+from engine_ext.untrusted_text import shown
 from models_catalog import hfcache, pairing
 from models_catalog.download import Control, ProgressCallback, TransferOptions, fetch
 from models_catalog.errors import ModelsError
@@ -126,10 +127,7 @@ class Library:
             return
         usage = self._usage()
         usage[str(Path(path).absolute())] = time.time() if when is None else when
-        self.usage_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.usage_file.with_name(self.usage_file.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(usage, indent=1))
-        os.replace(tmp, self.usage_file)
+        write_private_text(self.usage_file, json.dumps(usage, indent=1))
 
     # -- listing -------------------------------------------------------------------------------------
 
@@ -243,7 +241,7 @@ class Library:
                 problem = str(exc)
         present = tuple(f for f in files if f.exists())
         return LocalModel(
-            name=name,
+            name=shown(name),  # from file and folder names on disk: as it may be shown
             path=path,
             source=source,
             repo_id=repo_id,
@@ -408,7 +406,7 @@ def _locked(lock_path: Path) -> bool:
     """Whether another process holds a blob lock (without creating the lock file)."""
     if not lock_path.exists():
         return False
-    lock = filelock.FileLock(str(lock_path))
+    lock = filelock.FileLock(str(lock_path), mode=PRIVATE_FILE_MODE)  # filelock chmods the file it opens to this
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:

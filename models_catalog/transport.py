@@ -32,6 +32,7 @@ from urllib.parse import urljoin, urlsplit
 from huggingface_hub.utils import build_hf_headers
 
 from engine_ext.params import ascii_digits
+from engine_ext.untrusted_text import one_line
 from models_catalog import hfcache
 from models_catalog.errors import GatedRepoError, HubError, RepoNotFound
 
@@ -57,6 +58,7 @@ class Limits:
     # string of gigabytes in a file the listing says is huge) gets an error instead of buffering it.
     max_read_bytes: int = 16 * 1024 * 1024
     listing_s: float = 180.0  # a repository's whole listing (its info and every page of its tree)
+    header_s: float = 120.0  # a remote GGUF header's whole Range read (every window of it)
 
 
 LIMITS = Limits()
@@ -322,7 +324,7 @@ def open_url(
                 resp,
                 timeout,
                 None if stream else watchdog,
-                (resp.reason or "")[:60],
+                one_line(resp.reason or "", 60),  # the server's words, their controls shown
                 what,
             )
             return response
@@ -407,13 +409,13 @@ def raise_for_status(resp: Response, repo_id: str, what: str) -> None:
     if status < 400:
         return
     code = (resp.header("X-Error-Code") or "")[:100]
-    message = " ".join((resp.header("X-Error-Message") or "").split())[:200]
+    message = one_line(resp.header("X-Error-Message") or "", 200)  # the server's words, their controls shown
     try:
         body = resp.read_all(LIMITS.max_error_body, f"the error for {what}").decode("utf-8", "replace")
     except HubError:
         body = ""
     resp.close()
-    detail = message or " ".join(body.split())[:120]
+    detail = message or one_line(body, 120)
     if code == "GatedRepo" or (status in (401, 403) and "gated" in (message + body).lower()):
         raise GatedRepoError(gated_message(repo_id))
     if status in (401, 403, 404) and not repo_id:  # not about a repository (a search)

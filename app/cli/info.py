@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from app.cli.engine_args import CONTEXT
 from app.models import resolve_model
+from engine_ext.untrusted_text import json_text
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -21,7 +21,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         out: dict[str, Any] = info.to_dict()
         out["memory_estimate"] = estimate.to_dict()
-        print(json.dumps(out, ensure_ascii=False, indent=2))
+        print(json_text(out, indent=2))
     else:
         print("\n".join(describe(info, estimate)))
     return 0

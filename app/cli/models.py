@@ -14,6 +14,7 @@ from app import paths
 from app.cli.session import error_line
 from app.cli.types import MAX_CONTEXT, int_range
 from app.models import ModelNotFound
+from engine_ext.untrusted_text import json_text, shown
 from models_catalog import pairing
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def _library(extra: list[str]) -> Library:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2))
+    print(json_text(value, indent=2))
 
 
 def _ago(ts: str | float | None) -> str:
@@ -182,7 +183,7 @@ def _list(args: argparse.Namespace) -> int:
             print("No unfinished downloads.")
         for p in partials:
             state = "downloading now" if p.active else "resume with `llmtui models pull`, or `models rm --partials`"
-            print(f"  {p.repo_id:<40} {format_bytes(p.size):>10}  {p.tool:<15} {state}")
+            print(shown(f"  {p.repo_id:<40} {format_bytes(p.size):>10}  {p.tool:<15} {state}"))  # names from disk
         return 0
     from models_catalog import hfcache
 
@@ -197,10 +198,11 @@ def _list(args: argparse.Namespace) -> int:
         sidecars = ",".join(sorted(m.sidecars)) or "-"
         state = "" if m.complete else "  INCOMPLETE (missing shards)"
         problem = f"  ({m.problem})" if m.problem else ""
-        print(
+        line = (
             f"  {m.name:<50} {format_bytes(m.size):>10}  {m.architecture or '?':<14} sidecars: {sidecars:<12} "
             f"used: {_ago(m.last_used)}{state}{problem}"
         )
+        print(shown(line))  # file and folder names from disk, as they may be shown
     partials = library.partials()
     if partials:
         print(f"{len(partials)} unfinished download(s): llmtui models list --partials")

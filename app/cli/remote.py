@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.config import ConfigError, RemoteSettings, SamplingSettings
+from app.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings, SamplingSettings
 
 if TYPE_CHECKING:  # Textual's messages are imported when a remote is used: plain commands start without Textual
     from textual.message import Message
@@ -49,11 +49,19 @@ def add_remote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--api-key-env", default="", metavar="NAME", help="with --remote: the environment variable holding the API key"
     )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=REMOTE_STALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help="with --remote: end the reply when the server sends no text for this long, keep-alives and empty "
+        f"events aside (default {REMOTE_STALL_TIMEOUT_S:g})",
+    )
 
 
 def remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, str]:
     """The endpoint and the model asked for ('' : the server's first; 'starter', the local default, counts as none)."""
-    remote = RemoteSettings("remote", args.remote, api_key_env=args.api_key_env)
+    remote = RemoteSettings("remote", args.remote, api_key_env=args.api_key_env, stall_timeout_s=args.stall_timeout)
     try:
         remote.validate()
     except ConfigError as error:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from engine_ext.protocol import (
     ChatMessage,
     Generate,
 )
+from engine_ext.untrusted_text import json_text
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -97,7 +97,7 @@ def _run_generation(
             "notices": list(finished.notices),
             "speculative": finished.speculative.to_dict() if finished.speculative else None,
         }
-        print(json.dumps(out, ensure_ascii=False))
+        print(json_text(out))
     else:
         sys.stdout.write("\n")
         for notice in finished.notices:
@@ -136,7 +136,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     with RemoteSession(remote, model) as session:
         text, stats = session.ask(messages, sampling_settings(args), echo=not args.json)
     if args.json:
-        print(json.dumps({"text": text, "model": session.model.name, "stats": stats}, ensure_ascii=False))
+        print(json_text({"text": text, "model": session.model.name, "stats": stats}))
     else:
         sys.stdout.write("\n")
         print(format_remote_stats(stats), file=sys.stderr)

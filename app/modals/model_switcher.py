@@ -19,6 +19,7 @@ from app.config import RemoteSettings
 from app.model_list import LocalModel, describe_models, local_models
 from app.remote import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
 from engine_ext.gguf_info import format_bytes
+from engine_ext.untrusted_text import one_line
 
 SwitcherResult = Path | RemoteChoice | None
 # Rows shown per remote engine (and of local files) for one filter: a server may list hundreds of thousands of models
@@ -194,7 +195,7 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
                     label.append(
                         "● " if remote_path(remote.name, item.id) == self.current else "  ", style="bold green"
                     )
-                    label.append(item.id, style="bold")
+                    label.append(one_line(item.id, 120), style="bold")
                     label.append(f"  {where}", style="cyan")
                     options.add_option(Option(label, id=f"remote-{r_index}-{m_index}"))
                 if shown > MAX_ROWS:

@@ -10,8 +10,9 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from app.config import ConfigError, RemoteSettings
+from app.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings
 from app.remote import RemoteError, RemoteModel, list_models
+from engine_ext.untrusted_text import one_line
 
 ModelLister = Callable[[RemoteSettings], list[RemoteModel]]
 
@@ -84,6 +85,7 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
             api_key_env=value("remote-key-env"),
             api_key=value("remote-key"),
             model=value("remote-model"),
+            stall_timeout_s=self.remote.stall_timeout_s if self.remote else REMOTE_STALL_TIMEOUT_S,  # config.toml only
         )
         if not remote.name:
             raise ConfigError("give the remote engine a name")
@@ -123,11 +125,11 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
         try:
             models = self._lister(remote)
         except Exception as error:  # RemoteError says what to fix; anything else is shown as it is
-            text = str(error) if isinstance(error, RemoteError) else f"{type(error).__name__}: {error}"
+            text = str(error) if isinstance(error, RemoteError) else one_line(f"{type(error).__name__}: {error}")
             self.app.call_from_thread(self.show_status, text, error=True)
             return
         names = ", ".join(m.id for m in models[:4]) + (" …" if len(models) > 4 else "")
-        text = f"OK: {len(models)} model{'s' if len(models) != 1 else ''}" + (f" ({names})" if names else "")
+        text = one_line(f"OK: {len(models)} model{'s' if len(models) != 1 else ''}" + (f" ({names})" if names else ""))
         if remote.model and all(m.id != remote.model for m in models):
             self.app.call_from_thread(self.show_status, f"{text}, but not {remote.model!r}", error=True)
             return

@@ -43,6 +43,7 @@ from app.screens.models_messages import (
 )
 from app.widgets.downloads import DownloadsPanel
 from engine_ext.gguf_info import GGUFError, format_bytes
+from engine_ext.untrusted_text import MAX_MESSAGE, one_line
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
 from models_catalog.download import FINAL_STATES, DownloadTask, State, installed_path
@@ -69,17 +70,10 @@ WORK_NAMES = {
     "delete-size": "Sizing the model's files",
     "resume-partial": "Resuming the partial download",
 }
-MAX_MESSAGE = 300
 # Model files of one repository the screen groups into quants. Grouping pairs every file with its sidecars by
 # llama.cpp's rules, which takes time growing with the square of the files (5,000 took 43 s, and a listing may hold
 # 100,000); the largest real GGUF repositories hold a few hundred.
 MAX_REPO_MODEL_FILES = 2000
-
-
-def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
-    """`text` on one line of at most `limit` characters (a message from a hostile server or file may be neither)."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:

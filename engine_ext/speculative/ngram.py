@@ -31,6 +31,7 @@ from os import PathLike
 import numpy as np
 import numpy.typing as npt
 
+from engine_ext.private_files import write_private_bytes
 from engine_ext.speculative.base import Drafter, common_prefix_length
 
 __all__ = [
@@ -812,8 +813,7 @@ def save_ngram_cache(cache: NgramCacheTable, path: str | PathLike[str]) -> None:
                 raise ValueError(f"n-gram {gram}: non-positive count {count}")
             flat += (token, count)
         chunks.append(struct.pack(f"<{len(flat)}i", *flat))
-    with open(path, "wb") as f:
-        f.write(b"".join(chunks))
+    write_private_bytes(path, b"".join(chunks))
 
 
 class NgramCache(_NgramDrafter):

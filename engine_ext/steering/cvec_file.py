@@ -8,7 +8,6 @@ layer N. The loader sums several tensors for one layer and ignores the metadata;
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from engine_ext.params import EngineError
+from engine_ext.private_files import private_dir, private_file
 
 ARCH = "controlvector"
 _GGML_TYPE_IDS = frozenset(int(t) for t in GGMLQuantizationType)
@@ -52,9 +52,8 @@ def write_control_vector(vector: ControlVector, path: Path) -> Path:
     """Write in upstream's exact layout (plus llmtui.* string keys, which llama.cpp ignores)."""
     if not vector.directions:
         raise ControlVectorError("a control vector needs at least one layer direction")
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Owner-only, like llmtui's other files: created 0600 here, GGUFWriter then truncates it and keeps the mode.
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600))
+    private_file(private_dir(path.parent) / path.name)
     writer = GGUFWriter(str(path), ARCH)
     try:
         writer.add_string("controlvector.model_hint", vector.model_hint)

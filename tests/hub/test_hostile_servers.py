@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import struct
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -24,12 +28,14 @@ from app.config import RemoteSettings, SamplingSettings
 from app.messages import GenerationFailed, GenerationFinished, ModelLoaded
 from app.remote import RemoteBridge, RemoteError, list_models
 from engine_ext.gguf_info import GGUFError
+from engine_ext.gguf_reader import MAX_READ_HEADER_BYTES
 from models_catalog import download, fit, hfcache, hub, transport
 from models_catalog.download import RemoteFile, TransferOptions
 from models_catalog.errors import DownloadError, ModelsError
 from tests.fakes import Collector
 from tests.hostile_http import CASES, COMMIT, FILE_SHA256, FILE_SIZE, HostileHTTPServer
 from tests.hub_server import HubServer
+from tests.quiet_http import QuietHTTPServer
 
 REPO = "evil/Repo"
 # Short limits, so a drip (a byte every 0.3 s: never a second without one) is cut off in about a second (the
@@ -226,3 +232,192 @@ def test_a_download_waits_as_asked_and_resumes_after_a_drip(hub_server: HubServe
     assert any("sent only" in m for m in said), said
     resumed = [r for r in hub_server.data_requests("model.gguf", settled=True) if r.range]
     assert resumed and resumed[-1].start > 0  # the drip's bytes were kept and not fetched again
+
+
+# ----- header bombs: a remote GGUF header declaring more than a header can hold (issue 32, class 5) -------------
+
+BOMB_SIZE = 16 << 30  # what the listing says the file holds
+
+
+class _BombHandler(BaseHTTPRequestHandler):
+    """Serves a virtual file of BOMB_SIZE bytes: `prefix`, then `pattern` again and again; Range honoured."""
+
+    server: BombServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        start, end = (int(match[1]), int(match[2] or BOMB_SIZE - 1)) if match else (0, BOMB_SIZE - 1)
+        end = min(end, BOMB_SIZE - 1)
+        self.send_response(206 if match else 200)
+        self.send_header("Content-Length", str(end - start + 1))
+        if match:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{BOMB_SIZE}")
+        self.end_headers()
+        self.server.requests += 1
+        try:
+            for offset in range(start, end + 1, 1 << 20):
+                piece = self.server.content(offset, min(1 << 20, end + 1 - offset))
+                self.wfile.write(piece)
+                self.server.sent += len(piece)
+        except OSError:  # the client stopped reading: what is expected
+            pass
+
+
+class BombServer(QuietHTTPServer):
+    def __init__(self, prefix: bytes, pattern: bytes) -> None:
+        super().__init__(("127.0.0.1", 0), _BombHandler)
+        self.prefix, self.pattern = prefix, pattern
+        self.sent = 0
+        self.requests = 0
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def content(self, offset: int, n: int) -> bytes:
+        head = self.prefix[offset : offset + n]
+        rest = n - len(head)
+        if rest <= 0:
+            return head
+        start = max(0, offset - len(self.prefix)) % len(self.pattern)
+        times = -(-(start + rest) // len(self.pattern))
+        return head + (self.pattern * times)[start : start + rest]
+
+    def file(self) -> RemoteFile:
+        url = f"http://127.0.0.1:{self.server_address[1]}/{REPO}/resolve/{COMMIT}/bomb.gguf"
+        return RemoteFile(REPO, "bomb.gguf", BOMB_SIZE, "e" * 64, COMMIT, url, "e" * 64)
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def _gguf_string(text: bytes) -> bytes:
+    return struct.pack("<Q", len(text)) + text
+
+
+def _kv_head(key: bytes, vtype: int) -> bytes:
+    return _gguf_string(key) + struct.pack("<I", vtype)
+
+
+_STRING, _ARRAY, _U8, _U32, _F64 = 8, 9, 0, 4, 12
+_ARCH = _kv_head(b"general.architecture", _STRING) + _gguf_string(b"llama")
+
+
+def _bomb(kind: str, count: int, length: int = 1) -> tuple[bytes, bytes]:
+    """(prefix, pattern) of a header bomb of `kind`, declaring `count` things (strings of `length` bytes)."""
+    head = b"GGUF" + struct.pack("<I", 3)
+    if kind == "token-strings":  # the campaign's bomb: tokenizer.ggml.tokens as `count` strings
+        prefix = head + struct.pack("<QQ", 0, 2) + _ARCH + _kv_head(b"tokenizer.ggml.tokens", _ARRAY)
+        return prefix + struct.pack("<IQ", _STRING, count), _gguf_string(b"a" * length)
+    if kind in ("u8-array", "u32-array", "f64-array"):
+        subtype = {"u8-array": _U8, "u32-array": _U32, "f64-array": _F64}[kind]
+        prefix = head + struct.pack("<QQ", 0, 2) + _ARCH + _kv_head(b"tokenizer.ggml.scores", _ARRAY)
+        return prefix + struct.pack("<IQ", subtype, count), b"\0"
+    if kind == "long-string":  # one value claiming `count` bytes
+        prefix = head + struct.pack("<QQ", 0, 2) + _ARCH + _kv_head(b"general.description", _STRING)
+        return prefix + struct.pack("<Q", count), b"d"
+    if kind == "many-keys":  # `count` entries, all with the same key after the first
+        return head + struct.pack("<QQ", 0, count) + _ARCH, _kv_head(b"k", _U32) + b"\0\0\0\0"
+    if kind == "many-tensors":  # `count` tensors, all with the same name
+        info = _gguf_string(b"t") + struct.pack("<IQIQ", 1, 32, 0, 0)
+        return head + struct.pack("<QQ", count, 1) + _ARCH, info
+    raise ValueError(kind)
+
+
+BOMBS: dict[str, tuple[str, int, int]] = {
+    "tokens-1e9": ("token-strings", 10**9, 1),  # the campaign's: 1.95 GB read in 95 s
+    "tokens-1e8": ("token-strings", 10**8, 1),
+    "tokens-max-array": ("token-strings", (1 << 30), 0),
+    "tokens-long-each": ("token-strings", 10**6, 1000),
+    "u32-array-1e9": ("u32-array", 10**9, 0),
+    "f64-array-1e8": ("f64-array", 10**8, 0),
+    "u8-array-2e8": ("u8-array", 2 * 10**8, 0),
+    "string-1gb": ("long-string", (1 << 30) - 1, 0),
+    "string-100mb": ("long-string", 100 << 20, 0),
+    "keys-999999": ("many-keys", 999_999, 0),
+    "tensors-999999": ("many-tensors", 999_999, 0),
+}
+
+
+def _read_bomb(prefix: bytes, pattern: bytes) -> tuple[BaseException | None, float, int, int]:
+    """remote_info over a bomb: (what it raised, seconds, traced memory peak, bytes the server sent)."""
+    server = BombServer(prefix, pattern)
+    tracemalloc.start()
+    started = time.monotonic()
+    raised: BaseException | None = None
+    try:
+        fit.remote_info([server.file()])
+    except (ModelsError, GGUFError) as error:
+        raised = error
+    finally:
+        seconds = time.monotonic() - started
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        server.close()
+    return raised, seconds, peak, server.sent
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_a_remote_header_bomb_is_refused_before_it_is_read(
+    name: str, hf_env: Path, report: list[dict[str, object]]
+) -> None:
+    kind, count, length = BOMBS[name]
+    raised, seconds, peak, sent = _read_bomb(*_bomb(kind, count, length))
+    report.append(
+        {
+            "kind": "header-bomb",
+            "case": name,
+            "message": str(raised),
+            "seconds": round(seconds, 2),
+            "peak_mb": round(peak / 2**20, 1),
+            "sent": sent,
+        }
+    )
+    assert raised is not None, f"{name}: read as a header"
+    message = str(raised)
+    assert "\n" not in message and len(message) <= 300, message
+    assert re.search(r"does not end within|appears twice|claims|truncated", message), message
+    assert sent <= MAX_READ_HEADER_BYTES + (8 << 20), f"{name}: {sent} bytes read"
+    assert peak < MAX_PEAK, f"{name}: {peak / 2**20:.0f} MB"
+
+
+def test_fuzzed_remote_header_bombs_stop_within_the_header_limit(hf_env: Path, report: list[dict[str, object]]) -> None:
+    """Seeded fuzz of header bombs: random kinds, counts and lengths; each refused in one line within the limit."""
+    rng = random.Random(32)
+    kinds = ["token-strings", "u8-array", "u32-array", "f64-array", "long-string", "many-keys", "many-tensors"]
+    for case in range(30):
+        kind = rng.choice(kinds)
+        count = rng.choice([rng.randrange(10**6, 10**7), 10**7, 10**8, 10**9, (1 << 30) - 1, 1 << 30, 2**40, 2**63])
+        length = rng.choice([0, 1, 63, 4096])
+        raised, seconds, peak, sent = _read_bomb(*_bomb(kind, count, length))
+        report.append(
+            {
+                "kind": "header-bomb-fuzz",
+                "case": f"{case}:{kind}:{count}:{length}",
+                "message": str(raised),
+                "seconds": round(seconds, 2),
+                "peak_mb": round(peak / 2**20, 1),
+                "sent": sent,
+            }
+        )
+        if raised is not None:  # a bomb small enough to be a header is read as one, within the same bounds
+            assert "\n" not in str(raised) and len(str(raised)) <= 300, str(raised)
+        assert sent <= MAX_READ_HEADER_BYTES + (8 << 20) and peak < MAX_PEAK, (kind, count, length, sent, peak)
+
+
+def test_a_remote_header_read_shares_one_time_limit(hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Range request of one header read shares LIMITS.header_s: a server answering each window slowly, but
+    within its own exchange's limit, cannot stretch the whole read."""
+    monkeypatch.setattr(transport, "LIMITS", replace(LIMITS, header_s=5.0))
+    server = BombServer(*_bomb("token-strings", 10**6, 1))
+    try:
+        reader = fit.RangeReader(server.file())
+        assert len(reader(0, 1024)) == 1024
+        assert reader.deadline is not None
+        reader.deadline -= 5.0  # as if the first windows had taken the whole limit
+        with pytest.raises(ModelsError, match=r"took longer than the 5 s limit to send the header of evil/Repo"):
+            reader(1024, 1024)
+    finally:
+        server.close()

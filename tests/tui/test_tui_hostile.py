@@ -405,6 +405,42 @@ async def test_f4_reads_a_header_bomb_through_http_range_with_bounded_memory(
     )
 
 
+ESCAPES = "\x1b]0;PWNED\x07\x1b[2J\x9b31m\u202e"
+
+
+@pytest.mark.anyio
+async def test_f4_shows_a_hubs_ids_tags_and_a_files_names_without_their_escapes(
+    hostile_hub: HostileHub, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 32, class 3: what a hub or a model file names reaches the screen with its control characters visible
+    (a search result's id with escapes is not shown at all: it names no repository llmtui could open)."""
+    from tests.hub.test_hub_hostile import assert_no_raw_controls
+
+    named = _write_edited(
+        tiny_models["llama"],
+        tmp_path / "named.gguf",
+        [("general.name", _STR, -1, f"Name{ESCAPES}"), ("tokenizer.ggml.pre", _STR, -1, f"pre{ESCAPES}")],
+    )
+    hostile_hub.add_repo(f"evil/Esc{ESCAPES}-GGUF", {"m.gguf": b"GGUF"}, downloads=9)
+    hostile_hub.add_repo(
+        "good/Named-GGUF", {"Named-Q8_0.gguf": named}, tags=("gguf", f"tag{ESCAPES}"), last_modified=f"2026{ESCAPES}"
+    )
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_models_screen(pilot, app)
+        await search(pilot, app, screen, "GGUF")
+        assert [r.repo_id for r in screen.search_results] == ["good/Named-GGUF"]
+        results = screen.query_one("#search-results", OptionList)
+        labels = [str(results.get_option_at_index(i).prompt) for i in range(results.option_count)]
+        assert labels and all(assert_no_raw_controls(label) is None for label in labels)
+        await open_repo(pilot, app, screen, "good/Named-GGUF")
+        assert screen.report is not None, screen.fit_error
+        assert_no_raw_controls(detail(screen))
+        assert_no_raw_controls(str(screen.report.info.name) + str(screen.report.info.tokenizer_pre))
+        assert "Name␛]0;PWNED␇" == str(screen.report.info.name)[: len("Name␛]0;PWNED␇")]
+        assert_up(app)
+
+
 def _json_bytes(value: object) -> bytes:
     return json.dumps(value).encode()
 

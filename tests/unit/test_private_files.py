@@ -176,3 +176,85 @@ def test_a_partial_download_is_0600_until_installed_then_shared_like_huggingface
     path = download.fetch(file, options=options)
     # installed: the mode huggingface_hub gives its blobs (0666 less the umask), as the cache is shared
     assert path.read_bytes() == data and mode(path.resolve()) == 0o644
+
+
+# ----- every writer, every command (issue 32, class 9) ----------------------------------------------------------
+
+
+def _modes_under(root: Path) -> dict[str, int]:
+    """Every folder and file under `root` (itself included) with its mode, for a readable assertion."""
+    found = {str(root): mode(root)}
+    for path in root.rglob("*"):
+        found[str(path)] = mode(path)
+    return found
+
+
+def assert_owner_only(root: Path) -> None:
+    loose = {p: oct(m) for p, m in _modes_under(root).items() if m != (0o700 if Path(p).is_dir() else 0o600)}
+    assert not loose, loose
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o002, 0o022])
+def test_private_dir_makes_missing_parents_owner_only_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    os.umask(umask)
+    folder = private_files.private_dir(tmp_path / "a" / "b" / "c")
+    assert [mode(p) for p in (tmp_path / "a", tmp_path / "a" / "b", folder)] == [0o700] * 3
+    private_files.write_private_bytes(tmp_path / "x" / "y" / "cache.bin", b"\0" * 8)
+    assert mode(tmp_path / "x") == 0o700 and mode(tmp_path / "x" / "y" / "cache.bin") == 0o600
+    assert [p.name for p in (tmp_path / "x" / "y").iterdir()] == ["cache.bin"]  # no temporary file left
+
+
+def test_usage_and_catalog_files_are_0600_even_over_older_0644_ones(tmp_path: Path) -> None:
+    from models_catalog.catalog import load_catalog
+    from models_catalog.library import Library
+
+    data = tmp_path / "fresh-data"
+    library = Library([], usage_file=data / "model-usage.json")
+    library.mark_used(tmp_path / "m.gguf")
+    assert mode(data) == 0o700 and mode(data / "model-usage.json") == 0o600
+    (data / "model-usage.json").chmod(0o644)  # an older llmtui's file: the next write replaces it with a 0600 one
+    library.mark_used(tmp_path / "n.gguf")
+    catalog = load_catalog(overlay_path=data / "catalog-refresh.json")
+    catalog.save_overlay()
+    assert_owner_only(data)
+
+
+def test_secure_app_dirs_tightens_the_state_folder_that_holds_the_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLMTUI_DATA_DIR")
+    monkeypatch.delenv("LLMTUI_CONFIG_DIR")
+    state = paths.log_dir().parent
+    assert state.name == "llmtui"  # platformdirs' ~/.local/state/llmtui, logs in its log/
+    state.mkdir(parents=True)
+    state.chmod(0o755)  # as an older llmtui's CLI left it
+    private_files.secure_app_dirs()
+    assert mode(state) == 0o700 and mode(paths.log_dir()) == 0o700 and mode(paths.data_dir()) == 0o700
+    assert str(state) in (private_files.take_notice() or "")
+
+
+def test_every_command_leaves_owner_only_folders_and_files(
+    hermetic_dirs: object, hub_server: HubServer, hf_env: Path, tiny_models: dict[str, Path]
+) -> None:
+    """The campaign's reproducer with the platform folders (no LLMTUI_* overrides), under umask 022: a catalog
+    refresh, a pull (a download lock in the cache) and a run (the engine log) leave nothing group/world-readable."""
+    from models_catalog.catalog import load_catalog
+
+    hub_server.add_repo("org/Tiny-GGUF", {"Tiny-Q8_0.gguf": tiny_models["llama"]})
+    env = {k: v for k, v in os.environ.items() if k not in ("LLMTUI_DATA_DIR", "LLMTUI_CONFIG_DIR")}
+    catalog_id = load_catalog().entries[0].id
+    for args in (
+        ["models", "refresh", catalog_id],
+        ["models", "pull", "org/Tiny-GGUF:Q8_0"],
+        ["run", "-m", str(tiny_models["llama"]), "-p", "hi", "-n", "2", "-t", "1"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, (args, result.stderr)
+    home = Path(os.environ["HOME"])
+    data, state = home / ".local" / "share" / "llmtui", home / ".local" / "state" / "llmtui"
+    assert (data / "catalog-refresh.json").is_file() and (state / "log" / "engine.log").is_file()
+    for root in (data, state):
+        assert_owner_only(root)
+    assert mode(home / ".local") == 0o700 and mode(home / ".local" / "share") == 0o700  # made by llmtui: XDG's mode
+    locks = list((hf_env / ".locks").rglob("*.lock"))
+    assert locks and {mode(lock) for lock in locks} == {0o600}

@@ -7,6 +7,7 @@ Every payload goes through render_chat, the function the engine renders a conver
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 import tracemalloc
@@ -323,3 +324,79 @@ def test_template_features_render_as_before() -> None:
         "[[0, 1], [2, 3], [4]][[0, 1, 2], [3, 4]]12x=1aBBcp-qnamed  xaa\nbb[1, 2, 3](1, 2, 1, 2)"
     )
     assert render_chat(SAMPLER, USER_HI, bos_token="", eos_token="") == expected
+
+
+# ----- error text (issue 32, class 2): whatever a template raises or quotes becomes one clean line ----------------
+
+ESCAPES = "\\x1b[2J\\x1b]0;PWN\\x07\\x9b31m\\u202e"
+# name: a template whose error message would quote hostile text
+ERROR_TEXT: dict[str, str] = {
+    "raise_huge": "{{ raise_exception('B' * 700000) }}",
+    "raise_lines": "{{ raise_exception('first\\nsecond\\r\\n' * 300) }}",
+    "raise_escapes": "{{ raise_exception('" + ESCAPES + "bad') }}",
+    "raise_surrogate": "{{ raise_exception('\\ud800 lone') }}",
+    "raise_non_string": "{{ raise_exception(['\\x1b[31m'] * 5000) }}",
+    "unknown_filter": "{{ 1 | " + "f" * 6000 + " }}",
+    "unknown_test": "{% if 1 is " + "t" * 6000 + " %}{% endif %}",
+    "syntax_long_name": "{% " + "n" * 6000 + " %}",
+    "syntax_escape_in_name": "{{ 'x' | \x1b[2Jfilter }}",
+    "undefined_call": "{{ " + "u" * 6000 + "() }}",
+    "unknown_tag_after_lines": "\n" * 500 + "{% " + "x\x07" * 10 + " %}",
+    "format_error": "{{ ('%d' * 3) % ('\\x1b]0;T\\x07' * 2000,) }}",
+}
+
+
+def assert_one_clean_line(text: str) -> None:
+    assert "\n" not in text and "\r" not in text, text[:200]
+    assert len(text) <= 300, len(text)
+    assert all(ch.isprintable() for ch in text), repr(text[:300])
+    text.encode("utf-8")  # no lone surrogate
+
+
+@pytest.mark.parametrize("name", sorted(ERROR_TEXT))
+def test_template_error_text_is_one_clean_line(name: str) -> None:
+    result, _wall, _peak = render_measured(ERROR_TEXT[name])
+    assert isinstance(result, ChatTemplateError), f"{name}: {result!r}"
+    assert_one_clean_line(str(result))
+
+
+def test_a_raised_message_keeps_its_start_with_escapes_shown() -> None:
+    result, _wall, _peak = render_measured("{{ raise_exception('\\x1b]0;PWN\\x07no system role') }}")
+    assert isinstance(result, ChatTemplateError)
+    assert "␛]0;PWN␇no system role" in str(result)
+
+
+def _error_path_template(rng: random.Random) -> str:
+    """A random template that fails, quoting random hostile text: raise_exception, unknown names, bad syntax."""
+    pieces = ["\\x1b[2J", "\\x1b]0;X\\x07", "\\n", "\\r", "\\t", "\\x00", "\\x9b", "\\u202e", "\\ud800", "A", "é"]
+    text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
+    repeat = rng.choice([1, 10, 1000, 100000])
+    raw = "".join(rng.choice(["\x1b", "\x07", "\n", "z", "\u202e"]) for _ in range(rng.randint(1, 30)))
+    name = rng.choice(["f", "g_", "ü"]) * rng.randint(1, 8000)
+    kind = rng.randrange(6)
+    if kind == 0:
+        return "{{ raise_exception('" + text + "' * " + str(repeat) + ") }}"
+    if kind == 1:
+        return "{{ 1 | " + name + " }}"
+    if kind == 2:
+        return "{% if 1 is " + name + " %}{% endif %}"
+    if kind == 3:
+        return "{{ " + raw + " }}"
+    if kind == 4:
+        return "{% " + name + " %}"
+    return "{{ ('" + text + "' * " + str(repeat) + ") | int(" + raw.replace("'", "") + ") }}"
+
+
+def test_fuzzed_template_error_paths_give_one_clean_line() -> None:
+    """Seeded fuzz of templates' error paths: every failure is one clean line, and nothing else escapes."""
+    rng = random.Random(32)
+    failures = 0
+    for _ in range(300):
+        try:
+            result = render_chat(_error_path_template(rng), USER_HI, bos_token="<s>", eos_token="</s>")
+        except ChatTemplateError as exc:
+            failures += 1
+            assert_one_clean_line(str(exc))
+        else:
+            assert isinstance(result, str), repr(result)
+    assert failures > 200  # the generator makes failing templates, mostly

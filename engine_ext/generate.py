@@ -397,8 +397,11 @@ class Session:
         t_first = t_last = time.perf_counter()
         ttft_ms = 0.0
         governor = self.governor
-        # The step time is measured per segment of constant conditions (the governor counts its changes).
+        # The step time is measured per segment of constant conditions (the governor counts its changes), and the
+        # governor measures the step rate per thread count while this loop runs.
         changes = governor.changes if governor is not None else 0
+        if governor is not None:
+            governor.decoding = True
         segment = (self.conditions, t_first, 1)  # conditions, start time, tokens generated at the start
         while True:
             token = sampler.sample(ctx)
@@ -426,6 +429,8 @@ class Session:
                 break
             decode_one(token, len(cached))
             cached.append(token)
+        if governor is not None:
+            governor.decoding = False
         self._observe_plain_segment(segment, t_last, n_generated)
         return _LoopResult(stop_reason, n_generated, t_first, t_last, ttft_ms, None)
 

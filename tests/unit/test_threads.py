@@ -92,3 +92,36 @@ def test_the_plain_baseline_is_per_conditions() -> None:
     assert baseline.get((2, 0)) == 12.0 and baseline.get((1, 1)) == 17.0 and baseline.get((2, 1)) == 0.0
     baseline.observe((2, 1), 0.0)  # no measurement
     assert baseline.get((2, 1)) == 0.0
+
+
+def test_a_count_measured_faster_stays_against_the_load_rule_until_the_measurement_is_stale() -> None:
+    """An intermittent load measured as a CPU's worth, with two threads still decoding faster than one: the
+    governor tries one thread (the load rule), measures it slower, goes back to two and stays there while both
+    measurements are fresh; then tries the load rule's count again."""
+    from engine_ext.threads import FRESH_S
+
+    gov, contention, clock, applied = governor()
+    gov.decoding = True
+    busyish = CpuLoad(1.0, 2)
+    contention.loads = [CpuLoad(0.0, 2), busyish]
+    gov.tick(force=True)  # a baseline
+
+    def decode(steps: int, seconds: float = SAMPLE_S + 0.01) -> None:
+        """`steps` decode steps in one sample window, then the sample."""
+        for _ in range(steps - 1):
+            gov.tick()
+        clock.step(seconds)
+        gov.tick()
+
+    decode(30)  # two threads, 30 steps in the window: measured; the load rule then says one
+    assert applied == [1] and gov.rates[(2, 1)][0] > 0
+    contention.loads = [busyish] * 40
+    decode(15)  # one thread measured at half the speed: back to two (after RAISE_AFTER samples with the rule's room)
+    decode(30)
+    assert applied == [1, 2]
+    for _ in range(int(FRESH_S / (SAMPLE_S + 0.01)) - 4):
+        decode(30)
+    assert applied == [1, 2]  # fresh measurements keep two threads against the load rule
+    for _ in range(6):
+        decode(30)
+    assert applied[:3] == [1, 2, 1]  # stale: the load rule's count is tried again

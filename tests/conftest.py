@@ -14,6 +14,40 @@ from tests.crash_isolation import pytest_cmdline_main  # noqa: F401  (the hook: 
 from tests.hub_server import HubServer
 from tests.tiny_models import write_all
 
+# ----- the `slow` marker: left out of the default run ------------------------------------------------------
+
+
+def _node_ids_named(config: pytest.Config) -> set[str]:
+    """The tests the command line names by node id (`path::name`), as ids relative to the rootdir."""
+    named = set()
+    for arg in config.args:
+        path, sep, rest = arg.partition("::")
+        if not sep:
+            continue
+        try:
+            relative = (config.invocation_params.dir / path).resolve().relative_to(config.rootpath)
+        except ValueError:
+            continue
+        named.add(f"{relative.as_posix()}::{rest}")
+    return named
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` run only when asked for: with a marker expression (`-m slow` runs them alone,
+    `-m "slow or not slow"` everything) or named by node id. Otherwise they are deselected, and pytest says how
+    many."""
+    if config.option.markexpr:
+        return
+    named = _node_ids_named(config)
+    slow = [
+        item
+        for item in items
+        if item.get_closest_marker("slow") and item.nodeid not in named and item.nodeid.split("[")[0] not in named
+    ]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]
+
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

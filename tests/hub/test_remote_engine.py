@@ -390,7 +390,6 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
     llama_server.wait_idle()
 
 
-@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_switching_from_the_local_engine_to_a_remote_one_and_back(llama_server: LlamaServer) -> None:

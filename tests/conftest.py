@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import shutil
 import site
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,6 +176,27 @@ def hub_server(hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubSer
 def app_dirs(hermetic_dirs: HermeticDirs) -> tuple[Path, Path]:
     """The test's fresh config dir and data dir for the app (LLMTUI_CONFIG_DIR / LLMTUI_DATA_DIR); (config, data)."""
     return hermetic_dirs.config, hermetic_dirs.data
+
+
+@pytest.fixture(autouse=True)
+def app_started_before_the_pilot(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LlmtuiApp.run_test` hands over its Pilot once the app has started (it reads its settings and history in a
+    thread: tests/pilot.py's `started`), as it did when on_mount read them; a test marked `before_start` gets the
+    Pilot at once, to see what happens meanwhile."""
+    if request.node.get_closest_marker("before_start"):
+        return
+    from app.tui import LlmtuiApp
+    from tests.pilot import started
+
+    run_test = LlmtuiApp.run_test
+
+    @asynccontextmanager
+    async def run_test_started(app: LlmtuiApp, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with run_test(app, *args, **kwargs) as pilot:
+            await started(pilot)
+            yield pilot
+
+    monkeypatch.setattr(LlmtuiApp, "run_test", run_test_started)
 
 
 @pytest.fixture(scope="session", autouse=True)

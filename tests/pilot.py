@@ -33,6 +33,20 @@ def chat_of(app: LlmtuiApp) -> ChatScreen:
     return chat
 
 
+async def started(pilot: Pilot[Any]) -> None:
+    """Once the app has read its settings and history (in its start-up thread) and shown its first screen, or has
+    ended because it could not."""
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    await wait_until(
+        pilot,
+        lambda: app.started or app.return_code is not None,
+        "the app's start-up: its settings, history and model read",
+    )
+    if app.started:
+        await pilot.pause()
+
+
 async def ready(pilot: Pilot[None]) -> ChatScreen:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
@@ -156,6 +170,7 @@ def make_app() -> LlmtuiApp:
 async def loaded(pilot: Pilot[Any]) -> None:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
+    await started(pilot)
     app.model = MODEL
     app.set_engine_state("ready")
     await pilot.pause()

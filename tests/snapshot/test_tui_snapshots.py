@@ -12,7 +12,7 @@ from textual.pilot import Pilot
 
 from app.config import RemoteSettings
 from app.tui import LlmtuiApp
-from tests.pilot import SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: a fixture)
+from tests.pilot import SIZES, loaded, make_app, seeded, started  # noqa: F401 (seeded: a fixture)
 from tests.waits import wait_until
 
 
@@ -180,4 +180,4 @@ def test_first_run_screen(
     monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     app.requested_model = None
-    assert snap_compare(app, terminal_size=size)
+    assert snap_compare(app, terminal_size=size, run_before=started)

@@ -19,7 +19,7 @@ from app.tui import LlmtuiApp
 from app.widgets.downloads import DownloadsPanel
 from models_catalog.download import Progress, State
 from tests.hub_server import HubServer
-from tests.pilot import assert_footer_fits
+from tests.pilot import assert_footer_fits, started
 from tests.waits import wait_until
 
 REPO = "org/Tiny-Qwen35-GGUF"
@@ -54,6 +54,7 @@ def make_app(tiny_models: dict[str, Path]) -> LlmtuiApp:
 
 
 async def open_models(pilot: Pilot[Any]) -> ModelsScreen:
+    await started(pilot)
     await pilot.press("f4")
     await wait_until(pilot, lambda: isinstance(pilot.app.screen, ModelsScreen))
     screen = pilot.app.screen

@@ -39,6 +39,7 @@ from tests.pilot import (  # noqa: F401 (seeded: fixture)
     reply_done,
     seeded,
     send,
+    started,
 )
 from tests.waits import wait_until
 
@@ -680,6 +681,7 @@ async def _panel(pilot: Pilot[Any]) -> None:
 async def _meter(pilot: Pilot[Any], details: bool = False) -> None:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
+    await started(pilot)  # the settings read, before they are changed
     app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True), spec_details=details)
     await loaded(pilot)
     app.speculation.drafters = ("ngram-mod", "draft-mtp") if details else ("ngram-mod",)

@@ -1138,7 +1138,7 @@ def chat_laid_out(app: LlmtuiApp) -> bool:
 async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: str) -> ChatScreen:
     """A conversation of `turns` questions, each answered "answer N" + `answer`, opened in the chat screen (and
     scrolled to its end)."""
-    await pilot.pause(0.2)  # the app's start-up settled (a conversation opened sooner is not scrolled to its end)
+    await wait_until(pilot, lambda: app.chat is not None and app.focused is app.chat.prompt, "the chat's first mount")
     chat = app.chat
     assert chat is not None
     store = app.store

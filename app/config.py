@@ -6,10 +6,15 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
+
+import tomlkit
+from tomlkit.exceptions import ParseError as TomlParseError
+from tomlkit.items import AoT
 
 from app.paths import CONFIG_FILE_NAME, config_path
 from app.private_files import private_dir, write_private_text
@@ -480,25 +485,14 @@ def _steering_from_toml(data: dict[str, Any], source: str) -> SteeringSettings:
     )
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        escaped = "".join(c if c >= " " or c == "\t" else f"\\u{ord(c):04x}" for c in escaped)
-        return f'"{escaped}"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    raise TypeError(f"cannot write {value!r} to TOML")
+CONFIG_HEADER = "llmtui settings: the settings screen changes the values; your comments, order and other keys stay"
 
 
-def config_to_toml(config: Config) -> str:
-    """config.toml text for `config` (flat tables, written by hand: tomllib only reads)."""
-    engine = asdict(config.engine)
+def _config_tables(config: Config) -> dict[str, dict[str, object]]:
+    """config.toml's tables for `config` (all but [[remote]]), as plain TOML values."""
+    engine: dict[str, object] = {key: _plain(value) for key, value in asdict(config.engine).items()}
     engine["n_gpu_layers"] = config.engine.n_gpu_layers if config.engine.n_gpu_layers >= -1 else "auto"
-    tables: dict[str, dict[str, object]] = {
+    return {
         "engine": engine,
         "models": {"folders": list(config.model_folders), "last_model": config.last_model},
         "ui": {
@@ -507,22 +501,71 @@ def config_to_toml(config: Config) -> str:
             "draft_colouring": config.draft_colouring,
             "spec_details": config.spec_details,
         },
-        "speculative": asdict(config.speculative),
-        "steering": asdict(config.steering),
+        "speculative": {key: _plain(value) for key, value in asdict(config.speculative).items()},
+        "steering": {key: _plain(value) for key, value in asdict(config.steering).items()},
     }
-    lines = ["# llmtui settings (edited by the settings screen; comments are not kept)"]
-    for name, table in tables.items():
-        lines.append(f"\n[{name}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
-    for remote in config.remotes:
-        lines.append("\n[[remote]]")
-        lines.extend(
-            f"{key} = {_toml_value(value)}"
+
+
+def _plain(value: object) -> object:
+    """A TOML value as Python compares it: tuples as lists, tomlkit's items unwrapped."""
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    unwrap = getattr(value, "unwrap", None)
+    return unwrap() if callable(unwrap) else value
+
+
+def _update(table: MutableMapping[str, Any], values: dict[str, object]) -> None:
+    """Set each value in `table` where it differs (an unchanged value keeps how the user wrote it, and every
+    comment stays where it was)."""
+    for key, value in values.items():
+        if key not in table or _plain(table[key]) != value:
+            table[key] = value
+
+
+def _update_remotes(document: tomlkit.TOMLDocument, remotes: tuple[RemoteSettings, ...]) -> None:
+    """[[remote]] tables for `remotes`, each remote's table kept (with its comments) when one had its name."""
+    previous = document.get("remote")
+    kept = {table.get("name"): table for table in previous} if isinstance(previous, AoT) else {}
+    if "remote" in document:
+        del document["remote"]
+    if not remotes:
+        return
+    tables = tomlkit.aot()
+    for remote in remotes:
+        table = kept.pop(remote.name, None) or tomlkit.table()
+        values = {
+            key: value
             for key, value in asdict(remote).items()
             if key in ("name", "base_url")
             or (value and not (key == "stall_timeout_s" and value == REMOTE_STALL_TIMEOUT_S))
-        )
-    return "\n".join(lines) + "\n"
+        }
+        for key in [key for key in asdict(remote) if key in table and key not in values]:
+            del table[key]
+        _update(table, values)
+        tables.append(table)
+    document["remote"] = tables
+
+
+def config_to_toml(config: Config, previous: str = "") -> str:
+    """config.toml text for `config`: `previous` (the file as it was) with the values that changed written in
+    place, so the user's comments, order and other keys stay; a new file when there was none or it was not TOML."""
+    try:
+        document = tomlkit.parse(previous) if previous.strip() else None
+    except TomlParseError:
+        document = None
+    if document is None:
+        document = tomlkit.document()
+        document.add(tomlkit.comment(CONFIG_HEADER))
+    for name, values in _config_tables(config).items():
+        table = document.get(name)
+        if not isinstance(table, MutableMapping):
+            table = tomlkit.table()
+            if name in document:
+                del document[name]
+            document[name] = table
+        _update(table, values)
+    _update_remotes(document, config.remotes)
+    return tomlkit.dumps(document)
 
 
 def load_config(path: Path | None = None) -> Config:
@@ -539,11 +582,15 @@ def load_config(path: Path | None = None) -> Config:
 
 def save_config(config: Config, path: Path | None = None) -> None:
     """Validate and write the settings atomically (a 0600 temporary file renamed over the old one, in a 0700
-    folder)."""
+    folder), keeping the file's comments, order and other keys (config_to_toml)."""
     config.validate()
     path = path or config_path()
     try:
+        previous = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):  # none yet, or unreadable: written anew
+        previous = ""
+    try:
         private_dir(path.parent)
-        write_private_text(path, config_to_toml(config))
+        write_private_text(path, config_to_toml(config, previous))
     except OSError as error:
         raise ConfigError(f"cannot save settings to {path}: {error}") from error

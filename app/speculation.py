@@ -10,10 +10,10 @@ from pathlib import Path
 from app.config import SpeculativeSettings
 from engine_ext.gguf_info import GGUFError, inspect_gguf
 from engine_ext.protocol import SpeculativeStats
-from engine_ext.speculative.catalog import CATALOGUE, NGRAM_TYPES, TYPE_FOR_DRAFT, TYPE_FOR_KIND, load_plan
+from engine_ext.spec_catalog import CATALOGUE, NGRAM_TYPES, TYPE_FOR_DRAFT, TYPE_FOR_KIND, load_plan
 from models_catalog.drafts import DraftCandidate, draft_candidates, missing_drafts
 
-# The catalogue's names for what the UI shows and picks (engine_ext.speculative.catalog holds the types).
+# The catalogue's names for what the UI shows and picks (engine_ext.spec_catalog holds the types).
 TYPE_HELP = {t.name: t.summary for t in CATALOGUE}
 KIND_TYPES = TYPE_FOR_KIND  # a draft candidate's kind (models_catalog.drafts) → the type that drafts with it
 DRAFT_KIND_TYPES = TYPE_FOR_DRAFT  # what a draft file's metadata says it is → the type that uses it

@@ -4,12 +4,15 @@ them and to the screens (generation events to the request's owner)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from textual import events, work
 from textual.app import SystemCommand
 from textual.binding import Binding
+from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.reactive import var
 from textual.screen import Screen
 
@@ -63,6 +66,29 @@ from app.shell import LlmtuiShell
 from app.store import Store, StoreError, open_default_store
 
 _S = TypeVar("_S", bound=Screen[Any])
+Notice = tuple[str, SeverityLevel, float]
+"""A notification to show once the app has started: (message, severity, seconds)."""
+
+
+@dataclass
+class StartUp:
+    """What the start-up thread read for the app: its settings, its history, the model to start with."""
+
+    config: Config = field(default_factory=Config)
+    store: Store | None = None
+    failure: str = ""  # why the history could not be opened (the app exits saying so)
+    remote: RemoteChoice | None = None
+    model: Path | None = None
+    notices: list[Notice] = field(default_factory=list)
+
+
+class StartUpRead(Message):
+    """The start-up thread has read what the app starts with."""
+
+    def __init__(self, start: StartUp) -> None:
+        super().__init__()
+        self.start = start
+
 
 THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
 
@@ -104,6 +130,10 @@ class LlmtuiApp(LlmtuiShell):
         """Sampling for new conversations."""
         self.config = Config()
         self.store: Store
+        self.started = False
+        """Whether the settings and the history are read (on_mount reads them in a thread)."""
+        self._keys_before_start: list[events.Key] = []
+        """Keys typed while the app starts, for the first screen's prompt (but ctrl+q, which quits at once)."""
         self.bridge: EngineBridge | RemoteBridge = self.local_bridge()
         """The engine in use: the local worker, or a remote OpenAI-compatible server (ctrl+l switches)."""
         self.engine_state = "starting"
@@ -120,56 +150,98 @@ class LlmtuiApp(LlmtuiShell):
     # ----- startup and shutdown -----
 
     def on_mount(self) -> None:
+        """The first frame comes first: the settings, the history (opened and migrated) and the model to start with
+        are read in a thread (`_read_start_up`); `on_start_up_read` goes on with them on the event loop."""
+        self._read_start_up()
+
+    @work(thread=True, exclusive=True, group="start-up")
+    def _read_start_up(self) -> None:
+        start = StartUp()
         try:
             secure_app_dirs()
         except OSError as error:
-            self.notify(f"cannot make llmtui's folders owner-only: {error}", severity="warning", timeout=15)
+            start.notices.append((f"cannot make llmtui's folders owner-only: {error}", "warning", 15))
         try:
-            self.config = load_config()
+            start.config = load_config()
         except ConfigError as error:
-            self.notify(f"{error}. Using default settings until you save new ones (F3).", severity="error", timeout=15)
-        self.theme = THEME_NAMES.get(self.config.theme, "textual-dark")
+            start.notices.append((f"{error}. Using default settings until you save new ones (F3).", "error", 15))
         try:
-            self.store = open_default_store()
+            start.store = open_default_store()
         except StoreError as error:
-            self.exit(message=f"llmtui: {error}")
+            start.failure = f"llmtui: {error}"
+        else:
+            if start.store.startup_notice:
+                start.notices.append((start.store.startup_notice, "warning", 20))
+            tightened = take_notice()  # said once: after tightening, the modes are right
+            if tightened:
+                start.notices.append((tightened, "warning", 20))
+            start.remote = self._initial_remote(start.config)
+            if start.remote is None:
+                start.model = self._initial_model(start.config, start.notices)
+        if not self.post_message(StartUpRead(start)) and start.store is not None:
+            start.store.close()  # the app ended meanwhile
+
+    def on_start_up_read(self, event: StartUpRead) -> None:
+        start = event.start
+        for message, severity, timeout in start.notices:
+            self.notify(message, severity=severity, timeout=timeout)
+        if start.store is None:
+            self.exit(message=start.failure)
             return
-        if self.store.startup_notice:
-            self.notify(self.store.startup_notice, severity="warning", timeout=20)
-        tightened = take_notice()  # said once: after tightening, the modes are right
-        if tightened:
-            self.notify(tightened, severity="warning", timeout=20)
-        remote = self._initial_remote()
-        if remote is not None:
+        self.config = start.config
+        self.theme = THEME_NAMES.get(self.config.theme, "textual-dark")
+        self.store = start.store
+        self.started = True
+        if start.remote is not None:
             self.push_screen(ChatScreen())
-            self.use_remote(remote)
+            self.use_remote(start.remote)
+            self._replay_keys_before_start()
             return
-        path = self._initial_model()
-        if path is None:
+        if start.model is None:
             from app.screens.first_run import FirstRunScreen
 
             self.engine_state = "no model"
             self.push_screen(FirstRunScreen())
-            return
-        self.push_screen(ChatScreen())
-        self.load_model(path)
+        else:
+            self.push_screen(ChatScreen())
+            self.load_model(start.model)
+        self._replay_keys_before_start()
 
-    def _initial_remote(self) -> RemoteChoice | None:
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not self.started and not event.is_forwarded and event.key != "ctrl+q":
+            self._keys_before_start.append(event)  # for the first screen, in order
+            return
+        await super().on_event(event)
+
+    def _replay_keys_before_start(self) -> None:
+        """The keys typed while the app started go to the first screen, queued after its mount as they were when
+        on_mount pushed it at once."""
+        keys, self._keys_before_start = self._keys_before_start, []
+        for key in keys:
+            self.post_message(events.Key(key.key, key.character))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Until the settings and the history are read, only quitting (a setting saved then would save defaults)."""
+        return True if self.started or action == "quit" else None
+
+    def _initial_remote(self, config: Config) -> RemoteChoice | None:
         """The remote engine's model used last, when no model was asked for and that endpoint is still configured."""
-        if self.requested_model or not self.config.last_model.startswith(REMOTE_PREFIX):
+        if self.requested_model or not config.last_model.startswith(REMOTE_PREFIX):
             return None
-        name, _, model = self.config.last_model.removeprefix(REMOTE_PREFIX).partition("/")
-        remote = next((r for r in self.config.remotes if r.name == name), None)
+        name, _, model = config.last_model.removeprefix(REMOTE_PREFIX).partition("/")
+        remote = next((r for r in config.remotes if r.name == name), None)
         return RemoteChoice(remote, model) if remote is not None else None
 
-    def _initial_model(self) -> Path | None:
+    def _initial_model(self, config: Config, notices: list[Notice]) -> Path | None:
+        """The model asked for (else a notice why not), the last one used, or the starter model (file reads and
+        maybe a Hugging Face cache scan: in the start-up thread)."""
         if self.requested_model:
             try:
                 return resolve_model(self.requested_model)
             except ModelNotFound as error:
-                self.notify(str(error), severity="error", timeout=15)
-        if self.config.last_model and Path(self.config.last_model).is_file():
-            return Path(self.config.last_model)
+                notices.append((str(error), "error", 15))
+        if config.last_model and Path(config.last_model).is_file():
+            return Path(config.last_model)
         return starter_model_path()
 
     def local_bridge(self) -> EngineBridge:

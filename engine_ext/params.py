@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine_ext.speculative.catalog import SPEC_TYPE_NAMES
+from engine_ext.spec_catalog import SPEC_TYPE_NAMES
 
 FlashAttention = Literal["auto", "on", "off"]
 

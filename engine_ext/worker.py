@@ -249,7 +249,7 @@ class Worker:
 
     def set_speculative(self, request: SetSpeculative) -> None:
         from engine_ext.params import EngineError
-        from engine_ext.speculative.catalog import needs_fresh_context
+        from engine_ext.spec_catalog import needs_fresh_context
         from engine_ext.speculative.factory import build_driver
 
         if self.session is None:

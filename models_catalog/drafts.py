@@ -21,7 +21,7 @@ from typing import Final
 
 from engine_ext.gguf_facts import GGUFInfo, inspect_gguf
 from engine_ext.gguf_reader import GGUFError
-from engine_ext.speculative.catalog import CATALOGUE
+from engine_ext.spec_catalog import CATALOGUE
 from models_catalog import pairing
 from models_catalog.catalog import Catalog, CatalogEntry
 from models_catalog.library import LocalModel

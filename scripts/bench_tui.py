@@ -414,6 +414,8 @@ async def bench_open(n_messages: int) -> dict[str, Any]:
     conversation_id = seed_history(n_messages, n_messages * 1200, random.Random(2))
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
+        while not app.started:  # the settings and the history are read in a thread
+            await pilot.pause(0.01)
         await pilot.pause(0.2)
         chat = app.chat
         assert chat is not None

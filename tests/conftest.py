@@ -4,15 +4,51 @@ from __future__ import annotations
 
 import shutil
 import site
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.crash_isolation import pytest_cmdline_main  # noqa: F401  (the hook: one xdist worker by default)
 from tests.hub_server import HubServer
 from tests.tiny_models import write_all
+
+# ----- the `slow` marker: left out of the default run ------------------------------------------------------
+
+
+def _node_ids_named(config: pytest.Config) -> set[str]:
+    """The tests the command line names by node id (`path::name`), as ids relative to the rootdir."""
+    named = set()
+    for arg in config.args:
+        path, sep, rest = arg.partition("::")
+        if not sep:
+            continue
+        try:
+            relative = (config.invocation_params.dir / path).resolve().relative_to(config.rootpath)
+        except ValueError:
+            continue
+        named.add(f"{relative.as_posix()}::{rest}")
+    return named
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` run only when asked for: with a marker expression (`-m slow` runs them alone,
+    `-m "slow or not slow"` everything) or named by node id. Otherwise they are deselected, and pytest says how
+    many."""
+    if config.option.markexpr:
+        return
+    named = _node_ids_named(config)
+    slow = [
+        item
+        for item in items
+        if item.get_closest_marker("slow") and item.nodeid not in named and item.nodeid.split("[")[0] not in named
+    ]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]
 
 
 @pytest.fixture(scope="session")
@@ -143,6 +179,27 @@ def hub_server(hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubSer
 def app_dirs(hermetic_dirs: HermeticDirs) -> tuple[Path, Path]:
     """The test's fresh config dir and data dir for the app (LLMTUI_CONFIG_DIR / LLMTUI_DATA_DIR); (config, data)."""
     return hermetic_dirs.config, hermetic_dirs.data
+
+
+@pytest.fixture(autouse=True)
+def app_started_before_the_pilot(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LlmtuiApp.run_test` hands over its Pilot once the app has started (it reads its settings and history in a
+    thread: tests/pilot.py's `started`), as it did when on_mount read them; a test marked `before_start` gets the
+    Pilot at once, to see what happens meanwhile."""
+    if request.node.get_closest_marker("before_start"):
+        return
+    from app.tui import LlmtuiApp
+    from tests.pilot import started
+
+    run_test = LlmtuiApp.run_test
+
+    @asynccontextmanager
+    async def run_test_started(app: LlmtuiApp, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with run_test(app, *args, **kwargs) as pilot:
+            await started(pilot)
+            yield pilot
+
+    monkeypatch.setattr(LlmtuiApp, "run_test", run_test_started)
 
 
 @pytest.fixture(scope="session", autouse=True)

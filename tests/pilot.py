@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,8 @@ from app.messages import ModelSummary
 from app.screens.chat import ChatScreen
 from app.store import open_default_store
 from app.tui import LlmtuiApp
+from engine_ext.protocol import Cancel
 from tests.waits import wait_until
-
-WAIT_S = 60.0
-
-
-async def wait_for(pilot: Pilot[None], condition: Callable[[], bool], timeout: float = WAIT_S, what: str = "") -> None:
-    """Let the app run until `condition` holds (fails after `timeout` seconds, naming `what` or the condition's
-    source line)."""
-    await wait_until(pilot, condition, what, timeout_s=timeout)
 
 
 def line_text(line: list[Any]) -> str:
@@ -41,10 +33,24 @@ def chat_of(app: LlmtuiApp) -> ChatScreen:
     return chat
 
 
+async def started(pilot: Pilot[Any]) -> None:
+    """Once the app has read its settings and history (in its start-up thread) and shown its first screen, or has
+    ended because it could not."""
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    await wait_until(
+        pilot,
+        lambda: app.started or app.return_code is not None,
+        "the app's start-up: its settings, history and model read",
+    )
+    if app.started:
+        await pilot.pause()
+
+
 async def ready(pilot: Pilot[None]) -> ChatScreen:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
-    await wait_for(pilot, lambda: app.engine_state == "ready")
+    await wait_until(pilot, lambda: app.engine_state == "ready")
     return chat_of(app)
 
 
@@ -54,7 +60,7 @@ async def send(pilot: Pilot[None], text: str) -> None:
     started = chat.replies_started
     chat.prompt.load_text(text)
     await pilot.press("enter")
-    await wait_for(pilot, lambda: chat.replies_started > started)
+    await wait_until(pilot, lambda: chat.replies_started > started)
 
 
 async def press_and_start(pilot: Pilot[None], *keys: str) -> None:
@@ -62,12 +68,12 @@ async def press_and_start(pilot: Pilot[None], *keys: str) -> None:
     chat = chat_of(pilot.app)  # type: ignore[arg-type]
     started = chat.replies_started
     await pilot.press(*keys)
-    await wait_for(pilot, lambda: chat.replies_started > started)
+    await wait_until(pilot, lambda: chat.replies_started > started)
 
 
 async def reply_done(pilot: Pilot[None]) -> None:
     chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    await wait_for(pilot, lambda: chat.generation is None and pilot.app.engine_state == "ready")
+    await wait_until(pilot, lambda: chat.generation is None and pilot.app.engine_state == "ready")
     await pilot.pause()
 
 
@@ -75,16 +81,35 @@ async def stop_mid_reply(pilot: Pilot[None]) -> None:
     """Once some tokens arrived, press Esc while the engine is paused (SIGSTOP), so the tiny model, which is
     fast, cannot finish first; then let it see the cancel."""
     chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    await wait_for(pilot, lambda: chat.generation is None or chat.generation.recorder.tokens > 0)
+    await wait_until(pilot, lambda: chat.generation is None or chat.generation.recorder.tokens > 0)
     assert chat.generation is not None, "the reply ended before it could be stopped"
     pid = pilot.app.bridge.pid or 0  # type: ignore[attr-defined]
     os.kill(pid, signal.SIGSTOP)
     try:
-        await pilot.press("escape")
-        await pilot.pause(0.1)
+        await press_to_cancel(pilot, "escape")
     finally:
         os.kill(pid, signal.SIGCONT)
     await reply_done(pilot)
+
+
+async def press_to_cancel(pilot: Pilot[Any], *keys: str) -> None:
+    """Press keys that cancel the reply being written, and wait until the bridge's thread has written the Cancel
+    to the engine's pipe (where an engine paused with SIGSTOP reads it once it runs again)."""
+    client = pilot.app.bridge._client  # type: ignore[attr-defined]
+    cancels: list[Cancel] = []
+    send = client.send
+
+    def spy(request: object) -> None:
+        send(request)
+        if isinstance(request, Cancel):
+            cancels.append(request)
+
+    client.send = spy
+    try:
+        await pilot.press(*keys)
+        await wait_until(pilot, lambda: bool(cancels), f"{'+'.join(keys)}'s Cancel written to the engine's pipe")
+    finally:
+        del client.send  # the class's method again
 
 
 SIZES = [(80, 24), (120, 40)]
@@ -145,6 +170,7 @@ def make_app() -> LlmtuiApp:
 async def loaded(pilot: Pilot[Any]) -> None:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
+    await started(pilot)
     app.model = MODEL
     app.set_engine_state("ready")
     await pilot.pause()

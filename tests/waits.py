@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 60.0  # generous: an engine starting on a busy machine; a regression still fails, naming what
 
 
 def describe(predicate: Callable[[], object]) -> str:

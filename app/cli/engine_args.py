@@ -1,5 +1,5 @@
 """The engine, sampling and speculative arguments of `run`, `chat` and `bench`, and the parameters they make (the
-same rules as the chat app: app.speculation, engine_ext.speculative.catalog)."""
+same rules as the chat app: app.speculation, engine_ext.spec_catalog)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from engine_ext.params import (
     SamplingParams,
     SpeculativeParams,
 )
-from engine_ext.speculative.catalog import LoadPlan, load_plan
+from engine_ext.spec_catalog import LoadPlan, load_plan
 
 CONTEXT = int_range(0, MAX_CONTEXT, meaning="0: the model's")
 

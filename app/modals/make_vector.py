@@ -18,8 +18,7 @@ from textual.worker import Worker, WorkerState
 from app.controllers.steering import vector_progress_text
 from app.paths import prompt_set_folders, steering_dir
 from engine_ext.params import EngineError
-from engine_ext.steering.extract import PromptSet
-from engine_ext.steering.prompt_sets import list_prompt_sets
+from engine_ext.steering.prompt_sets import PromptSet, list_prompt_sets
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from engine_ext.model import Context, Model
 from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
+from engine_ext.spec_catalog import LAYER_INPUT_TYPES, NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
 from engine_ext.speculative.base import Drafter
-from engine_ext.speculative.catalog import LAYER_INPUT_TYPES, NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
 from engine_ext.speculative.driver import SpeculativeDriver
 
 

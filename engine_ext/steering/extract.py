@@ -9,10 +9,7 @@ oriented so that a positive strength moves toward the positive prompts.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -23,6 +20,7 @@ from engine_ext.chat import render_chat
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, EngineError
 from engine_ext.steering.cvec_file import ControlVector
+from engine_ext.steering.prompt_sets import PromptSet
 
 Method = Literal["pca", "mean"]
 Phase = Literal["evaluating", "directions", "writing"]
@@ -32,35 +30,6 @@ file is written (the worker reports the last)."""
 ProgressCallback = Callable[[Phase, int, int], None]
 """(phase, done, total): called with done = 0 when a phase begins and after each of its steps."""
 ROW_EPSILON = 1e-6  # upstream keeps a difference row only if some element exceeds this
-
-
-@dataclass(frozen=True)
-class PromptSet:
-    """Positive/negative prompt pairs; built from templates × topics or listed explicitly."""
-
-    name: str
-    positive_label: str
-    negative_label: str
-    pairs: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def load(cls, path: Path) -> PromptSet:
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            pairs = [tuple(p) for p in raw.get("pairs", [])]
-            for topic in raw.get("topics", []):
-                pairs.append((raw["positive"].format(topic=topic), raw["negative"].format(topic=topic)))
-            prompt_set = cls(
-                name=raw.get("name", path.stem),
-                positive_label=raw.get("positive_label", "positive"),
-                negative_label=raw.get("negative_label", "negative"),
-                pairs=tuple((str(a), str(b)) for a, b in pairs),
-            )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"prompt set {path} is not valid: {exc}") from exc
-        if not prompt_set.pairs:
-            raise EngineError(f"prompt set {path} has no pairs")
-        return prompt_set
 
 
 def pca_direction(diffs: np.ndarray) -> np.ndarray:

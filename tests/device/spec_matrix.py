@@ -16,7 +16,7 @@ from pathlib import Path
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams
 from engine_ext.protocol import Crashed, Failed, Finished, Generate, TokenChunk
-from engine_ext.speculative.catalog import load_plan
+from engine_ext.spec_catalog import load_plan
 
 PROMPTS = (
     "Once upon a time",

@@ -46,7 +46,7 @@ from engine_ext.protocol import (
     SteeringSet,
     TokenChunk,
 )
-from engine_ext.speculative.catalog import LAYER_INPUT_TYPES, load_plan
+from engine_ext.spec_catalog import LAYER_INPUT_TYPES, load_plan
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from engine_ext.worker import FRESH_CONTEXT_LOG
 from tests.device.devices import GpuDevice

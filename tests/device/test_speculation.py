@@ -19,7 +19,7 @@ from tests.device.spec_matrix import COMBOS, Combo, run_combo
 # combo id → why its speculative output may differ from plain decoding on the device (none known yet).
 KNOWN_DIVERGENCES: dict[str, str] = {}
 # combo id → the words the engine's refusal must contain: combinations that crashed the engine on the device
-# (engine_ext/speculative/catalog.py DEVICE_REFUSALS says why). None on a GPU now: DFlash, DSpark and EAGLE3 crashed
+# (engine_ext/spec_catalog.py DEVICE_REFUSALS says why). None on a GPU now: DFlash, DSpark and EAGLE3 crashed
 # on Vulkan until the worker gave them a target context that had not decoded yet (issue 24).
 EXPECTED_REFUSALS: dict[str, str] = {}
 # On Mesa's lavapipe, a layer-input drafter with a mixture-of-experts target (factory.lavapipe_refusal): it crashed

@@ -34,8 +34,8 @@ from engine_ext.protocol import (
     SteeringSet,
     TokenChunk,
 )
+from engine_ext.spec_catalog import load_plan
 from engine_ext.speculative import factory
-from engine_ext.speculative.catalog import load_plan
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from engine_ext.worker import Worker
 from tests.tiny_models import N_EMBD

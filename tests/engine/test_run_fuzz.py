@@ -254,18 +254,50 @@ def test_rope_keys_a_graph_does_not_use_still_load(parsed: dict[str, Model], tmp
     validate_main_model(_mutant(m, tmp_path, [("qwen35.rope.dimension_sections", ARR, I32, [2**31 - 1, 2, 4, 0])]))
 
 
-VOCABS = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+def _engine_sdist() -> Path:
+    """The sdist the engine was built from: scripts/build_engine.sh downloads it into build/engine-src/ and keeps it."""
+    from importlib.metadata import version
+
+    root = Path(__file__).resolve().parents[2]
+    return root / "build" / "engine-src" / f"llama_cpp_python-{version('llama-cpp-python')}.tar.gz"
 
 
-@pytest.mark.skipif(not VOCABS.is_dir(), reason="no vendored llama.cpp source (models/ggml-vocab-*.gguf)")
-def test_real_vocabularies_pass_the_tokenizer_rules() -> None:
+VOCAB_MEMBER = "/vendor/llama.cpp/models/ggml-vocab-"
+MAX_VOCAB_BYTES = 64 << 20  # the largest, gemma-4's, is 16 MB
+
+
+@pytest.fixture(scope="module")
+def real_vocabularies(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """llama.cpp's own vocabulary files (models/ggml-vocab-*.gguf), taken from the engine's sdist into a temporary
+    folder."""
+    import tarfile
+
+    sdist = _engine_sdist()
+    if not sdist.is_file():
+        pytest.skip(
+            f"no engine sdist at {sdist} (scripts/build_engine.sh downloads it there when it builds the engine)"
+        )
+    folder = tmp_path_factory.mktemp("ggml-vocab")
+    paths = []
+    with tarfile.open(sdist) as archive:
+        for member in archive:
+            name = member.name.rsplit("/", 1)[-1]
+            if VOCAB_MEMBER in member.name and name.endswith(".gguf") and member.isfile():
+                assert member.size <= MAX_VOCAB_BYTES, (member.name, member.size)
+                source = archive.extractfile(member)
+                assert source is not None, member.name
+                (folder / name).write_bytes(source.read())
+                paths.append(folder / name)
+    return sorted(paths)
+
+
+def test_real_vocabularies_pass_the_tokenizer_rules(real_vocabularies: list[Path]) -> None:
     """llama.cpp's own vocabulary files (SentencePiece, BPE, WordPiece, UGM, 256k-token ones) break no rule."""
     from engine_ext.gguf_reader import _parse
     from engine_ext.gguf_validate import _check_runnable
 
-    paths = sorted(VOCABS.glob("ggml-vocab-*.gguf"))
-    assert paths
-    for path in paths:
+    assert len(real_vocabularies) >= 10, real_vocabularies
+    for path in real_vocabularies:
         t0 = time.perf_counter()
         _check_runnable(path, _parse(path))
         assert time.perf_counter() - t0 < 2.0, path.name

@@ -34,8 +34,8 @@ from app.messages import (
 from app.remote import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from tests.fakes import Collector, FakeServer
-from tests.pilot import wait_for
 from tests.tiny_models import write_tiny_model
+from tests.waits import wait_until
 
 SERVER_N_CTX = 512
 SHORT = SamplingSettings(temperature=0.0, max_tokens=8)
@@ -338,11 +338,11 @@ async def pick_remote_in_switcher(pilot: Pilot[None], remote_name: str) -> None:
     await pilot.press("ctrl+l")
     switcher = app.screen
     assert isinstance(switcher, ModelSwitcherModal)
-    await wait_for(pilot, lambda: remote_name in switcher.remote_models)
+    await wait_until(pilot, lambda: remote_name in switcher.remote_models)
     switcher.query_one("#model-filter").value = f"remote: {remote_name}"  # type: ignore[attr-defined]
     await pilot.pause()
     await pilot.press("enter")
-    await wait_for(pilot, lambda: app.engine_state == "ready" and app.model is not None)  # type: ignore[attr-defined]
+    await wait_until(pilot, lambda: app.engine_state == "ready" and app.model is not None)  # type: ignore[attr-defined]
 
 
 @pytest.mark.anyio
@@ -353,7 +353,7 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
     save_config(Config(remotes=(local_remote(llama_server),), last_model="remote:local/no-longer-served"))
     app = LlmtuiApp(default_sampling=SHORT)  # starts on the remote used last: no local engine at all
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.engine_state == "error")  # that model is gone: pick another
+        await wait_until(pilot, lambda: app.engine_state == "error")  # that model is gone: pick another
         chat = app.chat
         assert chat is not None and app.model is None
         await pick_remote_in_switcher(pilot, "local")
@@ -363,8 +363,8 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
         chat.prompt.focus()
         chat.prompt.load_text("hello remote")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: chat.replies_started == 1)
-        await wait_for(pilot, lambda: chat.generation is None and app.engine_state == "ready")
+        await wait_until(pilot, lambda: chat.replies_started == 1)
+        await wait_until(pilot, lambda: chat.generation is None and app.engine_state == "ready")
         assert chat.conversation_id is not None
         user, reply = app.store.active_path(chat.conversation_id)
         assert (user.content, reply.role, reply.state, reply.model) == ("hello remote", "assistant", "complete", "tiny")
@@ -377,11 +377,11 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
         chat.prompt.focus()
         chat.prompt.load_text("a long one")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
+        await wait_until(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
         os.kill(llama_server.process.pid, signal.SIGSTOP)
         try:
             await pilot.press("escape")
-            await wait_for(pilot, lambda: chat.generation is None, timeout=5.0)
+            await wait_until(pilot, lambda: chat.generation is None, timeout_s=5.0)
         finally:
             os.kill(llama_server.process.pid, signal.SIGCONT)
         stopped = app.store.active_path(chat.conversation_id)[-1]
@@ -390,7 +390,6 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
     llama_server.wait_idle()
 
 
-@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_switching_from_the_local_engine_to_a_remote_one_and_back(llama_server: LlamaServer) -> None:
@@ -400,15 +399,15 @@ async def test_switching_from_the_local_engine_to_a_remote_one_and_back(llama_se
     local_model = llama_server.model  # the same tiny file, loaded by the local engine
     app = LlmtuiApp(str(local_model), default_sampling=SHORT)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.engine_state == "ready")
+        await wait_until(pilot, lambda: app.engine_state == "ready")
         worker = app.bridge.pid
         assert worker is not None
         await pick_remote_in_switcher(pilot, "local")
         assert isinstance(app.bridge, RemoteBridge) and app.model is not None and app.model.name == "tiny"
-        await wait_for(pilot, lambda: not Path(f"/proc/{worker}").exists(), timeout=15)  # its memory is freed
+        await wait_until(pilot, lambda: not Path(f"/proc/{worker}").exists(), timeout_s=15)  # its memory is freed
         # Back to the local engine: a fresh worker loads the file.
         app.open_model(local_model)
-        await wait_for(pilot, lambda: app.engine_state == "ready" and app.model is not None)
+        await wait_until(pilot, lambda: app.engine_state == "ready" and app.model is not None)
         assert not isinstance(app.bridge, RemoteBridge) and app.model is not None
         assert app.model.path == str(local_model) and not app.model.backend.startswith("remote")
     assert load_config().last_model == str(local_model)
@@ -449,13 +448,13 @@ async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(fake_ser
     save_config(Config(remotes=(RemoteSettings("box", server.url),), last_model="remote:box/fake-model"))
     app = LlmtuiApp()
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.engine_state == "ready")
+        await wait_until(pilot, lambda: app.engine_state == "ready")
         chat = app.chat
         assert chat is not None and app.model is not None and app.model.backend == "remote: box"
         assert chat.stats.n_ctx == 2048
         chat.prompt.load_text("hi")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: chat.replies_started == 1 and chat.generation is None)
+        await wait_until(pilot, lambda: chat.replies_started == 1 and chat.generation is None)
         assert chat.conversation_id is not None
         reply = app.store.active_path(chat.conversation_id)[-1]
         assert (reply.content, reply.reasoning, reply.state) == (
@@ -494,11 +493,11 @@ async def test_the_endpoint_dialog_tests_the_connection(fake_server: Callable[..
         dialog.query_one("#remote-name", Input).value = "box"
         dialog.query_one("#remote-model", Input).value = "fake-model"
         await pilot.press("ctrl+t")
-        await wait_for(pilot, lambda: "OK" in str(status.render()), timeout=10)
+        await wait_until(pilot, lambda: "OK" in str(status.render()), timeout_s=10)
         assert str(status.render()) == "OK: 1 model (fake-model)" and not status.has_class("error")
         dialog.query_one("#remote-base-url", Input).value = refusing.url
         await pilot.press("ctrl+t")
-        await wait_for(pilot, lambda: "401" in str(status.render()), timeout=10)
+        await wait_until(pilot, lambda: "401" in str(status.render()), timeout_s=10)
         assert status.has_class("error")
         await pilot.press("ctrl+s")
         await pilot.pause()

@@ -12,7 +12,8 @@ from textual.pilot import Pilot
 
 from app.config import RemoteSettings
 from app.tui import LlmtuiApp
-from tests.pilot import SIZES, loaded, make_app, seeded  # noqa: F401 (seeded: a fixture)
+from tests.pilot import SIZES, loaded, make_app, seeded, started  # noqa: F401 (seeded: a fixture)
+from tests.waits import wait_until
 
 
 def then(*steps: Callable[[Pilot[Any]], Awaitable[None]]) -> Callable[[Pilot[Any]], Awaitable[None]]:
@@ -113,17 +114,13 @@ async def switcher_remotes(pilot: Pilot[Any]) -> None:
     assert isinstance(app, LlmtuiApp)
     modal = ModelSwitcherModal(local_models(()), "remote:gpu-box/qwen3-8b", REMOTES, lister=lister)
     app.push_screen(modal)
-    for _ in range(100):
-        await pilot.pause(0.02)
-        if len(modal.remote_models) == len(REMOTES):
-            break
+    await wait_until(pilot, lambda: len(modal.remote_models) == len(REMOTES), "every remote's listing")
     await pilot.pause()
 
 
 async def switcher_scanned(pilot: Pilot[Any]) -> None:
     """The switcher once its scan of the model folders (in a thread) is done."""
     from app.modals.model_switcher import ModelSwitcherModal
-    from tests.waits import wait_until
 
     switcher = pilot.app.screen
     if isinstance(switcher, ModelSwitcherModal):
@@ -183,4 +180,4 @@ def test_first_run_screen(
     monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     app.requested_model = None
-    assert snap_compare(app, terminal_size=size)
+    assert snap_compare(app, terminal_size=size, run_before=started)

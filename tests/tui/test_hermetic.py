@@ -143,7 +143,7 @@ async def test_a_tui_session_writes_only_the_tests_own_directories(
         for key, screen_name in (("f1", "HelpScreen"), ("f3", "SettingsScreen"), ("ctrl+l", "ModelSwitcher")):
             await pilot.press(key)
             await wait_until(pilot, lambda: app.screen is not chat, f"{key} to open a screen ({screen_name})")
-            await pilot.pause(0.2)
+            await wait_until(pilot, lambda: all(w.is_finished for w in app.workers), f"{screen_name}'s file reads")
             await pilot.press("escape")
             await wait_until(pilot, lambda: app.screen is chat, f"escape to close the screen {key} opened")
         theme = app.theme

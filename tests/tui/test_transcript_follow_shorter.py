@@ -29,12 +29,12 @@ async def test_a_followed_reply_stays_in_view_when_a_panel_makes_the_view_shorte
         for n in range(40):
             text += f"line {n}\n\n"
             transcript.write_live(text, "")
-            await pilot.pause(0.02)
+            await pilot.pause(0.02)  # streamed at a pace
         await wait_until(pilot, lambda: transcript.scroll_y > 0 and transcript._following(), what="following")
         app.query_one("#panel").display = True
         await pilot.pause()
         for n in range(40, 60):
             text += f"line {n}\n\n"
             transcript.write_live(text, "")
-            await pilot.pause(0.02)
+            await pilot.pause(0.02)  # streamed at a pace
         await wait_until(pilot, lambda: transcript._following(), what="the reply's end in the shorter view")

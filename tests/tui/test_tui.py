@@ -16,7 +16,8 @@ from app.store import open_default_store
 from app.tui import LlmtuiApp
 from app.widgets.live_body import LiveMessage
 from app.widgets.message_view import BACKGROUND_RENDER_CHARS, MessageView
-from tests.pilot import chat_of, line_text, press_and_start, ready, reply_done, send, stop_mid_reply, wait_for
+from tests.pilot import chat_of, line_text, press_and_start, press_to_cancel, ready, reply_done, send, stop_mid_reply
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.usefixtures("app_dirs")
 
@@ -87,7 +88,7 @@ async def test_the_stats_bar_follows_the_reply_being_written(tiny_models: dict[s
         assert first_used > 0 and stats.ttft_ms is not None and stats.decode_tps is not None
         await chat.send("second question")  # the request goes out after the next refresh
         assert stats.ttft_ms is None and stats.decode_tps is None and stats.generated_tokens == 0
-        await wait_for(pilot, lambda: chat.generation is None or bool(stats.ttft_ms and stats.generated_tokens))
+        await wait_until(pilot, lambda: chat.generation is None or bool(stats.ttft_ms and stats.generated_tokens))
         pid = app.bridge.pid or 0
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -95,8 +96,7 @@ async def test_the_stats_bar_follows_the_reply_being_written(tiny_models: dict[s
             prompt = stats.prompt_tokens
             assert prompt is not None and prompt > first_used  # the first exchange is in this prompt
             assert stats.n_ctx_used == prompt + (stats.generated_tokens or 0)
-            await pilot.press("escape")
-            await pilot.pause(0.1)
+            await press_to_cancel(pilot, "escape")
         finally:
             os.kill(pid, signal.SIGCONT)
         await reply_done(pilot)
@@ -331,7 +331,7 @@ async def test_engine_crash_then_restart_keeps_the_conversation(tiny_models: dic
         pid = app.bridge.pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        await wait_for(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
         assert app.engine_state == "crashed"
         assert "SIGKILL" in app.screen.description
         await pilot.press("r")
@@ -357,6 +357,14 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
         f"sched_reserve: line {n} of a long engine log, long enough to wrap at 80 columns: " + "x" * 30
         for n in range(1, 60)
     )
+
+    def laid_out(modal: EngineCrashedModal) -> bool:
+        dialogs, hints, logs = modal.query("#crash-dialog"), modal.query(".dialog-hint"), modal.query("#crash-log")
+        if not (dialogs and hints and logs):
+            return False
+        dialog, hint, log_view = dialogs.first(), hints.first(), logs.first()
+        return dialog.region.contains_region(hint.region) and log_view.region.height >= 3 and log_view.max_scroll_y > 0
+
     async with app.run_test(size=size) as pilot:
         from engine_ext.params import ContextParams, ModelParams
         from engine_ext.recovery import fallbacks
@@ -370,7 +378,11 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
                 tries,
             )
         )
-        await pilot.pause(0.2)
+        await wait_until(
+            pilot,
+            lambda: isinstance(app.screen, EngineCrashedModal) and laid_out(app.screen),
+            "the crash dialog laid out: its keys inside it, its log scrolling",
+        )
         modal = app.screen
         hint = modal.query_one(".dialog-hint", Static)
         dialog = modal.query_one("#crash-dialog")
@@ -400,13 +412,13 @@ async def test_a_crash_while_streaming_keeps_the_partial_reply(tiny_models: dict
                 os.kill(pid, signal.SIGCONT)
                 time.sleep(0.002)
                 os.kill(pid, signal.SIGSTOP)
-                await pilot.pause(0.06)
+                await pilot.pause(0.06)  # the bridge delivers what the engine wrote
         finally:
             os.kill(pid, signal.SIGKILL)
-        await wait_for(pilot, lambda: app.engine_state == "crashed")
+        await wait_until(pilot, lambda: app.engine_state == "crashed")
         reply = app.store.active_path(chat.conversation_id or 0)[-1]
         assert reply.role == "assistant" and reply.state == "error" and reply.content
-        await wait_for(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
         await pilot.press("escape")  # close the crash dialog; F5 restarts later
         await pilot.press("f5")
         await ready(pilot)
@@ -418,8 +430,8 @@ async def test_a_bad_model_file_shows_a_load_error(tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
     app = LlmtuiApp(str(bad))
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.engine_state == "error")
-        await wait_for(pilot, lambda: any("Could not load broken.gguf" in n.message for n in app._notifications))
+        await wait_until(pilot, lambda: app.engine_state == "error")
+        await wait_until(pilot, lambda: any("Could not load broken.gguf" in n.message for n in app._notifications))
         chat = chat_of(app)
         chat.prompt.load_text("hello")
         await pilot.press("enter")
@@ -460,12 +472,12 @@ async def test_model_switcher_loads_a_model_from_a_configured_folder(tiny_models
         await pilot.pause()
         assert isinstance(app.screen, ModelSwitcherModal)
         switcher = app.screen
-        await wait_for(pilot, lambda: not switcher.scanning, what="the model folders, scanned in a thread")
+        await wait_until(pilot, lambda: not switcher.scanning, what="the model folders, scanned in a thread")
         names = [m.name for m in app.screen.models]
         assert tiny_models["qwen3"].stem in names
         await pilot.press(*tiny_models["qwen3"].stem)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.model is not None and app.model.path == str(tiny_models["qwen3"]))
+        await wait_until(pilot, lambda: app.model is not None and app.model.path == str(tiny_models["qwen3"]))
         assert load_config().last_model == str(tiny_models["qwen3"])
 
 
@@ -564,7 +576,7 @@ async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> 
         await pilot.pause()
         chat = chat_of(app)
         chat.action_export_conversation()
-        await wait_for(
+        await wait_until(
             pilot,
             lambda: any("Exported to" in n.message for n in app._notifications),
             what="the export, written in a thread",
@@ -649,7 +661,7 @@ async def test_a_very_long_reply_is_drawn_in_a_thread_and_the_view_stays_at_end(
         assert view.message.content == reply
         # Drawn in a thread: a note stands in for the body until its lines are ready, then the view is laid out
         # again at its full height and the transcript still shows the end of the conversation.
-        await wait_for(pilot, lambda: view.size.height > 1400)
+        await wait_until(pilot, lambda: view.size.height > 1400)
         await pilot.pause()
         assert chat.transcript.at_bottom
         assert "The end of the reply." in view.render_line(view.size.height - 1).text
@@ -659,9 +671,9 @@ async def test_a_very_long_reply_is_drawn_in_a_thread_and_the_view_stays_at_end(
         def settled() -> bool:
             return view._rendering_width == -1 and view._body_width == view.outer_size.width - view.styles.gutter.width
 
-        await wait_for(pilot, settled)
+        await wait_until(pilot, settled)
         await pilot.resize_terminal(140, 30)  # a wider view: drawn again at the new width, in a thread
-        await wait_for(pilot, lambda: view.outer_size.width > 100 and settled())
+        await wait_until(pilot, lambda: view.outer_size.width > 100 and settled())
         await pilot.pause()
         assert chat.transcript.at_bottom and "The end of the reply." in view.render_line(view.size.height - 1).text
 
@@ -732,6 +744,6 @@ async def test_gpu_layers_auto_says_where_the_layers_went(tiny_models: dict[str,
         await ready(pilot)
         assert app.model is not None and app.model.placement.startswith("-ngl auto: ")
         # this CPU machine has no GPU device: the notice says so next to the load time
-        await wait_for(
+        await wait_until(
             pilot, lambda: any("no GPU device: all layers on the CPU" in n.message for n in app._notifications)
         )

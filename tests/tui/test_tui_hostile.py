@@ -121,10 +121,6 @@ def hostile_folder(tiny_models: dict[str, Path], tmp_path: Path) -> Iterator[dic
 # ----- helpers -------------------------------------------------------------------------------------------------
 
 
-async def wait_for(pilot: Pilot[Any], condition: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
-    await wait_until(pilot, condition, what, timeout_s=timeout)
-
-
 def messages(app: LlmtuiApp) -> list[str]:
     return [n.message for n in app._notifications]
 
@@ -144,7 +140,7 @@ async def said(pilot: Pilot[Any], app: LlmtuiApp, *words: str, timeout: float = 
     def found() -> str | None:
         return next((m for m in messages(app) if all(w in m for w in words)), None)
 
-    await wait_for(pilot, found, f"a notification with {words}; got {messages(app)}", timeout)
+    await wait_until(pilot, found, f"a notification with {words}; got {messages(app)}", timeout)
     text = found()
     assert text is not None
     assert_one_line(text)
@@ -182,7 +178,7 @@ async def test_started_on_a_hostile_model_the_app_says_why_in_one_line(
             await said(pilot, app, "is a folder; give the path of a .gguf file inside it")
             assert_up(app)
             return
-        await wait_for(pilot, lambda: app.engine_state in ("error", "ready", "crashed"), "the load to end")
+        await wait_until(pilot, lambda: app.engine_state in ("error", "ready", "crashed"), "the load to end")
         assert_up(app)
         if kind.startswith("mutant") and app.engine_state == "ready":
             return  # a mutant that changed nothing llama.cpp minds
@@ -221,10 +217,10 @@ def put_in_hf_cache(cache: Path, repo_id: str, files: dict[str, Path]) -> Path:
 
 async def open_local_tab(pilot: Pilot[Any], app: LlmtuiApp) -> ModelsScreen:
     await pilot.press("f4")
-    await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), "the models screen")
+    await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), "the models screen")
     screen = app.screen
     assert isinstance(screen, ModelsScreen)
-    await wait_for(pilot, lambda: screen.memory is not None, "the machine's memory")
+    await wait_until(pilot, lambda: screen.memory is not None, "the machine's memory")
     await pilot.press("3")
     return screen
 
@@ -253,7 +249,7 @@ async def test_f4_lists_and_judges_hostile_local_models_and_the_good_ones_still(
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await open_local_tab(pilot, app)
-        await wait_for(pilot, lambda: len(screen.local_models) > 2, "the local models")
+        await wait_until(pilot, lambda: len(screen.local_models) > 2, "the local models")
         listed = {m.path.name: m for m in screen.local_models}
         assert {"good-llama.gguf", "Good-Q8_0.gguf"} <= set(listed)
         assert listed["Good-Q8_0.gguf"].problem is None and listed["good-llama.gguf"].problem is None
@@ -262,12 +258,12 @@ async def test_f4_lists_and_judges_hostile_local_models_and_the_good_ones_still(
         local_list.focus()
         for index, model in enumerate(screen.local_models):  # highlight each: its facts and fit are read
             local_list.highlighted = index
-            await wait_for(
+            await wait_until(
                 pilot,
                 lambda m=model: screen.local is not None and screen.local.path == m.path,
                 f"{model.name} in the detail pane",
             )
-            await pilot.pause(0.05)
+            await wait_until(pilot, lambda m=model: m.name[:20] in detail(screen), f"{model.name}'s facts drawn")
             assert_up(app)
             text = detail(screen)
             assert model.name[:20] in text
@@ -276,7 +272,7 @@ async def test_f4_lists_and_judges_hostile_local_models_and_the_good_ones_still(
                 assert "Problem:" in text
         good = next(m for m in screen.local_models if m.name == "good-llama.gguf")
         local_list.highlighted = screen.local_models.index(good)
-        await wait_for(pilot, lambda: screen.local_fit is not None, "the good model's fit")
+        await wait_until(pilot, lambda: screen.local_fit is not None, "the good model's fit")
         assert "fits" in detail(screen)
         assert_up(app)
 
@@ -343,7 +339,7 @@ async def open_repo(pilot: Pilot[Any], app: LlmtuiApp, screen: ModelsScreen, rep
     """Open the repository as Enter on a search result does, and wait until the screen has shown it or said why
     not (the search itself is tried apart, in test_f4_opens_hostile_repositories_and_says_why_in_one_line)."""
     screen._open_repo(repo_id, None)
-    await wait_for(pilot, lambda: screen.inspecting is None, f"{repo_id} to be read")
+    await wait_until(pilot, lambda: screen.inspecting is None, f"{repo_id} to be read")
     assert_up(app)
 
 
@@ -352,16 +348,16 @@ async def search(pilot: Pilot[Any], app: LlmtuiApp, screen: ModelsScreen, text: 
     await pilot.press("slash")
     screen.query_one("#search-query").value = text  # type: ignore[attr-defined]
     await pilot.press("enter")
-    await wait_for(pilot, lambda: bool(screen.search_results) or bool(messages(app)), f"the search for {text!r}")
+    await wait_until(pilot, lambda: bool(screen.search_results) or bool(messages(app)), f"the search for {text!r}")
     assert_up(app)
 
 
 async def open_models_screen(pilot: Pilot[Any], app: LlmtuiApp) -> ModelsScreen:
     await pilot.press("f4")
-    await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), "the models screen")
+    await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), "the models screen")
     screen = app.screen
     assert isinstance(screen, ModelsScreen)
-    await wait_for(pilot, lambda: screen.memory is not None, "the machine's memory")
+    await wait_until(pilot, lambda: screen.memory is not None, "the machine's memory")
     return screen
 
 
@@ -642,7 +638,7 @@ async def test_a_hostile_remote_engine_fails_in_one_line_and_the_app_stays(
     save_config(Config(remotes=(server.remote,), last_model="remote:hostile/m"))
     app = LlmtuiApp()
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.engine_state in ("ready", "error"), "the remote engine to answer")
+        await wait_until(pilot, lambda: app.engine_state in ("ready", "error"), "the remote engine to answer")
         assert_up(app)
         chat = app.chat
         assert chat is not None
@@ -653,7 +649,7 @@ async def test_a_hostile_remote_engine_fails_in_one_line_and_the_app_stays(
             await pilot.press("ctrl+l")
             switcher = app.screen
             assert isinstance(switcher, ModelSwitcherModal)
-            await wait_for(pilot, lambda: "hostile" in switcher.remote_models, "the switcher's remote listing")
+            await wait_until(pilot, lambda: "hostile" in switcher.remote_models, "the switcher's remote listing")
             listed = switcher.remote_models["hostile"]
             assert isinstance(listed, str)
             assert_one_line(listed)
@@ -661,15 +657,15 @@ async def test_a_hostile_remote_engine_fails_in_one_line_and_the_app_stays(
         else:
             chat.prompt.load_text("hello")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: chat.replies_started == 1 and chat.generation is None, "the reply to end")
+            await wait_until(pilot, lambda: chat.replies_started == 1 and chat.generation is None, "the reply to end")
             assert chat.conversation_id is not None
             reply = app.store.active_path(chat.conversation_id)[-1]
             if behaviour == "stream-hostile-numbers":  # absurd numbers from the server: a reply all the same
                 assert reply.content == "Hi" and reply.state == "complete", (reply.state, reply.stats)
-                await pilot.pause(0.1)
+                await pilot.pause(0.1)  # time passes: the stats drawn, the app stays up
             elif behaviour.startswith("stream-") and behaviour != "stream-not-json" and "endless" not in behaviour:
                 assert reply.state == "complete" and reply.content, (reply.state, reply.stats)  # shown as it came
-                await pilot.pause(0.5)
+                await pilot.pause(0.5)  # time passes: the app stays up
             else:
                 assert reply.state == "error"
                 assert_one_line(await said(pilot, app, "Generation failed"))
@@ -703,17 +699,17 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
     (paths.data_dir() / "catalog-refresh.json").write_text(json.dumps({"qwen3.5-2b": {"context_length": "x"}}))
     app = LlmtuiApp(str(good))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.engine_state == "ready", "the good model to load")
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the good model to load")
         for kind in SWITCH_KINDS:  # ctrl+l, filter to the file, Enter
             path = hostile_folder[kind]
             app.clear_notifications()
             await pilot.press("ctrl+l")
             switcher = app.screen
             assert isinstance(switcher, ModelSwitcherModal)
-            await wait_for(pilot, lambda s=switcher: not s.scanning, "the model folders, scanned in a thread")
+            await wait_until(pilot, lambda s=switcher: not s.scanning, "the model folders, scanned in a thread")
             assert path.stem in [m.name for m in switcher.models]
             await pilot.press(*path.stem, "enter")
-            await wait_for(
+            await wait_until(
                 pilot,
                 lambda p=path: app.model_path == str(p) and app.engine_state in ("error", "ready"),
                 f"{kind} to be refused",
@@ -723,7 +719,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
                 await said(pilot, app, f"Could not load {path.name}")
         # the library: F4, Local, highlight a hostile model, u
         screen = await open_local_tab(pilot, app)
-        await wait_for(
+        await wait_until(
             pilot,
             lambda: any(m.path == hostile_folder["not-gguf"] for m in screen.local_models),
             "the hostile models in the Local tab",
@@ -731,25 +727,25 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
         local_list = screen.query_one("#local-list", OptionList)
         local_list.focus()
         local_list.highlighted = [m.path for m in screen.local_models].index(hostile_folder["not-gguf"])
-        await wait_for(
+        await wait_until(
             pilot,
             lambda: screen.local is not None and screen.local.path == hostile_folder["not-gguf"],
             "the hostile model in the detail pane",
         )
         app.clear_notifications()
         await pilot.press("u")
-        await wait_for(pilot, lambda: app.screen is app.chat and app.engine_state == "error", "the refusal")
+        await wait_until(pilot, lambda: app.screen is app.chat and app.engine_state == "error", "the refusal")
         await said(pilot, app, "Could not load hostile-not-gguf.gguf")
         # a good model loads after all that, and the panels that read the model's header open
         app.open_model(good)
-        await wait_for(pilot, lambda: app.engine_state == "ready" and app.model is not None, "the good model again")
+        await wait_until(pilot, lambda: app.engine_state == "ready" and app.model is not None, "the good model again")
         assert_up(app)
         # F9, ctrl+d: the drafts on this machine that fit the model (every model's header in the folder is read)
         await pilot.press("f9")
-        await wait_for(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
         app.clear_notifications()
         await pilot.press("ctrl+d")
-        await wait_for(pilot, lambda: isinstance(app.screen, PickModal) or bool(messages(app)), "the drafts found")
+        await wait_until(pilot, lambda: isinstance(app.screen, PickModal) or bool(messages(app)), "the drafts found")
         assert_up(app)
         assert_one_line(await said(pilot, app, "No draft fits this model"))  # searched past the damaged overlay
         await pilot.press("escape")
@@ -757,16 +753,16 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
             await pilot.press("escape")
         # F6 lists the control vectors of the steering folder (hostile files there too); a: add one by its path
         await pilot.press("f6")
-        await wait_for(pilot, lambda: app.screen.query_one(SteeringPanel).is_open, "the steering panel")
+        await wait_until(pilot, lambda: app.screen.query_one(SteeringPanel).is_open, "the steering panel")
         await pilot.pause()
         assert_up(app)
         await pilot.press("a")
-        await wait_for(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the add dialog")
+        await wait_until(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the add dialog")
         app.screen.query_one("#text-prompt-input").value = "~nosuchuser-llmtui/vector.gguf"  # type: ignore[attr-defined]
         await pilot.press("enter")
         await said(pilot, app, "cannot be a path to a control vector")
         await pilot.press("a")
-        await wait_for(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the add dialog")
+        await wait_until(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the add dialog")
         app.screen.query_one("#text-prompt-input").value = str(hostile_folder["huge-array"])  # type: ignore[attr-defined]
         await pilot.press("enter")
         await said(pilot, app, "Cannot use", "huge-array")
@@ -796,14 +792,14 @@ async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_
         await pilot.pause()
         assert "/tmp/x\0y" in app.config.model_folders
         await pilot.press("ctrl+l")
-        await wait_for(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), "the model switcher")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), "the model switcher")
         switcher = app.screen
         assert isinstance(switcher, ModelSwitcherModal)
-        await wait_for(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
+        await wait_until(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
         assert tiny_models["llama"].stem in [m.name for m in switcher.models]  # the good folder still listed
         await pilot.press("escape")
         screen = await open_local_tab(pilot, app)
-        await wait_for(
+        await wait_until(
             pilot,
             lambda: any(m.path == tiny_models["llama"] for m in screen.local_models),
             "the good folder's models in F4",
@@ -813,7 +809,7 @@ async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_
 
         entry = load_catalog(overlay_path=data_dir / "catalog-refresh.json").get("qwen3.5-2b")
         assert entry is not None and isinstance(entry.context_length, int) and entry.context_length > 0
-        await pilot.pause(0.3)
+        await pilot.pause(0.3)  # time passes: no notice comes
         assert not [m for m in messages(app) if "could not be read" in m], messages(app)
         assert_up(app)
 
@@ -830,9 +826,9 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
         # the speculative panel's draft field (F9): typed, then applied
         app.model_path = str(tiny_models["llama"])
         await pilot.press("f9")
-        await wait_for(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
         panel = app.screen
-        await wait_for(pilot, lambda: not panel.reading, "the panel's types, read in a thread")  # type: ignore[attr-defined]
+        await wait_until(pilot, lambda: not panel.reading, "the panel's types, read in a thread")  # type: ignore[attr-defined]
         panel.query_one("#spec-draft").value = bad  # type: ignore[attr-defined]
         await pilot.pause()
         await pilot.press("ctrl+s")
@@ -841,7 +837,7 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
         await pilot.press("escape")
         # importing a conversation from a path
         app.action_import_conversation()
-        await wait_for(
+        await wait_until(
             pilot,
             lambda: isinstance(app.screen, TextPromptModal) and bool(app.screen.query("#text-prompt-input")),
             "the import dialog",
@@ -880,18 +876,18 @@ async def test_a_server_listing_150000_models_and_symlink_loops_keep_the_switche
         await pilot.press("ctrl+l")
         switcher = app.screen
         assert isinstance(switcher, ModelSwitcherModal)
-        await wait_for(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
+        await wait_until(pilot, lambda: not switcher.scanning, "the model folders, scanned in a thread")
         assert "good" in [m.name for m in switcher.models]
-        await wait_for(pilot, lambda: "hostile" in switcher.remote_models, "the 150,000 models")
+        await wait_until(pilot, lambda: "hostile" in switcher.remote_models, "the 150,000 models")
         options = switcher.query_one(OptionList)
         assert options.option_count <= len(switcher.models) + MAX_ROWS + 1
         assert "149700 more models" in str(options.get_option_at_index(options.option_count - 1).prompt)
         await pilot.press(*"model-14999")  # narrows to model-14999 and model-149990…149999
-        await wait_for(pilot, lambda: options.option_count == 11, "the filtered list")
+        await wait_until(pilot, lambda: options.option_count == 11, "the filtered list")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.model_path == "remote:hostile/model-14999", "the remote model chosen")
+        await wait_until(pilot, lambda: app.model_path == "remote:hostile/model-14999", "the remote model chosen")
         screen = await open_local_tab(pilot, app)
-        await wait_for(pilot, lambda: any(m.path.name == "good.gguf" for m in screen.local_models), "F4's list")
+        await wait_until(pilot, lambda: any(m.path.name == "good.gguf" for m in screen.local_models), "F4's list")
         assert any(m.path.name == "Good-Q8_0.gguf" for m in screen.local_models)
         assert_up(app)
 
@@ -908,7 +904,7 @@ async def test_a_damaged_model_usage_file_is_said_in_one_line_in_f4(
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await open_local_tab(pilot, app)
         # (the library gives up on the whole list: a bug of models_catalog.library._usage, see the issue's notes)
-        await wait_for(pilot, lambda: bool(screen.local_models) or bool(messages(app)), "the list or why not")
+        await wait_until(pilot, lambda: bool(screen.local_models) or bool(messages(app)), "the list or why not")
         if not screen.local_models:
             assert_one_line(await said(pilot, app, "Listing local models"))
         assert_up(app)

@@ -19,7 +19,8 @@ from app.tui import LlmtuiApp
 from app.widgets.downloads import DownloadsPanel
 from models_catalog.download import Progress, State
 from tests.hub_server import HubServer
-from tests.pilot import assert_footer_fits, wait_for
+from tests.pilot import assert_footer_fits, started
+from tests.waits import wait_until
 
 REPO = "org/Tiny-Qwen35-GGUF"
 GATED = "meta/Gated-GGUF"
@@ -53,20 +54,21 @@ def make_app(tiny_models: dict[str, Path]) -> LlmtuiApp:
 
 
 async def open_models(pilot: Pilot[Any]) -> ModelsScreen:
+    await started(pilot)
     await pilot.press("f4")
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModelsScreen))
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, ModelsScreen))
     screen = pilot.app.screen
     assert isinstance(screen, ModelsScreen)
-    await wait_for(pilot, lambda: screen.memory is not None)
+    await wait_until(pilot, lambda: screen.memory is not None)
     return screen
 
 
 async def search_and_open(pilot: Pilot[Any], screen: ModelsScreen, text: str, repo_id: str) -> None:
     await pilot.press("slash")
     await pilot.press(*text, "enter")
-    await wait_for(pilot, lambda: [r.repo_id for r in screen.search_results] == [repo_id])
+    await wait_until(pilot, lambda: [r.repo_id for r in screen.search_results] == [repo_id])
     await pilot.press("enter")
-    await wait_for(pilot, lambda: screen.listing is not None and screen.listing.repo_id == repo_id)
+    await wait_until(pilot, lambda: screen.listing is not None and screen.listing.repo_id == repo_id)
 
 
 def quant_list(screen: ModelsScreen) -> OptionList:
@@ -118,9 +120,9 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(
         # download Q8_0: the dialog ticks its mtp- sidecar; progress, then completion
         await highlight_quant(pilot, screen, "Q8_0")
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, PullModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, PullModal))
         await pilot.press("enter")
-        await wait_for(pilot, lambda: any(m.name == f"{REPO}:Q8_0" for m in screen.local_models))
+        await wait_until(pilot, lambda: any(m.name == f"{REPO}:Q8_0" for m in screen.local_models))
         assert State.DOWNLOADING in states_of(seen, "Tiny-Q8_0.gguf")
         assert any(p.rate > 0 and p.eta is not None for p in seen if p.path == "Tiny-Q8_0.gguf")
         assert states_of(seen, "Tiny-Q8_0.gguf")[-1] == State.DONE
@@ -133,13 +135,13 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(
 
         # use it in the chat
         await pilot.press("3")
-        await wait_for(pilot, lambda: screen.local is not None and screen.local_fit is not None)
+        await wait_until(pilot, lambda: screen.local is not None and screen.local_fit is not None)
         assert "mtp" in detail_text(screen) and "fits" in detail_text(screen)
         await pilot.press("u")
-        await wait_for(pilot, lambda: app.chat is not None and app.screen is app.chat)
+        await wait_until(pilot, lambda: app.chat is not None and app.screen is app.chat)
         assert app.model_path == str(model.path)
         usage_file = paths.data_dir() / "model-usage.json"
-        await wait_for(
+        await wait_until(
             pilot,
             lambda: usage_file.is_file() and str(model.path.absolute()) in usage_file.read_text(),
             what="the model's use, recorded in a thread",
@@ -150,18 +152,18 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(
         # delete it: refused while it is open in the chat, then confirmed with the space it frees
         screen = await open_models(pilot)
         await pilot.press("3")
-        await wait_for(pilot, lambda: screen.local is not None)
+        await wait_until(pilot, lambda: screen.local is not None)
         await pilot.press("x")
         await pilot.pause()
         assert not isinstance(app.screen, DeleteModelModal) and model.path.exists()
         app.model_path = str(tiny_models["llama"])
         size = model.size + model.sidecars["mtp"].stat().st_size
         await pilot.press("x")
-        await wait_for(pilot, lambda: isinstance(app.screen, DeleteModelModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal))
         assert isinstance(app.screen, DeleteModelModal) and app.screen.freed_bytes == size
         await pilot.press("y")
-        await wait_for(pilot, lambda: not screen.local_models and not model.path.exists())
-        await wait_for(pilot, lambda: any(f"freed {_mib(size)}" in n.message for n in app._notifications))
+        await wait_until(pilot, lambda: not screen.local_models and not model.path.exists())
+        await wait_until(pilot, lambda: any(f"freed {_mib(size)}" in n.message for n in app._notifications))
 
 
 def _mib(n: int) -> str:
@@ -179,28 +181,28 @@ async def test_a_download_in_progress_pauses_and_resumes(models_hub: HubServer, 
         await search_and_open(pilot, screen, "tiny", REPO)
         await highlight_quant(pilot, screen, "Q8_0")
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, PullModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, PullModal))
         await pilot.press("shift+tab", "space", "d")  # untick the mtp sidecar, download
         panel = screen.query_one(DownloadsPanel)
-        await wait_for(pilot, lambda: bool(panel.rows))
+        await wait_until(pilot, lambda: bool(panel.rows))
         assert len(panel.rows) == 1
         row = next(iter(panel.rows.values()))
-        await wait_for(pilot, lambda: row.progress.state == State.DOWNLOADING and row.progress.downloaded > 0)
+        await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING and row.progress.downloaded > 0)
 
         panel.focus()
         await pilot.press("p")
-        await wait_for(pilot, lambda: row.progress.state == State.PAUSED)
+        await wait_until(pilot, lambda: row.progress.state == State.PAUSED)
         kept = row.progress.downloaded
-        await pilot.pause(0.5)
+        await pilot.pause(0.5)  # time passes: a paused download stays paused
         assert row.progress.state == State.PAUSED and 0 < kept < row.progress.total
         assert "paused" in str(row.query_one(".download-stats", Static).render())
         assert not screen.local_models
 
         await pilot.press("p")
-        await wait_for(pilot, lambda: row.progress.state == State.DONE)
+        await wait_until(pilot, lambda: row.progress.state == State.DONE)
         resumed_from = [r.start for r in models_hub.data_requests("Tiny-Q8_0.gguf")]
         assert resumed_from[0] == 0 and resumed_from[-1] > 0  # the second request continued, not restarted
-        await wait_for(pilot, lambda: [m.name for m in screen.local_models] == [f"{REPO}:Q8_0"])
+        await wait_until(pilot, lambda: [m.name for m in screen.local_models] == [f"{REPO}:Q8_0"])
 
 
 @pytest.mark.anyio
@@ -217,30 +219,32 @@ async def test_quit_asks_while_a_download_is_unfinished(models_hub: HubServer, t
         await search_and_open(pilot, screen, "tiny", REPO)
         await highlight_quant(pilot, screen, "Q8_0")
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, PullModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, PullModal))
         await pilot.press("shift+tab", "space", "d")  # untick the mtp sidecar, download
         panel = screen.query_one(DownloadsPanel)
-        await wait_for(pilot, lambda: bool(panel.rows))
+        await wait_until(pilot, lambda: bool(panel.rows))
         row = next(iter(panel.rows.values()))
-        await wait_for(pilot, lambda: row.progress.state == State.DOWNLOADING and row.progress.downloaded > 0)
+        await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING and row.progress.downloaded > 0)
         panel.focus()
         await pilot.press("p")
-        await wait_for(pilot, lambda: row.progress.state == State.PAUSED)
+        await wait_until(pilot, lambda: row.progress.state == State.PAUSED)
         await pilot.press("escape")  # back to the chat: the download stays with the models screen
-        await wait_for(pilot, lambda: not isinstance(app.screen, type(screen)), what="the chat again")
+        await wait_until(pilot, lambda: not isinstance(app.screen, type(screen)), what="the chat again")
         assert app.unfinished_downloads() == ["Tiny-Q8_0.gguf (paused)"]
 
         await pilot.press("ctrl+q")
-        await wait_for(pilot, lambda: isinstance(app.screen, QuitWithDownloadsModal), what="the quit question")
+        await wait_until(pilot, lambda: isinstance(app.screen, QuitWithDownloadsModal), what="the quit question")
         assert "1 download not finished: Tiny-Q8_0.gguf (paused)" in app.screen.title_text
         await pilot.press("down", "enter")  # Stay
-        await wait_for(pilot, lambda: not isinstance(app.screen, QuitWithDownloadsModal), what="the question to close")
+        await wait_until(
+            pilot, lambda: not isinstance(app.screen, QuitWithDownloadsModal), what="the question to close"
+        )
         assert app.is_running and app.return_code is None
 
         await pilot.press("ctrl+q")
-        await wait_for(pilot, lambda: isinstance(app.screen, QuitWithDownloadsModal), what="the quit question again")
+        await wait_until(pilot, lambda: isinstance(app.screen, QuitWithDownloadsModal), what="the quit question again")
         await pilot.press("ctrl+q")  # a second ctrl+q quits
-        await wait_for(pilot, lambda: app.return_code is not None or not app.is_running, what="the app to quit")
+        await wait_until(pilot, lambda: app.return_code is not None or not app.is_running, what="the app to quit")
 
 
 @pytest.mark.anyio
@@ -262,13 +266,13 @@ async def test_f4_and_the_command_palette_open_the_models_screen(
     async with app.run_test(size=(120, 40)) as pilot:
         first = await open_models(pilot)
         await pilot.press("f4")
-        await wait_for(pilot, lambda: app.screen is app.chat)
+        await wait_until(pilot, lambda: app.screen is app.chat)
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Models: Browse and download" in titles
         app.action_models()
-        await wait_for(pilot, lambda: app.screen is first)  # the same screen: its downloads live on
+        await wait_until(pilot, lambda: app.screen is first)  # the same screen: its downloads live on
         await pilot.press("escape")
-        await wait_for(pilot, lambda: app.screen is app.chat)
+        await wait_until(pilot, lambda: app.screen is app.chat)
 
 
 # ----- snapshots ---------------------------------------------------------------------------------------------
@@ -323,16 +327,16 @@ async def test_a_model_used_from_the_first_run_screen_opens_the_chat(
     monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, FirstRunScreen))
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
         screen = await open_models(pilot)
         await search_and_open(pilot, screen, "tiny", REPO)
         await highlight_quant(pilot, screen, "Q4_K_M")
         await pilot.press("enter")  # on a quant: the download dialog
-        await wait_for(pilot, lambda: isinstance(app.screen, PullModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, PullModal))
         await pilot.press("d")
-        await wait_for(pilot, lambda: bool(screen.local_models))
+        await wait_until(pilot, lambda: bool(screen.local_models))
         await pilot.press("u")  # the highlighted quant is downloaded now
-        await wait_for(pilot, lambda: app.chat is not None and app.screen is app.chat)
+        await wait_until(pilot, lambda: app.chat is not None and app.screen is app.chat)
         assert app.model_path == str(screen.local_models[0].path)
         assert not any(isinstance(s, FirstRunScreen) for s in app.screen_stack)
 

@@ -34,12 +34,14 @@ from tests.pilot import (  # noqa: F401 (seeded: fixture)
     loaded,
     make_app,
     press_and_start,
+    press_to_cancel,
     ready,
     reply_done,
     seeded,
     send,
-    wait_for,
+    started,
 )
+from tests.waits import wait_until
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=24)
 
@@ -75,7 +77,7 @@ async def _types_read(pilot: Pilot[Any]) -> None:
     await pilot.pause()
     panel = pilot.app.screen
     if isinstance(panel, SpeculativePanel):
-        await wait_for(pilot, lambda: not panel.reading, what="the panel's types, read in a thread")
+        await wait_until(pilot, lambda: not panel.reading, what="the panel's types, read in a thread")
         await pilot.pause()
 
 
@@ -115,7 +117,7 @@ async def _regenerated_with_drafts(pilot: Pilot[Any], app: LlmtuiApp, plain: str
     """Regenerate (ctrl+r) with speculation on: drafts were verified and the text is `plain`'s."""
     await press_and_start(pilot, "ctrl+r")
     await reply_done(pilot)
-    await wait_for(pilot, lambda: app.speculation.stats is not None)
+    await wait_until(pilot, lambda: app.speculation.stats is not None)
     assert _generated(app) == plain
     assert app.speculation.stats is not None and app.speculation.stats.drafted > 0
 
@@ -232,14 +234,14 @@ async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path)
         await pilot.pause()
         assert not app.config.spec_details
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
+        await wait_until(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
         await pilot.press("ctrl+o")
         await pilot.pause()
         meter = chat.query_one(SpecMeter)
         assert meter.expanded and load_config().spec_details  # remembered
         await send(pilot, "a b c a b c a b c a b c a b c a b c")
         await reply_done(pilot)
-        await wait_for(pilot, lambda: app.speculation.stats is not None and app.speculation.stats.drafted > 0)
+        await wait_until(pilot, lambda: app.speculation.stats is not None and app.speculation.stats.drafted > 0)
         await pilot.pause()
         lines = meter.render().plain.split("\n")
         assert meter.size.height == len(lines) >= 4
@@ -336,19 +338,19 @@ async def test_toggling_speculation_keeps_greedy_text_and_feeds_the_meter(lone_l
         plain = _generated(app)
         assert not chat.query(SpecMeter)
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
+        await wait_until(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
         assert app.config.speculative.enabled and load_config().speculative.enabled  # persisted
         meter = chat.query_one(SpecMeter)
         await press_and_start(pilot, "ctrl+r")
         await reply_done(pilot)
-        await wait_for(pilot, lambda: app.speculation.stats is not None)
+        await wait_until(pilot, lambda: app.speculation.stats is not None)
         assert _generated(app) == plain
         assert meter.stats is app.speculation.stats and meter.stats is not None
         assert "tok/step" in meter.render().plain
         assert "spec" in chat.stats.extras
         # Off again: the meter goes, the text is still the same.
         await pilot.press("f8")
-        await wait_for(pilot, lambda: not chat.query(SpecMeter) and app.speculation.drafters == ())
+        await wait_until(pilot, lambda: not chat.query(SpecMeter) and app.speculation.drafters == ())
         await press_and_start(pilot, "ctrl+r")
         await reply_done(pilot)
         assert _generated(app) == plain
@@ -363,7 +365,7 @@ async def test_mtp_from_the_panel_reloads_with_heads_and_keeps_greedy_text(tiny_
         plain = await _plain_reply(pilot, app)
         assert app.speculation.loaded_with == (False, 0)
         await _choose_in_panel(pilot, "draft-mtp", "ctrl+s")
-        await wait_for(pilot, lambda: app.speculation.drafters == ("draft-mtp",))
+        await wait_until(pilot, lambda: app.speculation.drafters == ("draft-mtp",))
         assert app.speculation.loaded_with == (True, 16)  # reloaded with the MTP heads and GDN rollback
         await _regenerated_with_drafts(pilot, app, plain)
 
@@ -380,7 +382,7 @@ async def test_auto_drafts_with_the_mtp_sidecar_beside_the_model_and_keeps_greed
         plain = await _plain_reply(pilot, app)
         assert [c.kind for c in app.speculation.draft_sidecars][:1] == ["mtp"]
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.speculation.drafters == ("ngram-mod", "draft-mtp"))
+        await wait_until(pilot, lambda: app.speculation.drafters == ("ngram-mod", "draft-mtp"))
         # the user's choice kept
         assert app.speculation.loaded_with == (False, 16) and app.config.speculative.draft_model == ""
         await _regenerated_with_drafts(pilot, app, plain)
@@ -401,12 +403,12 @@ async def test_panel_ctrl_d_picks_a_draft_found_on_this_machine(tiny_models: dic
         assert draft.placeholder == "empty: dspark-tiny-llama.gguf (beside the model)"
         assert {"draft-dspark", "draft-dflash", "draft-eagle3"} <= set(panel.types)
         await pilot.press("ctrl+d")
-        await wait_for(pilot, lambda: isinstance(app.screen, PickModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, PickModal))
         pick = app.screen
         assert isinstance(pick, PickModal)
         assert [label.split()[0] for label in pick.labels] == ["draft-dspark", "draft-dflash", "draft-eagle3"]
         await pilot.press("down", "down", "enter")
-        await wait_for(pilot, lambda: app.screen is panel)
+        await wait_until(pilot, lambda: app.screen is panel)
         await _types_read(pilot)
         assert draft.value == str(tiny_models["eagle3"])
         assert panel.types[panel.query_one("#spec-types", OptionList).highlighted or 0] == "draft-eagle3"
@@ -428,9 +430,9 @@ async def test_a_refused_configuration_is_a_notification_and_speculation_turns_o
         app.speculation.apply(
             SpeculativeSettings(enabled=True, spec_type="draft-dflash", draft_model=str(tiny_models["dspark"]))
         )
-        await wait_for(pilot, lambda: not app.config.speculative.enabled)
+        await wait_until(pilot, lambda: not app.config.speculative.enabled)
         # notify() posts a message: the notification lands on the next turn of the event loop.
-        await wait_for(pilot, lambda: any("Speculative decoding failed" in n.message for n in app._notifications))
+        await wait_until(pilot, lambda: any("Speculative decoding failed" in n.message for n in app._notifications))
         assert app.engine_state == "ready"
         await send(pilot, "still alive?")
         await reply_done(pilot)
@@ -444,10 +446,10 @@ async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(lone_llam
     async with app.run_test(size=(120, 40)) as pilot:
         chat = await ready(pilot)
         await pilot.press("f8")
-        await wait_for(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
+        await wait_until(pilot, lambda: app.speculation.drafters == AUTO_WITHOUT_MODEL_DRAFTER)
         await send(pilot, "a b c a b c a b c a b c a b c a b c")
         await reply_done(pilot)
-        await wait_for(pilot, lambda: app.speculation.stats is not None)
+        await wait_until(pilot, lambda: app.speculation.stats is not None)
         assert app.speculation.stats is not None and app.speculation.stats.accepted > 0
         reply = app.store.active_path(chat.conversation_id or 0)[-1]
         spans = reply.stats.get("draft_spans")
@@ -538,10 +540,10 @@ async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_sa
         await ready(pilot)
         await _choose_in_panel(pilot, "ngram-mod", "ctrl+b")  # apply, then check
         check = await _check_screen(pilot)
-        await wait_for(pilot, lambda: app.speculation.drafters == ("ngram-mod",))
+        await wait_until(pilot, lambda: app.speculation.drafters == ("ngram-mod",))
         check.query_one(PromptInput).load_text("a b c a b c a b c a b c a b c a b c")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: check.runs_done == 1)
+        await wait_until(pilot, lambda: check.runs_done == 1)
         a, b = check.sides["a"], check.sides["b"]
         assert a.text and a.text == b.text and a.tokens == b.tokens
         assert check.identical is True
@@ -550,7 +552,7 @@ async def test_check_from_the_panel_runs_plain_then_speculative_and_finds_the_sa
         verdict_line = str(check.query_one("#check-verdict").render())
         assert verdict_line.startswith(f"✓ The same text ({b.tokens} tokens)")
         # The engine is back on the user's settings, and the chat was not touched.
-        await wait_for(pilot, lambda: app.speculation.drafters == ("ngram-mod",))
+        await wait_until(pilot, lambda: app.speculation.drafters == ("ngram-mod",))
         assert app.config.speculative.enabled and app.config.speculative.spec_type == "ngram-mod"
         assert chat_of(app).conversation_id is None
         await pilot.press("escape")
@@ -579,10 +581,10 @@ async def test_check_asked_for_while_a_reply_is_written_runs_after_it_on_the_las
             assert "waiting for the chat's reply to end" in str(check.query_one("#check-hint").render())
         finally:
             os.kill(pid, signal.SIGCONT)
-        await wait_for(pilot, lambda: check.runs_done == 1)
+        await wait_until(pilot, lambda: check.runs_done == 1)
         assert chat.generation is None and check.identical is True
         assert not app.config.speculative.enabled  # the user's setting is untouched: speculation stays off
-        await wait_for(pilot, lambda: app.speculation.drafters == ())
+        await wait_until(pilot, lambda: app.speculation.drafters == ())
 
 
 @pytest.mark.anyio
@@ -603,14 +605,14 @@ async def test_check_survives_an_engine_crash_mid_run_and_runs_again_after_the_r
         await pilot.pause()
         assert check.running == "a"
         os.kill(pid, signal.SIGKILL)
-        await wait_for(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
         assert check.running is None and check.request_id is None
         assert "the engine crashed" in str(check.query_one("#check-hint").render())
         await pilot.press("r")  # restart, from the crash dialog over the check
         await ready(pilot)
         assert app.screen is check
         await pilot.press("enter")
-        await wait_for(pilot, lambda: check.runs_done == 1)
+        await wait_until(pilot, lambda: check.runs_done == 1)
         assert check.identical is True
 
 
@@ -625,7 +627,7 @@ async def test_check_says_when_the_engine_refused_the_speculative_settings(tiny_
         check = await _check_screen(pilot)
         check.query_one(PromptInput).load_text("hello")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: check.runs_done == 1)
+        await wait_until(pilot, lambda: check.runs_done == 1)
         assert check.identical is None
         assert str(check.query_one("#check-verdict").render()).startswith("B ran without speculation:")
         assert not app.config.speculative.enabled and app.engine_state == "ready"
@@ -643,7 +645,7 @@ async def test_check_waits_for_a_reload_and_closing_it_mid_run_restores_speculat
         check = await _check_screen(pilot)
         check.query_one(PromptInput).load_text("hello there")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: check.runs_done == 1)
+        await wait_until(pilot, lambda: check.runs_done == 1)
         assert app.speculation.loaded_with == (True, 16)
         assert check.identical is True and "b" in check.side_stats and check.side_stats["b"].drafted > 0
         # Closed while A is being written (the engine paused, so the tiny model cannot finish first): the
@@ -654,8 +656,7 @@ async def test_check_waits_for_a_reload_and_closing_it_mid_run_restores_speculat
             await pilot.press("enter")
             await pilot.pause()
             assert check.running == "a"
-            await pilot.press("escape")
-            await pilot.pause(0.1)
+            await press_to_cancel(pilot, "escape")
         finally:
             os.kill(pid, signal.SIGCONT)
         assert not isinstance(app.screen, SpecCheckScreen)
@@ -680,6 +681,7 @@ async def _panel(pilot: Pilot[Any]) -> None:
 async def _meter(pilot: Pilot[Any], details: bool = False) -> None:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
+    await started(pilot)  # the settings read, before they are changed
     app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True), spec_details=details)
     await loaded(pilot)
     app.speculation.drafters = ("ngram-mod", "draft-mtp") if details else ("ngram-mod",)
@@ -783,7 +785,7 @@ def test_draft_pick_snapshot(snap_compare: Any, size: tuple[int, int], tiny_mode
         await pilot.pause()
         await _types_read(pilot)
         await pilot.press("ctrl+d")
-        await wait_for(pilot, lambda: isinstance(app.screen, PickModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, PickModal))
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=size, run_before=run)

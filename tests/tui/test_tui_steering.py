@@ -35,7 +35,8 @@ from app.tui import LlmtuiApp
 from app.widgets.prompt_input import PromptInput
 from engine_ext.protocol import SpeculativeStats, SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
-from tests.pilot import MODEL, SIZES, chat_of, loaded, make_app, ready, reply_done, seeded, send, wait_for  # noqa: F401 (seeded: fixture)
+from tests.pilot import MODEL, SIZES, chat_of, loaded, make_app, ready, reply_done, seeded, send  # noqa: F401 (seeded: fixture)
+from tests.waits import wait_until
 
 TINY_SET = {
     "name": "tiny-mood",
@@ -129,7 +130,7 @@ async def test_enter_on_a_slider_types_a_strength_past_its_range() -> None:
         for bad in ("1001", "nan", "lots"):
             await type_strength(pilot, bad)
             assert slider.strength == -1000.0
-        await wait_for(pilot, lambda: any("Strength not changed" in n.message for n in app._notifications))
+        await wait_until(pilot, lambda: any("Strength not changed" in n.message for n in app._notifications))
         await type_strength(pilot, "-0.3")
         assert slider.strength == -0.3
     assert parse_strength("−4") == -4.0 and parse_strength("+4") == 4.0  # a typographic minus, a plus
@@ -157,7 +158,7 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         chat = chat_of(app)
         screen = chat.steering_panel
         assert screen.is_open and not screen.sliders
-        await wait_for(pilot, lambda: app.steering.applied is not None)  # the opening probe: which layers steer
+        await wait_until(pilot, lambda: app.steering.applied is not None)  # the opening probe: which layers steer
         assert app.steering.applied is not None and app.steering.applied.steered_layers == (1,)
         await pilot.press("m")
         await pilot.pause()
@@ -168,7 +169,7 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         assert {"happy-sad", "formal-casual", "tiny-mood"} <= set(names)
         dialog.query_one(OptionList).highlighted = names.index("tiny-mood")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.screen is chat and bool(screen.sliders))
+        await wait_until(pilot, lambda: app.screen is chat and bool(screen.sliders))
         made = steering_dir() / "tiny-llama-tiny-mood.gguf"
         assert made.is_file()
         # The last word is the written file, at 100%; the phases came in order (a newer event may replace an older).
@@ -177,10 +178,10 @@ async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tin
         assert phases == sorted(phases, key=["evaluating", "directions", "writing"].index)
         assert [p.fraction for p in progress] == sorted(p.fraction for p in progress)
         slider = screen.sliders[0]
-        await wait_for(pilot, lambda: slider.has_focus)  # focus moves to the new slider after it mounts
+        await wait_until(pilot, lambda: slider.has_focus)  # focus moves to the new slider after it mounts
         assert slider.vector.path == str(made) and slider.vector.name == "tiny-mood"
         assert load_config().steering.vectors == (str(made),)
-        await wait_for(pilot, lambda: any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications))
+        await wait_until(pilot, lambda: any("Made tiny-llama-tiny-mood.gguf" in n.message for n in app._notifications))
 
 
 @pytest.mark.anyio
@@ -204,7 +205,7 @@ async def test_make_dialog_shows_each_phase_with_its_eta_and_no_full_bar_before_
 
         async def shown(event: VectorProgressed, text: str) -> None:
             app.post_message(event)
-            await wait_for(pilot, lambda: text in str(status.render()), what=text)
+            await wait_until(pilot, lambda: text in str(status.render()), what=text)
 
         await shown(VectorProgressed(0, 16, "evaluating", 0.0, 0.0), "Evaluating pair 1 of 16 · measuring the rate")
         await shown(VectorProgressed(4, 16, "evaluating", 2.0, 4 / 46), "Evaluating pair 5 of 16 · about 6 s left")
@@ -251,7 +252,7 @@ async def test_the_panel_leaves_the_reply_in_view_and_a_slider_move_applies_whil
     async with app.run_test(size=size, message_hook=hook) as pilot:
         chat = await ready(pilot)
         await send(pilot, "tell me a long story")
-        await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
+        await wait_until(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > 0)
         await pilot.press("f6")
         await pilot.pause()
         await vectors_listed(pilot)
@@ -273,14 +274,14 @@ async def test_the_panel_leaves_the_reply_in_view_and_a_slider_move_applies_whil
         await pilot.press("shift+right", "right")
         # Two changes (0.375, then 0.45): steps of 3/8 and 3/40; each answered; the layer-1 direction has norm 0.75.
         heat = panel.query_one(HeatStrip)
-        await wait_for(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 0.45 * 0.75) < 1e-6)
+        await wait_until(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 0.45 * 0.75) < 1e-6)
         assert acknowledged_while_writing, "no SteeringSet arrived while the reply was being written"
         applied = acknowledged_while_writing[-1]
         assert (applied.layer_start, applied.layer_end, applied.steered_layers) == (1, 1, (1,))
         assert "Applied on layers 1–1" in str(panel.query_one("#steering-status").render())
         assert app.config.steering.strengths == (0.45,)
         # The reply kept streaming into the visible transcript while the slider moved.
-        await wait_for(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > tokens_before)
+        await wait_until(pilot, lambda: chat.generation is not None and chat.generation.recorder.tokens > tokens_before)
         assert not regions_overlap(transcript.region, panel.region)
         # ... and the view still shows the reply's end: opening the panel made the view shorter under a reader who
         # followed the reply, and at 80x24 the view stayed where it was, the new text below it (issue 22, tmux walk).
@@ -288,17 +289,17 @@ async def test_the_panel_leaves_the_reply_in_view_and_a_slider_move_applies_whil
         assert transcript.live is not None and transcript._following(), (transcript.scroll_y, transcript._live_target())
         # A typed strength goes past the slider's ±3: Enter, 12, Enter; the engine applies it.
         await type_strength(pilot, "12")
-        await wait_for(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 12 * 0.75) < 1e-4)
+        await wait_until(pilot, lambda: len(heat.layer_norms) == 1 and abs(heat.layer_norms[0] - 12 * 0.75) < 1e-4)
         assert slider.has_focus and slider.strength == 12.0 and app.config.steering.strengths == (12.0,)
         await pilot.press("escape")  # close the panel: the steering stays, the reply goes on
         await pilot.pause()
         assert not panel.is_open and chat.prompt.has_focus
         assert chat_of(app).stats.extras.get("steer") == "mood +12.00"
         await pilot.press("f6")  # F6 opens it again on its slider, F6 closes it
-        await wait_for(pilot, lambda: panel.is_open and not panel.listing and panel.sliders[0].has_focus)
+        await wait_until(pilot, lambda: panel.is_open and not panel.listing and panel.sliders[0].has_focus)
         assert panel.sliders[0].strength == 12.0
         await pilot.press("f6")
-        await wait_for(pilot, lambda: not panel.is_open and chat.prompt.has_focus)
+        await wait_until(pilot, lambda: not panel.is_open and chat.prompt.has_focus)
         await pilot.press("escape")  # stop the reply (if it is still being written)
         await reply_done(pilot)
         assert load_config().steering == SteeringSettings((str(vector),), (12.0,))
@@ -319,7 +320,7 @@ async def test_quitting_with_the_panel_open_keeps_the_mix(tiny_models: dict[str,
         await pilot.press("down", "down", "down")  # ↑/↓ go round the panel: the layer fields, back to the slider
         assert panel.sliders[0].has_focus
         await pilot.press("shift+right")
-        await wait_for(pilot, lambda: app.config.steering.strengths == (0.375,))
+        await wait_until(pilot, lambda: app.config.steering.strengths == (0.375,))
         await pilot.press("ctrl+q")
     assert load_config().steering == SteeringSettings((str(vector),), (0.375,))
 
@@ -331,13 +332,13 @@ async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> Steering
     await pilot.pause()
     await vectors_listed(pilot)
     await type_strength(pilot, "1")
-    await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
+    await wait_until(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
     await pilot.press("b")
     await pilot.pause()
     ab = app.screen
     assert isinstance(ab, SteeringABScreen)
     await pilot.press("enter")
-    await wait_for(pilot, lambda: ab.runs_done == 1)
+    await wait_until(pilot, lambda: ab.runs_done == 1)
     return ab
 
 
@@ -369,7 +370,7 @@ async def test_ab_view_shows_what_steering_costs_in_acceptance(tiny_models: dict
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         app.speculation.apply(SpeculativeSettings(enabled=True, spec_type="draft-simple", draft_model=llama))
-        await wait_for(pilot, lambda: bool(app.speculation.drafters))
+        await wait_until(pilot, lambda: bool(app.speculation.drafters))
         ab = await run_ab_at_full_strength(pilot, app)
         base, steered = ab.side_stats["a"], ab.side_stats["b"]
         assert base.drafted > 0 and base.accepted == base.drafted  # a perfect drafter without steering
@@ -443,13 +444,13 @@ async def test_make_a_vector_on_the_starter_model_from_a_few_pairs() -> None:
         dialog = app.screen
         assert isinstance(dialog, MakeVectorModal)
         dialog.start(next(p for p in dialog.sets if p.stem == "tiny-mood"))
-        await wait_for(pilot, lambda: app.screen is chat and bool(screen.sliders), timeout=300)  # type: ignore[attr-defined]
+        await wait_until(pilot, lambda: app.screen is chat and bool(screen.sliders), timeout_s=300)  # type: ignore[attr-defined]
         assert app.model is not None
         assert (steering_dir() / f"{Path(app.model.path).stem}-tiny-mood.gguf").is_file()
         # A PCA direction is a unit vector; on the 576-wide starter its slider spans ±6 (steps of 0.15 and 0.75).
         assert screen.sliders[0].range == 6.0
         await pilot.press("shift+right", "shift+right", "shift+right", "shift+right")
-        await wait_for(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
+        await wait_until(pilot, lambda: app.steering.applied is not None and app.steering.applied.active)
         assert app.steering.applied is not None and app.steering.applied.layer_end == 29
         await pilot.press("escape")
         await pilot.pause()
@@ -466,7 +467,7 @@ async def sets_listed(pilot: Pilot[Any]) -> None:
     await pilot.pause()
     dialog = pilot.app.screen
     if isinstance(dialog, MakeVectorModal):
-        await wait_for(pilot, lambda: not dialog.listing, what="the prompt sets, read in a thread")
+        await wait_until(pilot, lambda: not dialog.listing, what="the prompt sets, read in a thread")
         await pilot.pause()
 
 
@@ -475,17 +476,17 @@ async def vectors_listed(pilot: Pilot[Any]) -> None:
     await pilot.pause()
     panel = next(iter(pilot.app.query(SteeringPanel)), None) if isinstance(pilot.app.screen, ChatScreen) else None
     if panel is not None and panel.is_open:
-        await wait_for(pilot, lambda: not panel.listing, what="the steering panel's vectors, read in a thread")
+        await wait_until(pilot, lambda: not panel.listing, what="the steering panel's vectors, read in a thread")
         await pilot.pause()
 
 
 async def type_strength(pilot: Pilot[Any], text: str) -> None:
     """Enter on the focused slider, `text` typed into its input, Enter."""
     await pilot.press("enter")
-    await wait_for(pilot, lambda: bool(pilot.app.screen.query("#text-prompt-input")), what="the strength input")
+    await wait_until(pilot, lambda: bool(pilot.app.screen.query("#text-prompt-input")), what="the strength input")
     pilot.app.screen.query_one("#text-prompt-input", Input).value = ""
     await pilot.press(*text, "enter")
-    await wait_for(pilot, lambda: not pilot.app.screen.query("#text-prompt-input"), what="the input closed")
+    await wait_until(pilot, lambda: not pilot.app.screen.query("#text-prompt-input"), what="the input closed")
 
 
 def _with_tiny_model(app: LlmtuiApp, path: Path) -> None:

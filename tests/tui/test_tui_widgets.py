@@ -41,7 +41,6 @@ from app.widgets.transcript import Transcript
 from engine_ext.client import EngineClient
 from engine_ext.protocol import Generate, TokenChunk, rejected_by
 from tests.fakes import ScriptedEngine, scripted_app
-from tests.pilot import wait_for
 from tests.waits import wait_until
 
 if TYPE_CHECKING:
@@ -101,10 +100,10 @@ async def test_live_message_freezes_finished_blocks_and_keeps_every_character() 
         text = "\n\n".join(paragraphs) + "\n\n```python\nprint('hi')\n```\n"
         for index, start in enumerate(range(0, len(text), 37)):
             transcript.write_live(text[start : start + 37], "")
-            if index % 8 == 7:
-                await pilot.pause(0.04)  # drawn as it streams
+            if index % 8 == 7:  # drawn as it streams
+                await wait_until(pilot, lambda: not live.body.render_pending, "the streamed text drawn")
         transcript.write_live("", "thinking hard")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: not live.body.render_pending, "the whole text drawn")
         segments = live.body.segments
         assert segments, "finished blocks were not frozen"
         assert "".join(s.markdown for s in segments) + live.body.tail == text
@@ -145,8 +144,8 @@ async def test_streamed_markdown_of_every_kind_draws_as_the_whole_text_does(chun
             transcript.write_live(MIXED_MARKDOWN[start : start + chunk], "")
             live.body.flush()  # drawn after every chunk, as if each came in a frame of its own
             if index % 5 == 4:
-                await pilot.pause(0.01)
-        await pilot.pause(0.1)
+                await pilot.pause()
+        await pilot.pause()
         assert len(live.body.segments) > 4  # blocks were frozen one by one
         width = live.body.size.width
         options = app.console_options.update_width(width).update(highlight=False)
@@ -241,12 +240,14 @@ async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> N
         transcript.write_live("Target text first, ", "")
         transcript.write_live("drafted words here", "", ((0, 18, "ngram-mod"),))
         transcript.write_live(" and the end.", "")
-        await pilot.pause(0.1)
         body = live.query_one(LiveBody)
+        await wait_until(
+            pilot, lambda: not body.render_pending and "the end." in body._strips[0].text, "the text drawn"
+        )
         assert body.draft_spans == [(19, 37, "ngram-mod")]
         assert _marked_text(body._strips) == ""  # off by default
         transcript.set_colour_drafts(True)
-        await pilot.pause(0.1)
+        await pilot.pause()
         body.render_line(0)
         assert _marked_text(body._strips) == "drafted words here"
         message = StoredMessage(
@@ -265,10 +266,10 @@ async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> N
         )
         view = await transcript.freeze_live(message)
         assert view is not None
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: _marked_text(view._strips) == "drafted words here", "the drafts coloured")
         assert _marked_text(view._strips) == "drafted words here"
         transcript.set_colour_drafts(False)
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: _marked_text(view._strips) == "", "the drafts no longer coloured")
         assert _marked_text(view._strips) == ""
         assert isinstance(transcript.last_view(), MessageView)
 
@@ -323,8 +324,8 @@ async def test_a_long_code_block_being_written_is_highlighted_once_complete() ->
         transcript = app.query_one(Transcript)
         live = await transcript.start_live(9, "model")
         transcript.write_live(f"Here:\n\n```python\n{code}\n", "")
-        live.body.flush()
-        await pilot.pause(0.1)
+        live.body.flush()  # drawn now
+        await pilot.pause()
         # Open and longer than LIVE_HIGHLIGHT_MAX_LINES: one colour for all of it, and the finished message will not
         # reuse these lines.
         assert len(_code_colours(live.body._strips, "step_")) == 1
@@ -333,13 +334,13 @@ async def test_a_long_code_block_being_written_is_highlighted_once_complete() ->
         message = StoredMessage(9, 1, None, "assistant", live.text, "", "complete", "", "", "model", {}, 3)
         view = await transcript.freeze_live(message)
         assert view is not None
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: len(_code_colours(view._strips, "step_")) > 2, "the finished block drawn")
         assert len(_code_colours(view._strips, "step_")) > 2  # highlighted: keywords, names, comments
         # A short block is highlighted while it is written.
         live = await transcript.start_live(10, "model")
         transcript.write_live("Short:\n\n```python\ndef f(x):  # note\n    return x\n", "")
-        live.body.flush()
-        await pilot.pause(0.1)
+        live.body.flush()  # drawn now
+        await pilot.pause()
         assert len(_code_colours(live.body._strips, "return")) > 1
         assert live.body.plain_lines(live.body.size.width) is not None
 
@@ -352,8 +353,8 @@ async def test_a_tail_slow_to_render_is_drawn_less_often(monkeypatch: pytest.Mon
         transcript = app.query_one(Transcript)
         live = await transcript.start_live(7, "model")
         transcript.write_live("quick text", "")
-        await pilot.pause(0.1)
         body = live.query_one(LiveBody)
+        await wait_until(pilot, lambda: not body.render_pending, "the quick text drawn")
         assert body.render_interval == LiveBody.RENDER_INTERVAL_S
         render = LiveBody.render_strips
 
@@ -362,12 +363,14 @@ async def test_a_tail_slow_to_render_is_drawn_less_often(monkeypatch: pytest.Mon
             return render(self, width)
 
         monkeypatch.setattr(LiveBody, "render_strips", slow)
-        await pilot.pause(0.1)
+        await wait_until(
+            pilot, lambda: time.monotonic() >= body._rendered_at + body.render_interval, "a render interval to pass"
+        )
         transcript.write_live(" and more", "")  # drawn now: the last render was long enough ago
         assert 0.06 / LiveBody.RENDER_SHARE <= body.render_interval < 0.5
         transcript.write_live(" and the end", "")
         assert body.render_pending  # waits for the longer interval
-        await wait_for(pilot, lambda: not body.render_pending)
+        await wait_until(pilot, lambda: not body.render_pending)
         assert "the end" in "".join(strip.text for strip in body._strips)
 
 
@@ -421,7 +424,7 @@ async def test_a_burst_of_keys_keeps_the_new_lines_where_they_were_typed() -> No
             ("o", "o"),
         ):
             app.post_message(events.Key(key, character))
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: len(prompt.text) == len("li\ntw\no"), "the burst of keys typed")
         assert prompt.text == "li\ntw\no"
 
 
@@ -531,6 +534,19 @@ class CroppedHost(App[None]):
         self.screen.refresh(layout=True)
 
 
+async def reply_followed(pilot: Pilot[None], transcript: Transcript) -> None:
+    """Once the live reply's text is drawn and the view has followed it (and one more frame is drawn); a reply that
+    has finished: one frame."""
+    live = transcript.live
+    if live is not None:
+        await wait_until(
+            pilot,
+            lambda: transcript.live is not live or not (live.body.render_pending or transcript._follow_pending),
+            "the reply drawn and followed",
+        )
+    await pilot.pause()
+
+
 async def _streamed_into(
     app: CroppedHost, pilot: Pilot[None]
 ) -> tuple[Transcript, LiveMessage, CroppedCompositor, Compositor]:
@@ -538,7 +554,7 @@ async def _streamed_into(
     transcript = app.query_one(Transcript)
     live = await transcript.start_live(1, "model")
     transcript.write_live("Paragraph one " * 30 + "\n\n```python\nx = 1\n```\n\nand a tail " * 3, "")
-    await pilot.pause(0.3)
+    await reply_followed(pilot, transcript)
     cropped = app.screen._compositor
     assert isinstance(cropped, CroppedCompositor)
     stock = Compositor()
@@ -818,15 +834,15 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
                 live = chat.transcript.live
                 return chat.generation is None or (live is not None and len(live.text) >= shown)
 
-            await wait_for(pilot, arrived)
-            await pilot.pause(0.1)
+            await wait_until(pilot, arrived)
+            await reply_followed(pilot, chat.transcript)
             assert terminal.lines() == full_render()
             # The newest line of the reply is in view (the view follows the text, not the room kept below it).
             live, transcript = chat.transcript.live, chat.transcript
             if live is not None and live.body.content_height:
                 assert newest_line_on_screen(transcript)
-        await wait_for(pilot, lambda: chat.generation is None)
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: chat.generation is None)
+        await pilot.pause(0.2)  # the finished message drawn in place of the live reply
         assert terminal.lines() == full_render()
         assert "The end of the reply" in "\n".join(terminal.lines())
         # The wide glyph was drawn, then what follows it, with the latest statistics.
@@ -871,8 +887,8 @@ async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end(lone
             assert live is not None
             before = len(live.text)
             client.gate.release(n)
-            await wait_for(pilot, lambda: len(live.text) >= before + 7 * n)
-            await pilot.pause(0.15)
+            await wait_until(pilot, lambda: len(live.text) >= before + 7 * n)
+            await reply_followed(pilot, transcript)
 
         def newest_line_in_view() -> bool:
             return newest_line_on_screen(transcript)
@@ -880,15 +896,15 @@ async def test_the_view_follows_the_reply_only_while_the_user_is_at_its_end(lone
         await stream(chunks // 2)
         assert transcript.scroll_y > 0 and newest_line_in_view()
         transcript.scroll_home(animate=False)  # the user scrolls up to read: the view stays there
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: transcript.scroll_y == 0, "the view at the top")
         await stream(chunks // 4)
         assert transcript.scroll_y == 0 and not newest_line_in_view()
         transcript.scroll_end(animate=False)  # back at the end (past the text, into the room kept below it)
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y, "the view at the end")
         await stream(2)
         assert newest_line_in_view()
         client.gate.release(chunks)
-        await wait_for(pilot, lambda: chat.generation is None)
+        await wait_until(pilot, lambda: chat.generation is None)
 
 
 PLAIN_PARAGRAPH = (
@@ -933,7 +949,7 @@ async def test_a_growing_plain_paragraph_draws_as_rendered_whole_at_every_step(c
                 plain += 1
                 partial += bool(rendered) and max(rendered) < len(body.tail)
             if index % 25 == 24:
-                await pilot.pause(0.01)
+                await pilot.pause()
         # The plain paragraph's steps rendered only its end (but where a line starts with "- " or "1.").
         assert partial > plain * 0.9
         live.stop()
@@ -991,7 +1007,8 @@ async def test_the_reply_grows_when_the_view_scrolls_and_the_screen_is_laid_out_
     async with app.run_test(size=(60, 16)) as pilot:
         chat, client = await _scripted_reply(app, pilot)
         transcript = chat.transcript
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: transcript.live is not None, "the live reply")
+        await pilot.pause()
         live = transcript.live
         assert live is not None
         screen = app.screen
@@ -1015,14 +1032,14 @@ async def test_the_reply_grows_when_the_view_scrolls_and_the_screen_is_laid_out_
         for _ in range((len(_ScriptedClient.REPLY) + 6) // 7):
             client.gate.release(1)
             before = len(live.text)
-            await wait_for(pilot, lambda before=before: len(live.text) > before)  # type: ignore[misc]
-            await pilot.pause(0.05)
+            await wait_until(pilot, lambda before=before: len(live.text) > before)  # type: ignore[misc]
+            await reply_followed(pilot, transcript)
             heights.add(live.outer_size.height)
         assert len(heights) >= 3  # the reply grew more than once
         assert len(layouts) <= len(heights)  # one layout per change of height (Textual's own would be two)
         assert layouts.count(False) <= 1  # and each but the first came with a scroll
         client.gate.release(100)
-        await wait_for(pilot, lambda: chat.generation is None)
+        await wait_until(pilot, lambda: chat.generation is None)
 
 
 def test_code_fence_lexers_are_looked_up_without_scanning_plugins_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1063,7 +1080,7 @@ async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_afte
     app = _scripted_app(lone_llama)
 
     async def footer() -> set[str]:
-        await pilot.pause(0.1)
+        await pilot.pause(0.1)  # the footer redrawn for the bindings of now
         return {key.description for key in app.screen.query(FooterKey)}
 
     async with app.run_test(size=(120, 30)) as pilot:
@@ -1074,13 +1091,13 @@ async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_afte
         assert "New" in shown and not shown & {"Stop", "Go on"}  # Continue is "Go on"; Regenerate is in F1
         chat, client = await _scripted_reply(app, pilot)
         client.gate.release(3)
-        await wait_for(pilot, lambda: chat.transcript.live is not None and bool(chat.transcript.live.text))
+        await wait_until(pilot, lambda: chat.transcript.live is not None and bool(chat.transcript.live.text))
         shown = await footer()
         assert "Stop" in shown and "Go on" not in shown and not chat.check_action("regenerate", ())
         await pilot.press("escape")
-        await wait_for(pilot, lambda: bool(client.cancelled))  # the cancel reached the engine
+        await wait_until(pilot, lambda: bool(client.cancelled))  # the cancel reached the engine
         client.gate.release(1)
-        await wait_for(pilot, lambda: chat.generation is None)
+        await wait_until(pilot, lambda: chat.generation is None)
         shown = await footer()  # the reply was stopped: it can be continued
         assert "Stop" not in shown and "Go on" in shown and chat.check_action("regenerate", ())
         await chat.open_conversation(None)
@@ -1095,14 +1112,14 @@ async def test_the_transcript_scrollbar_draws_what_textuals_does_at_every_positi
     async with app.run_test(size=(80, 24)) as pilot:
         transcript, live, _, _ = await _streamed_into(app, pilot)
         transcript.write_live("more text " * 400, "")
-        await pilot.pause(0.3)
+        await reply_followed(pilot, transcript)
         bar = transcript.vertical_scrollbar
         assert type(bar) is not ScrollBar and bar.display
         height = bar.outer_size.height
         positions = set()
         for y in (0, transcript.max_scroll_y // 3, transcript.max_scroll_y):
             transcript.scroll_to(y=y, animate=False, immediate=True)
-            await pilot.pause(0.05)
+            await wait_until(pilot, lambda y=y: bar.position == y, f"the scrollbar at {y}")
             positions.add(bar.position)
             for crop in (Region(0, 0, 1, height), Region(0, 3, 1, 5)):
                 ours = bar.render_lines(crop)
@@ -1112,9 +1129,16 @@ async def test_the_transcript_scrollbar_draws_what_textuals_does_at_every_positi
         live.stop()
 
 
+def chat_laid_out(app: LlmtuiApp) -> bool:
+    """The chat screen has mounted (its prompt has the focus) and its transcript has a size."""
+    chat = app.chat
+    return chat is not None and app.focused is chat.prompt and chat.transcript.size.height > 0
+
+
 async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: str) -> ChatScreen:
-    """A conversation of `turns` questions, each answered "answer N" + `answer`, opened in the chat screen."""
-    await pilot.pause(0.2)
+    """A conversation of `turns` questions, each answered "answer N" + `answer`, opened in the chat screen (and
+    scrolled to its end)."""
+    await wait_until(pilot, lambda: app.chat is not None and app.focused is app.chat.prompt, "the chat's first mount")
     chat = app.chat
     assert chat is not None
     store = app.store
@@ -1124,7 +1148,10 @@ async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: s
         reply = store.begin_assistant_message(conversation.id, user.id, "model")
         store.finish_assistant_message(reply, f"answer {index}{answer}", "", "complete", {})
     await chat.open_conversation(conversation.id)
-    await pilot.pause(0.2)
+    transcript = chat.transcript
+    await wait_until(
+        pilot, lambda: transcript.views() and transcript.scroll_y == transcript.max_scroll_y > 0, "the end in view"
+    )
     return chat
 
 
@@ -1146,15 +1173,15 @@ async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_message
         assert "24 earlier messages" in str(earlier.render())
         first = views[0]
         transcript.scroll_home(animate=False)
-        await wait_for(pilot, lambda: len(transcript.views()) == 2 * PAGE_SIZE)
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: len(transcript.views()) == 2 * PAGE_SIZE)
+        await wait_until(pilot, lambda: first.region.y == transcript.region.y + 2, "the first message back in place")
         # The message that was first is where it was on screen when the view reached the top (below the "earlier"
         # line and its top margin): the new page went above it, out of view.
         assert transcript.views()[PAGE_SIZE] is first
         assert first.region.y == transcript.region.y + 2
         transcript.scroll_home(animate=False)
-        await wait_for(pilot, lambda: len(transcript.views()) == 40)
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: len(transcript.views()) == 40)
+        await wait_until(pilot, lambda: not transcript.query(".earlier"), "the earlier-messages line removed")
         assert not transcript.query(".earlier")  # every message is mounted now
 
 
@@ -1168,13 +1195,15 @@ async def test_the_end_of_the_conversation_stays_in_view_when_the_view_gets_shor
         assert transcript.scroll_y == transcript.max_scroll_y > 0
         height = transcript.size.height
         chat.prompt.load_text("a prompt\nof three\nlines")  # the prompt grows: the transcript gets shorter
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: transcript.size.height < height, "the transcript made shorter")
+        await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y, "the end kept in view")
         assert transcript.size.height < height
         assert transcript.scroll_y == transcript.max_scroll_y
         transcript.scroll_home(animate=False)  # a user reading above: the view stays where they are
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: transcript.scroll_y == 0, "the view at the top")
         chat.prompt.load_text("")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: transcript.size.height == height, "the transcript back to its height")
+        await pilot.pause()
         assert transcript.scroll_y == 0
 
 
@@ -1183,7 +1212,7 @@ async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> Non
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: chat_laid_out(app), "the chat, mounted and laid out")
         chat = app.chat
         assert chat is not None
         store = app.store
@@ -1194,7 +1223,7 @@ async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> Non
             reply, "Rayleigh scattering.", "Short light scatters more. Say so briefly.", "complete", {}
         )
         await chat.open_conversation(conversation.id)
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: chat.transcript.views() and chat.transcript.views()[-1].outer_size.height)
         view = chat.transcript.views()[-1]
         folded = view.outer_size.height
 
@@ -1204,10 +1233,10 @@ async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> Non
         assert "Reasoning (7 words)" in drawn() and "Short light" not in drawn()
         view.focus()
         await pilot.press("t")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: view.outer_size.height > folded, "t to unfold the reasoning")
         assert view.outer_size.height > folded and "Short light scatters more" in drawn()
         await pilot.press("t")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: view.outer_size.height == folded, "t to fold it again")
         assert view.outer_size.height == folded and "Short light" not in drawn()
 
 

@@ -25,7 +25,7 @@ from app.modals.speculative import SpeculativePanel
 from app.screens.steering import SteeringPanel
 from app.speculation import model_facts
 from app.tui import LlmtuiApp
-from tests.pilot import MODEL
+from tests.pilot import MODEL, started
 from tests.tui.test_tui_steering import synthetic_vector
 from tests.waits import wait_until
 
@@ -167,3 +167,38 @@ async def test_model_switcher_scans_folders_off_the_event_loop(
         assert llama.need_bytes and llama.drafts is not None
     assert scan.calls and not scan.on_main_thread, "the model folders were scanned on the UI thread"
     assert headers.calls and not headers.on_main_thread, "the models' headers were read on the UI thread"
+
+
+@pytest.mark.anyio
+@pytest.mark.before_start
+@pytest.mark.usefixtures("app_dirs")
+async def test_start_up_reads_the_settings_history_and_model_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 31 item 7: on_mount reads the settings, opens (and migrates) the history and finds the model in a
+    thread; the app answers meanwhile, and a key typed then (ctrl+t, the theme) acts once they are read, so the
+    setting it saves is the user's own with the theme changed, not the defaults."""
+    import app.tui as tui
+    from app.config import Config, config_path, load_config, save_config
+
+    save_config(Config(show_sidebar=False))
+    settings = SlowReader(tui.load_config)
+    history = SlowReader(tui.open_default_store)
+    monkeypatch.setattr(tui, "load_config", settings)
+    monkeypatch.setattr(tui, "open_default_store", history)
+    app = LlmtuiApp("starter", start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(
+            pilot, lambda: settings.active > 0, "the settings read to start", timeout_s=10, interval_s=0.01
+        )
+        await pilot.press("ctrl+t")  # answered while the settings are read: kept for when they are
+        assert settings.active > 0 and not app.started, "the key was processed only after the read"
+        await wait_until(pilot, lambda: history.active > 0, "the history to be opened", timeout_s=10, interval_s=0.01)
+        assert not app.started and app.chat is None and app.theme == "textual-dark"
+        await started(pilot)
+        assert app.chat is not None
+        await wait_until(pilot, lambda: app.theme == "textual-light", "ctrl+t, typed during the start-up")
+    saved = load_config(config_path())
+    assert (saved.theme, saved.show_sidebar) == ("light", False)  # the user's settings, the theme changed
+    assert settings.calls and not settings.on_main_thread, "the settings were read on the UI thread"
+    assert history.calls and not history.on_main_thread, "the history was opened on the UI thread"

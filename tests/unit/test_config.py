@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -74,6 +74,54 @@ def test_invalid_settings_are_not_saved(app_dirs: tuple[Path, Path]) -> None:
 def test_unknown_keys_are_ignored_and_the_writer_escapes_control_characters() -> None:
     text = config_to_toml(Config(last_model="a\tb\x01c"))
     assert tomllib.loads(text)["models"]["last_model"] == "a\tb\x01c"
+
+
+USERS_FILE = """\
+# my settings: written by hand, before llmtui changed any
+[ui]
+show_sidebar = false  # more room for the chat
+theme = "dark"
+
+[engine]
+# 4 threads: the fan stays quiet
+n_threads = 4
+n_ctx = 8_192
+my_own_note = "kept"
+
+[[remote]]
+# the box under the desk
+name = "gpu-box"
+base_url = "http://192.168.1.20:8080/v1"
+api_key = "sk-old"
+"""
+
+
+def test_a_settings_change_keeps_the_users_comments_order_and_other_keys(app_dirs: tuple[Path, Path]) -> None:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(USERS_FILE, encoding="utf-8")
+    config = load_config()
+    assert (config.engine.n_threads, config.engine.n_ctx, config.show_sidebar) == (4, 8192, False)
+    remote = replace(config.remotes[0], api_key="", model="qwen3")
+    save_config(replace(config, theme="light", engine=replace(config.engine, n_threads=8), remotes=(remote,)))
+    text = path.read_text(encoding="utf-8")
+    for kept in (
+        "# my settings: written by hand, before llmtui changed any\n",
+        "show_sidebar = false  # more room for the chat\n",
+        "# 4 threads: the fan stays quiet\nn_threads = 8\n",
+        "n_ctx = 8_192\n",  # unchanged: as the user wrote it
+        'my_own_note = "kept"\n',
+        '# the box under the desk\nname = "gpu-box"\n',
+    ):
+        assert kept in text, (kept, text)
+    assert text.index("[ui]") < text.index("[engine]") < text.index("[[remote]]")  # the user's order
+    assert "sk-old" not in text and 'theme = "light"' in text
+    saved = load_config()
+    assert (saved.theme, saved.engine.n_threads, saved.remotes) == ("light", 8, (remote,))
+    # Without a file, or over one that is not TOML, a new file is written.
+    path.write_text("not = = toml", encoding="utf-8")
+    save_config(saved)
+    assert load_config() == saved and "not = = toml" not in path.read_text(encoding="utf-8")
 
 
 def test_sampling_settings_to_engine_params_and_back() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from engine_ext.doctor import Device
 from engine_ext.params import ModelParams, SpeculativeParams
-from engine_ext.speculative.catalog import (
+from engine_ext.spec_catalog import (
     BY_NAME,
     DEVICE_REFUSALS,
     LAYER_INPUT_TYPES,

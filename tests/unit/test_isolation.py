@@ -29,13 +29,45 @@ def test_modules_of_walks_subpackages() -> None:
 
 def test_import_contracts_hold() -> None:
     """pyproject's [tool.importlinter] contracts: the floors (app → models_catalog → engine_ext) and no UI toolkit
-    below app, no import cycle inside app/ (screens never import the App), indirect imports included."""
+    below app, indirect imports included; no import cycle inside app/ (screens never import the App), engine_ext/ or
+    models_catalog/; GGUF read only through engine_ext's reader."""
     lint = Path(sys.executable).parent / "lint-imports"
     if not lint.exists():
         lint = Path(shutil.which("lint-imports") or "lint-imports")
     result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "3 kept, 0 broken" in result.stdout
+    assert "5 kept, 0 broken" in result.stdout
+
+
+def test_every_imported_package_is_declared() -> None:
+    """Each third-party package that app/, models_catalog/ or engine_ext/ imports is a dependency in pyproject (not
+    only there because another package brings it)."""
+    import ast
+    import importlib.metadata
+    import re
+    import tomllib
+
+    imported: set[str] = set()
+    for package in ("app", "models_catalog", "engine_ext"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    imported.update(alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    imported.add(node.module.split(".")[0])
+    ours = {"app", "models_catalog", "engine_ext", "llmtui_assets"}
+    third_party = sorted(imported - set(sys.stdlib_module_names) - ours)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    declared = {
+        normal(re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]) for requirement in project["dependencies"]
+    }
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = [name for name in third_party if not {normal(d) for d in distributions.get(name, [name])} & declared]
+    assert third_party and not undeclared, f"imported but not in [project] dependencies: {undeclared}"
 
 
 @pytest.mark.parametrize("package", ["engine_ext", "models_catalog"])
@@ -62,14 +94,39 @@ def test_only_engine_ext_imports_llama_cpp() -> None:
     assert not offenders
 
 
+_LLAMA_TRIPWIRE = """
+import importlib, sys, traceback
+
+class Tripwire:
+    \"\"\"Notes which of our modules were being imported when llama_cpp was (it still imports).\"\"\"
+
+    chains = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "llama_cpp" and not self.chains:
+            ours = [frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_stack(None)]
+            ours = [n for n in reversed(ours) if n.split(".")[0] in ("app", "models_catalog", "engine_ext")]
+            self.chains.append(" -> ".join(dict.fromkeys(ours)))
+        return None
+
+sys.meta_path.insert(0, Tripwire())
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+assert "llama_cpp" not in sys.modules, "llama_cpp imported in the UI process: " + "; ".join(Tripwire.chains)
+print(len(sys.argv) - 1, "modules")
+"""
+
+
 def test_the_ui_process_never_loads_llama_cpp() -> None:
-    # The engine runs in the worker; the app (CLI entry point and the Textual app) only speaks the protocol.
-    code = (
-        "import sys, app.__main__, app.tui, app.bridge\n"
-        "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported in the UI process'\n"
+    """The engine runs in the worker; the app (the CLI, the Textual app, every screen and dialog) and the catalog
+    only speak the protocol: importing every module of app/ and models_catalog/ loads no llama_cpp (a failure
+    names the import chain that did)."""
+    modules = modules_of("app") + modules_of("models_catalog")
+    result = subprocess.run(
+        [sys.executable, "-c", _LLAMA_TRIPWIRE, *modules], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [str(len(modules)), "modules"]
 
 
 def _ruff() -> str:

@@ -1,4 +1,4 @@
-"""One catalogue of speculative types (engine_ext/speculative/catalog.py): the engine, the CLI, the TUI and the README
+"""One catalogue of speculative types (engine_ext/spec_catalog.py): the engine, the CLI, the TUI and the README
 read it, and the CLI and the TUI load the target the same way for every type."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from app.cli.engine_args import model_params, target_load_plan
 from app.config import SpeculativeSettings
 from app.speculation import DRAFT_KIND_TYPES, KIND_TYPES, TYPE_HELP, load_options, supported_types
 from engine_ext.params import SPEC_TYPES, SpeculativeParams
+from engine_ext.spec_catalog import CATALOGUE, MODEL_DRAFTER_TYPES, NGRAM_TYPES, markdown_table
 from engine_ext.speculative import factory
-from engine_ext.speculative.catalog import CATALOGUE, MODEL_DRAFTER_TYPES, NGRAM_TYPES, markdown_table
 from models_catalog.drafts import DRAFT_TYPE_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_every_reader_shares_the_catalogue() -> None:
 def test_the_readme_carries_the_catalogue_table() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert markdown_table() in readme, (
-        "README's speculative types table: regenerate it with `python -m engine_ext.speculative.catalog`"
+        "README's speculative types table: regenerate it with `python -m engine_ext.spec_catalog`"
     )
 
 

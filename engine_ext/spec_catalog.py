@@ -2,7 +2,8 @@
 load for it, and which flags apply. The engine (factory, params), the CLI, the TUI and the README's table all read
 it, so a type is added here once.
 
-No imports beyond engine_ext.archs: params.py builds SPEC_TYPES from this module.
+No imports beyond engine_ext.archs: params.py builds SPEC_TYPES from this module (which is why it sits beside
+params.py, not in speculative/, whose drafters import params: no package import cycle).
 """
 
 from __future__ import annotations

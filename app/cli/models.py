@@ -14,7 +14,7 @@ from app import paths
 from app.cli.session import error_line
 from app.cli.types import MAX_CONTEXT, int_range
 from app.models import ModelNotFound
-from engine_ext.untrusted_text import json_text, shown
+from engine_ext.untrusted_text import json_text, one_line, shown
 from models_catalog import pairing
 
 if TYPE_CHECKING:
@@ -105,12 +105,13 @@ def _folders(extra: list[str]) -> list[Path]:
     env = os.environ.get("LLMTUI_MODEL_DIRS")
     if env:
         folders += [Path(d) for d in env.split(os.pathsep) if d]
-    try:
-        from app.config import load_config
+    from app.config import ConfigError, load_config
 
+    try:
         folders += [Path(d) for d in load_config().model_folders]
-    except Exception:  # a broken config must not break `models list`; the TUI reports it
-        pass
+    except (ConfigError, OSError) as error:  # a broken config must not stop `models list`, nor pass unsaid (issue 37)
+        note = one_line(f"{error}; the model folders set there are not searched until it is fixed", 270)
+        print(f"llmtui models: warning: {note}", file=sys.stderr)
     return folders
 
 

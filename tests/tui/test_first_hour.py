@@ -204,6 +204,40 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
         await wait_until(pilot, lambda: chat.steering_panel.is_open, what="the steering panel")
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_palette_finds_repack_and_opens_settings_at_that_field() -> None:
+    """Issue 37, 5: the crash toasts say "F3 → Repack weights: off"; typing "repack" in the palette finds it, and
+    Enter opens Settings with that field focused (80×24)."""
+    from app.screens.settings import SettingsScreen
+
+    async with _without_engine((80, 24)) as (app, pilot):
+        await pilot.press("ctrl+p")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), what="the command palette")
+        await pilot.press(*"repack")
+        await wait_until(
+            pilot,
+            lambda: (
+                [c.hit.text for c in app.screen.query_one(CommandList).options][:1]  # type: ignore[attr-defined]
+                == ["llmtui: Repack weights (CPU)"]
+            ),
+            what="Repack weights first",
+        )
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings")
+        await wait_until(
+            pilot,
+            lambda: app.focused is not None and app.focused.id == "setting-use_extra_bufts",
+            what="the repack field focused",
+        )
+        body = app.screen.query_one("#settings-body")
+        await wait_until(
+            pilot,
+            lambda: app.focused is not None and body.region.contains_region(app.focused.region),
+            what="the repack field scrolled into view at 80×24",
+        )
+
+
 # ----- the footer at 80 columns -----------------------------------------------------------------------------
 
 MOST_USEFUL = ["Help", "Model", "Models", "Spec", "Steer", "New"]

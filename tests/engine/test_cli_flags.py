@@ -352,3 +352,14 @@ def test_chat_goes_on_after_a_bad_byte_and_an_over_long_line(tmp_path: Path, tin
     assert "that line is not valid UTF-8 (byte 0xff at offset 3); it was not sent" in err
     assert "but the context holds 256" in err  # the engine's one line: the paste is longer than the context
     assert err.count("| generated ") == 1  # and "hello" after it was answered
+
+
+def test_bench_names_the_parameter_count_not_only_llama_cpp_size_class() -> None:
+    """Issue 37: bench called the 135M starter "llama 256M" (llama.cpp's size class); its header says the count."""
+    from app.cli.bench import model_line, parameters_text
+
+    assert parameters_text(134_515_008) == "134.5M parameters"
+    assert parameters_text(7_615_616_512) == "7.62B parameters"
+    assert parameters_text(56_000) == "56.0K parameters" and parameters_text(12) == "12 parameters"
+    line = model_line("llama 256M Q4_1", 134_515_008, "CPU", 4)
+    assert line == "model: 134.5M parameters (llama.cpp: llama 256M Q4_1; CPU, 4 threads)"

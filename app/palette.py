@@ -41,6 +41,11 @@ APP_COMMANDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("View: Dark / light", "Switch the theme (ctrl+t)", "toggle_theme"),
     ("View: Theme", "Choose a colour theme", "change_theme"),
     ("llmtui: Settings", "Engine options, model folders, remote engines (F3)", "settings"),
+    (
+        "llmtui: Repack weights (CPU)",
+        "Turn CPU weight repacking on or off: Settings, at its field (F3; --no-repack)",
+        "repack_setting",
+    ),
     ("llmtui: Quit", "Quit llmtui (asks first while downloads are unfinished) (ctrl+q)", "quit"),
 )
 

@@ -622,11 +622,16 @@ class LlmtuiApp(LlmtuiShell):
         self.theme = THEME_NAMES[theme]
         self.save_config_quietly()
 
-    def action_settings(self) -> None:
+    def action_settings(self, field: str | None = None) -> None:
+        """F3; `field`: an engine setting's name to focus (the palette's entries for one setting)."""
         from app.screens.settings import SettingsScreen
 
         if not isinstance(self.screen, SettingsScreen):
-            self.push_screen(SettingsScreen(self.config))
+            self.push_screen(SettingsScreen(self.config, focus=field))
+
+    def action_repack_setting(self) -> None:
+        """The palette's "Repack weights": Settings with the repacking field focused (the crash toasts name it)."""
+        self.action_settings("use_extra_bufts")
 
     def action_switch_model(self) -> None:
         from app.modals.model_switcher import ModelSwitcherModal

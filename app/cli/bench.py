@@ -122,9 +122,20 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
         # Greedy speculation must reproduce plain decoding token for token (the trust check).
         row["identical"] = row.pop("tokens") == plain_ids
     if args.json:
-        print(json.dumps({"model": str(path), "description": info.description, "n_gen": n_gen, "modes": rows}))
+        print(
+            json.dumps(
+                {
+                    "model": str(path),
+                    "description": info.description,
+                    "n_params": info.n_params,
+                    "n_gen": n_gen,
+                    "modes": rows,
+                }
+            )
+        )
     else:
-        print(f"model: {info.description} ({info.backend}, {info.n_threads} threads), {n_gen} tokens, median of {reps}")
+        header = model_line(info.description, info.n_params, info.backend, info.n_threads)
+        print(f"{header}, {n_gen} tokens, median of {reps}")
         # proposed: the drafters' tokens; drafted: those verified (llama.cpp's n_drafted); accepted: of the drafted
         print(
             f"{'mode':>14} {'tok/s':>8} {'speedup':>8} {'proposed':>9} {'drafted':>8} {'accepted':>9} "
@@ -139,6 +150,20 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
                 f"{counts[2]:>9} {mean_len:9.2f} {same:>10}"
             )
     return 0
+
+
+def parameters_text(n: int) -> str:
+    """A model's parameter count as a person says it: ``134_515_008`` -> ``"134.5M parameters"`` (issue 37)."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.{2 if div >= 1e9 else 1}f}{suffix} parameters"
+    return f"{n} parameters"
+
+
+def model_line(description: str, n_params: int, backend: str, n_threads: int) -> str:
+    """bench's header: the parameter count first, llama.cpp's description (its size class, e.g. "llama 256M" for a
+    135M model, and the quant) named as llama.cpp's, so the two figures are not read as one."""
+    return f"model: {parameters_text(n_params)} (llama.cpp: {description}; {backend}, {n_threads} threads)"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -177,6 +202,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             results: dict[str, Any] = {
                 "model": str(path),
                 "description": info.description,
+                "n_params": info.n_params,
                 "backend": info.backend,
                 "n_threads": info.n_threads,
                 "n_ctx": info.n_ctx,
@@ -206,7 +232,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results))
     else:
-        print(f"model: {results['description']} ({results['backend']}, {results['n_threads']} threads)")
+        print(model_line(results["description"], results["n_params"], results["backend"], results["n_threads"]))
         for key, label in (("pp", f"pp{n_prompt}"), ("tg", f"tg{n_gen}")):
             if key in results:
                 r = results[key]

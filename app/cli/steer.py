@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.cli.types import MAX_THREADS, control_vector_scaled, int_range, read_text_file
+from app.cli.types import MAX_THREADS, ControlVectorScaled, int_range, read_text_file
 from app.controllers.steering import vector_progress_text
 from app.models import resolve_model
 from app.paths import prompt_set_folders, steering_dir
@@ -21,11 +21,12 @@ def add_control_vector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-vector", action="append", default=[], metavar="FILE", help="apply a control vector")
     p.add_argument(
         "--control-vector-scaled",
-        action="append",
-        type=control_vector_scaled,
+        action=ControlVectorScaled,
+        nargs="+",
         default=[],
-        metavar="FILE:S",
-        help="apply a control vector with strength S (any number, as llama.cpp; ±1000 at most)",
+        metavar=("FILE[:S]", "S"),
+        help="apply a control vector with strength S: FILE:S, or FILE S as llama.cpp writes it "
+        "(any number, as llama.cpp; ±1000 at most)",
     )
     p.add_argument(
         "--control-vector-layer-range",

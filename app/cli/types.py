@@ -11,6 +11,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from engine_ext.params import DEFAULT_SEED, MAX_STEERING_STRENGTH
 
@@ -198,12 +199,44 @@ def control_vector_scaled(text: str) -> str:
     (kept as given; steering_entries parses)."""
     file, sep, strength = text.rpartition(":")
     if not sep or not file:
-        raise argparse.ArgumentTypeError(f"expected FILE:STRENGTH, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected FILE:STRENGTH or FILE STRENGTH, not {text!r}")
+    _strength(strength, text)
+    return text
+
+
+def _strength(strength: str, given: str) -> None:
     try:
         finite_float(-MAX_STEERING_STRENGTH, MAX_STEERING_STRENGTH)(strength)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"expected FILE:STRENGTH with a strength from -{MAX_STEERING_STRENGTH:g} to {MAX_STEERING_STRENGTH:g}, "
-            f"not {text!r}"
+            f"not {given!r}"
         ) from None
-    return text
+
+
+class ControlVectorScaled(argparse.Action):
+    """--control-vector-scaled in both forms: llmtui's FILE:STRENGTH (one argument) and llama.cpp's FILE STRENGTH
+    (two); each is kept as "FILE:STRENGTH" for steering_entries (issue 37)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        given = list(values)
+        try:
+            if len(given) == 1:
+                spec = control_vector_scaled(given[0])
+            elif len(given) == 2:
+                if not given[0]:
+                    raise argparse.ArgumentTypeError(f"expected FILE STRENGTH, not {' '.join(given)!r}")
+                _strength(given[1], " ".join(given))
+                spec = f"{given[0]}:{given[1]}"
+            else:
+                raise argparse.ArgumentTypeError(
+                    f"expected FILE:STRENGTH or FILE STRENGTH, not {len(given)} arguments "
+                    "(give the flag once per vector)"
+                )
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentError(self, str(error)) from None
+        items = list(getattr(namespace, self.dest, None) or [])
+        items.append(spec)
+        setattr(namespace, self.dest, items)

@@ -32,6 +32,14 @@ def safe_file_name(title: str) -> str:
     return re.sub(r"[^\w.-]+", "-", title).strip("-")[:50] or "conversation"
 
 
+def export_stem(title: str, conversation_id: int) -> str:
+    """An export's file name without its suffix: the title, then the conversation's number said as such
+    ("Tea-conversation-4"), unique per conversation (exporting again rewrites the same files). A bare "-4" read like
+    a steering strength or a copy counter (issue 37)."""
+    name = safe_file_name(title)
+    return f"conversation-{conversation_id}" if name == "conversation" else f"{name}-conversation-{conversation_id}"
+
+
 class ConversationsController:
     def __init__(self, host: ConversationsHost) -> None:
         self.host = host
@@ -86,8 +94,11 @@ class ConversationsController:
     def _export_texts(self, conversation_id: int) -> tuple[str, str, str]:
         store = self.host.store
         conversation = store.get_conversation(conversation_id)
-        stem = f"{safe_file_name(conversation.title)}-{conversation.id}"
-        return stem, store.export_markdown(conversation_id), store.export_json(conversation_id)
+        return (
+            export_stem(conversation.title, conversation.id),
+            store.export_markdown(conversation_id),
+            store.export_json(conversation_id),
+        )
 
 
 def write_export(stem: str, markdown: str, json_text: str) -> tuple[Path, Path]:

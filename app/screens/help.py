@@ -45,6 +45,19 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ),
     ),
     (
+        "Message box (editing)",
+        (
+            ("ctrl+a", "select all (then type, or backspace, to replace or clear it)"),
+            ("home / end, ctrl+e", "start / end of the line"),
+            ("ctrl+left / ctrl+right", "previous / next word"),
+            ("shift+arrows, shift+home / end", "select (with ctrl+shift+left / right: by word)"),
+            ("ctrl+w, ctrl+backspace", "delete the word before the cursor (alt+delete: the word after)"),
+            ("ctrl+u / ctrl+k", "delete to the start / end of the line (ctrl+shift+k: the whole line)"),
+            ("ctrl+z / ctrl+y", "undo / redo"),
+            ("ctrl+x / ctrl+c / ctrl+v", "cut / copy / paste (the terminal's own paste works too)"),
+        ),
+    ),
+    (
         "A message (focused)",
         (
             ("up / down, k / j", "previous / next message"),

@@ -112,9 +112,10 @@ class SettingsScreen(Screen[bool]):
 
     app: LlmtuiShell
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, focus: str | None = None) -> None:
         super().__init__()
         self.config = config
+        self.focus_field = focus  # an engine setting's name to focus at once (FIELD_ORDER), or None
         self.remotes: list[RemoteSettings] = list(config.remotes)
 
     def compose(self) -> ComposeResult:
@@ -195,6 +196,10 @@ class SettingsScreen(Screen[bool]):
     async def on_mount(self) -> None:
         self.query_one("#settings-error").display = False
         await self.refresh_remotes()
+        if self.focus_field in FIELD_ORDER:
+            field = self.query_one(f"#setting-{self.focus_field}")
+            field.focus()
+            self.call_after_refresh(field.scroll_visible, animate=False)
 
     async def refresh_remotes(self) -> None:
         """Rebuild the remote engines' rows from `self.remotes`."""

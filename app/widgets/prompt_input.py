@@ -10,6 +10,7 @@ from textual.widgets import TextArea
 from app.textual_internals.text_area import KeysBeforeTextArea
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+SELECT_ALL_KEY = "ctrl+a"  # as in most editors, so a long message is cleared or replaced at once (issue 37)
 
 
 class PromptInput(KeysBeforeTextArea, TextArea):
@@ -21,10 +22,14 @@ class PromptInput(KeysBeforeTextArea, TextArea):
     | shift+enter, ctrl+j | New line. |
     | up (on the first line) | Recall the previous message sent. |
     | down (on the last line, recalling) | Recall the next one. |
+    | ctrl+a | Select all (TextArea's: the line start, which home still does). |
+
+    TextArea's other editing keys stay; the F1 help lists them (app/screens/help.py, "Message box").
     """
 
     BINDINGS = [
         Binding(",".join(NEWLINE_KEYS), "newline", "New line", show=False),  # for the help and the palette
+        Binding(SELECT_ALL_KEY, "select_all", "Select all", show=False),  # over TextArea's ctrl+a: the line start
     ]
 
     class Submitted(Message):
@@ -65,6 +70,11 @@ class PromptInput(KeysBeforeTextArea, TextArea):
             event.stop()
             event.prevent_default()
             self.action_newline()
+            return True
+        if event.key == SELECT_ALL_KEY:  # here too, for the same reason: a burst's next keys replace the selection
+            event.stop()
+            event.prevent_default()
+            self.select_all()
             return True
         if event.key == "enter":
             event.stop()

@@ -123,6 +123,7 @@ def test_bench_reports_prompt_and_decode_speed(tmp_path: Path, tiny_models: dict
     out = json.loads(result.stdout)
     assert len(out["pp"]["tps"]) == 2 and out["pp"]["median"] > 0
     assert len(out["tg"]["tps"]) == 2 and out["tg"]["median"] > 0
+    assert out["n_params"] > 0  # the count, beside llama.cpp's description (issue 37)
 
 
 def test_bench_speculative_modes_side_by_side(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
@@ -157,6 +158,8 @@ def test_bench_names_proposed_drafted_and_accepted(tmp_path: Path, tiny_models: 
     args = ("bench", "-m", str(tiny_models["llama"]), "--spec-type", "ngram-mod", "-n", "16", "-r", "1", "-t", "2")
     result = llmtui(*args, data_dir=tmp_path)
     assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("model: ") and " parameters (llama.cpp: " in first  # the count first (issue 37)
     header = next(line for line in result.stdout.splitlines() if "speedup" in line)
     assert header.split()[3:6] == ["proposed", "drafted", "accepted"]
     plain = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["plain"])

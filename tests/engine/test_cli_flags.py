@@ -59,6 +59,10 @@ BAD = [
     ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf:nan"]),
     ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf:inf"]),
     ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf:1001"]),
+    ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf", "strong"]),  # llama.cpp's form
+    ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf", "1001"]),
+    ("run", "--control-vector-scaled", ["--control-vector-scaled", "a.gguf", "1", "2"]),
+    ("run", "--control-vector-scaled", ["--control-vector-scaled", "v.gguf"]),
     ("run", "--control-vector-layer-range", ["--control-vector-layer-range", "-1", "4"]),
     ("chat", "-n/--n-predict", ["-n", "-5"]),
     ("chat", "--temp", ["--temp", "nan"]),
@@ -166,6 +170,33 @@ def test_good_values_still_parse(tmp_path: Path) -> None:
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("héllo wörld\n", encoding="utf-8")
     assert parser.parse_args(["run", "-f", str(prompt)]).prompt == "héllo wörld\n"
+
+
+def test_control_vector_scaled_takes_llama_cpp_two_argument_form_too() -> None:
+    """Issue 37: `--control-vector-scaled FILE STRENGTH` (llama.cpp's form) and `FILE:STRENGTH` both parse, in order,
+    and steering_entries reads both the same way."""
+    from app.cli.steer import steering_entries
+
+    parser = build_parser()
+    args = parser.parse_args(
+        [
+            "run",
+            "--control-vector-scaled",
+            "a.gguf",
+            "0.8",
+            "--control-vector-scaled",
+            "b.gguf:-2",
+            "--control-vector-scaled",
+            "c.gguf",
+            "-1.5",
+            "-p",
+            "hi",
+        ]
+    )
+    assert args.control_vector_scaled == ["a.gguf:0.8", "b.gguf:-2", "c.gguf:-1.5"] and args.prompt == "hi"
+    entries = steering_entries(args)
+    assert [(Path(e.path).name, e.strength) for e in entries] == [("a.gguf", 0.8), ("b.gguf", -2.0), ("c.gguf", -1.5)]
+    assert parser.parse_args(["run", "-p", "hi"]).control_vector_scaled == []
 
 
 def test_prompt_and_file_are_exclusive_and_one_is_needed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -321,3 +352,14 @@ def test_chat_goes_on_after_a_bad_byte_and_an_over_long_line(tmp_path: Path, tin
     assert "that line is not valid UTF-8 (byte 0xff at offset 3); it was not sent" in err
     assert "but the context holds 256" in err  # the engine's one line: the paste is longer than the context
     assert err.count("| generated ") == 1  # and "hello" after it was answered
+
+
+def test_bench_names_the_parameter_count_not_only_llama_cpp_size_class() -> None:
+    """Issue 37: bench called the 135M starter "llama 256M" (llama.cpp's size class); its header says the count."""
+    from app.cli.bench import model_line, parameters_text
+
+    assert parameters_text(134_515_008) == "134.5M parameters"
+    assert parameters_text(7_615_616_512) == "7.62B parameters"
+    assert parameters_text(56_000) == "56.0K parameters" and parameters_text(12) == "12 parameters"
+    line = model_line("llama 256M Q4_1", 134_515_008, "CPU", 4)
+    assert line == "model: 134.5M parameters (llama.cpp: llama 256M Q4_1; CPU, 4 threads)"

@@ -204,6 +204,67 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
         await wait_until(pilot, lambda: chat.steering_panel.is_open, what="the steering panel")
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_palette_finds_repack_and_opens_settings_at_that_field() -> None:
+    """Issue 37, 5: the crash toasts say "F3 → Repack weights: off"; typing "repack" in the palette finds it, and
+    Enter opens Settings with that field focused (80×24)."""
+    from app.screens.settings import SettingsScreen
+
+    async with _without_engine((80, 24)) as (app, pilot):
+        await pilot.press("ctrl+p")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), what="the command palette")
+        await pilot.press(*"repack")
+        await wait_until(
+            pilot,
+            lambda: (
+                [c.hit.text for c in app.screen.query_one(CommandList).options][:1]  # type: ignore[attr-defined]
+                == ["llmtui: Repack weights (CPU)"]
+            ),
+            what="Repack weights first",
+        )
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings")
+        await wait_until(
+            pilot,
+            lambda: app.focused is not None and app.focused.id == "setting-use_extra_bufts",
+            what="the repack field focused",
+        )
+        body = app.screen.query_one("#settings-body")
+        await wait_until(
+            pilot,
+            lambda: app.focused is not None and body.region.contains_region(app.focused.region),
+            what="the repack field scrolled into view at 80×24",
+        )
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_ctrl_a_in_the_chat_message_box_selects_all_and_f1_lists_the_editing_keys() -> None:
+    """Issue 37, 6, in the app at 80×24: ctrl+a then backspace clears a long message; F1 says the editor's keys."""
+    import io
+
+    from rich.console import Console
+    from textual.widgets import Static
+
+    from app.screens.help import HelpScreen
+    from app.widgets.prompt_input import PromptInput
+
+    async with _without_engine((80, 24)) as (app, pilot):
+        prompt = app.screen.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press(*"a long message", "ctrl+j", *"to rewrite")
+        assert prompt.text == "a long message\nto rewrite"
+        await pilot.press("ctrl+a", "backspace")
+        assert prompt.text == ""
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        console = Console(width=76, record=True, file=io.StringIO())
+        console.print(app.screen.query_one("#help-body Static", Static).content)
+        text = console.export_text()
+        assert "Message box (editing)" in text and "select all" in text and "undo / redo" in text
+
+
 # ----- the footer at 80 columns -----------------------------------------------------------------------------
 
 MOST_USEFUL = ["Help", "Model", "Models", "Spec", "Steer", "New"]

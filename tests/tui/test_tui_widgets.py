@@ -428,6 +428,38 @@ async def test_a_burst_of_keys_keeps_the_new_lines_where_they_were_typed() -> No
         assert prompt.text == "li\ntw\no"
 
 
+async def test_ctrl_a_selects_all_of_the_message_so_typing_replaces_it() -> None:
+    """Issue 37, 6: ctrl+a in the message box selects all (TextArea's own ctrl+a went to the line start); home still
+    goes to the line start. In a burst, the keys after ctrl+a replace the selection, in order."""
+    from textual import events
+    from textual.widgets.text_area import Selection
+
+    app = PromptHost()
+    async with app.run_test(size=(80, 24)) as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press(*"one", "ctrl+j", *"two")
+        await pilot.press("ctrl+a")
+        assert prompt.selection == Selection((0, 0), prompt.document.end) and prompt.selected_text == "one\ntwo"
+        await pilot.press("backspace")
+        assert prompt.text == ""
+        await pilot.press(*"long line", "home")
+        assert prompt.cursor_location == (0, 0) and prompt.selected_text == ""
+        for key, character in (("ctrl+a", None), ("n", "n"), ("e", "e"), ("w", "w")):
+            app.post_message(events.Key(key, character))
+        await wait_until(pilot, lambda: prompt.text == "new", "the burst replaced the selection")
+        await pilot.press("enter")
+        assert app.sent == ["new"]
+
+
+def test_the_help_lists_the_message_box_keys() -> None:
+    from app.screens.help import KEYS
+
+    [editing] = [keys for section, keys in KEYS if section.startswith("Message box")]
+    listed = dict(editing)
+    assert listed["ctrl+a"].startswith("select all") and "ctrl+z / ctrl+y" in listed
+
+
 class StatsHost(App[None]):
     def compose(self) -> ComposeResult:
         yield StatsBar()

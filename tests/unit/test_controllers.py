@@ -148,6 +148,14 @@ class ConversationsHost(FakeHost):
         self.shown.append(conversation_id)
 
 
+def test_export_names_say_the_conversation_number() -> None:
+    from app.controllers.conversations import export_stem
+
+    assert export_stem("Happy -4 steering", 4) == "Happy--4-steering-conversation-4"
+    assert export_stem("", 12) == "conversation-12" and export_stem("conversation", 3) == "conversation-3"
+    assert export_stem("../../etc/passwd", 5) == "..-..-etc-passwd-conversation-5"
+
+
 def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
     from app.controllers import ConversationsController
     from app.store import Store
@@ -160,7 +168,11 @@ def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
         results: list[Any] = []
         controller.export_in_background(conversation.id, results.append)
         (markdown, json_path) = results[0]
-        assert markdown.name == f"A-B-tea-{conversation.id}.md" and "hello" in markdown.read_text(encoding="utf-8")
+        # the number says what it is (issue 37: a bare "-4" read like a steering strength)
+        assert markdown.name == f"A-B-tea-conversation-{conversation.id}.md"
+        assert json_path.name == f"A-B-tea-conversation-{conversation.id}.json" and "hello" in markdown.read_text(
+            encoding="utf-8"
+        )
         controller.import_file(json_path)
         assert host.shown and host.shown[0] != conversation.id
         assert [m.content for m in store.active_path(host.shown[0])] == ["hello"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import partial
-from http.client import HTTPException
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +20,7 @@ from app import paths
 from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
 from app.modals.model_actions import DeleteModelModal, PullModal
 from app.models import usable_folders
+from app.screens import models_work
 from app.screens.models_detail import (
     catalog_label,
     entry_text,
@@ -31,7 +31,7 @@ from app.screens.models_detail import (
     repo_text,
     search_result_text,
 )
-from app.screens.models_local import PartialRow, size_partials, words_tooltip
+from app.screens.models_local import PartialRow, words_tooltip
 from app.screens.models_messages import (
     HubSearched,
     LocalModelJudged,
@@ -42,7 +42,7 @@ from app.screens.models_messages import (
     RepoInspected,
 )
 from app.widgets.downloads import DownloadsPanel
-from engine_ext.gguf_info import GGUFError, format_bytes
+from engine_ext.gguf_info import format_bytes
 from engine_ext.untrusted_text import MAX_MESSAGE, one_line
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
@@ -50,13 +50,11 @@ from models_catalog.download import FINAL_STATES, DownloadTask, State, installed
 from models_catalog.errors import ModelsError
 from models_catalog.hub import QuantGroup, RepoListing, RepoSummary
 from models_catalog.library import Library, LocalModel, PartialDownload
-from models_catalog.pull import plan_pull
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
 
 SCREEN_NAME = "models"
-SEARCH_LIMIT = 50
 SORTS = (("most downloaded", "downloads"), ("most liked", "likes"), ("recently updated", "updated"))
 # What each worker group does, in the words of the one-line message when it fails unexpectedly.
 WORK_NAMES = {
@@ -70,23 +68,11 @@ WORK_NAMES = {
     "delete-size": "Sizing the model's files",
     "resume-partial": "Resuming the partial download",
 }
-# Model files of one repository the screen groups into quants. Grouping pairs every file with its sidecars by
-# llama.cpp's rules, which takes time growing with the square of the files (5,000 took 43 s, and a listing may hold
-# 100,000); the largest real GGUF repositories hold a few hundred.
-MAX_REPO_MODEL_FILES = 2000
 
 
 def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:
     widget.tooltip = tooltip
     return widget
-
-
-def _file_size(path: Path) -> int:
-    """The size of a file that may have gone since it was listed (0 then)."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 # ----- the screen ----------------------------------------------------------------------------------------
@@ -237,117 +223,46 @@ class ModelsScreen(Screen[None]):
             title += "  ·  offline (HF_HUB_OFFLINE=1)"
         self.query_one("#models-title", Label).update(title)
 
-    # ----- workers (network and disk, off the UI thread) -----
+    # ----- workers (network and disk, off the UI thread; their work is in models_work.py) -----
 
     @work(thread=True, group="memory", exit_on_error=False)
     def _detect_memory(self) -> None:
-        self.post_message(MemoryDetected(fit.detect_memory()))
+        self.post_message(models_work.detect_memory())
 
     @work(thread=True, exclusive=True, group="search", exit_on_error=False)
     def _search(self, query: str, author: str | None, sort: hub.SortKey) -> None:
-        try:
-            results = hub.search(query, author=author, sort=sort, limit=SEARCH_LIMIT)
-        except (ModelsError, OSError, ValueError) as error:
-            self.post_message(ModelsWorkFailed("Search", str(error)))
-            return
-        self.post_message(HubSearched(results))
+        self.post_message(models_work.search(query, author, sort))
 
     @work(thread=True, exclusive=True, group="inspect", exit_on_error=False)
     def _inspect(self, repo_id: str, entry: CatalogEntry | None, memory: fit.MachineMemory | None) -> None:
-        try:
-            listing = hub.listing(repo_id)
-        except (ModelsError, OSError, ValueError) as error:
-            self.post_message(ModelsWorkFailed(f"Opening {repo_id}", str(error)))
-            return
-        report, fit_error = None, None
-        n_files = len(listing.gguf_files)
-        groups = listing.quant_groups() if n_files <= MAX_REPO_MODEL_FILES else []
-        if n_files > MAX_REPO_MODEL_FILES:
-            fit_error = (
-                f"{repo_id} lists {n_files:,} .gguf files, more than the {MAX_REPO_MODEL_FILES:,} this "
-                "screen groups into quants; download one by name with: llmtui models pull REPO:QUANT"
-            )
-        elif not groups:
-            fit_error = "no GGUF model files in this repository"
-        elif hfcache.is_offline():
-            fit_error = "offline: the fit needs the model's header (unset HF_HUB_OFFLINE)"
-        else:
-            try:
-                report = fit.fit_repo(listing, memory=memory)
-            except (ModelsError, GGUFError, OSError, HTTPException, ValueError) as error:
-                # OSError, HTTPException: the connection failed in the middle of the header's bytes
-                fit_error = one_line(str(error) or type(error).__name__)
-        self.post_message(RepoInspected(listing, groups, report, fit_error, entry))
+        self.post_message(models_work.inspect(repo_id, entry, memory))
 
     @work(thread=True, exclusive=True, group="local", exit_on_error=False)
     def _list_local(self) -> None:
-        """The models on disk and the partial downloads; then the partials' totals from the Hub's listing."""
-        try:
-            library = self._library()
-            models, partials = library.models(), library.partials()
-        except (ModelsError, OSError, ValueError) as error:  # ValueError: a folder name the OS refuses (NUL)
-            self.post_message(ModelsWorkFailed("Listing local models", str(error)))
-            return
-        self.post_message(LocalModelsListed(models, [PartialRow(p) for p in partials], sized=not partials))
-        if partials:
-            self.post_message(LocalModelsListed(models, size_partials(partials)))
+        for message in models_work.list_local(self._library):
+            self.post_message(message)
 
     @work(thread=True, group="resume-partial", exit_on_error=False)
     def _resume_partial(self, row: PartialRow) -> None:
-        """Find the partial's file on the Hub (when not known yet) and queue it: the download resumes from the
-        bytes on disk, in the downloads panel."""
-        file = row.file or size_partials([row.partial])[0].file
-        if file is None:
-            self.post_message(
-                ModelsWorkFailed(
-                    f"Resuming {row.name}",
-                    f"no file of {row.partial.repo_id} has this content at its current revision; delete it with x",
-                )
-            )
-            return
-        try:
-            assert self.downloads is not None
-            self.downloads.resume_file(file)
-        except ModelsError as error:
-            self.post_message(ModelsWorkFailed(f"Resuming {file.name}", str(error)))
+        if (failed := models_work.resume_partial(row, self.downloads)) is not None:
+            self.post_message(failed)
 
     @work(thread=True, group="delete", exit_on_error=False)
     def _delete_partial(self, partial: PartialDownload, name: str) -> None:
-        try:
-            freed = self._library().clean_partials([partial])
-        except (ModelsError, OSError) as error:
-            self.post_message(ModelsWorkFailed(f"Deleting {name}", str(error)))
-            return
-        if not freed:
-            self.post_message(ModelsWorkFailed(f"Deleting {name}", "a process is writing it; pause it first (p)"))
-            return
-        self.post_message(ModelDeleted(name, freed))
+        self.post_message(models_work.delete_partial(self._library, partial, name))
 
     @work(thread=True, exclusive=True, group="local-fit", exit_on_error=False)
     def _judge_local(self, model: LocalModel, memory: fit.MachineMemory | None) -> None:
-        try:
-            verdict, error = fit.fit_local(model.path, memory=memory), None
-        except (GGUFError, OSError, ValueError) as exc:
-            verdict, error = None, one_line(str(exc))
-        self.post_message(LocalModelJudged(model, verdict, error))
+        self.post_message(models_work.judge_local(model, memory))
 
     @work(thread=True, group="pull", exit_on_error=False)
     def _pull(self, spec: str, sidecars: list[str], draft_repos: dict[str, str]) -> None:
-        try:
-            plan = plan_pull(spec, sidecars, draft_repos=draft_repos)
-            assert self.downloads is not None
-            self.downloads.pull(plan)
-        except ModelsError as error:
-            self.post_message(ModelsWorkFailed(f"Downloading {spec}", str(error)))
+        if (failed := models_work.pull(spec, sidecars, draft_repos, self.downloads)) is not None:
+            self.post_message(failed)
 
     @work(thread=True, group="delete", exit_on_error=False)
     def _delete(self, model: LocalModel) -> None:
-        try:
-            freed = self._library().delete(model)
-        except (ModelsError, OSError) as error:
-            self.post_message(ModelsWorkFailed(f"Deleting {model.name}", str(error)))
-            return
-        self.post_message(ModelDeleted(model.name, freed))
+        self.post_message(models_work.delete(self._library, model))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The last line of defence of this screen's workers (they run with exit_on_error=False): each reads what
@@ -843,9 +758,7 @@ class ModelsScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="delete-size", exit_on_error=False)
     def _size_then_confirm(self, model: LocalModel) -> None:
         """Which sidecars are there and how much deleting frees (file stats, off the event loop), then ask."""
-        sidecar_files = [p for p in model.sidecars.values() if p.exists()]
-        size = model.size + sum(_file_size(p) for p in sidecar_files)
-        names = [p.name for p in model.files] + [f"{p.name} (sidecar)" for p in sidecar_files]
+        names, size = models_work.deletion_of(model)
         self.app.call_from_thread(self._confirm_delete, model, names, size)
 
     def _mark_used(self, library: Library, path: Path) -> None:

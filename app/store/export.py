@@ -1,0 +1,234 @@
+"""Export a conversation (Markdown, JSON) and import a JSON export, checked field by field."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Final, cast
+
+from app.store.records import (
+    MESSAGE_STATES,
+    ROLES,
+    ImportFormatError,
+    JSONObject,
+    dump_settings,
+    dump_stats,
+)
+from app.store.tree import TreeMixin, parents_first
+
+EXPORT_FORMAT: Final = "llmtui.conversation"
+EXPORT_VERSION: Final = 1
+
+# What Markdown exports say under a reply that did not complete.
+STATE_NOTES: Final[dict[str, str]] = {
+    "streaming": "Reply still being written when exported.",
+    "stopped": "Reply stopped.",
+    "interrupted": "Reply interrupted (llmtui closed while writing it).",
+    "error": "Reply failed.",
+}
+
+
+class ExportMixin(TreeMixin):
+    """Exporting a conversation and importing an export as a new conversation."""
+
+    def export_markdown(self, conversation_id: int) -> str:
+        """The active branch as Markdown: title, system prompt, a heading per message, reasoning folded."""
+        with self._lock:
+            conversation = self.get_conversation(conversation_id)
+            path = self.active_path(conversation_id)
+        parts = [f"# {conversation.title or 'Untitled conversation'}"]
+        if conversation.system_prompt.strip():
+            parts += ["## System prompt", conversation.system_prompt.strip("\n").rstrip()]
+        for message in path:
+            parts.append(f"## {message.role.capitalize()}")
+            if message.reasoning.strip():
+                reasoning = message.reasoning.strip("\n").rstrip()
+                parts.append(f"<details>\n<summary>Reasoning</summary>\n\n{reasoning}\n\n</details>")
+            if message.content.strip():
+                parts.append(message.content.strip("\n").rstrip())
+            if message.state in STATE_NOTES:
+                parts.append(f"*{STATE_NOTES[message.state]}*")
+        return "\n\n".join(parts) + "\n"
+
+    def export_json(self, conversation_id: int) -> str:
+        """The whole conversation (every branch, state, stats, timestamp) as JSON; ids are positions in
+        the export's message list, so exporting an imported export gives the same bytes."""
+        with self._lock:
+            conversation = self.get_conversation(conversation_id)
+            messages = parents_first(self.messages(conversation_id))
+        local_ids = {message.id: index for index, message in enumerate(messages)}
+        document = {
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "conversation": {
+                "title": conversation.title,
+                "created_at": conversation.created_at,
+                "updated_at": conversation.updated_at,
+                "system_prompt": conversation.system_prompt,
+                "settings": conversation.settings,
+                "model": conversation.model,
+                "active_leaf": local_ids.get(conversation.active_leaf_id)
+                if conversation.active_leaf_id is not None
+                else None,
+            },
+            "messages": [
+                {
+                    "id": local_ids[message.id],
+                    "parent": local_ids.get(message.parent_id) if message.parent_id is not None else None,
+                    "role": message.role,
+                    "content": message.content,
+                    "reasoning": message.reasoning,
+                    "state": message.state,
+                    "created_at": message.created_at,
+                    "updated_at": message.updated_at,
+                    "model": message.model,
+                    "stats": message.stats,
+                    "token_count": message.token_count,
+                }
+                for message in messages
+            ],
+        }
+        return json.dumps(document, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
+
+    def import_json(self, text: str) -> int:
+        """Create a new conversation from `export_json` output, keeping its timestamps; its id.
+
+        A reply exported mid-stream is imported as 'interrupted' (nothing will finish it).
+        """
+        document = _parse_export(text)
+        header = document["conversation"]
+        with self._write() as connection:
+            cursor = connection.execute(
+                "INSERT INTO conversations (title, created_at, updated_at, system_prompt, settings, model)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    header["title"],
+                    header["created_at"],
+                    header["updated_at"],
+                    header["system_prompt"],
+                    dump_settings(header["settings"]),
+                    header["model"],
+                ),
+            )
+            conversation_id = cast(int, cursor.lastrowid)
+            db_ids: dict[int, int] = {}
+            for item in document["messages"]:
+                cursor = connection.execute(
+                    "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state,"
+                    " created_at, updated_at, model, stats, token_count)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        conversation_id,
+                        None if item["parent"] is None else db_ids[item["parent"]],
+                        item["role"],
+                        item["content"],
+                        item["reasoning"],
+                        "interrupted" if item["state"] == "streaming" else item["state"],
+                        item["created_at"],
+                        item["updated_at"],
+                        item["model"],
+                        dump_stats(item["stats"]),
+                        item["token_count"],
+                    ),
+                )
+                db_ids[item["id"]] = cast(int, cursor.lastrowid)
+            leaf = header["active_leaf"]
+            connection.execute(
+                "UPDATE conversations SET active_leaf_id = ? WHERE id = ?",
+                (None if leaf is None else db_ids[leaf], conversation_id),
+            )
+        return conversation_id
+
+
+# ----- import validation -------------------------------------------------------------------------------
+
+
+def _require(condition: bool, problem: str) -> None:
+    if not condition:
+        raise ImportFormatError(f"this is not a conversation exported by llmtui: {problem}")
+
+
+def _require_fields(item: Any, fields: dict[str, type | tuple[type, ...]], where: str) -> None:
+    _require(isinstance(item, dict), f"{where} should be an object")
+    for name, kind in fields.items():
+        _require(name in item, f"{where} has no {name!r}")
+        value = item[name]
+        _require(isinstance(value, kind) and not isinstance(value, bool), f"{where}.{name} has the wrong type")
+
+
+def _require_timestamp(value: str, where: str) -> None:
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        _require(False, f"{where} is not a date and time: {value!r}")
+
+
+def _parse_export(text: str) -> JSONObject:
+    """An export document, checked field by field (ImportFormatError says what is wrong)."""
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise ImportFormatError(f"this is not a conversation exported by llmtui: not JSON ({error})") from error
+    _require(isinstance(document, dict), "the top level should be an object")
+    _require(document.get("format") == EXPORT_FORMAT, f"'format' should be {EXPORT_FORMAT!r}")
+    version = document.get("version")
+    _require(isinstance(version, int), "'version' is missing")
+    if version > EXPORT_VERSION:
+        raise ImportFormatError(
+            f"this export was made by a newer llmtui (format v{version}); upgrade llmtui to import it"
+        )
+    text_fields: dict[str, type | tuple[type, ...]] = {
+        "title": str,
+        "created_at": str,
+        "updated_at": str,
+        "system_prompt": str,
+        "settings": dict,
+        "model": str,
+    }
+    header = document.get("conversation")
+    _require_fields(header, text_fields, "conversation")
+    _require_timestamp(header["created_at"], "conversation.created_at")
+    _require_timestamp(header["updated_at"], "conversation.updated_at")
+    try:
+        dump_settings(header["settings"])
+    except (ValueError, TypeError):
+        _require(False, "conversation.settings holds values that are not plain JSON")
+    messages = document.get("messages")
+    _require(isinstance(messages, list), "'messages' should be a list")
+    message_fields: dict[str, type | tuple[type, ...]] = {
+        "id": int,
+        "role": str,
+        "content": str,
+        "reasoning": str,
+        "state": str,
+        "created_at": str,
+        "updated_at": str,
+        "model": str,
+        "stats": dict,
+    }
+    seen: set[int] = set()
+    for index, item in enumerate(messages):
+        where = f"messages[{index}]"
+        _require_fields(item, message_fields, where)
+        _require(item["id"] not in seen, f"{where}.id repeats an earlier id")
+        parent = item.get("parent")
+        _require(
+            parent is None or (isinstance(parent, int) and parent in seen),
+            f"{where}.parent should be null or the id of an earlier message",
+        )
+        _require(item["role"] in ROLES, f"{where}.role should be one of {', '.join(ROLES)}")
+        _require(item["state"] in MESSAGE_STATES, f"{where}.state should be one of {', '.join(MESSAGE_STATES)}")
+        token_count = item.get("token_count")
+        _require(
+            token_count is None or (isinstance(token_count, int) and not isinstance(token_count, bool)),
+            f"{where}.token_count should be null or a whole number",
+        )
+        _require_timestamp(item["created_at"], f"{where}.created_at")
+        _require_timestamp(item["updated_at"], f"{where}.updated_at")
+        item.setdefault("parent", None)
+        item.setdefault("token_count", None)
+        seen.add(item["id"])
+    leaf = header.get("active_leaf")
+    _require(leaf is None or (isinstance(leaf, int) and leaf in seen), "conversation.active_leaf is unknown")
+    header.setdefault("active_leaf", None)
+    return cast(JSONObject, document)

@@ -1,0 +1,221 @@
+"""The chat history's records, errors and constants, and how rows and JSON columns become records."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, Final, Literal, cast
+
+HISTORY_FILE_NAME: Final = "history.sqlite3"
+TITLE_MAX_CHARS: Final = 60
+
+Role = Literal["system", "user", "assistant"]
+MessageState = Literal["complete", "streaming", "stopped", "interrupted", "error"]
+ROLES: Final[tuple[Role, ...]] = ("system", "user", "assistant")
+MESSAGE_STATES: Final[tuple[MessageState, ...]] = ("complete", "streaming", "stopped", "interrupted", "error")
+FINISHED_STATES: Final[tuple[MessageState, ...]] = ("complete", "stopped", "interrupted", "error")
+JSONObject = dict[str, Any]
+
+
+# ----- errors ------------------------------------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """A chat history problem with a message a user can act on."""
+
+
+class StoreUnavailable(StoreError):
+    """The history file cannot be opened (permissions, disk, locked by another program)."""
+
+
+class HistoryFromNewerVersion(StoreError):
+    """The history file has a schema newer than this llmtui understands."""
+
+
+class MigrationFailed(StoreError):
+    """Upgrading the history file's schema failed (the pre-upgrade backup is kept)."""
+
+
+class ConversationNotFound(StoreError):
+    """No conversation has this id (it may have been purged)."""
+
+
+class MessageNotFound(StoreError):
+    """No message has this id, or it belongs to another conversation."""
+
+
+class MessageNotStreaming(StoreError):
+    """A checkpoint arrived for a reply that is no longer streaming."""
+
+
+class PresetNotFound(StoreError):
+    """No sampling preset has this name."""
+
+
+class ImportFormatError(StoreError):
+    """A file given to import is not a conversation exported by llmtui."""
+
+
+# ----- records -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One conversation; timestamps are ISO 8601 UTC text. `damaged`: a field was unreadable, shown empty."""
+
+    id: int
+    title: str
+    created_at: str
+    updated_at: str
+    system_prompt: str
+    settings: JSONObject
+    model: str
+    active_leaf_id: int | None
+    deleted_at: str | None
+    damaged: bool = False
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message in a conversation's tree. `damaged`: its stats were unreadable and are shown empty."""
+
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: Role
+    content: str
+    reasoning: str
+    state: MessageState
+    created_at: str
+    updated_at: str
+    model: str
+    stats: JSONObject
+    token_count: int | None
+    damaged: bool = False
+
+    @property
+    def can_continue(self) -> bool:
+        """Whether generation can pick this reply up where it ends: it was stopped, interrupted or failed, ran into
+        max tokens, or the user edited its text."""
+        if self.role != "assistant":
+            return False
+        return self.state in ("stopped", "interrupted", "error") or (
+            self.state == "complete"
+            and (bool(self.stats.get("edited")) or self.stats.get("stop_reason") == "max_tokens")
+        )
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """The alternatives at one point of the tree, oldest first, and the position of the asked-about one."""
+
+    messages: list[Message]
+    index: int
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A conversation matching a search; `message_id` is None when only its title matched."""
+
+    conversation_id: int
+    title: str
+    snippet: str
+    message_id: int | None
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named set of sampling settings."""
+
+    name: str
+    settings: JSONObject
+    damaged: bool = False
+
+
+# ----- rows and JSON columns -----------------------------------------------------------------------------
+
+
+def title_from_message(text: str) -> str:
+    """A conversation title from a message: its first non-blank line, at most 60 characters."""
+    for line in text.splitlines():
+        words = " ".join(line.split())
+        if words:
+            if len(words) <= TITLE_MAX_CHARS:
+                return words
+            return words[: TITLE_MAX_CHARS - 1].rstrip(" ,;:-") + "…"
+    return ""
+
+
+def load_json_object(text: str | None) -> tuple[JSONObject, bool]:
+    """A JSON object column as a dict, and whether it was damaged (then the dict is empty)."""
+    if not text:
+        return {}, False
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}, True
+    if not isinstance(value, dict):
+        return {}, True
+    return value, False
+
+
+def dump_settings(settings: JSONObject) -> str:
+    """Settings as JSON text; they must be plain JSON (ValueError/TypeError otherwise)."""
+    return json.dumps(settings, ensure_ascii=False, sort_keys=True, allow_nan=False)
+
+
+def dump_stats(stats: JSONObject) -> str:
+    """Stats as JSON text; never fails (odd values become strings) so a finished reply is always saved."""
+    return json.dumps(stats, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def conversation_from_row(row: sqlite3.Row) -> Conversation:
+    settings, damaged = load_json_object(row["settings"])
+    return Conversation(
+        id=row["id"],
+        title=row["title"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        system_prompt=row["system_prompt"],
+        settings=settings,
+        model=row["model"],
+        active_leaf_id=row["active_leaf_id"],
+        deleted_at=row["deleted_at"],
+        damaged=damaged,
+    )
+
+
+def message_from_row(row: sqlite3.Row) -> Message:
+    stats, damaged = load_json_object(row["stats"])
+    return Message(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        parent_id=row["parent_id"],
+        role=cast(Role, row["role"]),
+        content=row["content"],
+        reasoning=row["reasoning"],
+        state=cast(MessageState, row["state"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        model=row["model"],
+        stats=stats,
+        token_count=row["token_count"],
+        damaged=damaged,
+    )
+
+
+def damaged_placeholder(conversation_id: int) -> Conversation:
+    """Stands in for a conversation whose row cannot be read at all, so the list still shows the rest."""
+    return Conversation(
+        id=conversation_id,
+        title=f"Damaged conversation {conversation_id}",
+        created_at="",
+        updated_at="",
+        system_prompt="",
+        settings={},
+        model="",
+        active_leaf_id=None,
+        deleted_at=None,
+        damaged=True,
+    )

@@ -110,7 +110,7 @@ class ChatScreen(Screen[None]):
     | ctrl+g | Continue the last reply: stopped, failed, cut short by max tokens, or edited. |
     | ctrl+r | Regenerate the last reply. |
     | ctrl+n | New conversation. |
-    | ctrl+b | Show or hide the conversation list. |
+    | ctrl+b | Show the conversation list, focused, or hide it. |
     | ctrl+f | Search conversations. |
     | ctrl+l | Switch model. |
     | ctrl+s | Conversation settings (system prompt, sampling, presets). |
@@ -459,9 +459,12 @@ class ChatScreen(Screen[None]):
         self.prompt.focus()
 
     def action_toggle_sidebar(self) -> None:
+        """Show the conversation list with the focus in it (its keys d, u, x work at once), or hide it."""
         sidebar = self.query_one("#sidebar")
         sidebar.display = not sidebar.display
-        if not sidebar.display and sidebar.has_focus_within:
+        if sidebar.display:
+            self.conversation_list.options.focus()
+        elif sidebar.has_focus_within:
             self.prompt.focus()
         self.app.remember_sidebar(bool(sidebar.display))
 

@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.events import Key
 from textual.message import Message
 from textual.widgets import Input, OptionList
 from textual.widgets.option_list import Option
@@ -25,6 +26,11 @@ class ConversationOptions(OptionList):
     | u | Undo the last delete. |
     | x | Export it to Markdown and JSON. |
     """
+
+    def on_focus(self) -> None:
+        """Focused with nothing highlighted (Tab, ↓ from the search box): the first row is, so Enter opens it."""
+        if self.highlighted is None and self.option_count:
+            self.highlighted = 0
 
     BINDINGS = [
         Binding("n", "screen.new_conversation", "New", show=False),
@@ -132,6 +138,13 @@ class ConversationList(Vertical):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.options.focus()
+
+    def on_key(self, event: Key) -> None:
+        """↓ in the search box goes down into the results."""
+        if event.key == "down" and isinstance(self.app.focused, Input) and self.options.option_count:
+            event.stop()
+            event.prevent_default()
+            self.options.focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()

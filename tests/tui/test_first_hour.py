@@ -395,3 +395,41 @@ async def test_the_download_dialogs_sidecar_list_reads_on_and_off_without_colour
         assert off.startswith(UNTICKED) and off.replace(UNTICKED, TICKED, 1) == on
         await pilot.press("d")
         await wait_until(pilot, lambda: not modal.is_current, what="the dialog dismissed")
+
+
+# ----- the conversation list from the keyboard (issue 37, item 2) -------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("seeded")
+async def test_the_conversation_list_is_reached_and_used_from_the_keyboard() -> None:
+    """ctrl+b shows the list focused, so d works at once; ↓ goes from the search box into the results; a list
+    focused with nothing highlighted highlights its first row, so Enter opens it. At 80×24."""
+    from app.widgets.sidebar import ConversationOptions
+
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        chat = app.chat
+        assert chat is not None
+        sidebar = chat.query_one("#sidebar")
+        options = chat.conversation_list.options
+        if sidebar.display:  # shown by default: hide it first, as a user who hid it did
+            await pilot.press("ctrl+b")
+            await wait_until(pilot, lambda: not sidebar.display, what="the list hidden")
+        assert app.focused is chat.prompt
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: isinstance(app.focused, ConversationOptions), what="the list focused")
+        assert sidebar.display and options.highlighted is not None
+        # Search, then ↓ into the results, where Enter opens the first one.
+        await pilot.press("ctrl+f")
+        await wait_until(pilot, lambda: app.focused is app.screen.query_one("#conversation-search"), what="search")
+        await pilot.press(*"milk")
+        await wait_until(pilot, lambda: options.option_count >= 1, what="the search's results")
+        options.highlighted = None
+        await pilot.press("down")
+        await wait_until(pilot, lambda: isinstance(app.focused, ConversationOptions), what="the results focused")
+        assert options.highlighted == 0
+        await pilot.press("enter")
+        shopping = next(c.id for c in app.store.list_conversations() if c.title == "Shopping list")
+        await wait_until(pilot, lambda: chat.conversation_id == shopping, what="the searched conversation opened")

@@ -37,7 +37,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(prog="llmtui", description="Run open language models from a terminal.")
-    sub = parser.add_subparsers(dest="command")
+    # CliParser is an ArgumentParser; _SubParsersAction is invariant in its parser type, so say what each
+    # sub-command registrar takes (an action that makes ArgumentParsers).
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(dest="command")  # type: ignore[assignment]
     for add in (
         add_run_parser,
         add_chat_parser,

@@ -27,6 +27,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import repeat
 from os import PathLike
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -813,7 +814,7 @@ def save_ngram_cache(cache: NgramCacheTable, path: str | PathLike[str]) -> None:
                 raise ValueError(f"n-gram {gram}: non-positive count {count}")
             flat += (token, count)
         chunks.append(struct.pack(f"<{len(flat)}i", *flat))
-    write_private_bytes(path, b"".join(chunks))
+    write_private_bytes(Path(path), b"".join(chunks))
 
 
 class NgramCache(_NgramDrafter):

@@ -142,3 +142,17 @@ def test_the_code_is_formatted_and_linted(command: list[str]) -> None:
         [_ruff(), *command, "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def test_the_types_check() -> None:
+    """mypy over engine_ext, models_catalog and app ([tool.mypy] in pyproject: every def typed). To see the
+    findings: `.venv/bin/python -m mypy`."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", "/dev/null"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "no issues found" in result.stdout

@@ -62,6 +62,9 @@ class SetSteering:
     """Apply this mix of control vectors (empty: none); takes effect at the next token of a generation."""
 
     entries: tuple[SteeringEntry, ...]
+    # Forget the prompt cache when the mix changes: what the context holds was computed under the old mix (the API
+    # server, where each request has its own mix; the chat keeps it, so a slider acts on the reply as it streams).
+    reset_cache: bool = False
 
 
 @dataclass(frozen=True)

@@ -329,7 +329,10 @@ class Worker:
         if request.entries and not layers:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
         if not self.fresh_steering:
+            before = self.mixer.active.entries if self.mixer.active is not None else ()
             active = self.mixer.apply(request.entries)
+            if request.reset_cache and tuple(request.entries) != tuple(before):
+                self.session.reset_cache()
         elif self.mixer.active is not None and tuple(request.entries) == self.mixer.active.entries:
             active = self.mixer.active  # applied already: the context stays
         elif request.entries or self.mixer.active is not None:

@@ -202,6 +202,7 @@ class EngineBackend:
             sampling=job.sampling,
             max_tokens=job.max_tokens,
             stop=job.stop,
+            ignore_eos=job.ignore_eos,
             enable_thinking=job.enable_thinking,
             speculative=bool(ticket.spec.types),
         )

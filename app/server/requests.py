@@ -24,7 +24,7 @@ _COMMON = frozenset(
         "model", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens", "presence_penalty",
         "frequency_penalty", "logit_bias", "user", "seed", "logprobs", "top_logprobs", "metadata", "store",
         "service_tier", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "cache_prompt", "speculative",
-        "control_vectors", "return_provenance",
+        "control_vectors", "return_provenance", "ignore_eos",
     }
 )  # fmt: skip
 _CHAT = _COMMON | {
@@ -87,6 +87,7 @@ class Job:
     control_vectors: tuple[VectorChoice, ...] | None = None  # None: the server's mix; (): no steering
     enable_thinking: bool | None = None
     return_provenance: bool = False
+    ignore_eos: bool = False  # llama-server's: generate max_tokens whatever the model says (benchmarks)
 
 
 def parse_body(raw: bytes) -> dict[str, object]:
@@ -188,6 +189,7 @@ def _common(
         speculative=_speculative(body.get("speculative")),
         control_vectors=_vectors(body.get("control_vectors"), limits),
         return_provenance=bool(_bool(body, "return_provenance")),
+        ignore_eos=bool(_bool(body, "ignore_eos")),
     )
 
 

@@ -48,6 +48,8 @@ class Generate:
     enable_thinking: bool | None = None  # passed to templates that understand it (Qwen3.x)
     continue_reply: bool = False  # messages end with a partial assistant reply to continue
     speculative: bool = True  # use the configured speculative decoding, if any
+    grammar: str | None = None  # GBNF the reply must follow (engine_ext.grammar)
+    json_schema: str | None = None  # or a JSON schema it must follow (converted to GBNF in the worker)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine_ext.grammar import NATIVE_LOG_ENV
 from engine_ext.private_files import private_dir, private_file
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
@@ -76,6 +77,7 @@ def _redirect_native_output(log_path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    os.environ[NATIVE_LOG_ENV] = str(log_path)  # where llama.cpp's own messages are (native_log_tail)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 

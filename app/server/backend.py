@@ -24,7 +24,9 @@ from engine_ext.spec_catalog import CATALOGUE
 
 _POLL_S = 0.05  # how often the dispatcher looks at a cancel flag while it waits for the engine
 # Failures that come from what the request asked (its messages, its settings): 400, not the server's fault.
-_CLIENT_ERRORS = frozenset({"ChatTemplateError", "EngineError", "ContextError", "SpeculativeConfigError"})
+_CLIENT_ERRORS = frozenset(
+    {"ChatTemplateError", "EngineError", "ContextError", "SpeculativeConfigError", "GrammarError"}
+)
 _MODEL_FAMILY = frozenset(t.name for t in CATALOGUE if t.family != "ngram")
 
 
@@ -203,6 +205,8 @@ class EngineBackend:
             max_tokens=job.max_tokens,
             stop=job.stop,
             ignore_eos=job.ignore_eos,
+            grammar=job.grammar,
+            json_schema=job.json_schema,
             enable_thinking=job.enable_thinking,
             speculative=bool(ticket.spec.types),
         )

@@ -24,7 +24,7 @@ _COMMON = frozenset(
         "model", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens", "presence_penalty",
         "frequency_penalty", "logit_bias", "user", "seed", "logprobs", "top_logprobs", "metadata", "store",
         "service_tier", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "cache_prompt", "speculative",
-        "control_vectors", "return_provenance", "ignore_eos",
+        "control_vectors", "return_provenance", "ignore_eos", "grammar", "json_schema",
     }
 )  # fmt: skip
 _CHAT = _COMMON | {
@@ -87,6 +87,8 @@ class Job:
     control_vectors: tuple[VectorChoice, ...] | None = None  # None: the server's mix; (): no steering
     enable_thinking: bool | None = None
     return_provenance: bool = False
+    grammar: str | None = None  # GBNF the reply follows (llama-server's `grammar`)
+    json_schema: str | None = None  # or a JSON schema (response_format json_schema / json_object, `json_schema`)
     ignore_eos: bool = False  # llama-server's: generate max_tokens whatever the model says (benchmarks)
 
 
@@ -117,12 +119,6 @@ def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Lim
     thinking = template_kwargs.get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("chat_template_kwargs.enable_thinking must be true or false", "chat_template_kwargs")
-    fmt = _object(body, "response_format")
-    if fmt and fmt.get("type") not in (None, "text"):
-        raise bad_request(
-            f"response_format {str(fmt.get('type'))[:40]!r} is not supported by this server yet; use 'text'",
-            "response_format",
-        )
     max_tokens = body.get("max_completion_tokens")
     name = "max_completion_tokens"
     if max_tokens is None:
@@ -179,6 +175,7 @@ def _common(
     if not isinstance(include_usage, bool):
         raise bad_request("stream_options.include_usage must be true or false", "stream_options")
     sampling = _sampling(body, defaults)
+    grammar, schema = _output_shape(body)
     return Job(
         endpoint=endpoint,
         model=model,
@@ -190,7 +187,37 @@ def _common(
         control_vectors=_vectors(body.get("control_vectors"), limits),
         return_provenance=bool(_bool(body, "return_provenance")),
         ignore_eos=bool(_bool(body, "ignore_eos")),
+        grammar=grammar,
+        json_schema=schema,
     )
+
+
+def _output_shape(body: Mapping[str, object]) -> tuple[str | None, str | None]:
+    """OpenAI's response_format (text, json_object, json_schema) and llama-server's `grammar` / `json_schema`: the
+    grammar or schema text the engine constrains the reply with (its size and syntax are checked there)."""
+    grammar = body.get("grammar")
+    schema: object = body.get("json_schema")
+    fmt = _object(body, "response_format")
+    kind = fmt.get("type")
+    if kind == "json_object":
+        schema = fmt.get("schema", {"type": "object"})
+    elif kind == "json_schema":
+        inner = fmt.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
+        if schema is None:
+            raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
+    elif kind not in (None, "text"):
+        raise bad_request("response_format.type must be text, json_object or json_schema", "response_format")
+    if grammar is not None and not isinstance(grammar, str):
+        raise bad_request("grammar must be a string (GBNF)", "grammar")
+    if grammar is not None and schema is not None:
+        raise bad_request("give a grammar or a JSON schema, not both", "grammar")
+    if schema is not None and not isinstance(schema, dict | bool):
+        raise bad_request("a JSON schema is an object", "response_format")
+    text = json.dumps(schema) if schema is not None else None
+    if len(text or grammar or "") > 256 * 1024:
+        raise ApiError(413, "the grammar or JSON schema is longer than 256 KiB")
+    return grammar, text
 
 
 def _sampling(body: Mapping[str, object], d: SamplingParams) -> SamplingParams:

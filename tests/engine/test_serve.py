@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -167,3 +168,17 @@ def test_a_client_that_leaves_stops_its_generation(server: str) -> None:
 
     wait_for(idle, "the generation of the client that left to stop", timeout_s=15, interval_s=0.1)
     assert ask(server).strip()  # and the server goes on
+
+
+def test_response_format_json_schema_gives_parseable_json(server: str) -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}}, "required": ["colour"]}
+    reply = client(server).chat.completions.create(
+        model="starter",
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=100,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    assert set(json.loads(reply.choices[0].message.content or "")) == {"colour"}
+    with pytest.raises(openai.BadRequestError, match="does not parse"):
+        ask(server, grammar='root ::= ( "x" ')

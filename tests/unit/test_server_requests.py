@@ -72,6 +72,8 @@ def test_a_plain_request_takes_the_server_defaults_and_openai_names() -> None:
         ({"messages": USER, "frobnicate": 1}, "frobnicate"),
         ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
         ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({"messages": USER, "response_format": {"type": "yaml"}}, "response_format"),
+        ({"messages": USER, "grammar": "root ::= x", "json_schema": {}}, "grammar"),
         ({"messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),
         ({"messages": USER, "speculative": {"type": 3}}, "speculative"),
         ({"messages": USER, "speculative": {"type": "ngram-simple", "path": "/etc"}}, "speculative"),

@@ -147,7 +147,7 @@ class Worker:
             elif isinstance(request, MakeControlVector):
                 self.make_vector(request)
             elif isinstance(request, Inspect):
-                from engine_ext.gguf_facts import inspect_gguf
+                from engine_ext.gguf import inspect_gguf
 
                 self.send(Inspected(request.path, inspect_gguf(Path(request.path)).to_dict()))
             elif isinstance(request, Shutdown):
@@ -170,7 +170,7 @@ class Worker:
         from engine_ext.bindings import C
         from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
-        from engine_ext.gguf_validate import refuse_draft_as_model
+        from engine_ext.gguf import refuse_draft_as_model
         from engine_ext.model import Context, Model
 
         self.unload()

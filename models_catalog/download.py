@@ -27,8 +27,8 @@ from pathlib import Path
 
 import filelock
 
-from engine_ext.gguf_reader import one_line_message
 from engine_ext.private_files import PRIVATE_FILE_MODE
+from engine_ext.untrusted_text import one_line_message
 from models_catalog import hfcache
 from models_catalog.errors import (
     ChecksumMismatch,

@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a GGUF error from `info`, a broken pipe…: one line, no traceback
-        from engine_ext.gguf_info import GGUFError
+        from engine_ext.gguf import GGUFError
 
         if isinstance(exc, GGUFError | OSError):
             sys.stderr.write(error_line(str(exc)))

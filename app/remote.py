@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from textual.message import Message
 
-from app.bridge import FLUSH_INTERVAL_S, STATS_INTERVAL_S, MessageTarget
+from app.bridge import MessageTarget
 from app.config import EngineSettings, RemoteSettings, SamplingSettings
 from app.messages import (
     EngineRequestFailed,
@@ -42,6 +42,7 @@ from app.messages import (
     SpeculativeConfigured,
     TokensArrived,
 )
+from app.streaming import FLUSH_INTERVAL_S, STATS_INTERVAL_S
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.untrusted_text import one_line, shown, valid_text
 from models_catalog.transport import MAX_HEADER_LINE, MAX_HEADERS, Watchdog, format_size, json_items, retry_after

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from textual.message import Message
 
-from app.bridge import FLUSH_INTERVAL_S, STATS_INTERVAL_S, MessageTarget
+from app.bridge import MessageTarget
 from app.config import EngineSettings, RemoteSettings, SamplingSettings
 from app.messages import (
     EngineRequestFailed,
@@ -48,6 +48,7 @@ from app.remote_http import (
     sse_events,
     too_slow,
 )
+from app.streaming import FLUSH_INTERVAL_S, STATS_INTERVAL_S
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.untrusted_text import one_line, shown, valid_text
 from models_catalog.http_client import Guard, HTTPFailure, json_items

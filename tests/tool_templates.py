@@ -3,6 +3,16 @@ their tool parts), for tests of tool calling through the template."""
 
 from __future__ import annotations
 
+# A tool in OpenAI's shape, for the tests that offer one.
+WEATHER_TOOL: dict[str, object] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
 # Qwen2.5-Instruct's tokenizer_config.json chat_template (Hermes-style <tool_call> blocks).
 QWEN25_TEMPLATE = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}

@@ -209,6 +209,8 @@ class EngineBackend:
             json_schema=job.json_schema,
             enable_thinking=job.enable_thinking,
             speculative=bool(ticket.spec.types),
+            tools=job.tools,
+            tool_choice=job.tool_choice,
         )
         try:
             self.client.send(request)

@@ -29,15 +29,8 @@ from engine_ext.tool_calls import (
 from engine_ext.tool_grammar import tool_grammar
 from engine_ext.tool_turn import supports_tools
 from tests.tool_templates import LLAMA31_TEMPLATE, MISTRAL_TEMPLATE, QWEN25_TEMPLATE
+from tests.tool_templates import WEATHER_TOOL as WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 NAMES = ("get_weather", "now")
 
 # (format, reply as the model writes it with its special tokens, expected calls as (name, arguments), content)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_ext.protocol import ToolCall
-from engine_ext.untrusted_text import one_line
+from engine_ext.untrusted_text import one_line, shown
 
 MAX_RESULT_CHARS = 32 * 1024  # a result longer than this is cut (it goes into the model's context)
 DEFAULT_CALL_TIMEOUT_S = 60.0
@@ -91,3 +91,17 @@ def run_call(entry: ToolEntry, call: ToolCall, timeout_s: float) -> tuple[str, b
         return str(error), True
     except Exception as error:  # a tool's own failure is its result, not the end of the reply
         return one_line(f"{entry.name} failed: {type(error).__name__}: {error}"), True
+
+
+MAX_ARGUMENTS_SHOWN = 2000
+
+
+def arguments_text(call: ToolCall) -> str:
+    """A call's arguments as indented JSON, control characters made visible, cut at MAX_ARGUMENTS_SHOWN."""
+    try:
+        text = json.dumps(json.loads(call.arguments), indent=2, ensure_ascii=False)
+    except ValueError:
+        text = call.arguments
+    if len(text) > MAX_ARGUMENTS_SHOWN:
+        text = text[:MAX_ARGUMENTS_SHOWN] + f"\n… ({len(text)} characters)"
+    return shown(text, multiline=True)

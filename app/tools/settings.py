@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomlkit
+
 from app import paths
 from app.tools.box import ToolError
+from engine_ext.private_files import private_dir, write_private_text
 from engine_ext.untrusted_text import one_line_message
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -125,3 +128,29 @@ def read_tool_settings(config: Path | None = None) -> ToolSettings:
         read_folder=folder,
         always_allow=_strings(tools.get("always_allow", []), "tools.always_allow", config),
     )
+
+
+def remember_always_allow(tool: str, config: Path | None = None) -> None:
+    """Add `tool` to [tools] always_allow in config.toml ("always" in the consent dialog), keeping the file's
+    comments, order and other keys (tomlkit); written as the settings are (0600, in a 0700 folder)."""
+    config = paths.config_path() if config is None else config
+    try:
+        previous = config.read_text(encoding="utf-8") if config.exists() else ""
+        document = tomlkit.parse(previous)
+    except (OSError, UnicodeDecodeError, tomlkit.exceptions.ParseError) as error:
+        raise ToolError(one_line_message(config, f"cannot remember the tool: {error}")) from None
+    tools = document.get("tools")
+    if not isinstance(tools, dict):
+        tools = tomlkit.table()
+        document["tools"] = tools
+    allowed = tools.get("always_allow")
+    if not isinstance(allowed, list):
+        allowed = tomlkit.array()
+        tools["always_allow"] = allowed
+    if tool not in allowed:
+        allowed.append(tool)
+    try:
+        private_dir(config.parent)
+        write_private_text(config, tomlkit.dumps(document))
+    except OSError as error:
+        raise ToolError(one_line_message(config, f"cannot save: {error.strerror or error}")) from None

@@ -14,7 +14,7 @@ import pytest
 
 from app.tools.box import MAX_RESULT_CHARS, ToolError
 from app.tools.mcp_servers import McpServers
-from app.tools.settings import McpServerConfig, read_tool_settings
+from app.tools.settings import McpServerConfig, read_tool_settings, remember_always_allow
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
 
@@ -104,3 +104,16 @@ def test_servers_are_read_from_config_toml(tmp_path: Path, monkeypatch: pytest.M
         with pytest.raises(ToolError, match=words):
             read_tool_settings(config)
     assert read_tool_settings(tmp_path / "absent.toml").servers == {}
+
+
+def test_always_allowing_a_tool_is_remembered_with_the_files_comments(tmp_path: Path) -> None:
+    config = tmp_path / "cfg" / "config.toml"
+    remember_always_allow("get_weather", config)
+    config.write_text('# mine\n[tools]\nbuiltin = ["datetime"]  # the clock\n' + config.read_text())
+    config.write_text('# mine\n[tools]\nbuiltin = ["datetime"]  # the clock\nalways_allow = ["get_weather"]\n')
+    remember_always_allow("read_file", config)
+    remember_always_allow("read_file", config)
+    text = config.read_text()
+    assert text.startswith("# mine") and "# the clock" in text
+    assert read_tool_settings(config).always_allow == ("get_weather", "read_file")
+    assert (config.stat().st_mode & 0o777) == 0o600

@@ -1,7 +1,7 @@
-"""A stdio MCP server for the tests, written with the official SDK; its first argument picks how it behaves: well
-(the default), weather (get_weather alone), slow_start (sleeps before serving), garbage (writes non-protocol lines
-to stdout first); and per tool: crash (the process exits mid-call), huge (a 2 MB result), hang (never answers),
-fail (an error result)."""
+"""An MCP server for the tests, written with the official SDK; its first argument picks how it behaves: well (the
+default), weather (get_weather alone), slow_start (sleeps before serving), garbage (writes non-protocol lines to
+stdout first), http PORT TOKEN (streamable HTTP, only for that bearer token); and per tool: crash (the process exits
+mid-call), huge (a 2 MB result), hang (never answers), fail (an error result)."""
 
 from __future__ import annotations
 
@@ -52,5 +52,25 @@ if mode != "weather":  # "weather": only get_weather (a model that picks a tool 
         raise ValueError("the weather service is down")
 
 
+def serve_http(port: int, token: str) -> None:
+    """Streamable HTTP on 127.0.0.1:`port`, answering only requests that carry `Authorization: Bearer <token>`."""
+    import uvicorn
+    from starlette.responses import PlainTextResponse
+
+    inner = server.streamable_http_app()
+    wanted = f"Bearer {token}".encode()
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != wanted:
+            await PlainTextResponse("no", status_code=401)(scope, receive, send)
+            return
+        await inner(scope, receive, send)  # lifespan too: the SDK's session manager starts there
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
 if __name__ == "__main__":
-    server.run()
+    if mode == "http":
+        serve_http(int(sys.argv[2]), sys.argv[3])
+    else:
+        server.run()

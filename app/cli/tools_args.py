@@ -83,7 +83,7 @@ def tool_box(args: argparse.Namespace, stack: ExitStack) -> tuple[ToolBox, Allow
             path = Path(args.tools_file).expanduser()
             for tool in read_tools(read_text_file(path)):
                 box.add(ToolEntry(tool["function"], path.name, None))
-        for name in dict.fromkeys(args.builtin_tool):
+        for name in dict.fromkeys([*args.builtin_tool, *settings.builtin]):
             if name == "datetime":
                 box.add(datetime_tool())
             else:

@@ -122,9 +122,15 @@ def read_tool_settings(config: Path | None = None) -> ToolSettings:
     folder = tools.get("read_folder", "")
     if not isinstance(folder, str):
         raise ToolError(one_line_message(config, "tools.read_folder is a folder's path"))
+    builtin = _strings(tools.get("builtin", []), "tools.builtin", config)
+    unknown = [name for name in builtin if name not in ("datetime", "read_file")]
+    if unknown:
+        raise ToolError(
+            one_line_message(config, f"tools.builtin: no built-in tool {unknown[0]!r} (datetime, read_file)")
+        )
     return ToolSettings(
         servers=servers,
-        builtin=_strings(tools.get("builtin", []), "tools.builtin", config),
+        builtin=builtin,
         read_folder=folder,
         always_allow=_strings(tools.get("always_allow", []), "tools.always_allow", config),
     )

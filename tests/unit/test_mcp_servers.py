@@ -5,6 +5,8 @@ go on. Every wait is bounded by the server's configured timeouts."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -117,3 +119,43 @@ def test_always_allowing_a_tool_is_remembered_with_the_files_comments(tmp_path: 
     assert text.startswith("# mine") and "# the clock" in text
     assert read_tool_settings(config).always_allow == ("get_weather", "read_file")
     assert (config.stat().st_mode & 0o777) == 0o600
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_server_over_streamable_http_with_headers_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, SERVER, "http", str(port), "t0ken"], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until the server listens (bounded)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the HTTP MCP server did not listen within 30 s"
+                time.sleep(0.1)
+        config = tmp_path / "config.toml"
+        config.write_text(
+            f'[mcp.servers.web]\nurl = "http://127.0.0.1:{port}/mcp"\n'
+            'headers = { Authorization = "Bearer ${TOKEN}" }\n'
+            f'[mcp.servers.nokey]\nurl = "http://127.0.0.1:{port}/mcp"\nstart_timeout_s = 10\n'
+        )
+        monkeypatch.setenv("TOKEN", "t0ken")
+        hub = McpServers(read_tool_settings(config).servers, tmp_path / "logs")
+        try:
+            weather = {t.name: t for t in hub.tools("web")}["get_weather"]
+            assert weather.run is not None and weather.run({"city": "Lima"}, 10.0) == "sunny, 24 C in Lima"
+            with pytest.raises(ToolError, match="MCP server 'nokey' did not start"):
+                hub.tools("nokey")  # refused without the header
+        finally:
+            hub.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

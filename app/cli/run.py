@@ -19,7 +19,7 @@ from app.cli.engine_args import (
 from app.cli.remote import add_remote_args
 from app.cli.session import CliError, format_spec_stats, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.steer import add_control_vector_args, steering_entries
-from app.cli.types import n_predict, text_file, utf8_text
+from app.cli.types import text_file, utf8_text
 from app.models import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.params import (
@@ -157,7 +157,6 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="FILE",
         help="read the prompt from a UTF-8 text file (at most 8 MiB)",
     )
-    run.add_argument("-n", "--n-predict", type=n_predict, default=-1, help="max tokens to generate (-1: no limit)")
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")

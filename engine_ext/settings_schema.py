@@ -1,0 +1,532 @@
+"""The settings model: every engine, sampling and speculative setting declared once, with its type, default, range or
+choices, help, llama.cpp's flag and the config.toml table it is saved in.
+
+Everything else is derived from these declarations: the engine params' defaults and validation (engine_ext.params),
+the command line's flags and their ranges (app/cli/engine_args.py), config.toml's reading, checking and writing
+(app/config.py), and the fields, labels and checks of the settings screen (F3), the speculative panel (F9) and the
+conversation settings (sampling presets). App-only settings (theme, UI switches) are declared the same way in
+app/settings_schema.py. This module imports nothing from the rest of llmtui but the speculative catalogue (draft
+types are its choices) and never textual, rich or llama_cpp.
+
+How to add a setting:
+
+1. Declare it here (engine-level) or in app/settings_schema.py (UI only): ``NEW = Setting("name", int, default,
+   "help for --help", label="words for messages", flag="--llama-cpp-flag", saved_in="engine", minimum=..., ...)``
+   and add it to its group below (MODEL, CONTEXT, SAMPLING, SPECULATIVE). The group decides where it goes: the
+   params dataclass (give the field ``= NEW.default``), config.toml's table (``saved_in``), the CLI (``flag``) and
+   the screen that shows the group.
+2. Add the field to the params dataclass that carries it to the engine (ModelParams, ContextParams, SamplingParams,
+   SpeculativeParams) and to the app's settings dataclass of the same group, both with ``= NEW.default``.
+3. Use it where it takes effect (the worker, the sampler chain, a drafter). Nothing else: the flag, the config key,
+   the screen field and the range check come from the declaration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from engine_ext.spec_catalog import SPEC_TYPE_NAMES
+
+T = TypeVar("T", bool, int, float, str)
+
+INT32_MAX = (1 << 31) - 1
+UINT32_MAX = (1 << 32) - 1
+MAX_CONTEXT = 1 << 24  # beyond it llama.cpp's KV cache cannot be allocated
+GPU_LAYERS_AUTO = -2  # -ngl auto: as many layers as the free device memory holds (engine_ext.placement)
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed per generation
+# KV cache element types llama.cpp accepts for K and V (names as in llama.cpp's --cache-type-k/-v).
+KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+SPLIT_MODES: tuple[str, ...] = ("none", "layer", "row", "tensor")  # llama_split_mode 0..3
+FLASH_ATTENTION_MODES: tuple[str, ...] = ("auto", "on", "off")
+
+
+class SettingError(ValueError):
+    """A value outside its declaration's type, range or choices: one line naming the setting and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One setting: what it is, its default and allowed values, and where it shows (flag, config table, screen)."""
+
+    name: str  # the field in the params / settings dataclasses and the key in config.toml
+    kind: type[T]
+    default: T
+    help: str  # a phrase for --help and the screens' tooltips
+    label: str = ""  # a few words naming it in messages and on screens ("" : the name)
+    flag: str = ""  # llama.cpp's long flag ("" : none on the command line)
+    short: str = ""  # llama.cpp's short flag
+    saved_in: str = ""  # the config.toml table it is saved in ("" : not saved)
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    above_minimum: bool = False  # the minimum itself is refused (a repeat penalty > 0)
+    excluded: tuple[T, ...] = ()  # values refused inside the range (-n 0)
+    choices: tuple[str, ...] = ()
+    meaning: str = ""  # what special values mean ("0: the model's"), said in labels and messages
+    wanted: str = ""  # how a message says the allowed values when the range alone says it badly
+    title: str = ""  # the settings screen's label when the derived one reads badly
+
+    @property
+    def words(self) -> str:
+        return self.label or self.name
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The flags as argparse takes them: short first, as llama.cpp lists them."""
+        return tuple(f for f in (self.short, self.flag) if f)
+
+    @property
+    def screen_label(self) -> str:
+        """The label of the setting's field: its words and llama.cpp's flag ("Context size (-c; 0: the model's)")."""
+        if self.title:
+            return self.title
+        flag = self.short or self.flag
+        if self.kind is bool:
+            inside = f"off: {flag}" if self.default else flag
+        else:
+            inside = "; ".join(part for part in (flag, self.meaning) if part)
+        words = self.words[:1].upper() + self.words[1:]
+        return f"{words} ({inside})" if inside else words
+
+    def refusal(self, value: object) -> str | None:
+        """Why `value` is not allowed (one line), or None when it is."""
+        if self.kind is float:
+            ok_type = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok_type = isinstance(value, self.kind) and not (self.kind is int and isinstance(value, bool))
+        if not ok_type:
+            return f"{self.words} should be {self.kind.__name__}, not {value!r}"
+        if self.choices:
+            if value not in self.choices:
+                return f"{self.words} must be one of {', '.join(self.choices)}, not {value!r}"
+            return None
+        if self.kind is float and not math.isfinite(value):  # type: ignore[arg-type]
+            return f"{self.words} must be a finite number, not {value}"
+        if self.kind not in (int, float):
+            return None
+        number: float = value  # type: ignore[assignment]
+        low, high = self.minimum, self.maximum
+        too_low = low is not None and (number <= low if self.above_minimum else number < low)
+        too_high = high is not None and number > high
+        if not (too_low or too_high or number in self.excluded):
+            return None
+        meaning = f" ({self.meaning})" if self.meaning else ""
+        if self.wanted:
+            return f"{self.words} must be {self.wanted}, not {value}"
+        if self.kind is float and low is not None and high is not None:
+            return f"{self.words} must be between {low:g} and {high:g}{meaning}, not {value}"
+        if too_high:
+            return f"{self.words} must be at most {high}{meaning}, not {value}"
+        if self.above_minimum:
+            return f"{self.words} must be > {low:g}{meaning}, not {value}"
+        if low == 0:
+            return f"{self.words} must not be negative{meaning}, not {value}"
+        return f"{self.words} must be at least {low}{meaning}, not {value}"
+
+    def check(self, value: object) -> None:
+        """Raise SettingError when `value` is not allowed: the one range/choices check every surface calls."""
+        why = self.refusal(value)
+        if why is not None:
+            raise SettingError(why)
+
+    def parse(self, text: str, where: str = "") -> T:
+        """A value typed into a field ("" where: the name in the message); SettingError when it is not one."""
+        text = text.strip()
+        who = where or self.name
+        if self.kind is bool:
+            if text.casefold() in ("on", "true", "yes", "1"):
+                return True  # type: ignore[return-value]
+            if text.casefold() in ("off", "false", "no", "0"):
+                return False  # type: ignore[return-value]
+            raise SettingError(f"{who}: {text!r} should be on or off")
+        if self.kind is str:
+            return text  # type: ignore[return-value]
+        try:
+            return self.kind(text)
+        except ValueError:
+            whole = "whole " if self.kind is int else ""
+            raise SettingError(f"{who}: {text!r} is not a {whole}number") from None
+
+
+def check_all(values: object, settings: Iterable[Setting[Any]]) -> None:
+    """Check each of `settings` on the attribute of `values` it names (SettingError on the first bad one)."""
+    for setting in settings:
+        setting.check(getattr(values, setting.name))
+
+
+def values_of(values: object, settings: Iterable[Setting[Any]]) -> dict[str, Any]:
+    """{name: value} of `settings` read from `values`' attributes: how one dataclass's settings become another's
+    keywords, without a field-by-field copy."""
+    return {setting.name: getattr(values, setting.name) for setting in settings}
+
+
+# ----- how a model loads (ModelParams) --------------------------------------------------------------------------
+
+N_GPU_LAYERS = Setting(
+    "n_gpu_layers",
+    int,
+    -1,
+    "layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)",
+    label="GPU layers",
+    short="-ngl",
+    flag="--n-gpu-layers",
+    saved_in="engine",
+    minimum=GPU_LAYERS_AUTO,
+    maximum=INT32_MAX,
+    meaning="auto, -1 all, 0 none",
+    wanted="auto, -1 (all), 0 (none) or a positive number",
+)
+FIT_TARGET_MIB = Setting(
+    "fit_target_mib",
+    int,
+    1024,  # llama.cpp's --fit-target default
+    "with -ngl auto: memory to leave free on each device",
+    label="the fit target",
+    flag="--fit-target",
+    saved_in="engine",
+    minimum=0,
+    maximum=INT32_MAX,
+    title="Kept free by auto, MiB (--fit-target)",
+)
+SPLIT_MODE = Setting(
+    "split_mode",
+    str,
+    "layer",
+    "how to split the model across devices (tensor: llama.cpp's tensor parallelism)",
+    label="split mode",
+    short="-sm",
+    flag="--split-mode",
+    saved_in="engine",
+    choices=SPLIT_MODES,
+)
+TENSOR_SPLIT = Setting(
+    "tensor_split",
+    str,
+    "",
+    "share of the model per device",
+    label="tensor split",
+    short="-ts",
+    flag="--tensor-split",
+    saved_in="engine",
+    meaning="shares, e.g. 3,1",
+)
+MAIN_GPU = Setting(
+    "main_gpu",
+    int,
+    0,
+    "the device for the whole model with -sm none",
+    label="main GPU",
+    short="-mg",
+    flag="--main-gpu",
+    saved_in="engine",
+    minimum=0,
+    maximum=1023,
+    meaning="device index",
+)
+N_CPU_MOE = Setting(
+    "n_cpu_moe",
+    int,
+    0,
+    "keep the experts of the first N layers on the CPU (MoE models)",
+    label="CPU MoE layers",
+    flag="--n-cpu-moe",
+    saved_in="engine",
+    minimum=0,
+    maximum=4096,  # more than the model has means every layer
+    title="Experts on CPU, layers (--n-cpu-moe)",
+)
+USE_MMAP = Setting(
+    "use_mmap",
+    bool,
+    True,
+    "read the model into memory instead of mapping it",
+    label="map the model file",
+    flag="--no-mmap",
+    saved_in="engine",
+)
+USE_MLOCK = Setting(
+    "use_mlock", bool, False, "lock the model in RAM", label="lock the model in RAM", flag="--mlock", saved_in="engine"
+)
+USE_EXTRA_BUFTS = Setting(
+    "use_extra_bufts",
+    bool,
+    True,
+    "keep CPU weights as stored: no repacking for this CPU's matrix instructions (AMX, CPU_REPACK); avoids a "
+    "repack path that crashes",
+    label="repack weights for this CPU",
+    flag="--no-repack",
+    saved_in="engine",
+)
+RPC_SERVERS = Setting(
+    "rpc_servers",
+    str,
+    "",
+    "llama.cpp RPC servers to use as devices",
+    label="RPC servers",
+    flag="--rpc",
+    saved_in="engine",
+    meaning="HOST:PORT, …",
+)
+
+# ----- how a context is made (ContextParams) --------------------------------------------------------------------
+
+N_CTX = Setting(
+    "n_ctx",
+    int,
+    4096,
+    "context size in tokens (0: model's; llama.cpp rounds it up to a multiple of 256)",
+    label="context size",
+    short="-c",
+    flag="--ctx-size",
+    saved_in="engine",
+    minimum=0,
+    maximum=MAX_CONTEXT,
+    meaning="0: the model's",
+)
+N_THREADS = Setting(
+    "n_threads",
+    int,
+    0,
+    "threads (default: one per physical core)",
+    label="threads",
+    short="-t",
+    flag="--threads",
+    saved_in="engine",
+    minimum=0,
+    maximum=1024,
+    meaning="0: one per core",
+)
+N_BATCH = Setting(
+    "n_batch",
+    int,
+    2048,
+    "logical batch size",
+    label="batch size",
+    short="-b",
+    flag="--batch-size",
+    saved_in="engine",
+    minimum=1,
+    maximum=MAX_CONTEXT,
+)
+N_UBATCH = Setting(
+    "n_ubatch",
+    int,
+    512,
+    "physical batch size",
+    label="micro-batch size",
+    short="-ub",
+    flag="--ubatch-size",
+    saved_in="engine",
+    minimum=1,
+    maximum=MAX_CONTEXT,
+)
+FLASH_ATTN = Setting(
+    "flash_attn",
+    str,
+    "auto",
+    "flash attention",
+    label="flash attention",
+    short="-fa",
+    flag="--flash-attn",
+    saved_in="engine",
+    choices=FLASH_ATTENTION_MODES,
+)
+TYPE_K = Setting(
+    "type_k",
+    str,
+    "f16",
+    "KV cache type for K",
+    label="KV cache type K",
+    short="-ctk",
+    flag="--cache-type-k",
+    saved_in="engine",
+    choices=KV_CACHE_TYPES,
+)
+TYPE_V = Setting(
+    "type_v",
+    str,
+    "f16",
+    "KV cache type for V",
+    label="KV cache type V",
+    short="-ctv",
+    flag="--cache-type-v",
+    saved_in="engine",
+    choices=KV_CACHE_TYPES,
+)
+
+# ----- sampling (SamplingParams) ----------------------------------------------------------------------------------
+
+TEMPERATURE = Setting(
+    "temperature", float, 0.8, "temperature (0: greedy)", label="temperature", flag="--temp", minimum=0.0
+)
+TOP_K = Setting("top_k", int, 40, "top-k (0 disables it)", label="top-k", flag="--top-k", minimum=0, maximum=INT32_MAX)
+TOP_P = Setting("top_p", float, 0.95, "top-p", label="top-p", flag="--top-p", minimum=0.0, maximum=1.0)
+MIN_P = Setting("min_p", float, 0.05, "min-p", label="min-p", flag="--min-p", minimum=0.0, maximum=1.0)
+REPEAT_PENALTY = Setting(
+    "repeat_penalty",
+    float,
+    1.0,
+    "repeat penalty (1 disables it)",
+    label="repeat penalty",
+    flag="--repeat-penalty",
+    minimum=0.0,
+    above_minimum=True,
+    meaning="1 disables it",
+)
+REPEAT_LAST_N = Setting(
+    "repeat_last_n",
+    int,
+    64,
+    "tokens the repeat penalty looks back on",
+    label="repeat-last-n",
+    flag="--repeat-last-n",
+    minimum=-1,
+    maximum=MAX_CONTEXT,
+    meaning="-1: the context",
+)
+PRESENCE_PENALTY = Setting("presence_penalty", float, 0.0, "presence penalty", flag="--presence-penalty")
+FREQUENCY_PENALTY = Setting("frequency_penalty", float, 0.0, "frequency penalty", flag="--frequency-penalty")
+SEED = Setting(
+    "seed",
+    int,
+    DEFAULT_SEED,
+    "RNG seed (default, -1: random)",
+    label="seed",
+    short="-s",
+    flag="--seed",
+    minimum=-1,
+    maximum=UINT32_MAX,
+    meaning="-1: random",
+    wanted=f"-1 (random) or between 0 and {UINT32_MAX}",
+)
+N_PREDICT = Setting(
+    "max_tokens",
+    int,
+    -1,
+    "most tokens to generate (-1: no limit)",
+    label="max tokens",
+    short="-n",
+    flag="--n-predict",
+    minimum=-1,
+    maximum=INT32_MAX,
+    excluded=(0,),  # 0 would mean "no limit" to the engine but "nothing" to llama.cpp
+    meaning="-1: no limit",
+    wanted="-1 (no limit) or positive",
+)
+
+# ----- speculative decoding (SpeculativeParams) -------------------------------------------------------------------
+
+SPEC_TYPE = Setting(
+    "spec_type",
+    str,
+    "auto",
+    "speculative decoding type",
+    label="speculative type",
+    flag="--spec-type",
+    saved_in="speculative",
+    choices=SPEC_TYPE_NAMES,  # the speculative catalogue's, in its order
+)
+DRAFT_MODEL = Setting(
+    "draft_model",
+    str,
+    "",
+    "draft model for draft-simple",
+    label="draft model",
+    flag="--spec-draft-model",
+    saved_in="speculative",
+)
+DRAFT_N_MAX = Setting(
+    "n_max",
+    int,
+    16,
+    "most tokens drafted per step",
+    label="--spec-draft-n-max",
+    flag="--spec-draft-n-max",
+    saved_in="speculative",
+    minimum=1,
+    maximum=1024,
+)
+DRAFT_N_MIN = Setting(
+    "n_min",
+    int,
+    0,
+    "drafts shorter than this are skipped",
+    label="--spec-draft-n-min",
+    flag="--spec-draft-n-min",
+    saved_in="speculative",
+    minimum=0,
+    maximum=1024,
+)
+DRAFT_P_MIN = Setting(
+    "p_min",
+    float,
+    0.0,
+    "model drafts stop at a token less likely than this",
+    label="--spec-draft-p-min",
+    flag="--spec-draft-p-min",
+    saved_in="speculative",
+    minimum=0.0,
+    maximum=1.0,
+)
+DRAFT_FIXED = Setting(
+    "fixed_length",
+    bool,
+    False,
+    "draft lengths as llama.cpp (n-max, or the n-gram type's own) instead of starting short and growing with "
+    "acceptance",
+    label="fixed draft lengths",
+    flag="--spec-draft-fixed",
+)
+
+# ----- the groups: which params dataclass, config table, CLI flags and screen each setting goes to ----------------
+
+# Numbers and switches ModelParams / ContextParams take as they are (n_gpu_layers, tensor_split and rpc_servers
+# have their own text forms: "auto", "3,1", "HOST:PORT, …").
+MODEL: tuple[Setting[Any], ...] = (
+    N_GPU_LAYERS,
+    FIT_TARGET_MIB,
+    SPLIT_MODE,
+    MAIN_GPU,
+    N_CPU_MOE,
+    USE_MMAP,
+    USE_MLOCK,
+    USE_EXTRA_BUFTS,
+)
+MODEL_LISTS: tuple[Setting[Any], ...] = (TENSOR_SPLIT, RPC_SERVERS)
+CONTEXT: tuple[Setting[Any], ...] = (N_CTX, N_THREADS, N_BATCH, N_UBATCH, FLASH_ATTN, TYPE_K, TYPE_V)
+# The engine settings in the order the command line and the settings screen (F3) list them.
+ENGINE: tuple[Setting[Any], ...] = (
+    N_CTX,
+    N_THREADS,
+    N_GPU_LAYERS,
+    FIT_TARGET_MIB,
+    SPLIT_MODE,
+    TENSOR_SPLIT,
+    MAIN_GPU,
+    N_CPU_MOE,
+    FLASH_ATTN,
+    TYPE_K,
+    TYPE_V,
+    N_BATCH,
+    N_UBATCH,
+    USE_MMAP,
+    USE_MLOCK,
+    USE_EXTRA_BUFTS,
+    RPC_SERVERS,
+)
+SAMPLING: tuple[Setting[Any], ...] = (
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    MIN_P,
+    REPEAT_PENALTY,
+    REPEAT_LAST_N,
+    PRESENCE_PENALTY,
+    FREQUENCY_PENALTY,
+    SEED,
+)
+# The draft length and probability settings the F9 panel, config.toml and the CLI share with SpeculativeParams.
+DRAFT_NUMBERS: tuple[Setting[Any], ...] = (DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN)
+SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_TYPE, DRAFT_MODEL, *DRAFT_NUMBERS, DRAFT_FIXED)

@@ -49,6 +49,14 @@ def check_settings(values: object, settings: tuple[Setting[Any], ...]) -> None:
         raise ConfigError(str(error)) from None
 
 
+def parse_field(setting: Setting[Any], text: str, where: str = "") -> Any:
+    """A value typed into a screen's field for `setting`, as a ConfigError ("{where}: 'x' is not a number")."""
+    try:
+        return setting.parse(text, where)
+    except SettingError as error:
+        raise ConfigError(str(error)) from None
+
+
 ENGINE_CHECKED = tuple(setting for setting in s.ENGINE if setting not in s.MODEL_LISTS)
 """The engine settings checked by their declaration (tensor split and RPC servers are lists, checked below)."""
 

@@ -54,7 +54,7 @@ class Setting(Generic[T]):
     name: str  # the field in the params / settings dataclasses and the key in config.toml
     kind: type[T]
     default: T
-    help: str  # a phrase for --help and the screens' tooltips
+    help: str  # a phrase for --help (a switch: what its flag does) and the screens' tooltips
     label: str = ""  # a few words naming it in messages and on screens ("" : the name)
     flag: str = ""  # llama.cpp's long flag ("" : none on the command line)
     short: str = ""  # llama.cpp's short flag
@@ -76,6 +76,12 @@ class Setting(Generic[T]):
     def flags(self) -> tuple[str, ...]:
         """The flags as argparse takes them: short first, as llama.cpp lists them."""
         return tuple(f for f in (self.short, self.flag) if f)
+
+    @property
+    def plain_label(self) -> str:
+        """The label of a field that shows no flag: its words and what special values mean ("Seed (-1: random)")."""
+        words = self.words[:1].upper() + self.words[1:]
+        return f"{words} ({self.meaning})" if self.meaning else words
 
     @property
     def screen_label(self) -> str:
@@ -373,7 +379,6 @@ REPEAT_PENALTY = Setting(
     flag="--repeat-penalty",
     minimum=0.0,
     above_minimum=True,
-    meaning="1 disables it",
 )
 REPEAT_LAST_N = Setting(
     "repeat_last_n",

@@ -7,7 +7,14 @@ import io
 import sys
 from collections.abc import Iterator
 
-from app.cli.engine_args import add_engine_args, add_sampling_args, context_params, model_params, sampling_params
+from app.cli.engine_args import (
+    add_engine_args,
+    add_max_tokens_arg,
+    add_sampling_args,
+    context_params,
+    model_params,
+    sampling_params,
+)
 from app.cli.remote import add_remote_args
 from app.cli.session import drain, error_line, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.types import utf8_error
@@ -130,4 +137,5 @@ def add_chat_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
     add_engine_args(chat)
     add_sampling_args(chat)
+    add_max_tokens_arg(chat)
     add_remote_args(chat)

@@ -41,9 +41,13 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = s.N_CTX.de
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     for setting in s.SAMPLING:
         add_setting(p, setting, **({"type": seed} if setting is s.SEED else {}))
-    add_setting(p, s.N_PREDICT)
     p.add_argument("--stop", action="append", type=utf8_text, default=[], help="stop string (repeatable)")
     p.add_argument("--system", type=utf8_text, default=None, help="system prompt")
+
+
+def add_max_tokens_arg(p: argparse.ArgumentParser) -> None:
+    """-n: the most tokens a reply of `run` and `chat` may have (serve takes it per request)."""
+    add_setting(p, s.N_PREDICT)
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:

@@ -159,11 +159,11 @@ class SpeculativeParams:
             )
         check_settings(self, (*s.DRAFT_NUMBERS, s.DRAFT_FIXED), SpeculativeConfigError)
         if self.n_min > self.n_max:
-            raise SpeculativeConfigError("--spec-draft-n-min must be between 0 and --spec-draft-n-max")
+            raise SpeculativeConfigError(f"{s.DRAFT_N_MIN.flag} must be between 0 and {s.DRAFT_N_MAX.flag}")
         if "auto" in self.types and len(self.types) > 1:
-            raise SpeculativeConfigError("--spec-type auto picks the drafters itself: give it alone")
+            raise SpeculativeConfigError(f"{s.SPEC_TYPE.flag} auto picks the drafters itself: give it alone")
         if "draft-simple" in self.types and not self.draft_model:
-            raise SpeculativeConfigError("draft-simple needs a draft model (--spec-draft-model PATH)")
+            raise SpeculativeConfigError(f"draft-simple needs a draft model ({s.DRAFT_MODEL.flag} PATH)")
 
 
 # llama.cpp takes any strength (--control-vector-scaled FILE S): vectors made by llama-cvector-generator steer at

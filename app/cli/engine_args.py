@@ -87,7 +87,7 @@ def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
     where = next(c.where for c in sidecars if str(c.path) == chosen.draft_model)
     print(
         f"note: {spec_types[0]} drafts with {Path(chosen.draft_model).name} ({where}); "
-        "--spec-draft-model names another",
+        f"{s.DRAFT_MODEL.flag} names another",
         file=sys.stderr,
     )
     return chosen.draft_model

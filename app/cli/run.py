@@ -32,6 +32,7 @@ from engine_ext.protocol import (
     ChatMessage,
     Generate,
 )
+from engine_ext.settings_schema import SPEC_TYPE
 from engine_ext.untrusted_text import json_text
 
 
@@ -136,7 +137,7 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
     local = [
         flag
         for flag, on in (
-            ("--spec-type", bool(getattr(args, "spec_type", ""))),
+            (SPEC_TYPE.flag, bool(getattr(args, "spec_type", ""))),
             ("--control-vector", bool(getattr(args, "control_vector", None))),
             ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
             ("--raw", bool(getattr(args, "raw", False))),

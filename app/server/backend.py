@@ -133,7 +133,7 @@ class EngineBackend:
             raise ApiError(
                 400,
                 f"speculative type {missing[0]} needs its draft loaded when the server starts "
-                f"(llmtui serve --spec-type {missing[0]}); per request: the n-gram types or the server's own",
+                f"(llmtui serve {SPEC_TYPE.flag} {missing[0]}); per request: the n-gram types or the server's own",
                 "speculative",
             )
         return spec

@@ -76,6 +76,10 @@ class SpecType:
     draft_types: tuple[str | None, ...] = ()
     # The kind models_catalog.drafts gives the files it drafts with (sidecars, paired repositories).
     candidate_kind: str | None = None
+    # A kind of draft file that comes beside a model or from a paired repository (not a plain model): what the F9
+    # panel calls it, and its place in the order llama.cpp infers the type from the files present (arg.cpp).
+    file_label: str = ""
+    file_rank: int = 0
     # Drafts with the target's own NextN (MTP) heads when no draft file is named: the target loads them (load_mtp).
     own_heads: bool = False
     # A model drafter verifies up to n_max tokens at once: on an architecture that can roll its recurrent state back
@@ -118,6 +122,8 @@ CATALOGUE: tuple[SpecType, ...] = (
         "an EAGLE3 draft GGUF",
         draft_types=("eagle3",),
         candidate_kind="eagle3",
+        file_label="EAGLE3 draft",
+        file_rank=4,
         rolls_back=True,
         settings=MODEL_SETTINGS,
     ),
@@ -128,6 +134,8 @@ CATALOGUE: tuple[SpecType, ...] = (
         "the model's NextN heads, or its mtp-*.gguf sidecar",
         draft_types=("draft-mtp",),
         candidate_kind="mtp",
+        file_label="MTP sidecar",
+        file_rank=1,
         own_heads=True,
         rolls_back=True,
         settings=MODEL_SETTINGS,
@@ -139,6 +147,8 @@ CATALOGUE: tuple[SpecType, ...] = (
         "a DFlash or DFlash2 draft GGUF",
         draft_types=("dflash", "dflash2"),
         candidate_kind="dflash",
+        file_label="DFlash draft",
+        file_rank=3,
         rolls_back=True,
         settings=MODEL_SETTINGS,
     ),
@@ -149,6 +159,8 @@ CATALOGUE: tuple[SpecType, ...] = (
         "a DSpark draft GGUF",
         draft_types=("dspark",),
         candidate_kind="dspark",
+        file_label="DSpark draft",
+        file_rank=2,
         rolls_back=True,
         settings=MODEL_SETTINGS,
     ),
@@ -162,6 +174,19 @@ MODEL_DRAFTER_TYPES = tuple(t.name for t in CATALOGUE if t.family == "model")
 TYPE_FOR_KIND = {t.candidate_kind: t.name for t in CATALOGUE if t.candidate_kind}
 # What a draft file's metadata says it is (DraftInfo.draft_type; None: a plain model) → the type that uses it.
 TYPE_FOR_DRAFT = {draft_type: t.name for t in CATALOGUE for draft_type in t.draft_types}
+# The kinds of draft files (models_catalog's sidecars and paired drafts: mtp, dspark, dflash, eagle3) in the order
+# llama.cpp infers the type from the files present, and what the F9 panel calls each.
+DRAFT_FILE_KINDS: tuple[str, ...] = tuple(
+    t.candidate_kind for t in sorted(CATALOGUE, key=lambda t: t.file_rank) if t.file_rank and t.candidate_kind
+)
+DRAFT_FILE_LABELS: dict[str, str] = {
+    t.candidate_kind: t.file_label for t in CATALOGUE if t.candidate_kind and t.file_label
+}
+# What a draft file's metadata may say it is (engine_ext.gguf.DraftInfo.draft_type) for the types that draft with a
+# separate file of their own architecture: the keys of a catalog entry's `drafts` (models_catalog.catalog).
+DRAFT_FILE_TYPES: tuple[str, ...] = tuple(
+    sorted(d for t in CATALOGUE if t.file_rank and not t.own_heads for d in t.draft_types if d)
+)
 
 SPEC_TYPE: Setting[str] = Setting(
     "spec_type",

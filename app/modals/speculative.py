@@ -23,19 +23,17 @@ from app.speculation import KIND_TYPES, effective_settings, find_drafts, support
 from app.widgets.tick_box import TickBox
 from engine_ext.gguf import GGUFError, format_bytes
 from engine_ext.settings_schema import DRAFT_NUMBERS
+from engine_ext.spec_catalog import DRAFT_FILE_LABELS
 from models_catalog.drafts import DraftCandidate
 from models_catalog.errors import ModelsError
 
 NUMBER_FIELDS = DRAFT_NUMBERS  # n_max, n_min, p_min: named as in config.toml, their help as a tooltip
 
 
-DRAFT_KIND_NAMES = {"mtp": "MTP sidecar", "dflash": "DFlash draft", "dspark": "DSpark draft", "eagle3": "EAGLE3 draft"}
-
-
 def missing_drafts_hint(missing: Sequence[tuple[str, str]]) -> str:
     """A few words saying which paired drafts are not downloaded and where to get them (the draft field's
     placeholder: the panel has no row to spare at 80×24)."""
-    what = ", ".join(DRAFT_KIND_NAMES.get(kind, kind) for kind, _ in missing)
+    what = ", ".join(DRAFT_FILE_LABELS.get(kind, kind) for kind, _ in missing)
     return f"a draft .gguf; not downloaded: {what} (Models, F4)"
 
 

@@ -20,7 +20,7 @@ from app.server.requests import Job, Limits, SpecChoice
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, SamplingParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import Crashed, Failed, Finished, Generate, TokenChunk
-from engine_ext.spec_catalog import CATALOGUE
+from engine_ext.spec_catalog import CATALOGUE, DRAFT_NUMBERS, SPEC_TYPE
 
 _POLL_S = 0.05  # how often the dispatcher looks at a cancel flag while it waits for the engine
 # Failures that come from what the request asked (its messages, its settings): 400, not the server's fault.
@@ -125,15 +125,15 @@ class EngineBackend:
             spec.validate()
         except EngineError as e:
             message = str(e)
-            for flag, field_name in (("n-max", "n_max"), ("n-min", "n_min"), ("p-min", "p_min")):
-                message = message.replace(f"--spec-draft-{flag}", f"speculative.{field_name}")
-            raise ApiError(400, message.replace("--spec-type", "speculative.type"), "speculative") from None
+            for setting in DRAFT_NUMBERS:  # the request's names for the settings llama.cpp's flags name
+                message = message.replace(setting.flag, f"speculative.{setting.name}")
+            raise ApiError(400, message.replace(SPEC_TYPE.flag, "speculative.type"), "speculative") from None
         missing = [t for t in spec.types if t in _MODEL_FAMILY and t not in base.types]
         if missing:
             raise ApiError(
                 400,
                 f"speculative type {missing[0]} needs its draft loaded when the server starts "
-                f"(llmtui serve --spec-type {missing[0]}); per request: the n-gram types or the server's own",
+                f"(llmtui serve {SPEC_TYPE.flag} {missing[0]}); per request: the n-gram types or the server's own",
                 "speculative",
             )
         return spec

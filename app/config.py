@@ -291,6 +291,25 @@ class SteeringSettings:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """The app's API server (F10): where it listens, the environment variable holding its key, and whether it starts
+    with the app. `llmtui serve` has its own flags."""
+
+    enabled: bool = ui.SERVER_ENABLED.default
+    host: str = ui.SERVER_HOST.default
+    port: int = ui.SERVER_PORT.default
+    api_key_env: str = ui.SERVER_KEY_ENV.default
+
+    def validate(self) -> None:
+        check_settings(self, ui.SERVER)
+        if not self.host.strip() or any(c.isspace() for c in self.host) or len(self.host) > 255:
+            raise ConfigError(f"server.host must be an address such as 127.0.0.1, not {self.host[:60]!r}")
+        name = self.api_key_env
+        if name and not (name.replace("_", "a").isalnum() and name.isascii() and not name[0].isdigit()):
+            raise ConfigError(f"server.api_key_env must be an environment variable's name, not {name[:60]!r}")
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything in config.toml."""
 
@@ -304,9 +323,11 @@ class Config:
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
     remotes: tuple[RemoteSettings, ...] = ()
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     def validate(self) -> None:
         self.engine.validate()
+        self.server.validate()
         self.speculative.validate()
         self.steering.validate()
         names: set[str] = set()
@@ -358,6 +379,7 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
         speculative=SpeculativeSettings(**_declared_values(_table(data, "speculative", source), ui.SPECULATIVE)),
         steering=_steering_from_toml(data, source),
         remotes=_remotes_from_toml(data, source),
+        server=ServerConfig(**_declared_values(_table(data, "server", source), ui.SERVER)),
     )
     try:
         config.validate()
@@ -456,6 +478,7 @@ def _config_tables(config: Config) -> dict[str, dict[str, object]]:
         "ui": s.values_of(config, ui.UI),
         "speculative": s.values_of(config.speculative, ui.SPECULATIVE),
         "steering": {key: _plain(value) for key, value in asdict(config.steering).items()},
+        "server": {key: _plain(value) for key, value in asdict(config.server).items()},
     }
 
 

@@ -39,7 +39,25 @@ SAMPLING_SEED = Setting(
     wanted=s.SEED.wanted,
 )
 
+SERVER_ENABLED = Setting(
+    "enabled", bool, False, "serve the loaded model when the app starts (F10 turns it on or off)", saved_in="server"
+)
+SERVER_HOST = Setting(
+    "host", str, "127.0.0.1", "the address the API server listens on (127.0.0.1: this machine only)", saved_in="server"
+)
+SERVER_PORT = Setting("port", int, 8080, "the API server's port", saved_in="server", minimum=1, maximum=65535)
+SERVER_KEY_ENV = Setting(
+    "api_key_env",
+    str,
+    "",
+    "the environment variable holding the API key clients must send ('': none, fine on 127.0.0.1 only)",
+    label="API key variable",
+    saved_in="server",
+)
+
 UI: tuple[Setting[Any], ...] = (THEME, SHOW_SIDEBAR, DRAFT_COLOURING, SPEC_DETAILS)
+# config.toml's [server] table: the app's API server (`llmtui serve` takes the same defaults as flags).
+SERVER: tuple[Setting[Any], ...] = (SERVER_ENABLED, SERVER_HOST, SERVER_PORT, SERVER_KEY_ENV)
 # config.toml's [speculative] table, in the order it is written.
 SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_ENABLED, s.SPEC_TYPE, s.DRAFT_MODEL, *s.DRAFT_NUMBERS)
 # A sampling preset (per conversation, named presets) as the conversation settings show it.

@@ -13,12 +13,14 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
+from app import settings_schema as ui
 from app.config import (
     THEMES,
     Config,
     ConfigError,
     EngineSettings,
     RemoteSettings,
+    ServerConfig,
     gpu_layers_text,
     parse_field,
     parse_gpu_layers,
@@ -111,6 +113,14 @@ class SettingsScreen(Screen[bool]):
                 )
                 yield Vertical(id="remote-list")
                 yield Button("Add remote engine", id="remote-add", compact=True)
+                yield Label(
+                    "API server (F10 serves the loaded model to other programs; a change applies at once)",
+                    classes="section-title",
+                )
+                with Grid(classes="settings-grid"):
+                    for setting in ui.SERVER:
+                        yield Label(setting.plain_label, classes="field-label")
+                        yield self._server_field(setting)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Back", id="cancel", compact=True)
@@ -132,6 +142,25 @@ class SettingsScreen(Screen[bool]):
             s.RPC_SERVERS: ", ".join(engine.rpc_servers),
         }
         return Input(texts[setting], id=field_id, placeholder=PLACEHOLDERS[setting], compact=True)
+
+    def _server_field(self, setting: Setting[Any]) -> Input | Select[object]:
+        value = getattr(self.config.server, setting.name)
+        field_id = f"server-{setting.name}"
+        if setting.kind is bool:
+            return Select(ON_OFF, value=value, allow_blank=False, id=field_id, compact=True, tooltip=setting.help)
+        if setting.kind is int:
+            return Input(str(value), id=field_id, type="integer", compact=True, tooltip=setting.help)
+        return Input(str(value), id=field_id, compact=True, tooltip=setting.help)
+
+    def _read_server(self) -> ServerConfig:
+        values: dict[str, object] = {}
+        for setting in ui.SERVER:
+            if setting.kind is bool:
+                values[setting.name] = self.query_one(f"#server-{setting.name}", Select).value is True
+            else:
+                text = self.query_one(f"#server-{setting.name}", Input).value
+                values[setting.name] = parse_field(setting, text, f"API server: {setting.plain_label}")
+        return ServerConfig(**values)  # type: ignore[arg-type]
 
     async def on_mount(self) -> None:
         self.query_one("#settings-error").display = False
@@ -182,6 +211,7 @@ class SettingsScreen(Screen[bool]):
             model_folders=folders,
             theme=str(self.query_one("#setting-theme", Select).value),
             remotes=tuple(self.remotes),
+            server=self._read_server(),
         )
         config.validate()
         return config

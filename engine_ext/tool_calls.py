@@ -260,6 +260,10 @@ def _hermes(text: str, known: Sequence[str]) -> Iterator[tuple[int, int, list[To
         close = text.find(HERMES_CLOSE, at)
         end = len(text) if close < 0 else close + len(HERMES_CLOSE)
         body = text[at + len(HERMES_OPEN) : len(text) if close < 0 else close]
+        if close < 0:  # stopped inside the closing tag: what of it was written is no part of the call
+            body = next(
+                (body[:-n] for n in range(len(HERMES_CLOSE) - 1, 0, -1) if body.endswith(HERMES_CLOSE[:n])), body
+            )
         value, used = _json_at(body, 0)
         if body[used:].strip():
             raise ValueError("a <tool_call> block holds more than one JSON object")

@@ -54,6 +54,12 @@ SCRIPTED = [
         [("now", {})],
         "",
     ),
+    (  # stopped (max tokens) inside the closing tag
+        HERMES,
+        '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_',
+        [("now", {})],
+        "",
+    ),
     (
         HERMES,
         '<think>maybe <tool_call>{"name": "now", "arguments": {}}</tool_call></think>It is late.',

@@ -4,8 +4,8 @@ before its next reply.
 
 One request at a time uses the engine (the worker runs one generation at a time, and a control vector acts on the
 whole context): a server request starts when no reply of the app's is being written; a reply the user asks for
-while a server request runs waits for it (the chat says "waiting for an API request"), and a setting the user
-changes meanwhile is sent once the request is done, so no request sees another's mix. Every change of mix also
+while a server request runs waits for it (the stats bar's "api" readout shows the request running), and a setting
+the user changes meanwhile is sent once the request is done, so no request sees another's mix. Every change of mix also
 forgets the prompt cache (`SetSteering.reset_cache`): what the context holds was computed under the old mix.
 
 `EngineShare` holds the state and decides; the bridge (`app/bridge.py`) owns the engine client and calls it from its
@@ -83,6 +83,7 @@ class EngineShare:
         """A model was loaded or the worker started again: it has the defaults."""
         self._worker.clear()
         self._cache_mixed = False
+        self.deferred.clear()  # the bridge sends the app's settings again itself
 
     def differs(self, kind: str, want: Setting) -> bool:
         return not same_setting(self._worker.get(kind, default_setting(kind)), want)
@@ -185,6 +186,7 @@ class EngineShare:
     def crashed(self, crashed: Crashed) -> None:
         """The engine died: the running request fails; the waiting ones wait for the engine to come back."""
         self._worker.clear()
+        self.deferred.clear()  # the bridge's recovery sends the app's settings again (it kept them)
         job, self.current = self.current, None
         if job is not None:
             job.sink(crashed)

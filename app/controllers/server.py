@@ -8,7 +8,9 @@ steering folder or the app's mix, and the n-gram speculative types (model drafte
 
 from __future__ import annotations
 
+import itertools
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,7 +37,7 @@ class ServerController:
         self.server: AppServer | None = None
         self.starting = False
         self._readout = ""
-        self._vectors: dict[str, str] | None = None  # the steering folder's vectors, read when the server starts
+        self._vectors: dict[str, str] = {}  # the steering folder's vectors, read in a thread when the server starts
         self._answered_with: ServerSettings | None = None
 
     @property
@@ -63,11 +65,11 @@ class ServerController:
         api_key = os.environ.get(config.api_key_env, "") if config.api_key_env else None
         if config.api_key_env and not api_key:
             host.notify(
-                f"The API key variable {config.api_key_env} is not set or empty: set it, or clear it in F3 → Server.",
+                f"The API key variable {config.api_key_env} is not set or empty: "
+                "set it, or clear it in F3 → API server.",
                 severity="error",
             )
             return
-        self._vectors = None  # read again: vectors made since the last start
         server = AppServer(
             bridge,
             self.settings(),
@@ -78,6 +80,10 @@ class ServerController:
         self.starting = True
 
         def listen() -> None:
+            vectors = steering_vectors()  # read again (vectors made since the last start), off the UI thread
+            self._vectors = vectors
+            settings = server.backend.settings
+            server.backend.settings = replace(settings, vectors={**vectors, **settings.vectors})
             try:
                 server.start()
             except ApiError as error:
@@ -123,10 +129,6 @@ class ServerController:
         host = self.host
         model = host.model
         entries = host.steering.entries()
-        if self._vectors is None:
-            from app import paths
-
-            self._vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))[:1000]}
         vectors = dict(self._vectors)
         vectors.update({Path(entry.path).stem: entry.path for entry in entries})
         return ServerSettings(
@@ -165,3 +167,17 @@ class ServerController:
         if force or readout != self._readout:
             self._readout = readout
             self.host.features_changed()
+
+
+MAX_VECTORS = 1000  # the steering folder's vectors a request may name: listing stops here
+
+
+def steering_vectors() -> dict[str, str]:
+    """The control vectors in the steering folder, by name (a folder read: call it in a thread)."""
+    from app import paths
+
+    try:
+        found = list(itertools.islice(paths.steering_dir().glob("*.gguf"), MAX_VECTORS))
+    except OSError:
+        return {}
+    return {p.stem: str(p) for p in sorted(found)}

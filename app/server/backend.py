@@ -93,9 +93,9 @@ class Dispatcher:
         self._queue.put(ticket)
         return ticket
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         self._queue.put(None)
-        self._thread.join(5.0)
+        self._thread.join(timeout_s)
 
     def _publish(self) -> None:
         self.metrics.queue(self._running, self._waiting)

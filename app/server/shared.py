@@ -154,7 +154,9 @@ class AppServer:
         if self._thread is not None:
             self._thread.join(_STOP_WAIT_S)
         self._engine.stop_serving("the app's server stopped")
-        self.backend.close()
+        # On the app's thread: no long wait for a request still ending (the dispatcher is a daemon thread; its
+        # request was cancelled when uvicorn closed the connection).
+        self.backend.close(timeout_s=0.5)
 
 
 def _bind_message(address: ServerAddress, error: BaseException | None, timeout_s: float = 0.0) -> str:

@@ -150,3 +150,15 @@ def test_a_request_forgets_a_cache_the_app_read_under_another_mix_even_when_the_
     share.add(again)
     share.pump(engine_free=True)
     assert sent.items[-1] == ("generate", 2)
+
+
+def test_a_crash_forgets_the_apps_deferred_settings_which_the_bridges_recovery_sends_itself() -> None:
+    share, _ = share_and_sent()
+    running, _ = job(1)
+    share.add(running)
+    share.pump(engine_free=True)
+    assert share.defer("steering", SetSteering(TILT)) is True
+    share.crashed(Crashed("SIGSEGV", "", -11))
+    deferred, quiet = share.restore({"steering": SetSteering(TILT)})
+    assert deferred == {}  # not sent twice as the app's own
+    assert quiet == [(QUIET_PREFIX + "steering", SetSteering(TILT, reset_cache=True))]

@@ -145,8 +145,10 @@ class ParallelScheduler:
         return sum(s.job is not None for s in self.slots)
 
     def submit(self, submit: Submit) -> None:
-        if len(self.waiting) >= self.max_waiting:
-            self.emit(Busy(submit.request.request_id, len(self.waiting), len(self.slots)))
+        """Queue a request; refused (Busy) when `max_waiting` requests already wait that no free sequence takes."""
+        queued = len(self.waiting) - sum(s.job is None for s in self.slots)
+        if queued >= self.max_waiting:
+            self.emit(Busy(submit.request.request_id, queued, len(self.slots)))
             return
         self._orders += 1
         self.waiting.append(_Job(submit, self._orders, time.perf_counter()))

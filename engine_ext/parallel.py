@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine_ext.generate import Session, feed_prompt_history
+from engine_ext.grammar import grammar_for
 from engine_ext.model import Context
 from engine_ext.params import EngineError, SpeculativeConfigError, SteeringEntry
 from engine_ext.protocol import (
@@ -289,7 +290,7 @@ class ParallelScheduler:
             self._check_mix(job.mix)
             plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
             job.driver = self._driver(job)
-            job.sampler = Sampler(self.model, request.sampling)
+            job.sampler = Sampler(self.model, request.sampling, grammar_for(request.grammar, request.json_schema))
         except Exception as exc:
             self._fail_job(job, exc)
             return

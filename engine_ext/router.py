@@ -22,14 +22,16 @@ def ends_request(event: Event) -> bool:
 
 
 class RequestRouter:
-    """Owns the reading side of an EngineClient: each submitted request's events go to its queue; every other
-    event (and those of requests not submitted here) goes to `on_other`. A Crashed event goes to every request
-    and ends the reader (a restarted engine gets a new router). `close()` stops the reader (idempotent)."""
+    """Owns the reading side of an EngineClient: each submitted request's events go to its sink (a callable, called
+    on the reader thread) or its queue (read with `events`); every other event (and those of requests not submitted
+    here) goes to `on_other`. A Crashed event goes to every request and ends the reader (a restarted engine gets a
+    new router). `close()` stops the reader (idempotent)."""
 
     def __init__(self, client: EngineClient, on_other: Callable[[Event], None] | None = None) -> None:
         self.client = client
         self.on_other = on_other
         self._queues: dict[int, queue.Queue[Event]] = {}
+        self._sinks: dict[int, Callable[[Event], None]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="llmtui-engine-router", daemon=True)
@@ -40,21 +42,29 @@ class RequestRouter:
         request: Generate,
         steering: tuple[SteeringEntry, ...] = (),
         speculative: SpeculativeParams | None = None,
+        sink: Callable[[Event], None] | None = None,
     ) -> int:
-        """Submit a parallel request; read its events with `events(request_id)`."""
+        """Submit a parallel request; its events go to `sink` (on the reader thread, until its last), else to a
+        queue read with `events(request_id)`."""
         if request.request_id <= 0:
             from dataclasses import replace
 
             request = replace(request, request_id=self.client.new_request_id())
-        with self._lock:  # registered before it is sent: its first event cannot come before its queue
-            self._queues[request.request_id] = queue.Queue()
+        request_id = request.request_id
+        with self._lock:  # registered before it is sent: its first event cannot come before its sink
+            if sink is None:
+                events: queue.Queue[Event] = queue.Queue()
+                self._queues[request_id] = events
+                sink = events.put
+            self._sinks[request_id] = sink
         try:
             self.client.submit(request, steering, speculative)
         except Exception:
             with self._lock:
-                self._queues.pop(request.request_id, None)
+                self._queues.pop(request_id, None)
+                self._sinks.pop(request_id, None)
             raise
-        return request.request_id
+        return request_id
 
     def events(self, request_id: int, timeout: float) -> Iterator[Event]:
         """The request's events until its last (Finished, Failed, Busy or Crashed). Raises TimeoutError when none
@@ -93,16 +103,22 @@ class RequestRouter:
                 continue
             if isinstance(event, Crashed):
                 with self._lock:
-                    targets = list(self._queues.values())
-                for events in targets:
-                    events.put(event)
+                    targets = list(self._sinks.values())
+                    self._sinks.clear()
+                for sink in targets:
+                    sink(event)
                 if self.on_other is not None:
                     self.on_other(event)
                 return
             request_id = request_id_of(event)
             with self._lock:
-                target = self._queues.get(request_id) if request_id is not None else None
+                if request_id is None:
+                    target = None
+                elif ends_request(event):
+                    target = self._sinks.pop(request_id, None)
+                else:
+                    target = self._sinks.get(request_id)
             if target is not None:
-                target.put(event)
+                target(event)
             elif self.on_other is not None:
                 self.on_other(event)

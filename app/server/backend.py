@@ -41,6 +41,7 @@ class ServerSettings:
     vectors: Mapping[str, str] = field(default_factory=dict)  # name → file: the only vectors a request can name
     limits: Limits = Limits()
     queue: int = 16  # requests waiting beyond the one generating; past it: 503
+    slots: int = 1  # requests decoded together (serve --parallel; more than 1: app.server.parallel_backend)
 
 
 @dataclass
@@ -79,13 +80,17 @@ class EngineBackend:
         self.settings = settings
         self.metrics = metrics
         self._restart = restart
-        self._queue: queue.Queue[Ticket | None] = queue.Queue()
         self._lock = threading.Lock()
+        self._ids = itertools.count(1_000_000)
+        self._start()
+
+    def _start(self) -> None:
+        """The dispatcher thread and its queue (app.server.parallel_backend has none: the engine schedules)."""
+        self._queue: queue.Queue[Ticket | None] = queue.Queue()
         self._waiting = 0
         self._running = 0
         self._applied_spec: SpeculativeParams | None = None
         self._applied_steering: tuple[SteeringEntry, ...] | None = None
-        self._ids = itertools.count(1_000_000)
         self._thread = threading.Thread(target=self._run, name="llmtui-serve-dispatch", daemon=True)
         self._thread.start()
 
@@ -197,19 +202,7 @@ class EngineBackend:
             self._crashed(ticket, e.crashed)
             return
         ticket.request_id = request_id = next(self._ids)
-        request = Generate(
-            request_id=request_id,
-            messages=job.messages,
-            prompt=job.prompt,
-            sampling=job.sampling,
-            max_tokens=job.max_tokens,
-            stop=job.stop,
-            ignore_eos=job.ignore_eos,
-            grammar=job.grammar,
-            json_schema=job.json_schema,
-            enable_thinking=job.enable_thinking,
-            speculative=bool(ticket.spec.types),
-        )
+        request = engine_request(job, request_id, speculative=bool(ticket.spec.types))
         try:
             self.client.send(request)
         except EngineCrashedError as e:
@@ -234,8 +227,7 @@ class EngineBackend:
                 return
             elif isinstance(event, Failed) and event.request_id in (request_id, None):
                 self.metrics.failed()
-                status = 400 if event.error in _CLIENT_ERRORS else 500
-                ticket.push(ApiError(status, (event.message or event.error).splitlines()[0][:300]))
+                ticket.push(failure_error(event))
                 return
             elif isinstance(event, Crashed):
                 self._crashed(ticket, event)
@@ -250,3 +242,26 @@ class EngineBackend:
                 self._restart()
             except Exception:  # the next request says what is wrong
                 pass
+
+
+def engine_request(job: Job, request_id: int, *, speculative: bool) -> Generate:
+    """The engine's request for an HTTP job."""
+    return Generate(
+        request_id=request_id,
+        messages=job.messages,
+        prompt=job.prompt,
+        sampling=job.sampling,
+        max_tokens=job.max_tokens,
+        stop=job.stop,
+        ignore_eos=job.ignore_eos,
+        grammar=job.grammar,
+        json_schema=job.json_schema,
+        enable_thinking=job.enable_thinking,
+        speculative=speculative,
+    )
+
+
+def failure_error(event: Failed) -> ApiError:
+    """The HTTP error for an engine's Failed event: 400 when the request asked for what failed, else 500."""
+    status = 400 if event.error in _CLIENT_ERRORS else 500
+    return ApiError(status, (event.message or event.error).splitlines()[0][:300])

@@ -32,6 +32,7 @@ from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from engine_ext.steering.mixer import SteeringMixer
 
 MAX_STEPS = 5000  # every loop below is bounded: a scheduler that never drains fails the test instead of hanging
+YES_NO = 'root ::= " yes" | " no"'  # a grammar: the reply is one of these, then the end of generation
 PROMPTS = ("go", "word1 word2 word3", "a b c d e f", "the end")
 
 
@@ -119,6 +120,7 @@ def test_on_the_starter_model(tmp_path: Path) -> None:
         greedy(1, "The capital of France is", 10),
         greedy(2, "Once upon a time", 10),
         greedy(3, "def fibonacci(n):", 10),
+        Generate(4, prompt="Is the sky blue? Answer:", sampling=GREEDY, max_tokens=10, grammar=YES_NO),
     ]
     with open_session(path) as single:
         expected = [alone(single, r) for r in requests]
@@ -128,6 +130,7 @@ def test_on_the_starter_model(tmp_path: Path) -> None:
             run.submit(r)
         run.drain()
         assert [run.tokens(r.request_id) for r in requests] == expected
+        assert run.finished(4).stop_reason == "eos" and 1 <= len(expected[3]) <= 3  # the grammar held the reply
 
 
 def test_requests_join_and_leave_between_steps_and_reuse_a_shared_prefix(tiny_models: dict[str, Path]) -> None:

@@ -65,15 +65,21 @@ def engine_run(model: str, threads: int, n_gen: int) -> float:
     return float(json.loads(out.stdout)["stats"]["decode_tps"])
 
 
-def api_round(http: httpx.Client, base: str, n_gen: int) -> tuple[float, float, float]:
-    """(client-side decode tok/s, server-reported decode tok/s, TTFT overhead ms) for one streamed reply."""
-    body = {
+def chat_body(n_gen: int, **extra: object) -> dict[str, object]:
+    """The benchmark's streamed greedy chat request, `n_gen` tokens whatever the model says."""
+    body: dict[str, object] = {
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": n_gen,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
     }
+    return body | extra
+
+
+def api_round(http: httpx.Client, base: str, n_gen: int) -> tuple[float, float, float]:
+    """(client-side decode tok/s, server-reported decode tok/s, TTFT overhead ms) for one streamed reply."""
+    body = chat_body(n_gen)
     start = time.perf_counter()
     first = last = 0.0
     tokens = 0
@@ -99,14 +105,7 @@ def concurrent_round(base: str, n_clients: int, n_gen: int) -> float:
     over the time from then to the last token (each client's tokens timed as they arrive)."""
 
     def stream(http: httpx.Client) -> list[float]:
-        body = {
-            "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": n_gen,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "return_provenance": True,  # one entry per token: a chunk carries the tokens of up to 1/15 s
-        }
+        body = chat_body(n_gen, return_provenance=True)  # one entry per token: a chunk holds up to 1/15 s of them
         arrivals: list[float] = []
         with http.stream("POST", f"{base}/v1/chat/completions", json=body) as answer:
             for line in answer.iter_lines():

@@ -85,8 +85,8 @@ class SetSteering:
     """Apply this mix of control vectors (empty: none); takes effect at the next token of a generation."""
 
     entries: tuple[SteeringEntry, ...]
-    # Forget the prompt cache when the mix changes: what the context holds was computed under the old mix (the API
-    # server, where each request has its own mix; the chat keeps it, so a slider acts on the reply as it streams).
+    # Forget the prompt cache: what the context holds was computed under another mix (the API server sends it when a
+    # request's mix differs from the last one's; the chat keeps its cache, so a slider acts on the reply as it streams).
     reset_cache: bool = False
 
 

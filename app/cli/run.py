@@ -8,6 +8,7 @@ from pathlib import Path
 
 from app.cli.engine_args import (
     add_engine_args,
+    add_max_tokens_arg,
     add_sampling_args,
     add_spec_args,
     context_params,
@@ -19,7 +20,7 @@ from app.cli.engine_args import (
 from app.cli.remote import add_remote_args
 from app.cli.session import CliError, format_spec_stats, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.steer import add_control_vector_args, steering_entries
-from app.cli.types import n_predict, text_file, text_or_file, utf8_text
+from app.cli.types import text_file, text_or_file, utf8_text
 from app.models import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.params import (
@@ -31,6 +32,7 @@ from engine_ext.protocol import (
     ChatMessage,
     Generate,
 )
+from engine_ext.settings_schema import SPEC_TYPE
 from engine_ext.untrusted_text import json_text
 
 
@@ -135,7 +137,7 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
     local = [
         flag
         for flag, on in (
-            ("--spec-type", bool(getattr(args, "spec_type", ""))),
+            (SPEC_TYPE.flag, bool(getattr(args, "spec_type", ""))),
             ("--control-vector", bool(getattr(args, "control_vector", None))),
             ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
             ("--raw", bool(getattr(args, "raw", False))),
@@ -181,7 +183,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="FILE",
         help="read the prompt from a UTF-8 text file (at most 8 MiB)",
     )
-    run.add_argument("-n", "--n-predict", type=n_predict, default=-1, help="max tokens to generate (-1: no limit)")
+    add_max_tokens_arg(run)
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")

@@ -48,7 +48,6 @@ def json_error(error: ApiError) -> JSONResponse:
 def build_app(
     backend: Backend, metrics: Metrics, *, api_key: str | None = None, cors: tuple[str, ...] = ()
 ) -> Starlette:
-    settings = backend.settings
     started = int(time.time())
     key = api_key.encode() if api_key else None
 
@@ -75,7 +74,7 @@ def build_app(
         return endpoint
 
     async def read_body(request: Request) -> bytes:
-        limit = settings.limits.max_body_bytes
+        limit = backend.settings.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
@@ -95,7 +94,9 @@ def build_app(
         return JSONResponse(
             {
                 "object": "list",
-                "data": [{"id": settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}],
+                "data": [
+                    {"id": backend.settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}
+                ],
             }
         )
 
@@ -105,12 +106,17 @@ def build_app(
     async def chat(request: Request) -> Response:
         body = parse_body(await read_body(request))
         metrics.request()
-        return await run(request, parse_chat(body, settings.sampling, settings.limits, settings.model_id))
+        return await run(
+            request, parse_chat(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id)
+        )
 
     async def completions(request: Request) -> Response:
         body = parse_body(await read_body(request))
         metrics.request()
-        return await run(request, parse_completion(body, settings.sampling, settings.limits, settings.model_id))
+        return await run(
+            request,
+            parse_completion(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id),
+        )
 
     async def run(request: Request, job: Job) -> Response:
         ticket = backend.submit(job, asyncio.get_running_loop())
@@ -145,7 +151,7 @@ def build_app(
         finally:
             ticket.cancel()  # a no-op once finished; stops the generation when the client left
         shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
-        return JSONResponse(shape(reply, settings.model_id, job.return_provenance))
+        return JSONResponse(shape(reply, backend.settings.model_id, job.return_provenance))
 
     async def next_event(request: Request, ticket: Ticket) -> object:
         """The ticket's next event; a client that went away cancels the generation (ApiError 499)."""
@@ -161,7 +167,7 @@ def build_app(
     async def stream(
         request: Request, ticket: Ticket, job: Job, reply: responses.Reply, first: object
     ) -> AsyncIterator[bytes]:
-        model = settings.model_id
+        model = backend.settings.model_id
         chat_endpoint = job.endpoint == "chat"
         try:
             if chat_endpoint:

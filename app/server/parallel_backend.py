@@ -7,19 +7,21 @@ bound a job is refused with 503 before it is sent, and the engine's own Busy ans
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.server.backend import EngineBackend, Ticket, engine_request, failure_error
+from app.server.backend import Dispatcher, ServerSettings, Ticket
 from app.server.errors import ApiError
+from app.server.metrics import Metrics
 from app.server.requests import Job, SpecChoice
+from engine_ext.client import EngineClient
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import (
     Busy,
     Crashed,
     Event,
-    Failed,
-    Finished,
     PromptEvaluated,
     PromptProgress,
     TokenChunk,
@@ -43,15 +45,27 @@ class SlotTicket(Ticket):
             self.cancel_request(self.request_id)
 
 
-class ParallelBackend(EngineBackend):
-    """Up to `settings.slots` jobs decode together on `client` (started, model loaded with n_seq_max = slots); no
-    dispatcher thread: the router's reader thread hands each event to its ticket."""
+class ParallelBackend(Dispatcher):
+    """Up to `settings.slots` jobs decode together on `client` (started, model loaded with n_seq_max = slots). No
+    dispatcher thread: the engine schedules the jobs; the router's reader thread hands each event to its ticket."""
 
-    def _start(self) -> None:
-        # No dispatcher thread: the engine schedules the jobs; the router's reader thread delivers their events.
+    def __init__(
+        self,
+        client: EngineClient,
+        settings: ServerSettings,
+        metrics: Metrics,
+        restart: Callable[[], None] | None = None,
+    ) -> None:
+        # Dispatcher.__init__ is not called: it starts the one-at-a-time thread this backend has no use for.
+        self.client = client
+        self.settings = settings
+        self.metrics = metrics
+        self._restart = restart
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1_000_000)
         self._tickets: dict[int, SlotTicket] = {}
         self._processing: set[int] = set()
-        self.metrics.slots = self.settings.slots
+        metrics.slots = settings.slots
         self._router = self._start_router()
 
     def _start_router(self) -> RequestRouter:
@@ -72,7 +86,7 @@ class ParallelBackend(EngineBackend):
             ticket.request_id = request_id = next(self._ids)
             self._tickets[request_id] = ticket
             self._publish()
-        request = engine_request(job, request_id, speculative=bool(spec.types))
+        request = self._generate(ticket, request_id)
         try:
             self._router.submit(request, ticket.steering, spec if spec.enabled else None, sink=self._sink(ticket))
         except Exception as e:
@@ -113,22 +127,10 @@ class ParallelBackend(EngineBackend):
                     with self._lock:
                         self._processing.add(ticket.request_id)
                         self._publish()
-                if isinstance(event, TokenChunk):
-                    ticket.push(event)
-                return
-            if isinstance(event, Finished):
-                self.metrics.finished(event)
-                ticket.push(event)
-            elif isinstance(event, Busy):
+            if isinstance(event, Busy):
                 self.metrics.refused()
                 ticket.push(ApiError(503, f"the server is busy ({event.waiting} requests waiting); try again shortly"))
-            elif isinstance(event, Failed):
-                self.metrics.failed()
-                ticket.push(failure_error(event))
-            elif isinstance(event, Crashed):
-                self.metrics.failed()
-                ticket.push(ApiError(500, f"the engine crashed ({event.description}); restarting it"))
-            else:
+            elif not self._event(ticket, event):
                 return
             self._end(ticket)
 

@@ -12,11 +12,13 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from app.server.errors import ApiError, bad_request
 from engine_ext.params import SamplingParams
 from engine_ext.protocol import ChatMessage
+from engine_ext.setting import Setting
+from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
 
 # OpenAI's own fields we take (or accept at their default), llama-server's sampling extras, and llmtui's extras.
 _COMMON = frozenset(
@@ -337,9 +339,9 @@ def _speculative(value: object) -> SpecChoice | None:
         raise bad_request("speculative.type must be a type name or a list of them", "speculative")
     return SpecChoice(
         types=tuple(kinds),
-        n_max=_int(value, "n_max", 1, 1024, "speculative"),
-        n_min=_int(value, "n_min", 0, 1024, "speculative"),
-        p_min=_number(value, "p_min", 0.0, 1.0, "speculative"),
+        n_max=_int(value, "n_max", *_range(DRAFT_N_MAX), "speculative"),
+        n_min=_int(value, "n_min", *_range(DRAFT_N_MIN), "speculative"),
+        p_min=_number(value, "p_min", *_range(DRAFT_P_MIN), "speculative"),
     )
 
 
@@ -418,6 +420,13 @@ def _number(body: Mapping[str, object], key: str, lo: float, hi: float, param: s
     if not lo <= value <= hi:
         raise bad_request(f"{key} must be between {lo:g} and {hi:g}, not {value:g}", param or key)
     return float(value)
+
+
+def _range(setting: Setting[Any]) -> tuple[Any, Any]:
+    """A declared setting's range (engine_ext.spec_catalog): what a request may ask of it, as the F9 panel and the
+    CLI allow."""
+    assert setting.minimum is not None and setting.maximum is not None, setting.name
+    return setting.minimum, setting.maximum
 
 
 def _int(body: Mapping[str, object], key: str, lo: int, hi: int, param: str | None = None) -> int | None:

@@ -26,6 +26,7 @@ from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.requests import Job, parse_body, parse_chat, parse_completion
 from engine_ext.protocol import Finished, TokenChunk
+from engine_ext.tool_calls import CallTextFilter
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
 _RETRY_AFTER_S = 2
@@ -120,7 +121,7 @@ def build_app(
 
     async def run(request: Request, job: Job) -> Response:
         ticket = backend.submit(job, asyncio.get_running_loop())
-        reply = responses.Reply()
+        reply = responses.Reply(calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None)
         try:
             first = await next_event(request, ticket)
         except BaseException:
@@ -140,11 +141,12 @@ def build_app(
                 if isinstance(event, ApiError):
                     raise event
                 if isinstance(event, TokenChunk):
-                    reply.text.append(event.text)
+                    reply.text.append(reply.visible(event.text))
                     if event.reasoning:
                         reply.reasoning.append(event.reasoning)
                     reply.provenance.extend(event.provenance)
                 elif isinstance(event, Finished):
+                    reply.text.append(reply.rest(event))
                     reply.finished = event
                     break
                 event = await next_event(request, ticket)
@@ -186,14 +188,16 @@ def build_app(
                             delta: dict[str, object] = {"reasoning_content": event.reasoning}
                             yield responses.sse(responses.chat_chunk(reply, model, delta, extra=extra))
                             extra = None
-                        if event.text or extra:
-                            yield responses.sse(
-                                responses.chat_chunk(reply, model, {"content": event.text}, extra=extra)
-                            )
+                        text = reply.visible(event.text)
+                        if text or extra:
+                            yield responses.sse(responses.chat_chunk(reply, model, {"content": text}, extra=extra))
                     elif event.text:
                         yield responses.sse(responses.text_chunk(reply, model, event.text))
                 elif isinstance(event, Finished):
-                    finish = responses.finish_reason(event.stop_reason)
+                    finish = responses.reply_finish_reason(event)
+                    if chat_endpoint:
+                        for delta in responses.tool_deltas(reply, event):
+                            yield responses.sse(responses.chat_chunk(reply, model, delta))
                     last = (
                         responses.chat_chunk(reply, model, {}, finish)
                         if chat_endpoint

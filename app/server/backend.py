@@ -163,6 +163,8 @@ class Dispatcher:
             json_schema=job.json_schema,
             enable_thinking=job.enable_thinking,
             speculative=bool(ticket.spec.types),
+            tools=job.tools,
+            tool_choice=job.tool_choice,
         )
 
     def _event(self, ticket: Ticket, event: object) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from app.server.errors import ApiError, bad_request
+from app.server.tool_requests import parse_tools, tool_message
 from engine_ext.params import SamplingParams
 from engine_ext.protocol import ChatMessage
 from engine_ext.setting import Setting
@@ -92,6 +93,8 @@ class Job:
     grammar: str | None = None  # GBNF the reply follows (llama-server's `grammar`)
     json_schema: str | None = None  # or a JSON schema (response_format json_schema / json_object, `json_schema`)
     ignore_eos: bool = False  # llama-server's: generate max_tokens whatever the model says (benchmarks)
+    tools: str | None = None  # the request's tool definitions, JSON text (engine_ext.tool_calls)
+    tool_choice: str = "auto"  # auto | required | none
 
 
 def parse_body(raw: bytes) -> dict[str, object]:
@@ -116,6 +119,7 @@ def parse_body(raw: bytes) -> dict[str, object]:
 def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
     _known(body, _CHAT)
     _refuse_features(body)
+    tools, tool_choice = parse_tools(body)
     messages = _messages(body.get("messages"), limits)
     template_kwargs = _object(body, "chat_template_kwargs")
     thinking = template_kwargs.get("enable_thinking")
@@ -130,6 +134,8 @@ def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Lim
         messages=messages,
         max_tokens=_max_tokens(max_tokens, name, limits),
         enable_thinking=thinking,
+        tools=tools,
+        tool_choice=tool_choice,
     )
 
 
@@ -252,17 +258,18 @@ def _messages(value: object, limits: Limits) -> tuple[ChatMessage, ...]:
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object", "messages")
         role = item.get("role")
-        if role == "tool" or item.get("tool_calls"):
-            raise bad_request(f"{where}: tool calls are not supported by this server yet", "messages")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise bad_request(f"{where}.role must be one of system, developer, user, assistant", "messages")
+        if not isinstance(role, str) or (role not in _ROLES and role != "tool"):
+            raise bad_request(f"{where}.role must be one of system, developer, user, assistant, tool", "messages")
         text = _content(item.get("content"), where)
         total += len(text)
         if total > limits.max_text_chars:
             raise ApiError(
                 413, f"the messages are longer than this server's limit of {limits.max_text_chars} characters"
             )
-        out.append(ChatMessage(_ROLES[str(role)], text))
+        if role == "tool" or (role == "assistant" and item.get("tool_calls")):
+            out.append(tool_message(item, role, text, where))
+        else:
+            out.append(ChatMessage(_ROLES[str(role)], text))
     return tuple(out)
 
 
@@ -379,10 +386,6 @@ def _vectors(value: object, limits: Limits) -> tuple[VectorChoice, ...] | None:
 
 
 def _refuse_features(body: Mapping[str, object]) -> None:
-    if body.get("tools") not in (None, []):
-        raise bad_request("tools are not supported by this server yet", "tools")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise bad_request("tool_choice is not supported by this server yet", "tool_choice")
     if body.get("reasoning_effort") is not None:
         raise bad_request("reasoning_effort is not supported by this server yet", "reasoning_effort")
 

@@ -190,9 +190,10 @@ def test_a_bad_request_fails_alone(tiny_models: dict[str, Path], tmp_path: Path)
         run.submit(greedy(1, "go", 6), steering=(SteeringEntry(str(tmp_path / "missing.gguf")),))
         run.submit(greedy(2, "go", 6), speculative=SpeculativeParams(types=("draft-mtp",)))
         run.submit(greedy(3, "go", 6))
+        run.submit(Generate(4, prompt="go", sampling=GREEDY, max_tokens=6, tools='[{"type": "function"}]'))
         run.drain()
         failed = {e.request_id: e for e in run.events if isinstance(e, Failed)}
-        assert set(failed) == {1, 2} and "n-gram" in failed[2].message
+        assert set(failed) == {1, 2, 4} and "n-gram" in failed[2].message and "--parallel 1" in failed[4].message
         assert run.finished(3).stop_reason == "max_tokens"
 
 

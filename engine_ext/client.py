@@ -30,11 +30,13 @@ from engine_ext.protocol import (
     MakeControlVector,
     ModelInfo,
     Request,
+    SetQueueLimit,
     SetSpeculative,
     SetSteering,
     Shutdown,
     SpeculativeSet,
     SteeringSet,
+    Submit,
     Unloaded,
     UnloadModel,
     VectorMade,
@@ -288,6 +290,24 @@ class EngineClient:
                 return
             if isinstance(event, Failed) and event.request_id in (request.request_id, None):
                 return
+
+    def submit(
+        self,
+        request: Generate,
+        steering: tuple[SteeringEntry, ...] = (),
+        speculative: SpeculativeParams | None = None,
+    ) -> int:
+        """Send a parallel request (decoded in one batch with the others running) and return its request id; its
+        events carry that id (engine_ext.router hands them to its consumer). Ends with Finished, Failed, or Busy
+        when the queue of waiting requests is full."""
+        if request.request_id <= 0:
+            request = replace(request, request_id=self.new_request_id())
+        self.send(Submit(request, steering, speculative))
+        return request.request_id
+
+    def set_queue_limit(self, max_waiting: int) -> None:
+        """How many parallel requests may wait for a sequence; past it the worker answers Busy."""
+        self.send(SetQueueLimit(max_waiting))
 
     def set_speculative(self, params: SpeculativeParams) -> SpeculativeSet:
         """Configure speculative decoding for the loaded model (no types: off)."""

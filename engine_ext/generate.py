@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
@@ -27,14 +26,14 @@ from engine_ext.protocol import (
     SpeculativeStats,
     SpeculativeUpdate,
     StopReason,
-    TokenChunk,
     rejected_by,
 )
-from engine_ext.reply_stream import ReasoningSplitter, StopStringMatcher, Utf8StreamDecoder, prompt_opens_reasoning
+from engine_ext.reply_stream import prompt_opens_reasoning
 from engine_ext.sampling import Sampler
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
+from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
 from engine_ext.tool_calls import template_message, tools_of
 from engine_ext.tool_turn import ToolTurn
 
@@ -42,11 +41,7 @@ MAX_CHECKPOINTS = 8
 # Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
 # (built with Python's caches cold after a decode) and a message the UI draws.
 SPEC_UPDATE_INTERVAL_S = 0.5
-CHUNK_INTERVAL_S = 1 / 15  # coalesce streamed text: the pipe carries 15 messages/s at most (the UI draws 15/s)
 MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is trimmed to fit
-# Accepted runs at least this long are streamed in one go; shorter ones token by token, through the code the
-# step's first token just ran (right after llama_decode, fresh code costs cache misses more than the tokens do).
-BULK_RUN = 8
 PLAIN_PROBE_STEPS = 4  # plain steps a speculative reply takes under conditions plain decoding was not measured in
 
 
@@ -60,19 +55,13 @@ class PromptCancelled(Exception):
     n_cached = 0  # prompt tokens reused from the cache (evaluate_prompt sets it)
 
 
-@dataclass
-class PromptPlan:
-    tokens: list[int]
-    text: str | None  # the prompt's text when it has one (not for pre-tokenized prompts)
-    dropped_messages: int
-    opens_reasoning: bool
-    chat: bool
-    # Evaluate the last prompt token on its own, as a regenerate of this prompt will (so greedy replies
-    # repeat exactly); off for pre-tokenized benchmark prompts, measured as one batch like llama-bench.
-    split_last: bool = True
-    # The prompt ends inside the answer of a reply being continued: the reply goes on from there, leading space
-    # and all (a new reply's leading whitespace is dropped).
-    continues_answer: bool = False
+def feed_prompt_history(sampler: Sampler, prompt: Sequence[int]) -> None:
+    """Give a penalizing sampler the prompt's last tokens (repeat_last_n of them), as llama.cpp's samplers see them."""
+    params = sampler.params
+    if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+        window = params.repeat_last_n if params.repeat_last_n > 0 else len(prompt)
+        for t in prompt[-window:]:
+            sampler.accept(t)
 
 
 class Session:
@@ -90,7 +79,7 @@ class Session:
         # Recurrent/hybrid (and SWA) memories cannot be truncated at any position: keep checkpoints.
         self.uses_checkpoints = model.is_recurrent or model.is_hybrid
         self.spec: SpeculativeDriver | None = None
-        self.token_info = _TokenInfo(model)
+        self.token_info = TokenInfo(model)
         # Plain decoding's step time per (threads, others' load): speculation's speedup is measured against plain
         # decoding under the same conditions. `governor` (the worker's) sets the threads and says the conditions.
         self.baseline = PlainBaseline()
@@ -125,7 +114,7 @@ class Session:
         rest = text[len(best[0]) :]
         return list(best[1]) + self.model.tokenize(rest, add_special=False, parse_special=True)
 
-    def _add_anchor(self, text: str, tokens: Sequence[int]) -> None:
+    def add_anchor(self, text: str, tokens: Sequence[int]) -> None:
         if text:
             self.anchors = [a for a in self.anchors if a[0] != text]
             self.anchors.append((text, tuple(tokens)))
@@ -165,10 +154,13 @@ class Session:
                     return text[: cut + len(partial)], partial == content
         return text, False
 
-    def plan(self, request: Generate, cancelled: Callable[[], bool] | None = None) -> PromptPlan:
-        """Tokens to evaluate for a request, trimming the oldest turns when the context is too small; `cancelled`
-        can stop the chat template's rendering (ChatTemplateCancelled)."""
-        n_ctx = self.ctx.n_ctx
+    def plan(
+        self, request: Generate, cancelled: Callable[[], bool] | None = None, n_ctx: int | None = None
+    ) -> PromptPlan:
+        """Tokens to evaluate for a request, trimming the oldest turns when the context (`n_ctx`: the context's, or
+        what one parallel sequence may hold) is too small; `cancelled` can stop the chat template's rendering
+        (ChatTemplateCancelled)."""
+        n_ctx = self.ctx.n_ctx if n_ctx is None else n_ctx
         room = request.max_tokens if request.max_tokens > 0 else MIN_REPLY_ROOM
         budget = max(1, n_ctx - min(room, n_ctx // 2))
         if request.prompt_tokens is not None:
@@ -353,13 +345,9 @@ class Session:
             prompt_ms = (time.perf_counter() - t_prompt) * 1000.0
             emit(PromptEvaluated(request.request_id, len(plan.tokens), n_cached, self.ctx.n_ctx))
             if plan.text is not None:
-                self._add_anchor(plan.text, plan.tokens)
-            params = request.sampling
-            if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
-                window = params.repeat_last_n if params.repeat_last_n > 0 else len(plan.tokens)
-                for t in plan.tokens[-window:]:
-                    sampler.accept(t)
-            stream = _ReplyStream(self.model, request, plan, emit, self.token_info)
+                self.add_anchor(plan.text, plan.tokens)
+            feed_prompt_history(sampler, plan.tokens)
+            stream = ReplyStream(self.model, request, plan, emit, self.token_info)
             if spec is None:
                 loop = self._decode_plain(request, sampler, stream, cancelled, t_request)
             else:
@@ -397,7 +385,7 @@ class Session:
         self,
         request: Generate,
         sampler: Sampler,
-        stream: _ReplyStream,
+        stream: ReplyStream,
         cancelled: Callable[[], bool],
         t_request: float,
     ) -> _LoopResult:
@@ -468,7 +456,7 @@ class Session:
         self,
         request: Generate,
         sampler: Sampler,
-        stream: _ReplyStream,
+        stream: ReplyStream,
         cancelled: Callable[[], bool],
         t_request: float,
         spec: SpeculativeDriver,
@@ -598,7 +586,7 @@ class Session:
         n_prompt = len(plan.tokens)
         if plan.text is not None and len(self.cached) > n_prompt:
             reply = b"".join(map(self.token_info.piece, self.cached[n_prompt:]))
-            self._add_anchor(plan.text + reply.decode("utf-8", errors="replace"), self.cached)
+            self.add_anchor(plan.text + reply.decode("utf-8", errors="replace"), self.cached)
         self._checkpoint()
         n_ctx = self.ctx.n_ctx
         notices: tuple[str, ...] = ()
@@ -633,202 +621,3 @@ class _LoopResult:
     t_last: float
     ttft_ms: float
     speculative: SpeculativeStats | None
-
-
-class _TokenInfo:
-    """Each token's bytes and end-of-generation flag, asked of llama.cpp once per model (both are fixed).
-
-    The flags are kept as sets, so a whole run of tokens is checked with set operations, not a call per token.
-    """
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        self.pieces: dict[int, bytes] = {}
-        self.known: set[int] = set()  # tokens whose flag was asked
-        self.eog: set[int] = set()  # of those, the end-of-generation tokens
-
-    def piece(self, token: int) -> bytes:
-        piece = self.pieces.get(token)
-        if piece is None:
-            piece = self.pieces[token] = self.model.token_piece(token)
-        return piece
-
-    def pieces_of(self, tokens: Sequence[int]) -> list[bytes]:
-        """The bytes of each token (one llama.cpp call per token not seen before)."""
-        pieces = self.pieces
-        for token in set(tokens).difference(pieces):
-            pieces[token] = self.model.token_piece(token)
-        return list(map(pieces.__getitem__, tokens))
-
-    def is_eog(self, token: int) -> bool:
-        if token not in self.known:
-            self._ask(token)
-        return token in self.eog
-
-    def first_eog(self, tokens: Sequence[int], start: int = 0, stop: int | None = None) -> int:
-        """Index of the first end-of-generation token in tokens[start:stop]; `stop` (len(tokens)) when none."""
-        end = len(tokens) if stop is None else stop
-        rest = tokens[start:end]
-        if self.known.issuperset(rest) and self.eog.isdisjoint(rest):
-            return end
-        return next((i for i in range(start, end) if self.is_eog(tokens[i])), end)
-
-    def _ask(self, token: int) -> None:
-        if self.model.is_eog(token):
-            self.eog.add(token)
-        self.known.add(token)
-
-
-class _ReplyStream:
-    """Turns sampled tokens into TokenChunks: UTF-8 assembly, stop strings, reasoning split, coalescing."""
-
-    def __init__(
-        self,
-        model: Model,
-        request: Generate,
-        plan: PromptPlan,
-        emit: Callable[[Event], None],
-        token_info: _TokenInfo | None = None,
-    ) -> None:
-        info = token_info if token_info is not None else _TokenInfo(model)
-        self.info = info
-        self.emit = emit
-        self.request_id = request.request_id
-        self.ignore_eos = request.ignore_eos
-        self.is_eog = info.is_eog
-        self.piece = info.piece
-        self.utf8 = Utf8StreamDecoder()
-        self.stopper = StopStringMatcher(list(request.stop))
-        self.has_stops = any(request.stop)
-        self.splitter = (
-            ReasoningSplitter(starts_in_reasoning=plan.opens_reasoning, starts_in_answer=plan.continues_answer)
-            if plan.chat
-            else None
-        )
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.ids: list[int] = []
-        self.sources: list[str] = []
-        self.text_ends: list[int] = []  # per token: characters of answer text in this chunk once it was added
-        self.text_len = 0
-        self.last_flush = 0.0
-        self.stopped = False
-
-    def push(self, token: int, source: str, now: float) -> StopReason | None:
-        """Add one sampled token; returns why generation stops at it, if it does."""
-        if not self.ignore_eos and self.is_eog(token):
-            return "eos"
-        if self._add_token(token, source):
-            return "stop_string"
-        if now - self.last_flush >= CHUNK_INTERVAL_S:  # also true for the first token
-            self.flush(now)
-        return None
-
-    def push_many(self, tokens: Sequence[int], sources: Sequence[str], now: float) -> tuple[int, StopReason | None]:
-        """Add the tokens of one speculative step, sampled at `now`, exactly as push() one by one would.
-
-        Returns how many tokens were taken (the one generation stops at included) and why generation stops, if it
-        does. Only the first token can start a new chunk (the others share its `now`), so the others are added
-        without the flush check; a long run with neither stop strings nor a reasoning split, all at once.
-        """
-        if not tokens:
-            return 0, None
-        reason = self.push(tokens[0], sources[0], now)
-        n = len(tokens)
-        if reason is not None or n == 1:
-            return 1, reason
-        if n < BULK_RUN or self.has_stops or self.splitter is not None:
-            for i in range(1, n):
-                if not self.ignore_eos and self.is_eog(tokens[i]):
-                    return i + 1, "eos"
-                if self._add_token(tokens[i], sources[i]):
-                    return i + 1, "stop_string"
-            return n, None
-        end = n if self.ignore_eos else self.info.first_eog(tokens, 1)
-        if end > 1:
-            self._add_answer_run(tokens[1:end], sources[1:end])
-        return (end + 1, "eos") if end < n else (n, None)
-
-    def _add_answer_run(self, tokens: Sequence[int], sources: Sequence[str]) -> None:
-        """Add tokens whose text is all answer text as it comes (no stop strings, no reasoning split)."""
-        self.ids.extend(tokens)
-        self.sources.extend(sources)
-        pieces = self.info.pieces_of(tokens)
-        data = b"".join(pieces)
-        lengths: Iterable[int]
-        if data.isascii():
-            # ASCII completes each character at once, so a token's text is its piece; but an unfinished character
-            # held from before becomes U+FFFD, which the decoder gives with the first non-empty piece.
-            text = self.utf8.feed(data)
-            lengths = list(map(len, pieces))
-            if len(text) > len(data):
-                first = next(i for i, size in enumerate(lengths) if size)
-                lengths[first] += len(text) - len(data)
-        else:
-            texts = list(map(self.utf8.feed, pieces))
-            text = "".join(texts)
-            lengths = map(len, texts)
-        ends = list(accumulate(lengths, initial=self.text_len))
-        self.text_ends.extend(ends[1:])
-        self.text_len = ends[-1]
-        if text:
-            self.text.append(text)
-
-    def _add_token(self, token: int, source: str) -> bool:
-        """Add one token and its text; returns whether it completes a stop string."""
-        self.ids.append(token)
-        self.sources.append(source)
-        if self.has_stops:
-            text, stopped = self.stopper.feed(self.utf8.feed(self.piece(token)))
-        else:
-            text, stopped = self.utf8.feed(self.piece(token)), False
-        self._route(text)
-        self.text_ends.append(self.text_len)
-        if stopped:
-            self.stopped = True
-        return stopped
-
-    def _route(self, text: str) -> None:
-        if not text:
-            return
-        if self.splitter is None:
-            self._add(text)
-            return
-        for kind, part in self.splitter.feed(text):
-            self._add(part, reasoning=kind == "reasoning")
-
-    def _add(self, part: str, *, reasoning: bool = False) -> None:
-        if reasoning:
-            self.reasoning.append(part)
-        else:
-            self.text.append(part)
-            self.text_len += len(part)  # answer characters in this chunk so far (text_ends)
-
-    def flush(self, now: float | None = None) -> None:
-        if self.ids or self.text or self.reasoning:
-            self.emit(
-                TokenChunk(
-                    self.request_id,
-                    "".join(self.text),
-                    "".join(self.reasoning),
-                    tuple(self.ids),
-                    tuple(self.sources),
-                    tuple(self.text_ends),
-                )
-            )
-            self.text_ends.clear()
-            self.text_len = 0
-            self.text.clear()
-            self.reasoning.clear()
-            self.ids.clear()
-            self.sources.clear()
-        self.last_flush = time.perf_counter() if now is None else now
-
-    def finish(self) -> None:
-        """Emit whatever is held back (a partial stop-string prefix, an open reasoning block)."""
-        if not self.stopped:
-            self._route(self.stopper.feed(self.utf8.flush())[0] + self.stopper.flush())
-        if self.splitter is not None:
-            for kind, part in self.splitter.flush():
-                self._add(part, reasoning=kind == "reasoning")
-        self.flush()

@@ -355,6 +355,8 @@ class Context:
         cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
         cparams.n_seq_max = params.n_seq_max
         cparams.n_rs_seq = params.n_rs_seq
+        if params.n_seq_max > 1:
+            cparams.kv_unified = params.kv_unified
         # Outputs per sequence a backend sampler may sample in one batch (llama.h default 1): 0 lifts the limit to
         # n_outputs_max (= n_batch), so a greedy verify batch of any length samples on the backend. Nothing else
         # reads it (llama-context.cpp decode's check and the samplers' backend_init; greedy ignores it).
@@ -376,6 +378,8 @@ class Context:
         self._stack.callback(self._free_handle)
         self.n_ctx = int(C.llama_n_ctx(handle))
         self.n_batch = int(C.llama_n_batch(handle))
+        self.n_ctx_seq = int(C.llama_n_ctx_seq(handle))  # what one sequence may hold (n_ctx unless KV is split)
+        self.clears = 0  # times clear() dropped every sequence (parallel sequences know their memory is gone)
         self.memory: Any = C.llama_get_memory(handle)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._stack.callback(C.llama_batch_free, self._batch)
@@ -387,9 +391,9 @@ class Context:
         for i in range(n):
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-        self._batch_tokens = _array_at(batch.token, n)
-        self._batch_pos = _array_at(batch.pos, n)
-        self._batch_logits = _array_at(batch.logits, n)
+        self._batch_tokens = array_at(batch.token, n)
+        self._batch_pos = array_at(batch.pos, n)
+        self._batch_logits = array_at(batch.logits, n)
         # A greedy sampler chain attached to sequence 0 (llama.cpp backend sampling): while it is attached,
         # llama_decode samples every output row itself and copies no logits (llama_get_sampled_token_ith).
         self._greedy_chain: Any = None
@@ -492,6 +496,7 @@ class Context:
 
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)
+        self.clears += 1
 
     def truncate(self, n_keep: int) -> bool:
         """Drop positions ≥ n_keep from sequence 0; False when the memory cannot (recurrent state)."""
@@ -534,7 +539,7 @@ class Context:
         return float(data.t_p_eval_ms), float(data.t_eval_ms), int(data.n_p_eval), int(data.n_eval)
 
 
-def _array_at(pointer: Any, length: int) -> Any:
+def array_at(pointer: Any, length: int) -> Any:
     """A ctypes array of `length` items over the buffer a ctypes pointer points to (no copy)."""
     return ctypes.cast(pointer, ctypes.POINTER(pointer._type_ * length)).contents
 

@@ -91,6 +91,9 @@ class ContextParams:
     type_v: str = s.TYPE_V.default
     n_seq_max: int = 1
     n_rs_seq: int = 0  # recurrent-state rollback depth (speculative decoding on GDN/Mamba models)
+    # With n_seq_max > 1 (parallel sequences): one KV buffer shared by all sequences (llama.cpp --kv-unified, what
+    # llama-server's default -np takes), so a sequence can share another's prompt prefix; False: n_ctx / n_seq_max each.
+    kv_unified: bool = True
 
     def validate(self) -> None:
         """Refuse values llama.cpp would reject or abort on."""

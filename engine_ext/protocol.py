@@ -7,7 +7,7 @@ from typing import Final, Literal
 
 from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams, SteeringEntry
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: parallel requests (Submit, SetQueueLimit, Busy)
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 
@@ -58,6 +58,27 @@ class Generate:
 
 
 @dataclass(frozen=True)
+class Submit:
+    """One generation among parallel ones (an API server's request): decoded in one batch with the others that run,
+    each sequence with its own sampler, steering mix and n-gram drafting; its events carry `request.request_id`.
+
+    Refused with a Busy event when the queue of requests waiting for a sequence is full (SetQueueLimit). `steering`
+    is this request's control-vector mix (empty: none), whatever SetSteering applied for Generate; `speculative`
+    its n-gram drafting (None: none)."""
+
+    request: Generate
+    steering: tuple[SteeringEntry, ...] = ()
+    speculative: SpeculativeParams | None = None
+
+
+@dataclass(frozen=True)
+class SetQueueLimit:
+    """The most Submit requests that wait for a free sequence; past it a request is refused (Busy)."""
+
+    max_waiting: int
+
+
+@dataclass(frozen=True)
 class SetSpeculative:
     """Configure speculative decoding for the loaded model (no types: off); answered by SpeculativeSet."""
 
@@ -99,7 +120,17 @@ class Shutdown:
 
 
 Request = (
-    LoadModel | UnloadModel | Generate | SetSpeculative | SetSteering | MakeControlVector | Cancel | Inspect | Shutdown
+    LoadModel
+    | UnloadModel
+    | Generate
+    | Submit
+    | SetQueueLimit
+    | SetSpeculative
+    | SetSteering
+    | MakeControlVector
+    | Cancel
+    | Inspect
+    | Shutdown
 )
 
 
@@ -355,6 +386,17 @@ class Finished:
 
 
 @dataclass(frozen=True)
+class Busy:
+    """A Submit refused: `waiting` requests already wait for one of `slots` sequences (the queue's bound). The
+    request never started; an API server answers 503 with Retry-After `retry_after_s`."""
+
+    request_id: int
+    waiting: int
+    slots: int
+    retry_after_s: int = 1
+
+
+@dataclass(frozen=True)
 class Failed:
     request_id: int | None
     error: str  # exception class name
@@ -448,6 +490,7 @@ Event = (
     | PromptEvaluated
     | TokenChunk
     | Finished
+    | Busy
     | Failed
     | Inspected
     | SpeculativeSet

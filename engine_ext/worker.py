@@ -28,11 +28,13 @@ from engine_ext.protocol import (
     MakeControlVector,
     ModelInfo,
     Request,
+    SetQueueLimit,
     SetSpeculative,
     SetSteering,
     Shutdown,
     SpeculativeSet,
     SteeringSet,
+    Submit,
     ThreadsChanged,
     Unloaded,
     UnloadModel,
@@ -99,6 +101,8 @@ class Worker:
         self.skip_bufts = skip_bufts
         self.no_repack = False  # an engine without patch 0004 kept a buffer type it was to leave out: none at all
         self.extra_bufts: tuple[str, ...] = ()  # the CPU extra buffer types weights are repacked for
+        self.scheduler: Any = None  # engine_ext.parallel.ParallelScheduler once a Submit came for the loaded model
+        self.max_waiting: int | None = None  # SetQueueLimit's bound (None: the scheduler's default)
 
     def send(self, event: Event) -> None:
         self.conn.send(event)
@@ -118,6 +122,15 @@ class Worker:
         self.extra_bufts = extra_bufts
         self.send(Hello(PROTOCOL_VERSION, os.getpid(), _llama_cpp_version(), info, extra_bufts, gpu_devices))
         while not self.shutting_down:
+            scheduler = self.scheduler
+            if scheduler is not None:
+                # Parallel requests take turns with the rest: anything else waits until the running ones are done
+                # (no new ones join meanwhile), then runs on the context on its own.
+                scheduler.admitting = not self.backlog
+                if scheduler.busy:
+                    self._parallel_step(scheduler)
+                    continue
+                scheduler.release()
             request = self.backlog.popleft() if self.backlog else self._recv()
             if request is None:
                 break
@@ -130,8 +143,35 @@ class Worker:
         except (EOFError, OSError):
             return None  # the client went away
 
+    def _parallel_step(self, scheduler: Any) -> None:
+        """One step of the parallel sequences, after the pipe is drained: a Cancel stops its request at this step."""
+        if not scheduler.active:
+            mixer = self.mixer
+            scheduler.activate(mixer.active.entries if mixer is not None and mixer.active is not None else ())
+        conn = self.conn
+        while conn.poll(0):
+            try:
+                incoming = conn.recv()
+            except (EOFError, OSError):
+                incoming = Shutdown()
+            if isinstance(incoming, Submit | SetQueueLimit | Cancel | Inspect):
+                self.handle(incoming)
+            elif isinstance(incoming, Shutdown):
+                self.shutting_down = True
+            else:
+                self.backlog.append(incoming)
+        if self.shutting_down:
+            return
+        try:
+            scheduler.step()
+        except Exception as exc:  # a bug: its requests fail, the worker keeps serving
+            traceback.print_exc()
+            scheduler.fail_all(exc)
+
     def handle(self, request: Request) -> None:
         request_id = request.request_id if isinstance(request, Generate) else None
+        if isinstance(request, Submit):
+            request_id = request.request.request_id
         try:
             if isinstance(request, LoadModel):
                 self.load(request)
@@ -140,6 +180,12 @@ class Worker:
                 self.send(Unloaded())
             elif isinstance(request, Generate):
                 self.generate(request)
+            elif isinstance(request, Submit):
+                self.submit(request)
+            elif isinstance(request, SetQueueLimit):
+                self.max_waiting = max(0, request.max_waiting)
+                if self.scheduler is not None:
+                    self.scheduler.max_waiting = self.max_waiting
             elif isinstance(request, SetSpeculative):
                 self.set_speculative(request)
             elif isinstance(request, SetSteering):
@@ -153,7 +199,8 @@ class Worker:
             elif isinstance(request, Shutdown):
                 self.shutting_down = True
             elif isinstance(request, Cancel):
-                pass  # arrived after its generation finished
+                if self.scheduler is not None:  # else it arrived after its generation finished
+                    self.scheduler.cancel(request.request_id)
             else:
                 self.send(Failed(None, "ProtocolError", f"unknown request {type(request).__name__}"))
         except Exception as exc:  # every error becomes an event; the worker keeps serving
@@ -165,6 +212,36 @@ class Worker:
             self.send(Failed(request_id, type(exc).__name__, message))
 
     # ----- requests ---------------------------------------------------------------------------------
+
+    def submit(self, request: Submit) -> None:
+        from engine_ext.params import EngineError
+
+        if self.session is None:
+            raise EngineError("no model is loaded")
+        if self.scheduler is None:
+            self._new_scheduler()
+        self.scheduler.submit(request)
+
+    def _new_scheduler(self) -> None:
+        """A scheduler for the session's context; requests waiting in the one it replaces wait in it."""
+        from engine_ext.parallel import ParallelScheduler
+
+        old = self.scheduler
+        scheduler = ParallelScheduler(self.session, self.send, fixed_steering=self.fresh_steering)
+        if self.max_waiting is not None:
+            scheduler.max_waiting = self.max_waiting
+        if old is not None:
+            scheduler.take_waiting(old)
+            old.close()
+        self.scheduler = scheduler
+
+    def _drop_scheduler(self, why: str) -> None:
+        from engine_ext.params import EngineError
+
+        if self.scheduler is not None:
+            self.scheduler.fail_all(EngineError(why))
+            self.scheduler.close()
+            self.scheduler = None
 
     def load(self, request: LoadModel) -> None:
         from engine_ext.bindings import C
@@ -306,6 +383,8 @@ class Worker:
 
             set_threads(self.session.governor.current)
         self.session.reset_cache()
+        if self.scheduler is not None:
+            self._new_scheduler()
         print(f"--- {FRESH_CONTEXT_LOG} {why} (the target is on {', '.join(self.device_backends)})", flush=True)
         try:
             if self.mixer is not None:
@@ -373,6 +452,7 @@ class Worker:
         self.send(VectorMade(str(path), len(vector.directions), len(prompt_set.pairs), time.perf_counter() - t0))
 
     def unload(self) -> None:
+        self._drop_scheduler("the model was unloaded before this request ran")
         self.mixer = None
         self.spec_params = None
         self.device_backends = ()
@@ -413,6 +493,10 @@ class Worker:
                 if isinstance(incoming, Cancel):
                     if incoming.request_id == request.request_id:
                         cancelled[0] = True
+                    elif self.scheduler is not None:
+                        self.scheduler.cancel(incoming.request_id)
+                elif isinstance(incoming, Submit | SetQueueLimit):
+                    self.handle(incoming)  # queued (or refused) now; parallel requests run after this one
                 elif isinstance(incoming, Shutdown):
                     self.shutting_down = True
                     cancelled[0] = True

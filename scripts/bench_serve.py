@@ -9,6 +9,9 @@
   overhead (HTTP, JSON, the queue, the pipe to the worker).
 
 Same model, threads and machine for both; rounds alternate engine and API so a change in load hits both.
+
+With `--parallel N` the server runs `serve --parallel N` and each round adds N concurrent streaming clients: their
+total decode tok/s (tokens after the last first token, over the time from it to the last token) ÷ one client's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2 as httpx
@@ -61,15 +65,21 @@ def engine_run(model: str, threads: int, n_gen: int) -> float:
     return float(json.loads(out.stdout)["stats"]["decode_tps"])
 
 
-def api_round(http: httpx.Client, base: str, n_gen: int) -> tuple[float, float, float]:
-    """(client-side decode tok/s, server-reported decode tok/s, TTFT overhead ms) for one streamed reply."""
-    body = {
+def chat_body(n_gen: int, **extra: object) -> dict[str, object]:
+    """The benchmark's streamed greedy chat request, `n_gen` tokens whatever the model says."""
+    body: dict[str, object] = {
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": n_gen,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
     }
+    return body | extra
+
+
+def api_round(http: httpx.Client, base: str, n_gen: int) -> tuple[float, float, float]:
+    """(client-side decode tok/s, server-reported decode tok/s, TTFT overhead ms) for one streamed reply."""
+    body = chat_body(n_gen)
     start = time.perf_counter()
     first = last = 0.0
     tokens = 0
@@ -90,19 +100,49 @@ def api_round(http: httpx.Client, base: str, n_gen: int) -> tuple[float, float, 
     return client_tps, float(timings["predicted_per_second"]), overhead_ms
 
 
+def concurrent_round(base: str, n_clients: int, n_gen: int) -> float:
+    """Total decode tok/s of `n_clients` streaming at once: the tokens that arrive once every client has its first,
+    over the time from then to the last token (each client's tokens timed as they arrive)."""
+
+    def stream(http: httpx.Client) -> list[float]:
+        body = chat_body(n_gen, return_provenance=True)  # one entry per token: a chunk holds up to 1/15 s of them
+        arrivals: list[float] = []
+        with http.stream("POST", f"{base}/v1/chat/completions", json=body) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:])["choices"]
+                    n_tokens = len(choices[0].get("provenance", ())) if choices else 0
+                    arrivals += [time.perf_counter()] * n_tokens
+        return arrivals
+
+    clients = [httpx.Client(timeout=600) for _ in range(n_clients)]
+    try:
+        with ThreadPoolExecutor(n_clients) as pool:
+            arrivals = list(pool.map(stream, clients))
+    finally:
+        for http in clients:
+            http.close()
+    start = max(a[0] for a in arrivals)
+    end = max(a[-1] for a in arrivals)
+    tokens = sum(1 for a in arrivals for t in a if t > start)
+    return tokens / (end - start) if end > start else 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", default="starter")
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("-n", "--n-gen", type=int, default=128)
     parser.add_argument("-r", "--rounds", type=int, default=3)
+    parser.add_argument("--parallel", type=int, default=1, help="serve --parallel N, and N concurrent clients")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, LLMTUI_ADAPTIVE_THREADS="off")
     server = subprocess.Popen(
-        llmtui("serve", "-m", args.model, "-t", str(args.threads), "--port", str(port), "-c", "4096"),
+        llmtui("serve", "-m", args.model, "-t", str(args.threads), "--port", str(port), "-c", str(4096 * args.parallel))
+        + ["--parallel", str(args.parallel)],
         cwd=ROOT,
         env=env,
         stderr=subprocess.DEVNULL,
@@ -124,8 +164,10 @@ def main() -> int:
         # and a connection before it sends anything: that is the client's time, not the server's).
         http = httpx.Client(timeout=600)
         api_round(http, base, 16)  # warm-up
-        engine, run, client, reported, overhead = [], [], [], [], []
+        engine, run, client, reported, overhead, together = [], [], [], [], [], []
         for _ in range(args.rounds):
+            if args.parallel > 1:
+                together.append(concurrent_round(base, args.parallel, args.n_gen))
             engine.append(engine_tg(args.model, args.threads, args.n_gen))
             run.append(engine_run(args.model, args.threads, args.n_gen))
             c, r, o = api_round(http, base, args.n_gen)
@@ -147,6 +189,11 @@ def main() -> int:
     print(f"{'API, server timings':34}{statistics.median(reported):10.1f}{statistics.median(reported) / tg:8.3f}")
     print(f"API client ÷ llmtui run: {statistics.median(client) / r:.3f}")
     print(f"time to first token overhead (client − engine): {statistics.median(overhead):.1f} ms")
+    if together:
+        t = statistics.median(together)
+        print(
+            f"{args.parallel} concurrent clients, total decode: {t:.1f} tok/s, {t / statistics.median(client):.2f}x one"
+        )
     return 0
 
 

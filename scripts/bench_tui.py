@@ -158,8 +158,8 @@ class SyntheticClient:
 
     def _stream_steady(self, request_id: int) -> None:
         """A token every 1/base_rate s, sent in chunks as the worker sends them (CHUNK_INTERVAL_S apart)."""
-        from engine_ext.generate import CHUNK_INTERVAL_S
         from engine_ext.protocol import Finished, GenerationStats, TokenChunk
+        from engine_ext.token_stream import CHUNK_INTERVAL_S
 
         text = synthetic_markdown(random.Random(7), int(self.seconds * self.base_rate * 5))
         pieces = [text[i : i + 4] for i in range(0, len(text), 4)]

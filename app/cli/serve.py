@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from app.cli.engine_args import (
@@ -25,6 +26,7 @@ from app.models import resolve_model
 from app.server.requests import Limits
 from app.server.shared import loopback
 from app.settings_schema import SERVER_HOST, SERVER_PORT
+from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
 
 DEFAULT_PORT = SERVER_PORT.default
 
@@ -36,6 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.server.asgi import build_app
     from app.server.backend import EngineBackend, ServerSettings
     from app.server.metrics import Metrics
+    from app.server.parallel_backend import ParallelBackend
 
     api_key = _api_key(args.api_key_env)
     if not loopback(args.host) and not api_key:
@@ -49,6 +52,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     spec.validate()
     model = model_params(args, spec, path)
     context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
+    if args.parallel > 1:
+        model_drafters = [t for t in spec.types if t not in NGRAM_TYPES]
+        if model_drafters:
+            raise CliError(
+                f"--parallel {args.parallel} drafts with the n-gram types only ({', '.join(NGRAM_TYPES)}), not "
+                f"{SPEC_TYPE.flag} {model_drafters[0]}: use --parallel 1 for a draft model"
+            )
+        context = replace(context, n_seq_max=args.parallel)  # llama-server's -np: n_ctx is shared by them
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
     vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
@@ -73,9 +84,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             vectors=vectors,
             limits=Limits(max_tokens=min(args.max_tokens, info.n_ctx) if args.max_tokens else 0),
             queue=args.queue,
+            slots=args.parallel,
         )
         metrics = Metrics()
-        backend = EngineBackend(client, settings, metrics, restart)
+        backend_type = ParallelBackend if args.parallel > 1 else EngineBackend
+        backend = backend_type(client, settings, metrics, restart)
         app = build_app(backend, metrics, api_key=api_key, cors=tuple(args.cors))
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"llmtui serve: http://{host}:{args.port}/v1 serving {settings.model_id}", file=sys.stderr, flush=True)
@@ -129,6 +142,13 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     serve.add_argument(
         "--max-tokens", type=int_range(0, 1 << 24), default=0, help="most tokens one reply may ask for (0: context)"
+    )
+    serve.add_argument(
+        "-np",
+        "--parallel",
+        type=int_range(1, 64),
+        default=1,
+        help="requests decoded together in one batch (llama-server's -np; the context is shared by them; default 1)",
     )
     add_spec_args(serve)
     add_control_vector_args(serve)

@@ -89,7 +89,7 @@ def build_app(
         return b"".join(chunks)
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse(metrics.health())
 
     async def models(request: Request) -> Response:
         return JSONResponse(

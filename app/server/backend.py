@@ -41,6 +41,7 @@ class ServerSettings:
     vectors: Mapping[str, str] = field(default_factory=dict)  # name → file: the only vectors a request can name
     limits: Limits = Limits()
     queue: int = 16  # requests waiting beyond the one generating; past it: 503
+    slots: int = 1  # requests decoded together (serve --parallel; more than 1: app.server.parallel_backend)
 
 
 @dataclass

@@ -28,9 +28,10 @@ class _Totals:
 class Metrics:
     """Thread-safe counters: the backend's thread adds, the HTTP handlers read."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 1) -> None:
         self._lock = threading.Lock()
         self._t = _Totals()
+        self.slots = slots  # requests the engine decodes together (serve --parallel)
 
     def request(self) -> None:
         with self._lock:
@@ -71,6 +72,15 @@ class Metrics:
         with self._lock:
             return self._t.processing + self._t.deferred
 
+    def health(self) -> dict[str, object]:
+        """`GET /health` as llama-server answers it; with parallel slots, their counts as llama-server gave them
+        (`slots_idle`, `slots_processing`). One slot answers as it always did."""
+        if self.slots == 1:
+            return {"status": "ok"}
+        with self._lock:
+            processing = self._t.processing
+        return {"status": "ok", "slots_idle": max(0, self.slots - processing), "slots_processing": processing}
+
     def render(self) -> str:
         with self._lock:
             t = _Totals(**vars(self._t))
@@ -93,6 +103,7 @@ class Metrics:
             ),
             ("llamacpp:requests_processing", "gauge", "Requests being generated.", t.processing),
             ("llamacpp:requests_deferred", "gauge", "Requests waiting for the engine.", t.deferred),
+            ("llmtui_slots", "gauge", "Requests the engine decodes together (--parallel).", self.slots),
             ("llmtui_requests_total", "counter", "Requests answered or refused.", t.requests),
             ("llmtui_requests_refused_total", "counter", "Requests refused (4xx, 503).", t.refused),
             ("llmtui_requests_failed_total", "counter", "Requests the engine failed.", t.failed),

@@ -215,7 +215,7 @@ def test_push_many_streams_a_step_as_push_does_token_by_token(
 ) -> None:
     import random
 
-    from engine_ext.generate import PromptPlan, _ReplyStream, _TokenInfo
+    from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
 
     vocab = _FakeVocab()
     request = Generate(request_id=1, prompt="p", stop=stop, ignore_eos=ignore_eos)
@@ -224,8 +224,8 @@ def test_push_many_streams_a_step_as_push_does_token_by_token(
         streams, results = [], []
         for batched in (False, True):
             chunks: list[TokenChunk] = []
-            info = _TokenInfo(vocab)  # type: ignore[arg-type]
-            stream = _ReplyStream(vocab, request, plan, chunks.append, info)  # type: ignore[arg-type]
+            info = TokenInfo(vocab)  # type: ignore[arg-type]
+            stream = ReplyStream(vocab, request, plan, chunks.append, info)  # type: ignore[arg-type]
             outcomes = []
             rng = random.Random(trial)  # the same steps for both streams
             now = 0.0

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2 as httpx
@@ -35,7 +36,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("serve")
+    with running_server(tmp_path_factory.mktemp("serve")) as base:
+        yield base
+
+
+@contextmanager
+def running_server(root: Path, *extra_args: str) -> Iterator[str]:
+    """`llmtui serve` on the starter model (greedy, 2 threads, a 2048 context, the control vector `tilt`, API key
+    KEY) with `extra_args`, in its own HOME under `root`; yields its base URL once /health answers."""
     vector = root / "tilt.gguf"
     rng = np.random.default_rng(5)
     directions = {il: rng.normal(size=STARTER_EMBD).astype(np.float32) for il in range(1, STARTER_LAYERS)}
@@ -56,7 +64,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     args = ["serve", "-m", "starter", "-t", "2", "--port", str(port), "--api-key-env", "SERVE_TEST_KEY"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", *args, "--control-vector", str(vector), "--temp", "0", "-c", "2048"],
+        [sys.executable, "-m", "app", *args, "--control-vector", str(vector), "--temp", "0", "-c", "2048", *extra_args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

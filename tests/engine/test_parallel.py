@@ -1,0 +1,276 @@
+"""Parallel sequences (engine_ext.parallel): each sequence's greedy reply equals the same request run alone, with its
+own steering mix and its own n-gram drafting; joining, leaving, cancelling, prefix sharing, the queue's bound; and
+the worker and router end to end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.models import starter_model_path
+from engine_ext.client import EngineClient
+from engine_ext.generate import Session
+from engine_ext.model import Context, Model
+from engine_ext.parallel import ParallelScheduler
+from engine_ext.params import GREEDY, ContextParams, SamplingParams, SpeculativeParams, SteeringEntry
+from engine_ext.protocol import (
+    Busy,
+    Event,
+    Failed,
+    Finished,
+    Generate,
+    PromptEvaluated,
+    Submit,
+    TokenChunk,
+)
+from engine_ext.router import RequestRouter
+from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+from engine_ext.steering.mixer import SteeringMixer
+
+MAX_STEPS = 5000  # every loop below is bounded: a scheduler that never drains fails the test instead of hanging
+YES_NO = 'root ::= " yes" | " no"'  # a grammar: the reply is one of these, then the end of generation
+PROMPTS = ("go", "word1 word2 word3", "a b c d e f", "the end")
+
+
+@contextmanager
+def open_session(path: Path, n_seq: int = 1, n_ctx: int = 1024) -> Iterator[Session]:
+    model = Model(path)
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=256, n_threads=2, n_seq_max=n_seq))
+    try:
+        yield Session(model, ctx)
+    finally:
+        ctx.close()
+        model.close()
+
+
+def alone(session: Session, request: Generate, steering: tuple[SteeringEntry, ...] = ()) -> list[int]:
+    """The request's tokens on the single-sequence path (a fresh cache, the mix applied to the whole context)."""
+    session.reset_cache()
+    mixer = SteeringMixer(session.model, session.ctx)
+    mixer.apply(steering)
+    tokens: list[int] = []
+    try:
+        session.generate(request, lambda e: tokens.extend(e.token_ids) if isinstance(e, TokenChunk) else None, no)
+    finally:
+        mixer.clear()
+    return tokens
+
+
+def no() -> bool:
+    return False
+
+
+class Run:
+    """A scheduler over a session, stepped until it drains; events collected per request."""
+
+    def __init__(self, session: Session) -> None:
+        self.events: list[Event] = []
+        self.scheduler = ParallelScheduler(session, self.events.append)
+        self.scheduler.activate(())
+
+    def submit(self, request: Generate, **kwargs: object) -> None:
+        self.scheduler.submit(Submit(request, **kwargs))  # type: ignore[arg-type]
+
+    def drain(self) -> None:
+        for _ in range(MAX_STEPS):
+            if not self.scheduler.busy:
+                return
+            self.scheduler.step()
+        raise AssertionError(f"the scheduler still had work after {MAX_STEPS} steps")
+
+    def tokens(self, request_id: int) -> list[int]:
+        return [t for e in self.events if isinstance(e, TokenChunk) and e.request_id == request_id for t in e.token_ids]
+
+    def finished(self, request_id: int) -> Finished:
+        done = [e for e in self.events if isinstance(e, Finished) and e.request_id == request_id]
+        assert len(done) == 1, self.events
+        return done[0]
+
+
+def greedy(request_id: int, prompt: str, n: int = 16) -> Generate:
+    return Generate(request_id, prompt=prompt, sampling=GREEDY, max_tokens=n, ignore_eos=True)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen35"])  # a KV cache, and a hybrid recurrent memory
+def test_each_parallel_greedy_reply_equals_the_request_alone(tiny_models: dict[str, Path], kind: str) -> None:
+    requests = [greedy(i + 1, p, 12 + 3 * i) for i, p in enumerate(PROMPTS)]
+    with open_session(tiny_models[kind]) as single:
+        expected = [alone(single, r) for r in requests]
+    with open_session(tiny_models[kind], n_seq=4) as session:
+        run = Run(session)
+        for r in requests:
+            run.submit(r)
+        run.drain()
+        for r, want in zip(requests, expected, strict=True):
+            assert run.tokens(r.request_id) == want
+            done = run.finished(r.request_id)
+            assert done.stop_reason == "max_tokens" and done.stats.generated_tokens == r.max_tokens
+            assert done.stats.n_ctx == 1024 // 4  # each sequence holds its share of the cells
+
+
+def test_on_the_starter_model(tmp_path: Path) -> None:
+    path = starter_model_path()
+    if path is None:
+        pytest.skip("the starter model package is not installed")
+    requests = [
+        greedy(1, "The capital of France is", 10),
+        greedy(2, "Once upon a time", 10),
+        greedy(3, "def fibonacci(n):", 10),
+        Generate(4, prompt="Is the sky blue? Answer:", sampling=GREEDY, max_tokens=10, grammar=YES_NO),
+    ]
+    with open_session(path) as single:
+        expected = [alone(single, r) for r in requests]
+    with open_session(path, n_seq=4, n_ctx=2048) as session:
+        run = Run(session)
+        for r in requests:
+            run.submit(r)
+        run.drain()
+        assert [run.tokens(r.request_id) for r in requests] == expected
+        assert run.finished(4).stop_reason == "eos" and 1 <= len(expected[3]) <= 3  # the grammar held the reply
+
+
+def test_requests_join_and_leave_between_steps_and_reuse_a_shared_prefix(tiny_models: dict[str, Path]) -> None:
+    first, later = greedy(1, "word1 word2 word3 word4 word5", 30), greedy(2, "word1 word2 word3 word4 go", 8)
+    with open_session(tiny_models["llama"]) as single:
+        expected = [alone(single, first), alone(single, later)]
+    with open_session(tiny_models["llama"], n_seq=2) as session:
+        run = Run(session)
+        run.submit(first)
+        for _ in range(6):
+            run.scheduler.step()
+        assert run.tokens(1) and run.scheduler.running == 1
+        run.submit(later)  # joins while the first runs, and copies the first's prompt prefix (llama_memory_seq_cp)
+        run.drain()
+        assert run.tokens(1) == expected[0] and run.tokens(2) == expected[1]
+        cached = [e.prompt_tokens_cached for e in run.events if isinstance(e, PromptEvaluated) and e.request_id == 2]
+        assert cached and cached[0] > 0
+        assert run.finished(2).stats.prompt_tokens_cached == cached[0]
+
+
+def test_cancel_stops_one_request_at_the_next_step(tiny_models: dict[str, Path]) -> None:
+    with open_session(tiny_models["llama"], n_seq=2) as session:
+        run = Run(session)
+        run.submit(greedy(1, "go", 200))
+        run.submit(greedy(2, "the end", 20))
+        for _ in range(4):
+            run.scheduler.step()
+        job = next(s.job for s in run.scheduler.slots if s.job is not None and s.job.request_id == 1)
+        n_before = job.n_generated
+        assert n_before > 0
+        assert run.scheduler.cancel(1)
+        run.scheduler.step()
+        done = run.finished(1)
+        assert done.stop_reason == "cancelled" and done.stats.generated_tokens == n_before == len(run.tokens(1))
+        run.drain()
+        assert run.finished(2).stop_reason == "max_tokens" and len(run.tokens(2)) == 20
+        assert not run.scheduler.cancel(1)  # ended: nothing to cancel
+
+
+def test_the_queue_is_bounded_and_a_waiting_request_can_be_cancelled(tiny_models: dict[str, Path]) -> None:
+    with open_session(tiny_models["llama"], n_seq=1) as session:
+        run = Run(session)
+        run.scheduler.max_waiting = 2
+        for i in range(4):
+            run.submit(greedy(i + 1, "go", 4))
+        busy = [e for e in run.events if isinstance(e, Busy)]
+        assert [b.request_id for b in busy] == [4] and busy[0].waiting == 2 and busy[0].slots == 1
+        assert run.scheduler.cancel(2)
+        assert run.finished(2).stop_reason == "cancelled" and run.finished(2).stats.generated_tokens == 0
+        run.drain()
+        assert run.finished(1).stop_reason == "max_tokens"
+
+
+def test_a_bad_request_fails_alone(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    with open_session(tiny_models["llama"], n_seq=2) as session:
+        run = Run(session)
+        run.submit(greedy(1, "go", 6), steering=(SteeringEntry(str(tmp_path / "missing.gguf")),))
+        run.submit(greedy(2, "go", 6), speculative=SpeculativeParams(types=("draft-mtp",)))
+        run.submit(greedy(3, "go", 6))
+        run.submit(Generate(4, prompt="go", sampling=GREEDY, max_tokens=6, tools='[{"type": "function"}]'))
+        run.drain()
+        failed = {e.request_id: e for e in run.events if isinstance(e, Failed)}
+        assert set(failed) == {1, 2, 4} and "n-gram" in failed[2].message and "--parallel 1" in failed[4].message
+        assert run.finished(3).stop_reason == "max_tokens"
+
+
+def random_vector(model: Model, seed: int) -> ControlVector:
+    rng = np.random.default_rng(seed)
+    return ControlVector({il: rng.normal(size=model.n_embd).astype(np.float32) for il in range(1, model.n_layer)})
+
+
+def test_no_request_sees_another_requests_steering(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    with open_session(tiny_models["llama"]) as single:
+        happy = str(write_control_vector(random_vector(single.model, 1), tmp_path / "a.gguf"))
+        sad = str(write_control_vector(random_vector(single.model, 2), tmp_path / "b.gguf"))
+        mixes: list[tuple[SteeringEntry, ...]] = [(), (SteeringEntry(happy, 4.0),), (SteeringEntry(sad, -4.0),), ()]
+        requests = [greedy(i + 1, p, 24) for i, p in enumerate(PROMPTS)]
+        expected = [alone(single, r, m) for r, m in zip(requests, mixes, strict=True)]
+        plain = [alone(single, r) for r in requests]
+    assert expected[1] != plain[1] and expected[2] != plain[2]  # the vectors change these replies
+    with open_session(tiny_models["llama"], n_seq=4) as session:
+        run = Run(session)
+        for r, m in zip(requests, mixes, strict=True):
+            run.submit(r, steering=m)
+        run.drain()
+        assert [run.tokens(r.request_id) for r in requests] == expected
+        assert run.scheduler.applied_mix in mixes
+
+
+def test_ngram_drafting_per_sequence_keeps_greedy_output(tiny_models: dict[str, Path]) -> None:
+    repeated = " ".join(["word1 word2 word3 word4"] * 6)
+    requests = [greedy(1, repeated, 96), greedy(2, "go", 20), greedy(3, repeated + " word1", 80)]
+    with open_session(tiny_models["llama"]) as single:
+        expected = [alone(single, r) for r in requests]
+    with open_session(tiny_models["llama"], n_seq=4) as session:
+        run = Run(session)  # each request with its own drafter type, one without
+        run.submit(requests[0], speculative=SpeculativeParams(types=("ngram-mod",)))
+        run.submit(requests[1])
+        run.submit(requests[2], speculative=SpeculativeParams(types=("ngram-map-k",), fixed_length=True))
+        run.drain()
+        assert [run.tokens(r.request_id) for r in requests] == expected
+        for request_id in (1, 3):  # a greedy tiny model falls into a loop: its own text is drafted and accepted
+            stats = run.finished(request_id).speculative
+            assert stats is not None and stats.drafted > 0 and stats.accepted > 0
+            assert stats.acceptance_per_position and stats.acceptance_per_position[0] > 0
+        assert run.finished(2).speculative is None
+
+
+def test_sampled_requests_follow_their_own_seed(tiny_models: dict[str, Path]) -> None:
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    request = Generate(1, prompt="go", sampling=sampling, max_tokens=20, ignore_eos=True)
+    with open_session(tiny_models["llama"]) as single:
+        expected = alone(single, request)
+    with open_session(tiny_models["llama"], n_seq=3) as session:
+        run = Run(session)
+        run.submit(request)
+        run.submit(greedy(2, "the end", 20))
+        run.submit(Generate(3, prompt="go", sampling=sampling, max_tokens=20, ignore_eos=True))
+        run.drain()
+        assert run.tokens(1) == expected == run.tokens(3)
+
+
+def test_worker_and_router_route_parallel_requests(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    with EngineClient(tmp_path / "engine.log") as client:
+        client.start()
+        client.load(tiny_models["llama"], context=ContextParams(n_ctx=1024, n_threads=2, n_seq_max=2))
+        router = RequestRouter(client)
+        try:
+            client.set_queue_limit(1)
+            ids = [router.submit(greedy(0, p, 12)) for p in PROMPTS]  # 2 run, 1 waits, 1 is refused
+            outcomes: dict[int, list[Event]] = {i: list(router.events(i, timeout=120)) for i in ids}
+            last = {i: events[-1] for i, events in outcomes.items()}
+            assert [type(e).__name__ for e in last.values()].count("Busy") == 1
+            finished = [i for i, e in last.items() if isinstance(e, Finished)]
+            assert len(finished) == 3
+            for i in finished:
+                chunks = [e for e in outcomes[i] if isinstance(e, TokenChunk)]
+                assert sum(len(c.token_ids) for c in chunks) == 12
+                assert all(e.request_id == i for e in outcomes[i] if hasattr(e, "request_id"))
+        finally:
+            router.close()
+        events = list(client.generate(greedy(0, "go", 4)))  # the single-sequence path after parallel requests
+        assert isinstance(events[-1], Finished) and events[-1].stats.generated_tokens == 4

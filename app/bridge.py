@@ -46,10 +46,12 @@ from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import CpuContention, CpuLoad, default_threads
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
+    FORCED,
     REJECTED_PREFIX,
     Cancel,
     ChatMessage,
     Crashed,
+    EndThinking,
     Event,
     Failed,
     Finished,
@@ -86,22 +88,25 @@ class MessageTarget(Protocol):
     def post_message(self, message: Message) -> bool: ...
 
 
+_NOT_DRAFTED: Final = frozenset({"target", FORCED})  # the target's own tokens and the engine's forced ones
+
+
 def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
     """The character ranges of `chunk.text` that came from accepted draft tokens, with their drafter, and of the
     target's tokens where a draft was rejected, with `rejected_by(drafter)` (merged, in order).
 
     Without per-token text ends (an older engine) a chunk counts as drafted only when all its tokens were.
     """
-    if all(source == "target" for source in chunk.provenance) or not chunk.text:
+    if all(source in _NOT_DRAFTED for source in chunk.provenance) or not chunk.text:
         return []
     spans: list[DraftSpan] = []
     if len(chunk.text_ends) == len(chunk.provenance):
         start = 0
         for source, end in zip(chunk.provenance, chunk.text_ends, strict=True):
-            if source != "target":
+            if source not in _NOT_DRAFTED:
                 add_span(spans, start, min(end, len(chunk.text)), source)
             start = end
-    elif not any(source == "target" or source.startswith(REJECTED_PREFIX) for source in chunk.provenance):
+    elif not any(source in _NOT_DRAFTED or source.startswith(REJECTED_PREFIX) for source in chunk.provenance):
         sources = set(chunk.provenance)
         spans.append((0, len(chunk.text), sources.pop() if len(sources) == 1 else ""))
     return spans
@@ -215,6 +220,10 @@ class EngineBridge:
 
     def cancel(self, request_id: int) -> None:
         self._submit(lambda: self._send(Cancel(request_id)))
+
+    def end_thinking(self, request_id: int) -> None:
+        """Stop thinking now: the reply's thinking ends at its next token and it answers (Esc still stops it all)."""
+        self._submit(lambda: self._send(EndThinking(request_id)))
 
     def request_id(self) -> int:
         """A new request id (for a server request: ids are unique across the app's and the server's requests)."""
@@ -393,7 +402,7 @@ class EngineBridge:
             events.append(event)
         return events
 
-    def _send(self, request: Generate | Cancel | LoadModel) -> None:
+    def _send(self, request: Generate | Cancel | EndThinking | LoadModel) -> None:
         if not self._running:
             if isinstance(request, Generate):
                 self._post(GenerationFailed(request.request_id, "the engine is not running; restart it first"))

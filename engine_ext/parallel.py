@@ -289,6 +289,8 @@ class ParallelScheduler:
         try:
             if request.tools is not None and request.tool_choice != "none":
                 raise EngineError("tool calls run one request at a time: serve them with --parallel 1")
+            if request.reasoning_budget >= 0:
+                raise EngineError("a reasoning budget runs one request at a time: serve it with --parallel 1")
             self._check_mix(job.mix)
             plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
             job.driver = self._driver(job)

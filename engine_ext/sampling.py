@@ -180,6 +180,14 @@ class Sampler:
         """Feed a token the sampler did not pick (prompt history for the penalties); a grammar does not see it."""
         C.llama_sampler_accept(self._chain, token)
 
+    def accept_forced(self, token: int) -> None:
+        """Feed a token the engine forced (the end of thinking) as if the chain had picked it: the penalties count it,
+        and a grammar advances over it where it allows it (a lazy grammar not yet triggered allows anything)."""
+        grammar = self._grammar
+        if grammar is not None and grammar.allows(token):
+            grammar.accept(token)
+        C.llama_sampler_accept(self._chain, token)
+
     def _sample_constrained(self, ctx: Context, idx: int) -> int:
         """Sample row `idx` under the grammar as upstream's common_sampler_sample does (grammar_first off): the
         chain picks from the raw logits; only when the grammar refuses that token are all candidates filtered by the

@@ -16,6 +16,7 @@ from engine_ext.private_files import private_dir, private_file
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
+    EndThinking,
     Event,
     Failed,
     Generate,
@@ -154,7 +155,7 @@ class Worker:
                 incoming = conn.recv()
             except (EOFError, OSError):
                 incoming = Shutdown()
-            if isinstance(incoming, Submit | SetQueueLimit | Cancel | Inspect):
+            if isinstance(incoming, Submit | SetQueueLimit | Cancel | EndThinking | Inspect):
                 self.handle(incoming)
             elif isinstance(incoming, Shutdown):
                 self.shutting_down = True
@@ -201,6 +202,8 @@ class Worker:
             elif isinstance(request, Cancel):
                 if self.scheduler is not None:  # else it arrived after its generation finished
                     self.scheduler.cancel(request.request_id)
+            elif isinstance(request, EndThinking):
+                pass  # its generation finished (parallel requests have no live end of thinking)
             else:
                 self.send(Failed(None, "ProtocolError", f"unknown request {type(request).__name__}"))
         except Exception as exc:  # every error becomes an event; the worker keeps serving
@@ -495,6 +498,9 @@ class Worker:
                         cancelled[0] = True
                     elif self.scheduler is not None:
                         self.scheduler.cancel(incoming.request_id)
+                elif isinstance(incoming, EndThinking):
+                    if incoming.request_id == request.request_id:
+                        self.session.end_thinking()  # forced from the next token on
                 elif isinstance(incoming, Submit | SetQueueLimit):
                     self.handle(incoming)  # queued (or refused) now; parallel requests run after this one
                 elif isinstance(incoming, Shutdown):

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_THINKING_END",
-    "REASONING_EFFORTS",
     "ReasoningBudget",
     "thinking_end_text",
 ]
@@ -33,7 +32,6 @@ THINK_OPEN: Final = "<think>"
 THINK_CLOSE: Final = "</think>"
 # What Qwen3-style templates put between a reply's thinking and its answer; used when the template does not show it.
 DEFAULT_THINKING_END: Final = "\n</think>\n\n"
-REASONING_EFFORTS: Final = ("low", "medium", "high")
 _THOUGHT_MARK = "\u2063thought\u2063"  # invisible separators: text no template writes itself
 _ANSWER_MARK = "\u2063answer\u2063"
 

@@ -5,6 +5,7 @@ are marked, and greedy output with speculation equals greedy output without it, 
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from engine_ext.client import EngineClient
 from engine_ext.generate import Session
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams
 from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, TokenChunk
+from tests.engine.test_cli import llmtui
 from tests.engine.test_speculative import session_for
 from tests.tiny_models import write_tiny_model
 
@@ -173,3 +175,14 @@ def test_end_thinking_through_the_worker_ends_it_and_the_reply_answers(engine: E
     else:
         raise AssertionError("the reply did not finish")
     assert event.stop_reason == "cancelled" and FORCED in sources and answer.strip()
+
+
+def test_run_takes_the_reasoning_flags(thinker: Path, tmp_path: Path) -> None:
+    flags = ("--temp", "0", "-n", "24", "-t", "2", "--json", "-c", "512")
+    budget = ("--reasoning-budget", "4", "--reasoning-budget-message", " ok", "--reasoning-effort", "low")
+    result = llmtui("run", "-m", str(thinker), "-p", "hi", *flags, *budget, data_dir=tmp_path)
+    assert result.returncode == 0, result.stderr
+    provenance = json.loads(result.stdout)["provenance"]
+    assert FORCED in provenance and provenance.index(FORCED) >= 4
+    bad = llmtui("run", "-m", str(thinker), "-p", "hi", "--reasoning-budget", "-2", data_dir=tmp_path)
+    assert bad.returncode != 0 and "--reasoning-budget" in bad.stderr

@@ -74,6 +74,7 @@ from engine_ext.protocol import (
     VectorProgress,
 )
 from engine_ext.recovery import EARLY_REPLIES, Fallback, fallbacks, native_crash
+from engine_ext.settings_schema import effort_or_none
 from engine_ext.untrusted_text import shown
 
 POLL_S: Final = 0.05
@@ -214,6 +215,8 @@ class EngineBridge:
             sampling=sampling.sampling_params(),
             max_tokens=sampling.max_tokens,
             continue_reply=continue_reply,
+            reasoning_budget=sampling.reasoning_budget,
+            reasoning_effort=effort_or_none(sampling.reasoning_effort),
         )
         self._submit(lambda: self._do_generate(request))
         return request_id
@@ -221,9 +224,10 @@ class EngineBridge:
     def cancel(self, request_id: int) -> None:
         self._submit(lambda: self._send(Cancel(request_id)))
 
-    def end_thinking(self, request_id: int) -> None:
+    def end_thinking(self, request_id: int) -> bool:
         """Stop thinking now: the reply's thinking ends at its next token and it answers (Esc still stops it all)."""
         self._submit(lambda: self._send(EndThinking(request_id)))
+        return True
 
     def request_id(self) -> int:
         """A new request id (for a server request: ids are unique across the app's and the server's requests)."""

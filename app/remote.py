@@ -223,6 +223,10 @@ class RemoteBridge:
         if stream is not None:
             stream.cancel()
 
+    def end_thinking(self, request_id: int) -> bool:
+        """An OpenAI-compatible server has no request that ends a reply's thinking: it thinks on (Esc stops it)."""
+        return False
+
     def set_speculative(self, params: SpeculativeParams) -> None:
         if not params.enabled:
             self._post(SpeculativeConfigured((), ()))

@@ -69,6 +69,8 @@ PRESET: tuple[Setting[Any], ...] = (
     s.REPEAT_PENALTY,
     s.N_PREDICT,
     SAMPLING_SEED,
+    s.REASONING_BUDGET,
+    s.REASONING_EFFORT,
 )
 # The preset's values SamplingParams takes as they are (max tokens goes with the request, the seed is mapped).
 PRESET_SAMPLING: tuple[Setting[Any], ...] = (s.TEMPERATURE, s.TOP_K, s.TOP_P, s.MIN_P, s.REPEAT_PENALTY)

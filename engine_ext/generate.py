@@ -95,6 +95,7 @@ class Session:
         self.bos_text = model.token_text(model.bos_token) if model.bos_token >= 0 else ""
         self.eos_text = model.token_text(model.eos_token) if model.eos_token >= 0 else ""
         self.reasoning: ReasoningBudget | None = None  # the reply being generated's, while it may think
+        self._end_thinking_early = False  # EndThinking came while the prompt was read: forced from the first token
         self._thinking_end: str | None = None  # what the template writes at the end of thinking (found once)
 
     # ----- prompt -----------------------------------------------------------------------------------
@@ -315,8 +316,12 @@ class Session:
         )
 
     def end_thinking(self) -> bool:
-        """Stop the reply's thinking now (EndThinking): its end is forced at the next token boundary."""
-        return self.reasoning is not None and self.reasoning.force()
+        """Stop the reply's thinking now (EndThinking, asked only while a generation runs): its end is forced at the
+        next token boundary, or from the first token when the prompt is still being read."""
+        if self.reasoning is None:
+            self._end_thinking_early = True
+            return True
+        return self.reasoning.force()
 
     def reset_cache(self) -> None:
         """Forget what the context holds (the next prompt is evaluated in full)."""
@@ -334,6 +339,7 @@ class Session:
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
+        self._end_thinking_early = False
         tools = ToolTurn.of(request, self.template, self.model.path.name)
         if tools is not None:
             emit = tools.watch(emit)
@@ -374,6 +380,8 @@ class Session:
             feed_prompt_history(sampler, plan.tokens)
             stream = ReplyStream(self.model, request, plan, emit, self.token_info)
             self.reasoning = self.reasoning_budget(request, plan)
+            if self.reasoning is not None and self._end_thinking_early:
+                self.reasoning.force()
             if spec is None:
                 loop = self._decode_plain(request, sampler, stream, cancelled, t_request)
             else:

@@ -14,7 +14,7 @@ import pytest
 from engine_ext.client import EngineClient
 from engine_ext.generate import Session
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams
-from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, TokenChunk
+from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, PromptEvaluated, TokenChunk
 from tests.engine.test_cli import llmtui
 from tests.engine.test_speculative import session_for
 from tests.tiny_models import write_tiny_model
@@ -30,6 +30,7 @@ THINKING_TEMPLATE = (
     "{% endif %}"
 )
 THINKING_END = "\n</think>\n\n"
+LONG_THINKER = "why not"  # a prompt this model (greedy) does not end its thinking on within 1000 tokens
 PROMPTS = ("think about it", "why is the sky blue? why? why?", "abc abc abc abc")
 
 
@@ -126,10 +127,26 @@ def test_stop_thinking_now_forces_the_end_at_the_next_token(thinker: Path) -> No
     with session_for(thinker) as session:
         ids, sources, _, answer = run(session, ask(PROMPTS[2]), on_chunk=stop_after_first)
         forced = session.model.tokenize(THINKING_END, add_special=False, parse_special=True)
-        assert not session.end_thinking()  # no reply in flight
     start = sources.index(FORCED)
     assert start == asked[0] == 1  # the very next token (the first token is streamed at once)
     assert ids[start : start + len(forced)] == forced and answer.strip()
+
+
+def test_stop_thinking_now_while_the_prompt_is_read_forces_the_end_from_the_first_token(thinker: Path) -> None:
+    chunks: list[TokenChunk] = []
+    with session_for(thinker) as session:
+
+        def emit(event: Event) -> None:
+            if isinstance(event, PromptEvaluated):  # the prompt is in, no token sampled yet
+                assert session.end_thinking()
+            elif isinstance(event, TokenChunk):
+                chunks.append(event)
+
+        session.generate(ask(LONG_THINKER), emit, lambda: False)
+        forced = session.model.tokenize(THINKING_END, add_special=False, parse_special=True)
+    sources = [s for c in chunks for s in c.provenance]
+    assert sources[: len(forced)] == [FORCED] * len(forced) and FORCED not in sources[len(forced) :]
+    assert not "".join(c.reasoning for c in chunks).strip() and "".join(c.text for c in chunks).strip()
 
 
 @pytest.mark.parametrize("drafter", ["ngram-simple", "draft-simple"])
@@ -157,9 +174,11 @@ def engine(thinker: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def test_end_thinking_through_the_worker_ends_it_and_the_reply_answers(engine: EngineClient) -> None:
-    # A reply as long as the context allows: it still thinks when the request arrives (a step is far shorter than
-    # thousands of tokens), and it is cancelled as soon as its answer starts.
-    request = Generate(engine.new_request_id(), (ChatMessage("user", "hi"),), sampling=GREEDY, ignore_eos=True)
+    # A reply that thinks on for 1000 tokens unless told: it still thinks when the request arrives (a step is far
+    # shorter than a thousand), and it is cancelled as soon as its answer starts.
+    request = Generate(
+        engine.new_request_id(), (ChatMessage("user", LONG_THINKER),), sampling=GREEDY, max_tokens=1000, ignore_eos=True
+    )
     sources: list[str] = []
     answer = ""
     for event in engine.generate(request):

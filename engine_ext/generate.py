@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
@@ -387,10 +387,14 @@ class Session:
             else:
                 loop = self._decode_speculative(request, sampler, stream, cancelled, t_request, spec, plan.tokens[-1])
             stream.finish()
+            thought = self.reasoning
         finally:
             self.reasoning = None
             sampler.close()
         finished = self._finish(request, plan, n_cached, prompt_ms, loop)
+        if thought is not None and thought.started_at:
+            stats = replace(finished.stats, reasoning_tokens=thought.thinking_tokens, reasoning_ms=thought.thinking_ms)
+            finished = replace(finished, stats=stats)
         if tools is None:
             return finished
         return tools.finish(finished, lambda t: self.model.token_piece(t, special=True), plan.opens_reasoning)

@@ -264,6 +264,8 @@ class GenerationStats:
     n_ctx_used: int
     dropped_messages: int = 0  # oldest turns dropped to fit the context
     n_threads: int = 0  # the CPU threads decoding when the reply ended (they follow a busy machine; 0: not known)
+    reasoning_tokens: int = 0  # tokens the model thought (its thinking block, forced tokens not counted)
+    reasoning_ms: float = 0.0  # from its first thinking token to the end of thinking (or of the reply)
 
     @property
     def prompt_tps(self) -> float:
@@ -290,6 +292,8 @@ class GenerationStats:
             "n_ctx_used": self.n_ctx_used,
             "dropped_messages": self.dropped_messages,
             "n_threads": self.n_threads,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_ms": round(self.reasoning_ms, 3),
         }
 
 

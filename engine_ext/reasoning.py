@@ -12,6 +12,7 @@ start.
 from __future__ import annotations
 
 import codecs
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -91,12 +92,15 @@ class ReasoningBudget:
         self._utf8: Any = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._tail = ""  # text not yet known not to be part of a tag
         self._force_pos = 0
+        self.started_at = 0.0  # perf_counter() when thinking began (0: it did not)
+        self.ended_at = 0.0  # … and when it ended (0: not yet)
         self.state: BudgetState = "idle"
         if starts_in_reasoning:
             self._start_counting()
 
     def _start_counting(self) -> None:
         self.state = "counting"
+        self.started_at = time.perf_counter()
         self._tail = ""
         if self.budget == 0 or self._end_requested:
             self._begin_forcing()
@@ -107,8 +111,11 @@ class ReasoningBudget:
         if self._utf8.getstate()[0]:  # bytes of an unfinished character: finish it first
             self.state = "waiting_utf8"
         else:
-            self.state = "forcing" if self.forced_tokens else "done"
             self._force_pos = 0
+            if self.forced_tokens:
+                self.state = "forcing"
+            else:
+                self._done()
 
     def force(self) -> bool:
         """Stop thinking now: force the end at the next token boundary (or as soon as thinking starts). Returns
@@ -148,7 +155,7 @@ class ReasoningBudget:
         if state == "forcing":
             self._force_pos += 1
             if self._force_pos >= len(self.forced_tokens):
-                self.state = "done"
+                self._done()
             return
         if state == "idle":
             head = (self._tail + text).lstrip()
@@ -162,7 +169,7 @@ class ReasoningBudget:
             return
         seen = self._tail + text
         if THINK_CLOSE in seen:
-            self.state = "done"  # the model ended its thinking itself
+            self._done()  # the model ended its thinking itself
             return
         self._tail = seen[-(len(THINK_CLOSE) - 1) :]
         if state == "waiting_utf8":
@@ -186,6 +193,17 @@ class ReasoningBudget:
             source = FORCED
         self.observe(token)
         return token, source
+
+    def _done(self) -> None:
+        self.state = "done"
+        self.ended_at = time.perf_counter()
+
+    @property
+    def thinking_ms(self) -> float:
+        """How long the reply thought (so far, while it still thinks)."""
+        if not self.started_at:
+            return 0.0
+        return ((self.ended_at or time.perf_counter()) - self.started_at) * 1000.0
 
     def observe_all(self, tokens: Sequence[int]) -> None:
         for token in tokens:

@@ -94,6 +94,15 @@ def test_the_budget_forces_the_end_of_thinking_after_n_tokens_and_the_model_answ
     assert reasoning and free_reasoning.startswith(reasoning.rstrip("\n")) and answer.strip()
 
 
+def test_the_thinking_tokens_and_time_are_in_the_replys_stats(thinker: Path) -> None:
+    with session_for(thinker) as session:
+        budgeted = session.generate(ask(PROMPTS[2], reasoning_budget=7), lambda e: None, lambda: False)
+        raw = session.generate(Generate(1, prompt="<think>", max_tokens=8), lambda e: None, lambda: False)
+    assert budgeted.stats.reasoning_tokens == 7 and budgeted.stats.reasoning_ms > 0
+    assert budgeted.stats.to_dict()["reasoning_tokens"] == 7
+    assert raw.stats.reasoning_tokens == 0  # a raw prompt has no thinking block
+
+
 def test_the_budget_message_is_forced_before_the_end_of_thinking(thinker: Path) -> None:
     with session_for(thinker) as session:
         ids, sources, reasoning, _ = run(

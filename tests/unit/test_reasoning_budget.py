@@ -4,6 +4,7 @@ template reads, and forced tokens left uncoloured by the draft colouring."""
 from __future__ import annotations
 
 from app.bridge import chunk_draft_spans
+from app.widgets.message_view import reasoning_size
 from engine_ext.chat import render_chat, template_thinking_controls
 from engine_ext.protocol import FORCED, TokenChunk
 from engine_ext.reasoning import DEFAULT_THINKING_END, ReasoningBudget, thinking_end_text
@@ -110,3 +111,9 @@ def test_forced_tokens_are_not_coloured_as_drafts() -> None:
     chunk = TokenChunk(1, "ab", "", (1, 2), (FORCED, "ngram-simple"), (1, 2))
     assert chunk_draft_spans(chunk) == [(1, 2, "ngram-simple")]
     assert chunk_draft_spans(TokenChunk(1, "ab", "", (1, 2), (FORCED, FORCED), (1, 2))) == []
+
+
+def test_a_folded_thinking_block_says_its_tokens_and_time_when_the_engine_counted_them() -> None:
+    assert reasoning_size("a b c", {"reasoning_tokens": 412, "reasoning_ms": 3140.0}) == "412 tokens, 3.1 s"
+    assert reasoning_size("a b c", {}) == "3 words"  # a remote engine's reply, or one saved before
+    assert reasoning_size("a b c", {"reasoning_tokens": 0, "reasoning_ms": 0.0}) == "3 words"

@@ -506,6 +506,7 @@ class EngineBridge:
                         placement=info.placement,
                         n_threads=info.n_threads,
                         n_embd=info.n_embd,
+                        thinking_controls=info.thinking_controls,
                         # weights repacked for some extra buffer type (none left after a crash: not repacked)
                         repack=bool(self._extra_bufts)
                         and (self._model[1].use_extra_bufts if self._model is not None else True),

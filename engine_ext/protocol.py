@@ -181,6 +181,7 @@ class ModelInfo:
     load_ms: float
     n_gpu_layers: int = -1  # as loaded (-ngl auto resolved)
     placement: str = ""  # with -ngl auto: what was placed where and why
+    thinking_controls: tuple[str, ...] = ()  # what its chat template reads of enable_thinking, reasoning_effort
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,7 @@ class Worker:
 
     def load(self, request: LoadModel) -> None:
         from engine_ext.bindings import C
+        from engine_ext.chat import template_thinking_controls
         from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
         from engine_ext.gguf import refuse_draft_as_model
@@ -326,6 +327,7 @@ class Worker:
             load_ms=(time.perf_counter() - t0) * 1000.0,
             n_gpu_layers=model_params.n_gpu_layers,
             placement=placement,
+            thinking_controls=template_thinking_controls(model.chat_template),
         )
         self.send(Loaded(info))
 

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import Input, Label
 
 from app.config import SamplingSettings
 from app.modals.conversation_settings import ConversationSettingsModal
@@ -52,6 +52,8 @@ async def test_the_conversations_budget_and_effort_reach_the_engine_and_it_answe
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: isinstance(app.screen, ConversationSettingsModal), "the conversation settings")
         modal = app.screen
+        hint = str(modal.query_one("#thinking-controls", Label).render())
+        assert "reads enable_thinking." in hint  # the loaded model's template (reasoning_effort it does not read)
         modal.query_one("#sampling-reasoning_effort", Input).value = "extreme"
         await pilot.press("ctrl+s")
         await pilot.pause()

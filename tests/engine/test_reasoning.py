@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ import pytest
 from engine_ext.client import EngineClient
 from engine_ext.generate import Session
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams
-from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, PromptEvaluated, TokenChunk
+from engine_ext.protocol import FORCED, ChatMessage, Event, Failed, Finished, Generate, PromptEvaluated, TokenChunk
 from tests.engine.test_cli import llmtui
+from tests.engine.test_parallel import Run, open_session
 from tests.engine.test_speculative import session_for
 from tests.tiny_models import write_tiny_model
 
@@ -214,3 +216,14 @@ def test_run_takes_the_reasoning_flags(thinker: Path, tmp_path: Path) -> None:
     assert FORCED in provenance and provenance.index(FORCED) >= 4
     bad = llmtui("run", "-m", str(thinker), "-p", "hi", "--reasoning-budget", "-2", data_dir=tmp_path)
     assert bad.returncode != 0 and "--reasoning-budget" in bad.stderr
+
+
+def test_the_parallel_path_refuses_a_budget_in_one_line_and_serves_effort(thinker: Path) -> None:
+    with open_session(thinker, n_seq=2) as session:
+        run = Run(session)
+        run.submit(ask(PROMPTS[0], 6, reasoning_budget=4))
+        run.submit(replace(ask(PROMPTS[0], 6, reasoning_effort="low"), request_id=2))
+        run.drain()
+    failed = {e.request_id: e for e in run.events if isinstance(e, Failed)}
+    assert set(failed) == {1} and "--parallel 1" in failed[1].message and "\n" not in failed[1].message
+    assert run.finished(2).stop_reason == "max_tokens"

@@ -13,7 +13,7 @@ from engine_ext.chat import (
     render_chat,
     truncate_messages_to_fit,
 )
-from engine_ext.grammar import grammar_for
+from engine_ext.grammar import reply_grammar
 from engine_ext.model import Checkpoint, Context, Model
 from engine_ext.params import EngineError
 from engine_ext.protocol import (
@@ -355,8 +355,11 @@ class Session:
                 _LoopResult("cancelled", 0, now, now, 0.0, None),
             )
         calls = tools.grammar() if tools is not None else None
-        grammar = calls.gbnf if calls is not None else grammar_for(request.grammar, request.json_schema)
-        sampler = Sampler(self.model, request.sampling, grammar, calls.triggers if calls is not None else ())
+        if calls is not None:
+            sampler = Sampler(self.model, request.sampling, calls.gbnf, calls.triggers)
+        else:
+            shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
+            sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
         try:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine_ext.generate import Session, feed_prompt_history
-from engine_ext.grammar import grammar_for
+from engine_ext.grammar import reply_grammar
 from engine_ext.model import Context
 from engine_ext.params import EngineError, SpeculativeConfigError, SteeringEntry
 from engine_ext.protocol import (
@@ -294,7 +294,8 @@ class ParallelScheduler:
             self._check_mix(job.mix)
             plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
             job.driver = self._driver(job)
-            job.sampler = Sampler(self.model, request.sampling, grammar_for(request.grammar, request.json_schema))
+            shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
+            job.sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
         except Exception as exc:
             self._fail_job(job, exc)
             return

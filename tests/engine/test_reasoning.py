@@ -227,3 +227,24 @@ def test_the_parallel_path_refuses_a_budget_in_one_line_and_serves_effort(thinke
     failed = {e.request_id: e for e in run.events if isinstance(e, Failed)}
     assert set(failed) == {1} and "--parallel 1" in failed[1].message and "\n" not in failed[1].message
     assert run.finished(2).stop_reason == "max_tokens"
+
+
+PICK = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
+
+
+@pytest.mark.parametrize("drafter", [None, "ngram-simple", "draft-simple"])
+def test_a_schema_applies_after_thinking_and_speculation_stays_lossless(
+    thinker: Path, tiny_models: dict[str, Path], drafter: str | None
+) -> None:
+    """The grammar is lazy for a reply that starts thinking: free thoughts, then (at the forced end) JSON."""
+    spec = (
+        None if drafter is None else SpeculativeParams(types=(drafter,), draft_model=str(tiny_models["qwen3"]), n_max=8)
+    )
+    request = ask(PROMPTS[0], 80, reasoning_budget=6, json_schema=PICK)
+    request = replace(request, ignore_eos=False)
+    with session_for(thinker) as session:
+        want = run(session, request)
+    with session_for(thinker, spec=spec) as session:
+        ids, sources, reasoning, answer = run(session, request)
+    assert ids == want[0] and reasoning.strip() and "{" not in reasoning[:8]  # thought freely, not in JSON
+    assert isinstance(json.loads(answer)["ok"], bool) and FORCED in sources

@@ -41,6 +41,7 @@ from app.messages import (
     VectorProgressed,
     add_span,
 )
+from app.output_format import OutputFormatError, output_fields
 from app.streaming import STATS_INTERVAL_S, TokenBatches
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import CpuContention, CpuLoad, default_threads
@@ -218,7 +219,8 @@ class EngineBridge:
             reasoning_budget=sampling.reasoning_budget,
             reasoning_effort=effort_or_none(sampling.reasoning_effort),
         )
-        self._submit(lambda: self._do_generate(request))
+        shape = (sampling.output_format, sampling.output_file)
+        self._submit(lambda: self._generate_shaped(request, *shape))
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -467,6 +469,15 @@ class EngineBridge:
             self._do_load(path, engine or loaded_with, load_mtp, n_rs_seq)
         else:
             self._start_worker()
+
+    def _generate_shaped(self, request: Generate, output_format: str, output_file: str) -> None:
+        """Send a reply with its output format's schema or grammar, read here (the bridge's thread)."""
+        try:
+            grammar, json_schema = output_fields(output_format, output_file)
+        except OutputFormatError as error:
+            self._post(GenerationFailed(request.request_id, str(error)))
+            return
+        self._do_generate(replace(request, grammar=grammar, json_schema=json_schema))
 
     def _do_generate(self, request: Generate) -> None:
         if self._share.hold(request):  # a server request runs: this reply is sent once it is done

@@ -204,9 +204,13 @@ class SamplingSettings:
     seed: int = ui.SAMPLING_SEED.default  # -1: a random seed per reply
     reasoning_budget: int = s.REASONING_BUDGET.default  # thinking tokens before the end is forced (-1: unlimited)
     reasoning_effort: str = s.REASONING_EFFORT.default  # for templates that read it ("default": the template's)
+    output_format: str = ui.OUTPUT_FORMAT.default  # text | json | json_schema | grammar (app/output_format.py)
+    output_file: str = ui.OUTPUT_FILE.default  # the schema or grammar file of json_schema and grammar
 
     def validate(self) -> None:
         check_settings(self, ui.PRESET)
+        if self.output_format in ("json_schema", "grammar") and not self.output_file.strip():
+            raise ConfigError(f"Output file: give the file of the {self.output_format.replace('_', ' ')}")
         try:
             self.sampling_params().validate()
         except EngineError as error:

@@ -3,9 +3,16 @@ template reads, and forced tokens left uncoloured by the draft colouring."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from app.bridge import chunk_draft_spans
+from app.config import ConfigError, SamplingSettings
+from app.output_format import OutputFormatError, output_fields, response_format_fields
 from app.widgets.message_view import reasoning_size
 from engine_ext.chat import render_chat, template_thinking_controls
+from engine_ext.grammar import JSON_OBJECT_SCHEMA
 from engine_ext.protocol import FORCED, TokenChunk
 from engine_ext.reasoning import DEFAULT_THINKING_END, ReasoningBudget, thinking_end_text
 
@@ -117,3 +124,22 @@ def test_a_folded_thinking_block_says_its_tokens_and_time_when_the_engine_counte
     assert reasoning_size("a b c", {"reasoning_tokens": 412, "reasoning_ms": 3140.0}) == "412 tokens, 3.1 s"
     assert reasoning_size("a b c", {}) == "3 words"  # a remote engine's reply, or one saved before
     assert reasoning_size("a b c", {"reasoning_tokens": 0, "reasoning_ms": 0.0}) == "3 words"
+
+
+def test_an_output_format_becomes_the_engines_and_a_servers_fields(tmp_path: Path) -> None:
+    schema, grammar = tmp_path / "s.json", tmp_path / "g.gbnf"
+    schema.write_text('{"type": "boolean"}')
+    grammar.write_text('root ::= "yes" | "no"')
+    assert output_fields("text", "") == (None, None) and response_format_fields("text", "") == {}
+    assert output_fields("json", "") == (None, JSON_OBJECT_SCHEMA)
+    assert output_fields("json_schema", str(schema)) == (None, '{"type": "boolean"}')
+    assert output_fields("grammar", str(grammar)) == ('root ::= "yes" | "no"', None)
+    assert response_format_fields("json", "") == {"response_format": {"type": "json_object"}}
+    shaped = response_format_fields("json_schema", str(schema))["response_format"]
+    assert shaped["type"] == "json_schema" and shaped["json_schema"]["schema"] == {"type": "boolean"}
+    with pytest.raises(OutputFormatError, match="missing.json"):
+        output_fields("json_schema", str(tmp_path / "missing.json"))
+    with pytest.raises(OutputFormatError, match="not JSON"):
+        response_format_fields("json_schema", str(grammar))
+    with pytest.raises(ConfigError, match="Output file"):
+        SamplingSettings(output_format="grammar").validate()

@@ -19,7 +19,6 @@ from textual.message import Message
 from app.config import EngineSettings, SamplingSettings
 from app.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from app.messages import (
-    DraftSpan,
     EngineCrashed,
     EngineRecovering,
     EngineRequestFailed,
@@ -39,16 +38,13 @@ from app.messages import (
     SteeringApplied,
     VectorCreated,
     VectorProgressed,
-    add_span,
 )
 from app.output_format import OutputFormatError, output_fields
-from app.streaming import STATS_INTERVAL_S, TokenBatches
+from app.streaming import STATS_INTERVAL_S, TokenBatches, chunk_draft_spans
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import CpuContention, CpuLoad, default_threads
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
-    FORCED,
-    REJECTED_PREFIX,
     Cancel,
     ChatMessage,
     Crashed,
@@ -88,30 +84,6 @@ class MessageTarget(Protocol):
     """What the bridge posts to (the App)."""
 
     def post_message(self, message: Message) -> bool: ...
-
-
-_NOT_DRAFTED: Final = frozenset({"target", FORCED})  # the target's own tokens and the engine's forced ones
-
-
-def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
-    """The character ranges of `chunk.text` that came from accepted draft tokens, with their drafter, and of the
-    target's tokens where a draft was rejected, with `rejected_by(drafter)` (merged, in order).
-
-    Without per-token text ends (an older engine) a chunk counts as drafted only when all its tokens were.
-    """
-    if all(source in _NOT_DRAFTED for source in chunk.provenance) or not chunk.text:
-        return []
-    spans: list[DraftSpan] = []
-    if len(chunk.text_ends) == len(chunk.provenance):
-        start = 0
-        for source, end in zip(chunk.provenance, chunk.text_ends, strict=True):
-            if source not in _NOT_DRAFTED:
-                add_span(spans, start, min(end, len(chunk.text)), source)
-            start = end
-    elif not any(source in _NOT_DRAFTED or source.startswith(REJECTED_PREFIX) for source in chunk.provenance):
-        sources = set(chunk.provenance)
-        spans.append((0, len(chunk.text), sources.pop() if len(sources) == 1 else ""))
-    return spans
 
 
 @dataclass

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.bridge import chunk_draft_spans
 from app.config import ConfigError, SamplingSettings
 from app.output_format import OutputFormatError, output_fields, response_format_fields
+from app.streaming import chunk_draft_spans
 from app.widgets.message_view import reasoning_size
 from engine_ext.chat import render_chat, template_thinking_controls
 from engine_ext.grammar import JSON_OBJECT_SCHEMA

@@ -19,7 +19,6 @@ from textual.message import Message
 from app.config import EngineSettings, SamplingSettings
 from app.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from app.messages import (
-    DraftSpan,
     EngineCrashed,
     EngineRecovering,
     EngineRequestFailed,
@@ -39,17 +38,17 @@ from app.messages import (
     SteeringApplied,
     VectorCreated,
     VectorProgressed,
-    add_span,
 )
-from app.streaming import STATS_INTERVAL_S, TokenBatches
+from app.output_format import OutputFormatError, output_fields
+from app.streaming import STATS_INTERVAL_S, TokenBatches, chunk_draft_spans
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import CpuContention, CpuLoad, default_threads
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
-    REJECTED_PREFIX,
     Cancel,
     ChatMessage,
     Crashed,
+    EndThinking,
     Event,
     Failed,
     Finished,
@@ -72,6 +71,7 @@ from engine_ext.protocol import (
     VectorProgress,
 )
 from engine_ext.recovery import EARLY_REPLIES, Fallback, fallbacks, native_crash
+from engine_ext.settings_schema import effort_or_none
 from engine_ext.untrusted_text import shown
 
 POLL_S: Final = 0.05
@@ -84,27 +84,6 @@ class MessageTarget(Protocol):
     """What the bridge posts to (the App)."""
 
     def post_message(self, message: Message) -> bool: ...
-
-
-def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
-    """The character ranges of `chunk.text` that came from accepted draft tokens, with their drafter, and of the
-    target's tokens where a draft was rejected, with `rejected_by(drafter)` (merged, in order).
-
-    Without per-token text ends (an older engine) a chunk counts as drafted only when all its tokens were.
-    """
-    if all(source == "target" for source in chunk.provenance) or not chunk.text:
-        return []
-    spans: list[DraftSpan] = []
-    if len(chunk.text_ends) == len(chunk.provenance):
-        start = 0
-        for source, end in zip(chunk.provenance, chunk.text_ends, strict=True):
-            if source != "target":
-                add_span(spans, start, min(end, len(chunk.text)), source)
-            start = end
-    elif not any(source == "target" or source.startswith(REJECTED_PREFIX) for source in chunk.provenance):
-        sources = set(chunk.provenance)
-        spans.append((0, len(chunk.text), sources.pop() if len(sources) == 1 else ""))
-    return spans
 
 
 @dataclass
@@ -209,12 +188,20 @@ class EngineBridge:
             sampling=sampling.sampling_params(),
             max_tokens=sampling.max_tokens,
             continue_reply=continue_reply,
+            reasoning_budget=sampling.reasoning_budget,
+            reasoning_effort=effort_or_none(sampling.reasoning_effort),
         )
-        self._submit(lambda: self._do_generate(request))
+        shape = (sampling.output_format, sampling.output_file)
+        self._submit(lambda: self._generate_shaped(request, *shape))
         return request_id
 
     def cancel(self, request_id: int) -> None:
         self._submit(lambda: self._send(Cancel(request_id)))
+
+    def end_thinking(self, request_id: int) -> bool:
+        """Stop thinking now: the reply's thinking ends at its next token and it answers (Esc still stops it all)."""
+        self._submit(lambda: self._send(EndThinking(request_id)))
+        return True
 
     def request_id(self) -> int:
         """A new request id (for a server request: ids are unique across the app's and the server's requests)."""
@@ -393,7 +380,7 @@ class EngineBridge:
             events.append(event)
         return events
 
-    def _send(self, request: Generate | Cancel | LoadModel) -> None:
+    def _send(self, request: Generate | Cancel | EndThinking | LoadModel) -> None:
         if not self._running:
             if isinstance(request, Generate):
                 self._post(GenerationFailed(request.request_id, "the engine is not running; restart it first"))
@@ -455,6 +442,15 @@ class EngineBridge:
         else:
             self._start_worker()
 
+    def _generate_shaped(self, request: Generate, output_format: str, output_file: str) -> None:
+        """Send a reply with its output format's schema or grammar, read here (the bridge's thread)."""
+        try:
+            grammar, json_schema = output_fields(output_format, output_file)
+        except OutputFormatError as error:
+            self._post(GenerationFailed(request.request_id, str(error)))
+            return
+        self._do_generate(replace(request, grammar=grammar, json_schema=json_schema))
+
     def _do_generate(self, request: Generate) -> None:
         if self._share.hold(request):  # a server request runs: this reply is sent once it is done
             return
@@ -493,6 +489,7 @@ class EngineBridge:
                         placement=info.placement,
                         n_threads=info.n_threads,
                         n_embd=info.n_embd,
+                        thinking_controls=info.thinking_controls,
                         # weights repacked for some extra buffer type (none left after a crash: not repacked)
                         repack=bool(self._extra_bufts)
                         and (self._model[1].use_extra_bufts if self._model is not None else True),

@@ -202,9 +202,15 @@ class SamplingSettings:
     repeat_penalty: float = s.REPEAT_PENALTY.default
     max_tokens: int = s.N_PREDICT.default
     seed: int = ui.SAMPLING_SEED.default  # -1: a random seed per reply
+    reasoning_budget: int = s.REASONING_BUDGET.default  # thinking tokens before the end is forced (-1: unlimited)
+    reasoning_effort: str = s.REASONING_EFFORT.default  # for templates that read it ("default": the template's)
+    output_format: str = ui.OUTPUT_FORMAT.default  # text | json | json_schema | grammar (app/output_format.py)
+    output_file: str = ui.OUTPUT_FILE.default  # the schema or grammar file of json_schema and grammar
 
     def validate(self) -> None:
         check_settings(self, ui.PRESET)
+        if self.output_format in ("json_schema", "grammar") and not self.output_file.strip():
+            raise ConfigError(f"Output file: give the file of the {self.output_format.replace('_', ' ')}")
         try:
             self.sampling_params().validate()
         except EngineError as error:
@@ -228,6 +234,8 @@ class SamplingSettings:
             if isinstance(default, float) and isinstance(value, int | float) and not isinstance(value, bool):
                 values[f.name] = float(value)
             elif isinstance(default, int) and isinstance(value, int) and not isinstance(value, bool):
+                values[f.name] = value
+            elif isinstance(default, str) and isinstance(value, str):
                 values[f.name] = value
             else:
                 values[f.name] = default

@@ -30,6 +30,7 @@ class ModelSummary:
     n_threads: int = 0  # decode threads in use (0: not known, a remote engine)
     repack: bool = True  # CPU weights loaded into llama.cpp's extra buffer types (False: --no-repack)
     n_embd: int = 0  # the model's embedding width (0: not known, a remote engine)
+    thinking_controls: tuple[str, ...] | None = None  # what its template reads of them (None: not known, remote)
 
 
 class EngineStarting(Message):

@@ -54,6 +54,11 @@ APP_COMMANDS: Final[tuple[tuple[str, str, str], ...]] = (
 CHAT_COMMANDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("Chat: New conversation", "Start a new conversation (ctrl+n)", "new_conversation"),
     ("Chat: Stop reply", "Stop the reply being written (Esc)", "stop"),
+    (
+        "Chat: Stop thinking now",
+        "End the model's thinking; it answers at once (ctrl+e while it thinks)",
+        "stop_thinking",
+    ),
     ("Chat: Continue reply", "Continue a stopped reply (ctrl+g)", "continue_reply"),
     ("Chat: Regenerate reply", "Write the last reply again as a new branch (ctrl+r)", "regenerate"),
     ("Chat: Conversation settings", "System prompt, sampling, presets (ctrl+s)", "conversation_settings"),

@@ -31,6 +31,7 @@ from app.messages import (
     SpeculativeConfigured,
     TokensArrived,
 )
+from app.output_format import OutputFormatError, response_format_fields
 from app.remote_http import (
     CONNECT_TIMEOUT_S,
     MAX_SSE_LINE,
@@ -213,7 +214,7 @@ class RemoteBridge:
         with self._lock:
             self._streams[request_id] = stream
         body = request_body(self.model, messages, sampling, continue_reply)
-        self._thread(self._generate, stream, body)
+        self._thread(self._generate, stream, body, (sampling.output_format, sampling.output_file))
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -222,6 +223,10 @@ class RemoteBridge:
             stream = self._streams.get(request_id)
         if stream is not None:
             stream.cancel()
+
+    def end_thinking(self, request_id: int) -> bool:
+        """An OpenAI-compatible server has no request that ends a reply's thinking: it thinks on (Esc stops it)."""
+        return False
 
     def set_speculative(self, params: SpeculativeParams) -> None:
         if not params.enabled:
@@ -298,12 +303,15 @@ class RemoteBridge:
             )
         )
 
-    def _generate(self, stream: _Stream, body: dict[str, Any]) -> None:
+    def _generate(self, stream: _Stream, body: dict[str, Any], shape: tuple[str, str]) -> None:
+        """Stream a reply; `shape`: its output format and file (read here, not on the UI thread)."""
         flusher = threading.Thread(target=self._flush_loop, args=(stream,), name="llmtui-remote-flush", daemon=True)
         flusher.start()
         outcome: tuple[str, str | dict[str, Any]] = ("failed", "the reply ended unexpectedly")
         try:
-            outcome = ("finished", self._stream_reply(stream, body))
+            outcome = ("finished", self._stream_reply(stream, {**body, **response_format_fields(*shape)}))
+        except OutputFormatError as error:
+            outcome = ("failed", str(error))
         except _Cancelled:
             outcome = ("cancelled", "")
         except RemoteError as error:

@@ -22,6 +22,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from app.config import RemoteSettings, SamplingSettings
+from engine_ext.settings_schema import effort_or_none
 from engine_ext.untrusted_text import one_line
 from models_catalog.http_client import (
     MAX_HEADER_LINE,
@@ -277,6 +278,11 @@ def request_body(
         body["max_tokens"] = sampling.max_tokens
     if sampling.seed >= 0:
         body["seed"] = sampling.seed
+    if sampling.reasoning_budget >= 0:
+        body["thinking_budget_tokens"] = sampling.reasoning_budget  # llama-server's name for --reasoning-budget
+    effort = effort_or_none(sampling.reasoning_effort)
+    if effort is not None:
+        body["reasoning_effort"] = effort
     if continue_reply:
         # The last message is the stopped reply: llama-server continues a trailing assistant message by itself;
         # vLLM and SGLang need to be told.

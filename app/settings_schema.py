@@ -55,6 +55,21 @@ SERVER_KEY_ENV = Setting(
     saved_in="server",
 )
 
+OUTPUT_FORMAT = Setting(
+    "output_format",
+    str,
+    "text",
+    "the reply's shape: free text, any JSON object, JSON that follows the schema file, or the GBNF grammar file",
+    label="output format",
+    choices=("text", "json", "json_schema", "grammar"),
+)
+OUTPUT_FILE = Setting(
+    "output_file",
+    str,
+    "",
+    "the JSON schema or GBNF grammar file (output formats json_schema, grammar)",
+    label="output file",
+)
 UI: tuple[Setting[Any], ...] = (THEME, SHOW_SIDEBAR, DRAFT_COLOURING, SPEC_DETAILS)
 # config.toml's [server] table: the app's API server (`llmtui serve` takes the same defaults as flags).
 SERVER: tuple[Setting[Any], ...] = (SERVER_ENABLED, SERVER_HOST, SERVER_PORT, SERVER_KEY_ENV)
@@ -69,6 +84,10 @@ PRESET: tuple[Setting[Any], ...] = (
     s.REPEAT_PENALTY,
     s.N_PREDICT,
     SAMPLING_SEED,
+    s.REASONING_BUDGET,
+    s.REASONING_EFFORT,
+    OUTPUT_FORMAT,
+    OUTPUT_FILE,
 )
 # The preset's values SamplingParams takes as they are (max tokens goes with the request, the seed is mapped).
 PRESET_SAMPLING: tuple[Setting[Any], ...] = (s.TEMPERATURE, s.TOP_K, s.TOP_P, s.MIN_P, s.REPEAT_PENALTY)

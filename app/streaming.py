@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from app.messages import DraftSpan, TokensArrived, add_span
+from engine_ext.protocol import FORCED, REJECTED_PREFIX, TokenChunk
 
 FLUSH_INTERVAL_S: Final = 1 / 20
 """Tokens reach the UI at most 20 times a second (batched in order, never dropped). The worker sends them 15 times a
@@ -93,3 +94,27 @@ class TokenBatches:
         self.since = None
         self.flushed_at = now
         return batches
+
+
+_NOT_DRAFTED: Final = frozenset({"target", FORCED})  # the target's own tokens and the engine's forced ones
+
+
+def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
+    """The character ranges of `chunk.text` that came from accepted draft tokens, with their drafter, and of the
+    target's tokens where a draft was rejected, with `rejected_by(drafter)` (merged, in order).
+
+    Without per-token text ends (an older engine) a chunk counts as drafted only when all its tokens were.
+    """
+    if all(source in _NOT_DRAFTED for source in chunk.provenance) or not chunk.text:
+        return []
+    spans: list[DraftSpan] = []
+    if len(chunk.text_ends) == len(chunk.provenance):
+        start = 0
+        for source, end in zip(chunk.provenance, chunk.text_ends, strict=True):
+            if source not in _NOT_DRAFTED:
+                add_span(spans, start, min(end, len(chunk.text)), source)
+            start = end
+    elif not any(source in _NOT_DRAFTED or source.startswith(REJECTED_PREFIX) for source in chunk.provenance):
+        sources = set(chunk.provenance)
+        spans.append((0, len(chunk.text), sources.pop() if len(sources) == 1 else ""))
+    return spans

@@ -5,6 +5,7 @@ The reply's text as it streams (UTF-8, stop strings, reasoning apart) is engine_
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
@@ -28,6 +29,7 @@ __all__ = [
     "ChatTemplateCancelled",
     "ChatTemplateError",
     "render_chat",
+    "template_thinking_controls",
     "truncate_messages_to_fit",
 ]
 
@@ -65,6 +67,7 @@ def render_chat(
     eos_token: str,
     add_generation_prompt: bool = True,
     enable_thinking: bool | None = None,
+    reasoning_effort: str | None = None,
     time_limit_s: float = 2.0,
     max_output_chars: int | None = None,
     cancelled: Callable[[], bool] | None = None,
@@ -104,6 +107,8 @@ def render_chat(
     }
     if enable_thinking is not None:
         context["enable_thinking"] = enable_thinking
+    if reasoning_effort is not None:
+        context["reasoning_effort"] = reasoning_effort  # gpt-oss, Qwen3.5-style templates: low | medium | high
 
     if max_output_chars is None:
         max_output_chars = 1_000_000 + 4 * (
@@ -145,6 +150,17 @@ def render_chat(
         stream.close()
         budget_var.reset(token)
     return "".join(chunks)
+
+
+THINKING_CONTROLS = ("enable_thinking", "reasoning_effort")
+
+
+def template_thinking_controls(template: str | None) -> tuple[str, ...]:
+    """Which of the thinking controls (enable_thinking, reasoning_effort) a chat template's source reads, in that
+    order: the ones a conversation's settings can change for this model (a template that never names a variable
+    ignores it)."""
+    source = template or ""
+    return tuple(name for name in THINKING_CONTROLS if re.search(rf"\b{name}\b", source))
 
 
 # ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
     Crashed,
+    EndThinking,
     Event,
     Failed,
     Finished,
@@ -342,6 +343,10 @@ class EngineClient:
 
     def cancel(self, request_id: int) -> None:
         self.send(Cancel(request_id))
+
+    def end_thinking(self, request_id: int) -> None:
+        """Stop thinking now: the reply's end of thinking is forced at its next token, and it answers."""
+        self.send(EndThinking(request_id))
 
     def inspect(self, path: Path | str) -> dict[str, object]:
         self.send(Inspect(str(path)))

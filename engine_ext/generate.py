@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
@@ -13,7 +13,7 @@ from engine_ext.chat import (
     render_chat,
     truncate_messages_to_fit,
 )
-from engine_ext.grammar import grammar_for
+from engine_ext.grammar import reply_grammar
 from engine_ext.model import Checkpoint, Context, Model
 from engine_ext.params import EngineError
 from engine_ext.protocol import (
@@ -28,6 +28,7 @@ from engine_ext.protocol import (
     StopReason,
     rejected_by,
 )
+from engine_ext.reasoning import ReasoningBudget, thinking_end_text
 from engine_ext.reply_stream import prompt_opens_reasoning
 from engine_ext.sampling import Sampler
 from engine_ext.speculative.base import common_prefix_length
@@ -93,6 +94,9 @@ class Session:
         self.template = model.chat_template
         self.bos_text = model.token_text(model.bos_token) if model.bos_token >= 0 else ""
         self.eos_text = model.token_text(model.eos_token) if model.eos_token >= 0 else ""
+        self.reasoning: ReasoningBudget | None = None  # the reply being generated's, while it may think
+        self._end_thinking_early = False  # EndThinking came while the prompt was read: forced from the first token
+        self._thinking_end: str | None = None  # what the template writes at the end of thinking (found once)
 
     # ----- prompt -----------------------------------------------------------------------------------
 
@@ -139,7 +143,11 @@ class Session:
             bos_token=self.bos_text,
             eos_token=self.eos_text,
             add_generation_prompt=not continue_reply,
-            enable_thinking=request.enable_thinking,
+            # A budget of 0 is no thinking at all: templates that understand enable_thinking are told so.
+            enable_thinking=False
+            if request.enable_thinking is None and request.reasoning_budget == 0
+            else request.enable_thinking,
+            reasoning_effort=request.reasoning_effort,
             cancelled=cancelled,
             started_at=started_at,
             tools=tools_of(request.tools, request.tool_choice),
@@ -293,6 +301,28 @@ class Session:
             raise
         return n_cached
 
+    def reasoning_budget(self, request: Generate, plan: PromptPlan) -> ReasoningBudget | None:
+        """The reasoning budget of a chat reply (None for a raw prompt or a reply continued in its answer): it counts
+        the thinking tokens and forces the request's budget message plus the template's end of thinking."""
+        if not plan.chat or plan.continues_answer:
+            return None
+        if self._thinking_end is None:
+            self._thinking_end = thinking_end_text(self.template, bos_token=self.bos_text, eos_token=self.eos_text)
+        forced = self.model.tokenize(
+            request.reasoning_budget_message + self._thinking_end, add_special=False, parse_special=True
+        )
+        return ReasoningBudget(
+            self.token_info.piece, forced, request.reasoning_budget, starts_in_reasoning=plan.opens_reasoning
+        )
+
+    def end_thinking(self) -> bool:
+        """Stop the reply's thinking now (EndThinking, asked only while a generation runs): its end is forced at the
+        next token boundary, or from the first token when the prompt is still being read."""
+        if self.reasoning is None:
+            self._end_thinking_early = True
+            return True
+        return self.reasoning.force()
+
     def reset_cache(self) -> None:
         """Forget what the context holds (the next prompt is evaluated in full)."""
         self.ctx.clear()
@@ -309,6 +339,7 @@ class Session:
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
+        self._end_thinking_early = False
         tools = ToolTurn.of(request, self.template, self.model.path.name)
         if tools is not None:
             emit = tools.watch(emit)
@@ -324,8 +355,11 @@ class Session:
                 _LoopResult("cancelled", 0, now, now, 0.0, None),
             )
         calls = tools.grammar() if tools is not None else None
-        grammar = calls.gbnf if calls is not None else grammar_for(request.grammar, request.json_schema)
-        sampler = Sampler(self.model, request.sampling, grammar, calls.triggers if calls is not None else ())
+        if calls is not None:
+            sampler = Sampler(self.model, request.sampling, calls.gbnf, calls.triggers)
+        else:
+            shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
+            sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
         try:
@@ -348,14 +382,22 @@ class Session:
                 self.add_anchor(plan.text, plan.tokens)
             feed_prompt_history(sampler, plan.tokens)
             stream = ReplyStream(self.model, request, plan, emit, self.token_info)
+            self.reasoning = self.reasoning_budget(request, plan)
+            if self.reasoning is not None and self._end_thinking_early:
+                self.reasoning.force()
             if spec is None:
                 loop = self._decode_plain(request, sampler, stream, cancelled, t_request)
             else:
                 loop = self._decode_speculative(request, sampler, stream, cancelled, t_request, spec, plan.tokens[-1])
             stream.finish()
+            thought = self.reasoning
         finally:
+            self.reasoning = None
             sampler.close()
         finished = self._finish(request, plan, n_cached, prompt_ms, loop)
+        if thought is not None and thought.started_at:
+            stats = replace(finished.stats, reasoning_tokens=thought.thinking_tokens, reasoning_ms=thought.thinking_ms)
+            finished = replace(finished, stats=stats)
         if tools is None:
             return finished
         return tools.finish(finished, lambda t: self.model.token_piece(t, special=True), plan.opens_reasoning)
@@ -392,8 +434,9 @@ class Session:
         """One token per step: the hot path, kept free of anything but sampling and decoding."""
         ctx, cached = self.ctx, self.cached
         n_ctx, max_tokens = ctx.n_ctx, request.max_tokens
-        decode_one, push = ctx.decode_one, stream.push
+        decode_one, push, sample, reasoning = ctx.decode_one, stream.push, sampler.sample, self.reasoning
         n_generated = 0
+        source = "target"
         stop_reason: StopReason = "max_tokens"
         t_first = t_last = time.perf_counter()
         ttft_ms = 0.0
@@ -405,7 +448,10 @@ class Session:
             governor.decoding = True
         segment = (self.conditions, t_first, 1)  # conditions, start time, tokens generated at the start
         while True:
-            token = sampler.sample(ctx)
+            if reasoning is None:
+                token = sample(ctx)
+            else:  # the reply may think: the budget counts its tokens and may force the end of thinking
+                token, source = reasoning.next_token(sampler, ctx)
             t_last = time.perf_counter()
             if n_generated == 0:
                 t_first = t_last
@@ -416,7 +462,7 @@ class Session:
                 changes = governor.changes
                 self._observe_plain_segment(segment, t_last, n_generated)
                 segment = (self.conditions, t_last, n_generated)
-            reason = push(token, "target", t_last)
+            reason = push(token, source, t_last)
             if reason is not None:
                 stop_reason = reason
                 break
@@ -476,6 +522,7 @@ class Session:
         rollback = model.architecture in RS_ROLLBACK_ARCHS and ctx.params.n_rs_seq > 0
         needs_checkpoint = self.uses_checkpoints
         reads_batches = spec.reads_batches
+        reasoning = self.reasoning
         spec.reset_stats()
         spec.begin(cached)
         n_generated = 0
@@ -520,6 +567,9 @@ class Session:
                 budget = min(budget, max_tokens - n_generated - 1)
             if rollback:
                 budget = min(budget, ctx.params.n_rs_seq)
+            thinking_room = reasoning.draft_room() if reasoning is not None else None
+            if thinking_room is not None:  # no accepted draft crosses the reasoning budget, none while forcing its end
+                budget = min(budget, thinking_room)
             if budget > 0 and spec.drafting_allowed(n_generated) and not self._plain_probe():
                 draft, drafter = spec.draft(cached, id_last, budget)
             else:
@@ -528,7 +578,11 @@ class Session:
                 t_plain = time.perf_counter()
                 ctx.decode_one(id_last, n_past)
                 cached.append(id_last)
-                ids, sources = [sampler.sample(ctx)], ["target"]
+                if reasoning is None:
+                    ids, sources = [sampler.sample(ctx)], ["target"]
+                else:
+                    token, source = reasoning.next_token(sampler, ctx)
+                    ids, sources = [token], [source]
                 t_last = time.perf_counter()
                 self._observe_plain_step((t_last - t_plain) * 1000.0)
                 if reads_batches:
@@ -547,6 +601,8 @@ class Session:
             if reads_batches:
                 spec.process(batch, n_past)
             ids = sampler.sample_and_accept_n(ctx, draft, eog_at)
+            if reasoning is not None:
+                reasoning.observe_all(ids)
             n_accepted = len(ids) - 1
             kept = batch[: 1 + n_accepted]
             cached.extend(kept)

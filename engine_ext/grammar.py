@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 from engine_ext.params import EngineError
 
@@ -61,6 +62,31 @@ def grammar_for(grammar: str | None, json_schema: str | None) -> str | None:
     except Exception as e:  # the converter raises what it meets (KeyError for a missing $ref, ValueError, …)
         detail = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {detail}") from None
+
+
+AFTER_THINKING_ROOT = "llmtui-after-thinking"
+THINKING_END_TRIGGER = "(</think>)"  # llama.cpp's lazy grammars start at a trigger pattern's first group
+
+
+@dataclass(frozen=True)
+class ReplyGrammar:
+    """What the sampler's grammar is built from: GBNF (None: free text), its trigger patterns (empty: from the first
+    token) and the rule it starts at."""
+
+    gbnf: str | None
+    triggers: tuple[str, ...] = ()
+    root: str = "root"
+
+
+def reply_grammar(grammar: str | None, json_schema: str | None, *, opens_reasoning: bool) -> ReplyGrammar:
+    """The grammar of a reply (grammar_for); for a reply that starts inside its thinking, a lazy one: the model thinks
+    freely, and from its end of thinking (`</think>`, the model's own or forced by the reasoning budget) the answer
+    follows the grammar (upstream applies a lazy grammar only once its reasoning budget sampler is done)."""
+    gbnf = grammar_for(grammar, json_schema)
+    if gbnf is None or not opens_reasoning:
+        return ReplyGrammar(gbnf)
+    lazy = f'{gbnf}\n{AFTER_THINKING_ROOT} ::= "</think>" [ \\t\\n]* root\n'
+    return ReplyGrammar(lazy, (THINKING_END_TRIGGER,), AFTER_THINKING_ROOT)
 
 
 def parse_error() -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine_ext.generate import Session, feed_prompt_history
-from engine_ext.grammar import grammar_for
+from engine_ext.grammar import reply_grammar
 from engine_ext.model import Context
 from engine_ext.params import EngineError, SpeculativeConfigError, SteeringEntry
 from engine_ext.protocol import (
@@ -289,10 +289,13 @@ class ParallelScheduler:
         try:
             if request.tools is not None and request.tool_choice != "none":
                 raise EngineError("tool calls run one request at a time: serve them with --parallel 1")
+            if request.reasoning_budget >= 0:
+                raise EngineError("a reasoning budget runs one request at a time: serve it with --parallel 1")
             self._check_mix(job.mix)
             plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
             job.driver = self._driver(job)
-            job.sampler = Sampler(self.model, request.sampling, grammar_for(request.grammar, request.json_schema))
+            shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
+            job.sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
         except Exception as exc:
             self._fail_job(job, exc)
             return

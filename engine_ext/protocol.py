@@ -7,7 +7,7 @@ from typing import Final, Literal
 
 from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams, SteeringEntry
 
-PROTOCOL_VERSION = 2  # 2: parallel requests (Submit, SetQueueLimit, Busy)
+PROTOCOL_VERSION = 3  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 
@@ -55,6 +55,10 @@ class Generate:
     json_schema: str | None = None  # or a JSON schema it must follow (converted to GBNF in the worker)
     tools: str | None = None  # JSON array of OpenAI-shaped tool definitions, given to the chat template
     tool_choice: str = "auto"  # auto | required (the reply is a call, by grammar) | none (tools not offered)
+    reasoning_effort: str | None = None  # low | medium | high, passed to templates that understand it
+    # Thinking tokens before the end of thinking is forced (engine_ext.reasoning): -1 unlimited, 0 no thinking at all
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""  # forced before the template's end of thinking when the budget is spent
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,14 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class EndThinking:
+    """Stop thinking now: the end of thinking is forced at the next token boundary of this request's reply, and the
+    model goes on to answer (ignored when it is not thinking)."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
 class Inspect:
     path: str
 
@@ -129,6 +141,7 @@ Request = (
     | SetSteering
     | MakeControlVector
     | Cancel
+    | EndThinking
     | Inspect
     | Shutdown
 )
@@ -168,6 +181,7 @@ class ModelInfo:
     load_ms: float
     n_gpu_layers: int = -1  # as loaded (-ngl auto resolved)
     placement: str = ""  # with -ngl auto: what was placed where and why
+    thinking_controls: tuple[str, ...] = ()  # what its chat template reads of enable_thinking, reasoning_effort
 
 
 @dataclass(frozen=True)
@@ -216,6 +230,7 @@ class PromptEvaluated:
 
 
 REJECTED_PREFIX: Final = "target/"
+FORCED: Final = "forced"  # the provenance of a token the engine forced (the end of thinking): not sampled, not drafted
 
 
 def rejected_by(drafter: str) -> str:
@@ -231,8 +246,8 @@ class TokenChunk:
     text: str
     reasoning: str
     token_ids: tuple[int, ...]
-    # per token: "target", the drafter that proposed an accepted token, or rejected_by(drafter) for the target's token
-    # where that drafter's draft was rejected
+    # per token: "target", the drafter that proposed an accepted token, rejected_by(drafter) for the target's token
+    # where that drafter's draft was rejected, or FORCED for a token the engine forced (the end of thinking)
     provenance: tuple[str, ...]
     text_ends: tuple[int, ...] = ()  # per token: len(text) once its text was added (empty: not known)
 
@@ -250,6 +265,8 @@ class GenerationStats:
     n_ctx_used: int
     dropped_messages: int = 0  # oldest turns dropped to fit the context
     n_threads: int = 0  # the CPU threads decoding when the reply ended (they follow a busy machine; 0: not known)
+    reasoning_tokens: int = 0  # tokens the model thought (its thinking block, forced tokens not counted)
+    reasoning_ms: float = 0.0  # from its first thinking token to the end of thinking (or of the reply)
 
     @property
     def prompt_tps(self) -> float:
@@ -276,6 +293,8 @@ class GenerationStats:
             "n_ctx_used": self.n_ctx_used,
             "dropped_messages": self.dropped_messages,
             "n_threads": self.n_threads,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_ms": round(self.reasoning_ms, 3),
         }
 
 

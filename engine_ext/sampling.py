@@ -59,7 +59,12 @@ class Sampler:
     """
 
     def __init__(
-        self, model: Model, params: SamplingParams, grammar: str | None = None, triggers: Sequence[str] = ()
+        self,
+        model: Model,
+        params: SamplingParams,
+        grammar: str | None = None,
+        triggers: Sequence[str] = (),
+        root: str = "root",
     ) -> None:
         """`grammar`: GBNF text (engine_ext.grammar) the output must follow; its sampler comes first in the chain,
         and only tokens the chain picks advance it (not the prompt history fed to `accept`). With `triggers` (regex
@@ -70,7 +75,7 @@ class Sampler:
         self._logits = FloatRows(model.n_vocab, VERIFY_RESERVE_ROWS)
         self._grammar: _Grammar | None = None
         if grammar is not None:
-            self._grammar = _Grammar(model, grammar, triggers)
+            self._grammar = _Grammar(model, grammar, triggers, root)
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         chain: Any = C.llama_sampler_chain_init(chain_params)
@@ -180,6 +185,14 @@ class Sampler:
         """Feed a token the sampler did not pick (prompt history for the penalties); a grammar does not see it."""
         C.llama_sampler_accept(self._chain, token)
 
+    def accept_forced(self, token: int) -> None:
+        """Feed a token the engine forced (the end of thinking) as if the chain had picked it: the penalties count it,
+        and a grammar advances over it where it allows it (a lazy grammar not yet triggered allows anything)."""
+        grammar = self._grammar
+        if grammar is not None and grammar.allows(token):
+            grammar.accept(token)
+        C.llama_sampler_accept(self._chain, token)
+
     def _sample_constrained(self, ctx: Context, idx: int) -> int:
         """Sample row `idx` under the grammar as upstream's common_sampler_sample does (grammar_first off): the
         chain picks from the raw logits; only when the grammar refuses that token are all candidates filtered by the
@@ -219,15 +232,15 @@ class _Grammar:
     """llama.cpp's grammar sampler beside the chain, with the candidate arrays it filters (llama_token_data_array
     over numpy memory: filled from a logits row without a Python loop)."""
 
-    def __init__(self, model: Model, grammar: str, triggers: Sequence[str] = ()) -> None:
+    def __init__(self, model: Model, grammar: str, triggers: Sequence[str] = (), root: str = "root") -> None:
         if triggers:
             # const char ** trigger_patterns, size_t n, const llama_token * trigger_tokens, size_t n
             patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
             handle = C.llama_sampler_init_grammar_lazy_patterns(
-                model.vocab, grammar.encode(), b"root", patterns, len(triggers), None, 0
+                model.vocab, grammar.encode(), root.encode(), patterns, len(triggers), None, 0
             )
         else:
-            handle = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+            handle = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), root.encode())
         if not handle:
             from engine_ext.grammar import GrammarError, parse_error
 

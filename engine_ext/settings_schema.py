@@ -306,6 +306,39 @@ N_PREDICT = Setting(
     wanted="-1 (no limit) or positive",
 )
 
+# ----- reasoning (Generate's reasoning fields; engine_ext.reasoning) ---------------------------------------------
+
+REASONING_EFFORTS: tuple[str, ...] = ("default", "low", "medium", "high")  # llama.cpp's names ("default": unset)
+REASONING_BUDGET = Setting(
+    "reasoning_budget",
+    int,
+    -1,
+    "thinking tokens before the end of thinking is forced and the model answers (-1: unlimited, 0: no thinking)",
+    label="reasoning budget",
+    flag="--reasoning-budget",
+    minimum=-1,
+    maximum=INT32_MAX,
+    meaning="-1: unlimited, 0: none",
+    wanted="-1 (unlimited), 0 (no thinking) or a number of tokens",
+)
+REASONING_BUDGET_MESSAGE = Setting(
+    "reasoning_budget_message",
+    str,
+    "",
+    "text forced before the end of thinking when the reasoning budget is spent",
+    label="reasoning budget message",
+    flag="--reasoning-budget-message",
+)
+REASONING_EFFORT = Setting(
+    "reasoning_effort",
+    str,
+    "default",
+    "reasoning effort, for chat templates that read it (default: the template's own)",
+    label="reasoning effort",
+    flag="--reasoning-effort",
+    choices=REASONING_EFFORTS,
+)
+
 # ----- the groups: which params dataclass, config table, CLI flags and screen each setting goes to ----------------
 
 # Numbers and switches ModelParams / ContextParams take as they are (n_gpu_layers, tensor_split and rpc_servers
@@ -354,3 +387,10 @@ SAMPLING: tuple[Setting[Any], ...] = (
     SEED,
 )
 SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_TYPE, DRAFT_MODEL, *DRAFT_NUMBERS, DRAFT_FIXED)
+# A chat request's reasoning controls (run and chat's flags; per request on the API server).
+REASONING: tuple[Setting[Any], ...] = (REASONING_BUDGET, REASONING_BUDGET_MESSAGE, REASONING_EFFORT)
+
+
+def effort_or_none(effort: str) -> str | None:
+    """A reasoning effort as Generate takes it: None for "default" (the template decides)."""
+    return None if effort == REASONING_EFFORT.default else effort

@@ -16,6 +16,7 @@ from engine_ext.private_files import private_dir, private_file
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
+    EndThinking,
     Event,
     Failed,
     Generate,
@@ -154,7 +155,7 @@ class Worker:
                 incoming = conn.recv()
             except (EOFError, OSError):
                 incoming = Shutdown()
-            if isinstance(incoming, Submit | SetQueueLimit | Cancel | Inspect):
+            if isinstance(incoming, Submit | SetQueueLimit | Cancel | EndThinking | Inspect):
                 self.handle(incoming)
             elif isinstance(incoming, Shutdown):
                 self.shutting_down = True
@@ -201,6 +202,8 @@ class Worker:
             elif isinstance(request, Cancel):
                 if self.scheduler is not None:  # else it arrived after its generation finished
                     self.scheduler.cancel(request.request_id)
+            elif isinstance(request, EndThinking):
+                pass  # its generation finished (parallel requests have no live end of thinking)
             else:
                 self.send(Failed(None, "ProtocolError", f"unknown request {type(request).__name__}"))
         except Exception as exc:  # every error becomes an event; the worker keeps serving
@@ -245,6 +248,7 @@ class Worker:
 
     def load(self, request: LoadModel) -> None:
         from engine_ext.bindings import C
+        from engine_ext.chat import template_thinking_controls
         from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
         from engine_ext.gguf import refuse_draft_as_model
@@ -323,6 +327,7 @@ class Worker:
             load_ms=(time.perf_counter() - t0) * 1000.0,
             n_gpu_layers=model_params.n_gpu_layers,
             placement=placement,
+            thinking_controls=template_thinking_controls(model.chat_template),
         )
         self.send(Loaded(info))
 
@@ -495,6 +500,9 @@ class Worker:
                         cancelled[0] = True
                     elif self.scheduler is not None:
                         self.scheduler.cancel(incoming.request_id)
+                elif isinstance(incoming, EndThinking):
+                    if incoming.request_id == request.request_id:
+                        self.session.end_thinking()  # forced from the next token on
                 elif isinstance(incoming, Submit | SetQueueLimit):
                     self.handle(incoming)  # queued (or refused) now; parallel requests run after this one
                 elif isinstance(incoming, Shutdown):

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from app.cli.engine_args import (
     add_engine_args,
     add_max_tokens_arg,
+    add_reasoning_args,
     add_sampling_args,
     context_params,
     model_params,
+    reasoning_fields,
     sampling_params,
 )
 from app.cli.remote import add_remote_args
@@ -112,6 +114,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     sampling=sampling_params(args),
                     max_tokens=args.n_predict,
                     stop=tuple(args.stop),
+                    **reasoning_fields(args),
                 )
                 try:
                     text, _, finished = stream_reply(client, request, echo=True, echoed=printed)
@@ -137,5 +140,6 @@ def add_chat_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
     add_engine_args(chat)
     add_sampling_args(chat)
+    add_reasoning_args(chat)
     add_max_tokens_arg(chat)
     add_remote_args(chat)

@@ -50,6 +50,22 @@ def add_max_tokens_arg(p: argparse.ArgumentParser) -> None:
     add_setting(p, s.N_PREDICT)
 
 
+def add_reasoning_args(p: argparse.ArgumentParser) -> None:
+    """--reasoning-budget, --reasoning-budget-message, --reasoning-effort (run and chat; llama.cpp's flags)."""
+    for setting in s.REASONING:
+        if setting is s.REASONING_BUDGET_MESSAGE:
+            add_setting(p, setting, type=utf8_text, metavar="TEXT")
+        else:
+            add_setting(p, setting, **({"metavar": "N"} if setting is s.REASONING_BUDGET else {}))
+
+
+def reasoning_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """Generate's reasoning fields from the parsed flags."""
+    fields = flag_values(args, s.REASONING)
+    fields["reasoning_effort"] = s.effort_or_none(fields["reasoning_effort"])
+    return fields
+
+
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     add_setting(
         p,

@@ -10,10 +10,12 @@ from pathlib import Path
 from app.cli.engine_args import (
     add_engine_args,
     add_max_tokens_arg,
+    add_reasoning_args,
     add_sampling_args,
     add_spec_args,
     context_params,
     model_params,
+    reasoning_fields,
     sampling_params,
     spec_params,
     target_load_plan,
@@ -91,6 +93,7 @@ def _run_generation(
         enable_thinking=None if args.think is None else args.think == "on",
         grammar=args.grammar,
         json_schema=args.json_schema,
+        **reasoning_fields(args),
     )
     if wants_tools(args) and not args.raw:
         return _run_with_tools(args, client, request, echoed)
@@ -257,6 +260,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     add_max_tokens_arg(run)
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
+    add_reasoning_args(run)
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
     add_grammar_args(run)
     add_tool_args(run)

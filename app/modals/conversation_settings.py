@@ -25,6 +25,13 @@ class ConversationSettingsResult:
     save_as: str | None
 
 
+def thinking_hint(controls: tuple[str, ...]) -> str:
+    """What the loaded model's template makes of the thinking controls, in a line."""
+    if not controls:
+        return "The model's template reads neither enable_thinking nor reasoning_effort; the budget still applies."
+    return f"The model's template reads {' and '.join(controls)}."
+
+
 class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
     """Ctrl+S saves, Esc cancels (nothing changes)."""
 
@@ -33,9 +40,18 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
         Binding("ctrl+s", "save", "Save"),
     ]
 
-    def __init__(self, system_prompt: str, sampling: SamplingSettings, presets: list[Preset]) -> None:
+    def __init__(
+        self,
+        system_prompt: str,
+        sampling: SamplingSettings,
+        presets: list[Preset],
+        thinking_controls: tuple[str, ...] | None = None,
+    ) -> None:
+        """`thinking_controls`: what the loaded model's template reads of enable_thinking and reasoning_effort (None:
+        not known)."""
         super().__init__(classes="dialog-screen")
         self.system_prompt = system_prompt
+        self.thinking_controls = thinking_controls
         self.sampling = sampling
         self.presets = {preset.name: preset for preset in presets}
         self._applied_preset: str | None = None
@@ -59,6 +75,8 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                         yield Label(setting.plain_label, classes="field-label")
                         value = str(getattr(self.sampling, setting.name))
                         yield Input(value, id=f"sampling-{setting.name}", compact=True, tooltip=setting.help)
+                if self.thinking_controls is not None:
+                    yield Label(thinking_hint(self.thinking_controls), id="thinking-controls", classes="field-label")
                 with Horizontal(id="preset-save-row"):
                     yield Input(placeholder="save these values as a preset named…", id="preset-name", compact=True)
             with Horizontal(classes="dialog-buttons"):

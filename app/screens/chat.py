@@ -83,6 +83,8 @@ class ChatScreen(ChatReply, ChatConversations):
         Binding("f5", "restart_engine", "Restart engine", show=False),
         Binding("ctrl+up", "focus_messages", "Messages", show=False),
         Binding("f7", "toggle_draft_colouring", "Draft colours", show=False, priority=True),  # over select-all
+        # Over the prompt's end-of-line only while the model thinks (check_action; otherwise ctrl+e is the prompt's).
+        Binding("ctrl+e", "stop_thinking", "Answer now", show=False, priority=True),
     ]
 
     @property
@@ -417,6 +419,8 @@ class ChatScreen(ChatReply, ChatConversations):
             return False  # Esc in the steering panel is its own: it closes the panel, the reply goes on
         if action == "stop":
             return self.generation is not None
+        if action == "stop_thinking":
+            return self.generation is not None and not self.generation.answering and not self.generation.cancelling
         if action == "back":
             return self.generation is None
         if action == "continue_reply":

@@ -211,5 +211,11 @@ class ChatConversations(ChatBase):
             self.notify("Conversation settings saved." + saved_preset)
 
         self.app.push_screen(
-            ConversationSettingsModal(conversation.system_prompt, sampling, self.app.store.list_presets()), apply
+            ConversationSettingsModal(
+                conversation.system_prompt,
+                sampling,
+                self.app.store.list_presets(),
+                self.app.model.thinking_controls if self.app.model is not None else None,
+            ),
+            apply,
         )

@@ -238,6 +238,17 @@ class ChatReply(ChatBase):
         if not self.app.generation.stop():
             self.action_back()
 
+    def action_stop_thinking(self) -> None:
+        """Stop thinking now: the model's thinking ends at the next token and it answers."""
+        if not self.app.generation.end_thinking():
+            reply = self.generation
+            thinking = reply is not None and not reply.answering
+            self.notify(
+                "This engine cannot stop a reply's thinking (Esc stops the reply)."
+                if thinking
+                else "The model is not thinking."
+            )
+
     async def action_continue_reply(self) -> None:
         if self._busy():
             return

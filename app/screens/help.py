@@ -35,6 +35,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("shift+enter, ctrl+j", "new line in the message"),
             ("up / down", "recall earlier messages (first / last line of the prompt)"),
             ("escape", "stop the reply (the text is kept, marked stopped) · leave edit mode"),
+            ("ctrl+e", "while the model thinks: stop thinking now, it answers at once (else: end of the line)"),
             ("ctrl+g", "continue the last reply: stopped, failed, cut short by max tokens, or edited"),
             ("ctrl+r", "regenerate the last reply (the old one stays as a branch)"),
             ("ctrl+n", "new conversation"),

@@ -165,6 +165,9 @@ class Dispatcher:
             speculative=bool(ticket.spec.types),
             tools=job.tools,
             tool_choice=job.tool_choice,
+            reasoning_effort=job.reasoning_effort,
+            reasoning_budget=job.reasoning_budget,
+            reasoning_budget_message=job.reasoning_budget_message,
         )
 
     def _event(self, ticket: Ticket, event: object) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from app.server.errors import ApiError, bad_request
 from app.server.tool_requests import parse_tools, tool_message
+from engine_ext import settings_schema as schema
 from engine_ext.params import SamplingParams
 from engine_ext.protocol import ChatMessage
 from engine_ext.setting import Setting
@@ -32,13 +33,15 @@ _COMMON = frozenset(
 )  # fmt: skip
 _CHAT = _COMMON | {
     "messages", "max_completion_tokens", "response_format", "tools", "tool_choice", "parallel_tool_calls",
-    "chat_template_kwargs", "reasoning_effort",
+    "chat_template_kwargs", "reasoning_effort", "reasoning_budget", "reasoning_budget_tokens",
+    "thinking_budget_tokens", "reasoning_budget_message",
 }  # fmt: skip
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SPEC_FIELDS = frozenset({"type", "types", "n_max", "n_min", "p_min"})
 _VECTOR_FIELDS = frozenset({"name", "strength", "layers"})
 _INT_BOUND = 2**31 - 1
+MAX_BUDGET_MESSAGE = 1000  # characters of a request's reasoning_budget_message
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,9 @@ class Job:
     ignore_eos: bool = False  # llama-server's: generate max_tokens whatever the model says (benchmarks)
     tools: str | None = None  # the request's tool definitions, JSON text (engine_ext.tool_calls)
     tool_choice: str = "auto"  # auto | required | none
+    reasoning_effort: str | None = None  # low | medium | high for templates that read it (None: the template's own)
+    reasoning_budget: int = -1  # thinking tokens before the end of thinking is forced (-1: unlimited, 0: none)
+    reasoning_budget_message: str = ""  # forced before the end of thinking when the budget is spent
 
 
 def parse_body(raw: bytes) -> dict[str, object]:
@@ -118,7 +124,6 @@ def parse_body(raw: bytes) -> dict[str, object]:
 
 def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
     _known(body, _CHAT)
-    _refuse_features(body)
     tools, tool_choice = parse_tools(body)
     messages = _messages(body.get("messages"), limits)
     template_kwargs = _object(body, "chat_template_kwargs")
@@ -133,9 +138,10 @@ def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Lim
         _common(body, defaults, limits, model, "chat"),
         messages=messages,
         max_tokens=_max_tokens(max_tokens, name, limits),
-        enable_thinking=thinking,
+        enable_thinking=False if thinking is None and body.get("reasoning_effort") == "none" else thinking,
         tools=tools,
         tool_choice=tool_choice,
+        **_reasoning(body),
     )
 
 
@@ -385,9 +391,33 @@ def _vectors(value: object, limits: Limits) -> tuple[VectorChoice, ...] | None:
     return tuple(out)
 
 
-def _refuse_features(body: Mapping[str, object]) -> None:
-    if body.get("reasoning_effort") is not None:
-        raise bad_request("reasoning_effort is not supported by this server yet", "reasoning_effort")
+# The budget's names: llama.cpp's flag, llama-server's field and its alias (the same thing; one value if several).
+_BUDGET_FIELDS = ("reasoning_budget", "reasoning_budget_tokens", "thinking_budget_tokens")
+_EFFORTS = ("none", *(e for e in schema.REASONING_EFFORTS if e != schema.REASONING_EFFORT.default))
+
+
+def _reasoning(body: Mapping[str, object]) -> dict[str, Any]:
+    """A chat request's reasoning fields (as llama-server reads them): reasoning_effort ("none": no thinking), the
+    budget under any of its names, and the message forced before the end of thinking."""
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in _EFFORTS:
+        raise bad_request(f"reasoning_effort must be one of {', '.join(_EFFORTS)}", "reasoning_effort")
+    lo, hi = _range(schema.REASONING_BUDGET)
+    budgets = {name: value for name in _BUDGET_FIELDS if (value := _int(body, name, lo, hi)) is not None}
+    if len(set(budgets.values())) > 1:
+        raise bad_request(f"{' and '.join(budgets)} differ: send one reasoning budget", next(iter(budgets)))
+    message = body.get("reasoning_budget_message", "")
+    if not isinstance(message, str) or len(message) > MAX_BUDGET_MESSAGE:
+        raise bad_request(
+            f"reasoning_budget_message must be text of at most {MAX_BUDGET_MESSAGE} characters",
+            "reasoning_budget_message",
+        )
+    _check_text(message, "reasoning_budget_message")
+    return {
+        "reasoning_effort": None if effort in (None, "none") else effort,
+        "reasoning_budget": next(iter(budgets.values()), schema.REASONING_BUDGET.default),
+        "reasoning_budget_message": message,
+    }
 
 
 def _known(body: Mapping[str, object], fields: frozenset[str]) -> None:

@@ -4,7 +4,7 @@ body (a long one folded, or rendered on a thread), with the keys that act on it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
@@ -84,6 +84,14 @@ def fold_head(text: str) -> str | None:
         return None
     head = "\n".join(text[: FOLD_HEAD_CHARS * 2].split("\n", FOLD_HEAD_LINES)[:FOLD_HEAD_LINES])
     return head[:FOLD_HEAD_CHARS].rstrip()
+
+
+def reasoning_size(reasoning: str, stats: Mapping[str, object]) -> str:
+    """How much a reply thought: its thinking tokens and time as the engine counted them, else its words."""
+    tokens, ms = stats.get("reasoning_tokens"), stats.get("reasoning_ms")
+    if isinstance(tokens, int) and tokens > 0 and isinstance(ms, int | float):
+        return f"{tokens} tokens, {ms / 1000.0:.1f} s"
+    return f"{len(reasoning.split())} words"
 
 
 class MessageView(RenderedOnce, can_focus=True):
@@ -201,8 +209,7 @@ class MessageView(RenderedOnce, can_focus=True):
             return None
         style = self.get_component_rich_style("message-view--reasoning", partial=True)
         if not self.show_reasoning:
-            words = len(reasoning.split())
-            return Text(f"▸ Reasoning ({words} words) — t to show", style=style)
+            return Text(f"▸ Reasoning ({reasoning_size(reasoning, self.message.stats)}) — t to show", style=style)
         return Group(Text("▾ Reasoning — t to hide", style=style), Padding(Text(reasoning, style=style), (0, 0, 0, 2)))
 
     def watch_show_reasoning(self) -> None:

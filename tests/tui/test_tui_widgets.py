@@ -20,9 +20,10 @@ from textual.pilot import Pilot
 from textual.strip import Strip
 from textual.widgets import Static
 
-from app.bridge import EngineBridge, chunk_draft_spans
+from app.bridge import EngineBridge
 from app.messages import TokensArrived
 from app.store import Message as StoredMessage
+from app.streaming import chunk_draft_spans
 from app.textual_internals.compositor import CroppedCompositor
 from app.widgets.draft_provenance import (
     MODEL_DRAFT,

@@ -23,6 +23,7 @@ class Engine:
     def __init__(self) -> None:
         self.requests: list[tuple[list[tuple[str, str]], SamplingSettings, bool]] = []
         self.cancelled: list[int] = []
+        self.ended_thinking: list[int] = []
 
     def generate(
         self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *, continue_reply: bool = False
@@ -32,6 +33,10 @@ class Engine:
 
     def cancel(self, request_id: int) -> None:
         self.cancelled.append(request_id)
+
+    def end_thinking(self, request_id: int) -> bool:
+        self.ended_thinking.append(request_id)
+        return True
 
 
 class Host:

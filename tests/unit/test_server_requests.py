@@ -162,3 +162,20 @@ def test_fuzzed_bodies_are_answered_or_refused_never_crash() -> None:
             assert 400 <= e.status < 500 and "\n" not in e.message
             outcomes["refused"] += 1
     assert outcomes["ok"] > 100 and outcomes["refused"] > 100
+
+
+def test_reasoning_effort_and_budget_per_request_under_llama_servers_names() -> None:
+    job = chat({"messages": USER, "reasoning_effort": "low", "thinking_budget_tokens": 64})
+    assert job.reasoning_effort == "low" and job.reasoning_budget == 64 and job.enable_thinking is None
+    job = chat({"messages": USER, "reasoning_budget_tokens": 0, "reasoning_budget_message": "Enough."})
+    assert job.reasoning_budget == 0 and job.reasoning_budget_message == "Enough."
+    assert chat({"messages": USER, "reasoning_budget": 5, "thinking_budget_tokens": 5}).reasoning_budget == 5
+    none = chat({"messages": USER, "reasoning_effort": "none"})
+    assert none.reasoning_effort is None and none.enable_thinking is False
+    plain = chat({"messages": USER})
+    assert plain.reasoning_effort is None and plain.reasoning_budget == -1 and plain.reasoning_budget_message == ""
+    assert refused({"messages": USER, "reasoning_effort": "max"}).param == "reasoning_effort"
+    assert refused({"messages": USER, "thinking_budget_tokens": -2}).param == "thinking_budget_tokens"
+    assert refused({"messages": USER, "reasoning_budget": 3, "thinking_budget_tokens": 4}).param == "reasoning_budget"
+    assert refused({"messages": USER, "reasoning_budget_message": 7}).param == "reasoning_budget_message"
+    assert refused({"messages": USER, "reasoning_budget_message": "x" * 1001}).param == "reasoning_budget_message"

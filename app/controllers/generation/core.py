@@ -33,6 +33,9 @@ class Engine(Protocol):
     def cancel(self, request_id: int) -> None:
         """Stop the request; it still ends with a finished event (stop reason "cancelled")."""
 
+    def end_thinking(self, request_id: int) -> bool:
+        """Stop the request's thinking now (it answers); whether this engine can."""
+
 
 class GenerationHost(Protocol):
     """Where the controller finds the history and the engine in use (the App; a CLI session; a test)."""
@@ -61,6 +64,8 @@ class ActiveReply:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     continue_reply: bool = False
     cancelling: bool = False
+    answering: bool = False
+    """Answer text has come (the reply no longer thinks)."""
 
 
 def conversation_sampling(conversation: Conversation) -> SamplingSettings:
@@ -148,6 +153,7 @@ class GenerationController:
             engine_messages(path, conversation),
             conversation_sampling(conversation),
             continue_reply=resume is not None,
+            answering=resume is not None and bool(resume.content),
         )
         self.active = reply
         self.replies_started += 1
@@ -177,6 +183,14 @@ class GenerationController:
                 self.host.bridge.cancel(reply.request_id)
         return True
 
+    def end_thinking(self) -> bool:
+        """Stop the reply's thinking now: the engine forces the end of thinking at the next token and the model
+        answers (Esc still stops the whole reply). Whether the reply was thinking and the engine could."""
+        reply = self.active
+        if reply is None or not reply.request_id or reply.cancelling or reply.answering:
+            return False
+        return self.host.bridge.end_thinking(reply.request_id)
+
     # ----- what the engine says -----
 
     def owns(self, request_id: int | None, *, unnamed: bool = False) -> bool:
@@ -192,6 +206,8 @@ class GenerationController:
         if not self.owns(request_id):
             return False
         assert self.active is not None
+        if text:
+            self.active.answering = True
         self.active.recorder.append(text, reasoning, n_tokens)
         return True
 

@@ -1,0 +1,136 @@
+"""Reasoning in the app at 80x24, on a tiny model whose template opens <think>: the conversation's reasoning budget
+and effort (conversation settings) reach the engine, and ctrl+e while the model thinks ends its thinking and it
+answers; elsewhere ctrl+e stays the prompt's end of line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import Input, Label
+
+from app.config import SamplingSettings
+from app.modals.conversation_settings import ConversationSettingsModal
+from app.tui import LlmtuiApp
+from engine_ext.protocol import EndThinking, Generate
+from tests.engine.test_reasoning import LONG_THINKER, PICK, THINKING_TEMPLATE
+from tests.pilot import chat_of, ready, reply_done, send
+from tests.tiny_models import write_tiny_model
+from tests.waits import wait_until
+
+pytestmark = pytest.mark.usefixtures("app_dirs")
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        "qwen3", tmp_path_factory.mktemp("thinker") / "thinker.gguf", chat_template=THINKING_TEMPLATE
+    )
+
+
+async def open_settings(pilot: Any, app: LlmtuiApp) -> ConversationSettingsModal:
+    await pilot.press("ctrl+s")
+    await wait_until(pilot, lambda: isinstance(app.screen, ConversationSettingsModal), "the conversation settings")
+    assert isinstance(app.screen, ConversationSettingsModal)
+    return app.screen
+
+
+def spy_requests(app: LlmtuiApp) -> list[object]:
+    """What the bridge writes to the engine's pipe from now on."""
+    client = app.bridge._client
+    sent: list[object] = []
+    send = client.send
+
+    def spy(request: object) -> None:
+        sent.append(request)
+        send(request)
+
+    client.send = spy  # type: ignore[method-assign]
+    return sent
+
+
+@pytest.mark.anyio
+async def test_the_conversations_budget_and_effort_reach_the_engine_and_it_answers(thinker: Path) -> None:
+    app = LlmtuiApp(str(thinker), default_sampling=SamplingSettings(temperature=0.0, max_tokens=48))
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await ready(pilot)
+        modal = await open_settings(pilot, app)
+        hint = str(modal.query_one("#thinking-controls", Label).render())
+        assert "reads enable_thinking." in hint  # the loaded model's template (reasoning_effort it does not read)
+        modal.query_one("#sampling-reasoning_effort", Input).value = "extreme"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is modal  # refused: not an effort
+        modal.query_one("#sampling-reasoning_effort", Input).value = "low"
+        modal.query_one("#sampling-reasoning_budget", Input).value = "6"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.screen is chat, "the settings saved")
+        sent = spy_requests(app)
+        await send(pilot, "think briefly")
+        await reply_done(pilot)
+        request = next(r for r in sent if isinstance(r, Generate))
+        assert request.reasoning_budget == 6 and request.reasoning_effort == "low"
+        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        assert reply.reasoning.strip() and reply.content.strip() and reply.state == "complete"
+
+
+@pytest.mark.anyio
+async def test_ctrl_e_while_the_model_thinks_ends_its_thinking_and_it_answers(thinker: Path) -> None:
+    app = LlmtuiApp(str(thinker), default_sampling=SamplingSettings(temperature=0.0, max_tokens=1000))
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await ready(pilot)
+        chat.prompt.load_text("ab")
+        chat.prompt.move_cursor((0, 0))
+        await pilot.press("ctrl+e")  # no reply: the prompt's end of line
+        assert chat.prompt.cursor_location == (0, 2)
+        chat.prompt.load_text("")
+        sent = spy_requests(app)
+        pid = app.bridge.pid or 0
+        # The tiny model is fast: the engine waits (SIGSTOP) until ctrl+e's request is written behind the reply's,
+        # and reads it while the prompt is read. Unasked, this prompt thinks for all its 1000 tokens.
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await send(pilot, LONG_THINKER)
+            reply = chat.generation
+            assert reply is not None and not reply.answering
+            await pilot.press("ctrl+e")
+            await wait_until(pilot, lambda: any(isinstance(r, EndThinking) for r in sent), "EndThinking written")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await wait_until(pilot, lambda: reply.answering, "the answer after the forced end of thinking")
+        await pilot.press("escape")  # Esc still stops the whole reply
+        await reply_done(pilot)
+        message = app.store.active_path(chat_of(app).conversation_id or 0)[-1]
+        assert not message.reasoning.strip() and message.content.strip() and message.state == "stopped"
+
+
+@pytest.mark.anyio
+async def test_a_json_schema_conversation_thinks_then_answers_valid_json(thinker: Path, tmp_path: Path) -> None:
+    schema = tmp_path / "pick.json"
+    schema.write_text(PICK)
+    app = LlmtuiApp(str(thinker), default_sampling=SamplingSettings(temperature=0.0, max_tokens=80))
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await ready(pilot)
+        modal = await open_settings(pilot, app)
+        modal.query_one("#sampling-output_format", Input).value = "json_schema"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is modal  # refused: no schema file
+        modal.query_one("#sampling-output_file", Input).value = str(schema)
+        modal.query_one("#sampling-reasoning_budget", Input).value = "5"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.screen is chat, "the settings saved")
+        for n in range(2):
+            await send(pilot, f"pick {n}")
+            await reply_done(pilot)
+            reply = app.store.active_path(chat.conversation_id or 0)[-1]
+            assert reply.reasoning.strip() and isinstance(json.loads(reply.content)["ok"], bool)
+        schema.unlink()  # a file gone: the reply fails in one line, the app goes on
+        await send(pilot, "again")
+        await reply_done(pilot)
+        assert app.store.active_path(chat.conversation_id or 0)[-1].state == "error"
+        assert any("pick.json" in str(n.message) for n in app._notifications)

@@ -34,6 +34,16 @@ from engine_ext.sampling import Sampler
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
+from engine_ext.vision import (
+    EncodedImage,
+    NoProjector,
+    Vision,
+    evaluate_with_media,
+    image_token_count,
+    message_dicts,
+    request_images,
+    tokenize_with_media,
+)
 
 MAX_CHECKPOINTS = 8
 # Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
@@ -101,11 +111,17 @@ class Session:
         self.template = model.chat_template
         self.bos_text = model.token_text(model.bos_token) if model.bos_token >= 0 else ""
         self.eos_text = model.token_text(model.eos_token) if model.eos_token >= 0 else ""
+        self.vision: Vision | None = None  # the projector, when the model was loaded with one (engine_ext.vision)
+        self.media: dict[str, EncodedImage] = {}  # the images of the request in hand, by content hash
+        self._encodes_before = (0, 0.0)  # the projector's encode count and time when the request began
 
     # ----- prompt -----------------------------------------------------------------------------------
 
+    def _tokenize_text(self, text: str) -> list[int]:
+        return self.model.tokenize(text, add_special=False, parse_special=True)
+
     def _tokenize_prompt(self, text: str) -> list[int]:
-        tokens = self.model.tokenize(text, add_special=False, parse_special=True)
+        tokens = tokenize_with_media(text, self.media, self._tokenize_text)
         bos = self.model.bos_token
         if self.model.add_bos and bos >= 0 and (not tokens or tokens[0] != bos):
             tokens.insert(0, bos)
@@ -120,7 +136,7 @@ class Session:
         if best is None:
             return self._tokenize_prompt(text)
         rest = text[len(best[0]) :]
-        return list(best[1]) + self.model.tokenize(rest, add_special=False, parse_special=True)
+        return list(best[1]) + tokenize_with_media(rest, self.media, self._tokenize_text)
 
     def _add_anchor(self, text: str, tokens: Sequence[int]) -> None:
         if text:
@@ -165,6 +181,7 @@ class Session:
         """Tokens to evaluate for a request, trimming the oldest turns when the context is too small; `cancelled`
         can stop the chat template's rendering (ChatTemplateCancelled)."""
         n_ctx = self.ctx.n_ctx
+        self.media = {}
         room = request.max_tokens if request.max_tokens > 0 else MIN_REPLY_ROOM
         budget = max(1, n_ctx - min(room, n_ctx // 2))
         if request.prompt_tokens is not None:
@@ -173,7 +190,11 @@ class Session:
         elif request.prompt is not None:
             plan = PromptPlan(self._tokens_for(request.prompt), request.prompt, 0, False, chat=False)
         else:
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            messages = message_dicts(request.messages)
+            images = request_images(request.messages)
+            if images and self.vision is None:
+                raise NoProjector("this model was loaded without a projector (mmproj), so it cannot see images")
+            self.media = self.vision.prepare(images) if images and self.vision is not None else {}
             if not messages:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
@@ -246,6 +267,16 @@ class Session:
         into micro-batches anyway, and between two of them `cancelled` is asked (a long prompt takes seconds, and
         Esc must not wait for all of it). What was decoded stays in the cache. `progress` is told how many of
         `tokens` are in before each micro-batch but the first."""
+        if self.media and self.vision is not None and tokens and min(tokens) < 0:
+            evaluate_with_media(
+                self.cached,
+                self.ctx,
+                self.vision,
+                tokens,
+                lambda run, last: self._evaluate(run, logits_last=last, cancelled=cancelled),
+                logits_last,
+            )
+            return
         n_batch = min(self.ctx.n_batch, self.ctx.params.n_ubatch)
         for start in range(0, len(tokens), n_batch):
             if start:
@@ -277,6 +308,8 @@ class Session:
         Raises PromptCancelled when `cancelled` says so between batches. `progress(done, total)` hears how many
         of the prompt's tokens are in the context, between batches of a prompt longer than one.
         """
+        if self.spec is not None and self.spec.set_media(bool(self.media) and min(tokens) < 0):
+            self.reset_cache()  # model drafters missed the turns with images: they start over with the target
         n_cached = self._reuse_cache(tokens)
         rest = tokens[n_cached:]
         told = None if progress is None else (lambda done: progress(n_cached + done, len(tokens)))
@@ -313,6 +346,8 @@ class Session:
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
+        if self.vision is not None:
+            self._encodes_before = (self.vision.encodes, self.vision.encode_ms)
         try:
             plan = self.plan(request, cancelled)
         except ChatTemplateCancelled:  # Esc while a slow template rendered: no reply, nothing read
@@ -349,7 +384,8 @@ class Session:
             if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
                 window = params.repeat_last_n if params.repeat_last_n > 0 else len(plan.tokens)
                 for t in plan.tokens[-window:]:
-                    sampler.accept(t)
+                    if t >= 0:  # not an image's positions
+                        sampler.accept(t)
             stream = _ReplyStream(self.model, request, plan, emit, self.token_info)
             if spec is None:
                 loop = self._decode_plain(request, sampler, stream, cancelled, t_request)
@@ -358,7 +394,10 @@ class Session:
             stream.finish()
         finally:
             sampler.close()
-        return self._finish(request, plan, n_cached, prompt_ms, loop)
+        try:
+            return self._finish(request, plan, n_cached, prompt_ms, loop)
+        finally:
+            self.media = {}
 
     def _choose_backend_sampling(self, sampler: Sampler, spec: SpeculativeDriver | None) -> None:
         """With `backend_greedy`, attach the context's backend greedy sampler for a pure greedy speculative request;
@@ -609,6 +648,9 @@ class Session:
             n_ctx_used=len(self.cached),
             dropped_messages=plan.dropped_messages,
             n_threads=self.ctx.n_threads,
+            image_tokens=image_token_count(plan.tokens, self.vision) if self.media else 0,
+            images_encoded=self.vision.encodes - self._encodes_before[0] if self.vision is not None else 0,
+            image_encode_ms=self.vision.encode_ms - self._encodes_before[1] if self.vision is not None else 0.0,
         )
         return Finished(request.request_id, loop.stop_reason, stats, notices, loop.speculative)
 

@@ -57,6 +57,7 @@ class ModelParams:
     tensor_split: tuple[float, ...] = ()  # share of the model per device (llama.cpp --tensor-split)
     n_cpu_moe: int = 0  # keep the expert tensors of the first N layers on the CPU (--n-cpu-moe)
     fit_target_mib: int = DEFAULT_FIT_TARGET_MIB  # with -ngl auto: MiB to leave free on each device
+    mmproj: str | None = None  # the model's multimodal projector (llama.cpp --mmproj): images through libmtmd
 
     def validate(self) -> None:
         """Refuse what llama.cpp would reject or abort on."""

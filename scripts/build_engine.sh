@@ -45,8 +45,9 @@ case "$backend" in
 esac
 [ "$1" = auto ] && backend_args=""  # auto: CMAKE_ARGS alone
 version=0.3.36
-# As scripts/setup.sh: the RPC backend on (llmtui --rpc, rpc-server and their tests), the multimodal library off.
-cmake_args="$backend_args -DGGML_RPC=on -DLLAVA_BUILD=off ${CMAKE_ARGS:-}"
+# As scripts/setup.sh: the RPC backend on (llmtui --rpc, rpc-server and their tests), the multimodal library
+# (libmtmd: images with a model's mmproj projector) on.
+cmake_args="$backend_args -DGGML_RPC=on -DLLAVA_BUILD=on ${CMAKE_ARGS:-}"
 cmake_args=$(echo "$cmake_args" | xargs)  # one space between arguments: the record compares equal across runs
 
 src_cache="$root/build/engine-src"

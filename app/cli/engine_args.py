@@ -94,6 +94,13 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> N
         metavar="MiB",
         help="with -ngl auto: memory to leave free on each device (default %(default)s MiB)",
     )
+    p.add_argument(
+        "--mmproj",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the model's multimodal projector (images); default: the mmproj*.gguf beside the model, when one is",
+    )
     p.add_argument("-b", "--batch-size", type=BATCH, default=2048, help="logical batch size")
     p.add_argument("-ub", "--ubatch-size", type=BATCH, default=512, help="physical batch size")
     p.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto")
@@ -230,7 +237,23 @@ def model_params(
         main_gpu=args.main_gpu,
         n_cpu_moe=args.n_cpu_moe,
         fit_target_mib=args.fit_target,
+        mmproj=str(projector) if (projector := projector_for(args, model)) else None,
     )
+
+
+def projector_for(args: argparse.Namespace, model: Path | None) -> Path | None:
+    """The projector a model loads with: --mmproj, else the mmproj sidecar paired with it on disk (models_catalog's
+    rule, llama.cpp's: in its folder, the closest quant) when images are to be sent; None: no images."""
+    given: Path | None = getattr(args, "mmproj", None)
+    if given is not None:
+        if not given.is_file():
+            raise CliError(f"--mmproj {given}: no such file")
+        return given
+    if not getattr(args, "image", None) or model is None:
+        return None
+    from models_catalog.pairing import local_mmproj
+
+    return local_mmproj(model)
 
 
 def _saved_repack() -> bool:

@@ -22,6 +22,7 @@ from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import n_predict, text_file, text_or_file, utf8_text
 from app.models import resolve_model
 from engine_ext.client import EngineClient
+from engine_ext.image_input import ImageRefused, read_image_file
 from engine_ext.params import (
     ContextParams,
     ModelParams,
@@ -30,6 +31,7 @@ from engine_ext.params import (
 from engine_ext.protocol import (
     ChatMessage,
     Generate,
+    ImageRef,
 )
 from engine_ext.untrusted_text import json_text
 
@@ -41,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = spec_params(args, path)
     spec.validate()
     model = model_params(args, spec, path)
+    images = _images(args, path, model)
     context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
     with start_engine() as client:
         echoed: list[bool] = []  # a reply partly printed is not written again by a retry
@@ -48,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             client,
             model,
             context,
-            lambda model: _run_generation(args, client, path, spec, model, context, echoed),
+            lambda model: _run_generation(args, client, path, spec, model, context, echoed, images),
             early=lambda: not echoed,
         )
 
@@ -61,6 +64,7 @@ def _run_generation(
     model: ModelParams,
     context: ContextParams,
     echoed: list[bool],
+    images: tuple[ImageRef, ...] = (),
 ) -> int:
     """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
     loaded(client.load(path, model, context))
@@ -75,7 +79,7 @@ def _run_generation(
     if not args.raw:
         if args.system:
             messages += (ChatMessage("system", args.system),)
-        messages += (ChatMessage("user", args.prompt),)
+        messages += (ChatMessage("user", args.prompt, images),)
     request = Generate(
         request_id=client.new_request_id(),
         messages=messages,
@@ -110,6 +114,26 @@ def _run_generation(
     return 0
 
 
+def _images(args: argparse.Namespace, path: Path, model: ModelParams) -> tuple[ImageRef, ...]:
+    """The --image files, read and checked here (one line for a refused one), sent with the message."""
+    if not args.image:
+        return ()
+    if args.raw:
+        raise CliError("--image goes with a chat message: drop --raw")
+    if model.mmproj is None:
+        raise CliError(
+            f"{path.name} has no projector (mmproj) beside it, so it cannot see images; give one with --mmproj FILE"
+        )
+    refs = []
+    for file in args.image:
+        try:
+            image = read_image_file(file)
+        except ImageRefused as exc:
+            raise CliError(str(exc)) from None
+        refs.append(ImageRef(image.sha256, data=image.data, name=Path(file).name))
+    return tuple(refs)
+
+
 def add_grammar_args(p: argparse.ArgumentParser) -> None:
     """llama.cpp's output constraints: a GBNF grammar or a JSON schema (text, or a file that holds it)."""
     shape = p.add_mutually_exclusive_group()
@@ -141,6 +165,7 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
             ("--raw", bool(getattr(args, "raw", False))),
             ("--grammar", getattr(args, "grammar", None) is not None),
             ("--json-schema", getattr(args, "json_schema", None) is not None),
+            ("--image", bool(getattr(args, "image", None))),
         )
         if on
     ]
@@ -185,6 +210,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
+    run.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an image sent with the message (PNG, JPEG, GIF, BMP; repeatable); needs the model's projector",
+    )
     add_grammar_args(run)
     add_spec_args(run)
     add_control_vector_args(run)

@@ -162,3 +162,32 @@ def test_fuzzed_bodies_are_answered_or_refused_never_crash() -> None:
             assert 400 <= e.status < 500 and "\n" not in e.message
             outcomes["refused"] += 1
     assert outcomes["ok"] > 100 and outcomes["refused"] > 100
+
+
+def test_image_url_parts_take_data_urls_only_and_checked_images() -> None:
+    import base64
+    import hashlib
+
+    from engine_ext.protocol import IMAGE_MARKER
+    from tests.tiny_mmproj import png_bytes
+
+    png = png_bytes(8, 6)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    parts = [
+        {"type": "text", "text": "left "},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": " right"},
+    ]
+    job = chat({"messages": [{"role": "user", "content": parts}]})
+    message = job.messages[-1]
+    assert message.content == f"left {IMAGE_MARKER} right"
+    assert [i.sha256 for i in message.images] == [hashlib.sha256(png).hexdigest()] and message.images[0].data == png
+    for image_url, why in (
+        ({"url": "https://example.com/cat.png"}, "remote image URLs are not fetched"),
+        ({"url": "file:///etc/passwd"}, "not a data: URL"),
+        ({"url": "data:image/png;base64,@@@"}, "not valid base64"),
+        ({"url": "data:image/png;base64," + base64.b64encode(b"GIF89a\xff\xff\xff\xff;").decode()}, "more than"),
+        ({"url": "data:image/png;base64," + base64.b64encode(b"not an image").decode()}, "not an image"),
+    ):
+        body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": image_url}]}]}
+        assert why in refused(body).message

@@ -312,9 +312,13 @@ def mtmd() -> ModuleType:
     """llama-cpp-python's libmtmd bindings (llama_cpp.mtmd_cpp), loaded on first use: importing them opens libmtmd,
     which an engine built without the multimodal library lacks (MultimodalUnavailable then)."""
     try:
-        return importlib.import_module("llama_cpp.mtmd_cpp")
+        module = importlib.import_module("llama_cpp.mtmd_cpp")
     except (OSError, RuntimeError, FileNotFoundError) as exc:
         raise MultimodalUnavailable(
             "this engine was built without libmtmd (llama.cpp's multimodal library), so it cannot read images; "
             f"rebuild it with scripts/setup.sh ({exc})"
         ) from None
+    if _log_callbacks:  # libmtmd logs through llmtui's callback too (the engine log, at its level), not to stderr raw
+        module.mtmd_log_set(_log_callbacks[0], None)
+        module.mtmd_helper_log_set(_log_callbacks[0], None)
+    return module

@@ -250,7 +250,8 @@ class Vision:
         embd = part.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         rc = self.m.mtmd_helper_decode_image_chunk(
             self.handle, ctx.handle, part.chunk, embd, n_past, 0, ctx.n_batch, ctypes.byref(new_n_past),
-            None, None,
+            self.m.mtmd_helper_post_decode_callback(),  # NULL: no callback
+            None,
         )  # fmt: skip
         if rc != 0:
             raise EngineError(f"decoding the image into the context failed (error {rc}); the engine log says why")

@@ -87,7 +87,7 @@ def test_an_image_is_encoded_counted_and_decoded_deterministically(tiny_models: 
     with vision_session(tiny_models["llama"], mmproj) as fresh:
         again, _ = ask(fresh, turn)
     assert again == ids  # deterministic across sessions (its own projector, encode and decode)
-    assert ids != text_only or ids != other  # the image reaches the model: another image or none reads differently
+    assert ids != text_only and ids != other  # the image reaches the model: another image or none reads differently
 
 
 def test_a_second_turn_encodes_nothing_and_reuses_the_prompt_cache(tiny_models: dict[str, Path], mmproj: Path) -> None:

@@ -94,13 +94,6 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> N
         metavar="MiB",
         help="with -ngl auto: memory to leave free on each device (default %(default)s MiB)",
     )
-    p.add_argument(
-        "--mmproj",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="the model's multimodal projector (images); default: the mmproj*.gguf beside the model, when one is",
-    )
     p.add_argument("-b", "--batch-size", type=BATCH, default=2048, help="logical batch size")
     p.add_argument("-ub", "--ubatch-size", type=BATCH, default=512, help="physical batch size")
     p.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto")
@@ -238,6 +231,17 @@ def model_params(
         n_cpu_moe=args.n_cpu_moe,
         fit_target_mib=args.fit_target,
         mmproj=str(projector) if (projector := projector_for(args, model)) else None,
+    )
+
+
+def add_mmproj_arg(p: argparse.ArgumentParser) -> None:
+    """--mmproj, for the commands that send images (run, serve)."""
+    p.add_argument(
+        "--mmproj",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the model's multimodal projector (images); run's default: the mmproj*.gguf beside the model",
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from app.cli.engine_args import (
     add_engine_args,
+    add_mmproj_arg,
     add_sampling_args,
     add_spec_args,
     context_params,
@@ -195,6 +196,7 @@ def _run_remote(args: argparse.Namespace) -> int:
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="one generation, streamed to stdout")
     add_engine_args(run)
+    add_mmproj_arg(run)
     add_sampling_args(run)
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("-p", "--prompt", type=utf8_text, help="the user message (or raw text with --raw)")

@@ -182,3 +182,31 @@ def test_cli_run_with_an_image(tiny_models: dict[str, Path], mmproj: Path, tmp_p
     os.mkfifo(fifo)
     refused = subprocess.run([*base, "--image", str(fifo)], capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode != 0 and "not a regular file" in refused.stderr
+
+
+def test_serve_takes_image_url_data_urls(tiny_models: dict[str, Path], mmproj: Path) -> None:
+    import base64
+
+    import httpx2 as httpx
+
+    from tests.serve_process import free_port, running_serve
+
+    port = free_port()
+    args = ["-m", str(tiny_models["llama"]), "--mmproj", str(mmproj), "-t", "2", "--port", str(port), "--temp", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMTUI_ADAPTIVE_THREADS": "off"}
+    url = "data:image/png;base64," + base64.b64encode(png_bytes(40, 30)).decode()
+
+    def ask_api(parts: list[dict[str, object]]) -> httpx.Response:
+        body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": parts}]}
+        return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+
+    with running_serve(args, env, port) as base:
+        text = {"type": "text", "text": "what is it?"}
+        with_image = ask_api([{"type": "image_url", "image_url": {"url": url}}, text])
+        assert with_image.status_code == 200, with_image.text
+        plain = ask_api([text])
+        assert plain.status_code == 200, plain.text
+        grown = with_image.json()["usage"]["prompt_tokens"] - plain.json()["usage"]["prompt_tokens"]
+        assert grown >= IMAGE_TOKENS  # the image's tokens (and the marker's line break) are in the prompt
+        remote = ask_api([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, text])
+        assert remote.status_code == 400 and "not fetched" in remote.text

@@ -210,3 +210,12 @@ def test_serve_takes_image_url_data_urls(tiny_models: dict[str, Path], mmproj: P
         assert grown >= IMAGE_TOKENS  # the image's tokens (and the marker's line break) are in the prompt
         remote = ask_api([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, text])
         assert remote.status_code == 400 and "not fetched" in remote.text
+
+
+def test_doctor_says_the_engine_reads_images() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "doctor", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["images"] is True

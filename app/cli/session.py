@@ -106,6 +106,10 @@ def format_stats(stats: GenerationStats) -> str:
         f"{stats.prompt_tokens_evaluated} evaluated, {stats.prompt_tps:.1f} tok/s) | "
         f"generated {stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s | "
         f"ttft {stats.ttft_ms:.0f} ms | context {stats.n_ctx_used}/{stats.n_ctx}"
+    ) + (
+        f" | images {stats.image_tokens} tok, {stats.images_encoded} encoded in {stats.image_encode_ms:.0f} ms"
+        if stats.image_tokens
+        else ""
     )
 
 

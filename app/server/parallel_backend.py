@@ -94,8 +94,8 @@ class ParallelBackend(Dispatcher):
             raise ApiError(500, f"the engine is not running ({type(e).__name__}); try again shortly") from None
         return ticket
 
-    def close(self) -> None:
-        self._router.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._router.close(timeout_s)
 
     def _publish(self) -> None:
         self.metrics.queue(len(self._processing), len(self._tickets) - len(self._processing))

@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -36,11 +36,11 @@ from app.messages import (
     SpeculativeConfigured,
     SpeculativeStatsUpdated,
     SteeringApplied,
-    TokensArrived,
     VectorCreated,
     VectorProgressed,
     add_span,
 )
+from app.streaming import STATS_INTERVAL_S, TokenBatches
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import CpuContention, CpuLoad, default_threads
 from engine_ext.params import SpeculativeParams, SteeringEntry
@@ -75,29 +75,14 @@ from engine_ext.untrusted_text import shown
 
 POLL_S: Final = 0.05
 KEEP_REPACK_OFF: Final = "To turn repacking off altogether: F3 → Repack weights: off (or llmtui --no-repack)."
-# Tokens reach the UI at most 20 times a second (batched in order, never dropped). The worker sends them 15 times a
-# second, so each batch is passed on as it arrives (one wake-up of this thread, no added delay); the gap only holds
-# back bursts (a backlog drained from the pipe at once).
-FLUSH_INTERVAL_S: Final = 1 / 20
-STATS_INTERVAL_S: Final = 0.5  # the stats bar's tok/s twice a second
 CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at most once a second
 MAX_EVENTS_PER_READ: Final = 512
-BACKLOG_LIMIT: Final = 24  # UI messages waiting: hold token batches (keep reading the pipe) until it drains
 
 
 class MessageTarget(Protocol):
     """What the bridge posts to (the App)."""
 
     def post_message(self, message: Message) -> bool: ...
-
-
-@dataclass
-class _Pending:
-    text: list[str]
-    reasoning: list[str]
-    n_tokens: int
-    text_chars: int = 0
-    draft_spans: list[DraftSpan] = field(default_factory=list)  # relative to the batch's text
 
 
 def chunk_draft_spans(chunk: TokenChunk) -> list[DraftSpan]:
@@ -154,12 +139,11 @@ class EngineBridge:
         # sys.stderr is still the real one (inside a Textual app it is a capture object without a file descriptor).
         resource_tracker.ensure_running()
         self._target = target
-        if client_factory is None:
-            from app.paths import repack_memory
-
-            self._client = EngineClient(log_path, memory=repack_memory())
-        else:
-            self._client = client_factory(log_path)
+        # The real client's crash memory (a JSON file, and /proc/cpuinfo and the engine's libraries for the machine's
+        # key) is read in the bridge's thread before the worker starts (`_read_crash_memory`): no file I/O on the UI
+        # thread, which builds the bridge before the first frame.
+        self._client = EngineClient(log_path) if client_factory is None else client_factory(log_path)
+        self._crash_memory_unread = client_factory is None
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         # The thread sleeps until the worker sends something, the worker exits or a command comes (a byte on
         # this pipe), not in short polls: an idle app takes no CPU, and a streaming one only what it draws.
@@ -176,9 +160,7 @@ class EngineBridge:
         self._cpu_sampled: tuple[int, float, CpuLoad | None] = (0, 0.0, None)  # request id, when, what it measured
         self._n_threads = 0  # the engine's decode threads now (the worker's ModelInfo, then ThreadsChanged)
         self._max_threads = 0  # ... and its default count (it runs below it while others crowd the machine)
-        self._pending: dict[int, _Pending] = {}
-        self._pending_since: float | None = None  # when the tokens not yet posted began to arrive
-        self._flushed_at = -FLUSH_INTERVAL_S  # when tokens were last posted (time.monotonic)
+        self._batches = TokenBatches()  # the one batching of streamed tokens (app/streaming.py)
         self._generations: dict[int, _Generation] = {}
         self._loading: str | None = None
         self._model: tuple[str, EngineSettings, bool, int] | None = None
@@ -275,7 +257,17 @@ class EngineBridge:
     def _post(self, message: Message) -> None:
         self._target.post_message(message)
 
+    def _read_crash_memory(self) -> None:
+        """Give the real client what crashed this CPU before (it starts the worker without those buffer types)."""
+        from app.paths import repack_memory
+
+        memory = repack_memory()
+        self._client.memory = memory
+        self._client.skip_bufts = memory.skipped()
+
     def _run(self) -> None:
+        if self._crash_memory_unread:
+            self._guard(self._read_crash_memory)
         while not self._exit.is_set():
             self._run_commands()
             if self._exit.is_set():
@@ -284,9 +276,8 @@ class EngineBridge:
                 wait([self._wake_r])  # until a command comes
                 self._drain_wake()
                 continue
-            timeout: float | None = None  # nothing to flush: sleep until the worker or a command says something
-            if self._pending_since is not None:
-                timeout = max(0.002, self._flushed_at + FLUSH_INTERVAL_S - time.monotonic())
+            # nothing to flush (None): sleep until the worker or a command says something
+            timeout = self._batches.wait_s(time.monotonic())
             handles = self._client.wait_handles()
             if handles:
                 ready = wait([self._wake_r, *handles], timeout)
@@ -541,19 +532,8 @@ class EngineBridge:
 
     def _tokens(self, chunk: TokenChunk) -> None:
         now = time.monotonic()
-        pending = self._pending.get(chunk.request_id)
-        if pending is None:
-            pending = self._pending[chunk.request_id] = _Pending([], [], 0)
-        if chunk.text:
-            for start, end, source in chunk_draft_spans(chunk):
-                add_span(pending.draft_spans, pending.text_chars + start, pending.text_chars + end, source)
-            pending.text.append(chunk.text)
-            pending.text_chars += len(chunk.text)
-        if chunk.reasoning:
-            pending.reasoning.append(chunk.reasoning)
-        pending.n_tokens += len(chunk.token_ids)
-        if self._pending_since is None:
-            self._pending_since = now
+        spans = chunk_draft_spans(chunk) if chunk.text else []
+        self._batches.add(chunk.request_id, chunk.text, chunk.reasoning, len(chunk.token_ids), spans, now)
         generation = self._generations.get(chunk.request_id)
         if generation is not None:
             if generation.first_token_at is None:
@@ -561,28 +541,15 @@ class EngineBridge:
             generation.n_tokens += len(chunk.token_ids)
 
     def _flush_tokens(self, *, force: bool) -> None:
-        if self._pending_since is None:
-            return
         now = time.monotonic()
-        if not force and (now - self._flushed_at < FLUSH_INTERVAL_S or self._backlog() > BACKLOG_LIMIT):
+        if not self._batches.due(now, 0 if force else self._backlog(), force=force):
             return
-        self._flushed_at = now
-        for request_id, pending in self._pending.items():
-            self._post(
-                TokensArrived(
-                    request_id,
-                    "".join(pending.text),
-                    "".join(pending.reasoning),
-                    pending.n_tokens,
-                    tuple(pending.draft_spans),
-                )
-            )
-            generation = self._generations.get(request_id)
+        for batch in self._batches.take(now):
+            self._post(batch)
+            generation = self._generations.get(batch.request_id)
             if generation is not None and now - generation.stats_posted_at >= STATS_INTERVAL_S:
                 generation.stats_posted_at = now
                 self._post_stats(generation, now)
-        self._pending.clear()
-        self._pending_since = None
 
     def _post_stats(self, generation: _Generation, now: float) -> None:
         first = generation.first_token_at

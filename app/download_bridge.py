@@ -11,7 +11,8 @@ from textual.message import Message
 
 from app.bridge import MessageTarget
 from models_catalog import pairing
-from models_catalog.download import FINAL_STATES, DownloadQueue, Progress, RemoteFile, State, TransferOptions
+from models_catalog.download import FINAL_STATES, Progress, RemoteFile, State, TransferOptions
+from models_catalog.download_queue import DownloadQueue
 from models_catalog.pull import PullPlan, check_disk_space
 
 

@@ -16,8 +16,7 @@ from typing import Final
 
 from app import paths
 from app.models import starter_model_path, usable_folders, user_path
-from engine_ext.gguf_facts import inspect_gguf
-from engine_ext.gguf_reader import GGUFError
+from engine_ext.gguf import GGUFError, inspect_gguf
 from engine_ext.untrusted_text import shown
 from models_catalog import drafts, fit, pairing
 from models_catalog.catalog import Catalog

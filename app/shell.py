@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from app.config import Config
     from app.controllers import (
         ConversationsController,
-        GenerationRouter,
+        GenerationController,
         ModelsController,
         SpeculationController,
         SteeringController,
@@ -39,10 +39,14 @@ class LlmtuiShell(App[None]):
     speculation: SpeculationController
     steering: SteeringController
     models: ModelsController
-    generation: GenerationRouter
+    generation: GenerationController
     conversations: ConversationsController
 
     def set_engine_state(self, state: str) -> None:
+        raise NotImplementedError
+
+    def engine_changed(self) -> None:
+        """Publish a change of the engine's state, its model or the load's progress (the App's `engine_version`)."""
         raise NotImplementedError
 
     def reply_in_progress(self) -> bool:

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from app.config import SpeculativeSettings
-from engine_ext.gguf_info import GGUFError, inspect_gguf
+from engine_ext.gguf import GGUFError, inspect_gguf
 from engine_ext.protocol import SpeculativeStats
 from engine_ext.spec_catalog import CATALOGUE, NGRAM_TYPES, TYPE_FOR_DRAFT, TYPE_FOR_KIND, load_plan
 from models_catalog.drafts import DraftCandidate, draft_candidates, missing_drafts

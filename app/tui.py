@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from textual import events, work
 from textual.app import SystemCommand
@@ -29,43 +29,22 @@ from app.config import (
 )
 from app.controllers import (
     ConversationsController,
+    GenerationController,
     GenerationRouter,
     ModelsController,
     SpeculationController,
     SteeringController,
 )
-from app.messages import (
-    EngineCrashed,
-    EngineRecovering,
-    EngineRequestFailed,
-    EngineStarted,
-    EngineStarting,
-    GenerationFailed,
-    GenerationFinished,
-    GenerationStatsUpdated,
-    ModelLoaded,
-    ModelLoadFailed,
-    ModelLoadProgress,
-    ModelLoadStarted,
-    ModelSummary,
-    PromptProgressed,
-    SpeculativeConfigured,
-    SpeculativeStatsUpdated,
-    SteeringApplied,
-    TokensArrived,
-    VectorCreated,
-    VectorProgressed,
-)
+from app.engine_events import EngineEvents
+from app.messages import ModelSummary
 from app.modals.pick import PickModal
 from app.models import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.palette import palette_commands
 from app.private_files import secure_app_dirs, take_notice
-from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice, draft_summary
+from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice
 from app.screens.chat import ChatScreen
-from app.shell import LlmtuiShell
 from app.store import Store, StoreError, open_default_store
 
-_S = TypeVar("_S", bound=Screen[Any])
 Notice = tuple[str, SeverityLevel, float]
 """A notification to show once the app has started: (message, severity, seconds)."""
 
@@ -93,11 +72,13 @@ class StartUpRead(Message):
 THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
 
 
-class LlmtuiApp(LlmtuiShell):
+class LlmtuiApp(EngineEvents):
     """llmtui's chat app. `model`: a path or 'starter' (default: the last model used, else the starter)."""
 
     features_version: var[int] = var(0)
     """Bumped when speculation or steering state changes (the controllers publish, the chat screen watches)."""
+    engine_version: var[int] = var(0)
+    """Bumped when the engine's state, its model or the load's progress changes (the chat screen watches)."""
 
     CSS_PATH = str(paths.assets_dir() / "llmtui.tcss")
     TITLE = "llmtui"
@@ -143,8 +124,8 @@ class LlmtuiApp(LlmtuiShell):
         self.speculation = SpeculationController(self)
         self.models = ModelsController(self, self.speculation)
         self.steering = SteeringController(self, self.models)
-        self.generation = GenerationRouter()
-        """Generation events go to the request's owner (the chat, an A/B view)."""
+        self.generation = GenerationController(self, GenerationRouter())
+        """Every reply's lifecycle; its router takes generation events to the request's owner (the chat, a view)."""
         self.conversations = ConversationsController(self)
 
     # ----- startup and shutdown -----
@@ -274,8 +255,7 @@ class LlmtuiApp(LlmtuiShell):
         return None
 
     def reply_in_progress(self) -> bool:
-        chat = self.chat
-        return chat is not None and chat.generation is not None
+        return self.generation.active is not None
 
     def features_changed(self) -> None:
         """The controllers publish a change of speculation or steering state; the chat screen watches this."""
@@ -287,9 +267,11 @@ class LlmtuiApp(LlmtuiShell):
 
     def set_engine_state(self, state: str) -> None:
         self.engine_state = state
-        chat = self.chat
-        if chat is not None:
-            chat.sync_engine_state()
+        self.engine_changed()
+
+    def engine_changed(self) -> None:
+        """Publish a change of the engine's state, its model or the load's progress (the chat screen watches)."""
+        self.engine_version += 1
 
     def default_conversation_settings(self) -> dict[str, object]:
         return {"sampling": self.default_sampling.to_json()}
@@ -320,202 +302,6 @@ class LlmtuiApp(LlmtuiShell):
         if engine_changed and self.model_path:
             message += " Engine options apply when a model is next loaded (ctrl+l)."
         self.notify(message)
-
-    # ----- engine events -----
-
-    def on_engine_starting(self, event: EngineStarting) -> None:
-        self.set_engine_state("starting")
-
-    def on_engine_started(self, event: EngineStarted) -> None:
-        self.set_engine_state("loading")
-
-    def on_model_load_started(self, event: ModelLoadStarted) -> None:
-        self.load_progress = 0.0
-        self.set_engine_state("loading")
-
-    def on_model_load_progress(self, event: ModelLoadProgress) -> None:
-        self.load_progress = event.fraction
-        chat = self.chat
-        if chat is not None:
-            chat.stats.progress = event.fraction
-
-    def _stale(self, path: str) -> bool:
-        """An event of the engine switched away from (a local load finishing after a switch to a remote one)."""
-        return path.startswith(REMOTE_PREFIX) != isinstance(self.bridge, RemoteBridge)
-
-    def on_model_loaded(self, event: ModelLoaded) -> None:
-        if self._stale(event.model.path):
-            event.prevent_default()
-            return
-        self.model = event.model
-        self.load_progress = None
-        chat = self.chat
-        if chat is not None:
-            chat.model_loaded(event.model.path)
-            chat.stats.n_ctx = event.model.n_ctx
-        # A reply sent again after an automatic restart is still being written.
-        self.set_engine_state("generating" if chat is not None and chat.generation is not None else "ready")
-        if event.model.path.startswith(REMOTE_PREFIX):
-            context = f", context {event.model.n_ctx}" if event.model.n_ctx else ""
-            self.notify(f"Using {event.model.name} ({event.model.backend}{context}).")
-        else:
-            placement = f" {event.model.placement.removeprefix('-ngl auto: ')}." if event.model.placement else ""
-            self.notify(
-                f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
-                f"in {event.model.load_ms / 1000:.1f} s.{placement}"
-            )
-        if self.config.last_model != event.model.path:
-            self.config = replace(self.config, last_model=event.model.path)
-            self.save_config_quietly()
-        # A fresh engine knows nothing of the user's choices yet.
-        self.speculation.reset()
-        self.steering.reset()
-        if event.model.architecture != "remote":  # a remote server drafts on its own and takes no vectors
-            self.speculation.model_loaded()
-            self.steering.model_loaded()
-        self.features_changed()
-
-    def on_model_load_failed(self, event: ModelLoadFailed) -> None:
-        if self._stale(event.path):
-            return
-        self.model = None
-        self.load_progress = None
-        self.set_engine_state("error")
-        what = event.path.removeprefix(REMOTE_PREFIX) if event.path.startswith(REMOTE_PREFIX) else Path(event.path).name
-        self.notify(
-            f"Could not load {what}: {event.error}. Press ctrl+l to pick another model (F5 retries).",
-            severity="error",
-            timeout=20,
-        )
-
-    async def on_tokens_arrived(self, event: TokensArrived) -> None:
-        owner = self.generation.owner(event.request_id)
-        if owner is not None:
-            await owner.generation_tokens(event)
-
-    def on_generation_stats_updated(self, event: GenerationStatsUpdated) -> None:
-        owner = self.generation.owner(event.request_id)
-        if owner is not None:
-            owner.generation_progress(event)
-
-    def on_prompt_progressed(self, event: PromptProgressed) -> None:
-        owner = self.generation.owner(event.request_id)
-        if owner is not None:
-            owner.generation_progress(event)
-
-    async def on_generation_finished(self, event: GenerationFinished) -> None:
-        owner = self.generation.owner(event.request_id)
-        if owner is not None:
-            await owner.generation_finished(event)
-        chat = self.chat
-        if chat is not None:
-            # A server's own speculative decoding (llama-server's timings: draft_n / draft_n_accepted).
-            summary = draft_summary(event.stats)
-            extras = {k: v for k, v in chat.stats.extras.items() if k != "draft"}
-            if summary:
-                extras["draft"] = summary
-            if extras != chat.stats.extras:
-                chat.stats.extras = extras
-
-    async def on_generation_failed(self, event: GenerationFailed) -> None:
-        owner = self.generation.owner(event.request_id)
-        if owner is None:
-            self.notify(f"Engine error: {event.error}", severity="error")
-            return
-        await owner.generation_failed(event)
-        if owner is not self.generation.default:  # said as the chat says its own
-            self.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
-
-    async def on_engine_crashed(self, event: EngineCrashed) -> None:
-        from app.modals.crash import RESTART, EngineCrashedModal
-
-        self.model = None
-        self.load_progress = None
-        chat = self.chat
-        if chat is not None:
-            await chat.on_engine_crashed(event)
-        self.set_engine_state("crashed")
-
-        def restart(choice: str | None) -> None:
-            fallback = next((f for f in event.fallbacks if f.key == choice), None)
-            if fallback is not None:
-                self.engine_overrides[fallback.field] = fallback.value
-                self.notify(
-                    f"Restarting with {fallback.what} ({fallback.flag}) for this session; F3 settings keep "
-                    "it for good.",
-                    timeout=15,
-                )
-            if choice == RESTART or fallback is not None:
-                self.action_restart_engine()
-
-        self.push_screen(
-            EngineCrashedModal(event.description, event.log_tail, event.log_path, event.fallbacks), restart
-        )
-        self.speculation.reset()
-        self.steering.reset()
-        self.generation.lost()  # the A/B views' runs: a restarted engine knows nothing of them
-
-    def on_engine_recovering(self, event: EngineRecovering) -> None:
-        """Restarted without the CPU extra buffer type that crashed (the engine client remembers it)."""
-        self.model = None
-        self.set_engine_state("loading")
-        self.notify(event.notice, severity="warning", timeout=20)
-
-    def on_speculative_configured(self, event: SpeculativeConfigured) -> None:
-        self.speculation.configured(event.drafters, event.notices)
-
-    def on_speculative_stats_updated(self, event: SpeculativeStatsUpdated) -> None:
-        side_run = self.generation.side_owner(event.stats.request_id)
-        if side_run is not None:  # an A/B view's run: its statistics are the view's, not the chat's meter's
-            side_run.generation_stats(event.stats)
-            return
-        self.speculation.stats_updated(event.stats, event.final)
-
-    def on_steering_applied(self, event: SteeringApplied) -> None:
-        self.steering.engine_applied(event.applied)
-        chat = self.chat
-        if chat is not None:
-            chat.steering_panel.show_applied(event.applied)
-        self.features_changed()
-
-    def on_vector_progressed(self, event: VectorProgressed) -> None:
-        from app.modals.make_vector import MakeVectorModal
-
-        dialog = self._open_screen(MakeVectorModal)
-        if dialog is not None:
-            dialog.show_progress(event.phase, event.done, event.total, event.phase_seconds, event.fraction)
-
-    async def on_vector_created(self, event: VectorCreated) -> None:
-        from app.modals.make_vector import MakeVectorModal
-
-        self.steering.vector_created(event.path, event.layers, event.pairs, event.seconds)
-        dialog = self._open_screen(MakeVectorModal)
-        if dialog is not None:
-            dialog.finished(event.path, event.pairs, event.seconds)
-        chat = self.chat
-        if chat is not None and chat.steering_panel.is_open:
-            await chat.steering_panel.refresh_vectors(focus_path=event.path)
-
-    def on_engine_request_failed(self, event: EngineRequestFailed) -> None:
-        from app.modals.make_vector import MakeVectorModal
-        from app.screens.spec_check import SpecCheckScreen
-
-        what = {"speculative": "Speculative decoding", "steering": "Steering", "vector": "Making the vector"}
-        self.notify(f"{what.get(event.kind, event.kind)} failed: {event.error}", severity="error", timeout=12)
-        check = self._open_screen(SpecCheckScreen)
-        if event.kind == "speculative" and check is not None:
-            check.speculation_refused(event.error)
-        if event.kind == "speculative":
-            self.speculation.refused()
-        elif event.kind == "vector":
-            dialog = self._open_screen(MakeVectorModal)
-            if dialog is not None:
-                dialog.failed(event.error)
-        self.features_changed()
-
-    def _open_screen(self, kind: type[_S]) -> _S | None:
-        """The open screen of this kind, if any."""
-        return next((s for s in self.screen_stack if isinstance(s, kind)), None)
 
     # ----- actions -----
 
@@ -551,7 +337,7 @@ class LlmtuiApp(LlmtuiShell):
         if self.model_path is None or isinstance(self.bridge, RemoteBridge):  # (a model may be loading)
             self.notify("Load a local model first (ctrl+l): the check runs on llmtui's own engine.", severity="warning")
             return
-        if self._open_screen(SpecCheckScreen) is not None:
+        if self.open_screen(SpecCheckScreen) is not None:
             return
         self.push_screen(SpecCheckScreen(settings or self.config.speculative, self._last_user_message(DEFAULT_PROMPT)))
 
@@ -636,8 +422,7 @@ class LlmtuiApp(LlmtuiShell):
     def action_switch_model(self) -> None:
         from app.modals.model_switcher import ModelSwitcherModal
 
-        chat = self.chat
-        if chat is not None and chat.generation is not None:
+        if self.generation.active is not None:
             self.notify("A reply is being written; press Esc to stop it first.", severity="warning")
             return
 
@@ -717,7 +502,7 @@ class LlmtuiApp(LlmtuiShell):
 
     def show_conversation(self, conversation_id: int) -> None:
         chat = self.chat
-        if chat is not None and chat.generation is None:
+        if chat is not None and self.generation.active is None:
             self.call_later(chat.open_conversation, conversation_id)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -294,9 +294,10 @@ class EngineClient:
         self.send(SetSpeculative(params))
         return self._answer(SpeculativeSet)
 
-    def set_steering(self, entries: tuple[SteeringEntry, ...]) -> SteeringSet:
-        """Apply a control-vector mix (empty: none) and wait for the worker's confirmation."""
-        self.send(SetSteering(entries))
+    def set_steering(self, entries: tuple[SteeringEntry, ...], *, reset_cache: bool = False) -> SteeringSet:
+        """Apply a control-vector mix (empty: none) and wait for the worker's confirmation; `reset_cache`: a changed
+        mix also forgets the prompt cache (computed under the old mix)."""
+        self.send(SetSteering(entries, reset_cache))
         return self._answer(SteeringSet)
 
     def send_steering(self, entries: tuple[SteeringEntry, ...]) -> None:

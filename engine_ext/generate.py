@@ -13,6 +13,7 @@ from engine_ext.chat import (
     render_chat,
     truncate_messages_to_fit,
 )
+from engine_ext.grammar import grammar_for
 from engine_ext.model import Checkpoint, Context, Model
 from engine_ext.params import EngineError
 from engine_ext.protocol import (
@@ -323,7 +324,7 @@ class Session:
                 0.0,
                 _LoopResult("cancelled", 0, now, now, 0.0, None),
             )
-        sampler = Sampler(self.model, request.sampling)
+        sampler = Sampler(self.model, request.sampling, grammar_for(request.grammar, request.json_schema))
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
         try:

@@ -12,7 +12,7 @@ from typing import Any
 
 from engine_ext.bindings import C
 from engine_ext.cpu import default_threads
-from engine_ext.gguf_validate import validate_loadable
+from engine_ext.gguf import validate_loadable
 from engine_ext.params import (
     GPU_LAYERS_AUTO,
     KV_CACHE_TYPES,

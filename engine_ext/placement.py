@@ -19,9 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine_ext.gguf_describe import format_bytes
-from engine_ext.gguf_facts import GGUFInfo, inspect_gguf
-from engine_ext.gguf_memory import estimate_memory, kv_bytes_per_layer, recurrent_bytes_per_layer
+from engine_ext.gguf import (
+    GGUFInfo,
+    estimate_memory,
+    format_bytes,
+    inspect_gguf,
+    kv_bytes_per_layer,
+    recurrent_bytes_per_layer,
+)
 from engine_ext.params import GPU_LAYERS_AUTO, ContextParams, EngineError, ModelParams
 
 MiB = 1024 * 1024

@@ -48,6 +48,8 @@ class Generate:
     enable_thinking: bool | None = None  # passed to templates that understand it (Qwen3.x)
     continue_reply: bool = False  # messages end with a partial assistant reply to continue
     speculative: bool = True  # use the configured speculative decoding, if any
+    grammar: str | None = None  # GBNF the reply must follow (engine_ext.grammar)
+    json_schema: str | None = None  # or a JSON schema it must follow (converted to GBNF in the worker)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class SetSteering:
     """Apply this mix of control vectors (empty: none); takes effect at the next token of a generation."""
 
     entries: tuple[SteeringEntry, ...]
+    # Forget the prompt cache when the mix changes: what the context holds was computed under the old mix (the API
+    # server, where each request has its own mix; the chat keeps it, so a slider acts on the reply as it streams).
+    reset_cache: bool = False
 
 
 @dataclass(frozen=True)

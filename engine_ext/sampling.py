@@ -58,10 +58,15 @@ class Sampler:
     greedily on the backend (`Context.backend_greedy`), the rows hold token ids already and only those are read.
     """
 
-    def __init__(self, model: Model, params: SamplingParams) -> None:
+    def __init__(self, model: Model, params: SamplingParams, grammar: str | None = None) -> None:
+        """`grammar`: GBNF text (engine_ext.grammar) the output must follow; its sampler comes first in the chain,
+        and only tokens the chain picks advance it (not the prompt history fed to `accept`)."""
         params.validate()
         self.params = params
         self._logits = FloatRows(model.n_vocab, VERIFY_RESERVE_ROWS)
+        self._grammar: _Grammar | None = None
+        if grammar is not None:
+            self._grammar = _Grammar(model, grammar)
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         chain: Any = C.llama_sampler_chain_init(chain_params)
@@ -79,8 +84,9 @@ class Sampler:
                     params.presence_penalty,
                 ),
             )
-        # Only the greedy sampler in the chain (no penalties): argmax of the raw logits is the chain's choice.
-        self.pure_greedy = params.greedy and not (penalized and params.repeat_last_n != 0)
+        # Only the greedy sampler in the chain (no penalties, no grammar): argmax of the raw logits is its choice.
+        self.pure_greedy = params.greedy and not (penalized and params.repeat_last_n != 0) and self._grammar is None
+        self._greedy = params.greedy and not (penalized and params.repeat_last_n != 0)  # argmax, grammar or not
         if params.greedy:
             add(chain, C.llama_sampler_init_greedy())
             return
@@ -95,6 +101,8 @@ class Sampler:
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from the logits of output row `idx` (-1: the last one) and accept the token."""
+        if self._grammar is not None:
+            return self._sample_constrained(ctx, idx)
         if self.pure_greedy:
             if ctx.backend_greedy:
                 return _backend_token(ctx, idx)
@@ -149,6 +157,13 @@ class Sampler:
                     ids += best
                     start = stop
                     size = size * 2 if start >= LONG_RUN_ROWS else min(size * 2, BLOCK_ROWS)
+        if self._grammar is not None:
+            for i in range(last + 1):
+                t = self._sample_constrained(ctx, i)
+                ids.append(t)
+                if i == last or t != draft[i]:
+                    break
+            return ids
         chain, handle, sample = self._chain, ctx.handle, C.llama_sampler_sample
         for i in range(last + 1):
             t = int(sample(chain, handle, i))
@@ -158,8 +173,28 @@ class Sampler:
         return ids
 
     def accept(self, token: int) -> None:
-        """Feed a token the sampler did not pick (prompt history for the penalties)."""
+        """Feed a token the sampler did not pick (prompt history for the penalties); a grammar does not see it."""
         C.llama_sampler_accept(self._chain, token)
+
+    def _sample_constrained(self, ctx: Context, idx: int) -> int:
+        """Sample row `idx` under the grammar as upstream's common_sampler_sample does (grammar_first off): the
+        chain picks from the raw logits; only when the grammar refuses that token are all candidates filtered by the
+        grammar and the chain run again. Checking one token costs microseconds; filtering 50k costs milliseconds."""
+        grammar = self._grammar
+        assert grammar is not None
+        ptr = C.llama_get_logits_ith(ctx.handle, idx)
+        if not ptr:
+            raise EngineError(f"no logits for output row {idx}")
+        logits = self._logits(ptr, 1)[0]
+        if self._greedy:
+            token = int(logits.argmax())
+            if not grammar.allows(token):
+                token = grammar.best_allowed(logits)
+        else:
+            token = grammar.sample_with(self._chain, logits)
+        grammar.accept(token)
+        C.llama_sampler_accept(self._chain, token)
+        return token
 
     def reset(self) -> None:
         C.llama_sampler_reset(self._chain)
@@ -168,6 +203,80 @@ class Sampler:
         if self._chain is not None:
             C.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar is not None:
+            self._grammar.close()
+            self._grammar = None
+
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
+class _Grammar:
+    """llama.cpp's grammar sampler beside the chain, with the candidate arrays it filters (llama_token_data_array
+    over numpy memory: filled from a logits row without a Python loop)."""
+
+    def __init__(self, model: Model, grammar: str) -> None:
+        handle = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+        if not handle:
+            from engine_ext.grammar import GrammarError, parse_error
+
+            raise GrammarError(f"the grammar does not parse: {parse_error()}")
+        self.handle: Any = handle
+        self._all = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
+        self._all["id"] = np.arange(model.n_vocab, dtype=np.int32)
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+        self._all_array = self._array(self._all)
+        self._one_array = self._array(self._one)
+
+    @staticmethod
+    def _array(data: np.ndarray) -> Any:
+        pointer = ctypes.cast(data.ctypes.data, C.llama_token_data_p)
+        return C.llama_token_data_array(pointer, len(data), -1, False)
+
+    def allows(self, token: int) -> bool:
+        one, array = self._one, self._one_array
+        one[0] = (token, 1.0, 0.0)
+        array.size, array.selected, array.sorted = 1, -1, False
+        C.llama_sampler_apply(self.handle, ctypes.byref(array))
+        return bool(np.isfinite(one[0]["logit"]))
+
+    def _filtered(self, logits: np.ndarray) -> Any:
+        """Every candidate, with the grammar's refusals at -inf."""
+        data, array = self._all, self._all_array
+        data["id"] = np.arange(len(data), dtype=np.int32)  # a chain may have sorted the array last time
+        data["logit"] = logits
+        data["p"] = 0.0
+        array.size, array.selected, array.sorted = len(data), -1, False
+        C.llama_sampler_apply(self.handle, ctypes.byref(array))
+        return array
+
+    def best_allowed(self, logits: np.ndarray) -> int:
+        self._filtered(logits)
+        return int(self._all["id"][int(self._all["logit"].argmax())])
+
+    def sample_with(self, chain: Any, logits: np.ndarray) -> int:
+        """The chain's pick from the raw logits if the grammar allows it, else its pick among what the grammar
+        allows (upstream's resampling)."""
+        data, array = self._all, self._all_array
+        data["id"] = np.arange(len(data), dtype=np.int32)
+        data["logit"] = logits
+        data["p"] = 0.0
+        array.size, array.selected, array.sorted = len(data), -1, False
+        C.llama_sampler_apply(chain, ctypes.byref(array))
+        token = int(data["id"][array.selected])
+        if self.allows(token):
+            return token
+        array = self._filtered(logits)
+        C.llama_sampler_apply(chain, ctypes.byref(array))
+        return int(data["id"][array.selected])
+
+    def accept(self, token: int) -> None:
+        C.llama_sampler_accept(self.handle, token)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            C.llama_sampler_free(self.handle)
+            self.handle = None
 
 
 class BackendSamplingError(EngineError):

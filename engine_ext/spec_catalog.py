@@ -30,7 +30,7 @@ class SpecType:
     family: str  # "auto", "ngram" (drafts from the text itself) or "model" (a draft model or head)
     summary: str  # a few words, for the F9 type list
     needs: str  # the model files it drafts with, for people
-    # What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type; None: a plain model) for the files
+    # What a draft file's metadata says it is (engine_ext.gguf.DraftInfo.draft_type; None: a plain model) for the files
     # this type drafts with; an `mtp-*.gguf` sidecar is "draft-mtp".
     draft_types: tuple[str | None, ...] = ()
     # The kind models_catalog.drafts gives the files it drafts with (sidecars, paired repositories).

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_MESSAGE", "json_text", "one_line", "shown", "valid_text"]
+__all__ = ["MAX_MESSAGE", "json_text", "one_line", "one_line_message", "shown", "valid_text"]
 
 MAX_MESSAGE = 300  # every message about bad input is one line of at most this many characters
+_MAX_PATH_IN_MESSAGE = 100  # a longer path keeps its end
 
 # C0 controls, DEL, C1 controls; the bidirectional and invisible format controls that reorder or hide text
 # (U+061C, U+200B-U+200F, U+202A-U+202E, U+2060-U+2069, U+FEFF); the line and paragraph separators; lone
@@ -54,6 +56,18 @@ def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
     text = " ".join(str(text)[: limit * 4 + 16].split())
     text = shown(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line_message(path: Path | str, problem: str, hint: str = "") -> str:
+    """``<path>: <problem>; <hint>`` in one line of at most MAX_MESSAGE characters: a long path keeps its end,
+    a long problem (values, keys, names read from the file) is cut so that the hint still fits."""
+    where = one_line(str(path), 10_000)
+    if len(where) > _MAX_PATH_IN_MESSAGE:
+        where = "…" + where[-(_MAX_PATH_IN_MESSAGE - 1) :]
+    hint = one_line(hint, 120)
+    room = MAX_MESSAGE - len(where) - 2 - (len(hint) + 2 if hint else 0)
+    text = f"{where}: {one_line(problem, max(room, 40))}" + (f"; {hint}" if hint else "")
+    return one_line(text, MAX_MESSAGE)
 
 
 def json_text(value: Any, indent: int | None = None) -> str:

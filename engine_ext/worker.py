@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine_ext.grammar import NATIVE_LOG_ENV
 from engine_ext.private_files import private_dir, private_file
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
@@ -76,6 +77,7 @@ def _redirect_native_output(log_path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    os.environ[NATIVE_LOG_ENV] = str(log_path)  # where llama.cpp's own messages are (native_log_tail)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
@@ -145,7 +147,7 @@ class Worker:
             elif isinstance(request, MakeControlVector):
                 self.make_vector(request)
             elif isinstance(request, Inspect):
-                from engine_ext.gguf_facts import inspect_gguf
+                from engine_ext.gguf import inspect_gguf
 
                 self.send(Inspected(request.path, inspect_gguf(Path(request.path)).to_dict()))
             elif isinstance(request, Shutdown):
@@ -168,7 +170,7 @@ class Worker:
         from engine_ext.bindings import C
         from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
-        from engine_ext.gguf_validate import refuse_draft_as_model
+        from engine_ext.gguf import refuse_draft_as_model
         from engine_ext.model import Context, Model
 
         self.unload()
@@ -329,7 +331,10 @@ class Worker:
         if request.entries and not layers:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
         if not self.fresh_steering:
+            before = self.mixer.active.entries if self.mixer.active is not None else ()
             active = self.mixer.apply(request.entries)
+            if request.reset_cache and tuple(request.entries) != tuple(before):
+                self.session.reset_cache()
         elif self.mixer.active is not None and tuple(request.entries) == self.mixer.active.entries:
             active = self.mixer.active  # applied already: the context stays
         elif request.entries or self.mixer.active is not None:

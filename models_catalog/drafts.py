@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from engine_ext.gguf_facts import GGUFInfo, inspect_gguf
-from engine_ext.gguf_reader import GGUFError
+from engine_ext.gguf import GGUFError, GGUFInfo, inspect_gguf
 from engine_ext.spec_catalog import CATALOGUE
 from models_catalog import pairing
 from models_catalog.catalog import Catalog, CatalogEntry
@@ -32,7 +31,7 @@ SIDECAR_ORDER: Final = pairing.DRAFT_KIND_ORDER
 DRAFT_TYPE_KINDS: Final = {
     draft_type: spec.candidate_kind for spec in CATALOGUE if spec.candidate_kind for draft_type in spec.draft_types
 }
-"""What a draft file's metadata says it is (gguf_info.DraftInfo.draft_type) → its kind here (from the catalogue of
+"""What a draft file's metadata says it is (engine_ext.gguf.DraftInfo.draft_type) → its kind here (from the catalogue of
 speculative types: mtp, dflash, dspark, eagle3, or model for a plain model)."""
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_ext.gguf_reader import one_line
+from engine_ext.untrusted_text import one_line
 
 
 class ModelsError(Exception):

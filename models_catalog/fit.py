@@ -13,9 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_ext.gguf_facts import GGUFInfo, inspect_gguf, inspect_gguf_reader
-from engine_ext.gguf_memory import MemoryEstimate, estimate_memory
-from engine_ext.gguf_reader import MAX_READ_HEADER_BYTES
+from engine_ext.gguf import (
+    MAX_READ_HEADER_BYTES,
+    GGUFInfo,
+    MemoryEstimate,
+    estimate_memory,
+    inspect_gguf,
+    inspect_gguf_reader,
+)
 from engine_ext.untrusted_text import one_line
 from models_catalog import hfcache, pairing, transport
 from models_catalog.download import RemoteFile, installed_path

@@ -14,8 +14,7 @@ from typing import Any
 
 import filelock
 
-from engine_ext.gguf_facts import inspect_gguf
-from engine_ext.gguf_reader import GGUFError
+from engine_ext.gguf import GGUFError, inspect_gguf
 from engine_ext.private_files import PRIVATE_FILE_MODE, write_private_text
 from engine_ext.untrusted_text import shown
 from models_catalog import hfcache, pairing

@@ -33,7 +33,7 @@ def thirty_two_pairs() -> list[tuple[str, str]]:
 
 def rendered(model_path: Path, text: str) -> str:
     from engine_ext.chat import render_chat
-    from engine_ext.gguf_info import read_chat_template
+    from engine_ext.gguf import read_chat_template
 
     return render_chat(read_chat_template(model_path), [{"role": "user", "content": text}], bos_token="", eos_token="")
 

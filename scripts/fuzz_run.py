@@ -633,7 +633,7 @@ class Runner:
                 return event
 
     def run(self, path: Path) -> Outcome:
-        from engine_ext.gguf_info import GGUFError, validate_main_model
+        from engine_ext.gguf import GGUFError, validate_main_model
         from engine_ext.params import SamplingParams
         from engine_ext.protocol import ChatMessage, Finished, Generate, Loaded, LoadModel
 

@@ -17,6 +17,7 @@ from app.cli.models import add_models_parser, cmd_models
 from app.cli.remote import RemoteCliError
 from app.cli.rpc_server import add_rpc_server_parser, cmd_rpc_server
 from app.cli.run import add_run_parser, cmd_run
+from app.cli.serve import add_serve_parser, cmd_serve
 from app.cli.session import CliError, CliParser, error_line, with_advice
 from app.cli.steer import add_steer_parser, cmd_steer
 from app.models import ModelNotFound
@@ -30,6 +31,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": cmd_bench,
     "models": cmd_models,
     "steer": cmd_steer,
+    "serve": cmd_serve,
     "doctor": cmd_doctor,
     "rpc-server": cmd_rpc_server,
 }
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_parser,
         add_models_parser,
         add_steer_parser,
+        add_serve_parser,
     ):
         add(sub)
     return parser
@@ -101,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a GGUF error from `info`, a broken pipe…: one line, no traceback
-        from engine_ext.gguf_info import GGUFError
+        from engine_ext.gguf import GGUFError
 
         if isinstance(exc, GGUFError | OSError):
             sys.stderr.write(error_line(str(exc)))

@@ -12,7 +12,7 @@ from engine_ext.untrusted_text import json_text
 
 def cmd_info(args: argparse.Namespace) -> int:
     # GGUF inspection reads metadata only: safe and fast in this process, no engine needed.
-    from engine_ext.gguf_info import describe, estimate_memory, inspect_gguf
+    from engine_ext.gguf import describe, estimate_memory, inspect_gguf
 
     path = resolve_model(args.model)
     info = inspect_gguf(path)

@@ -29,7 +29,7 @@ SIDECAR_CHOICES = tuple(pairing.SIDECAR_KEYWORDS)
 
 
 def format_bytes(n: float) -> str:
-    from engine_ext.gguf_info import format_bytes as fmt
+    from engine_ext.gguf import format_bytes as fmt
 
     return fmt(n)
 
@@ -225,7 +225,7 @@ def _print_no_models(cache: Path) -> None:
 
 
 def _info_local(path: Path, args: argparse.Namespace) -> int:
-    from engine_ext.gguf_info import describe, estimate_memory, inspect_gguf
+    from engine_ext.gguf import describe, estimate_memory, inspect_gguf
     from models_catalog import fit
 
     info = inspect_gguf(path)
@@ -434,7 +434,7 @@ HANDLERS = {"search": _search, "list": _list, "info": _info, "pull": _pull, "rm"
 
 def cmd_models(args: argparse.Namespace) -> int:
     """Run one `models` subcommand; user-facing errors become one line on stderr."""
-    from engine_ext.gguf_info import GGUFError
+    from engine_ext.gguf import GGUFError
     from models_catalog.errors import ModelsError
 
     try:

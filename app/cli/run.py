@@ -19,7 +19,7 @@ from app.cli.engine_args import (
 from app.cli.remote import add_remote_args
 from app.cli.session import CliError, format_spec_stats, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.steer import add_control_vector_args, steering_entries
-from app.cli.types import n_predict, text_file, utf8_text
+from app.cli.types import n_predict, text_file, text_or_file, utf8_text
 from app.models import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.params import (
@@ -84,6 +84,8 @@ def _run_generation(
         max_tokens=args.n_predict,
         stop=tuple(args.stop),
         enable_thinking=None if args.think is None else args.think == "on",
+        grammar=args.grammar,
+        json_schema=args.json_schema,
     )
     provenance: list[str] = []
     text, ids, finished = stream_reply(client, request, echo=not args.json, provenance=provenance, echoed=echoed)
@@ -108,6 +110,26 @@ def _run_generation(
     return 0
 
 
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's output constraints: a GBNF grammar or a JSON schema (text, or a file that holds it)."""
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--grammar", type=text_or_file, default=None, metavar="GBNF|FILE", help="the reply follows this GBNF grammar"
+    )
+    shape.add_argument("--grammar-file", dest="grammar", type=text_file, metavar="FILE", help="GBNF grammar file")
+    shape.add_argument(
+        "-j",
+        "--json-schema",
+        type=text_or_file,
+        default=None,
+        metavar="JSON|FILE",
+        help="the reply is JSON following this schema ('{}': any JSON)",
+    )
+    shape.add_argument(
+        "-jf", "--json-schema-file", dest="json_schema", type=text_file, metavar="FILE", help="JSON schema file"
+    )
+
+
 def refuse_local_only_flags(args: argparse.Namespace) -> None:
     """--remote takes the reply from a server: what only the local engine does is refused, not ignored."""
     local = [
@@ -117,6 +139,8 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
             ("--control-vector", bool(getattr(args, "control_vector", None))),
             ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
             ("--raw", bool(getattr(args, "raw", False))),
+            ("--grammar", getattr(args, "grammar", None) is not None),
+            ("--json-schema", getattr(args, "json_schema", None) is not None),
         )
         if on
     ]
@@ -161,6 +185,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
+    add_grammar_args(run)
     add_spec_args(run)
     add_control_vector_args(run)
     add_remote_args(run)

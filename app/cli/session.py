@@ -11,7 +11,6 @@ from typing import NoReturn, TypeVar
 
 from app import paths
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
-from engine_ext.gguf_reader import one_line
 from engine_ext.params import (
     ContextParams,
     ModelParams,
@@ -26,6 +25,7 @@ from engine_ext.protocol import (
     SpeculativeStats,
     TokenChunk,
 )
+from engine_ext.untrusted_text import one_line
 
 
 class CliError(Exception):

@@ -240,3 +240,12 @@ class ControlVectorScaled(argparse.Action):
         items = list(getattr(namespace, self.dest, None) or [])
         items.append(spec)
         setattr(namespace, self.dest, items)
+
+
+def text_or_file(text: str) -> str:
+    """A --grammar or --json-schema argument as llama.cpp takes it (the text itself), or the name of a file that holds
+    it (read as --file reads: UTF-8, bounded): an existing file wins; JSON-looking text is never a file name."""
+    stripped = text.lstrip()
+    if stripped[:1] not in ("{", "[") and stripped not in ("true", "false") and Path(text).expanduser().is_file():
+        return text_file(text)
+    return text

@@ -3,18 +3,42 @@
 The App creates them and hands each the narrow host Protocol it needs (host.py); screens reach them through the App
 (`app.speculation`, `app.steering`, `app.models`, `app.generation`, `app.conversations`), render their state and
 forward keys to them.
+
+The names are imported when first used (PEP 562), so importing one controller (the generation controller, which the
+CLI and an API server use without Textual) does not import the others and what they bring.
 """
 
-from app.controllers.conversations import ConversationsController, ConversationsHost
-from app.controllers.generation import GenerationOwner, GenerationRouter
-from app.controllers.host import Host, ModelsHost, SpeculationHost
-from app.controllers.models import ModelsController
-from app.controllers.speculation import SpeculationController
-from app.controllers.steering import SteeringController
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.controllers.conversations import ConversationsController, ConversationsHost
+    from app.controllers.generation import GenerationController, GenerationOwner, GenerationRouter
+    from app.controllers.host import Host, ModelsHost, SpeculationHost
+    from app.controllers.models import ModelsController
+    from app.controllers.speculation import SpeculationController
+    from app.controllers.steering import SteeringController
+
+_MODULES = {
+    "ConversationsController": "conversations",
+    "ConversationsHost": "conversations",
+    "GenerationController": "generation",
+    "GenerationOwner": "generation",
+    "GenerationRouter": "generation",
+    "Host": "host",
+    "ModelsController": "models",
+    "ModelsHost": "host",
+    "SpeculationController": "speculation",
+    "SpeculationHost": "host",
+    "SteeringController": "steering",
+}
 
 __all__ = [
     "ConversationsController",
     "ConversationsHost",
+    "GenerationController",
     "GenerationOwner",
     "GenerationRouter",
     "Host",
@@ -24,3 +48,10 @@ __all__ = [
     "SpeculationHost",
     "SteeringController",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -61,6 +61,11 @@ class SpeculationController:
         sidecar for the type, as llama.cpp attaches a sidecar beside the model."""
         return effective_settings(self.host.model_path, settings or self.settings, self.draft_sidecars)
 
+    def try_settings(self, settings: SpeculativeSettings | None = None) -> None:
+        """Send the engine `settings` for the next generation without making them the user's (the speculation check
+        runs a side with them); None: the user's own again."""
+        self.host.bridge.set_speculative(self.engine_settings(settings).params())
+
     def forget_drafts(self) -> None:
         self.draft_sidecars, self.missing_drafts = (), ()
 

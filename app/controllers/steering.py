@@ -56,6 +56,8 @@ class SteeringController:
         self.host = host
         self.models = models
         self.applied: SteeringSet | None = None
+        self.vectors_made: tuple[int, str] = (0, "")
+        """How many vectors were made in this session, and the last one's path (the panel lists it, focused)."""
         """What the engine last said it applies."""
 
     @property
@@ -137,6 +139,11 @@ class SteeringController:
             self._send(always=True)
         host.features_changed()
 
+    def try_unsteered(self, unsteered: bool) -> None:
+        """Send the engine no mix (`unsteered`) or the user's for the next generation, changing no setting (the
+        steering A/B view runs A without its mix)."""
+        self.host.bridge.set_steering(() if unsteered else self.entries())
+
     def set_strength(self, path: str, strength: float) -> None:
         """Set one vector's strength (adding it to the list); applied at the next token."""
         settings = self.settings
@@ -170,6 +177,7 @@ class SteeringController:
 
     def vector_created(self, path: str, layers: int, pairs: int, seconds: float) -> None:
         """Say so, and add the new vector to the list at strength 0 (remembered)."""
+        self.vectors_made = (self.vectors_made[0] + 1, path)
         self.host.notify(
             f"Made {Path(path).name}: {layers} layers from {pairs} pairs in {seconds:.1f} s. Move its slider to steer.",
             timeout=8,

@@ -11,7 +11,7 @@ from textual.widgets import Button, Label
 from textual.widgets.selection_list import Selection
 
 from app.widgets.tick_box import TickList
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 
 
 class PullModal(ModalScreen[list[str] | None]):

@@ -18,7 +18,7 @@ from textual.worker import Worker, WorkerState
 from app.config import RemoteSettings
 from app.model_list import LocalModel, describe_models, local_models
 from app.remote import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 from engine_ext.untrusted_text import one_line
 
 SwitcherResult = Path | RemoteChoice | None

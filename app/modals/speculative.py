@@ -21,7 +21,7 @@ from app.modals.pick import PickModal
 from app.models import usable_folders, user_path
 from app.speculation import KIND_TYPES, effective_settings, find_drafts, supported_types
 from app.widgets.tick_box import TickBox
-from engine_ext.gguf_info import GGUFError, format_bytes
+from engine_ext.gguf import GGUFError, format_bytes
 from models_catalog.drafts import DraftCandidate
 from models_catalog.errors import ModelsError
 

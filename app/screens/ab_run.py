@@ -30,7 +30,8 @@ class ABRunScreen(ModalScreen[None]):
 
     A subclass says what each side changes in the engine (`configure`), how to put the user's own setting back
     (`restore`), what to do with the text (`add`) and with a side's end (`side_finished`, `completed`). The app
-    routes the generations this screen asked for to it (it registers its request ids with `app.generation`).
+    routes the generations this screen asked for to it (it sends them through the generation controller,
+    `app.generation`, which registers their request ids with its router).
     """
 
     DEFAULT_CSS = """
@@ -120,8 +121,7 @@ class ABRunScreen(ModalScreen[None]):
         self.running = side
         # Requests reach the engine in order: the change applies to the generation queued after it.
         self.configure(side)
-        self.request_id = self.app.bridge.generate([("user", self.prompt)], self.SAMPLING)
-        self.app.generation.register(self.request_id, self)
+        self.request_id = self.app.generation.run([("user", self.prompt)], self.SAMPLING, self)
         rounds = f" (round {self.round + 1} of {self.ROUNDS}, to measure the noise)" if self.ROUNDS > 1 else ""
         self.hint(f"writing {side.upper()}…{rounds} · Esc close")
 
@@ -152,6 +152,9 @@ class ABRunScreen(ModalScreen[None]):
     def generation_lost(self) -> None:
         self.engine_crashed()
 
+    async def generation_crashed(self, description: str) -> None:
+        self.engine_crashed()  # (the chat's replies are told this way; a view's runs through generation_lost)
+
     def speculative_stats(self, stats: SpeculativeStats) -> None:
         if self.running is not None and stats.request_id == self.request_id:
             self.side_stats[self.running] = stats
@@ -160,7 +163,7 @@ class ABRunScreen(ModalScreen[None]):
         side = self.running
         if side is None:
             return
-        self.app.generation.release(self.request_id)
+        self.app.generation.router.release(self.request_id)
         self.request_id = None
         if isinstance(event, GenerationFailed):
             self.running = None
@@ -190,8 +193,7 @@ class ABRunScreen(ModalScreen[None]):
         if self._wait_timer is not None:
             self._wait_timer.stop()
         if self.request_id is not None:
-            self.app.bridge.cancel(self.request_id)
-            self.app.generation.release(self.request_id)
+            self.app.generation.cancel(self.request_id)
             self.request_id = None
             self.restore()
         self.running = None

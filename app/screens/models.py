@@ -41,7 +41,7 @@ from app.screens.models_messages import (
     RepoInspected,
 )
 from app.widgets.downloads import DownloadsPanel
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 from engine_ext.untrusted_text import MAX_MESSAGE, one_line
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import Catalog, CatalogEntry, load_catalog

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import CatalogEntry
 from models_catalog.download import installed_path

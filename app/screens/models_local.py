@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 from models_catalog import hfcache, hub
 from models_catalog.download import RemoteFile
 from models_catalog.errors import ModelsError

@@ -23,7 +23,7 @@ from app.screens.models_messages import (
     ModelsWorkFailed,
     RepoInspected,
 )
-from engine_ext.gguf_info import GGUFError
+from engine_ext.gguf import GGUFError
 from engine_ext.untrusted_text import one_line
 from models_catalog import fit, hfcache, hub
 from models_catalog.catalog import CatalogEntry

@@ -186,11 +186,10 @@ class SpecCheckScreen(ABRunScreen):
             self._show(side)
 
     def configure(self, side: str) -> None:
-        settings = self.app.speculation.engine_settings(replace(self.settings, enabled=side == "b"))
-        self.app.bridge.set_speculative(settings.params())
+        self.app.speculation.try_settings(replace(self.settings, enabled=side == "b"))
 
     def restore(self) -> None:
-        self.app.bridge.set_speculative(self.app.speculation.engine_settings().params())
+        self.app.speculation.try_settings()
 
     def _show(self, side: str, diverged_at: int | None = None) -> None:
         shown = side_text(self.sides[side], diverged_at, drafted=side == "b")

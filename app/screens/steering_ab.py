@@ -93,10 +93,10 @@ class SteeringABScreen(ABRunScreen):
 
     def configure(self, side: str) -> None:
         # A runs on the base model; B with the user's mix.
-        self.app.bridge.set_steering(() if side == "a" else self.app.steering.entries())
+        self.app.steering.try_unsteered(side == "a")
 
     def restore(self) -> None:
-        self.app.bridge.set_steering(self.app.steering.entries())
+        self.app.steering.try_unsteered(False)
 
     def add(self, side: str, event: TokensArrived) -> None:
         self.texts[side] += event.text

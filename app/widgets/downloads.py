@@ -9,7 +9,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Label, ProgressBar
 
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 from models_catalog.download import FINAL_STATES, Progress, State
 
 

@@ -22,6 +22,8 @@ from textual.timer import Timer
 from textual.widgets import Static
 
 from app.messages import DraftSpan, add_span
+from app.streaming import FLUSH_INTERVAL_S
+from app.streaming import RENDER_SHARE as STREAM_RENDER_SHARE
 from app.textual_internals.layout import LaidOutOnce
 from app.widgets.draft_provenance import DraftSpans, draft_styles, mark_provenance
 from app.widgets.markdown_render import Lines, has_long_live_code, markdown_renderable
@@ -136,10 +138,10 @@ class LiveBody(RenderedOnce):
     """
 
     GROW_LINES: ClassVar[int] = 16
-    RENDER_INTERVAL_S: ClassVar[float] = 1 / 20  # tokens come 15 times a second: each batch is drawn as it comes
-    RENDER_SHARE: ClassVar[float] = 0.25
-    """The most of a core re-rendering the tail may take: a tail that takes long to render (a long code block or
-    table) is drawn less often, so the event loop stays responsive and the engine keeps its cores."""
+    RENDER_INTERVAL_S: ClassVar[float] = FLUSH_INTERVAL_S
+    """The bridge's batching interval (app/streaming.py): each batch is drawn as it comes, not batched again."""
+    RENDER_SHARE: ClassVar[float] = STREAM_RENDER_SHARE
+    """The most of a core re-rendering the tail may take: a tail slow to render is drawn less often."""
 
     COMPONENT_CLASSES = {"live-body--draft", "live-body--draft-model", "live-body--draft-rejected"}
 

@@ -121,16 +121,16 @@ def check_eagle3_compatible(
 
 def _own_tensors(path: Path) -> tuple[int | None, bool]:
     """(rows of the draft's own token_embd or None, whether it has its own output head), from the header."""
-    from engine_ext.gguf_reader import _parse
+    from engine_ext.gguf import read_header
 
-    shapes = {t.name: t.shape for t in _parse(path).tensors}
+    shapes = {t.name: t.shape for t in read_header(path).tensors}
     embd = shapes.get("token_embd.weight")
     return (int(embd[1]) if embd is not None and len(embd) > 1 else None), "output.weight" in shapes
 
 
 def check_eagle3_file(path: Path, target: Model) -> None:
     """The header-level checks, before llama.cpp loads the file (its loader rejects some of these itself)."""
-    from engine_ext.gguf_facts import inspect_gguf
+    from engine_ext.gguf import inspect_gguf
 
     info = inspect_gguf(path)
     if info.draft.draft_type != "eagle3":
@@ -391,7 +391,7 @@ class DraftEagle3(Drafter):
 
 def build_eagle3(params: SpeculativeParams, model: Model, ctx: Context) -> DraftEagle3:
     """The factory's entry: `--spec-draft-model` must be an EAGLE3 GGUF made for this target."""
-    from engine_ext.gguf_facts import inspect_gguf
+    from engine_ext.gguf import inspect_gguf
     from engine_ext.params import ModelParams
 
     if not params.draft_model:

@@ -106,7 +106,7 @@ def lavapipe_refusal(spec_type: str, model: Model) -> str | None:
     context); Mesa 25.0's lavapipe ran it, identical to plain decoding, in 3 of 3."""
     if spec_type not in LAYER_INPUT_TYPES or not target_on_lavapipe(model):
         return None
-    from engine_ext.gguf_facts import inspect_gguf
+    from engine_ext.gguf import inspect_gguf
 
     if not inspect_gguf(model.path).expert_count:
         return None
@@ -118,7 +118,7 @@ def lavapipe_refusal(spec_type: str, model: Model) -> str | None:
 
 def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
     """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together."""
-    from engine_ext.gguf_facts import inspect_gguf
+    from engine_ext.gguf import inspect_gguf
     from engine_ext.params import ModelParams
     from engine_ext.speculative.dflash import DraftDFlash
 
@@ -145,7 +145,7 @@ def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: 
 
 def auto_types(params: SpeculativeParams, model: Model) -> tuple[str, ...]:
     """What auto mode chains: ngram-mod (free, strong on repeated text), then the best model drafter available."""
-    from engine_ext.gguf_facts import inspect_gguf
+    from engine_ext.gguf import inspect_gguf
 
     chain = ["ngram-mod"]
     if model.n_layer_nextn > 0 and model.params.load_mtp:

@@ -72,7 +72,7 @@ def write_control_vector(vector: ControlVector, path: Path) -> Path:
 
 _DIRECTION = re.compile(r"direction\.([0-9]{1,9})")  # ASCII digits only: llama.cpp reads the layer with std::stoi
 _MAX_LAYER = 512  # LLAMA_MAX_LAYERS: llama.cpp sizes the vector by the highest layer it names
-_MAX_N_EMBD = 1 << 20  # as gguf_info's largest plausible width
+_MAX_N_EMBD = 1 << 20  # as engine_ext.gguf's largest plausible width (MAX_DIM)
 _MAX_METADATA = 256  # llmtui.* provenance strings kept (more are ignored)
 # The largest L2 norm a layer's applied direction may have (after strength and layer weight). A direction is added
 # to the hidden state at the end of its layer; real models' hidden states have norms from about 1 to a few thousand
@@ -99,17 +99,17 @@ def check_steerable(direction: np.ndarray, what: str) -> None:
 def read_control_vector(path: Path, *, n_embd: int | None = None, n_layer: int | None = None) -> ControlVector:
     """Read and validate a control vector; with the model's n_embd/n_layer, check it fits that model.
 
-    The header goes through gguf_info's bounded reader (every count and length checked against the file before
+    The header goes through engine_ext.gguf's bounded reader (every count and length checked against the file before
     anything is allocated), the tensor infos are checked, and only then are the directions read, straight from
     the file: a hostile file is refused with a one-line ControlVectorError, never read into memory.
     """
-    from engine_ext.gguf_reader import GGUFError, _parse
+    from engine_ext.gguf import GGUFError, read_header
 
     path = Path(path)
     if not path.is_file():
         raise ControlVectorError(f"control vector not found: {path}")
     try:
-        header = _parse(path)
+        header = read_header(path)
     except GGUFError as exc:
         raise ControlVectorError(str(exc)) from exc
     name_of = path.name if len(path.name) <= 80 else path.name[:79] + "…"

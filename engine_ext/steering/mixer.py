@@ -23,7 +23,7 @@ def steered_layers(model: Model) -> list[int]:
         return []
     layers = list(range(1, model.n_layer))
     if arch in FFN_ONLY_CONTROL_VECTOR_ARCHS:
-        from engine_ext.gguf_facts import inspect_gguf
+        from engine_ext.gguf import inspect_gguf
 
         kinds = inspect_gguf(model.path).layer_kinds
         layers = [il for il in layers if il < len(kinds) and ("moe" in kinds[il] or "ffn" in kinds[il])]

@@ -111,7 +111,7 @@ def _generate(client: EngineClient, prompt: str, *, speculative: bool) -> tuple[
 
 def run_combo(combo: Combo, models: dict[str, Path], log_path: Path) -> Row:
     """Plain on the CPU, plain on the device, speculative on the device: one worker, reloaded between them."""
-    from engine_ext.gguf_facts import inspect_gguf
+    from engine_ext.gguf import inspect_gguf
 
     row = Row(combo.drafter, combo.arch, combo.target, combo.draft)
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ import pytest
 
 from engine_ext.client import EngineClient
 from engine_ext.doctor import is_lavapipe
-from engine_ext.gguf_facts import inspect_gguf
+from engine_ext.gguf import inspect_gguf
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     Crashed,

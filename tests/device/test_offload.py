@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine_ext.gguf_facts import inspect_gguf
+from engine_ext.gguf import inspect_gguf
 from engine_ext.model import Context, Model
 from engine_ext.params import GPU_LAYERS_AUTO, ContextParams, ModelParams
 from engine_ext.placement import MiB, offload_devices, plan_gpu_layers, resolve_gpu_layers, unit_costs

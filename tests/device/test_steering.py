@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine_ext.gguf_facts import inspect_gguf
+from engine_ext.gguf import inspect_gguf
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, ModelParams, SteeringEntry
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine_ext.client import EngineClient, EngineFailure
-from engine_ext.gguf_info import inspect_gguf
+from engine_ext.gguf import inspect_gguf
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeConfigError, SpeculativeParams
 from engine_ext.protocol import Finished, Generate, TokenChunk

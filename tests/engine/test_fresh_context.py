@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from engine_ext import worker as worker_module
-from engine_ext.gguf_facts import inspect_gguf
+from engine_ext.gguf import inspect_gguf
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     Event,

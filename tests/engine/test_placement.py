@@ -14,7 +14,7 @@ from app.models import starter_model_path
 from engine_ext import placement
 from engine_ext.client import EngineClient, EngineFailure
 from engine_ext.doctor import Device
-from engine_ext.gguf_info import inspect_gguf
+from engine_ext.gguf import inspect_gguf
 from engine_ext.model import model_params_struct
 from engine_ext.params import GPU_LAYERS_AUTO, ContextParams, EngineError, ModelParams
 from engine_ext.placement import DeviceMemory, plan_gpu_layers, unit_costs
@@ -26,7 +26,7 @@ CTX = ContextParams(n_ctx=2048)
 
 
 def _compute(path: Path, ctx: ContextParams = CTX) -> int:
-    from engine_ext.gguf_info import estimate_memory
+    from engine_ext.gguf import estimate_memory
 
     return estimate_memory(inspect_gguf(path), ctx.n_ctx, n_ubatch=ctx.n_ubatch, flash_attn=True).compute_bytes
 

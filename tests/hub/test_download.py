@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from models_catalog import download, hfcache, hub, pull
-from models_catalog.download import DownloadQueue, Progress, State, TransferOptions
+from models_catalog.download import Progress, State, TransferOptions
+from models_catalog.download_queue import DownloadQueue
 from models_catalog.errors import ChecksumMismatch, DiskFullError, NotEnoughDiskSpace, OfflineError
 from tests.hub_server import HubServer
 

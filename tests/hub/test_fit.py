@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_ext.gguf_info import estimate_memory, inspect_gguf, inspect_gguf_reader
+from engine_ext.gguf import estimate_memory, inspect_gguf, inspect_gguf_reader
 from models_catalog import fit, hub
 from models_catalog.fit import MachineMemory, QuantFit, Verdict
 from tests.hub_server import HubServer

@@ -27,8 +27,7 @@ import pytest
 from app.config import RemoteSettings, SamplingSettings
 from app.messages import GenerationFailed, GenerationFinished, ModelLoaded
 from app.remote import RemoteBridge, RemoteError, list_models
-from engine_ext.gguf_info import GGUFError
-from engine_ext.gguf_reader import MAX_READ_HEADER_BYTES
+from engine_ext.gguf import MAX_READ_HEADER_BYTES, GGUFError
 from models_catalog import download, fit, hfcache, hub, transport
 from models_catalog.download import RemoteFile, TransferOptions
 from models_catalog.errors import DownloadError, ModelsError

@@ -12,7 +12,7 @@ import pytest
 
 from app.config import SamplingSettings
 from app.tui import LlmtuiApp
-from engine_ext.gguf_info import GGUFError, validate_main_model
+from engine_ext.gguf import GGUFError, validate_main_model
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -167,7 +167,7 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(
 
 
 def _mib(n: int) -> str:
-    from engine_ext.gguf_info import format_bytes
+    from engine_ext.gguf import format_bytes
 
     return format_bytes(n)
 

@@ -19,7 +19,7 @@ from app.modals.model_switcher import ModelSwitcherModal
 from app.screens.models import ModelsScreen
 from app.tui import LlmtuiApp
 from app.widgets.downloads import DownloadRow, DownloadsPanel
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 from models_catalog import hfcache
 from models_catalog.download import State
 from tests.hub_server import HubServer

@@ -25,9 +25,10 @@ from app.modals.speculative import SpeculativePanel
 from app.screens.steering import SteeringPanel
 from app.speculation import model_facts
 from app.tui import LlmtuiApp
+from tests.fakes import Collector
 from tests.pilot import MODEL, started
 from tests.tui.test_tui_steering import synthetic_vector
-from tests.waits import wait_until
+from tests.waits import wait_for, wait_until
 
 SLOW_S = 1.0  # long enough that a key press on a loaded machine is processed well within it
 
@@ -202,3 +203,24 @@ async def test_start_up_reads_the_settings_history_and_model_off_the_event_loop(
     assert (saved.theme, saved.show_sidebar) == ("light", False)  # the user's settings, the theme changed
     assert settings.calls and not settings.on_main_thread, "the settings were read on the UI thread"
     assert history.calls and not history.on_main_thread, "the history was opened on the UI thread"
+
+
+@pytest.mark.usefixtures("app_dirs")
+def test_the_engine_bridge_reads_the_crash_memory_in_its_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 item 7: the App builds its bridge before the first frame; the real client's crash memory (a JSON file,
+    /proc/cpuinfo and the engine's libraries) is read in the bridge's thread, not then."""
+    import app.paths
+    from app.bridge import EngineBridge
+
+    memory = SlowReader(app.paths.repack_memory)
+    monkeypatch.setattr(app.paths, "repack_memory", memory)
+    bridge = EngineBridge(Collector(), tmp_path / "engine.log")
+    try:
+        assert memory.calls == []
+        bridge.start()
+        wait_for(lambda: memory.calls and not memory.active, "the crash memory read", timeout_s=10 + SLOW_S)
+    finally:
+        bridge.close()
+    assert memory.calls and not memory.on_main_thread, "the crash memory was read on the UI thread"

@@ -1,6 +1,6 @@
 """Hostile control-vector files: read_control_vector refuses each with one ControlVectorError line, fast, small.
 
-The header goes through gguf_info's bounded reader and the tensor infos are checked before any direction is read,
+The header goes through engine_ext.gguf's bounded reader and the tensor infos are checked before any direction is read,
 so a file that claims huge counts, lengths, shapes or layer numbers costs neither time nor memory. Also: a chat
 template longer than read_chat_template's cap is refused, not read.
 """
@@ -183,7 +183,7 @@ def test_a_big_metadata_array_is_cheap(tmp_path: Path) -> None:
 
 
 def test_a_huge_chat_template_is_refused_not_read(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    from engine_ext.gguf_info import GGUFValidationError, read_chat_template
+    from engine_ext.gguf import GGUFValidationError, read_chat_template
     from tests.tiny_models import TINY_CHAT_TEMPLATE
 
     assert read_chat_template(tiny_models["llama"]) == TINY_CHAT_TEMPLATE

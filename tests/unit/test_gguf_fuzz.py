@@ -240,7 +240,7 @@ def _alarm(signum: int, frame: Any) -> None:
 
 def run_fuzz(models: dict[str, Path], seed: int, n: int, workdir: Path) -> dict[str, Any]:
     """Inspect every mutant; return counts and every failure (exception, long message, slow, memory)."""
-    from engine_ext.gguf_info import GGUFError, describe, estimate_memory, inspect_gguf, validate_loadable
+    from engine_ext.gguf import GGUFError, describe, estimate_memory, inspect_gguf, validate_loadable
 
     signal.signal(signal.SIGALRM, _alarm)
     per_kind: Counter[str] = Counter()
@@ -304,7 +304,7 @@ def _child(argv: list[str]) -> None:
     """python tests/unit/test_gguf_fuzz.py --child SEED N MODELS_JSON: run the loop under a 2 GiB address-space cap."""
     seed, n, models = int(argv[0]), int(argv[1]), {k: Path(v) for k, v in json.loads(argv[2]).items()}
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    import engine_ext.gguf_info  # noqa: F401 - import numpy and gguf before the cap
+    import engine_ext.gguf  # noqa: F401 - import numpy and gguf before the cap
 
     limit = 2 << 30
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -368,7 +368,7 @@ _U32, _I32, _U64, _STR, _ARR = (int(t) for t in (_VT.UINT32, _VT.INT32, _VT.UINT
 def test_hostile_metadata_refused(
     tiny_models: dict[str, Path], tmp_path: Path, model: str, edit: KV, message: str
 ) -> None:
-    from engine_ext.gguf_info import GGUFValidationError, inspect_gguf
+    from engine_ext.gguf import GGUFValidationError, inspect_gguf
 
     path = _write_edited(tiny_models[model], tmp_path / "m.gguf", [edit])
     with pytest.raises(GGUFValidationError) as exc:
@@ -378,7 +378,7 @@ def test_hostile_metadata_refused(
 
 
 def test_split_count_must_match_the_name(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    from engine_ext.gguf_info import GGUFValidationError, inspect_gguf
+    from engine_ext.gguf import GGUFValidationError, inspect_gguf
 
     path = _write_edited(tiny_models["llama"], tmp_path / "m-00001-of-00002.gguf", [("split.count", _U32, -1, 99999)])
     with pytest.raises(GGUFValidationError, match="split.count says 99999 shards but the file name says 2"):
@@ -386,7 +386,7 @@ def test_split_count_must_match_the_name(tiny_models: dict[str, Path], tmp_path:
 
 
 def test_messages_are_one_short_line(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    from engine_ext.gguf_info import GGUFError, validate_gguf
+    from engine_ext.gguf import GGUFError, validate_gguf
 
     deep = tmp_path.joinpath(*["a" * 50] * 8)
     deep.mkdir(parents=True)
@@ -403,7 +403,7 @@ def test_messages_are_one_short_line(tiny_models: dict[str, Path], tmp_path: Pat
 
 def test_big_strings_are_not_read(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     """A 4 MiB string value is skipped, not read; a 100 KiB key is refused before it is read."""
-    from engine_ext.gguf_info import GGUFValidationError, inspect_gguf
+    from engine_ext.gguf import GGUFValidationError, inspect_gguf
 
     big = ("general.description", _STR, -1, "x" * (4 << 20))
     path = _write_edited(tiny_models["llama"], tmp_path / "big.gguf", [big])
@@ -428,7 +428,7 @@ if __name__ == "__main__":
         with tempfile.TemporaryDirectory() as tmp_models, tempfile.TemporaryDirectory() as tmp:
             seed = int(sys.argv[1]) if len(sys.argv) > 1 else SEED
             n = int(sys.argv[2]) if len(sys.argv) > 2 else N_MUTANTS
-            import engine_ext.gguf_info  # noqa: F401
+            import engine_ext.gguf  # noqa: F401
 
             limit = 2 << 30
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

@@ -1,4 +1,4 @@
-"""Tests for engine_ext.gguf_info: header validation, inspection, memory estimates, descriptions."""
+"""Tests for engine_ext.gguf: header validation, inspection, memory estimates, descriptions."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from engine_ext.gguf_info import (
+from engine_ext.gguf import (
     GGUFError,
     GGUFInfo,
     GGUFValidationError,
@@ -939,7 +939,7 @@ def test_describe_with_memory(llama: Path) -> None:
 
 def test_module_imports_no_ui_or_llama_cpp() -> None:
     code = (
-        "import sys, engine_ext.gguf_info; "
+        "import sys, engine_ext.gguf; "
         "bad = [m for m in ('llama_cpp', 'textual', 'rich') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

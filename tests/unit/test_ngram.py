@@ -1,4 +1,4 @@
-"""The model-free n-gram drafters (engine_ext/speculative/ngram.py) against upstream llama.cpp's logic.
+"""The model-free n-gram drafters (engine_ext/speculative/ngram/) against upstream llama.cpp's logic.
 
 Hand-computed cases for each drafter, plus a randomized comparison with literal line-by-line ports of the
 upstream C++ (common/ngram-map.cpp, ngram-mod.cpp, ngram-cache.cpp, speculative.cpp), which rescan the history
@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from engine_ext.params import SPEC_TYPES
-from engine_ext.speculative import ngram
 from engine_ext.speculative.base import Drafter, DrafterStats, common_prefix_length
 from engine_ext.speculative.ngram import (
     NGRAM_DRAFTERS,
@@ -32,6 +31,7 @@ from engine_ext.speculative.ngram import (
     ngram_cache_update,
     save_ngram_cache,
 )
+from engine_ext.speculative.ngram import _map as ngram_map  # its hash-map size, shrunk by one test
 
 M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1
@@ -966,7 +966,7 @@ def test_matches_upstream_over_multi_turn_chats(case: tuple[str, Callable[[], tu
 
 @pytest.mark.parametrize("key_only", [True, False])
 def test_map_matches_upstream_with_hash_collisions(monkeypatch: pytest.MonkeyPatch, key_only: bool) -> None:
-    monkeypatch.setattr(ngram, "COMMON_NGRAM_HASH_MAP_SIZE", 16)
+    monkeypatch.setattr(ngram_map, "COMMON_NGRAM_HASH_MAP_SIZE", 16)
     rng = random.Random(11)
     story = repetitive(rng, 2000, 10)
     d: Drafter = NgramMapK(2, 2) if key_only else NgramMapK4V(2, 2)

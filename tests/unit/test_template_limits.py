@@ -257,7 +257,7 @@ EXPECTED = json.loads((Path(__file__).parents[1] / "fixtures" / "template_render
 def template_source(name: str) -> str | None:
     if name == "starter":
         from app.models import starter_model_path
-        from engine_ext.gguf_info import read_chat_template
+        from engine_ext.gguf import read_chat_template
 
         path = starter_model_path()
         if path is None:

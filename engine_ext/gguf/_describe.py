@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from engine_ext.gguf_facts import GGUFInfo
-from engine_ext.gguf_layers import _LAYER_LEGEND
-from engine_ext.gguf_memory import MemoryEstimate
-from engine_ext.gguf_metadata import IntOrLayers
-from engine_ext.gguf_reader import _guarded, _some
+from engine_ext.gguf._facts import GGUFInfo
+from engine_ext.gguf._layers import LAYER_LEGEND
+from engine_ext.gguf._memory import MemoryEstimate
+from engine_ext.gguf._metadata import IntOrLayers
+from engine_ext.gguf._reader import guarded, some_items
 from engine_ext.untrusted_text import shown
 
 
@@ -39,7 +39,7 @@ def _fmt_layers(value: IntOrLayers | None) -> str:
 
 def describe(info: GGUFInfo, estimate: MemoryEstimate | None = None) -> list[str]:
     """Lines for ``llmtui info``: architecture, size, quant, layers, experts, MTP, draft keys, memory."""
-    return _guarded(info.path, lambda: _describe(info, estimate))
+    return guarded(info.path, lambda: _describe(info, estimate))
 
 
 def _describe(info: GGUFInfo, estimate: MemoryEstimate | None) -> list[str]:
@@ -51,7 +51,7 @@ def _describe(info: GGUFInfo, estimate: MemoryEstimate | None) -> list[str]:
     size = format_bytes(info.total_size)
     add("File", f"{info.path} ({size}, GGUF v{info.gguf_version})")
     if info.split_count > 1:
-        state = "all present" if not info.split_missing else "missing: " + _some(info.split_missing)
+        state = "all present" if not info.split_missing else "missing: " + some_items(info.split_missing)
         add("Split", f"{info.split_count} shards ({state})")
     add("Model", f"{info.architecture or '(no architecture)'}" + (f'  "{info.name}"' if info.name else ""))
     weights = format_bytes(info.weights_bytes)
@@ -65,7 +65,7 @@ def _describe(info: GGUFInfo, estimate: MemoryEstimate | None) -> list[str]:
     if info.context_length is not None:
         add("Context", f"{info.context_length} tokens (trained)")
     if info.block_count is not None:
-        add("Layers", f"{info.block_count} blocks: {info.layout}  ({_LAYER_LEGEND})")
+        add("Layers", f"{info.block_count} blocks: {info.layout}  ({LAYER_LEGEND})")
     dims = []
     if info.embedding_length is not None:
         dims.append(f"embd {info.embedding_length}")

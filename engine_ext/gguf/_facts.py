@@ -10,25 +10,31 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_ext.gguf_layers import _RECURRENT_TYPE, _layer_kinds, _moe_variant, _swa_layers, layout_string
-from engine_ext.gguf_metadata import _MAX_SPLITS, IntOrLayers, _Metadata, _per_layer
-from engine_ext.gguf_reader import (
-    _GGML_TYPES,
-    _HINT_CORRUPT,
-    _MAX_COUNT,
-    _VT,
-    ReadAt,
-    _error,
-    _fail,
-    _guarded,
-    _Header,
-    _open_source,
-    _parse,
-    _parse_reader,
-    _some,
-    _Tensor,
+from engine_ext.gguf._layers import (
+    RECURRENT_TYPE,
+    classify_layers,
+    find_moe_variant,
+    layout_string,
+    sliding_window_layers,
 )
-from engine_ext.gguf_validate import _check_hparams
+from engine_ext.gguf._metadata import MAX_SPLITS, IntOrLayers, Metadata, per_layer_values
+from engine_ext.gguf._reader import (
+    GGML_TYPES,
+    HINT_CORRUPT,
+    MAX_COUNT,
+    VT,
+    Header,
+    ReadAt,
+    TensorInfo,
+    gguf_error,
+    guarded,
+    open_file_source,
+    read_header,
+    read_header_through,
+    some_items,
+    validation_error,
+)
+from engine_ext.gguf._validate import check_hparams
 from engine_ext.params import ascii_digits
 from engine_ext.untrusted_text import shown
 
@@ -142,18 +148,18 @@ class GGUFInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (tuples become lists) with the derived ``layout`` and ``draft_type``."""
-        out = _json_safe(asdict(self))
+        out = json_safe(asdict(self))
         assert isinstance(out, dict)
         out["layout"] = self.layout
         out["draft_type"] = self.draft_type
         return out
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, float) and value != value:  # NaN is not JSON
         return None
     return value
@@ -189,15 +195,15 @@ def _split_siblings(path: Path, split_count: int) -> list[Path] | None:
     return [path.with_name(f"{prefix}-{i:05d}-of-{split_count:05d}.gguf") for i in range(1, split_count + 1)]
 
 
-def _split_fields(path: Path | str, meta: _Metadata) -> tuple[int, int]:
+def _split_fields(path: Path | str, meta: Metadata) -> tuple[int, int]:
     """split.count and split.no, checked (llama_split_path names shards -%05d-of-%05d)."""
-    count = meta.checked_int("split.count", path, 0, _MAX_SPLITS)
-    number = meta.checked_int("split.no", path, 0, _MAX_SPLITS - 1)
-    meta.checked_int("split.tensors.count", path, 0, _MAX_COUNT)
+    count = meta.checked_int("split.count", path, 0, MAX_SPLITS)
+    number = meta.checked_int("split.no", path, 0, MAX_SPLITS - 1)
+    meta.checked_int("split.tensors.count", path, 0, MAX_COUNT)
     split_count = count or 1
     split_no = number or 0
     if split_no >= split_count:
-        raise _fail(path, f"split.no is {split_no} but split.count is {split_count}", _HINT_CORRUPT)
+        raise validation_error(path, f"split.no is {split_no} but split.count is {split_count}", HINT_CORRUPT)
     return split_count, split_no
 
 
@@ -209,12 +215,12 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     subclass GGUFValidationError) and nothing else, with a one-line message of at most 300 characters.
     """
     path = Path(path)
-    return _guarded(path, lambda: _inspect_gguf(path))
+    return guarded(path, lambda: _inspect_gguf(path))
 
 
 def _inspect_gguf(path: Path) -> GGUFInfo:
-    head = _parse(path)
-    meta = _Metadata(head.kv, None)
+    head = read_header(path)
+    meta = Metadata(head.kv, None)
     split_count, split_no = _split_fields(path, meta)
     warnings: list[str] = []
     headers = [head]
@@ -223,7 +229,7 @@ def _inspect_gguf(path: Path) -> GGUFInfo:
     if split_count > 1:
         match = _SPLIT_NAME.match(path.name)
         if match is not None and int(match.group("count")) != split_count:
-            raise _fail(
+            raise validation_error(
                 path,
                 f"split.count says {split_count} shards but the file name says {int(match.group('count'))} "
                 "(llama.cpp refuses the name)",
@@ -232,14 +238,14 @@ def _inspect_gguf(path: Path) -> GGUFInfo:
         siblings = _split_siblings(path, split_count)
         if split_no != 0:
             if siblings is not None and siblings[0].name == path.name:
-                raise _fail(
+                raise validation_error(
                     path,
                     f"split.no says this is shard {split_no + 1} of {split_count}, but its name says it is the first",
                     "the file is corrupt, re-download it",
                 )
             if siblings is not None and siblings[0].exists():
                 return _inspect_gguf(siblings[0])  # its own split.no is checked against its name there
-            raise _error(
+            raise gguf_error(
                 path,
                 f"is shard {split_no + 1} of {split_count} of a split model and the first shard "
                 f"({siblings[0].name if siblings else '…-00001-of-….gguf'}) is not beside it",
@@ -256,14 +262,14 @@ def _inspect_gguf(path: Path) -> GGUFInfo:
                 if not sibling.exists():
                     missing.append(str(sibling))
                     continue
-                shard = _parse(sibling)
-                shard_no = _Metadata(shard.kv, None).int_value("split.no")
+                shard = read_header(sibling)
+                shard_no = Metadata(shard.kv, None).int_value("split.no")
                 if shard_no is not None and shard_no != index:
                     warnings.append(f"{sibling.name} says it is shard {shard_no + 1}, expected {index + 1}")
                 headers.append(shard)
                 split_paths.append(str(sibling))
         if missing:
-            warnings.append(f"{len(missing)} of {split_count} shards are missing: " + _some(missing))
+            warnings.append(f"{len(missing)} of {split_count} shards are missing: " + some_items(missing))
         expected_tensors = meta.int_value("split.tensors.count")
         found_tensors = sum(len(h.tensors) for h in headers)
         if not missing and expected_tensors is not None and expected_tensors != found_tensors:
@@ -273,7 +279,7 @@ def _inspect_gguf(path: Path) -> GGUFInfo:
 
 def _build_info(
     path: Path,
-    headers: list[_Header],
+    headers: list[Header],
     split_count: int,
     split_paths: tuple[str, ...],
     missing: tuple[str, ...],
@@ -282,8 +288,8 @@ def _build_info(
     head = headers[0]
     arch_value = head.kv.get("general.architecture")
     arch = arch_value.value if arch_value is not None and isinstance(arch_value.value, str) else None
-    meta = _Metadata(head.kv, arch)
-    _check_hparams(path, meta)
+    meta = Metadata(head.kv, arch)
+    check_hparams(path, meta)
     tensors = [t for h in headers for t in h.tensors]
     names = {t.name for t in tensors}
 
@@ -291,7 +297,7 @@ def _build_info(
     counts: Counter[str] = Counter()
     type_bytes: Counter[str] = Counter()
     for t in tensors:
-        type_name = _GGML_TYPES[t.type_id][0]
+        type_name = GGML_TYPES[t.type_id][0]
         counts[type_name] += 1
         type_bytes[type_name] += t.n_bytes
     file_type, label, guessed = _file_type(meta, tensors)
@@ -316,10 +322,10 @@ def _build_info(
     feed_forward = meta.arch_int_or_layers("feed_forward_length")
     expert_count = meta.arch_int("expert_count")
 
-    layer_kinds = _layer_kinds(meta, block_count, n_nextn, head_count_kv, feed_forward, expert_used, expert_ff)
-    moe_variant = _moe_variant(arch, expert_count, expert_used, expert_ff, n_trunk)
+    layer_kinds = classify_layers(meta, block_count, n_nextn, head_count_kv, feed_forward, expert_used, expert_ff)
+    moe_variant = find_moe_variant(arch, expert_count, expert_used, expert_ff, n_trunk)
     if expert_count and block_count:
-        used = _per_layer(expert_used, block_count)
+        used = per_layer_values(expert_used, block_count)
         if arch == "nemotron_h_moe" and n_nextn and used[0] == 0:
             warnings.append(
                 "expert_used_count[0] is 0: llama.cpp's MTP and warm-up paths use layer 0's top-k and crash "
@@ -328,9 +334,9 @@ def _build_info(
 
     recurrent_type = None
     if any("recurrent" in kind for kind in layer_kinds):
-        recurrent_type = _RECURRENT_TYPE.get(arch or "", "recurrent")
+        recurrent_type = RECURRENT_TYPE.get(arch or "", "recurrent")
     sliding_window = meta.arch_int("attention.sliding_window")
-    swa_layers = _swa_layers(meta, arch, sliding_window, block_count, n_trunk or 0)
+    swa_layers = sliding_window_layers(meta, arch, sliding_window, block_count, n_trunk or 0)
 
     is_sidecar = n_nextn > 0 and "blk.0.attn_norm.weight" not in names
     draft = _draft_info(meta, arch, block_count, names)
@@ -356,7 +362,7 @@ def _build_info(
 
     tokens = head.kv.get("tokenizer.ggml.tokens")
     vocab_size = meta.arch_int("vocab_size")
-    if vocab_size is None and tokens is not None and tokens.vtype == int(_VT.ARRAY):
+    if vocab_size is None and tokens is not None and tokens.vtype == int(VT.ARRAY):
         vocab_size = tokens.count
     template_names = tuple(
         sorted(k.removeprefix("tokenizer.chat_template.") for k in head.kv if k.startswith("tokenizer.chat_template."))
@@ -364,7 +370,7 @@ def _build_info(
     sampling = {
         k.removeprefix("general.sampling."): v.value
         for k, v in head.kv.items()
-        if k.startswith("general.sampling.") and v.vtype != int(_VT.ARRAY)
+        if k.startswith("general.sampling.") and v.vtype != int(VT.ARRAY)
     }
 
     return GGUFInfo(
@@ -442,7 +448,7 @@ def _shown_or_none(text: str | None) -> str | None:
     return None if text is None else shown(text)
 
 
-def _file_type(meta: _Metadata, tensors: Sequence[_Tensor]) -> tuple[int | None, str, bool]:
+def _file_type(meta: Metadata, tensors: Sequence[TensorInfo]) -> tuple[int | None, str, bool]:
     """general.file_type and its llama.cpp label, else llama.cpp's guess from the commonest tensor type."""
     stored = meta.int_value("general.file_type")
     if stored is not None:
@@ -463,7 +469,7 @@ def _file_type(meta: _Metadata, tensors: Sequence[_Tensor]) -> tuple[int | None,
     return ftype, "(guessed) " + _FTYPE_LABELS.get(ftype, "unknown, may not work"), True
 
 
-def _draft_info(meta: _Metadata, arch: str | None, block_count: int | None, names: set[str]) -> DraftInfo:
+def _draft_info(meta: Metadata, arch: str | None, block_count: int | None, names: set[str]) -> DraftInfo:
     """As common_speculative_types_from_gguf(): dflash -> dspark/dflash(2); a last-block NextN -> MTP."""
     draft_type: str | None = None
     if arch == "dflash":
@@ -501,23 +507,23 @@ def read_chat_template(path: Path, name: str | None = None) -> str | None:
     GGUFValidationError rather than read.
     """
     path = Path(path)
-    head = _parse(path)
+    head = read_header(path)
     key = "tokenizer.chat_template" if name is None else f"tokenizer.chat_template.{name}"
     entry, span = head.kv.get(key), head.spans.get(key)
-    if entry is None or entry.vtype != int(_VT.STRING) or span is None:
+    if entry is None or entry.vtype != int(VT.STRING) or span is None:
         return None
     start, end = span
     if end - start > _MAX_TEMPLATE:
-        raise _fail(
+        raise validation_error(
             path,
             f"{key} is {end - start} bytes long (at most {_MAX_TEMPLATE >> 20} MiB is read)",
             "the chat template is not usable; re-download or re-convert the model",
         )
     try:
-        with _open_source(path) as src:
+        with open_file_source(path) as src:
             return src.read(start, end - start).decode("utf-8", errors="replace")
     except OSError as exc:
-        raise _error(path, f"cannot be read ({exc.strerror or exc})", "check the file and the disk") from None
+        raise gguf_error(path, f"cannot be read ({exc.strerror or exc})", "check the file and the disk") from None
 
 
 def inspect_gguf_reader(
@@ -534,11 +540,11 @@ def inspect_gguf_reader(
     shards of a split model as ``(name, size, read_at)``. Only header bytes are read. Errors from
     ``read_at`` propagate unchanged; malformed headers raise GGUFValidationError.
     """
-    headers = [_parse_reader(name, size, read_at, window)]
-    headers += [_parse_reader(n, s, r, window) for n, s, r in shards]
+    headers = [read_header_through(name, size, read_at, window)]
+    headers += [read_header_through(n, s, r, window) for n, s, r in shards]
 
     def build() -> GGUFInfo:
-        split_count, _ = _split_fields(name, _Metadata(headers[0].kv, None))
+        split_count, _ = _split_fields(name, Metadata(headers[0].kv, None))
         names = (name, *(n for n, _, _ in shards))
         warnings: list[str] = []
         missing: tuple[str, ...] = ()
@@ -547,4 +553,4 @@ def inspect_gguf_reader(
             warnings.append(f"{len(missing)} of {split_count} shards were not read")
         return _build_info(Path(name), headers, split_count, names, missing, warnings)
 
-    return _guarded(name, build)
+    return guarded(name, build)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine_ext.gguf_metadata import IntOrLayers, _Metadata, _per_layer
+from engine_ext.gguf._metadata import IntOrLayers, Metadata, per_layer_values
 
 # Architectures whose layer layout llama.cpp derives from metadata (src/models/*.cpp load_arch_hparams).
 _RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-_INTERVAL_HYBRID_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next", "qwen4exp", "minimax-01"})
+INTERVAL_HYBRID_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next", "qwen4exp", "minimax-01"})
 _KV_ZERO_HYBRID_ARCHS = frozenset(
     {
         "bailingmoe3",
@@ -23,12 +23,12 @@ _KV_ZERO_HYBRID_ARCHS = frozenset(
         "plamo2",
     }
 )
-_NEMOTRON_ARCHS = frozenset({"nemotron_h", "nemotron_h_moe"})
-_HYBRID_ARCHS = (
-    _INTERVAL_HYBRID_ARCHS | _KV_ZERO_HYBRID_ARCHS | _NEMOTRON_ARCHS | {"falcon-h1", "deepseek4"}
+NEMOTRON_ARCHS = frozenset({"nemotron_h", "nemotron_h_moe"})
+HYBRID_ARCHS = (
+    INTERVAL_HYBRID_ARCHS | _KV_ZERO_HYBRID_ARCHS | NEMOTRON_ARCHS | {"falcon-h1", "deepseek4"}
 )  # llm_arch_is_hybrid
 # fmt: off
-_RECURRENT_TYPE: dict[str, str] = {
+RECURRENT_TYPE: dict[str, str] = {
     "mamba": "mamba", "jamba": "mamba", "mamba2": "mamba2", "nemotron_h": "mamba2",
     "nemotron_h_moe": "mamba2", "granitehybrid": "mamba2", "falcon-h1": "mamba2", "plamo2": "mamba2",
     "qwen35": "gated delta net", "qwen35moe": "gated delta net", "qwen3next": "gated delta net",
@@ -58,7 +58,7 @@ LAYER_LETTERS: dict[str, str] = {
     "attention+recurrent": "AM",
     "nextn": "N",
 }
-_LAYER_LEGEND = "A=attention M=recurrent E=MoE F=dense FFN"
+LAYER_LEGEND = "A=attention M=recurrent E=MoE F=dense FFN"
 
 
 def layout_string(kinds: Sequence[str]) -> str:
@@ -94,12 +94,12 @@ def _fold_layout(letters: list[str]) -> str:
 
 
 def _moe_layers(
-    meta: _Metadata, n_layers: int, expert_used: IntOrLayers | None, expert_ff: IntOrLayers | None
+    meta: Metadata, n_layers: int, expert_used: IntOrLayers | None, expert_ff: IntOrLayers | None
 ) -> list[bool]:
     if not meta.arch_int("expert_count"):
         return [False] * n_layers
-    used = _per_layer(expert_used, n_layers, default=1)
-    ff = _per_layer(expert_ff, n_layers, default=1) if isinstance(expert_ff, tuple) else [1] * n_layers
+    used = per_layer_values(expert_used, n_layers, default=1)
+    ff = per_layer_values(expert_ff, n_layers, default=1) if isinstance(expert_ff, tuple) else [1] * n_layers
     dense_lead = meta.arch_int("leading_dense_block_count") or 0
     step = meta.arch_int("interleave_moe_layer_step") or 0
     return [
@@ -108,8 +108,8 @@ def _moe_layers(
     ]
 
 
-def _layer_kinds(
-    meta: _Metadata,
+def classify_layers(
+    meta: Metadata,
     block_count: int | None,
     n_nextn: int,
     head_count_kv: IntOrLayers | None,
@@ -122,13 +122,13 @@ def _layer_kinds(
         return ()
     arch = meta.arch or ""
     n_trunk = max(block_count - n_nextn, 0)
-    kv_heads = _per_layer(head_count_kv, block_count)
-    n_ff = _per_layer(feed_forward, block_count)
+    kv_heads = per_layer_values(head_count_kv, block_count)
+    n_ff = per_layer_values(feed_forward, block_count)
     moe = _moe_layers(meta, block_count, expert_used, expert_ff)
     kinds: list[str] = []
     recurrent = _recurrent_flags(meta, arch, block_count, n_trunk, kv_heads)
     for il in range(n_trunk):
-        if arch in _NEMOTRON_ARCHS:
+        if arch in NEMOTRON_ARCHS:
             if n_ff[il] > 0:
                 kinds.append("moe" if meta.arch_int("expert_count") else "ffn")
             else:
@@ -145,8 +145,8 @@ def _layer_kinds(
     return tuple(kinds)
 
 
-def _recurrent_flags(meta: _Metadata, arch: str, block_count: int, n_trunk: int, kv_heads: list[int]) -> list[bool]:
-    if arch in _INTERVAL_HYBRID_ARCHS:
+def _recurrent_flags(meta: Metadata, arch: str, block_count: int, n_trunk: int, kv_heads: list[int]) -> list[bool]:
+    if arch in INTERVAL_HYBRID_ARCHS:
         stored = meta.arch_value("attention.recurrent_layers")
         if isinstance(stored, list) and stored:
             if len(stored) == block_count and all(v in (0, 1, True, False) for v in stored):
@@ -160,7 +160,7 @@ def _recurrent_flags(meta: _Metadata, arch: str, block_count: int, n_trunk: int,
     return [False] * block_count
 
 
-def _moe_variant(
+def find_moe_variant(
     arch: str | None,
     expert_count: int | None,
     expert_used: IntOrLayers | None,
@@ -185,8 +185,8 @@ def _moe_variant(
     return None
 
 
-def _swa_layers(
-    meta: _Metadata, arch: str | None, sliding_window: int | None, block_count: int | None, n_trunk: int
+def sliding_window_layers(
+    meta: Metadata, arch: str | None, sliding_window: int | None, block_count: int | None, n_trunk: int
 ) -> tuple[bool, ...] | None:
     if not sliding_window or not block_count or block_count > 100_000:
         return None

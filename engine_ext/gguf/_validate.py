@@ -6,26 +6,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_ext.gguf_layers import _INTERVAL_HYBRID_ARCHS, _NEMOTRON_ARCHS
-from engine_ext.gguf_metadata import (
-    _MAX_CONTEXT,
-    _MAX_DIM,
-    _MAX_EXPERTS,
-    _MAX_LAYERS,
-    _Metadata,
-    _per_layer,
-    _type_name,
+from engine_ext.gguf._layers import INTERVAL_HYBRID_ARCHS, NEMOTRON_ARCHS
+from engine_ext.gguf._metadata import (
+    MAX_CONTEXT,
+    MAX_DIM,
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    Metadata,
+    per_layer_values,
+    value_type_name,
 )
-from engine_ext.gguf_reader import (
-    _HINT_METADATA,
-    _U64,
-    _VT,
+from engine_ext.gguf._reader import (
+    HINT_METADATA,
+    U64,
+    VT,
     GGUFValidationError,
-    _fail,
-    _guarded,
-    _Header,
-    _open_source,
-    _parse,
+    Header,
+    guarded,
+    open_file_source,
+    read_header,
+    validation_error,
 )
 
 _DRAFT_ARCHS = {"dflash": "a DFlash/DSpark draft", "eagle3": "an EAGLE3 draft"}  # for another model
@@ -36,24 +36,24 @@ def validate_loadable(path: Path | str) -> None:
     sidecar, a DFlash/DSpark or EAGLE3 draft): the file format (validate_gguf), then the metadata that passes
     llama.cpp's loader checks and then aborts it. GGUFError (one line) when a rule is broken."""
     path = Path(path)
-    _check_runnable(path, _parse(path))
+    check_runnable(path, read_header(path))
 
 
 def validate_main_model(path: Path) -> None:
     """validate_loadable, and refuse a draft that cannot run on its own: a DFlash/DSpark or EAGLE3 draft, or an
     ``mtp-`` sidecar (NextN head only), opened as the model to chat with (llama.cpp aborts or segfaults on them)."""
     path = Path(path)
-    header = _parse(path)
+    header = read_header(path)
     _refuse_draft_as_model(path, header)
-    _check_runnable(path, header)
+    check_runnable(path, header)
 
 
 def refuse_draft_as_model(path: Path) -> None:
     """Only the draft-as-model refusal of validate_main_model (the worker's; Model checks the rest as it loads)."""
-    _refuse_draft_as_model(Path(path), _parse(Path(path)))
+    _refuse_draft_as_model(Path(path), read_header(Path(path)))
 
 
-def _refuse_draft_as_model(path: Path, header: _Header) -> None:
+def _refuse_draft_as_model(path: Path, header: Header) -> None:
     arch_kv = header.kv.get("general.architecture")
     arch = arch_kv.value if arch_kv is not None and isinstance(arch_kv.value, str) else ""
     what = _DRAFT_ARCHS.get(arch)
@@ -64,7 +64,7 @@ def _refuse_draft_as_model(path: Path, header: _Header) -> None:
         if has_nextn and not any(t.name == "blk.0.attn_norm.weight" for t in header.tensors):
             what = "an mtp- sidecar (another model's MTP head)"
     if what is not None:
-        raise _fail(
+        raise validation_error(
             path,
             f"{what}, not a model to chat with",
             "open the model it belongs to (its drafts are paired automatically)",
@@ -121,17 +121,17 @@ _LAYERNORM_ARCHS = frozenset({
 # fmt: on
 
 
-def _check_runnable(path: Path | str, header: _Header) -> None:
+def check_runnable(path: Path | str, header: Header) -> None:
     """Refuse, before llama.cpp sees the file, metadata that passes llama.cpp's loader checks and then aborts it."""
     arch_kv = header.kv.get("general.architecture")
     arch = arch_kv.value if arch_kv is not None and isinstance(arch_kv.value, str) else None
-    meta = _Metadata(header.kv, arch)
-    _guarded(path, lambda: _check_experts(path, meta))
-    _guarded(path, lambda: _check_attention(path, meta))
-    _guarded(path, lambda: _check_recurrent(path, meta))
-    _guarded(path, lambda: _check_kv_heads(path, meta, header))
+    meta = Metadata(header.kv, arch)
+    guarded(path, lambda: _check_experts(path, meta))
+    guarded(path, lambda: _check_attention(path, meta))
+    guarded(path, lambda: _check_recurrent(path, meta))
+    guarded(path, lambda: _check_kv_heads(path, meta, header))
     _check_tensor_types(path, header)
-    _guarded(path, lambda: _check_dspark(path, meta, header))
+    guarded(path, lambda: _check_dspark(path, meta, header))
     _check_tokens(path, header)
     model = header.kv.get("tokenizer.ggml.model")
     if model is not None and model.value in ("none", "no_vocab"):  # llama-vocab.cpp:3422 on the first tokenize
@@ -139,18 +139,20 @@ def _check_runnable(path: Path | str, header: _Header) -> None:
 
 
 def _refuse(path: Path | str, problem: str) -> GGUFValidationError:
-    return _fail(path, problem, "llama.cpp would abort on this metadata; re-download or re-convert the model")
+    return validation_error(
+        path, problem, "llama.cpp would abort on this metadata; re-download or re-convert the model"
+    )
 
 
-def _check_experts(path: Path | str, meta: _Metadata) -> None:
+def _check_experts(path: Path | str, meta: Metadata) -> None:
     """block_count and the expert counts as load_hparams asserts them (src/llama-model.cpp:1328-1377)."""
     arch = meta.arch
     if arch is None:
         return
-    block_count = meta.checked_int(f"{arch}.block_count", path, 1, _MAX_LAYERS)  # llama-model.cpp:1328
-    meta.checked_int(f"{arch}.nextn_predict_layers", path, 0, block_count or _MAX_LAYERS)  # llama-model.cpp:1330
-    meta.checked_int(f"{arch}.expert_count", path, 0, _MAX_EXPERTS)  # llama-model.cpp:1361
-    meta.check_int_or_layers(f"{arch}.expert_used_count", path, _MAX_EXPERTS, block_count)
+    block_count = meta.checked_int(f"{arch}.block_count", path, 1, MAX_LAYERS)  # llama-model.cpp:1328
+    meta.checked_int(f"{arch}.nextn_predict_layers", path, 0, block_count or MAX_LAYERS)  # llama-model.cpp:1330
+    meta.checked_int(f"{arch}.expert_count", path, 0, MAX_EXPERTS)  # llama-model.cpp:1361
+    meta.check_int_or_layers(f"{arch}.expert_used_count", path, MAX_EXPERTS, block_count)
     n_expert = meta.arch_int("expert_count") or 0
     used = meta.arch_int_or_layers("expert_used_count")
     used_max = (max(used) if used else 0) if isinstance(used, tuple) else (used or 0)
@@ -177,12 +179,12 @@ def _check_experts(path: Path | str, meta: _Metadata) -> None:
             )
     elif groups:
         raise _refuse(path, f"{arch}.expert_group_count is {groups} but the model has no experts")
-    if arch in _NEMOTRON_ARCHS and n_expert > 0 and block_count:
+    if arch in NEMOTRON_ARCHS and n_expert > 0 and block_count:
         # A trunk layer with n_ff != 0 is an MoE layer whose expert width falls back to n_ff / n_expert_used(il)
         # when expert_feed_forward_length is 0 there (models/nemotron-h.cpp:102-115): SIGFPE when both are 0.
-        n_ff = _per_layer(meta.arch_int_or_layers("feed_forward_length"), block_count)
-        ff_exp = _per_layer(meta.arch_int_or_layers("expert_feed_forward_length"), block_count)
-        used_l = _per_layer(used, block_count)
+        n_ff = per_layer_values(meta.arch_int_or_layers("feed_forward_length"), block_count)
+        ff_exp = per_layer_values(meta.arch_int_or_layers("expert_feed_forward_length"), block_count)
+        used_l = per_layer_values(used, block_count)
         for il in range(block_count - (meta.arch_int("nextn_predict_layers") or 0)):
             if n_ff[il] and not ff_exp[il] and not used_l[il]:
                 raise _refuse(
@@ -192,7 +194,7 @@ def _check_experts(path: Path | str, meta: _Metadata) -> None:
                 )
 
 
-def _check_attention(path: Path | str, meta: _Metadata) -> None:
+def _check_attention(path: Path | str, meta: Metadata) -> None:
     """Norm epsilons, rope scaling type and head sizes that the graph asserts on (ggml-cpu/ops.cpp, models/*.cpp)."""
     arch = meta.arch
     if arch is None:
@@ -208,11 +210,11 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
         known = ", ".join(_ROPE_SCALING_TYPES)
         raise _refuse(path, f"{arch}.rope.scaling.type {scaling!r} is unknown (one of {known})")
     block_count = meta.arch_int("block_count")
-    heads = _per_layer(
-        meta.arch_int_or_layers("attention.head_count"), _MAX_LAYERS if block_count is None else int(block_count or 0)
+    heads = per_layer_values(
+        meta.arch_int_or_layers("attention.head_count"), MAX_LAYERS if block_count is None else int(block_count or 0)
     )
     heads_kv_raw = meta.arch_int_or_layers("attention.head_count_kv")
-    heads_kv = heads if heads_kv_raw is None else _per_layer(heads_kv_raw, len(heads))
+    heads_kv = heads if heads_kv_raw is None else per_layer_values(heads_kv_raw, len(heads))
     # Grouped-query attention broadcasts K/V over the heads (ggml_mul_mat asserts it): checked for the model-wide
     # values (layer 0's, which every graph uses); per-layer arrays are checked against the K tensors below.
     if heads and heads_kv and heads_kv[0] > 0 and heads[0] % heads_kv[0]:
@@ -254,7 +256,7 @@ def _check_attention(path: Path | str, meta: _Metadata) -> None:
 _MAX_DSPARK_BLOCK = 64
 
 
-def _check_dspark(path: Path | str, meta: _Metadata, header: _Header) -> None:
+def _check_dspark(path: Path | str, meta: Metadata, header: Header) -> None:
     """A DSpark draft (a DFlash draft with a Markov head) needs dflash.block_size from 1 to _MAX_DSPARK_BLOCK:
     models/dflash.cpp:312-314 asserts it is there and positive, and a larger one overflows the graph."""
     if meta.arch != "dflash" or not any(t.name == "markov_w1.weight" for t in header.tensors):
@@ -281,11 +283,11 @@ def _int32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def _check_recurrent(path: Path | str, meta: _Metadata) -> None:
+def _check_recurrent(path: Path | str, meta: Metadata) -> None:
     """The layer pattern and the gated delta net sizes the loader and graph divide by and reshape with
     (src/models/qwen35.cpp:18-21 and 341-346)."""
     arch = meta.arch
-    if arch in _INTERVAL_HYBRID_ARCHS and meta.arch_value("attention.recurrent_layers") is None:
+    if arch in INTERVAL_HYBRID_ARCHS and meta.arch_value("attention.recurrent_layers") is None:
         if meta.arch_int("full_attention_interval") == 0:  # (i + 1) % full_attn_interval: SIGFPE
             raise _refuse(path, f"{arch}.full_attention_interval is 0 (must be at least 1)")
     if arch not in _GDN_ARCHS:
@@ -300,7 +302,7 @@ def _check_recurrent(path: Path | str, meta: _Metadata) -> None:
         )
 
 
-def _check_kv_heads(path: Path | str, meta: _Metadata, header: _Header) -> None:
+def _check_kv_heads(path: Path | str, meta: Metadata, header: Header) -> None:
     """A per-layer head_count_kv array must agree with each layer's K projection: the KV cache is sized per layer
     from the array while most graphs build K from the tensor, and ggml_set_rows asserts they match (ggml.c:4014)."""
     arch = meta.arch
@@ -324,7 +326,7 @@ def _check_kv_heads(path: Path | str, meta: _Metadata, header: _Header) -> None:
             )
 
 
-def _check_tensor_types(path: Path | str, header: _Header) -> None:
+def _check_tensor_types(path: Path | str, header: Header) -> None:
     """Weights llama.cpp maps but cannot compute with or point at."""
     for t in header.tensors:
         # ggml-cpu binary ops and matmuls abort or crash on them; only a draft's d2t token map is I64 (eagle3.cpp:312)
@@ -343,19 +345,19 @@ def _check_tensor_types(path: Path | str, header: _Header) -> None:
             )
 
 
-def _check_tokens(path: Path | str, header: _Header) -> None:
+def _check_tokens(path: Path | str, header: Header) -> None:
     """Every token text must be distinct (src/llama-vocab.cpp:2544 asserts id_to_token.size() == token_to_id.size());
     an empty token is renamed to [EMPTY_<id>] first. Reads the token array's bytes once, nothing else."""
     span = header.spans.get("tokenizer.ggml.tokens")
     if span is None:
         return
     start, end = span
-    with _open_source(Path(path)) as src:
+    with open_file_source(Path(path)) as src:
         raw = src.read(start, end - start)
     seen: dict[bytes, int] = {}
     pos, i, n = 0, 0, len(raw)
     while pos + 8 <= n:
-        (length,) = _U64.unpack_from(raw, pos)
+        (length,) = U64.unpack_from(raw, pos)
         word = raw[pos + 8 : pos + 8 + length] or f"[EMPTY_{i}]".encode()
         pos += 8 + length
         first = seen.setdefault(word, i)
@@ -379,49 +381,49 @@ def _check_tokens(path: Path | str, header: _Header) -> None:
 
 # (key suffix, largest value, may be a per-layer array) for every count or size inspection reads
 _HPARAMS: tuple[tuple[str, int, bool], ...] = (
-    ("context_length", _MAX_CONTEXT, False),
-    ("embedding_length", _MAX_DIM, False),
-    ("feed_forward_length", _MAX_DIM, True),
-    ("attention.head_count", _MAX_DIM, True),
-    ("attention.head_count_kv", _MAX_DIM, True),
-    ("attention.key_length", _MAX_DIM, False),
-    ("attention.value_length", _MAX_DIM, False),
-    ("attention.key_length_swa", _MAX_DIM, False),
-    ("attention.value_length_swa", _MAX_DIM, False),
-    ("attention.key_length_mla", _MAX_DIM, False),
-    ("attention.value_length_mla", _MAX_DIM, False),
-    ("attention.sliding_window", _MAX_CONTEXT, False),
-    ("expert_count", _MAX_EXPERTS, False),
-    ("expert_used_count", _MAX_EXPERTS, True),
-    ("expert_feed_forward_length", _MAX_DIM, True),
-    ("expert_shared_count", _MAX_EXPERTS, False),
-    ("expert_shared_feed_forward_length", _MAX_DIM, False),
-    ("leading_dense_block_count", _MAX_LAYERS, False),
-    ("interleave_moe_layer_step", _MAX_LAYERS, False),
-    ("full_attention_interval", _MAX_LAYERS, False),
-    ("vocab_size", _MAX_CONTEXT, False),
-    ("ssm.conv_kernel", _MAX_DIM, False),
-    ("ssm.inner_size", _MAX_DIM, False),
-    ("ssm.state_size", _MAX_DIM, False),
-    ("ssm.group_count", _MAX_DIM, False),
-    ("ssm.time_step_rank", _MAX_DIM, False),
-    ("wkv.head_size", _MAX_DIM, False),
-    ("token_shift_count", _MAX_DIM, False),
-    ("shortconv.l_cache", _MAX_DIM, False),
-    ("kda.head_dim", _MAX_DIM, False),
-    ("target_hidden_size", _MAX_DIM, False),
-    ("block_size", _MAX_DIM, False),
-    ("selector_top_k", _MAX_DIM, False),
+    ("context_length", MAX_CONTEXT, False),
+    ("embedding_length", MAX_DIM, False),
+    ("feed_forward_length", MAX_DIM, True),
+    ("attention.head_count", MAX_DIM, True),
+    ("attention.head_count_kv", MAX_DIM, True),
+    ("attention.key_length", MAX_DIM, False),
+    ("attention.value_length", MAX_DIM, False),
+    ("attention.key_length_swa", MAX_DIM, False),
+    ("attention.value_length_swa", MAX_DIM, False),
+    ("attention.key_length_mla", MAX_DIM, False),
+    ("attention.value_length_mla", MAX_DIM, False),
+    ("attention.sliding_window", MAX_CONTEXT, False),
+    ("expert_count", MAX_EXPERTS, False),
+    ("expert_used_count", MAX_EXPERTS, True),
+    ("expert_feed_forward_length", MAX_DIM, True),
+    ("expert_shared_count", MAX_EXPERTS, False),
+    ("expert_shared_feed_forward_length", MAX_DIM, False),
+    ("leading_dense_block_count", MAX_LAYERS, False),
+    ("interleave_moe_layer_step", MAX_LAYERS, False),
+    ("full_attention_interval", MAX_LAYERS, False),
+    ("vocab_size", MAX_CONTEXT, False),
+    ("ssm.conv_kernel", MAX_DIM, False),
+    ("ssm.inner_size", MAX_DIM, False),
+    ("ssm.state_size", MAX_DIM, False),
+    ("ssm.group_count", MAX_DIM, False),
+    ("ssm.time_step_rank", MAX_DIM, False),
+    ("wkv.head_size", MAX_DIM, False),
+    ("token_shift_count", MAX_DIM, False),
+    ("shortconv.l_cache", MAX_DIM, False),
+    ("kda.head_dim", MAX_DIM, False),
+    ("target_hidden_size", MAX_DIM, False),
+    ("block_size", MAX_DIM, False),
+    ("selector_top_k", MAX_DIM, False),
 )
 
 
-def _check_hparams(path: Path | str, meta: _Metadata) -> None:
+def check_hparams(path: Path | str, meta: Metadata) -> None:
     """Refuse every count and size inspection uses that llama.cpp would refuse, before anything loops on it."""
     if meta.arch is None:
         return
     arch = meta.arch
-    block_count = meta.checked_int(f"{arch}.block_count", path, 0, _MAX_LAYERS)
-    meta.checked_int(f"{arch}.nextn_predict_layers", path, 0, _MAX_LAYERS if block_count is None else block_count)
+    block_count = meta.checked_int(f"{arch}.block_count", path, 0, MAX_LAYERS)
+    meta.checked_int(f"{arch}.nextn_predict_layers", path, 0, MAX_LAYERS if block_count is None else block_count)
     for suffix, high, per_layer in _HPARAMS:
         if per_layer:
             meta.check_int_or_layers(f"{arch}.{suffix}", path, high, block_count)
@@ -431,23 +433,27 @@ def _check_hparams(path: Path | str, meta: _Metadata) -> None:
     used = meta.arch_int_or_layers("expert_used_count")
     top = max(used) if isinstance(used, tuple) and used else used
     if expert_count is not None and isinstance(top, int) and top > expert_count:
-        raise _fail(path, f"{arch}.expert_used_count {top} exceeds expert_count {expert_count}", _HINT_METADATA)
+        raise validation_error(
+            path, f"{arch}.expert_used_count {top} exceeds expert_count {expert_count}", HINT_METADATA
+        )
     target = meta.entries.get(f"{arch}.target_layers")
     if target is not None:
         values = target.value if isinstance(target.value, list) else None
         if (
-            target.vtype != int(_VT.ARRAY)
+            target.vtype != int(VT.ARRAY)
             or values is None
-            or len(values) > _MAX_LAYERS
-            or not all(isinstance(v, int) and 0 <= v < _MAX_LAYERS for v in values)
+            or len(values) > MAX_LAYERS
+            or not all(isinstance(v, int) and 0 <= v < MAX_LAYERS for v in values)
         ):
-            raise _fail(
+            raise validation_error(
                 path,
-                f"{arch}.target_layers must be an array of at most {_MAX_LAYERS} layer indices below {_MAX_LAYERS} "
-                f"but is {_type_name(target)}" + (f" of {target.count}" if target.vtype == int(_VT.ARRAY) else ""),
-                _HINT_METADATA,
+                f"{arch}.target_layers must be an array of at most {MAX_LAYERS} layer indices below {MAX_LAYERS} "
+                f"but is {value_type_name(target)}" + (f" of {target.count}" if target.vtype == int(VT.ARRAY) else ""),
+                HINT_METADATA,
             )
     for suffix in ("attention.recurrent_layers", "attention.sliding_window_pattern"):
         entry = meta.entries.get(f"{arch}.{suffix}")
-        if entry is not None and entry.vtype == int(_VT.ARRAY) and entry.count > _MAX_LAYERS:
-            raise _fail(path, f"{arch}.{suffix} has {entry.count} entries (at most {_MAX_LAYERS})", _HINT_METADATA)
+        if entry is not None and entry.vtype == int(VT.ARRAY) and entry.count > MAX_LAYERS:
+            raise validation_error(
+                path, f"{arch}.{suffix} has {entry.count} entries (at most {MAX_LAYERS})", HINT_METADATA
+            )

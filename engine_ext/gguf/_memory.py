@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine_ext.gguf_facts import GGUFInfo, _json_safe
-from engine_ext.gguf_layers import _HYBRID_ARCHS
-from engine_ext.gguf_metadata import _per_layer
-from engine_ext.gguf_reader import _guarded
+from engine_ext.gguf._facts import GGUFInfo, json_safe
+from engine_ext.gguf._layers import HYBRID_ARCHS
+from engine_ext.gguf._metadata import per_layer_values
+from engine_ext.gguf._reader import guarded
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict."""
-        out = _json_safe(asdict(self))
+        out = json_safe(asdict(self))
         assert isinstance(out, dict)
         return out
 
@@ -43,7 +43,7 @@ def _recurrent_row_floats(info: GGUFInfo) -> tuple[int, int]:
     """llama_hparams::n_embd_r() and n_embd_s(): conv/shift state and recurrent state, in floats per layer."""
     s = info.ssm
     n_embd = info.embedding_length or 0
-    n_head0 = _per_layer(info.head_count, 1)[0]
+    n_head0 = per_layer_values(info.head_count, 1)[0]
     if s.wkv_head_size:  # RWKV
         return (s.token_shift_count or 2) * n_embd, n_embd * s.wkv_head_size
     if s.kda_head_dim:  # Kimi delta attention
@@ -61,8 +61,8 @@ def kv_bytes_per_layer(info: GGUFInfo, cells: int, *, kv_type_bytes: float = 2.0
     """KV cache bytes of each block at ``cells`` cache cells (0 for blocks without attention); see estimate_memory."""
     kinds = info.layer_kinds
     n_layers = len(kinds)
-    hybrid = (info.architecture or "") in _HYBRID_ARCHS
-    kv_heads = _per_layer(info.head_count_kv, n_layers)
+    hybrid = (info.architecture or "") in HYBRID_ARCHS
+    kv_heads = per_layer_values(info.head_count_kv, n_layers)
     k_len, v_len = info.key_length or 0, info.value_length or 0
     swa = info.swa_layers or ()
     swa_cells = min(cells, _pad((info.sliding_window or 0) + n_ubatch, 256))
@@ -115,7 +115,7 @@ def estimate_memory(
     """
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
-    return _guarded(
+    return guarded(
         info.path,
         lambda: _estimate_memory(
             info,
@@ -154,11 +154,11 @@ def _estimate_memory(
         notes.append("minimax-01 linear-attention state is not estimated")
 
     n_embd = info.embedding_length or 0
-    ff = _per_layer(info.feed_forward_length, n_layers)
-    ff_exp = _per_layer(info.expert_feed_forward_length, n_layers)
-    used = _per_layer(info.expert_used_count, n_layers)
+    ff = per_layer_values(info.feed_forward_length, n_layers)
+    ff_exp = per_layer_values(info.expert_feed_forward_length, n_layers)
+    used = per_layer_values(info.expert_used_count, n_layers)
     ff_max = max([0, *ff, *(a * b for a, b in zip(ff_exp, used, strict=True))])
-    n_head_max = max([0, *_per_layer(info.head_count, n_layers)])
+    n_head_max = max([0, *per_layer_values(info.head_count, n_layers)])
     # peak of the layer graph (KQ scores for all heads + KQ mask, F32; flash attention: an F16 mask) with the
     # FFN activations, or of the output head (logits) with two hidden-state buffers
     scores = n_ub * cells * (2 if flash_attn else (n_head_max + 1) * 4) if n_kv_layers else 0

@@ -1,24 +1,24 @@
-"""Typed, checked access to one header's metadata (``_Metadata``), and llama.cpp's limits on metadata values."""
+"""Typed, checked access to one header's metadata (``Metadata``), and llama.cpp's limits on metadata values."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from engine_ext.gguf_reader import _HINT_METADATA, _KV, _VALUE_TYPE_NAMES, _VT, _fail
+from engine_ext.gguf._reader import HINT_METADATA, VALUE_TYPE_NAMES, VT, MetadataValue, validation_error
 
 # llama.cpp's own limits on metadata (src/llama-hparams.h, src/llama.cpp llama_split_path)
-_MAX_LAYERS = 512  # LLAMA_MAX_LAYERS: block_count, and the length of every per-layer array
-_MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
-_MAX_CONTEXT = 2**31 - 1  # n_ctx_train is an int32
-_MAX_DIM = 1 << 20  # embedding, head, FFN and state sizes; real models stay far below
-_MAX_SPLITS = 99_999  # shards are named -%05d-of-%05d
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS: block_count, and the length of every per-layer array
+MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
+MAX_CONTEXT = 2**31 - 1  # n_ctx_train is an int32
+MAX_DIM = 1 << 20  # embedding, head, FFN and state sizes; real models stay far below
+MAX_SPLITS = 99_999  # shards are named -%05d-of-%05d
 
 # A per-layer hyperparameter as stored: one int for every block, or an array with one entry per block
 IntOrLayers: TypeAlias = int | tuple[int, ...]
 
 
-class _Metadata:
+class Metadata:
     """Typed access to one header's metadata.
 
     ``entries`` maps each key to its stored value; ``arch`` is general.architecture, the prefix of the
@@ -27,7 +27,7 @@ class _Metadata:
     raise GGUFValidationError on a value llama.cpp would refuse.
     """
 
-    def __init__(self, entries: dict[str, _KV], arch: str | None) -> None:
+    def __init__(self, entries: dict[str, MetadataValue], arch: str | None) -> None:
         self.entries = entries
         self.arch = arch
 
@@ -72,30 +72,30 @@ class _Metadata:
             return None
         value = entry.value
         if not isinstance(value, int):
-            raise _fail(path, f"{key} must be an integer but is {_type_name(entry)}", _HINT_METADATA)
+            raise validation_error(path, f"{key} must be an integer but is {value_type_name(entry)}", HINT_METADATA)
         if not low <= value <= high:
-            raise _fail(path, f"{key} is {value} (must be {low} to {high})", _HINT_METADATA)
+            raise validation_error(path, f"{key} is {value} (must be {low} to {high})", HINT_METADATA)
         return int(value)
 
     def check_int_or_layers(self, key: str, path: Path | str, high: int, n_layers: int | None) -> None:
         """An integer, or an array of integers with one entry per block, each in [0, high]."""
         entry = self.entries.get(key)
-        if entry is None or entry.vtype != int(_VT.ARRAY):
+        if entry is None or entry.vtype != int(VT.ARRAY):
             self.checked_int(key, path, 0, high)
             return
-        n_max = _MAX_LAYERS if n_layers is None else n_layers
+        n_max = MAX_LAYERS if n_layers is None else n_layers
         if entry.count != n_max and (n_layers is not None or entry.count > n_max):
-            want = f"block_count is {n_layers}" if n_layers is not None else f"at most {_MAX_LAYERS} are allowed"
-            raise _fail(
+            want = f"block_count is {n_layers}" if n_layers is not None else f"at most {MAX_LAYERS} are allowed"
+            raise validation_error(
                 path,
                 f"{key} has {entry.count} entries but {want} (wrong array length)",
-                _HINT_METADATA,
+                HINT_METADATA,
             )
         values = entry.value if isinstance(entry.value, list) else []
         bad = next((v for v in values if not isinstance(v, int) or not 0 <= v <= high), None)
-        if bad is not None or entry.subtype in (int(_VT.STRING), int(_VT.FLOAT32), int(_VT.FLOAT64)):
-            shown = bad if bad is not None else _type_name(entry)
-            raise _fail(path, f"{key} has an entry {shown!r} (must be integers 0 to {high})", _HINT_METADATA)
+        if bad is not None or entry.subtype in (int(VT.STRING), int(VT.FLOAT32), int(VT.FLOAT64)):
+            shown = bad if bad is not None else value_type_name(entry)
+            raise validation_error(path, f"{key} has an entry {shown!r} (must be integers 0 to {high})", HINT_METADATA)
 
     def arch_int_or_layers(self, suffix: str) -> IntOrLayers | None:
         """The per-layer value at ``{arch}.{suffix}``: an int, or a tuple when the file stores an array of integers."""
@@ -109,15 +109,15 @@ class _Metadata:
         return None
 
 
-def _type_name(entry: _KV) -> str:
+def value_type_name(entry: MetadataValue) -> str:
     """How a message names an entry's type: ``a u32``, ``an array of str``."""
-    if entry.vtype == int(_VT.ARRAY):
+    if entry.vtype == int(VT.ARRAY):
         sub = entry.subtype if entry.subtype is not None else -1
-        return f"an array of {_VALUE_TYPE_NAMES.get(sub, str(sub))}"
-    return f"a {_VALUE_TYPE_NAMES.get(entry.vtype, str(entry.vtype))}"
+        return f"an array of {VALUE_TYPE_NAMES.get(sub, str(sub))}"
+    return f"a {VALUE_TYPE_NAMES.get(entry.vtype, str(entry.vtype))}"
 
 
-def _per_layer(value: IntOrLayers | None, n: int, default: int = 0) -> list[int]:
+def per_layer_values(value: IntOrLayers | None, n: int, default: int = 0) -> list[int]:
     """Broadcast a scalar, or pad/trim an array, to ``n`` entries (wrong lengths are reported separately)."""
     if value is None:
         return [default] * n

@@ -1,4 +1,5 @@
-"""Generation events go to the one who asked: owners register their request ids (the chat, an A/B view)."""
+"""The router: generation events go to the one who asked (owners register their request ids: the chat, an A/B
+view); a request nobody registered goes to the default owner (the chat)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ class GenerationOwner(Protocol):
 
     def generation_lost(self) -> None:
         """The engine died: its requests will never end."""
+
+    async def generation_crashed(self, description: str) -> None:
+        """The engine died while this owner's reply (the default owner's) was being written."""
 
 
 class GenerationRouter:

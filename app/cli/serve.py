@@ -1,0 +1,138 @@
+"""`llmtui serve`: the model as a local OpenAI-compatible API (llama-server's routes), with speculation and steering
+chosen per request."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+from app.cli.engine_args import (
+    add_engine_args,
+    add_sampling_args,
+    add_spec_args,
+    context_params,
+    model_params,
+    sampling_params,
+    spec_params,
+    target_load_plan,
+)
+from app.cli.session import CliError, loaded, start_engine
+from app.cli.steer import add_control_vector_args, steering_entries
+from app.cli.types import int_range
+from app.models import resolve_model
+from app.server.requests import Limits
+
+DEFAULT_PORT = 8080
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app import paths
+    from app.server.asgi import build_app
+    from app.server.backend import EngineBackend, ServerSettings
+    from app.server.metrics import Metrics
+
+    api_key = _api_key(args.api_key_env)
+    if not _loopback(args.host) and not api_key:
+        print(
+            f"llmtui serve: warning: listening on {args.host} without an API key: anyone who can reach this machine "
+            "can use the model (set one with --api-key-env NAME)",
+            file=sys.stderr,
+        )
+    path = resolve_model(args.model)
+    spec = spec_params(args, path)
+    spec.validate()
+    model = model_params(args, spec, path)
+    context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
+    steering = steering_entries(args)
+    vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
+    vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
+    client = start_engine()
+    try:
+        info = loaded(client.load(path, model, context))
+        if spec.enabled:
+            client.set_speculative(spec)
+        if steering:
+            for notice in client.set_steering(steering).notices:
+                print(f"note: {notice}", file=sys.stderr)
+
+        def restart() -> None:
+            client.start()
+            client.load(path, model, context)
+
+        settings = ServerSettings(
+            model_id=args.alias or Path(path).name,
+            sampling=sampling_params(args),
+            speculative=spec,
+            steering=steering,
+            vectors=vectors,
+            limits=Limits(max_tokens=min(args.max_tokens, info.n_ctx) if args.max_tokens else 0),
+            queue=args.queue,
+        )
+        metrics = Metrics()
+        backend = EngineBackend(client, settings, metrics, restart)
+        app = build_app(backend, metrics, api_key=api_key, cors=tuple(args.cors))
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"llmtui serve: http://{host}:{args.port}/v1 serving {settings.model_id}", file=sys.stderr, flush=True)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_keep_alive=5,
+            h11_max_incomplete_event_size=64 * 1024,  # request line and headers
+            lifespan="off",
+        )
+        uvicorn.Server(config).run()
+        backend.close()
+    finally:
+        client.close()
+    return 0
+
+
+def _api_key(name: str | None) -> str | None:
+    if not name:
+        return None
+    value = os.environ.get(name, "")
+    if not value:
+        raise CliError(f"--api-key-env {name}: that environment variable is not set or empty")
+    return value
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser("serve", help="serve the model as an OpenAI-compatible API on this machine")
+    add_engine_args(serve)
+    add_sampling_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine)")
+    serve.add_argument("--port", type=int_range(1, 65535), default=DEFAULT_PORT, help="port (default: 8080)")
+    serve.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=None,
+        help="require the API key held in environment variable NAME (Authorization: Bearer KEY)",
+    )
+    serve.add_argument("--alias", default=None, help="the model's name in /v1/models (default: the file name)")
+    serve.add_argument(
+        "--cors", action="append", default=[], metavar="ORIGIN", help="allow browser requests from ORIGIN"
+    )
+    serve.add_argument(
+        "--queue", type=int_range(0, 4096), default=16, help="requests that may wait for the engine (default 16)"
+    )
+    serve.add_argument(
+        "--max-tokens", type=int_range(0, 1 << 24), default=0, help="most tokens one reply may ask for (0: context)"
+    )
+    add_spec_args(serve)
+    add_control_vector_args(serve)

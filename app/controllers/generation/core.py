@@ -1,0 +1,236 @@
+"""The generation controller: a reply's lifecycle (send, stream, checkpoint, stop, continue, regenerate, record).
+
+Plain Python, no Textual: the chat screen drives it through a thin adapter (`app/screens/chat_reply.py`), the A/B
+views through `run`, and the CLI or an API server can drive it the same way with any engine that has `generate`
+and `cancel` (the local bridge, the remote one, or a double in tests). What happens is told to whoever listens by
+return values and plain data; rendering it is the caller's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from app.config import SamplingSettings
+from app.recording import ReplyRecorder
+from app.store import StoreError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from app.controllers.generation.router import GenerationOwner, GenerationRouter
+    from app.store import Conversation, JSONObject, Message, MessageState, Store
+
+
+class Engine(Protocol):
+    """What a reply needs of an engine (EngineBridge and RemoteBridge are two)."""
+
+    def generate(
+        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *, continue_reply: bool = False
+    ) -> int:
+        """Queue a generation; its request id (carried by every event of that request)."""
+
+    def cancel(self, request_id: int) -> None:
+        """Stop the request; it still ends with a finished event (stop reason "cancelled")."""
+
+
+class GenerationHost(Protocol):
+    """Where the controller finds the history and the engine in use (the App; a CLI session; a test)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def bridge(self) -> Engine: ...
+
+    def default_conversation_settings(self) -> dict[str, object]:
+        """The settings a new conversation starts with (its sampling)."""
+
+
+@dataclass
+class ActiveReply:
+    """The reply being streamed."""
+
+    request_id: int
+    """0 until the request is sent (the chat sends it once the new reply is drawn)."""
+    conversation_id: int
+    message_id: int
+    recorder: ReplyRecorder
+    messages: list[tuple[str, str]] = field(default_factory=list)
+    """What the engine is asked to answer (system prompt, then the branch up to the reply)."""
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    continue_reply: bool = False
+    cancelling: bool = False
+
+
+def conversation_sampling(conversation: Conversation) -> SamplingSettings:
+    """A conversation's sampling settings (saved with it; missing values are the defaults)."""
+    data = conversation.settings.get("sampling", {})
+    return SamplingSettings.from_json(data if isinstance(data, dict) else {})
+
+
+def engine_messages(path: Sequence[Message], conversation: Conversation) -> list[tuple[str, str]]:
+    """The engine's view of a branch: the system prompt (when there is one), then the user and assistant turns."""
+    messages: list[tuple[str, str]] = []
+    if conversation.system_prompt.strip():
+        messages.append(("system", conversation.system_prompt))
+    messages.extend((m.role, m.content) for m in path if m.role in ("user", "assistant"))
+    return messages
+
+
+def end_state(stop_reason: str) -> MessageState:
+    """How a finished reply is recorded: stopped by the user, else complete (max tokens and context full included)."""
+    return "stopped" if stop_reason == "cancelled" else "complete"
+
+
+class GenerationController:
+    """Owns the chat's reply: the user's message committed before generation starts, the reply's row begun (or a
+    stopped one resumed), the request sent and registered with the router, its text checkpointed as it streams
+    (ReplyRecorder: a crash loses at most a second) and its end recorded. One reply at a time.
+
+    Side runs that record nothing (the A/B views) go through `run` and `cancel`, so every request of the app is sent
+    and routed in one place.
+    """
+
+    def __init__(self, host: GenerationHost, router: GenerationRouter) -> None:
+        self.host = host
+        self.router = router
+        self.active: ActiveReply | None = None
+        self.replies_started = 0
+        """Replies started (tests and benchmarks wait on it)."""
+
+    # ----- what the user asks for -----
+
+    def ensure_conversation(self, conversation_id: int | None) -> Conversation:
+        """The conversation, created now (with the default settings) when it is None."""
+        store = self.host.store
+        if conversation_id is None:
+            return store.create_conversation(settings=self.host.default_conversation_settings())
+        return store.get_conversation(conversation_id)
+
+    def commit_user_message(self, conversation_id: int, text: str, *, edit_of: int | None = None) -> Message:
+        """Save the user's message before anything is generated (StoreError when it cannot be): a new message at the
+        end of the branch, or, editing an earlier one, a new branch beside it."""
+        store = self.host.store
+        if edit_of is not None:
+            return store.edit_user_message(edit_of, text)
+        return store.add_user_message(conversation_id, text)
+
+    def last_reply(self, conversation_id: int | None) -> Message | None:
+        """The branch's last message when it is a reply (what ctrl+g continues and ctrl+r regenerates)."""
+        if conversation_id is None:
+            return None
+        path = self.host.store.active_path(conversation_id)
+        return path[-1] if path and path[-1].role == "assistant" else None
+
+    def begin(
+        self, conversation_id: int, parent_id: int, model_name: str, *, resume: Message | None = None
+    ) -> ActiveReply:
+        """Start a reply under `parent_id` (a new row in the store), or continue the stopped reply `resume`. The
+        request is not sent yet: `send` sends it (the chat first draws the new reply)."""
+        store = self.host.store
+        conversation = store.get_conversation(conversation_id)
+        if resume is not None:
+            store.resume_assistant_message(resume.id)
+            path = store.active_path(conversation_id)
+            # Stopped before any answer text: the engine starts the reply again, thinking included.
+            reasoning = resume.reasoning if resume.content else ""
+            recorder = ReplyRecorder(store, resume.id, content=resume.content, reasoning=reasoning)
+        else:
+            message_id = store.begin_assistant_message(conversation_id, parent_id, model_name)
+            path = store.active_path(conversation_id)[:-1]
+            recorder = ReplyRecorder(store, message_id)
+        reply = ActiveReply(
+            0,
+            conversation_id,
+            recorder.message_id,
+            recorder,
+            engine_messages(path, conversation),
+            conversation_sampling(conversation),
+            continue_reply=resume is not None,
+        )
+        self.active = reply
+        self.replies_started += 1
+        return reply
+
+    def send(self, reply: ActiveReply, owner: GenerationOwner | None = None) -> None:
+        """Send the reply's request to the engine (nothing when it already ended: the engine crashed meanwhile);
+        its events go to `owner` (None: the router's default). Stopped before it went out: cancelled at once."""
+        if self.active is not reply:
+            return
+        reply.request_id = self.host.bridge.generate(
+            reply.messages, reply.sampling, continue_reply=reply.continue_reply
+        )
+        if owner is not None:
+            self.router.register(reply.request_id, owner)
+        if reply.cancelling:  # the engine stops at once and the reply ends as stopped
+            self.host.bridge.cancel(reply.request_id)
+
+    def stop(self) -> bool:
+        """Stop the reply being written (its text is kept, marked stopped when it ends); whether there was one."""
+        reply = self.active
+        if reply is None:
+            return False
+        if not reply.cancelling:
+            reply.cancelling = True
+            if reply.request_id:  # else cancelled as soon as it is sent
+                self.host.bridge.cancel(reply.request_id)
+        return True
+
+    # ----- what the engine says -----
+
+    def owns(self, request_id: int | None, *, unnamed: bool = False) -> bool:
+        """Whether an event of `request_id` is the active reply's (`unnamed`: an event without an id counts too)."""
+        reply = self.active
+        if reply is None:
+            return False
+        return request_id == reply.request_id or (unnamed and request_id is None)
+
+    def record(self, request_id: int, text: str, reasoning: str, n_tokens: int) -> bool:
+        """Streamed text of the active reply, checkpointed now and then (StoreError when a checkpoint fails; the text
+        is kept and saved at the next one). Whether it was the active reply's."""
+        if not self.owns(request_id):
+            return False
+        assert self.active is not None
+        self.active.recorder.append(text, reasoning, n_tokens)
+        return True
+
+    def end(self, state: MessageState, stats: JSONObject) -> tuple[ActiveReply, Message] | None:
+        """Record how the active reply ended and let it go; the reply and its saved row (None: none was active).
+        StoreError when it could not be saved (the reply is let go all the same)."""
+        reply = self.active
+        if reply is None:
+            return None
+        self.active = None
+        self.router.release(reply.request_id or None)
+        reply.recorder.finish(state, stats)
+        return reply, self.host.store.get_message(reply.message_id)
+
+    async def crashed(self, description: str) -> None:
+        """The engine died: the active reply ends as failed (its owner, the router's default, draws the end; without
+        one it is recorded here), and every side run's owner is told its run will never end."""
+        owner = self.router.default
+        if self.active is not None and owner is not None:
+            await owner.generation_crashed(description)
+        if self.active is not None:
+            try:
+                self.end("error", {"error": description})
+            except StoreError:
+                pass  # the row stays as its last checkpoint left it, marked as interrupted when the store opens next
+        self.router.lost()
+
+    # ----- side runs (nothing recorded) -----
+
+    def run(
+        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, owner: GenerationOwner, **options: Any
+    ) -> int:
+        """Send a request whose events go to `owner` (an A/B view's side); its request id."""
+        request_id = self.host.bridge.generate(messages, sampling, **options)
+        self.router.register(request_id, owner)
+        return request_id
+
+    def cancel(self, request_id: int | None) -> None:
+        """Stop a side run and stop routing its events."""
+        if request_id is not None:
+            self.host.bridge.cancel(request_id)
+            self.router.release(request_id)

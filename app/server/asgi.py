@@ -1,0 +1,233 @@
+"""The HTTP surface: a Starlette app with llama-server's routes, OpenAI's shapes, the API key, body limits, CORS only
+when asked, SSE streaming, and a client's disconnect cancelling its generation.
+
+Every error a request can cause is an OpenAI-shaped JSON answer with its status; the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.server import responses
+from app.server.backend import ServerSettings, Ticket
+from app.server.errors import ApiError
+from app.server.metrics import Metrics
+from app.server.requests import Job, parse_body, parse_chat, parse_completion
+from engine_ext.protocol import Finished, TokenChunk
+
+_DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
+_RETRY_AFTER_S = 2
+_PUBLIC = frozenset({"/health"})
+
+
+class Backend(Protocol):
+    """What the HTTP side needs from whatever runs the jobs (the CLI's dispatcher, the app's controller)."""
+
+    settings: ServerSettings
+
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket: ...
+
+
+def json_error(error: ApiError) -> JSONResponse:
+    headers = {"Retry-After": str(_RETRY_AFTER_S)} if error.status == 503 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def build_app(
+    backend: Backend, metrics: Metrics, *, api_key: str | None = None, cors: tuple[str, ...] = ()
+) -> Starlette:
+    settings = backend.settings
+    started = int(time.time())
+    key = api_key.encode() if api_key else None
+
+    def authorised(request: Request) -> bool:
+        if key is None or request.url.path in _PUBLIC:
+            return True
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        return hmac.compare_digest(token.encode(errors="replace"), key)
+
+    def guarded(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            if not authorised(request):
+                metrics.refused()
+                return json_error(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)"))
+            try:
+                return await handler(request)
+            except ApiError as e:
+                metrics.refused()
+                return json_error(e)
+
+        return endpoint
+
+    async def read_body(request: Request) -> bytes:
+        limit = settings.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}],
+            }
+        )
+
+    async def metrics_text(request: Request) -> Response:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def chat(request: Request) -> Response:
+        body = parse_body(await read_body(request))
+        metrics.request()
+        return await run(request, parse_chat(body, settings.sampling, settings.limits, settings.model_id))
+
+    async def completions(request: Request) -> Response:
+        body = parse_body(await read_body(request))
+        metrics.request()
+        return await run(request, parse_completion(body, settings.sampling, settings.limits, settings.model_id))
+
+    async def run(request: Request, job: Job) -> Response:
+        ticket = backend.submit(job, asyncio.get_running_loop())
+        reply = responses.Reply()
+        try:
+            first = await next_event(request, ticket)
+        except BaseException:
+            ticket.cancel()
+            raise
+        if isinstance(first, ApiError):
+            raise first
+        if job.stream:
+            return StreamingResponse(
+                stream(request, ticket, job, reply, first),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        try:
+            event: object = first
+            while True:
+                if isinstance(event, ApiError):
+                    raise event
+                if isinstance(event, TokenChunk):
+                    reply.text.append(event.text)
+                    if event.reasoning:
+                        reply.reasoning.append(event.reasoning)
+                    reply.provenance.extend(event.provenance)
+                elif isinstance(event, Finished):
+                    reply.finished = event
+                    break
+                event = await next_event(request, ticket)
+        finally:
+            ticket.cancel()  # a no-op once finished; stops the generation when the client left
+        shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
+        return JSONResponse(shape(reply, settings.model_id, job.return_provenance))
+
+    async def next_event(request: Request, ticket: Ticket) -> object:
+        """The ticket's next event; a client that went away cancels the generation (ApiError 499)."""
+        events = ticket.events
+        while True:
+            try:
+                return await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    ticket.cancel()
+                    return ApiError(499, "the client went away")
+
+    async def stream(
+        request: Request, ticket: Ticket, job: Job, reply: responses.Reply, first: object
+    ) -> AsyncIterator[bytes]:
+        model = settings.model_id
+        chat_endpoint = job.endpoint == "chat"
+        try:
+            if chat_endpoint:
+                yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": ""}))
+            event = first
+            while True:
+                if isinstance(event, ApiError):
+                    yield responses.sse(event.body())
+                    return
+                if isinstance(event, TokenChunk):
+                    extra: dict[str, object] | None = (
+                        {"provenance": list(event.provenance)} if job.return_provenance else None
+                    )
+                    if chat_endpoint:
+                        if event.reasoning:
+                            delta: dict[str, object] = {"reasoning_content": event.reasoning}
+                            yield responses.sse(responses.chat_chunk(reply, model, delta, extra=extra))
+                            extra = None
+                        if event.text or extra:
+                            yield responses.sse(
+                                responses.chat_chunk(reply, model, {"content": event.text}, extra=extra)
+                            )
+                    elif event.text:
+                        yield responses.sse(responses.text_chunk(reply, model, event.text))
+                elif isinstance(event, Finished):
+                    finish = responses.finish_reason(event.stop_reason)
+                    last = (
+                        responses.chat_chunk(reply, model, {}, finish)
+                        if chat_endpoint
+                        else responses.text_chunk(reply, model, "", finish)
+                    )
+                    last["timings"] = responses.timings(event)
+                    yield responses.sse(last)
+                    if job.include_usage:
+                        usage_chunk = responses.chat_chunk(reply, model, {}) if chat_endpoint else dict(last)
+                        usage_chunk["choices"] = []
+                        usage_chunk["usage"] = responses.usage(event)
+                        usage_chunk.pop("timings", None)
+                        yield responses.sse(usage_chunk)
+                    yield responses.sse("[DONE]")
+                    return
+                event = await next_event(request, ticket)
+        finally:
+            ticket.cancel()
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = {404: f"no route {request.url.path[:100]}", 405: "method not allowed"}.get(status, "server error")
+        return json_error(ApiError(status, message))
+
+    routes = [
+        Route("/health", guarded(health), methods=["GET"]),
+        Route("/v1/health", guarded(health), methods=["GET"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/models", guarded(models), methods=["GET"]),
+        Route("/metrics", guarded(metrics_text), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+        Route("/chat/completions", guarded(chat), methods=["POST"]),
+        Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/completions", guarded(completions), methods=["POST"]),
+    ]
+    middleware = (
+        [Middleware(CORSMiddleware, allow_origins=list(cors), allow_methods=["*"], allow_headers=["*"])] if cors else []
+    )
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={HTTPException: not_found, 404: not_found, 405: not_found},
+    )

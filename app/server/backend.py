@@ -1,0 +1,252 @@
+"""Runs the server's jobs on the engine worker, one at a time in arrival order, each with its own steering mix and
+speculative settings (applied before it starts, so no request sees another's), from a bounded queue.
+
+The engine client is used from one thread only (the dispatcher), except `cancel`, which the client sends under its
+lock: a client that disconnects or a request that is dropped stops its generation within one decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from app.server.errors import ApiError
+from app.server.metrics import Metrics
+from app.server.requests import Job, Limits, SpecChoice
+from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
+from engine_ext.params import EngineError, SamplingParams, SpeculativeParams, SteeringEntry
+from engine_ext.protocol import Crashed, Failed, Finished, Generate, TokenChunk
+from engine_ext.spec_catalog import CATALOGUE
+
+_POLL_S = 0.05  # how often the dispatcher looks at a cancel flag while it waits for the engine
+# Failures that come from what the request asked (its messages, its settings): 400, not the server's fault.
+_CLIENT_ERRORS = frozenset(
+    {"ChatTemplateError", "EngineError", "ContextError", "SpeculativeConfigError", "GrammarError"}
+)
+_MODEL_FAMILY = frozenset(t.name for t in CATALOGUE if t.family != "ngram")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server answers with when a request does not say (the `serve` flags or the app's settings)."""
+
+    model_id: str
+    sampling: SamplingParams = SamplingParams()
+    speculative: SpeculativeParams = SpeculativeParams()  # as loaded: model drafters only as loaded here
+    steering: tuple[SteeringEntry, ...] = ()
+    vectors: Mapping[str, str] = field(default_factory=dict)  # name → file: the only vectors a request can name
+    limits: Limits = Limits()
+    queue: int = 16  # requests waiting beyond the one generating; past it: 503
+
+
+@dataclass
+class Ticket:
+    """One accepted request: its job, what the engine was asked, and the events for the HTTP handler."""
+
+    job: Job
+    spec: SpeculativeParams
+    steering: tuple[SteeringEntry, ...]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[object] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    request_id: int = 0
+
+    def push(self, item: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the handler's loop has closed: nobody is listening
+            self.cancelled.set()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class EngineBackend:
+    """The dispatcher: a thread that owns `client` (already started, model loaded) and runs tickets in order."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        settings: ServerSettings,
+        metrics: Metrics,
+        restart: Callable[[], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.metrics = metrics
+        self._restart = restart
+        self._queue: queue.Queue[Ticket | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running = 0
+        self._applied_spec: SpeculativeParams | None = None
+        self._applied_steering: tuple[SteeringEntry, ...] | None = None
+        self._ids = itertools.count(1_000_000)
+        self._thread = threading.Thread(target=self._run, name="llmtui-serve-dispatch", daemon=True)
+        self._thread.start()
+
+    # ----- the HTTP side ------------------------------------------------------------------------
+
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """Queue `job`; ApiError 400 for a speculative type or vector this server cannot give, 503 when full."""
+        ticket = Ticket(job, self._spec_for(job.speculative), self._steering_for(job), loop)
+        with self._lock:
+            if self._waiting + self._running > self.settings.queue:  # one generating, `queue` waiting
+                raise ApiError(503, f"the server is busy ({self._waiting} requests waiting); try again shortly")
+            self._waiting += 1
+            self._publish()
+        self._queue.put(ticket)
+        return ticket
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(5.0)
+
+    def _publish(self) -> None:
+        self.metrics.queue(self._running, self._waiting)
+
+    def _spec_for(self, choice: SpecChoice | None) -> SpeculativeParams:
+        base = self.settings.speculative
+        if choice is None:
+            return base
+        spec = SpeculativeParams(
+            types=choice.types,
+            draft_model=base.draft_model,
+            n_max=base.n_max if choice.n_max is None else choice.n_max,
+            n_min=base.n_min if choice.n_min is None else min(choice.n_min, choice.n_max or base.n_max),
+            p_min=base.p_min if choice.p_min is None else choice.p_min,
+            fixed_length=base.fixed_length,
+        )
+        try:
+            spec.validate()
+        except EngineError as e:
+            message = str(e)
+            for flag, field_name in (("n-max", "n_max"), ("n-min", "n_min"), ("p-min", "p_min")):
+                message = message.replace(f"--spec-draft-{flag}", f"speculative.{field_name}")
+            raise ApiError(400, message.replace("--spec-type", "speculative.type"), "speculative") from None
+        missing = [t for t in spec.types if t in _MODEL_FAMILY and t not in base.types]
+        if missing:
+            raise ApiError(
+                400,
+                f"speculative type {missing[0]} needs its draft loaded when the server starts "
+                f"(llmtui serve --spec-type {missing[0]}); per request: the n-gram types or the server's own",
+                "speculative",
+            )
+        return spec
+
+    def _steering_for(self, job: Job) -> tuple[SteeringEntry, ...]:
+        if job.control_vectors is None:
+            return self.settings.steering
+        entries = []
+        for choice in job.control_vectors:
+            path = self.settings.vectors.get(choice.name)
+            if path is None:
+                known = ", ".join(sorted(self.settings.vectors)[:12]) or "none"
+                raise ApiError(400, f"no control vector named {choice.name[:60]!r} (known: {known})", "control_vectors")
+            start, end = choice.layers or (0, 0)
+            entries.append(SteeringEntry(path, choice.strength, start, end))
+        return tuple(entries)
+
+    # ----- the dispatcher thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            ticket = self._queue.get()
+            if ticket is None:
+                return
+            with self._lock:
+                self._waiting -= 1
+                self._running = 1
+                self._publish()
+            try:
+                if ticket.cancelled.is_set():
+                    ticket.push(ApiError(499, "the client went away before its turn"))
+                else:
+                    self._serve(ticket)
+            except Exception as e:  # the thread must go on: one request's failure is its own
+                self.metrics.failed()
+                ticket.push(ApiError(500, f"the server failed: {type(e).__name__}: {str(e)[:200]}"))
+            finally:
+                with self._lock:
+                    self._running = 0
+                    self._publish()
+
+    def _configure(self, ticket: Ticket) -> None:
+        if ticket.steering != self._applied_steering:
+            self._applied_steering = None
+            self.client.set_steering(ticket.steering, reset_cache=True)  # a cached prefix was steered otherwise
+            self._applied_steering = ticket.steering
+        if ticket.spec != self._applied_spec:
+            self._applied_spec = None
+            self.client.set_speculative(ticket.spec)
+            self._applied_spec = ticket.spec
+
+    def _serve(self, ticket: Ticket) -> None:
+        job = ticket.job
+        try:
+            self._configure(ticket)
+        except EngineFailure as e:
+            self.metrics.refused()
+            ticket.push(ApiError(400, e.failed.message.splitlines()[0][:300] if e.failed.message else str(e)))
+            return
+        except EngineCrashedError as e:
+            self._crashed(ticket, e.crashed)
+            return
+        ticket.request_id = request_id = next(self._ids)
+        request = Generate(
+            request_id=request_id,
+            messages=job.messages,
+            prompt=job.prompt,
+            sampling=job.sampling,
+            max_tokens=job.max_tokens,
+            stop=job.stop,
+            ignore_eos=job.ignore_eos,
+            grammar=job.grammar,
+            json_schema=job.json_schema,
+            enable_thinking=job.enable_thinking,
+            speculative=bool(ticket.spec.types),
+        )
+        try:
+            self.client.send(request)
+        except EngineCrashedError as e:
+            self._crashed(ticket, e.crashed)
+            return
+        cancel_sent = False
+        while True:
+            if ticket.cancelled.is_set() and not cancel_sent:
+                cancel_sent = True
+                try:
+                    self.client.cancel(request_id)
+                except EngineCrashedError:
+                    pass
+            event = self.client.next_event(_POLL_S)
+            if event is None:
+                continue
+            if isinstance(event, TokenChunk) and event.request_id == request_id:
+                ticket.push(event)
+            elif isinstance(event, Finished) and event.request_id == request_id:
+                self.metrics.finished(event)
+                ticket.push(event)
+                return
+            elif isinstance(event, Failed) and event.request_id in (request_id, None):
+                self.metrics.failed()
+                status = 400 if event.error in _CLIENT_ERRORS else 500
+                ticket.push(ApiError(status, (event.message or event.error).splitlines()[0][:300]))
+                return
+            elif isinstance(event, Crashed):
+                self._crashed(ticket, event)
+                return
+
+    def _crashed(self, ticket: Ticket, crashed: Crashed) -> None:
+        self.metrics.failed()
+        self._applied_spec = self._applied_steering = None
+        ticket.push(ApiError(500, f"the engine crashed ({crashed.description}); restarting it"))
+        if self._restart is not None:
+            try:
+                self._restart()
+            except Exception:  # the next request says what is wrong
+                pass

@@ -1,0 +1,112 @@
+"""Server counters, rendered as Prometheus text (`GET /metrics`), named as llama-server names them where it has the
+same figure (`llamacpp:…`), so its dashboards read llmtui too; llmtui's speculative counters beside them."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from engine_ext.protocol import Finished
+
+
+@dataclass
+class _Totals:
+    requests: int = 0
+    refused: int = 0  # 4xx and 503 answers
+    failed: int = 0  # the engine failed or crashed
+    prompt_tokens: int = 0
+    prompt_ms: float = 0.0
+    predicted_tokens: int = 0
+    predicted_ms: float = 0.0
+    draft_n: int = 0
+    draft_accepted: int = 0
+    processing: int = 0
+    deferred: int = 0
+    last_predicted_per_second: float = 0.0
+
+
+class Metrics:
+    """Thread-safe counters: the backend's thread adds, the HTTP handlers read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._t = _Totals()
+
+    def request(self) -> None:
+        with self._lock:
+            self._t.requests += 1
+
+    def refused(self) -> None:
+        with self._lock:
+            self._t.refused += 1
+
+    def failed(self) -> None:
+        with self._lock:
+            self._t.failed += 1
+
+    def queue(self, processing: int, deferred: int) -> None:
+        with self._lock:
+            self._t.processing, self._t.deferred = processing, deferred
+
+    def finished(self, done: Finished) -> None:
+        s = done.stats
+        with self._lock:
+            t = self._t
+            t.prompt_tokens += s.prompt_tokens_evaluated
+            t.prompt_ms += s.prompt_ms
+            t.predicted_tokens += s.generated_tokens
+            t.predicted_ms += s.decode_ms
+            t.last_predicted_per_second = s.decode_tps
+            if done.speculative is not None:
+                t.draft_n += done.speculative.drafted
+                t.draft_accepted += done.speculative.accepted
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._t.processing + self._t.deferred
+
+    def render(self) -> str:
+        with self._lock:
+            t = _Totals(**vars(self._t))
+        rows = [
+            ("llamacpp:prompt_tokens_total", "counter", "Prompt tokens evaluated.", t.prompt_tokens),
+            ("llamacpp:prompt_seconds_total", "counter", "Prompt evaluation time.", t.prompt_ms / 1000),
+            ("llamacpp:tokens_predicted_total", "counter", "Tokens generated.", t.predicted_tokens),
+            ("llamacpp:tokens_predicted_seconds_total", "counter", "Generation time.", t.predicted_ms / 1000),
+            (
+                "llamacpp:prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s.",
+                t.prompt_tokens * 1000 / t.prompt_ms if t.prompt_ms else 0.0,
+            ),
+            (
+                "llamacpp:predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s.",
+                t.predicted_tokens * 1000 / t.predicted_ms if t.predicted_ms else 0.0,
+            ),
+            ("llamacpp:requests_processing", "gauge", "Requests being generated.", t.processing),
+            ("llamacpp:requests_deferred", "gauge", "Requests waiting for the engine.", t.deferred),
+            ("llmtui_requests_total", "counter", "Requests answered or refused.", t.requests),
+            ("llmtui_requests_refused_total", "counter", "Requests refused (4xx, 503).", t.refused),
+            ("llmtui_requests_failed_total", "counter", "Requests the engine failed.", t.failed),
+            ("llmtui_draft_tokens_total", "counter", "Draft tokens verified.", t.draft_n),
+            ("llmtui_draft_tokens_accepted_total", "counter", "Draft tokens accepted.", t.draft_accepted),
+            (
+                "llmtui_draft_acceptance_ratio",
+                "gauge",
+                "Accepted of verified draft tokens.",
+                t.draft_accepted / t.draft_n if t.draft_n else 0.0,
+            ),
+            (
+                "llmtui_last_predicted_tokens_seconds",
+                "gauge",
+                "The last reply's decode speed.",
+                t.last_predicted_per_second,
+            ),
+        ]
+        out: list[str] = []
+        for name, kind, help_text, value in rows:
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {float(value):.6g}"]
+        return "\n".join(out) + "\n"

@@ -1,0 +1,433 @@
+"""Request bodies from API clients → bounded, validated jobs (or one-line `ApiError`s, never an exception else).
+
+Everything here is hostile until checked: the body's size is bounded before it is read (asgi.py), JSON that is not
+an object, NaN/Infinity, numbers out of range, booleans where numbers belong, unknown fields, too many messages or
+stop strings, and text past the server's limits are each a 400 naming the field. Fields OpenAI clients commonly send
+with their default value (`user`, `logprobs: false`, `n: 1`, `null` anywhere) are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from app.server.errors import ApiError, bad_request
+from engine_ext.params import SamplingParams
+from engine_ext.protocol import ChatMessage
+
+# OpenAI's own fields we take (or accept at their default), llama-server's sampling extras, and llmtui's extras.
+_COMMON = frozenset(
+    {
+        "model", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens", "presence_penalty",
+        "frequency_penalty", "logit_bias", "user", "seed", "logprobs", "top_logprobs", "metadata", "store",
+        "service_tier", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "cache_prompt", "speculative",
+        "control_vectors", "return_provenance", "ignore_eos", "grammar", "json_schema",
+    }
+)  # fmt: skip
+_CHAT = _COMMON | {
+    "messages", "max_completion_tokens", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+    "chat_template_kwargs", "reasoning_effort",
+}  # fmt: skip
+_COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_SPEC_FIELDS = frozenset({"type", "types", "n_max", "n_min", "p_min"})
+_VECTOR_FIELDS = frozenset({"name", "strength", "layers"})
+_INT_BOUND = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the server (`serve` flags set the first ones)."""
+
+    max_body_bytes: int = 8 << 20
+    max_messages: int = 1024
+    max_text_chars: int = 4 << 20  # all message contents (or the prompt) together
+    max_tokens: int = 0  # most tokens one reply may ask for (0: the model's context)
+    max_stop: int = 16
+    max_stop_chars: int = 256
+    max_vectors: int = 8
+
+
+@dataclass(frozen=True)
+class SpecChoice:
+    """A request's speculative decoding (llama-server's names); None fields take the server's settings."""
+
+    types: tuple[str, ...]
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+
+@dataclass(frozen=True)
+class VectorChoice:
+    """One control vector of a request's steering mix, by name: a vector the server knows, never a path."""
+
+    name: str
+    strength: float
+    layers: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One validated request: what the backend runs and how the answer is shaped."""
+
+    endpoint: Literal["chat", "completion"]
+    model: str
+    sampling: SamplingParams
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | None = None
+    max_tokens: int = -1  # -1: until the end of generation or the context is full
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    speculative: SpecChoice | None = None  # None: the server's settings
+    control_vectors: tuple[VectorChoice, ...] | None = None  # None: the server's mix; (): no steering
+    enable_thinking: bool | None = None
+    return_provenance: bool = False
+    grammar: str | None = None  # GBNF the reply follows (llama-server's `grammar`)
+    json_schema: str | None = None  # or a JSON schema (response_format json_schema / json_object, `json_schema`)
+    ignore_eos: bool = False  # llama-server's: generate max_tokens whatever the model says (benchmarks)
+
+
+def parse_body(raw: bytes) -> dict[str, object]:
+    """The JSON object in `raw` (already bounded in size), or a 400."""
+
+    def no_constants(name: str) -> object:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(raw.decode("utf-8"), parse_constant=no_constants)
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not UTF-8") from None
+    except RecursionError:
+        raise bad_request("the request body nests too deeply") from None
+    except ValueError as e:
+        raise bad_request(f"the request body is not valid JSON: {str(e).splitlines()[0][:120]}") from None
+    if not isinstance(value, dict):
+        raise bad_request("the request body must be a JSON object")
+    return value
+
+
+def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
+    _known(body, _CHAT)
+    _refuse_features(body)
+    messages = _messages(body.get("messages"), limits)
+    template_kwargs = _object(body, "chat_template_kwargs")
+    thinking = template_kwargs.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise bad_request("chat_template_kwargs.enable_thinking must be true or false", "chat_template_kwargs")
+    max_tokens = body.get("max_completion_tokens")
+    name = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, name = body.get("max_tokens"), "max_tokens"
+    return replace(
+        _common(body, defaults, limits, model, "chat"),
+        messages=messages,
+        max_tokens=_max_tokens(max_tokens, name, limits),
+        enable_thinking=thinking,
+    )
+
+
+def parse_completion(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
+    _known(body, _COMPLETION)
+    for field, default in (("echo", False), ("suffix", None), ("best_of", 1)):
+        if body.get(field) not in (None, default):
+            raise bad_request(f"{field} is not supported by this server", field)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad_request("prompt must be a string (or a list of one string)", "prompt")
+    _check_text(prompt, "prompt")
+    if len(prompt) > limits.max_text_chars:
+        raise ApiError(413, f"the prompt is longer than this server's limit of {limits.max_text_chars} characters")
+    return replace(
+        _common(body, defaults, limits, model, "completion"),
+        prompt=prompt,
+        max_tokens=_max_tokens(body.get("max_tokens"), "max_tokens", limits),
+    )
+
+
+def _common(
+    body: Mapping[str, object],
+    defaults: SamplingParams,
+    limits: Limits,
+    model: str,
+    endpoint: Literal["chat", "completion"],
+) -> Job:
+    requested = body.get("model")
+    if requested is not None and not isinstance(requested, str):
+        raise bad_request("model must be a string", "model")
+    n = _int(body, "n", 1, 1)
+    if n not in (None, 1):
+        raise bad_request("n must be 1", "n")
+    for field in ("logprobs", "top_logprobs"):
+        if body.get(field) not in (None, False, 0):
+            raise bad_request(f"{field} is not supported by this server", field)
+    if body.get("logit_bias") not in (None, {}):
+        raise bad_request("logit_bias is not supported by this server", "logit_bias")
+    stream = _bool(body, "stream")
+    options = _object(body, "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad_request("stream_options.include_usage must be true or false", "stream_options")
+    sampling = _sampling(body, defaults)
+    grammar, schema = _output_shape(body)
+    return Job(
+        endpoint=endpoint,
+        model=model,
+        sampling=sampling,
+        stop=_stop(body.get("stop"), limits),
+        stream=bool(stream),
+        include_usage=include_usage and bool(stream),
+        speculative=_speculative(body.get("speculative")),
+        control_vectors=_vectors(body.get("control_vectors"), limits),
+        return_provenance=bool(_bool(body, "return_provenance")),
+        ignore_eos=bool(_bool(body, "ignore_eos")),
+        grammar=grammar,
+        json_schema=schema,
+    )
+
+
+def _output_shape(body: Mapping[str, object]) -> tuple[str | None, str | None]:
+    """OpenAI's response_format (text, json_object, json_schema) and llama-server's `grammar` / `json_schema`: the
+    grammar or schema text the engine constrains the reply with (its size and syntax are checked there)."""
+    grammar = body.get("grammar")
+    schema: object = body.get("json_schema")
+    fmt = _object(body, "response_format")
+    kind = fmt.get("type")
+    if kind == "json_object":
+        schema = fmt.get("schema", {"type": "object"})
+    elif kind == "json_schema":
+        inner = fmt.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
+        if schema is None:
+            raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
+    elif kind not in (None, "text"):
+        raise bad_request("response_format.type must be text, json_object or json_schema", "response_format")
+    if grammar is not None and not isinstance(grammar, str):
+        raise bad_request("grammar must be a string (GBNF)", "grammar")
+    if grammar is not None and schema is not None:
+        raise bad_request("give a grammar or a JSON schema, not both", "grammar")
+    if schema is not None and not isinstance(schema, dict | bool):
+        raise bad_request("a JSON schema is an object", "response_format")
+    text = json.dumps(schema) if schema is not None else None
+    if len(text or grammar or "") > 256 * 1024:
+        raise ApiError(413, "the grammar or JSON schema is longer than 256 KiB")
+    return grammar, text
+
+
+def _sampling(body: Mapping[str, object], d: SamplingParams) -> SamplingParams:
+    def pick(value: float | int | None, default: float | int) -> float | int:
+        return default if value is None else value
+
+    seed = _int(body, "seed", -1, 2**32 - 1)
+    return SamplingParams(
+        temperature=float(pick(_number(body, "temperature", 0.0, 100.0), d.temperature)),
+        top_k=int(pick(_int(body, "top_k", 0, 1_000_000), d.top_k)),
+        top_p=float(pick(_number(body, "top_p", 0.0, 1.0), d.top_p)),
+        min_p=float(pick(_number(body, "min_p", 0.0, 1.0), d.min_p)),
+        repeat_penalty=float(pick(_number(body, "repeat_penalty", 1e-3, 100.0), d.repeat_penalty)),
+        repeat_last_n=int(pick(_int(body, "repeat_last_n", -1, 1 << 20), d.repeat_last_n)),
+        presence_penalty=float(pick(_number(body, "presence_penalty", -2.0, 2.0), d.presence_penalty)),
+        frequency_penalty=float(pick(_number(body, "frequency_penalty", -2.0, 2.0), d.frequency_penalty)),
+        seed=d.seed if seed is None or seed == -1 else seed,
+    )
+
+
+def _messages(value: object, limits: Limits) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("messages must be a non-empty list", "messages")
+    if len(value) > limits.max_messages:
+        raise ApiError(413, f"{len(value)} messages: this server takes at most {limits.max_messages}", "messages")
+    out: list[ChatMessage] = []
+    total = 0
+    for i, item in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{where} must be an object", "messages")
+        role = item.get("role")
+        if role == "tool" or item.get("tool_calls"):
+            raise bad_request(f"{where}: tool calls are not supported by this server yet", "messages")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise bad_request(f"{where}.role must be one of system, developer, user, assistant", "messages")
+        text = _content(item.get("content"), where)
+        total += len(text)
+        if total > limits.max_text_chars:
+            raise ApiError(
+                413, f"the messages are longer than this server's limit of {limits.max_text_chars} characters"
+            )
+        out.append(ChatMessage(_ROLES[str(role)], text))
+    return tuple(out)
+
+
+def _content(value: object, where: str) -> str:
+    if isinstance(value, str):
+        _check_text(value, f"{where}.content")
+        return value
+    if value is None:
+        return ""
+    if not isinstance(value, list):
+        raise bad_request(f"{where}.content must be a string or a list of parts", "messages")
+    parts: list[str] = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise bad_request(f"{where}.content[{j}] must be an object", "messages")
+        kind = part.get("type")
+        if kind in ("image_url", "input_image", "image", "input_audio"):
+            raise bad_request(f"{where}.content[{j}]: {kind} parts are not supported by this server yet", "messages")
+        text = part.get("text")
+        if kind != "text" or not isinstance(text, str):
+            raise bad_request(f"{where}.content[{j}] must be a text part", "messages")
+        _check_text(text, f"{where}.content[{j}]")
+        parts.append(text)
+    return "".join(parts)
+
+
+def _check_text(text: str, where: str) -> None:
+    """Text with lone surrogates cannot be encoded for the tokenizer: say so here rather than fail in the engine."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"{where} holds text that is not valid Unicode", "messages") from None
+
+
+def _stop(value: object, limits: Limits) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad_request("stop must be a string or a list of strings", "stop")
+    if len(items) > limits.max_stop:
+        raise bad_request(f"stop has {len(items)} strings; at most {limits.max_stop}", "stop")
+    for s in items:
+        if not s or len(s) > limits.max_stop_chars:
+            raise bad_request(f"each stop string must have 1 to {limits.max_stop_chars} characters", "stop")
+        _check_text(s, "stop")
+    return tuple(items)
+
+
+def _max_tokens(value: object, name: str, limits: Limits) -> int:
+    if value is None or value == -1:
+        return limits.max_tokens or -1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"{name} must be a positive integer", name)
+    if limits.max_tokens and value > limits.max_tokens:
+        raise bad_request(f"{name} is {value}; this server gives at most {limits.max_tokens} tokens a reply", name)
+    return min(value, _INT_BOUND)
+
+
+def _speculative(value: object) -> SpecChoice | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_request("speculative must be an object", "speculative")
+    unknown = sorted(set(value) - _SPEC_FIELDS)
+    if unknown:
+        raise bad_request(f"speculative: unknown field {unknown[0][:40]!r}", "speculative")
+    kinds = value.get("types", value.get("type"))
+    if isinstance(kinds, str):
+        kinds = [kinds] if kinds not in ("", "none") else []
+    if kinds is None:
+        kinds = []
+    if not isinstance(kinds, list) or len(kinds) > 8 or not all(isinstance(k, str) and len(k) < 40 for k in kinds):
+        raise bad_request("speculative.type must be a type name or a list of them", "speculative")
+    return SpecChoice(
+        types=tuple(kinds),
+        n_max=_int(value, "n_max", 1, 1024, "speculative"),
+        n_min=_int(value, "n_min", 0, 1024, "speculative"),
+        p_min=_number(value, "p_min", 0.0, 1.0, "speculative"),
+    )
+
+
+def _vectors(value: object, limits: Limits) -> tuple[VectorChoice, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad_request("control_vectors must be a list", "control_vectors")
+    if len(value) > limits.max_vectors:
+        raise bad_request(f"control_vectors has {len(value)} entries; at most {limits.max_vectors}", "control_vectors")
+    out: list[VectorChoice] = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise bad_request("each control vector must be an object with a name", "control_vectors")
+        unknown = sorted(set(item) - _VECTOR_FIELDS)
+        if unknown:
+            raise bad_request(f"control_vectors: unknown field {unknown[0][:40]!r}", "control_vectors")
+        name = item.get("name")
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise bad_request("each control vector needs a name (a vector this server knows)", "control_vectors")
+        strength = _number(item, "strength", -1000.0, 1000.0, "control_vectors")
+        layers = item.get("layers")
+        span: tuple[int, int] | None = None
+        if layers is not None:
+            if (
+                not isinstance(layers, list)
+                or len(layers) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 4096 for v in layers)
+                or layers[1] < layers[0]
+            ):
+                raise bad_request("layers must be [first, last] with 0 ≤ first ≤ last", "control_vectors")
+            span = (layers[0], layers[1])
+        out.append(VectorChoice(name, 1.0 if strength is None else strength, span))
+    return tuple(out)
+
+
+def _refuse_features(body: Mapping[str, object]) -> None:
+    if body.get("tools") not in (None, []):
+        raise bad_request("tools are not supported by this server yet", "tools")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise bad_request("tool_choice is not supported by this server yet", "tool_choice")
+    if body.get("reasoning_effort") is not None:
+        raise bad_request("reasoning_effort is not supported by this server yet", "reasoning_effort")
+
+
+def _known(body: Mapping[str, object], fields: frozenset[str]) -> None:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    unknown = sorted(k for k in body if k not in fields)
+    if unknown:
+        raise bad_request(f"unknown field {unknown[0][:60]!r}", unknown[0][:60])
+
+
+def _object(body: Mapping[str, object], key: str) -> dict[str, object]:
+    value = body.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"{key} must be an object", key)
+    return value
+
+
+def _bool(body: Mapping[str, object], key: str) -> bool | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f"{key} must be true or false", key)
+    return value
+
+
+def _number(body: Mapping[str, object], key: str, lo: float, hi: float, param: str | None = None) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(f"{key} must be a number", param or key)
+    if not lo <= value <= hi:
+        raise bad_request(f"{key} must be between {lo:g} and {hi:g}, not {value:g}", param or key)
+    return float(value)
+
+
+def _int(body: Mapping[str, object], key: str, lo: int, hi: int, param: str | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{key} must be an integer", param or key)
+    if not lo <= value <= hi:
+        raise bad_request(f"{key} must be between {lo} and {hi}", param or key)
+    return value

@@ -1,0 +1,150 @@
+"""OpenAI's response shapes (chat.completion, chat.completion.chunk, text_completion), usage, and llama-server's
+`timings` with llmtui's speculative figures beside them."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from engine_ext.protocol import Finished, SpeculativeStats, StopReason
+
+_FINISH: dict[StopReason, str] = {
+    "eos": "stop",
+    "stop_string": "stop",
+    "max_tokens": "length",
+    "context_full": "length",
+    "cancelled": "stop",
+}
+
+
+def finish_reason(reason: StopReason) -> str:
+    return _FINISH.get(reason, "stop")
+
+
+@dataclass
+class Reply:
+    """What one request produced so far (the backend appends; responses read)."""
+
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    provenance: list[str] = field(default_factory=list)
+    finished: Finished | None = None
+
+
+def usage(finished: Finished) -> dict[str, int]:
+    s = finished.stats
+    return {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.generated_tokens,
+        "total_tokens": s.prompt_tokens + s.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.prompt_tokens_cached},  # type: ignore[dict-item]
+    }
+
+
+def timings(finished: Finished) -> dict[str, object]:
+    """llama-server's `timings` (prompt_n, predicted_per_second, draft_n, draft_n_accepted, …), and llmtui's
+    speculative figures: acceptance per draft position and per drafter."""
+    s = finished.stats
+    predicted_ms = s.decode_ms
+    out: dict[str, object] = {
+        "cache_n": s.prompt_tokens_cached,
+        "prompt_n": s.prompt_tokens_evaluated,
+        "prompt_ms": round(s.prompt_ms, 3),
+        "prompt_per_token_ms": round(s.prompt_ms / s.prompt_tokens_evaluated, 3) if s.prompt_tokens_evaluated else 0.0,
+        "prompt_per_second": round(s.prompt_tps, 3),
+        "predicted_n": s.generated_tokens,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / s.generated_tokens, 3) if s.generated_tokens else 0.0,
+        "predicted_per_second": round(s.decode_tps, 3),
+        "ttft_ms": round(s.ttft_ms, 3),
+    }
+    spec: SpeculativeStats | None = finished.speculative
+    if spec is not None:
+        out["draft_n"] = spec.drafted
+        out["draft_n_accepted"] = spec.accepted
+        out["speculative"] = spec.to_dict()
+    return out
+
+
+def chat_completion(reply: Reply, model: str, with_provenance: bool) -> dict[str, object]:
+    assert reply.finished is not None
+    message: dict[str, object] = {"role": "assistant", "content": "".join(reply.text)}
+    if reply.reasoning:
+        message["reasoning_content"] = "".join(reply.reasoning)
+    choice: dict[str, object] = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish_reason(reply.finished.stop_reason),
+    }
+    if with_provenance:
+        choice["provenance"] = list(reply.provenance)
+    return {
+        "id": reply.id,
+        "object": "chat.completion",
+        "created": reply.created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(reply.finished),
+        "timings": timings(reply.finished),
+    }
+
+
+def text_completion(reply: Reply, model: str, with_provenance: bool) -> dict[str, object]:
+    assert reply.finished is not None
+    choice: dict[str, object] = {
+        "index": 0,
+        "text": "".join(reply.text),
+        "logprobs": None,
+        "finish_reason": finish_reason(reply.finished.stop_reason),
+    }
+    if with_provenance:
+        choice["provenance"] = list(reply.provenance)
+    return {
+        "id": reply.id.replace("chatcmpl-", "cmpl-"),
+        "object": "text_completion",
+        "created": reply.created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(reply.finished),
+        "timings": timings(reply.finished),
+    }
+
+
+def chat_chunk(
+    reply: Reply,
+    model: str,
+    delta: dict[str, object],
+    finish: str | None = None,
+    extra: dict[str, object] | None = None,
+) -> dict[str, object]:
+    choice: dict[str, object] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if extra:
+        choice.update(extra)
+    return {
+        "id": reply.id,
+        "object": "chat.completion.chunk",
+        "created": reply.created,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def text_chunk(reply: Reply, model: str, text: str, finish: str | None = None) -> dict[str, object]:
+    return {
+        "id": reply.id.replace("chatcmpl-", "cmpl-"),
+        "object": "text_completion",
+        "created": reply.created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def sse(data: dict[str, object] | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line (what OpenAI's clients read)."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()

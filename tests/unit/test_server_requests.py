@@ -1,0 +1,164 @@
+"""The API server's request parsing: every hostile body is a one-line 4xx naming the field, never an exception."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from app.server.errors import ApiError
+from app.server.requests import Limits, parse_body, parse_chat, parse_completion
+from engine_ext.params import SamplingParams
+
+DEFAULTS = SamplingParams(temperature=0.7, top_k=40, seed=7)
+USER = [{"role": "user", "content": "hi"}]
+LIMITS = Limits()
+
+
+def chat(body: dict[str, Any], limits: Limits = LIMITS) -> Any:
+    return parse_chat(body, DEFAULTS, limits, "m")
+
+
+def refused(body: dict[str, Any], status: int = 400, limits: Limits = LIMITS) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        chat(body, limits)
+    assert caught.value.status == status
+    assert "\n" not in caught.value.message and len(caught.value.message) < 300
+    return caught.value
+
+
+def test_a_plain_request_takes_the_server_defaults_and_openai_names() -> None:
+    job = chat({"model": "x", "messages": USER, "user": "u", "n": 1, "logprobs": False, "stream": None})
+    assert job.sampling == DEFAULTS and job.max_tokens == -1 and not job.stream
+    assert job.speculative is None and job.control_vectors is None
+    job = chat(
+        {
+            "messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]}, *USER],
+            "temperature": 0,
+            "top_p": 0.5,
+            "seed": 3,
+            "max_completion_tokens": 9,
+            "stop": "END",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "speculative": {"type": "ngram-simple", "n_max": 8},
+            "control_vectors": [{"name": "calm", "strength": -2.5, "layers": [2, 9]}],
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
+    assert job.messages[0].role == "system" and job.messages[0].content == "be brief"
+    assert job.sampling.temperature == 0 and job.sampling.top_p == 0.5 and job.sampling.seed == 3
+    assert job.sampling.top_k == 40  # not given: the server's
+    assert job.max_tokens == 9 and job.stop == ("END",) and job.stream and job.include_usage
+    assert job.speculative is not None and job.speculative.types == ("ngram-simple",) and job.speculative.n_max == 8
+    assert job.control_vectors is not None and job.control_vectors[0].layers == (2, 9)
+    assert job.enable_thinking is False
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": USER, "temperature": "hot"}, "temperature"),
+        ({"messages": USER, "temperature": True}, "temperature"),
+        ({"messages": USER, "temperature": 1e308}, "temperature"),
+        ({"messages": USER, "top_k": 10**30}, "top_k"),
+        ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+        ({"messages": USER, "max_tokens": 1.5}, "max_tokens"),
+        ({"messages": USER, "n": 2}, "n"),
+        ({"messages": USER, "stop": ["a"] * 17}, "stop"),
+        ({"messages": USER, "stop": [""]}, "stop"),
+        ({"messages": USER, "frobnicate": 1}, "frobnicate"),
+        ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({"messages": USER, "response_format": {"type": "yaml"}}, "response_format"),
+        ({"messages": USER, "grammar": "root ::= x", "json_schema": {}}, "grammar"),
+        ({"messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),
+        ({"messages": USER, "speculative": {"type": 3}}, "speculative"),
+        ({"messages": USER, "speculative": {"type": "ngram-simple", "path": "/etc"}}, "speculative"),
+        ({"messages": USER, "control_vectors": [{"name": "a", "file": "/etc/passwd"}]}, "control_vectors"),
+        ({"messages": USER, "control_vectors": [{"name": "a", "layers": [5, 1]}]}, "control_vectors"),
+        ({"messages": USER, "control_vectors": [{"name": "a", "strength": 1e9}]}, "control_vectors"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+    ],
+)
+def test_bad_fields_are_a_400_naming_the_field(body: dict[str, Any], field: str) -> None:
+    assert refused(body).param == field
+
+
+def test_limits_bound_messages_text_and_tokens() -> None:
+    limits = Limits(max_messages=3, max_text_chars=10, max_tokens=50)
+    assert refused({"messages": USER * 4}, 413, limits).param == "messages"
+    refused({"messages": [{"role": "user", "content": "x" * 11}]}, 413, limits)
+    assert refused({"messages": USER, "max_tokens": 51}, 400, limits).param == "max_tokens"
+    assert chat({"messages": USER}, limits).max_tokens == 50  # no ask: the server's most
+
+
+def test_bodies_that_are_not_json_objects() -> None:
+    for raw in (b"", b"[1]", b"{", b"\xff\xfe", b'{"a": NaN}', b'{"a": Infinity}', b"[" * 100_000):
+        with pytest.raises(ApiError) as caught:
+            parse_body(raw)
+        assert caught.value.status == 400
+    assert parse_body(b'{"a": 1}') == {"a": 1}
+
+
+def test_completions_take_a_prompt_string() -> None:
+    job = parse_completion({"prompt": ["Once"], "max_tokens": 4}, DEFAULTS, Limits(), "m")
+    assert job.prompt == "Once" and job.endpoint == "completion" and job.max_tokens == 4
+    for body in ({"prompt": [1, 2]}, {"prompt": "x", "echo": True}, {"prompt": "x", "messages": USER}):
+        with pytest.raises(ApiError):
+            parse_completion(body, DEFAULTS, Limits(), "m")
+
+
+def _mutate(rng: random.Random, value: Any, depth: int = 0) -> Any:
+    choices: list[Any] = [
+        None, True, -1, 0, 2**63, -(2**70), 1e308, -0.0, 0.5, "", "x" * rng.randint(0, 300), "\ud83d", [], {},
+        [1, "a", None], {"type": "text"}, {"role": "user"},
+    ]  # fmt: skip
+    if depth < 3 and isinstance(value, dict) and value and rng.random() < 0.7:
+        key = rng.choice(sorted(value))
+        return {**value, key: _mutate(rng, value[key], depth + 1)}
+    if depth < 3 and isinstance(value, list) and value and rng.random() < 0.7:
+        i = rng.randrange(len(value))
+        return [*value[:i], _mutate(rng, value[i], depth + 1), *value[i + 1 :]]
+    return rng.choice(choices)
+
+
+def test_fuzzed_bodies_are_answered_or_refused_never_crash() -> None:
+    """2,000 mutations of a full request: each parses or is an ApiError (no other exception, no hang)."""
+    base: dict[str, Any] = json.loads(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "s"},
+                    {"role": "user", "content": [{"type": "text", "text": "t"}]},
+                ],
+                "temperature": 0.2,
+                "max_tokens": 5,
+                "stop": ["x"],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "speculative": {"type": ["ngram-simple"], "n_max": 4},
+                "control_vectors": [{"name": "v", "strength": 1.0, "layers": [1, 2]}],
+                "chat_template_kwargs": {"enable_thinking": True},
+            }
+        )
+    )
+    rng = random.Random(33)
+    outcomes = {"ok": 0, "refused": 0}
+    for _ in range(2000):
+        body = _mutate(rng, base)
+        if rng.random() < 0.3:
+            body = _mutate(rng, body)
+        try:
+            chat(body)
+            outcomes["ok"] += 1
+        except ApiError as e:
+            assert 400 <= e.status < 500 and "\n" not in e.message
+            outcomes["refused"] += 1
+    assert outcomes["ok"] > 100 and outcomes["refused"] > 100

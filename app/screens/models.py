@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,7 +47,7 @@ from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
 from models_catalog.download import FINAL_STATES, installed_path
 from models_catalog.errors import ModelsError
 from models_catalog.hub import QuantGroup, RepoListing, RepoSummary
-from models_catalog.library import Library, LocalModel
+from models_catalog.library import LocalModel
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
@@ -618,15 +617,7 @@ class ModelsScreen(ModelsDownloads):
         if self.app.reply_in_progress():
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")
             return
-        # The use is recorded (a file written) in a thread of the app's: this screen is dismissed meanwhile.
-        self.app.run_worker(
-            partial(self._mark_used, self._library(), path),
-            name="mark-used",
-            group="mark-used",
-            thread=True,
-            exit_on_error=False,
-        )
-        self.dismiss()
+        self.dismiss()  # the use is recorded once the model has loaded (app/engine_events.py)
         self.app.open_model(path)
 
     def action_resume_partial(self) -> None:
@@ -655,14 +646,6 @@ class ModelsScreen(ModelsDownloads):
         """Which sidecars are there and how much deleting frees (file stats, off the event loop), then ask."""
         names, size = models_work.deletion_of(model)
         self.app.call_from_thread(self._confirm_delete, model, names, size)
-
-    def _mark_used(self, library: Library, path: Path) -> None:
-        try:
-            library.mark_used(path)
-        except (OSError, ValueError) as error:
-            self.app.call_from_thread(
-                self.app.notify, one_line(f"Could not record the model's use: {error}"), severity="warning"
-            )
 
     def _confirm_delete(self, model: LocalModel, names: list[str], size: int) -> None:
         def delete(yes: bool | None) -> None:

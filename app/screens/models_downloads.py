@@ -18,7 +18,7 @@ from app.models import usable_folders
 from app.screens import models_work
 from app.screens.models_local import PartialRow
 from app.widgets.downloads import DownloadsPanel
-from engine_ext.gguf_info import format_bytes
+from engine_ext.gguf import format_bytes
 from models_catalog.download import FINAL_STATES, DownloadTask, State
 from models_catalog.errors import ModelsError
 from models_catalog.library import Library, PartialDownload

@@ -654,3 +654,33 @@ def _ab_scene(tiny: Path) -> Any:
 def test_snapshot(snap_compare: Any, tiny_models: dict[str, Path], scene: str, size: tuple[int, int]) -> None:
     scenes = {"steering": _steering_scene, "make_vector": _make_scene, "ab": _ab_scene}
     assert snap_compare(make_app(), terminal_size=size, run_before=scenes[scene](tiny_models["qwen35"]))
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_reply_records_the_steering_and_speculation_it_was_written_with(tiny_models: dict[str, Path]) -> None:
+    """Issue 37 item 5: the export said nothing of the steering mix and speculative settings used; the reply's stats
+    record them (the controllers' `in_use`) and the Markdown export says them under the reply."""
+    vector = synthetic_vector("mood", 64, range(1, 2))
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=24))
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await ready(pilot)
+        await pilot.press("f6")
+        await vectors_listed(pilot)
+        await pilot.press("shift+right")  # 0.375
+        await wait_until(pilot, lambda: app.steering.applied is not None and app.steering.applied.active, "steered")
+        await pilot.press("escape", "f8")
+        await wait_until(pilot, lambda: bool(app.speculation.drafters), "speculation on")
+        await send(pilot, "a b c a b c a b c a b c")
+        await reply_done(pilot)
+        assert chat.conversation_id is not None
+        reply = app.store.active_path(chat.conversation_id)[-1]
+        assert reply.stats["steering"] == {
+            "vectors": [{"name": "mood", "file": vector.name, "strength": 0.375}],
+            "layers": [1, 1],
+        }
+        speculative = reply.stats["speculative"]
+        assert speculative["type"] == "auto" and speculative["drafters"] == list(app.speculation.drafters)
+        drafters = "+".join(app.speculation.drafters)
+        note = f"*Steering: mood +0.38 on layers 1–1. Speculative decoding: auto ({drafters}), n_max 16"
+        assert note in app.store.export_markdown(chat.conversation_id)

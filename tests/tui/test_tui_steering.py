@@ -399,6 +399,17 @@ async def test_keyboard_focus_in_the_panel_at_80x24(tiny_models: dict[str, Path]
         await pilot.press("up")
         assert slider.has_focus
         assert "Message" in assert_footer_fits(app, 80)
+        # A second vector added while the first is selected: the new one is selected, so → acts on it.
+        second = synthetic_vector("brave", 64, range(1, 2), folder=folder)
+        await pilot.press("a")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathPromptModal), what="the add-file prompt")
+        await pilot.press(*str(second), "enter")
+        await wait_until(pilot, lambda: len(panel.sliders) == 2, what="the second slider")
+        [added] = [s for s in panel.sliders if s.vector.path == str(second)]
+        await wait_until(pilot, lambda: added.has_focus, what="the added slider selected")
+        await pilot.press("right")
+        await wait_until(pilot, lambda: added.strength > 0, what="the added vector's strength moved")
+        assert [s.strength for s in panel.sliders if s is not added] == [strength]
 
 
 async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> SteeringABScreen:

@@ -17,6 +17,7 @@ from typing import Final, Protocol
 from textual.message import Message
 
 from app.config import EngineSettings, SamplingSettings
+from app.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from app.messages import (
     DraftSpan,
     EngineCrashed,
@@ -170,6 +171,8 @@ class EngineBridge:
         # The speculative and steering settings last sent for the loaded model, sent again after an automatic restart
         # before the reply that was in flight.
         self._sent_settings: dict[str, SetSpeculative | SetSteering] = {}
+        # Requests of the app's API server, run on this engine between the app's replies (app/engine_share.py)
+        self._share = EngineShare(self._send_labelled, self._send_job)
         self._running = False
         self.model_path: str | None = None
         """The model last asked for (reloaded by `restart`)."""
@@ -212,6 +215,28 @@ class EngineBridge:
 
     def cancel(self, request_id: int) -> None:
         self._submit(lambda: self._send(Cancel(request_id)))
+
+    def request_id(self) -> int:
+        """A new request id (for a server request: ids are unique across the app's and the server's requests)."""
+        return next(self._ids)
+
+    def serve(self, job: SharedJob) -> None:
+        """Run a server request on this engine when no reply of the app's is being written; its events go to
+        `job.sink` in the bridge's thread."""
+        self._submit(lambda: self._share.add(job))
+
+    def cancel_served(self, request_id: int) -> None:
+        """Stop a server request: dropped if it waits, else cancelled in the engine (it still ends with Finished)."""
+        self._submit(lambda: self._cancel_served(request_id))
+
+    def stop_serving(self, message: str) -> None:
+        """The server stops: its waiting requests fail with `message`."""
+        self._submit(lambda: self._share.close(message))
+
+    @property
+    def serving_busy(self) -> bool:
+        """A server request is using the engine (the app's next reply waits for it)."""
+        return self._share.busy
 
     def set_speculative(self, params: SpeculativeParams) -> None:
         """Configure speculative decoding (no types: off); answered by SpeculativeConfigured or EngineRequestFailed."""
@@ -272,6 +297,7 @@ class EngineBridge:
             self._run_commands()
             if self._exit.is_set():
                 break
+            self._guard(self._pump_jobs)
             if not self._running:
                 wait([self._wake_r])  # until a command comes
                 self._drain_wake()
@@ -289,6 +315,47 @@ class EngineBridge:
             for event in events:
                 self._dispatch(event)
             self._flush_tokens(force=False)
+            self._guard(self._pump_jobs)
+
+    def _pump_jobs(self) -> None:
+        """Start the next server request when the engine is free; fail them when it is not running."""
+        if not self._running:
+            if self._share.waiting():
+                self._share.close("the app's engine is not running (it is starting, or stopped after a crash)")
+            return
+        self._share.pump(self._loading is None and not self._generations)
+
+    def _cancel_served(self, request_id: int) -> None:
+        if not self._share.cancel(request_id):
+            self._send(Cancel(request_id))
+
+    def _send_labelled(self, label: str, request: Setting) -> None:
+        """A setting sent for a server request (or to put the app's back after one): answered by its label."""
+        self._control.append(label)
+        self._client.send(request)
+
+    def _send_job(self, request: Generate) -> None:
+        self._client.send(request)
+
+    def _job_done(self) -> None:
+        """A server request ended: the app's settings back (the ones changed meanwhile as the app's), then its
+        replies that waited."""
+        deferred, quiet = self._share.restore(dict(self._sent_settings))
+        for label, request in quiet:
+            self._send_labelled(label, request)
+        for kind, setting in deferred.items():
+            self._send_setting(kind, setting)
+        for held in self._share.take_held():
+            self._do_generate(held)
+
+    def _take_answer(self, kind: str) -> str | None:
+        """The label of the oldest setting of this kind awaiting its answer (the app's, a server request's, or a
+        quiet restore), removed."""
+        for label in self._control:
+            if label in (kind, JOB_PREFIX + kind, QUIET_PREFIX + kind):
+                self._control.remove(label)
+                return label
+        return None
 
     def _drain_wake(self) -> None:
         try:
@@ -349,9 +416,13 @@ class EngineBridge:
         self._client.send(request)
 
     def _send_setting(self, kind: str, request: SetSpeculative | SetSteering) -> None:
+        if self._share.defer(kind, request):  # a server request runs: sent once it is done
+            self._sent_settings[kind] = request
+            return
         self._send_control(kind, request)
         if self._running:
             self._sent_settings[kind] = request
+            self._share.applied(kind, request)
 
     def _answered(self, kind: str) -> None:
         if kind in self._control:
@@ -362,6 +433,7 @@ class EngineBridge:
             self._start_worker()
         self._model = (path, engine, load_mtp, n_rs_seq)
         self._sent_settings.clear()
+        self._share.fresh_worker()
         self._loading = path
         self._post(ModelLoadStarted(path))
         self._send(
@@ -384,10 +456,14 @@ class EngineBridge:
             self._start_worker()
 
     def _do_generate(self, request: Generate) -> None:
+        if self._share.hold(request):  # a server request runs: this reply is sent once it is done
+            return
         self._generations[request.request_id] = _Generation(request.request_id, time.monotonic(), request=request)
         self._send(request)
 
     def _dispatch(self, event: Event) -> None:
+        if self._share.busy and self._served(event):
+            return
         if isinstance(event, TokenChunk):
             self._tokens(event)
             return
@@ -432,12 +508,17 @@ class EngineBridge:
                 self._post_stats(generation, time.monotonic())
         elif isinstance(event, SpeculativeUpdate):
             self._post(SpeculativeStatsUpdated(event.stats))
-        elif isinstance(event, SpeculativeSet):
-            self._answered("speculative")
-            self._post(SpeculativeConfigured(event.drafters, event.notices))
-        elif isinstance(event, SteeringSet):
-            self._answered("steering")
-            self._post(SteeringApplied(event))
+        elif isinstance(event, SpeculativeSet | SteeringSet):
+            kind = "speculative" if isinstance(event, SpeculativeSet) else "steering"
+            label = self._take_answer(kind)
+            if label == JOB_PREFIX + kind:
+                self._share.answered()
+            elif label != QUIET_PREFIX + kind:
+                self._post(
+                    SpeculativeConfigured(event.drafters, event.notices)
+                    if isinstance(event, SpeculativeSet)
+                    else SteeringApplied(event)
+                )
         elif isinstance(event, VectorProgress):
             self._post(VectorProgressed(event.done, event.total, event.phase, event.phase_seconds, event.fraction))
         elif isinstance(event, VectorMade):
@@ -447,7 +528,11 @@ class EngineBridge:
             # Steering changes are answered mid-generation; the others queue behind it.
             kind = "steering" if self._generations and "steering" in self._control else self._control[0]
             self._answered(kind)
-            self._post(EngineRequestFailed(kind, event.message))
+            if kind.startswith(JOB_PREFIX):
+                if self._share.refused(event.message):
+                    self._job_done()
+            elif not kind.startswith(QUIET_PREFIX):
+                self._post(EngineRequestFailed(kind, event.message))
         elif isinstance(event, Finished):
             if event.speculative is not None:
                 self._post(SpeculativeStatsUpdated(event.speculative, final=True))
@@ -465,14 +550,30 @@ class EngineBridge:
         elif isinstance(event, Crashed):
             self._crashed(event)
 
+    def _served(self, event: Event) -> bool:
+        """A server request's event (told to it; the app's replies that waited go out when it ends), or one the
+        app must not show while it runs (the request's speculative figures). False: the app's."""
+        if isinstance(event, TokenChunk | Finished | Failed | PromptProgress | PromptEvaluated):
+            if not self._share.owns(event.request_id):
+                return False
+            if isinstance(event, TokenChunk | Finished | Failed) and self._share.event(event):
+                self._job_done()
+            return True
+        return isinstance(event, SpeculativeUpdate)
+
     def _crashed(self, crashed: Crashed) -> None:
         self._flush_tokens(force=True)
+        self._share.crashed(crashed)
+        for request in self._share.take_held():
+            self._post(
+                GenerationFailed(request.request_id, "the engine crashed while serving an API request; try again")
+            )
         self._running = False
         early = native_crash(crashed.exit_code) and (
             self._loading is not None or self._replies_since_load < EARLY_REPLIES
         )
         in_flight = [g for g in self._generations.values() if g.request is not None]
-        unanswered = [kind for kind in self._control if kind not in ("speculative", "steering")]
+        unanswered = [kind for kind in self._control if kind not in ("speculative", "steering") and ":" not in kind]
         self._loading = None
         self._generations.clear()
         self._control.clear()

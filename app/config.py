@@ -7,7 +7,7 @@ import os
 import re
 import tomllib
 from collections.abc import MutableMapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -16,14 +16,13 @@ import tomlkit
 from tomlkit.exceptions import ParseError as TomlParseError
 from tomlkit.items import AoT
 
+from app import settings_schema as ui
 from app.paths import CONFIG_FILE_NAME, config_path
 from app.private_files import private_dir, write_private_text
+from app.settings_schema import THEMES  # noqa: F401 - the screens' choices
+from engine_ext import settings_schema as s
 from engine_ext.params import (
-    DEFAULT_FIT_TARGET_MIB,
     GPU_LAYERS_AUTO,  # `-ngl auto`: as many layers as free device memory allows; "auto" in config.toml
-    KV_CACHE_TYPES,
-    SPEC_TYPES,
-    SPLIT_MODES,
     ContextParams,
     EngineError,
     ModelParams,
@@ -32,9 +31,8 @@ from engine_ext.params import (
     SteeringEntry,
     ascii_digits,
 )
+from engine_ext.settings_schema import FLASH_ATTENTION_MODES, Setting, SettingError  # noqa: F401 - F3's choices
 
-THEMES: Final = ("dark", "light")
-FLASH_ATTENTION_MODES: Final = ("auto", "on", "off")
 REMOTE_NAME_PATTERN: Final = re.compile(r"^[\w.-]{1,40}$")
 ENV_VAR_PATTERN: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -43,54 +41,54 @@ class ConfigError(Exception):
     """A settings value or file a user has to fix; the message names the setting and what is allowed."""
 
 
+def check_settings(values: object, settings: tuple[Setting[Any], ...]) -> None:
+    """The declarations' one range/choices check (engine_ext.settings_schema), as a ConfigError."""
+    try:
+        s.check_all(values, settings)
+    except SettingError as error:
+        raise ConfigError(str(error)) from None
+
+
+def parse_field(setting: Setting[Any], text: str, where: str = "") -> Any:
+    """A value typed into a screen's field for `setting`, as a ConfigError ("{where}: 'x' is not a number")."""
+    try:
+        return setting.parse(text, where)
+    except SettingError as error:
+        raise ConfigError(str(error)) from None
+
+
+ENGINE_CHECKED = tuple(setting for setting in s.ENGINE if setting not in s.MODEL_LISTS)
+"""The engine settings checked by their declaration (tensor split and RPC servers are lists, checked below)."""
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """How models are loaded and run, with llama.cpp's names: -c, -t, -ngl, --fit-target, -fa, -ctk/-ctv, -b, -ub,
     -sm, -ts, -mg, --n-cpu-moe, --no-mmap, --mlock, --no-repack, --rpc."""
 
-    n_ctx: int = 4096
-    n_threads: int = 0
-    n_gpu_layers: int = -1  # -1: all, 0: none, GPU_LAYERS_AUTO: as many as fit
-    flash_attn: str = "auto"
-    type_k: str = "f16"
-    type_v: str = "f16"
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    split_mode: str = "layer"
+    n_ctx: int = s.N_CTX.default
+    n_threads: int = s.N_THREADS.default
+    n_gpu_layers: int = s.N_GPU_LAYERS.default  # -1: all, 0: none, GPU_LAYERS_AUTO: as many as fit
+    flash_attn: str = s.FLASH_ATTN.default
+    type_k: str = s.TYPE_K.default
+    type_v: str = s.TYPE_V.default
+    n_batch: int = s.N_BATCH.default
+    n_ubatch: int = s.N_UBATCH.default
+    split_mode: str = s.SPLIT_MODE.default
     tensor_split: tuple[float, ...] = ()
-    main_gpu: int = 0
-    n_cpu_moe: int = 0
-    use_mmap: bool = True
-    use_mlock: bool = False
-    use_extra_bufts: bool = True  # weights repacked for this CPU (AMX, CPU_REPACK); False: --no-repack
+    main_gpu: int = s.MAIN_GPU.default
+    n_cpu_moe: int = s.N_CPU_MOE.default
+    use_mmap: bool = s.USE_MMAP.default
+    use_mlock: bool = s.USE_MLOCK.default
+    use_extra_bufts: bool = s.USE_EXTRA_BUFTS.default  # weights repacked for this CPU; False: --no-repack
     rpc_servers: tuple[str, ...] = ()
-    fit_target_mib: int = DEFAULT_FIT_TARGET_MIB  # with -ngl auto: MiB left free on each device
+    fit_target_mib: int = s.FIT_TARGET_MIB.default  # with -ngl auto: MiB left free on each device
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad value (and combinations llama.cpp would reject or abort on)."""
-        if self.n_ctx < 0 or self.n_ctx > 1 << 24:
-            raise ConfigError(f"context size must be 0 (the model's) or a positive number of tokens, not {self.n_ctx}")
-        if self.n_threads < 0 or self.n_threads > 1024:
-            raise ConfigError(f"threads must be 0 (automatic) or a positive number, not {self.n_threads}")
-        if self.n_gpu_layers < GPU_LAYERS_AUTO:
-            raise ConfigError(
-                f"GPU layers must be auto, -1 (all), 0 (none) or a positive number, not {self.n_gpu_layers}"
-            )
-        if self.flash_attn not in FLASH_ATTENTION_MODES:
-            raise ConfigError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
-        for name, value in (("K", self.type_k), ("V", self.type_v)):
-            if value not in KV_CACHE_TYPES:
-                raise ConfigError(f"KV cache type {name} must be one of {', '.join(KV_CACHE_TYPES)}, not {value!r}")
-        if self.n_batch < 1:
-            raise ConfigError(f"batch size must be at least 1, not {self.n_batch}")
-        if self.n_ubatch < 1:
-            raise ConfigError(f"micro-batch size must be at least 1, not {self.n_ubatch}")
-        if self.split_mode not in SPLIT_MODES:
-            raise ConfigError(f"split mode must be one of {', '.join(SPLIT_MODES)}, not {self.split_mode!r}")
+        check_settings(self, ENGINE_CHECKED)
         if not all(math.isfinite(v) for v in self.tensor_split):
             raise ConfigError("tensor split shares must be finite numbers")
-        if self.main_gpu < 0 or self.n_cpu_moe < 0 or self.fit_target_mib < 0:
-            raise ConfigError("main GPU, CPU MoE layers and the fit target must not be negative")
         for server in self.rpc_servers:
             host, _, port = server.rpartition(":")
             if not host or not ascii_digits(port) or not 0 < int(port) < 65536:
@@ -102,29 +100,12 @@ class EngineSettings:
             raise ConfigError(str(error)) from error
 
     def model_params(self) -> ModelParams:
-        return ModelParams(
-            n_gpu_layers=self.n_gpu_layers,
-            use_mmap=self.use_mmap,
-            use_mlock=self.use_mlock,
-            use_extra_bufts=self.use_extra_bufts,
-            main_gpu=self.main_gpu,
-            rpc_servers=self.rpc_servers,
-            split_mode=self.split_mode,
-            tensor_split=self.tensor_split,
-            n_cpu_moe=self.n_cpu_moe,
-            fit_target_mib=self.fit_target_mib,
-        )
+        return ModelParams(**s.values_of(self, (*s.MODEL, *s.MODEL_LISTS)))
 
     def context_params(self) -> ContextParams:
-        return ContextParams(
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_ubatch=min(self.n_ubatch, self.n_batch),  # llama.cpp clamps -ub to -b the same way
-            n_threads=self.n_threads,
-            flash_attn=self.flash_attn,  # type: ignore[arg-type]
-            type_k=self.type_k,
-            type_v=self.type_v,
-        )
+        values = s.values_of(self, s.CONTEXT)
+        values["n_ubatch"] = min(self.n_ubatch, self.n_batch)  # llama.cpp clamps -ub to -b the same way
+        return ContextParams(**values)
 
 
 def gpu_layers_text(n_gpu_layers: int) -> str:
@@ -214,37 +195,24 @@ class RemoteSettings:
 class SamplingSettings:
     """A sampling preset as stored per conversation and in named presets (plus max tokens)."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    max_tokens: int = -1
-    seed: int = -1  # -1: a random seed per reply
+    temperature: float = s.TEMPERATURE.default
+    top_k: int = s.TOP_K.default
+    top_p: float = s.TOP_P.default
+    min_p: float = s.MIN_P.default
+    repeat_penalty: float = s.REPEAT_PENALTY.default
+    max_tokens: int = s.N_PREDICT.default
+    seed: int = ui.SAMPLING_SEED.default  # -1: a random seed per reply
 
     def validate(self) -> None:
-        if not all(math.isfinite(v) for v in (self.temperature, self.top_p, self.min_p, self.repeat_penalty)):
-            raise ConfigError("sampling values must be finite numbers")
-        if self.max_tokens < -1 or self.max_tokens == 0:
-            raise ConfigError(f"max tokens must be -1 (no limit) or positive, not {self.max_tokens}")
-        if self.seed < -1 or self.seed > 0xFFFFFFFF:
-            raise ConfigError(f"seed must be -1 (random) or between 0 and {0xFFFFFFFF}, not {self.seed}")
+        check_settings(self, ui.PRESET)
         try:
             self.sampling_params().validate()
         except EngineError as error:
             raise ConfigError(str(error)) from error
 
     def sampling_params(self) -> SamplingParams:
-        base = SamplingParams()
-        return replace(
-            base,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            seed=base.seed if self.seed < 0 else self.seed,
-        )
+        seed = s.SEED.default if self.seed < 0 else self.seed
+        return SamplingParams(**s.values_of(self, ui.PRESET_SAMPLING), seed=seed)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -270,28 +238,26 @@ class SamplingSettings:
 class SpeculativeSettings:
     """Speculative decoding as the user chose it (F8 toggles it, F9 picks the type; llama.cpp's names)."""
 
-    enabled: bool = False
-    spec_type: str = "auto"
-    draft_model: str = ""  # draft-simple / eagle3 / dflash / dspark file, or an mtp-*.gguf sidecar
-    n_max: int = 16
-    n_min: int = 0
-    p_min: float = 0.0
+    enabled: bool = ui.SPEC_ENABLED.default
+    spec_type: str = s.SPEC_TYPE.default
+    draft_model: str = s.DRAFT_MODEL.default  # draft-simple / eagle3 / dflash / dspark file, or an mtp-*.gguf
+    n_max: int = s.DRAFT_N_MAX.default
+    n_min: int = s.DRAFT_N_MIN.default
+    p_min: float = s.DRAFT_P_MIN.default
 
-    def params(self) -> SpeculativeParams:
-        """What the engine gets (no types while disabled: off)."""
+    def params(self, *, enabled: bool | None = None) -> SpeculativeParams:
+        """What the engine gets (no types while disabled: off; `enabled` overrides the switch)."""
+        on = self.enabled if enabled is None else enabled
         return SpeculativeParams(
-            types=(self.spec_type,) if self.enabled else (),
+            types=(self.spec_type,) if on else (),
             draft_model=self.draft_model or None,
-            n_max=self.n_max,
-            n_min=self.n_min,
-            p_min=self.p_min,
+            **s.values_of(self, s.DRAFT_NUMBERS),
         )
 
     def validate(self) -> None:
-        if self.spec_type not in SPEC_TYPES:
-            raise ConfigError(f"speculative type must be one of {', '.join(SPEC_TYPES)}, not {self.spec_type!r}")
+        check_settings(self, ui.SPECULATIVE)
         try:
-            replace(self.params(), types=(self.spec_type,)).validate()
+            self.params(enabled=True).validate()
         except EngineError as error:
             raise ConfigError(str(error)) from error
 
@@ -325,22 +291,43 @@ class SteeringSettings:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """The app's API server (F10): where it listens, the environment variable holding its key, and whether it starts
+    with the app. `llmtui serve` has its own flags."""
+
+    enabled: bool = ui.SERVER_ENABLED.default
+    host: str = ui.SERVER_HOST.default
+    port: int = ui.SERVER_PORT.default
+    api_key_env: str = ui.SERVER_KEY_ENV.default
+
+    def validate(self) -> None:
+        check_settings(self, ui.SERVER)
+        if not self.host.strip() or any(c.isspace() for c in self.host) or len(self.host) > 255:
+            raise ConfigError(f"server.host must be an address such as 127.0.0.1, not {self.host[:60]!r}")
+        name = self.api_key_env
+        if name and not (name.replace("_", "a").isalnum() and name.isascii() and not name[0].isdigit()):
+            raise ConfigError(f"server.api_key_env must be an environment variable's name, not {name[:60]!r}")
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything in config.toml."""
 
     engine: EngineSettings = field(default_factory=EngineSettings)
     model_folders: tuple[str, ...] = ()
     last_model: str = ""
-    theme: str = "dark"
-    show_sidebar: bool = True
-    draft_colouring: bool = False  # colour text from accepted draft tokens in the transcript (F7)
-    spec_details: bool = False  # the speculative meter expanded into its details (ctrl+o)
+    theme: str = ui.THEME.default
+    show_sidebar: bool = ui.SHOW_SIDEBAR.default
+    draft_colouring: bool = ui.DRAFT_COLOURING.default  # accepted draft tokens coloured in the transcript (F7)
+    spec_details: bool = ui.SPEC_DETAILS.default  # the speculative meter expanded into its details (ctrl+o)
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
     remotes: tuple[RemoteSettings, ...] = ()
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     def validate(self) -> None:
         self.engine.validate()
+        self.server.validate()
         self.speculative.validate()
         self.steering.validate()
         names: set[str] = set()
@@ -349,8 +336,7 @@ class Config:
             if remote.name.casefold() in names:
                 raise ConfigError(f"two remote engines are named {remote.name!r}; names must differ")
             names.add(remote.name.casefold())
-        if self.theme not in THEMES:
-            raise ConfigError(f"theme must be one of {', '.join(THEMES)}, not {self.theme!r}")
+        check_settings(self, ui.UI)
         for folder in self.model_folders:
             if not folder.strip():
                 raise ConfigError("a model folder cannot be empty")
@@ -389,13 +375,11 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
         engine=EngineSettings(**engine_values),
         model_folders=tuple(folders),
         last_model=_typed(models_table, "last_model", str, defaults.last_model, "models."),
-        theme=_typed(ui_table, "theme", str, defaults.theme, "ui."),
-        show_sidebar=_typed(ui_table, "show_sidebar", bool, defaults.show_sidebar, "ui."),
-        draft_colouring=_typed(ui_table, "draft_colouring", bool, defaults.draft_colouring, "ui."),
-        spec_details=_typed(ui_table, "spec_details", bool, defaults.spec_details, "ui."),
-        speculative=_speculative_from_toml(data, source),
+        **_declared_values(ui_table, ui.UI),
+        speculative=SpeculativeSettings(**_declared_values(_table(data, "speculative", source), ui.SPECULATIVE)),
         steering=_steering_from_toml(data, source),
         remotes=_remotes_from_toml(data, source),
+        server=ServerConfig(**_declared_values(_table(data, "server", source), ui.SERVER)),
     )
     try:
         config.validate()
@@ -404,27 +388,33 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
     return config
 
 
+def _declared_values(table: dict[str, Any], settings: tuple[Setting[Any], ...]) -> dict[str, Any]:
+    """The values of `settings` in a config.toml table (each its declaration's type; missing: its default); their
+    range is checked by the settings' validate."""
+    return {
+        setting.name: _typed(table, setting.name, setting.kind, setting.default, f"{setting.saved_in}.")
+        for setting in settings
+    }
+
+
 def _engine_values(table: dict[str, Any]) -> dict[str, Any]:
-    defaults = EngineSettings()
-    values: dict[str, Any] = {}
-    for f in fields(EngineSettings):
-        default = getattr(defaults, f.name)
-        if f.name == "n_gpu_layers" and isinstance(table.get(f.name), str):
-            values[f.name] = parse_gpu_layers(table[f.name])
-        elif f.name == "tensor_split":
-            shares = table.get(f.name, [])
+    values = _declared_values(table, tuple(setting for setting in ENGINE_CHECKED if setting is not s.N_GPU_LAYERS))
+    for f in (s.N_GPU_LAYERS.name, *(setting.name for setting in s.MODEL_LISTS)):
+        if f == "n_gpu_layers":
+            layers = table.get(f, s.N_GPU_LAYERS.default)
+            values[f] = parse_gpu_layers(layers) if isinstance(layers, str) else _typed(table, f, int, -1, "engine.")
+        elif f == "tensor_split":
+            shares = table.get(f, [])
             if not isinstance(shares, list) or not all(
                 isinstance(v, int | float) and not isinstance(v, bool) for v in shares
             ):
                 raise ConfigError("engine.tensor_split should be a list of numbers (shares per device)")
-            values[f.name] = tuple(float(v) for v in shares)
-        elif f.name == "rpc_servers":
-            servers = table.get(f.name, [])
+            values[f] = tuple(float(v) for v in shares)
+        else:
+            servers = table.get(f, [])
             if not isinstance(servers, list) or not all(isinstance(v, str) for v in servers):
                 raise ConfigError('engine.rpc_servers should be a list of "HOST:PORT" strings')
-            values[f.name] = tuple(servers)
-        else:
-            values[f.name] = _typed(table, f.name, type(default), default, "engine.")
+            values[f] = tuple(servers)
     return values
 
 
@@ -458,16 +448,6 @@ def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     return table
 
 
-def _speculative_from_toml(data: dict[str, Any], source: str) -> SpeculativeSettings:
-    table, defaults = _table(data, "speculative", source), SpeculativeSettings()
-    return SpeculativeSettings(
-        **{
-            f.name: _typed(table, f.name, type(getattr(defaults, f.name)), getattr(defaults, f.name), "speculative.")
-            for f in fields(SpeculativeSettings)
-        }
-    )
-
-
 def _steering_from_toml(data: dict[str, Any], source: str) -> SteeringSettings:
     table, defaults = _table(data, "steering", source), SteeringSettings()
     vectors, strengths = table.get("vectors", []), table.get("strengths", [])
@@ -490,19 +470,15 @@ CONFIG_HEADER = "llmtui settings: the settings screen changes the values; your c
 
 def _config_tables(config: Config) -> dict[str, dict[str, object]]:
     """config.toml's tables for `config` (all but [[remote]]), as plain TOML values."""
-    engine: dict[str, object] = {key: _plain(value) for key, value in asdict(config.engine).items()}
+    engine: dict[str, object] = {key: _plain(value) for key, value in s.values_of(config.engine, s.ENGINE).items()}
     engine["n_gpu_layers"] = config.engine.n_gpu_layers if config.engine.n_gpu_layers >= -1 else "auto"
     return {
         "engine": engine,
         "models": {"folders": list(config.model_folders), "last_model": config.last_model},
-        "ui": {
-            "theme": config.theme,
-            "show_sidebar": config.show_sidebar,
-            "draft_colouring": config.draft_colouring,
-            "spec_details": config.spec_details,
-        },
-        "speculative": {key: _plain(value) for key, value in asdict(config.speculative).items()},
+        "ui": s.values_of(config, ui.UI),
+        "speculative": s.values_of(config.speculative, ui.SPECULATIVE),
         "steering": {key: _plain(value) for key, value in asdict(config.steering).items()},
+        "server": {key: _plain(value) for key, value in asdict(config.server).items()},
     }
 
 

@@ -166,6 +166,8 @@ class EngineEvents(LlmtuiShell):
         if event.model.architecture != "remote":  # a remote server drafts on its own and takes no vectors
             self.speculation.model_loaded()
             self.steering.model_loaded()
+            if self.config.server.enabled and not self.server.running and not self.server.starting:
+                self.action_toggle_server()  # [server] enabled: serve from the first model loaded
         self.features_changed()
 
     def _record_use(self, model_path: Path) -> None:

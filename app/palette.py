@@ -40,7 +40,8 @@ APP_COMMANDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("View: Help (keys)", "Every key, by where it works (F1)", "help"),
     ("View: Dark / light", "Switch the theme (ctrl+t)", "toggle_theme"),
     ("View: Theme", "Choose a colour theme", "change_theme"),
-    ("llmtui: Settings", "Engine options, model folders, remote engines (F3)", "settings"),
+    ("llmtui: API server", "Serve the loaded model to other programs, or stop (F10)", "toggle_server"),
+    ("llmtui: Settings", "Engine options, model folders, remote engines, API server (F3)", "settings"),
     (
         "llmtui: Repack weights (CPU)",
         "Turn CPU weight repacking on or off: Settings, at its field (F3; --no-repack)",

@@ -50,6 +50,7 @@ from app.remote_http import (
 )
 from app.streaming import FLUSH_INTERVAL_S, STATS_INTERVAL_S
 from engine_ext.params import SpeculativeParams, SteeringEntry
+from engine_ext.spec_catalog import SPEC_TYPE
 from engine_ext.untrusted_text import one_line, shown, valid_text
 from models_catalog.http_client import Guard, HTTPFailure, json_items
 
@@ -230,7 +231,7 @@ class RemoteBridge:
             EngineRequestFailed(
                 "speculative",
                 f"{self.remote.name} is a remote server: it does its own speculative decoding (llama-server: "
-                "--model-draft, --spec-type), and its draft acceptance shows in the stats bar when it reports it",
+                f"--model-draft, {SPEC_TYPE.flag}), and its draft acceptance shows in the stats bar when it reports it",
             )
         )
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         SpeculationController,
         SteeringController,
     )
+    from app.controllers.server import ServerController
     from app.messages import ModelSummary
     from app.remote import RemoteBridge
     from app.store import Store
@@ -41,8 +42,13 @@ class LlmtuiShell(App[None]):
     models: ModelsController
     generation: GenerationController
     conversations: ConversationsController
+    server: ServerController
 
     def set_engine_state(self, state: str) -> None:
+        raise NotImplementedError
+
+    def action_toggle_server(self) -> None:
+        """F10: the API server on or off."""
         raise NotImplementedError
 
     def engine_changed(self) -> None:

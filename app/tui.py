@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.reactive import var
 from textual.screen import Screen
+from textual.timer import Timer
 
 from app import paths
 from app.bridge import EngineBridge
@@ -35,6 +36,7 @@ from app.controllers import (
     SpeculationController,
     SteeringController,
 )
+from app.controllers.server import ServerController
 from app.engine_events import EngineEvents
 from app.messages import ModelSummary
 from app.modals.pick import PickModal
@@ -91,6 +93,7 @@ class LlmtuiApp(EngineEvents):
         Binding("f8", "toggle_speculation", "Speculation", show=False),
         Binding("f9", "speculative_panel", "Speculative settings", show=False),
         Binding("ctrl+o", "toggle_spec_details", "Speculative details", show=False),
+        Binding("f10", "toggle_server", "API server", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -127,6 +130,9 @@ class LlmtuiApp(EngineEvents):
         self.generation = GenerationController(self, GenerationRouter())
         """Every reply's lifecycle; its router takes generation events to the request's owner (the chat, a view)."""
         self.conversations = ConversationsController(self)
+        self.server = ServerController(self)
+        """The API server (F10): the loaded model served to other programs while you chat."""
+        self._server_timer: Timer | None = None
 
     # ----- startup and shutdown -----
 
@@ -233,12 +239,15 @@ class LlmtuiApp(EngineEvents):
 
     def use_remote(self, choice: RemoteChoice) -> None:
         """Switch to a remote engine's model (the local engine is shut down; picking a local model starts it)."""
+        if self.server.running:
+            self.server.stop()  # it serves the app's own engine only
         self.models.use_remote(choice)
 
     def load_model(self, path: Path) -> None:
         self.models.load(path)
 
     async def on_unmount(self) -> None:
+        self.server.stop(quiet=True)
         self.bridge.close()
         self.models.join_closing(5.0)
         store = getattr(self, "store", None)
@@ -260,6 +269,13 @@ class LlmtuiApp(EngineEvents):
     def features_changed(self) -> None:
         """The controllers publish a change of speculation or steering state; the chat screen watches this."""
         self.features_version += 1
+        self.server.app_changed()
+
+    def action_toggle_server(self) -> None:
+        """F10: serve the loaded model to other programs (an OpenAI-compatible API), or stop."""
+        self.server.toggle()
+        if self._server_timer is None:
+            self._server_timer = self.set_interval(1.0, self.server.poll)  # the readout's requests in flight
 
     def refresh_feature_readouts(self) -> None:
         """Redraw the meter under the transcript (while speculation is on) and the stats bar's spec/steer readouts."""
@@ -296,8 +312,11 @@ class LlmtuiApp(EngineEvents):
         remote = self.models.remote_engine
         if remote is not None:  # an edited endpoint (a new key, say) applies from the next request
             remote.remote = next((r for r in config.remotes if r.name == remote.remote.name), remote.remote)
+        server_changed = config.server != self.config.server
         self.config = config
         self.theme = THEME_NAMES.get(config.theme, "textual-dark")
+        if server_changed:
+            self.server.config_changed()
         message = "Settings saved."
         if engine_changed and self.model_path:
             message += " Engine options apply when a model is next loaded (ctrl+l)."

@@ -59,7 +59,7 @@ def _at_line(exc: BaseException) -> str:
 
 def render_chat(
     template: str | None,
-    messages: Sequence[Mapping[str, str]],
+    messages: Sequence[Mapping[str, Any]],
     *,
     bos_token: str,
     eos_token: str,
@@ -69,6 +69,7 @@ def render_chat(
     max_output_chars: int | None = None,
     cancelled: Callable[[], bool] | None = None,
     started_at: float | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """Render a HF/GGUF Jinja chat template in a sandbox, within time and size limits.
 
@@ -79,6 +80,8 @@ def render_chat(
     every 20 ms or so while rendering) stops the render with :class:`ChatTemplateCancelled` when it returns True.
     ``started_at`` (a ``time.monotonic()`` value) starts the time limit earlier: renders that share one start share
     one limit, so a prompt that takes several renders (trimming a long conversation) is bounded as a whole.
+    ``tools`` (OpenAI-shaped definitions, engine_ext.tool_calls) are the template's ``tools``; messages may hold
+    ``tool_calls``, ``tool_call_id`` and ``name`` as templates expect them (tool_calls.template_message).
     """
     source = template if template and template.strip() else FALLBACK_CHAT_TEMPLATE
     try:
@@ -96,14 +99,16 @@ def render_chat(
         "eos_token": eos_token,
         "add_generation_prompt": add_generation_prompt,
         # HF and llama-cpp-python always pass these; templates test `tools is not none`.
-        "tools": None,
+        "tools": [dict(t) for t in tools] if tools else None,
         "documents": None,
     }
     if enable_thinking is not None:
         context["enable_thinking"] = enable_thinking
 
     if max_output_chars is None:
-        max_output_chars = 1_000_000 + 4 * sum(len(str(value)) for m in messages for value in m.values())
+        max_output_chars = 1_000_000 + 4 * (
+            sum(len(str(value)) for m in messages for value in m.values()) + len(str(tools or ""))
+        )
     start = time.monotonic() if started_at is None else started_at
     budget = Budget(start + time_limit_s, time_limit_s, max_output_chars, cancelled=cancelled)
     token = budget_var.set(budget)
@@ -148,10 +153,10 @@ def render_chat(
 
 
 def truncate_messages_to_fit(
-    messages: Sequence[Mapping[str, str]],
-    count_tokens: Callable[[Sequence[Mapping[str, str]]], int],
+    messages: Sequence[Mapping[str, Any]],
+    count_tokens: Callable[[Sequence[Mapping[str, Any]]], int],
     budget: int,
-) -> tuple[list[dict[str, str]], int]:
+) -> tuple[list[dict[str, Any]], int]:
     """Drop the oldest whole turns until ``count_tokens(kept) <= budget``.
 
     A turn runs from a non-system message up to the next user message. System
@@ -175,7 +180,7 @@ def truncate_messages_to_fit(
             turns.append([])
         turns[-1].append(i)
 
-    def without(n_turns: int) -> list[dict[str, str]]:
+    def without(n_turns: int) -> list[dict[str, Any]]:
         dropped = {i for turn in turns[:n_turns] for i in turn}
         return [m for i, m in enumerate(msgs) if i not in dropped]
 

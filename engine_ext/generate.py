@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.chat import (
@@ -34,6 +35,8 @@ from engine_ext.sampling import Sampler
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
+from engine_ext.tool_calls import template_message, tools_of
+from engine_ext.tool_turn import ToolTurn
 
 MAX_CHECKPOINTS = 8
 # Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
@@ -131,7 +134,7 @@ class Session:
     def _render(
         self,
         request: Generate,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         cancelled: Callable[[], bool] | None = None,
         started_at: float | None = None,
     ) -> tuple[str, bool]:
@@ -150,6 +153,7 @@ class Session:
             enable_thinking=request.enable_thinking,
             cancelled=cancelled,
             started_at=started_at,
+            tools=tools_of(request.tools, request.tool_choice),
         )
         if continue_reply:
             # Continue a stopped reply: cut the rendered prompt right after the partial reply text.
@@ -173,7 +177,7 @@ class Session:
         elif request.prompt is not None:
             plan = PromptPlan(self._tokens_for(request.prompt), request.prompt, 0, False, chat=False)
         else:
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            messages = [template_message(m) for m in request.messages]
             if not messages:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
@@ -181,7 +185,7 @@ class Session:
             # O(log turns) times): a template just under the limit must not multiply it.
             render_started = time.monotonic()
 
-            def count(msgs: Sequence[Mapping[str, str]]) -> int:
+            def count(msgs: Sequence[Mapping[str, Any]]) -> int:
                 return len(self._tokens_for(self._render(request, msgs, cancelled, render_started)[0]))
 
             kept, dropped = truncate_messages_to_fit(messages, count, budget)
@@ -313,6 +317,9 @@ class Session:
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
+        tools = ToolTurn.of(request, self.template, self.model.path.name)
+        if tools is not None:
+            emit = tools.watch(emit)
         try:
             plan = self.plan(request, cancelled)
         except ChatTemplateCancelled:  # Esc while a slow template rendered: no reply, nothing read
@@ -324,7 +331,9 @@ class Session:
                 0.0,
                 _LoopResult("cancelled", 0, now, now, 0.0, None),
             )
-        sampler = Sampler(self.model, request.sampling, grammar_for(request.grammar, request.json_schema))
+        calls = tools.grammar() if tools is not None else None
+        grammar = calls.gbnf if calls is not None else grammar_for(request.grammar, request.json_schema)
+        sampler = Sampler(self.model, request.sampling, grammar, calls.triggers if calls is not None else ())
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
         try:
@@ -358,7 +367,10 @@ class Session:
             stream.finish()
         finally:
             sampler.close()
-        return self._finish(request, plan, n_cached, prompt_ms, loop)
+        finished = self._finish(request, plan, n_cached, prompt_ms, loop)
+        if tools is None:
+            return finished
+        return tools.finish(finished, lambda t: self.model.token_piece(t, special=True), plan.opens_reasoning)
 
     def _choose_backend_sampling(self, sampler: Sampler, spec: SpeculativeDriver | None) -> None:
         """With `backend_greedy`, attach the context's backend greedy sampler for a pure greedy speculative request;

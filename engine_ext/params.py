@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from engine_ext.spec_catalog import SPEC_TYPE_NAMES
+from engine_ext import settings_schema as s
+from engine_ext.settings_schema import (  # noqa: F401 - the names the engine's users import from here
+    DEFAULT_SEED,
+    GPU_LAYERS_AUTO,
+    KV_CACHE_TYPES,
+    SPLIT_MODES,
+    Setting,
+    SettingError,
+)
 
 FlashAttention = Literal["auto", "on", "off"]
 
-# KV cache element types llama.cpp accepts for K and V (names as in llama.cpp's --cache-type-k/-v).
-KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-
-SPLIT_MODES: tuple[str, ...] = ("none", "layer", "row", "tensor")  # llama_split_mode 0..3
-
-# -ngl auto: as many layers as the free device memory holds (engine_ext.placement resolves it before loading)
-GPU_LAYERS_AUTO = -2
-DEFAULT_FIT_TARGET_MIB = 1024  # memory left free on each device by -ngl auto (llama.cpp's --fit-target default)
-
-DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed per generation
+DEFAULT_FIT_TARGET_MIB = s.FIT_TARGET_MIB.default  # memory left free on each device by -ngl auto
 
 
 def ascii_digits(text: str) -> bool:
@@ -40,70 +40,63 @@ class ContextError(EngineError):
     """llama.cpp could not create or use a context."""
 
 
+def check_settings(values: object, settings: Iterable[Setting[Any]], error: type[EngineError] = EngineError) -> None:
+    """The declarations' range/choices check (engine_ext.settings_schema) on `values`, raising `error`."""
+    try:
+        s.check_all(values, settings)
+    except SettingError as refusal:
+        raise error(str(refusal)) from None
+
+
 @dataclass(frozen=True)
 class ModelParams:
     """How a model file is loaded (llama.cpp names: -ngl, --no-mmap, --mlock, --no-repack)."""
 
-    n_gpu_layers: int = -1  # -1: every layer that the backend can take; GPU_LAYERS_AUTO: fit to free memory
-    use_mmap: bool = True
-    use_mlock: bool = False
+    n_gpu_layers: int = s.N_GPU_LAYERS.default  # -1: every layer the backend can take; GPU_LAYERS_AUTO: fit
+    use_mmap: bool = s.USE_MMAP.default
+    use_mlock: bool = s.USE_MLOCK.default
     # CPU weights in llama.cpp's extra buffer types (AMX, CPU_REPACK, KleidiAI: weights repacked for this CPU's
     # matrix instructions); False is llama.cpp's --no-repack, the way around a repack path that crashes a CPU.
-    use_extra_bufts: bool = True
+    use_extra_bufts: bool = s.USE_EXTRA_BUFTS.default
     load_mtp: bool = False  # load NextN (MTP) head weights; required before an MTP context is made
-    main_gpu: int = 0
+    main_gpu: int = s.MAIN_GPU.default
     rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC servers (host:port) whose devices join this machine's
-    split_mode: str = "layer"  # none | layer | row | tensor (tensor: llama.cpp's meta-backend parallelism)
+    split_mode: str = s.SPLIT_MODE.default  # none | layer | row | tensor (tensor: llama.cpp's meta-backend's)
     tensor_split: tuple[float, ...] = ()  # share of the model per device (llama.cpp --tensor-split)
-    n_cpu_moe: int = 0  # keep the expert tensors of the first N layers on the CPU (--n-cpu-moe)
-    fit_target_mib: int = DEFAULT_FIT_TARGET_MIB  # with -ngl auto: MiB to leave free on each device
+    n_cpu_moe: int = s.N_CPU_MOE.default  # keep the expert tensors of the first N layers on the CPU
+    fit_target_mib: int = s.FIT_TARGET_MIB.default  # with -ngl auto: MiB to leave free on each device
 
     def validate(self) -> None:
         """Refuse what llama.cpp would reject or abort on."""
-        if self.split_mode not in SPLIT_MODES:
-            raise EngineError(f"split mode must be one of {', '.join(SPLIT_MODES)}, not {self.split_mode!r}")
+        check_settings(self, s.MODEL)
         if self.tensor_split and self.split_mode == "none":
             raise EngineError("--tensor-split needs a split mode other than none")
         if any(v < 0 for v in self.tensor_split) or (self.tensor_split and sum(self.tensor_split) <= 0):
             raise EngineError("--tensor-split takes non-negative shares that add up to more than 0")
-        if self.n_cpu_moe < 0 or self.main_gpu < 0:
-            raise EngineError("--n-cpu-moe and --main-gpu must not be negative")
-        if self.n_gpu_layers < GPU_LAYERS_AUTO:
-            raise EngineError(f"GPU layers must be auto, -1 (all), 0 (none) or a count, not {self.n_gpu_layers}")
         if self.n_gpu_layers == GPU_LAYERS_AUTO and self.split_mode == "tensor":
             raise EngineError("-ngl auto cannot plan -sm tensor (llama.cpp's fit refuses it too); give -ngl a count")
-        if self.fit_target_mib < 0:
-            raise EngineError("--fit-target must not be negative")
 
 
 @dataclass(frozen=True)
 class ContextParams:
     """How a context is made (llama.cpp names: -c, -b, -ub, -t, -tb, -fa, -ctk, -ctv)."""
 
-    n_ctx: int = 4096  # 0: the model's training context
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    n_threads: int = 0  # 0: default_threads()
+    n_ctx: int = s.N_CTX.default  # 0: the model's training context
+    n_batch: int = s.N_BATCH.default
+    n_ubatch: int = s.N_UBATCH.default
+    n_threads: int = s.N_THREADS.default  # 0: default_threads()
     n_threads_batch: int = 0  # 0: same as n_threads
-    flash_attn: FlashAttention = "auto"
-    type_k: str = "f16"
-    type_v: str = "f16"
+    flash_attn: FlashAttention = s.FLASH_ATTN.default  # type: ignore[assignment]
+    type_k: str = s.TYPE_K.default
+    type_v: str = s.TYPE_V.default
     n_seq_max: int = 1
     n_rs_seq: int = 0  # recurrent-state rollback depth (speculative decoding on GDN/Mamba models)
 
     def validate(self) -> None:
         """Refuse values llama.cpp would reject or abort on."""
-        if self.n_ctx < 0:
-            raise ContextError(f"context size must be 0 (model default) or positive, not {self.n_ctx}")
-        if self.n_batch < 1 or self.n_ubatch < 1:
-            raise ContextError("batch and micro-batch sizes must be at least 1")
-        if self.n_threads < 0 or self.n_threads_batch < 0:
+        check_settings(self, s.CONTEXT, ContextError)
+        if self.n_threads_batch < 0:
             raise ContextError("thread counts must be positive (0 picks the default)")
-        for name in (self.type_k, self.type_v):
-            if name not in KV_CACHE_TYPES:
-                raise ContextError(f"unknown KV cache type {name!r}; use one of {', '.join(sorted(KV_CACHE_TYPES))}")
-        if self.flash_attn not in ("auto", "on", "off"):
-            raise ContextError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
         if self.type_v != "f16" and self.type_v != "f32" and self.flash_attn == "off":
             raise ContextError("a quantized V cache needs flash attention (-fa on or auto)")
 
@@ -112,40 +105,29 @@ class ContextParams:
 class SamplingParams:
     """A sampling preset (llama.cpp names); temperature 0 means greedy."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int = DEFAULT_SEED
+    temperature: float = s.TEMPERATURE.default
+    top_k: int = s.TOP_K.default
+    top_p: float = s.TOP_P.default
+    min_p: float = s.MIN_P.default
+    repeat_penalty: float = s.REPEAT_PENALTY.default
+    repeat_last_n: int = s.REPEAT_LAST_N.default
+    presence_penalty: float = s.PRESENCE_PENALTY.default
+    frequency_penalty: float = s.FREQUENCY_PENALTY.default
+    seed: int = s.SEED.default
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise EngineError(f"temperature must be ≥ 0, not {self.temperature}")
-        if self.top_k < 0:
-            raise EngineError(f"top-k must be ≥ 0 (0 disables it), not {self.top_k}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise EngineError(f"top-p must be between 0 and 1, not {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise EngineError(f"min-p must be between 0 and 1, not {self.min_p}")
-        if self.repeat_penalty <= 0:
-            raise EngineError(f"repeat penalty must be > 0 (1 disables it), not {self.repeat_penalty}")
-        if self.repeat_last_n < -1:
-            raise EngineError("repeat-last-n must be -1 (whole context), 0 (off) or positive")
+        check_settings(self, s.SAMPLING)
 
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
 # Speculative types in upstream's chain order (common/speculative.cpp: the first that drafts wins); auto first.
-SPEC_TYPES: tuple[str, ...] = SPEC_TYPE_NAMES
+SPEC_TYPES: tuple[str, ...] = s.SPEC_TYPE.choices
 
 
 class SpeculativeConfigError(EngineError):
@@ -158,12 +140,12 @@ class SpeculativeParams:
 
     types: tuple[str, ...] = ()
     draft_model: str | None = None  # draft-simple: path of a smaller model with a compatible vocabulary
-    n_max: int = 16  # most tokens drafted per step
-    n_min: int = 0  # drafts shorter than this are not verified
-    p_min: float = 0.0  # model drafters stop at a token whose top-10 probability is below this
+    n_max: int = s.DRAFT_N_MAX.default  # most tokens drafted per step
+    n_min: int = s.DRAFT_N_MIN.default  # drafts shorter than this are not verified
+    p_min: float = s.DRAFT_P_MIN.default  # model drafters stop at a token whose top-10 probability is below this
     # Draft lengths as upstream (n_max for model drafters, each n-gram type's own) instead of starting short and
     # growing with acceptance: for comparing acceptance with llama.cpp's own tools (--spec-draft-fixed).
-    fixed_length: bool = False
+    fixed_length: bool = s.DRAFT_FIXED.default
 
     @property
     def enabled(self) -> bool:
@@ -175,16 +157,13 @@ class SpeculativeParams:
             raise SpeculativeConfigError(
                 f"unknown speculative type {', '.join(unknown)}; use one of {', '.join(SPEC_TYPES)}"
             )
-        if self.n_max < 1:
-            raise SpeculativeConfigError(f"--spec-draft-n-max must be at least 1, not {self.n_max}")
-        if not 0 <= self.n_min <= self.n_max:
-            raise SpeculativeConfigError("--spec-draft-n-min must be between 0 and --spec-draft-n-max")
-        if not 0.0 <= self.p_min <= 1.0:
-            raise SpeculativeConfigError(f"--spec-draft-p-min must be between 0 and 1, not {self.p_min}")
+        check_settings(self, (*s.DRAFT_NUMBERS, s.DRAFT_FIXED), SpeculativeConfigError)
+        if self.n_min > self.n_max:
+            raise SpeculativeConfigError(f"{s.DRAFT_N_MIN.flag} must be between 0 and {s.DRAFT_N_MAX.flag}")
         if "auto" in self.types and len(self.types) > 1:
-            raise SpeculativeConfigError("--spec-type auto picks the drafters itself: give it alone")
+            raise SpeculativeConfigError(f"{s.SPEC_TYPE.flag} auto picks the drafters itself: give it alone")
         if "draft-simple" in self.types and not self.draft_model:
-            raise SpeculativeConfigError("draft-simple needs a draft model (--spec-draft-model PATH)")
+            raise SpeculativeConfigError(f"draft-simple needs a draft model ({s.DRAFT_MODEL.flag} PATH)")
 
 
 # llama.cpp takes any strength (--control-vector-scaled FILE S): vectors made by llama-cvector-generator steer at

@@ -16,6 +16,9 @@ StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_f
 class ChatMessage:
     role: str  # system | user | assistant | tool
     content: str
+    tool_calls: str = ""  # assistant: the calls it made, a JSON array in OpenAI's shape (engine_ext.tool_calls)
+    tool_call_id: str = ""  # tool: the id of the call this is the result of
+    name: str = ""  # tool: the name of the tool that gave this result
 
 
 # ----- requests (client → worker) -------------------------------------------------------------------
@@ -50,6 +53,8 @@ class Generate:
     speculative: bool = True  # use the configured speculative decoding, if any
     grammar: str | None = None  # GBNF the reply must follow (engine_ext.grammar)
     json_schema: str | None = None  # or a JSON schema it must follow (converted to GBNF in the worker)
+    tools: str | None = None  # JSON array of OpenAI-shaped tool definitions, given to the chat template
+    tool_choice: str = "auto"  # auto | required (the reply is a call, by grammar) | none (tools not offered)
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,8 @@ class SetSteering:
     """Apply this mix of control vectors (empty: none); takes effect at the next token of a generation."""
 
     entries: tuple[SteeringEntry, ...]
-    # Forget the prompt cache when the mix changes: what the context holds was computed under the old mix (the API
-    # server, where each request has its own mix; the chat keeps it, so a slider acts on the reply as it streams).
+    # Forget the prompt cache: what the context holds was computed under another mix (the API server sends it when a
+    # request's mix differs from the last one's; the chat keeps its cache, so a slider acts on the reply as it streams).
     reset_cache: bool = False
 
 
@@ -331,12 +336,22 @@ class SpeculativeUpdate:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One tool call parsed from a reply: `arguments` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Finished:
     request_id: int
     stop_reason: StopReason
     stats: GenerationStats
     notices: tuple[str, ...] = field(default=())  # e.g. "dropped 2 oldest messages to fit the context"
     speculative: SpeculativeStats | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (requests with tools), in order
 
 
 @dataclass(frozen=True)

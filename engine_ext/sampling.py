@@ -58,15 +58,19 @@ class Sampler:
     greedily on the backend (`Context.backend_greedy`), the rows hold token ids already and only those are read.
     """
 
-    def __init__(self, model: Model, params: SamplingParams, grammar: str | None = None) -> None:
+    def __init__(
+        self, model: Model, params: SamplingParams, grammar: str | None = None, triggers: Sequence[str] = ()
+    ) -> None:
         """`grammar`: GBNF text (engine_ext.grammar) the output must follow; its sampler comes first in the chain,
-        and only tokens the chain picks advance it (not the prompt history fed to `accept`)."""
+        and only tokens the chain picks advance it (not the prompt history fed to `accept`). With `triggers` (regex
+        patterns) the grammar is lazy: it applies from the first capture group of the first pattern the output
+        matches on (llama_sampler_init_grammar_lazy_patterns; engine_ext.tool_grammar)."""
         params.validate()
         self.params = params
         self._logits = FloatRows(model.n_vocab, VERIFY_RESERVE_ROWS)
         self._grammar: _Grammar | None = None
         if grammar is not None:
-            self._grammar = _Grammar(model, grammar)
+            self._grammar = _Grammar(model, grammar, triggers)
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         chain: Any = C.llama_sampler_chain_init(chain_params)
@@ -215,8 +219,15 @@ class _Grammar:
     """llama.cpp's grammar sampler beside the chain, with the candidate arrays it filters (llama_token_data_array
     over numpy memory: filled from a logits row without a Python loop)."""
 
-    def __init__(self, model: Model, grammar: str) -> None:
-        handle = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+    def __init__(self, model: Model, grammar: str, triggers: Sequence[str] = ()) -> None:
+        if triggers:
+            # const char ** trigger_patterns, size_t n, const llama_token * trigger_tokens, size_t n
+            patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
+            handle = C.llama_sampler_init_grammar_lazy_patterns(
+                model.vocab, grammar.encode(), b"root", patterns, len(triggers), None, 0
+            )
+        else:
+            handle = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
         if not handle:
             from engine_ext.grammar import GrammarError, parse_error
 

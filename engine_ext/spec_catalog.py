@@ -2,26 +2,67 @@
 load for it, and which flags apply. The engine (factory, params), the CLI, the TUI and the README's table all read
 it, so a type is added here once.
 
-No imports beyond engine_ext.archs: params.py builds SPEC_TYPES from this module (which is why it sits beside
-params.py, not in speculative/, whose drafters import params: no package import cycle).
+It declares the speculative settings too (--spec-type, --spec-draft-*; engine_ext.settings_schema lists them with
+the others). No imports beyond engine_ext.archs and engine_ext.setting: params.py builds SPEC_TYPES from this module
+(which is why it sits beside params.py, not in speculative/, whose drafters import params: no package import cycle).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
+from engine_ext.setting import Setting
 
-AUTO_FLAGS = ("--spec-draft-model", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
-NGRAM_FLAGS = ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-fixed")
-MODEL_FLAGS = (
-    "--spec-draft-model",
-    "--spec-draft-n-max",
-    "--spec-draft-n-min",
-    "--spec-draft-p-min",
-    "--spec-draft-fixed",
+
+def _draft_setting(name: str, kind: type[Any], default: Any, help: str, flag: str, **limits: Any) -> Setting[Any]:
+    """A draft setting, named in messages by llama.cpp's flag ("--spec-draft-n-max must be at least 1")."""
+    return Setting(name, kind, default, help, label=flag, flag=flag, saved_in="speculative", **limits)
+
+
+# The speculative settings (SpeculativeParams, config.toml's [speculative], the F9 panel, the CLI): declared here, with
+# the types they apply to, and listed with the other settings in engine_ext.settings_schema.
+DRAFT_MODEL: Setting[str] = Setting(
+    "draft_model",
+    str,
+    "",
+    "draft model for draft-simple",
+    label="draft model",
+    flag="--spec-draft-model",
+    saved_in="speculative",
 )
+DRAFT_N_MAX: Setting[int] = _draft_setting(
+    "n_max", int, 16, "most tokens drafted per step", "--spec-draft-n-max", minimum=1, maximum=1024
+)
+DRAFT_N_MIN: Setting[int] = _draft_setting(
+    "n_min", int, 0, "drafts shorter than this are skipped", "--spec-draft-n-min", minimum=0, maximum=1024
+)
+DRAFT_P_MIN: Setting[float] = _draft_setting(
+    "p_min",
+    float,
+    0.0,
+    "model drafts stop at a token less likely than this",
+    "--spec-draft-p-min",
+    minimum=0.0,
+    maximum=1.0,
+)
+DRAFT_FIXED: Setting[bool] = Setting(
+    "fixed_length",
+    bool,
+    False,
+    "draft lengths as llama.cpp (n-max, or the n-gram type's own) instead of starting short and growing with "
+    "acceptance",
+    label="fixed draft lengths",
+    flag="--spec-draft-fixed",
+)
+# The draft length and probability settings the F9 panel, config.toml and the CLI share with SpeculativeParams.
+DRAFT_NUMBERS: tuple[Setting[Any], ...] = (DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN)
+
+AUTO_SETTINGS = (DRAFT_MODEL, *DRAFT_NUMBERS)
+NGRAM_SETTINGS = (DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_FIXED)
+MODEL_SETTINGS = (DRAFT_MODEL, *DRAFT_NUMBERS, DRAFT_FIXED)
 
 
 @dataclass(frozen=True)
@@ -35,6 +76,10 @@ class SpecType:
     draft_types: tuple[str | None, ...] = ()
     # The kind models_catalog.drafts gives the files it drafts with (sidecars, paired repositories).
     candidate_kind: str | None = None
+    # A kind of draft file that comes beside a model or from a paired repository (not a plain model): what the F9
+    # panel calls it, and its place in the order llama.cpp infers the type from the files present (arg.cpp).
+    file_label: str = ""
+    file_rank: int = 0
     # Drafts with the target's own NextN (MTP) heads when no draft file is named: the target loads them (load_mtp).
     own_heads: bool = False
     # A model drafter verifies up to n_max tokens at once: on an architecture that can roll its recurrent state back
@@ -42,7 +87,7 @@ class SpecType:
     # EAGLE3, DFlash and DSpark). llmtui gives draft-simple the same: rolling back is one call where the other way
     # restores a checkpoint and replays the accepted tokens.
     rolls_back: bool = False
-    flags: tuple[str, ...] = ()
+    settings: tuple[Setting[Any], ...] = ()  # the draft settings that apply (their flags in the table)
 
 
 # In upstream's chain order (common/speculative.cpp: the first that drafts wins); auto first, llmtui's own.
@@ -53,13 +98,13 @@ CATALOGUE: tuple[SpecType, ...] = (
         "best drafter for this model; pauses when slower",
         "nothing; uses the model's MTP heads or a draft when there is one",
         own_heads=True,
-        flags=AUTO_FLAGS,
+        settings=AUTO_SETTINGS,
     ),
-    SpecType("ngram-simple", "ngram", "repeats what followed the last n-gram", "nothing", flags=NGRAM_FLAGS),
-    SpecType("ngram-map-k", "ngram", "n-gram map with key counts", "nothing", flags=NGRAM_FLAGS),
-    SpecType("ngram-map-k4v", "ngram", "n-gram map, 4 values per key", "nothing", flags=NGRAM_FLAGS),
-    SpecType("ngram-mod", "ngram", "rolling-hash n-grams (repeated text)", "nothing", flags=NGRAM_FLAGS),
-    SpecType("ngram-cache", "ngram", "n-gram cache of the conversation", "nothing", flags=NGRAM_FLAGS),
+    SpecType("ngram-simple", "ngram", "repeats what followed the last n-gram", "nothing", settings=NGRAM_SETTINGS),
+    SpecType("ngram-map-k", "ngram", "n-gram map with key counts", "nothing", settings=NGRAM_SETTINGS),
+    SpecType("ngram-map-k4v", "ngram", "n-gram map, 4 values per key", "nothing", settings=NGRAM_SETTINGS),
+    SpecType("ngram-mod", "ngram", "rolling-hash n-grams (repeated text)", "nothing", settings=NGRAM_SETTINGS),
+    SpecType("ngram-cache", "ngram", "n-gram cache of the conversation", "nothing", settings=NGRAM_SETTINGS),
     SpecType(
         "draft-simple",
         "model",
@@ -68,7 +113,7 @@ CATALOGUE: tuple[SpecType, ...] = (
         draft_types=(None,),
         candidate_kind="model",
         rolls_back=True,
-        flags=MODEL_FLAGS,
+        settings=MODEL_SETTINGS,
     ),
     SpecType(
         "draft-eagle3",
@@ -77,8 +122,10 @@ CATALOGUE: tuple[SpecType, ...] = (
         "an EAGLE3 draft GGUF",
         draft_types=("eagle3",),
         candidate_kind="eagle3",
+        file_label="EAGLE3 draft",
+        file_rank=4,
         rolls_back=True,
-        flags=MODEL_FLAGS,
+        settings=MODEL_SETTINGS,
     ),
     SpecType(
         "draft-mtp",
@@ -87,9 +134,11 @@ CATALOGUE: tuple[SpecType, ...] = (
         "the model's NextN heads, or its mtp-*.gguf sidecar",
         draft_types=("draft-mtp",),
         candidate_kind="mtp",
+        file_label="MTP sidecar",
+        file_rank=1,
         own_heads=True,
         rolls_back=True,
-        flags=MODEL_FLAGS,
+        settings=MODEL_SETTINGS,
     ),
     SpecType(
         "draft-dflash",
@@ -98,8 +147,10 @@ CATALOGUE: tuple[SpecType, ...] = (
         "a DFlash or DFlash2 draft GGUF",
         draft_types=("dflash", "dflash2"),
         candidate_kind="dflash",
+        file_label="DFlash draft",
+        file_rank=3,
         rolls_back=True,
-        flags=MODEL_FLAGS,
+        settings=MODEL_SETTINGS,
     ),
     SpecType(
         "draft-dspark",
@@ -108,8 +159,10 @@ CATALOGUE: tuple[SpecType, ...] = (
         "a DSpark draft GGUF",
         draft_types=("dspark",),
         candidate_kind="dspark",
+        file_label="DSpark draft",
+        file_rank=2,
         rolls_back=True,
-        flags=MODEL_FLAGS,
+        settings=MODEL_SETTINGS,
     ),
 )
 
@@ -121,6 +174,30 @@ MODEL_DRAFTER_TYPES = tuple(t.name for t in CATALOGUE if t.family == "model")
 TYPE_FOR_KIND = {t.candidate_kind: t.name for t in CATALOGUE if t.candidate_kind}
 # What a draft file's metadata says it is (DraftInfo.draft_type; None: a plain model) → the type that uses it.
 TYPE_FOR_DRAFT = {draft_type: t.name for t in CATALOGUE for draft_type in t.draft_types}
+# The kinds of draft files (models_catalog's sidecars and paired drafts: mtp, dspark, dflash, eagle3) in the order
+# llama.cpp infers the type from the files present, and what the F9 panel calls each.
+DRAFT_FILE_KINDS: tuple[str, ...] = tuple(
+    t.candidate_kind for t in sorted(CATALOGUE, key=lambda t: t.file_rank) if t.file_rank and t.candidate_kind
+)
+DRAFT_FILE_LABELS: dict[str, str] = {
+    t.candidate_kind: t.file_label for t in CATALOGUE if t.candidate_kind and t.file_label
+}
+# What a draft file's metadata may say it is (engine_ext.gguf.DraftInfo.draft_type) for the types that draft with a
+# separate file of their own architecture: the keys of a catalog entry's `drafts` (models_catalog.catalog).
+DRAFT_FILE_TYPES: tuple[str, ...] = tuple(
+    sorted(d for t in CATALOGUE if t.file_rank and not t.own_heads for d in t.draft_types if d)
+)
+
+SPEC_TYPE: Setting[str] = Setting(
+    "spec_type",
+    str,
+    "auto",
+    "speculative decoding type",
+    label="speculative type",
+    flag="--spec-type",
+    saved_in="speculative",
+    choices=SPEC_TYPE_NAMES,  # the catalogue's, in its order
+)
 
 
 # Drafters that read the target's layer inputs (llama_set_embeddings_layer_inp). Turning those outputs on in a target
@@ -180,7 +257,7 @@ def markdown_table() -> str:
     """The README's table of types (tests check that the README carries this very table)."""
     rows = ["| type | drafts with | flags |", "|---|---|---|"]
     for t in CATALOGUE:
-        flags = ", ".join(f"`{f}`" for f in t.flags)
+        flags = ", ".join(f"`{setting.flag}`" for setting in t.settings)
         rows.append(f"| `{t.name}` | {t.needs} | {flags} |")
     return "\n".join(rows)
 

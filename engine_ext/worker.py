@@ -331,9 +331,8 @@ class Worker:
         if request.entries and not layers:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
         if not self.fresh_steering:
-            before = self.mixer.active.entries if self.mixer.active is not None else ()
             active = self.mixer.apply(request.entries)
-            if request.reset_cache and tuple(request.entries) != tuple(before):
+            if request.reset_cache:  # asked for when the cache may hold rows read under another mix
                 self.session.reset_cache()
         elif self.mixer.active is not None and tuple(request.entries) == self.mixer.active.entries:
             active = self.mixer.active  # applied already: the context stays

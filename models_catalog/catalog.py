@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from engine_ext.private_files import write_private_text
+from engine_ext.spec_catalog import DRAFT_FILE_TYPES
 from models_catalog.errors import CatalogError
 
 MTP_KINDS = ("in-model", "sidecar", "none")
-DRAFT_KINDS = ("dflash", "dflash2", "dspark", "eagle3")
+DRAFT_KINDS = DRAFT_FILE_TYPES  # dflash, dflash2, dspark, eagle3: from the catalogue of speculative types
 GIB = 1 << 30
 
 

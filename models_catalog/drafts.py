@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from engine_ext.gguf import GGUFError, GGUFInfo, inspect_gguf
-from engine_ext.spec_catalog import CATALOGUE
+from engine_ext.spec_catalog import CATALOGUE, LAYER_INPUT_TYPES, TYPE_FOR_KIND
 from models_catalog import pairing
 from models_catalog.catalog import Catalog, CatalogEntry
 from models_catalog.library import LocalModel
@@ -59,7 +59,7 @@ def _fits(target: GGUFInfo, draft: GGUFInfo, kind: str) -> bool:
         return False
     if kind == "mtp":
         return draft.architecture == target.architecture and draft.embedding_length == target.embedding_length
-    if kind in ("dflash", "dspark", "eagle3"):
+    if TYPE_FOR_KIND[kind] in LAYER_INPUT_TYPES:  # dflash, dspark, eagle3: drafts from the target's hidden states
         hidden, layers = draft.draft.target_hidden_size, draft.draft.target_layers or ()
         n_layer = target.n_layer_trunk or target.block_count or 0
         return (hidden is None or hidden == target.embedding_length) and all(0 <= i <= n_layer for i in layers)
@@ -159,5 +159,5 @@ def missing_drafts(
     if catalog_entry.mtp == "sidecar":
         wanted["mtp"] = repo_id
     for kind, repo in catalog_entry.drafts.items():
-        wanted.setdefault("dflash" if kind == "dflash2" else kind, repo)
+        wanted.setdefault(DRAFT_TYPE_KINDS.get(kind) or kind, repo)  # a DFlash2 draft is a dflash file
     return [(kind, repo) for kind, repo in wanted.items() if kind not in have]

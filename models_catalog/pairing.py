@@ -6,20 +6,17 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engine_ext.spec_catalog import DRAFT_FILE_KINDS
+
 # Sidecar kinds `pull --with` accepts and the keyword llama.cpp's find_best_sibling looks for in a path.
-SIDECAR_KEYWORDS: dict[str, str] = {
-    "mtp": "mtp-",
-    "dflash": "dflash-",
-    "dspark": "dspark-",
-    "eagle3": "eagle3-",
-    "mmproj": "mmproj",
-}
+# The draft kinds are the speculative catalogue's (engine_ext.spec_catalog), each file named `KIND-*.gguf`.
+SIDECAR_KEYWORDS: dict[str, str] = {**{kind: f"{kind}-" for kind in DRAFT_FILE_KINDS}, "mmproj": "mmproj"}
 # Basename markers that make a .gguf a companion file rather than a model (gguf_filename_is_model).
-NON_MODEL_MARKERS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+NON_MODEL_MARKERS = ("mmproj", "imatrix", *(f"{kind}-" for kind in DRAFT_FILE_KINDS))
 # Basename prefixes of draft sidecars attached to a model in a local folder (preset.cpp draft_prefixes).
 DRAFT_PREFIXES = ("mtp-", "dspark-", "dflash-")
-# Speculative type inferred from the sidecars present, in llama.cpp's order (arg.cpp).
-DRAFT_KIND_ORDER = ("mtp", "dspark", "dflash", "eagle3")
+# Speculative type inferred from the sidecars present, in llama.cpp's order (arg.cpp): mtp, dspark, dflash, eagle3.
+DRAFT_KIND_ORDER = DRAFT_FILE_KINDS
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 
 _SPLIT_RE = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
@@ -88,7 +85,7 @@ def sidecar_kind(path: str) -> str | None:
     """Which sidecar keyword a .gguf path carries (mtp, dflash, dspark, eagle3, mmproj), None for models."""
     if not path.endswith(".gguf"):
         return None
-    for kind in ("mtp", "dspark", "dflash", "eagle3", "mmproj"):
+    for kind in (*DRAFT_KIND_ORDER, "mmproj"):
         if SIDECAR_KEYWORDS[kind] in basename(path):
             return kind
     return None

@@ -28,6 +28,7 @@ from engine_ext.protocol import (
     GenerationStats,
     ModelInfo,
 )
+from engine_ext.spec_catalog import SPEC_TYPE
 
 
 def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -248,6 +249,10 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     bench.add_argument("-r", "--repetitions", type=int_range(1, 1000), default=5)
     bench.add_argument("--json", action="store_true")
     add_spec_args(bench)
-    bench.add_argument("--prompt", type=utf8_text, help="chat prompt for --spec-type runs (default: a copy-heavy one)")
-    bench.add_argument("--raw", action="store_true", help="--spec-type runs complete the prompt without a template")
+    bench.add_argument(
+        "--prompt", type=utf8_text, help=f"chat prompt for {SPEC_TYPE.flag} runs (default: a copy-heavy one)"
+    )
+    bench.add_argument(
+        "--raw", action="store_true", help=f"{SPEC_TYPE.flag} runs complete the prompt without a template"
+    )
     bench.set_defaults(check_args=lambda args: _check_bench(bench, args))

@@ -7,13 +7,17 @@ import io
 import sys
 from collections.abc import Iterator
 
-from app.cli.engine_args import add_engine_args, add_sampling_args, context_params, model_params, sampling_params
+from app.cli.engine_args import (
+    add_engine_args,
+    add_max_tokens_arg,
+    add_sampling_args,
+    context_params,
+    model_params,
+    sampling_params,
+)
 from app.cli.remote import add_remote_args
 from app.cli.session import drain, error_line, format_stats, loaded, recovering, start_engine, stream_reply
-from app.cli.types import (
-    n_predict,
-    utf8_error,
-)
+from app.cli.types import utf8_error
 from app.models import resolve_model
 from engine_ext.client import EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, ModelParams
@@ -133,5 +137,5 @@ def add_chat_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     chat = sub.add_parser("chat", help="a line-by-line chat in the terminal")
     add_engine_args(chat)
     add_sampling_args(chat)
-    chat.add_argument("-n", "--n-predict", type=n_predict, default=-1)
+    add_max_tokens_arg(chat)
     add_remote_args(chat)

@@ -6,173 +6,70 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
+from app.cli.flags import add_setting, flag_values
 from app.cli.session import CliError
-from app.cli.types import (
-    INT32_MAX,
-    MAX_CONTEXT,
-    MAX_THREADS,
-    finite_float,
-    int_range,
-    seed,
-    shares,
-    utf8_text,
-)
+from app.cli.types import INT32_MAX, seed, shares, utf8_text
 from app.models import resolve_model
+from engine_ext import settings_schema as s
 from engine_ext.params import (
-    DEFAULT_FIT_TARGET_MIB,
-    DEFAULT_SEED,
     GPU_LAYERS_AUTO,
-    KV_CACHE_TYPES,
-    SPEC_TYPES,
-    SPLIT_MODES,
     ContextParams,
     ModelParams,
     SamplingParams,
     SpeculativeParams,
 )
+from engine_ext.settings_schema import Setting
 from engine_ext.spec_catalog import LoadPlan, load_plan
 
-CONTEXT = int_range(0, MAX_CONTEXT, meaning="0: the model's")
 
-
-THREADS = int_range(0, MAX_THREADS, meaning="0: automatic")
-
-
-BATCH = int_range(1, MAX_CONTEXT)
-
-
-COUNT = int_range(0, INT32_MAX)  # top-k, --fit-target: 0 or more
-
-
-PROBABILITY = finite_float(0.0, 1.0)
-
-
-NON_NEGATIVE = finite_float(0.0)
-
-
-POSITIVE = finite_float(0.0, above=True)
-
-
-ANY_FINITE = finite_float()
-
-
-DEVICE = int_range(0, 1023)  # -mg: a device index
-
-
-LAYERS = int_range(0, 4096)  # --n-cpu-moe: more than the model has means every layer
-
-
-DRAFT_MAX = int_range(1, 1024)
-
-
-DRAFT_MIN = int_range(0, 1024)
-
-
-def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = 4096) -> None:
+def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = s.N_CTX.default) -> None:
     p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
-    p.add_argument(
-        "-c",
-        "--ctx-size",
-        type=CONTEXT,
-        default=default_ctx,
-        help="context size in tokens (0: model's; llama.cpp rounds it up to a multiple of 256)",
-    )
-    p.add_argument("-t", "--threads", type=THREADS, default=0, help="threads (default: one per physical core)")
-    p.add_argument(
-        "-ngl",
-        "--n-gpu-layers",
-        type=_gpu_layers,
-        default=-1,
-        metavar="N|auto|all",
-        help="layers on the GPU (-1 or all: every layer; auto: as many as free device memory holds)",
-    )
-    p.add_argument(
-        "--fit-target",
-        type=COUNT,
-        default=DEFAULT_FIT_TARGET_MIB,
-        metavar="MiB",
-        help="with -ngl auto: memory to leave free on each device (default %(default)s MiB)",
-    )
-    p.add_argument("-b", "--batch-size", type=BATCH, default=2048, help="logical batch size")
-    p.add_argument("-ub", "--ubatch-size", type=BATCH, default=512, help="physical batch size")
-    p.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("-ctk", "--cache-type-k", choices=sorted(KV_CACHE_TYPES), default="f16")
-    p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_CACHE_TYPES), default="f16")
-    p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
-    p.add_argument("--mlock", action="store_true", help="lock the model in RAM")
-    p.add_argument(
-        "--no-repack",
-        action="store_true",
-        help="keep CPU weights as stored: no repacking for this "
-        "CPU's matrix instructions (AMX, CPU_REPACK); avoids a repack path that crashes",
-    )
-    p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="llama.cpp RPC servers to use as devices")
-    p.add_argument(
-        "-sm",
-        "--split-mode",
-        choices=SPLIT_MODES,
-        default="layer",
-        help="how to split the model across devices (tensor: llama.cpp's tensor parallelism)",
-    )
-    p.add_argument(
-        "-ts", "--tensor-split", type=shares, default="", metavar="N0,N1,...", help="share of the model per device"
-    )
-    p.add_argument("-mg", "--main-gpu", type=DEVICE, default=0, help="the device for the whole model with -sm none")
-    p.add_argument(
-        "--n-cpu-moe",
-        type=LAYERS,
-        default=0,
-        metavar="N",
-        help="keep the experts of the first N layers on the CPU (MoE models)",
-    )
+    special: dict[Setting[Any], dict[str, Any]] = {
+        s.N_CTX: {"default": default_ctx},
+        s.N_GPU_LAYERS: {"type": _gpu_layers, "metavar": "N|auto|all"},
+        s.FIT_TARGET_MIB: {"metavar": "MiB", "help": f"{s.FIT_TARGET_MIB.help} (default %(default)s MiB)"},
+        s.TENSOR_SPLIT: {"type": shares, "metavar": "N0,N1,..."},
+        s.RPC_SERVERS: {"metavar": "HOST:PORT,..."},
+        s.N_CPU_MOE: {"metavar": "N"},
+    }
+    for setting in s.ENGINE:
+        add_setting(p, setting, **special.get(setting, {}))
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temp", type=NON_NEGATIVE, default=0.8, help="temperature (0: greedy)")
-    p.add_argument("--top-k", type=COUNT, default=40)
-    p.add_argument("--top-p", type=PROBABILITY, default=0.95)
-    p.add_argument("--min-p", type=PROBABILITY, default=0.05)
-    p.add_argument("--repeat-penalty", type=POSITIVE, default=1.0)
-    p.add_argument("--repeat-last-n", type=int_range(-1, MAX_CONTEXT, meaning="-1: the context"), default=64)
-    p.add_argument("--presence-penalty", type=ANY_FINITE, default=0.0)
-    p.add_argument("--frequency-penalty", type=ANY_FINITE, default=0.0)
-    p.add_argument("-s", "--seed", type=seed, default=DEFAULT_SEED, help="RNG seed (default, -1: random)")
+    for setting in s.SAMPLING:
+        add_setting(p, setting, **({"type": seed} if setting is s.SEED else {}))
     p.add_argument("--stop", action="append", type=utf8_text, default=[], help="stop string (repeatable)")
     p.add_argument("--system", type=utf8_text, default=None, help="system prompt")
 
 
+def add_max_tokens_arg(p: argparse.ArgumentParser) -> None:
+    """-n: the most tokens a reply of `run` and `chat` may have (serve takes it per request)."""
+    add_setting(p, s.N_PREDICT)
+
+
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--spec-type",
+    add_setting(
+        p,
+        s.SPEC_TYPE,
         default="",
+        choices=None,  # a comma-separated chain, checked by SpeculativeParams
         metavar="T[,T...]",
-        help=f"speculative decoding: {', '.join(SPEC_TYPES)} (comma-separated; off by default)",
+        help=f"speculative decoding: {', '.join(s.SPEC_TYPE.choices)} (comma-separated; off by default)",
     )
-    p.add_argument("--spec-draft-model", default=None, metavar="PATH", help="draft model for draft-simple")
-    p.add_argument("--spec-draft-n-max", type=DRAFT_MAX, default=16, help="most tokens drafted per step")
-    p.add_argument("--spec-draft-n-min", type=DRAFT_MIN, default=0, help="drafts shorter than this are skipped")
-    p.add_argument("--spec-draft-p-min", type=PROBABILITY, default=0.0, help="min draft token probability")
-    p.add_argument(
-        "--spec-draft-fixed",
-        action="store_true",
-        help="draft lengths as llama.cpp (n-max, or the n-gram type's own) instead of starting short and "
-        "growing with acceptance",
-    )
+    add_setting(p, s.DRAFT_MODEL, default=None, metavar="PATH")
+    for setting in (*s.DRAFT_NUMBERS, s.DRAFT_FIXED):
+        add_setting(p, setting)
 
 
 def spec_params(args: argparse.Namespace, model: Path, types: str | None = None) -> SpeculativeParams:
     names = args.spec_type if types is None else types
     spec_types = tuple(t.strip() for t in names.split(",") if t.strip())
     draft = str(resolve_model(args.spec_draft_model)) if args.spec_draft_model else _sidecar_draft(model, spec_types)
-    return SpeculativeParams(
-        types=spec_types,
-        draft_model=draft,
-        n_max=args.spec_draft_n_max,
-        n_min=args.spec_draft_n_min,
-        p_min=args.spec_draft_p_min,
-        fixed_length=args.spec_draft_fixed,
-    )
+    numbers = flag_values(args, (*s.DRAFT_NUMBERS, s.DRAFT_FIXED))
+    return SpeculativeParams(types=spec_types, draft_model=draft, **numbers)
 
 
 def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
@@ -190,7 +87,7 @@ def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
     where = next(c.where for c in sidecars if str(c.path) == chosen.draft_model)
     print(
         f"note: {spec_types[0]} drafts with {Path(chosen.draft_model).name} ({where}); "
-        "--spec-draft-model names another",
+        f"{s.DRAFT_MODEL.flag} names another",
         file=sys.stderr,
     )
     return chosen.draft_model
@@ -218,18 +115,13 @@ def model_params(
 ) -> ModelParams:
     # MTP heads inside the model are loaded only when draft-mtp (or auto) will use them (llama.cpp's load_mtp).
     load_mtp = model is not None and target_load_plan(spec, model).load_mtp
+    values = flag_values(args, s.MODEL)
+    values["use_extra_bufts"] = values["use_extra_bufts"] and _saved_repack()
     return ModelParams(
-        n_gpu_layers=args.n_gpu_layers,
-        use_mmap=not args.no_mmap,
-        use_mlock=args.mlock,
-        use_extra_bufts=not args.no_repack and _saved_repack(),
+        **values,
         load_mtp=load_mtp,
-        rpc_servers=tuple(s.strip() for s in args.rpc.split(",") if s.strip()),
-        split_mode=args.split_mode,
+        rpc_servers=tuple(server.strip() for server in args.rpc.split(",") if server.strip()),
         tensor_split=_floats(args.tensor_split, "--tensor-split"),
-        main_gpu=args.main_gpu,
-        n_cpu_moe=args.n_cpu_moe,
-        fit_target_mib=args.fit_target,
     )
 
 
@@ -267,27 +159,11 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 
 def context_params(args: argparse.Namespace, n_ctx: int | None = None, n_rs_seq: int = 0) -> ContextParams:
-    return ContextParams(
-        n_rs_seq=n_rs_seq,
-        n_ctx=args.ctx_size if n_ctx is None else n_ctx,
-        n_batch=args.batch_size,
-        n_ubatch=args.ubatch_size,
-        n_threads=args.threads,
-        flash_attn=args.flash_attn,
-        type_k=args.cache_type_k,
-        type_v=args.cache_type_v,
-    )
+    values = flag_values(args, s.CONTEXT)
+    if n_ctx is not None:
+        values["n_ctx"] = n_ctx
+    return ContextParams(**values, n_rs_seq=n_rs_seq)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        temperature=args.temp,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        repeat_last_n=args.repeat_last_n,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        seed=args.seed,
-    )
+    return SamplingParams(**flag_values(args, s.SAMPLING))

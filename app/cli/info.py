@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from app.cli.engine_args import CONTEXT
+from app.cli.flags import add_setting
 from app.models import resolve_model
+from engine_ext.settings_schema import N_CTX
 from engine_ext.untrusted_text import json_text
 
 
@@ -30,5 +31,5 @@ def cmd_info(args: argparse.Namespace) -> int:
 def add_info_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     info = sub.add_parser("info", help="inspect a GGUF file without loading its weights")
     info.add_argument("model", help="a .gguf path or 'starter'")
-    info.add_argument("-c", "--ctx-size", type=CONTEXT, default=0, help="context for the memory estimate")
+    add_setting(info, N_CTX, default=0, help="context for the memory estimate")
     info.add_argument("--json", action="store_true")

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import paths
+from app.cli.flags import add_setting
 from app.cli.session import error_line
-from app.cli.types import MAX_CONTEXT, int_range
+from app.cli.types import int_range
 from app.models import ModelNotFound
+from engine_ext.settings_schema import N_CTX
 from engine_ext.untrusted_text import json_text, one_line, shown
 from models_catalog import pairing
 
@@ -54,13 +56,7 @@ def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
     info = sub.add_parser("info", help="quants, sizes, sidecars and memory fit of a repo, catalog id or file")
     info.add_argument("model", help="org/repo[:QUANT], a catalog id, or a .gguf path")
-    info.add_argument(
-        "-c",
-        "--ctx-size",
-        type=int_range(0, MAX_CONTEXT, meaning="0: the model's"),
-        default=0,
-        help="context for the memory estimate",
-    )
+    add_setting(info, N_CTX, default=0, help="context for the memory estimate")
     info.add_argument("--card", action="store_true", help="also print the model card")
     info.add_argument("--json", action="store_true")
 

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from app.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings, SamplingSettings
+from engine_ext.settings_schema import DEFAULT_SEED
 
 if TYPE_CHECKING:  # Textual's messages are imported when a remote is used: plain commands start without Textual
     from textual.message import Message
@@ -71,15 +72,12 @@ def remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, str]:
 
 
 def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
-    return SamplingSettings(
-        temperature=args.temp,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        max_tokens=args.n_predict,
-        seed=-1 if args.seed in (-1, 0xFFFFFFFF) else args.seed,
-    )
+    """The sampling flags as the preset the remote bridge sends (-s's random seed is the preset's -1)."""
+    from app.cli.flags import flag_values
+    from app.settings_schema import PRESET_SAMPLING
+
+    seed = -1 if args.seed in (-1, DEFAULT_SEED) else args.seed
+    return SamplingSettings(**flag_values(args, PRESET_SAMPLING), max_tokens=args.n_predict, seed=seed)
 
 
 class RemoteSession:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.cli.engine_args import THREADS
+from app.cli.flags import add_setting
 from app.cli.types import int_range
+from engine_ext.settings_schema import N_THREADS
 
 
 def cmd_rpc_server(args: argparse.Namespace) -> int:
@@ -23,4 +24,4 @@ def add_rpc_server_parser(sub: argparse._SubParsersAction[argparse.ArgumentParse
     rpc = sub.add_parser("rpc-server", help="serve this machine's CPU to llama.cpp RPC clients (--rpc)")
     rpc.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     rpc.add_argument("--port", type=int_range(1, 65535), default=50052)
-    rpc.add_argument("-t", "--threads", type=THREADS, default=0)
+    add_setting(rpc, N_THREADS)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from app.cli.engine_args import (
     add_engine_args,
+    add_max_tokens_arg,
     add_sampling_args,
     add_spec_args,
     context_params,
@@ -19,7 +21,8 @@ from app.cli.engine_args import (
 from app.cli.remote import add_remote_args
 from app.cli.session import CliError, format_spec_stats, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.steer import add_control_vector_args, steering_entries
-from app.cli.types import n_predict, text_file, text_or_file, utf8_text
+from app.cli.tools_args import add_tool_args, wants_tools
+from app.cli.types import text_file, text_or_file, utf8_text
 from app.models import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.params import (
@@ -29,8 +32,10 @@ from engine_ext.params import (
 )
 from engine_ext.protocol import (
     ChatMessage,
+    Finished,
     Generate,
 )
+from engine_ext.settings_schema import SPEC_TYPE
 from engine_ext.untrusted_text import json_text
 
 
@@ -87,6 +92,8 @@ def _run_generation(
         grammar=args.grammar,
         json_schema=args.json_schema,
     )
+    if wants_tools(args) and not args.raw:
+        return _run_with_tools(args, client, request, echoed)
     provenance: list[str] = []
     text, ids, finished = stream_reply(client, request, echo=not args.json, provenance=provenance, echoed=echoed)
     if args.json:
@@ -107,6 +114,71 @@ def _run_generation(
         print(format_stats(finished.stats), file=sys.stderr)
         if finished.speculative is not None:
             print(format_spec_stats(finished.speculative), file=sys.stderr)
+    return 0
+
+
+def _run_with_tools(args: argparse.Namespace, client: EngineClient, first: Generate, echoed: list[bool]) -> int:
+    """The tool loop (app/tools/loop.py) on the local engine: each reply streamed without its calls."""
+    from contextlib import ExitStack
+
+    from app.cli.tools_args import pending_json, say_pending, say_record, tool_box
+    from app.tools.loop import ToolLoop
+    from engine_ext.tool_calls import CallTextFilter
+
+    with ExitStack() as stack:
+        box, consent = tool_box(args, stack)
+
+        def generate(messages: tuple[ChatMessage, ...]) -> tuple[str, Finished]:
+            request = replace(
+                first,
+                request_id=client.new_request_id(),
+                messages=messages,
+                tools=box.definitions_json(),
+                tool_choice=args.tool_choice if messages == first.messages else "auto",
+            )
+            calls_hidden = CallTextFilter()
+            text: list[str] = []
+
+            def shown(part: str) -> str:
+                visible = calls_hidden.feed(part)
+                text.append(visible)
+                return visible
+
+            _, _, finished = stream_reply(client, request, echo=not args.json, echoed=echoed, shown=shown)
+            rest = calls_hidden.finish(bool(finished.tool_calls))
+            if rest and not args.json:
+                sys.stdout.write(rest)
+            return "".join(text) + rest, finished
+
+        loop = ToolLoop(box, consent, max_calls=args.max_tool_calls, timeout_s=args.tool_timeout, on_record=say_record)
+        result = loop.run(first.messages, generate)
+    finished = result.finished
+    if args.json:
+        out = {
+            "text": result.text,
+            "stop_reason": finished.stop_reason,
+            "tool_calls": pending_json(result.pending),
+            "calls_made": [
+                {
+                    "name": r.call.name,
+                    "arguments": r.call.arguments,
+                    "source": r.source,
+                    "allowed": r.allowed,
+                    "failed": r.failed,
+                    "result": r.result,
+                }
+                for r in result.records
+            ],
+            "stats": finished.stats.to_dict(),
+            "notices": list(finished.notices) + result.notices,
+        }
+        print(json_text(out))
+        return 0
+    sys.stdout.write("\n")
+    say_pending(result.pending)
+    for notice in list(finished.notices) + result.notices:
+        print(f"note: {notice}", file=sys.stderr)
+    print(format_stats(finished.stats), file=sys.stderr)
     return 0
 
 
@@ -135,12 +207,13 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
     local = [
         flag
         for flag, on in (
-            ("--spec-type", bool(getattr(args, "spec_type", ""))),
+            (SPEC_TYPE.flag, bool(getattr(args, "spec_type", ""))),
             ("--control-vector", bool(getattr(args, "control_vector", None))),
             ("--control-vector-scaled", bool(getattr(args, "control_vector_scaled", None))),
             ("--raw", bool(getattr(args, "raw", False))),
             ("--grammar", getattr(args, "grammar", None) is not None),
             ("--json-schema", getattr(args, "json_schema", None) is not None),
+            ("--tools/--mcp/--builtin-tool", wants_tools(args)),
         )
         if on
     ]
@@ -181,11 +254,12 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="FILE",
         help="read the prompt from a UTF-8 text file (at most 8 MiB)",
     )
-    run.add_argument("-n", "--n-predict", type=n_predict, default=-1, help="max tokens to generate (-1: no limit)")
+    add_max_tokens_arg(run)
     run.add_argument("--raw", action="store_true", help="complete the prompt text without the chat template")
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
     add_grammar_args(run)
+    add_tool_args(run)
     add_spec_args(run)
     add_control_vector_args(run)
     add_remote_args(run)

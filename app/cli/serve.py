@@ -4,7 +4,6 @@ chosen per request."""
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -24,8 +23,10 @@ from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import int_range
 from app.models import resolve_model
 from app.server.requests import Limits
+from app.server.shared import loopback
+from app.settings_schema import SERVER_HOST, SERVER_PORT
 
-DEFAULT_PORT = 8080
+DEFAULT_PORT = SERVER_PORT.default
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -37,7 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.server.metrics import Metrics
 
     api_key = _api_key(args.api_key_env)
-    if not _loopback(args.host) and not api_key:
+    if not loopback(args.host) and not api_key:
         print(
             f"llmtui serve: warning: listening on {args.host} without an API key: anyone who can reach this machine "
             "can use the model (set one with --api-key-env NAME)",
@@ -103,21 +104,16 @@ def _api_key(name: str | None) -> str | None:
     return value
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="serve the model as an OpenAI-compatible API on this machine")
     add_engine_args(serve)
     add_sampling_args(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine)")
-    serve.add_argument("--port", type=int_range(1, 65535), default=DEFAULT_PORT, help="port (default: 8080)")
+    serve.add_argument(
+        "--host",
+        default=SERVER_HOST.default,
+        help=f"address to listen on (default: {SERVER_HOST.default}, this machine)",
+    )
+    serve.add_argument("--port", type=int_range(1, 65535), default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
     serve.add_argument(
         "--api-key-env",
         metavar="NAME",

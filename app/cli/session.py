@@ -121,9 +121,11 @@ def stream_reply(
     echo: bool,
     provenance: list[str] | None = None,
     echoed: list[bool] | None = None,
+    shown: Callable[[str], str] | None = None,
 ) -> tuple[str, list[int], Finished]:
     """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`; each token's source
-    ("target", or the drafter that proposed it) is added to `provenance` when given."""
+    ("target", or the drafter that proposed it) is added to `provenance` when given; `shown` filters the echoed
+    answer text (tool calls held back)."""
     text: list[str] = []
     ids: list[int] = []
     in_reasoning = False
@@ -142,11 +144,12 @@ def stream_reply(
                     sys.stderr.flush()
                 if echoed is not None and not echoed and (event.text or event.reasoning):
                     echoed.append(True)
-                if event.text:
+                visible = shown(event.text) if shown is not None else event.text
+                if visible:
                     if in_reasoning:
                         sys.stderr.write("\n")
                         in_reasoning = False
-                    sys.stdout.write(event.text)
+                    sys.stdout.write(visible)
                     sys.stdout.flush()
         elif isinstance(event, Finished):
             return "".join(text), ids, event

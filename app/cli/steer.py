@@ -8,13 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.cli.types import MAX_THREADS, ControlVectorScaled, int_range, read_text_file
+from app.cli.flags import add_setting
+from app.cli.types import ControlVectorScaled, int_range, read_text_file
 from app.controllers.steering import vector_progress_text
 from app.models import resolve_model
 from app.paths import prompt_set_folders, steering_dir
 from app.private_files import private_dir
 from engine_ext.params import EngineError, SteeringEntry
 from engine_ext.protocol import VectorMade, VectorProgress
+from engine_ext.settings_schema import N_THREADS
 
 
 def add_control_vector_args(p: argparse.ArgumentParser) -> None:
@@ -63,7 +65,7 @@ def add_steer_parser(sub: Any) -> None:
     make.add_argument("--prompts", required=True, help="a bundled or user prompt set name, or a .json path")
     make.add_argument("--method", choices=("pca", "mean"), default="pca")
     make.add_argument("-o", "--output", default=None, help="output .gguf (default: the steering folder)")
-    make.add_argument("-t", "--threads", type=int_range(0, MAX_THREADS), default=0)
+    add_setting(make, N_THREADS)
     show = actions.add_parser("show", help="inspect a control-vector file")
     show.add_argument("file")
     show.add_argument("--json", action="store_true")

@@ -14,11 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from engine_ext.params import DEFAULT_SEED, MAX_STEERING_STRENGTH
+from engine_ext.settings_schema import INT32_MAX, MAX_CONTEXT, UINT32_MAX  # noqa: F401 - the commands' bounds
 
-MAX_CONTEXT = 1 << 24  # as app.config.EngineSettings.validate: beyond it llama.cpp's KV cache cannot be allocated
-MAX_THREADS = 1024
-INT32_MAX = (1 << 31) - 1
-UINT32_MAX = (1 << 32) - 1
 MAX_TEXT_FILE_BYTES = 8 << 20  # a prompt file: far beyond any context (2^24 tokens are not read from a file)
 
 
@@ -75,19 +72,6 @@ def seed(text: str) -> int:
     """llama.cpp's -s: 0..2^32-1, and -1 (or 2^32-1, LLAMA_DEFAULT_SEED) for a random seed per generation."""
     value = int_range(-1, UINT32_MAX, meaning="-1: random")(text)
     return DEFAULT_SEED if value == -1 else value
-
-
-def n_predict(text: str) -> int:
-    """-n: -1 for no limit or a positive count (0 would mean "no limit" to the engine but "nothing" to llama.cpp)."""
-    try:
-        value = int(text.strip(), 10)
-    except ValueError:
-        value = 0
-    if value != -1 and not 1 <= value <= INT32_MAX:
-        raise argparse.ArgumentTypeError(
-            f"expected -1 (no limit) or a whole number from 1 to {INT32_MAX}, not {text!r}"
-        )
-    return value
 
 
 def utf8_error(text: str) -> str | None:

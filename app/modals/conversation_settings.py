@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,18 +10,9 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 
-from app.config import ConfigError, SamplingSettings
+from app.config import ConfigError, SamplingSettings, parse_field
+from app.settings_schema import PRESET
 from app.store import Preset
-
-FIELD_LABELS = {
-    "temperature": "Temperature",
-    "top_k": "Top-k",
-    "top_p": "Top-p",
-    "min_p": "Min-p",
-    "repeat_penalty": "Repeat penalty",
-    "max_tokens": "Max tokens (-1: no limit)",
-    "seed": "Seed (-1: random)",
-}
 
 
 @dataclass(frozen=True)
@@ -64,9 +55,10 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                     compact=True,
                 )
                 with Grid(id="sampling-grid"):
-                    for field in fields(SamplingSettings):
-                        yield Label(FIELD_LABELS[field.name], classes="field-label")
-                        yield Input(str(getattr(self.sampling, field.name)), id=f"sampling-{field.name}", compact=True)
+                    for setting in PRESET:
+                        yield Label(setting.plain_label, classes="field-label")
+                        value = str(getattr(self.sampling, setting.name))
+                        yield Input(value, id=f"sampling-{setting.name}", compact=True, tooltip=setting.help)
                 with Horizontal(id="preset-save-row"):
                     yield Input(placeholder="save these values as a preset named…", id="preset-name", compact=True)
             with Horizontal(classes="dialog-buttons"):
@@ -78,23 +70,19 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
         if not isinstance(event.value, str) or event.value not in self.presets:
             return
         sampling = SamplingSettings.from_json(self.presets[event.value].settings)
-        for field in fields(SamplingSettings):
-            self.query_one(f"#sampling-{field.name}", Input).value = str(getattr(sampling, field.name))
+        for setting in PRESET:
+            self.query_one(f"#sampling-{setting.name}", Input).value = str(getattr(sampling, setting.name))
         self._applied_preset = event.value
 
     def read_sampling(self) -> SamplingSettings:
         """The values typed, validated (ConfigError names the bad one)."""
-        values: dict[str, float | int] = {}
-        defaults = SamplingSettings()
-        for field in fields(SamplingSettings):
-            text = self.query_one(f"#sampling-{field.name}", Input).value.strip()
-            kind = type(getattr(defaults, field.name))
-            try:
-                values[field.name] = kind(text)
-            except ValueError:
-                whole = "whole " if kind is int else ""
-                raise ConfigError(f"{FIELD_LABELS[field.name]}: {text!r} is not a {whole}number") from None
-        sampling = SamplingSettings(**values)  # type: ignore[arg-type]
+        values = {
+            setting.name: parse_field(
+                setting, self.query_one(f"#sampling-{setting.name}", Input).value, setting.plain_label
+            )
+            for setting in PRESET
+        }
+        sampling = SamplingSettings(**values)
         sampling.validate()
         return sampling
 

@@ -16,29 +16,24 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from app.config import ConfigError, SpeculativeSettings
+from app.config import ConfigError, SpeculativeSettings, parse_field
 from app.modals.pick import PickModal
 from app.models import usable_folders, user_path
 from app.speculation import KIND_TYPES, effective_settings, find_drafts, supported_types
 from app.widgets.tick_box import TickBox
 from engine_ext.gguf import GGUFError, format_bytes
+from engine_ext.settings_schema import DRAFT_NUMBERS
+from engine_ext.spec_catalog import DRAFT_FILE_LABELS
 from models_catalog.drafts import DraftCandidate
 from models_catalog.errors import ModelsError
 
-NUMBER_FIELDS = (
-    ("n_max", "most tokens drafted per step"),
-    ("n_min", "drafts shorter than this are skipped"),
-    ("p_min", "model drafts stop at a token less likely than this"),
-)
-
-
-DRAFT_KIND_NAMES = {"mtp": "MTP sidecar", "dflash": "DFlash draft", "dspark": "DSpark draft", "eagle3": "EAGLE3 draft"}
+NUMBER_FIELDS = DRAFT_NUMBERS  # n_max, n_min, p_min: named as in config.toml, their help as a tooltip
 
 
 def missing_drafts_hint(missing: Sequence[tuple[str, str]]) -> str:
     """A few words saying which paired drafts are not downloaded and where to get them (the draft field's
     placeholder: the panel has no row to spare at 80×24)."""
-    what = ", ".join(DRAFT_KIND_NAMES.get(kind, kind) for kind, _ in missing)
+    what = ", ".join(DRAFT_FILE_LABELS.get(kind, kind) for kind, _ in missing)
     return f"a draft .gguf; not downloaded: {what} (Models, F4)"
 
 
@@ -105,9 +100,10 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
             yield Label(DRAFT_LABEL, classes="field-label", id="spec-draft-label")
             yield Input(self.settings.draft_model, placeholder="", id="spec-draft", compact=True)
             with Grid(id="spec-grid"):
-                for name, meaning in NUMBER_FIELDS:
-                    yield Label(name, classes="field-label")
-                    yield Input(str(getattr(self.settings, name)), id=f"spec-{name}", compact=True, tooltip=meaning)
+                for setting in NUMBER_FIELDS:
+                    value = str(getattr(self.settings, setting.name))
+                    yield Label(setting.name, classes="field-label")
+                    yield Input(value, id=f"spec-{setting.name}", compact=True, tooltip=setting.help)
             yield Label(
                 "Enter use the type · ctrl+s apply · ctrl+b apply and check · Esc cancel", classes="dialog-hint"
             )
@@ -253,14 +249,10 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
         options = self.query_one("#spec-types", OptionList)
         if options.highlighted is None or not self.types:
             raise ConfigError("pick a speculative type")
-        values: dict[str, int | float] = {}
-        for name, _ in NUMBER_FIELDS:
-            text = self.query_one(f"#spec-{name}", Input).value.strip()
-            kind = type(getattr(self.settings, name))
-            try:
-                values[name] = kind(text)
-            except ValueError:
-                raise ConfigError(f"{name}: {text!r} is not a {'whole ' if kind is int else ''}number") from None
+        values = {
+            setting.name: parse_field(setting, self.query_one(f"#spec-{setting.name}", Input).value)
+            for setting in NUMBER_FIELDS
+        }
         draft_model = self.query_one("#spec-draft", Input).value.strip()
         if user_path(draft_model) is None:
             raise ConfigError(f"draft model: {draft_model!r} cannot be a path")
@@ -269,7 +261,7 @@ class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
             enabled=self.query_one(TickBox).value,
             spec_type=self.types[options.highlighted],
             draft_model=draft_model,
-            **values,  # type: ignore[arg-type]
+            **values,
         )
         settings.validate()
         return settings

@@ -53,6 +53,7 @@ class ChatScreen(ChatReply, ChatConversations):
     | ctrl+up | Go to the messages (then c copy, y copy code, e edit, r regenerate, ←/→ branches). |
     | f6 | Steering panel, beside the transcript (wide) or below it (narrow); F6 or Esc in it closes it. |
     | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
+    | f10 | Serve the loaded model to other programs (an OpenAI-compatible API; F3 → Server: address, key), or stop. |
     """
 
     AUTO_FOCUS = "#prompt"
@@ -212,7 +213,7 @@ class ChatScreen(ChatReply, ChatConversations):
             meter.drafters = speculation.drafters
             meter.noise = speculation.speed_noise
             meter.stats = speculation.stats
-        extras = {k: v for k, v in stats_bar.extras.items() if k not in ("spec", "steer")}
+        extras = {k: v for k, v in stats_bar.extras.items() if k not in ("spec", "steer", "api")}
         if settings.enabled:
             extras["spec"] = (
                 short_summary(speculation.stats, speculation.speed_noise) if speculation.stats else settings.spec_type
@@ -220,6 +221,9 @@ class ChatScreen(ChatReply, ChatConversations):
         steer = self.app.steering.readout()
         if steer:
             extras["steer"] = steer
+        api = self.app.server.readout()
+        if api:
+            extras["api"] = api
         if extras != stats_bar.extras:
             stats_bar.extras = extras
         self._sync_steering_panel()

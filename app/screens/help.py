@@ -21,6 +21,10 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("ctrl+t", "dark / light theme"),
             ("F3", "settings (engine options, model folders)"),
             ("F4", "models: catalog, Hugging Face search, downloads, local models"),
+            (
+                "F10",
+                "API server: serve the loaded model to other programs while you chat (stats bar: api), or stop",
+            ),
             ("ctrl+q", "quit"),
         ),
     ),

@@ -4,7 +4,7 @@ to config.toml."""
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,65 +13,35 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
+from app import settings_schema as ui
 from app.config import (
-    FLASH_ATTENTION_MODES,
     THEMES,
     Config,
     ConfigError,
     EngineSettings,
     RemoteSettings,
+    ServerConfig,
     gpu_layers_text,
+    parse_field,
     parse_gpu_layers,
 )
-from engine_ext.params import KV_CACHE_TYPES, SPLIT_MODES
+from engine_ext import settings_schema as s
+from engine_ext.settings_schema import Setting
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
 
-# Every EngineSettings field, in the order shown; labels carry llama.cpp's flag.
-NUMBER_FIELDS = {
-    "n_ctx": "Context size (-c; 0: the model's)",
-    "n_threads": "Threads (-t; 0: one per core)",
-    "n_batch": "Batch size (-b)",
-    "n_ubatch": "Micro-batch size (-ub)",
-    "main_gpu": "Main GPU (-mg; device index)",
-    "n_cpu_moe": "Experts on CPU, layers (--n-cpu-moe)",
-    "fit_target_mib": "Kept free by auto, MiB (--fit-target)",
-}
-CHOICE_FIELDS = {
-    "split_mode": ("Split mode (-sm)", SPLIT_MODES),
-    "flash_attn": ("Flash attention (-fa)", FLASH_ATTENTION_MODES),
-    "type_k": ("KV cache type K (-ctk)", KV_CACHE_TYPES),
-    "type_v": ("KV cache type V (-ctv)", KV_CACHE_TYPES),
-}
-BOOL_FIELDS = {
-    "use_mmap": "Map the model file (off: --no-mmap)",
-    "use_mlock": "Lock the model in RAM (--mlock)",
-    "use_extra_bufts": "Repack weights for this CPU (off: --no-repack)",
-}
-ON_OFF = [("on", True), ("off", False)]
-GPU_LAYERS_LABEL = "GPU layers (-ngl; auto, -1 all, 0 none)"
-TENSOR_SPLIT_LABEL = "Tensor split (-ts; shares, e.g. 3,1)"
-RPC_LABEL = "RPC servers (--rpc; HOST:PORT, …)"
-FIELD_ORDER = (
-    "n_ctx",
-    "n_threads",
-    "n_gpu_layers",
-    "fit_target_mib",
-    "split_mode",
-    "tensor_split",
-    "main_gpu",
-    "n_cpu_moe",
-    "flash_attn",
-    "type_k",
-    "type_v",
-    "n_batch",
-    "n_ubatch",
-    "use_mmap",
-    "use_mlock",
-    "use_extra_bufts",
-    "rpc_servers",
+# Every engine setting (engine_ext.settings_schema.ENGINE), in the order shown; labels carry llama.cpp's flag.
+TEXT_FORMS = (s.N_GPU_LAYERS, s.TENSOR_SPLIT, s.RPC_SERVERS)
+"""The settings typed as text with their own form ("auto", "3,1", "HOST:PORT, …")."""
+NUMBER_FIELDS = tuple(
+    setting for setting in s.ENGINE if setting.kind is int and setting not in TEXT_FORMS and not setting.choices
 )
+CHOICE_FIELDS = tuple(setting for setting in s.ENGINE if setting.choices)
+BOOL_FIELDS = tuple(setting for setting in s.ENGINE if setting.kind is bool)
+ON_OFF = [("on", True), ("off", False)]
+PLACEHOLDERS = {s.N_GPU_LAYERS: "auto", s.TENSOR_SPLIT: "empty: automatic", s.RPC_SERVERS: "none"}
+FIELD_ORDER = tuple(setting.name for setting in s.ENGINE)
 assert set(FIELD_ORDER) == {f.name for f in fields(EngineSettings)}, "every engine setting is on the screen"
 
 
@@ -119,60 +89,15 @@ class SettingsScreen(Screen[bool]):
         self.remotes: list[RemoteSettings] = list(config.remotes)
 
     def compose(self) -> ComposeResult:
-        engine = self.config.engine
         with Vertical(id="settings"):
             yield Label("Settings", classes="screen-title")
             yield Static("", id="settings-error")
             with VerticalScroll(id="settings-body"):
                 yield Label("Engine (applies when a model is next loaded)", classes="section-title")
                 with Grid(classes="settings-grid"):
-                    for name in FIELD_ORDER:
-                        if name in NUMBER_FIELDS:
-                            yield Label(NUMBER_FIELDS[name], classes="field-label")
-                            yield Input(str(getattr(engine, name)), id=f"setting-{name}", type="integer", compact=True)
-                        elif name in CHOICE_FIELDS:
-                            label, choices = CHOICE_FIELDS[name]
-                            yield Label(label, classes="field-label")
-                            yield Select(
-                                [(c, c) for c in choices],
-                                value=getattr(engine, name),
-                                allow_blank=False,
-                                id=f"setting-{name}",
-                                compact=True,
-                            )
-                        elif name in BOOL_FIELDS:
-                            yield Label(BOOL_FIELDS[name], classes="field-label")
-                            yield Select(
-                                ON_OFF,
-                                value=getattr(engine, name),
-                                allow_blank=False,
-                                id=f"setting-{name}",
-                                compact=True,
-                            )
-                        elif name == "n_gpu_layers":
-                            yield Label(GPU_LAYERS_LABEL, classes="field-label")
-                            yield Input(
-                                gpu_layers_text(engine.n_gpu_layers),
-                                id="setting-n_gpu_layers",
-                                placeholder="auto",
-                                compact=True,
-                            )
-                        elif name == "tensor_split":
-                            yield Label(TENSOR_SPLIT_LABEL, classes="field-label")
-                            yield Input(
-                                ",".join(f"{v:g}" for v in engine.tensor_split),
-                                id="setting-tensor_split",
-                                placeholder="empty: automatic",
-                                compact=True,
-                            )
-                        elif name == "rpc_servers":
-                            yield Label(RPC_LABEL, classes="field-label")
-                            yield Input(
-                                ", ".join(engine.rpc_servers),
-                                id="setting-rpc_servers",
-                                placeholder="none",
-                                compact=True,
-                            )
+                    for setting in s.ENGINE:
+                        yield Label(setting.screen_label, classes="field-label")
+                        yield self._field(setting)
                     yield Label("Theme", classes="field-label")
                     yield Select(
                         [(t, t) for t in THEMES],
@@ -188,10 +113,54 @@ class SettingsScreen(Screen[bool]):
                 )
                 yield Vertical(id="remote-list")
                 yield Button("Add remote engine", id="remote-add", compact=True)
+                yield Label(
+                    "API server (F10 serves the loaded model to other programs; a change applies at once)",
+                    classes="section-title",
+                )
+                with Grid(classes="settings-grid"):
+                    for setting in ui.SERVER:
+                        yield Label(setting.plain_label, classes="field-label")
+                        yield self._server_field(setting)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Back", id="cancel", compact=True)
         yield Footer()
+
+    def _field(self, setting: Setting[Any]) -> Input | Select[object]:
+        """The input of an engine setting, from its declaration: a choice, on/off, a number or a text form."""
+        engine = self.config.engine
+        value = getattr(engine, setting.name)
+        field_id = f"setting-{setting.name}"
+        if setting.choices or setting.kind is bool:
+            options = [(c, c) for c in setting.choices] if setting.choices else ON_OFF
+            return Select(options, value=value, allow_blank=False, id=field_id, compact=True)
+        if setting in NUMBER_FIELDS:
+            return Input(str(value), id=field_id, type="integer", compact=True)
+        texts = {
+            s.N_GPU_LAYERS: gpu_layers_text(engine.n_gpu_layers),
+            s.TENSOR_SPLIT: ",".join(f"{v:g}" for v in engine.tensor_split),
+            s.RPC_SERVERS: ", ".join(engine.rpc_servers),
+        }
+        return Input(texts[setting], id=field_id, placeholder=PLACEHOLDERS[setting], compact=True)
+
+    def _server_field(self, setting: Setting[Any]) -> Input | Select[object]:
+        value = getattr(self.config.server, setting.name)
+        field_id = f"server-{setting.name}"
+        if setting.kind is bool:
+            return Select(ON_OFF, value=value, allow_blank=False, id=field_id, compact=True, tooltip=setting.help)
+        if setting.kind is int:
+            return Input(str(value), id=field_id, type="integer", compact=True, tooltip=setting.help)
+        return Input(str(value), id=field_id, compact=True, tooltip=setting.help)
+
+    def _read_server(self) -> ServerConfig:
+        values: dict[str, object] = {}
+        for setting in ui.SERVER:
+            if setting.kind is bool:
+                values[setting.name] = self.query_one(f"#server-{setting.name}", Select).value is True
+            else:
+                text = self.query_one(f"#server-{setting.name}", Input).value
+                values[setting.name] = parse_field(setting, text, f"API server: {setting.plain_label}")
+        return ServerConfig(**values)  # type: ignore[arg-type]
 
     async def on_mount(self) -> None:
         self.query_one("#settings-error").display = False
@@ -222,16 +191,13 @@ class SettingsScreen(Screen[bool]):
     def read_config(self) -> Config:
         """The values on screen as a validated Config (ConfigError names the bad one)."""
         values: dict[str, object] = {}
-        for name, label in NUMBER_FIELDS.items():
-            text = self.query_one(f"#setting-{name}", Input).value.strip()
-            try:
-                values[name] = int(text)
-            except ValueError:
-                raise ConfigError(f"{label}: {text!r} is not a whole number") from None
-        for name in CHOICE_FIELDS:
-            values[name] = str(self.query_one(f"#setting-{name}", Select).value)
-        for name in BOOL_FIELDS:
-            values[name] = self.query_one(f"#setting-{name}", Select).value is True
+        for setting in NUMBER_FIELDS:
+            text = self.query_one(f"#setting-{setting.name}", Input).value
+            values[setting.name] = parse_field(setting, text, setting.screen_label)
+        for setting in CHOICE_FIELDS:
+            values[setting.name] = str(self.query_one(f"#setting-{setting.name}", Select).value)
+        for setting in BOOL_FIELDS:
+            values[setting.name] = self.query_one(f"#setting-{setting.name}", Select).value is True
         values["n_gpu_layers"] = parse_gpu_layers(self.query_one("#setting-n_gpu_layers", Input).value)
         values["tensor_split"] = parse_tensor_split(self.query_one("#setting-tensor_split", Input).value)
         values["rpc_servers"] = parse_list(self.query_one("#setting-rpc_servers", Input).value)
@@ -245,6 +211,7 @@ class SettingsScreen(Screen[bool]):
             model_folders=folders,
             theme=str(self.query_one("#setting-theme", Select).value),
             remotes=tuple(self.remotes),
+            server=self._read_server(),
         )
         config.validate()
         return config

@@ -26,6 +26,7 @@ from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.requests import Job, parse_body, parse_chat, parse_completion
 from engine_ext.protocol import Finished, TokenChunk
+from engine_ext.tool_calls import CallTextFilter
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
 _RETRY_AFTER_S = 2
@@ -48,7 +49,6 @@ def json_error(error: ApiError) -> JSONResponse:
 def build_app(
     backend: Backend, metrics: Metrics, *, api_key: str | None = None, cors: tuple[str, ...] = ()
 ) -> Starlette:
-    settings = backend.settings
     started = int(time.time())
     key = api_key.encode() if api_key else None
 
@@ -75,7 +75,7 @@ def build_app(
         return endpoint
 
     async def read_body(request: Request) -> bytes:
-        limit = settings.limits.max_body_bytes
+        limit = backend.settings.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
@@ -95,7 +95,9 @@ def build_app(
         return JSONResponse(
             {
                 "object": "list",
-                "data": [{"id": settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}],
+                "data": [
+                    {"id": backend.settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}
+                ],
             }
         )
 
@@ -105,16 +107,21 @@ def build_app(
     async def chat(request: Request) -> Response:
         body = parse_body(await read_body(request))
         metrics.request()
-        return await run(request, parse_chat(body, settings.sampling, settings.limits, settings.model_id))
+        return await run(
+            request, parse_chat(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id)
+        )
 
     async def completions(request: Request) -> Response:
         body = parse_body(await read_body(request))
         metrics.request()
-        return await run(request, parse_completion(body, settings.sampling, settings.limits, settings.model_id))
+        return await run(
+            request,
+            parse_completion(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id),
+        )
 
     async def run(request: Request, job: Job) -> Response:
         ticket = backend.submit(job, asyncio.get_running_loop())
-        reply = responses.Reply()
+        reply = responses.Reply(calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None)
         try:
             first = await next_event(request, ticket)
         except BaseException:
@@ -134,18 +141,19 @@ def build_app(
                 if isinstance(event, ApiError):
                     raise event
                 if isinstance(event, TokenChunk):
-                    reply.text.append(event.text)
+                    reply.text.append(reply.visible(event.text))
                     if event.reasoning:
                         reply.reasoning.append(event.reasoning)
                     reply.provenance.extend(event.provenance)
                 elif isinstance(event, Finished):
+                    reply.text.append(reply.rest(event))
                     reply.finished = event
                     break
                 event = await next_event(request, ticket)
         finally:
             ticket.cancel()  # a no-op once finished; stops the generation when the client left
         shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
-        return JSONResponse(shape(reply, settings.model_id, job.return_provenance))
+        return JSONResponse(shape(reply, backend.settings.model_id, job.return_provenance))
 
     async def next_event(request: Request, ticket: Ticket) -> object:
         """The ticket's next event; a client that went away cancels the generation (ApiError 499)."""
@@ -161,7 +169,7 @@ def build_app(
     async def stream(
         request: Request, ticket: Ticket, job: Job, reply: responses.Reply, first: object
     ) -> AsyncIterator[bytes]:
-        model = settings.model_id
+        model = backend.settings.model_id
         chat_endpoint = job.endpoint == "chat"
         try:
             if chat_endpoint:
@@ -180,14 +188,16 @@ def build_app(
                             delta: dict[str, object] = {"reasoning_content": event.reasoning}
                             yield responses.sse(responses.chat_chunk(reply, model, delta, extra=extra))
                             extra = None
-                        if event.text or extra:
-                            yield responses.sse(
-                                responses.chat_chunk(reply, model, {"content": event.text}, extra=extra)
-                            )
+                        text = reply.visible(event.text)
+                        if text or extra:
+                            yield responses.sse(responses.chat_chunk(reply, model, {"content": text}, extra=extra))
                     elif event.text:
                         yield responses.sse(responses.text_chunk(reply, model, event.text))
                 elif isinstance(event, Finished):
-                    finish = responses.finish_reason(event.stop_reason)
+                    finish = responses.reply_finish_reason(event)
+                    if chat_endpoint:
+                        for delta in responses.tool_deltas(reply, event):
+                            yield responses.sse(responses.chat_chunk(reply, model, delta))
                     last = (
                         responses.chat_chunk(reply, model, {}, finish)
                         if chat_endpoint

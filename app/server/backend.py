@@ -20,7 +20,7 @@ from app.server.requests import Job, Limits, SpecChoice
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, SamplingParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import Crashed, Failed, Finished, Generate, TokenChunk
-from engine_ext.spec_catalog import CATALOGUE
+from engine_ext.spec_catalog import CATALOGUE, DRAFT_NUMBERS, SPEC_TYPE
 
 _POLL_S = 0.05  # how often the dispatcher looks at a cancel flag while it waits for the engine
 # Failures that come from what the request asked (its messages, its settings): 400, not the server's fault.
@@ -65,27 +65,18 @@ class Ticket:
         self.cancelled.set()
 
 
-class EngineBackend:
-    """The dispatcher: a thread that owns `client` (already started, model loaded) and runs tickets in order."""
+class Dispatcher:
+    """A thread that runs tickets in arrival order, from a bounded queue, on an engine its subclass drives
+    (`EngineBackend`: an engine client of its own; `app/server/shared.py`: the app's engine, between its replies)."""
 
-    def __init__(
-        self,
-        client: EngineClient,
-        settings: ServerSettings,
-        metrics: Metrics,
-        restart: Callable[[], None] | None = None,
-    ) -> None:
-        self.client = client
+    def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
         self.settings = settings
+        """Read per request: the app replaces it when it loads another model or changes its settings."""
         self.metrics = metrics
-        self._restart = restart
         self._queue: queue.Queue[Ticket | None] = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
         self._running = 0
-        self._applied_spec: SpeculativeParams | None = None
-        self._applied_steering: tuple[SteeringEntry, ...] | None = None
-        self._ids = itertools.count(1_000_000)
         self._thread = threading.Thread(target=self._run, name="llmtui-serve-dispatch", daemon=True)
         self._thread.start()
 
@@ -125,15 +116,15 @@ class EngineBackend:
             spec.validate()
         except EngineError as e:
             message = str(e)
-            for flag, field_name in (("n-max", "n_max"), ("n-min", "n_min"), ("p-min", "p_min")):
-                message = message.replace(f"--spec-draft-{flag}", f"speculative.{field_name}")
-            raise ApiError(400, message.replace("--spec-type", "speculative.type"), "speculative") from None
+            for setting in DRAFT_NUMBERS:  # the request's names for the settings llama.cpp's flags name
+                message = message.replace(setting.flag, f"speculative.{setting.name}")
+            raise ApiError(400, message.replace(SPEC_TYPE.flag, "speculative.type"), "speculative") from None
         missing = [t for t in spec.types if t in _MODEL_FAMILY and t not in base.types]
         if missing:
             raise ApiError(
                 400,
                 f"speculative type {missing[0]} needs its draft loaded when the server starts "
-                f"(llmtui serve --spec-type {missing[0]}); per request: the n-gram types or the server's own",
+                f"(llmtui serve {SPEC_TYPE.flag} {missing[0]}); per request: the n-gram types or the server's own",
                 "speculative",
             )
         return spec
@@ -152,6 +143,50 @@ class EngineBackend:
         return tuple(entries)
 
     # ----- the dispatcher thread ----------------------------------------------------------------
+
+    def _serve(self, ticket: Ticket) -> None:
+        raise NotImplementedError
+
+    def _generate(self, ticket: Ticket, request_id: int) -> Generate:
+        """What the engine is asked for this ticket."""
+        job = ticket.job
+        return Generate(
+            request_id=request_id,
+            messages=job.messages,
+            prompt=job.prompt,
+            sampling=job.sampling,
+            max_tokens=job.max_tokens,
+            stop=job.stop,
+            ignore_eos=job.ignore_eos,
+            grammar=job.grammar,
+            json_schema=job.json_schema,
+            enable_thinking=job.enable_thinking,
+            speculative=bool(ticket.spec.types),
+            tools=job.tools,
+            tool_choice=job.tool_choice,
+        )
+
+    def _event(self, ticket: Ticket, event: object) -> bool:
+        """Tell the ticket an event of its request; True when the request ended."""
+        if isinstance(event, TokenChunk):
+            ticket.push(event)
+            return False
+        if isinstance(event, Finished):
+            self.metrics.finished(event)
+            ticket.push(event)
+        elif isinstance(event, Failed):
+            self.metrics.failed()
+            if event.error == "Cancelled":
+                ticket.push(ApiError(499, event.message))
+            else:
+                status = 400 if event.error in _CLIENT_ERRORS else 500
+                ticket.push(ApiError(status, (event.message or event.error).splitlines()[0][:300]))
+        elif isinstance(event, Crashed):
+            self.metrics.failed()
+            ticket.push(ApiError(500, f"the engine crashed ({event.description}); restarting it"))
+        else:
+            return False
+        return True
 
     def _run(self) -> None:
         while True:
@@ -175,6 +210,24 @@ class EngineBackend:
                     self._running = 0
                     self._publish()
 
+
+class EngineBackend(Dispatcher):
+    """`llmtui serve`'s dispatcher: it owns `client` (already started, model loaded) and runs tickets in order."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        settings: ServerSettings,
+        metrics: Metrics,
+        restart: Callable[[], None] | None = None,
+    ) -> None:
+        self.client = client
+        self._restart = restart
+        self._applied_spec: SpeculativeParams | None = None
+        self._applied_steering: tuple[SteeringEntry, ...] | None = None
+        self._ids = itertools.count(1_000_000)
+        super().__init__(settings, metrics)
+
     def _configure(self, ticket: Ticket) -> None:
         if ticket.steering != self._applied_steering:
             self._applied_steering = None
@@ -186,7 +239,6 @@ class EngineBackend:
             self._applied_spec = ticket.spec
 
     def _serve(self, ticket: Ticket) -> None:
-        job = ticket.job
         try:
             self._configure(ticket)
         except EngineFailure as e:
@@ -197,19 +249,7 @@ class EngineBackend:
             self._crashed(ticket, e.crashed)
             return
         ticket.request_id = request_id = next(self._ids)
-        request = Generate(
-            request_id=request_id,
-            messages=job.messages,
-            prompt=job.prompt,
-            sampling=job.sampling,
-            max_tokens=job.max_tokens,
-            stop=job.stop,
-            ignore_eos=job.ignore_eos,
-            grammar=job.grammar,
-            json_schema=job.json_schema,
-            enable_thinking=job.enable_thinking,
-            speculative=bool(ticket.spec.types),
-        )
+        request = self._generate(ticket, request_id)
         try:
             self.client.send(request)
         except EngineCrashedError as e:
@@ -226,16 +266,11 @@ class EngineBackend:
             event = self.client.next_event(_POLL_S)
             if event is None:
                 continue
-            if isinstance(event, TokenChunk) and event.request_id == request_id:
-                ticket.push(event)
-            elif isinstance(event, Finished) and event.request_id == request_id:
-                self.metrics.finished(event)
-                ticket.push(event)
-                return
+            if isinstance(event, TokenChunk | Finished) and event.request_id == request_id:
+                if self._event(ticket, event):
+                    return
             elif isinstance(event, Failed) and event.request_id in (request_id, None):
-                self.metrics.failed()
-                status = 400 if event.error in _CLIENT_ERRORS else 500
-                ticket.push(ApiError(status, (event.message or event.error).splitlines()[0][:300]))
+                self._event(ticket, event)
                 return
             elif isinstance(event, Crashed):
                 self._crashed(ticket, event)

@@ -61,6 +61,11 @@ class Metrics:
                 t.draft_n += done.speculative.drafted
                 t.draft_accepted += done.speculative.accepted
 
+    def queue_now(self) -> tuple[int, int]:
+        """Requests generating and waiting now."""
+        with self._lock:
+            return self._t.processing, self._t.deferred
+
     @property
     def in_flight(self) -> int:
         with self._lock:

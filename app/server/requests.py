@@ -12,11 +12,14 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from app.server.errors import ApiError, bad_request
+from app.server.tool_requests import parse_tools, tool_message
 from engine_ext.params import SamplingParams
 from engine_ext.protocol import ChatMessage
+from engine_ext.setting import Setting
+from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
 
 # OpenAI's own fields we take (or accept at their default), llama-server's sampling extras, and llmtui's extras.
 _COMMON = frozenset(
@@ -90,6 +93,8 @@ class Job:
     grammar: str | None = None  # GBNF the reply follows (llama-server's `grammar`)
     json_schema: str | None = None  # or a JSON schema (response_format json_schema / json_object, `json_schema`)
     ignore_eos: bool = False  # llama-server's: generate max_tokens whatever the model says (benchmarks)
+    tools: str | None = None  # the request's tool definitions, JSON text (engine_ext.tool_calls)
+    tool_choice: str = "auto"  # auto | required | none
 
 
 def parse_body(raw: bytes) -> dict[str, object]:
@@ -114,6 +119,7 @@ def parse_body(raw: bytes) -> dict[str, object]:
 def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
     _known(body, _CHAT)
     _refuse_features(body)
+    tools, tool_choice = parse_tools(body)
     messages = _messages(body.get("messages"), limits)
     template_kwargs = _object(body, "chat_template_kwargs")
     thinking = template_kwargs.get("enable_thinking")
@@ -128,6 +134,8 @@ def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Lim
         messages=messages,
         max_tokens=_max_tokens(max_tokens, name, limits),
         enable_thinking=thinking,
+        tools=tools,
+        tool_choice=tool_choice,
     )
 
 
@@ -250,17 +258,18 @@ def _messages(value: object, limits: Limits) -> tuple[ChatMessage, ...]:
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object", "messages")
         role = item.get("role")
-        if role == "tool" or item.get("tool_calls"):
-            raise bad_request(f"{where}: tool calls are not supported by this server yet", "messages")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise bad_request(f"{where}.role must be one of system, developer, user, assistant", "messages")
+        if not isinstance(role, str) or (role not in _ROLES and role != "tool"):
+            raise bad_request(f"{where}.role must be one of system, developer, user, assistant, tool", "messages")
         text = _content(item.get("content"), where)
         total += len(text)
         if total > limits.max_text_chars:
             raise ApiError(
                 413, f"the messages are longer than this server's limit of {limits.max_text_chars} characters"
             )
-        out.append(ChatMessage(_ROLES[str(role)], text))
+        if role == "tool" or (role == "assistant" and item.get("tool_calls")):
+            out.append(tool_message(item, role, text, where))
+        else:
+            out.append(ChatMessage(_ROLES[str(role)], text))
     return tuple(out)
 
 
@@ -337,9 +346,9 @@ def _speculative(value: object) -> SpecChoice | None:
         raise bad_request("speculative.type must be a type name or a list of them", "speculative")
     return SpecChoice(
         types=tuple(kinds),
-        n_max=_int(value, "n_max", 1, 1024, "speculative"),
-        n_min=_int(value, "n_min", 0, 1024, "speculative"),
-        p_min=_number(value, "p_min", 0.0, 1.0, "speculative"),
+        n_max=_int(value, "n_max", *_range(DRAFT_N_MAX), "speculative"),
+        n_min=_int(value, "n_min", *_range(DRAFT_N_MIN), "speculative"),
+        p_min=_number(value, "p_min", *_range(DRAFT_P_MIN), "speculative"),
     )
 
 
@@ -377,10 +386,6 @@ def _vectors(value: object, limits: Limits) -> tuple[VectorChoice, ...] | None:
 
 
 def _refuse_features(body: Mapping[str, object]) -> None:
-    if body.get("tools") not in (None, []):
-        raise bad_request("tools are not supported by this server yet", "tools")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise bad_request("tool_choice is not supported by this server yet", "tool_choice")
     if body.get("reasoning_effort") is not None:
         raise bad_request("reasoning_effort is not supported by this server yet", "reasoning_effort")
 
@@ -418,6 +423,13 @@ def _number(body: Mapping[str, object], key: str, lo: float, hi: float, param: s
     if not lo <= value <= hi:
         raise bad_request(f"{key} must be between {lo:g} and {hi:g}, not {value:g}", param or key)
     return float(value)
+
+
+def _range(setting: Setting[Any]) -> tuple[Any, Any]:
+    """A declared setting's range (engine_ext.spec_catalog): what a request may ask of it, as the F9 panel and the
+    CLI allow."""
+    assert setting.minimum is not None and setting.maximum is not None, setting.name
+    return setting.minimum, setting.maximum
 
 
 def _int(body: Mapping[str, object], key: str, lo: int, hi: int, param: str | None = None) -> int | None:

@@ -8,7 +8,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from app.server.tool_requests import tool_calls_json
 from engine_ext.protocol import Finished, SpeculativeStats, StopReason
+from engine_ext.tool_calls import CallTextFilter
 
 _FINISH: dict[StopReason, str] = {
     "eos": "stop",
@@ -33,6 +35,27 @@ class Reply:
     reasoning: list[str] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
     finished: Finished | None = None
+    calls_hidden: CallTextFilter | None = None  # with tools: the answer text without the calls' markup
+
+    def visible(self, text: str) -> str:
+        """Answer text as the client gets it (a tool call's text is held back: it comes as tool_calls)."""
+        return self.calls_hidden.feed(text) if self.calls_hidden is not None else text
+
+    def rest(self, finished: Finished) -> str:
+        """Text held back that was no call, once the reply is over."""
+        return self.calls_hidden.finish(bool(finished.tool_calls)) if self.calls_hidden is not None else ""
+
+
+def tool_deltas(reply: Reply, finished: Finished) -> list[dict[str, object]]:
+    """The streamed deltas a reply ends with: text held back that was no call, then its calls (one delta each)."""
+    rest = reply.rest(finished)
+    deltas: list[dict[str, object]] = [{"content": rest}] if rest else []
+    deltas += [{"tool_calls": [call]} for call in tool_calls_json(finished.tool_calls, streamed=True)]
+    return deltas
+
+
+def reply_finish_reason(finished: Finished) -> str:
+    return "tool_calls" if finished.tool_calls else finish_reason(finished.stop_reason)
 
 
 def usage(finished: Finished) -> dict[str, int]:
@@ -75,11 +98,13 @@ def chat_completion(reply: Reply, model: str, with_provenance: bool) -> dict[str
     message: dict[str, object] = {"role": "assistant", "content": "".join(reply.text)}
     if reply.reasoning:
         message["reasoning_content"] = "".join(reply.reasoning)
+    if reply.finished.tool_calls:
+        message["tool_calls"] = tool_calls_json(reply.finished.tool_calls)
     choice: dict[str, object] = {
         "index": 0,
         "message": message,
         "logprobs": None,
-        "finish_reason": finish_reason(reply.finished.stop_reason),
+        "finish_reason": reply_finish_reason(reply.finished),
     }
     if with_provenance:
         choice["provenance"] = list(reply.provenance)

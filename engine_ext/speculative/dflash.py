@@ -18,6 +18,7 @@ from engine_ext.archs import LAST_LAYER_INPUT_ARCHS, LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
 from engine_ext.model import Context, Model, free_context, new_draft_context
 from engine_ext.params import SpeculativeConfigError
+from engine_ext.spec_catalog import DRAFT_P_MIN
 from engine_ext.speculative import target_outputs
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
@@ -83,7 +84,7 @@ class DraftDFlash(Drafter):
         self.selector_top_k = int(bindings.model_dflash_selector_top_k(draft.handle))
         self.is_dflash2 = self.selector_top_k > 0
         if dspark and p_min > 0.0 and not _meta_bool(draft, "dflash.has_confidence_head", True):
-            raise SpeculativeConfigError("this DSpark draft has no confidence head: use --spec-draft-p-min 0")
+            raise SpeculativeConfigError(f"this DSpark draft has no confidence head: use {DRAFT_P_MIN.flag} 0")
         anchored = dspark and self.sample_from_anchor
         self.n_max = min(n_max, self.block_size if anchored else self.block_size - 1)
         self.n_block = self.n_max + (0 if anchored else 1)

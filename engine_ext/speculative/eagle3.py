@@ -27,6 +27,7 @@ from engine_ext.archs import LAYER_INPUT_ARCHS
 from engine_ext.bindings import C, ext
 from engine_ext.model import Context, Model, free_context, init_context
 from engine_ext.params import SpeculativeConfigError, SpeculativeParams
+from engine_ext.spec_catalog import DRAFT_MODEL
 from engine_ext.speculative import target_outputs
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.draft_model import top_token
@@ -395,7 +396,7 @@ def build_eagle3(params: SpeculativeParams, model: Model, ctx: Context) -> Draft
     from engine_ext.params import ModelParams
 
     if not params.draft_model:
-        raise SpeculativeConfigError("draft-eagle3 needs its draft GGUF (--spec-draft-model PATH)")
+        raise SpeculativeConfigError(f"draft-eagle3 needs its draft GGUF ({DRAFT_MODEL.flag} PATH)")
     path = Path(params.draft_model)
     if not path.is_file():
         raise SpeculativeConfigError(f"draft model not found: {path}")

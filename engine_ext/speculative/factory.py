@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine_ext.model import Context, Model
 from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
-from engine_ext.spec_catalog import LAYER_INPUT_TYPES, NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
+from engine_ext.spec_catalog import DRAFT_MODEL, LAYER_INPUT_TYPES, NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.driver import SpeculativeDriver
 
@@ -73,7 +73,7 @@ def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter
             raise
     if model.n_layer_nextn < 1:
         raise SpeculativeConfigError(
-            f"{model.path.name} has no MTP head; give its mtp-*.gguf sidecar with --spec-draft-model"
+            f"{model.path.name} has no MTP head; give its mtp-*.gguf sidecar with {DRAFT_MODEL.flag}"
         )
     return DraftMTP(model, model, ctx, p_min=params.p_min)
 
@@ -123,7 +123,7 @@ def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: 
     from engine_ext.speculative.dflash import DraftDFlash
 
     if not params.draft_model:
-        raise SpeculativeConfigError(f"{spec_type} needs its draft GGUF (--spec-draft-model PATH)")
+        raise SpeculativeConfigError(f"{spec_type} needs its draft GGUF ({DRAFT_MODEL.flag} PATH)")
     path = Path(params.draft_model)
     if not path.is_file():
         raise SpeculativeConfigError(f"draft model not found: {path}")

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
-from textual.widgets import Input, OptionList
+from textual.widgets import Input, OptionList, Select
 
-from app.config import SamplingSettings, SpeculativeSettings, load_config
+from app.config import ConfigError, SamplingSettings, SpeculativeSettings, load_config
 from app.messages import SpeculativeStatsUpdated, TokensArrived
 from app.modals.pick import PickModal
 from app.modals.speculative import SpeculativePanel
@@ -353,6 +353,40 @@ async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: d
         await pilot.press("escape")
         await pilot.pause()
         assert app.config.speculative == SpeculativeSettings()
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_panel_and_the_settings_screen_take_defaults_and_ranges_from_the_declarations() -> None:
+    """F9's number fields and F3's engine fields show each declaration's default, and one past a draft setting's
+    declared maximum is refused with the declaration's one-line message (engine_ext.settings_schema)."""
+    from app.screens.settings import SettingsScreen
+    from engine_ext import settings_schema as s
+
+    async with _without_engine((120, 40)) as (app, pilot):
+        await pilot.press("f9")
+        await _types_read(pilot)
+        panel = app.screen
+        assert isinstance(panel, SpeculativePanel)
+        for setting in s.DRAFT_NUMBERS:
+            assert panel.query_one(f"#spec-{setting.name}", Input).value == str(setting.default), setting.name
+        panel.query_one(f"#spec-{s.DRAFT_N_MAX.name}", Input).value = str(s.DRAFT_N_MAX.maximum + 1)
+        with pytest.raises(ConfigError) as refused:
+            panel.read_settings()
+        assert str(refused.value) == s.DRAFT_N_MAX.refusal(s.DRAFT_N_MAX.maximum + 1)
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("f3")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings screen (F3)")
+        screen = app.screen
+        for setting in s.ENGINE:
+            if setting in (s.N_GPU_LAYERS, *s.MODEL_LISTS):  # shown in their own text forms
+                continue
+            field = screen.query_one(f"#setting-{setting.name}")
+            if isinstance(field, Input):
+                assert field.value == str(setting.default), setting.name
+            else:
+                assert isinstance(field, Select) and field.value == setting.default, setting.name
 
 
 # ----- with the engine ------------------------------------------------------------------------------

@@ -124,6 +124,22 @@ def test_a_settings_change_keeps_the_users_comments_order_and_other_keys(app_dir
     assert load_config() == saved and "not = = toml" not in path.read_text(encoding="utf-8")
 
 
+def test_a_speculative_settings_change_keeps_the_comments_of_its_table(app_dirs: tuple[Path, Path]) -> None:
+    """What F9 saves ([speculative], written from the declarations) changes its values in place."""
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        '[speculative]\n# n-grams: no room for a draft\nspec_type = "ngram-mod"  # repeats\nn_max = 8\n',
+        encoding="utf-8",
+    )
+    config = load_config()
+    assert (config.speculative.spec_type, config.speculative.n_max, config.speculative.n_min) == ("ngram-mod", 8, 0)
+    save_config(replace(config, speculative=replace(config.speculative, enabled=True, n_max=24)))
+    text = path.read_text(encoding="utf-8")
+    assert '# n-grams: no room for a draft\nspec_type = "ngram-mod"  # repeats\nn_max = 24\n' in text
+    assert load_config().speculative == replace(config.speculative, enabled=True, n_max=24)
+
+
 def test_sampling_settings_to_engine_params_and_back() -> None:
     sampling = SamplingSettings(temperature=0.2, top_k=10, seed=-1, max_tokens=64)
     params = sampling.sampling_params()

@@ -1,0 +1,167 @@
+"""The app's API server (F10): the model the app has loaded, served to other programs while you chat, on the same
+worker (app/server/shared.py; the bridge runs its requests between the chat's replies, app/engine_share.py).
+
+What a request does not ask for is what the app uses now: its default sampling, its speculative settings and its
+steering mix (a slider moved in the app steers the next API reply too); a request may name any vector in the
+steering folder or the app's mix, and the n-gram speculative types (model drafters as the app has loaded them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from app.controllers.host import WorkerHost
+from app.server.backend import ServerSettings
+from app.server.errors import ApiError
+from app.server.shared import AppServer, ServerAddress, loopback
+
+if TYPE_CHECKING:
+    from app.config import SamplingSettings
+    from app.controllers.steering import SteeringController
+
+
+class ServerHost(WorkerHost, Protocol):
+    default_sampling: SamplingSettings
+    steering: SteeringController
+
+
+class ServerController:
+    """Starts and stops the app's server, keeps what it answers with in step with the app, says what it serves."""
+
+    def __init__(self, host: ServerHost) -> None:
+        self.host = host
+        self.server: AppServer | None = None
+        self.starting = False
+        self._readout = ""
+        self._vectors: dict[str, str] | None = None  # the steering folder's vectors, read when the server starts
+        self._answered_with: ServerSettings | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None
+
+    def toggle(self) -> None:
+        if self.server is not None:
+            self.stop()
+        elif not self.starting:
+            self.start()
+
+    def start(self) -> None:
+        """Listen on the configured address (in a thread: binding waits up to a few seconds); one line if not."""
+        from app.bridge import EngineBridge
+
+        host, config = self.host, self.host.config.server
+        bridge = host.bridge
+        if not isinstance(bridge, EngineBridge):
+            host.notify("The API server serves the app's own engine: ctrl+l back to it first.", severity="warning")
+            return
+        if host.model is None:
+            host.notify("Load a model first (F4): the API server serves the model the app has loaded.")
+            return
+        api_key = os.environ.get(config.api_key_env, "") if config.api_key_env else None
+        if config.api_key_env and not api_key:
+            host.notify(
+                f"The API key variable {config.api_key_env} is not set or empty: set it, or clear it in F3 → Server.",
+                severity="error",
+            )
+            return
+        self._vectors = None  # read again: vectors made since the last start
+        server = AppServer(
+            bridge,
+            self.settings(),
+            ServerAddress(config.host, config.port),
+            api_key=api_key,
+            on_error=lambda message: host.call_from_thread(self._failed, message),
+        )
+        self.starting = True
+
+        def listen() -> None:
+            try:
+                server.start()
+            except ApiError as error:
+                host.call_from_thread(self._failed, error.message)
+            else:
+                host.call_from_thread(self._started, server)
+
+        host.run_worker(listen, thread=True, group="api-server", exit_on_error=False)
+
+    def _started(self, server: AppServer) -> None:
+        self.starting = False
+        self.server = server
+        note = "" if self.host.config.server.api_key_env else " (no API key: anyone on this machine can use it)"
+        if not loopback(server.address.host) and not self.host.config.server.api_key_env:
+            note = " (no API key: anyone who can reach this machine can use it)"
+        self.host.notify(f"Serving {self.settings().model_id} at {server.address.url()}{note}. F10 stops it.")
+        self.poll(force=True)
+
+    def _failed(self, message: str) -> None:
+        self.starting = False
+        if self.server is not None:  # it stopped after it had started
+            self.server = None
+        self.host.notify(f"API server: {message}", severity="error")
+        self.poll(force=True)
+
+    def stop(self, *, quiet: bool = False) -> None:
+        server, self.server = self.server, None
+        if server is None:
+            return
+        server.stop()
+        if not quiet:
+            self.host.notify("The API server stopped.")
+        self.poll(force=True)
+
+    def config_changed(self) -> None:
+        """The [server] settings were saved: a running server listens anew on the address, with the key."""
+        if self.server is not None:
+            self.stop(quiet=True)
+            self.start()
+
+    def settings(self) -> ServerSettings:
+        """What requests get when they do not say: the app's current settings and loaded model."""
+        host = self.host
+        model = host.model
+        entries = host.steering.entries()
+        if self._vectors is None:
+            from app import paths
+
+            self._vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))[:1000]}
+        vectors = dict(self._vectors)
+        vectors.update({Path(entry.path).stem: entry.path for entry in entries})
+        return ServerSettings(
+            model_id=Path(model.path).name if model is not None else "none",
+            sampling=host.default_sampling.sampling_params(),
+            speculative=host.config.speculative.params(),
+            steering=entries,
+            vectors=vectors,
+        )
+
+    def app_changed(self) -> None:
+        """The app loaded another model or changed its settings: the next requests follow."""
+        if self.server is not None:
+            settings = self.settings()
+            if settings != self.server.backend.settings:
+                self.server.backend.settings = settings
+
+    def readout(self) -> str:
+        """The stats bar's "api" readout: the address, and the requests running and waiting ('' when off)."""
+        server = self.server
+        if server is None:
+            return "starting" if self.starting else ""
+        running, waiting = server.in_flight()
+        address = (
+            f":{server.address.port}"
+            if loopback(server.address.host)
+            else f"{server.address.host}:{server.address.port}"
+        )
+        if not running and not waiting:
+            return address
+        return f"{address} {running} running" + (f" +{waiting}" if waiting else "")
+
+    def poll(self, *, force: bool = False) -> None:
+        """Redraw the readout when it changed (the app calls this every second while serving)."""
+        readout = self.readout()
+        if force or readout != self._readout:
+            self._readout = readout
+            self.host.features_changed()

@@ -1,0 +1,74 @@
+"""The app's own settings (theme, UI switches, speculation on/off), declared with the engine's declaration type
+(engine_ext.settings_schema, whose docstring says how to add a setting), and the groups config.toml and the
+screens read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_ext import settings_schema as s
+from engine_ext.settings_schema import Setting
+
+THEMES: tuple[str, ...] = ("dark", "light")
+
+THEME = Setting("theme", str, "dark", "the colour theme", label="theme", saved_in="ui", choices=THEMES)
+SHOW_SIDEBAR = Setting("show_sidebar", bool, True, "the conversation list beside the chat", saved_in="ui")
+DRAFT_COLOURING = Setting(
+    "draft_colouring", bool, False, "colour text from accepted draft tokens in the transcript (F7)", saved_in="ui"
+)
+SPEC_DETAILS = Setting(
+    "spec_details", bool, False, "the speculative meter expanded into its details (ctrl+o)", saved_in="ui"
+)
+SPEC_ENABLED = Setting(
+    "enabled",
+    bool,
+    False,
+    "speculative decoding on (F8 toggles it, F9 picks the type)",
+    label="speculative decoding",
+    saved_in="speculative",
+)
+SAMPLING_SEED = Setting(
+    "seed",
+    int,
+    -1,  # a preset keeps -1 for "random"; the engine's SamplingParams says it with LLAMA_DEFAULT_SEED
+    s.SEED.help,
+    label=s.SEED.label,
+    minimum=-1,
+    maximum=s.UINT32_MAX,
+    meaning=s.SEED.meaning,
+    wanted=s.SEED.wanted,
+)
+
+SERVER_ENABLED = Setting(
+    "enabled", bool, False, "serve the loaded model when the app starts (F10 turns it on or off)", saved_in="server"
+)
+SERVER_HOST = Setting(
+    "host", str, "127.0.0.1", "the address the API server listens on (127.0.0.1: this machine only)", saved_in="server"
+)
+SERVER_PORT = Setting("port", int, 8080, "the API server's port", saved_in="server", minimum=1, maximum=65535)
+SERVER_KEY_ENV = Setting(
+    "api_key_env",
+    str,
+    "",
+    "the environment variable holding the API key clients must send ('': none, fine on 127.0.0.1 only)",
+    label="API key variable",
+    saved_in="server",
+)
+
+UI: tuple[Setting[Any], ...] = (THEME, SHOW_SIDEBAR, DRAFT_COLOURING, SPEC_DETAILS)
+# config.toml's [server] table: the app's API server (`llmtui serve` takes the same defaults as flags).
+SERVER: tuple[Setting[Any], ...] = (SERVER_ENABLED, SERVER_HOST, SERVER_PORT, SERVER_KEY_ENV)
+# config.toml's [speculative] table, in the order it is written.
+SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_ENABLED, s.SPEC_TYPE, s.DRAFT_MODEL, *s.DRAFT_NUMBERS)
+# A sampling preset (per conversation, named presets) as the conversation settings show it.
+PRESET: tuple[Setting[Any], ...] = (
+    s.TEMPERATURE,
+    s.TOP_K,
+    s.TOP_P,
+    s.MIN_P,
+    s.REPEAT_PENALTY,
+    s.N_PREDICT,
+    SAMPLING_SEED,
+)
+# The preset's values SamplingParams takes as they are (max tokens goes with the request, the seed is mapped).
+PRESET_SAMPLING: tuple[Setting[Any], ...] = (s.TEMPERATURE, s.TOP_K, s.TOP_P, s.MIN_P, s.REPEAT_PENALTY)

@@ -1,0 +1,67 @@
+"""Calls that parse: the GBNF that holds a tool call to its tool's JSON schema, in the call format of the model's
+template, with the patterns that start it lazily (llama.cpp's grammar sampler with trigger patterns, as upstream's
+common/chat.cpp builds them, without their `[\\s\\S]*` ends: llama.cpp searches the whole output for a pattern, and
+libstdc++'s recursive regex would run deep on a long reply): free text until the model opens a call, then the call
+as the schema says. Tool choice "required" uses the same grammar from the first token (the reply is calls)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine_ext.grammar import grammar_for
+from engine_ext.tool_calls import HERMES, HERMES_CLOSE, HERMES_OPEN, MISTRAL, MISTRAL_OPEN, PYTHON_TAG
+
+_CALL_RULE = "llmtui-call"
+
+
+@dataclass(frozen=True)
+class ToolGrammar:
+    """GBNF for the calls, and the trigger patterns (empty: applies from the first token)."""
+
+    gbnf: str
+    triggers: tuple[str, ...]
+
+
+def _call_schema(tool: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
+    function = tool["function"]
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, arguments_key: function["parameters"]},
+        "required": ["name", arguments_key],
+    }
+
+
+def _gbnf_literal(text: str) -> str:
+    return json.dumps(text)  # GBNF string literals escape as JSON strings do (" and \\ and control characters)
+
+
+def tool_grammar(tools: Sequence[Mapping[str, Any]], fmt: str | None, *, required: bool) -> ToolGrammar:
+    """The grammar of one or more calls of `tools` in format `fmt` (None: bare JSON, as Llama 3.x writes it);
+    GrammarError when a tool's schema cannot be turned into a grammar."""
+    arguments_key = "parameters" if fmt not in (HERMES, MISTRAL) else "arguments"
+    schema = {"anyOf": [_call_schema(t, arguments_key) for t in tools]}
+    converted = grammar_for(None, json.dumps(schema))
+    assert converted is not None
+    rules = re.sub(r"^root ::=", f"{_CALL_RULE} ::=", converted, count=1, flags=re.MULTILINE)
+    ws = "[ \\t\\n]*"
+    triggers: tuple[str, ...]
+    if fmt == HERMES:
+        one = f"{_gbnf_literal(HERMES_OPEN)} {ws} {_CALL_RULE} {ws} {_gbnf_literal(HERMES_CLOSE)}"
+        root = f"root ::= {one} ({ws} {one})*"
+        triggers = (f"({re.escape(HERMES_OPEN)})",)
+    elif fmt == MISTRAL:
+        root = (
+            f'root ::= {_gbnf_literal(MISTRAL_OPEN)} {ws} "[" {ws} {_CALL_RULE} ({ws} "," {ws} {_CALL_RULE})* {ws} "]"'
+        )
+        triggers = (f"({re.escape(MISTRAL_OPEN)})",)
+    else:
+        root = f'root ::= ({_gbnf_literal(PYTHON_TAG)})? {ws} {_CALL_RULE} ({ws} ";" {ws} {_CALL_RULE})*'
+        triggers = (
+            f"({re.escape(PYTHON_TAG)})",
+            '^\\s*(\\{\\s*"name"\\s*:)',  # a reply that starts as a call (the whole reply is JSON)
+        )
+    return ToolGrammar(f"{root}\n{rules}", () if required else triggers)

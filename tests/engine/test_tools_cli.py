@@ -1,0 +1,86 @@
+"""`llmtui run` with tools, as a user runs it (a subprocess; stdin not a terminal): a tiny model with Qwen 2.5's
+template calls the MCP test server's tool (tool choice "required"), the call runs only with --allow-tool, its result
+goes back to the model, and without consent the call is refused and said."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_models import write_tiny_model
+from tests.tool_templates import QWEN25_TEMPLATE
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = ROOT / "tests" / "mcp_test_server.py"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        "llama", tmp_path_factory.mktemp("tools-cli") / "qwen-tools.gguf", chat_template=QWEN25_TEMPLATE
+    )
+
+
+def _run(model: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "config"
+    config.mkdir(exist_ok=True)
+    (config / "config.toml").write_text(
+        f"[mcp.servers.weather]\ncommand = {json.dumps(sys.executable)}\n"
+        f'args = [{json.dumps(str(SERVER))}, "weather"]\n'
+    )
+    env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path / "data"), LLMTUI_CONFIG_DIR=str(config))
+    args = ["run", "-m", str(model), "-p", "Weather in Paris?", "--temp", "0", "-n", "200", "-t", "2", "-c", "2048"]
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            *args,
+            "--mcp",
+            "weather",
+            "--tool-choice",
+            "required",
+            "--max-tool-calls",
+            "1",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_an_allowed_call_runs_and_its_result_goes_back(model: Path, tmp_path: Path) -> None:
+    result = _run(model, tmp_path, "--allow-tool", "get_weather", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    (made,) = out["calls_made"]
+    assert made["source"] == "mcp:weather" and made["allowed"] and not made["failed"]
+    assert made["name"] == "get_weather" and made["result"].startswith("sunny, 24 C in ")
+    assert "<tool_call>" not in out["text"]
+
+
+def test_a_call_not_allowed_is_refused_and_said(model: Path, tmp_path: Path) -> None:
+    result = _run(model, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "llmtui: refused tool call get_weather(" in result.stderr
+    assert "not allowed (--allow-tool get_weather allows it)" in result.stderr
+    assert "<tool_call>" not in result.stdout
+
+
+def test_unknown_server_and_template_without_tools_are_one_line(
+    model: Path, tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    result = _run(model, tmp_path, "--mcp", "nowhere")
+    assert result.returncode != 0 and "no MCP server 'nowhere' in config.toml" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    plain = _run(tiny_models["llama"], tmp_path)
+    assert plain.returncode != 0 and "has no tool support" in plain.stderr

@@ -1,0 +1,93 @@
+"""F10: the app serves its loaded model to other programs while you chat (app/controllers/server.py), here with a
+scripted engine behind the app's real bridge, spoken to by the official `openai` client."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import openai
+import pytest
+
+from app import paths
+from engine_ext.protocol import Finished, Generate, GenerationStats, TokenChunk
+from tests.engine.test_serve import free_port
+from tests.fakes import ScriptedEngine, scripted_app
+from tests.waits import wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+class EchoEngine(ScriptedEngine):
+    """Answers every request with three words naming its request id's parity, then stops (eos)."""
+
+    def stream(self, request: Generate) -> None:
+        for n, word in enumerate(("served ", "by ", "llmtui")):
+            self.events.put(TokenChunk(request.request_id, word, "", (n,), ("target",)))
+        stats = GenerationStats(5, 0, 5, 1.0, 3, 3.0, 1.0, 4096, 8)
+        self.events.put(Finished(request.request_id, "eos", stats))
+
+
+def write_config(port: int, extra: str = "") -> None:
+    path = paths.config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[server]\nhost = "127.0.0.1"\nport = {port}\n{extra}')
+
+
+def ask(port: int) -> str:
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30)
+    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    return reply.choices[0].message.content or ""
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_f10_serves_the_loaded_model_and_the_stats_bar_shows_the_address(lone_llama: Path) -> None:
+    port = free_port()
+    write_config(port)
+    app = scripted_app(lone_llama, EchoEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: app.server.running, "the API server to listen")
+        chat = app.chat
+        assert chat is not None
+        await wait_until(pilot, lambda: chat.stats.extras.get("api") == f":{port}", "the api readout")
+        assert f"api :{port}" in chat.stats.render_line(0).text
+        assert await asyncio.to_thread(ask, port) == "served by llmtui"
+        await chat.send("and the chat still works")
+        await wait_until(pilot, lambda: chat.generation is None, "the chat's reply to finish")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: not app.server.running, "the API server to stop")
+        await wait_until(pilot, lambda: "api" not in chat.stats.extras, "the api readout to go")
+        assert not await asyncio.to_thread(listening, port)
+
+
+async def test_f10_says_in_one_line_when_the_key_variable_is_unset_or_the_port_is_taken(
+    lone_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLMTUI_TEST_API_KEY", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        write_config(port, 'api_key_env = "LLMTUI_TEST_API_KEY"\n')
+        app = scripted_app(lone_llama, EchoEngine)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+            await pilot.press("f10")
+            await pilot.pause()
+            messages = [n.message for n in app._notifications]
+            assert any("LLMTUI_TEST_API_KEY is not set" in m for m in messages), messages
+            assert not app.server.running and not app.server.starting
+            monkeypatch.setenv("LLMTUI_TEST_API_KEY", "k")
+            await pilot.press("f10")
+            await wait_until(pilot, lambda: not app.server.starting, "the API server to give up")
+            messages = [n.message for n in app._notifications]
+            assert any(f"cannot listen on 127.0.0.1:{port}" in m for m in messages), messages
+            assert not app.server.running

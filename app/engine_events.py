@@ -156,7 +156,7 @@ class EngineEvents(LlmtuiShell):
                 f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
                 f"in {event.model.load_ms / 1000:.1f} s.{placement}"
             )
-            self._record_use(Path(event.model.path))
+            self.record_model_use(Path(event.model.path))
         if self.config.last_model != event.model.path:
             self.config = replace(self.config, last_model=event.model.path)
             self.save_config_quietly()
@@ -170,9 +170,9 @@ class EngineEvents(LlmtuiShell):
                 self.action_toggle_server()  # [server] enabled: serve from the first model loaded
         self.features_changed()
 
-    def _record_use(self, model_path: Path) -> None:
-        """The model loaded for the chat is remembered as used (F4 and `llmtui models list` say when); a file is
-        written, so in a thread."""
+    def record_model_use(self, model_path: Path) -> None:
+        """The model chosen (F4's u) or loaded for the chat is remembered as used (F4 and `llmtui models list` say
+        when); a file is written, so in a thread."""
 
         def record() -> None:
             if (failed := record_use(model_path)) is not None:

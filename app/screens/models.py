@@ -617,7 +617,8 @@ class ModelsScreen(ModelsDownloads):
         if self.app.reply_in_progress():
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")
             return
-        self.dismiss()  # the use is recorded once the model has loaded (app/engine_events.py)
+        self.app.record_model_use(path)  # and again once it has loaded (app/engine_events.py)
+        self.dismiss()
         self.app.open_model(path)
 
     def action_resume_partial(self) -> None:

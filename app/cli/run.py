@@ -75,7 +75,7 @@ def _run_generation(
     images: tuple[ImageRef, ...] = (),
 ) -> int:
     """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
-    loaded(client.load(path, model, context))
+    loaded(client.load(path, model, context), used=path)
     if spec.enabled:
         client.set_speculative(spec)
     steering = steering_entries(args)

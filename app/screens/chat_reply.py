@@ -216,6 +216,8 @@ class ChatReply(ChatBase):
             stats = dict(stats, draft_spans=[list(span) for span in live.body.draft_spans])
         if "n_ctx_used" in stats:
             self.measured.add(replies.active.message_id)
+        if state != "error":  # the steering mix and speculative settings it was written with (the exports say them)
+            stats = dict(stats, **self.app.steering.in_use(), **self.app.speculation.in_use())
         try:
             ended = replies.end(state, stats)
         except StoreError as error:

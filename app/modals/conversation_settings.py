@@ -23,6 +23,8 @@ class ConversationSettingsResult:
     sampling: SamplingSettings
     preset_name: str | None
     save_as: str | None
+    tools: str = "none"
+    """The tools the conversation offers: "none", "builtin" or "mcp:NAME" (app/controllers/generation/tools.py)."""
 
 
 class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
@@ -33,10 +35,21 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
         Binding("ctrl+s", "save", "Save"),
     ]
 
-    def __init__(self, system_prompt: str, sampling: SamplingSettings, presets: list[Preset]) -> None:
+    def __init__(
+        self,
+        system_prompt: str,
+        sampling: SamplingSettings,
+        presets: list[Preset],
+        tools: str = "none",
+        tool_choices: list[tuple[str, str]] | None = None,
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.system_prompt = system_prompt
         self.sampling = sampling
+        self.tools = tools
+        self.tool_choices = tool_choices or [("none", "none")]
+        if tools not in (value for _, value in self.tool_choices):  # a server no longer in config.toml
+            self.tool_choices = [*self.tool_choices, (f"{tools} (not configured)", tools)]
         self.presets = {preset.name: preset for preset in presets}
         self._applied_preset: str | None = None
 
@@ -54,6 +67,8 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                     allow_blank=True,
                     compact=True,
                 )
+                yield Label("Tools (each call asks first)", classes="field-label")
+                yield Select(self.tool_choices, value=self.tools, id="tools-select", allow_blank=False, compact=True)
                 with Grid(id="sampling-grid"):
                     for setting in PRESET:
                         yield Label(setting.plain_label, classes="field-label")
@@ -67,7 +82,7 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
             yield Label("Ctrl+S save · Esc cancel", classes="dialog-hint")
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        if not isinstance(event.value, str) or event.value not in self.presets:
+        if event.select.id != "preset-select" or not isinstance(event.value, str) or event.value not in self.presets:
             return
         sampling = SamplingSettings.from_json(self.presets[event.value].settings)
         for setting in PRESET:
@@ -99,9 +114,14 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
             self.notify(str(error), severity="error")
             return
         save_as = self.query_one("#preset-name", Input).value.strip() or None
+        tools = self.query_one("#tools-select", Select).value
         self.dismiss(
             ConversationSettingsResult(
-                self.query_one("#system-prompt", TextArea).text, sampling, save_as or self._applied_preset, save_as
+                self.query_one("#system-prompt", TextArea).text,
+                sampling,
+                save_as or self._applied_preset,
+                save_as,
+                tools if isinstance(tools, str) else "none",
             )
         )
 

@@ -67,13 +67,21 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                     allow_blank=True,
                     compact=True,
                 )
-                yield Label("Tools (each call asks first)", classes="field-label")
-                yield Select(self.tool_choices, value=self.tools, id="tools-select", allow_blank=False, compact=True)
                 with Grid(id="sampling-grid"):
                     for setting in PRESET:
                         yield Label(setting.plain_label, classes="field-label")
                         value = str(getattr(self.sampling, setting.name))
                         yield Input(value, id=f"sampling-{setting.name}", compact=True, tooltip=setting.help)
+                    # Beside the last sampling value: the tools the model may call (each call asks first).
+                    yield Label("Tools", classes="field-label")
+                    yield Select(
+                        self.tool_choices,
+                        value=self.tools,
+                        id="tools-select",
+                        allow_blank=False,
+                        compact=True,
+                        tooltip="The tools the model may call; each call asks you first (o once, c, a always, d deny)",
+                    )
                 with Horizontal(id="preset-save-row"):
                     yield Input(placeholder="save these values as a preset named…", id="preset-name", compact=True)
             with Horizontal(classes="dialog-buttons"):

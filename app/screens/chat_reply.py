@@ -230,8 +230,9 @@ class ChatReply(ChatBase):
         return True
 
     async def _tool_round(self, event: GenerationFinished) -> None:
+        reply = self.app.generation.active
         why = await self.app.generation.tool_round(event.tool_calls, self._ask_tool, self._show_call, self)
-        if why is None:  # the reply goes on with the results
+        if why is None or self.app.generation.active is not reply:  # it goes on with the results, or ended meanwhile
             return
         if why != "stopped":
             self.notify(why, severity="warning")

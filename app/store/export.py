@@ -16,6 +16,7 @@ from app.store.records import (
     dump_stats,
 )
 from app.store.tree import TreeMixin, parents_first
+from app.tools.loop import CallRecord, stored_calls
 from engine_ext.untrusted_text import one_line
 
 EXPORT_FORMAT: Final = "llmtui.conversation"
@@ -28,6 +29,16 @@ STATE_NOTES: Final[dict[str, str]] = {
     "interrupted": "Reply interrupted (llmtui closed while writing it).",
     "error": "Reply failed.",
 }
+
+
+def tool_call_markdown(record: CallRecord) -> str:
+    """A reply's tool call, folded: the tool, where it came from, its arguments and its result (fenced as text)."""
+    outcome = "denied" if not record.allowed else "failed" if record.failed else "result"
+    fence = "`" * max(3, max((len(run) for run in record.result.split("\n") if set(run) == {"`"}), default=0) + 1)
+    return (
+        f"<details>\n<summary>Tool {record.call.name} ({record.source or 'not offered'}): {outcome}</summary>\n\n"
+        f"Arguments: `{record.call.arguments}`\n\n{fence}text\n{record.result}\n{fence}\n\n</details>"
+    )
 
 
 class ExportMixin(TreeMixin):
@@ -48,6 +59,7 @@ class ExportMixin(TreeMixin):
                 parts.append(f"<details>\n<summary>Reasoning</summary>\n\n{reasoning}\n\n</details>")
             if message.content.strip():
                 parts.append(message.content.strip("\n").rstrip())
+            parts += [tool_call_markdown(record) for record, _ in stored_calls(message.stats)]
             if message.state in STATE_NOTES:
                 parts.append(f"*{STATE_NOTES[message.state]}*")
             if note := features_note(message.stats):

@@ -549,3 +549,22 @@ def test_a_worker_thread_can_stream_while_the_main_thread_reads(store: Store) ->
     assert errors == []
     reply = store.get_message(reply_id)
     assert (reply.state, reply.content.split()[-1]) == ("complete", "199")
+
+
+def test_a_replys_tool_calls_go_into_both_exports_and_come_back_with_an_import(store: Store) -> None:
+    from app.tools.loop import CallRecord, record_to_json, stored_calls
+    from engine_ext.protocol import ToolCall
+
+    conversation = store.create_conversation("Weather")
+    question = store.add_user_message(conversation.id, "Paris?")
+    reply = store.begin_assistant_message(conversation.id, question.id, "qwen3")
+    record = CallRecord(ToolCall("c1", "get_weather", '{"city": "Paris"}'), "mcp:weather", True, "18 °C", False, 0.5)
+    store.finish_assistant_message(
+        reply, "Checking. 18 °C.", "", "complete", {"tool_calls": [record_to_json(record, 10)]}
+    )
+    markdown = store.export_markdown(conversation.id)
+    assert "<summary>Tool get_weather (mcp:weather): result</summary>" in markdown
+    assert 'Arguments: `{"city": "Paris"}`' in markdown and "```text\n18 °C\n```" in markdown
+    imported = store.import_json(store.export_json(conversation.id))
+    copied = store.active_path(imported)[-1]
+    assert stored_calls(copied.stats) == [(record, 10)]

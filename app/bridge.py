@@ -106,6 +106,8 @@ class EngineBridge:
     load progress and live stats use `can_replace`.
     """
 
+    takes_tools = True  # the chat may offer tools: the worker reads the calls back (Finished.tool_calls)
+
     def __init__(
         self,
         target: MessageTarget,
@@ -175,21 +177,23 @@ class EngineBridge:
 
     def generate(
         self,
-        messages: Sequence[tuple[str, str]],
+        messages: Sequence[tuple[str, str] | ChatMessage],
         sampling: SamplingSettings,
         *,
         continue_reply: bool = False,
+        tools: str | None = None,
     ) -> int:
-        """Queue a generation; its request id (the id carried by its TokensArrived/GenerationFinished)."""
+        """Queue a generation; its request id (carried by its TokensArrived/GenerationFinished); `tools`: JSON."""
         request_id = next(self._ids)
         request = Generate(
             request_id=request_id,
-            messages=tuple(ChatMessage(role, content) for role, content in messages),
+            messages=tuple(m if isinstance(m, ChatMessage) else ChatMessage(m[0], m[1]) for m in messages),
             sampling=sampling.sampling_params(),
             max_tokens=sampling.max_tokens,
             continue_reply=continue_reply,
             reasoning_budget=sampling.reasoning_budget,
             reasoning_effort=effort_or_none(sampling.reasoning_effort),
+            tools=tools,
         )
         shape = (sampling.output_format, sampling.output_file)
         self._submit(lambda: self._generate_shaped(request, *shape))
@@ -535,7 +539,11 @@ class EngineBridge:
                 self._post(SpeculativeStatsUpdated(event.speculative, final=True))
             self._generations.pop(event.request_id, None)
             self._replies_since_load += 1
-            self._post(GenerationFinished(event.request_id, event.stop_reason, event.stats.to_dict(), event.notices))
+            self._post(
+                GenerationFinished(
+                    event.request_id, event.stop_reason, event.stats.to_dict(), event.notices, event.tool_calls
+                )
+            )
         elif isinstance(event, Failed):
             if self._loading is not None and event.request_id is None:
                 path, self._loading = self._loading, None

@@ -41,8 +41,10 @@ from app.messages import (
     VectorCreated,
     VectorProgressed,
 )
+from app.models import record_use
 from app.remote import REMOTE_PREFIX, RemoteBridge
 from app.shell import LlmtuiShell
+from engine_ext.untrusted_text import one_line
 
 _S = TypeVar("_S", bound=Screen[Any])
 Handler = Callable[[Any], Awaitable[None] | None]
@@ -154,6 +156,7 @@ class EngineEvents(LlmtuiShell):
                 f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
                 f"in {event.model.load_ms / 1000:.1f} s.{placement}"
             )
+            self.record_model_use(Path(event.model.path))
         if self.config.last_model != event.model.path:
             self.config = replace(self.config, last_model=event.model.path)
             self.save_config_quietly()
@@ -166,6 +169,16 @@ class EngineEvents(LlmtuiShell):
             if self.config.server.enabled and not self.server.running and not self.server.starting:
                 self.action_toggle_server()  # [server] enabled: serve from the first model loaded
         self.features_changed()
+
+    def record_model_use(self, model_path: Path) -> None:
+        """The model chosen (F4's u) or loaded for the chat is remembered as used (F4 and `llmtui models list` say
+        when); a file is written, so in a thread."""
+
+        def record() -> None:
+            if (failed := record_use(model_path)) is not None:
+                self.call_from_thread(self.notify, one_line(failed), severity="warning")
+
+        self.run_worker(record, name="record-use", group="record-use", thread=True, exit_on_error=False)
 
     def _model_load_failed(self, event: ModelLoadFailed) -> None:
         if self._stale(event.path):

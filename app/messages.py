@@ -8,7 +8,7 @@ from typing import Any
 from textual.message import Message
 
 from engine_ext.cpu import CpuLoad
-from engine_ext.protocol import SpeculativeStats, SteeringSet
+from engine_ext.protocol import SpeculativeStats, SteeringSet, ToolCall
 from engine_ext.recovery import Fallback
 
 StatsDict = dict[str, Any]
@@ -157,12 +157,21 @@ class GenerationStatsUpdated(Message, bubble=False):
 class GenerationFinished(Message):
     """A generation ended normally: `stop_reason` is eos, stop_string, max_tokens, cancelled or context_full."""
 
-    def __init__(self, request_id: int, stop_reason: str, stats: StatsDict, notices: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        stop_reason: str,
+        stats: StatsDict,
+        notices: tuple[str, ...],
+        tool_calls: tuple[ToolCall, ...] = (),
+    ) -> None:
         super().__init__()
         self.request_id = request_id
         self.stop_reason = stop_reason
         self.stats = stats
         self.notices = notices
+        self.tool_calls = tool_calls
+        """The calls the reply made (requests that offered tools)."""
 
 
 class GenerationFailed(Message):

@@ -108,3 +108,15 @@ def _resolve_cached(spec: str) -> Path | None:
             + f"; fetch it with: llmtui models pull {repo_id}:{tag or 'QUANT'}"
         )
     return hfcache.RepoCache(hfcache.cache_dir(), repo_id).pointer(listing.commit, best)
+
+
+def record_use(model_path: Path) -> str | None:
+    """Remember that `model_path` was loaded for a chat or a run: the models screen and `llmtui models list` say when
+    ("used: 2 min ago"). A file is written: call it off the UI thread. Returns a one-line reason when it could not."""
+    from app import paths
+
+    try:
+        paths.library(()).mark_used(model_path)
+    except (OSError, ValueError) as error:
+        return f"Could not record the use of {model_path.name}: {error}"
+    return None

@@ -51,6 +51,7 @@ from app.remote_http import (
 )
 from app.streaming import FLUSH_INTERVAL_S, STATS_INTERVAL_S
 from engine_ext.params import SpeculativeParams, SteeringEntry
+from engine_ext.protocol import ChatMessage
 from engine_ext.spec_catalog import SPEC_TYPE
 from engine_ext.untrusted_text import one_line, shown, valid_text
 from models_catalog.http_client import Guard, HTTPFailure, json_items
@@ -144,6 +145,9 @@ class RemoteBridge:
     server cannot do (llmtui's speculative decoding, control vectors) is refused with EngineRequestFailed.
     """
 
+    takes_tools = False
+    """The chat offers tools only to an engine whose calls it reads back (the app's own)."""
+
     def __init__(
         self,
         target: MessageTarget,
@@ -206,14 +210,22 @@ class RemoteBridge:
         self.connect()
 
     def generate(
-        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *, continue_reply: bool = False
+        self,
+        messages: Sequence[tuple[str, str] | ChatMessage],
+        sampling: SamplingSettings,
+        *,
+        continue_reply: bool = False,
+        tools: str | None = None,
     ) -> int:
-        """Stream a reply; its request id (carried by its TokensArrived / GenerationFinished / GenerationFailed)."""
+        """Stream a reply; its request id (carried by its TokensArrived / GenerationFinished / GenerationFailed).
+        A remote engine is offered no tools (`takes_tools`: its calls are not read back), so `tools` is None here and
+        the messages are plain turns."""
         request_id = next(_request_ids)
         stream = _Stream(request_id, time.monotonic())
         with self._lock:
             self._streams[request_id] = stream
-        body = request_body(self.model, messages, sampling, continue_reply)
+        pairs = [(m.role, m.content) if isinstance(m, ChatMessage) else m for m in messages]
+        body = request_body(self.model, pairs, sampling, continue_reply)
         self._thread(self._generate, stream, body, (sampling.output_format, sampling.output_file))
         return request_id
 

@@ -62,6 +62,10 @@ class LlmtuiShell(App[None]):
     def open_model(self, path: Path) -> None:
         raise NotImplementedError
 
+    def record_model_use(self, model_path: Path) -> None:
+        """Remember that the model was chosen or loaded for the chat (F4 and `llmtui models list` say when)."""
+        raise NotImplementedError
+
     def remember_sidebar(self, shown: bool) -> None:
         raise NotImplementedError
 

@@ -3,6 +3,7 @@ them and to the screens (generation events to the request's owner)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -249,6 +250,7 @@ class LlmtuiApp(EngineEvents):
     async def on_unmount(self) -> None:
         self.server.stop(quiet=True)
         self.bridge.close()
+        await asyncio.to_thread(self.generation.chat_tools.close)  # the MCP servers the chat started
         self.models.join_closing(5.0)
         store = getattr(self, "store", None)
         if store is not None:

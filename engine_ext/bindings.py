@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import llama_cpp
@@ -23,6 +25,8 @@ __all__ = [
     "logits_address",
     "target_layer_ids",
     "missing_ext_functions",
+    "mtmd",
+    "MultimodalUnavailable",
 ]
 
 
@@ -297,3 +301,24 @@ def offload_device_count() -> int:
 def missing_ext_functions() -> list[str]:
     """Names of the llama-ext.h functions the installed library does not export."""
     return [f.name for f in EXT_FUNCTIONS if not f.available]
+
+
+class MultimodalUnavailable(RuntimeError):
+    """The installed engine has no libmtmd (llama-cpp-python built with LLAVA_BUILD off)."""
+
+
+@cache
+def mtmd() -> ModuleType:
+    """llama-cpp-python's libmtmd bindings (llama_cpp.mtmd_cpp), loaded on first use: importing them opens libmtmd,
+    which an engine built without the multimodal library lacks (MultimodalUnavailable then)."""
+    try:
+        module = importlib.import_module("llama_cpp.mtmd_cpp")
+    except (OSError, RuntimeError, FileNotFoundError) as exc:
+        raise MultimodalUnavailable(
+            "this engine was built without libmtmd (llama.cpp's multimodal library), so it cannot read images; "
+            f"rebuild it with scripts/setup.sh ({exc})"
+        ) from None
+    if _log_callbacks:  # libmtmd logs through llmtui's callback too (the engine log, at its level), not to stderr raw
+        module.mtmd_log_set(_log_callbacks[0], None)
+        module.mtmd_helper_log_set(_log_callbacks[0], None)
+    return module

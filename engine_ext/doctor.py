@@ -50,6 +50,7 @@ class DoctorReport:
         str, ...
     ] = ()  # patches/llama.cpp/*.patch the engine was built with (scripts/build_engine.sh)
     engine_build: str = ""  # how the engine was built: "vulkan (-DGGML_VULKAN=on …)", or "" without a build record
+    images: bool = False  # the engine has libmtmd (images through a model's projector)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,4 +234,15 @@ def diagnose(*, repack: bool = True) -> DoctorReport:
         repack=repack,
         engine_patches=build.patches,
         engine_build=f"{build.backend} ({build.cmake_args})" if build.recorded else "",
+        images=_has_mtmd(),
     )
+
+
+def _has_mtmd() -> bool:
+    from engine_ext.bindings import MultimodalUnavailable, mtmd
+
+    try:
+        mtmd()
+    except MultimodalUnavailable:
+        return False
+    return True

@@ -35,8 +35,18 @@ from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
 from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
-from engine_ext.tool_calls import template_message, tools_of
+from engine_ext.tool_calls import tools_of
 from engine_ext.tool_turn import ToolTurn
+from engine_ext.vision import (
+    EncodedImage,
+    NoProjector,
+    Vision,
+    evaluate_with_media,
+    image_token_count,
+    message_dicts,
+    request_images,
+    tokenize_with_media,
+)
 
 MAX_CHECKPOINTS = 8
 # Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
@@ -62,7 +72,8 @@ def feed_prompt_history(sampler: Sampler, prompt: Sequence[int]) -> None:
     if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
         window = params.repeat_last_n if params.repeat_last_n > 0 else len(prompt)
         for t in prompt[-window:]:
-            sampler.accept(t)
+            if t >= 0:  # not an image's positions (engine_ext.vision)
+                sampler.accept(t)
 
 
 class Session:
@@ -97,11 +108,17 @@ class Session:
         self.reasoning: ReasoningBudget | None = None  # the reply being generated's, while it may think
         self._end_thinking_early = False  # EndThinking came while the prompt was read: forced from the first token
         self._thinking_end: str | None = None  # what the template writes at the end of thinking (found once)
+        self.vision: Vision | None = None  # the projector, when the model was loaded with one (engine_ext.vision)
+        self.media: dict[str, EncodedImage] = {}  # the images of the request in hand, by content hash
+        self._encodes_before = (0, 0.0)  # the projector's encode count and time when the request began
 
     # ----- prompt -----------------------------------------------------------------------------------
 
+    def _tokenize_text(self, text: str) -> list[int]:
+        return self.model.tokenize(text, add_special=False, parse_special=True)
+
     def _tokenize_prompt(self, text: str) -> list[int]:
-        tokens = self.model.tokenize(text, add_special=False, parse_special=True)
+        tokens = tokenize_with_media(text, self.media, self._tokenize_text)
         bos = self.model.bos_token
         if self.model.add_bos and bos >= 0 and (not tokens or tokens[0] != bos):
             tokens.insert(0, bos)
@@ -116,7 +133,7 @@ class Session:
         if best is None:
             return self._tokenize_prompt(text)
         rest = text[len(best[0]) :]
-        return list(best[1]) + self.model.tokenize(rest, add_special=False, parse_special=True)
+        return list(best[1]) + tokenize_with_media(rest, self.media, self._tokenize_text)
 
     def add_anchor(self, text: str, tokens: Sequence[int]) -> None:
         if text:
@@ -169,6 +186,7 @@ class Session:
         what one parallel sequence may hold) is too small; `cancelled` can stop the chat template's rendering
         (ChatTemplateCancelled)."""
         n_ctx = self.ctx.n_ctx if n_ctx is None else n_ctx
+        self.media = {}
         room = request.max_tokens if request.max_tokens > 0 else MIN_REPLY_ROOM
         budget = max(1, n_ctx - min(room, n_ctx // 2))
         if request.prompt_tokens is not None:
@@ -177,7 +195,11 @@ class Session:
         elif request.prompt is not None:
             plan = PromptPlan(self._tokens_for(request.prompt), request.prompt, 0, False, chat=False)
         else:
-            messages = [template_message(m) for m in request.messages]
+            messages = message_dicts(request.messages)
+            images = request_images(request.messages)
+            if images and self.vision is None:
+                raise NoProjector("this model was loaded without a projector (mmproj), so it cannot see images")
+            self.media = self.vision.prepare(images) if images and self.vision is not None else {}
             if not messages:
                 raise EngineError("nothing to generate from: no messages and no prompt")
 
@@ -250,6 +272,16 @@ class Session:
         into micro-batches anyway, and between two of them `cancelled` is asked (a long prompt takes seconds, and
         Esc must not wait for all of it). What was decoded stays in the cache. `progress` is told how many of
         `tokens` are in before each micro-batch but the first."""
+        if self.media and self.vision is not None and tokens and min(tokens) < 0:
+            evaluate_with_media(
+                self.cached,
+                self.ctx,
+                self.vision,
+                tokens,
+                lambda run, last: self._evaluate(run, logits_last=last, cancelled=cancelled),
+                logits_last,
+            )
+            return
         n_batch = min(self.ctx.n_batch, self.ctx.params.n_ubatch)
         for start in range(0, len(tokens), n_batch):
             if start:
@@ -281,6 +313,8 @@ class Session:
         Raises PromptCancelled when `cancelled` says so between batches. `progress(done, total)` hears how many
         of the prompt's tokens are in the context, between batches of a prompt longer than one.
         """
+        if self.spec is not None and self.spec.set_media(bool(self.media) and min(tokens) < 0):
+            self.reset_cache()  # model drafters missed the turns with images: they start over with the target
         n_cached = self._reuse_cache(tokens)
         rest = tokens[n_cached:]
         told = None if progress is None else (lambda done: progress(n_cached + done, len(tokens)))
@@ -343,6 +377,8 @@ class Session:
         tools = ToolTurn.of(request, self.template, self.model.path.name)
         if tools is not None:
             emit = tools.watch(emit)
+        if self.vision is not None:
+            self._encodes_before = (self.vision.encodes, self.vision.encode_ms)
         try:
             plan = self.plan(request, cancelled)
         except ChatTemplateCancelled:  # Esc while a slow template rendered: no reply, nothing read
@@ -394,7 +430,10 @@ class Session:
         finally:
             self.reasoning = None
             sampler.close()
-        finished = self._finish(request, plan, n_cached, prompt_ms, loop)
+        try:
+            finished = self._finish(request, plan, n_cached, prompt_ms, loop)
+        finally:
+            self.media = {}
         if thought is not None and thought.started_at:
             stats = replace(finished.stats, reasoning_tokens=thought.thinking_tokens, reasoning_ms=thought.thinking_ms)
             finished = replace(finished, stats=stats)
@@ -665,6 +704,9 @@ class Session:
             n_ctx_used=len(self.cached),
             dropped_messages=plan.dropped_messages,
             n_threads=self.ctx.n_threads,
+            image_tokens=image_token_count(plan.tokens, self.vision) if self.media else 0,
+            images_encoded=self.vision.encodes - self._encodes_before[0] if self.vision is not None else 0,
+            image_encode_ms=self.vision.encode_ms - self._encodes_before[1] if self.vision is not None else 0.0,
         )
         return Finished(request.request_id, loop.stop_reason, stats, notices, loop.speculative)
 

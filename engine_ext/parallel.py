@@ -291,6 +291,8 @@ class ParallelScheduler:
                 raise EngineError("tool calls run one request at a time: serve them with --parallel 1")
             if request.reasoning_budget >= 0:
                 raise EngineError("a reasoning budget runs one request at a time: serve it with --parallel 1")
+            if any(m.images for m in request.messages):
+                raise EngineError("images are read one request at a time: serve them with --parallel 1")
             self._check_mix(job.mix)
             plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
             job.driver = self._driver(job)

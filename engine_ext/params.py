@@ -65,6 +65,7 @@ class ModelParams:
     tensor_split: tuple[float, ...] = ()  # share of the model per device (llama.cpp --tensor-split)
     n_cpu_moe: int = s.N_CPU_MOE.default  # keep the expert tensors of the first N layers on the CPU
     fit_target_mib: int = s.FIT_TARGET_MIB.default  # with -ngl auto: MiB to leave free on each device
+    mmproj: str | None = None  # the model's multimodal projector (llama.cpp --mmproj): images through libmtmd
 
     def validate(self) -> None:
         """Refuse what llama.cpp would reject or abort on."""

@@ -12,6 +12,22 @@ PROTOCOL_VERSION = 3  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: E
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 
 
+# Where a message's image goes in its text (llama.cpp's default media marker): each marker in `content` takes the
+# message's next image; images no marker places come before the text.
+IMAGE_MARKER: Final = "<__media__>"
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image sent with a message: its sha256 (hex, of the file's bytes) and the bytes, or a path the worker reads.
+    The worker keeps encoded images by that hash, so an image it has seen is neither read nor encoded again."""
+
+    sha256: str
+    data: bytes = b""
+    path: str = ""
+    name: str = ""  # what messages call it (a file name)
+
+
 @dataclass(frozen=True)
 class ChatMessage:
     role: str  # system | user | assistant | tool
@@ -19,6 +35,7 @@ class ChatMessage:
     tool_calls: str = ""  # assistant: the calls it made, a JSON array in OpenAI's shape (engine_ext.tool_calls)
     tool_call_id: str = ""  # tool: the id of the call this is the result of
     name: str = ""  # tool: the name of the tool that gave this result
+    images: tuple[ImageRef, ...] = ()
 
 
 # ----- requests (client → worker) -------------------------------------------------------------------
@@ -182,6 +199,7 @@ class ModelInfo:
     n_gpu_layers: int = -1  # as loaded (-ngl auto resolved)
     placement: str = ""  # with -ngl auto: what was placed where and why
     thinking_controls: tuple[str, ...] = ()  # what its chat template reads of enable_thinking, reasoning_effort
+    mmproj: str = ""  # the projector loaded with the model (images); empty: none
 
 
 @dataclass(frozen=True)
@@ -267,6 +285,9 @@ class GenerationStats:
     n_threads: int = 0  # the CPU threads decoding when the reply ended (they follow a busy machine; 0: not known)
     reasoning_tokens: int = 0  # tokens the model thought (its thinking block, forced tokens not counted)
     reasoning_ms: float = 0.0  # from its first thinking token to the end of thinking (or of the reply)
+    image_tokens: int = 0  # of the prompt's tokens, those its images take (embeddings from the projector)
+    images_encoded: int = 0  # images the projector encoded for this request (0: all came from its cache)
+    image_encode_ms: float = 0.0  # the time encoding them took (part of prompt_ms)
 
     @property
     def prompt_tps(self) -> float:
@@ -279,6 +300,13 @@ class GenerationStats:
         return n * 1000.0 / self.decode_ms if n > 0 and self.decode_ms > 0 else 0.0
 
     def to_dict(self) -> dict[str, float | int]:
+        images: dict[str, float | int] = {}
+        if self.image_tokens or self.images_encoded:  # only for prompts with images: other outputs stay as they were
+            images = {
+                "image_tokens": self.image_tokens,
+                "images_encoded": self.images_encoded,
+                "image_encode_ms": round(self.image_encode_ms, 3),
+            }
         return {
             "prompt_tokens": self.prompt_tokens,
             "prompt_tokens_cached": self.prompt_tokens_cached,
@@ -295,7 +323,7 @@ class GenerationStats:
             "n_threads": self.n_threads,
             "reasoning_tokens": self.reasoning_tokens,
             "reasoning_ms": round(self.reasoning_ms, 3),
-        }
+        } | images
 
 
 @dataclass(frozen=True)

@@ -291,6 +291,19 @@ class Worker:
             raise
         self.model, self.ctx = model, ctx
         self.session = Session(model, ctx)
+        if request.model.mmproj:
+            from engine_ext.vision import Vision
+
+            try:
+                self.session.vision = Vision(
+                    Path(request.model.mmproj),
+                    model,
+                    n_threads=ctx.n_threads,
+                    use_gpu=model_params.n_gpu_layers != 0 and bool(C.llama_supports_gpu_offload()),
+                )
+            except Exception:
+                self.unload()
+                raise
         self.session.governor = _thread_governor(request.context.n_threads)
         from engine_ext.speculative.factory import target_backends
 
@@ -328,6 +341,7 @@ class Worker:
             n_gpu_layers=model_params.n_gpu_layers,
             placement=placement,
             thinking_controls=template_thinking_controls(model.chat_template),
+            mmproj=request.model.mmproj or "",
         )
         self.send(Loaded(info))
 
@@ -464,6 +478,8 @@ class Worker:
         self.fresh_steering = False
         if self.session is not None and self.session.spec is not None:
             self.session.spec.close()
+        if self.session is not None and self.session.vision is not None:
+            self.session.vision.close()
         self.session = None
         if self.ctx is not None:
             self.ctx.close()

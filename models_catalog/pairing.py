@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine_ext.spec_catalog import DRAFT_FILE_KINDS
 
@@ -210,3 +212,22 @@ def local_draft_sidecar(names: Sequence[str]) -> str | None:
         if name.endswith(".gguf") and is_draft_sidecar(name):
             return name
     return None
+
+
+MAX_FOLDER_ENTRIES = 10_000  # a model's folder is read this far looking for its projector
+
+
+def local_mmproj(model: Path) -> Path | None:
+    """The projector paired with a model file on disk (llama.cpp's rule, as find_best_sibling): an `mmproj` .gguf
+    in the model's folder, the closest in quant to the model; None when there is none."""
+    names: list[str] = []
+    try:
+        with os.scandir(model.parent) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_FOLDER_ENTRIES:
+                    break
+                names.append(entry.name)
+    except OSError:
+        return None
+    best = find_best_sibling(sorted(n for n in names if sidecar_kind(n) == "mmproj"), model.name, "mmproj")
+    return model.parent / best if best is not None else None

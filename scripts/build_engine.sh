@@ -45,8 +45,10 @@ case "$backend" in
 esac
 [ "$1" = auto ] && backend_args=""  # auto: CMAKE_ARGS alone
 version=0.3.36
-# As scripts/setup.sh: the RPC backend on (llmtui --rpc, rpc-server and their tests), the multimodal library off.
-cmake_args="$backend_args -DGGML_RPC=on -DLLAVA_BUILD=off ${CMAKE_ARGS:-}"
+# As scripts/setup.sh: the RPC backend on (llmtui --rpc, rpc-server and their tests), the multimodal library
+# (libmtmd: images with a model's mmproj projector) on, without its video helpers (MTMD_VIDEO: they run ffmpeg on
+# media stb_image cannot decode; llmtui sends libmtmd only images it checked, and no subprocess of the engine's).
+cmake_args="$backend_args -DGGML_RPC=on -DLLAVA_BUILD=on -DMTMD_VIDEO=off ${CMAKE_ARGS:-}"
 cmake_args=$(echo "$cmake_args" | xargs)  # one space between arguments: the record compares equal across runs
 
 src_cache="$root/build/engine-src"

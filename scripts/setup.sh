@@ -14,9 +14,10 @@ esac
 
 # The engine is llama-cpp-python 0.3.36 built from its sdist with patches/llama.cpp/*.patch applied (about 5 minutes
 # on 2 cores), by scripts/build_engine.sh: llama.cpp's RPC backend on (llmtui --rpc and rpc-server, and their tests),
-# the multimodal library off (about 23,000 lines of C++ fewer to compile), your own CMAKE_ARGS after those (so yours
-# win), e.g. CMAKE_ARGS="-DGGML_CUDA=on". The engine records its patches (llama_cpp/llmtui_engine.json); an engine
-# already in .venv with the same record is kept, any other (an older set-up's, a wheel from pip's cache) is rebuilt.
+# the multimodal library libmtmd on (images through a model's mmproj projector; its ffmpeg video helpers off), your
+# own CMAKE_ARGS after those (so yours win), e.g. CMAKE_ARGS="-DGGML_CUDA=on". The engine records its patches
+# (llama_cpp/llmtui_engine.json); an engine already in .venv with the same record is kept, any other (an older
+# set-up's, a wheel from pip's cache) is rebuilt.
 LLMTUI_ENGINE_ONLY=1 scripts/build_engine.sh auto .venv
 
 # llmtui itself: pip keeps the engine just installed (the same pinned version).

@@ -92,7 +92,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     with start_engine() as client:
 
         def session(model: ModelParams) -> int:
-            info = loaded(client.load(path, model, context))
+            info = loaded(client.load(path, model, context), used=path)
             if not replies[0] and not pending:
                 asked = f" (-c {args.ctx_size} rounded up by llama.cpp)" if 0 < args.ctx_size != info.n_ctx else ""
                 print(

@@ -41,6 +41,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print("engine patches: none (a plain pip build; scripts/build_engine.sh builds one with patches/llama.cpp)")
     print(f"backends: {', '.join(report.backends)}  (RPC {'yes' if report.rpc else 'no'})")
+    print(f"images: {'yes (libmtmd)' if report.images else 'no: the engine was built without libmtmd'}")
     for d in report.devices:
         memory = f"{d.free_bytes / gib:.1f} / {d.total_bytes / gib:.1f} GiB free"
         print(f"  {d.name:10} {d.type:14} {d.description}  {memory}")

@@ -138,7 +138,34 @@ def model_params(
         load_mtp=load_mtp,
         rpc_servers=tuple(server.strip() for server in args.rpc.split(",") if server.strip()),
         tensor_split=_floats(args.tensor_split, "--tensor-split"),
+        mmproj=str(projector) if (projector := projector_for(args, model)) else None,
     )
+
+
+def add_mmproj_arg(p: argparse.ArgumentParser) -> None:
+    """--mmproj, for the commands that send images (run, serve)."""
+    p.add_argument(
+        "--mmproj",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the model's multimodal projector (images); run's default: the mmproj*.gguf beside the model",
+    )
+
+
+def projector_for(args: argparse.Namespace, model: Path | None) -> Path | None:
+    """The projector a model loads with: --mmproj, else the mmproj sidecar paired with it on disk (models_catalog's
+    rule, llama.cpp's: in its folder, the closest quant) when images are to be sent; None: no images."""
+    given: Path | None = getattr(args, "mmproj", None)
+    if given is not None:
+        if not given.is_file():
+            raise CliError(f"--mmproj {given}: no such file")
+        return given
+    if not getattr(args, "image", None) or model is None:
+        return None
+    from models_catalog.pairing import local_mmproj
+
+    return local_mmproj(model)
 
 
 def _saved_repack() -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 from app.cli.engine_args import (
     add_engine_args,
     add_max_tokens_arg,
+    add_mmproj_arg,
     add_reasoning_args,
     add_sampling_args,
     add_spec_args,
@@ -27,6 +28,7 @@ from app.cli.tools_args import add_tool_args, wants_tools
 from app.cli.types import text_file, text_or_file, utf8_text
 from app.models import resolve_model
 from engine_ext.client import EngineClient
+from engine_ext.image_input import ImageRefused, read_image_file
 from engine_ext.params import (
     ContextParams,
     ModelParams,
@@ -36,6 +38,7 @@ from engine_ext.protocol import (
     ChatMessage,
     Finished,
     Generate,
+    ImageRef,
 )
 from engine_ext.settings_schema import SPEC_TYPE
 from engine_ext.untrusted_text import json_text
@@ -48,6 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = spec_params(args, path)
     spec.validate()
     model = model_params(args, spec, path)
+    images = _images(args, path, model)
     context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
     with start_engine() as client:
         echoed: list[bool] = []  # a reply partly printed is not written again by a retry
@@ -55,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             client,
             model,
             context,
-            lambda model: _run_generation(args, client, path, spec, model, context, echoed),
+            lambda model: _run_generation(args, client, path, spec, model, context, echoed, images),
             early=lambda: not echoed,
         )
 
@@ -68,9 +72,10 @@ def _run_generation(
     model: ModelParams,
     context: ContextParams,
     echoed: list[bool],
+    images: tuple[ImageRef, ...] = (),
 ) -> int:
     """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
-    loaded(client.load(path, model, context))
+    loaded(client.load(path, model, context), used=path)
     if spec.enabled:
         client.set_speculative(spec)
     steering = steering_entries(args)
@@ -82,7 +87,7 @@ def _run_generation(
     if not args.raw:
         if args.system:
             messages += (ChatMessage("system", args.system),)
-        messages += (ChatMessage("user", args.prompt),)
+        messages += (ChatMessage("user", args.prompt, images=images),)
     request = Generate(
         request_id=client.new_request_id(),
         messages=messages,
@@ -185,6 +190,26 @@ def _run_with_tools(args: argparse.Namespace, client: EngineClient, first: Gener
     return 0
 
 
+def _images(args: argparse.Namespace, path: Path, model: ModelParams) -> tuple[ImageRef, ...]:
+    """The --image files, read and checked here (one line for a refused one), sent with the message."""
+    if not args.image:
+        return ()
+    if args.raw:
+        raise CliError("--image goes with a chat message: drop --raw")
+    if model.mmproj is None:
+        raise CliError(
+            f"{path.name} has no projector (mmproj) beside it, so it cannot see images; give one with --mmproj FILE"
+        )
+    refs = []
+    for file in args.image:
+        try:
+            image = read_image_file(file)
+        except ImageRefused as exc:
+            raise CliError(str(exc)) from None
+        refs.append(ImageRef(image.sha256, data=image.data, name=Path(file).name))
+    return tuple(refs)
+
+
 def add_grammar_args(p: argparse.ArgumentParser) -> None:
     """llama.cpp's output constraints: a GBNF grammar or a JSON schema (text, or a file that holds it)."""
     shape = p.add_mutually_exclusive_group()
@@ -217,6 +242,7 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
             ("--grammar", getattr(args, "grammar", None) is not None),
             ("--json-schema", getattr(args, "json_schema", None) is not None),
             ("--tools/--mcp/--builtin-tool", wants_tools(args)),
+            ("--image", bool(getattr(args, "image", None))),
         )
         if on
     ]
@@ -246,6 +272,7 @@ def _run_remote(args: argparse.Namespace) -> int:
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="one generation, streamed to stdout")
     add_engine_args(run)
+    add_mmproj_arg(run)
     add_sampling_args(run)
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("-p", "--prompt", type=utf8_text, help="the user message (or raw text with --raw)")
@@ -262,6 +289,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     run.add_argument("--think", choices=("on", "off"), default=None, help="reasoning on/off (Qwen3.x)")
     add_reasoning_args(run)
     run.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, stats")
+    run.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an image sent with the message (PNG, JPEG, GIF, BMP; repeatable); needs the model's projector",
+    )
     add_grammar_args(run)
     add_tool_args(run)
     add_spec_args(run)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.cli.engine_args import (
     add_engine_args,
+    add_mmproj_arg,
     add_sampling_args,
     add_spec_args,
     context_params,
@@ -120,6 +121,7 @@ def _api_key(name: str | None) -> str | None:
 def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="serve the model as an OpenAI-compatible API on this machine")
     add_engine_args(serve)
+    add_mmproj_arg(serve)
     add_sampling_args(serve)
     serve.add_argument(
         "--host",

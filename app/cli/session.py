@@ -7,9 +7,11 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import NoReturn, TypeVar
 
 from app import paths
+from app.models import record_use
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
     ContextParams,
@@ -47,10 +49,13 @@ def error_line(message: str, prog: str = "llmtui", tail: str = "") -> str:
     return head + one_line(message, max(300 - len(head) - len(tail), 40)) + tail + "\n"
 
 
-def loaded(info: ModelInfo) -> ModelInfo:
-    """Say where -ngl auto put the model (stderr, so --json output stays clean)."""
+def loaded(info: ModelInfo, used: Path | None = None) -> ModelInfo:
+    """Say where -ngl auto put the model (stderr, so --json output stays clean); `used`: the model file of a chat or
+    a run, recorded as used (`llmtui models list` and F4 say when)."""
     if info.placement:
         print(f"note: {info.placement}", file=sys.stderr)
+    if used is not None and (failed := record_use(used)) is not None:
+        print(f"note: {failed}", file=sys.stderr)
     return info
 
 
@@ -106,6 +111,10 @@ def format_stats(stats: GenerationStats) -> str:
         f"{stats.prompt_tokens_evaluated} evaluated, {stats.prompt_tps:.1f} tok/s) | "
         f"generated {stats.generated_tokens} tok, {stats.decode_tps:.1f} tok/s | "
         f"ttft {stats.ttft_ms:.0f} ms | context {stats.n_ctx_used}/{stats.n_ctx}"
+    ) + (
+        f" | images {stats.image_tokens} tok, {stats.images_encoded} encoded in {stats.image_encode_ms:.0f} ms"
+        if stats.image_tokens
+        else ""
     )
 
 

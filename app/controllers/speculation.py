@@ -69,6 +69,26 @@ class SpeculationController:
     def forget_drafts(self) -> None:
         self.draft_sidecars, self.missing_drafts = (), ()
 
+    def in_use(self) -> dict[str, object]:
+        """What a reply records of the speculative decoding it was written with (its stats' "speculative"; the
+        exports say it): the type, the drafters the engine chained, the draft lengths and how much was accepted;
+        {} when off."""
+        settings = self.settings
+        if not settings.enabled or not self.drafters:
+            return {}
+        record: dict[str, object] = {
+            "type": settings.spec_type,
+            "drafters": list(self.drafters),
+            "n_max": settings.n_max,
+            "n_min": settings.n_min,
+            "p_min": settings.p_min,
+        }
+        if settings.draft_model:
+            record["draft_model"] = Path(settings.draft_model).name
+        if self.stats is not None and self.stats.drafted:
+            record["accepted"] = round(self.stats.acceptance_rate, 4)
+        return {"speculative": record}
+
     def reset(self) -> None:
         """A fresh (or dead) engine, or new settings: nothing confirmed, no statistics."""
         self.drafters, self.stats = (), None

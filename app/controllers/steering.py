@@ -83,6 +83,19 @@ class SteeringController:
         """'name +0.50, other -0.25' for the vectors that steer now (empty: none)."""
         return ", ".join(f"{vector_name(e.path)} {e.strength:+.2f}" for e in self.entries())
 
+    def in_use(self) -> dict[str, object]:
+        """What a reply records of the steering that shaped it (its stats' "steering"; the exports say it): each
+        vector that steered with its strength, and the layer range applied; {} when nothing steered."""
+        model, applied = self.host.model, self.applied
+        if model is None or model.architecture == "remote" or applied is None or not applied.active:
+            return {}
+        vectors = [
+            {"name": vector_name(e.path), "file": Path(e.path).name, "strength": e.strength} for e in self.entries()
+        ]
+        if not vectors:
+            return {}
+        return {"steering": {"vectors": vectors, "layers": [applied.layer_start, applied.layer_end]}}
+
     def readout(self) -> str:
         """The stats bar's short readout: the first vector and its strength, and how many more (empty: none)."""
         entries = self.entries()

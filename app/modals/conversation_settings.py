@@ -23,6 +23,8 @@ class ConversationSettingsResult:
     sampling: SamplingSettings
     preset_name: str | None
     save_as: str | None
+    tools: str = "none"
+    """The tools the conversation offers: "none", "builtin" or "mcp:NAME" (app/controllers/generation/tools.py)."""
 
 
 def thinking_hint(controls: tuple[str, ...]) -> str:
@@ -46,13 +48,19 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
         sampling: SamplingSettings,
         presets: list[Preset],
         thinking_controls: tuple[str, ...] | None = None,
+        tools: str = "none",
+        tool_choices: list[tuple[str, str]] | None = None,
     ) -> None:
         """`thinking_controls`: what the loaded model's template reads of enable_thinking and reasoning_effort (None:
-        not known)."""
+        not known); `tools`: the conversation's tool choice among `tool_choices` (label, value)."""
         super().__init__(classes="dialog-screen")
         self.system_prompt = system_prompt
         self.thinking_controls = thinking_controls
         self.sampling = sampling
+        self.tools = tools
+        self.tool_choices = tool_choices or [("none", "none")]
+        if tools not in (value for _, value in self.tool_choices):  # a server no longer in config.toml
+            self.tool_choices = [*self.tool_choices, (f"{tools} (not configured)", tools)]
         self.presets = {preset.name: preset for preset in presets}
         self._applied_preset: str | None = None
 
@@ -75,6 +83,16 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                         yield Label(setting.plain_label, classes="field-label")
                         value = str(getattr(self.sampling, setting.name))
                         yield Input(value, id=f"sampling-{setting.name}", compact=True, tooltip=setting.help)
+                    # Beside the last sampling value: the tools the model may call (each call asks first).
+                    yield Label("Tools", classes="field-label")
+                    yield Select(
+                        self.tool_choices,
+                        value=self.tools,
+                        id="tools-select",
+                        allow_blank=False,
+                        compact=True,
+                        tooltip="The tools the model may call; each call asks you first (o once, c, a always, d deny)",
+                    )
                 if self.thinking_controls is not None:
                     yield Label(thinking_hint(self.thinking_controls), id="thinking-controls", classes="field-label")
                 with Horizontal(id="preset-save-row"):
@@ -85,7 +103,7 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
             yield Label("Ctrl+S save · Esc cancel", classes="dialog-hint")
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        if not isinstance(event.value, str) or event.value not in self.presets:
+        if event.select.id != "preset-select" or not isinstance(event.value, str) or event.value not in self.presets:
             return
         sampling = SamplingSettings.from_json(self.presets[event.value].settings)
         for setting in PRESET:
@@ -117,9 +135,14 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
             self.notify(str(error), severity="error")
             return
         save_as = self.query_one("#preset-name", Input).value.strip() or None
+        tools = self.query_one("#tools-select", Select).value
         self.dismiss(
             ConversationSettingsResult(
-                self.query_one("#system-prompt", TextArea).text, sampling, save_as or self._applied_preset, save_as
+                self.query_one("#system-prompt", TextArea).text,
+                sampling,
+                save_as or self._applied_preset,
+                save_as,
+                tools if isinstance(tools, str) else "none",
             )
         )
 

@@ -3,19 +3,16 @@ c for this conversation, a always (remembered in config.toml by whoever asked), 
 
 from __future__ import annotations
 
-from typing import Literal
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from app.controllers.generation.tools import ConsentAnswer
 from app.tools.box import arguments_text
 from engine_ext.protocol import ToolCall
 from engine_ext.untrusted_text import shown
-
-ConsentAnswer = Literal["once", "conversation", "always", "deny"]
 
 
 class ToolConsentModal(ModalScreen[ConsentAnswer]):

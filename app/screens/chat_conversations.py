@@ -185,7 +185,10 @@ class ChatConversations(ChatBase):
         self.app.notify(f"Exported to {markdown_path} and {json_path.name}.", timeout=8)
 
     def action_conversation_settings(self) -> None:
+        from app.controllers.generation.tools import tool_choices, tools_choice
         from app.modals.conversation_settings import ConversationSettingsModal, ConversationSettingsResult
+        from app.tools.box import ToolError
+        from app.tools.settings import ToolSettings, read_tool_settings
 
         if self._busy():
             return
@@ -197,7 +200,7 @@ class ChatConversations(ChatBase):
         def apply(result: ConversationSettingsResult | None) -> None:
             if result is None:
                 return
-            settings = dict(conversation.settings, sampling=result.sampling.to_json())
+            settings = dict(conversation.settings, sampling=result.sampling.to_json(), tools=result.tools)
             if result.preset_name:
                 settings["preset"] = result.preset_name
             try:
@@ -210,12 +213,17 @@ class ChatConversations(ChatBase):
             saved_preset = f" Preset “{result.save_as}” saved." if result.save_as else ""
             self.notify("Conversation settings saved." + saved_preset)
 
-        self.app.push_screen(
-            ConversationSettingsModal(
-                conversation.system_prompt,
-                sampling,
-                self.app.store.list_presets(),
-                self.app.model.thinking_controls if self.app.model is not None else None,
-            ),
-            apply,
+        try:
+            choices = tool_choices(read_tool_settings())
+        except ToolError as error:  # config.toml's tool tables are wrong: say so, and offer the built-in tools
+            self.notify(str(error), severity="warning", timeout=10)
+            choices = tool_choices(ToolSettings())
+        modal = ConversationSettingsModal(
+            conversation.system_prompt,
+            sampling,
+            self.app.store.list_presets(),
+            self.app.model.thinking_controls if self.app.model is not None else None,
+            tools_choice(conversation),
+            choices if self.app.generation.takes_tools else choices[:1],
         )
+        self.app.push_screen(modal, apply)

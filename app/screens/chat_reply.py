@@ -21,9 +21,14 @@ from app.widgets.draft_provenance import draft_spans_from_stats
 from app.widgets.prompt_input import PromptInput
 
 if TYPE_CHECKING:
-    from app.messages import GenerationFailed, GenerationFinished, GenerationStatsUpdated, TokensArrived
+    from collections.abc import Sequence
+
+    from app.controllers.generation.tools import ConsentAnswer
+    from app.messages import DraftSpan, GenerationFailed, GenerationFinished, GenerationStatsUpdated, TokensArrived
     from app.store import MessageState
-    from engine_ext.protocol import SpeculativeStats
+    from app.tools.box import ToolEntry
+    from app.tools.loop import CallRecord
+    from engine_ext.protocol import SpeculativeStats, ToolCall
 
 IDLE_COLLECT_AFTER_S: Final = 2.0
 FULL_COLLECTIONS_PAUSED: Final = 1_000_000
@@ -117,6 +122,10 @@ class ChatReply(ChatBase):
         """Start streaming a reply under `parent_id`, or continue the stopped reply `resume`."""
         assert self.conversation_id is not None
         model_name = self.app.model.name if self.app.model else ""
+        if self.app.generation.takes_tools:  # the conversation's tools (an MCP server starts on demand, in a thread)
+            notice = await self.app.generation.prepare_tools(self.conversation_id)
+            if notice:
+                self.notify(notice, severity="warning", timeout=10)
         reply = self.app.generation.begin(self.conversation_id, parent_id, model_name, resume=resume)
         if resume is not None:
             await self.transcript.start_live(
@@ -145,12 +154,19 @@ class ChatReply(ChatBase):
     # ----- the router's events for the chat's requests -----
 
     async def generation_tokens(self, event: TokensArrived) -> None:
+        text = self.app.generation.visible(event.request_id, event.text)  # a tool call's markup is not shown
+        self._write_reply(event.request_id, text, event.reasoning, event.n_tokens, event.draft_spans, event.text)
+
+    def _write_reply(
+        self, request_id: int, text: str, reasoning: str, n_tokens: int, spans: Sequence[DraftSpan], streamed: str
+    ) -> None:
+        """Record and draw the reply's text (`spans` are of `streamed`: dropped when the text shown is not it)."""
         try:
-            if not self.app.generation.record(event.request_id, event.text, event.reasoning, event.n_tokens):
+            if not self.app.generation.record(request_id, text, reasoning, n_tokens):
                 return
         except StoreError as error:
             self.notify(f"Could not save the reply: {error}", severity="error")
-        self.transcript.write_live(event.text, event.reasoning, event.draft_spans)
+        self.transcript.write_live(text, reasoning, spans if text == streamed else ())
 
     def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
         if not self.app.generation.owns(event.request_id):
@@ -188,6 +204,8 @@ class ChatReply(ChatBase):
         if not self.app.generation.owns(event.request_id):
             return
         self.stats.set_stats(event.stats)
+        if await self._tool_calls_made(event):
+            return
         await self._end_generation(end_state(event.stop_reason), dict(event.stats, stop_reason=event.stop_reason))
         self.app.set_engine_state("ready")
         for notice in event.notices:
@@ -196,6 +214,42 @@ class ChatReply(ChatBase):
             self.notify(
                 "The context is full; start a new conversation or raise the context size (F3).", severity="warning"
             )
+
+    # ----- tool calls (app/controllers/generation/tools.py) -----
+
+    async def _tool_calls_made(self, event: GenerationFinished) -> bool:
+        """Show what the filter held back of the reply's text; when it ended with calls to answer, start the tool
+        round (in a worker: the consent dialog is awaited there) and say so."""
+        replies = self.app.generation
+        rest = replies.calls_ended(event.request_id, event.tool_calls)
+        if rest:
+            self._write_reply(event.request_id, rest, "", 0, (), rest)
+        if not replies.wants_tool_round(event.request_id, event.tool_calls):
+            return False
+        self.run_worker(self._tool_round(event), group="tool-round", exit_on_error=False)
+        return True
+
+    async def _tool_round(self, event: GenerationFinished) -> None:
+        reply = self.app.generation.active
+        why = await self.app.generation.tool_round(event.tool_calls, self._ask_tool, self._show_call, self)
+        if why is None or self.app.generation.active is not reply:  # it goes on with the results, or ended meanwhile
+            return
+        if why != "stopped":
+            self.notify(why, severity="warning")
+        state: MessageState = "stopped" if why == "stopped" else "complete"
+        await self._end_generation(state, dict(event.stats, stop_reason="cancelled" if state == "stopped" else "eos"))
+        self.app.set_engine_state("ready")
+
+    async def _ask_tool(self, call: ToolCall, entry: ToolEntry) -> ConsentAnswer:
+        from app.modals.tool_consent import ToolConsentModal
+
+        return await self.app.push_screen_wait(ToolConsentModal(call, entry.source))
+
+    async def _show_call(self, record: CallRecord) -> None:
+        await self.transcript.add_live_call(record)
+        reply = self.app.generation.active
+        made = len(reply.tools.records) if reply is not None and reply.tools is not None else 0
+        self.stats.extras = {**self.stats.extras, "tools": f"{made} call{'s' if made != 1 else ''}"}
 
     async def generation_failed(self, event: GenerationFailed) -> None:
         if self.app.generation.owns(event.request_id, unnamed=True):
@@ -216,6 +270,8 @@ class ChatReply(ChatBase):
             stats = dict(stats, draft_spans=[list(span) for span in live.body.draft_spans])
         if "n_ctx_used" in stats:
             self.measured.add(replies.active.message_id)
+        if state != "error":  # the steering mix and speculative settings it was written with (the exports say them)
+            stats = dict(stats, **self.app.steering.in_use(), **self.app.speculation.in_use())
         try:
             ended = replies.end(state, stats)
         except StoreError as error:

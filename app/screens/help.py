@@ -135,6 +135,9 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("←/→, shift+←/→, 0", "on a slider: strength ±1/40, ±1/8 of its range, reset (applies at the next token)"),
             ("enter", "on a slider: type a strength, past the slider's range too (any number within ±1000)"),
             ("m / b / a / c", "in the steering panel: make a vector · A/B view · add a file · clear all"),
+            ("tab", "in the steering panel: to the message box (it stays open); Tab there comes back"),
+            ("↑/↓ to Layers", "the layer range: typed, then Enter applies it (0: the default); a half-typed one waits"),
+            ("tab (a path)", "in the add-file prompt: complete the path (folders and .gguf files)"),
         ),
     ),
 )

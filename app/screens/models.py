@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,15 +10,13 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, OptionList, Select, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState
 
 from app import paths
-from app.download_bridge import DownloadBridge, DownloadProgressed, PullFailed, PullFinished
+from app.download_bridge import PullFinished
 from app.modals.model_actions import DeleteModelModal, PullModal
-from app.models import usable_folders
 from app.screens import models_work
 from app.screens.models_detail import (
     catalog_label,
@@ -31,6 +28,7 @@ from app.screens.models_detail import (
     repo_text,
     search_result_text,
 )
+from app.screens.models_downloads import ModelsDownloads
 from app.screens.models_local import PartialRow, words_tooltip
 from app.screens.models_messages import (
     HubSearched,
@@ -46,10 +44,10 @@ from engine_ext.gguf import format_bytes
 from engine_ext.untrusted_text import MAX_MESSAGE, one_line
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import Catalog, CatalogEntry, load_catalog
-from models_catalog.download import FINAL_STATES, DownloadTask, State, installed_path
+from models_catalog.download import FINAL_STATES, installed_path
 from models_catalog.errors import ModelsError
 from models_catalog.hub import QuantGroup, RepoListing, RepoSummary
-from models_catalog.library import Library, LocalModel, PartialDownload
+from models_catalog.library import LocalModel
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
@@ -78,7 +76,7 @@ def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:
 # ----- the screen ----------------------------------------------------------------------------------------
 
 
-class ModelsScreen(Screen[None]):
+class ModelsScreen(ModelsDownloads):
     """Find, inspect, download, use and delete models. Installed on the app, so downloads go on in the background.
 
     | Key | Action |
@@ -91,8 +89,9 @@ class ModelsScreen(Screen[None]):
     | d | Download the highlighted quant (with the sidecars you tick). |
     | u | Use the model in the chat (a local model, or a downloaded quant). |
     | x, delete | Local tab: delete the highlighted model or partial download (asks first); elsewhere: cancel the |
-    |  | highlighted download. |
-    | p | Pause or resume the highlighted download, wherever the focus is. |
+    |  | highlighted download (asks first, y/n: its partial file is deleted). |
+    | p | Pause or resume the highlighted download, wherever the focus is (a download is highlighted as it |
+    |  | starts; on a finished one p says so). |
     | r | Local tab: resume the highlighted partial download. |
     | ctrl+r | Reload the local models. |
     | escape, F4 | Back to the chat. |
@@ -105,6 +104,7 @@ class ModelsScreen(Screen[None]):
         Binding("d", "download", "Download"),
         Binding("u", "use", "Use"),
         Binding("p", "pause_download", "Pause"),
+        Binding("p", "pause_finished", "Pause", show=False),  # on a finished download: says p has nothing to do
         Binding("r", "resume_partial", "Resume"),
         Binding("x,delete", "delete", "Delete"),
         Binding("x", "cancel_download", "Cancel"),
@@ -134,10 +134,6 @@ class ModelsScreen(Screen[None]):
         self.memory: fit.MachineMemory | None = None
         self.search_results: list[RepoSummary] = []
         self.local_models: list[LocalModel] = []
-        self.partials: list[PartialRow] = []
-        """Partial downloads in the caches, listed in the Local tab after the models."""
-        self.partials_sized = False
-        """Whether the partials' totals were looked up (the Hub's listing) since the last listing."""
         self.entry: CatalogEntry | None = None
         """The catalog entry in the detail pane (alone, or with its repo inspected)."""
         self.listing: RepoListing | None = None
@@ -151,7 +147,6 @@ class ModelsScreen(Screen[None]):
         """The repository being inspected now."""
         self.searched: tuple[str, str | None, str] | None = None
         """(query, author, sort) of the last search asked for."""
-        self.downloads: DownloadBridge | None = None
 
     # ----- layout -----
 
@@ -211,10 +206,6 @@ class ModelsScreen(Screen[None]):
         if self.downloads is not None:
             self.downloads.close()
 
-    @property
-    def downloads_panel(self) -> DownloadsPanel:
-        return self.query_one(DownloadsPanel)
-
     def _set_title(self) -> None:
         title = "Models"
         if self.memory is not None:
@@ -237,28 +228,9 @@ class ModelsScreen(Screen[None]):
     def _inspect(self, repo_id: str, entry: CatalogEntry | None, memory: fit.MachineMemory | None) -> None:
         self.post_message(models_work.inspect(repo_id, entry, memory))
 
-    @work(thread=True, exclusive=True, group="local", exit_on_error=False)
-    def _list_local(self) -> None:
-        for message in models_work.list_local(self._library):
-            self.post_message(message)
-
-    @work(thread=True, group="resume-partial", exit_on_error=False)
-    def _resume_partial(self, row: PartialRow) -> None:
-        if (failed := models_work.resume_partial(row, self.downloads)) is not None:
-            self.post_message(failed)
-
-    @work(thread=True, group="delete", exit_on_error=False)
-    def _delete_partial(self, partial: PartialDownload, name: str) -> None:
-        self.post_message(models_work.delete_partial(self._library, partial, name))
-
     @work(thread=True, exclusive=True, group="local-fit", exit_on_error=False)
     def _judge_local(self, model: LocalModel, memory: fit.MachineMemory | None) -> None:
         self.post_message(models_work.judge_local(model, memory))
-
-    @work(thread=True, group="pull", exit_on_error=False)
-    def _pull(self, spec: str, sidecars: list[str], draft_repos: dict[str, str]) -> None:
-        if (failed := models_work.pull(spec, sidecars, draft_repos, self.downloads)) is not None:
-            self.post_message(failed)
 
     @work(thread=True, group="delete", exit_on_error=False)
     def _delete(self, model: LocalModel) -> None:
@@ -274,11 +246,6 @@ class ModelsScreen(Screen[None]):
         error = event.worker.error
         what = WORK_NAMES.get(event.worker.group, "Background work")
         self.post_message(ModelsWorkFailed(what, one_line(f"{type(error).__name__}: {error}")))
-
-    def _library(self) -> Library:
-        # A folder that cannot name one (a NUL byte, ~ of an unknown user: the settings take any text) makes the
-        # library's scan raise an error it does not expect, and nothing would be listed: such folders are left out.
-        return paths.library(usable_folders(self.app.config.model_folders))
 
     # ----- worker results -----
 
@@ -369,22 +336,6 @@ class ModelsScreen(Screen[None]):
             self.query_one("#detail-notes", Static).update("")
         self.notify(one_line(f"{message.what}: {message.error}", 2 * MAX_MESSAGE), severity="error", timeout=12)
 
-    def on_download_progressed(self, message: DownloadProgressed) -> None:
-        panel = self.downloads_panel
-        row = panel.rows.get(message.progress.task_id)
-        before = row.progress.state if row is not None else None
-        panel.show_progress(message.progress)
-        progress = message.progress
-        stopped = (State.PAUSED, State.FAILED, State.CANCELLED)
-        listed = any(
-            r.file is not None and (r.file.repo_id, r.file.path) == (progress.repo_id, progress.path)
-            for r in self.partials
-        )
-        if before != progress.state and (progress.state in stopped or listed):
-            # its partial file shows in the Local tab (or is gone, when cancelled), or its row there changes state
-            self._list_local()
-        self.refresh_bindings()
-
     def on_descendant_focus(self) -> None:
         self.refresh_bindings()
 
@@ -393,17 +344,6 @@ class ModelsScreen(Screen[None]):
         self._list_local()
         if self.listing is not None and self.listing.repo_id == message.pull.plan.repo_id:
             self._show_repo()
-
-    def on_pull_failed(self, message: PullFailed) -> None:
-        self.notify(f"Download of {message.pull.label} stopped: {message.error}", severity="error", timeout=15)
-
-    def on_downloads_panel_action_requested(self, message: DownloadsPanel.ActionRequested) -> None:
-        if self.downloads is None:
-            return
-        try:
-            getattr(self.downloads, message.action)(message.task_id)
-        except (ModelsError, KeyError) as error:
-            self.notify(f"Could not {message.action} the download: {error}", severity="error")
 
     # ----- lists -----
 
@@ -585,6 +525,9 @@ class ModelsScreen(Screen[None]):
             progress = self.downloads_panel.highlighted
             unfinished = progress is not None and progress.state not in FINAL_STATES
             return unfinished and (action == "pause_download" or self._active_tab() != "local")
+        if action == "pause_finished":
+            progress = self.downloads_panel.highlighted
+            return progress is not None and progress.state in FINAL_STATES
         if action == "delete":
             return self._active_tab() == "local"
         if action == "resume_partial":
@@ -595,11 +538,8 @@ class ModelsScreen(Screen[None]):
     def action_back(self) -> None:
         self.dismiss()
 
-    def action_pause_download(self) -> None:
+    def action_pause_finished(self) -> None:
         self.downloads_panel.action_pause_resume()
-
-    def action_cancel_download(self) -> None:
-        self.downloads_panel.action_cancel()
 
     def action_to_results(self) -> None:
         self.query_one("#search-results", OptionList).focus()
@@ -658,13 +598,8 @@ class ModelsScreen(Screen[None]):
         spec = f"{repo_id}:{group.tag}" if group.tag else repo_id
 
         def start(kinds: list[str] | None) -> None:
-            if kinds is None:
-                return
-            if self.downloads is None:
-                self.downloads = DownloadBridge(self)
-            self.downloads_panel.display = True
-            self.notify(f"Downloading {spec}" + (f" with {', '.join(kinds)}" if kinds else "") + ".")
-            self._pull(spec, kinds, drafts)
+            if kinds is not None:
+                self.start_download(spec, kinds, drafts)
 
         self.app.push_screen(PullModal(f"Download {spec}", files, sidecars, chosen, note), start)
 
@@ -682,14 +617,7 @@ class ModelsScreen(Screen[None]):
         if self.app.reply_in_progress():
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")
             return
-        # The use is recorded (a file written) in a thread of the app's: this screen is dismissed meanwhile.
-        self.app.run_worker(
-            partial(self._mark_used, self._library(), path),
-            name="mark-used",
-            group="mark-used",
-            thread=True,
-            exit_on_error=False,
-        )
+        self.app.record_model_use(path)  # and again once it has loaded (app/engine_events.py)
         self.dismiss()
         self.app.open_model(path)
 
@@ -698,53 +626,12 @@ class ModelsScreen(Screen[None]):
         if row is None:
             self.notify("Pick a partial download in the Local tab (3) to resume it.")
             return
-        if row.partial.active:
-            self.notify(f"{row.name} is being downloaded now (p pauses it).")
-            return
-        task = self._task_of(row)
-        if task is not None:  # paused in this session: its own task resumes (one row in the panel)
-            assert self.downloads is not None
-            self.downloads.resume(task.task_id)
-        else:
-            if self.downloads is None:
-                self.downloads = DownloadBridge(self)
-            self._resume_partial(row)
-        self.notify(f"Resuming {row.name} from {format_bytes(row.partial.size)}.")
-
-    def _task_of(self, row: PartialRow) -> DownloadTask | None:
-        """The unfinished download of this session that writes the partial file (paused, queued), if any."""
-        if self.downloads is None:
-            return None
-        return next(
-            (
-                t
-                for t in self.downloads.queue.tasks()
-                if t.file.oid == row.partial.oid
-                and t.file.repo_id == row.partial.repo_id
-                and t.state not in FINAL_STATES
-            ),
-            None,
-        )
+        self.resume_partial_row(row)
 
     def action_delete(self) -> None:
         row = self._highlighted_partial()
         if row is not None:
-            if row.partial.active:
-                self.notify(f"{row.name} is being downloaded now; pause it first (p).", severity="warning")
-                return
-
-            def delete_partial(yes: bool | None) -> None:
-                task = self._task_of(row)
-                if yes and task is not None and self.downloads is not None:
-                    self.downloads.cancel(task.task_id)  # cancelling deletes its partial file
-                    self.notify(f"Cancelled {row.name}: its {format_bytes(row.partial.size)} deleted.")
-                elif yes:
-                    self._delete_partial(row.partial, f"partial {row.name}")
-
-            self.app.push_screen(
-                DeleteModelModal(f"partial download {row.name}", [row.partial.path.name], row.partial.size),
-                delete_partial,
-            )
+            self.delete_partial_row(row)
             return
         model = self.local
         if self._active_tab() != "local" or model is None:
@@ -760,14 +647,6 @@ class ModelsScreen(Screen[None]):
         """Which sidecars are there and how much deleting frees (file stats, off the event loop), then ask."""
         names, size = models_work.deletion_of(model)
         self.app.call_from_thread(self._confirm_delete, model, names, size)
-
-    def _mark_used(self, library: Library, path: Path) -> None:
-        try:
-            library.mark_used(path)
-        except (OSError, ValueError) as error:
-            self.app.call_from_thread(
-                self.app.notify, one_line(f"Could not record the model's use: {error}"), severity="warning"
-            )
 
     def _confirm_delete(self, model: LocalModel, names: list[str], size: int) -> None:
         def delete(yes: bool | None) -> None:

@@ -254,15 +254,21 @@ def describe_applied(applied: SteeringSet | None) -> str:
     return f"Applied on layers {applied.layer_start}–{applied.layer_end}."
 
 
+def range_words(start: int, end: int) -> str:
+    """A typed layer range in words: 0 is the default end (the first steerable layer, the last)."""
+    return f"{start or 'the first'} to {end or 'the last'}"
+
+
 class SteeringPanel(Vertical, can_focus=True):
     """Steer the loaded model; changes apply at the next token, even while a reply is being written. F6 opens and
     closes the panel, beside the transcript (wide terminal) or below it (narrow), so the reply stays in view.
 
     | Key | Action |
     | :- | :- |
-    | up / down | Move between vectors and the layer range. |
+    | up / down | Move between vectors and the layer range (Enter in a layer field applies the range). |
     | left / right | Strength −/+ a fortieth of the slider's range (shift: an eighth); 0 resets. |
     | enter | Type a strength (past the slider's range too, within ±1000). |
+    | tab, shift+tab | To the message box (the panel stays open; Tab from the message box comes back). |
     | m | Make a vector from a prompt set. |
     | b | A/B: the same prompt with and without steering. |
     | a | Add a control-vector file by path. |
@@ -272,6 +278,9 @@ class SteeringPanel(Vertical, can_focus=True):
 
     BINDINGS = [
         Binding("escape", "close", "Close"),
+        # Tab leaves the panel for the message box in one key, rather than walking into the layer fields (↑/↓
+        # reach those), where typed letters vanish and digits would change the range.
+        Binding("tab,shift+tab", "to_message_box", "Message"),
         Binding("m", "make", "Make vector"),
         Binding("b", "ab", "A/B"),
         Binding("a", "add", "Add file"),
@@ -300,8 +309,8 @@ class SteeringPanel(Vertical, can_focus=True):
             yield Label(" (0: all)", classes="field-label")
         yield HeatStrip(id="steering-heat")
         yield Label("", id="steering-status")
-        yield Label(  # m, b, a and c are in the footer
-            "←/→ strength (shift ×5) · Enter type one · 0 reset · ↑/↓ move · Esc/F6 close", id="steering-hint"
+        yield Label(  # Esc, m, b, a and c are in the footer; one line at 80 columns
+            "←/→ strength (shift ×5) · Enter type · 0 reset · ↑/↓ move · Tab message box", id="steering-hint"
         )
 
     @property
@@ -341,6 +350,18 @@ class SteeringPanel(Vertical, can_focus=True):
         """Quitting with the panel open keeps the mix, as closing it does."""
         if self.is_open:
             self.app.steering.remember()
+
+    def on_focus(self) -> None:
+        """Focus reaching the panel itself (Tab from the message box) goes on to the vectors: ←/→ act at once."""
+        sliders = self.sliders
+        if sliders and not self.listing:
+            sliders[0].focus()
+
+    def action_to_message_box(self) -> None:
+        """Tab: the chat's message box, with the panel left open (the message goes out steered)."""
+        prompt = next(iter(self.screen.query("#prompt")), None)
+        if prompt is not None and prompt.focusable:
+            prompt.focus()
 
     def action_move(self, step: int) -> None:
         """↑/↓: the previous or next slider or layer field of the panel (it wraps around)."""
@@ -410,13 +431,15 @@ class SteeringPanel(Vertical, can_focus=True):
         sliders = self.sliders
         if not self.is_open:
             return
-        for slider in sliders:
-            if slider.vector.path == focused:
-                slider.focus()
         focus = self.screen.focused
         inside = focus is not None and (focus is self or self in focus.ancestors)
-        if sliders and (not inside or (self._focus_first_slider and not isinstance(focus, VectorSlider))):
-            sliders[0].focus()
+        target = next((slider for slider in sliders if slider.vector.path == focused), None)
+        if target is None and sliders:
+            # The panel itself holding the focus (no vector until now) would leave ←/→ and Enter doing nothing.
+            on_panel = focus is self or (self._focus_first_slider and not isinstance(focus, VectorSlider))
+            target = sliders[0] if not inside or on_panel else None
+        if target is not None:
+            target.focus()
         self._focus_first_slider = False
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -452,20 +475,46 @@ class SteeringPanel(Vertical, can_focus=True):
         self.app.steering.set_strength(event.slider.vector.path, event.strength)
         self._scale_heat()
 
-    @on(Input.Changed, "#steering-range Input")
-    def _range_changed(self, event: Input.Changed) -> None:
+    def layer_range(self) -> tuple[int, int] | str:
+        """The range typed in the layer fields, or why it cannot be applied (a field empty or half typed, from after
+        to, past the model's last layer)."""
+        texts = [self.query_one(f"#steering-layer-{end}", Input).value.strip() for end in ("start", "end")]
         try:
-            start = int(self.query_one("#steering-layer-start", Input).value or "0")
-            end = int(self.query_one("#steering-layer-end", Input).value or "0")
+            start, end = (int(text) for text in texts)
         except ValueError:
+            return "both layer fields need a number (0: the default)"
+        last = self.query_one(HeatStrip).n_layer - 1
+        if start < 0 or end < 0 or (end and end < start):
+            return "the range needs 0 ≤ from ≤ to (0: the default)"
+        if last > 0 and max(start, end) > last:
+            return f"this model's layers are 1 to {last}"
+        return start, end
+
+    @on(Input.Changed, "#steering-range Input")
+    def _range_typed(self) -> None:
+        """A range being typed is not applied (a stray digit would steer one layer): Enter applies it when valid."""
+        typed = self.layer_range()
+        settings = self.app.config.steering
+        if typed == (settings.layer_start, settings.layer_end):
+            self.show_applied(self.app.steering.applied)
+            return
+        status = self.query_one("#steering-status", Label)
+        if isinstance(typed, str):
+            status.update(f"Layers not applied: {typed}.")
+        else:
+            status.update(f"Layers {range_words(*typed)}: Enter applies them.")
+
+    @on(Input.Submitted, "#steering-range Input")
+    def _range_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        typed = self.layer_range()
+        if isinstance(typed, str):
+            self.query_one("#steering-status", Label).update(f"Layers not applied: {typed}.")
             return
         settings = self.app.config.steering
-        if (start, end) == (settings.layer_start, settings.layer_end):
-            return
-        if start < 0 or end < 0 or (end and end < start):
-            self.query_one("#steering-status", Label).update("The range needs 0 ≤ from ≤ to (0: the default).")
-            return
-        self.app.steering.set_range(start, end)
+        if typed != (settings.layer_start, settings.layer_end):
+            self.query_one("#steering-status", Label).update(f"Applying layers {range_words(*typed)}…")
+            self.app.steering.set_range(*typed)
 
     def action_make(self) -> None:
         self.app.action_make_vector()
@@ -474,14 +523,19 @@ class SteeringPanel(Vertical, can_focus=True):
         self.app.action_steering_ab()
 
     def action_add(self) -> None:
-        from app.modals.text_prompt import TextPromptModal
+        from app.modals.text_prompt import PathPromptModal
 
         def add(text: str | None) -> None:
             if text and text.strip():
                 self._add_vector(text.strip())
 
         self.app.push_screen(
-            TextPromptModal("Add a control vector (llama.cpp's .gguf format)", "", "path to a control-vector .gguf"),
+            PathPromptModal(
+                "Add a control vector (llama.cpp's .gguf format)",
+                "",
+                "path to a control-vector .gguf (Tab completes)",
+                suffixes=(".gguf",),
+            ),
             add,
         )
 
@@ -515,7 +569,7 @@ class SteeringPanel(Vertical, can_focus=True):
             return
         self.app.steering.set_strength(path, 0.0)
         if self.is_attached:
-            await self.refresh_vectors()
+            await self.refresh_vectors(focus_path=path)  # the new vector's slider: ←/→ and Enter act on it at once
 
     def action_clear(self) -> None:
         for slider in self.sliders:

@@ -25,7 +25,15 @@ from engine_ext.spec_catalog import CATALOGUE, DRAFT_NUMBERS, SPEC_TYPE
 _POLL_S = 0.05  # how often the dispatcher looks at a cancel flag while it waits for the engine
 # Failures that come from what the request asked (its messages, its settings): 400, not the server's fault.
 _CLIENT_ERRORS = frozenset(
-    {"ChatTemplateError", "EngineError", "ContextError", "SpeculativeConfigError", "GrammarError"}
+    {
+        "ChatTemplateError",
+        "EngineError",
+        "ContextError",
+        "SpeculativeConfigError",
+        "GrammarError",
+        "NoProjector",
+        "ImageRefused",
+    }
 )
 _MODEL_FAMILY = frozenset(t.name for t in CATALOGUE if t.family != "ngram")
 

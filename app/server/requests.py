@@ -8,8 +8,11 @@ with their default value (`user`, `logprobs: false`, `n: 1`, `null` anywhere) ar
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -17,8 +20,9 @@ from typing import Any, Literal
 from app.server.errors import ApiError, bad_request
 from app.server.tool_requests import parse_tools, tool_message
 from engine_ext import settings_schema as schema
+from engine_ext.image_input import MAX_IMAGE_BYTES, ImageRefused, check_image
 from engine_ext.params import SamplingParams
-from engine_ext.protocol import ChatMessage
+from engine_ext.protocol import IMAGE_MARKER, ChatMessage, ImageRef
 from engine_ext.setting import Setting
 from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
 
@@ -266,40 +270,77 @@ def _messages(value: object, limits: Limits) -> tuple[ChatMessage, ...]:
         role = item.get("role")
         if not isinstance(role, str) or (role not in _ROLES and role != "tool"):
             raise bad_request(f"{where}.role must be one of system, developer, user, assistant, tool", "messages")
-        text = _content(item.get("content"), where)
+        text, images = _content(item.get("content"), where)
         total += len(text)
         if total > limits.max_text_chars:
             raise ApiError(
                 413, f"the messages are longer than this server's limit of {limits.max_text_chars} characters"
             )
         if role == "tool" or (role == "assistant" and item.get("tool_calls")):
+            if images:
+                raise bad_request(
+                    f"{where}: images go in user messages, not in tool calls or their results", "messages"
+                )
             out.append(tool_message(item, role, text, where))
         else:
-            out.append(ChatMessage(_ROLES[str(role)], text))
+            out.append(ChatMessage(_ROLES[str(role)], text, images=images))
     return tuple(out)
 
 
-def _content(value: object, where: str) -> str:
+def _content(value: object, where: str) -> tuple[str, tuple[ImageRef, ...]]:
+    """A message's text, each image part as IMAGE_MARKER where it was, and its images (data: URLs, checked)."""
     if isinstance(value, str):
         _check_text(value, f"{where}.content")
-        return value
+        return value, ()
     if value is None:
-        return ""
+        return "", ()
     if not isinstance(value, list):
         raise bad_request(f"{where}.content must be a string or a list of parts", "messages")
     parts: list[str] = []
+    images: list[ImageRef] = []
     for j, part in enumerate(value):
         if not isinstance(part, dict):
             raise bad_request(f"{where}.content[{j}] must be an object", "messages")
         kind = part.get("type")
-        if kind in ("image_url", "input_image", "image", "input_audio"):
+        if kind == "image_url":
+            images.append(_image_part(part.get("image_url"), f"{where}.content[{j}]"))
+            parts.append(IMAGE_MARKER)
+            continue
+        if kind in ("input_image", "image", "input_audio"):
             raise bad_request(f"{where}.content[{j}]: {kind} parts are not supported by this server yet", "messages")
         text = part.get("text")
         if kind != "text" or not isinstance(text, str):
             raise bad_request(f"{where}.content[{j}] must be a text part", "messages")
         _check_text(text, f"{where}.content[{j}]")
-        parts.append(text)
-    return "".join(parts)
+        parts.append(text.replace(IMAGE_MARKER, ""))  # only image parts place images
+    return "".join(parts), tuple(images)
+
+
+_DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]{1,32};base64,", re.ASCII)
+
+
+def _image_part(value: object, where: str) -> ImageRef:
+    """An image_url part: a base64 `data:` URL, its image checked before the engine sees it. Remote URLs are not
+    fetched (the server would fetch what any client names)."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{where}.image_url.url must be a data: URL", "messages")
+    head = _DATA_URL.match(url)
+    if head is None:
+        what = "remote image URLs are not fetched" if url.startswith(("http:", "https:")) else "not a data: URL"
+        raise bad_request(f"{where}: {what}; send the image as data:image/...;base64,...", "messages")
+    encoded = url[head.end() :]
+    if len(encoded) > (MAX_IMAGE_BYTES * 4) // 3 + 4:
+        raise ApiError(413, f"{where}: the image is larger than {MAX_IMAGE_BYTES >> 20} MiB", "messages")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{where}: the data: URL is not valid base64", "messages") from None
+    try:
+        image = check_image(data, f"{where} image")
+    except ImageRefused as exc:
+        raise bad_request(str(exc), "messages") from None
+    return ImageRef(image.sha256, data=image.data, name=f"image.{image.format.lower()}")
 
 
 def _check_text(text: str, where: str) -> None:

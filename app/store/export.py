@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final, cast
 
@@ -15,6 +16,8 @@ from app.store.records import (
     dump_stats,
 )
 from app.store.tree import TreeMixin, parents_first
+from app.tools.loop import CallRecord, stored_calls
+from engine_ext.untrusted_text import one_line
 
 EXPORT_FORMAT: Final = "llmtui.conversation"
 EXPORT_VERSION: Final = 1
@@ -26,6 +29,16 @@ STATE_NOTES: Final[dict[str, str]] = {
     "interrupted": "Reply interrupted (llmtui closed while writing it).",
     "error": "Reply failed.",
 }
+
+
+def tool_call_markdown(record: CallRecord) -> str:
+    """A reply's tool call, folded: the tool, where it came from, its arguments and its result (fenced as text)."""
+    outcome = "denied" if not record.allowed else "failed" if record.failed else "result"
+    fence = "`" * max(3, max((len(run) for run in record.result.split("\n") if set(run) == {"`"}), default=0) + 1)
+    return (
+        f"<details>\n<summary>Tool {record.call.name} ({record.source or 'not offered'}): {outcome}</summary>\n\n"
+        f"Arguments: `{record.call.arguments}`\n\n{fence}text\n{record.result}\n{fence}\n\n</details>"
+    )
 
 
 class ExportMixin(TreeMixin):
@@ -46,8 +59,11 @@ class ExportMixin(TreeMixin):
                 parts.append(f"<details>\n<summary>Reasoning</summary>\n\n{reasoning}\n\n</details>")
             if message.content.strip():
                 parts.append(message.content.strip("\n").rstrip())
+            parts += [tool_call_markdown(record) for record, _ in stored_calls(message.stats)]
             if message.state in STATE_NOTES:
                 parts.append(f"*{STATE_NOTES[message.state]}*")
+            if note := features_note(message.stats):
+                parts.append(f"*{note}*")
         return "\n\n".join(parts) + "\n"
 
     def export_json(self, conversation_id: int) -> str:
@@ -138,6 +154,46 @@ class ExportMixin(TreeMixin):
                 (None if leaf is None else db_ids[leaf], conversation_id),
             )
         return conversation_id
+
+
+def features_note(stats: Mapping[str, Any]) -> str:
+    """One line for a reply in the Markdown export: the steering mix and the speculative settings it was written
+    with (the stats' "steering" and "speculative", recorded by the controllers' `in_use`); "" when neither. An
+    imported export may hold anything there: what is not as recorded is left out, the rest is said."""
+    parts = []
+    steering = stats.get("steering")
+    steering = steering if isinstance(steering, dict) else {}
+    vectors = steering.get("vectors")
+    mix = [
+        f"{one_line(v['name'], 60)} {v['strength']:+.2f}"
+        for v in (vectors if isinstance(vectors, list) else ())
+        if isinstance(v, dict) and isinstance(v.get("name"), str) and _number(v.get("strength"))
+    ]
+    if mix:
+        layers = steering.get("layers")
+        ranged = isinstance(layers, list) and len(layers) == 2 and all(_number(n) for n in layers) and any(layers)
+        where = f" on layers {layers[0]}–{layers[1]}" if ranged and isinstance(layers, list) else ""
+        parts.append(f"Steering: {', '.join(mix)}{where}.")
+    speculative = stats.get("speculative")
+    if isinstance(speculative, dict) and isinstance(kind := speculative.get("type"), str):
+        text = f"Speculative decoding: {one_line(kind, 40)}"
+        drafters = speculative.get("drafters")
+        if isinstance(drafters, list) and drafters != [kind] and all(isinstance(d, str) for d in drafters):
+            text += f" ({one_line('+'.join(drafters), 80)})"
+        for key, shown in (("n_max", "n_max {}"), ("n_min", "n_min {}"), ("p_min", "p_min {}")):
+            value = speculative.get(key)
+            if _number(value) and value:
+                text += ", " + shown.format(value)
+        if isinstance(draft := speculative.get("draft_model"), str):
+            text += f", draft {one_line(draft, 80)}"
+        if _number(accepted := speculative.get("accepted")):
+            text += f", {accepted:.0%} of drafted tokens accepted"
+        parts.append(text + ".")
+    return " ".join(parts)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # ----- import validation -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ again, at most `max_calls` calls per reply. A call that is not allowed is refuse
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from app.tools.box import DEFAULT_CALL_TIMEOUT_S, ToolBox, ToolEntry, run_call
@@ -93,7 +93,7 @@ class ToolLoop:
             ):
                 return LoopResult(messages, text, finished, records, calls, notices)
             if len(records) + len(calls) > self.max_calls:
-                notices.append(f"stopped: the reply asked for more than {self.max_calls} tool calls (--max-tool-calls)")
+                notices.append(too_many_calls(self.max_calls))
                 return LoopResult(messages, text, finished, records, calls, notices)
             messages += (ChatMessage("assistant", text, calls_to_json(calls)),)
             for call in calls:
@@ -107,9 +107,77 @@ class ToolLoop:
         """Ask consent for one call and run it if allowed."""
         entry = self.box.entries.get(call.name)
         if entry is None:
-            return CallRecord(call, "", False, f"There is no tool named {call.name}.", True, 0.0)
+            return not_offered(call)
         if not self.consent(call, entry):
-            return CallRecord(call, entry.source, False, REFUSED_RESULT, True, 0.0)
-        started = time.monotonic()
-        result, failed = run_call(entry, call, self.timeout_s)
-        return CallRecord(call, entry.source, True, result, failed, time.monotonic() - started)
+            return refused(call, entry)
+        return run_allowed(call, entry, self.timeout_s)
+
+
+def not_offered(call: ToolCall) -> CallRecord:
+    """The record of a call of a tool that is not offered (the model is told so)."""
+    return CallRecord(call, "", False, f"There is no tool named {call.name}.", True, 0.0)
+
+
+def refused(call: ToolCall, entry: ToolEntry) -> CallRecord:
+    """The record of a call the user did not allow."""
+    return CallRecord(call, entry.source, False, REFUSED_RESULT, True, 0.0)
+
+
+def run_allowed(call: ToolCall, entry: ToolEntry, timeout_s: float) -> CallRecord:
+    """Run an allowed call within `timeout_s` (blocking: call it off the UI thread); its record."""
+    started = time.monotonic()
+    result, failed = run_call(entry, call, timeout_s)
+    return CallRecord(call, entry.source, True, result, failed, time.monotonic() - started)
+
+
+def too_many_calls(max_calls: int) -> str:
+    return f"stopped: the reply asked for more than {max_calls} tool calls (--max-tool-calls)"
+
+
+def record_to_json(record: CallRecord, at: int) -> dict[str, object]:
+    """A call as history stores it with its reply (`at`: the length of the reply's text when the call was made)."""
+    return {
+        "id": record.call.id,
+        "name": record.call.name,
+        "arguments": record.call.arguments,
+        "source": record.source,
+        "allowed": record.allowed,
+        "result": record.result,
+        "failed": record.failed,
+        "seconds": round(record.seconds, 3),
+        "at": at,
+    }
+
+
+def record_from_json(data: object) -> tuple[CallRecord, int] | None:
+    """A stored call back as its record and where it was made in the text; None when the entry is not one (a
+    damaged or hand-edited history is shown without it rather than failing)."""
+    if not isinstance(data, dict):
+        return None
+    strings = [data.get(key) for key in ("id", "name", "arguments", "source", "result")]
+    seconds, at = data.get("seconds", 0.0), data.get("at", 0)
+    if not all(isinstance(value, str) for value in strings):
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or isinstance(at, bool):
+        return None
+    if not isinstance(at, int) or at < 0:
+        return None
+    call_id, name, arguments, source, result = (str(value) for value in strings)
+    record = CallRecord(
+        ToolCall(call_id, name, arguments),
+        source,
+        data.get("allowed") is True,
+        result,
+        data.get("failed") is True,
+        float(seconds),
+    )
+    return record, at
+
+
+def stored_calls(stats: Mapping[str, object]) -> list[tuple[CallRecord, int]]:
+    """The calls history keeps with a reply (its stats' "tool_calls"), with where in its text each was made."""
+    stored = stats.get("tool_calls")
+    if not isinstance(stored, list):
+        return []
+    records = [record_from_json(item) for item in stored]
+    return [record for record in records if record is not None]

@@ -84,10 +84,11 @@ class DownloadsPanel(VerticalScroll, can_focus=True):
     | Key | Action |
     | :- | :- |
     | up / down | Highlight the previous / next download. |
-    | p | Pause the highlighted download, or resume it when paused. |
-    | x, c | Cancel it (its partial file is deleted). |
+    | p | Pause the highlighted download, or resume it when paused (on a finished one: says so). |
+    | x, c | Cancel it (the models screen asks first: its partial file is deleted). |
 
-    The models screen binds p and x too, so they act on the highlighted download wherever the focus is.
+    The models screen binds p and x too, so they act on the highlighted download wherever the focus is; a download
+    is highlighted as it starts (`follow_next_download`), or when the highlighted one has finished.
     """
 
     BINDINGS = [
@@ -116,6 +117,12 @@ class DownloadsPanel(VerticalScroll, can_focus=True):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.rows: dict[int, DownloadRow] = {}
+        self._follow_next = False
+        """Whether the next new row takes the highlight (the user just started a download)."""
+
+    def follow_next_download(self) -> None:
+        """Highlight the next download that appears: the one the user just started, which p and x then act on."""
+        self._follow_next = True
 
     def on_mount(self) -> None:
         self.border_title = "Downloads"
@@ -125,10 +132,14 @@ class DownloadsPanel(VerticalScroll, can_focus=True):
         """Add or update the row of `progress.task_id`."""
         row = self.rows.get(progress.task_id)
         if row is None:
+            highlighted = self.highlighted
             row = DownloadRow(progress)
             self.rows[progress.task_id] = row
             self.mount(row)
             self.display = True
+            if self._follow_next or highlighted is None or highlighted.state in FINAL_STATES:
+                self._follow_next = False
+                self.cursor = len(self.rows) - 1
             self._highlight()
         else:
             row.show(progress)
@@ -159,7 +170,11 @@ class DownloadsPanel(VerticalScroll, can_focus=True):
 
     def action_pause_resume(self) -> None:
         progress = self.highlighted
-        if progress is None or progress.state in FINAL_STATES:
+        if progress is None:
+            return
+        if progress.state in FINAL_STATES:
+            name = progress.path.rsplit("/", 1)[-1]
+            self.notify(f"{name} is {progress.state}: p has nothing to pause (it acts on an unfinished download).")
             return
         action = "resume" if progress.state == State.PAUSED else "pause"
         self.post_message(self.ActionRequested(self, progress.task_id, action))

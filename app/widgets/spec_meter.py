@@ -3,6 +3,8 @@ expanded (ctrl+o), the counts, acceptance by draft position, drafting vs verifyi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Final
 
 from rich.style import Style
@@ -49,10 +51,15 @@ class SpecMeter(Widget):
     expanded: reactive[bool] = reactive(False, layout=True)
     """Whether the details are shown under the summary line."""
 
-    def watch_expanded(self, expanded: bool) -> None:
-        self.tooltip = COUNTS_HELP if expanded else None
+    def watch_expanded(self) -> None:
+        self._set_tooltip()
+
+    def _set_tooltip(self) -> None:
+        # Folded, the whole status ("paused: measured 0.83× plain speed…"): a narrow line shows its first words.
+        self.tooltip = COUNTS_HELP if self.expanded else (self.stats.status if self.stats else None) or None
 
     def watch_stats(self) -> None:
+        self._set_tooltip()
         # Lay the screen out again only when the details gain or lose a line (not at every live update).
         if self.expanded and len(self.render().split()) != self.size.height:
             self.refresh(layout=True)
@@ -82,18 +89,30 @@ class SpecMeter(Widget):
         speeds = f"{stats.effective_tps:.1f} tok/s"
         if stats.plain_tps > 0:
             speeds += f" vs plain {stats.plain_tps:.1f}"
+        counts = row(
+            ("proposed ", label),
+            (str(stats.proposed), "bold"),
+            ("  drafted ", label),
+            (str(stats.drafted), "bold"),
+            ("  accepted ", label),
+            (f"{stats.accepted}{rate}", "bold"),
+            ("  steps ", label),
+            (str(stats.steps), "bold"),
+            ("  ", ""),
+            (speeds, "bold"),
+        )
         lines = [
-            row(
-                ("proposed ", label),
-                (str(stats.proposed), "bold"),
-                ("  drafted ", label),
-                (str(stats.drafted), "bold"),
-                ("  accepted ", label),
-                (f"{stats.accepted}{rate}", "bold"),
-                ("  steps ", label),
-                (str(stats.steps), "bold"),
-                ("  ", ""),
-                (speeds, "bold"),
+            self._fitted(
+                counts,
+                lambda: row(  # narrow: the speeds first, the counts shorter
+                    (speeds, "bold"),
+                    ("  steps ", label),
+                    (str(stats.steps), "bold"),
+                    ("  accepted ", label),
+                    (f"{stats.accepted}/{stats.drafted}{rate}", "bold"),
+                    ("  proposed ", label),
+                    (str(stats.proposed), "bold"),
+                ),
             )
         ]
         lines.append(row(*by_position(stats.acceptance_per_position, label, spark)))
@@ -111,48 +130,89 @@ class SpecMeter(Widget):
             )
         for report in stats.drafters if len(stats.drafters) > 1 else ():
             share = f" ({report.accepted / report.proposed:.0%})" if report.proposed else ""
-            lines.append(
-                row(
-                    (f"{report.name:<13} ", "bold"),
-                    (f"{report.drafts} drafts  ", label),
-                    (f"accepted {report.accepted} of {report.proposed} proposed{share}", ""),
-                    (f"  {sparkline(report.acceptance_per_position, SPARK_WIDTH)}".rstrip(), spark),
-                    (f"  {report.draft_ms:.1f} ms drafting", label),
-                )
+            bars = f"  {sparkline(report.acceptance_per_position, SPARK_WIDTH)}".rstrip()
+            full = row(
+                (f"{report.name:<13} ", "bold"),
+                (f"{report.drafts} drafts  ", label),
+                (f"accepted {report.accepted} of {report.proposed} proposed{share}", ""),
+                (bars, spark),
+                (f"  {report.draft_ms:.1f} ms drafting", label),
             )
+            compact = partial(
+                row,
+                (f"{report.name:<13} ", "bold"),
+                (f"{report.drafts} drafts  ", label),
+                (f"accepted {report.accepted}/{report.proposed}{share}", ""),
+                (f"  {report.draft_ms:.1f} ms", label),
+                (bars, spark),
+            )
+            lines.append(self._fitted(full, compact))
         return lines
+
+    def _fitted(self, full: Text, compact: Callable[[], Text]) -> Text:
+        """`full` when it fits the meter's width, else the `compact` form: at 80 columns the lines ended in "…" before
+        the status and the speeds were seen (issue 37), so the narrow forms put them first and shorten the rest."""
+        width = self.size.width
+        return compact() if width and full.cell_len > width else full
 
     def _summary(self) -> Text:
         label = self.get_component_rich_style("spec-meter--label", partial=True)
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(" ⚡ ", style="bold")
         line.append(self.spec_type or "speculative", style="bold")
-        if self.drafters and tuple(self.drafters) != (self.spec_type,):
-            line.append(f" ({'+'.join(self.drafters)})", style=label)
+        drafters = (
+            f" ({'+'.join(self.drafters)})" if self.drafters and tuple(self.drafters) != (self.spec_type,) else ""
+        )
         stats = self.stats
         if stats is None:
+            line.append(drafters, style=label)
             line.append("  waiting for a reply", style=label)
             return line
+        full = line.copy()
+        full.append(drafters, style=label)
         width = max(4, min(SPARK_WIDTH, self.size.width // 6)) if self.size.width else SPARK_WIDTH
-        line.append("  ")
-        line.append(
-            sparkline(stats.recent_acceptance, width).ljust(width, " "),
-            style=self.get_component_rich_style("spec-meter--spark", partial=True),
-        )
-        line.append(f" {stats.acceptance_rate:.0%}" if stats.drafted else " –", style="bold")
-        line.append(" accepted", style=label)
-        line.append(f"  {stats.mean_accepted_length:.2f}", style="bold")
-        line.append(" tok/step", style=label)
+        full.append("  ")
+        full.append_text(self._spark(stats, width))
+        full.append_text(self._figures(stats, label))
+        if stats.n_max:
+            full.append(f"  n_max {stats.n_max}", style=label)
+        if stats.status:
+            full.append(f"  {stats.status}", style=self.get_component_rich_style("spec-meter--status", partial=True))
+
+        def compact() -> Text:
+            """Narrow: the status's first words ("drafting", "paused") and the figures first; the drafters last."""
+            if stats.status:
+                status = self.get_component_rich_style("spec-meter--status", partial=True)
+                line.append(f"  {stats.status.split(':', 1)[0]}", style=status)
+            line.append(" ")
+            line.append_text(self._figures(stats, label))
+            line.append("  ")
+            line.append_text(self._spark(stats, min(width, 8)))
+            if stats.n_max:
+                line.append(f" n_max {stats.n_max}", style=label)
+            line.append(drafters, style=label)
+            return line
+
+        return self._fitted(full, compact)
+
+    def _spark(self, stats: SpeculativeStats, width: int) -> Text:
+        """The recent steps' acceptance, `width` bars."""
+        style = self.get_component_rich_style("spec-meter--spark", partial=True)
+        return Text(sparkline(stats.recent_acceptance, width).ljust(width, " "), style=style)
+
+    def _figures(self, stats: SpeculativeStats, label: Style) -> Text:
+        """Acceptance, mean accepted length and the speedup (green or yellow when measurable)."""
+        figures = Text()
+        figures.append(f" {stats.acceptance_rate:.0%}" if stats.drafted else " –", style="bold")
+        figures.append(" accepted", style=label)
+        figures.append(f"  {stats.mean_accepted_length:.2f}", style="bold")
+        figures.append(" tok/step", style=label)
         if stats.speedup > 0:
             style: Style | str = label  # within the noise (or not measured): "~", not coloured as a gain or a loss
             if measurable(stats.speedup, self.noise):
                 style = "bold green" if stats.speedup >= 1 else "bold yellow"
-            line.append(f"  {speedup_text(stats.speedup, self.noise, 2)}", style=style)
-        if stats.n_max:
-            line.append(f"  n_max {stats.n_max}", style=label)
-        if stats.status:
-            line.append(f"  {stats.status}", style=self.get_component_rich_style("spec-meter--status", partial=True))
-        return line
+            figures.append(f"  {speedup_text(stats.speedup, self.noise, 2)}", style=style)
+        return figures
 
 
 def by_position(rates: tuple[float, ...], label: Style, spark: Style) -> list[tuple[str, Style | str]]:

@@ -41,9 +41,12 @@ class ToolCallBlock(Static, can_focus=True):
         def control(self) -> ToolCallBlock:
             return self.block
 
-    def __init__(self, record: CallRecord, *, id: str | None = None) -> None:
-        super().__init__(self._text(record, False), markup=False, id=id, classes="-failed" if record.failed else "")
+    def __init__(self, record: CallRecord, *, message_id: int | None = None, id: str | None = None) -> None:
+        classes = ("-failed" if record.failed else "") + (f" -reply-{message_id}" if message_id is not None else "")
+        super().__init__(self._text(record, False), markup=False, id=id, classes=classes.strip())
         self.record = record
+        self.message_id = message_id
+        """The reply that made the call (None: shown on its own)."""
 
     @staticmethod
     def summary(record: CallRecord) -> str:

@@ -20,10 +20,12 @@ from app.messages import DraftSpan
 from app.store import Message as StoredMessage
 from app.textual_internals.layout import LaidOutOnce
 from app.textual_internals.scrollbar import LinesOncePerPositionScrollBar, use_vertical_scrollbar
+from app.tools.loop import CallRecord, stored_calls
 from app.widgets.draft_provenance import DraftSpans
 from app.widgets.live_body import LiveMessage
 from app.widgets.markdown_render import load_lexer_table
 from app.widgets.message_view import BranchInfo, MessageView
+from app.widgets.tool_call_block import ToolCallBlock
 
 PAGE_SIZE: Final = 16  # messages mounted at a time; older ones are mounted when the user scrolls up to them
 
@@ -94,6 +96,19 @@ class Transcript(LaidOutOnce, VerticalScroll):
     def _view(self, message: StoredMessage) -> MessageView:
         return MessageView(message, self.branches.get(message.id), dark=self.dark, colour_drafts=self.colour_drafts)
 
+    def _views(self, message: StoredMessage) -> tuple[MessageView, list[ToolCallBlock]]:
+        """A message's view, and (a reply) a folded block for each tool call it made."""
+        calls = stored_calls(message.stats) if message.role == "assistant" else []
+        return self._view(message), [ToolCallBlock(record, message_id=message.id) for record, _ in calls]
+
+    async def add_live_call(self, record: CallRecord) -> ToolCallBlock:
+        """A call of the reply being written, shown folded below it as it is made."""
+        block = ToolCallBlock(record, message_id=self.live.message_id if self.live is not None else None)
+        await self.mount(block)
+        if self.live is not None and self._following():
+            self.call_after_refresh(self._follow)
+        return block
+
     def set_colour_drafts(self, colour: bool) -> None:
         """Colour (or stop colouring) text from accepted draft tokens, in every message shown and the live one."""
         self.colour_drafts = colour
@@ -115,7 +130,9 @@ class Transcript(LaidOutOnce, VerticalScroll):
                 widgets.append(Static(EMPTY_HINT, classes="empty-hint"))
             if self._first_mounted:
                 widgets.append(self._earlier())
-            widgets.extend(self._view(message) for message in self.messages[self._first_mounted :])
+            for message in self.messages[self._first_mounted :]:
+                view, blocks = self._views(message)
+                widgets += [view, *blocks]
             await self.mount_all(widgets)
         self.scroll_end(animate=False, immediate=True)
         # Again once the new messages are laid out: the end above was the one before (the sizes the messages
@@ -133,7 +150,10 @@ class Transcript(LaidOutOnce, VerticalScroll):
         if not self._first_mounted:
             return
         start = max(0, self._first_mounted - PAGE_SIZE)
-        views = [self._view(message) for message in self.messages[start : self._first_mounted]]
+        views: list[Widget] = []
+        for message in self.messages[start : self._first_mounted]:
+            view, blocks = self._views(message)
+            views += [view, *blocks]
         self._first_mounted = start
         placeholder = self.query(EarlierMessages)
         old_height = self.virtual_size.height
@@ -179,9 +199,9 @@ class Transcript(LaidOutOnce, VerticalScroll):
         if branch is not None:
             self.branches[message.id] = branch
         follow = self.at_bottom
-        view = self._view(message)
+        view, blocks = self._views(message)
         await self.query(".empty-hint").remove()
-        await self.mount(view)
+        await self.mount_all([view, *blocks])
         if follow:
             self.scroll_end(animate=False)
         return view
@@ -193,6 +213,9 @@ class Transcript(LaidOutOnce, VerticalScroll):
         for view in self.query(MessageView):
             if view.message.id == message_id:
                 await view.remove()
+        for block in self.query(ToolCallBlock):
+            if block.message_id == message_id:
+                await block.remove()
         self.messages = [message for message in self.messages if message.id != message_id]
         live = LiveMessage(
             message_id,
@@ -287,7 +310,7 @@ class Transcript(LaidOutOnce, VerticalScroll):
         if branch is not None:
             self.branches[message.id] = branch
         self.messages.append(message)
-        view = self._view(message)
+        view, blocks = self._views(message)
         width = live.body.size.width
         lines = live.body.plain_lines(width) if message.content == live.text and message.content.strip() else None
         if lines is not None:
@@ -295,6 +318,9 @@ class Transcript(LaidOutOnce, VerticalScroll):
         with self.app.batch_update():
             await self.mount(view, before=live)
             await live.remove()
+            if blocks:  # the stored calls replace the ones shown as they were made
+                await self.query(ToolCallBlock).filter(f".-reply-{message.id}").remove()
+                await self.mount_all(blocks, after=view)
         if follow:
             self.scroll_end(animate=False)
         return view

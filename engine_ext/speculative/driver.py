@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import DrafterReport, SpeculativeStats
+from engine_ext.spec_catalog import NGRAM_TYPES
 from engine_ext.speculative.base import Drafter, DrafterStats, common_prefix_length, count_positions
 
 RECENT_STEPS = 64
@@ -22,6 +23,8 @@ AUTO_POSITION_FLOOR = 0.2  # auto n_max stops at the first draft position accept
 # (the last token and 62 drafted) the starter model's rows (Q4_1, and Q4_0/Q8_0) are bit for bit those of plain
 # decoding; some other kernels (F32, Q4_K on a tiny model) depend on the batch size at any size.
 MAX_VERIFY_DRAFT = 62
+# llama.cpp's server notes that drafts after multimodal input are poor; a model drafter also never saw the image.
+MEDIA_PAUSE_STATUS = "model drafters paused for this reply: they cannot see its image (n-gram drafters go on)"
 AUTO_NGRAM_MAX = MAX_VERIFY_DRAFT  # the longest draft auto mode grows an n-gram drafter to
 
 
@@ -42,6 +45,9 @@ class SpeculativeDriver:
         # upstream (n_max for model drafters, each n-gram type's own length).
         self.adaptive = auto or not params.fixed_length
         self._conversation: tuple[int, ...] = ()  # the last prompt: a prompt that does not go on from it is new
+        # The prompt holds an image (engine_ext.vision): model drafters neither read batches nor draft this reply.
+        self.media = False
+        self._model_drafters = any(d.name not in NGRAM_TYPES for d in self.drafters)
         self._reset_lengths()
         self.reset_stats()
 
@@ -65,6 +71,8 @@ class SpeculativeDriver:
         self.window: deque[tuple[int, float]] = deque(maxlen=AUTO_WINDOW)  # (tokens produced, ms) per step
         self.paused_until = 0  # generated-token count at which a paused auto mode drafts again
         self.status = "drafting" if self.drafters else "off"
+        if self.media and self._model_drafters:
+            self.status = MEDIA_PAUSE_STATUS
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -82,12 +90,21 @@ class SpeculativeDriver:
             d.stats.n_call_begin += 1
             d.stats.t_begin_ms += (time.perf_counter() - t0) * 1000.0
 
+    def set_media(self, present: bool) -> bool:
+        """The next prompt holds an image (or not); True when model drafters that read batches missed turns with
+        images and must see the whole prompt again (the caller then evaluates it from the start)."""
+        lost = self.media and not present and bool(self._processors)
+        self.media = present
+        return lost
+
     @property
     def reads_batches(self) -> bool:
         """Whether any drafter reads the target's batches (`process` does nothing otherwise)."""
         return bool(self._processors)
 
     def process(self, tokens: Sequence[int], pos0: int) -> None:
+        if self.media:  # positions after an image are not consecutive in a drafter's own memory
+            return
         for d in self._processors:
             d.process(tokens, pos0)
 
@@ -102,12 +119,16 @@ class SpeculativeDriver:
         try:
             capped = min(n_max, self.params.n_max)
             for d in self.drafters:
+                if self.media and d.name not in NGRAM_TYPES:
+                    continue
                 if self.adaptive:
                     limit = min(n_max, self.caps[id(d)])
                 else:
                     limit = capped if d.follows_draft_n_max else n_max
                 t0 = time.perf_counter()
                 proposal = d.draft(tokens, id_last, limit)[:limit]
+                if self.media and proposal and min(proposal) < 0:  # an n-gram ran into an image's positions
+                    proposal = proposal[: next(i for i, t in enumerate(proposal) if t < 0)]
                 d.stats.n_call_draft += 1
                 d.stats.t_draft_ms += (time.perf_counter() - t0) * 1000.0
                 if proposal:

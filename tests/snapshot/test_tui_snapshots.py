@@ -147,6 +147,34 @@ async def long_message(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
+async def tool_consent(pilot: Pilot[Any]) -> None:
+    from app.modals.tool_consent import ToolConsentModal
+    from engine_ext.protocol import ToolCall
+
+    call = ToolCall("call00001", "get_weather", '{"city": "Paris", "units": "metric"}')
+    pilot.app.push_screen(ToolConsentModal(call, "mcp:weather"))
+    await pilot.pause()
+
+
+async def reply_with_tool_call(pilot: Pilot[Any]) -> None:
+    """A reply that called a tool: its call folded under it (one allowed, one denied)."""
+    from app.tools.loop import REFUSED_RESULT, CallRecord, record_to_json
+    from engine_ext.protocol import ToolCall
+
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    chat = app.chat
+    assert chat is not None and chat.conversation_id is not None
+    question = app.store.add_user_message(chat.conversation_id, "Weather in Paris and Oslo?")
+    reply = app.store.begin_assistant_message(chat.conversation_id, question.id, "Qwen3-4B")
+    paris = CallRecord(ToolCall("c1", "get_weather", '{"city": "Paris"}'), "mcp:weather", True, "18 °C", False, 0.4)
+    oslo = CallRecord(ToolCall("c2", "get_weather", '{"city": "Oslo"}'), "mcp:weather", False, REFUSED_RESULT, True, 0)
+    stats = {"tool_calls": [record_to_json(paris, 0), record_to_json(oslo, 0)]}
+    app.store.finish_assistant_message(reply, "Paris has 18 °C; Oslo was not looked up.", "", "complete", stats)
+    await chat.open_conversation(chat.conversation_id)
+    await pilot.pause()
+
+
 SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "chat": then(),
     "chat_message_focused": then(keys("ctrl+up")),
@@ -163,6 +191,8 @@ SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "rename": then(rename_dialog),
     "code_picker": then(code_picker),
     "engine_crashed": then(crash_dialog),
+    "tool_consent": then(tool_consent),
+    "chat_tool_call_folded": then(reply_with_tool_call),
 }
 
 

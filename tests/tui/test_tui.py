@@ -747,3 +747,47 @@ async def test_gpu_layers_auto_says_where_the_layers_went(tiny_models: dict[str,
         await wait_until(
             pilot, lambda: any("no GPU device: all layers on the CPU" in n.message for n in app._notifications)
         )
+
+
+@pytest.mark.anyio
+async def test_the_notices_after_a_crash_recovery_leave_the_stream_and_the_stats_bar_visible_at_80x24(
+    tiny_models: dict[str, Path],
+) -> None:
+    """Issue 37 item 4: the chat's toasts are at the top right (as on the models screen), so the recovery notice and
+    the load notice after it no longer cover the reply's last lines, the message box and the stats bar."""
+    from app.messages import EngineRecovering
+    from app.widgets.status import StatsBar
+    from engine_ext.recovery import retry_notice
+
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await wait_until(pilot, lambda: app.started and app.screen is app.chat, "the chat shown")
+        chat = chat_of(app)
+        app.post_message(EngineRecovering(retry_notice("AMX", ("AVX512",), "F3 settings: Repack weights.")))
+        app.notify("Loaded tiny-llama (CPU, context 2048) in 0.1 s.")
+        await wait_until(pilot, lambda: len(chat.query("Toast")) == 2, "the two notices shown")
+        await pilot.pause()
+        stats_bar = chat.query_one(StatsBar).region
+        message_box = chat.prompt.region
+        for toast in chat.query("Toast"):
+            assert toast.region.bottom < message_box.y - 2, f"a toast at {toast.region} covers the reply's last lines"
+            assert not toast.region.overlaps(stats_bar)
+
+
+@pytest.mark.anyio
+async def test_the_model_loaded_for_the_chat_is_recorded_as_used(tiny_models: dict[str, Path]) -> None:
+    """Issue 37 item 5: F4 and `llmtui models list` said `used: -` for the model the user chatted with."""
+    from app import paths
+    from models_catalog.library import Library
+
+    model = tiny_models["llama"]
+    library = Library([model.parent], usage_file=paths.data_dir() / "model-usage.json")
+
+    def last_used() -> float | None:
+        return next(m.last_used for m in library.models(inspect=False) if m.path == model)
+
+    assert last_used() is None
+    app = LlmtuiApp(str(model), default_sampling=SHORT)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await wait_until(pilot, lambda: last_used() is not None, "the use recorded")

@@ -34,6 +34,10 @@ def option_texts(options: OptionList) -> list[str]:
     return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
 
 
+def row_of(panel: DownloadsPanel, name: str) -> DownloadRow | None:
+    return next((r for r in panel.rows.values() if r.progress.path == name), None)
+
+
 async def download_q8_with_mtp(pilot: Pilot[Any], screen: ModelsScreen) -> None:
     app = pilot.app
     await search_and_open(pilot, screen, "tiny", REPO)
@@ -179,13 +183,65 @@ async def test_p_and_x_act_on_the_highlighted_download_wherever_the_focus_is(
         await wait_until(pilot, lambda: row.progress.state == State.DOWNLOADING, "the download resumed")
         await pilot.press("1")  # the catalog list focused
         await wait_until(pilot, lambda: app.focused is screen.query_one("#catalog-list"), "the catalog list")
-        await pilot.press("x")
+        await pilot.press("x")  # asks first (its partial file is deleted): y
+        await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal), "the y/n question")
+        await pilot.press("y")
         await wait_until(pilot, lambda: row.progress.state == State.CANCELLED, "the download cancelled")
         assert "p" not in footer_keys(screen) and "x" not in footer_keys(screen)
         # the downloads panel focused: its own footer shows p and x
         screen.query_one(DownloadsPanel).focus()
         await pilot.pause()
         assert footer_keys(screen).get("x") == "Cancel"
+
+
+@pytest.mark.anyio
+async def test_p_and_x_act_on_the_download_just_started_at_80x24(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    """Issue 37 item 3: a finished download was highlighted, so p right after starting another paused nothing; now
+    the new download is highlighted, p on a finished one says it has nothing to pause, and x asks (y/n) first."""
+    models_hub.fault(REPO, "Tiny-Q8_0.gguf", throttle_bps=100_000)  # about 8 s
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_models(pilot)
+        await search_and_open(pilot, screen, "tiny", REPO)
+        await highlight_quant(pilot, screen, "Q4_K_M")  # fast: finished at once
+        await pilot.press("d")
+        await wait_until(pilot, lambda: isinstance(app.screen, PullModal), "the download dialog")
+        await pilot.press("d")
+        panel = screen.query_one(DownloadsPanel)
+        await wait_until(pilot, lambda: bool(panel.rows), "the first download's row")
+        first = next(iter(panel.rows.values()))
+        await wait_until(pilot, lambda: first.progress.state == State.DONE, "the first download done")
+        assert panel.highlighted is first.progress and "p" not in footer_keys(screen)
+        await pilot.press("p")  # on the finished one: one line saying p has nothing to do
+        await wait_until(pilot, lambda: any("p has nothing to pause" in n.message for n in app._notifications))
+        [note] = [n.message for n in app._notifications if "p has nothing to pause" in n.message]
+        assert note.startswith("Tiny-Q4_K_M.gguf is done") and "\n" not in note
+        # the slow one: its row is highlighted as it appears, so the first p pauses it
+        await highlight_quant(pilot, screen, "Q8_0")
+        await pilot.press("d")
+        await wait_until(pilot, lambda: isinstance(app.screen, PullModal), "the download dialog")
+        await pilot.press("enter")  # with its mtp sidecar (small, first), then the model file
+        await wait_until(pilot, lambda: row_of(panel, "Tiny-Q8_0.gguf") is not None, "the second download's row")
+        second = row_of(panel, "Tiny-Q8_0.gguf")
+        assert second is not None
+        assert panel.highlighted is not None and panel.highlighted.task_id == second.progress.task_id
+        await wait_until(pilot, lambda: second.progress.state == State.DOWNLOADING, "bytes arriving")
+        await pilot.press("p")
+        await wait_until(pilot, lambda: second.progress.state == State.PAUSED, "the new download paused")
+        assert first.progress.state == State.DONE
+        # x asks before deleting the partial file: n keeps it, y cancels it
+        await pilot.press("x")
+        await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal), "the y/n question")
+        await pilot.press("n")
+        await wait_until(pilot, lambda: app.screen is screen, "back on the models screen")
+        await pilot.pause()
+        assert second.progress.state == State.PAUSED
+        await pilot.press("x")
+        await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal), "the y/n question")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: second.progress.state == State.CANCELLED, "the download cancelled")
 
 
 @pytest.mark.anyio

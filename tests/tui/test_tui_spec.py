@@ -225,6 +225,38 @@ async def test_expanded_meter_shows_counts_positions_time_and_each_drafter() -> 
 
 
 @pytest.mark.anyio
+async def test_the_meter_fits_80_columns_status_and_speeds_first() -> None:
+    """Issue 37 item 4: at 80 columns the lines ended in "…" before "drafting"/"paused" and the speeds; the narrow
+    forms put them first and shorten the rest, and the whole status is the tooltip."""
+    paused = (
+        "paused: measured 0.83× plain speed with 40% of drafted tokens accepted; plain decoding for 64 tokens, "
+        "then trying again"
+    )
+    async with MeterHost().run_test(size=(80, 8)) as pilot:
+        meter = pilot.app.query_one(SpecMeter)
+        meter.spec_type, meter.drafters, meter.stats = (
+            "auto",
+            ("ngram-mod", "draft-mtp"),
+            replace(CHAINED, status=paused),
+        )
+        await pilot.pause()
+        [summary] = meter.render().plain.split("\n")
+        assert summary[:80].startswith(" ⚡ auto  paused  74% accepted  3.95 tok/step  ~×1.36  ")
+        assert "n_max 16" in summary[:80] and meter.tooltip == paused
+        meter.stats = replace(CHAINED, status="drafting: 1.36× plain speed, n_max 16")
+        await pilot.pause()
+        assert meter.render().plain.startswith(" ⚡ auto  drafting  74% accepted")
+        meter.expanded = True
+        await pilot.pause()
+        lines = meter.render().plain.split("\n")
+        assert meter.size.height == len(lines) == 6
+        assert lines[1] == "   181.0 tok/s vs plain 133.0  steps 40  accepted 118/160 (74%)  proposed 160"
+        mod = sparkline(CHAINED.drafters[0].acceptance_per_position, 3)
+        assert lines[4] == f"   ngram-mod     30 drafts  accepted 100/120 (83%)  4.0 ms  {mod}"
+        assert all(len(line) <= 80 for line in lines[1:])
+
+
+@pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_ctrl_o_expands_the_meter_live_and_is_remembered(lone_llama: Path) -> None:
     app = LlmtuiApp(str(lone_llama), default_sampling=SamplingSettings(temperature=0.0, max_tokens=96))

@@ -19,6 +19,7 @@ from app.config import SamplingSettings, SpeculativeSettings, SteeringSettings, 
 from app.controllers.steering import phase_eta, vector_progress_text
 from app.messages import SteeringApplied, VectorProgressed
 from app.modals.make_vector import MakeVectorModal, bar_steps
+from app.modals.text_prompt import PathPromptModal
 from app.models import starter_model_path
 from app.paths import steering_dir
 from app.screens.chat import ChatScreen
@@ -35,7 +36,18 @@ from app.tui import LlmtuiApp
 from app.widgets.prompt_input import PromptInput
 from engine_ext.protocol import SpeculativeStats, SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
-from tests.pilot import MODEL, SIZES, chat_of, loaded, make_app, ready, reply_done, seeded, send  # noqa: F401 (seeded: fixture)
+from tests.pilot import (  # noqa: F401 (seeded: fixture)
+    MODEL,
+    SIZES,
+    assert_footer_fits,
+    chat_of,
+    loaded,
+    make_app,
+    ready,
+    reply_done,
+    seeded,
+    send,
+)
 from tests.waits import wait_until
 
 TINY_SET = {
@@ -50,15 +62,18 @@ TINY_SET = {
 }
 
 
-def synthetic_vector(name: str, n_embd: int, layers: range, scale: float = 1.0) -> Path:
-    """A control vector in the user's steering folder (unit directions times `scale`, larger at later layers)."""
+def synthetic_vector(name: str, n_embd: int, layers: range, scale: float = 1.0, folder: Path | None = None) -> Path:
+    """A control vector in the user's steering folder, or `folder` (unit directions times `scale`, larger at later
+    layers)."""
     rng = np.random.default_rng(7)
     directions = {}
     for il in layers:
         d = rng.standard_normal(n_embd).astype(np.float32)
         directions[il] = d / np.linalg.norm(d) * scale * (0.5 + il / (2 * layers.stop))
     metadata = {"llmtui.prompt_set": name, "llmtui.positive": "happy", "llmtui.negative": "sad"}
-    return write_control_vector(ControlVector(directions, "llama", metadata), steering_dir() / f"model-{name}.gguf")
+    return write_control_vector(
+        ControlVector(directions, "llama", metadata), (folder or steering_dir()) / f"model-{name}.gguf"
+    )
 
 
 def user_prompt_set() -> Path:
@@ -311,11 +326,7 @@ async def test_quitting_with_the_panel_open_keeps_the_mix(tiny_models: dict[str,
     vector = synthetic_vector("mood", 64, range(1, 2))
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
-        await loaded(pilot)
-        _with_tiny_model(app, tiny_models["llama"])
-        await pilot.press("f6")
-        await vectors_listed(pilot)
-        panel = chat_of(app).steering_panel
+        panel = await panel_on_tiny_model(pilot, app, tiny_models["llama"])
         assert panel.is_open and panel.sliders[0].has_focus
         await pilot.press("down", "down", "down")  # ↑/↓ go round the panel: the layer fields, back to the slider
         assert panel.sliders[0].has_focus
@@ -323,6 +334,82 @@ async def test_quitting_with_the_panel_open_keeps_the_mix(tiny_models: dict[str,
         await wait_until(pilot, lambda: app.config.steering.strengths == (0.375,))
         await pilot.press("ctrl+q")
     assert load_config().steering == SteeringSettings((str(vector),), (0.375,))
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_keyboard_focus_in_the_panel_at_80x24(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 37 item 1: a vector added with `a` (its path completed with Tab) is selected, so ←/→ act at once; Tab
+    goes to the message box and back; a layer range is applied only when complete, valid and entered."""
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    vector = synthetic_vector("calm", 64, range(1, 2), folder=folder)
+    (folder / "model-notes.txt").write_text("not a vector", encoding="utf-8")
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = await panel_on_tiny_model(pilot, app, tiny_models["llama"])
+        chat = chat_of(app)
+        assert panel.is_open and not panel.sliders and panel.has_focus  # no vector yet: the panel's keys work
+        await pilot.press("a")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathPromptModal), what="the add-file prompt")
+        prompt = app.screen
+        assert isinstance(prompt, PathPromptModal)
+        await pilot.press(*f"{folder}/mo", "tab")
+        await wait_until(pilot, lambda: prompt.completions == 1, what="the path completed in a thread")
+        assert prompt.query_one(Input).value == str(vector)  # the one .gguf starting so (notes.txt is not offered)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: bool(panel.sliders) and panel.sliders[0].has_focus, what="the new slider")
+        slider = panel.sliders[0]
+        assert slider.vector.path == str(vector)
+        await pilot.press("right")  # acts at once, no ↓ first
+        await wait_until(pilot, lambda: slider.strength > 0, what="the strength moved")
+        strength = slider.strength
+        # Tab: the message box in one key, the panel staying open; Tab from there comes back to the slider.
+        await pilot.press("tab")
+        assert chat.prompt.has_focus and panel.is_open
+        await pilot.press("tab")
+        await wait_until(pilot, lambda: slider.has_focus, what="Tab back to the slider")
+        await pilot.press("shift+tab")
+        assert chat.prompt.has_focus
+        await pilot.press("tab")
+        await wait_until(pilot, lambda: slider.has_focus, what="Tab back to the slider")
+        assert slider.strength == strength  # no key went astray on the way
+        # The layer fields (↓): a partial or invalid range is said, not applied; Enter applies a valid one.
+        start = panel.query_one("#steering-layer-start", Input)
+        await pilot.press("down")
+        assert start.has_focus
+        status = panel.query_one("#steering-status", Label)
+        start.value = ""
+        await pilot.pause()
+        assert "Layers not applied: both layer fields need a number" in str(status.render())
+        await pilot.press("9", "9")
+        await pilot.pause()
+        assert "Layers not applied: this model's layers are 1 to" in str(status.render())
+        await pilot.press("enter")
+        await pilot.pause()
+        assert (app.config.steering.layer_start, app.config.steering.layer_end) == (0, 0)
+        start.value = ""
+        await pilot.press("1")
+        await pilot.pause()
+        assert "Layers 1 to the last: Enter applies them." in str(status.render())
+        assert app.config.steering.layer_start == 0  # not applied while typed
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.config.steering.layer_start == 1, what="the range applied on Enter")
+        # The footer says which key reaches the message box.
+        await pilot.press("up")
+        assert slider.has_focus
+        assert "Message" in assert_footer_fits(app, 80)
+        # A second vector added while the first is selected: the new one is selected, so → acts on it.
+        second = synthetic_vector("brave", 64, range(1, 2), folder=folder)
+        await pilot.press("a")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathPromptModal), what="the add-file prompt")
+        await pilot.press(*str(second), "enter")
+        await wait_until(pilot, lambda: len(panel.sliders) == 2, what="the second slider")
+        [added] = [s for s in panel.sliders if s.vector.path == str(second)]
+        await wait_until(pilot, lambda: added.has_focus, what="the added slider selected")
+        await pilot.press("right")
+        await wait_until(pilot, lambda: added.strength > 0, what="the added vector's strength moved")
+        assert [s.strength for s in panel.sliders if s is not added] == [strength]
 
 
 async def run_ab_at_full_strength(pilot: Pilot[Any], app: LlmtuiApp) -> SteeringABScreen:
@@ -489,6 +576,15 @@ async def type_strength(pilot: Pilot[Any], text: str) -> None:
     await wait_until(pilot, lambda: not pilot.app.screen.query("#text-prompt-input"), what="the input closed")
 
 
+async def panel_on_tiny_model(pilot: Pilot[Any], app: LlmtuiApp, model: Path) -> SteeringPanel:
+    """The app (no engine) on a tiny model's facts, F6 pressed and the vectors listed: the open panel."""
+    await loaded(pilot)
+    _with_tiny_model(app, model)
+    await pilot.press("f6")
+    await vectors_listed(pilot)
+    return chat_of(app).steering_panel
+
+
 def _with_tiny_model(app: LlmtuiApp, path: Path) -> None:
     app.model = replace(MODEL, path=str(path), architecture="qwen35")
     app.model_path = str(path)
@@ -569,3 +665,33 @@ def _ab_scene(tiny: Path) -> Any:
 def test_snapshot(snap_compare: Any, tiny_models: dict[str, Path], scene: str, size: tuple[int, int]) -> None:
     scenes = {"steering": _steering_scene, "make_vector": _make_scene, "ab": _ab_scene}
     assert snap_compare(make_app(), terminal_size=size, run_before=scenes[scene](tiny_models["qwen35"]))
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_reply_records_the_steering_and_speculation_it_was_written_with(tiny_models: dict[str, Path]) -> None:
+    """Issue 37 item 5: the export said nothing of the steering mix and speculative settings used; the reply's stats
+    record them (the controllers' `in_use`) and the Markdown export says them under the reply."""
+    vector = synthetic_vector("mood", 64, range(1, 2))
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=24))
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await ready(pilot)
+        await pilot.press("f6")
+        await vectors_listed(pilot)
+        await pilot.press("shift+right")  # 0.375
+        await wait_until(pilot, lambda: app.steering.applied is not None and app.steering.applied.active, "steered")
+        await pilot.press("escape", "f8")
+        await wait_until(pilot, lambda: bool(app.speculation.drafters), "speculation on")
+        await send(pilot, "a b c a b c a b c a b c")
+        await reply_done(pilot)
+        assert chat.conversation_id is not None
+        reply = app.store.active_path(chat.conversation_id)[-1]
+        assert reply.stats["steering"] == {
+            "vectors": [{"name": "mood", "file": vector.name, "strength": 0.375}],
+            "layers": [1, 1],
+        }
+        speculative = reply.stats["speculative"]
+        assert speculative["type"] == "auto" and speculative["drafters"] == list(app.speculation.drafters)
+        drafters = "+".join(app.speculation.drafters)
+        note = f"*Steering: mood +0.38 on layers 1–1. Speculative decoding: auto ({drafters}), n_max 16"
+        assert note in app.store.export_markdown(chat.conversation_id)

@@ -50,3 +50,31 @@ def test_a_fresh_home_names_the_bundled_starter_model_and_how_to_run_it(
 
     assert main(["models", "list", "--json"]) == 0  # --json stays a plain list
     assert capsys.readouterr().out.strip() == "[]"
+
+
+def test_a_model_run_or_chatted_with_says_when_it_was_used(
+    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37 item 5: `used: -` after a chat; loading a model for a chat or a run records its use (record_use,
+    called by the TUI once the model has loaded and by `llmtui run` and `llmtui chat`)."""
+    from app import paths
+    from app.models import record_use
+
+    model = tiny_models["llama"]
+    folder = str(model.parent)
+
+    def used_of_model() -> str:
+        assert main(["models", "list", "--dir", folder]) == 0
+        [line] = [line for line in capsys.readouterr().out.splitlines() if model.name in line]
+        return line.split("used: ", 1)[1].split()[0]
+
+    assert used_of_model() == "-"
+    assert record_use(model) is None
+    assert used_of_model() == "today"
+
+    usage = paths.data_dir() / "model-usage.json"
+    usage.unlink()
+    usage.mkdir()  # cannot be written: one line, nothing raised
+    failed = record_use(model)
+    assert failed is not None and failed.startswith(f"Could not record the use of {model.name}: ")
+    assert "\n" not in failed

@@ -13,22 +13,32 @@ from typing import Any
 from app.config import SamplingSettings
 from app.controllers.generation import GenerationController, GenerationRouter
 from app.store import Store
+from engine_ext.protocol import ChatMessage
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class Engine:
-    """Takes requests like EngineBridge/RemoteBridge and keeps them (ids from 1)."""
+    """Takes requests like EngineBridge/RemoteBridge and keeps them (ids from 1); `tools` of each in `self.tools`."""
+
+    takes_tools = True
 
     def __init__(self) -> None:
-        self.requests: list[tuple[list[tuple[str, str]], SamplingSettings, bool]] = []
+        self.requests: list[tuple[list[Any], SamplingSettings, bool]] = []
+        self.tools: list[str | None] = []
         self.cancelled: list[int] = []
         self.ended_thinking: list[int] = []
 
     def generate(
-        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *, continue_reply: bool = False
+        self,
+        messages: Sequence[tuple[str, str] | ChatMessage],
+        sampling: SamplingSettings,
+        *,
+        continue_reply: bool = False,
+        tools: str | None = None,
     ) -> int:
         self.requests.append((list(messages), sampling, continue_reply))
+        self.tools.append(tools)
         return len(self.requests)
 
     def cancel(self, request_id: int) -> None:

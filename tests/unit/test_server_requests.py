@@ -179,3 +179,32 @@ def test_reasoning_effort_and_budget_per_request_under_llama_servers_names() -> 
     assert refused({"messages": USER, "reasoning_budget": 3, "thinking_budget_tokens": 4}).param == "reasoning_budget"
     assert refused({"messages": USER, "reasoning_budget_message": 7}).param == "reasoning_budget_message"
     assert refused({"messages": USER, "reasoning_budget_message": "x" * 1001}).param == "reasoning_budget_message"
+
+
+def test_image_url_parts_take_data_urls_only_and_checked_images() -> None:
+    import base64
+    import hashlib
+
+    from engine_ext.protocol import IMAGE_MARKER
+    from tests.tiny_mmproj import png_bytes
+
+    png = png_bytes(8, 6)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    parts = [
+        {"type": "text", "text": "left "},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": " right"},
+    ]
+    job = chat({"messages": [{"role": "user", "content": parts}]})
+    message = job.messages[-1]
+    assert message.content == f"left {IMAGE_MARKER} right"
+    assert [i.sha256 for i in message.images] == [hashlib.sha256(png).hexdigest()] and message.images[0].data == png
+    for image_url, why in (
+        ({"url": "https://example.com/cat.png"}, "remote image URLs are not fetched"),
+        ({"url": "file:///etc/passwd"}, "not a data: URL"),
+        ({"url": "data:image/png;base64,@@@"}, "not valid base64"),
+        ({"url": "data:image/png;base64," + base64.b64encode(b"GIF89a\xff\xff\xff\xff;").decode()}, "more than"),
+        ({"url": "data:image/png;base64," + base64.b64encode(b"not an image").decode()}, "not an image"),
+    ):
+        body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": image_url}]}]}
+        assert why in refused(body).message

@@ -409,6 +409,58 @@ def test_json_export_import_export_is_byte_exact(store: Store) -> None:
     )
 
 
+FEATURES = {
+    "steering": {
+        "vectors": [
+            {"name": "honesty", "file": "honesty.gguf", "strength": 0.5},
+            {"name": "formal", "file": "formal.gguf", "strength": -0.25},
+        ],
+        "layers": [10, 20],
+    },
+    "speculative": {
+        "type": "auto",
+        "drafters": ["ngram-mod", "draft-mtp"],
+        "n_max": 16,
+        "n_min": 0,
+        "p_min": 0.0,
+        "draft_model": "mtp-Qwen3.5-4B.gguf",
+        "accepted": 0.7375,
+    },
+}
+FEATURES_NOTE = (
+    "*Steering: honesty +0.50, formal -0.25 on layers 10–20. Speculative decoding: auto (ngram-mod+draft-mtp), n_max "
+    "16, draft mtp-Qwen3.5-4B.gguf, 74% of drafted tokens accepted.*"
+)
+
+
+def test_exports_say_the_steering_mix_and_speculative_settings_and_import_keeps_them(store: Store) -> None:
+    """Issue 37 item 5: a reply's stats record the steering and speculation it was written with (the controllers'
+    `in_use`); the Markdown export says them under the reply, the JSON export carries them, an import keeps them."""
+    conversation = store.create_conversation("Steered")
+    prompt = store.add_user_message(conversation.id, "hi")
+    reply = store.begin_assistant_message(conversation.id, prompt.id, "qwen3")
+    store.finish_assistant_message(reply, "Hello.", "", "complete", {"tokens_per_s": 9.0, **FEATURES})
+    markdown = store.export_markdown(conversation.id)
+    assert markdown.endswith(f"## Assistant\n\nHello.\n\n{FEATURES_NOTE}\n")
+    exported = store.export_json(conversation.id)
+    assert json.loads(exported)["messages"][1]["stats"]["speculative"]["drafters"] == ["ngram-mod", "draft-mtp"]
+    imported_id = store.import_json(exported)
+    assert store.export_markdown(imported_id) == markdown and store.export_json(imported_id) == exported
+
+    # Hand-edited or from elsewhere: what is not as recorded is left out, the rest said; the import goes on.
+    document = json.loads(exported)
+    stats = document["messages"][1]["stats"]
+    stats["steering"]["vectors"][1] = {"name": "formal", "strength": "strong"}
+    stats["steering"]["layers"] = "all"
+    stats["speculative"] = {"type": "ngram-mod", "drafters": "ngram-mod", "n_max": True, "accepted": None}
+    broken_id = store.import_json(json.dumps(document))
+    assert store.export_markdown(broken_id).endswith(
+        "Hello.\n\n*Steering: honesty +0.50. Speculative decoding: ngram-mod.*\n"
+    )
+    stats["steering"], stats["speculative"] = [], "auto"
+    assert store.export_markdown(store.import_json(json.dumps(document))).endswith("## Assistant\n\nHello.\n")
+
+
 def test_import_turns_a_streaming_reply_into_an_interrupted_one(store: Store) -> None:
     conversation_id = build_branchy_conversation(store)
     imported_id = store.import_json(store.export_json(conversation_id))
@@ -497,3 +549,22 @@ def test_a_worker_thread_can_stream_while_the_main_thread_reads(store: Store) ->
     assert errors == []
     reply = store.get_message(reply_id)
     assert (reply.state, reply.content.split()[-1]) == ("complete", "199")
+
+
+def test_a_replys_tool_calls_go_into_both_exports_and_come_back_with_an_import(store: Store) -> None:
+    from app.tools.loop import CallRecord, record_to_json, stored_calls
+    from engine_ext.protocol import ToolCall
+
+    conversation = store.create_conversation("Weather")
+    question = store.add_user_message(conversation.id, "Paris?")
+    reply = store.begin_assistant_message(conversation.id, question.id, "qwen3")
+    record = CallRecord(ToolCall("c1", "get_weather", '{"city": "Paris"}'), "mcp:weather", True, "18 °C", False, 0.5)
+    store.finish_assistant_message(
+        reply, "Checking. 18 °C.", "", "complete", {"tool_calls": [record_to_json(record, 10)]}
+    )
+    markdown = store.export_markdown(conversation.id)
+    assert "<summary>Tool get_weather (mcp:weather): result</summary>" in markdown
+    assert 'Arguments: `{"city": "Paris"}`' in markdown and "```text\n18 °C\n```" in markdown
+    imported = store.import_json(store.export_json(conversation.id))
+    copied = store.active_path(imported)[-1]
+    assert stored_calls(copied.stats) == [(record, 10)]

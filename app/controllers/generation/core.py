@@ -8,27 +8,44 @@ return values and plain data; rendering it is the caller's job.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.config import SamplingSettings
+from app.controllers.generation.tools import (
+    ChatTools,
+    ReplyTools,
+    messages_with_calls,
+    tools_choice,
+)
 from app.recording import ReplyRecorder
 from app.store import StoreError
+from app.tools.loop import stored_calls
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     from app.controllers.generation.router import GenerationOwner, GenerationRouter
+    from app.controllers.generation.tools import Ask
     from app.store import Conversation, JSONObject, Message, MessageState, Store
+    from app.tools.loop import CallRecord
+    from engine_ext.protocol import ChatMessage, ToolCall
 
 
 class Engine(Protocol):
     """What a reply needs of an engine (EngineBridge and RemoteBridge are two)."""
 
     def generate(
-        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, *, continue_reply: bool = False
+        self,
+        messages: Sequence[tuple[str, str] | ChatMessage],
+        sampling: SamplingSettings,
+        *,
+        continue_reply: bool = False,
+        tools: str | None = None,
     ) -> int:
-        """Queue a generation; its request id (carried by every event of that request)."""
+        """Queue a generation; its request id (carried by every event of that request). `tools`: OpenAI-shaped
+        definitions offered to the model (an engine that cannot take them refuses the request)."""
 
     def cancel(self, request_id: int) -> None:
         """Stop the request; it still ends with a finished event (stop reason "cancelled")."""
@@ -59,13 +76,15 @@ class ActiveReply:
     conversation_id: int
     message_id: int
     recorder: ReplyRecorder
-    messages: list[tuple[str, str]] = field(default_factory=list)
+    messages: list[tuple[str, str] | ChatMessage] = field(default_factory=list)
     """What the engine is asked to answer (system prompt, then the branch up to the reply)."""
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     continue_reply: bool = False
     cancelling: bool = False
     answering: bool = False
     """Answer text has come (the reply no longer thinks)."""
+    tools: ReplyTools | None = None
+    """The reply's tools and calls (None: the conversation offers none)."""
 
 
 def conversation_sampling(conversation: Conversation) -> SamplingSettings:
@@ -103,6 +122,8 @@ class GenerationController:
         self.active: ActiveReply | None = None
         self.replies_started = 0
         """Replies started (tests and benchmarks wait on it)."""
+        self.chat_tools = ChatTools()
+        """Each conversation's tools and the MCP servers they use."""
 
     # ----- what the user asks for -----
 
@@ -145,16 +166,25 @@ class GenerationController:
             message_id = store.begin_assistant_message(conversation_id, parent_id, model_name)
             path = store.active_path(conversation_id)[:-1]
             recorder = ReplyRecorder(store, message_id)
+        tools = self.chat_tools.ready(conversation_id, tools_choice(conversation)) if self.takes_tools else None
+        plain = engine_messages(path, conversation)
+        messages: list[tuple[str, str] | ChatMessage] = (
+            list(plain) if tools is None else messages_with_calls(plain, path)
+        )
         reply = ActiveReply(
             0,
             conversation_id,
             recorder.message_id,
             recorder,
-            engine_messages(path, conversation),
+            messages,
             conversation_sampling(conversation),
             continue_reply=resume is not None,
             answering=resume is not None and bool(resume.content),
+            tools=None if tools is None else ReplyTools(tools),
         )
+        if reply.tools is not None and resume is not None:  # the calls the stopped reply made are kept
+            reply.tools.records = stored_calls(resume.stats)
+            reply.tools.round_text_from = max((at for _, at in reply.tools.records), default=0)
         self.active = reply
         self.replies_started += 1
         return reply
@@ -164,9 +194,17 @@ class GenerationController:
         its events go to `owner` (None: the router's default). Stopped before it went out: cancelled at once."""
         if self.active is not reply:
             return
-        reply.request_id = self.host.bridge.generate(
-            reply.messages, reply.sampling, continue_reply=reply.continue_reply
-        )
+        if reply.tools is None:
+            reply.request_id = self.host.bridge.generate(
+                reply.messages, reply.sampling, continue_reply=reply.continue_reply
+            )
+        else:
+            reply.request_id = self.host.bridge.generate(
+                reply.messages,
+                reply.sampling,
+                continue_reply=reply.continue_reply,
+                tools=reply.tools.tools.box.definitions_json(),
+            )
         if owner is not None:
             self.router.register(reply.request_id, owner)
         if reply.cancelling:  # the engine stops at once and the reply ends as stopped
@@ -179,6 +217,8 @@ class GenerationController:
             return False
         if not reply.cancelling:
             reply.cancelling = True
+            if reply.tools is not None:
+                reply.tools.stopped.set()
             if reply.request_id:  # else cancelled as soon as it is sent
                 self.host.bridge.cancel(reply.request_id)
         return True
@@ -219,8 +259,69 @@ class GenerationController:
             return None
         self.active = None
         self.router.release(reply.request_id or None)
+        if reply.tools is not None and reply.tools.records:
+            stats = dict(stats, tool_calls=reply.tools.stored())
         reply.recorder.finish(state, stats)
         return reply, self.host.store.get_message(reply.message_id)
+
+    # ----- tools -----
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the engine in use reads tool calls back (the app's own does; a remote one is offered none)."""
+        return bool(getattr(self.host.bridge, "takes_tools", False))
+
+    async def prepare_tools(self, conversation_id: int) -> str | None:
+        """Make the conversation's tools before its reply begins (in a thread: an MCP server may be started); a line
+        to show when they cannot be made (the reply then goes without them)."""
+        from app.tools.box import ToolError
+
+        choice = tools_choice(self.host.store.get_conversation(conversation_id))
+        try:
+            tools = await asyncio.to_thread(self.chat_tools.prepare, conversation_id, choice)
+        except ToolError as error:
+            return f"Tools are off for this reply: {error}"
+        return "; ".join(tools.box.notices) if tools is not None and tools.box.notices else None
+
+    def visible(self, request_id: int | None, text: str) -> str:
+        """Streamed text of the active reply without its tool calls' markup (all of it when it offers no tools)."""
+        reply = self.active
+        if reply is None or reply.tools is None or not self.owns(request_id):
+            return text
+        return reply.tools.text_filter.feed(text)
+
+    def calls_ended(self, request_id: int, calls: Sequence[ToolCall]) -> str:
+        """The active reply's request ended (with `calls`, when it made any): what the filter held back to show."""
+        reply = self.active
+        if reply is None or reply.tools is None or not self.owns(request_id):
+            return ""
+        return reply.tools.text_filter.finish(bool(calls))
+
+    def wants_tool_round(self, request_id: int, calls: Sequence[ToolCall]) -> bool:
+        """Whether the active reply's request ended with calls to answer (the reply goes on after a tool round)."""
+        reply = self.active
+        return bool(calls) and reply is not None and reply.tools is not None and self.owns(request_id)
+
+    async def tool_round(
+        self,
+        calls: Sequence[ToolCall],
+        ask: Ask,
+        on_record: Callable[[CallRecord], Awaitable[None]],
+        owner: GenerationOwner | None = None,
+    ) -> str | None:
+        """Ask about and run the active reply's calls, then send the request again with their results; None when it
+        was sent, else why the reply ends here ("stopped" by Esc, or the bound on calls)."""
+        reply = self.active
+        assert reply is not None and reply.tools is not None
+        self.router.release(reply.request_id)
+        why = await reply.tools.run_round(
+            calls, reply.recorder.content, ask, self.chat_tools, on_record, reply.messages
+        )
+        if why is not None or self.active is not reply:
+            return why or "stopped"
+        reply.continue_reply = False
+        self.send(reply, owner)
+        return None
 
     async def crashed(self, description: str) -> None:
         """The engine died: the active reply ends as failed (its owner, the router's default, draws the end; without

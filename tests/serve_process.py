@@ -1,0 +1,49 @@
+"""`llmtui serve` run as a user runs it, in a subprocess, for the tests that speak HTTP to it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import httpx2 as httpx
+
+from tests.rpc_server import ROOT, free_port
+from tests.waits import wait_for
+
+__all__ = ["free_port", "running_serve"]
+
+
+@contextmanager
+def running_serve(args: list[str], env: Mapping[str, str], port: int) -> Iterator[str]:
+    """Start `llmtui serve ARGS` (which name `port`), wait until /health answers, yield its base URL; SIGINT after."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", *args],
+        cwd=ROOT,
+        env=dict(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"llmtui serve exited: {process.stderr.read() if process.stderr else ''}")
+        try:
+            return httpx.get(f"{base}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, "llmtui serve to answer /health", timeout_s=120, interval_s=0.2)
+        yield base
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

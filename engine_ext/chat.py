@@ -155,6 +155,49 @@ def render_chat(
 THINKING_CONTROLS = ("enable_thinking", "reasoning_effort")
 
 
+def render_reply_prompt(
+    template: str | None,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    continue_reply: bool,
+    enable_thinking: bool | None,
+    reasoning_effort: str | None,
+    tools: Sequence[Mapping[str, Any]] | None,
+    bos_token: str,
+    eos_token: str,
+    cancelled: Callable[[], bool] | None = None,
+    started_at: float | None = None,
+) -> tuple[str, bool]:
+    """A reply's prompt text, and whether it ends inside the answer of the reply being continued (`continue_reply`
+    with an assistant message last: cut right after its text as given, so that reply goes on from there, leading
+    space and all)."""
+    continue_reply = continue_reply and bool(messages) and messages[-1]["role"] == "assistant"
+    if continue_reply and not messages[-1]["content"]:
+        # Stopped before any answer text (while thinking, say): the reply starts again from the beginning.
+        messages, continue_reply = messages[:-1], False
+    text = render_chat(
+        template,
+        messages,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        add_generation_prompt=not continue_reply,
+        enable_thinking=enable_thinking,
+        reasoning_effort=reasoning_effort,
+        cancelled=cancelled,
+        started_at=started_at,
+        tools=tools,
+    )
+    if continue_reply:
+        # Continue a stopped reply: cut the rendered prompt right after the partial reply text.
+        # A template that trims message text renders the partial reply without its outer whitespace.
+        content = messages[-1]["content"]
+        for partial in (content, content.strip()):
+            cut = text.rfind(partial) if partial else -1
+            if cut >= 0:
+                return text[: cut + len(partial)], partial == content
+    return text, False
+
+
 def template_thinking_controls(template: str | None) -> tuple[str, ...]:
     """Which of the thinking controls (enable_thinking, reasoning_effort) a chat template's source reads, in that
     order: the ones a conversation's settings can change for this model (a template that never names a variable

@@ -10,7 +10,7 @@ from typing import Any
 from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.chat import (
     ChatTemplateCancelled,
-    render_chat,
+    render_reply_prompt,
     truncate_messages_to_fit,
 )
 from engine_ext.grammar import reply_grammar
@@ -64,16 +64,6 @@ class PromptCancelled(Exception):
     """The request was cancelled while its prompt was being read (between two batches)."""
 
     n_cached = 0  # prompt tokens reused from the cache (evaluate_prompt sets it)
-
-
-def feed_prompt_history(sampler: Sampler, prompt: Sequence[int]) -> None:
-    """Give a penalizing sampler the prompt's last tokens (repeat_last_n of them), as llama.cpp's samplers see them."""
-    params = sampler.params
-    if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
-        window = params.repeat_last_n if params.repeat_last_n > 0 else len(prompt)
-        for t in prompt[-window:]:
-            if t >= 0:  # not an image's positions (engine_ext.vision)
-                sampler.accept(t)
 
 
 class Session:
@@ -148,36 +138,22 @@ class Session:
         cancelled: Callable[[], bool] | None = None,
         started_at: float | None = None,
     ) -> tuple[str, bool]:
-        """The prompt's text, and whether it ends inside the answer of the reply being continued (cut right after
-        its text as given: that reply goes on from there, leading space and all)."""
-        continue_reply = request.continue_reply and bool(messages) and messages[-1]["role"] == "assistant"
-        if continue_reply and not messages[-1]["content"]:
-            # Stopped before any answer text (while thinking, say): the reply starts again from the beginning.
-            messages, continue_reply = messages[:-1], False
-        text = render_chat(
+        """The prompt's text, and whether it ends inside the answer of the reply being continued."""
+        return render_reply_prompt(
             self.template,
             messages,
-            bos_token=self.bos_text,
-            eos_token=self.eos_text,
-            add_generation_prompt=not continue_reply,
+            continue_reply=request.continue_reply,
             # A budget of 0 is no thinking at all: templates that understand enable_thinking are told so.
             enable_thinking=False
             if request.enable_thinking is None and request.reasoning_budget == 0
             else request.enable_thinking,
             reasoning_effort=request.reasoning_effort,
+            tools=tools_of(request.tools, request.tool_choice),
+            bos_token=self.bos_text,
+            eos_token=self.eos_text,
             cancelled=cancelled,
             started_at=started_at,
-            tools=tools_of(request.tools, request.tool_choice),
         )
-        if continue_reply:
-            # Continue a stopped reply: cut the rendered prompt right after the partial reply text.
-            # A template that trims message text renders the partial reply without its outer whitespace.
-            content = messages[-1]["content"]
-            for partial in (content, content.strip()):
-                cut = text.rfind(partial) if partial else -1
-                if cut >= 0:
-                    return text[: cut + len(partial)], partial == content
-        return text, False
 
     def plan(
         self, request: Generate, cancelled: Callable[[], bool] | None = None, n_ctx: int | None = None
@@ -416,7 +392,7 @@ class Session:
             emit(PromptEvaluated(request.request_id, len(plan.tokens), n_cached, self.ctx.n_ctx))
             if plan.text is not None:
                 self.add_anchor(plan.text, plan.tokens)
-            feed_prompt_history(sampler, plan.tokens)
+            sampler.feed_prompt_history(plan.tokens)
             stream = ReplyStream(self.model, request, plan, emit, self.token_info)
             self.reasoning = self.reasoning_budget(request, plan)
             if self.reasoning is not None and self._end_thinking_early:

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine_ext.generate import Session, feed_prompt_history
+from engine_ext.generate import Session
 from engine_ext.grammar import reply_grammar
 from engine_ext.model import Context
 from engine_ext.params import EngineError, SpeculativeConfigError, SteeringEntry
@@ -305,7 +305,7 @@ class ParallelScheduler:
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
-        feed_prompt_history(job.sampler, plan.tokens)
+        job.sampler.feed_prompt_history(plan.tokens)
         job.stream = ReplyStream(self.model, request, plan, self.emit, self.session.token_info)
         job.t_prompt = time.perf_counter()
         slot.job = job

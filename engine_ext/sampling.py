@@ -185,6 +185,16 @@ class Sampler:
         """Feed a token the sampler did not pick (prompt history for the penalties); a grammar does not see it."""
         C.llama_sampler_accept(self._chain, token)
 
+    def feed_prompt_history(self, prompt: Sequence[int]) -> None:
+        """The prompt's last tokens (repeat_last_n of them) for a penalizing chain, as llama.cpp's samplers see them;
+        an image's positions (negative ids, engine_ext.vision) are not tokens."""
+        params = self.params
+        if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+            window = params.repeat_last_n if params.repeat_last_n > 0 else len(prompt)
+            for t in prompt[-window:]:
+                if t >= 0:
+                    self.accept(t)
+
     def accept_forced(self, token: int) -> None:
         """Feed a token the engine forced (the end of thinking) as if the chain had picked it: the penalties count it,
         and a grammar advances over it where it allows it (a lazy grammar not yet triggered allows anything)."""

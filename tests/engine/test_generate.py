@@ -346,16 +346,16 @@ def test_trimming_a_long_conversation_renders_under_one_time_limit(
 ) -> None:
     """Trimming renders the conversation several times; they share one start, so a template just under the 2 s limit
     cannot take 2 s per render."""
-    import engine_ext.generate as generate_module
+    import engine_ext.chat as chat_module
 
     starts: list[float | None] = []
-    real_render = generate_module.render_chat
+    real_render = chat_module.render_chat
 
     def recording_render(*args: object, **kwargs: object) -> str:
         starts.append(kwargs.get("started_at"))  # type: ignore[arg-type]
         return real_render(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(generate_module, "render_chat", recording_render)
+    monkeypatch.setattr(chat_module, "render_chat", recording_render)
     turns = [
         ChatMessage(role, f"{role} turn {i}: " + "words " * 40) for i in range(40) for role in ("user", "assistant")
     ]

@@ -177,3 +177,17 @@ async def test_a_preset_keeps_the_reasoning_budget_effort_and_output_format(thin
         conversation = app.store.get_conversation(chat_of(app).conversation_id or 0)
         applied = SamplingSettings.from_json(conversation.settings["sampling"])
         assert applied == kept and conversation.settings["preset"] == "deep"
+
+
+@pytest.mark.anyio
+async def test_the_thinking_controls_line_wraps_at_80x24(lone_llama: Path) -> None:
+    """A template that reads neither control is said in a line longer than the dialog: it wraps (it ran past the
+    dialog's right edge, cut at "reasoning_effor")."""
+    app = LlmtuiApp(str(lone_llama), start_engine=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        modal = await open_settings(pilot, app)
+        hint = modal.query_one("#thinking-controls", Label)
+        assert "reads neither enable_thinking nor reasoning_effort" in str(hint.render())
+        body = modal.query_one("#conversation-settings-body")
+        assert hint.region.right <= body.region.right and hint.region.height == 3  # its padding and two lines

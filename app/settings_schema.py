@@ -75,8 +75,9 @@ UI: tuple[Setting[Any], ...] = (THEME, SHOW_SIDEBAR, DRAFT_COLOURING, SPEC_DETAI
 SERVER: tuple[Setting[Any], ...] = (SERVER_ENABLED, SERVER_HOST, SERVER_PORT, SERVER_KEY_ENV)
 # config.toml's [speculative] table, in the order it is written.
 SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_ENABLED, s.SPEC_TYPE, s.DRAFT_MODEL, *s.DRAFT_NUMBERS)
-# A sampling preset (per conversation, named presets) as the conversation settings show it.
-PRESET: tuple[Setting[Any], ...] = (
+# A sampling preset (per conversation, named presets) as the conversation settings show it: the sampling values in
+# one grid, the reasoning and the reply's shape (longer labels, fields with choices) in another below it.
+PRESET_SAMPLING_FIELDS: tuple[Setting[Any], ...] = (
     s.TEMPERATURE,
     s.TOP_K,
     s.TOP_P,
@@ -84,10 +85,8 @@ PRESET: tuple[Setting[Any], ...] = (
     s.REPEAT_PENALTY,
     s.N_PREDICT,
     SAMPLING_SEED,
-    s.REASONING_BUDGET,
-    s.REASONING_EFFORT,
-    OUTPUT_FORMAT,
-    OUTPUT_FILE,
 )
+PRESET_REPLY_FIELDS: tuple[Setting[Any], ...] = (s.REASONING_BUDGET, s.REASONING_EFFORT, OUTPUT_FORMAT, OUTPUT_FILE)
+PRESET: tuple[Setting[Any], ...] = (*PRESET_SAMPLING_FIELDS, *PRESET_REPLY_FIELDS)
 # The preset's values SamplingParams takes as they are (max tokens goes with the request, the seed is mapped).
 PRESET_SAMPLING: tuple[Setting[Any], ...] = (s.TEMPERATURE, s.TOP_K, s.TOP_P, s.MIN_P, s.REPEAT_PENALTY)

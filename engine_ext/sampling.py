@@ -243,6 +243,9 @@ class _Grammar:
     over numpy memory: filled from a logits row without a Python loop)."""
 
     def __init__(self, model: Model, grammar: str, triggers: Sequence[str] = (), root: str = "root") -> None:
+        from engine_ext.grammar import GrammarError, native_log_size, parse_error
+
+        log_size = native_log_size()
         if triggers:
             # const char ** trigger_patterns, size_t n, const llama_token * trigger_tokens, size_t n
             patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
@@ -252,9 +255,7 @@ class _Grammar:
         else:
             handle = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), root.encode())
         if not handle:
-            from engine_ext.grammar import GrammarError, parse_error
-
-            raise GrammarError(f"the grammar does not parse: {parse_error()}")
+            raise GrammarError(f"the grammar does not parse: {parse_error(log_size)}")
         self.handle: Any = handle
         self._all = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
         self._all["id"] = np.arange(model.n_vocab, dtype=np.int32)

@@ -6,7 +6,9 @@
 #
 # Walk: start on the starter model (a fresh start: no config, no history) · F4 the model browser · ctrl+l the model
 # switcher · F9, auto (Enter) and "repeat this text: …" (auto drafting from the prompt) · ctrl+o the speculation
-# details · F6 steering · ctrl+p the command palette · the chat's footer · ctrl+q.
+# details · F6 steering · ctrl+p the command palette · the chat's footer · ctrl+b the conversation list, focused, d and
+# u (issue 37) · ctrl+a in the message box (issue 37) · ctrl+q. scripts/tmux_steering.sh walks steering and
+# scripts/tmux_models.py the downloads (--size 80x24).
 #
 # Writes OUT_DIR/80x24/NN-step.txt and OUT_DIR/200x50/NN-step.txt (tmux capture-pane, plain text), and
 # OUT_DIR/walk.log (what was pressed and waited for). Hermetic: HOME, the XDG dirs, LLMTUI_CONFIG_DIR,
@@ -168,6 +170,25 @@ walk() {
     save 10-chat-footer
     pane | tail -n 1 >"$OUT/$SIZE/footer.txt"
     log "  footer: $(cat "$OUT/$SIZE/footer.txt")"
+
+    log "7b. ctrl+b twice: the conversation list, focused; d deletes (the toast says u restores); u; Esc"
+    press C-b
+    press C-b
+    save 12-ctrl-b-list-focused
+    press d
+    wait_for "to bring it back" 10 || true
+    save 13-d-deleted
+    press u
+    wait_for "Restored" 10 || true
+    press Escape # back to the message box
+
+    log "7c. ctrl+a in the message box selects all: typing replaces it"
+    type_text "a long message to rewrite"
+    press C-a
+    type_text "rewritten"
+    wait_for "rewritten" 5 || true
+    save 14-ctrl-a-replaced
+    press C-a BSpace
 
     log "8. ctrl+q"
     press C-q

@@ -1,12 +1,13 @@
 """Drive the real app in tmux through issue 22's Models items, against a local Hub of tiny models (no network).
 
-    .venv/bin/python scripts/tmux_models.py [--size 100x24] [--keep]
+    .venv/bin/python scripts/tmux_models.py [--size 100x24] [--keep]    # issue 37's walk: --size 80x24
 
 A throwaway HOME, Hugging Face cache and config; the local Hub (tests/hub_server.py) serves a tiny Qwen3.5 repo
 whose Q8_0 arrives slowly (100 KB/s). Steps, each printed as the screen shows it:
 
   1. F4, `/` (focuses the search box), "tiny", Enter, one Enter opens the result; Q8_0, Enter, Enter downloads it;
-  2. p (the focus on the quants) pauses it; 3: the Local tab lists the partial with its bytes / total and %;
+  2. p (the focus on the quants) pauses it; x asks before deleting it, n keeps it; 3: the Local tab lists the partial
+     with its bytes / total and %;
   3. ctrl+q asks (a download is unfinished); Quit. The app again: F4, 3, the partial is there; Enter resumes it;
   4. ctrl+l lists the downloaded quants with quant, size, "needs …" (F4's memory figure) and +mtp.
 
@@ -117,6 +118,10 @@ def main() -> int:
         keys("Enter", pause=1.5)
         keys("p")
         wait_screen("p paused it with the focus on the quants", lambda s: "paused" in s)
+        keys("x")  # a cancel deletes the partial file: it asks first (issue 37 item 3)
+        wait_screen("x asks before deleting the partial", lambda s: "y delete · n or Esc keep" in s)
+        keys("n")
+        wait_screen("n kept it", lambda s: "paused" in s and "y delete" not in s)
         keys("3")
         wait_screen("the Local tab lists the partial", lambda s: "partial" in s and "%" in s)
         keys("C-q")

@@ -164,7 +164,8 @@ def parameters_text(n: int) -> str:
 def model_line(description: str, n_params: int, backend: str, n_threads: int) -> str:
     """bench's header: the parameter count first, llama.cpp's description (its size class, e.g. "llama 256M" for a
     135M model, and the quant) named as llama.cpp's, so the two figures are not read as one."""
-    return f"model: {parameters_text(n_params)} (llama.cpp: {description}; {backend}, {n_threads} threads)"
+    threads = "1 thread" if n_threads == 1 else f"{n_threads} threads"
+    return f"model: {parameters_text(n_params)} (llama.cpp: {description}; {backend}, {threads})"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

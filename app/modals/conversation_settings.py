@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
+from textual.widgets.select import InvalidSelectValueError
 
 from app.config import ConfigError, SamplingSettings, parse_field
-from app.settings_schema import PRESET
+from app.settings_schema import PRESET, PRESET_REPLY_FIELDS, PRESET_SAMPLING_FIELDS
 from app.store import Preset
+from engine_ext.settings_schema import Setting
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,9 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                     compact=True,
                 )
                 with Grid(id="sampling-grid"):
-                    for setting in PRESET:
+                    for setting in PRESET_SAMPLING_FIELDS:
                         yield Label(setting.plain_label, classes="field-label")
-                        value = str(getattr(self.sampling, setting.name))
-                        yield Input(value, id=f"sampling-{setting.name}", compact=True, tooltip=setting.help)
+                        yield self._field(setting)
                     # Beside the last sampling value: the tools the model may call (each call asks first).
                     yield Label("Tools", classes="field-label")
                     yield Select(
@@ -93,6 +95,12 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                         compact=True,
                         tooltip="The tools the model may call; each call asks you first (o once, c, a always, d deny)",
                     )
+                # The reasoning and the reply's shape, a value a line: their labels are long (the budget's special
+                # values), and a choice is a Select whose options need their width.
+                with Grid(id="reply-grid"):
+                    for setting in PRESET_REPLY_FIELDS:
+                        yield Label(setting.plain_label, classes="field-label")
+                        yield self._field(setting)
                 if self.thinking_controls is not None:
                     yield Label(thinking_hint(self.thinking_controls), id="thinking-controls", classes="field-label")
                 with Horizontal(id="preset-save-row"):
@@ -102,21 +110,52 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                 yield Button("Cancel", id="cancel", compact=True)
             yield Label("Ctrl+S save · Esc cancel", classes="dialog-hint")
 
+    def _field(self, setting: Setting[Any]) -> Input | Select[str]:
+        """A preset value's field: a Select of its choices (reasoning effort, output format), else an Input."""
+        value = str(getattr(self.sampling, setting.name))
+        if setting.choices:
+            choices = [(str(choice), str(choice)) for choice in setting.choices]
+            if value not in setting.choices:  # a stored preset from elsewhere: kept, and refused on save
+                choices.append((value, value))
+            return Select(
+                choices,
+                value=value,
+                id=f"sampling-{setting.name}",
+                allow_blank=False,
+                compact=True,
+                tooltip=setting.help,
+            )
+        return Input(value, id=f"sampling-{setting.name}", compact=True, tooltip=setting.help)
+
+    def _set_field(self, setting: Setting[Any], value: object) -> None:
+        field = self.query_one(f"#sampling-{setting.name}")
+        if isinstance(field, Select):
+            try:
+                field.value = str(value)
+            except InvalidSelectValueError:  # a preset's value that is not a choice any more: the field keeps its own
+                pass
+        elif isinstance(field, Input):
+            field.value = str(value)
+
+    def _field_text(self, setting: Setting[Any]) -> str:
+        field = self.query_one(f"#sampling-{setting.name}")
+        if isinstance(field, Select):
+            value = field.value
+            return value if isinstance(value, str) else ""
+        return field.value if isinstance(field, Input) else ""
+
     def on_select_changed(self, event: Select.Changed) -> None:
         if event.select.id != "preset-select" or not isinstance(event.value, str) or event.value not in self.presets:
             return
         sampling = SamplingSettings.from_json(self.presets[event.value].settings)
         for setting in PRESET:
-            self.query_one(f"#sampling-{setting.name}", Input).value = str(getattr(sampling, setting.name))
+            self._set_field(setting, getattr(sampling, setting.name))
         self._applied_preset = event.value
 
     def read_sampling(self) -> SamplingSettings:
-        """The values typed, validated (ConfigError names the bad one)."""
+        """The values typed or chosen, validated (ConfigError names the bad one)."""
         values = {
-            setting.name: parse_field(
-                setting, self.query_one(f"#sampling-{setting.name}", Input).value, setting.plain_label
-            )
-            for setting in PRESET
+            setting.name: parse_field(setting, self._field_text(setting), setting.plain_label) for setting in PRESET
         }
         sampling = SamplingSettings(**values)
         sampling.validate()

@@ -145,7 +145,7 @@ class ChatReply(ChatBase):
         pause_full_collections()
         self.app.set_engine_state("generating")
         self.stats.decode_tps = self.stats.ttft_ms = None  # the new reply's, once known
-        self.stats.generated_tokens = 0
+        self.stats.generated_tokens, self.stats.reasoning_tokens = 0, None  # split once the reply is done
         # The request goes out once the screen has drawn the new messages: mounting them, laying the screen out
         # and repainting it takes tens of milliseconds that would otherwise run alongside the engine's first
         # tokens and, on a machine whose cores all run the engine, slow them (the same wait, paid up front).

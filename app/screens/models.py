@@ -29,7 +29,7 @@ from app.screens.models_detail import (
     search_result_text,
 )
 from app.screens.models_downloads import ModelsDownloads
-from app.screens.models_local import PartialRow, words_tooltip
+from app.screens.models_local import PartialRow, no_local_models, words_tooltip
 from app.screens.models_messages import (
     HubSearched,
     LocalModelJudged,
@@ -300,11 +300,7 @@ class ModelsScreen(ModelsDownloads):
             local_list.add_option(Option(row.label(), id=f"partial-{row.partial.path}"))
         if not message.models and not message.partials:
             local_list.add_option(
-                Option(
-                    Text("No models on disk yet: find one in Catalog or Search.", style="italic"),
-                    id="none",
-                    disabled=True,
-                )
+                Option(Text(no_local_models(message.starter), style="italic"), id="none", disabled=True)
             )
         else:
             paths_now = [m.path for m in message.models]
@@ -424,7 +420,11 @@ class ModelsScreen(ModelsDownloads):
     def _show_highlighted_local(self) -> None:
         local_list = self.query_one("#local-list", OptionList)
         index = local_list.highlighted
-        if index is None:
+        if index is None:  # nothing on disk: not the Catalog's entry, whose keys would act on it
+            self.entry, self.listing, self.report, self.local = None, None, None, None
+            self._clear_detail()
+            self.query_one("#detail-info", Static).update("")
+            self.refresh_bindings()
             return
         option_id = local_list.get_option_at_index(index).id or ""
         partial = self._highlighted_partial()

@@ -120,3 +120,13 @@ def size_partials(partials: Sequence[PartialDownload]) -> list[PartialRow]:
         why = None if file is not None else f"no file of {partial.repo_id} has this content at its current revision"
         rows.append(PartialRow(partial, file, why))
     return rows
+
+
+def no_local_models(starter: str | None) -> str:
+    """The Local tab's line when nothing is on disk: the bundled starter model (not in the library) still runs."""
+    if starter is None:
+        return "No models on disk yet: find one in Catalog or Search."
+    return (
+        f"No models downloaded yet. The bundled starter model ({starter}) is ready (ctrl+l); find more in Catalog "
+        "or Search."
+    )

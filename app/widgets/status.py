@@ -80,13 +80,17 @@ class AppHeader(Widget):
 
 # The stats bar's ever more compact forms, tried in order while its line is wider than the bar (StatsBar._text).
 # A busy machine's note (see StatsBar.cpu) gets shorter along the way and outranks the token counts and the TTFT
-# (it explains a slow reply); the forms marked True change nothing but that note, and are skipped without one.
-COMPACT_STATS: Final[tuple[tuple[dict[str, Any], bool], ...]] = (
-    ({"state": False}, False),
-    ({"state": False, "busy": "short"}, True),
-    ({"state": False, "gap": " ", "bar": 4, "busy": "short"}, False),
-    ({"state": False, "gap": " ", "bar": 4, "counts": False, "busy": "short"}, False),
-    ({"state": False, "gap": " ", "bar": 4, "counts": False, "ttft": False, "busy": "tiny"}, True),
+# (it explains a slow reply). A reply that thought keeps its thinking and answer tokens ("think 312 · answer 88")
+# after the prompt's count has gone, before the TTFT. Each form names what it needs to be tried ("busy": a busy
+# machine's note, "thought": a reply that thought, "": always); the others change nothing and are skipped.
+COMPACT_STATS: Final[tuple[tuple[dict[str, Any], str], ...]] = (
+    ({"state": False}, ""),
+    ({"state": False, "busy": "short"}, "busy"),
+    ({"state": False, "gap": " ", "bar": 4, "busy": "short"}, ""),
+    ({"state": False, "gap": " ", "bar": 4, "counts": "thought", "busy": "short"}, "thought"),
+    ({"state": False, "gap": " ", "bar": 4, "counts": "thought", "ttft": False, "busy": "short"}, "thought"),
+    ({"state": False, "gap": " ", "bar": 4, "counts": "none", "busy": "short"}, ""),
+    ({"state": False, "gap": " ", "bar": 4, "counts": "none", "ttft": False, "busy": "tiny"}, "busy"),
 )
 BUSY_HELP: Final = (
     "Other programs are using {others:.1f} of the {cpus} CPUs the engine runs on, so its {threads} threads wait "
@@ -126,6 +130,8 @@ class StatsBar(Widget):
     """Tokens in the last prompt."""
     generated_tokens: reactive[int | None] = reactive(None)
     """Tokens in the last reply."""
+    reasoning_tokens: reactive[int | None] = reactive(None)
+    """Of those, the tokens it thought (None: the reply did not think, or it is not finished)."""
     n_ctx_used: reactive[int] = reactive(0)
     """Context tokens in use."""
     n_ctx: reactive[int] = reactive(0)
@@ -197,23 +203,30 @@ class StatsBar(Widget):
         self.ttft_ms = number("ttft_ms", float)
         self.prompt_tokens = number("prompt_tokens", int)
         self.generated_tokens = number("generated_tokens", int)
+        self.reasoning_tokens = number("reasoning_tokens", int) or None  # 0: the reply did not think
         self.n_ctx_used = int(stats.get("n_ctx_used", 0))
         self.n_ctx = int(stats.get("n_ctx", self.n_ctx))
 
     def render(self) -> Text:
         """The line at full length, or as compact as needed to fit the width: without the engine state and backend
         (the header shows both), then with single spaces and a shorter context bar, then without the prompt and
-        reply token counts (the context in use stays). A busy machine's note shortens along the way, and last the
-        TTFT gives way to it."""
+        reply token counts (the context in use stays; a reply that thought keeps its thinking and answer tokens
+        longer, at the TTFT's expense). A busy machine's note shortens along the way, and last the TTFT gives way
+        to it."""
         width = self.size.width
         busy = self.cpu is not None and (self.cpu.busy() or self.cpu.adapted())
+        tried = {"", *(("busy",) if busy else ()), *(("thought",) if self._thought() else ())}
         line = self._text()
-        for compact, busy_only in COMPACT_STATS:
+        for compact, needs in COMPACT_STATS:
             if not width or line.cell_len <= width:
                 break
-            if busy or not busy_only:
+            if needs in tried:
                 line = self._text(**compact)
         return line
+
+    def _thought(self) -> bool:
+        """Whether the reply shown thought (its thinking and answer tokens are told apart)."""
+        return bool(self.reasoning_tokens) and self.generated_tokens is not None
 
     def _busy_note(self, form: str) -> str:
         """'busy: others use 1.4 of 2 CPUs · 2 threads', shorter in the 'short' and 'tiny' forms; '' when the
@@ -239,7 +252,7 @@ class StatsBar(Widget):
         state: bool = True,
         gap: str = "  ",
         bar: int = 10,
-        counts: bool = True,
+        counts: str = "all",
         ttft: bool = True,
         busy: str = "long",
     ) -> Text:
@@ -254,12 +267,18 @@ class StatsBar(Widget):
             line.append(f"{gap}TTFT ", style=label)
             ms = " ms" if gap == "  " else "ms"
             line.append(f"{self.ttft_ms:.0f}{ms}" if self.ttft_ms is not None else "–")
-        if counts:
+        if counts == "all":  # "thought": the thinking and answer tokens only; "none": no counts
             line.append(f"{gap}prompt ", style=label)
             line.append(f"{self.prompt_tokens}" if self.prompt_tokens is not None else "–")
-            if self.generated_tokens is not None:
-                line.append(f"{gap}reply ", style=label)
-                line.append(str(self.generated_tokens))
+        if self._thought() and counts != "none":
+            thought = self.reasoning_tokens or 0
+            line.append(f"{gap}think ", style=label)
+            line.append(str(thought))
+            line.append(" · answer ", style=label)
+            line.append(str(max(0, (self.generated_tokens or 0) - thought)))
+        elif self.generated_tokens is not None and counts == "all":
+            line.append(f"{gap}reply ", style=label)
+            line.append(str(self.generated_tokens))
         line.append(f"{gap}ctx ", style=label)
         fraction = min(1.0, self.n_ctx_used / self.n_ctx) if self.n_ctx else 0.0
         used = round(fraction * bar)

@@ -363,3 +363,4 @@ def test_bench_names_the_parameter_count_not_only_llama_cpp_size_class() -> None
     assert parameters_text(56_000) == "56.0K parameters" and parameters_text(12) == "12 parameters"
     line = model_line("llama 256M Q4_1", 134_515_008, "CPU", 4)
     assert line == "model: 134.5M parameters (llama.cpp: llama 256M Q4_1; CPU, 4 threads)"
+    assert model_line("llama 256M Q4_1", 134_515_008, "CPU", 1).endswith("CPU, 1 thread)")  # seen in the walk

@@ -430,3 +430,26 @@ async def test_a_download_paused_in_this_session_shows_in_local_and_resumes_or_i
         await pilot.press("y")  # its task is cancelled, which deletes the partial file
         await wait_until(pilot, lambda: row.progress.state == State.CANCELLED, "the download cancelled")
         await wait_until(pilot, lambda: not partial.partial.path.exists() and not screen.partials, "the file gone")
+
+
+@pytest.mark.anyio
+async def test_an_empty_local_tab_names_the_starter_and_leaves_the_catalogs_entry(
+    models_hub: HubServer, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 item 5, walked again: on a fresh home F4's Local tab said "No models on disk yet" while the starter
+    model was chatting, and kept showing the Catalog's entry beside it (its d and u acting on that)."""
+    from textual.widgets import Static
+
+    starter = tiny_models["llama"]
+    monkeypatch.setattr("app.models.starter_model_path", lambda: starter)
+    app = LlmtuiApp(str(starter), start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_models(pilot)
+        assert screen.entry is not None  # the Catalog's first entry, shown first
+        await pilot.press("3")
+        local_list = screen.query_one("#local-list", OptionList)
+        await wait_until(pilot, lambda: option_texts(local_list)[:1] != [], "the Local tab's list")
+        [line] = option_texts(local_list)
+        assert "No models downloaded yet" in line and f"starter model ({starter.name}) is ready (ctrl+l)" in line
+        await wait_until(pilot, lambda: screen.entry is None, "the Catalog's entry left behind")
+        assert str(screen.query_one("#detail-info", Static).render()) == ""

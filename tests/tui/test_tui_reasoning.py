@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import Input, Label
+from textual.widgets import Input, Label, Select
+from textual.widgets.select import InvalidSelectValueError
 
 from app.config import SamplingSettings
 from app.modals.conversation_settings import ConversationSettingsModal
@@ -61,11 +62,11 @@ async def test_the_conversations_budget_and_effort_reach_the_engine_and_it_answe
         modal = await open_settings(pilot, app)
         hint = str(modal.query_one("#thinking-controls", Label).render())
         assert "reads enable_thinking." in hint  # the loaded model's template (reasoning_effort it does not read)
-        modal.query_one("#sampling-reasoning_effort", Input).value = "extreme"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
-        assert app.screen is modal  # refused: not an effort
-        modal.query_one("#sampling-reasoning_effort", Input).value = "low"
+        effort = modal.query_one("#sampling-reasoning_effort", Select)
+        with pytest.raises(InvalidSelectValueError):
+            effort.value = "extreme"  # refused: not an effort (a Select of default, low, medium, high)
+        assert app.screen is modal and effort.value == "default"
+        effort.value = "low"
         modal.query_one("#sampling-reasoning_budget", Input).value = "6"
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: app.screen is chat, "the settings saved")
@@ -76,6 +77,10 @@ async def test_the_conversations_budget_and_effort_reach_the_engine_and_it_answe
         assert request.reasoning_budget == 6 and request.reasoning_effort == "low"
         reply = app.store.active_path(chat.conversation_id or 0)[-1]
         assert reply.reasoning.strip() and reply.content.strip() and reply.state == "complete"
+        # The stats bar tells the thinking tokens from the answer's, in 80 columns (the sidebar beside it).
+        thought, generated = reply.stats["reasoning_tokens"], reply.stats["generated_tokens"]
+        assert isinstance(thought, int) and isinstance(generated, int) and 0 < thought < generated
+        assert f"think {thought} · answer {generated - thought}" in chat.stats.render_line(0).text
 
 
 @pytest.mark.anyio
@@ -116,7 +121,7 @@ async def test_a_json_schema_conversation_thinks_then_answers_valid_json(thinker
     async with app.run_test(size=(80, 24)) as pilot:
         chat = await ready(pilot)
         modal = await open_settings(pilot, app)
-        modal.query_one("#sampling-output_format", Input).value = "json_schema"
+        modal.query_one("#sampling-output_format", Select).value = "json_schema"
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is modal  # refused: no schema file
@@ -134,3 +139,55 @@ async def test_a_json_schema_conversation_thinks_then_answers_valid_json(thinker
         await reply_done(pilot)
         assert app.store.active_path(chat.conversation_id or 0)[-1].state == "error"
         assert any("pick.json" in str(n.message) for n in app._notifications)
+
+
+@pytest.mark.anyio
+async def test_a_preset_keeps_the_reasoning_budget_effort_and_output_format(thinker: Path, tmp_path: Path) -> None:
+    """Issue 34 "per conversation, in presets": a preset saved in the conversation settings keeps the reasoning
+    budget, the effort and the output format (with its file), and applied to another conversation it sets them."""
+    grammar = tmp_path / "yes.gbnf"
+    grammar.write_text('root ::= "yes"\n')
+    app = LlmtuiApp(str(thinker), start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        modal = await open_settings(pilot, app)
+        modal.query_one("#sampling-reasoning_budget", Input).value = "200"
+        modal.query_one("#sampling-reasoning_effort", Select).value = "high"
+        modal.query_one("#sampling-output_format", Select).value = "grammar"
+        modal.query_one("#sampling-output_file", Input).value = str(grammar)
+        modal.query_one("#preset-name", Input).value = "deep"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), "the settings saved")
+        [preset] = app.store.list_presets()
+        kept = SamplingSettings.from_json(preset.settings)
+        assert (kept.reasoning_budget, kept.reasoning_effort) == (200, "high")
+        assert (kept.output_format, kept.output_file) == ("grammar", str(grammar))
+
+        await pilot.press("ctrl+n")  # another conversation, the defaults, then the preset applied
+        await pilot.pause()
+        modal = await open_settings(pilot, app)
+        assert modal.query_one("#sampling-reasoning_effort", Select).value == "default"
+        modal.query_one("#preset-select", Select).value = "deep"
+        await pilot.pause()
+        assert modal.query_one("#sampling-reasoning_budget", Input).value == "200"
+        assert modal.query_one("#sampling-reasoning_effort", Select).value == "high"
+        assert modal.query_one("#sampling-output_format", Select).value == "grammar"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), "the settings saved")
+        conversation = app.store.get_conversation(chat_of(app).conversation_id or 0)
+        applied = SamplingSettings.from_json(conversation.settings["sampling"])
+        assert applied == kept and conversation.settings["preset"] == "deep"
+
+
+@pytest.mark.anyio
+async def test_the_thinking_controls_line_wraps_at_80x24(lone_llama: Path) -> None:
+    """A template that reads neither control is said in a line longer than the dialog: it wraps (it ran past the
+    dialog's right edge, cut at "reasoning_effor")."""
+    app = LlmtuiApp(str(lone_llama), start_engine=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        modal = await open_settings(pilot, app)
+        hint = modal.query_one("#thinking-controls", Label)
+        assert "reads neither enable_thinking nor reasoning_effort" in str(hint.render())
+        body = modal.query_one("#conversation-settings-body")
+        assert hint.region.right <= body.region.right and hint.region.height == 3  # its padding and two lines

@@ -515,6 +515,32 @@ async def test_a_narrow_stats_bar_keeps_every_number(width: int, parts: tuple[st
             assert part in drawn
 
 
+THOUGHT_STATS = REPLY_STATS | {"generated_tokens": 400, "reasoning_tokens": 312, "reasoning_ms": 5120.0}
+
+
+@pytest.mark.parametrize(
+    ("width", "parts"),
+    [
+        (120, ("41.5 tok/s  TTFT 120 ms  prompt 31  think 312 · answer 88  ctx █████░░░░░ 2.0k/4.1k  ready · CUDA",)),
+        (66, ("41.5 tok/s TTFT 120ms think 312 · answer 88 ctx ██░░ 2.0k/4.1k",)),  # the prompt's count went first
+        (56, ("41.5 tok/s think 312 · answer 88 ctx ██░░ 2.0k/4.1k",)),  # 80 columns less the sidebar: TTFT goes
+    ],
+)
+async def test_the_stats_bar_separates_thinking_and_answer_tokens(width: int, parts: tuple[str, ...]) -> None:
+    app = StatsHost()
+    async with app.run_test(size=(width, 3)) as pilot:
+        bar = ready_stats_bar(app)
+        bar.set_stats(THOUGHT_STATS)
+        await pilot.pause()
+        drawn = bar.render_line(0).text
+        assert "…" not in drawn and "reply" not in drawn
+        for part in parts:
+            assert part in drawn
+        bar.set_stats(REPLY_STATS | {"reasoning_tokens": 0})  # a reply that did not think: its count as before
+        await pilot.pause()
+        assert "think" not in bar.render_line(0).text
+
+
 class HeaderHost(App[None]):
     def compose(self) -> ComposeResult:
         yield AppHeader()

@@ -1,5 +1,5 @@
 """The images attached to the message being written, above the message box: each one's name, size and pixels; focus
-it (shift+tab from the message box) and Delete removes the highlighted one."""
+it (shift+tab from the message box) and Delete (Del) removes the highlighted one."""
 
 from __future__ import annotations
 
@@ -76,10 +76,10 @@ class AttachmentsBar(Static, can_focus=True):
         self._draw()
 
     def on_focus(self) -> None:
-        self._draw()
+        self.call_later(self._draw)  # once Widget's own handler (after this one) has set has_focus
 
     def on_blur(self) -> None:
-        self._draw()
+        self.call_later(self._draw)
 
     def _draw(self) -> None:
         text = Text()
@@ -89,7 +89,7 @@ class AttachmentsBar(Static, can_focus=True):
             line.append(one_line(image.name or "image", 60), style="bold")
             line.append(f"  {image.describe()}", style="dim")
             if index == 0:
-                line.append("  · Delete removes" if self.has_focus else "  · shift+tab, then Delete removes one", "dim")
+                line.append("  · Delete removes" if self.has_focus else "  · shift+tab, Del removes", "dim")
             text.append_text(line)
             if index < len(self.images) - 1:
                 text.append("\n")

@@ -10,11 +10,13 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.widget import Widget
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from app.store import StoredImage
 from app.widgets.image_preview import decode_preview, make_preview
+from app.widgets.message_view import FollowsTheEnd
 from engine_ext.untrusted_text import one_line
 
 if TYPE_CHECKING:
@@ -79,4 +81,7 @@ class ImageBlock(Vertical):
             self.state = "named"
             return
         self.state = "shown"
+        follows = self.parent if isinstance(self.parent, FollowsTheEnd) and self.parent.at_bottom else None
         self.mount(preview)
+        if follows is not None and isinstance(follows, Widget):  # the picture made the conversation longer
+            self.call_after_refresh(follows.scroll_end, animate=False)

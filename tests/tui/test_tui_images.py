@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 from textual import events
+from textual.pilot import Pilot
 
 from app.modals.text_prompt import PathPromptModal
+from app.screens.chat import ChatScreen
 from app.tui import LlmtuiApp
 from app.widgets.image_block import ImageBlock
 from engine_ext.protocol import Finished, Generate, GenerationStats, LoadModel, ModelInfo, TokenChunk
@@ -57,8 +59,19 @@ def pictures(tmp_path: Path) -> Path:
     (folder / "notes.png").write_text("not a picture")
     header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
     ihdr = struct.pack(">I", 13) + b"IHDR" + header + struct.pack(">I", zlib.crc32(b"IHDR" + header))
+    body = b"WEBP" + b"VP8L" + struct.pack("<I", 5) + b"\x2f" + struct.pack("<I", 15 | (15 << 14))
+    (folder / "photo.webp").write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
     (folder / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + ihdr + b"\x00\x00\x00\x00IEND\xaeB`\x82")
     return folder
+
+
+async def chat_ready(pilot: Pilot[None], app: LlmtuiApp) -> ChatScreen:
+    """The chat once the scripted engine has loaded, its message box focused (pastes go to the focused widget)."""
+    await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+    chat = chat_of(app)
+    chat.prompt.focus()
+    await pilot.pause()
+    return chat
 
 
 def first_question_images(request: Generate) -> list[str]:
@@ -115,10 +128,7 @@ async def test_f12_attaches_with_tab_completion_and_the_reply_gets_the_image(
 async def test_a_dropped_path_attaches_and_other_pastes_are_typed(vision_llama: Path, pictures: Path) -> None:
     app = scripted_app(vision_llama, PictureEngine)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
-        chat = chat_of(app)
-        chat.prompt.focus()
-        await pilot.pause()
+        chat = await chat_ready(pilot, app)
         app.post_message(events.Paste(f"{pictures}/red\\ square.png "))  # as a terminal pastes a drop
         await wait_until(pilot, lambda: len(chat.attachments.images) == 1, "the pasted path attached")
         assert chat.prompt.text == ""
@@ -127,7 +137,9 @@ async def test_a_dropped_path_attaches_and_other_pastes_are_typed(vision_llama: 
         app.post_message(events.Paste("see /tmp/a.png and"))
         await wait_until(pilot, lambda: chat.prompt.text == "see /tmp/a.png and", "a sentence typed")
         await pilot.press("shift+tab")
-        await wait_until(pilot, lambda: chat.attachments.has_focus, "the attachments row focused")
+        await wait_until(
+            pilot, lambda: "▶ red square.png" in str(chat.attachments.render()), "the attachments row focused"
+        )
         assert "Delete removes" in str(chat.attachments.render())
         await pilot.press("delete")
         await wait_until(pilot, lambda: not chat.attachments.images, "the attachment removed")
@@ -137,18 +149,17 @@ async def test_a_dropped_path_attaches_and_other_pastes_are_typed(vision_llama: 
 async def test_a_non_image_and_a_huge_one_are_refused_in_one_line(vision_llama: Path, pictures: Path) -> None:
     app = scripted_app(vision_llama, PictureEngine)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
-        chat = chat_of(app)
-        chat.prompt.focus()
-        await pilot.pause()
+        chat = await chat_ready(pilot, app)
         app.post_message(events.Paste(str(pictures / "notes.png")))
         await wait_until(pilot, lambda: notified(app, "Not attached: notes.png: not an image"), "the refusal")
         app.post_message(events.Paste(str(pictures / "bomb.png")))
         await wait_until(pilot, lambda: notified(app, "100000×100000 pixels is more than llmtui decodes"), "refused")
+        app.post_message(events.Paste(str(pictures / "photo.webp")))
+        await wait_until(pilot, lambda: notified(app, "photo.webp: WebP is not decoded"), "the WebP refusal")
         app.post_message(events.Paste(str(pictures / "gone.png")))
         await wait_until(pilot, lambda: notified(app, "gone.png: no such image file"), "the missing file said")
         assert not chat.attachments.images
-        assert not list(app.store.image_folder.glob("*")) if app.store.image_folder.exists() else True
+        assert not app.store.image_folder.exists() or not any(app.store.image_folder.iterdir())  # nothing kept
         assert all("\n" not in str(n.message) for n in app._notifications)
 
 

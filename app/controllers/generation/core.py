@@ -22,7 +22,7 @@ from app.controllers.generation.tools import (
 from app.recording import ReplyRecorder
 from app.store import StoreError
 from app.tools.loop import stored_calls
-from engine_ext.image_input import read_image_file
+from engine_ext.image_input import ImageRefused, read_image_file
 from engine_ext.protocol import ChatMessage, ImageRef
 from engine_ext.untrusted_text import one_line
 
@@ -185,6 +185,8 @@ class GenerationController:
         """Read and check an image file the user attaches, and keep it in the history's image folder (call it in a
         thread); ImageRefused (one line) or OSError when it cannot be."""
         image = read_image_file(path)
+        if image.format == "WebP":  # checked, but the engine's decoder (libmtmd's stb_image) does not read it
+            raise ImageRefused(f"{path.name}: WebP is not decoded by the engine's projector; convert it to PNG")
         stored = self.host.store.keep_image(image, path.name)
         self.images_unusable.pop(stored.sha256, None)  # kept again: whole now
         self.images_checked.add(stored.sha256)

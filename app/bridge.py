@@ -146,6 +146,8 @@ class EngineBridge:
         self._generations: dict[int, _Generation] = {}
         self._loading: str | None = None
         self._model: tuple[str, EngineSettings, bool, int] | None = None
+        self._mmproj = ""
+        """The projector the model loads with (a restart loads it again); empty: none."""
         self._control: list[str] = []  # speculative / steering / vector requests awaiting their answer
         self._extra_bufts: tuple[str, ...] = ()  # the worker's CPU extra buffer types (weight repacking)
         self._replies_since_load = 0  # replies finished since the model loaded (a crash before EARLY_REPLIES is early)
@@ -164,10 +166,14 @@ class EngineBridge:
         if not self._thread.is_alive():
             self._thread.start()
 
-    def load(self, path: str, engine: EngineSettings, *, load_mtp: bool = False, n_rs_seq: int = 0) -> None:
-        """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation."""
+    def load(
+        self, path: str, engine: EngineSettings, *, load_mtp: bool = False, n_rs_seq: int = 0, mmproj: str = ""
+    ) -> None:
+        """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation, and
+        the projector paired with it (images)."""
         self.model_path = path
         self._model = (path, engine, load_mtp, n_rs_seq)
+        self._mmproj = mmproj
         self._submit(lambda: self._do_load(path, engine, load_mtp, n_rs_seq))
 
     def restart(self, engine: EngineSettings | None = None) -> None:
@@ -430,7 +436,7 @@ class EngineBridge:
         self._send(
             LoadModel(
                 path,
-                replace(engine.model_params(), load_mtp=load_mtp),
+                replace(engine.model_params(), load_mtp=load_mtp, mmproj=self._mmproj or None),
                 replace(engine.context_params(), n_rs_seq=n_rs_seq),
             )
         )
@@ -494,6 +500,7 @@ class EngineBridge:
                         n_threads=info.n_threads,
                         n_embd=info.n_embd,
                         thinking_controls=info.thinking_controls,
+                        mmproj=info.mmproj,
                         # weights repacked for some extra buffer type (none left after a crash: not repacked)
                         repack=bool(self._extra_bufts)
                         and (self._model[1].use_extra_bufts if self._model is not None else True),

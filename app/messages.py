@@ -31,6 +31,11 @@ class ModelSummary:
     repack: bool = True  # CPU weights loaded into llama.cpp's extra buffer types (False: --no-repack)
     n_embd: int = 0  # the model's embedding width (0: not known, a remote engine)
     thinking_controls: tuple[str, ...] | None = None  # what its template reads of them (None: not known, remote)
+    mmproj: str = ""  # the projector loaded with it: the model sees images ("" none, or a remote engine)
+
+    @property
+    def sees_images(self) -> bool:
+        return bool(self.mmproj)
 
 
 class EngineStarting(Message):

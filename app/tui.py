@@ -47,6 +47,7 @@ from app.private_files import secure_app_dirs, take_notice
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice
 from app.screens.chat import ChatScreen
 from app.store import Store, StoreError, open_default_store
+from app.widgets.image_preview import detect_terminal_graphics
 
 Notice = tuple[str, SeverityLevel, float]
 """A notification to show once the app has started: (message, severity, seconds)."""
@@ -538,5 +539,6 @@ class QuitWithDownloadsModal(PickModal):
 def run_tui(model: str | None = None, *, no_repack: bool = False) -> int:
     """Run the app until the user quits; the exit status. `no_repack`: --no-repack for this session."""
     app = LlmtuiApp(model, engine_overrides={"use_extra_bufts": False} if no_repack else None)
+    detect_terminal_graphics()  # Kitty or Sixel pictures: asked now, as the terminal cannot be asked once the app draws
     app.run()
     return app.return_code or 0

@@ -36,10 +36,11 @@ class CheckedImage:
 
     def describe(self) -> str:
         """ "PNG 640×480, 81 KB" (what a message shows beside the image's name)."""
-        return f"{self.format} {self.width}×{self.height}, {_size_text(len(self.data))}"
+        return f"{self.format} {self.width}×{self.height}, {size_text(len(self.data))}"
 
 
-def _size_text(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count for people: 512 B, 81 KB, 2.4 MB."""
     if n < 1000:
         return f"{n} B"
     if n < 1000 * 1000:
@@ -63,7 +64,7 @@ def read_image_file(path: str | Path) -> CheckedImage:
         if not stat.S_ISREG(info.st_mode):
             raise ImageRefused(f"{name}: not a regular file (a device, FIFO or folder); attach an image file")
         if info.st_size > MAX_IMAGE_BYTES:
-            raise ImageRefused(f"{name}: {_size_text(info.st_size)} is larger than {_size_text(MAX_IMAGE_BYTES)}")
+            raise ImageRefused(f"{name}: {size_text(info.st_size)} is larger than {size_text(MAX_IMAGE_BYTES)}")
         chunks: list[bytes] = []
         total = 0
         while total <= MAX_IMAGE_BYTES:  # the file may grow after fstat: read one byte past the bound at most
@@ -82,7 +83,7 @@ def read_image_file(path: str | Path) -> CheckedImage:
 def check_image(data: bytes, name: str = "image") -> CheckedImage:
     """Check image bytes (from a file, a paste or a data: URL) without decoding them; ImageRefused if they fail."""
     if len(data) > MAX_IMAGE_BYTES:
-        raise ImageRefused(f"{name}: {_size_text(len(data))} is larger than {_size_text(MAX_IMAGE_BYTES)}")
+        raise ImageRefused(f"{name}: {size_text(len(data))} is larger than {size_text(MAX_IMAGE_BYTES)}")
     if not data:
         raise ImageRefused(f"{name}: the file is empty")
     kind = sniff_format(data)

@@ -346,11 +346,17 @@ def fit_repo(
 
 
 def fit_local(path: Path, *, n_ctx: int | None = None, memory: MachineMemory | None = None) -> QuantFit:
-    """The verdict for a model file on disk."""
+    """The verdict for a model file on disk, counting the projector (mmproj) paired with it, which loads with it."""
     info = inspect_gguf(path)
     ctx = n_ctx or min(info.context_length or DEFAULT_CTX, DEFAULT_CTX)
     estimate = estimate_memory(info, ctx)
     need = need_bytes(info.total_size, estimate)  # as fit_repo: the same file shows the same figure in both tabs
+    projector = pairing.local_mmproj(path)
+    if projector is not None:
+        try:
+            need += projector.stat().st_size  # its weights, in memory beside the model's
+        except OSError:
+            pass
     verdict, where = judge(need, memory or detect_memory())
     tag = pairing.quant_tag(path.name)
     return QuantFit(tag, str(path), info.total_size, need, verdict, where)

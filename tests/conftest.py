@@ -150,6 +150,8 @@ def hermetic_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     # The engine's thread count follows the machine's load (engine_ext.threads): not in tests, whose speculative
     # step counts must not depend on what else the machine runs. Tests of the governor turn it on.
     monkeypatch.setenv("LLMTUI_ADAPTIVE_THREADS", "off")
+    # Pictures in the transcript as coloured half blocks, whatever terminal runs the tests (snapshots stay the same).
+    monkeypatch.setenv("LLMTUI_IMAGE_PREVIEW", "halfcell")
     # The app's stats bar reads the machine's load (the busy note): not in tests, whose screens must not depend on
     # what else the machine runs. Tests of the note pass a fake sampler.
     import app.bridge

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from app import paths
 from app.controllers.host import WorkerHost
-from app.private_files import private_dir, write_private_text
+from app.private_files import private_dir, write_private_bytes, write_private_text
 from app.store import StoreError
 
 if TYPE_CHECKING:
@@ -53,57 +53,55 @@ class ConversationsController:
         )
 
     def _read_import(self, path: Path) -> None:
+        """In a thread: read the file and import it (its images are decoded, checked and written here too)."""
         try:
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a name the OS refuses
+            conversation_id = self.host.store.import_json(text)
+        except (OSError, UnicodeDecodeError, ValueError, StoreError) as error:  # ValueError: a name the OS refuses
             self.host.call_from_thread(
                 self.host.notify, f"Could not import {path}: {error}", severity="error", timeout=10
             )
             return
-        self.host.call_from_thread(self.import_text, path, text)
+        self.host.call_from_thread(self._imported, path, conversation_id)
 
-    def import_text(self, path: Path, text: str) -> None:
-        try:
-            conversation_id = self.host.store.import_json(text)
-        except StoreError as error:
-            self.host.notify(f"Could not import {path}: {error}", severity="error", timeout=10)
-            return
+    def _imported(self, path: Path, conversation_id: int) -> None:
         self.host.show_conversation(conversation_id)
         self.host.notify(f"Imported {path.name}.")
 
     # ----- export -----
 
     def export(self, conversation_id: int) -> tuple[Path, Path]:
-        """Write the conversation as Markdown and JSON into `<data dir>/exports`; the two paths."""
-        return write_export(*self._export_texts(conversation_id))
+        """Write the conversation as Markdown (its images as files beside it) and JSON (its images inside) into
+        `<data dir>/exports`; the two paths."""
+        return self._write_export(self._export_stem(conversation_id), conversation_id)
 
     def export_in_background(self, conversation_id: int, done: Callable[[tuple[Path, Path] | str], None]) -> None:
-        """Export: the texts from the store here (StoreError raised), the files written in a thread; `done` gets the
-        two paths or what went wrong."""
-        texts = self._export_texts(conversation_id)
+        """Export: the conversation looked up here (StoreError raised), the files made and written in a thread (the
+        JSON reads the image files); `done` gets the two paths or what went wrong."""
+        stem = self._export_stem(conversation_id)
 
         def write() -> None:
             try:
-                result: tuple[Path, Path] | str = write_export(*texts)
-            except OSError as error:
+                result: tuple[Path, Path] | str = self._write_export(stem, conversation_id)
+            except (OSError, StoreError) as error:
                 result = str(error)
             self.host.call_from_thread(done, result)
 
         self.host.run_worker(write, name="export", group="export", thread=True, exit_on_error=False)
 
-    def _export_texts(self, conversation_id: int) -> tuple[str, str, str]:
+    def _export_stem(self, conversation_id: int) -> str:
+        conversation = self.host.store.get_conversation(conversation_id)
+        return export_stem(conversation.title, conversation.id)
+
+    def _write_export(self, stem: str, conversation_id: int) -> tuple[Path, Path]:
         store = self.host.store
-        conversation = store.get_conversation(conversation_id)
-        return (
-            export_stem(conversation.title, conversation.id),
-            store.export_markdown(conversation_id),
-            store.export_json(conversation_id),
-        )
-
-
-def write_export(stem: str, markdown: str, json_text: str) -> tuple[Path, Path]:
-    folder = private_dir(paths.data_dir() / "exports")
-    markdown_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
-    write_private_text(markdown_path, markdown)
-    write_private_text(json_path, json_text)
-    return markdown_path, json_path
+        folder = private_dir(paths.data_dir() / "exports")
+        image_folder = f"{stem}.images"
+        markdown_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
+        for image, name in store.export_images(conversation_id):
+            data = store.read_image(image)
+            if data is not None:  # a missing one stays a link the Markdown's reader sees broken, as in the app
+                write_private_bytes(folder / image_folder / name, data)
+        write_private_text(markdown_path, store.export_markdown(conversation_id, image_folder))
+        write_private_text(json_path, store.export_json(conversation_id))
+        return markdown_path, json_path

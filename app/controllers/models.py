@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from app.models import usable_folders
 from app.remote import RemoteBridge, RemoteChoice
 from app.speculation import ModelFacts, find_drafts, model_facts
+from models_catalog.pairing import local_mmproj
 
 if TYPE_CHECKING:
     from app.bridge import EngineBridge
@@ -108,11 +109,20 @@ class ModelsController:
             model_facts(path)  # the model's header, read here (cached) and not by load_found on the event loop
         except Exception:  # noqa: BLE001, S110 - a header it cannot read: the load says why
             pass
-        self.host.call_from_thread(self.load_found, path, tuple(found), tuple(missing))
+        projector = local_mmproj(Path(path))  # loads with it, so the model sees images
+        self.host.call_from_thread(
+            self.load_found, path, tuple(found), tuple(missing), str(projector) if projector else ""
+        )
 
-    def load_found(self, path: str, sidecars: tuple[DraftCandidate, ...], missing: tuple[tuple[str, str], ...]) -> None:
+    def load_found(
+        self,
+        path: str,
+        sidecars: tuple[DraftCandidate, ...],
+        missing: tuple[tuple[str, str], ...],
+        mmproj: str = "",
+    ) -> None:
         host = self.host
         if path != host.model_path or isinstance(host.bridge, RemoteBridge):
             return  # another model (or a server) was chosen meanwhile
         self.speculation.draft_sidecars, self.speculation.missing_drafts = sidecars, missing
-        host.bridge.load(path, self.engine_settings(), **self.speculation.load_options(path))
+        host.bridge.load(path, self.engine_settings(), mmproj=mmproj, **self.speculation.load_options(path))

@@ -17,11 +17,13 @@ from textual.widgets import Footer, Static
 
 from app.config import ConfigError, save_config
 from app.screens.chat_conversations import ChatConversations
+from app.screens.chat_images import ATTACH_KEY, ChatImages
 from app.screens.chat_reply import ChatReply
 from app.screens.steering import SteeringPanel
 from app.speculation import short_summary
 from app.store import Message, StoreError
 from app.textual_internals.compositor import use_cropped_compositor
+from app.widgets.attachments import AttachmentsBar
 from app.widgets.markdown_render import code_blocks
 from app.widgets.message_view import MessageView
 from app.widgets.prompt_input import PromptInput
@@ -34,7 +36,7 @@ NARROW_WIDTH = 100  # below this many columns the conversation list is narrower
 STEERING_BESIDE_WIDTH = 110  # from this many columns the steering panel sits beside the transcript, else below it
 
 
-class ChatScreen(ChatReply, ChatConversations):
+class ChatScreen(ChatReply, ChatConversations, ChatImages):
     """Where conversations happen.
 
     | Key | Action |
@@ -54,6 +56,7 @@ class ChatScreen(ChatReply, ChatConversations):
     | f6 | Steering panel, beside the transcript (wide) or below it (narrow); F6 or Esc in it closes it. |
     | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
     | f10 | Serve the loaded model to other programs (an OpenAI-compatible API; F3 → Server: address, key), or stop. |
+    | f12 | Attach an image (a path prompt; Tab completes). A dropped file's path pasted alone attaches it too. |
     """
 
     AUTO_FOCUS = "#prompt"
@@ -82,6 +85,7 @@ class ChatScreen(ChatReply, ChatConversations):
         Binding("f2", "rename_conversation", "Rename", show=False),
         Binding("f5", "restart_engine", "Restart engine", show=False),
         Binding("ctrl+up", "focus_messages", "Messages", show=False),
+        Binding(ATTACH_KEY, "attach_image", "Attach image", show=False),
         Binding("f7", "toggle_draft_colouring", "Draft colours", show=False, priority=True),  # over select-all
         # Over the prompt's end-of-line only while the model thinks (check_action; otherwise ctrl+e is the prompt's).
         Binding("ctrl+e", "stop_thinking", "Answer now", show=False, priority=True),
@@ -147,6 +151,7 @@ class ChatScreen(ChatReply, ChatConversations):
             with Vertical(id="chat"):
                 yield Transcript(id="transcript")
                 yield Static("", id="edit-banner")
+                yield AttachmentsBar(id="attachments")
                 yield PromptInput(id="prompt", placeholder="Message  (Enter sends · Shift+Enter or Ctrl+J new line)")
                 yield StatsBar(id="stats")
             yield SteeringPanel(id="steering-panel")  # F6: docked beside the chat (wide) or below it (narrow)
@@ -176,6 +181,7 @@ class ChatScreen(ChatReply, ChatConversations):
         self.query_one("#edit-banner").display = False
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
+        self.transcript.read_image = self.app.store.read_image
         self.transcript.colour_drafts = self.app.config.draft_colouring
         self._measured_on = self.app.model.path if self.app.model else ""
         self._model_shown = self.app.model
@@ -260,7 +266,8 @@ class ChatScreen(ChatReply, ChatConversations):
             stats.n_ctx = model.n_ctx
         for widget in (header, stats):
             widget.engine_state = app.engine_state
-            widget.backend = model.backend if model else ""
+            # "vision": the model loaded with its projector, so it sees attached images
+            widget.backend = (f"{model.backend} · vision" if model.sees_images else model.backend) if model else ""
         header.model_name = model.name if model else ""
         if model is not None and not stats.n_ctx:
             stats.n_ctx = model.n_ctx

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from textual.screen import Screen
 
 from app.screens.steering import SteeringPanel
+from app.widgets.attachments import AttachmentsBar
 from app.widgets.message_view import BranchInfo
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import ConversationList
@@ -56,6 +57,10 @@ class ChatBase(Screen[None]):
     @property
     def prompt(self) -> PromptInput:
         return self.query_one(PromptInput)
+
+    @property
+    def attachments(self) -> AttachmentsBar:
+        return self.query_one(AttachmentsBar)
 
     @property
     def stats(self) -> StatsBar:

@@ -100,11 +100,13 @@ class ChatReply(ChatBase):
             return
         replies = self.app.generation
         editing = self.edit_target
+        images = self.attachments.take()
         try:
             conversation = replies.ensure_conversation(self.conversation_id)
             self.conversation_id = conversation.id
-            message = replies.commit_user_message(conversation.id, text, edit_of=editing)
+            message = replies.commit_user_message(conversation.id, text, edit_of=editing, images=images)
         except StoreError as error:
+            self.attachments.images = images  # still attached, for sending again
             self.notify(str(error), severity="error")
             return
         store = self.app.store
@@ -126,6 +128,12 @@ class ChatReply(ChatBase):
             notice = await self.app.generation.prepare_tools(self.conversation_id)
             if notice:
                 self.notify(notice, severity="warning", timeout=10)
+        model = self.app.model
+        notice = await self.app.generation.check_images(  # a file missing in the history: sent without it
+            self.conversation_id, sees_images=model is not None and model.sees_images
+        )
+        if notice:
+            self.notify(notice, severity="warning", timeout=10)
         reply = self.app.generation.begin(self.conversation_id, parent_id, model_name, resume=resume)
         if resume is not None:
             await self.transcript.start_live(

@@ -40,6 +40,7 @@ from app.store.records import (
     Role,
     SearchHit,
     Siblings,
+    StoredImage,
     StoreError,
     StoreUnavailable,
     damaged_placeholder,
@@ -90,6 +91,7 @@ __all__ = [
     "SearchHit",
     "Siblings",
     "Store",
+    "StoredImage",
     "StoreError",
     "StoreUnavailable",
     "create_initial_schema",
@@ -119,6 +121,7 @@ class Store(ExportMixin, TreeMixin, SearchMixin, PresetsMixin, StoreBase):
         self.startup_notice: str | None = None
         """A message for the user about something fixed while opening (a damaged file moved aside)."""
         self._lock = threading.RLock()
+        self._pending_images = set()
         self._last_timestamp = ""
         self._connection = None
         try:
@@ -299,10 +302,14 @@ class Store(ExportMixin, TreeMixin, SearchMixin, PresetsMixin, StoreBase):
             connection.execute("UPDATE conversations SET deleted_at = NULL WHERE id = ?", (conversation_id,))
 
     def purge_deleted(self, older_than: timedelta) -> int:
-        """Remove for good the conversations deleted at least `older_than` ago; how many were removed."""
+        """Remove for good the conversations deleted at least `older_than` ago, and the image files only they
+        referred to; how many conversations were removed."""
         with self._write() as connection:
             cutoff = (datetime.fromisoformat(self._now()) - older_than).isoformat(timespec="microseconds")
             cursor = connection.execute(
                 "DELETE FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at <= ?", (cutoff,)
             )
-            return cursor.rowcount
+            removed = cursor.rowcount
+        if removed:
+            self.free_unused_images()
+        return removed

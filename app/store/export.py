@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final, cast
 
+from app.store.images import FILE_SUFFIXES
 from app.store.records import (
     MESSAGE_STATES,
     ROLES,
     ImportFormatError,
     JSONObject,
+    Message,
+    StoredImage,
+    dump_images,
     dump_settings,
     dump_stats,
+    image_from_json,
 )
 from app.store.tree import TreeMixin, parents_first
 from app.tools.loop import CallRecord, stored_calls
+from engine_ext.image_input import MAX_IMAGE_BYTES, ImageRefused, check_image
 from engine_ext.untrusted_text import one_line
 
 EXPORT_FORMAT: Final = "llmtui.conversation"
@@ -41,11 +49,31 @@ def tool_call_markdown(record: CallRecord) -> str:
     )
 
 
+def image_file_name(image: StoredImage) -> str:
+    """The name an exported image file takes beside the Markdown (its hash's start and its format's suffix)."""
+    return f"{image.sha256[:16]}.{FILE_SUFFIXES.get(image.format, 'img')}"
+
+
+def image_markdown(image: StoredImage, folder: str) -> str:
+    """A message's image in the Markdown export: a link to its file in `folder`, with its name and size."""
+    alt = one_line(image.name, 80).replace("[", "(").replace("]", ")")
+    return f"![{alt}]({folder}/{image_file_name(image)}) *{alt}: {image.describe()}*"
+
+
 class ExportMixin(TreeMixin):
     """Exporting a conversation and importing an export as a new conversation."""
 
-    def export_markdown(self, conversation_id: int) -> str:
-        """The active branch as Markdown: title, system prompt, a heading per message, reasoning folded."""
+    def export_images(self, conversation_id: int) -> list[tuple[StoredImage, str]]:
+        """The images of the active branch (each once) and their file names in an export's image folder."""
+        seen: dict[str, StoredImage] = {}
+        for message in self.active_path(conversation_id):
+            for image in message.images:
+                seen.setdefault(image.sha256, image)
+        return [(image, image_file_name(image)) for image in seen.values()]
+
+    def export_markdown(self, conversation_id: int, image_folder: str = "images") -> str:
+        """The active branch as Markdown: title, system prompt, a heading per message, reasoning folded, images as
+        links into `image_folder` (relative to the Markdown file; `export_images` says what to copy there)."""
         with self._lock:
             conversation = self.get_conversation(conversation_id)
             path = self.active_path(conversation_id)
@@ -57,6 +85,7 @@ class ExportMixin(TreeMixin):
             if message.reasoning.strip():
                 reasoning = message.reasoning.strip("\n").rstrip()
                 parts.append(f"<details>\n<summary>Reasoning</summary>\n\n{reasoning}\n\n</details>")
+            parts += [image_markdown(image, image_folder) for image in message.images]
             if message.content.strip():
                 parts.append(message.content.strip("\n").rstrip())
             parts += [tool_call_markdown(record) for record, _ in stored_calls(message.stats)]
@@ -67,13 +96,19 @@ class ExportMixin(TreeMixin):
         return "\n\n".join(parts) + "\n"
 
     def export_json(self, conversation_id: int) -> str:
-        """The whole conversation (every branch, state, stats, timestamp) as JSON; ids are positions in
-        the export's message list, so exporting an imported export gives the same bytes."""
+        """The whole conversation (every branch, state, stats, timestamp) as JSON, its images in it (base64, each
+        once; one whose file is missing or damaged is left out); ids are positions in the export's message list, so
+        exporting an imported export gives the same bytes. Reads the image files: call it off the UI thread."""
         with self._lock:
             conversation = self.get_conversation(conversation_id)
             messages = parents_first(self.messages(conversation_id))
         local_ids = {message.id: index for index, message in enumerate(messages)}
-        document = {
+        images: dict[str, str] = {}
+        for message in messages:
+            for image in message.images:
+                if image.sha256 not in images and (data := self.read_image(image)) is not None:
+                    images[image.sha256] = base64.b64encode(data).decode("ascii")
+        document: JSONObject = {
             "format": EXPORT_FORMAT,
             "version": EXPORT_VERSION,
             "conversation": {
@@ -101,9 +136,12 @@ class ExportMixin(TreeMixin):
                     "stats": message.stats,
                     "token_count": message.token_count,
                 }
+                | _images_field(message)
                 for message in messages
             ],
         }
+        if images:
+            document["images"] = images
         return json.dumps(document, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
 
     def import_json(self, text: str) -> int:
@@ -113,6 +151,8 @@ class ExportMixin(TreeMixin):
         """
         document = _parse_export(text)
         header = document["conversation"]
+        for image in document["images"].values():  # kept first: a message refers to them once it is in
+            self.keep_image(image, "")
         with self._write() as connection:
             cursor = connection.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, system_prompt, settings, model)"
@@ -131,8 +171,8 @@ class ExportMixin(TreeMixin):
             for item in document["messages"]:
                 cursor = connection.execute(
                     "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state,"
-                    " created_at, updated_at, model, stats, token_count)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " created_at, updated_at, model, stats, token_count, images)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         conversation_id,
                         None if item["parent"] is None else db_ids[item["parent"]],
@@ -145,15 +185,22 @@ class ExportMixin(TreeMixin):
                         item["model"],
                         dump_stats(item["stats"]),
                         item["token_count"],
+                        dump_images(item["images"]),
                     ),
                 )
                 db_ids[item["id"]] = cast(int, cursor.lastrowid)
+                self._images_written(item["images"])
             leaf = header["active_leaf"]
             connection.execute(
                 "UPDATE conversations SET active_leaf_id = ? WHERE id = ?",
                 (None if leaf is None else db_ids[leaf], conversation_id),
             )
         return conversation_id
+
+
+def _images_field(message: Message) -> JSONObject:
+    """A message's images in the JSON export (no field when it has none: exports without images stay as they were)."""
+    return {"images": [image.to_json() for image in message.images]} if message.images else {}
 
 
 def features_note(stats: Mapping[str, Any]) -> str:
@@ -283,8 +330,40 @@ def _parse_export(text: str) -> JSONObject:
         _require_timestamp(item["updated_at"], f"{where}.updated_at")
         item.setdefault("parent", None)
         item.setdefault("token_count", None)
+        item["images"] = _parse_message_images(item.get("images", []), where)
         seen.add(item["id"])
     leaf = header.get("active_leaf")
     _require(leaf is None or (isinstance(leaf, int) and leaf in seen), "conversation.active_leaf is unknown")
     header.setdefault("active_leaf", None)
+    document["images"] = _parse_images(document.get("images", {}))
     return cast(JSONObject, document)
+
+
+def _parse_message_images(value: object, where: str) -> tuple[StoredImage, ...]:
+    _require(isinstance(value, list), f"{where}.images should be a list")
+    assert isinstance(value, list)
+    images = tuple(image_from_json(item) for item in value)
+    _require(all(image is not None for image in images), f"{where}.images holds an entry that is not an image")
+    return cast(tuple[StoredImage, ...], images)
+
+
+def _parse_images(value: object) -> dict[str, Any]:
+    """The export's image files (base64 by content hash), each checked as an attached image is (size, format,
+    pixels) and against its hash."""
+    _require(isinstance(value, dict), "'images' should be an object")
+    assert isinstance(value, dict)
+    checked: dict[str, Any] = {}
+    for sha256, encoded in value.items():
+        where = f"images[{str(sha256)[:16]!r}]"
+        _require(isinstance(encoded, str) and len(encoded) <= (MAX_IMAGE_BYTES + 2) // 3 * 4, f"{where} is too long")
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ImportFormatError(f"this is not a conversation exported by llmtui: {where} is not base64") from None
+        try:
+            image = check_image(data, where)
+        except ImageRefused as refused:
+            raise ImportFormatError(f"this export holds an image llmtui refuses: {refused}") from None
+        _require(image.sha256 == sha256, f"{where} does not hold the image its hash names")
+        checked[sha256] = image
+    return checked

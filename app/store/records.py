@@ -7,6 +7,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
+from engine_ext.image_input import size_text
+
 HISTORY_FILE_NAME: Final = "history.sqlite3"
 TITLE_MAX_CHARS: Final = 60
 
@@ -77,6 +79,76 @@ class Conversation:
 
 
 @dataclass(frozen=True)
+class StoredImage:
+    """An image a message refers to: its content hash (the file's name in the image folder), the name it was
+    attached under, and what its header said when it was checked (format, pixels, bytes)."""
+
+    sha256: str
+    name: str
+    format: str
+    width: int
+    height: int
+    size: int
+
+    def describe(self) -> str:
+        """ "PNG 640×480, 81 KB", as engine_ext.image_input.CheckedImage says it."""
+        return f"{self.format} {self.width}×{self.height}, {size_text(self.size)}"
+
+    def to_json(self) -> JSONObject:
+        return {
+            "sha256": self.sha256,
+            "name": self.name,
+            "format": self.format,
+            "width": self.width,
+            "height": self.height,
+            "size": self.size,
+        }
+
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+IMAGE_FIELDS: Final[dict[str, type]] = {
+    "sha256": str,
+    "name": str,
+    "format": str,
+    "width": int,
+    "height": int,
+    "size": int,
+}
+
+
+def image_from_json(item: object) -> StoredImage | None:
+    """A StoredImage from its JSON form, None when it is not one (a damaged row or a hand-made export): the hash
+    must be 64 lower-case hex digits, as it names a file."""
+    if not isinstance(item, dict):
+        return None
+    for name, kind in IMAGE_FIELDS.items():
+        value = item.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return None
+    sha256 = item["sha256"]
+    if len(sha256) != 64 or not set(sha256) <= _SHA256_HEX:
+        return None
+    return StoredImage(sha256, item["name"], item["format"], item["width"], item["height"], item["size"])
+
+
+def load_images(text: str | None) -> tuple[tuple[StoredImage, ...], bool]:
+    """A message's images column, and whether it was damaged (what could not be read is left out)."""
+    if not text:
+        return (), False
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return (), True
+    items = value if isinstance(value, list) else []
+    images = tuple(image for image in map(image_from_json, items) if image is not None)
+    return images, len(images) != len(items) or not isinstance(value, list)
+
+
+def dump_images(images: tuple[StoredImage, ...]) -> str:
+    return json.dumps([image.to_json() for image in images], ensure_ascii=False) if images else ""
+
+
+@dataclass(frozen=True)
 class Message:
     """One message in a conversation's tree. `damaged`: its stats were unreadable and are shown empty."""
 
@@ -93,6 +165,8 @@ class Message:
     stats: JSONObject
     token_count: int | None
     damaged: bool = False
+    images: tuple[StoredImage, ...] = ()
+    """The images sent with it (a user message), in order; their files are in the store's image folder."""
 
     @property
     def can_continue(self) -> bool:
@@ -188,6 +262,7 @@ def conversation_from_row(row: sqlite3.Row) -> Conversation:
 
 def message_from_row(row: sqlite3.Row) -> Message:
     stats, damaged = load_json_object(row["stats"])
+    images, images_damaged = load_images(row["images"]) if "images" in row.keys() else ((), False)
     return Message(
         id=row["id"],
         conversation_id=row["conversation_id"],
@@ -201,7 +276,8 @@ def message_from_row(row: sqlite3.Row) -> Message:
         model=row["model"],
         stats=stats,
         token_count=row["token_count"],
-        damaged=damaged,
+        damaged=damaged or images_damaged,
+        images=images,
     )
 
 

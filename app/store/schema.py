@@ -69,8 +69,15 @@ def create_initial_schema(connection: sqlite3.Connection) -> None:
         connection.execute(statement)
 
 
+def add_message_images(connection: sqlite3.Connection) -> None:
+    """Migration to version 2: a message's images, a JSON list of `StoredImage` fields ('' when it has none); the
+    files themselves are kept once each by content hash in the `images` folder beside the history."""
+    connection.execute("ALTER TABLE messages ADD COLUMN images TEXT NOT NULL DEFAULT ''")
+    connection.execute("CREATE INDEX messages_with_images ON messages(id) WHERE images != ''")
+
+
 # MIGRATIONS[n] takes a database from `user_version` n to n + 1, inside one transaction.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [create_initial_schema]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [create_initial_schema, add_message_images]
 
 
 # ----- opening the file --------------------------------------------------------------------------------

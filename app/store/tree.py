@@ -6,7 +6,7 @@ import heapq
 import sqlite3
 from typing import cast
 
-from app.store.base import StoreBase
+from app.store.images import ImagesMixin
 from app.store.records import (
     FINISHED_STATES,
     JSONObject,
@@ -16,6 +16,8 @@ from app.store.records import (
     MessageState,
     Role,
     Siblings,
+    StoredImage,
+    dump_images,
     dump_stats,
     message_from_row,
     title_from_message,
@@ -42,7 +44,7 @@ def parents_first(messages: list[Message]) -> list[Message]:
     return ordered
 
 
-class TreeMixin(StoreBase):
+class TreeMixin(ImagesMixin):
     """Reading and growing a conversation's tree: the active path, branches, and replies streamed in."""
 
     def active_path(self, conversation_id: int) -> list[Message]:
@@ -109,15 +111,16 @@ class TreeMixin(StoreBase):
                 best = message
         return best.id if best is not None else cast(int, top_id)
 
-    def add_user_message(self, conversation_id: int, content: str) -> Message:
-        """Append the user's prompt after the active leaf and commit it (call before generating).
+    def add_user_message(self, conversation_id: int, content: str, images: tuple[StoredImage, ...] = ()) -> Message:
+        """Append the user's prompt (with the images kept for it by `keep_image`) after the active leaf and commit it
+        (call before generating).
 
         An untitled conversation takes its title from its first user message.
         """
         with self._write() as connection:
             conversation = self._require_conversation(connection, conversation_id)
             message = self._insert_message(
-                connection, conversation_id, conversation["active_leaf_id"], "user", content, "", "complete", ""
+                connection, conversation_id, conversation["active_leaf_id"], "user", content, "", "complete", "", images
             )
             if not conversation["title"]:
                 connection.execute(
@@ -126,8 +129,11 @@ class TreeMixin(StoreBase):
                 )
         return message
 
-    def edit_user_message(self, message_id: int, content: str) -> Message:
-        """Edit-and-resend: a new user message beside `message_id` (same parent), made the active leaf.
+    def edit_user_message(
+        self, message_id: int, content: str, images: tuple[StoredImage, ...] | None = None
+    ) -> Message:
+        """Edit-and-resend: a new user message beside `message_id` (same parent), made the active leaf, with the
+        original's images (or `images`).
 
         The original and everything below it stay reachable through `siblings` and `switch_branch`.
         """
@@ -136,7 +142,15 @@ class TreeMixin(StoreBase):
             if original.role != "user":
                 raise ValueError(f"message {message_id} is a {original.role} message, not a user message")
             return self._insert_message(
-                connection, original.conversation_id, original.parent_id, "user", content, "", "complete", ""
+                connection,
+                original.conversation_id,
+                original.parent_id,
+                "user",
+                content,
+                "",
+                "complete",
+                "",
+                original.images if images is None else images,
             )
 
     def begin_assistant_message(self, conversation_id: int, parent_id: int | None, model: str) -> int:
@@ -248,6 +262,7 @@ class TreeMixin(StoreBase):
         reasoning: str,
         state: MessageState,
         model: str,
+        images: tuple[StoredImage, ...] = (),
     ) -> Message:
         """Insert a message, make it the active leaf and mark the conversation active now."""
         if parent_id is not None:
@@ -257,10 +272,11 @@ class TreeMixin(StoreBase):
         now = self._now()
         cursor = connection.execute(
             "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state, created_at,"
-            " updated_at, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, parent_id, role, content, reasoning, state, now, now, model),
+            " updated_at, model, images) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, parent_id, role, content, reasoning, state, now, now, model, dump_images(images)),
         )
         message_id = cast(int, cursor.lastrowid)
+        self._images_written(images)
         connection.execute(
             "UPDATE conversations SET active_leaf_id = ?, updated_at = ? WHERE id = ?",
             (message_id, now, conversation_id),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
 from textual import events
 from textual.binding import Binding
 from textual.message import Message
@@ -11,6 +15,29 @@ from app.textual_internals.text_area import KeysBeforeTextArea
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 SELECT_ALL_KEY = "ctrl+a"  # as in most editors, so a long message is cleared or replaced at once (issue 37)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp")
+DROPPED_PATH_MAX_CHARS = 4096
+
+
+def dropped_image_path(pasted: str) -> Path | None:
+    """The image file a paste names when it is what terminals paste when a file is dropped on them: one absolute
+    path (or `~/…`, or a file:// URL), quoted or backslash-escaped or bare, ending in an image suffix, and nothing
+    else. None for any other paste (it is text for the message)."""
+    text = pasted.strip()
+    if not text or len(text) > DROPPED_PATH_MAX_CHARS or "\n" in text:
+        return None
+    if text.startswith("file://"):
+        text = unquote(urlsplit(text).path)
+    else:
+        try:
+            words = shlex.split(text)
+        except ValueError:  # an unclosed quote
+            return None
+        if len(words) == 1:
+            text = words[0]
+    if not text.startswith(("/", "~/")) or not text.lower().endswith(IMAGE_SUFFIXES):
+        return None
+    return Path(text).expanduser()
 
 
 class PromptInput(KeysBeforeTextArea, TextArea):
@@ -31,6 +58,18 @@ class PromptInput(KeysBeforeTextArea, TextArea):
         Binding(",".join(NEWLINE_KEYS), "newline", "New line", show=False),  # for the help and the palette
         Binding(SELECT_ALL_KEY, "select_all", "Select all", show=False),  # over TextArea's ctrl+a: the line start
     ]
+
+    class ImagePathPasted(Message):
+        """A paste that is the path of an image file (a file dropped on the terminal): to attach, not to type."""
+
+        def __init__(self, prompt_input: PromptInput, path: Path) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.path = path
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
 
     class Submitted(Message):
         """The user pressed Enter on a message that is not blank."""
@@ -61,6 +100,15 @@ class PromptInput(KeysBeforeTextArea, TextArea):
 
     def action_newline(self) -> None:
         self.insert("\n")
+
+    def on_paste(self, event: events.Paste) -> None:
+        """A dropped image file's path becomes an attachment (ImagePathPasted); any other paste is typed, by
+        TextArea's own handler."""
+        path = dropped_image_path(event.text)
+        if path is not None:
+            event.prevent_default()  # TextArea's handler (later in the class order) does not type it
+            event.stop()
+            self.post_message(self.ImagePathPasted(self, path))
 
     def take_key(self, event: events.Key) -> bool:
         if event.key in NEWLINE_KEYS:

@@ -22,6 +22,7 @@ from app.textual_internals.layout import LaidOutOnce
 from app.textual_internals.scrollbar import LinesOncePerPositionScrollBar, use_vertical_scrollbar
 from app.tools.loop import CallRecord, stored_calls
 from app.widgets.draft_provenance import DraftSpans
+from app.widgets.image_block import ImageBlock, ImageReader
 from app.widgets.live_body import LiveMessage
 from app.widgets.markdown_render import load_lexer_table
 from app.widgets.message_view import BranchInfo, MessageView
@@ -72,6 +73,8 @@ class Transcript(LaidOutOnce, VerticalScroll):
         self._laid_out_height = 0  # the view's height at the last layout that resized it
         self.dark = True
         self.colour_drafts = False
+        self.read_image: ImageReader | None = None
+        """How a message's image is read from the history (the chat sets it); None: images are named, not drawn."""
         """Whether text from accepted draft tokens is coloured."""
 
     def on_mount(self) -> None:
@@ -96,10 +99,11 @@ class Transcript(LaidOutOnce, VerticalScroll):
     def _view(self, message: StoredMessage) -> MessageView:
         return MessageView(message, self.branches.get(message.id), dark=self.dark, colour_drafts=self.colour_drafts)
 
-    def _views(self, message: StoredMessage) -> tuple[MessageView, list[ToolCallBlock]]:
-        """A message's view, and (a reply) a folded block for each tool call it made."""
+    def _views(self, message: StoredMessage) -> tuple[MessageView, list[ToolCallBlock | ImageBlock]]:
+        """A message's view, and (a reply) a folded block for each tool call it made, or (yours) its images."""
         calls = stored_calls(message.stats) if message.role == "assistant" else []
-        return self._view(message), [ToolCallBlock(record, message_id=message.id) for record, _ in calls]
+        images = [ImageBlock(image, self.read_image, message_id=message.id) for image in message.images]
+        return self._view(message), [*images, *(ToolCallBlock(record, message_id=message.id) for record, _ in calls)]
 
     async def add_live_call(self, record: CallRecord) -> ToolCallBlock:
         """A call of the reply being written, shown folded below it as it is made."""

@@ -150,3 +150,13 @@ def test_a_model_shows_one_memory_figure_in_the_hub_and_on_disk(tiny_repo: HubSe
     local = fit.fit_local(local_path, n_ctx=4096, memory=memory)
     assert local.need_bytes == remote.need_bytes
     assert local.download_bytes == remote.download_bytes == local_path.stat().st_size
+
+
+def test_a_local_model_needs_its_projector_too(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """The mmproj paired with a model loads with it (images): the fit check counts its file."""
+    model = tmp_path / tiny_models["llama"].name
+    model.write_bytes(tiny_models["llama"].read_bytes())
+    memory = MachineMemory(ram_total=64 * GIB, ram_available=60 * GIB)
+    alone = fit.fit_local(model, n_ctx=512, memory=memory).need_bytes
+    (tmp_path / "mmproj-tiny-f16.gguf").write_bytes(b"\0" * 123_456)
+    assert fit.fit_local(model, n_ctx=512, memory=memory).need_bytes == alone + 123_456

@@ -175,6 +175,42 @@ async def reply_with_tool_call(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
+async def image_attached(pilot: Pilot[Any]) -> None:
+    """A vision model loaded (its projector beside it) and an image waiting above the message box."""
+    from engine_ext.image_input import check_image
+    from tests.pilot import MODEL
+    from tests.tiny_mmproj import png_bytes
+
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    app.model = replace(MODEL, mmproj="/models/mmproj-SmolLM2-135M-f16.gguf")
+    app.set_engine_state("ready")
+    chat = app.chat
+    assert chat is not None
+    chat.attachments.add(app.store.keep_image(check_image(png_bytes(64, 48, seed=5)), "diagram.png"))
+    await pilot.pause()
+
+
+async def message_with_image(pilot: Pilot[Any]) -> None:
+    """A question of yours with a picture (drawn in half blocks under tests), and the reply about it."""
+    from app.widgets.image_block import ImageBlock
+    from engine_ext.image_input import check_image
+    from tests.tiny_mmproj import png_bytes
+
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    chat = app.chat
+    assert chat is not None and chat.conversation_id is not None
+    kept = app.store.keep_image(check_image(png_bytes(32, 24, seed=7)), "noise.png")
+    question = app.store.add_user_message(chat.conversation_id, "What is in this picture?", (kept,))
+    reply = app.store.begin_assistant_message(chat.conversation_id, question.id, "SmolVLM-256M")
+    app.store.finish_assistant_message(reply, "Coloured noise: random pixels.", "", "complete", {})
+    await chat.open_conversation(chat.conversation_id)
+    blocks = list(chat.transcript.query(ImageBlock))
+    await wait_until(pilot, lambda: all(b.state == "shown" for b in blocks), "the picture decoded in a thread")
+    await pilot.pause()
+
+
 SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "chat": then(),
     "chat_message_focused": then(keys("ctrl+up")),
@@ -193,6 +229,8 @@ SCENES: dict[str, Callable[[Pilot[Any]], Awaitable[None]]] = {
     "engine_crashed": then(crash_dialog),
     "tool_consent": then(tool_consent),
     "chat_tool_call_folded": then(reply_with_tool_call),
+    "chat_image_attached": then(image_attached),
+    "chat_message_with_image": then(message_with_image),
 }
 
 

@@ -261,7 +261,7 @@ def test_an_unversioned_database_with_data_is_backed_up_then_migrated(history_pa
         old.execute("INSERT INTO notes VALUES ('keep me')")
     old.close()
     with Store(history_path) as migrated:
-        assert migrated._db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert migrated._db.execute("PRAGMA user_version").fetchone()[0] == len(store_module.MIGRATIONS)
         migrated.create_conversation("works")
     backup = history_path.with_name("history.sqlite3.bak-v0")
     assert backup.is_file()
@@ -274,18 +274,19 @@ def test_an_unversioned_database_with_data_is_backed_up_then_migrated(history_pa
 def test_upgrading_to_a_newer_schema_backs_up_first(history_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with Store(history_path) as version_1:
         conversation = version_1.create_conversation("old")
+    current = len(store_module.MIGRATIONS)
 
     def add_pinned(connection: sqlite3.Connection) -> None:
         connection.execute("ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
     monkeypatch.setattr(store_module, "MIGRATIONS", [*store_module.MIGRATIONS, add_pinned])
     with Store(history_path) as version_2:
-        assert version_2._db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert version_2._db.execute("PRAGMA user_version").fetchone()[0] == current + 1
         assert [tuple(row) for row in version_2._db.execute("SELECT pinned FROM conversations")] == [(0,)]
         assert version_2.get_conversation(conversation.id).title == "old"
-    backup = history_path.with_name("history.sqlite3.bak-v1")
+    backup = history_path.with_name(f"history.sqlite3.bak-v{current}")
     with sqlite3.connect(backup) as copy:
-        assert copy.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert copy.execute("PRAGMA user_version").fetchone()[0] == current
         assert copy.execute("SELECT title FROM conversations").fetchall() == [("old",)]
     copy.close()
 

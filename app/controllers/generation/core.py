@@ -22,15 +22,19 @@ from app.controllers.generation.tools import (
 from app.recording import ReplyRecorder
 from app.store import StoreError
 from app.tools.loop import stored_calls
+from engine_ext.image_input import ImageRefused, read_image_file
+from engine_ext.protocol import ChatMessage, ImageRef
+from engine_ext.untrusted_text import one_line
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
+    from pathlib import Path
 
     from app.controllers.generation.router import GenerationOwner, GenerationRouter
     from app.controllers.generation.tools import Ask
-    from app.store import Conversation, JSONObject, Message, MessageState, Store
+    from app.store import Conversation, JSONObject, Message, MessageState, Store, StoredImage
     from app.tools.loop import CallRecord
-    from engine_ext.protocol import ChatMessage, ToolCall
+    from engine_ext.protocol import ToolCall
 
 
 class Engine(Protocol):
@@ -102,6 +106,24 @@ def engine_messages(path: Sequence[Message], conversation: Conversation) -> list
     return messages
 
 
+def with_images(
+    messages: Sequence[tuple[str, str] | ChatMessage],
+    path: Sequence[Message],
+    refs: Callable[[Message], tuple[ImageRef, ...]],
+) -> list[tuple[str, str] | ChatMessage]:
+    """`messages` (engine_messages of `path`, calls expanded or not) with each user message that has images sent as a
+    ChatMessage carrying them (`refs` says which of a message's images go)."""
+    users = iter(m for m in path if m.role == "user")
+    out: list[tuple[str, str] | ChatMessage] = []
+    for item in messages:
+        if isinstance(item, tuple) and item[0] == "user":
+            images = refs(next(users))
+            out.append(ChatMessage("user", item[1], images=images) if images else item)
+        else:
+            out.append(item)
+    return out
+
+
 def end_state(stop_reason: str) -> MessageState:
     """How a finished reply is recorded: stopped by the user, else complete (max tokens and context full included)."""
     return "stopped" if stop_reason == "cancelled" else "complete"
@@ -124,6 +146,12 @@ class GenerationController:
         """Replies started (tests and benchmarks wait on it)."""
         self.chat_tools = ChatTools()
         """Each conversation's tools and the MCP servers they use."""
+        self.images_checked: set[str] = set()
+        """Image files found whole this session (by hash): not read again before each reply."""
+        self.images_unusable: dict[str, str] = {}
+        """Image files found missing or damaged (hash: which), left out of what the engine is sent."""
+        self.images_left_out: set[str] = set()
+        """The images the next reply is written without (unusable, or the model cannot see images)."""
 
     # ----- what the user asks for -----
 
@@ -134,13 +162,83 @@ class GenerationController:
             return store.create_conversation(settings=self.host.default_conversation_settings())
         return store.get_conversation(conversation_id)
 
-    def commit_user_message(self, conversation_id: int, text: str, *, edit_of: int | None = None) -> Message:
-        """Save the user's message before anything is generated (StoreError when it cannot be): a new message at the
-        end of the branch, or, editing an earlier one, a new branch beside it."""
+    def commit_user_message(
+        self,
+        conversation_id: int,
+        text: str,
+        *,
+        edit_of: int | None = None,
+        images: tuple[StoredImage, ...] = (),
+    ) -> Message:
+        """Save the user's message and its attached images before anything is generated (StoreError when it cannot
+        be): a new message at the end of the branch, or, editing an earlier one, a new branch beside it (with the
+        earlier one's images, and `images` after them)."""
         store = self.host.store
         if edit_of is not None:
-            return store.edit_user_message(edit_of, text)
-        return store.add_user_message(conversation_id, text)
+            earlier = store.get_message(edit_of).images
+            return store.edit_user_message(edit_of, text, earlier + images if images else None)
+        return store.add_user_message(conversation_id, text, images)
+
+    # ----- images -----
+
+    def attach_image(self, path: Path) -> StoredImage:
+        """Read and check an image file the user attaches, and keep it in the history's image folder (call it in a
+        thread); ImageRefused (one line) or OSError when it cannot be."""
+        image = read_image_file(path)
+        if image.format == "WebP":  # checked, but the engine's decoder (libmtmd's stb_image) does not read it
+            raise ImageRefused(f"{path.name}: WebP is not decoded by the engine's projector; convert it to PNG")
+        stored = self.host.store.keep_image(image, path.name)
+        self.images_unusable.pop(stored.sha256, None)  # kept again: whole now
+        self.images_checked.add(stored.sha256)
+        return stored
+
+    async def check_images(self, conversation_id: int, *, sees_images: bool) -> str | None:
+        """Before a reply: which of the branch's images go to the engine. A file missing or damaged in the history
+        (read once a session, then its size looked at; in a thread) is left out, as are all of them when the model
+        cannot see images; a line to show the first time that happens (None: all go, or it was said already)."""
+        store = self.host.store
+        images = {image.sha256: image for m in store.active_path(conversation_id) for image in m.images}
+        if not images:
+            self.images_left_out = set()
+            return None
+        if not sees_images:
+            self.images_left_out = set(images)
+            return "The model in use cannot see images (it has no projector): this reply is written without them."
+        found = await asyncio.to_thread(lambda: [(image, self._image_problem(image)) for image in images.values()])
+        said = [image for image, _ in found if image.sha256 in self.images_unusable]
+        for image, problem in found:
+            if problem is None:
+                self.images_checked.add(image.sha256)
+                self.images_unusable.pop(image.sha256, None)
+            else:
+                self.images_unusable[image.sha256] = problem
+        self.images_left_out = {sha for sha in images if sha in self.images_unusable}
+        new = [(image, problem) for image, problem in found if problem is not None and image not in said]
+        if not new:
+            return None
+        names = ", ".join(f"{one_line(image.name, 40)} ({problem})" for image, problem in new)
+        return f"Image file of the history {names}: the message is sent without it."
+
+    def _image_problem(self, image: StoredImage) -> str | None:
+        """What is wrong with an image's file: read and hashed the first time, then only its size looked at."""
+        store = self.host.store
+        if image.sha256 in self.images_checked:
+            try:
+                if store.image_path(image.sha256).stat().st_size == image.size:
+                    return None
+            except OSError:
+                pass
+        return store.image_problem(image)
+
+    def image_refs(self, message: Message) -> tuple[ImageRef, ...]:
+        """A message's images as the engine takes them: the kept file's path (the engine reads it only when it has
+        not encoded that hash yet) and its name; those left out are not sent."""
+        store = self.host.store
+        return tuple(
+            ImageRef(image.sha256, path=str(store.image_path(image.sha256)), name=image.name)
+            for image in message.images
+            if image.sha256 not in self.images_left_out
+        )
 
     def last_reply(self, conversation_id: int | None) -> Message | None:
         """The branch's last message when it is a reply (what ctrl+g continues and ctrl+r regenerates)."""
@@ -168,8 +266,8 @@ class GenerationController:
             recorder = ReplyRecorder(store, message_id)
         tools = self.chat_tools.ready(conversation_id, tools_choice(conversation)) if self.takes_tools else None
         plain = engine_messages(path, conversation)
-        messages: list[tuple[str, str] | ChatMessage] = (
-            list(plain) if tools is None else messages_with_calls(plain, path)
+        messages = with_images(
+            list(plain) if tools is None else messages_with_calls(plain, path), path, self.image_refs
         )
         reply = ActiveReply(
             0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,9 @@ class StartUpRead(Message):
 
 
 THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
+# A deleted conversation can be brought back (u) only in the session that deleted it; a start removes for good those
+# deleted a day or more before (and the image files only they used), leaving a session running beside it its undo.
+PURGE_DELETED_AFTER = timedelta(days=1)
 
 
 class LlmtuiApp(EngineEvents):
@@ -161,6 +165,10 @@ class LlmtuiApp(EngineEvents):
         else:
             if start.store.startup_notice:
                 start.notices.append((start.store.startup_notice, "warning", 20))
+            try:
+                start.store.purge_deleted(PURGE_DELETED_AFTER)
+            except (StoreError, OSError) as error:
+                start.notices.append((f"could not remove deleted conversations: {error}", "warning", 10))
             tightened = take_notice()  # said once: after tightening, the modes are right
             if tightened:
                 start.notices.append((tightened, "warning", 20))

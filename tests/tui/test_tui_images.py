@@ -204,3 +204,36 @@ async def test_a_missing_image_file_shows_says_so_and_is_sent_without(vision_lla
         await chat.send("and now?")
         await wait_until(pilot, lambda: len(sent_requests(app)) == 3 and chat.generation is None, "the third reply")
         assert sum("sent without it" in str(n.message) for n in app._notifications) == count  # said once
+
+
+async def test_a_start_removes_conversations_deleted_a_day_before_and_frees_images_only_they_used(
+    vision_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting is undone only in its session (u); a later start removes for good what was deleted a day or more
+    before, with its image files, and keeps what was deleted since (a session beside it may still undo it)."""
+    from datetime import UTC, datetime, timedelta
+
+    from app.store import Store, open_default_store
+    from engine_ext.image_input import check_image
+
+    store = open_default_store()
+    old_picture = store.keep_image(check_image(png_bytes(8, 8, seed=2), "old.png"), "old.png")
+    shared = store.keep_image(check_image(png_bytes(8, 8, seed=3), "shared.png"), "shared.png")
+    old, recent, kept = (store.create_conversation(title) for title in ("old", "recent", "kept"))
+    store.add_user_message(old.id, "see", (old_picture, shared))
+    store.add_user_message(recent.id, "see", (shared,))
+    store.add_user_message(kept.id, "hello")
+    two_days_ago = (datetime.now(UTC) - timedelta(days=2)).isoformat(timespec="microseconds")
+    with monkeypatch.context() as patched:
+        patched.setattr(Store, "_now", lambda self: two_days_ago)
+        store.delete_conversation(old.id)
+    store.delete_conversation(recent.id)
+    old_file, shared_file = store.image_path(old_picture.sha256), store.image_path(shared.sha256)
+    store.close()
+    assert old_file.is_file() and shared_file.is_file()
+    app = scripted_app(vision_llama, PictureEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await chat_ready(pilot, app)
+        titles = {c.title for c in app.store.list_conversations(deleted=True)}
+        assert titles == {"recent"}, titles
+        assert not old_file.exists() and shared_file.is_file()

@@ -31,16 +31,17 @@ def _timed_out(what: str, timeout_s: float) -> AssertionError:
 async def wait_until(
     pilot: Any,
     predicate: Callable[[], object],
-    what: str = "",
+    what: str | Callable[[], str] = "",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     interval_s: float = 0.05,
 ) -> None:
     """Let the app behind `pilot` run until `predicate()` is true; fail after `timeout_s` seconds of wall time
-    with a message naming `what` (or the predicate's source line)."""
+    with a message naming `what` (called then, when it is a function: the state it saw) or the predicate's line."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise _timed_out(what or describe(predicate), timeout_s)
+            said = what() if callable(what) else what
+            raise _timed_out(said or describe(predicate), timeout_s)
         await pilot.pause(interval_s)
 
 

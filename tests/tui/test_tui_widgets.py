@@ -601,7 +601,10 @@ async def reply_followed(pilot: Pilot[None], transcript: Transcript) -> None:
         await wait_until(
             pilot,
             lambda: transcript.live is not live or not (live.body.render_pending or transcript._follow_pending),
-            "the reply drawn and followed",
+            lambda: (
+                f"the reply drawn and followed (render pending: {live.body.render_pending}, "
+                f"follow pending: {transcript._follow_pending}, laid out: {live.outer_size})"
+            ),
         )
     await pilot.pause()
 

@@ -5,6 +5,8 @@ with other work slows all of them alike:
 
 - single: the chat app's single-sequence path (Session.generate on an n_seq_max=1 context), one request;
 - 1 client: the parallel path (engine_ext.parallel.ParallelScheduler on an n_seq_max=N context), one request;
+- 1 client after N: the parallel path, one request on a context whose sequences served N requests before (a server
+  that had N clients: their caches stay in the KV cache, or in host memory where engine_ext.idle_cache moved them);
 - N parallel: the parallel path with N requests submitted together (one llama_batch holds a token of each).
 
 Decode tok/s counts the tokens generated after the last prompt was read, over the time from then to the end
@@ -52,9 +54,12 @@ def run_single(args: argparse.Namespace, model: Any, prompt: str) -> tuple[int, 
         ctx.close()
 
 
-def run_parallel(args: argparse.Namespace, model: Any, prompts: list[str]) -> tuple[int, float]:
+def run_parallel(
+    args: argparse.Namespace, model: Any, prompts: list[str], served: list[str] | None = None
+) -> tuple[int, float]:
     """(decode tokens, decode seconds) of `prompts` submitted together on the parallel path: the tokens generated
-    after the last prompt was read, and the time from then to the last Finished."""
+    after the last prompt was read, and the time from then to the last Finished. `served`: requests run to their
+    end first (timed by nobody), as a server's earlier clients."""
     from engine_ext.generate import Session
     from engine_ext.model import Context
     from engine_ext.parallel import ParallelScheduler
@@ -78,8 +83,13 @@ def run_parallel(args: argparse.Namespace, model: Any, prompts: list[str]) -> tu
             raise SystemExit(f"request {event.request_id} failed: {event.message}")
 
     try:
-        scheduler = ParallelScheduler(Session(model, ctx), emit)
+        scheduler = ParallelScheduler(Session(model, ctx), lambda e: None)
         scheduler.activate(())
+        for i, prompt in enumerate(served or []):
+            scheduler.submit(Submit(request(100 + i, prompt, args.n)))
+        while scheduler.busy:
+            scheduler.step()
+        scheduler.emit = emit
         for i, prompt in enumerate(prompts):
             scheduler.submit(Submit(request(i + 1, prompt, args.n)))
         while scheduler.busy:
@@ -151,6 +161,7 @@ def main() -> None:
     runs = {
         "single": lambda: run_single(args, model, prompts[0]),
         "1 client": lambda: run_parallel(args, model, prompts[:1]),
+        f"1 after {args.parallel}": lambda: run_parallel(args, model, prompts[:1], prompts),
         many_name: lambda: run_parallel(args, model, prompts),
     }
     columns: dict[str, list[float]] = {name: [] for name in runs}
@@ -176,7 +187,8 @@ def main() -> None:
     print(
         f"ratios: {args.parallel} parallel / 1 client = {many / medians['1 client']:.2f}x, "
         f"{args.parallel} parallel / single = {many / medians['single']:.2f}x, "
-        f"1 client / single = {medians['1 client'] / medians['single']:.2f}x"
+        f"1 client / single = {medians['1 client'] / medians['single']:.2f}x, "
+        f"1 after {args.parallel} / single = {medians[f'1 after {args.parallel}'] / medians['single']:.2f}x"
     )
 
 

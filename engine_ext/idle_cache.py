@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 from engine_ext.bindings import C
 from engine_ext.model import Context
@@ -26,7 +27,8 @@ class IdleCache:
     def __init__(self, max_bytes: int = IDLE_CACHE_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self.n_bytes = 0
-        self._states: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        # The ctypes buffers llama.cpp wrote, kept as they are: no copy on the way in or out.
+        self._states: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -47,7 +49,7 @@ class IdleCache:
         self._drop(key)
         while self._states and self.n_bytes + size > self.max_bytes:
             self._drop(next(iter(self._states)))
-        self._states[key] = bytes(buf)
+        self._states[key] = buf
         self.n_bytes += size
         return True
 
@@ -56,10 +58,10 @@ class IdleCache:
 
     def restore(self, ctx: Context, key: tuple[int, ...], seq: int) -> bool:
         """Put the state saved for `key` into sequence `seq` (empty before) and forget it here; False: refused."""
-        data = self._states[key]
+        buf = self._states[key]
         self._drop(key)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return int(C.llama_state_seq_set_data_ext(ctx.handle, buf, len(data), seq, 0)) == len(data)
+        size = len(buf)
+        return int(C.llama_state_seq_set_data_ext(ctx.handle, buf, size, seq, 0)) == size
 
     def _drop(self, key: tuple[int, ...]) -> None:
         data = self._states.pop(key, None)

@@ -2,8 +2,8 @@
 
 With one KV buffer shared by the parallel sequences (kv_unified), every decode step attends over the cells up to the
 highest one in use (llama_kv_cache::get_n_kv), the idle sequences' cells included: masked out, but read, so a lone
-request on a server that served four decoded at 0.83x of the same request on a fresh context (starter model, 2
-threads; scripts/bench_parallel.py's "1 client after N" column). llama-server saves idle slots to its host prompt
+request on a server that served four decoded at 0.83x of the single-sequence path's speed (starter model, 2
+threads; scripts/bench_parallel.py's "1 after N, kept" column). llama-server saves idle slots to its host prompt
 cache and clears them from the KV cache when a task starts; so does the scheduler here, and a request whose prompt
 starts with a saved one gets that state back (llama_state_seq_set_data: the same K/V values, nothing recomputed).
 """

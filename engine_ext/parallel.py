@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from engine_ext.generate import Session
 from engine_ext.grammar import reply_grammar
+from engine_ext.idle_cache import IdleCache
 from engine_ext.model import Context
 from engine_ext.params import EngineError, SpeculativeConfigError, SteeringEntry
 from engine_ext.protocol import (
@@ -118,6 +119,8 @@ class ParallelScheduler:
         self.n_ctx_seq = ctx.n_ctx // n_seq if ctx.params.kv_unified else ctx.n_ctx_seq
         self.whole_state = self.model.is_recurrent or self.model.is_hybrid  # cut or copied only whole
         self.copies_prefix = not self.whole_state and (ctx.params.kv_unified or n_seq == 1)
+        # Idle sequences' caches go to host memory when a request starts, so it does not attend over their cells.
+        self.idle = IdleCache() if self.copies_prefix and n_seq > 1 else None
         self.batch = SeqBatch(ctx, max(ctx.n_batch, n_seq, MAX_STEP_ROWS))
         self.waiting: deque[_Job] = deque()
         self.max_waiting = WAITING_PER_SLOT * n_seq
@@ -190,6 +193,8 @@ class ParallelScheduler:
         if ctx.clears != self._clears:
             for slot in self.slots:
                 slot.tokens = []
+            if self.idle is not None:
+                self.idle.clear()
         self.slots[0].tokens = list(session.cached)
         self._slot0_before = list(session.cached)
         self.base_mix = self.applied_mix = base_mix
@@ -219,8 +224,12 @@ class ParallelScheduler:
         for slot in self.slots:
             if slot.job is not None and slot.job.cancelled:
                 self._finish(slot, "cancelled")
+        admitted = False
         while self.admitting and self.waiting and any(s.job is None for s in self.slots):
             self._admit(self.waiting.popleft())
+            admitted = True
+        if admitted and self.idle is not None:
+            self._save_idle(self.idle)
         live = [s for s in self.slots if s.job is not None]
         if not live:
             return
@@ -342,6 +351,8 @@ class ParallelScheduler:
                 n = self._usable(other.tokens, tokens)
                 if other is not slot and n > n_source:
                     source, n_source = other, n
+        if self.idle is not None and self._restore_idle(self.idle, slot, tokens, max(n_own, n_source)):
+            return slot
         if source is not None:
             seq_remove(ctx, slot.seq, -1)
             seq_copy(ctx, source.seq, slot.seq, -1 if self.whole_state else n_source)
@@ -352,6 +363,30 @@ class ParallelScheduler:
             n_own = 0
         del slot.tokens[n_own:]
         return slot
+
+    def _restore_idle(self, idle: IdleCache, slot: _Slot, tokens: Sequence[int], n_better: int) -> bool:
+        """Put into `slot` the saved state sparing the most prompt tokens, if it spares more than `n_better`."""
+        key, n = max(((k, self._usable(k, tokens)) for k in idle.keys()), key=lambda kn: kn[1], default=((), 0))
+        if n <= n_better:
+            return False
+        ctx = self.ctx
+        seq_remove(ctx, slot.seq, -1)
+        if not idle.restore(ctx, key, slot.seq):
+            seq_remove(ctx, slot.seq, -1)
+            slot.tokens = []
+            return True
+        seq_remove(ctx, slot.seq, n)
+        slot.tokens = list(key[:n])
+        return True
+
+    def _save_idle(self, idle: IdleCache) -> None:
+        """Move every idle sequence's cache to host memory (llama-server's --cache-idle-slots): out of the KV
+        cache, its cells no longer widen the attention of the sequences that decode."""
+        for slot in self.slots:
+            if slot.job is None and slot.tokens:
+                idle.save(self.ctx, slot.seq, slot.tokens)
+                seq_remove(self.ctx, slot.seq, -1)
+                slot.tokens = []
 
     def _usable(self, cached: Sequence[int], tokens: Sequence[int]) -> int:
         """Prompt tokens a sequence holding `cached` spares re-reading (one is always left to sample from)."""

@@ -1,10 +1,13 @@
 """Total decode tok/s of parallel sequences (continuous batching) against one client, as ratios in one run.
 
-Three ways to run greedy requests on the same model and threads, alternated round by round so that a machine shared
+Five ways to run greedy requests on the same model and threads, alternated round by round so that a machine shared
 with other work slows all of them alike:
 
 - single: the chat app's single-sequence path (Session.generate on an n_seq_max=1 context), one request;
 - 1 client: the parallel path (engine_ext.parallel.ParallelScheduler on an n_seq_max=N context), one request;
+- 1 after N: the parallel path, one request on a context whose sequences served N requests before (a server
+  that had N clients: their caches stay in the KV cache, or in host memory where engine_ext.idle_cache moved them);
+- 1 after N, kept: the same with the N caches kept in the KV cache (the lone request attends over their cells);
 - N parallel: the parallel path with N requests submitted together (one llama_batch holds a token of each).
 
 Decode tok/s counts the tokens generated after the last prompt was read, over the time from then to the end
@@ -52,9 +55,18 @@ def run_single(args: argparse.Namespace, model: Any, prompt: str) -> tuple[int, 
         ctx.close()
 
 
-def run_parallel(args: argparse.Namespace, model: Any, prompts: list[str]) -> tuple[int, float]:
+def run_parallel(
+    args: argparse.Namespace,
+    model: Any,
+    prompts: list[str],
+    served: list[str] | None = None,
+    decode: DecodeTimer | None = None,
+    keep_idle: bool = False,
+) -> tuple[int, float]:
     """(decode tokens, decode seconds) of `prompts` submitted together on the parallel path: the tokens generated
-    after the last prompt was read, and the time from then to the last Finished."""
+    after the last prompt was read, and the time from then to the last Finished. `served`: requests run to their
+    end first (timed by nobody, `decode` reset after them), as a server's earlier clients. `keep_idle`: their
+    caches stay in the KV cache (as before engine_ext.idle_cache), not in host memory."""
     from engine_ext.generate import Session
     from engine_ext.model import Context
     from engine_ext.parallel import ParallelScheduler
@@ -78,8 +90,17 @@ def run_parallel(args: argparse.Namespace, model: Any, prompts: list[str]) -> tu
             raise SystemExit(f"request {event.request_id} failed: {event.message}")
 
     try:
-        scheduler = ParallelScheduler(Session(model, ctx), emit)
+        scheduler = ParallelScheduler(Session(model, ctx), lambda e: None)
+        if keep_idle:
+            scheduler.idle = None
         scheduler.activate(())
+        for i, prompt in enumerate(served or []):
+            scheduler.submit(Submit(request(100 + i, prompt, args.n)))
+        while scheduler.busy:
+            scheduler.step()
+        scheduler.emit = emit
+        if decode is not None:
+            decode.reset()
         for i, prompt in enumerate(prompts):
             scheduler.submit(Submit(request(i + 1, prompt, args.n)))
         while scheduler.busy:
@@ -148,14 +169,16 @@ def main() -> None:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.parallel)]
     model = Model(path)
     many_name = f"{args.parallel} parallel"
+    decode = DecodeTimer()
     runs = {
         "single": lambda: run_single(args, model, prompts[0]),
         "1 client": lambda: run_parallel(args, model, prompts[:1]),
+        f"1 after {args.parallel}": lambda: run_parallel(args, model, prompts[:1], prompts, decode),
+        f"1 after {args.parallel}, kept": lambda: run_parallel(args, model, prompts[:1], prompts, decode, True),
         many_name: lambda: run_parallel(args, model, prompts),
     }
     columns: dict[str, list[float]] = {name: [] for name in runs}
     step_ms: dict[str, list[float]] = {name: [] for name in runs}
-    decode = DecodeTimer()
     try:
         for _ in range(args.rounds):
             for name, run in runs.items():
@@ -168,15 +191,17 @@ def main() -> None:
         model.close()
     medians = {name: statistics.median(values) for name, values in columns.items()}
     print(f"{path.name}, {args.threads} threads, {args.n} tokens per request, median of {args.rounds} rounds")
-    print(f"{'':>14} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
+    print(f"{'':>16} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
     for name, values in columns.items():
         ms = statistics.median(step_ms[name])
-        print(f"{name:>14} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
+        print(f"{name:>16} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
     many = medians[f"{args.parallel} parallel"]
     print(
         f"ratios: {args.parallel} parallel / 1 client = {many / medians['1 client']:.2f}x, "
         f"{args.parallel} parallel / single = {many / medians['single']:.2f}x, "
-        f"1 client / single = {medians['1 client'] / medians['single']:.2f}x"
+        f"1 client / single = {medians['1 client'] / medians['single']:.2f}x, "
+        f"1 after {args.parallel} / single = {medians[f'1 after {args.parallel}'] / medians['single']:.2f}x, "
+        f"kept / single = {medians[f'1 after {args.parallel}, kept'] / medians['single']:.2f}x"
     )
 
 

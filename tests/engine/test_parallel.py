@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from app.models import starter_model_path
+from engine_ext.bindings import C
 from engine_ext.client import EngineClient
 from engine_ext.generate import Session
 from engine_ext.model import Context, Model
@@ -149,6 +150,30 @@ def test_requests_join_and_leave_between_steps_and_reuse_a_shared_prefix(tiny_mo
         cached = [e.prompt_tokens_cached for e in run.events if isinstance(e, PromptEvaluated) and e.request_id == 2]
         assert cached and cached[0] > 0
         assert run.finished(2).stats.prompt_tokens_cached == cached[0]
+
+
+def test_idle_caches_leave_the_kv_cache_and_come_back_from_host_memory(tiny_models: dict[str, Path]) -> None:
+    first, second = greedy(1, "word1 word2 word3 word4 word5", 12), greedy(2, "a b c d e f", 12)
+    again, later = greedy(3, "a b c d e f", 8), greedy(4, "word1 word2 word3 word4 go", 8)
+    with open_session(tiny_models["llama"]) as single:
+        expected = [alone(single, r) for r in (first, second, again, later)]
+    with open_session(tiny_models["llama"], n_seq=2) as session:
+        run = Run(session)
+        run.submit(first)
+        run.submit(second)
+        run.drain()
+        run.submit(again)  # takes the sequence holding its prompt; the other, idle, goes to host memory
+        run.scheduler.step()
+        idle = next(s for s in run.scheduler.slots if s.job is None)
+        assert not idle.tokens and C.llama_memory_seq_pos_max(session.ctx.memory, idle.seq) == -1
+        assert run.scheduler.idle is not None and len(run.scheduler.idle) == 1
+        run.drain()
+        run.submit(later)  # its prompt's prefix comes back from host memory, not read again
+        run.drain()
+        for r, want in zip((first, second, again, later), expected, strict=True):
+            assert run.tokens(r.request_id) == want
+        assert run.finished(3).stats.prompt_tokens_cached > 0
+        assert run.finished(4).stats.prompt_tokens_cached > 0
 
 
 def test_cancel_stops_one_request_at_the_next_step(tiny_models: dict[str, Path]) -> None:

@@ -55,7 +55,10 @@ class PathPromptModal(TextPromptModal):
         """Completions shown so far (tests wait on it)."""
 
     def action_complete(self) -> None:
-        self._complete(self.query_one("#text-prompt-input", Input).value)
+        # Tab is a priority binding: it runs as the App receives it, while keys typed just before it (a fast typist,
+        # a paste and Tab) may still wait in the field's own queue. Read the field once it has taken them.
+        field = self.query_one("#text-prompt-input", Input)
+        field.call_later(lambda: self._complete(field.value))
 
     @work(thread=True, exclusive=True, group="path-completion", exit_on_error=False)
     def _complete(self, typed: str) -> None:

@@ -237,3 +237,24 @@ async def test_a_start_removes_conversations_deleted_a_day_before_and_frees_imag
         titles = {c.title for c in app.store.list_conversations(deleted=True)}
         assert titles == {"recent"}, titles
         assert not old_file.exists() and shared_file.is_file()
+
+
+async def test_tab_right_after_fast_typing_completes_what_was_typed(vision_llama: Path, pictures: Path) -> None:
+    """Tab is a priority binding, run as the app receives it: keys typed just before it (a fast typist, a paste and
+    Tab) may still wait in the field's queue. Seen in tmux: Tab completed an empty path (the current folder)."""
+    from textual.keys import _character_to_key
+    from textual.widgets import Input
+
+    app = scripted_app(vision_llama, PictureEngine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await chat_ready(pilot, app)
+        await pilot.press("f12")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathPromptModal), "the attach prompt")
+        prompt = app.screen
+        assert isinstance(prompt, PathPromptModal) and app._driver is not None
+        for char in f"{pictures}/red":  # no frame between the keys, as a terminal delivers a burst
+            key = char if char.isalnum() else _character_to_key(char)
+            app._driver.send_message(events.Key(key, char))
+        app._driver.send_message(events.Key("tab", None))
+        await wait_until(pilot, lambda: prompt.completions == 1, "the path completion")
+        assert prompt.query_one("#text-prompt-input", Input).value == f"{pictures}/red square.png"

@@ -91,7 +91,6 @@ class _Slot:
     seq: int
     tokens: list[int] = field(default_factory=list)  # what this sequence's memory holds, in order
     job: _Job | None = None
-    mix: Mix = ()  # the steering mix `tokens` were computed under: another mix's requests do not reuse them
 
 
 @dataclass
@@ -197,7 +196,6 @@ class ParallelScheduler:
             if self.idle is not None:
                 self.idle.clear()
         self.slots[0].tokens = list(session.cached)
-        self.slots[0].mix = base_mix
         self._slot0_before = list(session.cached)
         self.base_mix = self.applied_mix = base_mix
         self.active = True
@@ -209,11 +207,7 @@ class ParallelScheduler:
         if self.applied_mix != self.base_mix:
             self._apply_mix(self.base_mix)
         session = self.session
-        first = self.slots[0]
-        if first.mix != self.base_mix:  # computed under a request's steering: not the single path's cache
-            seq_remove(self.ctx, first.seq, -1)
-            first.tokens, first.mix = [], self.base_mix
-        session.cached = list(first.tokens)
+        session.cached = list(self.slots[0].tokens)
         spec = session.spec
         if spec is not None and spec.reads_batches and session.cached != self._slot0_before:
             session.reset_cache()  # its model drafters did not see what sequence 0 decoded here
@@ -316,7 +310,7 @@ class ParallelScheduler:
         except Exception as exc:
             self._fail_job(job, exc)
             return
-        slot = self._place(plan.tokens, job.mix)
+        slot = self._place(plan.tokens)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
@@ -344,34 +338,20 @@ class ParallelScheduler:
             driver.status = "off: this model's recurrent memory cannot drop a rejected draft of one sequence"
         return driver
 
-    def _place(self, tokens: Sequence[int], mix: Mix) -> _Slot:
-        """A free sequence holding the longest usable prefix of `tokens` computed under the steering `mix`: its own
-        cache, else a copy of another sequence's (llama_memory_seq_cp: cells shared, nothing recomputed) where the
-        memory allows it. The sequence then holds what `mix` computes."""
-        slot = self._find_prefix(tokens, mix)
-        slot.mix = mix
-        return slot
-
-    def _find_prefix(self, tokens: Sequence[int], mix: Mix) -> _Slot:
+    def _place(self, tokens: Sequence[int]) -> _Slot:
+        """A free sequence holding the longest usable prefix of `tokens`: its own cache, else a copy of another
+        sequence's (llama_memory_seq_cp: cells shared, nothing recomputed) where the memory allows it."""
         ctx = self.ctx
-
-        def usable(slot: _Slot) -> int:
-            return self._usable(slot.tokens, tokens) if slot.mix == mix else 0
-
         free = [s for s in self.slots if s.job is None]
-        slot = max(free, key=usable)
-        if slot.tokens and slot.mix != mix and self.idle is not None:  # another mix's cache: kept, not overwritten
-            self.idle.save(ctx, slot.seq, slot.tokens, slot.mix)
-            seq_remove(ctx, slot.seq, -1)
-            slot.tokens = []
-        n_own = usable(slot)
+        slot = max(free, key=lambda s: self._usable(s.tokens, tokens))
+        n_own = self._usable(slot.tokens, tokens)
         source, n_source = None, n_own
         if self.copies_prefix or self.whole_state:
             for other in self.slots:
-                n = usable(other)
+                n = self._usable(other.tokens, tokens)
                 if other is not slot and n > n_source:
                     source, n_source = other, n
-        if self.idle is not None and self._restore_idle(self.idle, slot, tokens, mix, max(n_own, n_source)):
+        if self.idle is not None and self._restore_idle(self.idle, slot, tokens, max(n_own, n_source)):
             return slot
         if source is not None:
             seq_remove(ctx, slot.seq, -1)
@@ -384,15 +364,14 @@ class ParallelScheduler:
         del slot.tokens[n_own:]
         return slot
 
-    def _restore_idle(self, idle: IdleCache, slot: _Slot, tokens: Sequence[int], mix: Mix, n_better: int) -> bool:
-        """Put into `slot` the state saved under `mix` sparing the most prompt tokens, if it spares more than
-        `n_better`."""
-        key, n = max(((k, self._usable(k, tokens)) for k in idle.keys(mix)), key=lambda kn: kn[1], default=((), 0))
+    def _restore_idle(self, idle: IdleCache, slot: _Slot, tokens: Sequence[int], n_better: int) -> bool:
+        """Put into `slot` the saved state sparing the most prompt tokens, if it spares more than `n_better`."""
+        key, n = max(((k, self._usable(k, tokens)) for k in idle.keys()), key=lambda kn: kn[1], default=((), 0))
         if n <= n_better:
             return False
         ctx = self.ctx
         seq_remove(ctx, slot.seq, -1)
-        if not idle.restore(ctx, key, slot.seq, mix):
+        if not idle.restore(ctx, key, slot.seq):
             seq_remove(ctx, slot.seq, -1)
             slot.tokens = []
             return True
@@ -405,7 +384,7 @@ class ParallelScheduler:
         cache, its cells no longer widen the attention of the sequences that decode."""
         for slot in self.slots:
             if slot.job is None and slot.tokens:
-                idle.save(self.ctx, slot.seq, slot.tokens, slot.mix)
+                idle.save(self.ctx, slot.seq, slot.tokens)
                 seq_remove(self.ctx, slot.seq, -1)
                 slot.tokens = []
 

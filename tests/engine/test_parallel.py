@@ -245,34 +245,6 @@ def test_no_request_sees_another_requests_steering(tiny_models: dict[str, Path],
         assert run.scheduler.applied_mix in mixes
 
 
-def test_a_prompt_cached_under_one_steering_mix_is_read_again_under_another(
-    tiny_models: dict[str, Path], tmp_path: Path
-) -> None:
-    """A sequence's cache (in the KV cache or saved to host memory) was computed under its request's steering: a
-    request with the same prompt and another mix does not reuse it (its reply equals the request alone under its own
-    mix), while one with the same mix does; sequence 0 goes back to the single path without another mix's cells."""
-    prompt = "word1 word2 word3 word4 word5"
-    with open_session(tiny_models["llama"]) as single:
-        happy = (SteeringEntry(str(write_control_vector(random_vector(single.model, 1), tmp_path / "a.gguf")), 4.0),)
-        steered, plain, steered_again = greedy(1, prompt, 16), greedy(2, prompt, 16), greedy(3, prompt, 16)
-        expected = [alone(single, steered, happy), alone(single, plain), alone(single, steered_again, happy)]
-    assert expected[0] != expected[1]  # the vector changes the reply
-    with open_session(tiny_models["llama"], n_seq=2) as session:
-        run = Run(session)
-        run.submit(steered, steering=happy)
-        run.drain()
-        run.submit(plain)  # the same prompt, no steering: read again
-        run.drain()
-        run.submit(steered_again, steering=happy)  # the first one's cache, back from host memory or still held
-        run.drain()
-        assert [run.tokens(r.request_id) for r in (steered, plain, steered_again)] == expected
-        assert run.finished(2).stats.prompt_tokens_cached == 0
-        assert run.finished(3).stats.prompt_tokens_cached > 0
-        run.scheduler.release()
-        first = run.scheduler.slots[0]
-        assert first.mix == run.scheduler.base_mix and session.cached == first.tokens
-
-
 def test_ngram_drafting_per_sequence_keeps_greedy_output(tiny_models: dict[str, Path]) -> None:
     repeated = " ".join(["word1 word2 word3 word4"] * 6)
     requests = [greedy(1, repeated, 96), greedy(2, "go", 20), greedy(3, repeated + " word1", 80)]

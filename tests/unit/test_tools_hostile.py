@@ -1,17 +1,29 @@
 """Hostile input to the tools (app/tools/): read_file under a folder that another thread keeps swapping for a link
-never reads outside it."""
+never reads outside it; MCP servers (tests/mcp_test_server.py's raw modes, and an HTTP server written here) that
+ignore TERM, flood stderr, list a tool with a bad name or 300,000 tools, or send an endless line or body are ended,
+capped and bounded, each in one line."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from app.tools.box import ToolError
 from app.tools.builtin import read_file_tool, read_under
+from app.tools.mcp_servers import McpServers
+from app.tools.mcp_transport import MAX_LOG_BYTES
+from app.tools.settings import McpServerConfig
+from engine_ext.tool_calls import MAX_TOOLS
+
+SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
+MEMORY_BOUND = 256 * 1024 * 1024  # what one hostile server may grow llmtui by (the message cap is 4 MiB)
 
 RACE_SECONDS = 2.0
 
@@ -107,3 +119,163 @@ def test_without_dir_fd_the_file_opened_must_be_the_one_found_under_the_folder(
     assert read_under(resolved, "sub/a.txt") == "hello"
     with pytest.raises(ToolError, match="outside the folder"):
         read_under(resolved, "out")
+
+
+# ----- MCP servers --------------------------------------------------------------------------------------------------
+
+
+def _servers(tmp_path: Path, *configs: McpServerConfig) -> McpServers:
+    return McpServers({config.name: config for config in configs}, tmp_path / "logs")
+
+
+def _raw(name: str, *args: str, start_timeout_s: float = 20.0) -> McpServerConfig:
+    return McpServerConfig(name, command=sys.executable, args=(SERVER, *args), start_timeout_s=start_timeout_s)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_growth(action: Callable[[], object]) -> int:
+    """How far this process's RSS rose above where it was while `action` ran (sampled every 5 ms)."""
+    start, peak, done = _rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        action()
+    finally:
+        done.set()
+        sampler.join(timeout=5)
+    return max(peak[0], _rss()) - start
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_server_that_ignores_term_is_ended_with_its_child_after_a_start_timeout(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    hub = _servers(tmp_path, _raw("stubborn", "raw_stubborn", str(pid_file), start_timeout_s=3.0))
+    try:
+        with pytest.raises(ToolError, match="'stubborn' did not start: .* took longer than 3 s"):
+            hub.tools("stubborn")
+        hub.close()  # as `run` does on its way out, right after the failure
+        pids = [int(pid) for pid in pid_file.read_text().split()]
+        deadline = time.monotonic() + 5
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(_alive, pids)), "the server or its child outlived the start timeout"
+    finally:
+        hub.close()
+
+
+def test_a_servers_stderr_log_is_capped_with_one_line(tmp_path: Path) -> None:
+    hub = _servers(tmp_path, _raw("noisy", "raw_stderr"))
+    try:
+        assert [tool.name for tool in hub.tools("noisy")] == ["tool_0", "tool_1"]
+    finally:
+        hub.close()
+    log = (tmp_path / "logs" / "mcp-noisy.log").read_bytes()
+    assert MAX_LOG_BYTES <= len(log) < MAX_LOG_BYTES + 200
+    assert log.endswith(f"[… cut: the server's stderr passed {MAX_LOG_BYTES} bytes; the rest is dropped]\n".encode())
+
+
+def test_a_tool_with_a_bad_name_is_left_out_in_one_line_and_the_others_are_offered(tmp_path: Path) -> None:
+    hub = _servers(tmp_path, _raw("odd", "raw_tools", "2"), _raw("many", "raw_tools", "200"))
+    try:
+        assert [tool.name for tool in hub.tools("odd")] == ["tool_0", "tool_1"]
+        (notice,) = hub.notices("odd")
+        assert "'odd': a tool is left out: bad name!: tool 1 has no valid name" in notice and "\n" not in notice
+        assert hub.call("odd", "tool_1", {}, 10.0) == "done"
+        assert len(hub.tools("many")) == MAX_TOOLS - 1  # the first MAX_TOOLS, less the bad name
+        assert f"lists more than {MAX_TOOLS} tools: the first {MAX_TOOLS} are offered" in hub.notices("many")[0]
+    finally:
+        hub.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("raw_tools", "300000"), "a message of more than 4 MiB"),
+        (("raw_endless",), "a message of more than 4 MiB"),
+    ],
+)
+def test_a_server_that_sends_too_much_is_one_line_and_bounded_in_memory(
+    tmp_path: Path, args: tuple[str, ...], words: str
+) -> None:
+    hub = _servers(tmp_path, _raw("big", *args))
+    try:
+        started = time.monotonic()
+
+        def start() -> None:
+            with pytest.raises(ToolError, match=f"'big' did not start: .*{words}"):
+                hub.tools("big")
+
+        assert _peak_growth(start) < MEMORY_BOUND
+        assert time.monotonic() - started < 15
+    finally:
+        hub.close()
+
+
+class _EndlessJson(BaseHTTPRequestHandler):
+    """Answers every POST with an endless application/json body (chunked), until the client goes."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = b'{"a": "' + b"x" * 65536
+        try:
+            for _ in range(100_000):  # 6 GiB at most
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endless_json() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EndlessJson)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_an_http_server_with_an_endless_json_body_is_one_line_and_bounded_in_memory(
+    tmp_path: Path, endless_json: str
+) -> None:
+    hub = _servers(tmp_path, McpServerConfig("endless", url=endless_json, start_timeout_s=20.0))
+    try:
+        started = time.monotonic()
+
+        def start() -> None:
+            with pytest.raises(ToolError, match="'endless' did not start: .*the response body passed 4 MiB"):
+                hub.tools("endless")
+
+        assert _peak_growth(start) < MEMORY_BOUND
+        assert time.monotonic() - started < 15
+    finally:
+        hub.close()

@@ -35,8 +35,7 @@ from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
 from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
-from engine_ext.tool_calls import tools_of
-from engine_ext.tool_turn import ToolTurn
+from engine_ext.tool_turn import ToolTurn, offered_tools
 from engine_ext.vision import (
     EncodedImage,
     NoProjector,
@@ -148,7 +147,7 @@ class Session:
             if request.enable_thinking is None and request.reasoning_budget == 0
             else request.enable_thinking,
             reasoning_effort=request.reasoning_effort,
-            tools=tools_of(request.tools, request.tool_choice),
+            tools=offered_tools(request.tools, request.tool_choice)[0],
             bos_token=self.bos_text,
             eos_token=self.eos_text,
             cancelled=cancelled,

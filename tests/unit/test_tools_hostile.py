@@ -1,10 +1,11 @@
 """Hostile input to the tools (app/tools/): read_file under a folder that another thread keeps swapping for a link
 never reads outside it; MCP servers (tests/mcp_test_server.py's raw modes, and an HTTP server written here) that
 ignore TERM, flood stderr, list a tool with a bad name or 300,000 tools, or send an endless line or body are ended,
-capped and bounded, each in one line."""
+capped and bounded, each in one line; tools past the call grammar's budget are left out by name, the rest offered."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -20,7 +21,10 @@ from app.tools.builtin import read_file_tool, read_under
 from app.tools.mcp_servers import McpServers
 from app.tools.mcp_transport import MAX_LOG_BYTES
 from app.tools.settings import McpServerConfig
-from engine_ext.tool_calls import MAX_TOOLS
+from engine_ext.grammar import GrammarError
+from engine_ext.tool_calls import HERMES, MAX_TOOLS, MISTRAL
+from engine_ext.tool_grammar import tool_grammar
+from engine_ext.tool_turn import offered_tools
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
 MEMORY_BOUND = 256 * 1024 * 1024  # what one hostile server may grow llmtui by (the message cap is 4 MiB)
@@ -279,3 +283,24 @@ def test_an_http_server_with_an_endless_json_body_is_one_line_and_bounded_in_mem
         assert time.monotonic() - started < 15
     finally:
         hub.close()
+
+
+# ----- the call grammar's budget ------------------------------------------------------------------------------------
+
+
+def test_tools_past_the_call_grammars_budget_are_left_out_by_name_and_the_rest_offered() -> None:
+    big = {"type": "string", "description": "x" * 280}
+    parameters = {"type": "object", "properties": {f"p{j}": big for j in range(10)}, "required": ["p0"]}
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": parameters}} for i in range(30)]
+    with pytest.raises(GrammarError, match="at most 65536"):  # all thirty: past the budget (before: no tools at all)
+        tool_grammar(tools, HERMES, required=False)
+    offered, notice = offered_tools(json.dumps(tools), "auto")
+    assert 10 < len(offered) < 30 and [t["function"]["name"] for t in offered] == [f"t{i}" for i in range(len(offered))]
+    left_out = ", ".join(f"t{i}" for i in range(len(offered), 30))
+    assert notice == (
+        f"{30 - len(offered)} of 30 tools left out, their calls past the grammar's 65536-character budget: {left_out}"
+    )
+    for fmt in (HERMES, MISTRAL, None):
+        assert tool_grammar(offered, fmt, required=False).gbnf  # what is offered converts
+    few, nothing_left_out = offered_tools(json.dumps(tools[:3]), "auto")
+    assert len(few) == 3 and nothing_left_out == ""

@@ -47,9 +47,8 @@ def parse_message(line: bytes) -> SessionMessage | Exception:
     """One line from a server as a message, or the error as a value (the session logs it and goes on). A tool list
     is cut to MAX_TOOLS + 1 entries before it becomes objects (the caller says that more were left out); a message
     of more than MAX_MESSAGE_ITEMS values is MessageTooLarge, before it is parsed."""
-    import mcp_types
     from mcp.shared.message import SessionMessage
-    from pydantic import ValidationError
+    from mcp.types import jsonrpc_message_adapter
 
     if json_items(line) > MAX_MESSAGE_ITEMS:
         raise MessageTooLarge(too_many_items())
@@ -63,8 +62,8 @@ def parse_message(line: bytes) -> SessionMessage | Exception:
         assert isinstance(result, dict)
         result["tools"] = tools[: MAX_TOOLS + 1]
     try:
-        return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_python(data, by_name=False))
-    except (ValidationError, RecursionError) as error:
+        return SessionMessage(jsonrpc_message_adapter.validate_python(data, by_name=False))
+    except (ValueError, RecursionError) as error:  # pydantic's ValidationError is a ValueError
         return ValueError(f"not a JSON-RPC message: {type(error).__name__}")
 
 

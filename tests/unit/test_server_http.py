@@ -87,7 +87,7 @@ def served() -> Iterator[tuple[TestClient, ScriptedClient, Metrics]]:
         queue=2,
     )
     backend = EngineBackend(engine, settings, metrics)  # type: ignore[arg-type]
-    with TestClient(build_app(backend, metrics, api_key=KEY)) as client:
+    with TestClient(build_app(backend, metrics, api_key=KEY), base_url="http://127.0.0.1:8080") as client:
         client.headers["Authorization"] = f"Bearer {KEY}"
         yield client, engine, metrics
     backend.close()
@@ -172,7 +172,7 @@ def test_api_key_routes_and_metrics(served: tuple[TestClient, ScriptedClient, Me
     assert client.get("/v1/models", headers={"x-api-key": KEY}).json()["data"][0]["id"] == "tiny"
     assert client.get("/v1/nothing").status_code == 404
     assert client.get("/v1/chat/completions").status_code == 405
-    bad = client.post("/v1/chat/completions", content=b'{"messages": [}')
+    bad = client.post("/v1/chat/completions", content=b'{"messages": [}', headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("the request body is not valid JSON")
     client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 2})
     text = client.get("/metrics").text

@@ -5,10 +5,10 @@ bound on connections that uvicorn lacks, and a log that says each kind of troubl
   response): a client that sends nothing, or a byte at a time (slowloris), is closed then.
 - A body that stops arriving for `body_idle_s` ends its connection; between requests a connection is kept
   `keep_alive_s` (uvicorn's keep-alive timeout).
-- At most `max_connections` are open, below the process's file limit (`connection_limit`): a new one closes the
-  connection idle the longest, so `/health` is answered whatever idle clients hold; when none is idle it gets a
-  503 and is closed. The listening socket's backlog is small, so asyncio never loops over thousands of failed
-  accepts.
+- At most `max_connections` (512) are open, fewer under a low open-file limit (`file_bounds`): a new one closes
+  the connection idle the longest, so `/health` is answered whatever idle clients hold; when none is idle it gets
+  a 503 and is closed. The listening backlog is small too, so the files never run out and asyncio never loops over
+  failed accepts.
 - The log (uvicorn's and the event loop's) has one line per kind of trouble and at most one per `LOG_EVERY_S`
   for each, with a count of those left out: no traceback, no flood.
 """
@@ -31,8 +31,7 @@ from app.server.errors import ApiError
 from engine_ext.untrusted_text import one_line
 
 MAX_CONNECTIONS = 512
-FD_RESERVE = 128  # files kept for everything else (the engine's pipe, logs, the history, MCP servers)
-LISTEN_BACKLOG = 128
+MAX_BACKLOG = 256
 MAX_HEADER_BYTES = 64 * 1024  # the request line and headers
 LOG_EVERY_S = 10.0
 _LOGGER = "uvicorn.error"
@@ -46,21 +45,23 @@ class ConnectionLimits:
     max_connections: int = MAX_CONNECTIONS
 
 
-def connection_limit(wanted: int = MAX_CONNECTIONS) -> int:
-    """`wanted`, or fewer when the process's open-file limit (ulimit -n) leaves less room beside FD_RESERVE."""
+def file_bounds(wanted: int = MAX_CONNECTIONS) -> tuple[int, int]:
+    """The listening backlog and the most connections, within the process's open-file limit (ulimit -n): asyncio
+    accepts up to a backlog of connections in one turn of its loop, before any is counted, and the rest of the
+    process (the engine's pipe, logs, the history, MCP servers) keeps a quarter of the files, up to 128."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(8, min(wanted, soft - FD_RESERVE))
+        return MAX_BACKLOG, wanted
+    backlog = max(16, min(MAX_BACKLOG, soft // 8))
+    return backlog, max(8, min(wanted, soft - backlog - min(128, soft // 4)))
 
 
 def server(
     app: Any, host: str, port: int, *, log_level: str, limits: ConnectionLimits = ConnectionLimits(), **extra: Any
 ) -> uvicorn.Server:
     """A uvicorn server for `app` on host:port with the limits above (`extra`: more of uvicorn.Config's options)."""
-    limits = ConnectionLimits(
-        limits.header_timeout_s, limits.body_idle_s, limits.keep_alive_s, connection_limit(limits.max_connections)
-    )
+    backlog, max_connections = file_bounds(limits.max_connections)
+    limits = ConnectionLimits(limits.header_timeout_s, limits.body_idle_s, limits.keep_alive_s, max_connections)
     protocol = type("GuardedH11", (GuardedH11,), {"limits": limits})
     config = uvicorn.Config(
         app,
@@ -70,7 +71,7 @@ def server(
         log_level=log_level,
         timeout_keep_alive=limits.keep_alive_s,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-        backlog=LISTEN_BACKLOG,
+        backlog=backlog,
         lifespan="off",
         **extra,
     )

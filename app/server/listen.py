@@ -53,7 +53,7 @@ def file_bounds(wanted: int = MAX_CONNECTIONS) -> tuple[int, int]:
     if soft == resource.RLIM_INFINITY:
         return MAX_BACKLOG, wanted
     backlog = max(16, min(MAX_BACKLOG, soft // 8))
-    return backlog, max(8, min(wanted, soft - backlog - min(128, soft // 4)))
+    return backlog, min(wanted, max(8, soft - backlog - min(128, soft // 4)))
 
 
 def server(
@@ -114,10 +114,10 @@ class OneLineLog(logging.Filter):
         if len(self._last) > 1000:
             self._last.clear()
         self._last[key] = (now, 0)
-        text = record.getMessage()
+        text = record.getMessage().strip()
         error = record.exc_info[1] if record.exc_info else None
         if error is not None:
-            text += f": {type(error).__name__}: {error}"
+            text += f": {type(error).__name__}" + (f": {error}" if str(error) else "")
         if left_out:
             text += f" ({left_out} more like it in the last {now - last:.0f} s)"
         record.msg, record.args = one_line(text), ()

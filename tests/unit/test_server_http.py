@@ -6,16 +6,20 @@ The real engine behind the same server is tested in tests/engine/test_serve.py.
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from app.server import listen
 from app.server.access import Access, api_key_refusal
 from app.server.asgi import build_app
 from app.server.backend import EngineBackend, ServerSettings
@@ -31,6 +35,7 @@ from engine_ext.protocol import (
     SteeringSet,
     TokenChunk,
 )
+from tests.serve_process import free_port
 from tests.waits import wait_for
 
 KEY = "s3cret-key"
@@ -390,3 +395,139 @@ def test_a_non_ascii_api_key_is_refused_in_one_line() -> None:
     for key, what in (("clé", "U+00E9"), ("two words", "a space"), ("tab\tkey", "U+0009"), ("k\u200b", "U+200B")):
         why = api_key_refusal(key)
         assert why is not None and what in why and "\n" not in why
+
+
+# ----- connections (raw sockets on a real listener with short limits): nothing holds the server -----
+
+
+class Records(logging.Handler):
+    """What reaches uvicorn's log after its one-line filter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@contextmanager
+def listening(limits: listen.ConnectionLimits) -> Iterator[tuple[int, Records]]:
+    """The server on the scripted engine, listening on a free port in a thread with `limits`."""
+    engine = ScriptedClient(["Hello"])
+    metrics = Metrics()
+    backend = EngineBackend(engine, ServerSettings(model_id="tiny"), metrics)  # type: ignore[arg-type]
+    port = free_port()
+    server = listen.server(build_app(backend, metrics), "127.0.0.1", port, log_level="warning", limits=limits)
+    records = Records()
+    logger = logging.getLogger("uvicorn.error")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    logger.addHandler(records)
+    try:
+        wait_for(lambda: server.started, "the server to listen", timeout_s=10)
+        yield port, records
+    finally:
+        logger.removeHandler(records)
+        server.should_exit = True
+        thread.join(10)
+        backend.close()
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> float:
+    """Seconds until the server closed `sock` (reads what it sent until EOF); fails after `within_s`."""
+    started = time.monotonic()
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection past {within_s} s") from None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def health(port: int) -> bytes:
+    with connect(port) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        return sock.recv(4096).split(b"\r\n")[0]
+
+
+POST_HEAD = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000\r\n\r\n"
+)
+
+
+def test_idle_slowloris_keep_alive_and_stalled_uploads_are_closed_without_a_traceback() -> None:
+    limits = listen.ConnectionLimits(header_timeout_s=0.6, body_idle_s=0.6, keep_alive_s=1)
+    with listening(limits) as (port, records):
+        idle = connect(port)
+        assert closed_by_server(idle, 5) < 2
+        slow = connect(port)  # a byte every 0.1 s: each byte is news, but the headers' deadline does not move
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            for byte in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100:
+                slow.sendall(bytes([byte]))
+                time.sleep(0.1)
+        assert time.monotonic() - started < 3
+        kept = connect(port)
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        assert closed_by_server(kept, 5) < 2.5  # the keep-alive timeout
+        stalled = connect(port)
+        stalled.sendall(POST_HEAD + b'{"prompt": ')
+        assert closed_by_server(stalled, 5) < 2
+        dropped = connect(port)  # a client that goes away mid-upload
+        dropped.sendall(POST_HEAD + b'{"prompt": ')
+        time.sleep(0.2)
+        dropped.close()
+        time.sleep(0.3)
+        assert health(port) == b"HTTP/1.1 200 OK"
+    assert not [line for line in records.lines if "Traceback" in line or "Exception" in line], records.lines
+
+
+def test_connections_past_the_bound_close_the_oldest_idle_and_health_answers() -> None:
+    limits = listen.ConnectionLimits(header_timeout_s=30, body_idle_s=30, max_connections=4)
+    with listening(limits) as (port, _):
+        idle = [connect(port) for _ in range(10)]
+        assert health(port) == b"HTTP/1.1 200 OK"
+        assert closed_by_server(idle[0], 5) < 2  # the oldest went first
+        still_open = 0
+        for sock in idle[-3:]:
+            sock.setblocking(False)
+            try:
+                sock.recv(1)
+            except BlockingIOError:
+                still_open += 1
+        assert still_open == 3
+        busy = []  # mid-upload: when none is idle, a newcomer is told to come back
+        for _ in range(4):
+            busy.append(connect(port))
+            busy[-1].sendall(POST_HEAD + b'{"prompt": ')
+            time.sleep(0.1)
+        with connect(port) as extra:
+            answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 2" in answer
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert body["error"]["message"] == "the server has as many connections as it takes; try again shortly"
+        for sock in idle + busy:
+            sock.close()
+
+
+def test_the_log_says_each_kind_of_trouble_in_one_line_and_rarely() -> None:
+    limits = listen.ConnectionLimits(header_timeout_s=5)
+    with listening(limits) as (port, records):
+        for _ in range(30):  # 30 bad requests: uvicorn warns about each
+            with connect(port) as sock:
+                sock.sendall(b"NOT HTTP\x00\r\n\r\n")
+                sock.recv(4096)
+        logging.getLogger("uvicorn.error").error("boom", exc_info=OverflowError("int too large to convert"))
+    assert records.lines.count("Invalid HTTP request received.") == 1, records.lines
+    assert "boom: OverflowError: int too large to convert" in records.lines
+    assert all("\n" not in line for line in records.lines)

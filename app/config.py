@@ -19,6 +19,7 @@ from tomlkit.items import AoT
 from app import settings_schema as ui
 from app.paths import CONFIG_FILE_NAME, config_path
 from app.private_files import private_dir, write_private_text
+from app.server.access import host_refusal, origin_refusal, split_names
 from app.settings_schema import THEMES  # noqa: F401 - the screens' choices
 from engine_ext import settings_schema as s
 from engine_ext.params import (
@@ -307,6 +308,8 @@ class ServerConfig:
     host: str = ui.SERVER_HOST.default
     port: int = ui.SERVER_PORT.default
     api_key_env: str = ui.SERVER_KEY_ENV.default
+    allowed_hosts: str = ui.SERVER_ALLOWED_HOSTS.default
+    cors_origins: str = ui.SERVER_CORS.default
 
     def validate(self) -> None:
         check_settings(self, ui.SERVER)
@@ -315,6 +318,11 @@ class ServerConfig:
         name = self.api_key_env
         if name and not (name.replace("_", "a").isalnum() and name.isascii() and not name[0].isdigit()):
             raise ConfigError(f"server.api_key_env must be an environment variable's name, not {name[:60]!r}")
+        for setting, refusal in ((ui.SERVER_ALLOWED_HOSTS, host_refusal), (ui.SERVER_CORS, origin_refusal)):
+            for item in split_names(getattr(self, setting.name)):
+                why = refusal(item)
+                if why is not None:
+                    raise ConfigError(f"server.{setting.name}: {why}")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from engine_ext.chat import (
 )
 from engine_ext.grammar import reply_grammar
 from engine_ext.model import Checkpoint, Context, Model
-from engine_ext.params import EngineError
+from engine_ext.params import EngineError, PromptTooLong
 from engine_ext.protocol import (
     Event,
     Finished,
@@ -53,10 +53,6 @@ MAX_CHECKPOINTS = 8
 SPEC_UPDATE_INTERVAL_S = 0.5
 MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is trimmed to fit
 PLAIN_PROBE_STEPS = 4  # plain steps a speculative reply takes under conditions plain decoding was not measured in
-
-
-class PromptTooLong(EngineError):
-    """The prompt does not fit the context even after dropping old turns."""
 
 
 class PromptCancelled(Exception):
@@ -196,10 +192,7 @@ class Session:
                 continues_answer=continues,
             )
         if len(plan.tokens) >= n_ctx:
-            raise PromptTooLong(
-                f"the prompt is {len(plan.tokens)} tokens but the context holds {n_ctx}; "
-                "start a new conversation or raise the context size (-c)"
-            )
+            raise PromptTooLong(len(plan.tokens), n_ctx)
         if not plan.tokens:
             raise EngineError("the prompt is empty")
         return plan

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams, SteeringEntry
+from engine_ext.params import (
+    ContextParams,
+    ModelParams,
+    PromptTooLong,
+    SamplingParams,
+    SpeculativeParams,
+    SteeringEntry,
+)
 
 PROTOCOL_VERSION = 3  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget
 
@@ -448,6 +455,14 @@ class Failed:
     request_id: int | None
     error: str  # exception class name
     message: str
+    n_prompt_tokens: int = 0  # PromptTooLong: the prompt's tokens and the context's size (else 0)
+    n_ctx: int = 0
+
+    @classmethod
+    def of(cls, request_id: int | None, exc: BaseException) -> Failed:
+        """The event of a request that failed with `exc`."""
+        sizes = (exc.n_prompt_tokens, exc.n_ctx) if isinstance(exc, PromptTooLong) else (0, 0)
+        return cls(request_id, type(exc).__name__, str(exc) or type(exc).__name__, *sizes)
 
 
 @dataclass(frozen=True)

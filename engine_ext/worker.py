@@ -211,8 +211,7 @@ class Worker:
 
             if not isinstance(exc, EngineError):
                 traceback.print_exc()  # to the log file
-            message = str(exc) or type(exc).__name__
-            self.send(Failed(request_id, type(exc).__name__, message))
+            self.send(Failed.of(request_id, exc))
 
     # ----- requests ---------------------------------------------------------------------------------
 

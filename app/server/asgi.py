@@ -1,5 +1,6 @@
-"""The HTTP surface: a Starlette app with llama-server's routes, OpenAI's shapes, the API key, body limits, CORS only
-when asked, SSE streaming, and a client's disconnect cancelling its generation.
+"""The HTTP surface: a Starlette app with llama-server's routes, OpenAI's shapes, the gate (Host, Origin, JSON bodies:
+`gate.py`), the API key, body limits, CORS only when asked, SSE streaming, and a client's disconnect cancelling its
+generation.
 
 Every error a request can cause is an OpenAI-shaped JSON answer with its status; the server goes on.
 """
@@ -16,13 +17,15 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.server import responses
+from app.server.access import Access
 from app.server.backend import ServerSettings, Ticket
 from app.server.errors import ApiError
+from app.server.gate import RequestGate
 from app.server.metrics import Metrics
 from app.server.requests import Job, parse_body, parse_chat, parse_completion
 from engine_ext.protocol import Finished, TokenChunk
@@ -47,9 +50,10 @@ def json_error(error: ApiError) -> JSONResponse:
 
 
 def build_app(
-    backend: Backend, metrics: Metrics, *, api_key: str | None = None, cors: tuple[str, ...] = ()
+    backend: Backend, metrics: Metrics, *, api_key: str | None = None, access: Access | None = None
 ) -> Starlette:
     started = int(time.time())
+    access = access or Access()
     key = api_key.encode() if api_key else None
 
     def authorised(request: Request) -> bool:
@@ -81,11 +85,14 @@ def build_app(
             raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ApiError(499, "the client went away before its request body ended") from None
         return b"".join(chunks)
 
     async def health(request: Request) -> Response:
@@ -233,9 +240,11 @@ def build_app(
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/completions", guarded(completions), methods=["POST"]),
     ]
-    middleware = (
-        [Middleware(CORSMiddleware, allow_origins=list(cors), allow_methods=["*"], allow_headers=["*"])] if cors else []
-    )
+    middleware = [Middleware(RequestGate, access=access, refused=metrics.refused)]
+    if access.cors:  # preflights and CORS headers for the origins the gate lets through
+        middleware.append(
+            Middleware(CORSMiddleware, allow_origins=list(access.origins), allow_methods=["*"], allow_headers=["*"])
+        )
     return Starlette(
         routes=routes,
         middleware=middleware,

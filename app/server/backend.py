@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from app.server.errors import ApiError
+from app.server.errors import ApiError, ContextExceeded
 from app.server.metrics import Metrics
 from app.server.requests import Job, Limits, SpecChoice
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
@@ -190,6 +190,9 @@ class Dispatcher:
             self.metrics.failed()
             if event.error == "Cancelled":
                 ticket.push(ApiError(499, event.message))
+            elif event.n_ctx:
+                message = event.message.split(";")[0][:300]
+                ticket.push(ContextExceeded(400, message, n_prompt_tokens=event.n_prompt_tokens, n_ctx=event.n_ctx))
             else:
                 status = 400 if event.error in _CLIENT_ERRORS else 500
                 ticket.push(ApiError(status, (event.message or event.error).splitlines()[0][:300]))

@@ -286,6 +286,8 @@ def test_remote_engines_round_trip_and_keys_stay_hidden(
         ('[engine]\ntensor_split = ["a"]\n', "engine.tensor_split"),
         ('[engine]\nrpc_servers = "h:1"\n', "engine.rpc_servers"),
         ('[engine]\nn_gpu_layers = "most"\n', "GPU layers"),
+        ('[server]\nallowed_hosts = "llm.lan, evil/x"\n', r"server.allowed_hosts: 'evil/x' is not a host name"),
+        ('[server]\ncors_origins = "ftp://page.example"\n', r"server.cors_origins: 'ftp://page.example' is not an"),
     ],
 )
 def test_bad_remote_and_engine_tables_are_refused(app_dirs: tuple[Path, Path], text: str, fragment: str) -> None:
@@ -293,6 +295,13 @@ def test_bad_remote_and_engine_tables_are_refused(app_dirs: tuple[Path, Path], t
     config_path().write_text(text)
     with pytest.raises(ConfigError, match=fragment):
         load_config()
+
+
+def test_the_servers_allowed_hosts_and_origins_load(app_dirs: tuple[Path, Path]) -> None:
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text('[server]\nallowed_hosts = "llm.lan 10.0.0.2,*"\ncors_origins = "http://localhost:3000"\n')
+    server = load_config().server
+    assert server.allowed_hosts == "llm.lan 10.0.0.2,*" and server.cors_origins == "http://localhost:3000"
 
 
 # ----- the settings screen (Pilot) ----------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from textual.strip import Strip
 
 from engine_ext.untrusted_text import has_controls, without_controls
 
-_TEXTUAL_RENDER: Final[Callable[[Strip, Console], str]] = Strip.render
+TEXTUAL_RENDER: Final[Callable[[Strip, Console], str]] = Strip.render
+"""Textual's own Strip.render, which the check calls."""
 
 
 def _render_without_controls(strip: Strip, console: Console) -> str:
@@ -33,8 +34,8 @@ def _render_without_controls(strip: Strip, console: Console) -> str:
             for text, style, control in strip
         ]
         clean = Strip(segments, strip.cell_length)
-        strip._render_cache = _TEXTUAL_RENDER(clean, console)
-    return _TEXTUAL_RENDER(strip, console)
+        strip._render_cache = TEXTUAL_RENDER(clean, console)
+    return TEXTUAL_RENDER(strip, console)
 
 
 def drop_controls_from_terminal_output() -> None:

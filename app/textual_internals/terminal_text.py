@@ -25,17 +25,16 @@ TEXTUAL_RENDER: Final[Callable[[Strip, Console], str]] = Strip.render
 """Textual's own Strip.render, which the check calls."""
 
 
-def _render_without_controls(strip: Strip, console: Console) -> str:
+def _render_without_controls(self: Strip, console: Console) -> str:
     """Strip.render, with the control characters of the strip's text left out (its styles' sequences are Textual's
     own, and stay)."""
-    if strip._render_cache is None and any(has_controls(text) for text, _, control in strip if not control):
+    if self._render_cache is None and any(has_controls(text) for text, _, control in self if not control):
         segments = [
             Segment(without_controls(text), style) if not control else Segment(text, style, control)
-            for text, style, control in strip
+            for text, style, control in self
         ]
-        clean = Strip(segments, strip.cell_length)
-        strip._render_cache = TEXTUAL_RENDER(clean, console)
-    return TEXTUAL_RENDER(strip, console)
+        self._render_cache = TEXTUAL_RENDER(Strip(segments, self.cell_length), console)
+    return TEXTUAL_RENDER(self, console)
 
 
 def drop_controls_from_terminal_output() -> None:

@@ -60,13 +60,13 @@ _TOML_SKIPPED = {
 _TOML_TOKEN = re.compile(r"'''|\"\"\"|[\"'#\[{\]}.=,\n]")
 
 
-def toml_nesting(text: str) -> int:
+def toml_nesting(text: str, stop_above: int = MAX_TOML_NESTING) -> int:
     """The deepest nesting of arrays and inline tables in TOML `text`, or the most parts of a dotted key, whichever
-    is more; a linear scan, outside strings and comments. At an unterminated string it stops: a parser stops there
-    too."""
+    is more; a linear scan, outside strings and comments, that ends once the nesting passes `stop_above`. At an
+    unterminated string it stops: a parser stops there too."""
     deepest = depth = parts = 0
     position = 0
-    while match := _TOML_TOKEN.search(text, position):
+    while deepest <= stop_above and (match := _TOML_TOKEN.search(text, position)):
         token, position = match.group(), match.end()
         if token in _TOML_SKIPPED:
             skipped = _TOML_SKIPPED[token].match(text, position)
@@ -106,9 +106,9 @@ def toml_tables(text: str, source: str = CONFIG_FILE_NAME) -> dict[str, Any]:
     it from here. ConfigError, one line naming `source`, when it is not TOML or nests too deep."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(one_line_message(source, f"larger than {MAX_CONFIG_BYTES} bytes"))
-    if (nesting := toml_nesting(text)) > MAX_TOML_NESTING:
+    if toml_nesting(text) > MAX_TOML_NESTING:
         raise ConfigError(
-            one_line_message(source, f"nested {nesting} levels deep; config.toml nests at most {MAX_TOML_NESTING}")
+            one_line_message(source, f"nested more than {MAX_TOML_NESTING} levels deep (arrays, tables or dotted keys)")
         )
     try:
         return tomllib.loads(text)

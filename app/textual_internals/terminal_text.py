@@ -12,6 +12,7 @@ until a strip has been rendered, where `Strip.render` keeps the result.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Final
 
@@ -24,13 +25,21 @@ from engine_ext.untrusted_text import has_controls, without_controls
 TEXTUAL_RENDER: Final[Callable[[Strip, Console], str]] = Strip.render
 """Textual's own Strip.render, which the check calls."""
 
+# textual-image's Sixel widget places its picture with cursor moves written as plain segments (Rich's
+# `Control.move_to(x, y).segment.text`, no control attribute): a segment that is exactly one such move is kept.
+_CURSOR_MOVE = re.compile(r"\x1b\[[0-9]{1,5};[0-9]{1,5}H")
+
+
+def _unsafe(text: str) -> bool:
+    return has_controls(text) and _CURSOR_MOVE.fullmatch(text) is None
+
 
 def _render_without_controls(self: Strip, console: Console) -> str:
     """Strip.render, with the control characters of the strip's text left out (its styles' sequences are Textual's
     own, and stay)."""
-    if self._render_cache is None and any(has_controls(text) for text, _, control in self if not control):
+    if self._render_cache is None and any(_unsafe(text) for text, _, control in self if not control):
         segments = [
-            Segment(without_controls(text), style) if not control else Segment(text, style, control)
+            Segment(without_controls(text), style) if not control and _unsafe(text) else Segment(text, style, control)
             for text, style, control in self
         ]
         self._render_cache = TEXTUAL_RENDER(Strip(segments, self.cell_length), console)

@@ -183,3 +183,17 @@ def test_a_widget_that_forgets_still_writes_no_control_character() -> None:
     written = strip.render(console)
     assert written.startswith("a[6n[c]52;c;") and written.endswith("bcd")
     assert not RAW.search(written)
+
+
+def test_the_last_check_keeps_textual_images_sixel_placement() -> None:
+    """textual-image's Sixel widget places its picture with cursor moves in plain segments (Rich's Control.move_to):
+    a segment that is exactly one cursor move reaches the terminal; one inside other text does not."""
+    from rich.console import Console
+    from rich.control import Control
+
+    from app.textual_internals.terminal_text import drop_controls_from_terminal_output
+
+    drop_controls_from_terminal_output()
+    move = Control.move_to(3, 4).segment.text
+    written = Strip([Segment(move), Segment("x" + move)], 1).render(Console(color_system="truecolor"))
+    assert written.startswith(move) and written.count("\x1b[5;4H") == 1

@@ -13,6 +13,7 @@ from typing import Any
 from textual import events, work
 from textual.app import SystemCommand
 from textual.binding import Binding
+from textual.content import Content
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.reactive import var
@@ -313,10 +314,16 @@ class LlmtuiApp(EngineEvents):
         markup: bool = True,
     ) -> None:
         """Every notification (screens' and widgets' too) with its control characters made visible: a message often
-        quotes a name or an error from outside (engine_ext.untrusted_text.shown)."""
-        super().notify(
-            shown(message, multiline=True), title=shown(title), severity=severity, timeout=timeout, markup=markup
-        )
+        quotes a name or an error from outside (engine_ext.untrusted_text.shown). A message whose markup does not
+        parse (a name holding "[/x]") is shown as plain text: Textual's toast would raise in its render and end the
+        app."""
+        text = shown(message, multiline=True)
+        if markup:
+            try:
+                Content.from_markup(text)
+            except Exception:  # MarkupError, and what a malformed tag's value raises
+                markup = False
+        super().notify(text, title=shown(title), severity=severity, timeout=timeout, markup=markup)
 
     def default_conversation_settings(self) -> dict[str, object]:
         return {"sampling": self.default_sampling.to_json()}

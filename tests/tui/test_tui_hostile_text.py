@@ -197,3 +197,22 @@ def test_the_last_check_keeps_textual_images_sixel_placement() -> None:
     move = Control.move_to(3, 4).segment.text
     written = Strip([Segment(move), Segment("x" + move)], 1).render(Console(color_system="truecolor"))
     assert written.startswith(move) and written.count("\x1b[5;4H") == 1
+
+
+@pytest.mark.anyio
+async def test_a_notice_quoting_broken_markup_is_shown_as_text(tiny_models: dict[str, Path]) -> None:
+    """A name holding "[/x]" or a malformed link in a notice: Textual's toast would raise in its render (MarkupError)
+    and end the app; the notice is kept as plain text, and one with good markup keeps it."""
+    from textual.content import Content
+
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.started, "the start-up")
+        app.notify("loaded bad [/oops] name [link=javascript:1]x", timeout=30)
+        app.notify("[b]bold[/b] is fine", timeout=30)
+        await pilot.pause()
+        broken, fine = list(app._notifications)[-2:]
+        assert not broken.markup and fine.markup
+        for notice in (broken, fine):  # what the toast renders, as Toast.render does
+            (Content.from_markup(notice.message) if notice.markup else Content(notice.message)).plain
+        assert_up(app)

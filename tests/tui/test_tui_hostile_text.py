@@ -214,5 +214,5 @@ async def test_a_notice_quoting_broken_markup_is_shown_as_text(tiny_models: dict
         broken, fine = list(app._notifications)[-2:]
         assert not broken.markup and fine.markup
         for notice in (broken, fine):  # what the toast renders, as Toast.render does
-            (Content.from_markup(notice.message) if notice.markup else Content(notice.message)).plain
+            assert (Content.from_markup(notice.message) if notice.markup else Content(notice.message)).plain
         assert_up(app)

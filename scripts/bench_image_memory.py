@@ -49,6 +49,8 @@ CASES: dict[str, Callable[[], bytes]] = {
     "png-gray-alpha": lambda: png(WIDTH, HEIGHT, color_type=4),
     "jpeg-baseline": lambda: pillow_image(WIDTH, HEIGHT, "JPEG", quality=90),
     "jpeg-progressive": lambda: pillow_image(WIDTH, HEIGHT, "JPEG", quality=90, progressive=True),
+    # 4:4:4 progressive: 6 bytes of coefficients a pixel, so the most pixels its read cost allows
+    "jpeg-progressive-444": lambda: pillow_image(WIDTH, 2864, "JPEG", quality=75, subsampling=0, progressive=True),
     "jpeg-gray": lambda: pillow_image(WIDTH, HEIGHT, "JPEG", mode="L", quality=90, progressive=True),
     "gif": lambda: pillow_image(WIDTH, HEIGHT, "GIF", mode="P"),
     "bmp-1bit": lambda: pillow_image(WIDTH, HEIGHT, "BMP", mode="1"),
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         model = write_tiny_model("llama", folder / "tiny-llama.gguf")
         mmproj = write_tiny_mmproj(folder / "mmproj.gguf")
         if not args.json:
-            print(f"{'case':<18} {'file':>9} {'stb MiB':>9} {'llmtui MiB':>11} {'stb s':>6} {'llmtui s':>8}  same")
+            print(f"{'case':<20} {'file':>9} {'stb MiB':>9} {'llmtui MiB':>11} {'stb s':>6} {'llmtui s':>8}  same")
         for name in args.cases or list(CASES):
             data = CASES[name]()
             image = folder / name
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             same = results["stb"].get("embd") == results["llmtui"].get("embd") and "embd" in results["stb"]
             kib = f"{len(data) // 1024} KiB"
             same_text = "yes" if same else "no"
-            print(f"{name:<18} {kib:>9} {cells[0]:>9} {cells[1]:>11} {cells[2]:>6} {cells[3]:>8}  {same_text}")
+            print(f"{name:<20} {kib:>9} {cells[0]:>9} {cells[1]:>11} {cells[2]:>6} {cells[3]:>8}  {same_text}")
             for path in PATHS:
                 if "error" in results[path]:
                     print(f"  {path}: {results[path]['error']}")

@@ -9,9 +9,8 @@ import struct
 import zlib
 from pathlib import Path
 
-import pytest
-
 import numpy as np
+import pytest
 
 from engine_ext.image_input import (
     MAX_IMAGE_BYTES,

@@ -20,13 +20,19 @@ from app.server.requests import Job, Limits, parse_chat
 from engine_ext.params import SamplingParams
 from engine_ext.protocol import Finished, StopReason
 
-# Anthropic's fields we take; `metadata`, `service_tier` and `context_management` change nothing here (ignored).
-_FIELDS = frozenset(
+# Anthropic's fields we take; those in _IGNORED change nothing here (accepted, ignored: the prompt cache is
+# automatic, there is one speed and one place).
+_IGNORED = frozenset(
     {
-        "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
-        "tools", "tool_choice", "thinking", "metadata", "service_tier", "context_management",
+        "metadata", "service_tier", "context_management", "cache_control", "diagnostics", "inference_geo", "speed",
+        "user_profile_id", "workspace_id",
     }
 )  # fmt: skip
+_FIELDS = _IGNORED | {
+    "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
+    "tools", "tool_choice", "thinking", "output_config", "container",
+}  # fmt: skip
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 _PASSED = ("model", "max_tokens", "stream", "temperature", "top_p", "top_k")  # the same in both APIs
 _BILLING_LINE = re.compile(r"x-anthropic-billing-header:(?:[^\n]*?cch=[^;\n]*;|[^\n]*)[ \t]*\n?")
 _ERROR_TYPES = {
@@ -65,12 +71,17 @@ def parse_messages(
     chat: dict[str, object] = {k: body[k] for k in _PASSED if k in body}
     chat["messages"] = _system(body.get("system")) + _messages(body.get("messages"))
     if body.get("stop_sequences") is not None:
+        if not isinstance(body["stop_sequences"], list):
+            raise bad_request("stop_sequences must be a list of strings", "stop_sequences")
         chat["stop"] = body["stop_sequences"]
     if body.get("tools") not in (None, []):
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if body.get("container") is not None:
+        raise bad_request("container: code execution containers are not available here", "container")
     chat.update(_thinking(body.get("thinking")))
+    chat.update(_output_config(body.get("output_config")))
     try:
         job = parse_chat(chat, defaults, limits, model)
     except ApiError as e:  # the chat field's name → this API's
@@ -235,6 +246,25 @@ def _thinking(value: object) -> dict[str, object]:
             raise bad_request("thinking.budget_tokens must be a positive integer", "thinking")
         return {"reasoning_budget": budget}
     raise bad_request("thinking.type must be enabled, disabled or adaptive", "thinking")
+
+
+def _output_config(value: object) -> dict[str, object]:
+    """`output_config`: `effort` as the reasoning effort templates read, `format` (a JSON schema) as the reply's."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request("output_config must be an object", "output_config")
+    out: dict[str, object] = {}
+    effort, fmt = value.get("effort"), value.get("format")
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise bad_request(f"output_config.effort must be one of {', '.join(_EFFORTS)}", "output_config")
+        out["reasoning_effort"] = _EFFORTS[str(effort)]
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise bad_request("output_config.format must be {type: json_schema, schema: {...}}", "output_config")
+        out["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
+    return out
 
 
 class MessageShaper(BlockShaper):

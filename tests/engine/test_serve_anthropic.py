@@ -52,7 +52,7 @@ def system(nonce: str) -> list[dict[str, str]]:
 
 def test_messages_streamed_and_not_agree_and_count_tokens_is_the_prompt(server: str) -> None:
     whole = client(server).messages.create(
-        model="starter", max_tokens=16, system=system("aaaaa"), messages=ASK, extra_body={"temperature": 0}
+        model="starter", max_tokens=8, system=system("aaaaa"), messages=ASK, extra_body={"temperature": 0}
     )
     assert whole.type == "message" and whole.role == "assistant"
     assert whole.stop_reason in ("end_turn", "max_tokens")
@@ -66,7 +66,7 @@ def test_messages_streamed_and_not_agree_and_count_tokens_is_the_prompt(server: 
     kinds: list[str] = []
     streamed = ""
     with client(server).messages.stream(
-        model="starter", max_tokens=16, system=system("ccccc"), messages=ASK, extra_body={"temperature": 0}
+        model="starter", max_tokens=8, system=system("ccccc"), messages=ASK, extra_body={"temperature": 0}
     ) as stream:
         for event in stream:
             kinds.append(event.type)
@@ -150,7 +150,7 @@ def test_errors_are_in_anthropics_shape(server: str) -> None:
 def test_stop_sequences_thinking_and_metadata_are_taken(server: str) -> None:
     reply = client(server).messages.create(
         model="starter",
-        max_tokens=32,
+        max_tokens=12,
         extra_body={"temperature": 0, "top_p": 0.9, "top_k": 20},
         stop_sequences=["\n"],
         metadata={"user_id": "someone"},

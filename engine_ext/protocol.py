@@ -7,7 +7,9 @@ from typing import Final, Literal
 
 from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams, SteeringEntry
 
-PROTOCOL_VERSION = 4  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only
+PROTOCOL_VERSION = (
+    4  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only
+)
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 

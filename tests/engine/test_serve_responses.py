@@ -115,9 +115,7 @@ def test_json_schema_format_and_refusals(server: str) -> None:
 def test_function_call_and_its_output(tools_server: str) -> None:  # noqa: F811
     api = openai.OpenAI(base_url=f"{tools_server}/v1", api_key="none", max_retries=0, timeout=120)
     ask = [{"role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]}]
-    called = api.responses.create(
-        model="m", input=ask, tools=[WEATHER], tool_choice="required", max_output_tokens=300
-    )  # type: ignore[arg-type, list-item]
+    called = api.responses.create(model="m", input=ask, tools=[WEATHER], tool_choice="required", max_output_tokens=300)  # type: ignore[arg-type, list-item]
     call = next(item for item in called.output if item.type == "function_call")
     assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Oslo", "Lima")
     streamed = []

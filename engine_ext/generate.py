@@ -52,6 +52,7 @@ MAX_CHECKPOINTS = 8
 # (built with Python's caches cold after a decode) and a message the UI draws.
 SPEC_UPDATE_INTERVAL_S = 0.5
 MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is trimmed to fit
+_COUNT_ALL = 1 << 40  # a "context" no prompt fills: count_prompt drops no turn
 PLAIN_PROBE_STEPS = 4  # plain steps a speculative reply takes under conditions plain decoding was not measured in
 
 
@@ -302,6 +303,16 @@ class Session:
             stop.n_cached = n_cached
             raise
         return n_cached
+
+    def count_prompt(self, request: Generate) -> Finished:
+        """The tokens of `request`'s prompt as rendered (its template, tools and images), nothing evaluated and no
+        turn dropped to fit the context: what an API's count_tokens answers (Generate.count_only)."""
+        plan = self.plan(request, n_ctx=_COUNT_ALL)
+        images = image_token_count(plan.tokens, self.vision) if self.media else 0
+        self.media = {}
+        n_ctx = self.ctx.n_ctx
+        stats = GenerationStats(len(plan.tokens), 0, 0, 0.0, 0, 0.0, 0.0, n_ctx, len(self.cached), image_tokens=images)
+        return Finished(request.request_id, "max_tokens", stats)
 
     def reasoning_budget(self, request: Generate, plan: PromptPlan) -> ReasoningBudget | None:
         """The reasoning budget of a chat reply (None for a raw prompt or a reply continued in its answer): it counts

@@ -14,7 +14,9 @@ from engine_ext.params import (
     SteeringEntry,
 )
 
-PROTOCOL_VERSION = 3  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget
+PROTOCOL_VERSION = (
+    4  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only
+)
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 
@@ -83,6 +85,8 @@ class Generate:
     # Thinking tokens before the end of thinking is forced (engine_ext.reasoning): -1 unlimited, 0 no thinking at all
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""  # forced before the template's end of thinking when the budget is spent
+    # Only count the prompt's tokens as rendered (an API's count_tokens): Finished at once, nothing evaluated
+    count_only: bool = False
 
 
 @dataclass(frozen=True)

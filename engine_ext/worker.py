@@ -220,6 +220,9 @@ class Worker:
 
         if self.session is None:
             raise EngineError("no model is loaded")
+        if request.request.count_only:  # nothing to decode: answered now, between the sequences' steps
+            self.send(self.session.count_prompt(request.request))
+            return
         if self.scheduler is None:
             self._new_scheduler()
         self.scheduler.submit(request)
@@ -492,6 +495,9 @@ class Worker:
             from engine_ext.params import EngineError
 
             raise EngineError("no model is loaded")
+        if request.count_only:
+            self.send(self.session.count_prompt(request))
+            return
         cancelled = [False]
         conn = self.conn
         governor = self.session.governor

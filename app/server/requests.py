@@ -107,6 +107,7 @@ class Job:
     reasoning_effort: str | None = None  # low | medium | high for templates that read it (None: the template's own)
     reasoning_budget: int = -1  # thinking tokens before the end of thinking is forced (-1: unlimited, 0: none)
     reasoning_budget_message: str = ""  # forced before the end of thinking when the budget is spent
+    count_only: bool = False  # only count the rendered prompt's tokens (Anthropic's count_tokens)
 
 
 class _OutOfRange(ValueError):

@@ -46,9 +46,11 @@ class Backend(Protocol):
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket: ...
 
 
-def json_error(error: ApiError, shape: Callable[[ApiError], dict[str, object]] = ApiError.body) -> JSONResponse:
+def json_error(error: ApiError, shape: Callable[[ApiError], dict[str, object]] | None = None) -> JSONResponse:
+    """The error as JSON: in `shape` (Anthropic's routes), else the error's own body (OpenAI's, or llama-server's for
+    a prompt longer than the context)."""
     headers = {"Retry-After": str(_RETRY_AFTER_S)} if error.status == 503 else None
-    return JSONResponse(shape(error), status_code=error.status, headers=headers)
+    return JSONResponse(error.body() if shape is None else shape(error), status_code=error.status, headers=headers)
 
 
 def build_app(
@@ -67,7 +69,7 @@ def build_app(
 
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],
-        shape: Callable[[ApiError], dict[str, object]] = ApiError.body,
+        shape: Callable[[ApiError], dict[str, object]] | None = None,
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             if not authorised(request):

@@ -312,7 +312,7 @@ class _Bounds:
                 queued.add(other)
 
     def walk(self, alternatives: list[list[_Node]], after: int, changed: set[str]) -> None:
-        """Mark the repetitions in these alternatives, followed by `after`; the rules whose FOLLOW grew into `changed`."""
+        """Mark the repetitions in these alternatives, followed by `after`; rules whose FOLLOW grew go in `changed`."""
         for items in alternatives:
             following = after
             for node in reversed(items):

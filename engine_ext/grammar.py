@@ -1,6 +1,8 @@
 """Output that follows a grammar: GBNF text (llama.cpp's grammar format) or a JSON schema, converted to GBNF by
 llama-cpp-python's converter (llama_cpp.llama_grammar.json_schema_to_gbnf, the port of llama.cpp's
-json-schema-to-grammar), for llama.cpp's grammar sampler at the head of the native chain (sampling.py).
+json-schema-to-grammar) with its repetitions written by schema_repetition (llama.cpp's {m,n}, as upstream's converter
+writes them), for llama.cpp's grammar sampler at the head of the native chain (sampling.py), which measures every
+grammar first (grammar_bounds.py).
 
 Runs in the worker: the converter lives in llama_cpp, which the UI process never imports. Both inputs come from
 users and API clients: bounded in size, and every failure is one EngineError line before generation starts.
@@ -15,6 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from engine_ext.grammar_bounds import MAX_REPEAT, GrammarError
+from engine_ext.untrusted_text import one_line
 
 __all__ = ["GrammarError", "grammar_for", "reply_grammar"]
 
@@ -222,4 +225,5 @@ def parse_error(since: int = 0) -> str:
         return "see the engine log"
     reason, _, where = said.partition("\n\n")
     where = " ".join(where.split("\nfailed to parse grammar")[0].split())
-    return f"{reason.strip().removesuffix(' at')[:100]}{f' in: {where[:60]}' if where else ''}"
+    reason = " ".join(reason.split()).removesuffix(" at")  # llama.cpp quotes the rest of the grammar, lines and all
+    return one_line(f"{reason[:100]}{f' in: {where[:60]}' if where else ''}")

@@ -20,6 +20,7 @@ from engine_ext.grammar_bounds import MAX_EXPANSION, MAX_OPEN_READINGS, MAX_REPE
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SamplingParams
 from engine_ext.protocol import ChatMessage, Crashed, Failed, Finished, Generate, TokenChunk
 from engine_ext.untrusted_text import MAX_MESSAGE
+from tests.schema_fuzz import seeded_schema
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +249,22 @@ def test_counts_past_llamas_limit_are_exact(engine: EngineClient) -> None:
     text, last, _ = bounded_run(engine, request, limit_s=60)
     assert isinstance(last, Finished) and last.stop_reason == "eos", (text[-80:], last)
     assert json.loads(text) in ("a" * 2001, "a" * 2002)
+
+
+def fuzz_one(starter: EngineClient, seed: int) -> None:
+    """One seeded schema through the engine: answered (a few tokens) or refused in one line within 5 s, no crash."""
+    text, last, growth = bounded_run(starter, schema_request(seeded_schema(seed), max_tokens=6))
+    if isinstance(last, Failed):
+        assert last.error == "GrammarError" and "\n" not in last.message, last
+    assert growth < RSS_GROWTH_LIMIT, growth
+
+
+@pytest.mark.parametrize("seed", range(1000, 1024))
+def test_seeded_schemas_through_the_engine(starter: EngineClient, seed: int) -> None:
+    fuzz_one(starter, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2000, 2300))
+def test_more_seeded_schemas_through_the_engine(starter: EngineClient, seed: int) -> None:
+    fuzz_one(starter, seed)

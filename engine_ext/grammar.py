@@ -1,6 +1,8 @@
 """Output that follows a grammar: GBNF text (llama.cpp's grammar format) or a JSON schema, converted to GBNF by
 llama-cpp-python's converter (llama_cpp.llama_grammar.json_schema_to_gbnf, the port of llama.cpp's
-json-schema-to-grammar), for llama.cpp's grammar sampler at the head of the native chain (sampling.py).
+json-schema-to-grammar) with its repetitions written by schema_repetition (llama.cpp's {m,n}, as upstream's converter
+writes them), for llama.cpp's grammar sampler at the head of the native chain (sampling.py), which measures every
+grammar first (grammar_bounds.py).
 
 Runs in the worker: the converter lives in llama_cpp, which the UI process never imports. Both inputs come from
 users and API clients: bounded in size, and every failure is one EngineError line before generation starts.
@@ -14,13 +16,20 @@ import re
 import sys
 from dataclasses import dataclass
 
-from engine_ext.params import EngineError
+from engine_ext.grammar_bounds import MAX_REPEAT, GrammarError
+from engine_ext.untrusted_text import one_line
+
+__all__ = ["GrammarError", "grammar_for", "reply_grammar"]
 
 MAX_GRAMMAR_CHARS = 256 * 1024
 MAX_SCHEMA_CHARS = 64 * 1024  # the converter's work grows with the schema: a bound a hand-written schema never meets
 # llama.cpp's grammar parser recurses once per nested group: 20,000 nested "(" overflow the worker's stack (a crash,
 # measured); 5,000 parse. A grammar written by hand or by the converter nests a few levels.
 MAX_GRAMMAR_NESTING = 1000
+# A schema's counts (maxLength, maxItems, a pattern's {m,n}) up to this: past llama.cpp's MAX_REPEAT they are written
+# in blocks (REPEAT_BLOCK items, and the rest as fewer than a block or a block and the rest again).
+MAX_SCHEMA_COUNT = 100_000
+REPEAT_BLOCK = 1000
 JSON_OBJECT_SCHEMA = '{"type": "object"}'  # OpenAI's response_format json_object: any JSON object
 
 
@@ -28,10 +37,6 @@ PORT_CHAR_RULE = re.compile(r'^char ::= \[\^"\\\\\] ', re.MULTILINE)  # llama-cp
 JSON_CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] '  # upstream's (common/json-schema-to-grammar.cpp)
 
 NATIVE_LOG_ENV = "LLMTUI_ENGINE_LOG"  # set by the worker: the file its native output goes to
-
-
-class GrammarError(EngineError):
-    """A grammar or JSON schema that cannot constrain the output (one line)."""
 
 
 def _no_constant(name: str) -> object:
@@ -63,10 +68,15 @@ def grammar_for(grammar: str | None, json_schema: str | None) -> str | None:
         raise GrammarError(f"the JSON schema is not valid JSON: {str(e).splitlines()[0][:160]}") from None
     if not isinstance(schema, dict | bool):
         raise GrammarError("a JSON schema is an object (or true/false)")
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from llama_cpp import llama_grammar
 
+    # The port writes x{0,N} as N nested optional groups (a crash past ~20,000, refused past 2,000, gigabytes of
+    # text for 10^9): every repetition it writes is ours instead (the one function it calls, 0.3.36).
+    llama_grammar._build_repetition = schema_repetition
     try:
-        gbnf = str(json_schema_to_gbnf(json.dumps(schema)))
+        gbnf = str(llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
+    except GrammarError:
+        raise
     except RecursionError:
         raise GrammarError("the JSON schema nests or refers to itself too deeply") from None
     except Exception as e:  # the converter raises what it meets (KeyError for a missing $ref, ValueError, …)
@@ -75,6 +85,62 @@ def grammar_for(grammar: str | None, json_schema: str | None) -> str | None:
     # The port's string character takes control characters, which JSON refuses (a random model wrote "\x0e" into a
     # string): upstream's json-schema-to-grammar excludes them, as here.
     return PORT_CHAR_RULE.sub(lambda _: JSON_CHAR_RULE, gbnf)
+
+
+def schema_repetition(
+    item: str, low: object, high: object, separator_rule: str | None = None, item_rule_is_literal: bool = False
+) -> str:
+    """GBNF for `item` repeated `low` to `high` times (None: no bound), with `separator_rule` between the items, as
+    upstream's converter writes it (llama.cpp's own x{m,n}): the replacement of llama-cpp-python's _build_repetition,
+    called with counts straight from the schema (minLength, maxItems, a pattern's {m,n}). Counts past MAX_REPEAT
+    (llama.cpp's limit) are written in blocks of REPEAT_BLOCK that it reads exactly; past MAX_SCHEMA_COUNT refused."""
+    for count in (low, high):
+        if count is not None and (type(count) is not int or count < 0):
+            raise GrammarError(f"the JSON schema has a count that is not a whole number of at least 0: {count!r:.40}")
+    assert isinstance(low, int) and (high is None or isinstance(high, int))
+    largest = max(low, high or 0)
+    if largest > MAX_SCHEMA_COUNT:
+        raise GrammarError(
+            f"the JSON schema asks for {largest} repetitions (a length, an item count or a pattern's {{m,n}}); at "
+            f"most {MAX_SCHEMA_COUNT}"
+        )
+    if high is not None and high < low:
+        raise GrammarError(f"the JSON schema asks for at least {low} and at most {high} of something")
+    if high == 0:
+        return ""
+    if not separator_rule:
+        return _repeated(item, low, high)
+    rest = _repeated(f"({separator_rule} {item})", max(low - 1, 0), None if high is None else high - 1)
+    both = f"{item} {rest}".rstrip()
+    return f"({both})?" if low == 0 else both
+
+
+def _repeated(item: str, low: int, high: int | None) -> str:
+    """`item` low to high times in counts llama.cpp takes exactly: a count past MAX_REPEAT as blocks."""
+    if high == 0:
+        return ""
+    if (low, high) == (0, 1):
+        return f"{item}?"
+    if high is None:
+        many = {0: f"{item}*", 1: f"{item}+"}.get(low)
+        return many or f"{_exactly(item, low)} {item}*"
+    if high <= MAX_REPEAT:
+        return f"{item}{{{low}}}" if low == high else f"{item}{{{low},{high}}}"
+    return " ".join(part for part in (_exactly(item, low), _up_to(item, high - low)) if part)
+
+
+def _exactly(item: str, count: int) -> str:
+    if count <= MAX_REPEAT:
+        return f"{item}{{{count}}}" if count else ""
+    blocks, rest = divmod(count, REPEAT_BLOCK)
+    return f"({item}{{{REPEAT_BLOCK}}}){{{blocks}}}" + (f" {item}{{{rest}}}" if rest else "")
+
+
+def _up_to(item: str, count: int) -> str:
+    """0 to `count` items, read one way only: fewer than a block, or a block and (recursively) the rest."""
+    if count <= MAX_REPEAT:
+        return f"{item}{{0,{count}}}" if count else ""
+    return f"({item}{{0,{REPEAT_BLOCK - 1}}} | {item}{{{REPEAT_BLOCK}}} {_up_to(item, count - REPEAT_BLOCK)})"
 
 
 def nesting(grammar: str) -> int:
@@ -159,4 +225,5 @@ def parse_error(since: int = 0) -> str:
         return "see the engine log"
     reason, _, where = said.partition("\n\n")
     where = " ".join(where.split("\nfailed to parse grammar")[0].split())
-    return f"{reason.strip().removesuffix(' at')[:100]}{f' in: {where[:60]}' if where else ''}"
+    reason = " ".join(reason.split()).removesuffix(" at")  # llama.cpp quotes the rest of the grammar, lines and all
+    return one_line(f"{reason[:100]}{f' in: {where[:60]}' if where else ''}")

@@ -244,7 +244,11 @@ class _Grammar:
 
     def __init__(self, model: Model, grammar: str, triggers: Sequence[str] = (), root: str = "root") -> None:
         from engine_ext.grammar import GrammarError, native_log_size, parse_error
+        from engine_ext.grammar_bounds import check_bounds
 
+        check_bounds(
+            grammar, root
+        )  # every grammar, given, converted or built for tool calls, before llama.cpp reads it
         log_size = native_log_size()
         if triggers:
             # const char ** trigger_patterns, size_t n, const llama_token * trigger_tokens, size_t n

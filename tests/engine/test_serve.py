@@ -156,3 +156,43 @@ def test_response_format_json_schema_gives_parseable_json(server: str) -> None:
     assert set(json.loads(reply.choices[0].message.content or "")) == {"colour"}
     with pytest.raises(openai.BadRequestError, match="does not parse"):
         ask(server, grammar='root ::= ( "x" ')
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": {"type": "string", "maxLength": 10**9}},
+                }
+            },
+            "at most 100000",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": {"type": "string", "pattern": "^((a{0,50}){0,50}){0,50}$"}},
+                }
+            },
+            "readings open at once",
+        ),
+        ({"grammar": 'root ::= "a"{0,1000000000}'}, "llama.cpp counts to at most 2000"),
+    ],
+    ids=["response_format", "pattern", "grammar"],
+)
+def test_schemas_and_grammars_past_the_bounds_are_a_400_in_one_line(
+    server: str, body: dict[str, object], words: str
+) -> None:
+    """Issue 42: the 40-byte schema that crashed the worker, and its kin, are refused as OpenAI's 400 (tool parameters
+    reach the same conversion: tests/engine/test_tools_cli.py; the starter's template takes no tools)."""
+    request = {"model": "starter", "messages": QUESTION, "max_tokens": 8, **body}
+    answer = httpx.post(
+        f"{server}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and words in error["message"] and "\n" not in error["message"]
+    assert ask(server).strip()  # and the server goes on

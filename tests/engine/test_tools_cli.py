@@ -84,3 +84,43 @@ def test_unknown_server_and_template_without_tools_are_one_line(
     assert len(result.stderr.strip().splitlines()) == 1
     plain = _run(tiny_models["llama"], tmp_path)
     assert plain.returncode != 0 and "has no tool support" in plain.stderr
+
+
+HUGE_STRING = {"type": "string", "maxLength": 10**9}  # issue 42: 23.5 GB before the converter's counts were bounded
+
+
+def _run_plain(model: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path / "data"), LLMTUI_CONFIG_DIR=str(tmp_path / "config"))
+    args = ["run", "-m", str(model), "-p", "Weather in Paris?", "--temp", "0", "-n", "8", "-t", "2", *extra]
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("source", ["--tools", "--json-schema"])
+def test_a_schema_past_the_bounds_is_refused_in_one_line(model: Path, tmp_path: Path, source: str) -> None:
+    """A tool's parameters (--tools) and --json-schema reach the same bounded conversion."""
+    if source == "--tools":
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"city": HUGE_STRING}, "required": ["city"]},
+                },
+            }
+        ]
+        path = tmp_path / "tools.json"
+        path.write_text(json.dumps(tools))
+        result = _run_plain(model, tmp_path, "--tools", str(path), "--tool-choice", "required")
+    else:
+        result = _run_plain(model, tmp_path, "--json-schema", json.dumps(HUGE_STRING))
+    assert result.returncode != 0
+    assert "1000000000 repetitions" in result.stderr and "at most 100000" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

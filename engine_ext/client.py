@@ -197,6 +197,12 @@ class EngineClient:
             except (OSError, ValueError):
                 pass
         if process is not None:
+            # A worker that has not read the Shutdown a moment later is stuck in a native call: it ends now (Ctrl+C
+            # on `serve` or `run`, quitting the app), not after `timeout_s`. One that is loading gets the time.
+            status, sent = self._status, self._sent + 1  # the Shutdown is the worker's last request
+            process.join(min(timeout_s, self._watchdog.grace_s))
+            if process.is_alive() and not (status is not None and (status.reads >= sent or status.phase == "load")):
+                process.kill()
             process.join(timeout_s)
             if process.is_alive():
                 process.kill()

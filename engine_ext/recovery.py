@@ -47,6 +47,9 @@ def blames_repacking(phase: str) -> bool:
     return not phase or phase in REPACKED_WEIGHTS_PHASES
 
 
+REQUEST_CRASH_ADVICE = "the request was refused; the speed settings are kept (the crash was not theirs)"
+
+
 def repack_retry(model: ModelParams, extra_bufts: tuple[str, ...]) -> ModelParams | None:
     """The model parameters to retry an early native crash with: repacking off, when it was on and this build on this
     CPU has extra buffer types to repack into; None when there is nothing to turn off. (What an engine without patch

@@ -48,6 +48,13 @@ def blames_repacking(phase: str) -> bool:
 
 
 REQUEST_CRASH_ADVICE = "the request was refused; the speed settings are kept (the crash was not theirs)"
+REQUEST_PHASES = frozenset({"grammar", "tokenize", "sample"})  # native work on what a request brings
+
+
+def request_crash(exit_code: int | None, phase: str) -> bool:
+    """Whether a worker's death was a native fault in the request's own native work (its grammar, its text's
+    tokens, its sampler): the request is refused, the engine restarted as it was, nothing remembered."""
+    return native_crash(exit_code) and phase in REQUEST_PHASES
 
 
 def repack_retry(model: ModelParams, extra_bufts: tuple[str, ...]) -> ModelParams | None:

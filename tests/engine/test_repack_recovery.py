@@ -437,3 +437,60 @@ async def test_no_repack_on_the_app_command_line_is_for_this_session(tiny_models
     import inspect
 
     assert "no_repack" in inspect.signature(run_tui).parameters
+
+
+# ----- what a crash is blamed on -----------------------------------------------------------------------------
+
+
+def test_a_crash_in_the_requests_grammar_is_not_blamed_on_repacking(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    schema = '{"type": "string"}'
+    common = ("run", "-m", str(tiny_models["llama"]), "-p", "hello", "-n", "8", "--json-schema", schema)
+    result = _run(*common, data_dir=tmp_path, fault="crash-grammar")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first == "llmtui: error: the engine process was killed by SIGSEGV while building the request's grammar"
+    assert "the request was refused; the speed settings are kept" in result.stderr
+    assert "crashed natively with CPU weights" not in result.stderr and "--no-repack" not in result.stderr
+    assert (tmp_path / "logs" / "engine.log").read_text().count("crashing natively at grammar") == 1  # no retry
+    assert not (tmp_path / "engine-recovery.json").exists()
+    assert "left out" not in _run("doctor", data_dir=tmp_path).stdout
+
+
+@needs_extra_bufts
+def test_a_crash_in_the_first_decode_after_a_load_is_still_blamed(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    # crash-decode: every decode crashes, whatever is repacked (the retries drop each type, then it persists)
+    result = _run(
+        "run", "-m", str(tiny_models["llama"]), "-p", "hi", "-n", "4", data_dir=tmp_path, fault="crash-decode"
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"crashed natively with CPU weights repacked for {_extra_bufts()[0]}" in result.stderr
+    assert "SIGSEGV while decoding" in result.stderr
+    assert RepackMemory(tmp_path / "engine-recovery.json").skipped() == _extra_bufts()
+
+
+@pytest.mark.anyio
+async def test_the_app_refuses_a_reply_whose_grammar_crashed_and_keeps_its_speed_settings(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.output_format import ANY_JSON
+
+    monkeypatch.setenv(FAULT_ENV, "crash-grammar")
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=replace(SHORT, output_format=ANY_JSON))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait(pilot, lambda: app.engine_state == "ready", "the model to load")
+        chat = app.chat
+        assert chat is not None
+        pid = app.bridge.pid
+        monkeypatch.delenv(FAULT_ENV)  # the restarted worker builds grammars
+        chat.prompt.focus()
+        chat.prompt.load_text("answer in JSON")
+        await pilot.press("enter")
+        await wait(pilot, lambda: chat.replies_started > 0 and chat.generation is None, "the reply to end")
+        await wait(pilot, lambda: app.engine_state == "ready" and app.bridge.pid != pid, "the restarted engine")
+        path = app.store.active_path(chat.conversation_id or 0)
+        assert [m.role for m in path] == ["user", "assistant"] and path[-1].state == "error"
+        assert not any("crashed natively" in n for n in _notices(app))
+        assert app.model is not None and app.model.repack is bool(_extra_bufts())  # repacking as it was
+        assert not (Path(os.environ["LLMTUI_DATA_DIR"]) / "engine-recovery.json").exists()

@@ -24,7 +24,7 @@ from app.tui import LlmtuiApp
 from engine_ext.client import EngineClient
 from engine_ext.engine_status import FAULT_ENV
 from engine_ext.params import GREEDY, ContextParams, ModelParams
-from engine_ext.protocol import Crashed, Event, Finished, Generate
+from engine_ext.protocol import Crashed, Event, Finished, Generate, TokenChunk
 from engine_ext.watchdog import CANCEL_GRACE_S
 from tests.serve_process import free_port
 from tests.waits import wait_for, wait_until
@@ -82,13 +82,14 @@ def test_a_cancel_the_worker_cannot_read_ends_it_within_a_second(
 def test_a_cancel_the_worker_reads_is_not_the_watchdogs(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     with EngineClient(tmp_path / "engine.log") as client:
         client.start()
-        client.load(tiny_models["llama"], ModelParams(), SMALL_CTX)
+        client.load(tiny_models["llama"], ModelParams(), ContextParams(n_ctx=4096, n_threads=2))
         request = Generate(request_id=1, prompt="go on", sampling=GREEDY, max_tokens=-1, ignore_eos=True)
-        client.send(request)
-        time.sleep(0.3)
-        client.cancel(1)
-        event, _ = _until_end(client, 30)
-        assert isinstance(event, Finished) and event.stop_reason == "cancelled"
+        events: list[Event] = []
+        for event in client.generate(request):
+            if isinstance(event, TokenChunk) and not any(isinstance(e, TokenChunk) for e in events):
+                client.cancel(1)  # at the first tokens: the worker reads it between two decode steps
+            events.append(event)
+        assert isinstance(events[-1], Finished) and events[-1].stop_reason == "cancelled"
         time.sleep(CANCEL_GRACE_S * 2)  # the watchdog had its chance
         assert client.alive and client.crashed is None
 

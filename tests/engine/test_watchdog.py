@@ -148,6 +148,32 @@ def test_ctrl_c_ends_run_while_the_engine_is_stuck(tiny_models: dict[str, Path])
             process.wait(10)
 
 
+def test_ctrl_c_in_chat_stops_a_stuck_reply_and_the_chat_goes_on(tiny_models: dict[str, Path]) -> None:
+    process = _command(
+        ["chat", "-m", str(tiny_models["llama"]), "-n", "4"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    log = Path(os.environ["LLMTUI_DATA_DIR"]) / "logs" / "engine.log"
+    try:
+        assert process.stdin is not None
+        process.stdin.write("hello\n")
+        process.stdin.flush()
+        wait_for(lambda: log.is_file() and "hanging at sample" in log.read_text(), "the worker to hang", timeout_s=90)
+        process.send_signal(signal.SIGINT)
+        wait_for(lambda: log.read_text().count("llmtui engine worker pid") == 2, "the restart", timeout_s=30)
+        process.stdin.close()  # Ctrl-D: the chat ends as usual
+        assert process.wait(60) == 0
+        err = process.stderr.read() if process.stderr else ""
+        assert "llmtui: the engine did not stop within 1 s (stuck in sampling); restarted" in err
+        assert "Traceback" not in err
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
 def test_serve_a_disconnect_and_ctrl_c_end_a_stuck_reply_and_a_step_limit_bounds_it(
     tiny_models: dict[str, Path],
 ) -> None:

@@ -19,6 +19,7 @@ from tomlkit.items import AoT
 from app import settings_schema as ui
 from app.paths import CONFIG_FILE_NAME, config_path
 from app.private_files import private_dir, write_private_text
+from app.server.access import host_refusal, origin_refusal, split_names
 from app.settings_schema import THEMES  # noqa: F401 - the screens' choices
 from engine_ext import settings_schema as s
 from engine_ext.params import (
@@ -32,6 +33,7 @@ from engine_ext.params import (
     ascii_digits,
 )
 from engine_ext.settings_schema import FLASH_ATTENTION_MODES, Setting, SettingError  # noqa: F401 - F3's choices
+from engine_ext.untrusted_text import one_line_message
 
 REMOTE_NAME_PATTERN: Final = re.compile(r"^[\w.-]{1,40}$")
 ENV_VAR_PATTERN: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -39,6 +41,80 @@ ENV_VAR_PATTERN: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class ConfigError(Exception):
     """A settings value or file a user has to fix; the message names the setting and what is allowed."""
+
+
+MAX_CONFIG_BYTES: Final = 1 << 20
+"""config.toml is read up to this size (a settings file is a few KB)."""
+MAX_TOML_NESTING: Final = 100
+"""How deep arrays and inline tables nest, and how many parts a dotted key has, at most in config.toml: tomlkit's own
+limit, so every file the readers take the writer keeps. Deeper nesting overflows tomllib's recursion (an array 500
+deep), and a dotted key of 20,000 parts takes tomllib 1.5 GB."""
+
+# What the nesting scan skips: strings (each kind, as TOML ends them) and comments; and what it counts.
+_TOML_SKIPPED = {
+    '"""': re.compile(r'(?:[^"\\]|\\[\s\S]|"{1,2}(?!"))*"{3,5}'),
+    "'''": re.compile(r"(?:[^']|'{1,2}(?!'))*'{3,5}"),
+    '"': re.compile(r'(?:[^"\\\n]|\\.)*"'),
+    "'": re.compile(r"[^'\n]*'"),
+    "#": re.compile(r"[^\n]*"),
+}
+_TOML_TOKEN = re.compile(r"'''|\"\"\"|[\"'#\[{\]}.=,\n]")
+
+
+def toml_nesting(text: str, stop_above: int = MAX_TOML_NESTING) -> int:
+    """The deepest nesting of arrays and inline tables in TOML `text`, or the most parts of a dotted key, whichever
+    is more; a linear scan, outside strings and comments, that ends once the nesting passes `stop_above`. At an
+    unterminated string it stops: a parser stops there too."""
+    deepest = depth = parts = 0
+    position = 0
+    while deepest <= stop_above and (match := _TOML_TOKEN.search(text, position)):
+        token, position = match.group(), match.end()
+        if token in _TOML_SKIPPED:
+            skipped = _TOML_SKIPPED[token].match(text, position)
+            if skipped is None:
+                break
+            position = skipped.end()
+        elif token == ".":
+            parts += 1
+            deepest = max(deepest, parts + 1)
+        else:
+            parts = 0
+            depth = depth + 1 if token in "[{" else max(depth - 1, 0) if token in "]}" else depth
+            deepest = max(deepest, depth)
+    return deepest
+
+
+def read_config_text(path: Path) -> str:
+    """config.toml's text ("" when there is none); ConfigError, one line naming the file, when it cannot be read,
+    is larger than MAX_CONFIG_BYTES or is not UTF-8."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        return ""
+    except OSError as error:
+        raise ConfigError(one_line_message(path, f"cannot read it: {error.strerror or error}")) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(one_line_message(path, f"larger than {MAX_CONFIG_BYTES} bytes", "is it a settings file?"))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(one_line_message(path, f"not UTF-8 text (byte {error.start})")) from None
+
+
+def toml_tables(text: str, source: str = CONFIG_FILE_NAME) -> dict[str, Any]:
+    """config.toml's text parsed (tomllib), nesting bounded first (MAX_TOML_NESTING): every reader of the file takes
+    it from here. ConfigError, one line naming `source`, when it is not TOML or nests too deep."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(one_line_message(source, f"larger than {MAX_CONFIG_BYTES} bytes"))
+    if toml_nesting(text) > MAX_TOML_NESTING:
+        raise ConfigError(
+            one_line_message(source, f"nested more than {MAX_TOML_NESTING} levels deep (arrays, tables or dotted keys)")
+        )
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as error:
+        raise ConfigError(one_line_message(source, f"not valid TOML: {error}")) from None
 
 
 def check_settings(values: object, settings: tuple[Setting[Any], ...]) -> None:
@@ -307,6 +383,8 @@ class ServerConfig:
     host: str = ui.SERVER_HOST.default
     port: int = ui.SERVER_PORT.default
     api_key_env: str = ui.SERVER_KEY_ENV.default
+    allowed_hosts: str = ui.SERVER_ALLOWED_HOSTS.default
+    cors_origins: str = ui.SERVER_CORS.default
 
     def validate(self) -> None:
         check_settings(self, ui.SERVER)
@@ -315,6 +393,11 @@ class ServerConfig:
         name = self.api_key_env
         if name and not (name.replace("_", "a").isalnum() and name.isascii() and not name[0].isdigit()):
             raise ConfigError(f"server.api_key_env must be an environment variable's name, not {name[:60]!r}")
+        for setting, refusal in ((ui.SERVER_ALLOWED_HOSTS, host_refusal), (ui.SERVER_CORS, origin_refusal)):
+            for item in split_names(getattr(self, setting.name)):
+                why = refusal(item)
+                if why is not None:
+                    raise ConfigError(f"server.{setting.name}: {why}")
 
 
 @dataclass(frozen=True)
@@ -363,10 +446,7 @@ def _typed(table: dict[str, Any], key: str, kind: type, default: Any, where: str
 
 def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
     """Parse and validate config.toml text (ConfigError says what to fix)."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{source} is not valid TOML: {error}") from error
+    data = toml_tables(text, source)
     defaults = Config()
     engine_table = data.get("engine", {})
     if not isinstance(engine_table, dict):
@@ -555,13 +635,8 @@ def config_to_toml(config: Config, previous: str = "") -> str:
 def load_config(path: Path | None = None) -> Config:
     """The saved settings (defaults when there is no file); ConfigError when the file is bad."""
     path = path or config_path()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return Config()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read {path}: {error}") from error
-    return config_from_toml(text, str(path))
+    text = read_config_text(path)
+    return config_from_toml(text, str(path)) if text else Config()
 
 
 def save_config(config: Config, path: Path | None = None) -> None:
@@ -569,10 +644,7 @@ def save_config(config: Config, path: Path | None = None) -> None:
     folder), keeping the file's comments, order and other keys (config_to_toml)."""
     config.validate()
     path = path or config_path()
-    try:
-        previous = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):  # none yet, or unreadable: written anew
-        previous = ""
+    previous = read_config_text(path)
     try:
         private_dir(path.parent)
         write_private_text(path, config_to_toml(config, previous))

@@ -54,6 +54,24 @@ SERVER_KEY_ENV = Setting(
     label="API key variable",
     saved_in="server",
 )
+SERVER_ALLOWED_HOSTS = Setting(
+    "allowed_hosts",
+    str,
+    "",
+    "more Host names the API server answers to, separated by spaces or commas (* for any); "
+    "localhost, loopback addresses and its own address always",
+    label="allowed host names",
+    saved_in="server",
+)
+SERVER_CORS = Setting(
+    "cors_origins",
+    str,
+    "",
+    "web pages (origins such as http://localhost:3000) allowed to call the API server from a browser, separated by "
+    "spaces or commas (* for any; '': none)",
+    label="CORS origins",
+    saved_in="server",
+)
 
 OUTPUT_FORMAT = Setting(
     "output_format",
@@ -72,7 +90,14 @@ OUTPUT_FILE = Setting(
 )
 UI: tuple[Setting[Any], ...] = (THEME, SHOW_SIDEBAR, DRAFT_COLOURING, SPEC_DETAILS)
 # config.toml's [server] table: the app's API server (`llmtui serve` takes the same defaults as flags).
-SERVER: tuple[Setting[Any], ...] = (SERVER_ENABLED, SERVER_HOST, SERVER_PORT, SERVER_KEY_ENV)
+SERVER: tuple[Setting[Any], ...] = (
+    SERVER_ENABLED,
+    SERVER_HOST,
+    SERVER_PORT,
+    SERVER_KEY_ENV,
+    SERVER_ALLOWED_HOSTS,
+    SERVER_CORS,
+)
 # config.toml's [speculative] table, in the order it is written.
 SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_ENABLED, s.SPEC_TYPE, s.DRAFT_MODEL, *s.DRAFT_NUMBERS)
 # A sampling preset (per conversation, named presets) as the conversation settings show it: the sampling values in

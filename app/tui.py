@@ -13,6 +13,7 @@ from typing import Any
 from textual import events, work
 from textual.app import SystemCommand
 from textual.binding import Binding
+from textual.content import Content
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.reactive import var
@@ -48,7 +49,9 @@ from app.private_files import secure_app_dirs, take_notice
 from app.remote import REMOTE_PREFIX, RemoteBridge, RemoteChoice
 from app.screens.chat import ChatScreen
 from app.store import Store, StoreError, open_default_store
+from app.textual_internals.terminal_text import drop_controls_from_terminal_output
 from app.widgets.image_preview import detect_terminal_graphics
+from engine_ext.untrusted_text import shown
 
 Notice = tuple[str, SeverityLevel, float]
 """A notification to show once the app has started: (message, severity, seconds)."""
@@ -112,6 +115,7 @@ class LlmtuiApp(EngineEvents):
         engine_overrides: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        drop_controls_from_terminal_output()  # the last check: no control character from any widget's text
         self.requested_model = model
         self.engine_overrides: dict[str, Any] = dict(engine_overrides or {})
         """Engine settings for this session over the saved ones (--no-repack, a crash fallback), by field name."""
@@ -299,6 +303,27 @@ class LlmtuiApp(EngineEvents):
     def engine_changed(self) -> None:
         """Publish a change of the engine's state, its model or the load's progress (the chat screen watches)."""
         self.engine_version += 1
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every notification (screens' and widgets' too) with its control characters made visible: a message often
+        quotes a name or an error from outside (engine_ext.untrusted_text.shown). A message whose markup does not
+        parse (a name holding "[/x]") is shown as plain text: Textual's toast would raise in its render and end the
+        app."""
+        text = shown(message, multiline=True)
+        if markup:
+            try:
+                Content.from_markup(text)
+            except Exception:  # MarkupError, and what a malformed tag's value raises
+                markup = False
+        super().notify(text, title=shown(title), severity=severity, timeout=timeout, markup=markup)
 
     def default_conversation_settings(self) -> dict[str, object]:
         return {"sampling": self.default_sampling.to_json()}

@@ -15,7 +15,7 @@ from engine_ext.chat import (
 )
 from engine_ext.grammar import reply_grammar
 from engine_ext.model import Checkpoint, Context, Model
-from engine_ext.params import EngineError
+from engine_ext.params import EngineError, PromptTooLong
 from engine_ext.protocol import (
     Event,
     Finished,
@@ -35,8 +35,7 @@ from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
 from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
-from engine_ext.tool_calls import tools_of
-from engine_ext.tool_turn import ToolTurn
+from engine_ext.tool_turn import ToolTurn, offered_tools
 from engine_ext.vision import (
     EncodedImage,
     NoProjector,
@@ -53,11 +52,8 @@ MAX_CHECKPOINTS = 8
 # (built with Python's caches cold after a decode) and a message the UI draws.
 SPEC_UPDATE_INTERVAL_S = 0.5
 MIN_REPLY_ROOM = 256  # tokens kept free for the reply when the conversation is trimmed to fit
+_COUNT_ALL = 1 << 40  # a "context" no prompt fills: count_prompt drops no turn
 PLAIN_PROBE_STEPS = 4  # plain steps a speculative reply takes under conditions plain decoding was not measured in
-
-
-class PromptTooLong(EngineError):
-    """The prompt does not fit the context even after dropping old turns."""
 
 
 class PromptCancelled(Exception):
@@ -148,7 +144,7 @@ class Session:
             if request.enable_thinking is None and request.reasoning_budget == 0
             else request.enable_thinking,
             reasoning_effort=request.reasoning_effort,
-            tools=tools_of(request.tools, request.tool_choice),
+            tools=offered_tools(request.tools, request.tool_choice)[0],
             bos_token=self.bos_text,
             eos_token=self.eos_text,
             cancelled=cancelled,
@@ -197,10 +193,7 @@ class Session:
                 continues_answer=continues,
             )
         if len(plan.tokens) >= n_ctx:
-            raise PromptTooLong(
-                f"the prompt is {len(plan.tokens)} tokens but the context holds {n_ctx}; "
-                "start a new conversation or raise the context size (-c)"
-            )
+            raise PromptTooLong(len(plan.tokens), n_ctx)
         if not plan.tokens:
             raise EngineError("the prompt is empty")
         return plan
@@ -310,6 +303,16 @@ class Session:
             stop.n_cached = n_cached
             raise
         return n_cached
+
+    def count_prompt(self, request: Generate) -> Finished:
+        """The tokens of `request`'s prompt as rendered (its template, tools and images), nothing evaluated and no
+        turn dropped to fit the context: what an API's count_tokens answers (Generate.count_only)."""
+        plan = self.plan(request, n_ctx=_COUNT_ALL)
+        images = image_token_count(plan.tokens, self.vision) if self.media else 0
+        self.media = {}
+        n_ctx = self.ctx.n_ctx
+        stats = GenerationStats(len(plan.tokens), 0, 0, 0.0, 0, 0.0, 0.0, n_ctx, len(self.cached), image_tokens=images)
+        return Finished(request.request_id, "max_tokens", stats)
 
     def reasoning_budget(self, request: Generate, plan: PromptPlan) -> ReasoningBudget | None:
         """The reasoning budget of a chat reply (None for a raw prompt or a reply continued in its answer): it counts

@@ -563,7 +563,7 @@ class ParallelScheduler:
     def _fail_job(self, job: _Job, exc: BaseException) -> None:
         if not isinstance(exc, EngineError):
             traceback.print_exception(exc)  # to the engine log: a bug, not a user's error
-        self.emit(Failed(job.request_id, type(exc).__name__, str(exc) or type(exc).__name__))
+        self.emit(Failed.of(job.request_id, exc))
         if job.sampler is not None:
             job.sampler.close()
 

@@ -40,6 +40,18 @@ class ContextError(EngineError):
     """llama.cpp could not create or use a context."""
 
 
+class PromptTooLong(EngineError):
+    """The prompt does not fit the context even after dropping old turns (its sizes go to the API server's 400)."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            f"the prompt is {n_prompt_tokens} tokens but the context holds {n_ctx}; "
+            "start a new conversation or raise the context size (-c)"
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
 def check_settings(values: object, settings: Iterable[Setting[Any]], error: type[EngineError] = EngineError) -> None:
     """The declarations' range/choices check (engine_ext.settings_schema) on `values`, raising `error`."""
     try:

@@ -5,9 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from engine_ext.params import ContextParams, ModelParams, SamplingParams, SpeculativeParams, SteeringEntry
+from engine_ext.params import (
+    ContextParams,
+    ModelParams,
+    PromptTooLong,
+    SamplingParams,
+    SpeculativeParams,
+    SteeringEntry,
+)
 
-PROTOCOL_VERSION = 3  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget
+PROTOCOL_VERSION = (
+    4  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only
+)
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 
@@ -76,6 +85,8 @@ class Generate:
     # Thinking tokens before the end of thinking is forced (engine_ext.reasoning): -1 unlimited, 0 no thinking at all
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""  # forced before the template's end of thinking when the budget is spent
+    # Only count the prompt's tokens as rendered (an API's count_tokens): Finished at once, nothing evaluated
+    count_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -448,6 +459,14 @@ class Failed:
     request_id: int | None
     error: str  # exception class name
     message: str
+    n_prompt_tokens: int = 0  # PromptTooLong: the prompt's tokens and the context's size (else 0)
+    n_ctx: int = 0
+
+    @classmethod
+    def of(cls, request_id: int | None, exc: BaseException) -> Failed:
+        """The event of a request that failed with `exc`."""
+        sizes = (exc.n_prompt_tokens, exc.n_ctx) if isinstance(exc, PromptTooLong) else (0, 0)
+        return cls(request_id, type(exc).__name__, str(exc) or type(exc).__name__, *sizes)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_ext.grammar import grammar_for
+from engine_ext.grammar import MAX_SCHEMA_CHARS, grammar_for
 from engine_ext.tool_calls import HERMES, HERMES_CLOSE, HERMES_OPEN, MISTRAL, MISTRAL_OPEN, PYTHON_TAG
 
 _CALL_RULE = "llmtui-call"
@@ -33,6 +33,22 @@ def _call_schema(tool: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
         "properties": {"name": {"const": function["name"]}, arguments_key: function["parameters"]},
         "required": ["name", arguments_key],
     }
+
+
+def fitting_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """The tools whose calls fit the grammar's budget (their call schemas together within MAX_SCHEMA_CHARS), in
+    order, and the names of those left out: a tool that does not fit is not offered, rather than every tool."""
+    used = len(json.dumps({"anyOf": []}))
+    kept: list[Mapping[str, Any]] = []
+    left_out: list[str] = []
+    for tool in tools:
+        size = len(json.dumps(_call_schema(tool, "parameters"))) + 2  # "parameters": the longer arguments key
+        if used + size > MAX_SCHEMA_CHARS:
+            left_out.append(str(tool["function"]["name"]))
+            continue
+        kept.append(tool)
+        used += size
+    return kept, left_out
 
 
 def _gbnf_literal(text: str) -> str:

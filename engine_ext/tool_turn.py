@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import Any
 
 from engine_ext.chat import ChatTemplateError, render_chat
+from engine_ext.grammar import MAX_SCHEMA_CHARS
 from engine_ext.protocol import Event, Finished, Generate, TokenChunk
 from engine_ext.tool_calls import (
     PROBE_MESSAGES,
@@ -20,7 +21,22 @@ from engine_ext.tool_calls import (
     tool_names,
     tools_of,
 )
-from engine_ext.tool_grammar import ToolGrammar, tool_grammar
+from engine_ext.tool_grammar import ToolGrammar, fitting_tools, tool_grammar
+from engine_ext.untrusted_text import one_line
+
+
+def offered_tools(text: str | None, tool_choice: str) -> tuple[list[dict[str, Any]], str]:
+    """The tools a request offers the model (in the template and the call grammar): those whose calls fit the
+    grammar's budget; and one line naming those left out ("" when none is)."""
+    tools = tools_of(text, tool_choice)
+    kept, left_out = fitting_tools(tools)
+    if not left_out:
+        return tools, ""
+    notice = one_line(
+        f"{len(left_out)} of {len(tools)} tools left out, their calls past the grammar's {MAX_SCHEMA_CHARS}-character"
+        f" budget: {', '.join(left_out)}"
+    )
+    return [dict(tool) for tool in kept], notice
 
 
 @lru_cache(maxsize=4)
@@ -39,7 +55,9 @@ class ToolTurn:
     """The tools of one request: what the template gets, the grammar, and the calls its reply made."""
 
     def __init__(self, request: Generate, template: str | None, model_name: str, user_grammar: bool) -> None:
-        self.tools: list[dict[str, Any]] = tools_of(request.tools, request.tool_choice)
+        self.tools, self.notice = offered_tools(request.tools, request.tool_choice)
+        if not self.tools:
+            raise ToolsError(self.notice)
         self.format = template_format(template)
         self.required = request.tool_choice == "required"
         if user_grammar:
@@ -76,5 +94,5 @@ class ToolTurn:
         """`finished` with the calls of the reply (and a notice when a call it started was refused)."""
         text = b"".join(map(piece, self.token_ids)).decode("utf-8", errors="replace")
         parsed = parse_reply(text, tool_names(self.tools), self.format, opens_reasoning=opens_reasoning)
-        notices = finished.notices + ((parsed.refusal,) if parsed.refusal else ())
+        notices = finished.notices + tuple(line for line in (self.notice, parsed.refusal) if line)
         return dataclasses.replace(finished, tool_calls=parsed.calls, notices=notices)

@@ -13,15 +13,26 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_MESSAGE", "json_text", "one_line", "one_line_message", "shown", "valid_text"]
+__all__ = [
+    "MAX_MESSAGE",
+    "json_text",
+    "one_line",
+    "one_line_message",
+    "shown",
+    "has_controls",
+    "valid_text",
+    "without_controls",
+]
 
 MAX_MESSAGE = 300  # every message about bad input is one line of at most this many characters
 _MAX_PATH_IN_MESSAGE = 100  # a longer path keeps its end
 
 # C0 controls, DEL, C1 controls; the bidirectional and invisible format controls that reorder or hide text
 # (U+061C, U+200B-U+200F, U+202A-U+202E, U+2060-U+2069, U+FEFF); the line and paragraph separators; lone
-# surrogates. Tab and newline are matched too and kept by shown(multiline=True).
+# surrogates. Tab and newline are matched too (shown(multiline=True) keeps them: _UNSAFE_IN_LINES).
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+_UNSAFE_IN_LINES = re.compile(_UNSAFE.pattern.replace("\x00-\x1f", "\x00-\x08\x0b-\x1f"))
+"""_UNSAFE but tab and newline: what shown(multiline=True) changes (a text of many lines costs no call per line)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -37,16 +48,23 @@ def _visible(match: re.Match[str]) -> str:
     return f"<U+{code:04X}>"
 
 
-def _visible_keeping_lines(match: re.Match[str]) -> str:
-    return match.group() if match.group() in "\n\t" else _visible(match)
-
-
 def shown(text: str, *, multiline: bool = False) -> str:
     """`text` with its control characters made visible; with `multiline`, newlines and tabs are kept (a carriage
     return is dropped before a newline, as a CRLF file's lines end)."""
     if multiline:
-        return _UNSAFE.sub(_visible_keeping_lines, text.replace("\r\n", "\n"))
+        return _UNSAFE_IN_LINES.sub(_visible, text.replace("\r\n", "\n"))
     return _UNSAFE.sub(_visible, text)
+
+
+def without_controls(text: str) -> str:
+    """`text` without the characters shown() makes visible (newlines and tabs too): for a last check of text about
+    to reach the terminal, where each of them is zero cells wide and removing one moves nothing on screen."""
+    return _UNSAFE.sub("", text)
+
+
+def has_controls(text: str) -> bool:
+    """Whether `text` holds a character shown() would make visible (a newline or tab too)."""
+    return _UNSAFE.search(text) is not None
 
 
 def one_line(text: str, limit: int = MAX_MESSAGE) -> str:

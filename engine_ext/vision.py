@@ -23,7 +23,7 @@ import numpy as np
 
 from engine_ext.bindings import C, mtmd
 from engine_ext.engine_status import phase
-from engine_ext.image_input import CheckedImage, ImageRefused, check_image, read_image_file
+from engine_ext.image_input import CheckedImage, ImageRefused, check_image, decode_rgb, load_decoder, read_image_file
 from engine_ext.params import EngineError, ModelLoadError
 from engine_ext.protocol import IMAGE_MARKER, ChatMessage, ImageRef
 from engine_ext.tool_calls import template_message
@@ -139,6 +139,7 @@ class Vision:
         self.cache_bytes = ENCODED_CACHE_BYTES
         self.encodes = 0  # images encoded since load (tests and stats read it)
         self.encode_ms = 0.0
+        load_decoder()
 
     # ----- images in ----------------------------------------------------------------------------------
 
@@ -159,11 +160,8 @@ class Vision:
     def _encode(self, image: CheckedImage) -> EncodedImage:
         m = self.m
         if image.format == "WebP":
-            raise ImageRefused("WebP images are not decoded by this engine's libmtmd (stb_image); convert it to PNG")
-        buf = (ctypes.c_uint8 * len(image.data)).from_buffer_copy(image.data)
-        bitmap = m.mtmd_helper_bitmap_init_from_buf(self.handle, buf, len(image.data), False, None)
-        if not bitmap:
-            raise ImageRefused(f"libmtmd could not decode this {image.format} image ({image.describe()})")
+            raise ImageRefused("WebP images are not read by this engine; convert it to PNG")
+        bitmap = self.bitmap_of(image)
         chunks = m.mtmd_input_chunks_init()
         try:
             marker = m.mtmd_default_marker()
@@ -176,6 +174,18 @@ class Vision:
         finally:
             m.mtmd_input_chunks_free(chunks)
             m.mtmd_bitmap_free(bitmap)
+
+    def bitmap_of(self, image: CheckedImage) -> Any:
+        """libmtmd's bitmap of the image: its 8-bit RGB pixels from decode_rgb (Pillow, within the image's
+        read_bytes), the decoded buffer freed before the projector's preprocessing copies the bitmap."""
+        rgb = decode_rgb(image)
+        pixels = (ctypes.c_uint8 * len(rgb)).from_buffer(rgb)
+        bitmap = self.m.mtmd_bitmap_init(image.width, image.height, pixels)
+        del pixels
+        if not bitmap:
+            raise ImageRefused(f"libmtmd could not take this {image.format} image ({image.describe()})")
+        self.m.mtmd_bitmap_set_id(bitmap, image.sha256.encode())  # as libmtmd's helper names it: its content hash
+        return bitmap
 
     def _encode_chunks(self, sha256: str, chunks: Any) -> EncodedImage:
         m = self.m

@@ -222,8 +222,7 @@ class Worker:
 
             if not isinstance(exc, EngineError):
                 traceback.print_exc()  # to the log file
-            message = str(exc) or type(exc).__name__
-            self.send(Failed(request_id, type(exc).__name__, message))
+            self.send(Failed.of(request_id, exc))
 
     # ----- requests ---------------------------------------------------------------------------------
 
@@ -232,6 +231,9 @@ class Worker:
 
         if self.session is None:
             raise EngineError("no model is loaded")
+        if request.request.count_only:  # nothing to decode: answered now, between the sequences' steps
+            self.send(self.session.count_prompt(request.request))
+            return
         if self.scheduler is None:
             self._new_scheduler()
         self.scheduler.submit(request)
@@ -504,6 +506,9 @@ class Worker:
             from engine_ext.params import EngineError
 
             raise EngineError("no model is loaded")
+        if request.count_only:
+            self.send(self.session.count_prompt(request))
+            return
         cancelled = [False]
         conn = self.conn
         governor = self.session.governor

@@ -510,3 +510,71 @@ def retry_after(value: str | None) -> float | None:
     if when is None:
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+# ----- an async client for SDKs that take one (MCP's streamable HTTP) --------------------------------------------
+
+
+class BodyTooLarge(httpx2.StreamError):
+    """A response body past its cap (a StreamError: the MCP SDK answers the request with a parse error)."""
+
+
+class _CappedBody(httpx2.AsyncByteStream):
+    """A response body that fails once it passes `max_bytes`, or, whole, holds more than `max_items` JSON values
+    (json_items); an event stream is left to its reader's own cap per event."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int, max_items: int) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._max_items = max_items
+
+    async def __aiter__(self) -> Any:
+        body = bytearray()
+        async for chunk in self._inner:
+            body += chunk
+            if len(body) > self._max_bytes:
+                raise BodyTooLarge(f"the response body passed {format_size(self._max_bytes)}")
+        if json_items(bytes(body)) > self._max_items:
+            raise BodyTooLarge(f"the response body holds more than {self._max_items} JSON values")
+        yield bytes(body)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CappedAsyncTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, max_bytes: int, max_items: int, proxy: str | None) -> None:
+        self._inner = httpx2.AsyncHTTPTransport(verify=_ssl_context(), proxy=proxy)
+        self._max_bytes = max_bytes
+        self._max_items = max_items
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return response
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        capped = _CappedBody(response.stream, self._max_bytes, self._max_items)
+        return httpx2.Response(
+            response.status_code, headers=response.headers, stream=capped, extensions=response.extensions
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def capped_async_client(
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    max_body_bytes: int,
+    max_items: int,
+    timeout_s: float,
+    read_timeout_s: float,
+) -> httpx2.AsyncClient:
+    """An httpx2 AsyncClient whose response bodies (but event streams) stop at `max_body_bytes` and `max_items`
+    JSON values (BodyTooLarge) before anyone parses them; for an SDK that takes a client (MCP's streamable HTTP)."""
+    return httpx2.AsyncClient(
+        headers=dict(headers),
+        timeout=httpx2.Timeout(timeout_s, read=read_timeout_s),
+        transport=_CappedAsyncTransport(max_body_bytes, max_items, environment_proxy(url)),
+    )

@@ -1,7 +1,10 @@
 """An MCP server for the tests, written with the official SDK; its first argument picks how it behaves: well (the
 default), weather (get_weather alone), slow_start (sleeps before serving), garbage (writes non-protocol lines to
 stdout first), http PORT TOKEN (streamable HTTP, only for that bearer token); and per tool: crash (the process exits
-mid-call), huge (a 2 MB result), hang (never answers), fail (an error result)."""
+mid-call), huge (a 2 MB result), hang (never answers), fail (an error result). Hostile servers speak JSON-RPC by
+hand (no SDK, to send what the SDK would not): raw_tools COUNT (COUNT tools and one named "bad name!"), raw_endless
+(an endless line), raw_stubborn PIDFILE (ignores TERM, as does its child; writes both pids, never answers),
+raw_stderr (floods stderr, then serves)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,61 @@ import sys
 import time
 from typing import Literal
 
-from mcp.server.mcpserver import MCPServer
-
 mode = sys.argv[1] if len(sys.argv) > 1 else "well"
+
+
+def _raw(mode: str) -> None:
+    """A JSON-RPC server by hand, for the hostile modes."""
+    import json
+    import signal
+    import subprocess
+
+    if mode == "raw_stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"]
+        )
+        with open(sys.argv[2], "w") as pids:
+            pids.write(f"{os.getpid()} {child.pid}\n")
+        time.sleep(600)
+    if mode == "raw_stderr":
+        chunk = "e" * 65536 + "\n"
+        for _ in range(200):  # 12.5 MiB
+            sys.stderr.write(chunk)
+        sys.stderr.flush()
+    if mode == "raw_endless":
+        sys.stdin.readline()
+        while True:
+            sys.stdout.write("x" * 65536)
+            sys.stdout.flush()
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "id" not in request:
+            continue
+        if request["method"] == "initialize":
+            result: dict[str, object] = {
+                "protocolVersion": request["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "raw", "version": "1"},
+            }
+        elif request["method"] == "tools/list":
+            schema = {"type": "object", "properties": {}}
+            tools = [{"name": "bad name!", "inputSchema": schema}]
+            tools += [{"name": f"tool_{i}", "inputSchema": schema} for i in range(count)]
+            result = {"tools": tools}
+        else:
+            result = {"content": [{"type": "text", "text": "done"}]}
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}) + "\n")
+        sys.stdout.flush()
+    sys.exit(0)
+
+
+if mode.startswith("raw_"):
+    _raw(mode)
+
+from mcp.server.mcpserver import MCPServer  # noqa: E402 (the hostile modes above speak without the SDK)
+
 if mode == "slow_start":
     time.sleep(30)
 if mode == "garbage":

@@ -5,8 +5,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import IO
 
 import httpx2 as httpx
 
@@ -17,21 +18,30 @@ __all__ = ["free_port", "running_serve"]
 
 
 @contextmanager
-def running_serve(args: list[str], env: Mapping[str, str], port: int) -> Iterator[str]:
-    """Start `llmtui serve ARGS` (which name `port`), wait until /health answers, yield its base URL; SIGINT after."""
+def running_serve(
+    args: list[str],
+    env: Mapping[str, str],
+    port: int,
+    *,
+    stderr: IO[str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> Iterator[str]:
+    """Start `llmtui serve ARGS` (which name `port`), wait until /health answers, yield its base URL; SIGINT after.
+    `stderr`: a file for its log (else a pipe, read when it exits early); `preexec_fn` runs in the child (limits)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", *args],
         cwd=ROOT,
         env=dict(env),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=stderr or subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
     base = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"llmtui serve exited: {process.stderr.read() if process.stderr else ''}")
+            raise AssertionError(f"llmtui serve exited: {process.stderr.read() if process.stderr else 'see its log'}")
         try:
             return httpx.get(f"{base}/health", timeout=1).status_code == 200
         except httpx.HTTPError:

@@ -103,10 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a GGUF error from `info`, a broken pipe…: one line, no traceback
+    except Exception as exc:  # a GGUF error from `info`, a broken config.toml, a broken pipe…: one line, no traceback
+        from app.config import ConfigError
         from engine_ext.gguf import GGUFError
 
-        if isinstance(exc, GGUFError | OSError):
+        if isinstance(exc, GGUFError | OSError | ConfigError):
             sys.stderr.write(error_line(str(exc)))
             return 1
         raise

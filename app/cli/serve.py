@@ -27,8 +27,8 @@ from app.cli.session import CliError, loaded, start_engine
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import int_range
 from app.models import resolve_model
+from app.server.access import Access, api_key_refusal, host_refusal, loopback, origin_refusal
 from app.server.requests import Limits
-from app.server.shared import loopback
 from app.settings_schema import SERVER_HOST, SERVER_PORT
 from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
 
@@ -40,9 +40,8 @@ DEFAULT_STEP_LIMIT_S = 60  # one step of a request's reply (a decode, a sampling
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app import paths
+    from app.server import listen
     from app.server.asgi import build_app
     from app.server.backend import EngineBackend, ServerSettings
     from app.server.metrics import Metrics
@@ -98,37 +97,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics = Metrics()
         backend_type = ParallelBackend if args.parallel > 1 else EngineBackend
         backend = backend_type(client, settings, metrics, restart)
-        app = build_app(backend, metrics, api_key=api_key, cors=tuple(args.cors))
+        access = Access(listen_host=args.host, allowed_hosts=tuple(args.allowed_host), cors=tuple(args.cors))
+        app = build_app(backend, metrics, api_key=api_key, access=access)
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"llmtui serve: http://{host}:{args.port}/v1 serving {settings.model_id}", file=sys.stderr, flush=True)
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            timeout_keep_alive=5,
-            h11_max_incomplete_event_size=64 * 1024,  # request line and headers
-            lifespan="off",
-        )
-        _stopping_server(config, backend.stop).run()
+        server = listen.server(app, args.host, args.port, log_level="warning")
+        _cancel_on_exit(server, backend.stop)
+        server.run()
         backend.close()
     finally:
         client.close()
     return 0
 
 
-def _stopping_server(config: uvicorn.Config, stop: Callable[[], None]) -> uvicorn.Server:
-    """uvicorn's server, whose Ctrl+C (or SIGTERM) first cancels every request (`stop`): a streaming response ends
-    (the engine client's watchdog ends a worker stuck in a native call within about a second) instead of holding the
-    shutdown."""
-    import uvicorn
+def _cancel_on_exit(server: uvicorn.Server, stop: Callable[[], None]) -> None:
+    """Ctrl+C (or SIGTERM) on `server` first cancels every request (`stop`): a streaming response ends (the engine
+    client's watchdog ends a worker stuck in a native call within about a second) instead of holding the shutdown."""
+    handle_exit = server.handle_exit
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            stop()
-            super().handle_exit(sig, frame)
+    def cancel_then_exit(sig: int, frame: FrameType | None) -> None:
+        stop()
+        handle_exit(sig, frame)
 
-    return Server(config)
+    server.handle_exit = cancel_then_exit  # type: ignore[method-assign]
 
 
 def _api_key(name: str | None) -> str | None:
@@ -137,7 +128,22 @@ def _api_key(name: str | None) -> str | None:
     value = os.environ.get(name, "")
     if not value:
         raise CliError(f"--api-key-env {name}: that environment variable is not set or empty")
+    why = api_key_refusal(value)
+    if why is not None:
+        raise CliError(f"--api-key-env {name}: {why}")
     return value
+
+
+def _checked(refusal: Callable[[str], str | None]) -> Callable[[str], str]:
+    """An argparse type: the text, or argparse's one line saying why it is refused."""
+
+    def parse(text: str) -> str:
+        why = refusal(text)
+        if why is not None:
+            raise argparse.ArgumentTypeError(why)
+        return text
+
+    return parse
 
 
 def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -159,7 +165,22 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     serve.add_argument("--alias", default=None, help="the model's name in /v1/models (default: the file name)")
     serve.add_argument(
-        "--cors", action="append", default=[], metavar="ORIGIN", help="allow browser requests from ORIGIN"
+        "--allowed-host",
+        action="append",
+        default=[],
+        type=_checked(host_refusal),
+        metavar="NAME",
+        help="answer requests that name this server NAME too (a DNS name behind a proxy; * for any); "
+        "localhost, loopback addresses and --host always",
+    )
+    serve.add_argument(
+        "--cors",
+        action="append",
+        default=[],
+        type=_checked(origin_refusal),
+        metavar="ORIGIN",
+        help="allow browser requests from ORIGIN (such as http://localhost:3000; * for any); without it, a request "
+        "a browser sends from a web page is refused",
     )
     serve.add_argument(
         "--queue", type=int_range(0, 4096), default=16, help="requests that may wait for the engine (default 16)"

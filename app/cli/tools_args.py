@@ -97,6 +97,7 @@ def tool_box(args: argparse.Namespace, stack: ExitStack) -> tuple[ToolBox, Allow
             for name in dict.fromkeys(args.mcp):
                 for entry in servers.tools(name):
                     box.add(entry)
+                box.notices.extend(servers.notices(name))
     except (ToolError, ToolsError, OSError, ValueError) as error:
         raise CliError(str(error)) from None
     for notice in box.notices:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from app import paths
 from app.controllers.host import WorkerHost
 from app.private_files import private_dir, write_private_bytes, write_private_text
-from app.store import StoreError
+from app.store import Imported, StoreError
 
 if TYPE_CHECKING:
     from app.store import Store
@@ -56,17 +56,18 @@ class ConversationsController:
         """In a thread: read the file and import it (its images are decoded, checked and written here too)."""
         try:
             text = path.read_text(encoding="utf-8")
-            conversation_id = self.host.store.import_json(text)
+            imported = self.host.store.import_json(text)
         except (OSError, UnicodeDecodeError, ValueError, StoreError) as error:  # ValueError: a name the OS refuses
             self.host.call_from_thread(
                 self.host.notify, f"Could not import {path}: {error}", severity="error", timeout=10
             )
             return
-        self.host.call_from_thread(self._imported, path, conversation_id)
+        self.host.call_from_thread(self._imported, path, imported)
 
-    def _imported(self, path: Path, conversation_id: int) -> None:
-        self.host.show_conversation(conversation_id)
-        self.host.notify(f"Imported {path.name}.")
+    def _imported(self, path: Path, imported: Imported) -> None:
+        self.host.show_conversation(imported.conversation_id)
+        note = imported.note()
+        self.host.notify(f"Imported {path.name}." + (f" {note}" if note else ""), timeout=10 if note else 3)
 
     # ----- export -----
 

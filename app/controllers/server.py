@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from app.controllers.host import WorkerHost
+from app.server.access import Access, api_key_refusal, loopback, split_names
 from app.server.backend import ServerSettings
 from app.server.errors import ApiError
-from app.server.shared import AppServer, ServerAddress, loopback
+from app.server.shared import AppServer, ServerAddress
 
 if TYPE_CHECKING:
     from app.config import SamplingSettings
@@ -70,11 +71,23 @@ class ServerController:
                 severity="error",
             )
             return
+        why = api_key_refusal(api_key) if api_key else None
+        if why is not None:
+            host.notify(f"The API key in {config.api_key_env} cannot be used: {why}.", severity="error")
+            return
+        access = Access(
+            listen_host=config.host,
+            allowed_hosts=split_names(config.allowed_hosts),
+            cors=split_names(config.cors_origins),
+            host_hint="add the name to F3 → API server → allowed host names",
+            origin_hint="add the page's origin to F3 → API server → CORS origins",
+        )
         server = AppServer(
             bridge,
             self.settings(),
             ServerAddress(config.host, config.port),
             api_key=api_key,
+            access=access,
             on_error=lambda message: host.call_from_thread(self._failed, message),
         )
         self.starting = True

@@ -1,5 +1,6 @@
-"""The HTTP surface: a Starlette app with llama-server's routes, OpenAI's shapes, the API key, body limits, CORS only
-when asked, SSE streaming, and a client's disconnect cancelling its generation.
+"""The HTTP surface: a Starlette app with llama-server's routes, OpenAI's shapes, the gate (Host, Origin, JSON bodies:
+`gate.py`), the API key, body limits, CORS only when asked, SSE streaming, and a client's disconnect cancelling its
+generation.
 
 Every error a request can cause is an OpenAI-shaped JSON answer with its status; the server goes on.
 """
@@ -16,14 +17,18 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.server import responses
+from app.server import anthropic, responses
+from app.server.access import Access
 from app.server.backend import ServerSettings, Ticket
+from app.server.blocks import BlockShaper
 from app.server.errors import ApiError
+from app.server.gate import RequestGate
 from app.server.metrics import Metrics
+from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request
 from app.server.requests import Job, parse_body, parse_chat, parse_completion
 from engine_ext.protocol import Finished, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
@@ -41,15 +46,16 @@ class Backend(Protocol):
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket: ...
 
 
-def json_error(error: ApiError) -> JSONResponse:
+def json_error(error: ApiError, shape: Callable[[ApiError], dict[str, object]] = ApiError.body) -> JSONResponse:
     headers = {"Retry-After": str(_RETRY_AFTER_S)} if error.status == 503 else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return JSONResponse(shape(error), status_code=error.status, headers=headers)
 
 
 def build_app(
-    backend: Backend, metrics: Metrics, *, api_key: str | None = None, cors: tuple[str, ...] = ()
+    backend: Backend, metrics: Metrics, *, api_key: str | None = None, access: Access | None = None
 ) -> Starlette:
     started = int(time.time())
+    access = access or Access()
     key = api_key.encode() if api_key else None
 
     def authorised(request: Request) -> bool:
@@ -61,16 +67,17 @@ def build_app(
 
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],
+        shape: Callable[[ApiError], dict[str, object]] = ApiError.body,
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             if not authorised(request):
                 metrics.refused()
-                return json_error(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)"))
+                return json_error(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)"), shape)
             try:
                 return await handler(request)
             except ApiError as e:
                 metrics.refused()
-                return json_error(e)
+                return json_error(e, shape)
 
         return endpoint
 
@@ -81,11 +88,14 @@ def build_app(
             raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ApiError(499, "the client went away before its request body ended") from None
         return b"".join(chunks)
 
     async def health(request: Request) -> Response:
@@ -217,6 +227,75 @@ def build_app(
         finally:
             ticket.cancel()
 
+    # ----- Anthropic's Messages and OpenAI's Responses: answers made of blocks (app/server/blocks.py) -----------
+
+    response_store = ResponseStore()
+
+    async def anthropic_messages(request: Request) -> Response:
+        body = parse_body(await read_body(request))
+        metrics.request()
+        s = backend.settings
+        job = anthropic.parse_messages(body, s.sampling, s.limits, s.model_id)
+        return await shaped(request, job, anthropic.MessageShaper(job, s.model_id))
+
+    async def anthropic_count(request: Request) -> Response:
+        body = parse_body(await read_body(request))
+        s = backend.settings
+        job = anthropic.parse_messages(body, s.sampling, s.limits, s.model_id, count_only=True)
+        return await shaped(request, job, anthropic.CountShaper(job, s.model_id))
+
+    async def openai_response(request: Request) -> Response:
+        body = parse_body(await read_body(request))
+        metrics.request()
+        s = backend.settings
+        job, conversation = parse_response_request(body, s.sampling, s.limits, s.model_id, response_store)
+        return await shaped(request, job, ResponseShaper(job, s.model_id, body, conversation, response_store))
+
+    async def shaped(request: Request, job: Job, shaper: BlockShaper) -> Response:
+        """Run `job` and answer with `shaper`'s object, or stream its events."""
+        ticket = backend.submit(job, asyncio.get_running_loop())
+        try:
+            first = await next_event(request, ticket)
+        except BaseException:
+            ticket.cancel()
+            raise
+        if isinstance(first, ApiError):
+            raise first
+        if job.stream:
+            return StreamingResponse(
+                shaped_stream(request, ticket, shaper, first),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        try:
+            event = first
+            while not isinstance(event, Finished):
+                if isinstance(event, ApiError):
+                    raise event
+                shaper.feed(event)
+                event = await next_event(request, ticket)
+            shaper.feed(event)
+        finally:
+            ticket.cancel()
+        return JSONResponse(shaper.answer())
+
+    async def shaped_stream(
+        request: Request, ticket: Ticket, shaper: BlockShaper, first: object
+    ) -> AsyncIterator[bytes]:
+        try:
+            event = first
+            while True:
+                if isinstance(event, ApiError):
+                    yield shaper.error(event)
+                    return
+                for chunk in shaper.feed(event):
+                    yield chunk
+                if isinstance(event, Finished):
+                    return
+                event = await next_event(request, ticket)
+        finally:
+            ticket.cancel()
+
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         message = {404: f"no route {request.url.path[:100]}", 405: "method not allowed"}.get(status, "server error")
@@ -232,10 +311,16 @@ def build_app(
         Route("/chat/completions", guarded(chat), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/completions", guarded(completions), methods=["POST"]),
+        Route("/v1/messages", guarded(anthropic_messages, anthropic.error_body), methods=["POST"]),
+        Route("/v1/messages/count_tokens", guarded(anthropic_count, anthropic.error_body), methods=["POST"]),
+        Route("/v1/responses", guarded(openai_response), methods=["POST"]),
+        Route("/responses", guarded(openai_response), methods=["POST"]),
     ]
-    middleware = (
-        [Middleware(CORSMiddleware, allow_origins=list(cors), allow_methods=["*"], allow_headers=["*"])] if cors else []
-    )
+    middleware = [Middleware(RequestGate, access=access, refused=metrics.refused)]
+    if access.cors:  # preflights and CORS headers for the origins the gate lets through
+        middleware.append(
+            Middleware(CORSMiddleware, allow_origins=list(access.origins), allow_methods=["*"], allow_headers=["*"])
+        )
     return Starlette(
         routes=routes,
         middleware=middleware,

@@ -14,12 +14,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from app.server.errors import ApiError
+from app.server.errors import ApiError, ContextExceeded
 from app.server.metrics import Metrics
 from app.server.requests import Job, Limits, SpecChoice
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, SamplingParams, SpeculativeParams, SteeringEntry
-from engine_ext.protocol import Crashed, Failed, Finished, Generate, TokenChunk
+from engine_ext.protocol import Crashed, Failed, Finished, Generate, PromptEvaluated, TokenChunk
 from engine_ext.spec_catalog import CATALOGUE, DRAFT_NUMBERS, SPEC_TYPE
 
 _POLL_S = 0.05  # how often the dispatcher looks at a cancel flag while it waits for the engine
@@ -200,20 +200,25 @@ class Dispatcher:
             reasoning_effort=job.reasoning_effort,
             reasoning_budget=job.reasoning_budget,
             reasoning_budget_message=job.reasoning_budget_message,
+            count_only=job.count_only,
         )
 
     def _event(self, ticket: Ticket, event: object) -> bool:
         """Tell the ticket an event of its request; True when the request ended."""
-        if isinstance(event, TokenChunk):
+        if isinstance(event, TokenChunk | PromptEvaluated):
             ticket.push(event)
             return False
         if isinstance(event, Finished):
-            self.metrics.finished(event)
+            if not ticket.job.count_only:  # a count decoded nothing
+                self.metrics.finished(event)
             ticket.push(event)
         elif isinstance(event, Failed):
             self.metrics.failed()
             if event.error == "Cancelled":
                 ticket.push(ApiError(499, event.message))
+            elif event.n_ctx:
+                message = event.message.split(";")[0][:300]
+                ticket.push(ContextExceeded(400, message, n_prompt_tokens=event.n_prompt_tokens, n_ctx=event.n_ctx))
             else:
                 status = 400 if event.error in _CLIENT_ERRORS else 500
                 ticket.push(ApiError(status, (event.message or event.error).splitlines()[0][:300]))
@@ -304,7 +309,7 @@ class EngineBackend(Dispatcher):
             event = self.client.next_event(_POLL_S)
             if event is None:
                 continue
-            if isinstance(event, TokenChunk | Finished) and event.request_id == request_id:
+            if isinstance(event, TokenChunk | PromptEvaluated | Finished) and event.request_id == request_id:
                 if self._event(ticket, event):
                     return
             elif isinstance(event, Failed) and event.request_id in (request_id, None):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -36,6 +37,26 @@ class ApiError(Exception):
                 "type": _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error"),
                 "param": self.param,
                 "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class ContextExceeded(ApiError):
+    """A prompt longer than the context, in llama-server's shape (`exceed_context_size_error` with the two sizes): a
+    400, which the OpenAI SDK does not retry."""
+
+    n_prompt_tokens: int = 0
+    n_ctx: int = 0
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "code": self.status,
+                "message": self.message,
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": self.n_prompt_tokens,
+                "n_ctx": self.n_ctx,
             }
         }
 

@@ -13,6 +13,7 @@ import binascii
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from engine_ext.params import SamplingParams
 from engine_ext.protocol import IMAGE_MARKER, ChatMessage, ImageRef
 from engine_ext.setting import Setting
 from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
+from engine_ext.untrusted_text import one_line
 
 # OpenAI's own fields we take (or accept at their default), llama-server's sampling extras, and llmtui's extras.
 _COMMON = frozenset(
@@ -105,25 +107,76 @@ class Job:
     reasoning_effort: str | None = None  # low | medium | high for templates that read it (None: the template's own)
     reasoning_budget: int = -1  # thinking tokens before the end of thinking is forced (-1: unlimited, 0: none)
     reasoning_budget_message: str = ""  # forced before the end of thinking when the budget is spent
+    count_only: bool = False  # only count the rendered prompt's tokens (Anthropic's count_tokens)
+
+
+class _OutOfRange(ValueError):
+    """A JSON number past the float range: no field takes one, and float() of it raises OverflowError."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 320 or abs(value := int(text)) > sys.float_info.max:  # float's range ends at 309 digits
+        raise _OutOfRange(f"{text[:12]}… ({len(text.lstrip('-'))} digits)")
+    return value
+
+
+def _bounded_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _OutOfRange(text[:24])
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \uD800-\uDFFF: what a lone surrogate is written as
 
 
 def parse_body(raw: bytes) -> dict[str, object]:
-    """The JSON object in `raw` (already bounded in size), or a 400."""
+    """The JSON object in `raw` (already bounded in size), or a 400: every field of every endpoint goes through
+    here, so numbers past the float range and text that is not Unicode (a lone surrogate) are refused here."""
 
     def no_constants(name: str) -> object:
         raise ValueError(f"{name} is not a JSON number")
 
     try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=no_constants)
+        value = json.loads(
+            raw.decode("utf-8"), parse_constant=no_constants, parse_int=_bounded_int, parse_float=_bounded_float
+        )
     except UnicodeDecodeError:
         raise bad_request("the request body is not UTF-8") from None
     except RecursionError:
         raise bad_request("the request body nests too deeply") from None
+    except _OutOfRange as e:
+        raise bad_request(f"the request body holds a number past the float range: {e}") from None
     except ValueError as e:
         raise bad_request(f"the request body is not valid JSON: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(value, dict):
         raise bad_request("the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate(value)
+        if where is not None:
+            field = one_line(where, 80)
+            message = f"{field} holds a lone surrogate (\\ud800-\\udfff): text must be valid Unicode"
+            raise bad_request(message, one_line(re.split(r"[.\[]", where, maxsplit=1)[0], 60))
     return value
+
+
+def _lone_surrogate(value: object) -> str | None:
+    """Where the first string (a key or a value) that UTF-8 cannot encode is, as a field path; None if nowhere."""
+    stack: list[tuple[object, str]] = [(value, "the request body")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, inner in reversed(item.items()):
+                path = f"{where}.{key}" if item is not value else key
+                stack += [(inner, path), (key, path)]  # the key is looked at first
+        elif isinstance(item, list):
+            stack += [(inner, f"{where}[{i}]") for i, inner in reversed(list(enumerate(item)))]
+    return None
 
 
 def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:

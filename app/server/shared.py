@@ -7,13 +7,13 @@ app's process and says what it serves (address, requests in flight) to the statu
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from app.engine_share import SharedJob
+from app.server.access import Access
 from app.server.backend import Dispatcher, ServerSettings, Ticket
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
@@ -89,6 +89,7 @@ class AppServer:
         address: ServerAddress,
         *,
         api_key: str | None = None,
+        access: Access | None = None,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.metrics = Metrics()
@@ -96,28 +97,24 @@ class AppServer:
         self.address = address
         self._engine = engine
         self._api_key = api_key
+        self._access = access or Access(listen_host=address.host)
         self._on_error = on_error
         self._server: uvicorn.Server | None = None  # it listens to no signal: not the main thread
         self._thread: threading.Thread | None = None
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Listen; ApiError(500, one line) when it cannot (the port is taken, the address is not this machine's)."""
-        import uvicorn
-
+        from app.server import listen
         from app.server.asgi import build_app
 
-        app = build_app(self.backend, self.metrics, api_key=self._api_key)
-        config = uvicorn.Config(
+        app = build_app(self.backend, self.metrics, api_key=self._api_key, access=self._access)
+        server = listen.server(
             app,
-            host=self.address.host,
-            port=self.address.port,
+            self.address.host,
+            self.address.port,
             log_level="critical",
-            timeout_keep_alive=5,
-            h11_max_incomplete_event_size=64 * 1024,
-            lifespan="off",
             timeout_graceful_shutdown=2,  # stop() waits on the app's thread: open connections get this long
         )
-        server = uvicorn.Server(config)
         failure: list[BaseException] = []
 
         def run() -> None:
@@ -166,13 +163,3 @@ def _bind_message(address: ServerAddress, error: BaseException | None, timeout_s
     if isinstance(error, SystemExit):  # uvicorn logs the OSError and exits: the usual cause
         return f"cannot listen on {where}: the port is in use or the address is not this machine's"
     return f"cannot listen on {where}: {type(error).__name__}: {str(error)[:200]}"
-
-
-def loopback(host: str) -> bool:
-    """Whether `host` is this machine only (no key needed to keep others out)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -17,7 +17,7 @@ from typing import cast
 from app.paths import data_dir
 from app.private_files import private_dir, private_file
 from app.store.base import StoreBase
-from app.store.export import EXPORT_FORMAT, EXPORT_VERSION, STATE_NOTES, ExportMixin
+from app.store.export import EXPORT_FORMAT, EXPORT_VERSION, STATE_NOTES, ExportMixin, Imported
 from app.store.presets import PresetsMixin
 from app.store.records import (
     FINISHED_STATES,
@@ -79,6 +79,7 @@ __all__ = [
     "ConversationNotFound",
     "HistoryFromNewerVersion",
     "ImportFormatError",
+    "Imported",
     "JSONObject",
     "Message",
     "MessageNotFound",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, cast
 
@@ -24,11 +26,18 @@ from app.store.records import (
 )
 from app.store.tree import TreeMixin, parents_first
 from app.tools.loop import CallRecord, stored_calls
-from engine_ext.image_input import MAX_IMAGE_BYTES, ImageRefused, check_image
+from engine_ext.image_input import MAX_IMAGE_BYTES, CheckedImage, ImageRefused, check_image
 from engine_ext.untrusted_text import one_line
 
 EXPORT_FORMAT: Final = "llmtui.conversation"
 EXPORT_VERSION: Final = 1
+MAX_IMPORTED_INTEGER: Final = (1 << 63) - 1
+"""The largest whole number an import may hold anywhere (SQLite's, whose integers are signed 64-bit)."""
+IMPORTED_SETTINGS: Final = ("sampling", "preset")
+"""What an import keeps of a conversation's settings, with "tools" when it is "none"; the rest (tools turned on, keys
+of other versions) is left out."""
+IMPORTED_FILE_SETTINGS: Final = ("output_file",)
+"""Sampling settings that name a local file: never imported (the output format falls back to free text)."""
 
 # What Markdown exports say under a reply that did not complete.
 STATE_NOTES: Final[dict[str, str]] = {
@@ -58,6 +67,23 @@ def image_markdown(image: StoredImage, folder: str) -> str:
     """A message's image in the Markdown export: a link to its file in `folder`, with its name and size."""
     alt = one_line(image.name, 80).replace("[", "(").replace("]", ")")
     return f"![{alt}]({folder}/{image_file_name(image)}) *{alt}: {image.describe()}*"
+
+
+@dataclass(frozen=True)
+class Imported:
+    """An imported conversation, and the settings left out of it (each "sampling.output_file", "tools"…)."""
+
+    conversation_id: int
+    left_out: tuple[str, ...] = ()
+
+    def note(self) -> str:
+        """One line on what was left out ("" when nothing was)."""
+        if not self.left_out:
+            return ""
+        return one_line(
+            f"Its settings {', '.join(self.left_out)} were left out: an imported conversation never names this "
+            "computer's files or turns on its tools."
+        )
 
 
 class ExportMixin(TreeMixin):
@@ -144,13 +170,15 @@ class ExportMixin(TreeMixin):
             document["images"] = images
         return json.dumps(document, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
 
-    def import_json(self, text: str) -> int:
-        """Create a new conversation from `export_json` output, keeping its timestamps; its id.
+    def import_json(self, text: str) -> Imported:
+        """Create a new conversation from `export_json` output, keeping its timestamps; its id, and the settings left
+        out (IMPORTED_SETTINGS: never a local file's name, never tools).
 
         A reply exported mid-stream is imported as 'interrupted' (nothing will finish it).
         """
         document = _parse_export(text)
         header = document["conversation"]
+        header["settings"], left_out = imported_settings(header["settings"])
         for image in document["images"].values():  # kept first: a message refers to them once it is in
             self.keep_image(image, "")
         with self._write() as connection:
@@ -195,7 +223,25 @@ class ExportMixin(TreeMixin):
                 "UPDATE conversations SET active_leaf_id = ? WHERE id = ?",
                 (None if leaf is None else db_ids[leaf], conversation_id),
             )
-        return conversation_id
+        return Imported(conversation_id, left_out)
+
+
+def imported_settings(settings: JSONObject) -> tuple[JSONObject, tuple[str, ...]]:
+    """An import's conversation settings as kept (IMPORTED_SETTINGS; no sampling setting that names a file), and the
+    names of those left out."""
+    kept: JSONObject = {
+        key: value for key, value in settings.items() if key in IMPORTED_SETTINGS or (key, value) == ("tools", "none")
+    }
+    left_out = [one_line(key, 40) for key in settings if key not in kept]
+    sampling = kept.get("sampling")
+    if isinstance(sampling, dict):
+        named = [key for key in IMPORTED_FILE_SETTINGS if sampling.get(key)]
+        if named:
+            kept["sampling"] = {key: value for key, value in sampling.items() if key not in IMPORTED_FILE_SETTINGS}
+            if sampling.get("output_format") in ("json_schema", "grammar"):  # neither works without its file
+                kept["sampling"]["output_format"] = "text"
+            left_out += [f"sampling.{key}" for key in named]
+    return kept, tuple(left_out[:8])
 
 
 def _images_field(message: Message) -> JSONObject:
@@ -248,7 +294,30 @@ def _number(value: object) -> bool:
 
 def _require(condition: bool, problem: str) -> None:
     if not condition:
-        raise ImportFormatError(f"this is not a conversation exported by llmtui: {problem}")
+        raise ImportFormatError(one_line(f"this is not a conversation exported by llmtui: {problem}"))
+
+
+def _not_a_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _require_bounded_numbers(document: object) -> None:
+    """Every number in an import a whole number within SQLite's (±MAX_IMPORTED_INTEGER) or a finite one, named by
+    where it is when it is not (JSON has no NaN or infinity; Python's reader reads "1e400" as infinity)."""
+    pending: list[tuple[object, str]] = [(document, "")]
+    while pending:
+        value, where = pending.pop()
+        if isinstance(value, dict):
+            pending += [(item, f"{where}.{key}" if where else str(key)) for key, item in value.items()]
+        elif isinstance(value, list):
+            pending += [(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        elif isinstance(value, int) and not isinstance(value, bool):
+            _require(
+                -MAX_IMPORTED_INTEGER - 1 <= value <= MAX_IMPORTED_INTEGER,
+                f"{where} is out of range (a whole number from -2^63 to 2^63-1)",
+            )
+        elif isinstance(value, float):
+            _require(math.isfinite(value), f"{where} is not a finite number")
 
 
 def _require_fields(item: Any, fields: dict[str, type | tuple[type, ...]], where: str) -> None:
@@ -269,10 +338,13 @@ def _require_timestamp(value: str, where: str) -> None:
 def _parse_export(text: str) -> JSONObject:
     """An export document, checked field by field (ImportFormatError says what is wrong)."""
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_constant=_not_a_constant)
     except (ValueError, RecursionError) as error:
-        raise ImportFormatError(f"this is not a conversation exported by llmtui: not JSON ({error})") from error
+        raise ImportFormatError(
+            one_line(f"this is not a conversation exported by llmtui: not JSON ({error})")
+        ) from None
     _require(isinstance(document, dict), "the top level should be an object")
+    _require_bounded_numbers(document)
     _require(document.get("format") == EXPORT_FORMAT, f"'format' should be {EXPORT_FORMAT!r}")
     version = document.get("version")
     _require(isinstance(version, int), "'version' is missing")
@@ -326,6 +398,7 @@ def _parse_export(text: str) -> JSONObject:
             token_count is None or (isinstance(token_count, int) and not isinstance(token_count, bool)),
             f"{where}.token_count should be null or a whole number",
         )
+        _require(token_count is None or token_count >= 0, f"{where}.token_count should not be negative")
         _require_timestamp(item["created_at"], f"{where}.created_at")
         _require_timestamp(item["updated_at"], f"{where}.updated_at")
         item.setdefault("parent", None)
@@ -335,7 +408,14 @@ def _parse_export(text: str) -> JSONObject:
     leaf = header.get("active_leaf")
     _require(leaf is None or (isinstance(leaf, int) and leaf in seen), "conversation.active_leaf is unknown")
     header.setdefault("active_leaf", None)
-    document["images"] = _parse_images(document.get("images", {}))
+    document["images"] = images = _parse_images(document.get("images", {}))
+    for item in messages:  # what an image is, as its checked bytes say (not as the export says)
+        item["images"] = tuple(
+            replace(image, format=checked.format, width=checked.width, height=checked.height, size=len(checked.data))
+            if (checked := images.get(image.sha256)) is not None
+            else image
+            for image in item["images"]
+        )
     return cast(JSONObject, document)
 
 
@@ -347,12 +427,12 @@ def _parse_message_images(value: object, where: str) -> tuple[StoredImage, ...]:
     return cast(tuple[StoredImage, ...], images)
 
 
-def _parse_images(value: object) -> dict[str, Any]:
+def _parse_images(value: object) -> dict[str, CheckedImage]:
     """The export's image files (base64 by content hash), each checked as an attached image is (size, format,
     pixels) and against its hash."""
     _require(isinstance(value, dict), "'images' should be an object")
     assert isinstance(value, dict)
-    checked: dict[str, Any] = {}
+    checked: dict[str, CheckedImage] = {}
     for sha256, encoded in value.items():
         where = f"images[{str(sha256)[:16]!r}]"
         _require(isinstance(encoded, str) and len(encoded) <= (MAX_IMAGE_BYTES + 2) // 3 * 4, f"{where} is too long")

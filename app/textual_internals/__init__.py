@@ -11,6 +11,8 @@ new sources, then update the constants.
 - `scrollbar`: `LinesOncePerPositionScrollBar` and `use_vertical_scrollbar` (`Widget._vertical_scrollbar`,
   `App._start_widget`, what `ScrollBar.render` draws).
 - `text_area`: `KeysBeforeTextArea`, taking keys before `TextArea._on_key` inserts them.
+- `terminal_text`: `drop_controls_from_terminal_output`, the last check that no control character of a widget's text
+  reaches the terminal (`Strip.render`, `Strip._render_cache`).
 - `rich_render`: `SyntaxLineByLine` (`Syntax._get_syntax` and its helpers) and `console_with_own_lock`
   (`Console._lock`).
 """

@@ -1,34 +1,43 @@
 """MCP servers' tools, on the official SDK (`mcp`): each configured server is started on demand (a child process over
 stdio, or streamable HTTP through httpx2), its tools listed with their descriptions, and each call made within its
-time limit. A server that fails to start, hangs, crashes or answers garbage is one line (ToolError) and stopped;
-the reply goes on. The SDK is asynchronous: one event loop in a daemon thread serves every server, and callers from
-any thread (the CLI, a TUI worker, the API server) wait on it with a bound."""
+time limit. A server that fails to start, hangs, crashes or answers garbage is one line (ToolError) and stopped
+(a stdio server with its whole process group, even one that ignores TERM); the reply goes on. What a server sends is
+bounded before it is parsed (mcp_transport: bytes per message, JSON values, tools), and a tool the model cannot be
+offered (a bad name or schema, past MAX_TOOLS) is left out with one line (`notices`). The SDK is asynchronous: one
+event loop in a daemon thread serves every server, and callers from any thread (the CLI, a TUI worker, the API
+server) wait on it with a bound."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 from app.tools.box import ToolEntry, ToolError, bounded_result
+from app.tools.mcp_transport import MAX_MESSAGE_BYTES, MAX_MESSAGE_ITEMS, end_group, stdio_streams
 from app.tools.settings import McpServerConfig
-from engine_ext.tool_calls import MAX_TOOLS
-from engine_ext.untrusted_text import one_line
+from engine_ext.private_files import private_dir
+from engine_ext.tool_calls import MAX_TOOLS, ToolsError, read_tools
+from engine_ext.untrusted_text import one_line, shown
+from models_catalog.http_client import capped_async_client
 
 T = TypeVar("T")
 _CLOSE_TIMEOUT_S = 5.0
+_HTTP_TIMEOUT_S, _HTTP_READ_TIMEOUT_S = 30.0, 300.0  # the SDK's own client's (a server may hold an event stream)
 
 
 @dataclass
 class _Running:
     session: Any  # mcp.ClientSession, used only on the loop's thread
     tools: list[ToolEntry]
+    notices: list[str]  # tools left out, and why
     stop: asyncio.Event
     task: asyncio.Task[None]
 
@@ -51,7 +60,7 @@ class McpServers:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._running: dict[str, _Running] = {}
-        self._logs: list[IO[str]] = []
+        self._groups: dict[str, int] = {}  # a stdio server's process group, from its start until it is ended
         self._lock = threading.Lock()
 
     # ----- the loop thread --------------------------------------------------------------------------------------
@@ -92,6 +101,11 @@ class McpServers:
             raise ToolError(f"MCP server {name!r} did not start: {_describe(error)}") from None
         return self._running[name].tools
 
+    def notices(self, name: str) -> list[str]:
+        """The tools server `name` listed that are left out, and why (one line each; empty when it is not running)."""
+        running = self._running.get(name)
+        return list(running.notices) if running is not None else []
+
     async def _start(self, config: McpServerConfig) -> None:
         ready: asyncio.Future[_Running] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
@@ -115,10 +129,10 @@ class McpServers:
                 )
                 await session.initialize()
                 listed = await session.list_tools()
-                entries = [self._entry(config, tool) for tool in listed.tools[:MAX_TOOLS]]
+                entries, notices = self._entries(config, listed.tools)
                 current = asyncio.current_task()
                 assert current is not None
-                ready.set_result(_Running(session, entries, stop, current))
+                ready.set_result(_Running(session, entries, notices, stop, current))
                 await stop.wait()
         except BaseException as error:
             if not ready.done():
@@ -128,23 +142,59 @@ class McpServers:
 
     def _transport(self, config: McpServerConfig) -> Any:
         if config.url:
-            from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+            return self._http_transport(config)
+        from mcp.client.stdio import get_default_environment
 
-            client = create_mcp_http_client(headers=config.headers)
-            return streamable_http_client(config.url, http_client=client)
-        from mcp import StdioServerParameters
-        from mcp.client.stdio import get_default_environment, stdio_client
-
-        # The server's stderr goes to its log file, never to the terminal the TUI draws on.
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"mcp-{config.name}.log", "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
-        self._logs.append(log)
+        # The server's stderr goes to its log file (capped), never to the terminal the TUI draws on.
+        log = private_dir(self.log_dir) / f"mcp-{config.name}.log"
         env = {**get_default_environment(), **config.env}
-        return stdio_client(StdioServerParameters(command=config.command, args=list(config.args), env=env), errlog=log)
+
+        def spawned(pid: int) -> None:
+            self._groups[config.name] = pid
+
+        return stdio_streams(config.command, list(config.args), env, log, spawned)
+
+    @asynccontextmanager
+    async def _http_transport(self, config: McpServerConfig) -> AsyncIterator[Any]:
+        from mcp.client.streamable_http import streamable_http_client
+
+        client = capped_async_client(
+            config.url,
+            config.headers,
+            max_body_bytes=MAX_MESSAGE_BYTES,
+            max_items=MAX_MESSAGE_ITEMS,
+            timeout_s=_HTTP_TIMEOUT_S,
+            read_timeout_s=_HTTP_READ_TIMEOUT_S,
+        )
+        async with (
+            client,
+            streamable_http_client(config.url, http_client=client, max_sse_event_size=MAX_MESSAGE_BYTES) as streams,
+        ):
+            yield streams
+
+    def _entries(self, config: McpServerConfig, tools: list[Any]) -> tuple[list[ToolEntry], list[str]]:
+        """The tools the model can be offered, and one line for each group left out."""
+        entries: list[ToolEntry] = []
+        notices: list[str] = []
+        if len(tools) > MAX_TOOLS:
+            notices.append(
+                f"MCP server {config.name!r} lists more than {MAX_TOOLS} tools: the first {MAX_TOOLS} are offered"
+            )
+        for tool in tools[:MAX_TOOLS]:
+            try:
+                entries.append(self._entry(config, tool))
+            except ToolsError as error:
+                notices.append(f"MCP server {config.name!r}: a tool is left out: {error}")
+        return entries, notices
 
     def _entry(self, config: McpServerConfig, tool: Any) -> ToolEntry:
+        """A listed tool as an entry; ToolsError (one line) when the model could not be offered it."""
         schema = tool.input_schema if isinstance(tool.input_schema, dict) else {"type": "object", "properties": {}}
-        definition = {"name": str(tool.name), "description": str(tool.description or ""), "parameters": schema}
+        listed = {"name": str(tool.name), "description": str(tool.description or ""), "parameters": schema}
+        try:
+            definition = read_tools(json.dumps([listed]))[0]["function"]
+        except ToolsError as error:
+            raise ToolsError(f"{shown(one_line(str(tool.name), 80))}: {error}") from None
         server, tool_name = config.name, str(tool.name)
 
         def run(arguments: dict[str, Any], timeout_s: float) -> str:
@@ -182,6 +232,14 @@ class McpServers:
         return text
 
     def _stop(self, name: str) -> None:
+        try:
+            self._stop_session(name)
+        finally:
+            pgid = self._groups.pop(name, None)
+            if pgid is not None:  # whatever of the server's group outlived its session (or a loop that stopped)
+                end_group(pgid)
+
+    def _stop_session(self, name: str) -> None:
         running = self._running.pop(name, None)
         if running is None or self._loop is None:
             return
@@ -201,13 +259,10 @@ class McpServers:
 
     def close(self) -> None:
         """Stop every server and the loop (idempotent)."""
-        for name in list(self._running):
+        for name in list(self._running) + list(self._groups):
             self._stop(name)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout=_CLOSE_TIMEOUT_S)
             self._loop = None
-        for log in self._logs:
-            log.close()
-        self._logs.clear()

@@ -1,5 +1,6 @@
-"""The tool settings in config.toml, read by a small reader of our own (tomllib; the settings model will take them
-over): ``[mcp.servers.NAME]`` with ``command``/``args``/``env`` (stdio) or ``url``/``headers`` (streamable HTTP),
+"""The tool settings in config.toml, read by a small reader of our own (on app.config's bounded TOML reading; the
+settings model will take them over): ``[mcp.servers.NAME]`` with ``command``/``args``/``env`` (stdio) or
+``url``/``headers`` (streamable HTTP),
 ``${VAR}`` in env and header values taken from the environment; ``[tools]`` with ``builtin``, ``read_folder`` and
 ``always_allow``. Every problem is one line naming the file and the key."""
 
@@ -7,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +15,11 @@ from typing import Any
 import tomlkit
 
 from app import paths
+from app.config import ConfigError, read_config_text, toml_tables
 from app.tools.box import ToolError
 from engine_ext.private_files import private_dir, write_private_text
 from engine_ext.untrusted_text import one_line_message
 
-MAX_CONFIG_BYTES = 1 << 20
 MAX_SERVERS = 64
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -100,18 +100,9 @@ def read_tool_settings(config: Path | None = None) -> ToolSettings:
     """The [mcp] and [tools] tables of config.toml (none there: no servers, no built-in tools)."""
     config = paths.config_path() if config is None else config
     try:
-        with open(config, "rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        return ToolSettings()
-    except OSError as error:
-        raise ToolError(one_line_message(config, error.strerror or str(error))) from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ToolError(one_line_message(config, f"larger than {MAX_CONFIG_BYTES} bytes"))
-    try:
-        document = tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise ToolError(one_line_message(config, f"not valid TOML: {error}")) from None
+        document = toml_tables(read_config_text(config), str(config))
+    except ConfigError as error:
+        raise ToolError(str(error)) from None
     mcp, tools = document.get("mcp", {}), document.get("tools", {})
     servers_table = mcp.get("servers", {}) if isinstance(mcp, dict) else None
     if not isinstance(servers_table, dict) or not isinstance(tools, dict):
@@ -141,9 +132,10 @@ def remember_always_allow(tool: str, config: Path | None = None) -> None:
     comments, order and other keys (tomlkit); written as the settings are (0600, in a 0700 folder)."""
     config = paths.config_path() if config is None else config
     try:
-        previous = config.read_text(encoding="utf-8") if config.exists() else ""
-        document = tomlkit.parse(previous)
-    except (OSError, UnicodeDecodeError, tomlkit.exceptions.ParseError) as error:
+        document = tomlkit.parse(read_config_text(config))
+    except ConfigError as error:
+        raise ToolError(str(error)) from None
+    except tomlkit.exceptions.ParseError as error:
         raise ToolError(one_line_message(config, f"cannot remember the tool: {error}")) from None
     tools = document.get("tools")
     if not isinstance(tools, dict):

@@ -17,7 +17,7 @@ from textual.worker import get_current_worker
 from app.store import StoredImage
 from app.widgets.image_preview import decode_preview, make_preview
 from app.widgets.message_view import FollowsTheEnd
-from engine_ext.untrusted_text import one_line
+from engine_ext.untrusted_text import one_line, shown
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
@@ -30,7 +30,7 @@ def image_label(image: StoredImage, problem: str = "") -> Text:
     """ "🖼 cat.png  PNG 640×480, 81 KB", or what is wrong with its file."""
     label = Text("🖼 ", style="dim")
     label.append(one_line(image.name or "image", 60), style="bold")
-    label.append(f"  {image.describe()}", style="dim")
+    label.append(f"  {shown(image.describe())}", style="dim")
     if problem:
         label.append(f"  {problem}", style="italic")
     return label

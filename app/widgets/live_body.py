@@ -29,6 +29,7 @@ from app.widgets.draft_provenance import DraftSpans, draft_styles, mark_provenan
 from app.widgets.markdown_render import Lines, has_long_live_code, markdown_renderable
 from app.widgets.message_view import message_header
 from app.widgets.rendered_once import RenderedOnce, to_strips
+from engine_ext.untrusted_text import shown
 
 _LIST_ITEM: Final = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)", re.MULTILINE)
 LIST_MARKER_CHARS: Final = 12  # enough of a line to tell whether it starts a list item (up to 9 digits, ". ")
@@ -481,7 +482,7 @@ class LiveMessage(LaidOutOnce, Vertical):
         if not reasoning:
             return
         if self.show_reasoning:
-            widget.update(Text("▾ Reasoning (click to hide)\n" + reasoning, style="dim italic"))
+            widget.update(Text("▾ Reasoning (click to hide)\n" + shown(reasoning, multiline=True), style="dim italic"))
         else:
             words = len(reasoning.split())
             widget.update(Text(f"▸ Thinking… ({words} words; click to show)", style="dim italic"))

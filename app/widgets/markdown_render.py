@@ -21,6 +21,7 @@ from rich.syntax import Syntax, SyntaxTheme
 from rich.text import Text
 
 from app.textual_internals.rich_render import SyntaxLineByLine
+from engine_ext.untrusted_text import shown
 
 _CODE_BLOCK: Final = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
@@ -167,8 +168,11 @@ def markdown_renderable(text: str, *, dark: bool, live: bool = False, line_break
     """Rich's Markdown for `text`, parsed by one shared parser: RichMarkdown() builds a new markdown-it parser
     (compiling linkify's expressions) per instance, about 1 ms that the live reply would pay at every frame.
     `live`: the text still being written (long code blocks unhighlighted, see LIVE_HIGHLIGHT_MAX_LINES).
+    Control characters are made visible first (engine_ext.untrusted_text.shown): every message the transcript
+    draws, finished or live, comes through here.
     `line_breaks`: each line break in a paragraph is kept (Markdown joins the lines of a paragraph): a message of
     yours is drawn with the lines you wrote or pasted, a log or a list of names as it was."""
+    text = shown(text, multiline=True)  # a message, a reply, an import: no escape sequence reaches the terminal
     markdown = copy.copy(_MARKDOWN_TEMPLATES[dark, live])
     markdown.markup = text
     markdown.parsed = _MARKDOWN_PARSER.parse(text)

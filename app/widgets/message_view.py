@@ -22,6 +22,7 @@ from app.textual_internals.rich_render import console_with_own_lock
 from app.widgets.draft_provenance import DraftSpans, draft_spans_from_stats, draft_styles, mark_provenance
 from app.widgets.markdown_render import Lines, code_blocks, markdown_renderable
 from app.widgets.rendered_once import RenderedOnce, to_strips
+from engine_ext.untrusted_text import shown
 
 STATE_LABELS: Final[dict[str, str]] = {
     "stopped": "stopped",
@@ -44,7 +45,7 @@ def message_header(role: str, state: str, model: str, branch: BranchInfo | None)
     header = Text()
     header.append("You" if role == "user" else "Assistant" if role == "assistant" else role.capitalize(), style="bold")
     if role == "assistant" and model:
-        header.append(f"  {model}", style="dim")
+        header.append(f"  {shown(model)}", style="dim")
     label = STATE_LABELS.get(state)
     if label:
         header.append(f"  [{label}]", style="italic")
@@ -210,7 +211,10 @@ class MessageView(RenderedOnce, can_focus=True):
         style = self.get_component_rich_style("message-view--reasoning", partial=True)
         if not self.show_reasoning:
             return Text(f"▸ Reasoning ({reasoning_size(reasoning, self.message.stats)}) — t to show", style=style)
-        return Group(Text("▾ Reasoning — t to hide", style=style), Padding(Text(reasoning, style=style), (0, 0, 0, 2)))
+        return Group(
+            Text("▾ Reasoning — t to hide", style=style),
+            Padding(Text(shown(reasoning, multiline=True), style=style), (0, 0, 0, 2)),
+        )
 
     def watch_show_reasoning(self) -> None:
         self.invalidate()

@@ -12,6 +12,7 @@ from textual.widgets import Input, OptionList
 from textual.widgets.option_list import Option
 
 from app.store import Conversation, SearchHit
+from engine_ext.untrusted_text import shown
 
 
 class ConversationOptions(OptionList):
@@ -97,7 +98,7 @@ class ConversationList(Vertical):
         options.clear_options()
         for conversation in conversations:
             title = conversation.title or "New conversation"
-            label = Text(title, no_wrap=True, overflow="ellipsis")
+            label = Text(shown(title), no_wrap=True, overflow="ellipsis")
             if conversation.damaged:
                 label.append(" (damaged)", style="italic")
             options.add_option(Option(label, id=str(conversation.id)))
@@ -107,10 +108,10 @@ class ConversationList(Vertical):
         options = self.options
         options.clear_options()
         for hit in hits:
-            label = Text(hit.title or "New conversation", style="bold", no_wrap=True, overflow="ellipsis")
+            label = Text(shown(hit.title or "New conversation"), style="bold", no_wrap=True, overflow="ellipsis")
             if hit.message_id is not None:
                 label.append("\n")
-                label.append(hit.snippet, style="dim")
+                label.append(shown(hit.snippet), style="dim")
             options.add_option(Option(label, id=str(hit.conversation_id)))
         if not hits:
             options.add_option(Option(Text("no matches", style="dim italic"), id="none", disabled=True))

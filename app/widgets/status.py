@@ -13,6 +13,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from engine_ext.cpu import CpuLoad
+from engine_ext.untrusted_text import shown
 
 ENGINE_STATE_STYLES = {
     "ready": "bold green",
@@ -47,6 +48,12 @@ class AppHeader(Widget):
     """starting, loading, ready, generating, crashed, error or no model."""
     conversation_title: reactive[str] = reactive("")
     """The conversation on screen."""
+
+    def validate_model_name(self, name: str) -> str:
+        return shown(name)  # a GGUF's general.name, a remote server's model id
+
+    def validate_conversation_title(self, title: str) -> str:
+        return shown(title)  # an imported conversation's title
 
     def render(self) -> Text:
         """The whole line when it fits; otherwise the conversation title is shortened first, then the model name,

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,14 +19,16 @@ from pathlib import Path
 import pytest
 
 from engine_ext.bindings import MultimodalUnavailable, mtmd
+from engine_ext.client import EngineClient
 from engine_ext.generate import Session
-from engine_ext.image_input import ImageRefused
+from engine_ext.image_input import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, MAX_READ_BYTES, ImageRefused
 from engine_ext.model import Context, Model
-from engine_ext.params import GREEDY, ContextParams, ModelLoadError, SpeculativeParams
-from engine_ext.protocol import ChatMessage, Finished, Generate, ImageRef
+from engine_ext.params import GREEDY, ContextParams, ModelLoadError, ModelParams, SpeculativeParams
+from engine_ext.protocol import ChatMessage, Crashed, Failed, Finished, Generate, ImageRef
 from engine_ext.speculative.driver import MEDIA_PAUSE_STATUS
 from engine_ext.speculative.factory import build_driver
 from engine_ext.vision import NoProjector, Vision
+from tests.image_files import png
 from tests.tiny_mmproj import IMAGE_TOKENS, png_bytes, write_tiny_mmproj
 
 try:
@@ -153,6 +156,42 @@ def test_images_without_a_projector_and_hostile_images_are_one_line(
             Vision(not_a_projector, model, n_threads=2, use_gpu=False)
         finally:
             model.close()
+
+
+def _memory(pid: int, field: str) -> int:
+    """A VmXXX line of /proc/<pid>/status, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_the_costliest_image_stays_within_the_read_bound_in_the_worker(
+    tiny_models: dict[str, Path], mmproj: Path, tmp_path: Path
+) -> None:
+    # A 16-bit RGBA Adam7 PNG at the most pixels llmtui takes (6.6 MB): stb_image inside libmtmd took 651 MiB.
+    data = png(MAX_IMAGE_SIDE, MAX_IMAGE_PIXELS // MAX_IMAGE_SIDE, color_type=6, bit_depth=16, interlace=True)
+    picture = ImageRef(hashlib.sha256(data).hexdigest(), data=data, name="deep.png")
+    with EngineClient(tmp_path / "engine.log") as client:
+        client.start()
+        client.load(tiny_models["llama"], ModelParams(mmproj=str(mmproj)), ContextParams(n_ctx=256, n_threads=2))
+        pid = client.pid
+        assert pid is not None
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # the worker's peak (VmHWM) starts again from here
+        before = _memory(pid, "VmRSS")
+        messages = (ChatMessage("user", "what is it?", images=(picture,)),)
+        client.send(Generate(request_id=1, messages=messages, sampling=GREEDY, max_tokens=1, ignore_eos=True))
+        deadline = time.monotonic() + 120
+        done = None
+        while done is None and time.monotonic() < deadline:
+            event = client.next_event(timeout=deadline - time.monotonic())
+            assert not isinstance(event, Failed | Crashed), event
+            done = event if isinstance(event, Finished) else None
+        assert done is not None, "no reply within 120 s"
+        assert done.stats.image_tokens == IMAGE_TOKENS
+        grown = _memory(pid, "VmHWM") - before
+    # The bound counts what reading costs; the file's bytes come on top, as the worker received them.
+    assert grown <= MAX_READ_BYTES + len(data), f"the worker grew by {grown / 2**20:.0f} MiB reading one image"
 
 
 def test_cli_run_with_an_image(tiny_models: dict[str, Path], mmproj: Path, tmp_path: Path) -> None:

@@ -583,7 +583,7 @@ async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> 
         )
         markdown, json_text = app.conversations.export(conversation.id)
         assert "a question" in markdown.read_text()
-        assert app.store.import_json(json_text.read_text()) != conversation.id
+        assert app.store.import_json(json_text.read_text()).conversation_id != conversation.id
 
 
 @pytest.mark.anyio

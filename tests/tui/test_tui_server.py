@@ -7,6 +7,7 @@ import asyncio
 import socket
 from pathlib import Path
 
+import httpx2 as httpx
 import openai
 import pytest
 
@@ -91,3 +92,47 @@ async def test_f10_says_in_one_line_when_the_key_variable_is_unset_or_the_port_i
             messages = [n.message for n in app._notifications]
             assert any(f"cannot listen on 127.0.0.1:{port}" in m for m in messages), messages
             assert not app.server.running
+
+
+async def test_f10_refuses_a_non_ascii_key_and_cross_site_requests(
+    lone_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F10 runs the gate `serve` runs: a key no client can send is refused at start in one line; then only this
+    server's Host names and the configured origins get through, and a body must be JSON."""
+    port = free_port()
+    monkeypatch.setenv("LLMTUI_TEST_API_KEY", "clé")
+    write_config(
+        port,
+        'api_key_env = "LLMTUI_TEST_API_KEY"\nallowed_hosts = "llm.lan"\ncors_origins = "http://localhost:3000"\n',
+    )
+    app = scripted_app(lone_llama, EchoEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+        await pilot.press("f10")
+        await pilot.pause()
+        messages = [n.message for n in app._notifications]
+        assert any("LLMTUI_TEST_API_KEY cannot be used: the API key holds the character U+00E9" in m for m in messages)
+        assert not app.server.running and not app.server.starting
+        monkeypatch.setenv("LLMTUI_TEST_API_KEY", "key")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: app.server.running, "the API server to listen")
+
+        def post(headers: dict[str, str]) -> httpx.Response:
+            body = b'{"messages": [{"role": "user", "content": "hi"}]}'
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            headers = {"Authorization": "Bearer key", "Content-Type": "application/json", **headers}
+            return httpx.post(url, content=body, headers=headers, timeout=30)
+
+        json_ok = {"Host": "llm.lan:8080"}
+        assert (await asyncio.to_thread(post, json_ok)).status_code == 200
+        page = await asyncio.to_thread(post, {"Origin": "http://localhost:3000"})
+        assert page.status_code == 200 and page.headers["access-control-allow-origin"] == "http://localhost:3000"
+        for headers, status, words in (
+            ({"Host": "evil.example"}, 403, "F3 → API server → allowed host names"),
+            ({"Origin": "https://evil.example"}, 403, "F3 → API server → CORS origins"),
+            ({"Content-Type": "text/plain"}, 415, "must be JSON"),
+        ):
+            answer = await asyncio.to_thread(post, headers)
+            assert answer.status_code == status and words in answer.json()["error"]["message"], answer.text
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: not app.server.running, "the API server to stop")

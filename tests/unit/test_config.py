@@ -286,6 +286,8 @@ def test_remote_engines_round_trip_and_keys_stay_hidden(
         ('[engine]\ntensor_split = ["a"]\n', "engine.tensor_split"),
         ('[engine]\nrpc_servers = "h:1"\n', "engine.rpc_servers"),
         ('[engine]\nn_gpu_layers = "most"\n', "GPU layers"),
+        ('[server]\nallowed_hosts = "llm.lan, evil/x"\n', r"server.allowed_hosts: 'evil/x' is not a host name"),
+        ('[server]\ncors_origins = "ftp://page.example"\n', r"server.cors_origins: 'ftp://page.example' is not an"),
     ],
 )
 def test_bad_remote_and_engine_tables_are_refused(app_dirs: tuple[Path, Path], text: str, fragment: str) -> None:
@@ -293,6 +295,13 @@ def test_bad_remote_and_engine_tables_are_refused(app_dirs: tuple[Path, Path], t
     config_path().write_text(text)
     with pytest.raises(ConfigError, match=fragment):
         load_config()
+
+
+def test_the_servers_allowed_hosts_and_origins_load(app_dirs: tuple[Path, Path]) -> None:
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text('[server]\nallowed_hosts = "llm.lan 10.0.0.2,*"\ncors_origins = "http://localhost:3000"\n')
+    server = load_config().server
+    assert server.allowed_hosts == "llm.lan 10.0.0.2,*" and server.cors_origins == "http://localhost:3000"
 
 
 # ----- the settings screen (Pilot) ----------------------------------------------------------------------------
@@ -424,3 +433,59 @@ async def test_settings_screen_adds_edits_and_removes_a_remote_engine(app_dirs: 
         await pilot.press("ctrl+s")
         await pilot.pause()
     assert load_config().remotes == ()
+
+
+DEEP = 100_000
+DEEPLY_NESTED = {  # each about 200 KB: tomllib overflows its recursion, or (dotted keys) takes gigabytes
+    "arrays": "[engine]\nx = " + "[" * DEEP + "]" * DEEP + "\n",
+    "inline tables": "x = " + "{a=" * DEEP + "1" + "}" * DEEP + "\n",
+    "a table header": "[" + ".".join(["a"] * DEEP) + "]\n",
+    "a dotted key": ".".join(["a"] * DEEP) + " = 1\n",
+    "an array of tables": "[[" + ".".join(["a"] * DEEP) + "]]\n",
+}
+
+
+@pytest.mark.parametrize("text", DEEPLY_NESTED.values(), ids=DEEPLY_NESTED.keys())
+def test_a_deeply_nested_config_is_one_line_for_every_reader(
+    app_dirs: tuple[Path, Path], text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+    from app.tools.box import ToolError
+    from app.tools.settings import read_tool_settings, remember_always_allow
+
+    config = config_path()
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(text)
+    refusals: list[str] = []
+    with pytest.raises(ConfigError) as refused:
+        load_config()
+    refusals.append(str(refused.value))
+    for reader in (read_tool_settings, lambda: remember_always_allow("get_weather")):
+        with pytest.raises(ToolError) as tool_refused:
+            reader()
+        refusals.append(str(tool_refused.value))
+    assert main(["models", "list", "--json"]) == 0
+    refusals.append(capsys.readouterr().err.strip())
+    for refusal in refusals:
+        assert "\n" not in refusal and len(refusal) <= 300 and str(config) in refusal, refusal
+    assert "nested more than 100 levels deep (arrays, tables or dotted keys)" in refusals[0]
+    assert config.read_text() == text  # nothing was written over it
+
+
+def test_nesting_up_to_the_limit_is_read_and_kept_by_a_save(app_dirs: tuple[Path, Path]) -> None:
+    from app.config import MAX_TOML_NESTING, toml_nesting
+
+    deep = "[" * MAX_TOML_NESTING + "]" * MAX_TOML_NESTING
+    key = ".".join(["k"] * MAX_TOML_NESTING)
+    text = f'# mine\n[extra]\nx = {deep}\n{key} = "a.b.c [[ {{ # not nesting"\ny = 1.5\n'
+    assert toml_nesting(text) == MAX_TOML_NESTING and toml_nesting(text, 10) == 11
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text(text)
+    assert load_config() == Config()
+    save_config(Config(theme="light"))
+    saved = config_path().read_text()
+    assert saved.startswith("# mine") and f"x = {deep}" in saved and key in saved
+    assert load_config().theme == "light"
+    with pytest.raises(ConfigError, match="nested more than 100 levels deep"):
+        config_path().write_text(f"x = [{deep}]\n")
+        load_config()

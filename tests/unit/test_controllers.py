@@ -180,3 +180,9 @@ def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
         controller.import_file(tmp_path / "missing.json")
         assert host.notices[-1].startswith(f"Could not import {tmp_path / 'missing.json'}")
         assert len(host.shown) == 1
+        # an export naming a local file: imported without it, and said in the same one-line notice
+        store.update_settings(conversation.id, settings={"sampling": {"output_file": "/etc/hostname"}})
+        controller.export_in_background(conversation.id, results.append)
+        controller.import_file(results[-1][1])
+        assert len(host.shown) == 2 and "sampling.output_file were left out" in host.notices[-1]
+        assert "output_file" not in store.get_conversation(host.shown[1]).settings["sampling"]

@@ -6,21 +6,36 @@ The real engine behind the same server is tested in tests/engine/test_serve.py.
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from app.server import listen
+from app.server.access import Access, api_key_refusal
 from app.server.asgi import build_app
 from app.server.backend import EngineBackend, ServerSettings
 from app.server.metrics import Metrics
 from app.server.requests import Limits
 from engine_ext.params import SamplingParams, SpeculativeParams, SteeringEntry
-from engine_ext.protocol import Finished, Generate, GenerationStats, SpeculativeSet, SteeringSet, TokenChunk
+from engine_ext.protocol import (
+    Failed,
+    Finished,
+    Generate,
+    GenerationStats,
+    SpeculativeSet,
+    SteeringSet,
+    TokenChunk,
+)
+from tests.serve_process import free_port
 from tests.waits import wait_for
 
 KEY = "s3cret-key"
@@ -39,6 +54,7 @@ class ScriptedClient:
         self.cancelled: set[int] = set()
         self.lock = threading.Lock()
         self.current: int | None = None
+        self.failure: Failed | None = None  # the next request fails with this (its request id filled in)
 
     def set_steering(self, entries: tuple[SteeringEntry, ...], *, reset_cache: bool = False) -> SteeringSet:
         assert reset_cache  # a prefix cached under another mix is never reused
@@ -52,6 +68,9 @@ class ScriptedClient:
     def send(self, request: Generate) -> None:
         self.sent.append(request)
         self.current = request.request_id
+        if self.failure is not None:
+            self.events.append(replace(self.failure, request_id=request.request_id))
+            return
         with self.lock:
             words = self.words[: request.max_tokens if request.max_tokens > 0 else None]
             for word in words:
@@ -87,7 +106,7 @@ def served() -> Iterator[tuple[TestClient, ScriptedClient, Metrics]]:
         queue=2,
     )
     backend = EngineBackend(engine, settings, metrics)  # type: ignore[arg-type]
-    with TestClient(build_app(backend, metrics, api_key=KEY)) as client:
+    with TestClient(build_app(backend, metrics, api_key=KEY), base_url="http://127.0.0.1:8080") as client:
         client.headers["Authorization"] = f"Bearer {KEY}"
         yield client, engine, metrics
     backend.close()
@@ -172,7 +191,7 @@ def test_api_key_routes_and_metrics(served: tuple[TestClient, ScriptedClient, Me
     assert client.get("/v1/models", headers={"x-api-key": KEY}).json()["data"][0]["id"] == "tiny"
     assert client.get("/v1/nothing").status_code == 404
     assert client.get("/v1/chat/completions").status_code == 405
-    bad = client.post("/v1/chat/completions", content=b'{"messages": [}')
+    bad = client.post("/v1/chat/completions", content=b'{"messages": [}', headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("the request body is not valid JSON")
     client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 2})
     text = client.get("/metrics").text
@@ -208,3 +227,307 @@ def test_a_full_queue_answers_503_and_a_client_that_leaves_cancels(
         next(answer.iter_lines())
     wait_for(lambda: engine.cancelled, "the generation of a client that left to be cancelled", timeout_s=10)
     wait_for(lambda: metrics.in_flight == 0, "the server to be idle again", timeout_s=10)
+
+
+# ----- hostile input (issue 42): every refusal is one line in OpenAI's shape, and the engine is never asked -----
+
+HI = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def refused(answer: Any, status: int, words: str) -> None:
+    assert answer.status_code == status, answer.text
+    message = answer.json()["error"]["message"]
+    assert words in message and "\n" not in message and len(message) <= 300, message
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "words"),
+    [
+        ({"Host": "evil.example:8080"}, 403, "Host 'evil.example:8080' is not this server's name"),  # DNS rebinding
+        ({"Host": "127.0.0.1.evil.example"}, 403, "not this server's name"),
+        ({"Host": "localhost:1/x"}, 403, "not this server's name"),
+        ({"Origin": "https://evil.example", "Content-Type": "text/plain"}, 403, "Origin 'https://evil.example'"),
+        ({"Origin": "null"}, 403, "may not call this server"),
+        ({"Content-Type": "text/plain"}, 415, "must be JSON (Content-Type: application/json); not 'text/plain'"),
+        ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "must be JSON"),
+        ({"Content-Type": "multipart/form-data; boundary=x"}, 415, "must be JSON"),
+        ({"Content-Type": ""}, 415, "none was given"),
+    ],
+)
+def test_cross_site_requests_are_refused_before_anything_runs(
+    served: tuple[TestClient, ScriptedClient, Metrics], headers: dict[str, str], status: int, words: str
+) -> None:
+    """A browser's "simple request" (text/plain, a form) from any web page, and a page whose name was rebound to
+    this machine (its Host is its own name): 403 or 415, one line, and no generation."""
+    client, engine, metrics = served
+    answer = client.post("/v1/chat/completions", content=json.dumps(HI).encode(), headers=headers)
+    refused(answer, status, words)
+    assert answer.json()["error"]["type"] == ("permission_error" if status == 403 else "invalid_request_error")
+    assert not engine.sent and metrics.render().count("llmtui_requests_refused_total 1") == 1
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "127.0.0.1:9", "localhost", "LOCALHOST.:8080", "[::1]:8080", "[::1]", "127.0.0.2:8080"]
+)
+def test_loopback_names_with_any_port_are_answered(
+    served: tuple[TestClient, ScriptedClient, Metrics], host: str
+) -> None:
+    client, _, _ = served
+    ok = client.post(
+        "/v1/chat/completions", json=HI, headers={"Host": host, "Content-Type": "application/json; charset=utf-8"}
+    )
+    assert ok.status_code == 200, ok.text
+
+
+def test_allowed_hosts_and_origins_and_preflight() -> None:
+    """--allowed-host adds names; --cors lets those pages call (with CORS headers and a working preflight), no
+    other; a request without an Origin (not a browser) runs; a wildcard listener answers its addresses."""
+    engine = ScriptedClient(["ok"])
+    metrics = Metrics()
+    backend = EngineBackend(engine, ServerSettings(model_id="tiny"), metrics)  # type: ignore[arg-type]
+    access = Access(listen_host="0.0.0.0", allowed_hosts=("llm.lan",), cors=("http://localhost:3000/",))
+    page = "http://localhost:3000"
+    try:
+        with TestClient(build_app(backend, metrics, access=access), base_url="http://llm.lan:8080") as client:
+            assert client.post("/v1/chat/completions", json=HI).status_code == 200
+            assert client.post("/v1/chat/completions", json=HI, headers={"Host": "192.168.1.20:8080"}).is_success
+            refused(client.get("/v1/models", headers={"Host": "other.lan"}), 403, "--allowed-host NAME")
+            preflight = client.options(
+                "/v1/chat/completions",
+                headers={
+                    "Origin": page,
+                    "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "content-type, authorization",
+                },
+            )
+            assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == page
+            answer = client.post("/v1/chat/completions", json=HI, headers={"Origin": page})
+            assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == page
+            other = client.options(
+                "/v1/chat/completions",
+                headers={"Origin": "http://localhost:3001", "Access-Control-Request-Method": "POST"},
+            )
+            refused(other, 403, "--cors ORIGIN")
+    finally:
+        backend.close()
+    assert len(engine.sent) == 3
+
+
+BIG = int("1" + "0" * 400)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**HI, "temperature": BIG},
+        {**HI, "max_tokens": BIG},
+        {**HI, "seed": -BIG},
+        {**HI, "speculative": {"type": "ngram-simple", "n_max": BIG}},
+        {**HI, "control_vectors": [{"name": "calm", "strength": BIG}]},
+        {**HI, "response_format": {"type": "json_schema", "json_schema": {"schema": {"maxLength": BIG}}}},
+        {**HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"maximum": BIG}}}]},
+    ],
+    ids=["temperature", "max_tokens", "seed", "speculative", "control_vectors", "schema", "tools"],
+)
+def test_integers_past_float_range_are_a_400(
+    served: tuple[TestClient, ScriptedClient, Metrics], body: dict[str, Any]
+) -> None:
+    client, engine, _ = served
+    refused(client.post("/v1/chat/completions", json=body), 400, "a number past the float range")
+    assert "0000000000… (401 digits)" in client.post("/v1/chat/completions", json=body).text
+    as_float = json.dumps(body).replace(str(BIG), "1e400").encode()
+    headers = {"Content-Type": "application/json"}
+    refused(client.post("/v1/chat/completions", content=as_float, headers=headers), 400, "float range: ")
+    assert not engine.sent
+
+
+def lone(text: str) -> str:
+    return text.replace("X", "\ud800")
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({**HI, "grammar": lone('root ::= "X"')}, "grammar holds a lone surrogate"),
+        ({**HI, "tools": [{"type": "function", "function": {"name": lone("fX")}}]}, "tools[0].function.name holds"),
+        (
+            {**HI, "tools": [{"type": "function", "function": {"name": "f", "description": lone("X")}}]},
+            "tools[0].function.description holds",
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": lone("X")}]}]}, "messages[0].content"),
+        ({**HI, "stop": [lone("X")]}, "stop[0] holds"),
+        ({**HI, "response_format": {"type": "json_schema", "json_schema": {"schema": {lone("X"): 1}}}}, "schema.�"),
+    ],
+)
+def test_lone_surrogates_anywhere_are_a_400(
+    served: tuple[TestClient, ScriptedClient, Metrics], body: dict[str, Any], where: str
+) -> None:
+    client, engine, _ = served
+    raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as "\ud800", as a hostile client sends it
+    answer = client.post("/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    refused(answer, 400, where)
+    assert "lone surrogate" in answer.json()["error"]["message"]
+    assert not engine.sent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_longer_than_the_context_is_llama_servers_400(
+    served: tuple[TestClient, ScriptedClient, Metrics], stream: bool
+) -> None:
+    client, engine, _ = served
+    message = "the prompt is 5000 tokens but the context holds 512; start a new conversation or raise it (-c)"
+    engine.failure = Failed(0, "PromptTooLong", message, n_prompt_tokens=5000, n_ctx=512)
+    answer = client.post("/v1/chat/completions", json={**HI, "stream": stream})
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "error": {
+            "code": 400,
+            "message": "the prompt is 5000 tokens but the context holds 512",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 5000,
+            "n_ctx": 512,
+        }
+    }
+
+
+def test_a_non_ascii_api_key_is_refused_in_one_line() -> None:
+    assert api_key_refusal("s3cret-key_~!") is None
+    for key, what in (("clé", "U+00E9"), ("two words", "a space"), ("tab\tkey", "U+0009"), ("k\u200b", "U+200B")):
+        why = api_key_refusal(key)
+        assert why is not None and what in why and "\n" not in why
+
+
+# ----- connections (raw sockets on a real listener with short limits): nothing holds the server -----
+
+
+class Records(logging.Handler):
+    """What reaches uvicorn's log after its one-line filter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@contextmanager
+def listening(limits: listen.ConnectionLimits) -> Iterator[tuple[int, Records]]:
+    """The server on the scripted engine, listening on a free port in a thread with `limits`."""
+    engine = ScriptedClient(["Hello"])
+    metrics = Metrics()
+    backend = EngineBackend(engine, ServerSettings(model_id="tiny"), metrics)  # type: ignore[arg-type]
+    port = free_port()
+    server = listen.server(build_app(backend, metrics), "127.0.0.1", port, log_level="warning", limits=limits)
+    records = Records()
+    logger = logging.getLogger("uvicorn.error")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    logger.addHandler(records)
+    try:
+        wait_for(lambda: server.started, "the server to listen", timeout_s=10)
+        yield port, records
+    finally:
+        logger.removeHandler(records)
+        server.should_exit = True
+        thread.join(10)
+        backend.close()
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> float:
+    """Seconds until the server closed `sock` (reads what it sent until EOF); fails after `within_s`."""
+    started = time.monotonic()
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection past {within_s} s") from None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def health(port: int) -> bytes:
+    with connect(port) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        return sock.recv(4096).split(b"\r\n")[0]
+
+
+POST_HEAD = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000\r\n\r\n"
+)
+
+
+def test_idle_slowloris_keep_alive_and_stalled_uploads_are_closed_without_a_traceback() -> None:
+    limits = listen.ConnectionLimits(header_timeout_s=0.6, body_idle_s=0.6, keep_alive_s=1)
+    with listening(limits) as (port, records):
+        idle = connect(port)
+        assert closed_by_server(idle, 5) < 2
+        slow = connect(port)  # a byte every 0.1 s: each byte is news, but the headers' deadline does not move
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            for byte in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100:
+                slow.sendall(bytes([byte]))
+                time.sleep(0.1)
+        assert time.monotonic() - started < 3
+        kept = connect(port)
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        assert closed_by_server(kept, 5) < 2.5  # the keep-alive timeout
+        stalled = connect(port)
+        stalled.sendall(POST_HEAD + b'{"prompt": ')
+        assert closed_by_server(stalled, 5) < 2
+        dropped = connect(port)  # a client that goes away mid-upload
+        dropped.sendall(POST_HEAD + b'{"prompt": ')
+        time.sleep(0.2)
+        dropped.close()
+        time.sleep(0.3)
+        assert health(port) == b"HTTP/1.1 200 OK"
+    assert not [line for line in records.lines if "Traceback" in line or "Exception" in line], records.lines
+
+
+def test_connections_past_the_bound_close_the_oldest_idle_and_health_answers() -> None:
+    limits = listen.ConnectionLimits(header_timeout_s=30, body_idle_s=30, max_connections=4)
+    with listening(limits) as (port, _):
+        idle = [connect(port) for _ in range(10)]
+        assert health(port) == b"HTTP/1.1 200 OK"
+        assert closed_by_server(idle[0], 5) < 2  # the oldest went first
+        still_open = 0
+        for sock in idle[-3:]:
+            sock.setblocking(False)
+            try:
+                sock.recv(1)
+            except BlockingIOError:
+                still_open += 1
+        assert still_open == 3
+        busy = []  # mid-upload: when none is idle, a newcomer is told to come back
+        for _ in range(4):
+            busy.append(connect(port))
+            busy[-1].sendall(POST_HEAD + b'{"prompt": ')
+            time.sleep(0.1)
+        with connect(port) as extra:
+            answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 2" in answer
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert body["error"]["message"] == "the server has as many connections as it takes; try again shortly"
+        for sock in idle + busy:
+            sock.close()
+
+
+def test_the_log_says_each_kind_of_trouble_in_one_line_and_rarely() -> None:
+    limits = listen.ConnectionLimits(header_timeout_s=5)
+    with listening(limits) as (port, records):
+        for _ in range(30):  # 30 bad requests: uvicorn warns about each
+            with connect(port) as sock:
+                sock.sendall(b"NOT HTTP\x00\r\n\r\n")
+                sock.recv(4096)
+        logging.getLogger("uvicorn.error").error("boom", exc_info=OverflowError("int too large to convert"))
+    assert records.lines.count("Invalid HTTP request received.") == 1, records.lines
+    assert "boom: OverflowError: int too large to convert" in records.lines
+    assert all("\n" not in line for line in records.lines)

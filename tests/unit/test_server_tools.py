@@ -43,7 +43,7 @@ def served() -> Iterator[tuple[TestClient, ToolScriptedClient]]:
     metrics = Metrics()
     settings = ServerSettings(model_id="tiny", sampling=SamplingParams(), vectors={}, limits=Limits(), queue=2)
     backend = EngineBackend(engine, settings, metrics)  # type: ignore[arg-type]
-    with TestClient(build_app(backend, metrics, api_key=None)) as client:
+    with TestClient(build_app(backend, metrics, api_key=None), base_url="http://127.0.0.1:8080") as client:
         yield client, engine
     backend.close()
 

@@ -7,9 +7,10 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -356,7 +357,7 @@ def test_bad_json_in_one_conversation_does_not_hide_the_others(store: Store) -> 
 
 def build_branchy_conversation(store: Store) -> int:
     conversation = store.create_conversation(
-        "Ünïcode & branches", system_prompt="You are terse.", settings={"preset": "precise", "top_p": 0.9}
+        "Ünïcode & branches", system_prompt="You are terse.", settings={"preset": "precise", "sampling": {"top_p": 0.9}}
     )
     prompt = store.add_user_message(conversation.id, "Why is the sky blue? 🌤")
     first = store.begin_assistant_message(conversation.id, prompt.id, "qwen3")
@@ -397,7 +398,7 @@ def test_json_export_import_export_is_byte_exact(store: Store) -> None:
     assert document["messages"][1]["stats"] == {"prompt_tokens": 9, "tokens_per_s": 12.25}
     assert "🌤" in exported  # ensure_ascii=False
 
-    imported_id = store.import_json(exported)
+    imported_id = store.import_json(exported).conversation_id
     assert imported_id != conversation_id
     assert store.export_json(imported_id) == exported
     assert contents(store.active_path(imported_id)) == contents(store.active_path(conversation_id))
@@ -445,7 +446,7 @@ def test_exports_say_the_steering_mix_and_speculative_settings_and_import_keeps_
     assert markdown.endswith(f"## Assistant\n\nHello.\n\n{FEATURES_NOTE}\n")
     exported = store.export_json(conversation.id)
     assert json.loads(exported)["messages"][1]["stats"]["speculative"]["drafters"] == ["ngram-mod", "draft-mtp"]
-    imported_id = store.import_json(exported)
+    imported_id = store.import_json(exported).conversation_id
     assert store.export_markdown(imported_id) == markdown and store.export_json(imported_id) == exported
 
     # Hand-edited or from elsewhere: what is not as recorded is left out, the rest said; the import goes on.
@@ -454,17 +455,19 @@ def test_exports_say_the_steering_mix_and_speculative_settings_and_import_keeps_
     stats["steering"]["vectors"][1] = {"name": "formal", "strength": "strong"}
     stats["steering"]["layers"] = "all"
     stats["speculative"] = {"type": "ngram-mod", "drafters": "ngram-mod", "n_max": True, "accepted": None}
-    broken_id = store.import_json(json.dumps(document))
+    broken_id = store.import_json(json.dumps(document)).conversation_id
     assert store.export_markdown(broken_id).endswith(
         "Hello.\n\n*Steering: honesty +0.50. Speculative decoding: ngram-mod.*\n"
     )
     stats["steering"], stats["speculative"] = [], "auto"
-    assert store.export_markdown(store.import_json(json.dumps(document))).endswith("## Assistant\n\nHello.\n")
+    assert store.export_markdown(store.import_json(json.dumps(document)).conversation_id).endswith(
+        "## Assistant\n\nHello.\n"
+    )
 
 
 def test_import_turns_a_streaming_reply_into_an_interrupted_one(store: Store) -> None:
     conversation_id = build_branchy_conversation(store)
-    imported_id = store.import_json(store.export_json(conversation_id))
+    imported_id = store.import_json(store.export_json(conversation_id)).conversation_id
     assert [m.state for m in store.messages(imported_id)].count("streaming") == 0
     assert "interrupted" in [m.state for m in store.messages(imported_id)]
 
@@ -483,6 +486,54 @@ def test_import_rejects_what_is_not_an_export(store: Store, text: str) -> None:
     with pytest.raises(ImportFormatError):
         store.import_json(text)
     assert store.list_conversations() == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["messages"][1].update(token_count=2**63), r"messages\[1\]\.token_count is out of range"),
+        (lambda d: d["messages"][1].update(token_count=-(2**63) - 1), r"messages\[1\]\.token_count is out of range"),
+        (lambda d: d["messages"][1].update(token_count=-1), r"messages\[1\]\.token_count should not be negative"),
+        (lambda d: d["messages"][1]["stats"].update(n_ctx=10**400), r"messages\[1\]\.stats\.n_ctx is out of range"),
+        (lambda d: d["conversation"]["settings"]["sampling"].update(seed=2**64), r"settings\.sampling\.seed"),
+        (lambda d: d["messages"][1]["stats"].update(tokens_per_s="1e400"), r"stats\.tokens_per_s is not a finite"),
+        (lambda d: d["messages"][1]["stats"].update(tokens_per_s="NaN"), "not JSON"),
+        (lambda d: d["messages"][1].update(created_at="\x1b[6n" * 100_000), r"created_at is not a date"),
+    ],
+)
+def test_import_refuses_numbers_past_sqlites_in_one_line_naming_the_field(
+    store: Store, edit: Callable[[dict[str, Any]], None], field: str
+) -> None:
+    document = json.loads(store.export_json(build_branchy_conversation(store)))
+    edit(document)
+    text = json.dumps(document).replace('"1e400"', "1e400").replace('"NaN"', "NaN")
+    with pytest.raises(ImportFormatError, match=field) as refused:
+        store.import_json(text)
+    message = str(refused.value)
+    assert "\n" not in message and "\x1b" not in message and len(message) <= 300
+    assert len(store.list_conversations()) == 1
+
+
+def test_an_import_never_names_a_local_file_nor_turns_tools_on(store: Store, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"type": "object"}')
+    conversation = store.create_conversation("Formats")
+    sampling = {"temperature": 0.3, "output_format": "json_schema", "output_file": str(secret)}
+    settings = {"sampling": sampling, "tools": "mcp:weather", "preset": "precise", "later": {"path": "/etc"}}
+    store.update_settings(conversation.id, settings=settings)
+    imported = store.import_json(store.export_json(conversation.id))
+    kept = store.get_conversation(imported.conversation_id).settings
+    assert kept == {"sampling": {"temperature": 0.3, "output_format": "text"}, "preset": "precise"}
+    assert set(imported.left_out) == {"sampling.output_file", "tools", "later"}
+    note = imported.note()
+    assert "sampling.output_file" in note and "tools" in note and "\n" not in note and len(note) <= 300
+    assert str(secret) not in store.export_json(imported.conversation_id)
+
+    sampling.update(output_format="grammar", output_file="")  # no file named: nothing to leave out
+    store.update_settings(conversation.id, settings={"sampling": sampling, "tools": "none"})
+    imported = store.import_json(store.export_json(conversation.id))
+    assert imported.left_out == () and imported.note() == ""
+    assert store.get_conversation(imported.conversation_id).settings["tools"] == "none"
 
 
 def test_import_rejects_a_message_whose_parent_is_unknown(store: Store) -> None:
@@ -566,6 +617,6 @@ def test_a_replys_tool_calls_go_into_both_exports_and_come_back_with_an_import(s
     markdown = store.export_markdown(conversation.id)
     assert "<summary>Tool get_weather (mcp:weather): result</summary>" in markdown
     assert 'Arguments: `{"city": "Paris"}`' in markdown and "```text\n18 °C\n```" in markdown
-    imported = store.import_json(store.export_json(conversation.id))
+    imported = store.import_json(store.export_json(conversation.id)).conversation_id
     copied = store.active_path(imported)[-1]
     assert stored_calls(copied.stats) == [(record, 10)]

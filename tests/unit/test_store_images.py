@@ -94,7 +94,7 @@ def test_json_export_carries_images_and_import_restores_them(tmp_path: Path) -> 
     document = json.loads(exported)
     assert base64.b64decode(document["images"][kept.sha256]) == image.data
     with Store(tmp_path / "b" / HISTORY_FILE_NAME) as target:
-        imported = target.import_json(exported)
+        imported = target.import_json(exported).conversation_id
         messages = target.messages(imported)
         assert [m.images for m in messages] == [(kept,), ()]
         assert target.read_image(kept) == image.data
@@ -114,6 +114,20 @@ def test_an_export_with_a_forged_image_is_refused(store: Store) -> None:
         store.import_json(json.dumps(document))
     document["messages"][0]["images"] = [{"sha256": "../../etc/passwd"}]
     with pytest.raises(ImportFormatError, match="not an image"):
+        store.import_json(json.dumps(document))
+
+
+def test_an_imported_images_format_and_size_are_its_checked_bytes_not_the_exports_word(store: Store) -> None:
+    kept = store.keep_image(picture(), "cat.png")
+    conversation = store.create_conversation("pictures")
+    store.add_user_message(conversation.id, "what is this?", (kept,))
+    document = json.loads(store.export_json(conversation.id))
+    document["messages"][0]["images"][0].update(format="\x1b]52;c;cm0gLXJmIH4=\x07", width=1, height=2, size=3)
+    imported = store.import_json(json.dumps(document)).conversation_id
+    [message] = store.messages(imported)
+    assert message.images == (kept,)
+    document["messages"][0]["images"][0]["width"] = 2**70
+    with pytest.raises(ImportFormatError, match=r"messages\[0\]\.images\[0\]\.width is out of range"):
         store.import_json(json.dumps(document))
 
 

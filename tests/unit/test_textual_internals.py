@@ -25,11 +25,13 @@ from textual.app import App
 from textual.geometry import Region
 from textual.screen import Screen
 from textual.scrollbar import ScrollBar, ScrollBarRender
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import TextArea
 
 from app.textual_internals import CHECKED_WITH_RICH, CHECKED_WITH_TEXTUAL
 from app.textual_internals.scrollbar import SCROLLBAR_FIELDS
+from app.textual_internals.terminal_text import TEXTUAL_RENDER as TEXTUAL_STRIP_RENDER
 
 TEXTUAL = version("textual")
 RICH = version("rich")
@@ -100,6 +102,12 @@ SIGNATURES: list[tuple[str, Callable[..., Any], Shape, str]] = [
         App._start_widget,
         [("self", POSITIONAL, EMPTY), ("parent", POSITIONAL, EMPTY), ("widget", POSITIONAL, EMPTY)],
         "scrollbar.py",
+    ),
+    (
+        "Strip.render",
+        TEXTUAL_STRIP_RENDER,
+        [("self", POSITIONAL, EMPTY), ("console", POSITIONAL, EMPTY)],
+        "terminal_text.py",
     ),
     ("TextArea._on_key", TextArea._on_key, [("self", POSITIONAL, EMPTY), ("event", POSITIONAL, EMPTY)], "text_area.py"),
     (
@@ -181,6 +189,7 @@ def test_the_private_attributes_relied_on_are_there() -> None:
         "Textual", "TextArea._on_key (not a coroutine)", "text_area.py"
     )
     assert isinstance(Console()._lock, type(threading.RLock())), changed("Rich", "Console._lock", "rich_render.py")
+    assert Strip([])._render_cache is None, changed("Textual", "Strip._render_cache", "terminal_text.py")
 
 
 def test_the_scrollbar_render_has_the_fields_its_lines_are_kept_by() -> None:

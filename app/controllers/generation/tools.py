@@ -107,6 +107,7 @@ class ChatTools:
                 self._servers = McpServers(settings.servers, self.log_dir or paths.log_dir())
             for entry in self._servers.tools(choice.removeprefix(MCP_PREFIX)):
                 box.add(entry)
+            box.notices.extend(self._servers.notices(choice.removeprefix(MCP_PREFIX)))
         else:
             raise ToolError(f"unknown tools choice {choice!r}: none, builtin or mcp:NAME")
         previous = self._conversations.get(conversation_id)

@@ -53,6 +53,7 @@ from engine_ext.protocol import (
     Failed,
     Finished,
     Generate,
+    GenerationStats,
     Loaded,
     LoadModel,
     LoadProgress,
@@ -70,7 +71,14 @@ from engine_ext.protocol import (
     VectorMade,
     VectorProgress,
 )
-from engine_ext.recovery import EARLY_REPLIES, Fallback, fallbacks, native_crash
+from engine_ext.recovery import (
+    EARLY_REPLIES,
+    REQUEST_CRASH_ADVICE,
+    Fallback,
+    fallbacks,
+    native_crash,
+    request_crash,
+)
 from engine_ext.settings_schema import effort_or_none
 from engine_ext.untrusted_text import shown
 
@@ -586,9 +594,19 @@ class EngineBridge:
         )
         in_flight = [g for g in self._generations.values() if g.request is not None]
         unanswered = [kind for kind in self._control if kind not in ("speculative", "steering") and ":" not in kind]
+        loading = self._loading is not None
         self._loading = None
         self._generations.clear()
         self._control.clear()
+        if (
+            self._model is not None
+            and not loading
+            and (crashed.stopped or request_crash(crashed.exit_code, crashed.phase))
+        ):
+            # The watchdog ended a worker stuck in a reply, or a request's grammar, text or sampler crashed it: the
+            # engine comes back as it was, and the reply ends with the line that says why.
+            self._restart_same(crashed, in_flight)
+            return
         if self._model is not None and early and self._recover(crashed, in_flight):
             for kind in unanswered:  # a control vector being made: its dialog hears it ended
                 self._post(
@@ -618,17 +636,9 @@ class EngineBridge:
         notice = self._client.drop_crashed_repack(engine.model_params(), KEEP_REPACK_OFF)
         if notice is None:
             return False
-        settings = dict(self._sent_settings)
         self._post(EngineRecovering(notice))
-        self._client.close()
-        try:
-            self._do_load(path, engine, load_mtp, n_rs_seq)
-        except EngineCrashedError as error:  # the new worker died at once: the crash dialog, without repacking
-            self._crashed(error.crashed)
+        if not self._reload():
             return True
-        for kind in ("speculative", "steering"):
-            if kind in settings:
-                self._send_setting(kind, settings[kind])
         for generation in in_flight:
             assert generation.request is not None
             if generation.n_tokens == 0:
@@ -642,6 +652,54 @@ class EngineBridge:
                     )
                 )
         return True
+
+    def _reload(self) -> bool:
+        """A fresh worker with the model and the settings the last one had (speculation, steering); False when it
+        died at once (the crash dialog says so)."""
+        assert self._model is not None
+        path, engine, load_mtp, n_rs_seq = self._model
+        settings = dict(self._sent_settings)
+        self._client.close()
+        try:
+            self._do_load(path, engine, load_mtp, n_rs_seq)
+        except EngineCrashedError as error:
+            self._crashed(error.crashed)
+            return False
+        for kind in ("speculative", "steering"):
+            if kind in settings:
+                self._send_setting(kind, settings[kind])
+        return True
+
+    def _restart_same(self, crashed: Crashed, in_flight: list[_Generation]) -> None:
+        """After the watchdog ended a stuck worker (Esc, a step past its limit) or a crash that was the request's:
+        the engine restarted as it was (the conversation is the app's: intact); the replies in flight end as
+        stopped, or failed, with the one line that says why."""
+        if crashed.stopped:
+            line = f"{crashed.stopped}; restarted"
+        else:
+            line = f"{crashed.description}; {REQUEST_CRASH_ADVICE}"
+        self._post(EngineRecovering(""))
+        now = time.monotonic()
+        for generation in in_flight:
+            if not crashed.stopped:
+                self._post(GenerationFailed(generation.request_id, line))
+                continue
+            ttft = (generation.first_token_at or now) - generation.sent_at
+            stats = GenerationStats(
+                prompt_tokens=generation.prompt_tokens or 0,
+                prompt_tokens_cached=0,
+                prompt_tokens_evaluated=generation.prompt_tokens or 0,
+                prompt_ms=ttft * 1000.0,
+                generated_tokens=generation.n_tokens,
+                decode_ms=(now - generation.sent_at - ttft) * 1000.0,
+                ttft_ms=ttft * 1000.0,
+                n_ctx=generation.n_ctx or 0,
+                n_ctx_used=(generation.prompt_tokens or 0) + generation.n_tokens,
+            )
+            self._post(GenerationFinished(generation.request_id, "cancelled", stats.to_dict(), (line,)))
+        if not in_flight:
+            self._post(GenerationFailed(None, line))  # said once, though no reply of the app's was running
+        self._reload()
 
     def _tokens(self, chunk: TokenChunk) -> None:
         now = time.monotonic()

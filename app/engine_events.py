@@ -194,10 +194,12 @@ class EngineEvents(LlmtuiShell):
         )
 
     def _recovering(self, event: EngineRecovering) -> None:
-        """Restarted without the CPU extra buffer type that crashed (the engine client remembers it)."""
+        """Restarted without the CPU extra buffer type that crashed (the engine client remembers it), or as it was
+        (the watchdog ended a stuck worker, or a request crashed it)."""
         self.model = None
         self.set_engine_state("loading")
-        self.notify(event.notice, severity="warning", timeout=20)
+        if event.notice:  # a restart as it was says why in the reply it ended
+            self.notify(event.notice, severity="warning", timeout=20)
 
     async def _crashed(self, event: EngineCrashed) -> None:
         from app.modals.crash import RESTART, EngineCrashedModal

@@ -209,8 +209,9 @@ class EngineCrashed(Message):
 
 
 class EngineRecovering(Message):
-    """The worker crashed natively early on with CPU weight repacking on: it is being restarted without (the model
-    reloaded, a reply in flight sent again); `notice` says so in one line."""
+    """The worker is being restarted, the model reloaded: after a native crash early on with CPU weight repacking on,
+    without it (a reply in flight sent again; `notice` says so in one line), or as it was after the watchdog ended a
+    stuck worker or a request crashed it (`notice` empty: the reply it ended says why)."""
 
     def __init__(self, notice: str) -> None:
         super().__init__()

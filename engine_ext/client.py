@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
+from engine_ext.engine_status import EngineStatus
 from engine_ext.params import ContextParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.private_files import private_dir
 from engine_ext.protocol import (
@@ -43,7 +44,8 @@ from engine_ext.protocol import (
     VectorMade,
     VectorProgress,
 )
-from engine_ext.recovery import RepackMemory, next_skip, retry_notice
+from engine_ext.recovery import RepackMemory, blames_repacking, next_skip, retry_notice
+from engine_ext.watchdog import Watchdog
 
 LOG_TAIL_LINES = 40
 _E = TypeVar("_E")
@@ -84,6 +86,10 @@ class EngineClient:
 
     `send()` may be called from any thread; events are read by one consumer at a time (`next_event`,
     `events`, or the blocking helpers `load`, `generate`, `inspect`).
+
+    Every path that stops a reply goes through `cancel`: a worker that has not read the Cancel about a second later
+    (stuck in one native call) is killed by the client's watchdog (engine_ext.watchdog), and its `Crashed` event
+    says so in `stopped`; `step_limit_s` also bounds one step of a reply (0: no bound).
     """
 
     def __init__(self, log_path: Path, *, start_timeout_s: float = 120.0, memory: RepackMemory | None = None) -> None:
@@ -98,6 +104,19 @@ class EngineClient:
         self.hello: Hello | None = None
         self.model_info: ModelInfo | None = None
         self.crashed: Crashed | None = None
+        self._status: EngineStatus | None = None  # what the worker is doing (engine_ext.engine_status)
+        self._sent = 0  # requests sent to this worker (the worker counts those it read)
+        self._stopped = ""  # why the watchdog ended the worker ("" : it did not)
+        self._watchdog = Watchdog(self._end_stuck_worker)
+
+    @property
+    def step_limit_s(self) -> float:
+        """The most seconds a worker may spend in one step of a reply before it is ended (0: no limit)."""
+        return self._watchdog.step_limit_s
+
+    @step_limit_s.setter
+    def step_limit_s(self, seconds: float) -> None:
+        self._watchdog.set_step_limit(seconds)
 
     # ----- lifecycle --------------------------------------------------------------------------------
 
@@ -110,13 +129,19 @@ class EngineClient:
         self.model_info = None
         mp = multiprocessing.get_context("spawn")
         parent, child = mp.Pipe(duplex=True)
+        status = EngineStatus.shared(mp)
         process = mp.Process(
-            target=worker_main, args=(child, str(self.log_path), self.skip_bufts), name="llmtui-engine", daemon=True
+            target=worker_main,
+            args=(child, str(self.log_path), self.skip_bufts, status.values),
+            name="llmtui-engine",
+            daemon=True,
         )
         private_dir(self.log_path.parent)
         process.start()
         child.close()  # so the pipe reports EOF when the worker dies
         self._conn, self._process = parent, process
+        self._status, self._sent, self._stopped = status, 0, ""
+        self._watchdog.watch(status)
         event = self.next_event(timeout=self.start_timeout_s)
         if isinstance(event, Crashed):
             raise EngineCrashedError(event)
@@ -135,7 +160,11 @@ class EngineClient:
         """After an early native crash (while loading or in the first replies) with weights repacked: leave out the
         first CPU extra buffer type the crashed worker repacked for at the next start, remember that for this CPU
         and engine build, and return the one line to say (`keep_off`: how to turn repacking off for good). None
-        when nothing is left to drop (the crash was not the repacking's)."""
+        when nothing is left to drop, or the crash was in a phase where repacked weights are not used (a grammar,
+        the tokenizer, a sampler: engine_ext.recovery.blames_repacking) or not a crash (the watchdog's)."""
+        crashed = self.crashed
+        if crashed is not None and (crashed.stopped or not blames_repacking(crashed.phase)):
+            return None
         extra = self.hello.cpu_extra_bufts if self.hello is not None else ()
         skip = next_skip(model, self.skip_bufts, extra)
         if skip is None:
@@ -160,6 +189,7 @@ class EngineClient:
         """Ask the worker to shut down, then make sure it is gone (idempotent)."""
         conn, process = self._conn, self._process
         self._conn = self._process = None
+        self._watchdog.watch(None)
         if conn is not None:
             try:
                 with self._send_lock:
@@ -167,6 +197,12 @@ class EngineClient:
             except (OSError, ValueError):
                 pass
         if process is not None:
+            # A worker that has not read the Shutdown a moment later is stuck in a native call: it ends now (Ctrl+C
+            # on `serve` or `run`, quitting the app), not after `timeout_s`. One that is loading gets the time.
+            status, sent = self._status, self._sent + 1  # the Shutdown is the worker's last request
+            process.join(min(timeout_s, self._watchdog.grace_s))
+            if process.is_alive() and not (status is not None and (status.reads >= sent or status.phase == "load")):
+                process.kill()
             process.join(timeout_s)
             if process.is_alive():
                 process.kill()
@@ -189,8 +225,19 @@ class EngineClient:
         try:
             with self._send_lock:
                 conn.send(request)
+                self._sent += 1
+                if isinstance(request, Cancel):
+                    self._watchdog.cancel_sent(self._sent)
         except (OSError, ValueError) as exc:
             raise EngineCrashedError(self._crash()) from exc
+
+    def _end_stuck_worker(self, status: EngineStatus, reason: str) -> None:
+        """The watchdog's verdict (its thread): kill the worker; the reader sees it die and reports `reason`."""
+        process = self._process
+        if process is None or status is not self._status:  # that worker is gone already
+            return
+        self._stopped = reason
+        process.kill()
 
     def wait_handles(self) -> list[Any]:
         """What to wait on (multiprocessing.connection.wait) for the next event: the pipe, and the worker's
@@ -218,13 +265,17 @@ class EngineClient:
         if process is not None:
             process.join(5.0)
             exit_code = process.exitcode
+        status = self._status
         crashed = Crashed(
             exit_code,
             read_log_tail(self.log_path),
             str(self.log_path),
             self.hello.gpu_devices if self.hello is not None else 0,
+            status.phase if status is not None else "",
+            self._stopped,
         )
         self.crashed = crashed
+        self._watchdog.watch(None)
         if self._conn is not None:
             self._conn.close()
         self._conn = self._process = None

@@ -12,6 +12,7 @@ from typing import Any
 
 from engine_ext.bindings import C
 from engine_ext.cpu import default_threads
+from engine_ext.engine_status import entered, left, phase
 from engine_ext.gguf import validate_loadable
 from engine_ext.params import (
     GPU_LAYERS_AUTO,
@@ -264,6 +265,10 @@ class Model:
         return self._special_texts
 
     def _tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        with phase("tokenize"):
+            return self._tokenize_whole(text, add_special=add_special, parse_special=parse_special)
+
+    def _tokenize_whole(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (C.llama_token * n_max)()
@@ -471,7 +476,9 @@ class Context:
         batch = self._batch
         batch.n_tokens = n
         self.one_output = (n == 1 or not logits_all) and logits_last
+        previous = entered("decode")  # the phase the client sees (engine_ext.engine_status)
         rc = C.llama_decode(handle, batch)
+        left(previous)
         if rc != 0:
             if rc == 1:
                 raise ContextError("the context is full: no room in the KV cache for this batch")
@@ -488,7 +495,9 @@ class Context:
         batch = self._batch
         batch.n_tokens = 1
         self.one_output = True
+        previous = entered("decode")  # the phase the client sees (engine_ext.engine_status)
         rc = C.llama_decode(handle, batch)
+        left(previous)
         if rc != 0:
             raise ContextError("the context is full" if rc == 1 else f"llama_decode failed with code {rc}")
 

@@ -530,9 +530,18 @@ class Crashed:
     log_tail: str
     log_path: str = ""  # the worker's log file (the whole log, where log_tail ends)
     gpu_devices: int = 0  # as the worker's Hello said: whether turning GPU offload off is a fallback to offer
+    phase: str = ""  # what the worker was doing (engine_ext.engine_status.PHASES' key; "": not known)
+    stopped: str = ""  # the client's watchdog ended it, and why (engine_ext.watchdog): not a crash
 
     @property
     def description(self) -> str:
+        if self.stopped:
+            return self.stopped
+        from engine_ext.engine_status import PHASES, native_phase
+
+        return self._how() + (f" while {PHASES[self.phase]}" if native_phase(self.phase) else "")
+
+    def _how(self) -> str:
         if self.exit_code is None:
             return "the engine process stopped responding"
         if self.exit_code < 0:

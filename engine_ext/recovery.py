@@ -38,6 +38,25 @@ def native_crash(exit_code: int | None) -> bool:
     return exit_code is not None and exit_code < 0 and -exit_code in {int(f) for f in faults}
 
 
+def blames_repacking(phase: str) -> bool:
+    """Whether a native crash in `phase` (engine_ext.engine_status) can be the repacked weights': loading them, or a
+    decode or an image's encode, where their kernels run; never a grammar, the tokenizer or a sampler. An unknown
+    phase ("": a worker that marked none) is blamed, as before phases were marked."""
+    from engine_ext.engine_status import REPACKED_WEIGHTS_PHASES
+
+    return not phase or phase in REPACKED_WEIGHTS_PHASES
+
+
+REQUEST_CRASH_ADVICE = "the request was refused; the speed settings are kept (the crash was not theirs)"
+REQUEST_PHASES = frozenset({"grammar", "tokenize", "sample"})  # native work on what a request brings
+
+
+def request_crash(exit_code: int | None, phase: str) -> bool:
+    """Whether a worker's death was a native fault in the request's own native work (its grammar, its text's
+    tokens, its sampler): the request is refused, the engine restarted as it was, nothing remembered."""
+    return native_crash(exit_code) and phase in REQUEST_PHASES
+
+
 def repack_retry(model: ModelParams, extra_bufts: tuple[str, ...]) -> ModelParams | None:
     """The model parameters to retry an early native crash with: repacking off, when it was on and this build on this
     CPU has extra buffer types to repack into; None when there is nothing to turn off. (What an engine without patch

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from engine_ext.bindings import C, logits_address
+from engine_ext.engine_status import entered, left, phase
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, EngineError, SamplingParams
 
@@ -110,6 +111,12 @@ class Sampler:
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from the logits of output row `idx` (-1: the last one) and accept the token."""
+        previous = entered("sample")  # the phase the client sees (engine_ext.engine_status)
+        token = self._sample(ctx, idx)
+        left(previous)
+        return token
+
+    def _sample(self, ctx: Context, idx: int) -> int:
         if self._grammar is not None:
             return self._sample_constrained(ctx, idx)
         if self.pure_greedy:
@@ -125,6 +132,10 @@ class Sampler:
         return int(C.llama_sampler_sample(self._chain, ctx.handle, idx))
 
     def sample_and_accept_n(self, ctx: Context, draft: Sequence[int], first_eog: int) -> list[int]:
+        with phase("sample"):
+            return self._sample_and_accept_n(ctx, draft, first_eog)
+
+    def _sample_and_accept_n(self, ctx: Context, draft: Sequence[int], first_eog: int) -> list[int]:
         """Verify a draft whose batch gave output rows 0..len(draft) (common_sampler_sample_and_accept_n).
 
         Row i is sampled and accepted; verification stops at the first sample that differs from draft[i], or
@@ -198,10 +209,11 @@ class Sampler:
     def accept_forced(self, token: int) -> None:
         """Feed a token the engine forced (the end of thinking) as if the chain had picked it: the penalties count it,
         and a grammar advances over it where it allows it (a lazy grammar not yet triggered allows anything)."""
-        grammar = self._grammar
-        if grammar is not None and grammar.allows(token):
-            grammar.accept(token)
-        C.llama_sampler_accept(self._chain, token)
+        with phase("sample"):
+            grammar = self._grammar
+            if grammar is not None and grammar.allows(token):
+                grammar.accept(token)
+            C.llama_sampler_accept(self._chain, token)
 
     def _sample_constrained(self, ctx: Context, idx: int) -> int:
         """Sample row `idx` under the grammar as upstream's common_sampler_sample does (grammar_first off): the
@@ -250,6 +262,7 @@ class _Grammar:
             grammar, root
         )  # every grammar, given, converted or built for tool calls, before llama.cpp reads it
         log_size = native_log_size()
+        previous = entered("grammar")  # llama.cpp parses the grammar here (engine_ext.engine_status)
         if triggers:
             # const char ** trigger_patterns, size_t n, const llama_token * trigger_tokens, size_t n
             patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
@@ -258,6 +271,7 @@ class _Grammar:
             )
         else:
             handle = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), root.encode())
+        left(previous)
         if not handle:
             raise GrammarError(f"the grammar does not parse: {parse_error(log_size)}")
         self.handle: Any = handle

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 
 from engine_ext.bindings import C
+from engine_ext.engine_status import entered, left
 from engine_ext.model import Context, array_at
 from engine_ext.params import ContextError
 
@@ -62,7 +63,9 @@ class SeqBatch:
         batch = self._batch
         batch.n_tokens = self.n
         ctx.one_output = False  # rows are read by index (Sampler.sample(ctx, row))
+        previous = entered("decode")  # the phase the client sees (engine_ext.engine_status)
         rc = C.llama_decode(handle, batch)
+        left(previous)
         self.n = 0
         if rc != 0:
             if rc == 1:

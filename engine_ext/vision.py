@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine_ext.bindings import C, mtmd
+from engine_ext.engine_status import phase
 from engine_ext.image_input import CheckedImage, ImageRefused, check_image, decode_rgb, load_decoder, read_image_file
 from engine_ext.params import EngineError, ModelLoadError
 from engine_ext.protocol import IMAGE_MARKER, ChatMessage, ImageRef
@@ -202,7 +203,8 @@ class Vision:
                     raise ImageRefused("libmtmd made a non-image chunk of an image")
                 n_tokens = int(m.mtmd_input_chunk_get_n_tokens(chunk))
                 t0 = time.perf_counter()
-                rc = m.mtmd_encode_chunk(self.handle, chunk)
+                with phase("encode"):  # the phase the client sees (engine_ext.engine_status)
+                    rc = m.mtmd_encode_chunk(self.handle, chunk)
                 if rc != 0:
                     raise EngineError(f"the projector failed to encode the image (error {rc}); the engine log says why")
                 out = m.mtmd_get_output_embd(self.handle)

@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine_ext.engine_status import FAULT_ENV, EngineStatus, attach, entered, phase, request_read
 from engine_ext.grammar import NATIVE_LOG_ENV
 from engine_ext.private_files import private_dir, private_file
 from engine_ext.protocol import (
@@ -49,8 +50,9 @@ LOAD_PROGRESS_INTERVAL_S = 0.1
 # Tests only: the worker crashes natively (SIGSEGV) where a CPU's weight-repack path crashed a user's machine (AMX,
 # on the first decode), so recovery can be tested on machines where repacking works. Values: repack-load and
 # repack-decode (only while weights are repacked: use_extra_bufts, and an extra buffer type left to repack for),
-# decode (always, on every generation).
-FAULT_ENV = "LLMTUI_TEST_FAULT"
+# repack-load:TYPE and repack-decode:TYPE (only while weights are repacked for that extra buffer type: a fault of
+# one type's kernels, which recovery leaves out while the others stay), decode (always, on every generation).
+# engine_ext.engine_status reads the same switch for faults in a phase (crash-grammar, hang-sample…).
 # Written to the engine log each time the worker replaces the target context (the device tests count it).
 FRESH_CONTEXT_LOG = "a fresh target context"
 
@@ -64,9 +66,12 @@ def steering_replaces_context(model: Any) -> bool:
     return target_on_lavapipe(model)
 
 
-def _inject_fault(stage: str, repacking: bool) -> None:
+def _inject_fault(stage: str, repacked_for: tuple[str, ...]) -> None:
+    """The test fault of `stage` (load, decode) when FAULT_ENV asks for it; `repacked_for`: the extra buffer types
+    the weights are repacked for now."""
     fault = os.environ.get(FAULT_ENV, "")
-    if fault == stage or (fault == f"repack-{stage}" and repacking):
+    kind, _, buft = fault.partition(":")
+    if fault == stage or (kind == f"repack-{stage}" and (buft in repacked_for if buft else bool(repacked_for))):
         import ctypes
 
         print(f"--- {FAULT_ENV}={fault}: crashing natively at {stage}", flush=True)
@@ -139,10 +144,13 @@ class Worker:
         self.unload()
 
     def _recv(self) -> Request | None:
+        entered("idle")
         try:
-            return self.conn.recv()  # type: ignore[no-any-return]
+            request = self.conn.recv()
         except (EOFError, OSError):
             return None  # the client went away
+        request_read()
+        return request  # type: ignore[no-any-return]
 
     def _parallel_step(self, scheduler: Any) -> None:
         """One step of the parallel sequences, after the pipe is drained: a Cancel stops its request at this step."""
@@ -155,6 +163,7 @@ class Worker:
                 incoming = conn.recv()
             except (EOFError, OSError):
                 incoming = Shutdown()
+            request_read()
             if isinstance(incoming, Submit | SetQueueLimit | Cancel | EndThinking | Inspect):
                 self.handle(incoming)
             elif isinstance(incoming, Shutdown):
@@ -164,7 +173,8 @@ class Worker:
         if self.shutting_down:
             return
         try:
-            scheduler.step()
+            with phase("reply"):
+                scheduler.step()
         except Exception as exc:  # a bug: its requests fail, the worker keeps serving
             traceback.print_exc()
             scheduler.fail_all(exc)
@@ -174,6 +184,7 @@ class Worker:
         if isinstance(request, Submit):
             request_id = request.request.request_id
         try:
+            entered(_PHASE_OF.get(type(request), "other"))
             if isinstance(request, LoadModel):
                 self.load(request)
             elif isinstance(request, UnloadModel):
@@ -285,7 +296,7 @@ class Worker:
 
             model_params = replace(model_params, use_extra_bufts=False)
         model = Model(path, model_params, progress)
-        _inject_fault("load", model_params.use_extra_bufts and bool(self.extra_bufts))
+        _inject_fault("load", self.extra_bufts if model_params.use_extra_bufts else ())
         try:
             ctx = Context(model, request.context)
         except Exception:
@@ -516,6 +527,7 @@ class Worker:
                 except (EOFError, OSError):
                     self.shutting_down = True
                     return True
+                request_read()
                 if isinstance(incoming, Cancel):
                     if incoming.request_id == request.request_id:
                         cancelled[0] = True
@@ -535,9 +547,14 @@ class Worker:
                     self.backlog.append(incoming)
             return cancelled[0]
 
-        _inject_fault("decode", self.model.params.use_extra_bufts and bool(self.extra_bufts))
+        with phase("decode"):  # where a repacked type's kernels first run after a load
+            _inject_fault("decode", self.extra_bufts if self.model.params.use_extra_bufts else ())
         finished = self.session.generate(request, self.send, poll_cancel)
         self.send(finished)
+
+
+# The phase a request's handling starts in (engine_ext.engine_status; native calls mark their own within it).
+_PHASE_OF: dict[type, str] = {LoadModel: "load", Generate: "reply", Submit: "reply", Inspect: "idle"}
 
 
 ADAPTIVE_THREADS_ENV = "LLMTUI_ADAPTIVE_THREADS"  # "off": the default thread count stays fixed (the tests set it)
@@ -566,10 +583,13 @@ def _llama_cpp_version() -> str:
         return "unknown"
 
 
-def worker_main(conn: Connection, log_path: str, skip_bufts: tuple[str, ...] = ()) -> None:
+def worker_main(conn: Connection, log_path: str, skip_bufts: tuple[str, ...] = (), status: Any = None) -> None:
     """Entry point of the worker process (multiprocessing spawn target); `skip_bufts`: CPU extra buffer types to
-    leave out (a crash in their repack path is remembered for this CPU and engine build: engine_ext.recovery)."""
+    leave out (a crash in their repack path is remembered for this CPU and engine build: engine_ext.recovery);
+    `status`: the shared words it marks its phase in (engine_ext.engine_status)."""
     _redirect_native_output(Path(log_path))
+    if status is not None:
+        attach(EngineStatus(status))
     print(f"--- llmtui engine worker pid {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}")
     if skip_bufts:
         from engine_ext.recovery import SKIP_ENV

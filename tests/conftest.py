@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import site
 from collections.abc import AsyncIterator, Iterator
@@ -83,6 +84,16 @@ _HF_ENV_VARS = (
 )
 
 
+def _leaked_hf_env_vars() -> list[str]:
+    """The Hugging Face settings in this environment that a test must not inherit: those above and every other HF_*
+    (huggingface_hub reads them once, when it is first imported, so unsetting them per test comes too late)."""
+    return [name for name in os.environ if name in _HF_ENV_VARS or name.startswith("HF_")]
+
+
+for _name in _leaked_hf_env_vars():  # before anything imports huggingface_hub (xdist's workers inherit this)
+    del os.environ[_name]
+
+
 # ----- hermetic tests: every test has its own HOME, config, data, cache, state and log directories -----------
 
 
@@ -132,7 +143,7 @@ def hermetic_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     )
     # A Python with packages in the user site (pip install --user) still finds them from a subprocess.
     monkeypatch.setenv("PYTHONUSERBASE", site.getuserbase())
-    for name in _HF_ENV_VARS:
+    for name in _leaked_hf_env_vars():
         monkeypatch.delenv(name, raising=False)
     for name, path in (
         ("HOME", dirs.home),

@@ -120,7 +120,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     text, _, finished = stream_reply(client, request, echo=True, echoed=printed)
                 except KeyboardInterrupt:
                     client.cancel(request.request_id)
-                    text, _, finished = drain(client, request.request_id)
+                    try:
+                        text, _, finished = drain(client, request.request_id)
+                    except EngineCrashedError as error:
+                        if not error.crashed.stopped:
+                            raise
+                        # The worker was stuck in a native call (engine_ext.watchdog): the same engine again, the
+                        # message that got no reply left out of the history.
+                        print(f"\nllmtui: {error.crashed.stopped}; restarted", file=sys.stderr)
+                        history.pop()
+                        client.start()
+                        client.load(path, model, context)
+                        continue
                 except (EngineFailure, EngineError) as error:  # e.g. a line longer than the context: say so, go on
                     history.pop()
                     sys.stderr.write(error_line(str(error)))

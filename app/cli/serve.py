@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from app.cli.engine_args import (
     add_engine_args,
@@ -30,7 +32,11 @@ from app.server.requests import Limits
 from app.settings_schema import SERVER_HOST, SERVER_PORT
 from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
 
+if TYPE_CHECKING:
+    import uvicorn
+
 DEFAULT_PORT = SERVER_PORT.default
+DEFAULT_STEP_LIMIT_S = 60  # one step of a request's reply (a decode, a sampling, a grammar's build) past it: restarted
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -65,6 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
     vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
     client = start_engine()
+    client.step_limit_s = args.step_limit
     try:
         info = loaded(client.load(path, model, context))
         if spec.enabled:
@@ -94,11 +101,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = build_app(backend, metrics, api_key=api_key, access=access)
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"llmtui serve: http://{host}:{args.port}/v1 serving {settings.model_id}", file=sys.stderr, flush=True)
-        listen.server(app, args.host, args.port, log_level="warning").run()
+        server = listen.server(app, args.host, args.port, log_level="warning")
+        _cancel_on_exit(server, backend.stop)
+        server.run()
         backend.close()
     finally:
         client.close()
     return 0
+
+
+def _cancel_on_exit(server: uvicorn.Server, stop: Callable[[], None]) -> None:
+    """Ctrl+C (or SIGTERM) on `server` first cancels every request (`stop`): a streaming response ends (the engine
+    client's watchdog ends a worker stuck in a native call within about a second) instead of holding the shutdown."""
+    handle_exit = server.handle_exit
+
+    def cancel_then_exit(sig: int, frame: FrameType | None) -> None:
+        stop()
+        handle_exit(sig, frame)
+
+    server.handle_exit = cancel_then_exit  # type: ignore[method-assign]
 
 
 def _api_key(name: str | None) -> str | None:
@@ -173,6 +194,14 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=int_range(1, 64),
         default=1,
         help="requests decoded together in one batch (llama-server's -np; the context is shared by them; default 1)",
+    )
+    serve.add_argument(
+        "--step-limit",
+        type=int_range(0, 86400),
+        default=DEFAULT_STEP_LIMIT_S,
+        metavar="SECONDS",
+        help="most seconds one step of a reply (a decode, a sampling, building a grammar) may take before the engine "
+        f"is restarted and the request fails (0: no limit; default {DEFAULT_STEP_LIMIT_S})",
     )
     add_spec_args(serve)
     add_control_vector_args(serve)

@@ -167,8 +167,11 @@ def stream_reply(
 def with_advice(error: EngineCrashedError, model: ModelParams, context: ContextParams) -> EngineCrashedError:
     """`error` with the settings that could avoid the crash (llama.cpp flags), for the one-line report."""
     from engine_ext.cpu import default_threads
-    from engine_ext.recovery import fallbacks
+    from engine_ext.recovery import REQUEST_CRASH_ADVICE, fallbacks, request_crash
 
+    if request_crash(error.crashed.exit_code, error.crashed.phase):  # a grammar, the tokenizer, a sampler
+        error.advice = REQUEST_CRASH_ADVICE
+        return error
     options = fallbacks(model, context, context.n_threads or default_threads(), error.crashed.gpu_devices)
     if options:
         error.advice = "to avoid it, try " + ", ".join(f"{f.flag} ({f.what})" for f in options)

@@ -74,6 +74,14 @@ class Ticket:
         self.cancelled.set()
 
 
+def crash_error(crashed: Crashed) -> ApiError:
+    """What a request hears when the engine died under it: crashed (500), or ended by the client's watchdog (a step
+    past the step limit, or a cancel it could not read: engine_ext.watchdog); restarted either way."""
+    if crashed.stopped:
+        return ApiError(500, f"{crashed.stopped}; the engine was restarted")
+    return ApiError(500, f"the engine crashed ({crashed.description}); restarting it")
+
+
 class Dispatcher:
     """A thread that runs tickets in arrival order, from a bounded queue, on an engine its subclass drives
     (`EngineBackend`: an engine client of its own; `app/server/shared.py`: the app's engine, between its replies)."""
@@ -86,6 +94,9 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._waiting = 0
         self._running = 0
+        self._current: Ticket | None = None  # the ticket the dispatcher runs
+        self.stopping = False
+        """The server is shutting down: requests are cancelled and a dead engine is not restarted."""
         self._thread = threading.Thread(target=self._run, name="llmtui-serve-dispatch", daemon=True)
         self._thread.start()
 
@@ -105,6 +116,19 @@ class Dispatcher:
     def close(self, timeout_s: float = 5.0) -> None:
         self._queue.put(None)
         self._thread.join(timeout_s)
+
+    def stop(self) -> None:
+        """The server is shutting down (Ctrl+C): cancel every request, waiting or running, so their responses end
+        (within about a second: the engine client's watchdog ends a worker that cannot read the cancel)."""
+        self.stopping = True
+        for ticket in self._live_tickets():
+            ticket.cancel()
+
+    def _live_tickets(self) -> list[Ticket]:
+        with self._queue.mutex:
+            waiting = [t for t in self._queue.queue if t is not None]
+        current = self._current
+        return [*waiting, current] if current is not None else waiting
 
     def _publish(self) -> None:
         self.metrics.queue(self._running, self._waiting)
@@ -200,7 +224,7 @@ class Dispatcher:
                 ticket.push(ApiError(status, (event.message or event.error).splitlines()[0][:300]))
         elif isinstance(event, Crashed):
             self.metrics.failed()
-            ticket.push(ApiError(500, f"the engine crashed ({event.description}); restarting it"))
+            ticket.push(crash_error(event))
         else:
             return False
         return True
@@ -213,6 +237,7 @@ class Dispatcher:
             with self._lock:
                 self._waiting -= 1
                 self._running = 1
+                self._current = ticket
                 self._publish()
             try:
                 if ticket.cancelled.is_set():
@@ -225,6 +250,7 @@ class Dispatcher:
             finally:
                 with self._lock:
                     self._running = 0
+                    self._current = None
                     self._publish()
 
 
@@ -296,8 +322,8 @@ class EngineBackend(Dispatcher):
     def _crashed(self, ticket: Ticket, crashed: Crashed) -> None:
         self.metrics.failed()
         self._applied_spec = self._applied_steering = None
-        ticket.push(ApiError(500, f"the engine crashed ({crashed.description}); restarting it"))
-        if self._restart is not None:
+        ticket.push(crash_error(crashed))
+        if self._restart is not None and not self.stopping:
             try:
                 self._restart()
             except Exception:  # the next request says what is wrong

@@ -136,6 +136,10 @@ class ParallelBackend(Dispatcher):
 
         return deliver
 
+    def _live_tickets(self) -> list[Ticket]:
+        with self._lock:
+            return list(self._tickets.values())
+
     def _end(self, ticket: SlotTicket) -> None:
         ticket.done = True
         with self._lock:
@@ -145,7 +149,7 @@ class ParallelBackend(Dispatcher):
 
     def _on_other(self, event: Event) -> None:
         """Events of no ticket here; a crash ends the router: the engine is restarted and a new one reads it."""
-        if not isinstance(event, Crashed) or self._restart is None:
+        if not isinstance(event, Crashed) or self._restart is None or self.stopping:
             return
         try:
             self._restart()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from engine_ext.bindings import C, ext, logits_address
+from engine_ext.engine_status import entered, left
 from engine_ext.model import Context, Model, free_context, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.sampling import FloatRows
@@ -89,7 +90,9 @@ class DraftMTP(Drafter):
             batch.logits[i] = 1 if output_last and i == n - 1 else 0
         self._embd[:n] = embd
         batch.n_tokens = n
+        previous = entered("decode")  # the phase the client sees (engine_ext.engine_status)
         rc = C.llama_decode(self.ctx, batch)
+        left(previous)
         if rc != 0:
             raise SpeculativeConfigError(f"the MTP head failed to decode (llama_decode returned {rc})")
 

@@ -1,7 +1,9 @@
 """CPU weight repacking under the user's control (--no-repack), and recovery from a native crash in it.
 
-No test machine has AMX, whose repack path crashed a user's Xeon on the first message; the worker's test switch
-LLMTUI_TEST_FAULT makes it crash natively (SIGSEGV) where that path would, while repacking is on.
+AMX's repack path crashed a user's Xeon on the first message; the worker's test switch LLMTUI_TEST_FAULT makes it
+crash natively (SIGSEGV) where that path would, while weights are repacked for one extra buffer type (this CPU's
+first: `_fault`), so the tests hold with one extra buffer type (CPU_REPACK), two (AMX and CPU_REPACK) or none
+(skipped). The phases a crash is blamed for are in the tests at the end.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def _extra_bufts() -> tuple[str, ...]:
     from engine_ext.bindings import cpu_extra_buffer_types
 
     return cpu_extra_buffer_types()
+
+
+def _fault(stage: str) -> str:
+    """The test fault of `stage` (load, decode) tied to this CPU's first extra buffer type: recovery leaves that one
+    out and the others run."""
+    return f"repack-{stage}:{_extra_bufts()[0]}"
 
 
 needs_extra_bufts = pytest.mark.skipif(
@@ -217,10 +225,11 @@ def test_doctor_lists_the_cpu_extra_buffer_types(tmp_path: Path) -> None:
 
 
 @needs_extra_bufts
-@pytest.mark.parametrize("fault", ["repack-decode", "repack-load"])
+@pytest.mark.parametrize("stage", ["decode", "load"])
 def test_run_restarts_without_repacking_after_a_native_crash(
-    tmp_path: Path, tiny_models: dict[str, Path], fault: str
+    tmp_path: Path, tiny_models: dict[str, Path], stage: str
 ) -> None:
+    fault = _fault(stage)
     common = ("run", "-m", str(tiny_models["llama"]), "-p", "hello", "--temp", "0", "-n", "8", "--json")
     result = _run(*common, data_dir=tmp_path, fault=fault)
     assert result.returncode == 0, result.stderr
@@ -257,7 +266,7 @@ def test_bench_and_steer_make_recover_and_remember(
     tmp_path: Path, tiny_models: dict[str, Path], command: tuple[str, ...]
 ) -> None:
     extra = ("-o", str(tmp_path / "v.gguf")) if command[0] == "steer" else ()
-    result = _run(*command, "-m", str(tiny_models["llama"]), *extra, data_dir=tmp_path, fault="repack-load")
+    result = _run(*command, "-m", str(tiny_models["llama"]), *extra, data_dir=tmp_path, fault=_fault("load"))
     assert result.returncode == 0, result.stderr
     assert "crashed natively with CPU weights repacked for" in result.stderr and "Traceback" not in result.stderr
     assert RepackMemory(tmp_path / "engine-recovery.json").skipped() == _extra_bufts()[:1]
@@ -266,7 +275,7 @@ def test_bench_and_steer_make_recover_and_remember(
 @needs_extra_bufts
 def test_chat_recovers_and_asks_the_message_again(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     env = dict(os.environ, LLMTUI_DATA_DIR=str(tmp_path), LLMTUI_CONFIG_DIR=str(tmp_path / "config"))
-    env[FAULT_ENV] = "repack-decode"
+    env[FAULT_ENV] = _fault("decode")
     result = subprocess.run(
         [sys.executable, "-m", "app", "chat", "-m", str(tiny_models["llama"]), "--temp", "0", "-n", "6"],
         cwd=ROOT,
@@ -325,7 +334,7 @@ def _notices(app: LlmtuiApp) -> list[str]:
 async def test_the_app_restarts_without_repacking_and_retries_the_message(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(FAULT_ENV, "repack-decode")
+    monkeypatch.setenv(FAULT_ENV, _fault("decode"))
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait(pilot, lambda: app.engine_state == "ready", "the model to load")
@@ -348,7 +357,7 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         path = app.store.active_path(chat.conversation_id or 0)
         assert [m.role for m in path] == ["user", "assistant"]
         assert path[-1].state == "complete" and path[-1].content
-        assert app.model is not None and app.model.repack is False
+        assert app.model is not None and app.model.repack is (len(_extra_bufts()) > 1)  # the others kept
         # The next message goes to the same worker, still without repacking.
         chat.prompt.load_text("and again")
         await pilot.press("enter")
@@ -428,3 +437,60 @@ async def test_no_repack_on_the_app_command_line_is_for_this_session(tiny_models
     import inspect
 
     assert "no_repack" in inspect.signature(run_tui).parameters
+
+
+# ----- what a crash is blamed on -----------------------------------------------------------------------------
+
+
+def test_a_crash_in_the_requests_grammar_is_not_blamed_on_repacking(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    schema = '{"type": "string"}'
+    common = ("run", "-m", str(tiny_models["llama"]), "-p", "hello", "-n", "8", "--json-schema", schema)
+    result = _run(*common, data_dir=tmp_path, fault="crash-grammar")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first == "llmtui: error: the engine process was killed by SIGSEGV while building the request's grammar"
+    assert "the request was refused; the speed settings are kept" in result.stderr
+    assert "crashed natively with CPU weights" not in result.stderr and "--no-repack" not in result.stderr
+    assert (tmp_path / "logs" / "engine.log").read_text().count("crashing natively at grammar") == 1  # no retry
+    assert not (tmp_path / "engine-recovery.json").exists()
+    assert "left out" not in _run("doctor", data_dir=tmp_path).stdout
+
+
+@needs_extra_bufts
+def test_a_crash_in_the_first_decode_after_a_load_is_still_blamed(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    # crash-decode: every decode crashes, whatever is repacked (the retries drop each type, then it persists)
+    result = _run(
+        "run", "-m", str(tiny_models["llama"]), "-p", "hi", "-n", "4", data_dir=tmp_path, fault="crash-decode"
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"crashed natively with CPU weights repacked for {_extra_bufts()[0]}" in result.stderr
+    assert "SIGSEGV while decoding" in result.stderr
+    assert RepackMemory(tmp_path / "engine-recovery.json").skipped() == _extra_bufts()
+
+
+@pytest.mark.anyio
+async def test_the_app_refuses_a_reply_whose_grammar_crashed_and_keeps_its_speed_settings(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.output_format import ANY_JSON
+
+    monkeypatch.setenv(FAULT_ENV, "crash-grammar")
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=replace(SHORT, output_format=ANY_JSON))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait(pilot, lambda: app.engine_state == "ready", "the model to load")
+        chat = app.chat
+        assert chat is not None
+        pid = app.bridge.pid
+        monkeypatch.delenv(FAULT_ENV)  # the restarted worker builds grammars
+        chat.prompt.focus()
+        chat.prompt.load_text("answer in JSON")
+        await pilot.press("enter")
+        await wait(pilot, lambda: chat.replies_started > 0 and chat.generation is None, "the reply to end")
+        await wait(pilot, lambda: app.engine_state == "ready" and app.bridge.pid != pid, "the restarted engine")
+        path = app.store.active_path(chat.conversation_id or 0)
+        assert [m.role for m in path] == ["user", "assistant"] and path[-1].state == "error"
+        assert not any("crashed natively" in n for n in _notices(app))
+        assert app.model is not None and app.model.repack is bool(_extra_bufts())  # repacking as it was
+        assert not (Path(os.environ["LLMTUI_DATA_DIR"]) / "engine-recovery.json").exists()

@@ -35,6 +35,12 @@ _INDEX = {key: index for index, key in enumerate(_KEYS)}
 REPACKED_WEIGHTS_PHASES = frozenset({"load", "decode", "encode"})
 # Phases of a reply: a worker that reads no Cancel in one of them for long is stuck (a load is not cancellable).
 REPLY_PHASES = frozenset({"reply", "tokenize", "grammar", "decode", "encode", "sample"})
+# ... among them, those whose work a request's input can make unbounded (a grammar, a sampler's stacks, Python
+# between native calls): the watchdog ends a worker stuck in one of these. A decode or an image encode always ends by
+# itself, its length set by the model, the machine and a batch of at most n_batch tokens, never by a request's shape:
+# a Cancel sent during one is read when it ends (a long prompt on a large model on a CPU can take many seconds a
+# batch, and killing the worker then would cost a reload and the whole conversation read again).
+WATCHED_PHASES = REPLY_PHASES - {"decode", "encode"}
 
 
 def native_phase(phase: str) -> bool:

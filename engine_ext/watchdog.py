@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine_ext.engine_status import PHASES, REPLY_PHASES, EngineStatus
+from engine_ext.engine_status import PHASES, WATCHED_PHASES, EngineStatus
 
 CANCEL_GRACE_S = 0.8  # how long a Cancel may stay unread (the reply then ends within about a second)
 _CANCEL_POLL_S = 0.05
@@ -99,12 +99,15 @@ class Watchdog:
             return ""
         phase, reads = status.phase, status.reads
         self._cancels = [(sent, at) for sent, at in self._cancels if reads < sent]  # read: acknowledged
-        if phase not in REPLY_PHASES:
-            # waiting for a request (it reads the Cancel at once), loading (not cancellable), or other work
+        if phase not in WATCHED_PHASES:
+            # waiting for a request (it reads the Cancel at once), loading (not cancellable), a decode or an image
+            # encode (it ends by itself, and the Cancel is read after it), or other work
             if phase == "idle":
                 self._cancels = []
             return ""
-        if self._cancels and now - self._cancels[0][1] >= self.grace_s:
+        # the grace runs from the Cancel or from the phase's start, whichever is later: a Cancel sent during a long
+        # decode gets its grace once the worker is back where it reads the pipe
+        if self._cancels and now - max(self._cancels[0][1], status.since) >= self.grace_s:
             return stuck_line(max(1.0, self.grace_s), phase)
         if self.step_limit_s and now - status.since >= self.step_limit_s:
             return over_limit_line(self.step_limit_s, phase)

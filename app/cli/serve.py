@@ -200,8 +200,9 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=int_range(0, 86400),
         default=DEFAULT_STEP_LIMIT_S,
         metavar="SECONDS",
-        help="most seconds one step of a reply (a decode, a sampling, building a grammar) may take before the engine "
-        f"is restarted and the request fails (0: no limit; default {DEFAULT_STEP_LIMIT_S})",
+        help="most seconds one step of a reply whose work the request's input sets (building its grammar, sampling, "
+        f"tokenizing) may take before the engine is restarted and the request fails (0: no limit; default "
+        f"{DEFAULT_STEP_LIMIT_S}); a decode always finishes its batch",
     )
     add_spec_args(serve)
     add_control_vector_args(serve)

@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine_ext.params import ContextParams, ModelParams, SpeculativeParams, SteeringEntry
+from engine_ext.params import ContextParams, DiskCacheParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.private_files import private_dir
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
@@ -265,12 +265,13 @@ class EngineClient:
         model: ModelParams = ModelParams(),
         context: ContextParams = ContextParams(),
         on_progress: Callable[[float], None] | None = None,
+        disk_cache: DiskCacheParams = DiskCacheParams(),
     ) -> ModelInfo:
         def progress(event: Event) -> None:
             if isinstance(event, LoadProgress) and on_progress is not None:
                 on_progress(event.fraction)
 
-        self.send(LoadModel(str(path), model, context))
+        self.send(LoadModel(str(path), model, context, disk_cache))
         info = self._answer(Loaded, progress).info
         self.model_info = info
         return info

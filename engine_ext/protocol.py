@@ -7,6 +7,7 @@ from typing import Final, Literal
 
 from engine_ext.params import (
     ContextParams,
+    DiskCacheParams,
     ModelParams,
     PromptTooLong,
     SamplingParams,
@@ -15,7 +16,8 @@ from engine_ext.params import (
 )
 
 PROTOCOL_VERSION = (
-    4  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only
+    5  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only;
+    # 5: LoadModel.disk_cache
 )
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
@@ -55,6 +57,7 @@ class LoadModel:
     path: str
     model: ModelParams = ModelParams()
     context: ContextParams = ContextParams()
+    disk_cache: DiskCacheParams = DiskCacheParams()  # off unless it names a folder or a file
 
 
 @dataclass(frozen=True)

@@ -307,6 +307,7 @@ class Worker:
                 self.unload()
                 raise
         self.session.governor = _thread_governor(request.context.n_threads)
+        self.session.disk = _disk_cache(request, model)
         from engine_ext.speculative.factory import target_backends
 
         self.device_backends = target_backends(model)
@@ -430,6 +431,8 @@ class Worker:
         notices: tuple[str, ...] = ()
         if request.entries and not layers:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
+        if self.session.disk is not None:  # states saved under another mix are not restored under this one
+            self.session.disk.set_part("steering", [repr(entry) for entry in request.entries])
         if not self.fresh_steering:
             active = self.mixer.apply(request.entries)
             if request.reset_cache:  # asked for when the cache may hold rows read under another mix
@@ -482,6 +485,8 @@ class Worker:
             self.session.spec.close()
         if self.session is not None and self.session.vision is not None:
             self.session.vision.close()
+        if self.session is not None and self.session.disk is not None:
+            self.session.disk.close()  # the last reply's save finishes (it was started when the reply ended)
         self.session = None
         if self.ctx is not None:
             self.ctx.close()
@@ -538,6 +543,44 @@ class Worker:
         _inject_fault("decode", self.model.params.use_extra_bufts and bool(self.extra_bufts))
         finished = self.session.generate(request, self.send, poll_cancel)
         self.send(finished)
+        try:  # after the reply is sent: llama.cpp copies the state out, a thread writes it
+            self.session.save_to_disk()
+        except Exception:  # a bug or a full disk: the reply stands, the log says why
+            traceback.print_exc()
+
+
+def _disk_cache(request: LoadModel, model: Any) -> Any:
+    """The prompt cache on disk for a loaded model (engine_ext.disk_cache), keyed by what decides its states: the
+    model file, the engine build, the KV cache's types and layout; None when it is off or its folder cannot be made
+    (said in the log: replies are evaluated as without it)."""
+    params = request.disk_cache
+    if not params.enabled:
+        return None
+    from engine_ext.disk_cache import DiskCache, model_identity
+    from engine_ext.recovery import machine_key
+
+    context = request.context
+    parts = {
+        "model": model_identity(Path(request.path)),
+        "build": machine_key(),
+        "kv": [context.type_k, context.type_v, context.flash_attn, context.n_seq_max, context.kv_unified],
+        "n_rs_seq": context.n_rs_seq,
+        "steering": [],
+    }
+    single = Path(params.file) if params.file else None
+    folder = single.parent if single is not None else Path(params.folder)
+    try:
+        return DiskCache(
+            folder,
+            parts,
+            budget=params.budget_mib << 20,
+            single_file=single,
+            read_only=params.read_only,
+            model=Path(request.path).name,
+        )
+    except OSError as error:
+        print(f"--- prompt cache off: {folder}: {error.strerror}", flush=True)
+        return None
 
 
 ADAPTIVE_THREADS_ENV = "LLMTUI_ADAPTIVE_THREADS"  # "off": the default thread count stays fixed (the tests set it)

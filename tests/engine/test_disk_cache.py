@@ -1,0 +1,173 @@
+"""The prompt cache on disk with llama.cpp: a conversation's state restored by a new worker (a restart), exactly for a
+hybrid model, refused files that leave the reply as a fresh evaluation gives it, and the engine's own notices."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from engine_ext.client import EngineClient
+from engine_ext.disk_cache import SUFFIX, DiskCache, folder_bytes
+from engine_ext.generate import Session
+from engine_ext.model import Context, Model
+from engine_ext.params import GREEDY, ContextParams, DiskCacheParams, ModelParams
+from engine_ext.protocol import Finished, Generate, TokenChunk
+
+CTX = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2)
+FIRST = "The history of the lighthouse keeper: " + " ".join(f"day {i} the lamp was lit at dusk." for i in range(12))
+
+
+def reply(client_or_session: EngineClient | Session, prompt: str, max_tokens: int = 12) -> tuple[list[int], Finished]:
+    request = Generate(request_id=1, prompt=prompt, sampling=GREEDY, max_tokens=max_tokens, ignore_eos=True)
+    ids: list[int] = []
+    if isinstance(client_or_session, Session):
+
+        def emit(event: object) -> None:
+            if isinstance(event, TokenChunk):
+                ids.extend(event.token_ids)
+
+        done = client_or_session.generate(request, emit, lambda: False)  # type: ignore[arg-type]
+        return ids, done
+    for event in client_or_session.generate(request):
+        if isinstance(event, TokenChunk):
+            ids.extend(event.token_ids)
+        elif isinstance(event, Finished):
+            return ids, event
+    raise AssertionError(f"no Finished: {event}")
+
+
+@contextmanager
+def session(
+    path: Path, folder: Path | None, parts: dict[str, object] | None = None, budget: int = 0
+) -> Iterator[Session]:
+    model = Model(path)
+    ctx = Context(model, CTX)
+    try:
+        s = Session(model, ctx)
+        if folder is not None:
+            s.disk = DiskCache(folder, parts or {"model": str(path)}, budget=budget)
+        yield s
+        if s.disk is not None:
+            s.disk.close()
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_a_second_worker_resumes_the_conversation_from_disk(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A restart: the first worker saves the conversation after its reply; the second restores it for the next turn
+    (its stats count the restored tokens as cached) and answers as a fresh evaluation does."""
+    folder = tmp_path / "prompt-cache"
+    disk = DiskCacheParams(folder=str(folder))
+    path = tiny_models["llama"]
+    with EngineClient(tmp_path / "one.log") as client:
+        client.start()
+        client.load(path, ModelParams(), CTX, disk_cache=disk)
+        first_ids, first = reply(client, FIRST)
+    assert first.stats.prompt_tokens_cached == 0
+    files = list(folder.glob(f"*{SUFFIX}"))
+    assert len(files) == 1 and oct(files[0].stat().st_mode & 0o777) == "0o600"
+    with EngineClient(tmp_path / "two.log") as client:
+        client.start()
+        client.load(path, ModelParams(), CTX, disk_cache=disk)
+        first_text = client_text = None  # noqa: F841 - the prompt goes on from the reply's text
+        with session(path, None) as fresh_session:
+            first_text = b"".join(fresh_session.model.token_piece(t) for t in first_ids).decode("utf-8", "replace")
+            second_prompt = FIRST + first_text + " And on the next day"
+            fresh_ids, fresh = reply(fresh_session, second_prompt)
+        restored_ids, restored = reply(client, second_prompt)
+    assert restored.stats.prompt_tokens_cached >= first.stats.prompt_tokens  # the first prompt was not read again
+    assert fresh.stats.prompt_tokens_cached == 0
+    assert restored_ids == fresh_ids
+    assert "prompt cache:" in (tmp_path / "two.log").read_text()  # the log says what was restored
+
+
+@pytest.mark.parametrize("kind", ["qwen35", "qwen3next"])
+def test_a_hybrid_model_is_restored_exactly(tiny_models: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    """Recurrent state and its checkpoints come back: the next turn's greedy reply equals a fresh evaluation's, and
+    a branch from before the end of the saved state restores at a checkpoint."""
+    path = tiny_models[kind]
+    folder = tmp_path / "cache"
+    with session(path, folder) as first:
+        first_ids, first_done = reply(first, FIRST)
+        first.save_to_disk()
+        text = b"".join(first.model.token_piece(t) for t in first_ids).decode("utf-8", "replace")
+    second_prompt = FIRST + text + " Then"
+    with session(path, None) as fresh:
+        fresh_ids, _ = reply(fresh, second_prompt)
+        branch_ids, _ = reply(fresh, FIRST + " A different turn")
+    with session(path, folder) as resumed:
+        ids, done = reply(resumed, second_prompt)
+        assert done.stats.prompt_tokens_cached >= first_done.stats.prompt_tokens - 1
+        assert ids == fresh_ids and done.notices == ()
+    with session(path, folder) as branched:  # shares the first prompt but its last token: the checkpoint there
+        ids, done = reply(branched, FIRST + " A different turn")
+        assert done.stats.prompt_tokens_cached >= first_done.stats.prompt_tokens - 2
+        assert ids == branch_ids
+
+
+def _corrupt(path: Path) -> None:
+    with open(path, "r+b") as file:
+        file.seek(-3, os.SEEK_END)
+        file.write(b"\xff\x00\xff")
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _link(path: Path) -> None:
+    target = path.with_name("elsewhere.bin")
+    os.replace(path, target)
+    path.symlink_to(target)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "said"),
+    [(_corrupt, "checksum does not match"), (_truncate, "is truncated"), (_link, "symbolic link"), (None, "another")],
+)
+def test_a_spoiled_state_file_is_refused_and_the_reply_is_evaluated(
+    tiny_models: dict[str, Path], tmp_path: Path, spoil: object, said: str
+) -> None:
+    path = tiny_models["llama"]
+    folder = tmp_path / "cache"
+    with session(path, folder) as first:
+        first.generate(Generate(1, prompt=FIRST, sampling=GREEDY, max_tokens=4), lambda e: None, lambda: False)
+        first.save_to_disk()
+    (saved,) = folder.glob(f"*{SUFFIX}")
+    if spoil is None:  # foreign: saved by another model (or build, or KV types) under this file's name
+        with session(tiny_models["qwen3"], tmp_path / "other", {"model": "another"}) as other:
+            other.generate(Generate(1, prompt=FIRST, sampling=GREEDY, max_tokens=4), lambda e: None, lambda: False)
+            other.save_to_disk()
+        (foreign,) = (tmp_path / "other").glob(f"*{SUFFIX}")
+        os.replace(foreign, saved)
+    else:
+        spoil(saved)  # type: ignore[operator]
+    prompt = FIRST + " and the keeper slept."
+    with session(path, None) as fresh:
+        fresh_ids, _ = reply(fresh, prompt)
+    with session(path, folder) as resumed:
+        ids, done = reply(resumed, prompt)
+    assert done.stats.prompt_tokens_cached == 0 and ids == fresh_ids
+    (notice,) = [n for n in done.notices if n.startswith("prompt cache:")]
+    assert said in notice and "\n" not in notice and len(notice) <= 320
+
+
+def test_saves_stay_within_the_budget(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    path = tiny_models["llama"]
+    folder = tmp_path / "cache"
+    with session(path, folder, budget=1) as probe:  # how big one conversation's state is
+        reply(probe, FIRST)
+        one = len(probe.ctx.sequence_state())
+    budget = int(one * 2.5)
+    with session(path, folder, budget=budget) as s:
+        for topic in ("apples", "rivers", "engines"):
+            s.reset_cache()
+            reply(s, f"Tell me about {topic}. " + FIRST)
+            s.save_to_disk()
+            s.disk.wait()  # type: ignore[union-attr]
+        assert 0 < folder_bytes(folder) <= budget and len(list(folder.glob(f"*{SUFFIX}"))) == 2

@@ -283,7 +283,8 @@ class DiskCache:
         read_only: bool = False,
         model: str = "",
     ) -> None:
-        self.folder = private_dir(Path(folder)) if not read_only else Path(folder)
+        # The cache folder is llmtui's (0700); the folder of a file the user named (`--prompt-cache`) is left as it is.
+        self.folder = private_dir(Path(folder)) if not read_only and single_file is None else Path(folder)
         self.parts = dict(parts)
         self.key = cache_key(self.parts)
         self.budget = budget if budget > 0 else default_budget(self.folder)

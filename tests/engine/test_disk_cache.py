@@ -171,3 +171,38 @@ def test_saves_stay_within_the_budget(tiny_models: dict[str, Path], tmp_path: Pa
             s.save_to_disk()
             s.disk.wait()  # type: ignore[union-attr]
         assert 0 < folder_bytes(folder) <= budget and len(list(folder.glob(f"*{SUFFIX}"))) == 2
+
+
+def test_run_prompt_cache_file_restores_the_prompt_and_ro_leaves_it(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """`run --prompt-cache FILE` as llama-cli has it: the second run with a prompt that starts with the first's reads
+    it from FILE; --prompt-cache-ro does not write FILE."""
+    import json
+    import subprocess
+    import sys
+
+    state = tmp_path / "prompt.state"
+
+    def run(prompt: str, *extra: str) -> dict[str, object]:
+        args = ["run", "-m", str(tiny_models["llama"]), "--raw", "-p", prompt, "--temp", "0", "-n", "4", "-t", "2"]
+        result = subprocess.run(
+            [sys.executable, "-m", "app", *args, "-c", "1024", "--json", "--prompt-cache", str(state), *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+    first = run(FIRST)
+    assert state.is_file() and oct(state.stat().st_mode & 0o777) == "0o600"
+    saved = state.read_bytes()
+    again = run(FIRST + " more", "--prompt-cache-ro")
+    stats = again["stats"]
+    assert isinstance(stats, dict) and stats["prompt_tokens_cached"] >= first["stats"]["prompt_tokens"]  # type: ignore[index]
+    assert state.read_bytes() == saved  # read only
+    state.write_bytes(saved[:-10])  # truncated: refused in one line, evaluated instead
+    spoiled = run(FIRST + " more")
+    assert spoiled["stats"]["prompt_tokens_cached"] == 0  # type: ignore[index]
+    assert any("truncated" in n for n in spoiled["notices"])  # type: ignore[union-attr]

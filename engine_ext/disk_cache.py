@@ -73,8 +73,9 @@ def cache_key(parts: Mapping[str, object]) -> str:
 
 def default_budget(folder: Path) -> int:
     """The smaller of 10 GiB and 10% of the space the cache could use (free space plus what it holds)."""
+    existing = next((f for f in (folder, *folder.parents) if f.is_dir()), folder)  # the folder may not be made yet
     try:
-        free = shutil.disk_usage(folder).free
+        free = shutil.disk_usage(existing).free
     except OSError:
         return 0
     return int(min(BUDGET_CAP, BUDGET_SHARE * (free + folder_bytes(folder))))
@@ -267,6 +268,28 @@ def clear_state_files(folder: Path) -> tuple[int, int]:
                 continue
             count, total = count + 1, total + size
     return count, total
+
+
+def budget_bytes(folder: Path, budget_mib: int) -> int:
+    """The budget in bytes: `budget_mib` MiB, or the default for `folder` (0 MiB)."""
+    return budget_mib << 20 if budget_mib > 0 else default_budget(folder)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size < 10 * 2**30 else f"{size / 2**30:.1f} GiB"
+
+
+def usage_line(folder: Path, budget_mib: int, model: str = "") -> str:
+    """One line on what the cache holds: files, size against the budget, and the bytes a token of `model` (a model
+    file's name) takes, from its newest state file."""
+    rows = list_state_files(folder)
+    total = sum(row[1] for row in rows)
+    line = f"{len(rows)} saved conversation state(s), {_mib(total)} of {_mib(budget_bytes(folder, budget_mib))}"
+    for _path, size, _mtime, header, _why in rows:
+        if header is not None and model and header.model == model:
+            line += f"; {size / len(header.tokens) / 1024:.0f} KiB per token for {model}"
+            break
+    return line
 
 
 class DiskCache:

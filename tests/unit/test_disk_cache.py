@@ -257,3 +257,38 @@ def test_read_state_header_bounds_the_size_before_reading(tmp_path: Path) -> Non
     path = saved(DiskCache(tmp_path, PARTS), TOKENS)
     with pytest.raises(DiskCacheError, match="over the cache's limit"):
         read_state_header(path, 100)
+
+
+def test_cache_list_and_clear_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import main
+    from app.paths import prompt_cache_dir
+
+    good = saved(DiskCache(prompt_cache_dir(), PARTS, model="tiny.gguf"), TOKENS)
+    spoiled = prompt_cache_dir() / "spoiled.kvstate"
+    spoiled.write_bytes(b"\x1b[31mnot ours, and long enough for a header")
+    assert main(["cache", "list", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["on"] is True and out["bytes"] == good.stat().st_size + spoiled.stat().st_size and out["budget"] > 0
+    by_name = {Path(f["file"]).name: f for f in out["files"]}
+    assert by_name[good.name]["tokens"] == len(TOKENS) and by_name[good.name]["model"] == "tiny.gguf"
+    assert "wrong magic" in by_name["spoiled.kvstate"]["refused"]
+    assert main(["cache", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "2 file(s)" in listed and "tiny.gguf" in listed and "\x1b" not in listed
+    assert main(["cache", "clear"]) == 0
+    assert "deleted 2" in capsys.readouterr().out and dc.list_state_files(prompt_cache_dir()) == []
+
+
+def test_the_cache_table_in_config_toml() -> None:
+    from app.config import CacheSettings, Config, ConfigError, config_from_toml, config_to_toml
+    from app.paths import prompt_cache_dir
+
+    assert Config().cache == CacheSettings(disk=True, budget_mib=0)
+    off = config_from_toml("[cache]\ndisk = false\nbudget_mib = 512\n")
+    assert off.cache == CacheSettings(disk=False, budget_mib=512)
+    assert off.cache.disk_cache_params().folder == "" and not off.cache.disk_cache_params().enabled
+    on = Config().cache.disk_cache_params()
+    assert on.folder == str(prompt_cache_dir()) and on.budget_mib == 0
+    assert "[cache]" in config_to_toml(off) and config_from_toml(config_to_toml(off)) == off
+    with pytest.raises(ConfigError, match="budget"):
+        config_from_toml("[cache]\nbudget_mib = -1\n")

@@ -466,7 +466,8 @@ class DiskCache:
             }
         ).encode()
         path = self._path_for(tokens)
-        parts = [_HEAD.pack(MAGIC, VERSION, len(header)), header, raw_tokens, state, *(d for _n, d in checkpoints)]
+        parts: list[bytes | bytearray | memoryview] = [_HEAD.pack(MAGIC, VERSION, len(header)), header, raw_tokens]
+        parts += [state, *(d for _n, d in checkpoints)]
         try:
             write_private_parts(path, parts, durable=True)
         except OSError as error:

@@ -21,13 +21,14 @@ from app.cli.engine_args import (
     spec_params,
     target_load_plan,
 )
-from app.cli.session import CliError, loaded, start_engine
+from app.cli.session import CliError, loaded, saved_disk_cache, start_engine
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import int_range
 from app.models import resolve_model
 from app.server.access import Access, api_key_refusal, host_refusal, loopback, origin_refusal
 from app.server.requests import Limits
 from app.settings_schema import SERVER_HOST, SERVER_PORT
+from engine_ext.params import DiskCacheParams
 from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
 
 DEFAULT_PORT = SERVER_PORT.default
@@ -64,9 +65,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
     vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
+    # One sequence: its state is saved when it goes idle (after each reply) and restored for a request that starts
+    # with it, also after a restart; parallel sequences keep theirs in memory only.
+    disk = saved_disk_cache() if args.parallel == 1 else DiskCacheParams()
     client = start_engine()
     try:
-        info = loaded(client.load(path, model, context))
+        info = loaded(client.load(path, model, context, disk_cache=disk))
         if spec.enabled:
             client.set_speculative(spec)
         if steering:
@@ -75,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         def restart() -> None:
             client.start()
-            client.load(path, model, context)
+            client.load(path, model, context, disk_cache=disk)
 
         settings = ServerSettings(
             model_id=args.alias or Path(path).name,

@@ -206,3 +206,64 @@ def test_run_prompt_cache_file_restores_the_prompt_and_ro_leaves_it(
     spoiled = run(FIRST + " more")
     assert spoiled["stats"]["prompt_tokens_cached"] == 0  # type: ignore[index]
     assert any("truncated" in n for n in spoiled["notices"])  # type: ignore[union-attr]
+
+
+def test_serve_resumes_a_clients_prompt_after_kill_9(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """`serve` (one sequence) saves the state when a reply finishes; after the server and its worker are killed
+    (SIGKILL, no shutdown), a new server restores it for a request that starts with that prompt."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx2 as httpx
+
+    from app.paths import prompt_cache_dir
+    from tests.rpc_server import ROOT, free_port
+    from tests.waits import wait_for
+
+    def serve() -> tuple[subprocess.Popen[str], str]:
+        port = free_port()
+        args = ["-m", str(tiny_models["llama"]), "-t", "2", "-c", "1024", "--temp", "0", "--port", str(port)]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", *args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,  # its own process group: the kill takes the worker too
+        )
+        base = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert process.poll() is None, "llmtui serve exited"
+            try:
+                return httpx.get(f"{base}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, "llmtui serve to answer /health", timeout_s=120, interval_s=0.2)
+        return process, base
+
+    def complete(base: str, prompt: str) -> dict[str, int]:
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        usage = answer.json()["usage"]
+        return {"prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"]}
+
+    def kill(process: subprocess.Popen[str]) -> None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+
+    process, base = serve()
+    try:
+        first = complete(base, FIRST)
+        wait_for(lambda: any(prompt_cache_dir().glob(f"*{SUFFIX}")), "the state file", timeout_s=30)
+    finally:
+        kill(process)
+    process, base = serve()
+    try:
+        second = complete(base, FIRST + " The keeper wrote it down.")
+    finally:
+        kill(process)
+    assert first["cached"] == 0 and second["cached"] >= first["prompt"]

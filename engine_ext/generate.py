@@ -101,6 +101,7 @@ class Session:
         self.disk: DiskCache | None = None  # the prompt cache on disk (engine_ext.disk_cache), when it is on
         self._saved: tuple[int, ...] = ()  # the tokens whose state was last saved to disk
         self.restored_tokens = 0  # tokens the last prompt took from a state file
+        self.restored_ms = 0.0  # the time that took (reading, checking, llama.cpp loading it)
         self._disk_notices: tuple[str, ...] = ()  # state files refused for this request
 
     # ----- prompt -----------------------------------------------------------------------------------
@@ -265,10 +266,11 @@ class Session:
             self.ctx.restore_checkpoint(checkpoint)
         del self.cached[usable:]
         self.restored_tokens = usable
+        self.restored_ms = (time.perf_counter() - t0) * 1000.0
         self._saved = tuple(header.tokens)
         print(
             f"--- prompt cache: {usable} tokens restored from {header.path.name} "
-            f"({header.payload_size >> 20} MiB) in {(time.perf_counter() - t0) * 1000.0:.0f} ms",
+            f"({header.payload_size >> 20} MiB) in {self.restored_ms:.0f} ms",
             flush=True,
         )
         return usable

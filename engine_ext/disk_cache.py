@@ -136,6 +136,8 @@ def read_state_header(path: Path, max_bytes: int) -> StateFile:
     checksum. DiskCacheError (one line) otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise  # deleted meanwhile (evicted, replaced by a longer state): nothing to say
     except OSError as error:
         if os.path.islink(path):
             raise _refused(path, "is a symbolic link, not a file llmtui wrote") from None
@@ -246,6 +248,8 @@ def list_state_files(folder: Path) -> list[tuple[Path, int, float, StateFile | N
     for path, size, mtime in _state_files(folder):
         try:
             rows.append((path, size, mtime, read_state_header(path, 1 << 62), ""))
+        except FileNotFoundError:
+            continue
         except DiskCacheError as error:
             rows.append((path, size, mtime, None, str(error)))
     rows.sort(key=lambda row: row[2], reverse=True)
@@ -364,6 +368,8 @@ class DiskCache:
             header = read_state_header(path, self.budget or 1 << 62)
             if header.key != self.key:
                 raise _refused(path, "was saved for another model file, engine build or settings")
+        except FileNotFoundError:
+            return None
         except DiskCacheError as error:
             self._refused.add((path, st.st_mtime_ns))
             self._notices.append(str(error))
@@ -386,10 +392,13 @@ class DiskCache:
 
     def load(self, header: StateFile) -> tuple[memoryview, list[tuple[int, memoryview]]]:
         """The state and checkpoints of a file `best` found, read whole and checked against the header's checksum
-        (DiskCacheError otherwise); the file is marked used (its mtime) for the budget's order."""
+        (DiskCacheError otherwise; FileNotFoundError when it was deleted meanwhile); the file is marked used (its
+        mtime) for the budget's order."""
         path = header.path
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+        except FileNotFoundError:
+            raise  # evicted meanwhile: the prompt is evaluated, nothing to say
         except OSError as error:
             raise _refused(path, f"cannot be read ({error.strerror})") from None
         with os.fdopen(fd, "rb") as file:

@@ -246,8 +246,9 @@ class Session:
         t0 = time.perf_counter()
         try:
             state, checkpoints = disk.load(header)
+        except FileNotFoundError:  # evicted by the last save's thread meanwhile
+            return None
         except DiskCacheError as error:
-            disk.take_notices()  # what best() said is said once, with the refusal
             self._disk_notices += (str(error),)
             return None
         self.ctx.clear()

@@ -86,6 +86,22 @@ def test_a_second_worker_resumes_the_conversation_from_disk(tiny_models: dict[st
     assert "prompt cache:" in (tmp_path / "two.log").read_text()  # the log says what was restored
 
 
+def test_switching_back_to_a_model_restores_its_conversation(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A model switch: the conversation with the first model is saved, the second model's loads and answers, and
+    switching back restores the first conversation instead of evaluating it."""
+    disk = DiskCacheParams(folder=str(tmp_path / "prompt-cache"))
+    with EngineClient(tmp_path / "engine.log") as client:
+        client.start()
+        client.load(tiny_models["llama"], ModelParams(), CTX, disk_cache=disk)
+        _ids, first = reply(client, FIRST)
+        client.load(tiny_models["qwen3"], ModelParams(), CTX, disk_cache=disk)
+        _ids, other = reply(client, FIRST)
+        assert other.stats.prompt_tokens_cached == 0  # another model's state is never restored
+        client.load(tiny_models["llama"], ModelParams(), CTX, disk_cache=disk)
+        _ids, back = reply(client, FIRST + " Again")
+    assert back.stats.prompt_tokens_cached >= first.stats.prompt_tokens - 1
+
+
 @pytest.mark.parametrize("kind", ["qwen35", "qwen3next"])
 def test_a_hybrid_model_is_restored_exactly(tiny_models: dict[str, Path], tmp_path: Path, kind: str) -> None:
     """Recurrent state and its checkpoints come back: the next turn's greedy reply equals a fresh evaluation's, and

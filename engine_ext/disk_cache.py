@@ -426,9 +426,14 @@ class DiskCache:
 
     # ----- saving -----------------------------------------------------------------------------------
 
+    @property
+    def busy(self) -> bool:
+        """Whether a save is still being written (the next one waits for a later reply: saving never blocks)."""
+        return self._writer is not None and self._writer.is_alive()
+
     def save(self, tokens: Sequence[int], state: memoryview, checkpoints: Sequence[tuple[int, bytes]]) -> None:
-        """Write the state after `tokens` (and checkpoints within them) in a thread, after the save before it; the
-        buffers are this call's to keep (the caller made them for it)."""
+        """Write the state after `tokens` (and checkpoints within them) in a thread (when the last save is still
+        being written, after it); the buffers are this call's to keep (the caller made them for it)."""
         if self.read_only or not tokens:
             return
         size = len(state) + sum(len(data) for _n, data in checkpoints) + 4 * len(tokens)

@@ -13,7 +13,7 @@ from engine_ext.chat import (
     render_reply_prompt,
     truncate_messages_to_fit,
 )
-from engine_ext.disk_cache import DiskCache, DiskCacheError
+from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError
 from engine_ext.grammar import reply_grammar
 from engine_ext.model import Checkpoint, Context, Model
 from engine_ext.params import EngineError, PromptTooLong
@@ -276,14 +276,19 @@ class Session:
         )
         return usable
 
-    def save_to_disk(self) -> None:
-        """Save what sequence 0 holds to the disk cache (after a reply was sent, and before the model goes): llama.cpp
-        copies the state out here, the cache hashes and writes it in its thread. Not when nothing changed since the
-        last save or restore, nor for a conversation with images (their span ids are this process's only)."""
+    def save_to_disk(self, *, final: bool = False) -> None:
+        """Save what sequence 0 holds to the disk cache (after a reply was sent; `final`: before the model goes):
+        llama.cpp copies the state out here, the cache hashes and writes it in its thread. Not while the last save is
+        still being written (the next reply's save, or the final one, catches up: a save never waits for another),
+        not when the memory only added fewer than MIN_GAIN_TOKENS to the last saved state (but the final save),
+        nor for a conversation with images (their span ids are this process's only)."""
         disk, cached = self.disk, self.cached
         if disk is None or disk.read_only or not cached or min(cached) < 0 or tuple(cached) == self._saved:
             return
         key = tuple(cached)
+        n_same = common_prefix_length(self._saved, key)
+        if not final and (disk.busy or (n_same == len(self._saved) and len(key) - n_same < MIN_GAIN_TOKENS)):
+            return
         checkpoints = [(len(cp.tokens), cp.data) for cp in self.checkpoints if key[: len(cp.tokens)] == cp.tokens]
         disk.save(cached, self.ctx.sequence_state(), checkpoints)
         self._saved = key

@@ -486,7 +486,12 @@ class Worker:
         if self.session is not None and self.session.vision is not None:
             self.session.vision.close()
         if self.session is not None and self.session.disk is not None:
-            self.session.disk.close()  # the last reply's save finishes (it was started when the reply ended)
+            try:  # the save in flight finishes, then what it left out is saved (the model's context is still open)
+                self.session.disk.wait()
+                self.session.save_to_disk(final=True)
+            except Exception:  # a bug or a full disk: the model goes all the same, the log says why
+                traceback.print_exc()
+            self.session.disk.close()
         self.session = None
         if self.ctx is not None:
             self.ctx.close()

@@ -283,3 +283,36 @@ def test_serve_resumes_a_clients_prompt_after_kill_9(tiny_models: dict[str, Path
     finally:
         kill(process)
     assert first["cached"] == 0 and second["cached"] >= first["prompt"]
+
+
+def test_a_save_never_waits_for_the_one_being_written(
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a save is still being written, the next reply's save is left out (the engine does not wait for the
+    disk); the final save, before the model goes, writes the latest state."""
+    import threading
+    import time
+
+    release = threading.Event()
+    written: list[int] = []
+    original = DiskCache._write
+
+    def slow_write(self: DiskCache, tokens: tuple[int, ...], *rest: object) -> None:
+        release.wait(30)
+        written.append(len(tokens))
+        original(self, tokens, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DiskCache, "_write", slow_write)
+    folder = tmp_path / "cache"
+    with session(tiny_models["llama"], folder) as s:
+        reply(s, FIRST)
+        s.save_to_disk()  # its writer waits for `release`
+        _ids, second = reply(s, FIRST + " and the storm came. " * 4)
+        t0 = time.perf_counter()
+        s.save_to_disk()
+        assert time.perf_counter() - t0 < 1.0 and s.disk is not None and s.disk.busy
+        release.set()
+        s.disk.wait()
+        s.save_to_disk(final=True)
+        s.disk.wait()
+    assert written == [written[0], second.stats.n_ctx_used] and written[0] < second.stats.n_ctx_used

@@ -444,7 +444,7 @@ class DiskCache:
             )
             return
         self.wait()
-        job = (tuple(tokens), state, tuple(checkpoints[-MAX_CHECKPOINTS:]))
+        job = (self.key, tuple(tokens), state, tuple(checkpoints[-MAX_CHECKPOINTS:]))  # the key of the rows' mix
         self._writer = threading.Thread(target=self._write, args=job, name="llmtui-state-save", daemon=True)
         self._writer.start()
 
@@ -455,12 +455,15 @@ class DiskCache:
             writer.join(timeout)
             self._writer = None
 
-    def _path_for(self, tokens: tuple[int, ...]) -> Path:
+    def _path_for(self, tokens: tuple[int, ...], key: str | None = None) -> Path:
         if self.single_file is not None:
             return self.single_file
-        return self.folder / f"{self.key[:16]}-{hashlib.sha256(_token_bytes(tokens)).hexdigest()[:24]}{SUFFIX}"
+        key = self.key if key is None else key
+        return self.folder / f"{key[:16]}-{hashlib.sha256(_token_bytes(tokens)).hexdigest()[:24]}{SUFFIX}"
 
-    def _write(self, tokens: tuple[int, ...], state: memoryview, checkpoints: tuple[tuple[int, bytes], ...]) -> None:
+    def _write(
+        self, key: str, tokens: tuple[int, ...], state: memoryview, checkpoints: tuple[tuple[int, bytes], ...]
+    ) -> None:
         t0 = time.perf_counter()
         raw_tokens = _token_bytes(tokens)
         payload_sha = hashlib.sha256(state)
@@ -469,7 +472,7 @@ class DiskCache:
         payload_size = len(state) + sum(len(data) for _n, data in checkpoints)
         header = json.dumps(
             {
-                "key": self.key,
+                "key": key,
                 "n_tokens": len(tokens),
                 "tokens_sha256": hashlib.sha256(raw_tokens).hexdigest(),
                 "payload_size": payload_size,
@@ -479,7 +482,7 @@ class DiskCache:
                 "saved_at": time.time(),
             }
         ).encode()
-        path = self._path_for(tokens)
+        path = self._path_for(tokens, key)
         parts: list[bytes | bytearray | memoryview] = [_HEAD.pack(MAGIC, VERSION, len(header)), header, raw_tokens]
         parts += [state, *(d for _n, d in checkpoints)]
         try:

@@ -237,7 +237,9 @@ class Session:
         memory holds (`n_common`) by MIN_GAIN_TOKENS; its length, or None (the memory as it was, or cleared when a
         file passed its checks and llama.cpp still refused it). A refused file is a notice of the reply."""
         disk = self.disk
-        if disk is None or (self.spec is not None and self.spec.reads_batches) or min(tokens) < 0:
+        if disk is None or n_common + MIN_GAIN_TOKENS > len(tokens) - 1:
+            return None  # the memory holds (nearly) all a file could give
+        if (self.spec is not None and self.spec.reads_batches) or min(tokens) < 0:
             return None  # model drafters must see every row; images' span ids are this process's only
         found = disk.best(tokens[: len(tokens) - 1], n_common, truncatable=not self.uses_checkpoints)
         if found is None:

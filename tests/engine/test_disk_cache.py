@@ -297,10 +297,10 @@ def test_a_save_never_waits_for_the_one_being_written(
     written: list[int] = []
     original = DiskCache._write
 
-    def slow_write(self: DiskCache, tokens: tuple[int, ...], *rest: object) -> None:
+    def slow_write(self: DiskCache, key: str, tokens: tuple[int, ...], *rest: object) -> None:
         release.wait(30)
         written.append(len(tokens))
-        original(self, tokens, *rest)  # type: ignore[arg-type]
+        original(self, key, tokens, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(DiskCache, "_write", slow_write)
     folder = tmp_path / "cache"

@@ -292,3 +292,13 @@ def test_the_cache_table_in_config_toml() -> None:
     assert "[cache]" in config_to_toml(off) and config_from_toml(config_to_toml(off)) == off
     with pytest.raises(ConfigError, match="budget"):
         config_from_toml("[cache]\nbudget_mib = -1\n")
+
+
+def test_a_save_keeps_the_key_it_was_made_under(tmp_path: Path) -> None:
+    """The steering mix changing while a save is written does not relabel the rows read under the old one."""
+    cache = DiskCache(tmp_path, PARTS)
+    cache.save(TOKENS, memoryview(b"s" * 100), [])
+    cache.set_part("steering", ["a vector"])
+    cache.wait()
+    assert cache.best(TOKENS, 0, truncatable=True) is None and cache.take_notices() == ()
+    assert DiskCache(tmp_path, PARTS).best(TOKENS, 0, truncatable=True) is not None

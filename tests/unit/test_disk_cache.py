@@ -302,3 +302,27 @@ def test_a_save_keeps_the_key_it_was_made_under(tmp_path: Path) -> None:
     cache.wait()
     assert cache.best(TOKENS, 0, truncatable=True) is None and cache.take_notices() == ()
     assert DiskCache(tmp_path, PARTS).best(TOKENS, 0, truncatable=True) is not None
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_app_loads_models_with_the_cache_folder_unless_it_is_off(on: bool) -> None:
+    from dataclasses import replace
+    from typing import Any
+
+    from app.config import CacheSettings
+    from app.controllers import ModelsController, SpeculationController
+    from app.paths import prompt_cache_dir
+    from engine_ext.params import DiskCacheParams
+    from tests.unit.test_controllers import FakeHost
+
+    loads: list[dict[str, Any]] = []
+
+    class Bridge:
+        def load(self, path: str, engine: object, **options: Any) -> None:
+            loads.append(options)
+
+    host = FakeHost(bridge=Bridge(), model_path="/m/a.gguf")
+    host.config = replace(host.config, cache=CacheSettings(disk=on, budget_mib=64))
+    ModelsController(host, SpeculationController(host)).load_found("/m/a.gguf", (), ())  # type: ignore[arg-type]
+    folder = str(prompt_cache_dir()) if on else ""
+    assert loads[0]["disk_cache"] == DiskCacheParams(folder=folder, budget_mib=64)

@@ -443,6 +443,11 @@ class DiskCache:
                 f"({self.budget >> 20} MiB), so it is not saved"
             )
             return
+        if self.single_file is not None and not _ours_or_missing(self.single_file):
+            self._notices.append(
+                "prompt cache: " + one_line_message(self.single_file, "is not an llmtui state file", "left as it is")
+            )
+            return
         self.wait()
         job = (self.key, tuple(tokens), state, tuple(checkpoints[-MAX_CHECKPOINTS:]))  # the key of the rows' mix
         self._writer = threading.Thread(target=self._write, args=job, name="llmtui-state-save", daemon=True)
@@ -538,6 +543,19 @@ class DiskCache:
 
     def close(self) -> None:
         self.wait()
+
+
+def _ours_or_missing(path: Path) -> bool:
+    """Whether `path` may be written: missing, or a regular file that starts with our magic (a file the user named by
+    mistake, a model say, is never overwritten)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as file:
+        return stat.S_ISREG(os.fstat(file.fileno()).st_mode) and file.read(len(MAGIC)) == MAGIC
 
 
 def _token_bytes(tokens: Sequence[int]) -> bytes:

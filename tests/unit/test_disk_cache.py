@@ -326,3 +326,23 @@ def test_the_app_loads_models_with_the_cache_folder_unless_it_is_off(on: bool) -
     ModelsController(host, SpeculationController(host)).load_found("/m/a.gguf", (), ())  # type: ignore[arg-type]
     folder = str(prompt_cache_dir()) if on else ""
     assert loads[0]["disk_cache"] == DiskCacheParams(folder=folder, budget_mib=64)
+
+
+def test_a_named_file_that_is_not_a_state_file_is_never_overwritten(tmp_path: Path) -> None:
+    """`run --prompt-cache FILE` naming a model (or anything else) by mistake: refused on read, left as it is."""
+    named = tmp_path / "model.gguf"
+    named.write_bytes(b"GGUF" + b"\0" * 200)
+    cache = DiskCache(tmp_path, PARTS, single_file=named)
+    assert cache.best(TOKENS, 0, truncatable=True) is None
+    cache.save(TOKENS, memoryview(b"s" * 100), [])
+    cache.wait()
+    assert named.read_bytes() == b"GGUF" + b"\0" * 200
+    notices = cache.take_notices()
+    assert any("wrong magic" in n for n in notices) and any("left as it is" in n for n in notices)
+    fresh = tmp_path / "new.state"
+    mine = DiskCache(tmp_path, PARTS, single_file=fresh)
+    mine.save(TOKENS, memoryview(b"s" * 100), [])
+    mine.wait()
+    mine.save([*TOKENS, 5], memoryview(b"t" * 100), [])  # ours: replaced
+    mine.wait()
+    assert read_state_header(fresh, 1 << 20).tokens == (*TOKENS, 5)

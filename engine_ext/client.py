@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from engine_ext.params import ContextParams, DiskCacheParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.private_files import private_dir
@@ -35,6 +35,8 @@ from engine_ext.protocol import (
     SetSpeculative,
     SetSteering,
     Shutdown,
+    SlotAction,
+    SlotDone,
     SpeculativeSet,
     SteeringSet,
     Submit,
@@ -275,6 +277,12 @@ class EngineClient:
         info = self._answer(Loaded, progress).info
         self.model_info = info
         return info
+
+    def slot(self, action: Literal["save", "restore", "erase"], path: str = "") -> SlotDone:
+        """llama-server's slot save / restore / erase on the single sequence (SlotAction); EngineFailure when the
+        engine refuses (a file that is not a state file of this model, build and settings: one line)."""
+        self.send(SlotAction(action, path))
+        return self._answer(SlotDone)
 
     def unload(self) -> None:
         self.send(UnloadModel())

@@ -353,6 +353,16 @@ class DiskCache:
         except OSError:
             return []
 
+    def header_of(self, path: Path) -> StateFile:
+        """The checked header of `path`, of this cache's key (DiskCacheError, one line, otherwise)."""
+        try:
+            header = read_state_header(path, self.budget or 1 << 62)
+        except FileNotFoundError:
+            raise _refused(path, "does not exist") from None
+        if header.key != self.key:
+            raise _refused(path, "was saved for another model file, engine build or settings")
+        return header
+
     def _header(self, path: Path) -> StateFile | None:
         """The file's checked header (kept while its mtime and size stay), or None (refused: said once)."""
         try:
@@ -364,12 +374,10 @@ class DiskCache:
             return known
         if (path, st.st_mtime_ns) in self._refused:
             return None
-        try:
-            header = read_state_header(path, self.budget or 1 << 62)
-            if header.key != self.key:
-                raise _refused(path, "was saved for another model file, engine build or settings")
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             return None
+        try:
+            header = self.header_of(path)
         except DiskCacheError as error:
             self._refused.add((path, st.st_mtime_ns))
             self._notices.append(str(error))

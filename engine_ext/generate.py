@@ -13,7 +13,7 @@ from engine_ext.chat import (
     render_reply_prompt,
     truncate_messages_to_fit,
 )
-from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError
+from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError, StateFile
 from engine_ext.grammar import reply_grammar
 from engine_ext.model import Checkpoint, Context, Model
 from engine_ext.params import EngineError, PromptTooLong
@@ -212,6 +212,7 @@ class Session:
             restored = self._restore_from_disk(tokens, n_common)
             if restored is not None:
                 return restored
+            n_common = min(common_prefix_length(self.cached, tokens), len(tokens) - 1)  # a refusal may have cleared it
         if n_common == len(self.cached):
             return n_common
         if not self.uses_checkpoints and self.ctx.truncate(n_common):
@@ -245,20 +246,26 @@ class Session:
         if found is None:
             return None
         header, usable = found
+        try:
+            return self._load_state(disk, header, usable)
+        except DiskCacheError as error:
+            self._disk_notices += (str(error),)
+            return None
+
+    def _load_state(self, disk: DiskCache, header: StateFile, usable: int) -> int | None:
+        """Make sequence 0 hold the first `usable` tokens of a state file (read and checked whole first); its length,
+        or None when the file was deleted meanwhile or no checkpoint gives `usable` (the memory as it was, or
+        cleared). DiskCacheError when the file or llama.cpp refuses it (the memory cleared)."""
         t0 = time.perf_counter()
         try:
             state, checkpoints = disk.load(header)
         except FileNotFoundError:  # evicted by the last save's thread meanwhile
             return None
-        except DiskCacheError as error:
-            self._disk_notices += (str(error),)
-            return None
         self.ctx.clear()
         self.cached, self.checkpoints = [], []
         if not self.ctx.set_sequence_state(state):
             self.ctx.clear()
-            self._disk_notices += (f"prompt cache: llama.cpp refused the state in {header.path}; evaluated instead",)
-            return None
+            raise DiskCacheError(f"prompt cache: llama.cpp refused the state in {header.path}; evaluated instead")
         self.cached = list(header.tokens)
         self.checkpoints = [Checkpoint(header.tokens[:n], bytes(data)) for n, data in checkpoints]
         if usable < len(self.cached) and (self.uses_checkpoints or not self.ctx.truncate(usable)):
@@ -277,6 +284,16 @@ class Session:
             flush=True,
         )
         return usable
+
+    def restore_file(self, disk: DiskCache) -> int:
+        """All of `disk`'s one file restored into sequence 0 (llama-server's slot restore); its tokens. DiskCacheError
+        (one line) when the file is refused; the memory is then as it was, or empty."""
+        assert disk.single_file is not None
+        header = disk.header_of(disk.single_file)
+        restored = self._load_state(disk, header, len(header.tokens))
+        if restored is None:
+            raise DiskCacheError(f"prompt cache: {disk.single_file} was deleted while it was read")
+        return restored
 
     def save_to_disk(self, *, final: bool = False) -> None:
         """Save what sequence 0 holds to the disk cache (after a reply was sent; `final`: before the model goes):

@@ -162,6 +162,15 @@ class Shutdown:
     pass
 
 
+@dataclass(frozen=True)
+class SlotAction:
+    """llama-server's slot actions on the single sequence (`POST /slots/0?action=...`): save its state to `path`,
+    restore it from `path` (checked as the prompt cache's files are: engine_ext.disk_cache), or erase it."""
+
+    action: Literal["save", "restore", "erase"]
+    path: str = ""
+
+
 Request = (
     LoadModel
     | UnloadModel
@@ -174,6 +183,7 @@ Request = (
     | Cancel
     | EndThinking
     | Inspect
+    | SlotAction
     | Shutdown
 )
 
@@ -549,6 +559,16 @@ class Crashed:
         return f"the engine process exited with code {self.exit_code}"
 
 
+@dataclass(frozen=True)
+class SlotDone:
+    """A SlotAction's answer: the tokens saved, restored or erased, the file's bytes, and the time it took."""
+
+    action: str
+    n_tokens: int
+    n_bytes: int = 0
+    ms: float = 0.0
+
+
 Event = (
     Hello
     | LoadProgress
@@ -568,5 +588,6 @@ Event = (
     | VectorProgress
     | VectorMade
     | LogLine
+    | SlotDone
     | Crashed
 )

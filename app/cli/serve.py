@@ -62,6 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"{SPEC_TYPE.flag} {model_drafters[0]}: use --parallel 1 for a draft model"
             )
         context = replace(context, n_seq_max=args.parallel)  # llama-server's -np: n_ctx is shared by them
+    slot_save_path = _slot_save_path(args)
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
     vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
@@ -90,6 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             limits=Limits(max_tokens=min(args.max_tokens, info.n_ctx) if args.max_tokens else 0),
             queue=args.queue,
             slots=args.parallel,
+            slot_save_path=slot_save_path,
         )
         metrics = Metrics()
         backend_type = ParallelBackend if args.parallel > 1 else EngineBackend
@@ -103,6 +105,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def _slot_save_path(args: argparse.Namespace) -> str:
+    """--slot-save-path as a folder (made owner-only when missing); "" without it. One sequence only."""
+    if args.slot_save_path is None:
+        return ""
+    if args.parallel > 1:
+        raise CliError("--slot-save-path works with --parallel 1 (one sequence to save and restore)")
+    from engine_ext.private_files import private_dir
+
+    folder = Path(args.slot_save_path).expanduser().absolute()
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"--slot-save-path {folder}: not a folder")
+    if not folder.exists():
+        private_dir(folder)
+    return str(folder)
 
 
 def _api_key(name: str | None) -> str | None:
@@ -177,6 +195,12 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=int_range(1, 64),
         default=1,
         help="requests decoded together in one batch (llama-server's -np; the context is shared by them; default 1)",
+    )
+    serve.add_argument(
+        "--slot-save-path",
+        metavar="DIR",
+        default=None,
+        help="allow POST /slots/0?action=save|restore with files in DIR (llama-server's; --parallel 1 only)",
     )
     add_spec_args(serve)
     add_control_vector_args(serve)

@@ -4,18 +4,25 @@ hybrid model, refused files that leave the reply as a fresh evaluation gives it,
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 
+from app.paths import prompt_cache_dir
 from engine_ext.client import EngineClient
 from engine_ext.disk_cache import SUFFIX, DiskCache, folder_bytes
 from engine_ext.generate import Session
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, DiskCacheParams, ModelParams
 from engine_ext.protocol import Finished, Generate, TokenChunk
+from tests.rpc_server import ROOT, free_port
+from tests.waits import wait_for
 
 CTX = ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2)
 FIRST = "The history of the lighthouse keeper: " + " ".join(f"day {i} the lamp was lit at dusk." for i in range(12))
@@ -224,65 +231,92 @@ def test_run_prompt_cache_file_restores_the_prompt_and_ro_leaves_it(
     assert any("truncated" in n for n in spoiled["notices"])  # type: ignore[union-attr]
 
 
-def test_serve_resumes_a_clients_prompt_after_kill_9(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    """`serve` (one sequence) saves the state when a reply finishes; after the server and its worker are killed
-    (SIGKILL, no shutdown), a new server restores it for a request that starts with that prompt."""
-    import signal
-    import subprocess
-    import sys
+@contextmanager
+def serving(model: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`llmtui serve` on `model` in its own process group (a kill takes its worker too), once /health answers."""
+    port = free_port()
+    args = ["-m", str(model), "-t", "2", "-c", "1024", "--temp", "0", "--port", str(port), *extra]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
 
-    import httpx2 as httpx
+    def healthy() -> bool:
+        assert process.poll() is None, "llmtui serve exited"
+        try:
+            return httpx.get(f"{base}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
-    from app.paths import prompt_cache_dir
-    from tests.rpc_server import ROOT, free_port
-    from tests.waits import wait_for
-
-    def serve() -> tuple[subprocess.Popen[str], str]:
-        port = free_port()
-        args = ["-m", str(tiny_models["llama"]), "-t", "2", "-c", "1024", "--temp", "0", "--port", str(port)]
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", *args],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,  # its own process group: the kill takes the worker too
-        )
-        base = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            assert process.poll() is None, "llmtui serve exited"
-            try:
-                return httpx.get(f"{base}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
+    try:
         wait_for(healthy, "llmtui serve to answer /health", timeout_s=120, interval_s=0.2)
-        return process, base
-
-    def complete(base: str, prompt: str) -> dict[str, int]:
-        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
-        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
-        assert answer.status_code == 200, answer.text
-        usage = answer.json()["usage"]
-        return {"prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"]}
-
-    def kill(process: subprocess.Popen[str]) -> None:
-        os.killpg(process.pid, signal.SIGKILL)
+        yield process, base
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)
 
-    process, base = serve()
-    try:
+
+def complete(base: str, prompt: str) -> dict[str, int]:
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+    answer = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    return {"prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"]}
+
+
+def test_serve_resumes_a_clients_prompt_after_kill_9(tiny_models: dict[str, Path]) -> None:
+    """`serve` (one sequence) saves the state when a reply finishes; after the server and its worker are killed
+    (SIGKILL, no shutdown), a new server restores it for a request that starts with that prompt."""
+    with serving(tiny_models["llama"]) as (_process, base):
         first = complete(base, FIRST)
         wait_for(lambda: any(prompt_cache_dir().glob(f"*{SUFFIX}")), "the state file", timeout_s=30)
-    finally:
-        kill(process)
-    process, base = serve()
-    try:
+    with serving(tiny_models["llama"]) as (_process, base):
         second = complete(base, FIRST + " The keeper wrote it down.")
-    finally:
-        kill(process)
     assert first["cached"] == 0 and second["cached"] >= first["prompt"]
+
+
+def test_serve_slot_save_erase_and_restore_as_llama_server(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """llama-server's POST /slots/0?action=save|erase|restore (the prompt cache on disk off, so the restore is the
+    slot's): the restored state serves the next request; bad names, actions and files are refused in one line."""
+    from app.paths import config_path
+
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text("[cache]\ndisk = false\n")
+    slots = tmp_path / "slots"
+    with serving(tiny_models["llama"], "--slot-save-path", str(slots)) as (_process, base):
+        first = complete(base, FIRST)
+
+        def slot(action: str, body: dict[str, object] | None = None) -> httpx.Response:
+            return httpx.post(f"{base}/slots/0?action={action}", json=body or {}, timeout=60)
+
+        saved = slot("save", {"filename": "keeper.bin"}).json()
+        assert saved["id_slot"] == 0 and saved["filename"] == "keeper.bin" and saved["n_saved"] >= first["prompt"]
+        assert saved["n_written"] == (slots / "keeper.bin").stat().st_size and "save_ms" in saved["timings"]
+        assert oct((slots / "keeper.bin").stat().st_mode & 0o777) == "0o600"
+        assert slot("erase").json() == {"id_slot": 0, "n_erased": saved["n_saved"]}
+        assert complete(base, FIRST)["cached"] == 0  # erased
+        restored = slot("restore", {"filename": "keeper.bin"}).json()
+        assert restored["n_restored"] == saved["n_saved"] and restored["n_read"] == saved["n_written"]
+        assert complete(base, FIRST + " And again")["cached"] >= first["prompt"]
+        for body, action in (({"filename": "../keeper.bin"}, "save"), ({"filename": "x"}, "bogus"), ({}, "restore")):
+            refused = slot(action, body)
+            assert refused.status_code == 400 and "\n" not in refused.json()["error"]["message"]
+        assert httpx.post(f"{base}/slots/1?action=erase", json={}, timeout=30).status_code == 400
+        (slots / "spoiled.bin").write_bytes((slots / "keeper.bin").read_bytes()[:-7])
+        (slots / "model.bin").write_bytes(b"GGUF" + bytes(64))
+        for name, said in (("spoiled.bin", "truncated"), ("model.bin", "wrong magic"), ("none.bin", "does not exist")):
+            refused = slot("restore", {"filename": name})
+            assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+        assert complete(base, FIRST)["prompt"] == first["prompt"]  # the server goes on
+    with serving(tiny_models["llama"]) as (_process, base):
+        off = httpx.post(f"{base}/slots/0?action=save", json={"filename": "a.bin"}, timeout=30)
+        assert off.status_code == 501 and "--slot-save-path" in off.json()["error"]["message"]
 
 
 def test_a_save_never_waits_for_the_one_being_written(

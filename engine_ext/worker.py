@@ -312,8 +312,12 @@ class Worker:
                 self.unload()
                 raise
         self.session.governor = _thread_governor(request.context.n_threads)
-        self.disk_parts = _disk_parts(request)
-        self.session.disk = _disk_cache(request, self.disk_parts)
+        try:
+            self.disk_parts = _disk_parts(request)
+            self.session.disk = _disk_cache(request, self.disk_parts)
+        except OSError as error:  # the model file read by llama.cpp but not here: states are not saved
+            print(f"--- prompt cache off: {error}", flush=True)
+            self.disk_parts = {"unreadable": time.time()}  # a key no saved state has
         from engine_ext.speculative.factory import target_backends
 
         self.device_backends = target_backends(model)

@@ -43,7 +43,7 @@ from app.output_format import OutputFormatError, output_fields
 from app.streaming import STATS_INTERVAL_S, TokenBatches, chunk_draft_spans
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import CpuContention, CpuLoad, default_threads
-from engine_ext.params import SpeculativeParams, SteeringEntry
+from engine_ext.params import DiskCacheParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     Cancel,
     ChatMessage,
@@ -156,6 +156,7 @@ class EngineBridge:
         self._model: tuple[str, EngineSettings, bool, int] | None = None
         self._mmproj = ""
         """The projector the model loads with (a restart loads it again); empty: none."""
+        self._disk_cache = DiskCacheParams()  # the prompt cache on disk the model loads with (a restart too)
         self._control: list[str] = []  # speculative / steering / vector requests awaiting their answer
         self._extra_bufts: tuple[str, ...] = ()  # the worker's CPU extra buffer types (weight repacking)
         self._replies_since_load = 0  # replies finished since the model loaded (a crash before EARLY_REPLIES is early)
@@ -175,13 +176,21 @@ class EngineBridge:
             self._thread.start()
 
     def load(
-        self, path: str, engine: EngineSettings, *, load_mtp: bool = False, n_rs_seq: int = 0, mmproj: str = ""
+        self,
+        path: str,
+        engine: EngineSettings,
+        *,
+        load_mtp: bool = False,
+        n_rs_seq: int = 0,
+        mmproj: str = "",
+        disk_cache: DiskCacheParams = DiskCacheParams(),
     ) -> None:
-        """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation, and
-        the projector paired with it (images)."""
+        """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation, the
+        projector paired with it (images), and the prompt cache on disk (`[cache]`)."""
         self.model_path = path
         self._model = (path, engine, load_mtp, n_rs_seq)
         self._mmproj = mmproj
+        self._disk_cache = disk_cache
         self._submit(lambda: self._do_load(path, engine, load_mtp, n_rs_seq))
 
     def restart(self, engine: EngineSettings | None = None) -> None:
@@ -446,6 +455,7 @@ class EngineBridge:
                 path,
                 replace(engine.model_params(), load_mtp=load_mtp, mmproj=self._mmproj or None),
                 replace(engine.context_params(), n_rs_seq=n_rs_seq),
+                self._disk_cache,
             )
         )
 

@@ -17,7 +17,7 @@ from tomlkit.exceptions import ParseError as TomlParseError
 from tomlkit.items import AoT
 
 from app import settings_schema as ui
-from app.paths import CONFIG_FILE_NAME, config_path
+from app.paths import CONFIG_FILE_NAME, config_path, prompt_cache_dir
 from app.private_files import private_dir, write_private_text
 from app.server.access import host_refusal, origin_refusal, split_names
 from app.settings_schema import THEMES  # noqa: F401 - the screens' choices
@@ -25,6 +25,7 @@ from engine_ext import settings_schema as s
 from engine_ext.params import (
     GPU_LAYERS_AUTO,  # `-ngl auto`: as many layers as free device memory allows; "auto" in config.toml
     ContextParams,
+    DiskCacheParams,
     EngineError,
     ModelParams,
     SamplingParams,
@@ -375,6 +376,22 @@ class SteeringSettings:
 
 
 @dataclass(frozen=True)
+class CacheSettings:
+    """The prompt cache on disk (`[cache]`): on or off, and its budget (engine_ext.disk_cache)."""
+
+    disk: bool = s.CACHE_DISK.default
+    budget_mib: int = s.CACHE_BUDGET_MIB.default  # 0: the smaller of 10 GiB and 10% of the free space
+
+    def validate(self) -> None:
+        check_settings(self, s.CACHE)
+
+    def disk_cache_params(self) -> DiskCacheParams:
+        """What the engine is told when it loads a model: the cache folder (none when it is off) and the budget."""
+        folder = str(prompt_cache_dir()) if self.disk else ""
+        return DiskCacheParams(**s.values_of(self, (s.CACHE_BUDGET_MIB,)), folder=folder)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """The app's API server (F10): where it listens, the environment variable holding its key, and whether it starts
     with the app. `llmtui serve` has its own flags."""
@@ -415,10 +432,12 @@ class Config:
     steering: SteeringSettings = field(default_factory=SteeringSettings)
     remotes: tuple[RemoteSettings, ...] = ()
     server: ServerConfig = field(default_factory=ServerConfig)
+    cache: CacheSettings = field(default_factory=CacheSettings)
 
     def validate(self) -> None:
         self.engine.validate()
         self.server.validate()
+        self.cache.validate()
         self.speculative.validate()
         self.steering.validate()
         names: set[str] = set()
@@ -468,6 +487,7 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
         steering=_steering_from_toml(data, source),
         remotes=_remotes_from_toml(data, source),
         server=ServerConfig(**_declared_values(_table(data, "server", source), ui.SERVER)),
+        cache=CacheSettings(**_declared_values(_table(data, "cache", source), s.CACHE)),
     )
     try:
         config.validate()
@@ -567,6 +587,7 @@ def _config_tables(config: Config) -> dict[str, dict[str, object]]:
         "speculative": s.values_of(config.speculative, ui.SPECULATIVE),
         "steering": {key: _plain(value) for key, value in asdict(config.steering).items()},
         "server": {key: _plain(value) for key, value in asdict(config.server).items()},
+        "cache": s.values_of(config.cache, s.CACHE),
     }
 
 

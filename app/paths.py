@@ -43,6 +43,17 @@ def log_dir() -> Path:
     return Path(override) / "logs" if override else Path(platformdirs.user_log_dir(APP_NAME))
 
 
+def cache_dir() -> Path:
+    """The user cache dir (`LLMTUI_CACHE_DIR` overrides it)."""
+    override = os.environ.get("LLMTUI_CACHE_DIR")
+    return Path(override) if override else Path(platformdirs.user_cache_dir(APP_NAME))
+
+
+def prompt_cache_dir() -> Path:
+    """Where conversations' engine state is saved (engine_ext.disk_cache): `prompt-cache/` in the cache dir."""
+    return cache_dir() / "prompt-cache"
+
+
 def private_folders() -> list[Path]:
     """llmtui's own folders, made and kept owner-only: settings, data, logs, and the folder named llmtui that holds
     the logs (platformdirs' state folder on Linux, ~/.local/state/llmtui, where logs are its log/)."""

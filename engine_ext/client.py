@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from engine_ext.engine_status import EngineStatus
-from engine_ext.params import ContextParams, ModelParams, SpeculativeParams, SteeringEntry
+from engine_ext.params import ContextParams, DiskCacheParams, ModelParams, SpeculativeParams, SteeringEntry
 from engine_ext.private_files import private_dir
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
@@ -36,6 +36,8 @@ from engine_ext.protocol import (
     SetSpeculative,
     SetSteering,
     Shutdown,
+    SlotAction,
+    SlotDone,
     SpeculativeSet,
     SteeringSet,
     Submit,
@@ -316,15 +318,22 @@ class EngineClient:
         model: ModelParams = ModelParams(),
         context: ContextParams = ContextParams(),
         on_progress: Callable[[float], None] | None = None,
+        disk_cache: DiskCacheParams = DiskCacheParams(),
     ) -> ModelInfo:
         def progress(event: Event) -> None:
             if isinstance(event, LoadProgress) and on_progress is not None:
                 on_progress(event.fraction)
 
-        self.send(LoadModel(str(path), model, context))
+        self.send(LoadModel(str(path), model, context, disk_cache))
         info = self._answer(Loaded, progress).info
         self.model_info = info
         return info
+
+    def slot(self, action: Literal["save", "restore", "erase"], path: str = "") -> SlotDone:
+        """llama-server's slot save / restore / erase on the single sequence (SlotAction); EngineFailure when the
+        engine refuses (a file that is not a state file of this model, build and settings: one line)."""
+        self.send(SlotAction(action, path))
+        return self._answer(SlotDone)
 
     def unload(self) -> None:
         self.send(UnloadModel())

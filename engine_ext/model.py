@@ -513,23 +513,34 @@ class Context:
 
     def save_checkpoint(self, tokens: Sequence[int]) -> Checkpoint:
         """Save the non-truncatable part of sequence 0's state (recurrent / SWA) after `tokens`."""
-        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        return Checkpoint(tuple(tokens), bytes(self.sequence_state(C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)))
+
+    def restore_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Restore a checkpoint and drop everything after it (the caller then decodes onward)."""
+        data = (ctypes.c_uint8 * len(checkpoint.data)).from_buffer_copy(checkpoint.data)
+        if not self.set_sequence_state(data, C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+            raise ContextError("restoring a state checkpoint failed")
+        if not self.truncate(len(checkpoint.tokens)):
+            raise ContextError("could not truncate the context after restoring a checkpoint")
+
+    def sequence_state(self, flags: int = 0) -> memoryview:
+        """Sequence 0's state as llama.cpp serialises it (flags 0: all of it, KV cells and recurrent state), in a
+        buffer of its own (no copy made)."""
         size = int(C.llama_state_seq_get_size_ext(self.handle, 0, flags))
         buf = (ctypes.c_uint8 * size)()
         written = int(C.llama_state_seq_get_data_ext(self.handle, buf, size, 0, flags))
         if written != size:
-            raise ContextError(f"saving a state checkpoint wrote {written} of {size} bytes")
-        return Checkpoint(tuple(tokens), bytes(buf))
+            raise ContextError(f"saving the sequence state wrote {written} of {size} bytes")
+        return memoryview(buf).cast("B")
 
-    def restore_checkpoint(self, checkpoint: Checkpoint) -> None:
-        """Restore a checkpoint and drop everything after it (the caller then decodes onward)."""
-        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        data = (ctypes.c_uint8 * len(checkpoint.data)).from_buffer_copy(checkpoint.data)
-        read = int(C.llama_state_seq_set_data_ext(self.handle, data, len(checkpoint.data), 0, flags))
-        if read != len(checkpoint.data):
-            raise ContextError("restoring a state checkpoint failed")
-        if not self.truncate(len(checkpoint.tokens)):
-            raise ContextError("could not truncate the context after restoring a checkpoint")
+    def set_sequence_state(self, data: Any, flags: int = 0) -> bool:
+        """Load a state `sequence_state` gave into sequence 0 (`data`: a writable buffer, read in place, or a ctypes
+        byte array); False when llama.cpp refused it. Only for bytes llmtui wrote and verified: llama.cpp's state
+        reader was not written for hostile input (engine_ext.disk_cache checks a file's checksum first)."""
+        if not isinstance(data, ctypes.Array):
+            data = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        size = ctypes.sizeof(data)
+        return int(C.llama_state_seq_set_data_ext(self.handle, data, size, 0, flags)) == size
 
     def logits_row(self, idx: int) -> Any:
         """A pointer to the logits of output row `idx` (-1: the last), n_vocab floats, valid until the next decode.

@@ -118,6 +118,21 @@ class ContextParams:
 
 
 @dataclass(frozen=True)
+class DiskCacheParams:
+    """The prompt cache on disk (engine_ext.disk_cache): the folder of state files ("": off), or one file (`run
+    --prompt-cache FILE`, read only with --prompt-cache-ro), and the budget."""
+
+    folder: str = ""
+    budget_mib: int = s.CACHE_BUDGET_MIB.default  # 0: the smaller of 10 GiB and 10% of the free space
+    file: str = ""
+    read_only: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.folder or self.file)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """A sampling preset (llama.cpp names); temperature 0 means greedy."""
 

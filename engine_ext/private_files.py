@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 PRIVATE_DIR_MODE = 0o700
@@ -78,6 +79,14 @@ def write_private_text(path: Path, text: str) -> None:
 def write_private_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically: a 0600 temporary file beside it (its name unique to this process and
     thread, so writers never share one), renamed over it. The folder is made with private_dir when missing."""
+    write_private_parts(path, (data,))
+
+
+def write_private_parts(path: Path, parts: Iterable[bytes | bytearray | memoryview], *, durable: bool = False) -> None:
+    """Write `parts` one after the other to `path` atomically, as write_private_bytes does (no part is joined into a
+    copy); with `durable`, the file is flushed to the disk (fsync) before the rename and the folder after it, so a
+    crash or power loss leaves the old file or the whole new one, never a part. The temporary file's name ends in
+    `.tmp`; one left by a process killed while writing is never read (a reader opens only the final name)."""
     path = Path(path)
     if not path.parent.is_dir():
         private_dir(path.parent)
@@ -87,7 +96,11 @@ def write_private_bytes(path: Path, data: bytes) -> None:
         _tighten_fd(fd)  # a stale temporary file keeps its mode otherwise
         with os.fdopen(fd, "wb") as file:
             fd = -1
-            file.write(data)
+            for part in parts:
+                file.write(part)
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -95,6 +108,12 @@ def write_private_bytes(path: Path, data: bytes) -> None:
         if fd != -1:
             os.close(fd)
     os.replace(temporary, path)
+    if durable and os.name == "posix":
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def take_notice() -> str | None:

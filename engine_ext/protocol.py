@@ -7,6 +7,7 @@ from typing import Final, Literal
 
 from engine_ext.params import (
     ContextParams,
+    DiskCacheParams,
     ModelParams,
     PromptTooLong,
     SamplingParams,
@@ -15,7 +16,8 @@ from engine_ext.params import (
 )
 
 PROTOCOL_VERSION = (
-    4  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only
+    5  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only;
+    # 5: LoadModel.disk_cache
 )
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
@@ -55,6 +57,7 @@ class LoadModel:
     path: str
     model: ModelParams = ModelParams()
     context: ContextParams = ContextParams()
+    disk_cache: DiskCacheParams = DiskCacheParams()  # off unless it names a folder or a file
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,15 @@ class Shutdown:
     pass
 
 
+@dataclass(frozen=True)
+class SlotAction:
+    """llama-server's slot actions on the single sequence (`POST /slots/0?action=...`): save its state to `path`,
+    restore it from `path` (checked as the prompt cache's files are: engine_ext.disk_cache), or erase it."""
+
+    action: Literal["save", "restore", "erase"]
+    path: str = ""
+
+
 Request = (
     LoadModel
     | UnloadModel
@@ -171,6 +183,7 @@ Request = (
     | Cancel
     | EndThinking
     | Inspect
+    | SlotAction
     | Shutdown
 )
 
@@ -555,6 +568,16 @@ class Crashed:
         return f"the engine process exited with code {self.exit_code}"
 
 
+@dataclass(frozen=True)
+class SlotDone:
+    """A SlotAction's answer: the tokens saved, restored or erased, the file's bytes, and the time it took."""
+
+    action: str
+    n_tokens: int
+    n_bytes: int = 0
+    ms: float = 0.0
+
+
 Event = (
     Hello
     | LoadProgress
@@ -574,5 +597,6 @@ Event = (
     | VectorProgress
     | VectorMade
     | LogLine
+    | SlotDone
     | Crashed
 )

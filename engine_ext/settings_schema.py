@@ -247,6 +247,29 @@ TYPE_V = Setting(
     choices=KV_CACHE_TYPES,
 )
 
+# ----- the prompt cache on disk (DiskCacheParams; engine_ext.disk_cache) -----------------------------------------
+
+CACHE_DISK = Setting(
+    "disk",
+    bool,
+    True,
+    "save each conversation's engine state to disk after a reply and restore it when the conversation goes on "
+    "(after a restart, a crash or a model switch too)",
+    label="prompt cache on disk",
+    saved_in="cache",
+)
+CACHE_BUDGET_MIB = Setting(
+    "budget_mib",
+    int,
+    0,
+    "the disk the prompt cache may take, in MiB (the least recently used state goes first)",
+    label="prompt cache budget",
+    saved_in="cache",
+    minimum=0,
+    maximum=1 << 30,
+    meaning="0: the smaller of 10 GiB and 10% of the free space",
+)
+
 # ----- sampling (SamplingParams) ----------------------------------------------------------------------------------
 
 TEMPERATURE = Setting(
@@ -387,6 +410,7 @@ SAMPLING: tuple[Setting[Any], ...] = (
     SEED,
 )
 SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_TYPE, DRAFT_MODEL, *DRAFT_NUMBERS, DRAFT_FIXED)
+CACHE: tuple[Setting[Any], ...] = (CACHE_DISK, CACHE_BUDGET_MIB)
 # A chat request's reasoning controls (run and chat's flags; per request on the API server).
 REASONING: tuple[Setting[Any], ...] = (REASONING_BUDGET, REASONING_BUDGET_MESSAGE, REASONING_EFFORT)
 

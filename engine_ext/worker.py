@@ -34,6 +34,8 @@ from engine_ext.protocol import (
     SetSpeculative,
     SetSteering,
     Shutdown,
+    SlotAction,
+    SlotDone,
     SpeculativeSet,
     SteeringSet,
     Submit,
@@ -109,6 +111,7 @@ class Worker:
         self.extra_bufts: tuple[str, ...] = ()  # the CPU extra buffer types weights are repacked for
         self.scheduler: Any = None  # engine_ext.parallel.ParallelScheduler once a Submit came for the loaded model
         self.max_waiting: int | None = None  # SetQueueLimit's bound (None: the scheduler's default)
+        self.disk_parts: dict[str, object] = {}  # the loaded model's key for saved states (engine_ext.disk_cache)
 
     def send(self, event: Event) -> None:
         self.conn.send(event)
@@ -208,6 +211,8 @@ class Worker:
                 from engine_ext.gguf import inspect_gguf
 
                 self.send(Inspected(request.path, inspect_gguf(Path(request.path)).to_dict()))
+            elif isinstance(request, SlotAction):
+                self.slot(request)
             elif isinstance(request, Shutdown):
                 self.shutting_down = True
             elif isinstance(request, Cancel):
@@ -318,6 +323,12 @@ class Worker:
                 self.unload()
                 raise
         self.session.governor = _thread_governor(request.context.n_threads)
+        try:
+            self.disk_parts = _disk_parts(request)
+            self.session.disk = _disk_cache(request, self.disk_parts)
+        except OSError as error:  # the model file read by llama.cpp but not here: states are not saved
+            print(f"--- prompt cache off: {error}", flush=True)
+            self.disk_parts = {"unreadable": time.time()}  # a key no saved state has
         from engine_ext.speculative.factory import target_backends
 
         self.device_backends = target_backends(model)
@@ -441,6 +452,9 @@ class Worker:
         notices: tuple[str, ...] = ()
         if request.entries and not layers:
             notices = (f"llama.cpp's {self.model.architecture} graph ignores control vectors",)
+        self.disk_parts["steering"] = [repr(entry) for entry in request.entries]
+        if self.session.disk is not None:  # states saved under another mix are not restored under this one
+            self.session.disk.set_part("steering", self.disk_parts["steering"])
         if not self.fresh_steering:
             active = self.mixer.apply(request.entries)
             if request.reset_cache:  # asked for when the cache may hold rows read under another mix
@@ -457,6 +471,41 @@ class Worker:
             self.send(SteeringSet(False, 0, 0, (), layers, notices))
         else:
             self.send(SteeringSet(True, active.layer_start, active.layer_end, active.layer_norms, layers, notices))
+
+    def slot(self, request: SlotAction) -> None:
+        """llama-server's slot save / restore / erase on the single sequence: a state file of the prompt cache's
+        format (engine_ext.disk_cache: checked whole before llama.cpp reads it), written at once (not in a thread)."""
+        from engine_ext.disk_cache import DiskCache
+        from engine_ext.params import EngineError
+
+        if self.session is None:
+            raise EngineError("no model is loaded")
+        t0 = time.perf_counter()
+        session = self.session
+        if request.action == "erase":
+            n_tokens = len(session.cached)
+            session.reset_cache()
+            self.send(SlotDone("erase", n_tokens, 0, (time.perf_counter() - t0) * 1000.0))
+            return
+        path = Path(request.path)
+        disk = DiskCache(path.parent, self.disk_parts, single_file=path, model=Path(self.model.path).name)
+        if request.action == "save":
+            if not session.cached or min(session.cached) < 0:
+                raise EngineError("the slot holds nothing to save" if not session.cached else "a prompt with images")
+            cached = tuple(session.cached)
+            checkpoints = [
+                (len(cp.tokens), cp.data) for cp in session.checkpoints if cached[: len(cp.tokens)] == cp.tokens
+            ]
+            disk.save(cached, self.ctx.sequence_state(), checkpoints)
+            disk.wait()
+            notices = disk.take_notices()
+            if notices:
+                raise EngineError(notices[0])
+            n_tokens, n_bytes = len(cached), path.stat().st_size
+        else:
+            n_tokens = session.restore_file(disk)
+            n_bytes = path.stat().st_size
+        self.send(SlotDone(request.action, n_tokens, n_bytes, (time.perf_counter() - t0) * 1000.0))
 
     def make_vector(self, request: MakeControlVector) -> None:
         from engine_ext.params import EngineError
@@ -493,6 +542,13 @@ class Worker:
             self.session.spec.close()
         if self.session is not None and self.session.vision is not None:
             self.session.vision.close()
+        if self.session is not None and self.session.disk is not None:
+            try:  # the save in flight finishes, then what it left out is saved (the model's context is still open)
+                self.session.disk.wait()
+                self.session.save_to_disk(final=True)
+            except Exception:  # a bug or a full disk: the model goes all the same, the log says why
+                traceback.print_exc()
+            self.session.disk.close()
         self.session = None
         if self.ctx is not None:
             self.ctx.close()
@@ -551,6 +607,50 @@ class Worker:
             _inject_fault("decode", self.extra_bufts if self.model.params.use_extra_bufts else ())
         finished = self.session.generate(request, self.send, poll_cancel)
         self.send(finished)
+        try:  # after the reply is sent: llama.cpp copies the state out, a thread writes it
+            self.session.save_to_disk()
+        except Exception:  # a bug or a full disk: the reply stands, the log says why
+            traceback.print_exc()
+
+
+def _disk_parts(request: LoadModel) -> dict[str, object]:
+    """What decides a loaded model's saved states (engine_ext.disk_cache's key): the model file, the engine build, the
+    KV cache's types and layout, the steering mix (none yet)."""
+    from engine_ext.disk_cache import model_identity
+    from engine_ext.recovery import machine_key
+
+    context = request.context
+    return {
+        "model": model_identity(Path(request.path)),
+        "build": machine_key(),
+        "kv": [context.type_k, context.type_v, context.flash_attn, context.n_seq_max, context.kv_unified],
+        "n_rs_seq": context.n_rs_seq,
+        "steering": [],
+    }
+
+
+def _disk_cache(request: LoadModel, parts: dict[str, object]) -> Any:
+    """The prompt cache on disk for a loaded model (engine_ext.disk_cache) under the key `parts`; None when it is off
+    or its folder cannot be made (said in the log: replies are evaluated as without it)."""
+    params = request.disk_cache
+    if not params.enabled:
+        return None
+    from engine_ext.disk_cache import DiskCache
+
+    single = Path(params.file) if params.file else None
+    folder = single.parent if single is not None else Path(params.folder)
+    try:
+        return DiskCache(
+            folder,
+            parts,
+            budget=params.budget_mib << 20,
+            single_file=single,
+            read_only=params.read_only,
+            model=Path(request.path).name,
+        )
+    except OSError as error:
+        print(f"--- prompt cache off: {folder}: {error.strerror}", flush=True)
+        return None
 
 
 # The phase a request's handling starts in (engine_ext.engine_status; native calls mark their own within it).

@@ -81,6 +81,7 @@ _HF_ENV_VARS = (
     "HF_HOME",
     "LLAMA_CACHE",
     "LLMTUI_MODEL_DIRS",
+    "LLMTUI_CACHE_DIR",
 )
 
 

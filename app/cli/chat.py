@@ -18,7 +18,16 @@ from app.cli.engine_args import (
     sampling_params,
 )
 from app.cli.remote import add_remote_args
-from app.cli.session import drain, error_line, format_stats, loaded, recovering, start_engine, stream_reply
+from app.cli.session import (
+    drain,
+    error_line,
+    format_stats,
+    loaded,
+    recovering,
+    saved_disk_cache,
+    start_engine,
+    stream_reply,
+)
 from app.cli.types import utf8_error
 from app.models import resolve_model
 from engine_ext.client import EngineCrashedError, EngineFailure
@@ -92,7 +101,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     with start_engine() as client:
 
         def session(model: ModelParams) -> int:
-            info = loaded(client.load(path, model, context), used=path)
+            info = loaded(client.load(path, model, context, disk_cache=saved_disk_cache()), used=path)
             if not replies[0] and not pending:
                 asked = f" (-c {args.ctx_size} rounded up by llama.cpp)" if 0 < args.ctx_size != info.n_ctx else ""
                 print(

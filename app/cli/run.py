@@ -31,6 +31,7 @@ from engine_ext.client import EngineClient
 from engine_ext.image_input import ImageRefused, read_image_file
 from engine_ext.params import (
     ContextParams,
+    DiskCacheParams,
     ModelParams,
     SpeculativeParams,
 )
@@ -75,7 +76,7 @@ def _run_generation(
     images: tuple[ImageRef, ...] = (),
 ) -> int:
     """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
-    loaded(client.load(path, model, context), used=path)
+    loaded(client.load(path, model, context, disk_cache=prompt_cache_file(args)), used=path)
     if spec.enabled:
         client.set_speculative(spec)
     steering = steering_entries(args)
@@ -230,6 +231,30 @@ def add_grammar_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_prompt_cache_args(p: argparse.ArgumentParser) -> None:
+    """llama-cli's --prompt-cache FILE and --prompt-cache-ro (engine_ext.disk_cache checks the file before use)."""
+    p.add_argument(
+        "--prompt-cache",
+        metavar="FILE",
+        default=None,
+        help="restore the prompt's state from FILE when it starts with the prompt saved there (checked first: "
+        "the model, engine build and a checksum), and save the state there after the reply",
+    )
+    p.add_argument("--prompt-cache-ro", action="store_true", help="with --prompt-cache: read FILE but do not update it")
+
+
+def prompt_cache_file(args: argparse.Namespace) -> DiskCacheParams:
+    """The prompt cache `run` loads with: only the file --prompt-cache names (none without it)."""
+    if args.prompt_cache is None:
+        if args.prompt_cache_ro:
+            raise CliError("--prompt-cache-ro needs --prompt-cache FILE")
+        return DiskCacheParams()
+    file = Path(args.prompt_cache).expanduser().absolute()
+    if file.is_dir():
+        raise CliError(f"--prompt-cache {file}: is a folder; name a file")
+    return DiskCacheParams(file=str(file), read_only=args.prompt_cache_ro)
+
+
 def refuse_local_only_flags(args: argparse.Namespace) -> None:
     """--remote takes the reply from a server: what only the local engine does is refused, not ignored."""
     local = [
@@ -243,6 +268,7 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
             ("--json-schema", getattr(args, "json_schema", None) is not None),
             ("--tools/--mcp/--builtin-tool", wants_tools(args)),
             ("--image", bool(getattr(args, "image", None))),
+            ("--prompt-cache", getattr(args, "prompt_cache", None) is not None),
         )
         if on
     ]
@@ -297,6 +323,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="an image sent with the message (PNG, JPEG, GIF, BMP; repeatable); needs the model's projector",
     )
     add_grammar_args(run)
+    add_prompt_cache_args(run)
     add_tool_args(run)
     add_spec_args(run)
     add_control_vector_args(run)

@@ -23,13 +23,14 @@ from app.cli.engine_args import (
     spec_params,
     target_load_plan,
 )
-from app.cli.session import CliError, loaded, start_engine
+from app.cli.session import CliError, loaded, saved_disk_cache, start_engine
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import int_range
 from app.models import resolve_model
 from app.server.access import Access, api_key_refusal, host_refusal, loopback, origin_refusal
 from app.server.requests import Limits
 from app.settings_schema import SERVER_HOST, SERVER_PORT
+from engine_ext.params import DiskCacheParams
 from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
 
 if TYPE_CHECKING:
@@ -67,13 +68,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"{SPEC_TYPE.flag} {model_drafters[0]}: use --parallel 1 for a draft model"
             )
         context = replace(context, n_seq_max=args.parallel)  # llama-server's -np: n_ctx is shared by them
+    slot_save_path = _slot_save_path(args)
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
     vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
+    # One sequence: its state is saved when it goes idle (after each reply) and restored for a request that starts
+    # with it, also after a restart; parallel sequences keep theirs in memory only.
+    disk = saved_disk_cache() if args.parallel == 1 else DiskCacheParams()
     client = start_engine()
     client.step_limit_s = args.step_limit
     try:
-        info = loaded(client.load(path, model, context))
+        info = loaded(client.load(path, model, context, disk_cache=disk))
         if spec.enabled:
             client.set_speculative(spec)
         if steering:
@@ -82,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         def restart() -> None:
             client.start()
-            client.load(path, model, context)
+            client.load(path, model, context, disk_cache=disk)
 
         settings = ServerSettings(
             model_id=args.alias or Path(path).name,
@@ -93,6 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             limits=Limits(max_tokens=min(args.max_tokens, info.n_ctx) if args.max_tokens else 0),
             queue=args.queue,
             slots=args.parallel,
+            slot_save_path=slot_save_path,
         )
         metrics = Metrics()
         backend_type = ParallelBackend if args.parallel > 1 else EngineBackend
@@ -120,6 +126,22 @@ def _cancel_on_exit(server: uvicorn.Server, stop: Callable[[], None]) -> None:
         handle_exit(sig, frame)
 
     server.handle_exit = cancel_then_exit  # type: ignore[method-assign]
+
+
+def _slot_save_path(args: argparse.Namespace) -> str:
+    """--slot-save-path as a folder (made owner-only when missing); "" without it. One sequence only."""
+    if args.slot_save_path is None:
+        return ""
+    if args.parallel > 1:
+        raise CliError("--slot-save-path works with --parallel 1 (one sequence to save and restore)")
+    from engine_ext.private_files import private_dir
+
+    folder = Path(args.slot_save_path).expanduser().absolute()
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"--slot-save-path {folder}: not a folder")
+    if not folder.exists():
+        private_dir(folder)
+    return str(folder)
 
 
 def _api_key(name: str | None) -> str | None:
@@ -203,6 +225,12 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="most seconds one step of a reply whose work the request's input sets (building its grammar, sampling, "
         f"tokenizing) may take before the engine is restarted and the request fails (0: no limit; default "
         f"{DEFAULT_STEP_LIMIT_S}); a decode always finishes its batch",
+    )
+    serve.add_argument(
+        "--slot-save-path",
+        metavar="DIR",
+        default=None,
+        help="allow POST /slots/0?action=save|restore with files in DIR (llama-server's; --parallel 1 only)",
     )
     add_spec_args(serve)
     add_control_vector_args(serve)

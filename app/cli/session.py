@@ -15,6 +15,7 @@ from app.models import record_use
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
     ContextParams,
+    DiskCacheParams,
     ModelParams,
 )
 from engine_ext.protocol import (
@@ -74,6 +75,17 @@ def start_engine() -> EngineClient:
         print(f"llmtui: {notice}", file=sys.stderr)
     client.start()
     return client
+
+
+def saved_disk_cache() -> DiskCacheParams:
+    """The prompt cache on disk as config.toml's [cache] sets it (`chat` and `serve --parallel 1` use it; on by
+    default); off when the settings cannot be read (their error is the app's to show)."""
+    from app.config import ConfigError, load_config
+
+    try:
+        return load_config().cache.disk_cache_params()
+    except ConfigError:
+        return DiskCacheParams()
 
 
 def recovering(

@@ -125,4 +125,10 @@ class ModelsController:
         if path != host.model_path or isinstance(host.bridge, RemoteBridge):
             return  # another model (or a server) was chosen meanwhile
         self.speculation.draft_sidecars, self.speculation.missing_drafts = sidecars, missing
-        host.bridge.load(path, self.engine_settings(), mmproj=mmproj, **self.speculation.load_options(path))
+        host.bridge.load(
+            path,
+            self.engine_settings(),
+            mmproj=mmproj,
+            disk_cache=host.config.cache.disk_cache_params(),
+            **self.speculation.load_options(path),
+        )

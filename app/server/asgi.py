@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Protocol
 
 from starlette.applications import Starlette
@@ -29,8 +30,8 @@ from app.server.errors import ApiError
 from app.server.gate import RequestGate
 from app.server.metrics import Metrics
 from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request
-from app.server.requests import Job, parse_body, parse_chat, parse_completion
-from engine_ext.protocol import Finished, TokenChunk
+from app.server.requests import Job, parse_body, parse_chat, parse_completion, slot_filename
+from engine_ext.protocol import Finished, SlotDone, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
@@ -130,6 +131,36 @@ def build_app(
             request,
             parse_completion(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id),
         )
+
+    async def slots(request: Request) -> Response:
+        """llama-server's `POST /slots/{id}?action=save|restore|erase` on the one sequence (`serve --parallel 1
+        --slot-save-path DIR`); files in the prompt cache's format, checked whole before the engine reads them."""
+        action = request.query_params.get("action", "")
+        if action not in ("save", "restore", "erase"):
+            raise ApiError(400, "action must be save, restore or erase", "action")
+        folder = backend.settings.slot_save_path
+        if not folder:
+            raise ApiError(501, "this server does not support slot actions: start it with --slot-save-path DIR")
+        if request.path_params.get("id_slot") != "0":
+            raise ApiError(400, "invalid slot id: this server has one slot, 0", "id_slot")
+        filename = "" if action == "erase" else slot_filename(parse_body(await read_body(request)))
+        path = str(Path(folder) / filename) if filename else ""
+        settings = backend.settings
+        job = Job("completion", settings.model_id, settings.sampling, slot=(action, path))  # type: ignore[arg-type]
+        ticket = backend.submit(job, asyncio.get_running_loop())
+        done = await next_event(request, ticket)
+        if isinstance(done, ApiError):
+            raise done
+        assert isinstance(done, SlotDone)
+        if action == "erase":
+            return JSONResponse({"id_slot": 0, "n_erased": done.n_tokens})
+        counts = (
+            {"n_saved": done.n_tokens, "n_written": done.n_bytes}
+            if action == "save"
+            else {"n_restored": done.n_tokens, "n_read": done.n_bytes}
+        )
+        timings = {f"{action}_ms": done.ms}
+        return JSONResponse({"id_slot": 0, "filename": filename, **counts, "timings": timings})
 
     async def run(request: Request, job: Job) -> Response:
         ticket = backend.submit(job, asyncio.get_running_loop())
@@ -317,6 +348,7 @@ def build_app(
         Route("/v1/messages/count_tokens", guarded(anthropic_count, anthropic.error_body), methods=["POST"]),
         Route("/v1/responses", guarded(openai_response), methods=["POST"]),
         Route("/responses", guarded(openai_response), methods=["POST"]),
+        Route("/slots/{id_slot}", guarded(slots), methods=["POST"]),
     ]
     middleware = [Middleware(RequestGate, access=access, refused=metrics.refused)]
     if access.cors:  # preflights and CORS headers for the origins the gate lets through

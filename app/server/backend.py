@@ -13,6 +13,7 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from app.server.errors import ApiError, ContextExceeded
 from app.server.metrics import Metrics
@@ -50,6 +51,7 @@ class ServerSettings:
     limits: Limits = Limits()
     queue: int = 16  # requests waiting beyond the one generating; past it: 503
     slots: int = 1  # requests decoded together (serve --parallel; more than 1: app.server.parallel_backend)
+    slot_save_path: str = ""  # where POST /slots/0?action=save|restore keeps its files ("": those actions are off)
 
 
 @dataclass
@@ -282,6 +284,9 @@ class EngineBackend(Dispatcher):
             self._applied_spec = ticket.spec
 
     def _serve(self, ticket: Ticket) -> None:
+        if ticket.job.slot is not None:
+            self._slot(ticket, *ticket.job.slot)
+            return
         try:
             self._configure(ticket)
         except EngineFailure as e:
@@ -318,6 +323,17 @@ class EngineBackend(Dispatcher):
             elif isinstance(event, Crashed):
                 self._crashed(ticket, event)
                 return
+
+    def _slot(self, ticket: Ticket, action: Literal["save", "restore", "erase"], path: str) -> None:
+        """llama-server's slot action on the engine's one sequence: its SlotDone, or ApiError 400 with the engine's
+        one line (a file refused, nothing to save)."""
+        try:
+            ticket.push(self.client.slot(action, path))
+        except EngineFailure as e:
+            self.metrics.refused()
+            ticket.push(ApiError(400, (e.failed.message or e.failed.error).splitlines()[0][:300]))
+        except EngineCrashedError as e:
+            self._crashed(ticket, e.crashed)
 
     def _crashed(self, ticket: Ticket, crashed: Crashed) -> None:
         self.metrics.failed()

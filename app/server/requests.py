@@ -26,7 +26,7 @@ from engine_ext.params import SamplingParams
 from engine_ext.protocol import IMAGE_MARKER, ChatMessage, ImageRef
 from engine_ext.setting import Setting
 from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
-from engine_ext.untrusted_text import one_line
+from engine_ext.untrusted_text import has_controls, one_line
 
 # OpenAI's own fields we take (or accept at their default), llama-server's sampling extras, and llmtui's extras.
 _COMMON = frozenset(
@@ -108,6 +108,26 @@ class Job:
     reasoning_budget: int = -1  # thinking tokens before the end of thinking is forced (-1: unlimited, 0: none)
     reasoning_budget_message: str = ""  # forced before the end of thinking when the budget is spent
     count_only: bool = False  # only count the rendered prompt's tokens (Anthropic's count_tokens)
+    slot: tuple[Literal["save", "restore", "erase"], str] | None = None  # llama-server's slot action and its file
+
+
+MAX_SLOT_FILENAME = 255
+
+
+def slot_filename(body: Mapping[str, object]) -> str:
+    """The `filename` of a slot save or restore: a plain name in the server's --slot-save-path (as llama-server's
+    fs_validate_filename: no folder, no `..`, no control character, at most 255 characters); ApiError 400 otherwise."""
+    name = body.get("filename")
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= MAX_SLOT_FILENAME
+        or name in (".", "..")
+        or any(c in name for c in "/\\:")
+        or has_controls(name)
+        or name != name.strip()
+    ):
+        raise ApiError(400, "invalid filename: a plain file name of at most 255 characters", "filename")
+    return name
 
 
 class _OutOfRange(ValueError):

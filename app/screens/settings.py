@@ -4,9 +4,11 @@ to config.toml."""
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
@@ -25,8 +27,10 @@ from app.config import (
     parse_field,
     parse_gpu_layers,
 )
+from app.paths import prompt_cache_dir
 from engine_ext import settings_schema as s
 from engine_ext.settings_schema import Setting
+from engine_ext.untrusted_text import one_line
 
 if TYPE_CHECKING:
     from app.shell import LlmtuiShell
@@ -121,6 +125,12 @@ class SettingsScreen(Screen[bool]):
                     for setting in ui.SERVER:
                         yield Label(setting.plain_label, classes="field-label")
                         yield self._server_field(setting)
+                yield Label(
+                    "Prompt cache on disk (conversations resume after a restart; [cache] in config.toml, "
+                    "`llmtui cache list|clear`)",
+                    classes="section-title",
+                )
+                yield Static(self._cache_state(), id="settings-cache-usage", classes="field-label")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Back", id="cancel", compact=True)
@@ -162,8 +172,26 @@ class SettingsScreen(Screen[bool]):
                 values[setting.name] = parse_field(setting, text, f"API server: {setting.plain_label}")
         return ServerConfig(**values)  # type: ignore[arg-type]
 
+    def _cache_state(self) -> str:
+        return "on: reading its size…" if self.config.cache.disk else "off ([cache] disk = false)"
+
+    @work(thread=True, exclusive=True, group="cache-usage")
+    def read_cache_usage(self) -> None:
+        """The cache's files, size against the budget and bytes per token of the loaded model, read in a thread (a
+        folder scan and one header per file)."""
+        from engine_ext.disk_cache import usage_line
+
+        model = Path(self.app.model_path).name if self.app.model_path else ""
+        try:
+            line = f"on: {usage_line(prompt_cache_dir(), self.config.cache.budget_mib, model)}"
+        except OSError as e:
+            line = f"on: {one_line(str(e))}"
+        self.app.call_from_thread(self.query_one("#settings-cache-usage", Static).update, line)
+
     async def on_mount(self) -> None:
         self.query_one("#settings-error").display = False
+        if self.config.cache.disk:
+            self.read_cache_usage()
         await self.refresh_remotes()
         if self.focus_field in FIELD_ORDER:
             field = self.query_one(f"#setting-{self.focus_field}")

@@ -75,10 +75,16 @@ async def with_remotes(pilot: Pilot[Any]) -> None:
 
 
 async def settings_remotes(pilot: Pilot[Any]) -> None:
+    from textual.widgets import Static
+
     await with_remotes(pilot)
+    app = pilot.app
+    assert isinstance(app, LlmtuiApp)
+    app.config = replace(app.config, cache=replace(app.config.cache, budget_mib=1024))  # the default is the disk's
     await pilot.press("f3")
-    await pilot.pause()
-    pilot.app.screen.query_one("#settings-body").scroll_end(animate=False)
+    usage = app.screen.query_one("#settings-cache-usage", Static)
+    await wait_until(pilot, lambda: "saved" in str(usage.render()), "the prompt cache's size, read in a thread")
+    app.screen.query_one("#settings-body").scroll_end(animate=False)
     await pilot.pause()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -791,3 +792,30 @@ async def test_the_model_loaded_for_the_chat_is_recorded_as_used(tiny_models: di
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot)
         await wait_until(pilot, lambda: last_used() is not None, "the use recorded")
+
+
+@pytest.mark.anyio
+async def test_f3_shows_the_prompt_caches_size_against_its_budget(tiny_models: dict[str, Path]) -> None:
+    """Issue 47: F3 says what the prompt cache on disk holds (read in a thread) against its budget, or that it is
+    off."""
+    from textual.widgets import Static
+
+    from app.paths import prompt_cache_dir
+    from app.screens.settings import SettingsScreen
+
+    folder = prompt_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.started, "the start-up")
+        app.config = replace(app.config, cache=replace(app.config.cache, budget_mib=64))
+        await pilot.press("f3")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), "the settings")
+        usage = app.screen.query_one("#settings-cache-usage", Static)
+        await wait_until(pilot, lambda: "saved" in str(usage.render()), "the cache's size, read in a thread")
+        assert "0 saved conversation state(s)" in str(usage.render()) and "64" in str(usage.render())
+        await pilot.press("escape")
+        app.config = replace(app.config, cache=replace(app.config.cache, disk=False))
+        await pilot.press("f3")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), "the settings again")
+        assert "off" in str(app.screen.query_one("#settings-cache-usage", Static).render())

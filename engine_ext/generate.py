@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
-from engine_ext.chat import (
+from engine_ext.chat_prompt import (
     ChatTemplateCancelled,
     render_reply_prompt,
     truncate_messages_to_fit,

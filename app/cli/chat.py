@@ -20,7 +20,7 @@ from app.cli.engine_args import (
 from app.cli.remote import add_remote_args
 from app.cli.session import drain, error_line, format_stats, loaded, recovering, start_engine, stream_reply
 from app.cli.types import utf8_error
-from app.models import resolve_model
+from app.core.model_paths import resolve_model
 from engine_ext.client import EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, ModelParams
 from engine_ext.protocol import (

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings, SamplingSettings
+from app.core.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings, SamplingSettings
 from engine_ext.settings_schema import DEFAULT_SEED
 
 if TYPE_CHECKING:  # Textual's messages are imported when a remote is used: plain commands start without Textual
@@ -74,7 +74,7 @@ def remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, str]:
 def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
     """The sampling flags as the preset the remote bridge sends (-s's random seed is the preset's -1)."""
     from app.cli.flags import flag_values
-    from app.settings_schema import PRESET_SAMPLING
+    from app.core.app_settings_schema import PRESET_SAMPLING
 
     seed = -1 if args.seed in (-1, DEFAULT_SEED) else args.seed
     return SamplingSettings(**flag_values(args, PRESET_SAMPLING), max_tokens=args.n_predict, seed=seed)
@@ -84,8 +84,8 @@ class RemoteSession:
     """One connected server: `ask` streams a reply to stdout (reasoning to stderr) and returns its text and stats."""
 
     def __init__(self, remote: RemoteSettings, model: str) -> None:
-        from app.messages import ModelLoaded, ModelLoadFailed
-        from app.remote import RemoteBridge
+        from app.tui.messages import ModelLoaded, ModelLoadFailed
+        from app.tui.remote_bridge import RemoteBridge
 
         self.inbox = _Inbox()
         self.bridge = RemoteBridge(self.inbox, remote, model)
@@ -112,7 +112,7 @@ class RemoteSession:
     def ask(
         self, messages: list[tuple[str, str]], sampling: SamplingSettings, *, echo: bool
     ) -> tuple[str, dict[str, Any]]:
-        from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+        from app.tui.messages import GenerationFailed, GenerationFinished, TokensArrived
 
         request_id = self.bridge.generate(messages, sampling)
         text: list[str] = []

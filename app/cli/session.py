@@ -10,8 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from app import paths
-from app.models import record_use
+from app.core import paths
+from app.core.model_paths import record_use
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
     ContextParams,
@@ -66,7 +66,7 @@ T = TypeVar("T")
 def start_engine() -> EngineClient:
     """A started engine worker that leaves out the CPU extra buffer types that crashed this CPU with this engine
     build before (engine_ext.recovery)."""
-    from app.private_files import private_dir, take_notice
+    from app.core.owner_only_dirs import private_dir, take_notice
 
     client = EngineClient(private_dir(paths.log_dir()) / "engine.log", memory=paths.repack_memory())
     notice = take_notice()

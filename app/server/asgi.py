@@ -21,11 +21,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.core.server_access import Access
 from app.server import anthropic, responses
-from app.server.access import Access
+from app.server.api_errors import ApiError
 from app.server.backend import ServerSettings, Ticket
 from app.server.blocks import BlockShaper
-from app.server.errors import ApiError
 from app.server.gate import RequestGate
 from app.server.metrics import Metrics
 from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request

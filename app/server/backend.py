@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from app.server.errors import ApiError, ContextExceeded
+from app.server.api_errors import ApiError, ContextExceeded
 from app.server.metrics import Metrics
 from app.server.requests import Job, Limits, SpecChoice
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure

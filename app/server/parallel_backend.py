@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.server.api_errors import ApiError
 from app.server.backend import Dispatcher, ServerSettings, Ticket
-from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.requests import Job, SpecChoice
 from engine_ext.client import EngineClient

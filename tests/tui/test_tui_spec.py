@@ -15,17 +15,17 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import Input, OptionList, Select
 
-from app.config import ConfigError, SamplingSettings, SpeculativeSettings, load_config
-from app.messages import SpeculativeStatsUpdated, TokensArrived
-from app.modals.pick import PickModal
-from app.modals.speculative import SpeculativePanel
-from app.screens.spec_check import Side, SpecCheckScreen, first_difference, run_to_run_noise, side_text, verdict
-from app.speculation import find_sidecars, load_options, short_summary, sparkline, supported_types
-from app.store import open_default_store
-from app.tui import LlmtuiApp
-from app.widgets.message_view import MessageView
-from app.widgets.prompt_input import PromptInput
-from app.widgets.spec_meter import SpecMeter
+from app.core.config import ConfigError, SamplingSettings, SpeculativeSettings, load_config
+from app.core.speculation_facts import find_sidecars, load_options, short_summary, sparkline, supported_types
+from app.core.store import open_default_store
+from app.tui.app import LlmtuiApp
+from app.tui.messages import SpeculativeStatsUpdated, TokensArrived
+from app.tui.modals.pick import PickModal
+from app.tui.modals.speculative import SpeculativePanel
+from app.tui.screens.spec_check import Side, SpecCheckScreen, first_difference, run_to_run_noise, side_text, verdict
+from app.tui.widgets.message_view import MessageView
+from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.spec_meter import SpecMeter
 from engine_ext.protocol import DrafterReport, SpeculativeStats
 from tests.pilot import (  # noqa: F401 (seeded: fixture)
     MODEL,
@@ -360,7 +360,7 @@ async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: d
 async def test_the_panel_and_the_settings_screen_take_defaults_and_ranges_from_the_declarations() -> None:
     """F9's number fields and F3's engine fields show each declaration's default, and one past a draft setting's
     declared maximum is refused with the declaration's one-line message (engine_ext.settings_schema)."""
-    from app.screens.settings import SettingsScreen
+    from app.tui.screens.settings_screen import SettingsScreen
     from engine_ext import settings_schema as s
 
     async with _without_engine((120, 40)) as (app, pilot):
@@ -658,7 +658,7 @@ async def test_check_asked_for_while_a_reply_is_written_runs_after_it_on_the_las
 async def test_check_survives_an_engine_crash_mid_run_and_runs_again_after_the_restart(
     tiny_models: dict[str, Path],
 ) -> None:
-    from app.modals.crash import EngineCrashedModal
+    from app.tui.modals.crash import EngineCrashedModal
 
     app = LlmtuiApp(str(tiny_models["llama"]))
     async with app.run_test(size=(120, 40)) as pilot:

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.config import SamplingSettings
-from app.controllers.generation import GenerationController, GenerationRouter
-from app.store import Store
+from app.core.config import SamplingSettings
+from app.core.generation import GenerationController, GenerationRouter
+from app.core.store import Store
 from engine_ext.protocol import ChatMessage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def test_side_runs_go_to_their_owner_and_are_cancelled_through_the_controller(tm
 def test_the_generation_controller_imports_without_textual() -> None:
     code = (
         "import sys\n"
-        "import app.controllers.generation\n"
+        "import app.core.generation\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
         "assert not bad, bad\n"
     )

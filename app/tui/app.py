@@ -30,14 +30,13 @@ from app.core.config import (
     load_config,
     save_config,
 )
+from app.core.generation import GenerationController, GenerationRouter
 from app.core.model_paths import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.core.owner_only_dirs import secure_app_dirs, take_notice
 from app.core.store import Store, StoreError, open_default_store
 from app.tui.bridge import EngineBridge
 from app.tui.controllers import (
     ConversationsController,
-    GenerationController,
-    GenerationRouter,
     ModelsController,
     SpeculationController,
     SteeringController,
@@ -48,6 +47,7 @@ from app.tui.messages import ModelSummary
 from app.tui.modals.pick import PickModal
 from app.tui.palette import palette_commands
 from app.tui.remote_bridge import REMOTE_PREFIX, RemoteBridge, RemoteChoice
+from app.tui.reply_owner import ReplyOwner
 from app.tui.screens.chat_screen import ChatScreen
 from app.tui.textual_internals.terminal_text import drop_controls_from_terminal_output
 from app.tui.widgets.image_preview import detect_terminal_graphics
@@ -137,7 +137,7 @@ class LlmtuiApp(EngineEvents):
         self.speculation = SpeculationController(self)
         self.models = ModelsController(self, self.speculation)
         self.steering = SteeringController(self, self.models)
-        self.generation = GenerationController(self, GenerationRouter())
+        self.generation: GenerationController[ReplyOwner] = GenerationController(self, GenerationRouter())
         """Every reply's lifecycle; its router takes generation events to the request's owner (the chat, a view)."""
         self.conversations = ConversationsController(self)
         self.server = ServerController(self)

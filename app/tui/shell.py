@@ -13,11 +13,11 @@ from textual.app import App
 
 if TYPE_CHECKING:
     from app.core.config import Config
+    from app.core.generation import GenerationController
     from app.core.store import Store
     from app.tui.bridge import EngineBridge
     from app.tui.controllers import (
         ConversationsController,
-        GenerationController,
         ModelsController,
         SpeculationController,
         SteeringController,
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from app.tui.controllers.server import ServerController
     from app.tui.messages import ModelSummary
     from app.tui.remote_bridge import RemoteBridge
+    from app.tui.reply_owner import ReplyOwner
 
 
 class LlmtuiShell(App[None]):
@@ -40,7 +41,7 @@ class LlmtuiShell(App[None]):
     speculation: SpeculationController
     steering: SteeringController
     models: ModelsController
-    generation: GenerationController
+    generation: GenerationController[ReplyOwner]
     conversations: ConversationsController
     server: ServerController
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from app.core.config import Config, SpeculativeSettings
-from app.tui.controllers import GenerationRouter, ModelsController, SpeculationController, SteeringController
+from app.core.generation import GenerationRouter
+from app.tui.controllers import ModelsController, SpeculationController, SteeringController
 from engine_ext.protocol import SpeculativeStats
 
 

@@ -1,5 +1,5 @@
 """The generation controller (a reply's lifecycle, `core`) and the router that takes each request's events to whoever
-asked for it (`router`). Neither imports Textual: the TUI, the CLI and an API server drive the same code."""
+asked for it (`routing`). Neither imports Textual: the TUI, the CLI and an API server drive the same code."""
 
 from app.core.generation.core import (
     ActiveReply,

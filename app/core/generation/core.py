@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from app.core.config import SamplingSettings
+from app.core.generation.routing import OwnerT
 from app.core.generation.tools import (
     ChatTools,
     ReplyTools,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
     from pathlib import Path
 
-    from app.core.generation.routing import GenerationOwner, GenerationRouter
+    from app.core.generation.routing import GenerationRouter
     from app.core.generation.tools import Ask
     from app.core.store import Conversation, JSONObject, Message, MessageState, Store, StoredImage
     from app.core.tools.loop import CallRecord
@@ -129,7 +130,7 @@ def end_state(stop_reason: str) -> MessageState:
     return "stopped" if stop_reason == "cancelled" else "complete"
 
 
-class GenerationController:
+class GenerationController(Generic[OwnerT]):
     """Owns the chat's reply: the user's message committed before generation starts, the reply's row begun (or a
     stopped one resumed), the request sent and registered with the router, its text checkpointed as it streams
     (ReplyRecorder: a crash loses at most a second) and its end recorded. One reply at a time.
@@ -138,7 +139,7 @@ class GenerationController:
     and routed in one place.
     """
 
-    def __init__(self, host: GenerationHost, router: GenerationRouter) -> None:
+    def __init__(self, host: GenerationHost, router: GenerationRouter[OwnerT]) -> None:
         self.host = host
         self.router = router
         self.active: ActiveReply | None = None
@@ -287,7 +288,7 @@ class GenerationController:
         self.replies_started += 1
         return reply
 
-    def send(self, reply: ActiveReply, owner: GenerationOwner | None = None) -> None:
+    def send(self, reply: ActiveReply, owner: OwnerT | None = None) -> None:
         """Send the reply's request to the engine (nothing when it already ended: the engine crashed meanwhile);
         its events go to `owner` (None: the router's default). Stopped before it went out: cancelled at once."""
         if self.active is not reply:
@@ -405,7 +406,7 @@ class GenerationController:
         calls: Sequence[ToolCall],
         ask: Ask,
         on_record: Callable[[CallRecord], Awaitable[None]],
-        owner: GenerationOwner | None = None,
+        owner: OwnerT | None = None,
     ) -> str | None:
         """Ask about and run the active reply's calls, then send the request again with their results; None when it
         was sent, else why the reply ends here ("stopped" by Esc, or the bound on calls)."""
@@ -437,7 +438,7 @@ class GenerationController:
     # ----- side runs (nothing recorded) -----
 
     def run(
-        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, owner: GenerationOwner, **options: Any
+        self, messages: Sequence[tuple[str, str]], sampling: SamplingSettings, owner: OwnerT, **options: Any
     ) -> int:
         """Send a request whose events go to `owner` (an A/B view's side); its request id."""
         request_id = self.host.bridge.generate(messages, sampling, **options)

@@ -3,30 +3,15 @@ view); a request nobody registered goes to the default owner (the chat)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from app.tui.messages import (
-        GenerationFailed,
-        GenerationFinished,
-        GenerationStatsUpdated,
-        PromptProgressed,
-        TokensArrived,
-    )
     from engine_ext.protocol import SpeculativeStats
 
 
 class GenerationOwner(Protocol):
-    """Whoever sent a generate request and takes its events."""
-
-    async def generation_tokens(self, event: TokensArrived) -> None: ...
-
-    async def generation_finished(self, event: GenerationFinished) -> None: ...
-
-    async def generation_failed(self, event: GenerationFailed) -> None: ...
-
-    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
-        """How far the prompt is read, or the reply's speed so far."""
+    """Whoever sent a generate request: what the router and the controller tell it. The surface that delivers the
+    request's events adds their handlers (the TUI's `app.tui.reply_owner.ReplyOwner`)."""
 
     def generation_stats(self, stats: SpeculativeStats) -> None:
         """The speculative statistics of this owner's request."""
@@ -38,26 +23,29 @@ class GenerationOwner(Protocol):
         """The engine died while this owner's reply (the default owner's) was being written."""
 
 
-class GenerationRouter:
+OwnerT = TypeVar("OwnerT", bound=GenerationOwner)
+
+
+class GenerationRouter(Generic[OwnerT]):
     """request id → owner. Events of a request nobody registered (or with no id) go to `default` (the chat)."""
 
     def __init__(self) -> None:
-        self._owners: dict[int, GenerationOwner] = {}
-        self.default: GenerationOwner | None = None
+        self._owners: dict[int, OwnerT] = {}
+        self.default: OwnerT | None = None
 
-    def register(self, request_id: int, owner: GenerationOwner) -> None:
+    def register(self, request_id: int, owner: OwnerT) -> None:
         self._owners[request_id] = owner
 
     def release(self, request_id: int | None) -> None:
         if request_id is not None:
             self._owners.pop(request_id, None)
 
-    def owner(self, request_id: int | None) -> GenerationOwner | None:
+    def owner(self, request_id: int | None) -> OwnerT | None:
         """Who asked for this request: its registered owner, else the default."""
         registered = self._owners.get(request_id) if request_id is not None else None
         return registered if registered is not None else self.default
 
-    def side_owner(self, request_id: int | None) -> GenerationOwner | None:
+    def side_owner(self, request_id: int | None) -> OwnerT | None:
         """The registered owner of this request when it is not the default (an A/B view's run)."""
         owner = self._owners.get(request_id) if request_id is not None else None
         return owner if owner is not None and owner is not self.default else None

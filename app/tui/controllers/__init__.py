@@ -1,11 +1,12 @@
-"""Controllers: plain classes that own a feature's state and its engine calls, and know no screen.
+"""The App's controllers: plain classes that own a feature's state and its engine calls, and know no screen (the
+generation controller, which the CLI and an API server could drive too, is the core's: app/core/generation/).
 
 The App creates them and hands each the narrow host Protocol it needs (host.py); screens reach them through the App
 (`app.speculation`, `app.steering`, `app.models`, `app.generation`, `app.conversations`), render their state and
 forward keys to them.
 
-The names are imported when first used (PEP 562), so importing one controller (the generation controller, which the
-CLI and an API server use without Textual) does not import the others and what they bring.
+The names are imported when first used (PEP 562), so importing one controller does not import the others and what
+they bring.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.core.generation import GenerationController, GenerationOwner, GenerationRouter
     from app.tui.controllers.conversations import ConversationsController, ConversationsHost
     from app.tui.controllers.host import Host, ModelsHost, SpeculationHost
     from app.tui.controllers.model_in_use import ModelsController
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 _MODULES = {
     "ConversationsController": "conversations",
     "ConversationsHost": "conversations",
-    "GenerationController": "app.core.generation",
-    "GenerationOwner": "app.core.generation",
-    "GenerationRouter": "app.core.generation",
     "Host": "host",
     "ModelsController": "model_in_use",
     "ModelsHost": "host",
@@ -38,9 +35,6 @@ _MODULES = {
 __all__ = [
     "ConversationsController",
     "ConversationsHost",
-    "GenerationController",
-    "GenerationOwner",
-    "GenerationRouter",
     "Host",
     "ModelsController",
     "ModelsHost",
@@ -54,4 +48,4 @@ def __getattr__(name: str) -> Any:
     module = _MODULES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), name)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -13,7 +13,7 @@ from app.cli.types import ControlVectorScaled, int_range, read_text_file
 from app.core.model_paths import resolve_model
 from app.core.owner_only_dirs import private_dir
 from app.core.paths import prompt_set_folders, steering_dir
-from app.tui.controllers.steering import vector_progress_text
+from app.core.vectors import vector_progress_text
 from engine_ext.params import EngineError, SteeringEntry
 from engine_ext.protocol import VectorMade, VectorProgress
 from engine_ext.settings_schema import N_THREADS

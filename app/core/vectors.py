@@ -1,4 +1,5 @@
-"""Control-vector files as the app shows them (shared by the steering controller and the screens; no UI imports)."""
+"""Control-vector files as the app shows them, and what making one says of its progress (shared by the steering
+controller, the screens and `llmtui steer`; no UI imports)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,35 @@ def available_vectors(remembered: tuple[str, ...], n_embd: int) -> tuple[list[Ve
         if isinstance(info, VectorInfo) and (n_embd <= 0 or info.n_embd == n_embd):
             usable.append(info)
     return usable, len(paths) - len(usable)
+
+
+def format_seconds(seconds: float) -> str:
+    """'8 s', '2 min 05 s', '1 h 03 min'."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def phase_eta(done: int, total: int, phase_seconds: float) -> float | None:
+    """Seconds left in a phase at the rate measured so far in it (None: no step finished yet to measure)."""
+    if done <= 0 or phase_seconds <= 0:
+        return None
+    return phase_seconds / done * max(0, total - done)
+
+
+def vector_progress_text(phase: str, done: int, total: int, phase_seconds: float) -> str:
+    """What the make dialog says of a phase: the step under way and the ETA of the phase from its measured rate."""
+    current = min(done + 1, total)
+    if phase == "evaluating":
+        what = f"evaluating pair {current} of {total}"
+    elif phase == "directions":
+        what = f"computing directions: layer {current} of {total}"
+    else:
+        return "writing the file…" if done < total else "written"
+    if done >= total:
+        return f"{what} · done"
+    eta = phase_eta(done, total, phase_seconds)
+    return f"{what} · " + ("measuring the rate…" if eta is None else f"about {format_seconds(eta)} left in this phase")

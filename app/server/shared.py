@@ -1,5 +1,5 @@
-"""The app's API server: requests run on the model the app has loaded, in its own worker, between the chat's
-replies (the bridge schedules them: `app/core/engine_share.py`), each with its own speculative settings and steering mix.
+"""The app's API server: requests run on the model the app has loaded, in its own worker, between the chat's replies
+(the bridge schedules them: `app/core/engine_share.py`), each with its own speculative settings and steering mix.
 
 `SharedBackend` is the dispatcher the HTTP side talks to; `AppServer` starts and stops uvicorn in a thread of the
 app's process and says what it serves (address, requests in flight) to the status bar. No Textual here.

@@ -1,10 +1,10 @@
 """How streamed tokens reach the screen: batched once, at one rate, with one set of constants.
 
-The engine worker coalesces its chunks (engine_ext/generate.py, 15 a second down the pipe); the bridges (app/tui/bridge.py,
-and app/tui/remote_bridge.py for a server's stream) merge what came for each request into one `TokensArrived` per flush with
-`TokenBatches`, at most `FLUSH_INTERVAL_S` apart and held while the App's message queue is longer than
-`BACKLOG_LIMIT`; the live reply (app/tui/widgets/live_body.py) draws each batch as it comes, deferring a draw only when
-drawing takes more than `RENDER_SHARE` of a core at that rate. Nothing else batches or delays a token.
+The engine worker coalesces its chunks (engine_ext/generate.py, 15 a second down the pipe); the bridges
+(app/tui/bridge.py, and app/tui/remote_bridge.py for a server's stream) merge what came for each request into one
+`TokensArrived` per flush with `TokenBatches`, at most `FLUSH_INTERVAL_S` apart and held while the App's message queue
+is longer than `BACKLOG_LIMIT`; the live reply (app/tui/widgets/live_body.py) draws each batch as it comes, deferring a
+draw only when drawing takes more than `RENDER_SHARE` of a core at that rate. Nothing else batches or delays a token.
 """
 
 from __future__ import annotations

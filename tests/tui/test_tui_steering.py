@@ -18,8 +18,8 @@ from textual.widgets import Input, Label, OptionList, ProgressBar
 from app.core.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
 from app.core.model_paths import starter_model_path
 from app.core.paths import steering_dir
+from app.core.vectors import phase_eta, vector_progress_text
 from app.tui.app import LlmtuiApp
-from app.tui.controllers.steering import phase_eta, vector_progress_text
 from app.tui.messages import SteeringApplied, VectorProgressed
 from app.tui.modals.make_vector import MakeVectorModal, bar_steps
 from app.tui.modals.text_prompt import PathPromptModal

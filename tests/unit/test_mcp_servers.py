@@ -1,7 +1,7 @@
-"""MCP servers' tools through the official SDK (app/core/tools/mcp_servers.py), against a stdio server written with the SDK
-in tests/mcp_test_server.py: tools listed with their descriptions, calls answered; and a server that starts slowly,
-crashes mid-call, hangs, sends garbage, fails or sends a huge result is one line, bounded in time, and the others
-go on. Every wait is bounded by the server's configured timeouts."""
+"""MCP servers' tools through the official SDK (app/core/tools/mcp_servers.py), against a stdio server written with the
+SDK in tests/mcp_test_server.py: tools listed with their descriptions, calls answered; and a server that starts slowly,
+crashes mid-call, hangs, sends garbage, fails or sends a huge result is one line, bounded in time, and the others go on.
+Every wait is bounded by the server's configured timeouts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The app's API server controller's folder read (app/tui/controllers/server.py): bounded, and a missing folder is none."""
+"""The app's API server controller's folder read (app/tui/controllers/server.py): bounded, and a missing folder is
+none."""
 
 from __future__ import annotations
 

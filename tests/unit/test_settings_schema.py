@@ -1,7 +1,7 @@
 """The settings model: each setting is declared once (engine_ext.settings_schema, the speculative ones in
-engine_ext.spec_catalog, the UI's in app/core/app_settings_schema.py), and every surface agrees with its declaration: the
-command line's flag and default, config.toml, the app's settings, the engine params, the API's range, the one
-range check and its message. The F3 screen and the F9 panel are checked in tests/tui/test_tui_spec.py."""
+engine_ext.spec_catalog, the UI's in app/core/app_settings_schema.py), and every surface agrees with its declaration:
+the command line's flag and default, config.toml, the app's settings, the engine params, the API's range, the one range
+check and its message. The F3 screen and the F9 panel are checked in tests/tui/test_tui_spec.py."""
 
 from __future__ import annotations
 

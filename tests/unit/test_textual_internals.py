@@ -154,8 +154,8 @@ def test_the_checked_versions_are_the_installed_ones() -> None:
     # new sources once, then updates CHECKED_WITH_*. Patch releases are taken as they come.
     for library, installed, checked in (("Textual", TEXTUAL, CHECKED_WITH_TEXTUAL), ("Rich", RICH, CHECKED_WITH_RICH)):
         assert installed.split(".")[:2] == checked.split(".")[:2], (
-            f"{library} {installed} is installed; app/tui/textual_internals/ was checked against {checked}: read each of "
-            f"its modules again against {library} {installed} and update CHECKED_WITH_{library.upper()}"
+            f"{library} {installed} is installed; app/tui/textual_internals/ was checked against {checked}: "
+            f"read each of its modules again against {library} {installed} and update CHECKED_WITH_{library.upper()}"
         )
 
 
@@ -201,7 +201,8 @@ def test_the_scrollbar_render_has_the_fields_its_lines_are_kept_by() -> None:
     )
 
 
-# Private names of Textual or Rich that app/ outside app/tui/textual_internals/ still uses, each with where it should go.
+# Private names of Textual or Rich that app/ outside app/tui/textual_internals/ still uses, each with where it should
+# go.
 KNOWN_OUTSIDE: dict[tuple[str, str], str] = {}
 
 

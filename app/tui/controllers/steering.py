@@ -17,38 +17,6 @@ if TYPE_CHECKING:
     from engine_ext.protocol import SteeringSet
 
 
-def format_seconds(seconds: float) -> str:
-    """'8 s', '2 min 05 s', '1 h 03 min'."""
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
-
-
-def phase_eta(done: int, total: int, phase_seconds: float) -> float | None:
-    """Seconds left in a phase at the rate measured so far in it (None: no step finished yet to measure)."""
-    if done <= 0 or phase_seconds <= 0:
-        return None
-    return phase_seconds / done * max(0, total - done)
-
-
-def vector_progress_text(phase: str, done: int, total: int, phase_seconds: float) -> str:
-    """What the make dialog says of a phase: the step under way and the ETA of the phase from its measured rate."""
-    current = min(done + 1, total)
-    if phase == "evaluating":
-        what = f"evaluating pair {current} of {total}"
-    elif phase == "directions":
-        what = f"computing directions: layer {current} of {total}"
-    else:
-        return "writing the file…" if done < total else "written"
-    if done >= total:
-        return f"{what} · done"
-    eta = phase_eta(done, total, phase_seconds)
-    return f"{what} · " + ("measuring the rate…" if eta is None else f"about {format_seconds(eta)} left in this phase")
-
-
 class SteeringController:
     """F6's sliders set strengths and the range here; the engine's answer (`applied`) is kept for the screen."""
 

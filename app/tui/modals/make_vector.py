@@ -16,7 +16,7 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState
 
 from app.core.paths import prompt_set_folders, steering_dir
-from app.tui.controllers.steering import vector_progress_text
+from app.core.vectors import vector_progress_text
 from engine_ext.params import EngineError
 from engine_ext.steering.prompt_sets import PromptSet, list_prompt_sets
 

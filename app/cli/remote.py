@@ -7,13 +7,10 @@ import argparse
 import queue
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.core.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings, SamplingSettings
 from engine_ext.settings_schema import DEFAULT_SEED
-
-if TYPE_CHECKING:  # Textual's messages are imported when a remote is used: plain commands start without Textual
-    from textual.message import Message
 
 WAIT_S = 3600.0  # a reply may take long on a slow server; Ctrl-C stops sooner
 
@@ -26,13 +23,13 @@ class _Inbox:
     """The bridge's message target: a queue read by the command's thread."""
 
     def __init__(self) -> None:
-        self.messages: queue.Queue[Message] = queue.Queue()  # noqa: F821 - a string annotation (TYPE_CHECKING)
+        self.messages: queue.Queue[object] = queue.Queue()  # the bridge's messages (app.tui.messages), told by type
 
-    def post_message(self, message: Message) -> bool:
+    def post_message(self, message: object) -> bool:
         self.messages.put(message)
         return True
 
-    def next(self, what: str, timeout_s: float) -> Message:
+    def next(self, what: str, timeout_s: float) -> object:
         try:
             return self.messages.get(timeout=timeout_s)
         except queue.Empty:

@@ -1,10 +1,10 @@
 """Where each engine event goes: one table, event type → the handler on the controller or subscriber that owns it.
 
-The bridges (app/tui/bridge.py, app/tui/remote_bridge.py) post `app.tui.messages` events to the App; the App (a subclass of
-`EngineEvents`) hands every one to its entry in `routes`. Generation events go to the request's owner as the
-generation controller's router names it (the chat for its replies, an A/B view for its runs); speculation and
-steering events to their controllers, which publish (`features_changed`); the engine's own state to the App, which
-publishes it too (`engine_changed`). Nothing here reaches into a screen: screens subscribe.
+The bridges (app/tui/bridge.py, app/tui/remote_bridge.py) post `app.tui.messages` events to the App; the App (a subclass
+of `EngineEvents`) hands every one to its entry in `routes`. Generation events go to the request's owner as the
+generation controller's router names it (the chat for its replies, an A/B view for its runs); speculation and steering
+events to their controllers, which publish (`features_changed`); the engine's own state to the App, which publishes it
+too (`engine_changed`). Nothing here reaches into a screen: screens subscribe.
 """
 
 from __future__ import annotations

@@ -367,13 +367,13 @@ class LlmtuiApp(EngineEvents):
         self.speculation.toggle_details()
 
     def action_speculative_panel(self) -> None:
-        from app.tui.modals.speculative import SpeculativePanel
+        from app.tui.modals.speculative import SpeculativeModal
 
-        if isinstance(self.screen, SpeculativePanel):
+        if isinstance(self.screen, SpeculativeModal):
             return
         speculation = self.speculation
         name = self.model.name if self.model else ""
-        panel = SpeculativePanel(
+        panel = SpeculativeModal(
             self.config.speculative, self.model_path, name, speculation.draft_sidecars, speculation.missing_drafts
         )
 

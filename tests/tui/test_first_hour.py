@@ -18,7 +18,7 @@ from app.core.config import SamplingSettings, load_config, save_config
 from app.core.store import open_default_store
 from app.tui.app import LlmtuiApp
 from app.tui.modals.model_switcher import ModelSwitcherModal
-from app.tui.modals.speculative import SpeculativePanel
+from app.tui.modals.speculative import SpeculativeModal
 from app.tui.palette import GROUPS
 from app.tui.screens.spec_check import Side, verdict
 from app.tui.widgets.spec_meter import SpecMeter
@@ -60,7 +60,7 @@ async def test_the_f9_checkbox_reads_on_and_off_without_colour() -> None:
         await pilot.press("f9")
         await _types_read(pilot)
         panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
+        assert isinstance(panel, SpeculativeModal)
         box = panel.query_one("#spec-enabled", TickBox)
         on = plain_text(box)
         assert box.value and on.startswith(TICKED)

@@ -683,7 +683,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
     hostile_folder: dict[str, Path], tiny_models: dict[str, Path]
 ) -> None:
     from app.tui.modals.pick import PickModal
-    from app.tui.modals.speculative import SpeculativePanel
+    from app.tui.modals.speculative import SpeculativeModal
     from app.tui.screens.chat_screen import ChatScreen
     from app.tui.screens.steering import SteeringPanel
 
@@ -742,7 +742,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
         assert_up(app)
         # F9, ctrl+d: the drafts on this machine that fit the model (every model's header in the folder is read)
         await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativeModal), "the speculative panel")
         app.clear_notifications()
         await pilot.press("ctrl+d")
         await wait_until(pilot, lambda: isinstance(app.screen, PickModal) or bool(messages(app)), "the drafts found")
@@ -816,7 +816,7 @@ async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_
 
 @pytest.mark.anyio
 async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_models: dict[str, Path]) -> None:
-    from app.tui.modals.speculative import SpeculativePanel
+    from app.tui.modals.speculative import SpeculativeModal
     from app.tui.modals.text_prompt import TextPromptModal
 
     bad = "~nosuchuser-llmtui/model.gguf"
@@ -826,7 +826,7 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
         # the speculative panel's draft field (F9): typed, then applied
         app.model_path = str(tiny_models["llama"])
         await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativeModal), "the speculative panel")
         panel = app.screen
         await wait_until(pilot, lambda: not panel.reading, "the panel's types, read in a thread")  # type: ignore[attr-defined]
         panel.query_one("#spec-draft").value = bad  # type: ignore[attr-defined]

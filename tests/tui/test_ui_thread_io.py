@@ -23,7 +23,7 @@ from app.core.config import SteeringSettings
 from app.core.speculation_facts import model_facts
 from app.tui.app import LlmtuiApp
 from app.tui.modals.model_switcher import ModelSwitcherModal
-from app.tui.modals.speculative import SpeculativePanel
+from app.tui.modals.speculative import SpeculativeModal
 from app.tui.screens.steering import SteeringPanel
 from tests.fakes import Collector
 from tests.pilot import MODEL, started
@@ -90,9 +90,9 @@ async def test_f9_panel_reads_headers_off_the_event_loop(
         await pilot.pause()
         app.model, app.model_path = replace(MODEL, path=model), model
         await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the panel", timeout_s=10)
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativeModal), "the panel", timeout_s=10)
         panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
+        assert isinstance(panel, SpeculativeModal)
         await answers_keys_while_reading(pilot, slow_headers)
         await wait_until(pilot, lambda: not panel.reading and "draft-mtp" in panel.types, "the model's types")
         # Typing a draft file's path: read (after a pause in typing) off the loop, keys answered meanwhile.

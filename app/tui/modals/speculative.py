@@ -42,7 +42,7 @@ TYPING_PAUSE_S = 0.15
 """The draft field is read (its file's header) once typing pauses this long, not on every keystroke."""
 
 
-class SpeculativePanel(ModalScreen[SpeculativeSettings | None]):
+class SpeculativeModal(ModalScreen[SpeculativeSettings | None]):
     """Enter on a type or ctrl+s applies (and turns speculation on unless switched off); Esc cancels.
 
     | Key | Action |

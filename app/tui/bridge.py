@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final
 
 from textual.message import Message
 
@@ -28,6 +28,7 @@ from app.tui.messages import (
     GenerationFailed,
     GenerationFinished,
     GenerationStatsUpdated,
+    MessageTarget,
     ModelLoaded,
     ModelLoadFailed,
     ModelLoadProgress,
@@ -78,12 +79,6 @@ POLL_S: Final = 0.05
 KEEP_REPACK_OFF: Final = "To turn repacking off altogether: F3 → Repack weights: off (or llmtui --no-repack)."
 CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at most once a second
 MAX_EVENTS_PER_READ: Final = 512
-
-
-class MessageTarget(Protocol):
-    """What the bridge posts to (the App)."""
-
-    def post_message(self, message: Message) -> bool: ...
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from textual.message import Message
 
-from app.tui.bridge import MessageTarget
+from app.tui.messages import MessageTarget
 from models_catalog import pairing
 from models_catalog.download import FINAL_STATES, Progress, RemoteFile, State, TransferOptions
 from models_catalog.download_queue import DownloadQueue

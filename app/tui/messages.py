@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from textual.message import Message
 
@@ -12,6 +12,12 @@ from engine_ext.protocol import SpeculativeStats, SteeringSet, ToolCall
 from engine_ext.recovery import Fallback
 
 StatsDict = dict[str, Any]
+
+
+class MessageTarget(Protocol):
+    """What the bridges post these messages to (the App; the CLI's inbox for --remote)."""
+
+    def post_message(self, message: Message) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,12 @@ from app.core.remote_http import (
     sse_events,
     too_slow,
 )
-from app.tui.bridge import MessageTarget
 from app.tui.messages import (
     EngineRequestFailed,
     GenerationFailed,
     GenerationFinished,
     GenerationStatsUpdated,
+    MessageTarget,
     ModelLoaded,
     ModelLoadFailed,
     ModelLoadStarted,

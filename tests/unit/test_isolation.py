@@ -136,3 +136,41 @@ def test_the_types_check() -> None:
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "no issues found" in result.stdout
+
+
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 120
+
+
+def oversized(package: str) -> list[str]:
+    """Modules of `package` over MAX_MODULE_LINES lines and functions over MAX_FUNCTION_LINES (nested ones too)."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        where = path.relative_to(ROOT)
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{where}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                if (length := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                    found.append(f"{where}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+@pytest.mark.parametrize("package", ["app", "engine_ext", "models_catalog"])
+def test_no_module_over_700_lines_and_no_function_over_120(package: str) -> None:
+    """A module or a function that long does several jobs: split it by job (ARCHITECTURE.md)."""
+    assert oversized(package) == []
+
+
+def test_oversized_finds_a_long_module_and_a_long_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text(f"def f() -> None:\n{body}\n" + "\n" * MAX_MODULE_LINES)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert oversized("pkg") == [
+        f"pkg/long.py: {MAX_FUNCTION_LINES + 1 + MAX_MODULE_LINES} lines",
+        "pkg/long.py:1 f: 121 lines",
+    ]

@@ -1,5 +1,5 @@
 """The engine, sampling and speculative arguments of `run`, `chat` and `bench`, and the parameters they make (the
-same rules as the chat app: app.speculation, engine_ext.spec_catalog)."""
+same rules as the chat app: app.core.speculation_facts, engine_ext.spec_catalog)."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
 
 def target_load_plan(spec: SpeculativeParams | None, model: Path) -> LoadPlan:
     """How the target loads for `spec` (its MTP heads, its recurrent-state rollback depth): the catalogue's one rule,
-    the TUI's too (app.speculation.load_options)."""
+    the TUI's too (app.core.speculation_facts.load_options)."""
     from app.core.speculation_facts import model_facts
 
     facts = model_facts(str(model))

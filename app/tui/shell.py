@@ -1,7 +1,7 @@
 """What screens, modals and widgets may use of the app, beyond Textual's App: its state and its controllers.
 
-LlmtuiApp (app.tui) is the one subclass. Screens type `self.app` as `LlmtuiShell`, so they never import the App
-module (which imports them): screens talk to controllers and to this, never to app.tui.
+LlmtuiApp (app.tui.app) is the one subclass. Screens type `self.app` as `LlmtuiShell`, so they never import the App
+module (which imports them): screens talk to controllers and to this, never to app.tui.app.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for app.store: durable chat history (crash recovery, branches, migrations, damage, export)."""
+"""Tests for app.core.store: durable chat history (crash recovery, branches, migrations, damage, export)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tool settings in config.toml, read by a small reader of our own (on app.config's bounded TOML reading; the
+"""The tool settings in config.toml, read by a small reader of our own (on app.core.config's bounded TOML reading; the
 settings model will take them over): ``[mcp.servers.NAME]`` with ``command``/``args``/``env`` (stdio) or
 ``url``/``headers`` (streamable HTTP),
 ``${VAR}`` in env and header values taken from the environment; ``[tools]`` with ``builtin``, ``read_folder`` and

@@ -1,6 +1,6 @@
 """What a controller may ask of the app, as Protocols: the engine, the settings and their saving, notices, a redraw.
 
-Each controller names the narrowest one it needs, so none imports the App (app.tui) nor any screen.
+Each controller names the narrowest one it needs, so none imports the App (app.tui.app) nor any screen.
 """
 
 from __future__ import annotations

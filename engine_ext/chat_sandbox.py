@@ -1,5 +1,5 @@
 """The bounded Jinja sandbox that chat templates from model files render in: time, size, allocation, call-depth and
-cancellation limits on every operation a template can make. `engine_ext/chat.py` renders chat prompts with it."""
+cancellation limits on every operation a template can make. `engine_ext/chat_prompt.py` renders chat prompts with it."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_ext.archs import RS_ROLLBACK_ARCHS
-from engine_ext.chat import (
+from engine_ext.chat_prompt import (
     ChatTemplateCancelled,
     render_reply_prompt,
     truncate_messages_to_fit,
@@ -670,16 +670,7 @@ class Session:
             if cancelled():
                 stop_reason = "cancelled"
                 break
-            # The step's budget: what fits the context, and no token past max_tokens (a step yields the accepted
-            # drafts plus one; upstream's speculative-simple caps at n_predict - n_so_far - 1 the same way).
-            budget = min(room, MAX_VERIFY_DRAFT, ctx.n_batch - 1)  # the last token and the draft: one batch
-            if max_tokens > 0:
-                budget = min(budget, max_tokens - n_generated - 1)
-            if rollback:
-                budget = min(budget, ctx.params.n_rs_seq)
-            thinking_room = reasoning.draft_room() if reasoning is not None else None
-            if thinking_room is not None:  # no accepted draft crosses the reasoning budget, none while forcing its end
-                budget = min(budget, thinking_room)
+            budget = self._draft_budget(room, max_tokens - n_generated if max_tokens > 0 else None, rollback)
             if budget > 0 and spec.drafting_allowed(n_generated) and not self._plain_probe():
                 draft, drafter = spec.draft(cached, id_last, budget)
             else:
@@ -732,6 +723,14 @@ class Session:
             sources = [drafter.name] * n_accepted + [rejected_by(drafter.name) if rejected else "target"]
         snapshot = self._spec_snapshot(spec, request, n_generated, t_first, t_last)
         return _LoopResult(stop_reason, n_generated, t_first, t_last, ttft_ms, snapshot)
+
+    def _draft_budget(self, room: int, tokens_left: int | None, rollback: bool) -> int:
+        """A step's draft: what fits the context and one batch with the last token, no token past max_tokens (a step
+        yields the drafts accepted plus one), what recurrent state can roll back, none across the reasoning budget."""
+        budget = min(room, MAX_VERIFY_DRAFT, self.ctx.n_batch - 1, self.ctx.params.n_rs_seq if rollback else room)
+        budget = budget if tokens_left is None else min(budget, tokens_left - 1)
+        thinking_room = self.reasoning.draft_room() if self.reasoning is not None else None
+        return budget if thinking_room is None else min(budget, thinking_room)
 
     def _spec_snapshot(
         self, spec: SpeculativeDriver, request: Generate, n_generated: int, t_first: float, t_last: float

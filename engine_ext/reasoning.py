@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from engine_ext.chat import ChatTemplateError, render_chat
+from engine_ext.chat_prompt import ChatTemplateError, render_chat
 from engine_ext.protocol import FORCED
 
 if TYPE_CHECKING:

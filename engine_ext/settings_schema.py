@@ -3,25 +3,26 @@ choices, help, llama.cpp's flag and the config.toml table it is saved in (the de
 
 Everything else is derived from these declarations: the engine params' defaults and validation (engine_ext.params),
 the command line's flags, defaults and ranges (app/cli/flags.py, app/cli/engine_args.py), config.toml's reading,
-checking and writing (app/config.py, with tomlkit: the user's comments and order stay), and the fields, labels,
+checking and writing (app/core/config.py, with tomlkit: the user's comments and order stay), and the fields, labels,
 defaults and checks of the settings screen (F3), the speculative panel (F9) and the conversation settings (sampling
 presets). The speculative settings are declared beside the types they apply to, in the speculative catalogue
 (engine_ext.spec_catalog: SPEC_TYPE's choices are its types, its table names their flags), and listed here with the
-rest. App-only settings (theme, UI switches) are declared the same way in app/settings_schema.py. This module imports
-nothing from llmtui but engine_ext.setting and engine_ext.spec_catalog, never textual, rich or llama_cpp.
+rest. App-only settings (theme, UI switches) are declared the same way in app/core/app_settings_schema.py. This module
+imports nothing from llmtui but engine_ext.setting and engine_ext.spec_catalog, never textual, rich or llama_cpp.
 
 How to add a setting:
 
 1. Declare it once: ``NEW = Setting("name", int, default, "help for --help", label="words for messages",
    flag="--llama-cpp-flag", saved_in="engine", minimum=..., maximum=...)``: here for the engine and sampling,
-   in engine_ext/spec_catalog.py for speculative decoding, in app/settings_schema.py for the UI only. Add it to its
-   group (MODEL, CONTEXT, ENGINE, SAMPLING, SPECULATIVE here; UI, SPECULATIVE, PRESET in app/settings_schema.py):
-   the group gives it its config.toml key (``saved_in``), its CLI flag (``flag``, the command's add_*_args), its
-   field on the screen that shows the group and its range/choices check on every one of those surfaces.
+   in engine_ext/spec_catalog.py for speculative decoding, in app/core/app_settings_schema.py for the UI only. Add it
+   to its group (MODEL, CONTEXT, ENGINE, SAMPLING, SPECULATIVE here; UI, SPECULATIVE, PRESET in
+   app/core/app_settings_schema.py): the group gives it its config.toml key (``saved_in``), its CLI flag (``flag``,
+   the command's add_*_args), its field on the screen that shows the group and its range/choices check on every one
+   of those surfaces.
 2. Add the field to the dataclass that carries it, with ``= NEW.default``: the engine params (ModelParams,
    ContextParams, SamplingParams, SpeculativeParams) and, for a saved setting, the app's settings dataclass of the
-   same group (app/config.py: EngineSettings, SpeculativeSettings, SamplingSettings, Config). Values go from one to
-   the other by ``values_of(settings, GROUP)``, never field by field.
+   same group (app/core/config.py: EngineSettings, SpeculativeSettings, SamplingSettings, Config). Values go from one
+   to the other by ``values_of(settings, GROUP)``, never field by field.
 3. Use it where it takes effect (the worker, the sampler chain, a drafter). Nothing else: the flag, the config key,
    the screen field, its default and the range check all come from the declaration (tests/unit/test_settings_schema.py
    checks that every surface agrees with it).

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from engine_ext.chat import ChatTemplateError, render_chat
+from engine_ext.chat_prompt import ChatTemplateError, render_chat
 from engine_ext.grammar import MAX_SCHEMA_CHARS
 from engine_ext.protocol import Event, Finished, Generate, TokenChunk
 from engine_ext.tool_calls import (

@@ -266,7 +266,7 @@ class Worker:
 
     def load(self, request: LoadModel) -> None:
         from engine_ext.bindings import C
-        from engine_ext.chat import template_thinking_controls
+        from engine_ext.chat_prompt import template_thinking_controls
         from engine_ext.cpu import default_threads
         from engine_ext.generate import Session
         from engine_ext.gguf import refuse_draft_as_model

@@ -22,7 +22,7 @@ TOOL = ROOT / ".bench" / "build" / "bin" / "llama-cvector-generator"
 
 
 def thirty_two_pairs() -> list[tuple[str, str]]:
-    from app.paths import assets_dir
+    from app.core.paths import assets_dir
     from engine_ext.steering.extract import PromptSet
 
     pairs: list[tuple[str, str]] = []
@@ -32,7 +32,7 @@ def thirty_two_pairs() -> list[tuple[str, str]]:
 
 
 def rendered(model_path: Path, text: str) -> str:
-    from engine_ext.chat import render_chat
+    from engine_ext.chat_prompt import render_chat
     from engine_ext.gguf import read_chat_template
 
     return render_chat(read_chat_template(model_path), [{"role": "user", "content": text}], bos_token="", eos_token="")
@@ -50,7 +50,7 @@ def main() -> int:
         from scripts.bench_vs_llama_bench import build_llama_bench
 
         build_llama_bench([], ("llama-cvector-generator",))
-    from app.models import resolve_model
+    from app.core.model_paths import resolve_model
 
     model = resolve_model(args.model)
     pairs = thirty_two_pairs()

@@ -77,7 +77,7 @@ def collect_into(chunks: list[Any]) -> Any:
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every mode's runs, interleaved (plain, schema, grammar, plain, …) so that a machine whose load changes while
     the benchmark runs slows each mode alike."""
-    from app.models import resolve_model
+    from app.core.model_paths import resolve_model
     from engine_ext.generate import Session
     from engine_ext.model import Context, Model
     from engine_ext.params import GREEDY, ContextParams

@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("-r", "--rounds", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from app.models import resolve_model, starter_model_path
+    from app.core.model_paths import resolve_model, starter_model_path
     from engine_ext.model import Model
 
     path = resolve_model(args.model) if args.model else starter_model_path()

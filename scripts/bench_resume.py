@@ -129,7 +129,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from app.models import starter_model_path
+    from app.core.model_paths import starter_model_path
     from tests.tiny_models import write_tiny_model
 
     models: list[tuple[str, Path]] = []

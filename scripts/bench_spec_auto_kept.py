@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> int:
     from app.cli.bench import COPY_HEAVY_PROMPT
-    from app.models import resolve_model
+    from app.core.model_paths import resolve_model
     from engine_ext.generate import Session
     from engine_ext.model import Context, Model
     from engine_ext.params import GREEDY, ContextParams, SpeculativeParams

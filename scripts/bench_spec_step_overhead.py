@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from app.cli.bench import COPY_HEAVY_PROMPT
-    from app.models import resolve_model
+    from app.core.model_paths import resolve_model
     from engine_ext.bindings import C
     from engine_ext.generate import Session
     from engine_ext.model import Context, Model

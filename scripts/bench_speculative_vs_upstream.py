@@ -138,7 +138,7 @@ def main() -> int:
         from scripts.bench_vs_llama_bench import build_llama_bench
 
         build_llama_bench([], ("llama-speculative-simple",))
-    from app.models import resolve_model
+    from app.core.model_paths import resolve_model
 
     model = str(resolve_model(args.model))
     modes = [m for m in args.modes.split(",") if m]

@@ -191,7 +191,7 @@ class SyntheticClient:
 
 def seed_history(n_messages: int, chars: int, rng: random.Random) -> int:
     """A conversation of `n_messages` (alternating user/assistant, about `chars` in all) in the store; its id."""
-    from app.store import open_default_store
+    from app.core.store import open_default_store
 
     store = open_default_store()
     conversation = store.create_conversation(f"{n_messages} messages")
@@ -259,9 +259,9 @@ async def lag_probe(samples: list[float], stop: asyncio.Event, interval: float =
 async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, drafted: bool = False) -> dict[str, Any]:
     from textual import events
 
-    from app.bridge import EngineBridge
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
+    from app.core.config import SamplingSettings
+    from app.tui.app import LlmtuiApp
+    from app.tui.bridge import EngineBridge
 
     conversation_id = seed_history(50, 200_000, random.Random(1))
     client_box: list[SyntheticClient] = []
@@ -353,9 +353,9 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
     with 50 earlier messages, and while idle: the event loop's thread and the bridge's reader thread (the synthetic
     feed's own thread is left out). On a machine whose cores all run the engine, this is the time the UI takes
     from the engine's threads."""
-    from app.bridge import EngineBridge
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
+    from app.core.config import SamplingSettings
+    from app.tui.app import LlmtuiApp
+    from app.tui.bridge import EngineBridge
 
     conversation_id = seed_history(50, 200_000, random.Random(1))
 
@@ -409,7 +409,7 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
 
 
 async def bench_open(n_messages: int) -> dict[str, Any]:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     conversation_id = seed_history(n_messages, n_messages * 1200, random.Random(2))
     app = LlmtuiApp("starter", start_engine=False)
@@ -449,10 +449,10 @@ def bench_decode(n_tokens: int, repetitions: int, threads: int = 0) -> dict[str,
     to the last token)."""
     from dataclasses import replace
 
-    from app.bridge import EngineBridge
-    from app.config import Config, EngineSettings, SamplingSettings, save_config
-    from app.models import starter_model_path
-    from app.tui import LlmtuiApp
+    from app.core.config import Config, EngineSettings, SamplingSettings, save_config
+    from app.core.model_paths import starter_model_path
+    from app.tui.app import LlmtuiApp
+    from app.tui.bridge import EngineBridge
     from engine_ext.client import EngineClient
     from engine_ext.protocol import ChatMessage, Finished, Generate
 

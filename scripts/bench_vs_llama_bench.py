@@ -98,7 +98,7 @@ def build_llama_bench(
 
 def resolve_model(spec: str) -> str:
     sys.path.insert(0, str(ROOT))
-    from app.models import resolve_model as resolve
+    from app.core.model_paths import resolve_model as resolve
 
     return str(resolve(spec))
 

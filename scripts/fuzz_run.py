@@ -744,7 +744,7 @@ def build_models(workdir: Path, kinds: list[str], starter: bool) -> dict[str, Mo
     for kind in kinds:
         models[kind] = load_model(kind, write_tiny_model(kind, workdir / f"{kind}.gguf"))
     if starter:
-        from app.models import starter_model_path
+        from app.core.model_paths import starter_model_path
 
         path = starter_model_path()
         if path is not None:

@@ -141,7 +141,7 @@ def main() -> int:
     model = str(args.model)
     if model == "starter" or not Path(model).exists():
         out = subprocess.run(
-            [str(python), "-c", f"from app.models import resolve_model; print(resolve_model({model!r}))"],
+            [str(python), "-c", f"from app.core.model_paths import resolve_model; print(resolve_model({model!r}))"],
             check=True,
             capture_output=True,
             text=True,

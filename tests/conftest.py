@@ -166,9 +166,9 @@ def hermetic_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("LLMTUI_IMAGE_PREVIEW", "halfcell")
     # The app's stats bar reads the machine's load (the busy note): not in tests, whose screens must not depend on
     # what else the machine runs. Tests of the note pass a fake sampler.
-    import app.bridge
+    import app.tui.bridge
 
-    monkeypatch.setattr(app.bridge, "CpuContention", lambda: None)
+    monkeypatch.setattr(app.tui.bridge, "CpuContention", lambda: None)
     return dirs
 
 
@@ -202,7 +202,7 @@ def app_started_before_the_pilot(request: pytest.FixtureRequest, monkeypatch: py
     Pilot at once, to see what happens meanwhile."""
     if request.node.get_closest_marker("before_start"):
         return
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
     from tests.pilot import started
 
     run_test = LlmtuiApp.run_test

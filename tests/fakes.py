@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from app.messages import TokensArrived
+from app.tui.messages import TokensArrived
 from engine_ext.protocol import Cancel, Generate, Hello, Loaded, LoadModel, ModelInfo
 from tests.quiet_http import QuietHTTPServer
 
 if TYPE_CHECKING:
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
+    from app.core.config import SamplingSettings
+    from app.tui.app import LlmtuiApp
 
 
 def scripted_model_info(
@@ -99,9 +99,9 @@ def scripted_app(
 ) -> LlmtuiApp:
     """The app on `model` (a tiny GGUF: the scripted engine loads nothing) with `client` behind its real bridge, in
     the test's own config and data dirs (tests/conftest.py). `cpu_sampler` as EngineBridge takes it (None: off)."""
-    from app.bridge import EngineBridge
-    from app.config import SamplingSettings
-    from app.tui import LlmtuiApp
+    from app.core.config import SamplingSettings
+    from app.tui.app import LlmtuiApp
+    from app.tui.bridge import EngineBridge
 
     app = LlmtuiApp(str(model), default_sampling=sampling or SamplingSettings())
     extra = {} if cpu_sampler is None else {"cpu_sampler": cpu_sampler}

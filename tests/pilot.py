@@ -14,10 +14,10 @@ from textual.pilot import Pilot
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
-from app.messages import ModelSummary
-from app.screens.chat import ChatScreen
-from app.store import open_default_store
-from app.tui import LlmtuiApp
+from app.core.store import open_default_store
+from app.tui.app import LlmtuiApp
+from app.tui.messages import ModelSummary
+from app.tui.screens.chat_screen import ChatScreen
 from engine_ext.protocol import Cancel
 from tests.waits import wait_until
 

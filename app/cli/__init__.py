@@ -21,7 +21,7 @@ from app.cli.run import add_run_parser, cmd_run
 from app.cli.serve import add_serve_parser, cmd_serve
 from app.cli.session import CliError, CliParser, error_line, with_advice
 from app.cli.steer import add_steer_parser, cmd_steer
-from app.models import ModelNotFound
+from app.core.model_paths import ModelNotFound
 from engine_ext.client import EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError
 
@@ -70,7 +70,7 @@ def _open_tui(arguments: list[str]) -> int:
         help="no CPU weight repacking this session (AMX, CPU_REPACK; F3 settings keep it off for good)",
     )
     args = parser.parse_args(arguments)
-    from app.tui import run_tui
+    from app.tui.app import run_tui
 
     return run_tui(args.model, no_repack=args.no_repack)
 
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a GGUF error from `info`, a broken config.toml, a broken pipe…: one line, no traceback
-        from app.config import ConfigError
+        from app.core.config import ConfigError
         from engine_ext.gguf import GGUFError
 
         if isinstance(exc, GGUFError | OSError | ConfigError):

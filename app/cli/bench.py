@@ -19,7 +19,7 @@ from app.cli.engine_args import (
 )
 from app.cli.session import loaded, recovering, start_engine, stream_reply
 from app.cli.types import MAX_CONTEXT, int_range, utf8_text
-from app.models import resolve_model
+from app.core.model_paths import resolve_model
 from engine_ext.params import ModelParams, SamplingParams
 from engine_ext.protocol import (
     ChatMessage,

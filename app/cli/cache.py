@@ -9,8 +9,8 @@ from app.cli.session import CliError
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from app.config import ConfigError, load_config
-    from app.paths import prompt_cache_dir
+    from app.core.config import ConfigError, load_config
+    from app.core.paths import prompt_cache_dir
     from engine_ext.disk_cache import budget_bytes, clear_state_files, list_state_files
     from engine_ext.untrusted_text import json_text, shown
 

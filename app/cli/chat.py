@@ -29,7 +29,7 @@ from app.cli.session import (
     stream_reply,
 )
 from app.cli.types import utf8_error
-from app.models import resolve_model
+from app.core.model_paths import resolve_model
 from engine_ext.client import EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, ModelParams
 from engine_ext.protocol import (

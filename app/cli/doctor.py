@@ -10,7 +10,7 @@ from app.cli.engine_args import _saved_repack
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from app.paths import repack_memory
+    from app.core.paths import repack_memory
     from engine_ext.doctor import diagnose
     from engine_ext.recovery import SKIP_ENV
 

@@ -1,5 +1,5 @@
 """The engine, sampling and speculative arguments of `run`, `chat` and `bench`, and the parameters they make (the
-same rules as the chat app: app.speculation, engine_ext.spec_catalog)."""
+same rules as the chat app: app.core.speculation_facts, engine_ext.spec_catalog)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from app.cli.flags import add_setting, flag_values
 from app.cli.session import CliError
 from app.cli.types import INT32_MAX, seed, shares, utf8_text
-from app.models import resolve_model
+from app.core.model_paths import resolve_model
 from engine_ext import settings_schema as s
 from engine_ext.params import (
     GPU_LAYERS_AUTO,
@@ -91,8 +91,8 @@ def spec_params(args: argparse.Namespace, model: Path, types: str | None = None)
 def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
     """With no --spec-draft-model, the draft the model brings along for a single type (auto or a model drafter):
     a sidecar beside it or a draft from its paired repository, as the chat app uses it (said on stderr)."""
-    from app.config import SpeculativeSettings, load_config
-    from app.speculation import effective_settings, find_sidecars
+    from app.core.config import SpeculativeSettings, load_config
+    from app.core.speculation_facts import effective_settings, find_sidecars
 
     if len(spec_types) != 1:
         return None
@@ -111,8 +111,8 @@ def _sidecar_draft(model: Path, spec_types: tuple[str, ...]) -> str | None:
 
 def target_load_plan(spec: SpeculativeParams | None, model: Path) -> LoadPlan:
     """How the target loads for `spec` (its MTP heads, its recurrent-state rollback depth): the catalogue's one rule,
-    the TUI's too (app.speculation.load_options)."""
-    from app.speculation import model_facts
+    the TUI's too (app.core.speculation_facts.load_options)."""
+    from app.core.speculation_facts import model_facts
 
     facts = model_facts(str(model))
     if spec is None or facts is None:
@@ -171,7 +171,7 @@ def projector_for(args: argparse.Namespace, model: Path | None) -> Path | None:
 def _saved_repack() -> bool:
     """Whether the saved settings repack CPU weights (F3; engine.use_extra_bufts): a crash fix made there holds for
     the commands too. A broken config.toml is the chat app's to report; here it means the default."""
-    from app.config import ConfigError, load_config
+    from app.core.config import ConfigError, load_config
 
     try:
         return load_config().engine.use_extra_bufts

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from app.cli.flags import add_setting
-from app.models import resolve_model
+from app.core.model_paths import resolve_model
 from engine_ext.settings_schema import N_CTX
 from engine_ext.untrusted_text import json_text
 

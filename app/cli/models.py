@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app import paths
 from app.cli.flags import add_setting
 from app.cli.session import error_line
 from app.cli.types import int_range
-from app.models import ModelNotFound
+from app.core import paths
+from app.core.model_paths import ModelNotFound
 from engine_ext.settings_schema import N_CTX
 from engine_ext.untrusted_text import json_text, one_line, shown
 from models_catalog import pairing
@@ -101,7 +101,7 @@ def _folders(extra: list[str]) -> list[Path]:
     env = os.environ.get("LLMTUI_MODEL_DIRS")
     if env:
         folders += [Path(d) for d in env.split(os.pathsep) if d]
-    from app.config import ConfigError, load_config
+    from app.core.config import ConfigError, load_config
 
     try:
         folders += [Path(d) for d in load_config().model_folders]
@@ -208,7 +208,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _print_no_models(cache: Path) -> None:
     """A fresh home: nothing downloaded, but the bundled starter model runs at once (issue 37): say so, and how."""
-    from app.models import starter_model_path
+    from app.core.model_paths import starter_model_path
 
     print(f"No models downloaded yet (cache: {cache}).")
     starter = starter_model_path()

@@ -7,13 +7,10 @@ import argparse
 import queue
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings, SamplingSettings
+from app.core.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings, SamplingSettings
 from engine_ext.settings_schema import DEFAULT_SEED
-
-if TYPE_CHECKING:  # Textual's messages are imported when a remote is used: plain commands start without Textual
-    from textual.message import Message
 
 WAIT_S = 3600.0  # a reply may take long on a slow server; Ctrl-C stops sooner
 
@@ -26,13 +23,13 @@ class _Inbox:
     """The bridge's message target: a queue read by the command's thread."""
 
     def __init__(self) -> None:
-        self.messages: queue.Queue[Message] = queue.Queue()  # noqa: F821 - a string annotation (TYPE_CHECKING)
+        self.messages: queue.Queue[object] = queue.Queue()  # the bridge's messages (app.tui.messages), told by type
 
-    def post_message(self, message: Message) -> bool:
+    def post_message(self, message: object) -> bool:
         self.messages.put(message)
         return True
 
-    def next(self, what: str, timeout_s: float) -> Message:
+    def next(self, what: str, timeout_s: float) -> object:
         try:
             return self.messages.get(timeout=timeout_s)
         except queue.Empty:
@@ -74,7 +71,7 @@ def remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, str]:
 def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
     """The sampling flags as the preset the remote bridge sends (-s's random seed is the preset's -1)."""
     from app.cli.flags import flag_values
-    from app.settings_schema import PRESET_SAMPLING
+    from app.core.app_settings_schema import PRESET_SAMPLING
 
     seed = -1 if args.seed in (-1, DEFAULT_SEED) else args.seed
     return SamplingSettings(**flag_values(args, PRESET_SAMPLING), max_tokens=args.n_predict, seed=seed)
@@ -84,8 +81,8 @@ class RemoteSession:
     """One connected server: `ask` streams a reply to stdout (reasoning to stderr) and returns its text and stats."""
 
     def __init__(self, remote: RemoteSettings, model: str) -> None:
-        from app.messages import ModelLoaded, ModelLoadFailed
-        from app.remote import RemoteBridge
+        from app.tui.messages import ModelLoaded, ModelLoadFailed
+        from app.tui.remote_bridge import RemoteBridge
 
         self.inbox = _Inbox()
         self.bridge = RemoteBridge(self.inbox, remote, model)
@@ -112,7 +109,7 @@ class RemoteSession:
     def ask(
         self, messages: list[tuple[str, str]], sampling: SamplingSettings, *, echo: bool
     ) -> tuple[str, dict[str, Any]]:
-        from app.messages import GenerationFailed, GenerationFinished, TokensArrived
+        from app.tui.messages import GenerationFailed, GenerationFinished, TokensArrived
 
         request_id = self.bridge.generate(messages, sampling)
         text: list[str] = []

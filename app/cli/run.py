@@ -26,7 +26,7 @@ from app.cli.session import CliError, format_spec_stats, format_stats, loaded, r
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.tools_args import add_tool_args, wants_tools
 from app.cli.types import text_file, text_or_file, utf8_text
-from app.models import resolve_model
+from app.core.model_paths import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.image_input import ImageRefused, read_image_file
 from engine_ext.params import (
@@ -127,11 +127,11 @@ def _run_generation(
 
 
 def _run_with_tools(args: argparse.Namespace, client: EngineClient, first: Generate, echoed: list[bool]) -> int:
-    """The tool loop (app/tools/loop.py) on the local engine: each reply streamed without its calls."""
+    """The tool loop (app/core/tools/loop.py) on the local engine: each reply streamed without its calls."""
     from contextlib import ExitStack
 
     from app.cli.tools_args import pending_json, say_pending, say_record, tool_box
-    from app.tools.loop import ToolLoop
+    from app.core.tools.loop import ToolLoop
     from engine_ext.tool_calls import CallTextFilter
 
     with ExitStack() as stack:

@@ -26,10 +26,10 @@ from app.cli.engine_args import (
 from app.cli.session import CliError, loaded, saved_disk_cache, start_engine
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import int_range
-from app.models import resolve_model
-from app.server.access import Access, api_key_refusal, host_refusal, loopback, origin_refusal
+from app.core.app_settings_schema import SERVER_HOST, SERVER_PORT
+from app.core.model_paths import resolve_model
+from app.core.server_access import Access, api_key_refusal, host_refusal, loopback, origin_refusal
 from app.server.requests import Limits
-from app.settings_schema import SERVER_HOST, SERVER_PORT
 from engine_ext.params import DiskCacheParams
 from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
 
@@ -41,7 +41,7 @@ DEFAULT_STEP_LIMIT_S = 60  # one step of a request's reply (a decode, a sampling
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from app import paths
+    from app.core import paths
     from app.server import listen
     from app.server.asgi import build_app
     from app.server.backend import EngineBackend, ServerSettings

@@ -10,8 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from app import paths
-from app.models import record_use
+from app.core import paths
+from app.core.model_paths import record_use
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.params import (
     ContextParams,
@@ -67,7 +67,7 @@ T = TypeVar("T")
 def start_engine() -> EngineClient:
     """A started engine worker that leaves out the CPU extra buffer types that crashed this CPU with this engine
     build before (engine_ext.recovery)."""
-    from app.private_files import private_dir, take_notice
+    from app.core.owner_only_dirs import private_dir, take_notice
 
     client = EngineClient(private_dir(paths.log_dir()) / "engine.log", memory=paths.repack_memory())
     notice = take_notice()
@@ -80,7 +80,7 @@ def start_engine() -> EngineClient:
 def saved_disk_cache() -> DiskCacheParams:
     """The prompt cache on disk as config.toml's [cache] sets it (`chat` and `serve --parallel 1` use it; on by
     default); off when the settings cannot be read (their error is the app's to show)."""
-    from app.config import ConfigError, load_config
+    from app.core.config import ConfigError, load_config
 
     try:
         return load_config().cache.disk_cache_params()

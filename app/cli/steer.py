@@ -10,10 +10,10 @@ from typing import Any
 
 from app.cli.flags import add_setting
 from app.cli.types import ControlVectorScaled, int_range, read_text_file
-from app.controllers.steering import vector_progress_text
-from app.models import resolve_model
-from app.paths import prompt_set_folders, steering_dir
-from app.private_files import private_dir
+from app.core.model_paths import resolve_model
+from app.core.owner_only_dirs import private_dir
+from app.core.paths import prompt_set_folders, steering_dir
+from app.core.vectors import vector_progress_text
 from engine_ext.params import EngineError, SteeringEntry
 from engine_ext.protocol import VectorMade, VectorProgress
 from engine_ext.settings_schema import N_THREADS

@@ -10,14 +10,14 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from app import paths
 from app.cli.session import CliError
 from app.cli.types import read_text_file
-from app.tools.box import DEFAULT_CALL_TIMEOUT_S, ToolBox, ToolEntry, ToolError
-from app.tools.builtin import BUILTIN_NAMES, datetime_tool, read_file_tool
-from app.tools.loop import DEFAULT_MAX_TOOL_CALLS, AllowList, CallRecord
-from app.tools.mcp_servers import McpServers
-from app.tools.settings import read_tool_settings
+from app.core import paths
+from app.core.tools.box import DEFAULT_CALL_TIMEOUT_S, ToolBox, ToolEntry, ToolError
+from app.core.tools.builtin import BUILTIN_NAMES, datetime_tool, read_file_tool
+from app.core.tools.loop import DEFAULT_MAX_TOOL_CALLS, AllowList, CallRecord
+from app.core.tools.mcp_servers import McpServers
+from app.core.tools.tool_config import read_tool_settings
 from engine_ext.protocol import ToolCall
 from engine_ext.tool_calls import TOOL_CHOICES, ToolsError, read_tools
 from engine_ext.untrusted_text import one_line, shown

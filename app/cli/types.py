@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.text_files import (  # noqa: F401 - the commands' reader of text files
+from app.core.text_files import (  # noqa: F401 - the commands' reader of text files
     MAX_TEXT_FILE_BYTES,
     STREAM_IDLE_S,
     STREAM_TOTAL_S,

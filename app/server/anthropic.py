@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 
+from app.server.api_errors import ApiError, bad_request
 from app.server.blocks import Block, BlockKind, BlockShaper, PromptCount, StreamEvent
-from app.server.errors import ApiError, bad_request
 from app.server.requests import Job, Limits, parse_chat
 from engine_ext.params import SamplingParams
 from engine_ext.protocol import Finished, StopReason

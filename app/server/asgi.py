@@ -11,8 +11,9 @@ import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -22,11 +23,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.core.server_access import Access
 from app.server import anthropic, responses
-from app.server.access import Access
+from app.server.api_errors import ApiError
 from app.server.backend import ServerSettings, Ticket
 from app.server.blocks import BlockShaper
-from app.server.errors import ApiError
 from app.server.gate import RequestGate
 from app.server.metrics import Metrics
 from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request
@@ -54,309 +55,357 @@ def json_error(error: ApiError, shape: Callable[[ApiError], dict[str, object]] |
     return JSONResponse(error.body() if shape is None else shape(error), status_code=error.status, headers=headers)
 
 
+@dataclass
+class ServerState:
+    """What every handler reads (the Starlette app's `state.llmtui`): the dispatcher, the counters, the API key, when
+    the server started, and the stored answers of /v1/responses."""
+
+    backend: Backend
+    metrics: Metrics
+    key: bytes | None
+    started: int = field(default_factory=lambda: int(time.time()))
+    response_store: ResponseStore = field(default_factory=ResponseStore)
+
+
+def server_of(request: Request) -> ServerState:
+    state: ServerState = request.app.state.llmtui
+    return state
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+ErrorShape = Callable[[ApiError], dict[str, object]]
+
+
+def authorised(request: Request) -> bool:
+    key = server_of(request).key
+    if key is None or request.url.path in _PUBLIC:
+        return True
+    given = request.headers.get("authorization", "")
+    token = given[7:] if given[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+    return hmac.compare_digest(token.encode(errors="replace"), key)
+
+
+def guarded(handler: Handler, shape: ErrorShape | None = None) -> Handler:
+    """`handler` behind the API key, its ApiErrors answered as JSON (in `shape`, else their own body)."""
+
+    async def endpoint(request: Request) -> Response:
+        if not authorised(request):
+            server_of(request).metrics.refused()
+            return json_error(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)"), shape)
+        try:
+            return await handler(request)
+        except ApiError as e:
+            server_of(request).metrics.refused()
+            return json_error(e, shape)
+
+    return endpoint
+
+
+async def read_body(request: Request) -> bytes:
+    limit = server_of(request).backend.settings.limits.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(499, "the client went away before its request body ended") from None
+    return b"".join(chunks)
+
+
+async def next_event(request: Request, ticket: Ticket) -> object:
+    """The ticket's next event; a client that went away cancels the generation (ApiError 499)."""
+    events = ticket.events
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                ticket.cancel()
+                return ApiError(499, "the client went away")
+
+
+async def first_event(request: Request, ticket: Ticket) -> object:
+    """The ticket's first event (its error raised); the generation cancelled if waiting for it fails."""
+    try:
+        first = await next_event(request, ticket)
+    except BaseException:
+        ticket.cancel()
+        raise
+    if isinstance(first, ApiError):
+        raise first
+    return first
+
+
+def event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+# ----- llama-server's and OpenAI's routes -----------------------------------------------------------------------
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse(server_of(request).metrics.health())
+
+
+async def models(request: Request) -> Response:
+    s = server_of(request)
+    model = {"id": s.backend.settings.model_id, "object": "model", "created": s.started, "owned_by": "llmtui"}
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def metrics_text(request: Request) -> Response:
+    return PlainTextResponse(server_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def chat(request: Request) -> Response:
+    s = server_of(request)
+    body = parse_body(await read_body(request))
+    s.metrics.request()
+    settings = s.backend.settings
+    return await run(request, parse_chat(body, settings.sampling, settings.limits, settings.model_id))
+
+
+async def completions(request: Request) -> Response:
+    s = server_of(request)
+    body = parse_body(await read_body(request))
+    s.metrics.request()
+    settings = s.backend.settings
+    return await run(request, parse_completion(body, settings.sampling, settings.limits, settings.model_id))
+
+
+async def run(request: Request, job: Job) -> Response:
+    backend = server_of(request).backend
+    ticket = backend.submit(job, asyncio.get_running_loop())
+    reply = responses.Reply(calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None)
+    first = await first_event(request, ticket)
+    if job.stream:
+        return event_stream(stream(request, ticket, job, reply, first))
+    try:
+        event: object = first
+        while True:
+            if isinstance(event, ApiError):
+                raise event
+            if isinstance(event, TokenChunk):
+                reply.text.append(reply.visible(event.text))
+                if event.reasoning:
+                    reply.reasoning.append(event.reasoning)
+                reply.provenance.extend(event.provenance)
+            elif isinstance(event, Finished):
+                reply.text.append(reply.rest(event))
+                reply.finished = event
+                break
+            event = await next_event(request, ticket)
+    finally:
+        ticket.cancel()  # a no-op once finished; stops the generation when the client left
+    shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
+    return JSONResponse(shape(reply, backend.settings.model_id, job.return_provenance))
+
+
+async def stream(
+    request: Request, ticket: Ticket, job: Job, reply: responses.Reply, first: object
+) -> AsyncIterator[bytes]:
+    model = server_of(request).backend.settings.model_id
+    chat_endpoint = job.endpoint == "chat"
+    try:
+        if chat_endpoint:
+            yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": ""}))
+        event = first
+        while True:
+            if isinstance(event, ApiError):
+                yield responses.sse(event.body())
+                return
+            if isinstance(event, TokenChunk):
+                extra: dict[str, object] | None = (
+                    {"provenance": list(event.provenance)} if job.return_provenance else None
+                )
+                if chat_endpoint:
+                    if event.reasoning:
+                        delta: dict[str, object] = {"reasoning_content": event.reasoning}
+                        yield responses.sse(responses.chat_chunk(reply, model, delta, extra=extra))
+                        extra = None
+                    text = reply.visible(event.text)
+                    if text or extra:
+                        yield responses.sse(responses.chat_chunk(reply, model, {"content": text}, extra=extra))
+                elif event.text:
+                    yield responses.sse(responses.text_chunk(reply, model, event.text))
+            elif isinstance(event, Finished):
+                for chunk in final_chunks(job, reply, model, event):
+                    yield responses.sse(chunk)
+                yield responses.sse("[DONE]")
+                return
+            event = await next_event(request, ticket)
+    finally:
+        ticket.cancel()
+
+
+def final_chunks(job: Job, reply: responses.Reply, model: str, event: Finished) -> list[dict[str, object]]:
+    """A streamed reply's last chunks: its tool calls, the finish reason with the timings, the usage if asked."""
+    chat_endpoint = job.endpoint == "chat"
+    finish = responses.reply_finish_reason(event)
+    chunks = (
+        [responses.chat_chunk(reply, model, d) for d in responses.tool_deltas(reply, event)] if chat_endpoint else []
+    )
+    last = (
+        responses.chat_chunk(reply, model, {}, finish)
+        if chat_endpoint
+        else responses.text_chunk(reply, model, "", finish)
+    )
+    last["timings"] = responses.timings(event)
+    chunks.append(last)
+    if job.include_usage:
+        usage_chunk = responses.chat_chunk(reply, model, {}) if chat_endpoint else dict(last)
+        usage_chunk["choices"] = []
+        usage_chunk["usage"] = responses.usage(event)
+        usage_chunk.pop("timings", None)
+        chunks.append(usage_chunk)
+    return chunks
+
+
+# ----- Anthropic's Messages and OpenAI's Responses: answers made of blocks (app/server/blocks.py) -----------------
+
+
+async def anthropic_messages(request: Request) -> Response:
+    s = server_of(request)
+    body = parse_body(await read_body(request))
+    s.metrics.request()
+    settings = s.backend.settings
+    job = anthropic.parse_messages(body, settings.sampling, settings.limits, settings.model_id)
+    return await shaped(request, job, anthropic.MessageShaper(job, settings.model_id))
+
+
+async def anthropic_count(request: Request) -> Response:
+    settings = server_of(request).backend.settings
+    body = parse_body(await read_body(request))
+    job = anthropic.parse_messages(body, settings.sampling, settings.limits, settings.model_id, count_only=True)
+    return await shaped(request, job, anthropic.CountShaper(job, settings.model_id))
+
+
+async def openai_response(request: Request) -> Response:
+    s = server_of(request)
+    body = parse_body(await read_body(request))
+    s.metrics.request()
+    settings, store = s.backend.settings, s.response_store
+    job, conversation = parse_response_request(body, settings.sampling, settings.limits, settings.model_id, store)
+    return await shaped(request, job, ResponseShaper(job, settings.model_id, body, conversation, store))
+
+
+async def shaped(request: Request, job: Job, shaper: BlockShaper) -> Response:
+    """Run `job` and answer with `shaper`'s object, or stream its events."""
+    ticket = server_of(request).backend.submit(job, asyncio.get_running_loop())
+    first = await first_event(request, ticket)
+    if job.stream:
+        return event_stream(shaped_stream(request, ticket, shaper, first))
+    try:
+        event = first
+        while not isinstance(event, Finished):
+            if isinstance(event, ApiError):
+                raise event
+            shaper.feed(event)
+            event = await next_event(request, ticket)
+        shaper.feed(event)
+    finally:
+        ticket.cancel()
+    return JSONResponse(shaper.answer())
+
+
+async def shaped_stream(request: Request, ticket: Ticket, shaper: BlockShaper, first: object) -> AsyncIterator[bytes]:
+    try:
+        event = first
+        while True:
+            if isinstance(event, ApiError):
+                yield shaper.error(event)
+                return
+            for chunk in shaper.feed(event):
+                yield chunk
+            if isinstance(event, Finished):
+                return
+            event = await next_event(request, ticket)
+    finally:
+        ticket.cancel()
+
+
+async def slots(request: Request) -> Response:
+    """llama-server's `POST /slots/{id}?action=save|restore|erase` on the one sequence (`serve --parallel 1
+    --slot-save-path DIR`); files in the prompt cache's format, checked whole before the engine reads them."""
+    backend = server_of(request).backend
+    action = request.query_params.get("action", "")
+    if action not in ("save", "restore", "erase"):
+        raise ApiError(400, "action must be save, restore or erase", "action")
+    folder = backend.settings.slot_save_path
+    if not folder:
+        raise ApiError(501, "this server does not support slot actions: start it with --slot-save-path DIR")
+    if request.path_params.get("id_slot") != "0":
+        raise ApiError(400, "invalid slot id: this server has one slot, 0", "id_slot")
+    filename = "" if action == "erase" else slot_filename(parse_body(await read_body(request)))
+    path = str(Path(folder) / filename) if filename else ""
+    settings = backend.settings
+    job = Job("completion", settings.model_id, settings.sampling, slot=(action, path))  # type: ignore[arg-type]
+    ticket = backend.submit(job, asyncio.get_running_loop())
+    done = await next_event(request, ticket)
+    if isinstance(done, ApiError):
+        raise done
+    assert isinstance(done, SlotDone)
+    if action == "erase":
+        return JSONResponse({"id_slot": 0, "n_erased": done.n_tokens})
+    counts = (
+        {"n_saved": done.n_tokens, "n_written": done.n_bytes}
+        if action == "save"
+        else {"n_restored": done.n_tokens, "n_read": done.n_bytes}
+    )
+    timings = {f"{action}_ms": done.ms}
+    return JSONResponse({"id_slot": 0, "filename": filename, **counts, "timings": timings})
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = {404: f"no route {request.url.path[:100]}", 405: "method not allowed"}.get(status, "server error")
+    return json_error(ApiError(status, message))
+
+
+# ----- the route table: one line per route (method, path, handler, the shape of its errors: None for OpenAI's) -----
+
+ROUTES: Final[tuple[tuple[str, str, Handler, ErrorShape | None], ...]] = (
+    ("GET", "/health", health, None),
+    ("GET", "/v1/health", health, None),
+    ("GET", "/v1/models", models, None),
+    ("GET", "/models", models, None),
+    ("GET", "/metrics", metrics_text, None),
+    ("POST", "/v1/chat/completions", chat, None),
+    ("POST", "/chat/completions", chat, None),
+    ("POST", "/v1/completions", completions, None),
+    ("POST", "/completions", completions, None),
+    ("POST", "/v1/messages", anthropic_messages, anthropic.error_body),
+    ("POST", "/v1/messages/count_tokens", anthropic_count, anthropic.error_body),
+    ("POST", "/v1/responses", openai_response, None),
+    ("POST", "/responses", openai_response, None),
+    ("POST", "/slots/{id_slot}", slots, None),
+)
+
+
 def build_app(
     backend: Backend, metrics: Metrics, *, api_key: str | None = None, access: Access | None = None
 ) -> Starlette:
-    started = int(time.time())
+    """The Starlette app: ROUTES behind the gate (and CORS when asked), its state what the handlers read."""
     access = access or Access()
-    key = api_key.encode() if api_key else None
-
-    def authorised(request: Request) -> bool:
-        if key is None or request.url.path in _PUBLIC:
-            return True
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        return hmac.compare_digest(token.encode(errors="replace"), key)
-
-    def guarded(
-        handler: Callable[[Request], Awaitable[Response]],
-        shape: Callable[[ApiError], dict[str, object]] | None = None,
-    ) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            if not authorised(request):
-                metrics.refused()
-                return json_error(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)"), shape)
-            try:
-                return await handler(request)
-            except ApiError as e:
-                metrics.refused()
-                return json_error(e, shape)
-
-        return endpoint
-
-    async def read_body(request: Request) -> bytes:
-        limit = backend.settings.limits.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"the request body is larger than this server's limit of {limit} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect:
-            raise ApiError(499, "the client went away before its request body ended") from None
-        return b"".join(chunks)
-
-    async def health(request: Request) -> Response:
-        return JSONResponse(metrics.health())
-
-    async def models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": backend.settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}
-                ],
-            }
-        )
-
-    async def metrics_text(request: Request) -> Response:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
-
-    async def chat(request: Request) -> Response:
-        body = parse_body(await read_body(request))
-        metrics.request()
-        return await run(
-            request, parse_chat(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id)
-        )
-
-    async def completions(request: Request) -> Response:
-        body = parse_body(await read_body(request))
-        metrics.request()
-        return await run(
-            request,
-            parse_completion(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id),
-        )
-
-    async def slots(request: Request) -> Response:
-        """llama-server's `POST /slots/{id}?action=save|restore|erase` on the one sequence (`serve --parallel 1
-        --slot-save-path DIR`); files in the prompt cache's format, checked whole before the engine reads them."""
-        action = request.query_params.get("action", "")
-        if action not in ("save", "restore", "erase"):
-            raise ApiError(400, "action must be save, restore or erase", "action")
-        folder = backend.settings.slot_save_path
-        if not folder:
-            raise ApiError(501, "this server does not support slot actions: start it with --slot-save-path DIR")
-        if request.path_params.get("id_slot") != "0":
-            raise ApiError(400, "invalid slot id: this server has one slot, 0", "id_slot")
-        filename = "" if action == "erase" else slot_filename(parse_body(await read_body(request)))
-        path = str(Path(folder) / filename) if filename else ""
-        settings = backend.settings
-        job = Job("completion", settings.model_id, settings.sampling, slot=(action, path))  # type: ignore[arg-type]
-        ticket = backend.submit(job, asyncio.get_running_loop())
-        done = await next_event(request, ticket)
-        if isinstance(done, ApiError):
-            raise done
-        assert isinstance(done, SlotDone)
-        if action == "erase":
-            return JSONResponse({"id_slot": 0, "n_erased": done.n_tokens})
-        counts = (
-            {"n_saved": done.n_tokens, "n_written": done.n_bytes}
-            if action == "save"
-            else {"n_restored": done.n_tokens, "n_read": done.n_bytes}
-        )
-        timings = {f"{action}_ms": done.ms}
-        return JSONResponse({"id_slot": 0, "filename": filename, **counts, "timings": timings})
-
-    async def run(request: Request, job: Job) -> Response:
-        ticket = backend.submit(job, asyncio.get_running_loop())
-        reply = responses.Reply(calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None)
-        try:
-            first = await next_event(request, ticket)
-        except BaseException:
-            ticket.cancel()
-            raise
-        if isinstance(first, ApiError):
-            raise first
-        if job.stream:
-            return StreamingResponse(
-                stream(request, ticket, job, reply, first),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        try:
-            event: object = first
-            while True:
-                if isinstance(event, ApiError):
-                    raise event
-                if isinstance(event, TokenChunk):
-                    reply.text.append(reply.visible(event.text))
-                    if event.reasoning:
-                        reply.reasoning.append(event.reasoning)
-                    reply.provenance.extend(event.provenance)
-                elif isinstance(event, Finished):
-                    reply.text.append(reply.rest(event))
-                    reply.finished = event
-                    break
-                event = await next_event(request, ticket)
-        finally:
-            ticket.cancel()  # a no-op once finished; stops the generation when the client left
-        shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
-        return JSONResponse(shape(reply, backend.settings.model_id, job.return_provenance))
-
-    async def next_event(request: Request, ticket: Ticket) -> object:
-        """The ticket's next event; a client that went away cancels the generation (ApiError 499)."""
-        events = ticket.events
-        while True:
-            try:
-                return await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    ticket.cancel()
-                    return ApiError(499, "the client went away")
-
-    async def stream(
-        request: Request, ticket: Ticket, job: Job, reply: responses.Reply, first: object
-    ) -> AsyncIterator[bytes]:
-        model = backend.settings.model_id
-        chat_endpoint = job.endpoint == "chat"
-        try:
-            if chat_endpoint:
-                yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": ""}))
-            event = first
-            while True:
-                if isinstance(event, ApiError):
-                    yield responses.sse(event.body())
-                    return
-                if isinstance(event, TokenChunk):
-                    extra: dict[str, object] | None = (
-                        {"provenance": list(event.provenance)} if job.return_provenance else None
-                    )
-                    if chat_endpoint:
-                        if event.reasoning:
-                            delta: dict[str, object] = {"reasoning_content": event.reasoning}
-                            yield responses.sse(responses.chat_chunk(reply, model, delta, extra=extra))
-                            extra = None
-                        text = reply.visible(event.text)
-                        if text or extra:
-                            yield responses.sse(responses.chat_chunk(reply, model, {"content": text}, extra=extra))
-                    elif event.text:
-                        yield responses.sse(responses.text_chunk(reply, model, event.text))
-                elif isinstance(event, Finished):
-                    finish = responses.reply_finish_reason(event)
-                    if chat_endpoint:
-                        for delta in responses.tool_deltas(reply, event):
-                            yield responses.sse(responses.chat_chunk(reply, model, delta))
-                    last = (
-                        responses.chat_chunk(reply, model, {}, finish)
-                        if chat_endpoint
-                        else responses.text_chunk(reply, model, "", finish)
-                    )
-                    last["timings"] = responses.timings(event)
-                    yield responses.sse(last)
-                    if job.include_usage:
-                        usage_chunk = responses.chat_chunk(reply, model, {}) if chat_endpoint else dict(last)
-                        usage_chunk["choices"] = []
-                        usage_chunk["usage"] = responses.usage(event)
-                        usage_chunk.pop("timings", None)
-                        yield responses.sse(usage_chunk)
-                    yield responses.sse("[DONE]")
-                    return
-                event = await next_event(request, ticket)
-        finally:
-            ticket.cancel()
-
-    # ----- Anthropic's Messages and OpenAI's Responses: answers made of blocks (app/server/blocks.py) -----------
-
-    response_store = ResponseStore()
-
-    async def anthropic_messages(request: Request) -> Response:
-        body = parse_body(await read_body(request))
-        metrics.request()
-        s = backend.settings
-        job = anthropic.parse_messages(body, s.sampling, s.limits, s.model_id)
-        return await shaped(request, job, anthropic.MessageShaper(job, s.model_id))
-
-    async def anthropic_count(request: Request) -> Response:
-        body = parse_body(await read_body(request))
-        s = backend.settings
-        job = anthropic.parse_messages(body, s.sampling, s.limits, s.model_id, count_only=True)
-        return await shaped(request, job, anthropic.CountShaper(job, s.model_id))
-
-    async def openai_response(request: Request) -> Response:
-        body = parse_body(await read_body(request))
-        metrics.request()
-        s = backend.settings
-        job, conversation = parse_response_request(body, s.sampling, s.limits, s.model_id, response_store)
-        return await shaped(request, job, ResponseShaper(job, s.model_id, body, conversation, response_store))
-
-    async def shaped(request: Request, job: Job, shaper: BlockShaper) -> Response:
-        """Run `job` and answer with `shaper`'s object, or stream its events."""
-        ticket = backend.submit(job, asyncio.get_running_loop())
-        try:
-            first = await next_event(request, ticket)
-        except BaseException:
-            ticket.cancel()
-            raise
-        if isinstance(first, ApiError):
-            raise first
-        if job.stream:
-            return StreamingResponse(
-                shaped_stream(request, ticket, shaper, first),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        try:
-            event = first
-            while not isinstance(event, Finished):
-                if isinstance(event, ApiError):
-                    raise event
-                shaper.feed(event)
-                event = await next_event(request, ticket)
-            shaper.feed(event)
-        finally:
-            ticket.cancel()
-        return JSONResponse(shaper.answer())
-
-    async def shaped_stream(
-        request: Request, ticket: Ticket, shaper: BlockShaper, first: object
-    ) -> AsyncIterator[bytes]:
-        try:
-            event = first
-            while True:
-                if isinstance(event, ApiError):
-                    yield shaper.error(event)
-                    return
-                for chunk in shaper.feed(event):
-                    yield chunk
-                if isinstance(event, Finished):
-                    return
-                event = await next_event(request, ticket)
-        finally:
-            ticket.cancel()
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        message = {404: f"no route {request.url.path[:100]}", 405: "method not allowed"}.get(status, "server error")
-        return json_error(ApiError(status, message))
-
-    routes = [
-        Route("/health", guarded(health), methods=["GET"]),
-        Route("/v1/health", guarded(health), methods=["GET"]),
-        Route("/v1/models", guarded(models), methods=["GET"]),
-        Route("/models", guarded(models), methods=["GET"]),
-        Route("/metrics", guarded(metrics_text), methods=["GET"]),
-        Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
-        Route("/chat/completions", guarded(chat), methods=["POST"]),
-        Route("/v1/completions", guarded(completions), methods=["POST"]),
-        Route("/completions", guarded(completions), methods=["POST"]),
-        Route("/v1/messages", guarded(anthropic_messages, anthropic.error_body), methods=["POST"]),
-        Route("/v1/messages/count_tokens", guarded(anthropic_count, anthropic.error_body), methods=["POST"]),
-        Route("/v1/responses", guarded(openai_response), methods=["POST"]),
-        Route("/responses", guarded(openai_response), methods=["POST"]),
-        Route("/slots/{id_slot}", guarded(slots), methods=["POST"]),
-    ]
+    routes = [Route(path, guarded(handler, shape), methods=[method]) for method, path, handler, shape in ROUTES]
     middleware = [Middleware(RequestGate, access=access, refused=metrics.refused)]
     if access.cors:  # preflights and CORS headers for the origins the gate lets through
         middleware.append(
             Middleware(CORSMiddleware, allow_origins=list(access.origins), allow_methods=["*"], allow_headers=["*"])
         )
-    return Starlette(
+    app = Starlette(
         routes=routes,
         middleware=middleware,
         exception_handlers={HTTPException: not_found, 404: not_found, 405: not_found},
     )
+    app.state.llmtui = ServerState(backend, metrics, api_key.encode() if api_key else None)
+    return app

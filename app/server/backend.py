@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.server.errors import ApiError, ContextExceeded
+from app.server.api_errors import ApiError, ContextExceeded
 from app.server.metrics import Metrics
 from app.server.requests import Job, Limits, SpecChoice
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
@@ -84,40 +84,18 @@ def crash_error(crashed: Crashed) -> ApiError:
     return ApiError(500, f"the engine crashed ({crashed.description}); restarting it")
 
 
-class Dispatcher:
-    """A thread that runs tickets in arrival order, from a bounded queue, on an engine its subclass drives
-    (`EngineBackend`: an engine client of its own; `app/server/shared.py`: the app's engine, between its replies)."""
+class JobServer:
+    """What every dispatcher shares: the settings read per request, the counters, a job's speculative settings and
+    control vectors checked against what this server can give, the Generate a ticket becomes and its request's
+    events told to it, and shutting down. `Dispatcher` runs tickets one at a time; `ParallelBackend` hands them to
+    the engine's slots."""
 
     def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
         self.settings = settings
         """Read per request: the app replaces it when it loads another model or changes its settings."""
         self.metrics = metrics
-        self._queue: queue.Queue[Ticket | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._waiting = 0
-        self._running = 0
-        self._current: Ticket | None = None  # the ticket the dispatcher runs
         self.stopping = False
         """The server is shutting down: requests are cancelled and a dead engine is not restarted."""
-        self._thread = threading.Thread(target=self._run, name="llmtui-serve-dispatch", daemon=True)
-        self._thread.start()
-
-    # ----- the HTTP side ------------------------------------------------------------------------
-
-    def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket:
-        """Queue `job`; ApiError 400 for a speculative type or vector this server cannot give, 503 when full."""
-        ticket = Ticket(job, self._spec_for(job.speculative), self._steering_for(job), loop)
-        with self._lock:
-            if self._waiting + self._running > self.settings.queue:  # one generating, `queue` waiting
-                raise ApiError(503, f"the server is busy ({self._waiting} requests waiting); try again shortly")
-            self._waiting += 1
-            self._publish()
-        self._queue.put(ticket)
-        return ticket
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout_s)
 
     def stop(self) -> None:
         """The server is shutting down (Ctrl+C): cancel every request, waiting or running, so their responses end
@@ -127,13 +105,8 @@ class Dispatcher:
             ticket.cancel()
 
     def _live_tickets(self) -> list[Ticket]:
-        with self._queue.mutex:
-            waiting = [t for t in self._queue.queue if t is not None]
-        current = self._current
-        return [*waiting, current] if current is not None else waiting
-
-    def _publish(self) -> None:
-        self.metrics.queue(self._running, self._waiting)
+        """Every ticket waiting or running."""
+        raise NotImplementedError
 
     def _spec_for(self, choice: SpecChoice | None) -> SpeculativeParams:
         base = self.settings.speculative
@@ -176,11 +149,6 @@ class Dispatcher:
             start, end = choice.layers or (0, 0)
             entries.append(SteeringEntry(path, choice.strength, start, end))
         return tuple(entries)
-
-    # ----- the dispatcher thread ----------------------------------------------------------------
-
-    def _serve(self, ticket: Ticket) -> None:
-        raise NotImplementedError
 
     def _generate(self, ticket: Ticket, request_id: int) -> Generate:
         """What the engine is asked for this ticket."""
@@ -230,6 +198,52 @@ class Dispatcher:
         else:
             return False
         return True
+
+
+class Dispatcher(JobServer):
+    """A thread that runs tickets in arrival order, from a bounded queue, on an engine its subclass drives
+    (`EngineBackend`: an engine client of its own; `app/server/shared.py`: the app's engine, between its replies)."""
+
+    def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
+        super().__init__(settings, metrics)
+        self._queue: queue.Queue[Ticket | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running = 0
+        self._current: Ticket | None = None  # the ticket the dispatcher runs
+        self._thread = threading.Thread(target=self._run, name="llmtui-serve-dispatch", daemon=True)
+        self._thread.start()
+
+    # ----- the HTTP side ------------------------------------------------------------------------
+
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """Queue `job`; ApiError 400 for a speculative type or vector this server cannot give, 503 when full."""
+        ticket = Ticket(job, self._spec_for(job.speculative), self._steering_for(job), loop)
+        with self._lock:
+            if self._waiting + self._running > self.settings.queue:  # one generating, `queue` waiting
+                raise ApiError(503, f"the server is busy ({self._waiting} requests waiting); try again shortly")
+            self._waiting += 1
+            self._publish()
+        self._queue.put(ticket)
+        return ticket
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _live_tickets(self) -> list[Ticket]:
+        with self._queue.mutex:
+            waiting = [t for t in self._queue.queue if t is not None]
+        current = self._current
+        return [*waiting, current] if current is not None else waiting
+
+    def _publish(self) -> None:
+        self.metrics.queue(self._running, self._waiting)
+
+    # ----- the dispatcher thread ----------------------------------------------------------------
+
+    def _serve(self, ticket: Ticket) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while True:

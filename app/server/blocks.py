@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.server.errors import ApiError
+from app.server.api_errors import ApiError
 from app.server.requests import Job
 from app.server.responses import Reply
 from engine_ext.protocol import Finished, PromptEvaluated, TokenChunk, ToolCall

@@ -12,8 +12,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.server.access import Access
-from app.server.errors import ApiError
+from app.core.server_access import Access
+from app.server.api_errors import ApiError
 from engine_ext.untrusted_text import one_line
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

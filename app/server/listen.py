@@ -27,7 +27,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from app.server.errors import ApiError
+from app.server.api_errors import ApiError
 from engine_ext.untrusted_text import one_line
 
 MAX_CONNECTIONS = 512

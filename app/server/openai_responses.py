@@ -12,8 +12,8 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 
+from app.server.api_errors import ApiError, bad_request
 from app.server.blocks import Block, BlockKind, BlockShaper, PromptCount, StreamEvent
-from app.server.errors import ApiError, bad_request
 from app.server.requests import Job, Limits, parse_chat
 from app.server.tool_requests import tool_calls_json
 from engine_ext.params import SamplingParams

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.server.backend import Dispatcher, ServerSettings, Ticket
-from app.server.errors import ApiError
+from app.server.api_errors import ApiError
+from app.server.backend import JobServer, ServerSettings, Ticket
 from app.server.metrics import Metrics
 from app.server.requests import Job, SpecChoice
 from engine_ext.client import EngineClient
@@ -45,7 +45,7 @@ class SlotTicket(Ticket):
             self.cancel_request(self.request_id)
 
 
-class ParallelBackend(Dispatcher):
+class ParallelBackend(JobServer):
     """Up to `settings.slots` jobs decode together on `client` (started, model loaded with n_seq_max = slots). No
     dispatcher thread: the engine schedules the jobs; the router's reader thread hands each event to its ticket."""
 
@@ -56,10 +56,8 @@ class ParallelBackend(Dispatcher):
         metrics: Metrics,
         restart: Callable[[], None] | None = None,
     ) -> None:
-        # Dispatcher.__init__ is not called: it starts the one-at-a-time thread this backend has no use for.
+        super().__init__(settings, metrics)
         self.client = client
-        self.settings = settings
-        self.metrics = metrics
         self._restart = restart
         self._lock = threading.Lock()
         self._ids = itertools.count(1_000_000)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from app.server.errors import ApiError, bad_request
+from app.server.api_errors import ApiError, bad_request
 from app.server.tool_requests import parse_tools, tool_message
 from engine_ext import settings_schema as schema
 from engine_ext.image_input import MAX_IMAGE_BYTES, ImageRefused, check_image

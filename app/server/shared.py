@@ -1,5 +1,5 @@
-"""The app's API server: requests run on the model the app has loaded, in its own worker, between the chat's
-replies (the bridge schedules them: `app/engine_share.py`), each with its own speculative settings and steering mix.
+"""The app's API server: requests run on the model the app has loaded, in its own worker, between the chat's replies
+(the bridge schedules them: `app/core/engine_share.py`), each with its own speculative settings and steering mix.
 
 `SharedBackend` is the dispatcher the HTTP side talks to; `AppServer` starts and stops uvicorn in a thread of the
 app's process and says what it serves (address, requests in flight) to the status bar. No Textual here.
@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from app.engine_share import SharedJob
-from app.server.access import Access
+from app.core.engine_share import SharedJob
+from app.core.server_access import Access
+from app.server.api_errors import ApiError
 from app.server.backend import Dispatcher, ServerSettings, Ticket
-from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import Event, SetSpeculative, SetSteering

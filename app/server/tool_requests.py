@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from app.server.errors import bad_request
+from app.server.api_errors import bad_request
 from engine_ext.protocol import ChatMessage, ToolCall
 from engine_ext.tool_calls import ToolsError, calls_from_json, calls_to_json, read_tools
 

@@ -293,16 +293,8 @@ def _build_info(
     tensors = [t for h in headers for t in h.tensors]
     names = {t.name for t in tensors}
 
-    # tensor statistics
-    counts: Counter[str] = Counter()
-    type_bytes: Counter[str] = Counter()
-    for t in tensors:
-        type_name = GGML_TYPES[t.type_id][0]
-        counts[type_name] += 1
-        type_bytes[type_name] += t.n_bytes
+    counts, type_bytes = _tensor_types(tensors)
     file_type, label, guessed = _file_type(meta, tensors)
-
-    # geometry
     block_count = meta.arch_int("block_count")
     n_nextn = meta.arch_int("nextn_predict_layers") or 0
     n_trunk = None if block_count is None else max(block_count - n_nextn, 0)
@@ -311,12 +303,7 @@ def _build_info(
     head_count_kv = meta.arch_int_or_layers("attention.head_count_kv")
     if head_count_kv is None:
         head_count_kv = head_count
-    n_head0 = (head_count if isinstance(head_count, int) else (head_count[0] if head_count else 0)) or 0
-    key_length = meta.arch_int("attention.key_length")
-    value_length = meta.arch_int("attention.value_length")
-    if n_embd and n_head0:
-        key_length = key_length if key_length is not None else n_embd // n_head0
-        value_length = value_length if value_length is not None else n_embd // n_head0
+    key_length, value_length = _head_lengths(meta, n_embd, head_count)
     expert_used = meta.arch_int_or_layers("expert_used_count")
     expert_ff = meta.arch_int_or_layers("expert_feed_forward_length")
     feed_forward = meta.arch_int_or_layers("feed_forward_length")
@@ -332,46 +319,15 @@ def _build_info(
                 "(SIGFPE); keep the first entry non-zero"
             )
 
-    recurrent_type = None
-    if any("recurrent" in kind for kind in layer_kinds):
-        recurrent_type = RECURRENT_TYPE.get(arch or "", "recurrent")
+    recurrent = any("recurrent" in kind for kind in layer_kinds)
+    recurrent_type = RECURRENT_TYPE.get(arch or "", "recurrent") if recurrent else None
     sliding_window = meta.arch_int("attention.sliding_window")
     swa_layers = sliding_window_layers(meta, arch, sliding_window, block_count, n_trunk or 0)
 
     is_sidecar = n_nextn > 0 and "blk.0.attn_norm.weight" not in names
     draft = _draft_info(meta, arch, block_count, names)
-    if draft.draft_type in ("dflash", "dflash2", "dspark"):
-        if draft.target_layers is None:
-            warnings.append("dflash draft without dflash.target_layers; llama.cpp refuses to load it")
-        if draft.mask_token_id is None:
-            warnings.append("dflash draft without tokenizer.ggml.mask_token_id; drafting needs a mask token")
-
-    n_blocks = block_count or 0
-    layer_bytes = [0] * n_blocks
-    output_bytes = 0
-    for t in tensors:
-        if t.name.startswith("blk."):
-            index = t.name.split(".", 2)[1]
-            if ascii_digits(index) and int(index) < n_blocks:
-                layer_bytes[int(index)] += t.n_bytes
-        elif t.name.startswith(("output.", "output_norm.")):
-            output_bytes += t.n_bytes
-    if "output.weight" not in names and "token_embd.weight" in names:
-        # tied embeddings: llama.cpp loads a duplicate of token_embd as the output head, on the output's device
-        output_bytes += next(t.n_bytes for t in tensors if t.name == "token_embd.weight")
-
-    tokens = head.kv.get("tokenizer.ggml.tokens")
-    vocab_size = meta.arch_int("vocab_size")
-    if vocab_size is None and tokens is not None and tokens.vtype == int(VT.ARRAY):
-        vocab_size = tokens.count
-    template_names = tuple(
-        sorted(k.removeprefix("tokenizer.chat_template.") for k in head.kv if k.startswith("tokenizer.chat_template."))
-    )
-    sampling = {
-        k.removeprefix("general.sampling."): v.value
-        for k, v in head.kv.items()
-        if k.startswith("general.sampling.") and v.vtype != int(VT.ARRAY)
-    }
+    warnings.extend(_draft_warnings(draft))
+    layer_bytes, output_bytes = _weights_by_layer(tensors, names, block_count or 0)
 
     return GGUFInfo(
         path=str(path),
@@ -407,17 +363,7 @@ def _build_info(
         swa_layers=swa_layers,
         layer_kinds=layer_kinds,
         recurrent_type=recurrent_type,
-        ssm=SSMParams(
-            conv_kernel=meta.arch_int("ssm.conv_kernel"),
-            inner_size=meta.arch_int("ssm.inner_size"),
-            state_size=meta.arch_int("ssm.state_size"),
-            group_count=meta.arch_int("ssm.group_count"),
-            time_step_rank=meta.arch_int("ssm.time_step_rank"),
-            wkv_head_size=meta.arch_int("wkv.head_size"),
-            token_shift_count=meta.arch_int("token_shift_count"),
-            shortconv_l_cache=meta.arch_int("shortconv.l_cache"),
-            kda_head_dim=meta.arch_int("kda.head_dim"),
-        ),
+        ssm=_ssm_params(meta),
         expert_count=expert_count,
         expert_used_count=expert_used,
         expert_feed_forward_length=expert_ff,
@@ -426,20 +372,102 @@ def _build_info(
         moe_variant=moe_variant,
         is_mtp_sidecar=is_sidecar,
         draft=draft,
-        vocab_size=vocab_size,
+        vocab_size=_vocab_size(meta, head),
         tokenizer_model=_shown_or_none(meta.str_value("tokenizer.ggml.model")),
         tokenizer_pre=_shown_or_none(meta.str_value("tokenizer.ggml.pre")),
         bos_token_id=meta.int_value("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.int_value("tokenizer.ggml.eos_token_id"),
         has_chat_template="tokenizer.chat_template" in head.kv,
-        chat_template_names=template_names,
-        sampling_defaults=sampling,
+        chat_template_names=tuple(
+            sorted(
+                k.removeprefix("tokenizer.chat_template.") for k in head.kv if k.startswith("tokenizer.chat_template.")
+            )
+        ),
+        sampling_defaults={
+            k.removeprefix("general.sampling."): v.value
+            for k, v in head.kv.items()
+            if k.startswith("general.sampling.") and v.vtype != int(VT.ARRAY)
+        },
         split_count=split_count,
         split_paths=split_paths,
         split_missing=missing,
         layer_weights_bytes=tuple(layer_bytes),
         output_weights_bytes=output_bytes,
         warnings=tuple(warnings),
+    )
+
+
+def _head_lengths(meta: Metadata, n_embd: int | None, head_count: IntOrLayers | None) -> tuple[int | None, int | None]:
+    """The attention key and value lengths: as the file says, else the embedding split over the first layer's heads."""
+    n_head0 = (head_count if isinstance(head_count, int) else (head_count[0] if head_count else 0)) or 0
+    key_length = meta.arch_int("attention.key_length")
+    value_length = meta.arch_int("attention.value_length")
+    if n_embd and n_head0:
+        key_length = key_length if key_length is not None else n_embd // n_head0
+        value_length = value_length if value_length is not None else n_embd // n_head0
+    return key_length, value_length
+
+
+def _vocab_size(meta: Metadata, head: Header) -> int | None:
+    """The vocabulary's size: as the file says, else the tokenizer's token count."""
+    tokens = head.kv.get("tokenizer.ggml.tokens")
+    vocab_size = meta.arch_int("vocab_size")
+    if vocab_size is None and tokens is not None and tokens.vtype == int(VT.ARRAY):
+        vocab_size = tokens.count
+    return vocab_size
+
+
+def _tensor_types(tensors: list[TensorInfo]) -> tuple[Counter[str], Counter[str]]:
+    """How many tensors of each ggml type, and their bytes."""
+    counts: Counter[str] = Counter()
+    type_bytes: Counter[str] = Counter()
+    for t in tensors:
+        type_name = GGML_TYPES[t.type_id][0]
+        counts[type_name] += 1
+        type_bytes[type_name] += t.n_bytes
+    return counts, type_bytes
+
+
+def _draft_warnings(draft: DraftInfo) -> list[str]:
+    """What a DFlash-family draft lacks that llama.cpp or drafting needs."""
+    if draft.draft_type not in ("dflash", "dflash2", "dspark"):
+        return []
+    warnings = []
+    if draft.target_layers is None:
+        warnings.append("dflash draft without dflash.target_layers; llama.cpp refuses to load it")
+    if draft.mask_token_id is None:
+        warnings.append("dflash draft without tokenizer.ggml.mask_token_id; drafting needs a mask token")
+    return warnings
+
+
+def _weights_by_layer(tensors: list[TensorInfo], names: set[str], n_blocks: int) -> tuple[list[int], int]:
+    """Each block's weight bytes, and the output head's."""
+    layer_bytes = [0] * n_blocks
+    output_bytes = 0
+    for t in tensors:
+        if t.name.startswith("blk."):
+            index = t.name.split(".", 2)[1]
+            if ascii_digits(index) and int(index) < n_blocks:
+                layer_bytes[int(index)] += t.n_bytes
+        elif t.name.startswith(("output.", "output_norm.")):
+            output_bytes += t.n_bytes
+    if "output.weight" not in names and "token_embd.weight" in names:
+        # tied embeddings: llama.cpp loads a duplicate of token_embd as the output head, on the output's device
+        output_bytes += next(t.n_bytes for t in tensors if t.name == "token_embd.weight")
+    return layer_bytes, output_bytes
+
+
+def _ssm_params(meta: Metadata) -> SSMParams:
+    return SSMParams(
+        conv_kernel=meta.arch_int("ssm.conv_kernel"),
+        inner_size=meta.arch_int("ssm.inner_size"),
+        state_size=meta.arch_int("ssm.state_size"),
+        group_count=meta.arch_int("ssm.group_count"),
+        time_step_rank=meta.arch_int("ssm.time_step_rank"),
+        wkv_head_size=meta.arch_int("wkv.head_size"),
+        token_shift_count=meta.arch_int("token_shift_count"),
+        shortconv_l_cache=meta.arch_int("shortconv.l_cache"),
+        kda_head_dim=meta.arch_int("kda.head_dim"),
     )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from engine_ext import bindings
 from engine_ext.archs import LAYER_INPUT_ARCHS
-from engine_ext.chat import render_chat
+from engine_ext.chat_prompt import render_chat
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, EngineError
 from engine_ext.steering.cvec_file import ControlVector

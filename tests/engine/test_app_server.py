@@ -1,4 +1,4 @@
-"""The app's API server on the app's own engine (app/server/shared.py, app/engine_share.py): the real bridge and
+"""The app's API server on the app's own engine (app/server/shared.py, app/core/engine_share.py): the real bridge and
 worker with the starter model, spoken to by the official `openai` client while the "chat" (the bridge's own
 requests) uses the same engine. Greedy output is the proof that no request sees another's steering or cache."""
 
@@ -14,13 +14,13 @@ import numpy as np
 import openai
 import pytest
 
-from app.bridge import EngineBridge
-from app.config import EngineSettings, SamplingSettings
-from app.messages import GenerationFailed, GenerationFinished, ModelLoaded, ModelLoadFailed, TokensArrived
-from app.models import starter_model_path
+from app.core.config import EngineSettings, SamplingSettings
+from app.core.model_paths import starter_model_path
+from app.server.api_errors import ApiError
 from app.server.backend import ServerSettings
-from app.server.errors import ApiError
 from app.server.shared import AppServer, ServerAddress
+from app.tui.bridge import EngineBridge
+from app.tui.messages import GenerationFailed, GenerationFinished, ModelLoaded, ModelLoadFailed, TokensArrived
 from engine_ext.params import SamplingParams, SteeringEntry
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.engine.test_serve import QUESTION, STARTER_EMBD, STARTER_LAYERS, free_port

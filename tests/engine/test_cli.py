@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from tests.tiny_models import (
     DRAFT_BLOCK_SIZE,
     DRAFT_TARGET_LAYERS,

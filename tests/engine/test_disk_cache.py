@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from app.paths import prompt_cache_dir
+from app.core.paths import prompt_cache_dir
 from engine_ext.client import EngineClient
 from engine_ext.disk_cache import SUFFIX, DiskCache, folder_bytes
 from engine_ext.generate import Session
@@ -284,7 +284,7 @@ def test_serve_resumes_a_clients_prompt_after_kill_9(tiny_models: dict[str, Path
 def test_serve_slot_save_erase_and_restore_as_llama_server(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     """llama-server's POST /slots/0?action=save|erase|restore (the prompt cache on disk off, so the restore is the
     slot's): the restored state serves the next request; bad names, actions and files are refused in one line."""
-    from app.paths import config_path
+    from app.core.paths import config_path
 
     config_path().parent.mkdir(parents=True, exist_ok=True)
     config_path().write_text("[cache]\ndisk = false\n")

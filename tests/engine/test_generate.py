@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from engine_ext.generate import Session
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, SamplingParams, SpeculativeParams
@@ -346,7 +346,7 @@ def test_trimming_a_long_conversation_renders_under_one_time_limit(
 ) -> None:
     """Trimming renders the conversation several times; they share one start, so a template just under the 2 s limit
     cannot take 2 s per render."""
-    import engine_ext.chat as chat_module
+    import engine_ext.chat_prompt as chat_module
 
     starts: list[float | None] = []
     real_render = chat_module.render_chat

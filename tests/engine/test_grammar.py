@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from engine_ext.client import EngineClient
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SamplingParams, SpeculativeParams
 from engine_ext.protocol import ChatMessage, Failed, Finished, Generate, PromptEvaluated, TokenChunk

@@ -137,7 +137,7 @@ RSS_GROWTH_LIMIT = 1 << 30  # and the worker grows by less than this
 
 @pytest.fixture(scope="module")
 def starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineClient]:
-    from app.models import starter_model_path
+    from app.core.model_paths import starter_model_path
 
     path = starter_model_path()
     if path is None:

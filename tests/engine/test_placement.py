@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from engine_ext import placement
 from engine_ext.client import EngineClient, EngineFailure
 from engine_ext.doctor import Device

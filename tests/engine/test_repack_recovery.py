@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from app.config import EngineSettings, SamplingSettings, load_config, save_config
-from app.tui import LlmtuiApp
+from app.core.config import EngineSettings, SamplingSettings, load_config, save_config
+from app.tui.app import LlmtuiApp
 from engine_ext.params import ContextParams, ModelParams
 from engine_ext.recovery import (
     RepackMemory,
@@ -165,7 +165,7 @@ def test_no_repack_changes_themodel_params() -> None:
 
 
 def test_repacking_off_is_saved_in_the_config(app_dirs: tuple[Path, Path]) -> None:
-    from app.config import Config
+    from app.core.config import Config
 
     save_config(replace(Config(), engine=EngineSettings(use_extra_bufts=False)))
     assert load_config().engine.use_extra_bufts is False
@@ -188,7 +188,7 @@ def _run(*args: str, data_dir: Path, fault: str = "", timeout: float = 240) -> s
 
 
 def test_no_repack_keeps_greedy_output_identical(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
-    from app.models import starter_model_path
+    from app.core.model_paths import starter_model_path
 
     models = [tiny_models["llama"]] + ([starter_model_path()] if starter_model_path() is not None else [])
     for model in models:
@@ -372,7 +372,7 @@ async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
 ) -> None:
     from textual.widgets import Static
 
-    from app.modals.crash import EngineCrashedModal
+    from app.tui.modals.crash import EngineCrashedModal
 
     monkeypatch.setenv(FAULT_ENV, "decode")
     save_config(replace(load_config(), engine=EngineSettings(n_threads=2)))
@@ -427,7 +427,7 @@ async def test_f5_applies_the_saved_engine_settings(tiny_models: dict[str, Path]
 
 @pytest.mark.anyio
 async def test_no_repack_on_the_app_command_line_is_for_this_session(tiny_models: dict[str, Path]) -> None:
-    from app.tui import run_tui  # noqa: F401 - the entry point takes no_repack (checked by signature below)
+    from app.tui.app import run_tui  # noqa: F401 - the entry point takes no_repack (checked by signature below)
 
     app = LlmtuiApp(str(tiny_models["llama"]), engine_overrides={"use_extra_bufts": False})
     async with app.run_test(size=(100, 30)) as pilot:
@@ -474,7 +474,7 @@ def test_a_crash_in_the_first_decode_after_a_load_is_still_blamed(tmp_path: Path
 async def test_the_app_refuses_a_reply_whose_grammar_crashed_and_keeps_its_speed_settings(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.output_format import ANY_JSON
+    from app.core.output_format import ANY_JSON
 
     monkeypatch.setenv(FAULT_ENV, "crash-grammar")
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=replace(SHORT, output_format=ANY_JSON))

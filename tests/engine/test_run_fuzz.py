@@ -319,7 +319,7 @@ def test_special_token_ids_out_of_range_still_load(parsed: dict[str, Model], tmp
 
 
 def test_valid_models_are_not_refused(tiny_models: dict[str, Path]) -> None:
-    from app.models import starter_model_path
+    from app.core.model_paths import starter_model_path
 
     for kind in MAIN_KINDS:
         validate_main_model(tiny_models[kind])

@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.serve_process import free_port, running_serve
 from tests.waits import wait_for

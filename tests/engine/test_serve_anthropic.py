@@ -12,7 +12,7 @@ import anthropic
 import httpx2 as httpx
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from tests.engine.test_serve import KEY, running_server
 from tests.serve_process import free_port, running_serve
 from tests.tiny_models import write_tiny_model

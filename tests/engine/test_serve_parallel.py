@@ -11,7 +11,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from tests.engine.test_serve import KEY, QUESTION, ask, client, running_server
 from tests.waits import wait_for
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from app.server.openai_responses import ResponseStore
 from tests.engine.test_serve import client, running_server
 from tests.engine.test_serve_anthropic import tools_server  # noqa: F401 (the fixture)

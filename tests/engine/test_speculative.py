@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.models import starter_model_path
+from app.core.model_paths import starter_model_path
 from engine_ext.client import EngineClient, EngineFailure
 from engine_ext.generate import Session
 from engine_ext.model import Context, Model

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from app.models import starter_model_path
-from app.paths import assets_dir
+from app.core.model_paths import starter_model_path
+from app.core.paths import assets_dir
 from engine_ext.client import EngineClient, EngineFailure
 from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SteeringEntry

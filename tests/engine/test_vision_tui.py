@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.config import SamplingSettings
-from app.tui import LlmtuiApp
-from app.widgets.image_block import ImageBlock
+from app.core.config import SamplingSettings
+from app.tui.app import LlmtuiApp
+from app.tui.widgets.image_block import ImageBlock
 from tests.engine.test_vision import NO_MTMD
 from tests.pilot import ready, reply_done
 from tests.tiny_mmproj import IMAGE_TOKENS, png_bytes, write_tiny_mmproj

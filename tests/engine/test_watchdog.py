@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from app.config import SamplingSettings
-from app.tui import LlmtuiApp
+from app.core.config import SamplingSettings
+from app.tui.app import LlmtuiApp
 from engine_ext.client import EngineClient
 from engine_ext.engine_status import FAULT_ENV
 from engine_ext.params import GREEDY, ContextParams, ModelParams

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models import ModelNotFound, resolve_model
+from app.core.model_paths import ModelNotFound, resolve_model
 from tests.hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import RemoteSettings
+from app.core.config import RemoteSettings
 from models_catalog import hub
 from models_catalog.errors import HubError
 from models_catalog.hfcache import RepoCache, is_oid, safe_repo_path
@@ -120,7 +120,7 @@ def test_a_card_keeps_its_lines_and_shows_its_controls(hub_server: HubServer) ->
 
 
 def test_a_remote_servers_error_body_is_shown_without_its_escapes() -> None:
-    from app.remote import http_error_message
+    from app.tui.remote_bridge import http_error_message
 
     remote = RemoteSettings("srv", "http://127.0.0.1:9/v1")
     body = json.dumps({"error": {"message": f"bad{ESCAPES}" + "x\n" * 5000}}).encode()
@@ -233,7 +233,7 @@ def test_model_files_named_with_controls_are_listed_with_them_shown(
     """A file name is text from outside too (another tool may have saved a hostile repository's names)."""
     import shutil
 
-    from app.model_list import local_models
+    from app.core.model_list import local_models
     from tests.hub.test_cli_models import llmtui
 
     folder = tmp_path / "models"

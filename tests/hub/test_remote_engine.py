@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from app.config import Config, RemoteSettings, SamplingSettings, load_config, save_config
-from app.messages import (
+from app.core.config import Config, RemoteSettings, SamplingSettings, load_config, save_config
+from app.tui.messages import (
     EngineRequestFailed,
     GenerationFailed,
     GenerationFinished,
@@ -31,7 +31,7 @@ from app.messages import (
     SpeculativeConfigured,
     TokensArrived,
 )
-from app.remote import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
+from app.tui.remote_bridge import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from tests.fakes import Collector, FakeServer
 from tests.tiny_models import write_tiny_model
@@ -332,7 +332,7 @@ def test_request_body_maps_sampling_and_continue() -> None:
 
 async def pick_remote_in_switcher(pilot: Pilot[None], remote_name: str) -> None:
     """ctrl+l, wait for the remote's models, filter to them, Enter; until the remote model is ready."""
-    from app.modals.model_switcher import ModelSwitcherModal
+    from app.tui.modals.model_switcher import ModelSwitcherModal
 
     app = pilot.app
     await pilot.press("ctrl+l")
@@ -348,7 +348,7 @@ async def pick_remote_in_switcher(pilot: Pilot[None], remote_name: str) -> None:
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_server: LlamaServer) -> None:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     save_config(Config(remotes=(local_remote(llama_server),), last_model="remote:local/no-longer-served"))
     app = LlmtuiApp(default_sampling=SHORT)  # starts on the remote used last: no local engine at all
@@ -393,7 +393,7 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_switching_from_the_local_engine_to_a_remote_one_and_back(llama_server: LlamaServer) -> None:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     save_config(Config(remotes=(local_remote(llama_server),)))
     local_model = llama_server.model  # the same tiny file, loaded by the local engine
@@ -416,7 +416,7 @@ async def test_switching_from_the_local_engine_to_a_remote_one_and_back(llama_se
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_the_app_starts_with_the_remote_model_used_last() -> None:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     remote = RemoteSettings("gpu-box", "http://127.0.0.1:9/v1")
     save_config(Config(remotes=(remote,), last_model="remote:gpu-box/qwen3-8b"))
@@ -442,7 +442,7 @@ def test_remote_choice_path() -> None:
 @pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(fake_server: Callable[..., FakeServer]) -> None:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     server = fake_server("replay")
     save_config(Config(remotes=(RemoteSettings("box", server.url),), last_model="remote:box/fake-model"))
@@ -473,8 +473,8 @@ async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(fake_ser
 async def test_the_endpoint_dialog_tests_the_connection(fake_server: Callable[..., FakeServer]) -> None:
     from textual.widgets import Input, Label
 
-    from app.modals.remote_endpoint import RemoteEndpointModal
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
+    from app.tui.modals.remote_endpoint import RemoteEndpointModal
 
     good, refusing = fake_server("replay"), fake_server("401")
     app = LlmtuiApp("starter", start_engine=False)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from app import remote as remote_module
-from app.config import RemoteSettings, SamplingSettings
-from app.messages import GenerationFailed, GenerationFinished, ModelLoaded, TokensArrived
-from app.remote import MAX_SSE_LINE, RemoteBridge, RemoteError, list_models
+from app.core.config import RemoteSettings, SamplingSettings
+from app.tui import remote_bridge as remote_module
+from app.tui.messages import GenerationFailed, GenerationFinished, ModelLoaded, TokensArrived
+from app.tui.remote_bridge import MAX_SSE_LINE, RemoteBridge, RemoteError, list_models
 from tests.fakes import Collector
 from tests.quiet_http import QuietHTTPServer
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from app.config import RemoteSettings
-from app.tui import LlmtuiApp
+from app.core.config import RemoteSettings
+from app.tui.app import LlmtuiApp
 from tests.pilot import SIZES, loaded, make_app, seeded, started  # noqa: F401 (seeded: a fixture)
 from tests.waits import wait_until
 
@@ -35,7 +35,7 @@ def keys(*pressed: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
 
 
 async def crash_dialog(pilot: Pilot[Any]) -> None:
-    from app.modals.crash import EngineCrashedModal
+    from app.tui.modals.crash import EngineCrashedModal
 
     log = "\n".join(f"llama_model_load: line {n} of the engine log" for n in range(1, 31))  # a real tail is long
     from engine_ext.params import ContextParams, ModelParams
@@ -51,7 +51,7 @@ async def crash_dialog(pilot: Pilot[Any]) -> None:
 
 
 async def code_picker(pilot: Pilot[Any]) -> None:
-    from app.modals.pick import PickModal
+    from app.tui.modals.pick import PickModal
 
     pilot.app.push_screen(PickModal("Copy which code block?", ["1. def reverse(text: str) -> str:", "2. xs[::-1]"]))
     await pilot.pause()
@@ -89,7 +89,7 @@ async def settings_remotes(pilot: Pilot[Any]) -> None:
 
 
 async def remote_dialog(pilot: Pilot[Any]) -> None:
-    from app.screens.settings import SettingsScreen
+    from app.tui.screens.settings_screen import SettingsScreen
 
     await settings_remotes(pilot)
     screen = pilot.app.screen
@@ -105,9 +105,9 @@ async def remote_dialog(pilot: Pilot[Any]) -> None:
 
 async def switcher_remotes(pilot: Pilot[Any]) -> None:
     """The switcher with two remote engines: one lists its models, one cannot be reached (shown inline)."""
-    from app.modals.model_switcher import ModelSwitcherModal
-    from app.model_list import local_models
-    from app.remote import RemoteError, RemoteModel
+    from app.core.model_list import local_models
+    from app.tui.modals.model_switcher import ModelSwitcherModal
+    from app.tui.remote_bridge import RemoteError, RemoteModel
 
     def lister(remote: RemoteSettings) -> list[RemoteModel]:
         if remote.name == "gpu-box":
@@ -126,7 +126,7 @@ async def switcher_remotes(pilot: Pilot[Any]) -> None:
 
 async def switcher_scanned(pilot: Pilot[Any]) -> None:
     """The switcher once its scan of the model folders (in a thread) is done."""
-    from app.modals.model_switcher import ModelSwitcherModal
+    from app.tui.modals.model_switcher import ModelSwitcherModal
 
     switcher = pilot.app.screen
     if isinstance(switcher, ModelSwitcherModal):
@@ -138,7 +138,7 @@ async def switcher_scanned(pilot: Pilot[Any]) -> None:
 
 async def long_message(pilot: Pilot[Any]) -> None:
     """A pasted log as the last message of the conversation: shown folded, and focused (the footer's "t Show all")."""
-    from app.widgets.message_view import MessageView
+    from app.tui.widgets.message_view import MessageView
 
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
@@ -154,7 +154,7 @@ async def long_message(pilot: Pilot[Any]) -> None:
 
 
 async def tool_consent(pilot: Pilot[Any]) -> None:
-    from app.modals.tool_consent import ToolConsentModal
+    from app.tui.modals.tool_consent import ToolConsentModal
     from engine_ext.protocol import ToolCall
 
     call = ToolCall("call00001", "get_weather", '{"city": "Paris", "units": "metric"}')
@@ -164,7 +164,7 @@ async def tool_consent(pilot: Pilot[Any]) -> None:
 
 async def reply_with_tool_call(pilot: Pilot[Any]) -> None:
     """A reply that called a tool: its call folded under it (one allowed, one denied)."""
-    from app.tools.loop import REFUSED_RESULT, CallRecord, record_to_json
+    from app.core.tools.loop import REFUSED_RESULT, CallRecord, record_to_json
     from engine_ext.protocol import ToolCall
 
     app = pilot.app
@@ -199,7 +199,7 @@ async def image_attached(pilot: Pilot[Any]) -> None:
 
 async def message_with_image(pilot: Pilot[Any]) -> None:
     """A question of yours with a picture (drawn in half blocks under tests), and the reply about it."""
-    from app.widgets.image_block import ImageBlock
+    from app.tui.widgets.image_block import ImageBlock
     from engine_ext.image_input import check_image
     from tests.tiny_mmproj import png_bytes
 
@@ -251,7 +251,7 @@ def test_screen(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
 def test_first_run_screen(
     snap_compare: Any, app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
 ) -> None:
-    monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     app.requested_model = None
     assert snap_compare(app, terminal_size=size, run_before=started)

@@ -15,9 +15,9 @@ from rich.style import Style
 from textual.app import App, ComposeResult
 from textual.message import Message
 
-from app.bridge import CPU_SAMPLE_S, EngineBridge, _Generation
-from app.messages import GenerationStatsUpdated
-from app.widgets.status import StatsBar
+from app.tui.bridge import CPU_SAMPLE_S, EngineBridge, _Generation
+from app.tui.messages import GenerationStatsUpdated
+from app.tui.widgets.status import StatsBar
 from engine_ext.client import EngineClient
 from engine_ext.cpu import CpuContention, CpuLoad
 from engine_ext.protocol import (
@@ -272,10 +272,10 @@ async def test_a_reply_on_a_busy_machine_says_so_in_the_stats_bar(
 
 def test_the_app_samples_the_machine_by_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """tests/conftest.py turns the sampler off for every test; outside the tests the bridge measures for real."""
-    import app.bridge
+    import app.tui.bridge
 
-    monkeypatch.setattr(app.bridge, "CpuContention", CpuContention)
-    bridge = app.bridge.EngineBridge(
+    monkeypatch.setattr(app.tui.bridge, "CpuContention", CpuContention)
+    bridge = app.tui.bridge.EngineBridge(
         type("Target", (), {"post_message": lambda self, m: True})(), tmp_path / "engine.log"
     )
     try:

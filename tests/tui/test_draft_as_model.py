@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.config import SamplingSettings
-from app.tui import LlmtuiApp
+from app.core.config import SamplingSettings
+from app.tui.app import LlmtuiApp
 from engine_ext.gguf import GGUFError, validate_main_model
 from tests.waits import wait_until
 

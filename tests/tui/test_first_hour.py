@@ -14,15 +14,15 @@ import pytest
 from textual.command import CommandList, CommandPalette
 from textual.geometry import Region
 
-from app.config import SamplingSettings, load_config, save_config
-from app.modals.model_switcher import ModelSwitcherModal
-from app.modals.speculative import SpeculativePanel
-from app.palette import GROUPS
-from app.screens.spec_check import Side, verdict
-from app.store import open_default_store
-from app.tui import LlmtuiApp
-from app.widgets.spec_meter import SpecMeter
-from app.widgets.tick_box import TICKED, UNTICKED, TickBox
+from app.core.config import SamplingSettings, load_config, save_config
+from app.core.store import open_default_store
+from app.tui.app import LlmtuiApp
+from app.tui.modals.model_switcher import ModelSwitcherModal
+from app.tui.modals.speculative import SpeculativeModal
+from app.tui.palette import GROUPS
+from app.tui.screens.spec_check import Side, verdict
+from app.tui.widgets.spec_meter import SpecMeter
+from app.tui.widgets.tick_box import TICKED, UNTICKED, TickBox
 from engine_ext.protocol import DrafterReport
 from tests.pilot import (  # noqa: F401 (seeded: fixture)
     assert_footer_fits,
@@ -60,7 +60,7 @@ async def test_the_f9_checkbox_reads_on_and_off_without_colour() -> None:
         await pilot.press("f9")
         await _types_read(pilot)
         panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
+        assert isinstance(panel, SpeculativeModal)
         box = panel.query_one("#spec-enabled", TickBox)
         on = plain_text(box)
         assert box.value and on.startswith(TICKED)
@@ -209,7 +209,7 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
 async def test_the_palette_finds_repack_and_opens_settings_at_that_field() -> None:
     """Issue 37, 5: the crash toasts say "F3 → Repack weights: off"; typing "repack" in the palette finds it, and
     Enter opens Settings with that field focused (80×24)."""
-    from app.screens.settings import SettingsScreen
+    from app.tui.screens.settings_screen import SettingsScreen
 
     async with _without_engine((80, 24)) as (app, pilot):
         await pilot.press("ctrl+p")
@@ -247,8 +247,8 @@ async def test_ctrl_a_in_the_chat_message_box_selects_all_and_f1_lists_the_editi
     from rich.console import Console
     from textual.widgets import Static
 
-    from app.screens.help import HelpScreen
-    from app.widgets.prompt_input import PromptInput
+    from app.tui.screens.help import HelpScreen
+    from app.tui.widgets.prompt_input import PromptInput
 
     async with _without_engine((80, 24)) as (app, pilot):
         prompt = app.screen.query_one(PromptInput)
@@ -371,8 +371,8 @@ async def test_the_download_dialogs_sidecar_list_reads_on_and_off_without_colour
     """Issue 22: F4's download dialog listed its sidecars as `▐X▌ mtp` ticked and unticked alike (seen in tmux)."""
     from textual.app import App
 
-    from app.modals.model_actions import PullModal
-    from app.widgets.tick_box import TickList
+    from app.tui.modals.model_actions import PullModal
+    from app.tui.widgets.tick_box import TickList
 
     modal = PullModal("Download org/Tiny:Q8_0", [("Tiny-Q8_0.gguf", 1000)], {"mtp": "mtp-Tiny.gguf"}, {"mtp"})
 
@@ -405,7 +405,7 @@ async def test_the_download_dialogs_sidecar_list_reads_on_and_off_without_colour
 async def test_the_conversation_list_is_reached_and_used_from_the_keyboard() -> None:
     """ctrl+b shows the list focused, so d works at once; ↓ goes from the search box into the results; a list
     focused with nothing highlighted highlights its first row, so Enter opens it. At 80×24."""
-    from app.widgets.sidebar import ConversationOptions
+    from app.tui.widgets.sidebar import ConversationOptions
 
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:

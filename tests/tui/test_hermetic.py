@@ -13,8 +13,8 @@ from typing import Any
 import platformdirs
 import pytest
 
-from app.config import SamplingSettings
-from app.tui import LlmtuiApp
+from app.core.config import SamplingSettings
+from app.tui.app import LlmtuiApp
 from tests.conftest import HermeticDirs
 from tests.pilot import ready, reply_done, send
 from tests.waits import wait_until

@@ -12,19 +12,19 @@ from textual import events
 from textual.geometry import Region
 from textual.widgets import Input, Label
 
-from app.config import SpeculativeSettings, SteeringSettings
-from app.messages import SpeculativeStatsUpdated, SteeringApplied
-from app.paths import steering_dir
-from app.screens.ab_run import ABRunScreen
-from app.screens.spec_check import Side, SpecCheckScreen, verdict
-from app.screens.steering import HeatStrip
-from app.screens.steering_ab import SteeringABScreen
-from app.speculation import short_summary
-from app.store import open_default_store
-from app.tui import LlmtuiApp
-from app.widgets.downloads import progress_text
-from app.widgets.prompt_input import PromptInput
-from app.widgets.spec_meter import SpecMeter
+from app.core.config import SpeculativeSettings, SteeringSettings
+from app.core.paths import steering_dir
+from app.core.speculation_facts import short_summary
+from app.core.store import open_default_store
+from app.tui.app import LlmtuiApp
+from app.tui.messages import SpeculativeStatsUpdated, SteeringApplied
+from app.tui.screens.ab_run import ABRunScreen
+from app.tui.screens.spec_check import Side, SpecCheckScreen, verdict
+from app.tui.screens.steering import HeatStrip
+from app.tui.screens.steering_ab import SteeringABScreen
+from app.tui.widgets.downloads import progress_text
+from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.spec_meter import SpecMeter
 from engine_ext.protocol import SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.pilot import chat_of, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)

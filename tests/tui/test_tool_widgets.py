@@ -6,9 +6,9 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from app.modals.tool_consent import ConsentAnswer, ToolConsentModal
-from app.tools.loop import CallRecord
-from app.widgets.tool_call_block import ToolCallBlock
+from app.core.tools.loop import CallRecord
+from app.tui.modals.tool_consent import ConsentAnswer, ToolConsentModal
+from app.tui.widgets.tool_call_block import ToolCallBlock
 from engine_ext.protocol import ToolCall
 from tests.waits import wait_until
 

@@ -4,7 +4,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from app.widgets.transcript import Transcript
+from app.tui.widgets.transcript import Transcript
 from tests.waits import wait_until
 
 

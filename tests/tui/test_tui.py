@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from app.config import SamplingSettings, load_config
-from app.models import starter_model_path
-from app.screens.chat import ChatScreen
-from app.store import open_default_store
-from app.tui import LlmtuiApp
-from app.widgets.live_body import LiveMessage
-from app.widgets.message_view import BACKGROUND_RENDER_CHARS, MessageView
+from app.core.config import SamplingSettings, load_config
+from app.core.model_paths import starter_model_path
+from app.core.store import open_default_store
+from app.tui.app import LlmtuiApp
+from app.tui.screens.chat_screen import ChatScreen
+from app.tui.widgets.live_body import LiveMessage
+from app.tui.widgets.message_view import BACKGROUND_RENDER_CHARS, MessageView
 from tests.pilot import chat_of, line_text, press_and_start, press_to_cancel, ready, reply_done, send, stop_mid_reply
 from tests.waits import wait_until
 
@@ -289,7 +289,7 @@ async def test_switch_conversations_delete_and_undo(tiny_models: dict[str, Path]
 async def test_settings_persist_across_a_restart_of_the_app(tiny_models: dict[str, Path]) -> None:
     from textual.widgets import Input, TextArea
 
-    from app.screens.settings import SettingsScreen
+    from app.tui.screens.settings_screen import SettingsScreen
 
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -321,7 +321,7 @@ async def test_settings_persist_across_a_restart_of_the_app(tiny_models: dict[st
 
 @pytest.mark.anyio
 async def test_engine_crash_then_restart_keeps_the_conversation(tiny_models: dict[str, Path]) -> None:
-    from app.modals.crash import EngineCrashedModal
+    from app.tui.modals.crash import EngineCrashedModal
 
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -351,7 +351,7 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
     """A real engine log tail is long: the dialog must still show the line saying which key restarts."""
     from textual.widgets import Static
 
-    from app.modals.crash import EngineCrashedModal
+    from app.tui.modals.crash import EngineCrashedModal
 
     app = LlmtuiApp("starter", start_engine=False)
     log = "\n".join(
@@ -398,7 +398,7 @@ async def test_the_crash_dialog_shows_its_keys_whatever_the_log_length(size: tup
 
 @pytest.mark.anyio
 async def test_a_crash_while_streaming_keeps_the_partial_reply(tiny_models: dict[str, Path]) -> None:
-    from app.modals.crash import EngineCrashedModal
+    from app.tui.modals.crash import EngineCrashedModal
 
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=LONG)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -441,10 +441,10 @@ async def test_a_bad_model_file_shows_a_load_error(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_first_run_screen_when_there_is_no_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.screens.first_run import FirstRunScreen
+    from app.tui.screens.first_run import FirstRunScreen
 
-    monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
-    monkeypatch.setattr("app.model_list.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.core.model_list.starter_model_path", lambda: None)
     app = LlmtuiApp()
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
@@ -462,8 +462,8 @@ async def test_first_run_screen_when_there_is_no_model(monkeypatch: pytest.Monke
 async def test_model_switcher_loads_a_model_from_a_configured_folder(tiny_models: dict[str, Path]) -> None:
     from dataclasses import replace
 
-    from app.config import save_config
-    from app.modals.model_switcher import ModelSwitcherModal
+    from app.core.config import save_config
+    from app.tui.modals.model_switcher import ModelSwitcherModal
 
     save_config(replace(load_config(), model_folders=(str(tiny_models["qwen3"].parent),)))
     app = LlmtuiApp(str(tiny_models["llama"]))
@@ -484,7 +484,7 @@ async def test_model_switcher_loads_a_model_from_a_configured_folder(tiny_models
 
 @pytest.mark.anyio
 async def test_help_screen_and_command_palette_entries(tiny_models: dict[str, Path]) -> None:
-    from app.screens.help import HelpScreen
+    from app.tui.screens.help import HelpScreen
 
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -539,7 +539,7 @@ async def test_theme_toggle_is_saved(tiny_models: dict[str, Path]) -> None:
 async def test_conversation_settings_and_presets(tiny_models: dict[str, Path]) -> None:
     from textual.widgets import Input, TextArea
 
-    from app.modals.conversation_settings import ConversationSettingsModal
+    from app.tui.modals.conversation_settings import ConversationSettingsModal
 
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -704,7 +704,9 @@ def test_llmtui_with_no_subcommand_opens_the_tui(monkeypatch: pytest.MonkeyPatch
     from app.cli import main
 
     opened: list[tuple[str | None, bool]] = []
-    monkeypatch.setattr("app.tui.run_tui", lambda model=None, no_repack=False: opened.append((model, no_repack)) or 0)
+    monkeypatch.setattr(
+        "app.tui.app.run_tui", lambda model=None, no_repack=False: opened.append((model, no_repack)) or 0
+    )
     assert main([]) == 0
     assert main(["-m", "starter"]) == 0
     assert main(["--no-repack"]) == 0
@@ -735,7 +737,7 @@ async def test_no_color_is_respected(tiny_models: dict[str, Path], monkeypatch: 
 async def test_gpu_layers_auto_says_where_the_layers_went(tiny_models: dict[str, Path]) -> None:
     from dataclasses import replace
 
-    from app.config import save_config
+    from app.core.config import save_config
     from engine_ext.params import GPU_LAYERS_AUTO
 
     config = load_config()
@@ -756,8 +758,8 @@ async def test_the_notices_after_a_crash_recovery_leave_the_stream_and_the_stats
 ) -> None:
     """Issue 37 item 4: the chat's toasts are at the top right (as on the models screen), so the recovery notice and
     the load notice after it no longer cover the reply's last lines, the message box and the stats bar."""
-    from app.messages import EngineRecovering
-    from app.widgets.status import StatsBar
+    from app.tui.messages import EngineRecovering
+    from app.tui.widgets.status import StatsBar
     from engine_ext.recovery import retry_notice
 
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
@@ -778,7 +780,7 @@ async def test_the_notices_after_a_crash_recovery_leave_the_stream_and_the_stats
 @pytest.mark.anyio
 async def test_the_model_loaded_for_the_chat_is_recorded_as_used(tiny_models: dict[str, Path]) -> None:
     """Issue 37 item 5: F4 and `llmtui models list` said `used: -` for the model the user chatted with."""
-    from app import paths
+    from app.core import paths
     from models_catalog.library import Library
 
     model = tiny_models["llama"]
@@ -800,8 +802,8 @@ async def test_f3_shows_the_prompt_caches_size_against_its_budget(tiny_models: d
     off."""
     from textual.widgets import Static
 
-    from app.paths import prompt_cache_dir
-    from app.screens.settings import SettingsScreen
+    from app.core.paths import prompt_cache_dir
+    from app.tui.screens.settings_screen import SettingsScreen
 
     folder = prompt_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)

@@ -33,11 +33,11 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import OptionList, Static
 
-from app import paths
-from app.config import Config, RemoteSettings, load_config, save_config
-from app.modals.model_switcher import ModelSwitcherModal
-from app.screens.models import ModelsScreen
-from app.tui import LlmtuiApp
+from app.core import paths
+from app.core.config import Config, RemoteSettings, load_config, save_config
+from app.tui.app import LlmtuiApp
+from app.tui.modals.model_switcher import ModelSwitcherModal
+from app.tui.screens.models_screen import ModelsScreen
 from models_catalog import fit
 from tests.hub_server import HubServer, _Handler
 from tests.quiet_http import QuietHTTPServer
@@ -682,10 +682,10 @@ SWITCH_KINDS = ("truncated", "not-gguf", "mutant-1")
 async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads(
     hostile_folder: dict[str, Path], tiny_models: dict[str, Path]
 ) -> None:
-    from app.modals.pick import PickModal
-    from app.modals.speculative import SpeculativePanel
-    from app.screens.chat import ChatScreen
-    from app.screens.steering import SteeringPanel
+    from app.tui.modals.pick import PickModal
+    from app.tui.modals.speculative import SpeculativeModal
+    from app.tui.screens.chat_screen import ChatScreen
+    from app.tui.screens.steering import SteeringPanel
 
     folder = hostile_folder["truncated"].parent
     good = folder / "good-llama.gguf"
@@ -742,7 +742,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
         assert_up(app)
         # F9, ctrl+d: the drafts on this machine that fit the model (every model's header in the folder is read)
         await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativeModal), "the speculative panel")
         app.clear_notifications()
         await pilot.press("ctrl+d")
         await wait_until(pilot, lambda: isinstance(app.screen, PickModal) or bool(messages(app)), "the drafts found")
@@ -816,8 +816,8 @@ async def test_hostile_folders_in_config_and_a_damaged_catalog_overlay_leave_f4_
 
 @pytest.mark.anyio
 async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_models: dict[str, Path]) -> None:
-    from app.modals.speculative import SpeculativePanel
-    from app.modals.text_prompt import TextPromptModal
+    from app.tui.modals.speculative import SpeculativeModal
+    from app.tui.modals.text_prompt import TextPromptModal
 
     bad = "~nosuchuser-llmtui/model.gguf"
     app = LlmtuiApp(bad, start_engine=False)  # llmtui -m ~nosuchuser/model.gguf
@@ -826,7 +826,7 @@ async def test_paths_typed_that_cannot_be_paths_are_refused_in_one_line(tiny_mod
         # the speculative panel's draft field (F9): typed, then applied
         app.model_path = str(tiny_models["llama"])
         await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the speculative panel")
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativeModal), "the speculative panel")
         panel = app.screen
         await wait_until(pilot, lambda: not panel.reading, "the panel's types, read in a thread")  # type: ignore[attr-defined]
         panel.query_one("#spec-draft").value = bad  # type: ignore[attr-defined]
@@ -856,7 +856,7 @@ async def test_a_server_listing_150000_models_and_symlink_loops_keep_the_switche
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from app.modals.model_switcher import MAX_ROWS
+    from app.tui.modals.model_switcher import MAX_ROWS
 
     # 150,000 model ids: 1.7 MB, within the 8 MiB a model list may have; one option each froze the app for a minute
     many = _json_bytes({"data": [{"id": f"model-{i}"} for i in range(150_000)]})

@@ -17,10 +17,10 @@ from textual.pilot import Pilot
 from textual.strip import Strip
 from textual.widgets import Input
 
-from app.screens.chat import ChatScreen
-from app.tui import LlmtuiApp
-from app.widgets.message_view import MessageView
-from app.widgets.tool_call_block import ToolCallBlock
+from app.tui.app import LlmtuiApp
+from app.tui.screens.chat_screen import ChatScreen
+from app.tui.widgets.message_view import MessageView
+from app.tui.widgets.tool_call_block import ToolCallBlock
 from tests.pilot import chat_of
 from tests.tui.test_tui_hostile import assert_up, open_models_screen
 from tests.unit.test_gguf_fuzz import _STR, _write_edited
@@ -175,7 +175,7 @@ def test_a_widget_that_forgets_still_writes_no_control_character() -> None:
     """The last check: whatever a widget draws, Textual's bytes for it hold no control character of its text."""
     from rich.console import Console
 
-    from app.textual_internals.terminal_text import drop_controls_from_terminal_output
+    from app.tui.textual_internals.terminal_text import drop_controls_from_terminal_output
 
     drop_controls_from_terminal_output()
     console = Console(color_system="truecolor")
@@ -191,7 +191,7 @@ def test_the_last_check_keeps_textual_images_sixel_placement() -> None:
     from rich.console import Console
     from rich.control import Control
 
-    from app.textual_internals.terminal_text import drop_controls_from_terminal_output
+    from app.tui.textual_internals.terminal_text import drop_controls_from_terminal_output
 
     drop_controls_from_terminal_output()
     move = Control.move_to(3, 4).segment.text

@@ -15,10 +15,10 @@ import pytest
 from textual import events
 from textual.pilot import Pilot
 
-from app.modals.text_prompt import PathPromptModal
-from app.screens.chat import ChatScreen
-from app.tui import LlmtuiApp
-from app.widgets.image_block import ImageBlock
+from app.tui.app import LlmtuiApp
+from app.tui.modals.text_prompt import PathPromptModal
+from app.tui.screens.chat_screen import ChatScreen
+from app.tui.widgets.image_block import ImageBlock
 from engine_ext.protocol import Finished, Generate, GenerationStats, LoadModel, ModelInfo, TokenChunk
 from tests.fakes import ScriptedEngine, scripted_app, scripted_model_info
 from tests.pilot import chat_of
@@ -213,7 +213,7 @@ async def test_a_start_removes_conversations_deleted_a_day_before_and_frees_imag
     before, with its image files, and keeps what was deleted since (a session beside it may still undo it)."""
     from datetime import UTC, datetime, timedelta
 
-    from app.store import Store, open_default_store
+    from app.core.store import Store, open_default_store
     from engine_ext.image_input import check_image
 
     store = open_default_store()

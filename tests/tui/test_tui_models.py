@@ -11,12 +11,12 @@ from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import OptionList, Static
 
-from app import paths
-from app.download_bridge import DownloadProgressed
-from app.modals.model_actions import DeleteModelModal, PullModal
-from app.screens.models import ModelsScreen
-from app.tui import LlmtuiApp
-from app.widgets.downloads import DownloadsPanel
+from app.core import paths
+from app.tui.app import LlmtuiApp
+from app.tui.download_bridge import DownloadProgressed
+from app.tui.modals.model_actions import DeleteModelModal, PullModal
+from app.tui.screens.models_screen import ModelsScreen
+from app.tui.widgets.downloads import DownloadsPanel
 from models_catalog.download import Progress, State
 from tests.hub_server import HubServer
 from tests.pilot import assert_footer_fits, started
@@ -209,7 +209,7 @@ async def test_a_download_in_progress_pauses_and_resumes(models_hub: HubServer, 
 async def test_quit_asks_while_a_download_is_unfinished(models_hub: HubServer, tiny_models: dict[str, Path]) -> None:
     """ctrl+q quit at once during a paused download: it now asks (Stay keeps the app; a second ctrl+q, or Quit,
     quits), and the partial bytes stay for the next pull."""
-    from app.tui import QuitWithDownloadsModal
+    from app.tui.app import QuitWithDownloadsModal
 
     models_hub.fault(REPO, "Tiny-Q8_0.gguf", throttle_bps=150_000)  # about 5 s
     app = make_app(tiny_models)
@@ -322,9 +322,9 @@ def test_progress_messages_of_a_task_replace_each_other_not_other_tasks() -> Non
 async def test_a_model_used_from_the_first_run_screen_opens_the_chat(
     models_hub: HubServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.screens.first_run import FirstRunScreen
+    from app.tui.screens.first_run import FirstRunScreen
 
-    monkeypatch.setattr("app.tui.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))

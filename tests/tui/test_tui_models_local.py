@@ -14,11 +14,11 @@ from textual.binding import Binding
 from textual.pilot import Pilot
 from textual.widgets import Input, OptionList, TabbedContent
 
-from app.modals.model_actions import DeleteModelModal, PullModal
-from app.modals.model_switcher import ModelSwitcherModal
-from app.screens.models import ModelsScreen
-from app.tui import LlmtuiApp
-from app.widgets.downloads import DownloadRow, DownloadsPanel
+from app.tui.app import LlmtuiApp
+from app.tui.modals.model_actions import DeleteModelModal, PullModal
+from app.tui.modals.model_switcher import ModelSwitcherModal
+from app.tui.screens.models_screen import ModelsScreen
+from app.tui.widgets.downloads import DownloadRow, DownloadsPanel
 from engine_ext.gguf import format_bytes
 from models_catalog import hfcache
 from models_catalog.download import State
@@ -248,7 +248,7 @@ async def test_p_and_x_act_on_the_download_just_started_at_80x24(
 async def test_every_key_of_the_models_screen_is_in_its_footer_or_f1(
     models_hub: HubServer, tiny_models: dict[str, Path]
 ) -> None:
-    from app.screens.help import KEYS
+    from app.tui.screens.help import KEYS
 
     [(_, models_keys)] = [(name, keys) for name, keys in KEYS if name == "Models (F4)"]
     helped = " ".join(key for key, _ in models_keys)
@@ -337,8 +337,8 @@ async def test_partial_downloads_show_in_local_with_progress_resume_and_delete(
 
 @pytest.mark.anyio
 async def test_status_words_have_tooltips_and_an_f1_entry(models_hub: HubServer, tiny_models: dict[str, Path]) -> None:
-    from app.screens.help import HelpScreen, keys_table
-    from app.screens.models_local import STATUS_WORDS
+    from app.tui.screens.help import HelpScreen, keys_table
+    from app.tui.screens.models_local import STATUS_WORDS
 
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -375,7 +375,7 @@ def test_the_switcher_lists_chat_models_with_their_drafts_and_never_a_draft(
     only their header says so (a DFlash draft named like a model)."""
     import shutil
 
-    from app.model_list import describe_models, local_models
+    from app.core.model_list import describe_models, local_models
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -441,7 +441,7 @@ async def test_an_empty_local_tab_names_the_starter_and_leaves_the_catalogs_entr
     from textual.widgets import Static
 
     starter = tiny_models["llama"]
-    monkeypatch.setattr("app.models.starter_model_path", lambda: starter)
+    monkeypatch.setattr("app.core.model_paths.starter_model_path", lambda: starter)
     app = LlmtuiApp(str(starter), start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await open_models(pilot)

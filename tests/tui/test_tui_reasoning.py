@@ -14,9 +14,9 @@ import pytest
 from textual.widgets import Input, Label, Select
 from textual.widgets.select import InvalidSelectValueError
 
-from app.config import SamplingSettings
-from app.modals.conversation_settings import ConversationSettingsModal
-from app.tui import LlmtuiApp
+from app.core.config import SamplingSettings
+from app.tui.app import LlmtuiApp
+from app.tui.modals.conversation_settings import ConversationSettingsModal
 from engine_ext.protocol import EndThinking, Generate
 from tests.engine.test_reasoning import LONG_THINKER, PICK, THINKING_TEMPLATE
 from tests.pilot import chat_of, ready, reply_done, send

@@ -1,4 +1,4 @@
-"""F10: the app serves its loaded model to other programs while you chat (app/controllers/server.py), here with a
+"""F10: the app serves its loaded model to other programs while you chat (app/tui/controllers/server.py), here with a
 scripted engine behind the app's real bridge, spoken to by the official `openai` client."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from app import paths
+from app.core import paths
 from engine_ext.protocol import Finished, Generate, GenerationStats, TokenChunk
 from tests.engine.test_serve import free_port
 from tests.fakes import ScriptedEngine, scripted_app

@@ -15,17 +15,17 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import Input, OptionList, Select
 
-from app.config import ConfigError, SamplingSettings, SpeculativeSettings, load_config
-from app.messages import SpeculativeStatsUpdated, TokensArrived
-from app.modals.pick import PickModal
-from app.modals.speculative import SpeculativePanel
-from app.screens.spec_check import Side, SpecCheckScreen, first_difference, run_to_run_noise, side_text, verdict
-from app.speculation import find_sidecars, load_options, short_summary, sparkline, supported_types
-from app.store import open_default_store
-from app.tui import LlmtuiApp
-from app.widgets.message_view import MessageView
-from app.widgets.prompt_input import PromptInput
-from app.widgets.spec_meter import SpecMeter
+from app.core.config import ConfigError, SamplingSettings, SpeculativeSettings, load_config
+from app.core.speculation_facts import find_sidecars, load_options, short_summary, sparkline, supported_types
+from app.core.store import open_default_store
+from app.tui.app import LlmtuiApp
+from app.tui.messages import SpeculativeStatsUpdated, TokensArrived
+from app.tui.modals.pick import PickModal
+from app.tui.modals.speculative import SpeculativeModal
+from app.tui.screens.spec_check import Side, SpecCheckScreen, first_difference, run_to_run_noise, side_text, verdict
+from app.tui.widgets.message_view import MessageView
+from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.spec_meter import SpecMeter
 from engine_ext.protocol import DrafterReport, SpeculativeStats
 from tests.pilot import (  # noqa: F401 (seeded: fixture)
     MODEL,
@@ -76,7 +76,7 @@ async def _types_read(pilot: Pilot[Any]) -> None:
     """Let the panel read its types (the GGUF headers are read in a thread; typing is read once it pauses)."""
     await pilot.pause()
     panel = pilot.app.screen
-    if isinstance(panel, SpeculativePanel):
+    if isinstance(panel, SpeculativeModal):
         await wait_until(pilot, lambda: not panel.reading, what="the panel's types, read in a thread")
         await pilot.pause()
 
@@ -87,7 +87,7 @@ async def _choose_in_panel(pilot: Pilot[Any], spec_type: str, key: str) -> None:
     await pilot.pause()
     await _types_read(pilot)
     panel = pilot.app.screen
-    assert isinstance(panel, SpeculativePanel)
+    assert isinstance(panel, SpeculativeModal)
     panel.query_one(OptionList).highlighted = panel.types.index(spec_type)
     await pilot.press(key)
 
@@ -336,7 +336,7 @@ async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: d
         await pilot.pause()
         await _types_read(pilot)
         panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
+        assert isinstance(panel, SpeculativeModal)
         assert "draft-mtp" in panel.types and "draft-dflash" not in panel.types
         # A DFlash draft file adds its type.
         panel.query_one("#spec-draft", Input).value = str(tiny_models["dflash"])
@@ -360,14 +360,14 @@ async def test_panel_offers_what_the_model_supports_and_validates(tiny_models: d
 async def test_the_panel_and_the_settings_screen_take_defaults_and_ranges_from_the_declarations() -> None:
     """F9's number fields and F3's engine fields show each declaration's default, and one past a draft setting's
     declared maximum is refused with the declaration's one-line message (engine_ext.settings_schema)."""
-    from app.screens.settings import SettingsScreen
+    from app.tui.screens.settings_screen import SettingsScreen
     from engine_ext import settings_schema as s
 
     async with _without_engine((120, 40)) as (app, pilot):
         await pilot.press("f9")
         await _types_read(pilot)
         panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
+        assert isinstance(panel, SpeculativeModal)
         for setting in s.DRAFT_NUMBERS:
             assert panel.query_one(f"#spec-{setting.name}", Input).value == str(setting.default), setting.name
         panel.query_one(f"#spec-{s.DRAFT_N_MAX.name}", Input).value = str(s.DRAFT_N_MAX.maximum + 1)
@@ -463,7 +463,7 @@ async def test_panel_ctrl_d_picks_a_draft_found_on_this_machine(tiny_models: dic
         await pilot.pause()
         await _types_read(pilot)
         panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
+        assert isinstance(panel, SpeculativeModal)
         draft = panel.query_one("#spec-draft", Input)
         # An empty field means the sidecar auto drafts with; the sidecars' types are offered.
         assert draft.placeholder == "empty: dspark-tiny-llama.gguf (beside the model)"
@@ -658,7 +658,7 @@ async def test_check_asked_for_while_a_reply_is_written_runs_after_it_on_the_las
 async def test_check_survives_an_engine_crash_mid_run_and_runs_again_after_the_restart(
     tiny_models: dict[str, Path],
 ) -> None:
-    from app.modals.crash import EngineCrashedModal
+    from app.tui.modals.crash import EngineCrashedModal
 
     app = LlmtuiApp(str(tiny_models["llama"]))
     async with app.run_test(size=(120, 40)) as pilot:

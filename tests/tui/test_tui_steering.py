@@ -15,15 +15,16 @@ from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import Input, Label, OptionList, ProgressBar
 
-from app.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
-from app.controllers.steering import phase_eta, vector_progress_text
-from app.messages import SteeringApplied, VectorProgressed
-from app.modals.make_vector import MakeVectorModal, bar_steps
-from app.modals.text_prompt import PathPromptModal
-from app.models import starter_model_path
-from app.paths import steering_dir
-from app.screens.chat import ChatScreen
-from app.screens.steering import (
+from app.core.config import SamplingSettings, SpeculativeSettings, SteeringSettings, load_config
+from app.core.model_paths import starter_model_path
+from app.core.paths import steering_dir
+from app.core.vectors import phase_eta, vector_progress_text
+from app.tui.app import LlmtuiApp
+from app.tui.messages import SteeringApplied, VectorProgressed
+from app.tui.modals.make_vector import MakeVectorModal, bar_steps
+from app.tui.modals.text_prompt import PathPromptModal
+from app.tui.screens.chat_screen import ChatScreen
+from app.tui.screens.steering import (
     HeatStrip,
     SteeringPanel,
     VectorInfo,
@@ -31,9 +32,8 @@ from app.screens.steering import (
     parse_strength,
     snap_strength,
 )
-from app.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
-from app.tui import LlmtuiApp
-from app.widgets.prompt_input import PromptInput
+from app.tui.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
+from app.tui.widgets.prompt_input import PromptInput
 from engine_ext.protocol import SpeculativeStats, SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.pilot import (  # noqa: F401 (seeded: fixture)
@@ -637,7 +637,7 @@ def _make_scene(tiny: Path) -> Any:
 
 def _ab_scene(tiny: Path) -> Any:
     async def run(pilot: Pilot[Any]) -> None:
-        from app.messages import GenerationFinished, TokensArrived
+        from app.tui.messages import GenerationFinished, TokensArrived
 
         app = pilot.app
         assert isinstance(app, LlmtuiApp)

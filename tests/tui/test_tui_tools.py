@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 
-from app import paths
-from app.modals.tool_consent import ToolConsentModal
-from app.screens.chat import ChatScreen
-from app.tools.loop import REFUSED_RESULT
-from app.tui import LlmtuiApp
-from app.widgets.tool_call_block import ToolCallBlock
+from app.core import paths
+from app.core.tools.loop import REFUSED_RESULT
+from app.tui.app import LlmtuiApp
+from app.tui.modals.tool_consent import ToolConsentModal
+from app.tui.screens.chat_screen import ChatScreen
+from app.tui.widgets.tool_call_block import ToolCallBlock
 from engine_ext.protocol import Finished, Generate, GenerationStats, TokenChunk, ToolCall
 from tests.fakes import ScriptedEngine, scripted_app
 from tests.waits import wait_until
@@ -192,7 +192,7 @@ async def test_esc_while_a_tool_runs_stops_the_reply(lone_llama: Path) -> None:
 async def test_the_conversation_settings_choose_the_tools(lone_llama: Path) -> None:
     from textual.widgets import Select
 
-    from app.modals.conversation_settings import ConversationSettingsModal
+    from app.tui.modals.conversation_settings import ConversationSettingsModal
 
     configure_weather_server()
     app = scripted_app(lone_llama, ToolEngine)

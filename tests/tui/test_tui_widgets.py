@@ -20,33 +20,33 @@ from textual.pilot import Pilot
 from textual.strip import Strip
 from textual.widgets import Static
 
-from app.bridge import EngineBridge
-from app.messages import TokensArrived
-from app.store import Message as StoredMessage
-from app.streaming import chunk_draft_spans
-from app.textual_internals.compositor import CroppedCompositor
-from app.widgets.draft_provenance import (
+from app.core.store import Message as StoredMessage
+from app.tui.bridge import EngineBridge
+from app.tui.messages import TokensArrived
+from app.tui.streaming import chunk_draft_spans
+from app.tui.textual_internals.compositor import CroppedCompositor
+from app.tui.widgets.draft_provenance import (
     MODEL_DRAFT,
     NGRAM_DRAFT,
     REJECTED_DRAFT,
     draft_spans_from_stats,
     mark_provenance,
 )
-from app.widgets.live_body import LiveBody, LiveMessage, changed_lines, freeze_point
-from app.widgets.markdown_render import LIVE_HIGHLIGHT_MAX_LINES, code_blocks
-from app.widgets.markdown_render import markdown_renderable as _markdown
-from app.widgets.message_view import MessageView
-from app.widgets.prompt_input import PromptInput
-from app.widgets.status import AppHeader, StatsBar
-from app.widgets.transcript import Transcript
+from app.tui.widgets.live_body import LiveBody, LiveMessage, changed_lines, freeze_point
+from app.tui.widgets.markdown_render import LIVE_HIGHLIGHT_MAX_LINES, code_blocks
+from app.tui.widgets.markdown_render import markdown_renderable as _markdown
+from app.tui.widgets.message_view import MessageView
+from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.status import AppHeader, StatsBar
+from app.tui.widgets.transcript import Transcript
 from engine_ext.client import EngineClient
 from engine_ext.protocol import Generate, TokenChunk, rejected_by
 from tests.fakes import ScriptedEngine, scripted_app
 from tests.waits import wait_until
 
 if TYPE_CHECKING:
-    from app.screens.chat import ChatScreen
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
+    from app.tui.screens.chat_screen import ChatScreen
 
 pytestmark = pytest.mark.anyio
 
@@ -454,7 +454,7 @@ async def test_ctrl_a_selects_all_of_the_message_so_typing_replaces_it() -> None
 
 
 def test_the_help_lists_the_message_box_keys() -> None:
-    from app.screens.help import KEYS
+    from app.tui.screens.help import KEYS
 
     [editing] = [keys for section, keys in KEYS if section.startswith("Message box")]
     listed = dict(editing)
@@ -852,7 +852,7 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
 
     from rich.cells import cell_len
 
-    from app.config import Config, SpeculativeSettings, save_config
+    from app.core.config import Config, SpeculativeSettings, save_config
 
     assert cell_len("⚡") == bolt_cells
     save_config(replace(Config(), speculative=SpeculativeSettings(enabled=True)))  # the meter, with its ⚡
@@ -1109,7 +1109,7 @@ def test_code_fence_lexers_are_looked_up_without_scanning_plugins_each_time(monk
     entry points for each such name (tens of ms, once per frame); ours scans them once."""
     from pygments.lexers import CppLexer, PythonLexer
 
-    from app.widgets import markdown_render as transcript
+    from app.tui.widgets import markdown_render as transcript
 
     scans: list[int] = []
     find_plugins = transcript.find_plugin_lexers
@@ -1220,8 +1220,8 @@ async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: s
 async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_messages_in_place() -> None:
     from textual.widgets import Static
 
-    from app.tui import LlmtuiApp
-    from app.widgets.transcript import PAGE_SIZE
+    from app.tui.app import LlmtuiApp
+    from app.tui.widgets.transcript import PAGE_SIZE
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -1248,7 +1248,7 @@ async def test_scrolling_to_the_top_of_a_long_conversation_loads_earlier_message
 
 
 async def test_the_end_of_the_conversation_stays_in_view_when_the_view_gets_shorter() -> None:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -1270,7 +1270,7 @@ async def test_the_end_of_the_conversation_stays_in_view_when_the_view_gets_shor
 
 
 async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> None:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -1307,7 +1307,7 @@ def test_code_blocks_keep_each_lines_rows_and_draw_what_rich_draws() -> None:
     with long wrapped lines, tabs, blank lines, with and without a final newline, in either theme."""
     from rich.syntax import Syntax
 
-    from app.widgets import markdown_render as transcript
+    from app.tui.widgets import markdown_render as transcript
 
     code = (
         "def f(x):\n\tif x:  # a tab\n\n        return 'a long string that will have to wrap "

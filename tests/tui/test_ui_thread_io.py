@@ -18,13 +18,13 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from app import vectors
-from app.config import SteeringSettings
-from app.modals.model_switcher import ModelSwitcherModal
-from app.modals.speculative import SpeculativePanel
-from app.screens.steering import SteeringPanel
-from app.speculation import model_facts
-from app.tui import LlmtuiApp
+from app.core import vectors
+from app.core.config import SteeringSettings
+from app.core.speculation_facts import model_facts
+from app.tui.app import LlmtuiApp
+from app.tui.modals.model_switcher import ModelSwitcherModal
+from app.tui.modals.speculative import SpeculativeModal
+from app.tui.screens.steering import SteeringPanel
 from tests.fakes import Collector
 from tests.pilot import MODEL, started
 from tests.tui.test_tui_steering import synthetic_vector
@@ -70,11 +70,11 @@ async def answers_keys_while_reading(pilot: Pilot[Any], reader: SlowReader) -> N
 
 @pytest.fixture
 def slow_headers(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowReader]:
-    import app.speculation
+    import app.core.speculation_facts
 
     model_facts.cache_clear()
-    reader = SlowReader(app.speculation.inspect_gguf)
-    monkeypatch.setattr("app.speculation.inspect_gguf", reader)
+    reader = SlowReader(app.core.speculation_facts.inspect_gguf)
+    monkeypatch.setattr("app.core.speculation_facts.inspect_gguf", reader)
     yield reader
     model_facts.cache_clear()
 
@@ -90,9 +90,9 @@ async def test_f9_panel_reads_headers_off_the_event_loop(
         await pilot.pause()
         app.model, app.model_path = replace(MODEL, path=model), model
         await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativePanel), "the panel", timeout_s=10)
+        await wait_until(pilot, lambda: isinstance(app.screen, SpeculativeModal), "the panel", timeout_s=10)
         panel = app.screen
-        assert isinstance(panel, SpeculativePanel)
+        assert isinstance(panel, SpeculativeModal)
         await answers_keys_while_reading(pilot, slow_headers)
         await wait_until(pilot, lambda: not panel.reading and "draft-mtp" in panel.types, "the model's types")
         # Typing a draft file's path: read (after a pause in typing) off the loop, keys answered meanwhile.
@@ -143,8 +143,8 @@ async def test_steering_screen_reads_vectors_off_the_event_loop(
 async def test_model_switcher_scans_folders_off_the_event_loop(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.modals.model_switcher as switcher_module
-    from app.config import load_config, save_config
+    import app.tui.modals.model_switcher as switcher_module
+    from app.core.config import load_config, save_config
 
     save_config(replace(load_config(), model_folders=(str(tiny_models["llama"].parent),)))
     scan = SlowReader(switcher_module.local_models)
@@ -179,8 +179,8 @@ async def test_start_up_reads_the_settings_history_and_model_off_the_event_loop(
     """Issue 31 item 7: on_mount reads the settings, opens (and migrates) the history and finds the model in a
     thread; the app answers meanwhile, and a key typed then (ctrl+t, the theme) acts once they are read, so the
     setting it saves is the user's own with the theme changed, not the defaults."""
-    import app.tui as tui
-    from app.config import Config, config_path, load_config, save_config
+    import app.tui.app as tui
+    from app.core.config import Config, config_path, load_config, save_config
 
     save_config(Config(show_sidebar=False))
     settings = SlowReader(tui.load_config)
@@ -211,11 +211,11 @@ def test_the_engine_bridge_reads_the_crash_memory_in_its_thread(
 ) -> None:
     """Issue 31 item 7: the App builds its bridge before the first frame; the real client's crash memory (a JSON file,
     /proc/cpuinfo and the engine's libraries) is read in the bridge's thread, not then."""
-    import app.paths
-    from app.bridge import EngineBridge
+    import app.core.paths
+    from app.tui.bridge import EngineBridge
 
-    memory = SlowReader(app.paths.repack_memory)
-    monkeypatch.setattr(app.paths, "repack_memory", memory)
+    memory = SlowReader(app.core.paths.repack_memory)
+    monkeypatch.setattr(app.core.paths, "repack_memory", memory)
     bridge = EngineBridge(Collector(), tmp_path / "engine.log")
     try:
         assert memory.calls == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_ext.chat import (
+from engine_ext.chat_prompt import (
     FALLBACK_CHAT_TEMPLATE,
     ChatTemplateError,
     render_chat,

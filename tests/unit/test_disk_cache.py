@@ -261,7 +261,7 @@ def test_read_state_header_bounds_the_size_before_reading(tmp_path: Path) -> Non
 
 def test_cache_list_and_clear_commands(capsys: pytest.CaptureFixture[str]) -> None:
     from app.cli import main
-    from app.paths import prompt_cache_dir
+    from app.core.paths import prompt_cache_dir
 
     good = saved(DiskCache(prompt_cache_dir(), PARTS, model="tiny.gguf"), TOKENS)
     spoiled = prompt_cache_dir() / "spoiled.kvstate"
@@ -280,8 +280,8 @@ def test_cache_list_and_clear_commands(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_the_cache_table_in_config_toml() -> None:
-    from app.config import CacheSettings, Config, ConfigError, config_from_toml, config_to_toml
-    from app.paths import prompt_cache_dir
+    from app.core.config import CacheSettings, Config, ConfigError, config_from_toml, config_to_toml
+    from app.core.paths import prompt_cache_dir
 
     assert Config().cache == CacheSettings(disk=True, budget_mib=0)
     off = config_from_toml("[cache]\ndisk = false\nbudget_mib = 512\n")
@@ -309,9 +309,9 @@ def test_the_app_loads_models_with_the_cache_folder_unless_it_is_off(on: bool) -
     from dataclasses import replace
     from typing import Any
 
-    from app.config import CacheSettings
-    from app.controllers import ModelsController, SpeculationController
-    from app.paths import prompt_cache_dir
+    from app.core.config import CacheSettings
+    from app.core.paths import prompt_cache_dir
+    from app.tui.controllers import ModelsController, SpeculationController
     from engine_ext.params import DiskCacheParams
     from tests.unit.test_controllers import FakeHost
 

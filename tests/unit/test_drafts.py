@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from app.config import SpeculativeSettings
-from app.speculation import effective_settings, supported_types
+from app.core.config import SpeculativeSettings
+from app.core.speculation_facts import effective_settings, supported_types
 from models_catalog.catalog import Catalog, CatalogEntry
 from models_catalog.drafts import DraftCandidate, draft_candidates, missing_drafts
 from models_catalog.library import LocalModel

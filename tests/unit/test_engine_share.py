@@ -1,9 +1,9 @@
-"""The app's engine shared with its API server (app/engine_share.py): one request at a time, each under its own
+"""The app's engine shared with its API server (app/core/engine_share.py): one request at a time, each under its own
 settings, the app's settings and replies back after it."""
 
 from __future__ import annotations
 
-from app.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
+from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from engine_ext.params import SamplingParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     ChatMessage,

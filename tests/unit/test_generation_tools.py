@@ -10,13 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app import paths
-from app.controllers.generation import GenerationController, GenerationRouter
-from app.controllers.generation.tools import ConsentAnswer, reply_rounds
-from app.store import Store
-from app.tools.box import ToolEntry
-from app.tools.loop import CallRecord, record_from_json, record_to_json, stored_calls
-from app.tools.settings import read_tool_settings
+from app.core import paths
+from app.core.generation import GenerationController, GenerationRouter
+from app.core.generation.tools import ConsentAnswer, reply_rounds
+from app.core.store import Store
+from app.core.tools.box import ToolEntry
+from app.core.tools.loop import CallRecord, record_from_json, record_to_json, stored_calls
+from app.core.tools.tool_config import read_tool_settings
 from engine_ext.protocol import ChatMessage, ToolCall
 from tests.unit.test_generation_controller import Host
 

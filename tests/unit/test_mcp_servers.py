@@ -1,7 +1,7 @@
-"""MCP servers' tools through the official SDK (app/tools/mcp_servers.py), against a stdio server written with the SDK
-in tests/mcp_test_server.py: tools listed with their descriptions, calls answered; and a server that starts slowly,
-crashes mid-call, hangs, sends garbage, fails or sends a huge result is one line, bounded in time, and the others
-go on. Every wait is bounded by the server's configured timeouts."""
+"""MCP servers' tools through the official SDK (app/core/tools/mcp_servers.py), against a stdio server written with the
+SDK in tests/mcp_test_server.py: tools listed with their descriptions, calls answered; and a server that starts slowly,
+crashes mid-call, hangs, sends garbage, fails or sends a huge result is one line, bounded in time, and the others go on.
+Every wait is bounded by the server's configured timeouts."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from app.tools.box import MAX_RESULT_CHARS, ToolError
-from app.tools.mcp_servers import McpServers
-from app.tools.settings import McpServerConfig, read_tool_settings, remember_always_allow
+from app.core.tools.box import MAX_RESULT_CHARS, ToolError
+from app.core.tools.mcp_servers import McpServers
+from app.core.tools.tool_config import McpServerConfig, read_tool_settings, remember_always_allow
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app import path_completion
-from app.path_completion import complete_path
+from app.core import path_completion
+from app.core.path_completion import complete_path
 
 
 def test_one_match_is_completed_whole_and_a_folder_gets_its_slash(tmp_path: Path) -> None:

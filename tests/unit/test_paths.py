@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app import paths
+from app.core import paths
 
 
 def test_env_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from app import paths, private_files
-from app.config import Config, config_path, save_config
-from app.store import Store, open_default_store
+from app.core import owner_only_dirs as private_files
+from app.core import paths
+from app.core.config import Config, config_path, save_config
+from app.core.store import Store, open_default_store
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.hub_server import HubServer
 
@@ -99,7 +100,7 @@ def test_existing_open_folders_and_settings_are_tightened_once_with_a_notice() -
 
 @pytest.mark.anyio
 async def test_the_app_says_once_that_it_tightened_and_exports_are_0600(tiny_models: dict[str, Path]) -> None:
-    from app.tui import LlmtuiApp
+    from app.tui.app import LlmtuiApp
 
     data = paths.data_dir()
     data.mkdir(parents=True, exist_ok=True)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from app.config import ConfigError, SamplingSettings
-from app.output_format import OutputFormatError, output_fields, response_format_fields
-from app.streaming import chunk_draft_spans
-from app.widgets.message_view import reasoning_size
-from engine_ext.chat import render_chat, template_thinking_controls
+from app.core.config import ConfigError, SamplingSettings
+from app.core.output_format import OutputFormatError, output_fields, response_format_fields
+from app.tui.streaming import chunk_draft_spans
+from app.tui.widgets.message_view import reasoning_size
+from engine_ext.chat_prompt import render_chat, template_thinking_controls
 from engine_ext.grammar import JSON_OBJECT_SCHEMA
 from engine_ext.protocol import FORCED, TokenChunk
 from engine_ext.reasoning import DEFAULT_THINKING_END, ReasoningBudget, thinking_end_text

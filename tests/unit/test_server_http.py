@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from app.core.server_access import Access, api_key_refusal
 from app.server import listen
-from app.server.access import Access, api_key_refusal
 from app.server.asgi import build_app
 from app.server.backend import EngineBackend, ServerSettings
 from app.server.metrics import Metrics

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.server.errors import ApiError
+from app.server.api_errors import ApiError
 from app.server.requests import Limits, parse_body, parse_chat, parse_completion
 from engine_ext.params import SamplingParams
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from app.server.api_errors import ApiError
 from app.server.asgi import build_app
 from app.server.backend import EngineBackend, ServerSettings
-from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.requests import Limits, parse_chat
 from engine_ext.params import SamplingParams

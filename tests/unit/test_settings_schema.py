@@ -1,7 +1,7 @@
 """The settings model: each setting is declared once (engine_ext.settings_schema, the speculative ones in
-engine_ext.spec_catalog, the UI's in app/settings_schema.py), and every surface agrees with its declaration: the
-command line's flag and default, config.toml, the app's settings, the engine params, the API's range, the one
-range check and its message. The F3 screen and the F9 panel are checked in tests/tui/test_tui_spec.py."""
+engine_ext.spec_catalog, the UI's in app/core/app_settings_schema.py), and every surface agrees with its declaration:
+the command line's flag and default, config.toml, the app's settings, the engine params, the API's range, the one range
+check and its message. The F3 screen and the F9 panel are checked in tests/tui/test_tui_spec.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from app import settings_schema as ui
 from app.cli import build_parser
 from app.cli.flags import flag_value
-from app.config import (
+from app.core import app_settings_schema as ui
+from app.core.config import (
     Config,
     ConfigError,
     EngineSettings,
@@ -25,7 +25,7 @@ from app.config import (
     config_from_toml,
     config_to_toml,
 )
-from app.server.errors import ApiError
+from app.server.api_errors import ApiError
 from app.server.requests import Limits, parse_chat
 from engine_ext import settings_schema as s
 from engine_ext.params import ContextParams, EngineError, ModelParams, SamplingParams, SpeculativeParams

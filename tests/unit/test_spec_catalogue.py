@@ -10,8 +10,8 @@ import pytest
 
 from app.cli import build_parser
 from app.cli.engine_args import model_params, target_load_plan
-from app.config import SpeculativeSettings
-from app.speculation import DRAFT_KIND_TYPES, KIND_TYPES, TYPE_HELP, load_options, supported_types
+from app.core.config import SpeculativeSettings
+from app.core.speculation_facts import DRAFT_KIND_TYPES, KIND_TYPES, TYPE_HELP, load_options, supported_types
 from engine_ext.params import SPEC_TYPES, SpeculativeParams
 from engine_ext.spec_catalog import CATALOGUE, MODEL_DRAFTER_TYPES, NGRAM_TYPES, markdown_table
 from engine_ext.speculative import factory

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from app.vectors import VectorInfo, hidden_state_norm, nice_ceiling, slider_range
+from app.core.vectors import VectorInfo, hidden_state_norm, nice_ceiling, slider_range
 
 
 def test_a_unit_direction_spans_a_quarter_of_the_hidden_state_norm() -> None:

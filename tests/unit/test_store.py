@@ -1,4 +1,4 @@
-"""Tests for app.store: durable chat history (crash recovery, branches, migrations, damage, export)."""
+"""Tests for app.core.store: durable chat history (crash recovery, branches, migrations, damage, export)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from app import store as store_module
-from app.store import (
+from app.core import store as store_module
+from app.core.store import (
     HISTORY_FILE_NAME,
     HistoryFromNewerVersion,
     ImportFormatError,
@@ -604,7 +604,7 @@ def test_a_worker_thread_can_stream_while_the_main_thread_reads(store: Store) ->
 
 
 def test_a_replys_tool_calls_go_into_both_exports_and_come_back_with_an_import(store: Store) -> None:
-    from app.tools.loop import CallRecord, record_to_json, stored_calls
+    from app.core.tools.loop import CallRecord, record_to_json, stored_calls
     from engine_ext.protocol import ToolCall
 
     conversation = store.create_conversation("Weather")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store import HISTORY_FILE_NAME, ImportFormatError, Store
+from app.core.store import HISTORY_FILE_NAME, ImportFormatError, Store
 from engine_ext.image_input import CheckedImage, check_image
 from tests.tiny_mmproj import png_bytes
 

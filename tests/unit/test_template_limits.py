@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_ext.chat import ChatTemplateCancelled, ChatTemplateError, render_chat
+from engine_ext.chat_prompt import ChatTemplateCancelled, ChatTemplateError, render_chat
 from tests.unit.test_chat import CHATML_TEMPLATE, CONVERSATION, LLAMA3_TEMPLATE, QWEN3_TEMPLATE
 
 TIME_LIMIT_S = 2.0
@@ -256,7 +256,7 @@ EXPECTED = json.loads((Path(__file__).parents[1] / "fixtures" / "template_render
 
 def template_source(name: str) -> str | None:
     if name == "starter":
-        from app.models import starter_model_path
+        from app.core.model_paths import starter_model_path
         from engine_ext.gguf import read_chat_template
 
         path = starter_model_path()

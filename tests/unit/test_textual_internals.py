@@ -1,4 +1,4 @@
-"""The private Textual and Rich API that app/textual_internals/ relies on is still there, as it was read.
+"""The private Textual and Rich API that app/tui/textual_internals/ relies on is still there, as it was read.
 
 A Textual or Rich upgrade that renames, removes or reshapes one of these fails here, in one place, with the module to
 read again, rather than as a blank screen, a missed repaint or a slow UI somewhere else.
@@ -29,9 +29,9 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import TextArea
 
-from app.textual_internals import CHECKED_WITH_RICH, CHECKED_WITH_TEXTUAL
-from app.textual_internals.scrollbar import SCROLLBAR_FIELDS
-from app.textual_internals.terminal_text import TEXTUAL_RENDER as TEXTUAL_STRIP_RENDER
+from app.tui.textual_internals import CHECKED_WITH_RICH, CHECKED_WITH_TEXTUAL
+from app.tui.textual_internals.scrollbar import SCROLLBAR_FIELDS
+from app.tui.textual_internals.terminal_text import TEXTUAL_RENDER as TEXTUAL_STRIP_RENDER
 
 TEXTUAL = version("textual")
 RICH = version("rich")
@@ -50,7 +50,7 @@ def shape(function: Callable[..., Any]) -> Shape:
 
 def changed(library: str, what: str, module: str) -> str:
     installed = TEXTUAL if library == "Textual" else RICH
-    return f"{library} {installed} changed {what}: app/textual_internals/{module} must be checked again"
+    return f"{library} {installed} changed {what}: app/tui/textual_internals/{module} must be checked again"
 
 
 # (what, the function, its expected parameters, the module relying on it)
@@ -150,12 +150,12 @@ def test_the_checked_versions_are_the_installed_ones() -> None:
     # Fails rather than warns on a new major or minor version: the signature checks above catch a renamed or
     # reshaped internal, not one that behaves differently behind the same signature (the order in which
     # Compositor._get_renders reads visible_widgets, what ScrollBar.render draws), and such a change shows only as a
-    # missed repaint or a slower UI that no other test may notice. A person reads app/textual_internals/ against the
+    # missed repaint or a slower UI that no other test may notice. A person reads app/tui/textual_internals/ against the
     # new sources once, then updates CHECKED_WITH_*. Patch releases are taken as they come.
     for library, installed, checked in (("Textual", TEXTUAL, CHECKED_WITH_TEXTUAL), ("Rich", RICH, CHECKED_WITH_RICH)):
         assert installed.split(".")[:2] == checked.split(".")[:2], (
-            f"{library} {installed} is installed; app/textual_internals/ was checked against {checked}: read each of "
-            f"its modules again against {library} {installed} and update CHECKED_WITH_{library.upper()}"
+            f"{library} {installed} is installed; app/tui/textual_internals/ was checked against {checked}: "
+            f"read each of its modules again against {library} {installed} and update CHECKED_WITH_{library.upper()}"
         )
 
 
@@ -201,7 +201,8 @@ def test_the_scrollbar_render_has_the_fields_its_lines_are_kept_by() -> None:
     )
 
 
-# Private names of Textual or Rich that app/ outside app/textual_internals/ still uses, each with where it should go.
+# Private names of Textual or Rich that app/ outside app/tui/textual_internals/ still uses, each with where it should
+# go.
 KNOWN_OUTSIDE: dict[tuple[str, str], str] = {}
 
 
@@ -236,13 +237,13 @@ def _private_names_of_library_bases(cls: type) -> set[str]:
 
 
 def test_no_private_textual_or_rich_api_is_used_outside_textual_internals() -> None:
-    """Outside app/textual_internals/: no import of a private Textual or Rich module, and no class of ours overrides
+    """Outside app/tui/textual_internals/: no import of a private Textual or Rich module, and no class of ours overrides
     or reads a private name of its Textual or Rich bases (`def _on_key`, `self._compositor`), nor `x.app._...`."""
     root = Path(__file__).resolve().parents[2]
     found: list[str] = []
     for path in sorted((root / "app").rglob("*.py")):
         relative = path.relative_to(root).as_posix()
-        if relative.startswith("app/textual_internals/"):
+        if relative.startswith("app/tui/textual_internals/"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module = importlib.import_module(relative.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
@@ -280,4 +281,4 @@ def test_no_private_textual_or_rich_api_is_used_outside_textual_internals() -> N
                 )
                 if name in private and (relative, name) not in KNOWN_OUTSIDE:
                     found.append(f"{relative}:{inner.lineno} {node.name} uses {name}, private to its Textual/Rich base")
-    assert not found, "Textual's or Rich's private API belongs in app/textual_internals/:\n" + "\n".join(found)
+    assert not found, "Textual's or Rich's private API belongs in app/tui/textual_internals/:\n" + "\n".join(found)

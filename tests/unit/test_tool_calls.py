@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from engine_ext.chat import FALLBACK_CHAT_TEMPLATE, render_chat
+from engine_ext.chat_prompt import FALLBACK_CHAT_TEMPLATE, render_chat
 from engine_ext.protocol import ChatMessage, ToolCall
 from engine_ext.tool_calls import (
     HERMES,

@@ -1,4 +1,4 @@
-"""The tool-call loop (app/tools/loop.py) with a scripted engine: calls run only with consent, results go back as
+"""The tool-call loop (app/core/tools/loop.py) with a scripted engine: calls run only with consent, results go back as
 tool messages, the per-reply bound holds, a slow tool is stopped; and the built-in tools: the date and time, and
 read_file that never leaves its folder (symlinks, devices, FIFOs, size)."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from app.tools.box import ToolBox, ToolEntry, ToolError
-from app.tools.builtin import MAX_READ_BYTES, datetime_tool, read_file_tool, read_under
-from app.tools.loop import REFUSED_RESULT, AllowList, CallRecord, ToolLoop
+from app.core.tools.box import ToolBox, ToolEntry, ToolError
+from app.core.tools.builtin import MAX_READ_BYTES, datetime_tool, read_file_tool, read_under
+from app.core.tools.loop import REFUSED_RESULT, AllowList, CallRecord, ToolLoop
 from engine_ext.protocol import ChatMessage, Finished, GenerationStats, ToolCall
 
 STATS = GenerationStats(1, 0, 1, 1.0, 1, 1.0, 1.0, 64, 2)

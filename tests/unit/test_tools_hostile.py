@@ -1,4 +1,4 @@
-"""Hostile input to the tools (app/tools/): read_file under a folder that another thread keeps swapping for a link
+"""Hostile input to the tools (app/core/tools/): read_file under a folder that another thread keeps swapping for a link
 never reads outside it; MCP servers (tests/mcp_test_server.py's raw modes, and an HTTP server written here) that
 ignore TERM, flood stderr, list a tool with a bad name or 300,000 tools, or send an endless line or body are ended,
 capped and bounded, each in one line; tools past the call grammar's budget are left out by name, the rest offered."""
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from app.tools.box import ToolError
-from app.tools.builtin import read_file_tool, read_under
-from app.tools.mcp_servers import McpServers
-from app.tools.mcp_transport import MAX_LOG_BYTES
-from app.tools.settings import McpServerConfig
+from app.core.tools.box import ToolError
+from app.core.tools.builtin import read_file_tool, read_under
+from app.core.tools.mcp_servers import McpServers
+from app.core.tools.mcp_transport import MAX_LOG_BYTES
+from app.core.tools.tool_config import McpServerConfig
 from engine_ext.grammar import GrammarError
 from engine_ext.tool_calls import HERMES, MAX_TOOLS, MISTRAL
 from engine_ext.tool_grammar import tool_grammar
@@ -111,7 +111,7 @@ def test_a_folder_replaced_after_read_file_was_set_up_is_refused(tmp_path: Path)
 def test_without_dir_fd_the_file_opened_must_be_the_one_found_under_the_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.tools.builtin as builtin
+    import app.core.tools.builtin as builtin
 
     monkeypatch.setattr(builtin, "_WALKS_BY_FD", False)
     root = tmp_path / "docs"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.recording import ReplyRecorder
-from app.store import Store
+from app.core.recording import ReplyRecorder
+from app.core.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -27,8 +27,8 @@ TOKENS_PER_S = 500
 CHILD = """
 import os, sys, time
 from pathlib import Path
-from app.store import Store
-from app.recording import ReplyRecorder
+from app.core.store import Store
+from app.core.recording import ReplyRecorder
 
 db, log, round_no, rate = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 store = Store(db)
@@ -132,7 +132,7 @@ def test_recorder_checkpoints_every_second_or_256_tokens(tmp_path: Path) -> None
 
 
 def test_resume_assistant_message_continues_a_stopped_reply(tmp_path: Path) -> None:
-    from app.store import MessageNotStreaming
+    from app.core.store import MessageNotStreaming
 
     with Store(tmp_path / "h.sqlite3") as store:
         conversation = store.create_conversation()

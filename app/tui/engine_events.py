@@ -1,0 +1,291 @@
+"""Where each engine event goes: one table, event type → the handler on the controller or subscriber that owns it.
+
+The bridges (app/tui/bridge.py, app/tui/remote_bridge.py) post `app.tui.messages` events to the App; the App (a subclass
+of `EngineEvents`) hands every one to its entry in `routes`. Generation events go to the request's owner as the
+generation controller's router names it (the chat for its replies, an A/B view for its runs); speculation and steering
+events to their controllers, which publish (`features_changed`); the engine's own state to the App, which publishes it
+too (`engine_changed`). Nothing here reaches into a screen: screens subscribe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from functools import cached_property
+from inspect import isawaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from textual import on
+from textual.message import Message
+from textual.screen import Screen
+
+from app.core.model_paths import record_use
+from app.tui.messages import (
+    EngineCrashed,
+    EngineRecovering,
+    EngineRequestFailed,
+    EngineStarted,
+    EngineStarting,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStatsUpdated,
+    ModelLoaded,
+    ModelLoadFailed,
+    ModelLoadProgress,
+    ModelLoadStarted,
+    PromptProgressed,
+    SpeculativeConfigured,
+    SpeculativeStatsUpdated,
+    SteeringApplied,
+    TokensArrived,
+    VectorCreated,
+    VectorProgressed,
+)
+from app.tui.remote_bridge import REMOTE_PREFIX, RemoteBridge
+from app.tui.shell import LlmtuiShell
+from engine_ext.untrusted_text import one_line
+
+_S = TypeVar("_S", bound=Screen[Any])
+Handler = Callable[[Any], Awaitable[None] | None]
+
+
+class EngineEvents(LlmtuiShell):
+    """The App's engine-event routing (a base of LlmtuiApp): `routes` is the table, `_engine_event` applies it."""
+
+    engine_overrides: dict[str, Any]
+
+    def features_changed(self) -> None:
+        raise NotImplementedError
+
+    def save_config_quietly(self) -> None:
+        raise NotImplementedError
+
+    @cached_property
+    def routes(self) -> dict[type[Message], Handler]:
+        """Event type → its handler."""
+        generation = self.generation.router
+
+        def to_owner(event: Any) -> Awaitable[None] | None:
+            owner = generation.owner(event.request_id)
+            if owner is None:
+                return None
+            if isinstance(event, TokensArrived):
+                return owner.generation_tokens(event)
+            owner.generation_progress(event)
+            return None
+
+        return {
+            EngineStarting: lambda event: self.set_engine_state("starting"),
+            EngineStarted: lambda event: self.set_engine_state("loading"),
+            ModelLoadStarted: self._load_started,
+            ModelLoadProgress: self._load_progress,
+            ModelLoaded: self._model_loaded,
+            ModelLoadFailed: self._model_load_failed,
+            EngineRecovering: self._recovering,
+            EngineCrashed: self._crashed,
+            TokensArrived: to_owner,
+            PromptProgressed: to_owner,
+            GenerationStatsUpdated: to_owner,
+            GenerationFinished: self._generation_finished,
+            GenerationFailed: self._generation_failed,
+            SpeculativeConfigured: lambda event: self.speculation.configured(event.drafters, event.notices),
+            SpeculativeStatsUpdated: self._speculative_stats,
+            SteeringApplied: self._steering_applied,
+            VectorProgressed: self._vector_progressed,
+            VectorCreated: self._vector_created,
+            EngineRequestFailed: self._request_failed,
+        }
+
+    @on(EngineStarting)
+    @on(EngineStarted)
+    @on(ModelLoadStarted)
+    @on(ModelLoadProgress)
+    @on(ModelLoaded)
+    @on(ModelLoadFailed)
+    @on(EngineRecovering)
+    @on(EngineCrashed)
+    @on(TokensArrived)
+    @on(PromptProgressed)
+    @on(GenerationStatsUpdated)
+    @on(GenerationFinished)
+    @on(GenerationFailed)
+    @on(SpeculativeConfigured)
+    @on(SpeculativeStatsUpdated)
+    @on(SteeringApplied)
+    @on(VectorProgressed)
+    @on(VectorCreated)
+    @on(EngineRequestFailed)
+    async def _engine_event(self, event: Message) -> None:
+        result = self.routes[type(event)](event)
+        if isawaitable(result):
+            await result
+
+    def open_screen(self, kind: type[_S]) -> _S | None:
+        """The open screen of this kind, if any."""
+        return next((s for s in self.screen_stack if isinstance(s, kind)), None)
+
+    # ----- the engine and its model -----
+
+    def _load_started(self, event: ModelLoadStarted) -> None:
+        self.load_progress = 0.0
+        self.set_engine_state("loading")
+
+    def _load_progress(self, event: ModelLoadProgress) -> None:
+        self.load_progress = event.fraction
+        self.engine_changed()
+
+    def _stale(self, path: str) -> bool:
+        """An event of the engine switched away from (a local load finishing after a switch to a remote one)."""
+        return path.startswith(REMOTE_PREFIX) != isinstance(self.bridge, RemoteBridge)
+
+    def _model_loaded(self, event: ModelLoaded) -> None:
+        if self._stale(event.model.path):
+            event.prevent_default()
+            return
+        self.model = event.model
+        self.load_progress = None
+        # A reply sent again after an automatic restart is still being written.
+        self.set_engine_state("generating" if self.generation.active is not None else "ready")
+        if event.model.path.startswith(REMOTE_PREFIX):
+            context = f", context {event.model.n_ctx}" if event.model.n_ctx else ""
+            self.notify(f"Using {event.model.name} ({event.model.backend}{context}).")
+        else:
+            placement = f" {event.model.placement.removeprefix('-ngl auto: ')}." if event.model.placement else ""
+            self.notify(
+                f"Loaded {event.model.name} ({event.model.backend}, context {event.model.n_ctx}) "
+                f"in {event.model.load_ms / 1000:.1f} s.{placement}"
+            )
+            self.record_model_use(Path(event.model.path))
+        if self.config.last_model != event.model.path:
+            self.config = replace(self.config, last_model=event.model.path)
+            self.save_config_quietly()
+        # A fresh engine knows nothing of the user's choices yet.
+        self.speculation.reset()
+        self.steering.reset()
+        if event.model.architecture != "remote":  # a remote server drafts on its own and takes no vectors
+            self.speculation.model_loaded()
+            self.steering.model_loaded()
+            if self.config.server.enabled and not self.server.running and not self.server.starting:
+                self.action_toggle_server()  # [server] enabled: serve from the first model loaded
+        self.features_changed()
+
+    def record_model_use(self, model_path: Path) -> None:
+        """The model chosen (F4's u) or loaded for the chat is remembered as used (F4 and `llmtui models list` say
+        when); a file is written, so in a thread."""
+
+        def record() -> None:
+            if (failed := record_use(model_path)) is not None:
+                self.call_from_thread(self.notify, one_line(failed), severity="warning")
+
+        self.run_worker(record, name="record-use", group="record-use", thread=True, exit_on_error=False)
+
+    def _model_load_failed(self, event: ModelLoadFailed) -> None:
+        if self._stale(event.path):
+            return
+        self.model = None
+        self.load_progress = None
+        self.set_engine_state("error")
+        what = event.path.removeprefix(REMOTE_PREFIX) if event.path.startswith(REMOTE_PREFIX) else Path(event.path).name
+        self.notify(
+            f"Could not load {what}: {event.error}. Press ctrl+l to pick another model (F5 retries).",
+            severity="error",
+            timeout=20,
+        )
+
+    def _recovering(self, event: EngineRecovering) -> None:
+        """Restarted without the CPU extra buffer type that crashed (the engine client remembers it), or as it was
+        (the watchdog ended a stuck worker, or a request crashed it)."""
+        self.model = None
+        self.set_engine_state("loading")
+        if event.notice:  # a restart as it was says why in the reply it ended
+            self.notify(event.notice, severity="warning", timeout=20)
+
+    async def _crashed(self, event: EngineCrashed) -> None:
+        from app.tui.modals.crash import RESTART, EngineCrashedModal
+
+        self.model = None
+        self.load_progress = None
+        await self.generation.crashed(event.description)  # the chat's reply ends as failed, the A/B runs are told
+        self.set_engine_state("crashed")
+
+        def restart(choice: str | None) -> None:
+            fallback = next((f for f in event.fallbacks if f.key == choice), None)
+            if fallback is not None:
+                self.engine_overrides[fallback.field] = fallback.value
+                self.notify(
+                    f"Restarting with {fallback.what} ({fallback.flag}) for this session; F3 settings keep "
+                    "it for good.",
+                    timeout=15,
+                )
+            if choice == RESTART or fallback is not None:
+                self.action_restart_engine()
+
+        self.push_screen(
+            EngineCrashedModal(event.description, event.log_tail, event.log_path, event.fallbacks), restart
+        )
+        self.speculation.reset()
+        self.steering.reset()
+
+    # ----- generation -----
+
+    async def _generation_finished(self, event: GenerationFinished) -> None:
+        owner = self.generation.router.owner(event.request_id)
+        if owner is not None:
+            await owner.generation_finished(event)
+
+    async def _generation_failed(self, event: GenerationFailed) -> None:
+        router = self.generation.router
+        owner = router.owner(event.request_id)
+        if owner is None:
+            self.notify(f"Engine error: {event.error}", severity="error")
+            return
+        await owner.generation_failed(event)
+        if owner is not router.default:  # said as the chat says its own
+            self.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
+
+    # ----- speculation and steering -----
+
+    def _speculative_stats(self, event: SpeculativeStatsUpdated) -> None:
+        side_run = self.generation.router.side_owner(event.stats.request_id)
+        if side_run is not None:  # an A/B view's run: its statistics are the view's, not the chat's meter's
+            side_run.generation_stats(event.stats)
+            return
+        self.speculation.stats_updated(event.stats, event.final)
+
+    def _steering_applied(self, event: SteeringApplied) -> None:
+        self.steering.engine_applied(event.applied)  # the panel shows it (it watches features_version)
+        self.features_changed()
+
+    def _vector_progressed(self, event: VectorProgressed) -> None:
+        from app.tui.modals.make_vector import MakeVectorModal
+
+        dialog = self.open_screen(MakeVectorModal)
+        if dialog is not None:
+            dialog.show_progress(event.phase, event.done, event.total, event.phase_seconds, event.fraction)
+
+    def _vector_created(self, event: VectorCreated) -> None:
+        from app.tui.modals.make_vector import MakeVectorModal
+
+        self.steering.vector_created(event.path, event.layers, event.pairs, event.seconds)
+        dialog = self.open_screen(MakeVectorModal)
+        if dialog is not None:
+            dialog.finished(event.path, event.pairs, event.seconds)
+        self.features_changed()  # the panel lists the new vector, focused
+
+    def _request_failed(self, event: EngineRequestFailed) -> None:
+        from app.tui.modals.make_vector import MakeVectorModal
+        from app.tui.screens.spec_check import SpecCheckScreen
+
+        what = {"speculative": "Speculative decoding", "steering": "Steering", "vector": "Making the vector"}
+        self.notify(f"{what.get(event.kind, event.kind)} failed: {event.error}", severity="error", timeout=12)
+        check = self.open_screen(SpecCheckScreen)
+        if event.kind == "speculative" and check is not None:
+            check.speculation_refused(event.error)
+        if event.kind == "speculative":
+            self.speculation.refused()
+        elif event.kind == "vector":
+            dialog = self.open_screen(MakeVectorModal)
+            if dialog is not None:
+                dialog.failed(event.error)
+        self.features_changed()

@@ -1,0 +1,343 @@
+"""The chat screen's side of a reply: the Textual adapter of the generation controller (app/core/generation).
+
+The controller commits the message, begins, sends, records and ends the reply; this draws it (the question, the live
+reply, the stats bar), forwards the keys (Enter, Esc, ctrl+g, ctrl+r) and takes the router's events for the chat's
+requests (it is the router's default owner).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING, Any, Final
+
+from textual import on
+
+from app.core.generation import ActiveReply, end_state
+from app.core.store import Message, StoreError
+from app.tui.messages import PromptProgressed
+from app.tui.remote_bridge import draft_summary
+from app.tui.screens.chat_base import ChatBase, branch_map
+from app.tui.widgets.draft_provenance import draft_spans_from_stats
+from app.tui.widgets.prompt_input import PromptInput
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from app.core.generation.tools import ConsentAnswer
+    from app.core.store import MessageState
+    from app.core.tools.box import ToolEntry
+    from app.core.tools.loop import CallRecord
+    from app.tui.messages import DraftSpan, GenerationFailed, GenerationFinished, GenerationStatsUpdated, TokensArrived
+    from engine_ext.protocol import SpeculativeStats, ToolCall
+
+IDLE_COLLECT_AFTER_S: Final = 2.0
+FULL_COLLECTIONS_PAUSED: Final = 1_000_000
+DEFAULT_OLD_THRESHOLD: Final = gc.get_threshold()[2]
+
+
+def pause_full_collections() -> None:
+    """Keep the garbage collector off the objects that exist now (the UI, the transcript) while a reply streams.
+
+    A full collection walks every object Textual and Rich hold, 50–200 ms with a long transcript: the
+    objects that exist are frozen (never scanned) and no full collection runs until `collect_now`, which
+    runs one when the reply has ended and the app is idle. Young generations are still collected.
+    """
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTIONS_PAUSED)
+
+
+def collect_now() -> None:
+    """Collect everything once (call when idle), freeze what survives, and allow full collections again."""
+    young, middle, old = gc.get_threshold()
+    if old == FULL_COLLECTIONS_PAUSED:
+        gc.set_threshold(young, middle, DEFAULT_OLD_THRESHOLD)
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+class ChatReply(ChatBase):
+    """Sending, streaming and ending the chat's replies, drawn in the transcript and the stats bar."""
+
+    editing_reply: bool
+    _prompt_blink: bool
+
+    @property
+    def generation(self) -> ActiveReply | None:
+        """The reply being written (the generation controller's)."""
+        return self.app.generation.active
+
+    @property
+    def replies_started(self) -> int:
+        """Replies started since the app opened (tests and benchmarks wait on it)."""
+        return self.app.generation.replies_started
+
+    # ----- sending -----
+
+    @on(PromptInput.Submitted)
+    async def _submitted(self, event: PromptInput.Submitted) -> None:
+        await self.send(event.text)
+
+    def _engine_ready(self) -> bool:
+        state = self.app.engine_state
+        if state == "ready":
+            return True
+        if state in ("loading", "starting"):
+            self.notify("The model is still loading; send again in a moment.", severity="warning")
+        elif state == "crashed":
+            self.notify("The engine stopped. Press F5 to restart it.", severity="error")
+        else:
+            self.notify("No model is loaded. Press ctrl+l to pick one.", severity="warning")
+        return False
+
+    async def send(self, text: str) -> None:
+        """Commit the user's message, then start the reply (or, editing a reply, save its new text)."""
+        if self.edit_target is not None and self.editing_reply:
+            await self._save_reply_edit(self.edit_target, text)
+            return
+        if self._busy() or not self._engine_ready():
+            return
+        replies = self.app.generation
+        editing = self.edit_target
+        images = self.attachments.take()
+        try:
+            conversation = replies.ensure_conversation(self.conversation_id)
+            self.conversation_id = conversation.id
+            message = replies.commit_user_message(conversation.id, text, edit_of=editing, images=images)
+        except StoreError as error:
+            self.attachments.images = images  # still attached, for sending again
+            self.notify(str(error), severity="error")
+            return
+        store = self.app.store
+        self._leave_edit_mode(restore=False)
+        self.prompt.remember(text)
+        if editing is not None:
+            await self.reload_transcript()
+        else:
+            await self.transcript.append(message, branch_map(store.messages(conversation.id)).get(message.id))
+        self.header.conversation_title = store.get_conversation(conversation.id).title or "New conversation"
+        self.refresh_conversation_list()
+        await self.start_reply(message.id)
+
+    async def start_reply(self, parent_id: int, *, resume: Message | None = None, reload: bool = False) -> None:
+        """Start streaming a reply under `parent_id`, or continue the stopped reply `resume`."""
+        assert self.conversation_id is not None
+        model_name = self.app.model.name if self.app.model else ""
+        if self.app.generation.takes_tools:  # the conversation's tools (an MCP server starts on demand, in a thread)
+            notice = await self.app.generation.prepare_tools(self.conversation_id)
+            if notice:
+                self.notify(notice, severity="warning", timeout=10)
+        model = self.app.model
+        notice = await self.app.generation.check_images(  # a file missing in the history: sent without it
+            self.conversation_id, sees_images=model is not None and model.sees_images
+        )
+        if notice:
+            self.notify(notice, severity="warning", timeout=10)
+        reply = self.app.generation.begin(self.conversation_id, parent_id, model_name, resume=resume)
+        if resume is not None:
+            await self.transcript.start_live(
+                reply.message_id,
+                model_name,
+                content=reply.recorder.content,
+                reasoning=reply.recorder.reasoning,
+                draft_spans=draft_spans_from_stats(resume.stats),
+            )
+        else:
+            if reload:
+                await self.reload_transcript()
+            await self.transcript.start_live(reply.message_id, model_name)
+        # A steady cursor while the reply streams: each blink repaints the prompt (twice a second), CPU time that a
+        # machine whose cores all run the engine takes from decoding.
+        self._prompt_blink, self.prompt.cursor_blink = self.prompt.cursor_blink, False
+        pause_full_collections()
+        self.app.set_engine_state("generating")
+        self.stats.decode_tps = self.stats.ttft_ms = None  # the new reply's, once known
+        self.stats.generated_tokens, self.stats.reasoning_tokens = 0, None  # split once the reply is done
+        # The request goes out once the screen has drawn the new messages: mounting them, laying the screen out
+        # and repainting it takes tens of milliseconds that would otherwise run alongside the engine's first
+        # tokens and, on a machine whose cores all run the engine, slow them (the same wait, paid up front).
+        self.call_after_refresh(self.app.generation.send, reply, self)
+
+    # ----- the router's events for the chat's requests -----
+
+    async def generation_tokens(self, event: TokensArrived) -> None:
+        text = self.app.generation.visible(event.request_id, event.text)  # a tool call's markup is not shown
+        self._write_reply(event.request_id, text, event.reasoning, event.n_tokens, event.draft_spans, event.text)
+
+    def _write_reply(
+        self, request_id: int, text: str, reasoning: str, n_tokens: int, spans: Sequence[DraftSpan], streamed: str
+    ) -> None:
+        """Record and draw the reply's text (`spans` are of `streamed`: dropped when the text shown is not it)."""
+        try:
+            if not self.app.generation.record(request_id, text, reasoning, n_tokens):
+                return
+        except StoreError as error:
+            self.notify(f"Could not save the reply: {error}", severity="error")
+        self.transcript.write_live(text, reasoning, spans if text == streamed else ())
+
+    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+        if not self.app.generation.owns(event.request_id):
+            return
+        if isinstance(event, PromptProgressed):  # how far the prompt is read
+            live = self.transcript.live
+            if live is not None:
+                live.reading(event.done, event.total)
+            return
+        stats = self.stats
+        stats.decode_tps = event.tokens_per_s
+        stats.generated_tokens = event.n_tokens
+        stats.ttft_ms = event.ttft_ms
+        stats.cpu = event.cpu  # this reply's: none until measured (the note stays with the finished reply)
+        if event.prompt_tokens is not None:
+            stats.prompt_tokens = event.prompt_tokens
+            stats.n_ctx_used = event.prompt_tokens + event.n_tokens
+        if event.n_ctx:
+            stats.n_ctx = event.n_ctx
+
+    def generation_stats(self, stats: SpeculativeStats) -> None:
+        """The chat's statistics go to the speculation controller (the app sends them there)."""
+
+    def generation_lost(self) -> None:
+        """The engine died: the reply ends as failed (`generation_crashed`)."""
+
+    async def generation_finished(self, event: GenerationFinished) -> None:
+        # A server's own speculative decoding (llama-server's timings: draft_n / draft_n_accepted).
+        summary = draft_summary(event.stats)
+        extras = {k: v for k, v in self.stats.extras.items() if k != "draft"}
+        if summary:
+            extras["draft"] = summary
+        if extras != self.stats.extras:
+            self.stats.extras = extras
+        if not self.app.generation.owns(event.request_id):
+            return
+        self.stats.set_stats(event.stats)
+        if await self._tool_calls_made(event):
+            return
+        await self._end_generation(end_state(event.stop_reason), dict(event.stats, stop_reason=event.stop_reason))
+        self.app.set_engine_state("ready")
+        for notice in event.notices:
+            self.notify(notice, severity="warning")
+        if event.stop_reason == "context_full":
+            self.notify(
+                "The context is full; start a new conversation or raise the context size (F3).", severity="warning"
+            )
+
+    # ----- tool calls (app/core/generation/tools.py) -----
+
+    async def _tool_calls_made(self, event: GenerationFinished) -> bool:
+        """Show what the filter held back of the reply's text; when it ended with calls to answer, start the tool
+        round (in a worker: the consent dialog is awaited there) and say so."""
+        replies = self.app.generation
+        rest = replies.calls_ended(event.request_id, event.tool_calls)
+        if rest:
+            self._write_reply(event.request_id, rest, "", 0, (), rest)
+        if not replies.wants_tool_round(event.request_id, event.tool_calls):
+            return False
+        self.run_worker(self._tool_round(event), group="tool-round", exit_on_error=False)
+        return True
+
+    async def _tool_round(self, event: GenerationFinished) -> None:
+        reply = self.app.generation.active
+        why = await self.app.generation.tool_round(event.tool_calls, self._ask_tool, self._show_call, self)
+        if why is None or self.app.generation.active is not reply:  # it goes on with the results, or ended meanwhile
+            return
+        if why != "stopped":
+            self.notify(why, severity="warning")
+        state: MessageState = "stopped" if why == "stopped" else "complete"
+        await self._end_generation(state, dict(event.stats, stop_reason="cancelled" if state == "stopped" else "eos"))
+        self.app.set_engine_state("ready")
+
+    async def _ask_tool(self, call: ToolCall, entry: ToolEntry) -> ConsentAnswer:
+        from app.tui.modals.tool_consent import ToolConsentModal
+
+        return await self.app.push_screen_wait(ToolConsentModal(call, entry.source))
+
+    async def _show_call(self, record: CallRecord) -> None:
+        await self.transcript.add_live_call(record)
+        reply = self.app.generation.active
+        made = len(reply.tools.records) if reply is not None and reply.tools is not None else 0
+        self.stats.extras = {**self.stats.extras, "tools": f"{made} call{'s' if made != 1 else ''}"}
+
+    async def generation_failed(self, event: GenerationFailed) -> None:
+        if self.app.generation.owns(event.request_id, unnamed=True):
+            await self._end_generation("error", {"error": event.error})
+            self.app.set_engine_state("ready" if self.app.model else "no model")
+        self.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
+
+    async def generation_crashed(self, description: str) -> None:
+        await self._end_generation("error", {"error": description})
+
+    async def _end_generation(self, state: MessageState, stats: dict[str, Any]) -> None:
+        replies = self.app.generation
+        if replies.active is None:
+            return
+        self.prompt.cursor_blink = self._prompt_blink
+        live = self.transcript.live
+        if live is not None and live.body.draft_spans:
+            stats = dict(stats, draft_spans=[list(span) for span in live.body.draft_spans])
+        if "n_ctx_used" in stats:
+            self.measured.add(replies.active.message_id)
+        if state != "error":  # the steering mix and speculative settings it was written with (the exports say them)
+            stats = dict(stats, **self.app.steering.in_use(), **self.app.speculation.in_use())
+        try:
+            ended = replies.end(state, stats)
+        except StoreError as error:
+            self.notify(f"Could not save the reply: {error}", severity="error")
+            return
+        assert ended is not None
+        reply, message = ended
+        branch = branch_map(self.app.store.messages(reply.conversation_id)).get(message.id)
+        await self.transcript.freeze_live(message, branch)
+        self.refresh_bindings()
+        self.set_timer(IDLE_COLLECT_AFTER_S, self._collect_when_idle)
+
+    def _collect_when_idle(self) -> None:
+        if self.app.generation.active is None:
+            collect_now()
+
+    # ----- keys -----
+
+    def action_stop(self) -> None:
+        if not self.app.generation.stop():
+            self.action_back()
+
+    def action_stop_thinking(self) -> None:
+        """Stop thinking now: the model's thinking ends at the next token and it answers."""
+        if not self.app.generation.end_thinking():
+            reply = self.generation
+            thinking = reply is not None and not reply.answering
+            self.notify(
+                "This engine cannot stop a reply's thinking (Esc stops the reply)."
+                if thinking
+                else "The model is not thinking."
+            )
+
+    async def action_continue_reply(self) -> None:
+        if self._busy():
+            return
+        last = self.app.generation.last_reply(self.conversation_id)
+        if last is None or not last.can_continue:
+            self.notify(
+                "The last reply is complete; there is nothing to continue (edit it with e to cut or change it first)."
+            )
+            return
+        if not self._engine_ready():
+            return
+        await self.start_reply(last.parent_id or 0, resume=last)
+
+    async def action_regenerate(self, message_id: int | None = None) -> None:
+        if self._busy() or self.conversation_id is None:
+            return
+        if message_id is None:
+            message = self.app.generation.last_reply(self.conversation_id)
+            if message is None:
+                self.notify("There is no reply to regenerate.")
+                return
+        else:
+            message = self.app.store.get_message(message_id)
+        if message.parent_id is None:
+            return
+        if not self._engine_ready():
+            return
+        await self.start_reply(message.parent_id, reload=True)

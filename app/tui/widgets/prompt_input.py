@@ -1,0 +1,171 @@
+"""The multi-line prompt: Enter sends, Shift+Enter or Ctrl+J adds a line, Up on the first line recalls."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import TextArea
+
+from app.tui.textual_internals.text_area import KeysBeforeTextArea
+
+NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+SELECT_ALL_KEY = "ctrl+a"  # as in most editors, so a long message is cleared or replaced at once (issue 37)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp")
+DROPPED_PATH_MAX_CHARS = 4096
+
+
+def dropped_image_path(pasted: str) -> Path | None:
+    """The image file a paste names when it is what terminals paste when a file is dropped on them: one absolute
+    path (or `~/…`, or a file:// URL), quoted or backslash-escaped or bare, ending in an image suffix, and nothing
+    else. None for any other paste (it is text for the message)."""
+    text = pasted.strip()
+    if not text or len(text) > DROPPED_PATH_MAX_CHARS or "\n" in text:
+        return None
+    if text.startswith("file://"):
+        text = unquote(urlsplit(text).path)
+    else:
+        try:
+            words = shlex.split(text)
+        except ValueError:  # an unclosed quote
+            return None
+        if len(words) == 1:
+            text = words[0]
+    if not text.startswith(("/", "~/")) or not text.lower().endswith(IMAGE_SUFFIXES):
+        return None
+    return Path(text).expanduser()
+
+
+class PromptInput(KeysBeforeTextArea, TextArea):
+    """Where the user writes a message.
+
+    | Key | Action |
+    | :- | :- |
+    | enter | Send the message. |
+    | shift+enter, ctrl+j | New line. |
+    | up (on the first line) | Recall the previous message sent. |
+    | down (on the last line, recalling) | Recall the next one. |
+    | ctrl+a | Select all (TextArea's: the line start, which home still does). |
+
+    TextArea's other editing keys stay; the F1 help lists them (app/tui/screens/help.py, "Message box").
+    """
+
+    BINDINGS = [
+        Binding(",".join(NEWLINE_KEYS), "newline", "New line", show=False),  # for the help and the palette
+        Binding(SELECT_ALL_KEY, "select_all", "Select all", show=False),  # over TextArea's ctrl+a: the line start
+    ]
+
+    class ImagePathPasted(Message):
+        """A paste that is the path of an image file (a file dropped on the terminal): to attach, not to type."""
+
+        def __init__(self, prompt_input: PromptInput, path: Path) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.path = path
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
+    class Submitted(Message):
+        """The user pressed Enter on a message that is not blank."""
+
+        def __init__(self, prompt_input: PromptInput, text: str) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.text = text
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
+    def __init__(self, *, id: str | None = None, placeholder: str = "") -> None:  # noqa: A002
+        super().__init__(
+            id=id,
+            soft_wrap=True,
+            tab_behavior="focus",
+            show_line_numbers=False,
+            compact=True,
+            placeholder=placeholder,
+            highlight_cursor_line=False,
+        )
+        self.sent_history: list[str] = []
+        """Messages sent, oldest first (recalled with Up)."""
+        self._recall_index: int | None = None
+        self._draft = ""
+
+    def action_newline(self) -> None:
+        self.insert("\n")
+
+    def on_paste(self, event: events.Paste) -> None:
+        """A dropped image file's path becomes an attachment (ImagePathPasted); any other paste is typed, by
+        TextArea's own handler."""
+        path = dropped_image_path(event.text)
+        if path is not None:
+            event.prevent_default()  # TextArea's handler (later in the class order) does not type it
+            event.stop()
+            self.post_message(self.ImagePathPasted(self, path))
+
+    def take_key(self, event: events.Key) -> bool:
+        if event.key in NEWLINE_KEYS:
+            # Here rather than only through the binding: a binding's action runs after the key handlers, so in a
+            # burst of keys (fast typing while a reply streams, tmux send-keys) the newline landed after the text
+            # typed behind it ("line oneline two" and then the line breaks).
+            event.stop()
+            event.prevent_default()
+            self.action_newline()
+            return True
+        if event.key == SELECT_ALL_KEY:  # here too, for the same reason: a burst's next keys replace the selection
+            event.stop()
+            event.prevent_default()
+            self.select_all()
+            return True
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text
+            if text.strip():
+                self.post_message(self.Submitted(self, text))
+            return True
+        if event.key == "up" and self.cursor_location[0] == 0 and self.sent_history:
+            event.stop()
+            event.prevent_default()
+            self._recall(-1)
+            return True
+        on_last_line = self.cursor_location[0] == self.document.line_count - 1
+        if event.key == "down" and self._recall_index is not None and on_last_line:
+            event.stop()
+            event.prevent_default()
+            self._recall(+1)
+            return True
+        return False
+
+    def _recall(self, step: int) -> None:
+        if self._recall_index is None:
+            if step > 0:
+                return
+            self._draft = self.text
+            index = len(self.sent_history) - 1
+        else:
+            index = self._recall_index + step
+        if index < 0:
+            return
+        if index >= len(self.sent_history):
+            self._recall_index = None
+            self.load_text(self._draft)
+        else:
+            self._recall_index = index
+            self.load_text(self.sent_history[index])
+        self.move_cursor(self.document.end)
+
+    def remember(self, text: str) -> None:
+        """Add a sent message to the recall history and clear the box."""
+        if not self.sent_history or self.sent_history[-1] != text:
+            self.sent_history.append(text)
+        self._recall_index = None
+        self._draft = ""
+        self.load_text("")

@@ -13,7 +13,6 @@ from engine_ext.chat_prompt import (
     render_reply_prompt,
     truncate_messages_to_fit,
 )
-from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError, StateFile
 from engine_ext.grammar import reply_grammar
 from engine_ext.model import Checkpoint, Context, Model
 from engine_ext.params import EngineError, PromptTooLong
@@ -32,6 +31,7 @@ from engine_ext.protocol import (
 from engine_ext.reasoning import ReasoningBudget, thinking_end_text
 from engine_ext.reply_stream import prompt_opens_reasoning
 from engine_ext.sampling import Sampler
+from engine_ext.session_state import MAX_CHECKPOINTS, SessionState
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
@@ -48,7 +48,6 @@ from engine_ext.vision import (
     tokenize_with_media,
 )
 
-MAX_CHECKPOINTS = 8
 # Live speculative statistics (the TUI's meter) twice a second: each costs ~40 us of the verify step it falls in
 # (built with Python's caches cold after a decode) and a message the UI draws.
 SPEC_UPDATE_INTERVAL_S = 0.5
@@ -63,7 +62,7 @@ class PromptCancelled(Exception):
     n_cached = 0  # prompt tokens reused from the cache (evaluate_prompt sets it)
 
 
-class Session:
+class Session(SessionState):
     """A loaded model and context plus what its memory holds, reused across turns."""
 
     def __init__(self, model: Model, ctx: Context) -> None:
@@ -98,11 +97,6 @@ class Session:
         self.vision: Vision | None = None  # the projector, when the model was loaded with one (engine_ext.vision)
         self.media: dict[str, EncodedImage] = {}  # the images of the request in hand, by content hash
         self._encodes_before = (0, 0.0)  # the projector's encode count and time when the request began
-        self.disk: DiskCache | None = None  # the prompt cache on disk (engine_ext.disk_cache), when it is on
-        self._saved: tuple[int, ...] = ()  # the tokens whose state was last saved to disk
-        self.restored_tokens = 0  # tokens the last prompt took from a state file
-        self.restored_ms = 0.0  # the time that took (reading, checking, llama.cpp loading it)
-        self._disk_notices: tuple[str, ...] = ()  # state files refused for this request
 
     # ----- prompt -----------------------------------------------------------------------------------
 
@@ -233,93 +227,6 @@ class Session:
         self.cached = []
         return 0
 
-    def _restore_from_disk(self, tokens: Sequence[int], n_common: int) -> int | None:
-        """Make sequence 0 hold the longest prefix of `tokens` a state file gives, when it is longer than what the
-        memory holds (`n_common`) by MIN_GAIN_TOKENS; its length, or None (the memory as it was, or cleared when a
-        file passed its checks and llama.cpp still refused it). A refused file is a notice of the reply."""
-        disk = self.disk
-        if disk is None or n_common + MIN_GAIN_TOKENS > len(tokens) - 1:
-            return None  # the memory holds (nearly) all a file could give
-        if (self.spec is not None and self.spec.reads_batches) or min(tokens) < 0:
-            return None  # model drafters must see every row; images' span ids are this process's only
-        found = disk.best(tokens[: len(tokens) - 1], n_common, truncatable=not self.uses_checkpoints)
-        if found is None:
-            return None
-        header, usable = found
-        try:
-            return self._load_state(disk, header, usable)
-        except DiskCacheError as error:
-            self._disk_notices += (str(error),)
-            return None
-
-    def _load_state(self, disk: DiskCache, header: StateFile, usable: int) -> int | None:
-        """Make sequence 0 hold the first `usable` tokens of a state file (read and checked whole first); its length,
-        or None when the file was deleted meanwhile or no checkpoint gives `usable` (the memory as it was, or
-        cleared). DiskCacheError when the file or llama.cpp refuses it (the memory cleared)."""
-        t0 = time.perf_counter()
-        try:
-            state, checkpoints = disk.load(header)
-        except FileNotFoundError:  # evicted by the last save's thread meanwhile
-            return None
-        self.ctx.clear()
-        self.cached, self.checkpoints = [], []
-        if not self.ctx.set_sequence_state(state):
-            self.ctx.clear()
-            raise DiskCacheError(f"prompt cache: llama.cpp refused the state in {header.path}; evaluated instead")
-        self.cached = list(header.tokens)
-        self.checkpoints = [Checkpoint(header.tokens[:n], bytes(data)) for n, data in checkpoints]
-        if usable < len(self.cached) and (self.uses_checkpoints or not self.ctx.truncate(usable)):
-            checkpoint = next((cp for cp in self.checkpoints if len(cp.tokens) == usable), None)
-            if checkpoint is None:  # a memory that cannot be cut back, and no checkpoint there
-                self.reset_cache()
-                return None
-            self.ctx.restore_checkpoint(checkpoint)
-        del self.cached[usable:]
-        self.restored_tokens = usable
-        self.restored_ms = (time.perf_counter() - t0) * 1000.0
-        self._saved = tuple(header.tokens)
-        print(
-            f"--- prompt cache: {usable} tokens restored from {header.path.name} "
-            f"({header.payload_size >> 20} MiB) in {self.restored_ms:.0f} ms",
-            flush=True,
-        )
-        return usable
-
-    def restore_file(self, disk: DiskCache) -> int:
-        """All of `disk`'s one file restored into sequence 0 (llama-server's slot restore); its tokens. DiskCacheError
-        (one line) when the file is refused; the memory is then as it was, or empty."""
-        assert disk.single_file is not None
-        header = disk.header_of(disk.single_file)
-        restored = self._load_state(disk, header, len(header.tokens))
-        if restored is None:
-            raise DiskCacheError(f"prompt cache: {disk.single_file} was deleted while it was read")
-        return restored
-
-    def save_to_disk(self, *, final: bool = False) -> None:
-        """Save what sequence 0 holds to the disk cache (after a reply was sent; `final`: before the model goes):
-        llama.cpp copies the state out here, the cache hashes and writes it in its thread. Not while the last save is
-        still being written (the next reply's save, or the final one, catches up: a save never waits for another),
-        not when the memory only added fewer than MIN_GAIN_TOKENS to the last saved state (but the final save),
-        nor for a conversation with images (their span ids are this process's only)."""
-        disk, cached = self.disk, self.cached
-        if disk is None or disk.read_only or not cached or min(cached) < 0 or tuple(cached) == self._saved:
-            return
-        key = tuple(cached)
-        n_same = common_prefix_length(self._saved, key)
-        if not final and (disk.busy or (n_same == len(self._saved) and len(key) - n_same < MIN_GAIN_TOKENS)):
-            return
-        checkpoints = [(len(cp.tokens), cp.data) for cp in self.checkpoints if key[: len(cp.tokens)] == cp.tokens]
-        disk.save(cached, self.ctx.sequence_state(), checkpoints)
-        self._saved = key
-
-    def _checkpoint(self) -> None:
-        if not self.uses_checkpoints or not self.cached:
-            return
-        key = tuple(self.cached)
-        self.checkpoints = [cp for cp in self.checkpoints if cp.tokens != key]
-        self.checkpoints.append(self.ctx.save_checkpoint(key))
-        del self.checkpoints[:-MAX_CHECKPOINTS]
-
     def _evaluate(
         self,
         tokens: Sequence[int],
@@ -426,13 +333,6 @@ class Session:
             self._end_thinking_early = True
             return True
         return self.reasoning.force()
-
-    def reset_cache(self) -> None:
-        """Forget what the context holds (the next prompt is evaluated in full)."""
-        self.ctx.clear()
-        self.cached = []
-        self.checkpoints = []
-        self._saved = ()
 
     # ----- generation -------------------------------------------------------------------------------
 

@@ -19,9 +19,8 @@ from textual.message import Message
 from app.core.config import EngineSettings, SamplingSettings
 from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from app.core.output_format import OutputFormatError, output_fields
+from app.tui.bridge_recovery import engine_crashed
 from app.tui.messages import (
-    EngineCrashed,
-    EngineRecovering,
     EngineRequestFailed,
     EngineStarted,
     EngineStarting,
@@ -43,7 +42,7 @@ from app.tui.messages import (
 )
 from app.tui.streaming import STATS_INTERVAL_S, TokenBatches, chunk_draft_spans
 from engine_ext.client import EngineClient, EngineCrashedError
-from engine_ext.cpu import CpuContention, CpuLoad, default_threads
+from engine_ext.cpu import CpuContention, CpuLoad
 from engine_ext.params import DiskCacheParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     Cancel,
@@ -54,7 +53,6 @@ from engine_ext.protocol import (
     Failed,
     Finished,
     Generate,
-    GenerationStats,
     Loaded,
     LoadModel,
     LoadProgress,
@@ -72,19 +70,10 @@ from engine_ext.protocol import (
     VectorMade,
     VectorProgress,
 )
-from engine_ext.recovery import (
-    EARLY_REPLIES,
-    REQUEST_CRASH_ADVICE,
-    Fallback,
-    fallbacks,
-    native_crash,
-    request_crash,
-)
 from engine_ext.settings_schema import effort_or_none
 from engine_ext.untrusted_text import shown
 
 POLL_S: Final = 0.05
-KEEP_REPACK_OFF: Final = "To turn repacking off altogether: F3 → Repack weights: off (or llmtui --no-repack)."
 CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at most once a second
 MAX_EVENTS_PER_READ: Final = 512
 
@@ -385,7 +374,7 @@ class EngineBridge:
         try:
             command()
         except EngineCrashedError as error:
-            self._crashed(error.crashed)
+            engine_crashed(self, error.crashed)
         except Exception as error:  # never let the reader thread die; the UI hears about it
             self._flush_tokens(force=True)
             self._post(GenerationFailed(None, f"{type(error).__name__}: {error}"))
@@ -573,7 +562,7 @@ class EngineBridge:
                     self._generations.pop(event.request_id, None)
                 self._post(GenerationFailed(event.request_id, event.message))
         elif isinstance(event, Crashed):
-            self._crashed(event)
+            engine_crashed(self, event)
 
     def _served(self, event: Event) -> bool:
         """A server request's event (told to it; the app's replies that waited go out when it ends), or one the
@@ -585,126 +574,6 @@ class EngineBridge:
                 self._job_done()
             return True
         return isinstance(event, SpeculativeUpdate)
-
-    def _crashed(self, crashed: Crashed) -> None:
-        self._flush_tokens(force=True)
-        self._share.crashed(crashed)
-        for request in self._share.take_held():
-            self._post(
-                GenerationFailed(request.request_id, "the engine crashed while serving an API request; try again")
-            )
-        self._running = False
-        early = native_crash(crashed.exit_code) and (
-            self._loading is not None or self._replies_since_load < EARLY_REPLIES
-        )
-        in_flight = [g for g in self._generations.values() if g.request is not None]
-        unanswered = [kind for kind in self._control if kind not in ("speculative", "steering") and ":" not in kind]
-        loading = self._loading is not None
-        self._loading = None
-        self._generations.clear()
-        self._control.clear()
-        if (
-            self._model is not None
-            and not loading
-            and (crashed.stopped or request_crash(crashed.exit_code, crashed.phase))
-        ):
-            # The watchdog ended a worker stuck in a reply, or a request's grammar, text or sampler crashed it: the
-            # engine comes back as it was, and the reply ends with the line that says why.
-            self._restart_same(crashed, in_flight)
-            return
-        if self._model is not None and early and self._recover(crashed, in_flight):
-            for kind in unanswered:  # a control vector being made: its dialog hears it ended
-                self._post(
-                    EngineRequestFailed(
-                        kind, "the engine crashed and was restarted with less CPU weight repacking; try again"
-                    )
-                )
-            return
-        found: tuple[Fallback, ...] = ()
-        if self._model is not None:
-            engine = self._model[1]
-            found = fallbacks(
-                engine.model_params(),
-                engine.context_params(),
-                engine.n_threads or default_threads(),
-                crashed.gpu_devices,
-            )
-        self._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code, crashed.log_path, found))
-
-    def _recover(self, crashed: Crashed, in_flight: list[_Generation]) -> bool:
-        """After a native crash while loading or in the first replies with CPU weights repacked (an AMX path crashed
-        a Xeon so): start the worker again without repacking, reload, restore speculation and steering, and send
-        again the replies in flight that had no tokens yet (one with some fails, to be continued). False when
-        repacking was not on (nothing to turn off)."""
-        assert self._model is not None
-        path, engine, load_mtp, n_rs_seq = self._model
-        notice = self._client.drop_crashed_repack(engine.model_params(), KEEP_REPACK_OFF)
-        if notice is None:
-            return False
-        self._post(EngineRecovering(notice))
-        if not self._reload():
-            return True
-        for generation in in_flight:
-            assert generation.request is not None
-            if generation.n_tokens == 0:
-                self._do_generate(generation.request)
-            else:
-                self._post(
-                    GenerationFailed(
-                        generation.request_id,
-                        "the engine crashed while writing this reply and "
-                        "was restarted with less CPU weight repacking; ctrl+g continues it",
-                    )
-                )
-        return True
-
-    def _reload(self) -> bool:
-        """A fresh worker with the model and the settings the last one had (speculation, steering); False when it
-        died at once (the crash dialog says so)."""
-        assert self._model is not None
-        path, engine, load_mtp, n_rs_seq = self._model
-        settings = dict(self._sent_settings)
-        self._client.close()
-        try:
-            self._do_load(path, engine, load_mtp, n_rs_seq)
-        except EngineCrashedError as error:
-            self._crashed(error.crashed)
-            return False
-        for kind in ("speculative", "steering"):
-            if kind in settings:
-                self._send_setting(kind, settings[kind])
-        return True
-
-    def _restart_same(self, crashed: Crashed, in_flight: list[_Generation]) -> None:
-        """After the watchdog ended a stuck worker (Esc, a step past its limit) or a crash that was the request's:
-        the engine restarted as it was (the conversation is the app's: intact); the replies in flight end as
-        stopped, or failed, with the one line that says why."""
-        if crashed.stopped:
-            line = f"{crashed.stopped}; restarted"
-        else:
-            line = f"{crashed.description}; {REQUEST_CRASH_ADVICE}"
-        self._post(EngineRecovering(""))
-        now = time.monotonic()
-        for generation in in_flight:
-            if not crashed.stopped:
-                self._post(GenerationFailed(generation.request_id, line))
-                continue
-            ttft = (generation.first_token_at or now) - generation.sent_at
-            stats = GenerationStats(
-                prompt_tokens=generation.prompt_tokens or 0,
-                prompt_tokens_cached=0,
-                prompt_tokens_evaluated=generation.prompt_tokens or 0,
-                prompt_ms=ttft * 1000.0,
-                generated_tokens=generation.n_tokens,
-                decode_ms=(now - generation.sent_at - ttft) * 1000.0,
-                ttft_ms=ttft * 1000.0,
-                n_ctx=generation.n_ctx or 0,
-                n_ctx_used=(generation.prompt_tokens or 0) + generation.n_tokens,
-            )
-            self._post(GenerationFinished(generation.request_id, "cancelled", stats.to_dict(), (line,)))
-        if not in_flight:
-            self._post(GenerationFailed(None, line))  # said once, though no reply of the app's was running
-        self._reload()
 
     def _tokens(self, chunk: TokenChunk) -> None:
         now = time.monotonic()

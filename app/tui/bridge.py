@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -19,7 +19,7 @@ from textual.message import Message
 from app.core.config import EngineSettings, SamplingSettings
 from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from app.core.output_format import OutputFormatError, output_fields
-from app.tui.bridge_recovery import engine_crashed
+from app.tui.bridge_recovery import ReplyInFlight, engine_crashed
 from app.tui.messages import (
     EngineRequestFailed,
     EngineStarted,
@@ -78,18 +78,6 @@ CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at 
 MAX_EVENTS_PER_READ: Final = 512
 
 
-@dataclass
-class _Generation:
-    request_id: int
-    sent_at: float
-    first_token_at: float | None = None
-    n_tokens: int = 0
-    stats_posted_at: float = 0.0
-    prompt_tokens: int | None = None  # once the prompt is evaluated
-    n_ctx: int | None = None
-    request: Generate | None = None  # what was sent (sent again when the engine is restarted after an early crash)
-
-
 class EngineBridge:
     """Owns the EngineClient and a long-lived reader thread (exit event + join).
 
@@ -135,7 +123,7 @@ class EngineBridge:
         self._n_threads = 0  # the engine's decode threads now (the worker's ModelInfo, then ThreadsChanged)
         self._max_threads = 0  # ... and its default count (it runs below it while others crowd the machine)
         self._batches = TokenBatches()  # the one batching of streamed tokens (app/tui/streaming.py)
-        self._generations: dict[int, _Generation] = {}
+        self._generations: dict[int, ReplyInFlight] = {}
         self._loading: str | None = None
         self._model: tuple[str, EngineSettings, bool, int] | None = None
         self._mmproj = ""
@@ -466,7 +454,7 @@ class EngineBridge:
     def _do_generate(self, request: Generate) -> None:
         if self._share.hold(request):  # a server request runs: this reply is sent once it is done
             return
-        self._generations[request.request_id] = _Generation(request.request_id, time.monotonic(), request=request)
+        self._generations[request.request_id] = ReplyInFlight(request.request_id, time.monotonic(), request=request)
         self._send(request)
 
     def _dispatch(self, event: Event) -> None:
@@ -596,7 +584,7 @@ class EngineBridge:
                 generation.stats_posted_at = now
                 self._post_stats(generation, now)
 
-    def _post_stats(self, generation: _Generation, now: float) -> None:
+    def _post_stats(self, generation: ReplyInFlight, now: float) -> None:
         first = generation.first_token_at
         rate: float | None = None  # before the first token (the prompt's size is known once it is evaluated)
         ttft_ms: float | None = None

@@ -4,8 +4,13 @@ told, and the engine brought back as it was, or without CPU weight repacking, or
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Final
+from dataclasses import dataclass
+from typing import Final, Protocol
 
+from textual.message import Message
+
+from app.core.config import EngineSettings
+from app.core.engine_share import EngineShare
 from app.tui.messages import (
     EngineCrashed,
     EngineRecovering,
@@ -13,9 +18,9 @@ from app.tui.messages import (
     GenerationFailed,
     GenerationFinished,
 )
-from engine_ext.client import EngineCrashedError
+from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import default_threads
-from engine_ext.protocol import Crashed, GenerationStats
+from engine_ext.protocol import Crashed, Generate, GenerationStats, SetSpeculative, SetSteering
 from engine_ext.recovery import (
     EARLY_REPLIES,
     REQUEST_CRASH_ADVICE,
@@ -25,14 +30,44 @@ from engine_ext.recovery import (
     request_crash,
 )
 
-if TYPE_CHECKING:
-    from app.tui.bridge import EngineBridge
-    from app.tui.bridge import _Generation as Generation
-
 KEEP_REPACK_OFF: Final = "To turn repacking off altogether: F3 → Repack weights: off (or llmtui --no-repack)."
 
 
-def engine_crashed(bridge: EngineBridge, crashed: Crashed) -> None:
+@dataclass
+class ReplyInFlight:
+    """A reply the engine bridge has sent and not yet seen end."""
+
+    request_id: int
+    sent_at: float
+    first_token_at: float | None = None
+    n_tokens: int = 0
+    stats_posted_at: float = 0.0
+    prompt_tokens: int | None = None  # once the prompt is evaluated
+    n_ctx: int | None = None
+    request: Generate | None = None  # what was sent (sent again when the engine is restarted after an early crash)
+
+
+class RecoveringBridge(Protocol):
+    """What recovery uses of `app.tui.bridge.EngineBridge` (its bridge thread's state)."""
+
+    _share: EngineShare
+    _running: bool
+    _loading: str | None
+    _replies_since_load: int
+    _generations: dict[int, ReplyInFlight]
+    _control: list[str]
+    _model: tuple[str, EngineSettings, bool, int] | None
+    _client: EngineClient
+    _sent_settings: dict[str, SetSpeculative | SetSteering]
+
+    def _post(self, message: Message) -> None: ...
+    def _flush_tokens(self, *, force: bool) -> None: ...
+    def _do_load(self, path: str, engine: EngineSettings, load_mtp: bool = False, n_rs_seq: int = 0) -> None: ...
+    def _send_setting(self, kind: str, request: SetSpeculative | SetSteering) -> None: ...
+    def _do_generate(self, request: Generate) -> None: ...
+
+
+def engine_crashed(bridge: RecoveringBridge, crashed: Crashed) -> None:
     """The worker died: the replies in flight and the API requests held are told; the engine comes back as it was
     (a stopped or request-made crash), without CPU weight repacking (an early native crash), or the crash dialog
     shows what to try."""
@@ -79,7 +114,7 @@ def engine_crashed(bridge: EngineBridge, crashed: Crashed) -> None:
     bridge._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code, crashed.log_path, found))
 
 
-def _recover(bridge: EngineBridge, crashed: Crashed, in_flight: list[Generation]) -> bool:
+def _recover(bridge: RecoveringBridge, crashed: Crashed, in_flight: list[ReplyInFlight]) -> bool:
     """After a native crash while loading or in the first replies with CPU weights repacked (an AMX path crashed
     a Xeon so): start the worker again without repacking, reload, restore speculation and steering, and send
     again the replies in flight that had no tokens yet (one with some fails, to be continued). False when
@@ -107,7 +142,7 @@ def _recover(bridge: EngineBridge, crashed: Crashed, in_flight: list[Generation]
     return True
 
 
-def _reload(bridge: EngineBridge) -> bool:
+def _reload(bridge: RecoveringBridge) -> bool:
     """A fresh worker with the model and the settings the last one had (speculation, steering); False when it
     died at once (the crash dialog says so)."""
     assert bridge._model is not None
@@ -125,7 +160,7 @@ def _reload(bridge: EngineBridge) -> bool:
     return True
 
 
-def _restart_same(bridge: EngineBridge, crashed: Crashed, in_flight: list[Generation]) -> None:
+def _restart_same(bridge: RecoveringBridge, crashed: Crashed, in_flight: list[ReplyInFlight]) -> None:
     """After the watchdog ended a stuck worker (Esc, a step past its limit) or a crash that was the request's:
     the engine restarted as it was (the conversation is the app's: intact); the replies in flight end as
     stopped, or failed, with the one line that says why."""

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError, StateFile
 from engine_ext.model import Checkpoint, Context
+from engine_ext.params import EngineError
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import SpeculativeDriver
 
@@ -119,6 +120,22 @@ class SessionState:
         n_same = common_prefix_length(self._saved, key)
         if not final and (disk.busy or (n_same == len(self._saved) and len(key) - n_same < MIN_GAIN_TOKENS)):
             return
-        checkpoints = [(len(cp.tokens), cp.data) for cp in self.checkpoints if key[: len(cp.tokens)] == cp.tokens]
-        disk.save(cached, self.ctx.sequence_state(), checkpoints)
+        disk.save(cached, self.ctx.sequence_state(), self._checkpoints_of(key))
         self._saved = key
+
+    def save_file(self, disk: DiskCache) -> int:
+        """All of sequence 0 saved to `disk`'s one file, written before this returns (llama-server's slot save); its
+        tokens. EngineError (one line) when there is nothing to save or the file could not be written."""
+        if not self.cached or min(self.cached) < 0:
+            raise EngineError("the slot holds nothing to save" if not self.cached else "a prompt with images")
+        key = tuple(self.cached)
+        disk.save(key, self.ctx.sequence_state(), self._checkpoints_of(key))
+        disk.wait()
+        notices = disk.take_notices()
+        if notices:
+            raise EngineError(notices[0])
+        return len(key)
+
+    def _checkpoints_of(self, key: tuple[int, ...]) -> list[tuple[int, bytes]]:
+        """The checkpoints on the way to `key`, as a state file lists them."""
+        return [(len(cp.tokens), cp.data) for cp in self.checkpoints if key[: len(cp.tokens)] == cp.tokens]

@@ -490,21 +490,10 @@ class Worker:
         path = Path(request.path)
         disk = DiskCache(path.parent, self.disk_parts, single_file=path, model=Path(self.model.path).name)
         if request.action == "save":
-            if not session.cached or min(session.cached) < 0:
-                raise EngineError("the slot holds nothing to save" if not session.cached else "a prompt with images")
-            cached = tuple(session.cached)
-            checkpoints = [
-                (len(cp.tokens), cp.data) for cp in session.checkpoints if cached[: len(cp.tokens)] == cp.tokens
-            ]
-            disk.save(cached, self.ctx.sequence_state(), checkpoints)
-            disk.wait()
-            notices = disk.take_notices()
-            if notices:
-                raise EngineError(notices[0])
-            n_tokens, n_bytes = len(cached), path.stat().st_size
+            n_tokens = session.save_file(disk)
         else:
             n_tokens = session.restore_file(disk)
-            n_bytes = path.stat().st_size
+        n_bytes = path.stat().st_size
         self.send(SlotDone(request.action, n_tokens, n_bytes, (time.perf_counter() - t0) * 1000.0))
 
     def make_vector(self, request: MakeControlVector) -> None:

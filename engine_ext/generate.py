@@ -35,7 +35,7 @@ from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
 from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
-from engine_ext.tool_turn import ToolTurn, offered_tools
+from engine_ext.tool_turn import ToolTurn, template_inputs
 from engine_ext.vision import (
     EncodedImage,
     NoProjector,
@@ -135,6 +135,7 @@ class Session:
         started_at: float | None = None,
     ) -> tuple[str, bool]:
         """The prompt's text, and whether it ends inside the answer of the reply being continued."""
+        messages, tools = template_inputs(self.template, messages, request.tools, request.tool_choice)
         return render_reply_prompt(
             self.template,
             messages,
@@ -144,7 +145,7 @@ class Session:
             if request.enable_thinking is None and request.reasoning_budget == 0
             else request.enable_thinking,
             reasoning_effort=request.reasoning_effort,
-            tools=offered_tools(request.tools, request.tool_choice)[0],
+            tools=tools,
             bos_token=self.bos_text,
             eos_token=self.eos_text,
             cancelled=cancelled,
@@ -369,12 +370,11 @@ class Session:
                 0.0,
                 _LoopResult("cancelled", 0, now, now, 0.0, None),
             )
-        calls = tools.grammar() if tools is not None else None
-        if calls is not None:
-            sampler = Sampler(self.model, request.sampling, calls.gbnf, calls.triggers)
+        if tools is not None:
+            shape = tools.grammar(plan.opens_reasoning)
         else:
             shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
-            sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
+        sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
         try:

@@ -32,6 +32,7 @@ from app.server.openai_responses import ResponseShaper, ResponseStore, parse_res
 from app.server.requests import Job, parse_body, parse_chat, parse_completion
 from engine_ext.protocol import Finished, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
+from engine_ext.untrusted_text import one_line
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
 _RETRY_AFTER_S = 2
@@ -103,15 +104,18 @@ def build_app(
     async def health(request: Request) -> Response:
         return JSONResponse(metrics.health())
 
+    def model_card() -> dict[str, object]:
+        return {"id": backend.settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}
+
     async def models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": backend.settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}
-                ],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def one_model(request: Request) -> Response:
+        """OpenAI's model retrieval: the served model by its id (a 404 in OpenAI's shape for any other)."""
+        name = request.path_params["model_id"]
+        if name != backend.settings.model_id:
+            raise ApiError(404, f"the model {one_line(name, 80)!r} does not exist here", "model", "model_not_found")
+        return JSONResponse(model_card())
 
     async def metrics_text(request: Request) -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -133,7 +137,10 @@ def build_app(
 
     async def run(request: Request, job: Job) -> Response:
         ticket = backend.submit(job, asyncio.get_running_loop())
-        reply = responses.Reply(calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None)
+        reply = responses.Reply(
+            calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None,
+            fingerprint=responses.system_fingerprint(backend.settings.model_path),
+        )
         try:
             first = await next_event(request, ticket)
         except BaseException:
@@ -308,6 +315,8 @@ def build_app(
         Route("/v1/health", guarded(health), methods=["GET"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", guarded(one_model), methods=["GET"]),
+        Route("/models/{model_id:path}", guarded(one_model), methods=["GET"]),
         Route("/metrics", guarded(metrics_text), methods=["GET"]),
         Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
         Route("/chat/completions", guarded(chat), methods=["POST"]),

@@ -34,13 +34,25 @@ _COMMON = frozenset(
         "model", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens", "presence_penalty",
         "frequency_penalty", "logit_bias", "user", "seed", "logprobs", "top_logprobs", "metadata", "store",
         "service_tier", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "cache_prompt", "speculative",
-        "control_vectors", "return_provenance", "ignore_eos", "grammar", "json_schema",
+        "control_vectors", "return_provenance", "ignore_eos", "grammar", "json_schema", "n_predict",
     }
 )  # fmt: skip
-_CHAT = _COMMON | {
-    "messages", "max_completion_tokens", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+# OpenAI's chat fields that change nothing on a local server: taken and ignored (the README lists them). Each value is
+# checked for its type; `modalities` only as ["text"] and `audio` only as null, since no audio is made here.
+IGNORED_CHAT_FIELDS = (
+    "prompt_cache_key", "safety_identifier", "verbosity", "modalities", "prediction", "web_search_options",
+    "prompt_cache_retention", "audio", "store", "metadata", "service_tier", "user", "parallel_tool_calls",
+)  # fmt: skip
+_CHAT = _COMMON | set(IGNORED_CHAT_FIELDS) | {
+    "messages", "max_completion_tokens", "response_format", "tools", "tool_choice", "functions", "function_call",
     "chat_template_kwargs", "reasoning_effort", "reasoning_budget", "reasoning_budget_tokens",
     "thinking_budget_tokens", "reasoning_budget_message",
+}  # fmt: skip
+_TEXT, _OBJECT, _FLAG = (str, "a string"), (dict, "an object"), (bool, "true or false")
+_IGNORED_TYPES: dict[str, tuple[type, str]] = {
+    "prompt_cache_key": _TEXT, "safety_identifier": _TEXT, "verbosity": _TEXT, "prediction": _OBJECT,
+    "web_search_options": _OBJECT, "prompt_cache_retention": _TEXT, "metadata": _OBJECT, "service_tier": _TEXT,
+    "user": _TEXT, "store": _FLAG,
 }  # fmt: skip
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -179,22 +191,30 @@ def _lone_surrogate(value: object) -> str | None:
     return None
 
 
+def _ignored(body: Mapping[str, object]) -> None:
+    """The fields that change nothing here, each of its type (null is always taken)."""
+    for name, (kind, what) in _IGNORED_TYPES.items():
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise bad_request(f"{name} must be {what}", name)
+    if body.get("modalities") not in (None, ["text"]):
+        raise bad_request('modalities: this server answers in text only (["text"])', "modalities")
+    if body.get("audio") is not None:
+        raise bad_request("audio: this server makes no audio (audio must be null)", "audio")
+
+
 def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
     _known(body, _CHAT)
+    _ignored(body)
     tools, tool_choice = parse_tools(body)
     messages = _messages(body.get("messages"), limits)
     template_kwargs = _object(body, "chat_template_kwargs")
     thinking = template_kwargs.get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("chat_template_kwargs.enable_thinking must be true or false", "chat_template_kwargs")
-    max_tokens = body.get("max_completion_tokens")
-    name = "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens, name = body.get("max_tokens"), "max_tokens"
     return replace(
         _common(body, defaults, limits, model, "chat"),
         messages=messages,
-        max_tokens=_max_tokens(max_tokens, name, limits),
+        max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens", "n_predict"), limits),
         enable_thinking=False if thinking is None and body.get("reasoning_effort") == "none" else thinking,
         tools=tools,
         tool_choice=tool_choice,
@@ -218,7 +238,7 @@ def parse_completion(body: Mapping[str, object], defaults: SamplingParams, limit
     return replace(
         _common(body, defaults, limits, model, "completion"),
         prompt=prompt,
-        max_tokens=_max_tokens(body.get("max_tokens"), "max_tokens", limits),
+        max_tokens=_max_tokens(body, ("max_tokens", "n_predict"), limits),
     )
 
 
@@ -351,6 +371,7 @@ def _content(value: object, where: str) -> tuple[str, tuple[ImageRef, ...]]:
         raise bad_request(f"{where}.content must be a string or a list of parts", "messages")
     parts: list[str] = []
     images: list[ImageRef] = []
+    after_image = False
     for j, part in enumerate(value):
         if not isinstance(part, dict):
             raise bad_request(f"{where}.content[{j}] must be an object", "messages")
@@ -358,6 +379,7 @@ def _content(value: object, where: str) -> tuple[str, tuple[ImageRef, ...]]:
         if kind == "image_url":
             images.append(_image_part(part.get("image_url"), f"{where}.content[{j}]"))
             parts.append(IMAGE_MARKER)
+            after_image = True
             continue
         if kind in ("input_image", "image", "input_audio"):
             raise bad_request(f"{where}.content[{j}]: {kind} parts are not supported by this server yet", "messages")
@@ -365,7 +387,9 @@ def _content(value: object, where: str) -> tuple[str, tuple[ImageRef, ...]]:
         if kind != "text" or not isinstance(text, str):
             raise bad_request(f"{where}.content[{j}] must be a text part", "messages")
         _check_text(text, f"{where}.content[{j}]")
-        parts.append(text.replace(IMAGE_MARKER, ""))  # only image parts place images
+        # Text parts joined by a newline, none beside an image (upstream's concat_content_parts).
+        parts.append(("\n" if parts and not after_image else "") + text.replace(IMAGE_MARKER, ""))
+        after_image = False  # only image parts place images
     return "".join(parts), tuple(images)
 
 
@@ -419,7 +443,10 @@ def _stop(value: object, limits: Limits) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _max_tokens(value: object, name: str, limits: Limits) -> int:
+def _max_tokens(body: Mapping[str, object], names: tuple[str, ...], limits: Limits) -> int:
+    """The reply's token limit from the first of `names` given (n_predict is llama-server's; -1: no limit)."""
+    name = next((n for n in names if body.get(n) is not None), names[0])
+    value = body.get(name)
     if value is None or value == -1:
         return limits.max_tokens or -1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

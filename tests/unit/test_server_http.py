@@ -531,3 +531,36 @@ def test_the_log_says_each_kind_of_trouble_in_one_line_and_rarely() -> None:
     assert records.lines.count("Invalid HTTP request received.") == 1, records.lines
     assert "boom: OverflowError: int too large to convert" in records.lines
     assert all("\n" not in line for line in records.lines)
+
+
+def test_one_model_by_its_id_and_an_unknown_one_is_openais_404(
+    served: tuple[TestClient, ScriptedClient, Metrics],
+) -> None:
+    client, _, _ = served
+    answer = client.get("/v1/models/tiny")
+    assert answer.status_code == 200 and answer.json()["id"] == "tiny" and answer.json()["object"] == "model"
+    missing = client.get("/v1/models/gpt-5")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found" and "gpt-5" in missing.json()["error"]["message"]
+
+
+def test_answers_carry_a_system_fingerprint_and_null_content_beside_calls(tmp_path: Any) -> None:
+    from app.server.responses import Reply, chat_completion, system_fingerprint, tool_deltas
+    from engine_ext.protocol import ToolCall
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    fingerprint = system_fingerprint(str(model))
+    assert fingerprint.startswith("b") and len(fingerprint.rsplit("-", 1)[1]) == 12
+    blob = tmp_path / ("ab" * 32)
+    blob.write_bytes(b"GGUF")
+    (tmp_path / "linked.gguf").symlink_to(blob)
+    assert system_fingerprint(str(tmp_path / "linked.gguf")).endswith("-" + "ab" * 6)
+    stats = GenerationStats(5, 0, 5, 1.0, 3, 1.0, 1.0, 64, 8)
+    finished = Finished(1, "eos", stats, tool_calls=(ToolCall("abcd1234", "f", "{}"),))
+    reply = Reply(finished=finished, fingerprint=fingerprint)
+    body = chat_completion(reply, "m", False)
+    assert body["system_fingerprint"] == fingerprint
+    message = body["choices"][0]["message"]  # type: ignore[index]
+    assert message["content"] is None and message["tool_calls"][0]["function"]["name"] == "f"
+    assert all(delta["content"] is None for delta in tool_deltas(Reply(), finished))

@@ -208,3 +208,57 @@ def test_image_url_parts_take_data_urls_only_and_checked_images() -> None:
     ):
         body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": image_url}]}]}
         assert why in refused(body).message
+
+
+def test_openai_fields_that_change_nothing_here_are_taken_and_checked() -> None:
+    job = chat(
+        {
+            "messages": USER,
+            "prompt_cache_key": "k",
+            "safety_identifier": "s",
+            "verbosity": "low",
+            "modalities": ["text"],
+            "prediction": {"type": "content", "content": "x"},
+            "web_search_options": {},
+            "prompt_cache_retention": "24h",
+            "audio": None,
+            "store": False,
+            "metadata": {"a": "b"},
+            "service_tier": "auto",
+            "user": "u",
+            "parallel_tool_calls": True,
+            "stream_options": None,
+        }
+    )
+    assert job.messages[0].content == "hi"
+    assert "text only" in refused({"messages": USER, "modalities": ["text", "audio"]}).message
+    assert "no audio" in refused({"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}).message
+    assert refused({"messages": USER, "prompt_cache_key": 3}).param == "prompt_cache_key"
+    assert refused({"messages": USER, "store": "yes"}).param == "store"
+
+
+def test_tool_choice_null_is_auto_and_legacy_functions_are_tools() -> None:
+    tool = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+    job = chat({"messages": USER, "tools": [{"type": "function", "function": tool}], "tool_choice": None})
+    assert job.tool_choice == "auto" and job.tools is not None and json.loads(job.tools)[0]["function"]["name"] == "f"
+    job = chat({"messages": USER, "functions": [tool], "function_call": {"name": "f"}})
+    assert job.tool_choice == "required" and json.loads(job.tools or "")[0]["function"]["name"] == "f"
+    assert chat({"messages": USER, "functions": [tool], "function_call": "none"}).tool_choice == "none"
+    assert chat({"messages": USER, "functions": [tool]}).tool_choice == "auto"
+    assert "not both" in refused({"messages": USER, "functions": [tool], "tools": []}).message
+    assert refused({"messages": USER, "function_call": "auto"}).param == "function_call"
+    assert refused({"messages": USER, "functions": [tool], "function_call": "always"}).param == "function_call"
+    assert refused({"messages": USER, "functions": {"name": "f"}}).param == "functions"
+
+
+def test_text_parts_are_joined_by_a_newline_as_upstream_joins_them() -> None:
+    parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}, {"type": "text", "text": ""}]
+    assert chat({"messages": [{"role": "user", "content": parts}]}).messages[0].content == "one\ntwo\n"
+
+
+def test_n_predict_is_max_tokens() -> None:
+    assert chat({"messages": USER, "n_predict": 7}).max_tokens == 7
+    assert chat({"messages": USER, "n_predict": 7, "max_tokens": 3}).max_tokens == 3
+    assert chat({"messages": USER, "n_predict": -1}).max_tokens == -1
+    assert refused({"messages": USER, "n_predict": 0}).param == "n_predict"
+    assert parse_completion({"prompt": "a", "n_predict": 5}, DEFAULTS, LIMITS, "m").max_tokens == 5

@@ -110,6 +110,23 @@ class Session:
             tokens.insert(0, bos)
         return tokens
 
+    def _infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """Fill in the middle: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID (llama-server's format_prompt_infill, its
+        prefix-suffix-middle order, without a repository's extra files)."""
+        fim = self.model.fim_tokens()
+        if fim is None:
+            raise EngineError(
+                f"{self.model.path.name} has no fill-in-the-middle tokens, so it cannot complete with a suffix; use a "
+                "code model that has them (Qwen2.5-Coder, StarCoder2, CodeLlama, Codestral)"
+            )
+        pre, suf, mid = fim
+        tokens = [self.model.bos_token] if self.model.add_bos and self.model.bos_token >= 0 else []
+
+        def text(part: str) -> list[int]:  # a file's text: a special token's name in it is only text
+            return self.model.tokenize(part, add_special=False, parse_special=False)
+
+        return [*tokens, pre, *text(prefix), suf, *text(suffix), mid]
+
     def _tokens_for(self, text: str) -> list[int]:
         """Tokens for a prompt, reusing the tokens of the longest recent text it extends."""
         best: tuple[str, tuple[int, ...]] | None = None
@@ -165,6 +182,8 @@ class Session:
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
             plan = PromptPlan(tokens, None, 0, False, chat=False, split_last=False)
+        elif request.prompt is not None and request.suffix is not None:
+            plan = PromptPlan(self._infill_tokens(request.prompt, request.suffix), None, 0, False, chat=False)
         elif request.prompt is not None:
             plan = PromptPlan(self._tokens_for(request.prompt), request.prompt, 0, False, chat=False)
         else:

@@ -305,6 +305,16 @@ class Model:
     def add_bos(self) -> bool:
         return bool(C.llama_vocab_get_add_bos(self.vocab))
 
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle: llama_vocab_fim_pre/suf/mid); None when the model
+        lacks any of them."""
+        found = (
+            C.llama_vocab_fim_pre(self.vocab),
+            C.llama_vocab_fim_suf(self.vocab),
+            C.llama_vocab_fim_mid(self.vocab),
+        )
+        return None if any(int(t) < 0 for t in found) else (int(found[0]), int(found[1]), int(found[2]))
+
 
 @dataclass
 class Checkpoint:

@@ -14,9 +14,8 @@ from engine_ext.params import (
     SteeringEntry,
 )
 
-PROTOCOL_VERSION = (
-    4  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only
-)
+# 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only; 5: suffix
+PROTOCOL_VERSION = 5
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 
@@ -70,6 +69,8 @@ class Generate:
     messages: tuple[ChatMessage, ...] = ()
     prompt: str | None = None
     prompt_tokens: tuple[int, ...] | None = None  # pre-tokenized raw prompt (benchmarks)
+    # With a raw `prompt`: fill in the middle between the prompt and this text, through the model's FIM tokens
+    suffix: str | None = None
     sampling: SamplingParams = SamplingParams()
     max_tokens: int = -1  # -1: until end of generation or the context is full
     stop: tuple[str, ...] = ()

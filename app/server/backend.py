@@ -164,6 +164,7 @@ class Dispatcher:
             request_id=request_id,
             messages=job.messages,
             prompt=job.prompt,
+            suffix=job.suffix,
             sampling=job.sampling,
             max_tokens=job.max_tokens,
             stop=job.stop,

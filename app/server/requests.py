@@ -55,6 +55,7 @@ _IGNORED_TYPES: dict[str, tuple[type, str]] = {
     "user": _TEXT, "store": _FLAG,
 }  # fmt: skip
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+MAX_PROMPTS = 16  # prompts in one /v1/completions request (each is a choice, run one after another)
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SPEC_FIELDS = frozenset({"type", "types", "n_max", "n_min", "p_min"})
 _VECTOR_FIELDS = frozenset({"name", "strength", "layers"})
@@ -120,6 +121,9 @@ class Job:
     reasoning_budget: int = -1  # thinking tokens before the end of thinking is forced (-1: unlimited, 0: none)
     reasoning_budget_message: str = ""  # forced before the end of thinking when the budget is spent
     count_only: bool = False  # only count the rendered prompt's tokens (Anthropic's count_tokens)
+    suffix: str | None = None  # completions: fill in the middle between `prompt` and this (the model's FIM tokens)
+    echo: bool = False  # completions: the prompt comes back before the completion
+    prompts: tuple[str, ...] = ()  # completions: every prompt of the request, one choice each (`prompt`: the first)
 
 
 class _OutOfRange(ValueError):
@@ -224,20 +228,27 @@ def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Lim
 
 def parse_completion(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
     _known(body, _COMPLETION)
-    for field, default in (("echo", False), ("suffix", None), ("best_of", 1)):
-        if body.get(field) not in (None, default):
-            raise bad_request(f"{field} is not supported by this server", field)
+    if body.get("best_of") not in (None, 1):
+        raise bad_request("best_of is not supported by this server (1 only)", "best_of")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad_request("prompt must be a string (or a list of one string)", "prompt")
-    _check_text(prompt, "prompt")
-    if len(prompt) > limits.max_text_chars:
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise bad_request("prompt must be a string or a list of strings", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"prompt has {len(prompts)} prompts; this server takes at most {MAX_PROMPTS}", "prompt")
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad_request("suffix must be a string", "suffix")
+    for i, text in enumerate([*prompts, suffix or ""]):
+        _check_text(text, "suffix" if i == len(prompts) else "prompt")
+    if sum(map(len, prompts)) + len(suffix or "") > limits.max_text_chars:
         raise ApiError(413, f"the prompt is longer than this server's limit of {limits.max_text_chars} characters")
     return replace(
         _common(body, defaults, limits, model, "completion"),
-        prompt=prompt,
+        prompt=prompts[0],
+        prompts=tuple(prompts),
+        suffix=suffix,
+        echo=bool(_bool(body, "echo")),
         max_tokens=_max_tokens(body, ("max_tokens", "n_predict"), limits),
     )
 

@@ -172,6 +172,18 @@ def text_completion(reply: Reply, model: str, with_provenance: bool) -> dict[str
     }
 
 
+def text_completions(replies: list[Reply], model: str, with_provenance: bool) -> dict[str, object]:
+    """The answer to several prompts: the first's, with a choice per prompt in order and the usage of them all."""
+    answers = [text_completion(reply, model, with_provenance) for reply in replies]
+    out = answers[0]
+    out["choices"] = [{**answer["choices"][0], "index": i} for i, answer in enumerate(answers)]  # type: ignore[index]
+    totals = {key: sum(answer["usage"][key] for answer in answers) for key in ("prompt_tokens", "completion_tokens")}  # type: ignore[index]
+    cached = sum(answer["usage"]["prompt_tokens_details"]["cached_tokens"] for answer in answers)  # type: ignore[index]
+    totals["total_tokens"] = totals["prompt_tokens"] + totals["completion_tokens"]
+    out["usage"] = {**totals, "prompt_tokens_details": {"cached_tokens": cached}}
+    return out
+
+
 def chat_chunk(
     reply: Reply,
     model: str,
@@ -192,14 +204,14 @@ def chat_chunk(
     }
 
 
-def text_chunk(reply: Reply, model: str, text: str, finish: str | None = None) -> dict[str, object]:
+def text_chunk(reply: Reply, model: str, text: str, finish: str | None = None, *, index: int = 0) -> dict[str, object]:
     return {
         "id": reply.id.replace("chatcmpl-", "cmpl-"),
         "object": "text_completion",
         "created": reply.created,
         "model": model,
         "system_fingerprint": reply.fingerprint or None,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}],
     }
 
 

@@ -366,3 +366,27 @@ def test_trimming_a_long_conversation_renders_under_one_time_limit(
     assert plan.dropped_messages > 0
     assert len(starts) >= 3, starts
     assert starts[0] is not None and set(starts) == {starts[0]}
+
+
+def test_a_suffix_fills_in_the_middle_through_the_models_fim_tokens(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    from engine_ext.params import EngineError
+    from tests.tiny_models import TINY_SPECIAL_TOKEN_IDS, write_tiny_model
+
+    fim_model = write_tiny_model("llama", tmp_path / "fim.gguf", fim_tokens=True)
+    ids = TINY_SPECIAL_TOKEN_IDS
+    with open_session(fim_model) as session:
+        prefix, suffix = "def f(", "x\n"
+        plan = session.plan(Generate(1, prompt=prefix, suffix=suffix))
+        text = session.model.tokenize
+        expected = [ids["<think>"], *text(prefix, add_special=False, parse_special=False), ids["</think>"]]
+        expected += [*text(suffix, add_special=False, parse_special=False), ids["<|mask|>"]]
+        assert plan.tokens == expected
+        events: list[Event] = []
+        done = session.generate(
+            Generate(2, prompt=prefix, suffix=suffix, sampling=GREEDY, max_tokens=4), events.append, lambda: False
+        )
+        assert done.stats.prompt_tokens == len(expected) and done.stats.generated_tokens > 0
+    with open_session(tiny_models["llama"]) as session, pytest.raises(EngineError, match="no fill-in-the-middle"):
+        session.plan(Generate(3, prompt="a", suffix="b"))

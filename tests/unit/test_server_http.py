@@ -564,3 +564,21 @@ def test_answers_carry_a_system_fingerprint_and_null_content_beside_calls(tmp_pa
     message = body["choices"][0]["message"]  # type: ignore[index]
     assert message["content"] is None and message["tool_calls"][0]["function"]["name"] == "f"
     assert all(delta["content"] is None for delta in tool_deltas(Reply(), finished))
+
+
+def test_completions_echo_and_a_list_of_prompts_one_choice_each(
+    served: tuple[TestClient, ScriptedClient, Metrics],
+) -> None:
+    client, engine, _ = served
+    answer = client.post("/v1/completions", json={"prompt": ["A:", "B:"], "echo": True}).json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    assert [c["text"] for c in answer["choices"]] == ["A:Hello, world", "B:Hello, world"]
+    assert answer["usage"]["completion_tokens"] == 6 and [g.prompt for g in engine.sent] == ["A:", "B:"]
+    with client.stream("POST", "/v1/completions", json={"prompt": ["A", "B"], "stream": True}) as streamed:
+        events = [line[6:] for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+    assert [c["index"] for c in chunks if c["finish_reason"]] == [0, 1]
+    assert "".join(c["text"] for c in chunks if c["index"] == 1) == "Hello, world"
+    client.post("/v1/completions", json={"prompt": "def f(", "suffix": "\n"})
+    assert engine.sent[-1].suffix == "\n" and engine.sent[-1].prompt == "def f("

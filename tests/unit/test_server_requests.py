@@ -107,12 +107,23 @@ def test_bodies_that_are_not_json_objects() -> None:
     assert parse_body(b'{"a": 1}') == {"a": 1}
 
 
-def test_completions_take_a_prompt_string() -> None:
+def test_completions_take_prompts_a_suffix_and_echo() -> None:
     job = parse_completion({"prompt": ["Once"], "max_tokens": 4}, DEFAULTS, Limits(), "m")
     assert job.prompt == "Once" and job.endpoint == "completion" and job.max_tokens == 4
-    for body in ({"prompt": [1, 2]}, {"prompt": "x", "echo": True}, {"prompt": "x", "messages": USER}):
-        with pytest.raises(ApiError):
+    job = parse_completion({"prompt": ["a", "b"], "suffix": "}", "echo": True}, DEFAULTS, Limits(), "m")
+    assert job.prompts == ("a", "b") and job.prompt == "a" and job.suffix == "}" and job.echo
+    for body in (
+        {"prompt": [1, 2]},
+        {"prompt": []},
+        {"prompt": ["x"] * 17},
+        {"prompt": "x", "suffix": 3},
+        {"prompt": "x", "echo": "yes"},
+        {"prompt": "x", "best_of": 2},
+        {"prompt": "x", "messages": USER},
+    ):
+        with pytest.raises(ApiError) as caught:
             parse_completion(body, DEFAULTS, Limits(), "m")
+        assert caught.value.status == 400 and "\n" not in caught.value.message
 
 
 def _mutate(rng: random.Random, value: Any, depth: int = 0) -> Any:

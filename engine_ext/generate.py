@@ -97,6 +97,7 @@ class Session:
         self.vision: Vision | None = None  # the projector, when the model was loaded with one (engine_ext.vision)
         self.media: dict[str, EncodedImage] = {}  # the images of the request in hand, by content hash
         self._encodes_before = (0, 0.0)  # the projector's encode count and time when the request began
+        self._decodes_before = 0  # the context's llama_decode calls when the request began
 
     # ----- prompt -----------------------------------------------------------------------------------
 
@@ -372,6 +373,7 @@ class Session:
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
+        self._decodes_before = self.ctx.decodes
         self._end_thinking_early = False
         tools = ToolTurn.of(request, self.template, self.model.path.name)
         if tools is not None:
@@ -705,6 +707,8 @@ class Session:
             image_tokens=image_token_count(plan.tokens, self.vision) if self.media else 0,
             images_encoded=self.vision.encodes - self._encodes_before[0] if self.vision is not None else 0,
             image_encode_ms=self.vision.encode_ms - self._encodes_before[1] if self.vision is not None else 0.0,
+            n_decode=self.ctx.decodes - self._decodes_before,
+            n_decode_total=self.ctx.decodes,
         )
         return Finished(request.request_id, loop.stop_reason, stats, notices, loop.speculative)
 

@@ -390,6 +390,7 @@ class Context:
         self.n_batch = int(C.llama_n_batch(handle))
         self.n_ctx_seq = int(C.llama_n_ctx_seq(handle))  # what one sequence may hold (n_ctx unless KV is split)
         self.clears = 0  # times clear() dropped every sequence (parallel sequences know their memory is gone)
+        self.decodes = 0  # llama_decode calls on this context (llama-server's n_decode_total; not a draft's own)
         self.memory: Any = C.llama_get_memory(handle)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._stack.callback(C.llama_batch_free, self._batch)
@@ -481,6 +482,7 @@ class Context:
         batch = self._batch
         batch.n_tokens = n
         self.one_output = (n == 1 or not logits_all) and logits_last
+        self.decodes += 1
         rc = C.llama_decode(handle, batch)
         if rc != 0:
             if rc == 1:
@@ -498,6 +500,7 @@ class Context:
         batch = self._batch
         batch.n_tokens = 1
         self.one_output = True
+        self.decodes += 1
         rc = C.llama_decode(handle, batch)
         if rc != 0:
             raise ContextError("the context is full" if rc == 1 else f"llama_decode failed with code {rc}")

@@ -300,6 +300,8 @@ class GenerationStats:
     image_tokens: int = 0  # of the prompt's tokens, those its images take (embeddings from the projector)
     images_encoded: int = 0  # images the projector encoded for this request (0: all came from its cache)
     image_encode_ms: float = 0.0  # the time encoding them took (part of prompt_ms)
+    n_decode: int = 0  # llama_decode calls while this request ran (its prompt's and its reply's)
+    n_decode_total: int = 0  # llama_decode calls of the engine's context so far (it counts from 0 at each load)
 
     @property
     def prompt_tps(self) -> float:

@@ -62,6 +62,7 @@ class SeqBatch:
         batch = self._batch
         batch.n_tokens = self.n
         ctx.one_output = False  # rows are read by index (Sampler.sample(ctx, row))
+        ctx.decodes += 1
         rc = C.llama_decode(handle, batch)
         self.n = 0
         if rc != 0:

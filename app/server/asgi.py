@@ -119,7 +119,11 @@ def build_app(
         return JSONResponse(model_card())
 
     async def metrics_text(request: Request) -> Response:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(
+            metrics.render(),
+            media_type="text/plain; version=0.0.4",
+            headers={"Process-Start-Time-Unix": str(started)},  # as llama-server sends it
+        )
 
     async def chat(request: Request) -> Response:
         body = parse_body(await read_body(request))

@@ -388,5 +388,8 @@ def test_a_suffix_fills_in_the_middle_through_the_models_fim_tokens(
             Generate(2, prompt=prefix, suffix=suffix, sampling=GREEDY, max_tokens=4), events.append, lambda: False
         )
         assert done.stats.prompt_tokens == len(expected) and done.stats.generated_tokens > 0
+        # llama_decode calls: the prompt's (its last token apart), then one a token after the first
+        stats = done.stats
+        assert stats.n_decode == 2 + stats.generated_tokens - 1 and stats.n_decode_total >= stats.n_decode
     with open_session(tiny_models["llama"]) as session, pytest.raises(EngineError, match="no fill-in-the-middle"):
         session.plan(Generate(3, prompt="a", suffix="b"))

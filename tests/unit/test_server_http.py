@@ -582,3 +582,43 @@ def test_completions_echo_and_a_list_of_prompts_one_choice_each(
     assert "".join(c["text"] for c in chunks if c["index"] == 1) == "Hello, world"
     client.post("/v1/completions", json={"prompt": "def f(", "suffix": "\n"})
     assert engine.sent[-1].suffix == "\n" and engine.sent[-1].prompt == "def f("
+
+
+LLAMA_SERVER_METRICS = {  # tools/server/server-task.cpp's to_metrics(): every llamacpp:* figure and its type
+    "prompt_tokens_total": "counter",
+    "prompt_tokens_cached_total": "counter",
+    "prompt_seconds_total": "counter",
+    "tokens_predicted_total": "counter",
+    "tokens_predicted_seconds_total": "counter",
+    "n_decode_total": "counter",
+    "n_tokens_max": "counter",
+    "spec_decode_num_draft_tokens_total": "counter",
+    "spec_decode_num_accepted_tokens_total": "counter",
+    "spec_decode_num_drafts_total": "counter",
+    "prompt_tokens_seconds": "gauge",
+    "predicted_tokens_seconds": "gauge",
+    "requests_processing": "gauge",
+    "requests_deferred": "gauge",
+    "n_busy_slots_per_decode": "gauge",
+}
+
+
+def test_every_llama_server_metric_is_exported_and_counts_across_engine_restarts() -> None:
+    metrics = Metrics(slots=2)
+
+    def done(cached: int, n_decode: int, total: int) -> Finished:
+        stats = GenerationStats(
+            10, cached, 10 - cached, 1.0, 4, 1.0, 1.0, 64, 14, n_decode=n_decode, n_decode_total=total
+        )
+        return Finished(1, "eos", stats)
+
+    metrics.finished(done(0, 5, 5))
+    metrics.finished(done(6, 4, 8))  # ran beside the first: 4 decodes, 3 of them new
+    metrics.finished(done(6, 2, 2))  # the engine restarted: its count began again
+    text = metrics.render()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("llamacpp:")}
+    for name, kind in LLAMA_SERVER_METRICS.items():
+        assert f"# TYPE llamacpp:{name} {kind}" in text and f"# HELP llamacpp:{name} " in text
+    assert values["llamacpp:prompt_tokens_cached_total"] == 12 and values["llamacpp:prompt_tokens_total"] == 18
+    assert values["llamacpp:n_decode_total"] == 10 and values["llamacpp:n_busy_slots_per_decode"] == 1.1
+    assert values["llamacpp:n_tokens_max"] == 14

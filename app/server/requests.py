@@ -28,6 +28,14 @@ from engine_ext.setting import Setting
 from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
 from engine_ext.untrusted_text import one_line
 
+# llama-server's samplers the engine lacks: a 400 naming the field, unless it asks for their "off".
+_SAMPLERS_LACKED = {
+    "dynatemp_range": 0,
+    "dynatemp_exponent": 1,
+    "adaptive_target": -1,
+    "adaptive_decay": 0.9,
+    "min_keep": 0,
+}
 # OpenAI's own fields we take (or accept at their default), llama-server's sampling extras, and llmtui's extras.
 _COMMON = frozenset(
     {
@@ -35,6 +43,7 @@ _COMMON = frozenset(
         "frequency_penalty", "logit_bias", "user", "seed", "logprobs", "top_logprobs", "metadata", "store",
         "service_tier", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "cache_prompt", "speculative",
         "control_vectors", "return_provenance", "ignore_eos", "grammar", "json_schema", "n_predict",
+        "dry_sequence_breakers", "samplers", *(setting.name for setting in schema.SAMPLING_MORE), *_SAMPLERS_LACKED,
     }
 )  # fmt: skip
 # OpenAI's chat fields that change nothing on a local server: taken and ignored (the README lists them). Each value is
@@ -327,7 +336,22 @@ def _sampling(body: Mapping[str, object], d: SamplingParams) -> SamplingParams:
         return default if value is None else value
 
     seed = _int(body, "seed", -1, 2**32 - 1)
+    for name, off in _SAMPLERS_LACKED.items():
+        if body.get(name) not in (None, off):
+            raise bad_request(f"{name}: this server's engine has no such sampler (only {off} is taken)", name)
+    more: dict[str, Any] = {}
+    for setting in schema.SAMPLING_MORE:
+        low = -math.inf if setting.minimum is None else setting.minimum
+        high = math.inf if setting.maximum is None else setting.maximum
+        if setting.kind is int:  # every int sampler setting declares both ends
+            value: float | None = _int(body, setting.name, int(low), int(high))
+        else:
+            value = _number(body, setting.name, low, high)
+        more[setting.name] = getattr(d, setting.name) if value is None else setting.kind(value)
     return SamplingParams(
+        **more,
+        dry_sequence_breakers=_breakers(body.get("dry_sequence_breakers"), d.dry_sequence_breakers),
+        samplers=_sampler_order(body.get("samplers"), d.samplers),
         temperature=float(pick(_number(body, "temperature", 0.0, 100.0), d.temperature)),
         top_k=int(pick(_int(body, "top_k", 0, 1_000_000), d.top_k)),
         top_p=float(pick(_number(body, "top_p", 0.0, 1.0), d.top_p)),
@@ -338,6 +362,42 @@ def _sampling(body: Mapping[str, object], d: SamplingParams) -> SamplingParams:
         frequency_penalty=float(pick(_number(body, "frequency_penalty", -2.0, 2.0), d.frequency_penalty)),
         seed=d.seed if seed is None or seed == -1 else seed,
     )
+
+
+def _breakers(value: object, default: tuple[str, ...]) -> tuple[str, ...]:
+    """DRY's sequence breakers: a non-empty list of strings, as llama-server takes them."""
+    if value is None:
+        return default
+    if (
+        not isinstance(value, list)
+        or not 0 < len(value) <= schema.MAX_DRY_BREAKERS
+        or not all(isinstance(b, str) and 0 < len(b) <= schema.MAX_DRY_BREAKER_CHARS for b in value)
+    ):
+        raise bad_request(
+            f"dry_sequence_breakers must be 1 to {schema.MAX_DRY_BREAKERS} strings of 1 to "
+            f"{schema.MAX_DRY_BREAKER_CHARS} characters",
+            "dry_sequence_breakers",
+        )
+    for text in value:
+        _check_text(text, "dry_sequence_breakers")
+    return tuple(value)
+
+
+def _sampler_order(value: object, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The samplers' order: llama.cpp's names (a list) or its letters (a string), as llama-server reads them."""
+    if value is None:
+        return default
+    if isinstance(value, str) and len(value) <= 32:
+        names = [schema.SAMPLER_CHARS.get(char, char) for char in value]
+    elif isinstance(value, list) and len(value) <= 32 and all(isinstance(n, str) for n in value):
+        names = [schema.SAMPLER_ALIASES.get(n.lower().replace("-", "_"), n.lower().replace("-", "_")) for n in value]
+    else:
+        raise bad_request("samplers must be a list of sampler names or a string of their letters", "samplers")
+    unknown = [n for n in names if n not in schema.SAMPLER_NAMES]
+    if unknown:
+        known = ", ".join(schema.SAMPLER_NAMES)
+        raise bad_request(f"samplers: no sampler {one_line(unknown[0], 40)!r} here (known: {known})", "samplers")
+    return tuple(names)
 
 
 def _messages(value: object, limits: Limits) -> tuple[ChatMessage, ...]:

@@ -393,3 +393,41 @@ def test_a_suffix_fills_in_the_middle_through_the_models_fim_tokens(
         assert stats.n_decode == 2 + stats.generated_tokens - 1 and stats.n_decode_total >= stats.n_decode
     with open_session(tiny_models["llama"]) as session, pytest.raises(EngineError, match="no fill-in-the-middle"):
         session.plan(Generate(3, prompt="a", suffix="b"))
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.9, seed=11, typical_p=0.6),
+        SamplingParams(temperature=0.9, seed=11, mirostat=1),
+        SamplingParams(temperature=0.9, seed=11, mirostat=2, mirostat_tau=3.0, mirostat_eta=0.2),
+        SamplingParams(temperature=0.9, seed=11, dry_multiplier=0.8, dry_sequence_breakers=("a", "\n")),
+        SamplingParams(temperature=0.9, seed=11, xtc_probability=0.5, xtc_threshold=0.05),
+        SamplingParams(temperature=0.9, seed=11, top_n_sigma=1.0, samplers=("temperature", "top_n_sigma", "top_k")),
+    ],
+    ids=["typical", "mirostat", "mirostat2", "dry", "xtc", "top_n_sigma_order"],
+)
+def test_llama_servers_samplers_run_in_the_native_chain_and_repeat_by_seed(
+    llama_session: Session, sampling: SamplingParams
+) -> None:
+    def reply() -> list[int]:
+        events: list[Event] = []
+        request = Generate(1, (ChatMessage("user", "hello there"),), sampling=sampling, max_tokens=12)
+        llama_session.generate(request, events.append, lambda: False)
+        return [t for e in events if isinstance(e, TokenChunk) for t in e.token_ids]
+
+    first = reply()
+    assert len(first) == 12 and reply() == first
+
+
+def test_dry_before_a_greedy_pick_is_no_pure_greedy_chain(tiny_models: dict[str, Path]) -> None:
+    from engine_ext.params import EngineError
+    from engine_ext.sampling import Sampler
+
+    with open_session(tiny_models["llama"]) as session:
+        for params, pure in ((GREEDY, True), (SamplingParams(temperature=0.0, dry_multiplier=1.0), False)):
+            sampler = Sampler(session.model, params)
+            assert sampler.pure_greedy is pure
+            sampler.close()
+        with pytest.raises(EngineError, match="unknown sampler 'magic'"):
+            Sampler(session.model, SamplingParams(samplers=("magic",)))

@@ -273,3 +273,44 @@ def test_n_predict_is_max_tokens() -> None:
     assert chat({"messages": USER, "n_predict": -1}).max_tokens == -1
     assert refused({"messages": USER, "n_predict": 0}).param == "n_predict"
     assert parse_completion({"prompt": "a", "n_predict": 5}, DEFAULTS, LIMITS, "m").max_tokens == 5
+
+
+def test_llama_servers_sampling_fields_are_taken_and_checked() -> None:
+    job = chat(
+        {
+            "messages": USER,
+            "typical_p": 0.5,
+            "mirostat": 2,
+            "mirostat_tau": 4.0,
+            "mirostat_eta": 0.2,
+            "dry_multiplier": 0.8,
+            "dry_base": 1.5,
+            "dry_allowed_length": 3,
+            "dry_penalty_last_n": 128,
+            "dry_sequence_breakers": ["\n", "###"],
+            "xtc_probability": 0.3,
+            "xtc_threshold": 0.2,
+            "top_n_sigma": 1.5,
+            "samplers": ["top_k", "typical_p", "temp"],
+            "min_keep": 0,
+        }
+    )
+    p = job.sampling
+    assert (p.typical_p, p.mirostat, p.mirostat_tau, p.mirostat_eta) == (0.5, 2, 4.0, 0.2)
+    assert (p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n) == (0.8, 1.5, 3, 128)
+    assert p.dry_sequence_breakers == ("\n", "###") and (p.xtc_probability, p.xtc_threshold) == (0.3, 0.2)
+    assert p.top_n_sigma == 1.5 and p.samplers == ("top_k", "typ_p", "temperature")
+    assert chat({"messages": USER, "samplers": "kpt"}).sampling.samplers == ("top_k", "top_p", "temperature")
+    assert chat({"messages": USER}).sampling.samplers[0] == "penalties"  # llama.cpp's order when not given
+    for body, field in (
+        ({"mirostat": 3}, "mirostat"),
+        ({"typical_p": 1.5}, "typical_p"),
+        ({"dry_penalty_last_n": -1}, "dry_penalty_last_n"),
+        ({"dry_sequence_breakers": []}, "dry_sequence_breakers"),
+        ({"dry_sequence_breakers": [3]}, "dry_sequence_breakers"),
+        ({"samplers": ["top_k", "magic"]}, "samplers"),
+        ({"samplers": "kz"}, "samplers"),
+        ({"dynatemp_range": 0.5}, "dynatemp_range"),
+        ({"min_keep": 4}, "min_keep"),
+    ):
+        assert refused({"messages": USER, **body}).param == field, body

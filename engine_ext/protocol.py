@@ -14,7 +14,8 @@ from engine_ext.params import (
     SteeringEntry,
 )
 
-# 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only; 5: suffix
+# 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only;
+# 5: Generate.suffix (fill in the middle), ModelInfo.tool_format
 PROTOCOL_VERSION = 5
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
@@ -212,6 +213,9 @@ class ModelInfo:
     placement: str = ""  # with -ngl auto: what was placed where and why
     thinking_controls: tuple[str, ...] = ()  # what its chat template reads of enable_thinking, reasoning_effort
     mmproj: str = ""  # the projector loaded with the model (images); empty: none
+    tool_format: str = (
+        ""  # how its tool calls are written (engine_ext.tool_turn.tool_format; "generic": no tools shown)
+    )
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,14 @@ def supports_tools(template: str | None) -> bool:
     return PROBE_TOOL in text
 
 
+def tool_format(template: str | None) -> str:
+    """How a model with this template writes tool calls: its template's format (hermes, llama3, mistral; "json":
+    bare JSON), or llama.cpp's generic one when the template shows no tools."""
+    if not supports_tools(template):
+        return GENERIC
+    return template_format(template) or "json"
+
+
 def template_inputs(
     template: str | None, messages: Sequence[Mapping[str, Any]], tools_text: str | None, tool_choice: str
 ) -> tuple[Sequence[Mapping[str, Any]], list[dict[str, Any]]]:
@@ -82,7 +90,7 @@ class ToolTurn:
         self.required = request.tool_choice == "required"
         if user_grammar:
             raise ToolsError("give tools or a grammar/JSON schema, not both")
-        self.format = template_format(template) if supports_tools(template) else GENERIC
+        self.format = template_format(template) if supports_tools(template) else GENERIC  # None: bare JSON
         # The generic format's reply is JSON: the text shown is its response, decoded as it streams.
         self.generic = GenericReplyText() if self.format == GENERIC else None
         if self.format == GENERIC:

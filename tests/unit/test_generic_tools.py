@@ -80,3 +80,15 @@ def test_messages_describe_the_tools_and_write_calls_and_results_as_json() -> No
     assert generic_messages(history[1:2], [TOOL])[0]["role"] == "system"
     assert "response" not in json.dumps(generic_schema([TOOL], required=True))
     assert "response" in json.dumps(generic_schema([TOOL], required=False))
+
+
+def test_the_app_is_told_which_models_get_the_generic_format() -> None:
+    from app.modals.conversation_settings import tool_format_hint
+    from engine_ext.tool_turn import tool_format
+    from tests.tiny_models import TINY_CHAT_TEMPLATE
+    from tests.tool_templates import QWEN25_TEMPLATE
+
+    assert tool_format(TINY_CHAT_TEMPLATE) == "generic" and tool_format(None) == "generic"
+    assert tool_format(QWEN25_TEMPLATE) == "hermes"
+    assert "generic JSON format" in tool_format_hint("generic") and "hermes" in tool_format_hint("hermes")
+    assert tool_format_hint("") == ""

@@ -242,7 +242,8 @@ def build_app(
         chat_endpoint = job.endpoint == "chat"
         try:
             if chat_endpoint:
-                yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": ""}))
+                # The role first, its content null (as llama-server: a content delta is never empty)
+                yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": None}))
             elif job.echo:
                 yield responses.sse(responses.text_chunk(reply, model, job.prompt or "", index=index))
             event = first
@@ -280,7 +281,7 @@ def build_app(
                         usage_chunk = responses.chat_chunk(reply, model, {}) if chat_endpoint else dict(last)
                         usage_chunk["choices"] = []
                         usage_chunk["usage"] = responses.usage(event)
-                        usage_chunk.pop("timings", None)
+                        usage_chunk["timings"] = last["timings"]  # llama-server's usage chunk carries them too
                         yield responses.sse(usage_chunk)
                     if done:
                         yield responses.sse("[DONE]")

@@ -119,34 +119,42 @@ class GenericReplyText:
     whole escape), nothing of a call. `feed` takes the reply's raw text in pieces and gives the new text to show."""
 
     def __init__(self) -> None:
-        self.raw = ""  # the reply as the model wrote it (the JSON), for parse_generic at the end
-        self._body = -1  # where the response string's characters start in `raw` (-1: not known yet)
-        self._done = 0  # characters of `raw` decoded and given out
+        self._parts: list[str] = []  # the reply as the model wrote it (the JSON), in pieces
+        self._head: str | None = ""  # the reply until its response string opens (None: it opened)
+        self._tail = ""  # the response string's characters not given out yet (an escape cut in two)
         self._closed = False  # the response string ended, or the reply is no response
 
+    @property
+    def raw(self) -> str:
+        """The whole reply so far, for parse_generic at the end."""
+        return "".join(self._parts)
+
     def feed(self, piece: str) -> str:
-        self.raw += piece
+        self._parts.append(piece)
         if self._closed:
             return ""
-        if self._body < 0:
-            opened = _RESPONSE_OPEN.match(self.raw)
+        if self._head is not None:
+            head = self._head + piece  # a few characters: the grammar opens the object at once
+            opened = _RESPONSE_OPEN.match(head)
             if opened is None:
-                key = _KEY_OPEN.match(self.raw)
-                self._closed = key is not None and key.group(1) != "response"  # a call: no text
+                key = _KEY_OPEN.match(head)
+                self._head, self._closed = head, key is not None and key.group(1) != "response"  # a call: no text
                 return ""
-            self._body = self._done = opened.end()
-        end, self._closed = _whole_escapes(self.raw, self._done)
-        segment, self._done = self.raw[self._done : end], max(self._done, end)
+            self._head, self._tail = None, head[opened.end() :]
+        else:
+            self._tail += piece
+        end, self._closed = _whole_escapes(self._tail)
+        segment, self._tail = self._tail[:end], self._tail[end:]
         try:
             return str(json.loads(f'"{segment}"', strict=False))
         except ValueError:  # not JSON text (a grammar would not have let it through): shown as written
             return segment
 
 
-def _whole_escapes(raw: str, start: int) -> tuple[int, bool]:
-    """Where the decodable part of a JSON string body from `start` ends (no escape cut in two, a surrogate pair
-    whole), and whether the string's closing quote was reached there."""
-    i = safe = start
+def _whole_escapes(raw: str) -> tuple[int, bool]:
+    """Where the decodable part of a JSON string body ends (no escape cut in two, a surrogate pair whole), and
+    whether the string's closing quote was reached there."""
+    i = safe = 0
     while i < len(raw):
         char = raw[i]
         if char == '"':

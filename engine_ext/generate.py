@@ -36,7 +36,7 @@ from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
 from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
-from engine_ext.tool_turn import ToolTurn, offered_tools
+from engine_ext.tool_turn import ToolTurn, template_inputs
 from engine_ext.vision import (
     EncodedImage,
     NoProjector,
@@ -103,6 +103,7 @@ class Session:
         self.restored_tokens = 0  # tokens the last prompt took from a state file
         self.restored_ms = 0.0  # the time that took (reading, checking, llama.cpp loading it)
         self._disk_notices: tuple[str, ...] = ()  # state files refused for this request
+        self._decodes_before = 0  # the context's llama_decode calls when the request began
 
     # ----- prompt -----------------------------------------------------------------------------------
 
@@ -115,6 +116,23 @@ class Session:
         if self.model.add_bos and bos >= 0 and (not tokens or tokens[0] != bos):
             tokens.insert(0, bos)
         return tokens
+
+    def _infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """Fill in the middle: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID (llama-server's format_prompt_infill, its
+        prefix-suffix-middle order, without a repository's extra files)."""
+        fim = self.model.fim_tokens()
+        if fim is None:
+            raise EngineError(
+                f"{self.model.path.name} has no fill-in-the-middle tokens, so it cannot complete with a suffix; use a "
+                "code model that has them (Qwen2.5-Coder, StarCoder2, CodeLlama, Codestral)"
+            )
+        pre, suf, mid = fim
+        tokens = [self.model.bos_token] if self.model.add_bos and self.model.bos_token >= 0 else []
+
+        def text(part: str) -> list[int]:  # a file's text: a special token's name in it is only text
+            return self.model.tokenize(part, add_special=False, parse_special=False)
+
+        return [*tokens, pre, *text(prefix), suf, *text(suffix), mid]
 
     def _tokens_for(self, text: str) -> list[int]:
         """Tokens for a prompt, reusing the tokens of the longest recent text it extends."""
@@ -141,6 +159,7 @@ class Session:
         started_at: float | None = None,
     ) -> tuple[str, bool]:
         """The prompt's text, and whether it ends inside the answer of the reply being continued."""
+        messages, tools = template_inputs(self.template, messages, request.tools, request.tool_choice)
         return render_reply_prompt(
             self.template,
             messages,
@@ -150,7 +169,7 @@ class Session:
             if request.enable_thinking is None and request.reasoning_budget == 0
             else request.enable_thinking,
             reasoning_effort=request.reasoning_effort,
-            tools=offered_tools(request.tools, request.tool_choice)[0],
+            tools=tools,
             bos_token=self.bos_text,
             eos_token=self.eos_text,
             cancelled=cancelled,
@@ -170,6 +189,8 @@ class Session:
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
             plan = PromptPlan(tokens, None, 0, False, chat=False, split_last=False)
+        elif request.prompt is not None and request.suffix is not None:
+            plan = PromptPlan(self._infill_tokens(request.prompt, request.suffix), None, 0, False, chat=False)
         elif request.prompt is not None:
             plan = PromptPlan(self._tokens_for(request.prompt), request.prompt, 0, False, chat=False)
         else:
@@ -444,6 +465,7 @@ class Session:
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
+        self._decodes_before = self.ctx.decodes
         self._end_thinking_early = False
         tools = ToolTurn.of(request, self.template, self.model.path.name)
         if tools is not None:
@@ -461,12 +483,11 @@ class Session:
                 0.0,
                 _LoopResult("cancelled", 0, now, now, 0.0, None),
             )
-        calls = tools.grammar() if tools is not None else None
-        if calls is not None:
-            sampler = Sampler(self.model, request.sampling, calls.gbnf, calls.triggers)
+        if tools is not None:
+            shape = tools.grammar(plan.opens_reasoning)
         else:
             shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
-            sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
+        sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
         try:
@@ -781,6 +802,8 @@ class Session:
             image_tokens=image_token_count(plan.tokens, self.vision) if self.media else 0,
             images_encoded=self.vision.encodes - self._encodes_before[0] if self.vision is not None else 0,
             image_encode_ms=self.vision.encode_ms - self._encodes_before[1] if self.vision is not None else 0.0,
+            n_decode=self.ctx.decodes - self._decodes_before,
+            n_decode_total=self.ctx.decodes,
         )
         return Finished(request.request_id, loop.stop_reason, stats, notices, loop.speculative)
 

@@ -12,6 +12,7 @@ import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from dataclasses import replace
 from typing import Protocol
 
 from starlette.applications import Starlette
@@ -33,6 +34,7 @@ from app.server.openai_responses import ResponseShaper, ResponseStore, parse_res
 from app.server.requests import Job, parse_body, parse_chat, parse_completion, slot_filename
 from engine_ext.protocol import Finished, SlotDone, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
+from engine_ext.untrusted_text import one_line
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
 _RETRY_AFTER_S = 2
@@ -104,18 +106,25 @@ def build_app(
     async def health(request: Request) -> Response:
         return JSONResponse(metrics.health())
 
+    def model_card() -> dict[str, object]:
+        return {"id": backend.settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}
+
     async def models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": backend.settings.model_id, "object": "model", "created": started, "owned_by": "llmtui"}
-                ],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def one_model(request: Request) -> Response:
+        """OpenAI's model retrieval: the served model by its id (a 404 in OpenAI's shape for any other)."""
+        name = request.path_params["model_id"]
+        if name != backend.settings.model_id:
+            raise ApiError(404, f"the model {one_line(name, 80)!r} does not exist here", "model", "model_not_found")
+        return JSONResponse(model_card())
 
     async def metrics_text(request: Request) -> Response:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(
+            metrics.render(),
+            media_type="text/plain; version=0.0.4",
+            headers={"Process-Start-Time-Unix": str(started)},  # as llama-server sends it
+        )
 
     async def chat(request: Request) -> Response:
         body = parse_body(await read_body(request))
@@ -127,9 +136,25 @@ def build_app(
     async def completions(request: Request) -> Response:
         body = parse_body(await read_body(request))
         metrics.request()
-        return await run(
-            request,
-            parse_completion(body, backend.settings.sampling, backend.settings.limits, backend.settings.model_id),
+        s = backend.settings
+        job = parse_completion(body, s.sampling, s.limits, s.model_id)
+        if len(job.prompts) < 2:
+            return await run(request, job)
+        # A list of prompts: one choice each, run one after another.
+        jobs = [replace(job, prompt=prompt, prompts=(prompt,)) for prompt in job.prompts]
+        if job.stream:
+            return StreamingResponse(
+                stream_prompts(request, jobs),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        replies = [await collected(request, one, *await submitted(request, one)) for one in jobs]
+        return JSONResponse(responses.text_completions(replies, s.model_id, job.return_provenance))
+
+    def new_reply(job: Job) -> responses.Reply:
+        return responses.Reply(
+            calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None,
+            fingerprint=responses.system_fingerprint(backend.settings.model_path),
         )
 
     async def slots(request: Request) -> Response:
@@ -162,9 +187,9 @@ def build_app(
         timings = {f"{action}_ms": done.ms}
         return JSONResponse({"id_slot": 0, "filename": filename, **counts, "timings": timings})
 
-    async def run(request: Request, job: Job) -> Response:
+    async def submitted(request: Request, job: Job) -> tuple[Ticket, object]:
+        """`job` submitted, and its first event (an ApiError raised: nothing was answered yet)."""
         ticket = backend.submit(job, asyncio.get_running_loop())
-        reply = responses.Reply(calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None)
         try:
             first = await next_event(request, ticket)
         except BaseException:
@@ -172,12 +197,23 @@ def build_app(
             raise
         if isinstance(first, ApiError):
             raise first
+        return ticket, first
+
+    async def run(request: Request, job: Job) -> Response:
+        ticket, first = await submitted(request, job)
         if job.stream:
             return StreamingResponse(
-                stream(request, ticket, job, reply, first),
+                stream(request, ticket, job, new_reply(job), first),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
+        reply = await collected(request, job, ticket, first)
+        shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
+        return JSONResponse(shape(reply, backend.settings.model_id, job.return_provenance))
+
+    async def collected(request: Request, job: Job, ticket: Ticket, first: object) -> responses.Reply:
+        """The whole reply of a request that does not stream."""
+        reply = new_reply(job)
         try:
             event: object = first
             while True:
@@ -195,8 +231,21 @@ def build_app(
                 event = await next_event(request, ticket)
         finally:
             ticket.cancel()  # a no-op once finished; stops the generation when the client left
-        shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
-        return JSONResponse(shape(reply, backend.settings.model_id, job.return_provenance))
+        if job.echo:
+            reply.text.insert(0, job.prompt or "")
+        return reply
+
+    async def stream_prompts(request: Request, jobs: list[Job]) -> AsyncIterator[bytes]:
+        """Several prompts' completions streamed one after another, each chunk with its choice's index."""
+        for index, job in enumerate(jobs):
+            try:
+                ticket, first = await submitted(request, job)
+            except ApiError as e:
+                yield responses.sse(e.body())
+                return
+            last = index == len(jobs) - 1
+            async for chunk in stream(request, ticket, job, new_reply(job), first, index=index, done=last):
+                yield chunk
 
     async def next_event(request: Request, ticket: Ticket) -> object:
         """The ticket's next event; a client that went away cancels the generation (ApiError 499)."""
@@ -210,13 +259,24 @@ def build_app(
                     return ApiError(499, "the client went away")
 
     async def stream(
-        request: Request, ticket: Ticket, job: Job, reply: responses.Reply, first: object
+        request: Request,
+        ticket: Ticket,
+        job: Job,
+        reply: responses.Reply,
+        first: object,
+        *,
+        index: int = 0,
+        done: bool = True,
     ) -> AsyncIterator[bytes]:
+        """The request's events as SSE chunks (`index`: its choice; `done`: the stream ends with it)."""
         model = backend.settings.model_id
         chat_endpoint = job.endpoint == "chat"
         try:
             if chat_endpoint:
-                yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": ""}))
+                # The role first, its content null (as llama-server: a content delta is never empty)
+                yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": None}))
+            elif job.echo:
+                yield responses.sse(responses.text_chunk(reply, model, job.prompt or "", index=index))
             event = first
             while True:
                 if isinstance(event, ApiError):
@@ -235,7 +295,7 @@ def build_app(
                         if text or extra:
                             yield responses.sse(responses.chat_chunk(reply, model, {"content": text}, extra=extra))
                     elif event.text:
-                        yield responses.sse(responses.text_chunk(reply, model, event.text))
+                        yield responses.sse(responses.text_chunk(reply, model, event.text, index=index))
                 elif isinstance(event, Finished):
                     finish = responses.reply_finish_reason(event)
                     if chat_endpoint:
@@ -244,7 +304,7 @@ def build_app(
                     last = (
                         responses.chat_chunk(reply, model, {}, finish)
                         if chat_endpoint
-                        else responses.text_chunk(reply, model, "", finish)
+                        else responses.text_chunk(reply, model, "", finish, index=index)
                     )
                     last["timings"] = responses.timings(event)
                     yield responses.sse(last)
@@ -252,9 +312,10 @@ def build_app(
                         usage_chunk = responses.chat_chunk(reply, model, {}) if chat_endpoint else dict(last)
                         usage_chunk["choices"] = []
                         usage_chunk["usage"] = responses.usage(event)
-                        usage_chunk.pop("timings", None)
+                        usage_chunk["timings"] = last["timings"]  # llama-server's usage chunk carries them too
                         yield responses.sse(usage_chunk)
-                    yield responses.sse("[DONE]")
+                    if done:
+                        yield responses.sse("[DONE]")
                     return
                 event = await next_event(request, ticket)
         finally:
@@ -339,6 +400,8 @@ def build_app(
         Route("/v1/health", guarded(health), methods=["GET"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", guarded(one_model), methods=["GET"]),
+        Route("/models/{model_id:path}", guarded(one_model), methods=["GET"]),
         Route("/metrics", guarded(metrics_text), methods=["GET"]),
         Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
         Route("/chat/completions", guarded(chat), methods=["POST"]),

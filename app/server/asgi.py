@@ -11,8 +11,8 @@ import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Protocol
 
 from starlette.applications import Starlette

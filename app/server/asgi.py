@@ -347,14 +347,7 @@ def build_app(
 
     async def shaped(request: Request, job: Job, shaper: BlockShaper) -> Response:
         """Run `job` and answer with `shaper`'s object, or stream its events."""
-        ticket = backend.submit(job, asyncio.get_running_loop())
-        try:
-            first = await next_event(request, ticket)
-        except BaseException:
-            ticket.cancel()
-            raise
-        if isinstance(first, ApiError):
-            raise first
+        ticket, first = await submitted(request, job)
         if job.stream:
             return StreamingResponse(
                 shaped_stream(request, ticket, shaper, first),

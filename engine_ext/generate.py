@@ -36,7 +36,7 @@ from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.threads import PlainBaseline, ThreadGovernor
 from engine_ext.token_stream import PromptPlan, ReplyStream, TokenInfo
-from engine_ext.tool_turn import ToolTurn, offered_tools
+from engine_ext.tool_turn import ToolTurn, template_inputs
 from engine_ext.vision import (
     EncodedImage,
     NoProjector,
@@ -97,6 +97,7 @@ class Session(SessionState):
         self.vision: Vision | None = None  # the projector, when the model was loaded with one (engine_ext.vision)
         self.media: dict[str, EncodedImage] = {}  # the images of the request in hand, by content hash
         self._encodes_before = (0, 0.0)  # the projector's encode count and time when the request began
+        self._decodes_before = 0  # the context's llama_decode calls when the request began
 
     # ----- prompt -----------------------------------------------------------------------------------
 
@@ -135,6 +136,7 @@ class Session(SessionState):
         started_at: float | None = None,
     ) -> tuple[str, bool]:
         """The prompt's text, and whether it ends inside the answer of the reply being continued."""
+        messages, tools = template_inputs(self.template, messages, request.tools, request.tool_choice)
         return render_reply_prompt(
             self.template,
             messages,
@@ -144,7 +146,7 @@ class Session(SessionState):
             if request.enable_thinking is None and request.reasoning_budget == 0
             else request.enable_thinking,
             reasoning_effort=request.reasoning_effort,
-            tools=offered_tools(request.tools, request.tool_choice)[0],
+            tools=tools,
             bos_token=self.bos_text,
             eos_token=self.eos_text,
             cancelled=cancelled,
@@ -164,6 +166,8 @@ class Session(SessionState):
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
             plan = PromptPlan(tokens, None, 0, False, chat=False, split_last=False)
+        elif request.prompt is not None and request.suffix is not None:
+            plan = PromptPlan(self.model.infill_tokens(request.prompt, request.suffix), None, 0, False, chat=False)
         elif request.prompt is not None:
             plan = PromptPlan(self._tokens_for(request.prompt), request.prompt, 0, False, chat=False)
         else:
@@ -344,6 +348,7 @@ class Session(SessionState):
     ) -> Finished:
         """Run one request to completion, streaming TokenChunks (and speculative updates) through `emit`."""
         t_request = time.perf_counter()
+        self._decodes_before = self.ctx.decodes
         self._end_thinking_early = False
         tools = ToolTurn.of(request, self.template, self.model.path.name)
         if tools is not None:
@@ -361,12 +366,11 @@ class Session(SessionState):
                 0.0,
                 _LoopResult("cancelled", 0, now, now, 0.0, None),
             )
-        calls = tools.grammar() if tools is not None else None
-        if calls is not None:
-            sampler = Sampler(self.model, request.sampling, calls.gbnf, calls.triggers)
+        if tools is not None:
+            shape = tools.grammar(plan.opens_reasoning)
         else:
             shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
-            sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
+        sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
         spec = self.spec if request.speculative and self.spec is not None else None
         self._choose_backend_sampling(sampler, spec)
         try:
@@ -680,6 +684,8 @@ class Session(SessionState):
             image_tokens=image_token_count(plan.tokens, self.vision) if self.media else 0,
             images_encoded=self.vision.encodes - self._encodes_before[0] if self.vision is not None else 0,
             image_encode_ms=self.vision.encode_ms - self._encodes_before[1] if self.vision is not None else 0.0,
+            n_decode=self.ctx.decodes - self._decodes_before,
+            n_decode_total=self.ctx.decodes,
         )
         return Finished(request.request_id, loop.stop_reason, stats, notices, loop.speculative)
 

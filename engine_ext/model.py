@@ -310,6 +310,32 @@ class Model:
     def add_bos(self) -> bool:
         return bool(C.llama_vocab_get_add_bos(self.vocab))
 
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle: llama_vocab_fim_pre/suf/mid); None when the model
+        lacks any of them."""
+        found = (
+            C.llama_vocab_fim_pre(self.vocab),
+            C.llama_vocab_fim_suf(self.vocab),
+            C.llama_vocab_fim_mid(self.vocab),
+        )
+        return None if any(int(t) < 0 for t in found) else (int(found[0]), int(found[1]), int(found[2]))
+
+    def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """Fill in the middle: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID (llama-server's format_prompt_infill, its
+        prefix-suffix-middle order, without a repository's extra files); the files' text is only text (a special
+        token's name in it is not that token)."""
+        fim = self.fim_tokens()
+        if fim is None:
+            raise EngineError(
+                f"{self.path.name} has no fill-in-the-middle tokens, so it cannot complete with a suffix; use a "
+                "code model that has them (Qwen2.5-Coder, StarCoder2, CodeLlama, Codestral)"
+            )
+        pre, suf, mid = fim
+        bos = [self.bos_token] if self.add_bos and self.bos_token >= 0 else []
+        prefix_tokens = self.tokenize(prefix, add_special=False, parse_special=False)
+        suffix_tokens = self.tokenize(suffix, add_special=False, parse_special=False)
+        return [*bos, pre, *prefix_tokens, suf, *suffix_tokens, mid]
+
 
 @dataclass
 class Checkpoint:
@@ -385,6 +411,7 @@ class Context:
         self.n_batch = int(C.llama_n_batch(handle))
         self.n_ctx_seq = int(C.llama_n_ctx_seq(handle))  # what one sequence may hold (n_ctx unless KV is split)
         self.clears = 0  # times clear() dropped every sequence (parallel sequences know their memory is gone)
+        self.decodes = 0  # llama_decode calls on this context (llama-server's n_decode_total; not a draft's own)
         self.memory: Any = C.llama_get_memory(handle)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._stack.callback(C.llama_batch_free, self._batch)
@@ -477,6 +504,7 @@ class Context:
         batch.n_tokens = n
         self.one_output = (n == 1 or not logits_all) and logits_last
         previous = entered("decode")  # the phase the client sees (engine_ext.engine_status)
+        self.decodes += 1
         rc = C.llama_decode(handle, batch)
         left(previous)
         if rc != 0:
@@ -496,6 +524,7 @@ class Context:
         batch.n_tokens = 1
         self.one_output = True
         previous = entered("decode")  # the phase the client sees (engine_ext.engine_status)
+        self.decodes += 1
         rc = C.llama_decode(handle, batch)
         left(previous)
         if rc != 0:

@@ -76,6 +76,7 @@ class _Job:
     t_first: float = 0.0
     t_last: float = 0.0
     ttft_ms: float = 0.0
+    decodes_at_start: int = -1  # the context's llama_decode calls when it got a sequence (-1: not yet)
 
     @property
     def request_id(self) -> int:
@@ -318,6 +319,7 @@ class ParallelScheduler:
         job.stream = ReplyStream(self.model, request, plan, self.emit, self.session.token_info)
         job.t_prompt = time.perf_counter()
         slot.job = job
+        job.decodes_at_start = self.ctx.decodes
 
     def _driver(self, job: _Job) -> SpeculativeDriver | None:
         params = job.submit.speculative
@@ -539,6 +541,8 @@ class ParallelScheduler:
             n_ctx_used=len(tokens),
             dropped_messages=plan.dropped_messages if plan is not None else 0,
             n_threads=self.ctx.n_threads,
+            n_decode=self.ctx.decodes - job.decodes_at_start if job.decodes_at_start >= 0 else 0,
+            n_decode_total=self.ctx.decodes,
         )
         self.emit(Finished(job.request_id, reason, stats, notices, self._spec_stats(job)))
         if job.sampler is not None:

@@ -145,13 +145,30 @@ class SamplingParams:
     presence_penalty: float = s.PRESENCE_PENALTY.default
     frequency_penalty: float = s.FREQUENCY_PENALTY.default
     seed: int = s.SEED.default
+    # llama-server's further samplers (s.SAMPLING_MORE)
+    top_n_sigma: float = s.TOP_N_SIGMA.default
+    typical_p: float = s.TYPICAL_P.default
+    mirostat: int = s.MIROSTAT.default
+    mirostat_tau: float = s.MIROSTAT_TAU.default
+    mirostat_eta: float = s.MIROSTAT_ETA.default
+    dry_multiplier: float = s.DRY_MULTIPLIER.default
+    dry_base: float = s.DRY_BASE.default
+    dry_allowed_length: int = s.DRY_ALLOWED_LENGTH.default
+    dry_penalty_last_n: int = s.DRY_PENALTY_LAST_N.default
+    dry_sequence_breakers: tuple[str, ...] = s.DRY_SEQUENCE_BREAKERS
+    xtc_probability: float = s.XTC_PROBABILITY.default
+    xtc_threshold: float = s.XTC_THRESHOLD.default
+    samplers: tuple[str, ...] = s.SAMPLER_NAMES  # their order (llama.cpp's names); mirostat replaces them
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     def validate(self) -> None:
-        check_settings(self, s.SAMPLING)
+        check_settings(self, (*s.SAMPLING, *s.SAMPLING_MORE))
+        unknown = [name for name in self.samplers if name not in s.SAMPLER_NAMES]
+        if unknown:
+            raise EngineError(f"unknown sampler {unknown[0][:40]!r}: {', '.join(s.SAMPLER_NAMES)}")
 
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -15,10 +15,9 @@ from engine_ext.params import (
     SteeringEntry,
 )
 
-PROTOCOL_VERSION = (
-    5  # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only;
-    # 5: LoadModel.disk_cache
-)
+# 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only;
+# 5: LoadModel.disk_cache; 6: Generate.suffix (fill in the middle), ModelInfo.tool_format
+PROTOCOL_VERSION = 6
 
 StopReason = Literal["eos", "stop_string", "max_tokens", "cancelled", "context_full"]
 
@@ -73,6 +72,8 @@ class Generate:
     messages: tuple[ChatMessage, ...] = ()
     prompt: str | None = None
     prompt_tokens: tuple[int, ...] | None = None  # pre-tokenized raw prompt (benchmarks)
+    # With a raw `prompt`: fill in the middle between the prompt and this text, through the model's FIM tokens
+    suffix: str | None = None
     sampling: SamplingParams = SamplingParams()
     max_tokens: int = -1  # -1: until end of generation or the context is full
     stop: tuple[str, ...] = ()
@@ -224,6 +225,9 @@ class ModelInfo:
     placement: str = ""  # with -ngl auto: what was placed where and why
     thinking_controls: tuple[str, ...] = ()  # what its chat template reads of enable_thinking, reasoning_effort
     mmproj: str = ""  # the projector loaded with the model (images); empty: none
+    tool_format: str = (
+        ""  # how its tool calls are written (engine_ext.tool_turn.tool_format; "generic": no tools shown)
+    )
 
 
 @dataclass(frozen=True)
@@ -312,6 +316,8 @@ class GenerationStats:
     image_tokens: int = 0  # of the prompt's tokens, those its images take (embeddings from the projector)
     images_encoded: int = 0  # images the projector encoded for this request (0: all came from its cache)
     image_encode_ms: float = 0.0  # the time encoding them took (part of prompt_ms)
+    n_decode: int = 0  # llama_decode calls while this request ran (its prompt's and its reply's)
+    n_decode_total: int = 0  # llama_decode calls of the engine's context so far (it counts from 0 at each load)
 
     @property
     def prompt_tps(self) -> float:

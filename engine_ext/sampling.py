@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_ext import settings_schema as s
 from engine_ext.bindings import C, logits_address
 from engine_ext.engine_status import entered, left, phase
 from engine_ext.model import Context, Model
@@ -49,6 +50,25 @@ class FloatRows:
         return self._view[:n_rows]
 
 
+def _changes_anything(name: str, p: SamplingParams) -> bool:
+    """Whether sampler `name` changes anything with these parameters (one that does not stays out of the chain)."""
+    if name == "penalties":
+        return (p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and bool(
+            p.repeat_last_n
+        )
+    switched = {
+        "dry": p.dry_multiplier > 0.0 and p.dry_penalty_last_n > 0,
+        "top_n_sigma": p.top_n_sigma >= 0.0,
+        "top_k": p.top_k > 0,
+        "typ_p": p.typical_p < 1.0,
+        "top_p": p.top_p < 1.0,
+        "min_p": p.min_p > 0.0,
+        "xtc": p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5,
+        "temperature": True,
+    }
+    return switched.get(name, False)
+
+
 class Sampler:
     """A native llama_sampler chain; `sample()` reads one logits row, samples and accepts the token.
 
@@ -79,35 +99,63 @@ class Sampler:
             self._grammar = _Grammar(model, grammar, triggers, root)
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
-        chain: Any = C.llama_sampler_chain_init(chain_params)
-        self._chain: Any = chain
-        add = C.llama_sampler_chain_add
-        penalized = params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-        if penalized and params.repeat_last_n != 0:
-            add(
-                chain,
-                C.llama_sampler_init_penalties(
-                    model.n_vocab,  # llama.h 0.3.36: n_vocab comes first
-                    params.repeat_last_n,
-                    params.repeat_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                ),
-            )
+        self._chain: Any = C.llama_sampler_chain_init(chain_params)
+        self._breakers: Any = None  # DRY's sequence breakers, kept alive with the chain
+        # The samplers in the request's order that change anything (common/sampling.cpp's chain; mirostat takes the
+        # place of all but the penalties and DRY, as upstream's does not run them at all: here they shape its logits).
+        used = [name for name in params.samplers if _changes_anything(name, params)]
+        shaping = [name for name in used if name in ("penalties", "dry")]
         # Only the greedy sampler in the chain (no penalties, no grammar): argmax of the raw logits is its choice.
-        self.pure_greedy = params.greedy and not (penalized and params.repeat_last_n != 0) and self._grammar is None
-        self._greedy = params.greedy and not (penalized and params.repeat_last_n != 0)  # argmax, grammar or not
+        self.pure_greedy = params.greedy and not shaping and self._grammar is None
+        self._greedy = params.greedy and not shaping  # argmax, grammar or not
+        seed = params.seed & 0xFFFFFFFF
         if params.greedy:
-            add(chain, C.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            add(chain, C.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            add(chain, C.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            add(chain, C.llama_sampler_init_min_p(params.min_p, 1))
-        add(chain, C.llama_sampler_init_temp(params.temperature))
-        add(chain, C.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
+            for name in shaping:
+                self._add(model, name, params)
+            self._append(C.llama_sampler_init_greedy())
+        elif params.mirostat:
+            for name in shaping:
+                self._add(model, name, params)
+            self._append(C.llama_sampler_init_temp(params.temperature))
+            tau, eta = params.mirostat_tau, params.mirostat_eta
+            if params.mirostat == 1:
+                self._append(C.llama_sampler_init_mirostat(model.n_vocab, seed, tau, eta, 100))
+            else:
+                self._append(C.llama_sampler_init_mirostat_v2(seed, tau, eta))
+        else:
+            for name in used:
+                self._add(model, name, params)
+            self._append(C.llama_sampler_init_dist(seed))
+
+    def _append(self, sampler: Any) -> None:
+        C.llama_sampler_chain_add(self._chain, sampler)
+
+    def _add(self, model: Model, name: str, p: SamplingParams) -> None:
+        """Sampler `name` at the chain's end, as common/sampling.cpp makes it (min_keep 1 where it takes one)."""
+        if name == "penalties":
+            # llama.h 0.3.36: n_vocab comes first
+            penalties = (p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+            self._append(C.llama_sampler_init_penalties(model.n_vocab, *penalties))
+        elif name == "dry":
+            breakers = [text.encode("utf-8") for text in p.dry_sequence_breakers]
+            self._breakers = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
+            base = p.dry_base if p.dry_base >= 1.0 else s.DRY_BASE.default  # llama-server's: below 1, the default
+            dry = (p.dry_multiplier, base, p.dry_allowed_length, p.dry_penalty_last_n)
+            self._append(C.llama_sampler_init_dry(model.vocab, *dry, self._breakers, len(breakers)))
+        elif name == "top_n_sigma":
+            self._append(C.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+        elif name == "top_k":
+            self._append(C.llama_sampler_init_top_k(p.top_k))
+        elif name == "typ_p":
+            self._append(C.llama_sampler_init_typical(p.typical_p, 1))
+        elif name == "top_p":
+            self._append(C.llama_sampler_init_top_p(p.top_p, 1))
+        elif name == "min_p":
+            self._append(C.llama_sampler_init_min_p(p.min_p, 1))
+        elif name == "xtc":
+            self._append(C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, p.seed & 0xFFFFFFFF))
+        elif name == "temperature":
+            self._append(C.llama_sampler_init_temp(p.temperature))
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from the logits of output row `idx` (-1: the last one) and accept the token."""

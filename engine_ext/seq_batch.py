@@ -64,6 +64,7 @@ class SeqBatch:
         batch.n_tokens = self.n
         ctx.one_output = False  # rows are read by index (Sampler.sample(ctx, row))
         previous = entered("decode")  # the phase the client sees (engine_ext.engine_status)
+        ctx.decodes += 1
         rc = C.llama_decode(handle, batch)
         left(previous)
         self.n = 0

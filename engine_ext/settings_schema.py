@@ -330,6 +330,75 @@ N_PREDICT = Setting(
     wanted="-1 (no limit) or positive",
 )
 
+# ----- llama-server's further samplers (SamplingParams; per request on the API server, in llama.cpp's chain order) ----
+
+# llama.cpp's sampler names (common/sampling.cpp) in its default order; a request's `samplers` orders them.
+SAMPLER_NAMES: tuple[str, ...] = (
+    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+)  # fmt: skip
+SAMPLER_CHARS = dict(zip("edskypmxt", SAMPLER_NAMES, strict=True))  # llama-server's one-letter names
+SAMPLER_ALIASES = {"typical_p": "typ_p", "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
+TYPICAL_P = Setting(
+    "typical_p", float, 1.0, "locally typical sampling (1 disables it)", flag="--typical", minimum=0.0, maximum=1.0
+)
+MIROSTAT = Setting(
+    "mirostat",
+    int,
+    0,
+    "Mirostat sampling (0: off, 1: Mirostat, 2: Mirostat 2.0)",
+    flag="--mirostat",
+    minimum=0,
+    maximum=2,
+)
+MIROSTAT_TAU = Setting("mirostat_tau", float, 5.0, "Mirostat's target entropy", flag="--mirostat-ent", minimum=0.0)
+MIROSTAT_ETA = Setting("mirostat_eta", float, 0.1, "Mirostat's learning rate", flag="--mirostat-lr", minimum=0.0)
+TOP_N_SIGMA = Setting(
+    "top_n_sigma",
+    float,
+    -1.0,
+    "keeps tokens within n standard deviations of the top logit (below 0: off)",
+    flag="--top-nsigma",
+)
+DRY_MULTIPLIER = Setting(
+    "dry_multiplier", float, 0.0, "DRY repetition penalty (0 disables it)", flag="--dry-multiplier", minimum=0.0
+)
+DRY_BASE = Setting(
+    "dry_base", float, 1.75, "DRY's base (below 1: 1.75, as llama-server takes it)", flag="--dry-base", minimum=0.0
+)
+DRY_ALLOWED_LENGTH = Setting(
+    "dry_allowed_length",
+    int,
+    2,
+    "repeats DRY lets pass unpenalised",
+    flag="--dry-allowed-length",
+    minimum=0,
+    maximum=INT32_MAX,
+)
+DRY_PENALTY_LAST_N = Setting(
+    "dry_penalty_last_n",
+    int,
+    64,
+    "tokens DRY looks back on (0 disables it)",
+    flag="--dry-penalty-last-n",
+    minimum=0,
+    maximum=INT32_MAX,
+)
+# Lists, not settings (a Setting is one value): DRY's sequence breakers and the samplers' order, llama.cpp's defaults.
+DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
+MAX_DRY_BREAKERS, MAX_DRY_BREAKER_CHARS = 64, 64  # what a request may give
+XTC_PROBABILITY = Setting(
+    "xtc_probability",
+    float,
+    0.0,
+    "XTC's chance to cut the top tokens (0 disables it)",
+    flag="--xtc-probability",
+    minimum=0.0,
+    maximum=1.0,
+)
+XTC_THRESHOLD = Setting(
+    "xtc_threshold", float, 0.1, "XTC's probability threshold", flag="--xtc-threshold", minimum=0.0, maximum=1.0
+)
+
 # ----- reasoning (Generate's reasoning fields; engine_ext.reasoning) ---------------------------------------------
 
 REASONING_EFFORTS: tuple[str, ...] = ("default", "low", "medium", "high")  # llama.cpp's names ("default": unset)
@@ -409,6 +478,21 @@ SAMPLING: tuple[Setting[Any], ...] = (
     PRESENCE_PENALTY,
     FREQUENCY_PENALTY,
     SEED,
+)
+# llama-server's further samplers: taken per request by the API server (no screen shows them and the command line
+# does not take them; `flag` names llama.cpp's own).
+SAMPLING_MORE: tuple[Setting[Any], ...] = (
+    TOP_N_SIGMA,
+    TYPICAL_P,
+    MIROSTAT,
+    MIROSTAT_TAU,
+    MIROSTAT_ETA,
+    DRY_MULTIPLIER,
+    DRY_BASE,
+    DRY_ALLOWED_LENGTH,
+    DRY_PENALTY_LAST_N,
+    XTC_PROBABILITY,
+    XTC_THRESHOLD,
 )
 SPECULATIVE: tuple[Setting[Any], ...] = (SPEC_TYPE, DRAFT_MODEL, *DRAFT_NUMBERS, DRAFT_FIXED)
 CACHE: tuple[Setting[Any], ...] = (CACHE_DISK, CACHE_BUDGET_MIB)

@@ -61,7 +61,7 @@ def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
-def _loads(text: str) -> Any:
+def loads_json(text: str) -> Any:
     """json.loads without NaN/Infinity; ValueError (with RecursionError folded in) for anything else."""
     try:
         return json.loads(text, parse_constant=_no_constant, strict=False)
@@ -75,7 +75,7 @@ def read_tools(text: str) -> list[dict[str, Any]]:
     if len(text) > MAX_TOOLS_CHARS:
         raise ToolsError(f"the tool definitions have {len(text)} characters; at most {MAX_TOOLS_CHARS}")
     try:
-        data = _loads(text)
+        data = loads_json(text)
     except ValueError as e:
         raise ToolsError(f"the tool definitions are not JSON: {one_line(str(e), 120)}") from None
     if isinstance(data, dict):
@@ -168,7 +168,7 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
     if message.tool_calls:
         calls = []
         for call in calls_from_json(message.tool_calls):
-            arguments = _loads(call.arguments) if call.arguments else {}
+            arguments = loads_json(call.arguments) if call.arguments else {}
             function = {"name": call.name, "arguments": arguments}
             calls.append({"id": call.id, "type": "function", "function": function, **function})
         out["tool_calls"] = calls
@@ -189,7 +189,7 @@ def calls_to_json(calls: Sequence[ToolCall]) -> str:
 def calls_from_json(text: str) -> list[ToolCall]:
     """ChatMessage.tool_calls back as calls; ToolsError when it is not that array."""
     try:
-        data = _loads(text) if len(text) <= MAX_REPLY_CHARS else None
+        data = loads_json(text) if len(text) <= MAX_REPLY_CHARS else None
     except ValueError:
         data = None
     if not isinstance(data, list):
@@ -229,7 +229,7 @@ def _json_at(text: str, start: int) -> tuple[Any, int]:
         raise ValueError("nested too deeply") from None
 
 
-def _call_of(value: Any, known: Sequence[str]) -> ToolCall:
+def call_of(value: Any, known: Sequence[str]) -> ToolCall:
     """A call from one parsed JSON object; ValueError says what is wrong with it."""
     if not isinstance(value, dict):
         raise ValueError("a tool call is not a JSON object")
@@ -243,7 +243,7 @@ def _call_of(value: Any, known: Sequence[str]) -> ToolCall:
         raise ValueError(f"the model called {name!r}, which is not one of the tools it was given")
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as JSON text
-        arguments = _loads(arguments) if len(arguments) <= MAX_ARGUMENTS_CHARS else None
+        arguments = loads_json(arguments) if len(arguments) <= MAX_ARGUMENTS_CHARS else None
     if not isinstance(arguments, dict):
         raise ValueError(f"the call of {name!r} has arguments that are not a JSON object")
     text = json.dumps(arguments, ensure_ascii=False)
@@ -267,7 +267,7 @@ def _hermes(text: str, known: Sequence[str]) -> Iterator[tuple[int, int, list[To
         value, used = _json_at(body, 0)
         if body[used:].strip():
             raise ValueError("a <tool_call> block holds more than one JSON object")
-        yield at, end, [_call_of(value, known)]
+        yield at, end, [call_of(value, known)]
         at = text.find(HERMES_OPEN, end)
 
 
@@ -283,7 +283,7 @@ def _json_calls(text: str, start: int, known: Sequence[str]) -> tuple[list[ToolC
         values.append(value)
     if len(values) > MAX_CALLS:
         raise ValueError(f"the reply makes {len(values)} calls; at most {MAX_CALLS}")
-    return [_call_of(v, known) for v in values], end
+    return [call_of(v, known) for v in values], end
 
 
 def _answer(text: str, opens_reasoning: bool) -> str:

@@ -1,15 +1,25 @@
-"""A generation with tools, in the worker: the template's tool support checked (a model without it is named, not
-guessed at), the lazy grammar that holds calls to their schemas, and the calls parsed from the reply for Finished."""
+"""A generation with tools, in the worker: the template's tool support checked (a template that shows no tools gets
+llama.cpp's generic format, engine_ext.generic_tools), the grammar that holds calls to their schemas (lazy in the
+template's own format), and the calls parsed from the reply for Finished."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 from engine_ext.chat_prompt import ChatTemplateError, render_chat
-from engine_ext.grammar import MAX_SCHEMA_CHARS
+from engine_ext.generic_tools import (
+    GENERIC,
+    GenericReplyText,
+    generic_messages,
+    generic_notice,
+    generic_schema,
+    parse_generic,
+)
+from engine_ext.grammar import MAX_SCHEMA_CHARS, ReplyGrammar, reply_grammar
 from engine_ext.protocol import Event, Finished, Generate, TokenChunk
 from engine_ext.tool_calls import (
     PROBE_MESSAGES,
@@ -21,7 +31,7 @@ from engine_ext.tool_calls import (
     tool_names,
     tools_of,
 )
-from engine_ext.tool_grammar import ToolGrammar, fitting_tools, tool_grammar
+from engine_ext.tool_grammar import fitting_tools, tool_grammar
 from engine_ext.untrusted_text import one_line
 
 
@@ -51,6 +61,25 @@ def supports_tools(template: str | None) -> bool:
     return PROBE_TOOL in text
 
 
+def tool_format(template: str | None) -> str:
+    """How a model with this template writes tool calls: its template's format (hermes, llama3, mistral; "json":
+    bare JSON), or llama.cpp's generic one when the template shows no tools."""
+    if not supports_tools(template):
+        return GENERIC
+    return template_format(template) or "json"
+
+
+def template_inputs(
+    template: str | None, messages: Sequence[Mapping[str, Any]], tools_text: str | None, tool_choice: str
+) -> tuple[Sequence[Mapping[str, Any]], list[dict[str, Any]]]:
+    """The messages and tools a request's prompt is rendered with: the tools it offers go to a template that shows
+    them; for one that does not, they are described in the messages instead (the generic format)."""
+    tools = offered_tools(tools_text, tool_choice)[0]
+    if tools and not supports_tools(template):
+        return generic_messages(messages, tools), []
+    return messages, tools
+
+
 class ToolTurn:
     """The tools of one request: what the template gets, the grammar, and the calls its reply made."""
 
@@ -58,15 +87,14 @@ class ToolTurn:
         self.tools, self.notice = offered_tools(request.tools, request.tool_choice)
         if not self.tools:
             raise ToolsError(self.notice)
-        self.format = template_format(template)
         self.required = request.tool_choice == "required"
         if user_grammar:
             raise ToolsError("give tools or a grammar/JSON schema, not both")
-        if not supports_tools(template):
-            raise ToolsError(
-                f"the chat template of {model_name} has no tool support (it does not show the tools it is given); "
-                "use a model whose template takes tools (Qwen 2.5/3, Llama 3.1+, Mistral, Hermes)"
-            )
+        self.format = template_format(template) if supports_tools(template) else GENERIC  # None: bare JSON
+        # The generic format's reply is JSON: the text shown is its response, decoded as it streams.
+        self.generic = GenericReplyText() if self.format == GENERIC else None
+        if self.format == GENERIC:
+            self.notice = "; ".join(line for line in (generic_notice(model_name), self.notice) if line)
         self.token_ids: list[int] = []
 
     @staticmethod
@@ -77,22 +105,34 @@ class ToolTurn:
         user_grammar = request.grammar is not None or request.json_schema is not None
         return ToolTurn(request, template, model_name, user_grammar)
 
-    def grammar(self) -> ToolGrammar:
-        return tool_grammar(self.tools, self.format, required=self.required)
+    def grammar(self, opens_reasoning: bool) -> ReplyGrammar:
+        """The calls' grammar: lazy, from a call's opening, in the template's format; from the first token (after
+        the thinking of a reply that opens in it) in the generic format."""
+        if self.generic is not None:
+            schema = json.dumps(generic_schema(self.tools, required=self.required))
+            return reply_grammar(None, schema, opens_reasoning=opens_reasoning)
+        calls = tool_grammar(self.tools, self.format, required=self.required)
+        return ReplyGrammar(calls.gbnf, calls.triggers)
 
     def watch(self, emit: Callable[[Event], None]) -> Callable[[Event], None]:
-        """`emit` that also keeps the reply's token ids (the calls are parsed from them, special tokens written)."""
+        """`emit` that also keeps the reply's token ids (the calls are parsed from them, special tokens written);
+        in the generic format, the answer text it passes on is the response's, not the JSON."""
 
         def watched(event: Event) -> None:
             if isinstance(event, TokenChunk):
                 self.token_ids.extend(event.token_ids)
+                if self.generic is not None:
+                    event = dataclasses.replace(event, text=self.generic.feed(event.text), text_ends=())
             emit(event)
 
         return watched
 
     def finish(self, finished: Finished, piece: Callable[[int], bytes], opens_reasoning: bool) -> Finished:
         """`finished` with the calls of the reply (and a notice when a call it started was refused)."""
-        text = b"".join(map(piece, self.token_ids)).decode("utf-8", errors="replace")
-        parsed = parse_reply(text, tool_names(self.tools), self.format, opens_reasoning=opens_reasoning)
+        if self.generic is not None:
+            parsed = parse_generic(self.generic.raw, tool_names(self.tools))
+        else:
+            text = b"".join(map(piece, self.token_ids)).decode("utf-8", errors="replace")
+            parsed = parse_reply(text, tool_names(self.tools), self.format, opens_reasoning=opens_reasoning)
         notices = finished.notices + tuple(line for line in (self.notice, parsed.refusal) if line)
         return dataclasses.replace(finished, tool_calls=parsed.calls, notices=notices)

@@ -271,6 +271,7 @@ class Worker:
         from engine_ext.generate import Session
         from engine_ext.gguf import refuse_draft_as_model
         from engine_ext.model import Context, Model
+        from engine_ext.tool_turn import tool_format
 
         self.unload()
         path = Path(request.path)
@@ -366,6 +367,7 @@ class Worker:
             placement=placement,
             thinking_controls=template_thinking_controls(model.chat_template),
             mmproj=request.model.mmproj or "",
+            tool_format=tool_format(model.chat_template),
         )
         self.send(Loaded(info))
 

@@ -223,6 +223,7 @@ def _token_type(text: str) -> int:
     return _TOKEN_TYPE_NORMAL
 
 
+_fim_tokens: contextvars.ContextVar[bool] = contextvars.ContextVar("tiny_fim_tokens", default=False)
 _chat_template: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tiny_chat_template", default=TINY_CHAT_TEMPLATE
 )
@@ -243,6 +244,10 @@ def _add_tokenizer(w: GGUFWriter) -> None:
     w.add_uint32("tokenizer.ggml.mask_token_id", ids["<|mask|>"])
     w.add_bool("tokenizer.ggml.add_bos_token", False)
     w.add_bool("tokenizer.ggml.add_eos_token", False)
+    if _fim_tokens.get():  # fill in the middle: three special tokens named as FIM's prefix, suffix and middle
+        w.add_uint32("tokenizer.ggml.fim_pre_token_id", ids["<think>"])
+        w.add_uint32("tokenizer.ggml.fim_suf_token_id", ids["</think>"])
+        w.add_uint32("tokenizer.ggml.fim_mid_token_id", ids["<|mask|>"])
     template = _chat_template.get()
     if template is not None:
         w.add_string("tokenizer.chat_template", template)
@@ -758,20 +763,24 @@ _BUILDERS: dict[str, Callable[[Path, int], Path]] = {
 assert tuple(_BUILDERS) == TINY_KINDS
 
 
-def write_tiny_model(kind: str, path: Path, *, seed: int = 0, chat_template: str | None = TINY_CHAT_TEMPLATE) -> Path:
+def write_tiny_model(
+    kind: str, path: Path, *, seed: int = 0, chat_template: str | None = TINY_CHAT_TEMPLATE, fim_tokens: bool = False
+) -> Path:
     """Write the tiny model ``kind`` (one of :data:`TINY_KINDS`) to ``path`` and return ``path``.
 
-    ``chat_template`` replaces the embedded chatml template; None writes no template at all.
+    ``chat_template`` replaces the embedded chatml template; None writes no template at all. ``fim_tokens`` names
+    three special tokens as the fill-in-the-middle ones.
     """
     try:
         builder = _BUILDERS[kind]
     except KeyError:
         raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {TINY_KINDS}") from None
-    token = _chat_template.set(chat_template)
+    token, fim = _chat_template.set(chat_template), _fim_tokens.set(fim_tokens)
     try:
         return builder(Path(path), seed)
     finally:
         _chat_template.reset(token)
+        _fim_tokens.reset(fim)
 
 
 def write_all(directory: Path) -> dict[str, Path]:

@@ -91,6 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         settings = ServerSettings(
             model_id=args.alias or Path(path).name,
+            model_path=str(path),
             sampling=sampling_params(args),
             speculative=spec,
             steering=steering,

@@ -11,7 +11,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -34,6 +34,7 @@ from app.server.openai_responses import ResponseShaper, ResponseStore, parse_res
 from app.server.requests import Job, parse_body, parse_chat, parse_completion, slot_filename
 from engine_ext.protocol import Finished, SlotDone, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
+from engine_ext.untrusted_text import one_line
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
 _RETRY_AFTER_S = 2
@@ -156,14 +157,30 @@ async def health(request: Request) -> Response:
     return JSONResponse(server_of(request).metrics.health())
 
 
-async def models(request: Request) -> Response:
+def model_card(request: Request) -> dict[str, object]:
     s = server_of(request)
-    model = {"id": s.backend.settings.model_id, "object": "model", "created": s.started, "owned_by": "llmtui"}
-    return JSONResponse({"object": "list", "data": [model]})
+    return {"id": s.backend.settings.model_id, "object": "model", "created": s.started, "owned_by": "llmtui"}
+
+
+async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [model_card(request)]})
+
+
+async def one_model(request: Request) -> Response:
+    """OpenAI's model retrieval: the served model by its id (a 404 in OpenAI's shape for any other)."""
+    name = request.path_params["model_id"]
+    if name != server_of(request).backend.settings.model_id:
+        raise ApiError(404, f"the model {one_line(name, 80)!r} does not exist here", "model", "model_not_found")
+    return JSONResponse(model_card(request))
 
 
 async def metrics_text(request: Request) -> Response:
-    return PlainTextResponse(server_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
+    s = server_of(request)
+    return PlainTextResponse(
+        s.metrics.render(),
+        media_type="text/plain; version=0.0.4",
+        headers={"Process-Start-Time-Unix": str(s.started)},  # as llama-server sends it
+    )
 
 
 async def chat(request: Request) -> Response:
@@ -179,16 +196,42 @@ async def completions(request: Request) -> Response:
     body = parse_body(await read_body(request))
     s.metrics.request()
     settings = s.backend.settings
-    return await run(request, parse_completion(body, settings.sampling, settings.limits, settings.model_id))
+    job = parse_completion(body, settings.sampling, settings.limits, settings.model_id)
+    if len(job.prompts) < 2:
+        return await run(request, job)
+    # A list of prompts: one choice each, run one after another.
+    jobs = [replace(job, prompt=prompt, prompts=(prompt,)) for prompt in job.prompts]
+    if job.stream:
+        return event_stream(stream_prompts(request, jobs))
+    replies = [await collected(request, one, *await submitted(request, one)) for one in jobs]
+    return JSONResponse(responses.text_completions(replies, settings.model_id, job.return_provenance))
+
+
+def new_reply(request: Request, job: Job) -> responses.Reply:
+    return responses.Reply(
+        calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None,
+        fingerprint=responses.system_fingerprint(server_of(request).backend.settings.model_path),
+    )
+
+
+async def submitted(request: Request, job: Job) -> tuple[Ticket, object]:
+    """`job` submitted, and its first event (an ApiError raised: nothing was answered yet)."""
+    ticket = server_of(request).backend.submit(job, asyncio.get_running_loop())
+    return ticket, await first_event(request, ticket)
 
 
 async def run(request: Request, job: Job) -> Response:
-    backend = server_of(request).backend
-    ticket = backend.submit(job, asyncio.get_running_loop())
-    reply = responses.Reply(calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None)
-    first = await first_event(request, ticket)
+    ticket, first = await submitted(request, job)
     if job.stream:
-        return event_stream(stream(request, ticket, job, reply, first))
+        return event_stream(stream(request, ticket, job, new_reply(request, job), first))
+    reply = await collected(request, job, ticket, first)
+    shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
+    return JSONResponse(shape(reply, server_of(request).backend.settings.model_id, job.return_provenance))
+
+
+async def collected(request: Request, job: Job, ticket: Ticket, first: object) -> responses.Reply:
+    """The whole reply of a request that does not stream."""
+    reply = new_reply(request, job)
     try:
         event: object = first
         while True:
@@ -206,18 +249,43 @@ async def run(request: Request, job: Job) -> Response:
             event = await next_event(request, ticket)
     finally:
         ticket.cancel()  # a no-op once finished; stops the generation when the client left
-    shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
-    return JSONResponse(shape(reply, backend.settings.model_id, job.return_provenance))
+    if job.echo:
+        reply.text.insert(0, job.prompt or "")
+    return reply
+
+
+async def stream_prompts(request: Request, jobs: list[Job]) -> AsyncIterator[bytes]:
+    """Several prompts' completions streamed one after another, each chunk with its choice's index."""
+    for index, job in enumerate(jobs):
+        try:
+            ticket, first = await submitted(request, job)
+        except ApiError as e:
+            yield responses.sse(e.body())
+            return
+        last = index == len(jobs) - 1
+        async for chunk in stream(request, ticket, job, new_reply(request, job), first, index=index, done=last):
+            yield chunk
 
 
 async def stream(
-    request: Request, ticket: Ticket, job: Job, reply: responses.Reply, first: object
+    request: Request,
+    ticket: Ticket,
+    job: Job,
+    reply: responses.Reply,
+    first: object,
+    *,
+    index: int = 0,
+    done: bool = True,
 ) -> AsyncIterator[bytes]:
+    """The request's events as SSE chunks (`index`: its choice; `done`: the stream ends with it)."""
     model = server_of(request).backend.settings.model_id
     chat_endpoint = job.endpoint == "chat"
     try:
         if chat_endpoint:
-            yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": ""}))
+            # The role first, its content null (as llama-server: a content delta is never empty)
+            yield responses.sse(responses.chat_chunk(reply, model, {"role": "assistant", "content": None}))
+        elif job.echo:
+            yield responses.sse(responses.text_chunk(reply, model, job.prompt or "", index=index))
         event = first
         while True:
             if isinstance(event, ApiError):
@@ -236,18 +304,21 @@ async def stream(
                     if text or extra:
                         yield responses.sse(responses.chat_chunk(reply, model, {"content": text}, extra=extra))
                 elif event.text:
-                    yield responses.sse(responses.text_chunk(reply, model, event.text))
+                    yield responses.sse(responses.text_chunk(reply, model, event.text, index=index))
             elif isinstance(event, Finished):
-                for chunk in final_chunks(job, reply, model, event):
+                for chunk in final_chunks(job, reply, model, event, index):
                     yield responses.sse(chunk)
-                yield responses.sse("[DONE]")
+                if done:
+                    yield responses.sse("[DONE]")
                 return
             event = await next_event(request, ticket)
     finally:
         ticket.cancel()
 
 
-def final_chunks(job: Job, reply: responses.Reply, model: str, event: Finished) -> list[dict[str, object]]:
+def final_chunks(
+    job: Job, reply: responses.Reply, model: str, event: Finished, index: int = 0
+) -> list[dict[str, object]]:
     """A streamed reply's last chunks: its tool calls, the finish reason with the timings, the usage if asked."""
     chat_endpoint = job.endpoint == "chat"
     finish = responses.reply_finish_reason(event)
@@ -257,7 +328,7 @@ def final_chunks(job: Job, reply: responses.Reply, model: str, event: Finished) 
     last = (
         responses.chat_chunk(reply, model, {}, finish)
         if chat_endpoint
-        else responses.text_chunk(reply, model, "", finish)
+        else responses.text_chunk(reply, model, "", finish, index=index)
     )
     last["timings"] = responses.timings(event)
     chunks.append(last)
@@ -265,7 +336,7 @@ def final_chunks(job: Job, reply: responses.Reply, model: str, event: Finished) 
         usage_chunk = responses.chat_chunk(reply, model, {}) if chat_endpoint else dict(last)
         usage_chunk["choices"] = []
         usage_chunk["usage"] = responses.usage(event)
-        usage_chunk.pop("timings", None)
+        usage_chunk["timings"] = last["timings"]  # llama-server's usage chunk carries them too
         chunks.append(usage_chunk)
     return chunks
 
@@ -300,8 +371,7 @@ async def openai_response(request: Request) -> Response:
 
 async def shaped(request: Request, job: Job, shaper: BlockShaper) -> Response:
     """Run `job` and answer with `shaper`'s object, or stream its events."""
-    ticket = server_of(request).backend.submit(job, asyncio.get_running_loop())
-    first = await first_event(request, ticket)
+    ticket, first = await submitted(request, job)
     if job.stream:
         return event_stream(shaped_stream(request, ticket, shaper, first))
     try:
@@ -378,6 +448,8 @@ ROUTES: Final[tuple[tuple[str, str, Handler, ErrorShape | None], ...]] = (
     ("GET", "/v1/health", health, None),
     ("GET", "/v1/models", models, None),
     ("GET", "/models", models, None),
+    ("GET", "/v1/models/{model_id:path}", one_model, None),
+    ("GET", "/models/{model_id:path}", one_model, None),
     ("GET", "/metrics", metrics_text, None),
     ("POST", "/v1/chat/completions", chat, None),
     ("POST", "/chat/completions", chat, None),

@@ -44,6 +44,7 @@ class ServerSettings:
     """What the server answers with when a request does not say (the `serve` flags or the app's settings)."""
 
     model_id: str
+    model_path: str = ""  # the loaded model's file (responses.system_fingerprint reads it; "": not known)
     sampling: SamplingParams = SamplingParams()
     speculative: SpeculativeParams = SpeculativeParams()  # as loaded: model drafters only as loaded here
     steering: tuple[SteeringEntry, ...] = ()
@@ -157,6 +158,7 @@ class JobServer:
             request_id=request_id,
             messages=job.messages,
             prompt=job.prompt,
+            suffix=job.suffix,
             sampling=job.sampling,
             max_tokens=job.max_tokens,
             stop=job.stop,

@@ -15,11 +15,17 @@ class _Totals:
     refused: int = 0  # 4xx and 503 answers
     failed: int = 0  # the engine failed or crashed
     prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0
     prompt_ms: float = 0.0
     predicted_tokens: int = 0
     predicted_ms: float = 0.0
     draft_n: int = 0
     draft_accepted: int = 0
+    draft_steps: int = 0
+    decodes: int = 0  # the engine's llama_decode calls while this server ran
+    decodes_seen: int = 0  # the engine's own count at the last reply (it starts again at 0 when the engine restarts)
+    slot_decodes: int = 0  # the llama_decode calls each reply took part in, added up (busy slots per decode)
+    tokens_max: int = 0  # the longest sequence: a prompt and its reply
     processing: int = 0
     deferred: int = 0
     last_predicted_per_second: float = 0.0
@@ -54,13 +60,20 @@ class Metrics:
         with self._lock:
             t = self._t
             t.prompt_tokens += s.prompt_tokens_evaluated
+            t.prompt_tokens_cached += s.prompt_tokens_cached
             t.prompt_ms += s.prompt_ms
+            restarted = s.n_decode_total < t.decodes_seen
+            t.decodes += s.n_decode_total - (0 if restarted else t.decodes_seen)
+            t.decodes_seen = s.n_decode_total
+            t.slot_decodes += s.n_decode
+            t.tokens_max = max(t.tokens_max, s.prompt_tokens + s.generated_tokens)
             t.predicted_tokens += s.generated_tokens
             t.predicted_ms += s.decode_ms
             t.last_predicted_per_second = s.decode_tps
             if done.speculative is not None:
                 t.draft_n += done.speculative.drafted
                 t.draft_accepted += done.speculative.accepted
+                t.draft_steps += done.speculative.steps
 
     def queue_now(self) -> tuple[int, int]:
         """Requests generating and waiting now."""
@@ -86,9 +99,20 @@ class Metrics:
             t = _Totals(**vars(self._t))
         rows = [
             ("llamacpp:prompt_tokens_total", "counter", "Prompt tokens evaluated.", t.prompt_tokens),
+            (
+                "llamacpp:prompt_tokens_cached_total",
+                "counter",
+                "Prompt tokens reused from the cache.",
+                t.prompt_tokens_cached,
+            ),
             ("llamacpp:prompt_seconds_total", "counter", "Prompt evaluation time.", t.prompt_ms / 1000),
             ("llamacpp:tokens_predicted_total", "counter", "Tokens generated.", t.predicted_tokens),
             ("llamacpp:tokens_predicted_seconds_total", "counter", "Generation time.", t.predicted_ms / 1000),
+            ("llamacpp:n_decode_total", "counter", "llama_decode() calls of the engine's context.", t.decodes),
+            ("llamacpp:n_tokens_max", "counter", "The longest sequence seen (prompt and reply).", t.tokens_max),
+            ("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", t.draft_n),
+            ("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", t.draft_accepted),
+            ("llamacpp:spec_decode_num_drafts_total", "counter", "Verification steps with a draft.", t.draft_steps),
             (
                 "llamacpp:prompt_tokens_seconds",
                 "gauge",
@@ -103,6 +127,12 @@ class Metrics:
             ),
             ("llamacpp:requests_processing", "gauge", "Requests being generated.", t.processing),
             ("llamacpp:requests_deferred", "gauge", "Requests waiting for the engine.", t.deferred),
+            (
+                "llamacpp:n_busy_slots_per_decode",
+                "gauge",
+                "Average number of requests in each llama_decode() call.",
+                t.slot_decodes / max(t.decodes, 1),
+            ),
             ("llmtui_slots", "gauge", "Requests the engine decodes together (--parallel).", self.slots),
             ("llmtui_requests_total", "counter", "Requests answered or refused.", t.requests),
             ("llmtui_requests_refused_total", "counter", "Requests refused (4xx, 503).", t.refused),

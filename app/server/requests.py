@@ -28,21 +28,43 @@ from engine_ext.setting import Setting
 from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
 from engine_ext.untrusted_text import has_controls, one_line
 
+# llama-server's samplers the engine lacks: a 400 naming the field, unless it asks for their "off".
+_SAMPLERS_LACKED = {
+    "dynatemp_range": 0,
+    "dynatemp_exponent": 1,
+    "adaptive_target": -1,
+    "adaptive_decay": 0.9,
+    "min_keep": 0,
+}
 # OpenAI's own fields we take (or accept at their default), llama-server's sampling extras, and llmtui's extras.
 _COMMON = frozenset(
     {
         "model", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens", "presence_penalty",
         "frequency_penalty", "logit_bias", "user", "seed", "logprobs", "top_logprobs", "metadata", "store",
         "service_tier", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "cache_prompt", "speculative",
-        "control_vectors", "return_provenance", "ignore_eos", "grammar", "json_schema",
+        "control_vectors", "return_provenance", "ignore_eos", "grammar", "json_schema", "n_predict",
+        "dry_sequence_breakers", "samplers", *(setting.name for setting in schema.SAMPLING_MORE), *_SAMPLERS_LACKED,
     }
 )  # fmt: skip
-_CHAT = _COMMON | {
-    "messages", "max_completion_tokens", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+# OpenAI's chat fields that change nothing on a local server: taken and ignored (the README lists them). Each value is
+# checked for its type; `modalities` only as ["text"] and `audio` only as null, since no audio is made here.
+IGNORED_CHAT_FIELDS = (
+    "prompt_cache_key", "safety_identifier", "verbosity", "modalities", "prediction", "web_search_options",
+    "prompt_cache_retention", "audio", "store", "metadata", "service_tier", "user", "parallel_tool_calls",
+)  # fmt: skip
+_CHAT = _COMMON | set(IGNORED_CHAT_FIELDS) | {
+    "messages", "max_completion_tokens", "response_format", "tools", "tool_choice", "functions", "function_call",
     "chat_template_kwargs", "reasoning_effort", "reasoning_budget", "reasoning_budget_tokens",
     "thinking_budget_tokens", "reasoning_budget_message",
 }  # fmt: skip
+_TEXT, _OBJECT, _FLAG = (str, "a string"), (dict, "an object"), (bool, "true or false")
+_IGNORED_TYPES: dict[str, tuple[type, str]] = {
+    "prompt_cache_key": _TEXT, "safety_identifier": _TEXT, "verbosity": _TEXT, "prediction": _OBJECT,
+    "web_search_options": _OBJECT, "prompt_cache_retention": _TEXT, "metadata": _OBJECT, "service_tier": _TEXT,
+    "user": _TEXT, "store": _FLAG,
+}  # fmt: skip
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+MAX_PROMPTS = 16  # prompts in one /v1/completions request (each is a choice, run one after another)
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SPEC_FIELDS = frozenset({"type", "types", "n_max", "n_min", "p_min"})
 _VECTOR_FIELDS = frozenset({"name", "strength", "layers"})
@@ -109,6 +131,9 @@ class Job:
     reasoning_budget_message: str = ""  # forced before the end of thinking when the budget is spent
     count_only: bool = False  # only count the rendered prompt's tokens (Anthropic's count_tokens)
     slot: tuple[Literal["save", "restore", "erase"], str] | None = None  # llama-server's slot action and its file
+    suffix: str | None = None  # completions: fill in the middle between `prompt` and this (the model's FIM tokens)
+    echo: bool = False  # completions: the prompt comes back before the completion
+    prompts: tuple[str, ...] = ()  # completions: every prompt of the request, one choice each (`prompt`: the first)
 
 
 MAX_SLOT_FILENAME = 255
@@ -199,22 +224,30 @@ def _lone_surrogate(value: object) -> str | None:
     return None
 
 
+def _ignored(body: Mapping[str, object]) -> None:
+    """The fields that change nothing here, each of its type (null is always taken)."""
+    for name, (kind, what) in _IGNORED_TYPES.items():
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise bad_request(f"{name} must be {what}", name)
+    if body.get("modalities") not in (None, ["text"]):
+        raise bad_request('modalities: this server answers in text only (["text"])', "modalities")
+    if body.get("audio") is not None:
+        raise bad_request("audio: this server makes no audio (audio must be null)", "audio")
+
+
 def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
     _known(body, _CHAT)
+    _ignored(body)
     tools, tool_choice = parse_tools(body)
     messages = _messages(body.get("messages"), limits)
     template_kwargs = _object(body, "chat_template_kwargs")
     thinking = template_kwargs.get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("chat_template_kwargs.enable_thinking must be true or false", "chat_template_kwargs")
-    max_tokens = body.get("max_completion_tokens")
-    name = "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens, name = body.get("max_tokens"), "max_tokens"
     return replace(
         _common(body, defaults, limits, model, "chat"),
         messages=messages,
-        max_tokens=_max_tokens(max_tokens, name, limits),
+        max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens", "n_predict"), limits),
         enable_thinking=False if thinking is None and body.get("reasoning_effort") == "none" else thinking,
         tools=tools,
         tool_choice=tool_choice,
@@ -224,21 +257,28 @@ def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Lim
 
 def parse_completion(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
     _known(body, _COMPLETION)
-    for field, default in (("echo", False), ("suffix", None), ("best_of", 1)):
-        if body.get(field) not in (None, default):
-            raise bad_request(f"{field} is not supported by this server", field)
+    if body.get("best_of") not in (None, 1):
+        raise bad_request("best_of is not supported by this server (1 only)", "best_of")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad_request("prompt must be a string (or a list of one string)", "prompt")
-    _check_text(prompt, "prompt")
-    if len(prompt) > limits.max_text_chars:
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise bad_request("prompt must be a string or a list of strings", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"prompt has {len(prompts)} prompts; this server takes at most {MAX_PROMPTS}", "prompt")
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad_request("suffix must be a string", "suffix")
+    for i, text in enumerate([*prompts, suffix or ""]):
+        _check_text(text, "suffix" if i == len(prompts) else "prompt")
+    if sum(map(len, prompts)) + len(suffix or "") > limits.max_text_chars:
         raise ApiError(413, f"the prompt is longer than this server's limit of {limits.max_text_chars} characters")
     return replace(
         _common(body, defaults, limits, model, "completion"),
-        prompt=prompt,
-        max_tokens=_max_tokens(body.get("max_tokens"), "max_tokens", limits),
+        prompt=prompts[0],
+        prompts=tuple(prompts),
+        suffix=suffix,
+        echo=bool(_bool(body, "echo")),
+        max_tokens=_max_tokens(body, ("max_tokens", "n_predict"), limits),
     )
 
 
@@ -316,7 +356,22 @@ def _sampling(body: Mapping[str, object], d: SamplingParams) -> SamplingParams:
         return default if value is None else value
 
     seed = _int(body, "seed", -1, 2**32 - 1)
+    for name, off in _SAMPLERS_LACKED.items():
+        if body.get(name) not in (None, off):
+            raise bad_request(f"{name}: this server's engine has no such sampler (only {off} is taken)", name)
+    more: dict[str, Any] = {}
+    for setting in schema.SAMPLING_MORE:
+        low = -math.inf if setting.minimum is None else setting.minimum
+        high = math.inf if setting.maximum is None else setting.maximum
+        if setting.kind is int:  # every int sampler setting declares both ends
+            value: float | None = _int(body, setting.name, int(low), int(high))
+        else:
+            value = _number(body, setting.name, low, high)
+        more[setting.name] = getattr(d, setting.name) if value is None else setting.kind(value)
     return SamplingParams(
+        **more,
+        dry_sequence_breakers=_breakers(body.get("dry_sequence_breakers"), d.dry_sequence_breakers),
+        samplers=_sampler_order(body.get("samplers"), d.samplers),
         temperature=float(pick(_number(body, "temperature", 0.0, 100.0), d.temperature)),
         top_k=int(pick(_int(body, "top_k", 0, 1_000_000), d.top_k)),
         top_p=float(pick(_number(body, "top_p", 0.0, 1.0), d.top_p)),
@@ -327,6 +382,42 @@ def _sampling(body: Mapping[str, object], d: SamplingParams) -> SamplingParams:
         frequency_penalty=float(pick(_number(body, "frequency_penalty", -2.0, 2.0), d.frequency_penalty)),
         seed=d.seed if seed is None or seed == -1 else seed,
     )
+
+
+def _breakers(value: object, default: tuple[str, ...]) -> tuple[str, ...]:
+    """DRY's sequence breakers: a non-empty list of strings, as llama-server takes them."""
+    if value is None:
+        return default
+    if (
+        not isinstance(value, list)
+        or not 0 < len(value) <= schema.MAX_DRY_BREAKERS
+        or not all(isinstance(b, str) and 0 < len(b) <= schema.MAX_DRY_BREAKER_CHARS for b in value)
+    ):
+        raise bad_request(
+            f"dry_sequence_breakers must be 1 to {schema.MAX_DRY_BREAKERS} strings of 1 to "
+            f"{schema.MAX_DRY_BREAKER_CHARS} characters",
+            "dry_sequence_breakers",
+        )
+    for text in value:
+        _check_text(text, "dry_sequence_breakers")
+    return tuple(value)
+
+
+def _sampler_order(value: object, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The samplers' order: llama.cpp's names (a list) or its letters (a string), as llama-server reads them."""
+    if value is None:
+        return default
+    if isinstance(value, str) and len(value) <= 32:
+        names = [schema.SAMPLER_CHARS.get(char, char) for char in value]
+    elif isinstance(value, list) and len(value) <= 32 and all(isinstance(n, str) for n in value):
+        names = [schema.SAMPLER_ALIASES.get(n.lower().replace("-", "_"), n.lower().replace("-", "_")) for n in value]
+    else:
+        raise bad_request("samplers must be a list of sampler names or a string of their letters", "samplers")
+    unknown = [n for n in names if n not in schema.SAMPLER_NAMES]
+    if unknown:
+        known = ", ".join(schema.SAMPLER_NAMES)
+        raise bad_request(f"samplers: no sampler {one_line(unknown[0], 40)!r} here (known: {known})", "samplers")
+    return tuple(names)
 
 
 def _messages(value: object, limits: Limits) -> tuple[ChatMessage, ...]:
@@ -371,6 +462,7 @@ def _content(value: object, where: str) -> tuple[str, tuple[ImageRef, ...]]:
         raise bad_request(f"{where}.content must be a string or a list of parts", "messages")
     parts: list[str] = []
     images: list[ImageRef] = []
+    after_image = False
     for j, part in enumerate(value):
         if not isinstance(part, dict):
             raise bad_request(f"{where}.content[{j}] must be an object", "messages")
@@ -378,6 +470,7 @@ def _content(value: object, where: str) -> tuple[str, tuple[ImageRef, ...]]:
         if kind == "image_url":
             images.append(_image_part(part.get("image_url"), f"{where}.content[{j}]"))
             parts.append(IMAGE_MARKER)
+            after_image = True
             continue
         if kind in ("input_image", "image", "input_audio"):
             raise bad_request(f"{where}.content[{j}]: {kind} parts are not supported by this server yet", "messages")
@@ -385,7 +478,9 @@ def _content(value: object, where: str) -> tuple[str, tuple[ImageRef, ...]]:
         if kind != "text" or not isinstance(text, str):
             raise bad_request(f"{where}.content[{j}] must be a text part", "messages")
         _check_text(text, f"{where}.content[{j}]")
-        parts.append(text.replace(IMAGE_MARKER, ""))  # only image parts place images
+        # Text parts joined by a newline, none beside an image (upstream's concat_content_parts).
+        parts.append(("\n" if parts and not after_image else "") + text.replace(IMAGE_MARKER, ""))
+        after_image = False  # only image parts place images
     return "".join(parts), tuple(images)
 
 
@@ -439,7 +534,10 @@ def _stop(value: object, limits: Limits) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _max_tokens(value: object, name: str, limits: Limits) -> int:
+def _max_tokens(body: Mapping[str, object], names: tuple[str, ...], limits: Limits) -> int:
+    """The reply's token limit from the first of `names` given (n_predict is llama-server's; -1: no limit)."""
+    name = next((n for n in names if body.get(n) is not None), names[0])
+    value = body.get(name)
     if value is None or value == -1:
         return limits.max_tokens or -1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

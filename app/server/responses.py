@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
 
 from app.server.tool_requests import tool_calls_json
 from engine_ext.protocol import Finished, SpeculativeStats, StopReason
@@ -25,6 +30,29 @@ def finish_reason(reason: StopReason) -> str:
     return _FINISH.get(reason, "stop")
 
 
+@lru_cache(maxsize=4)
+def system_fingerprint(model_path: str) -> str:
+    """OpenAI's `system_fingerprint`: the engine's build and the model's hash prefix (the sha256 the Hugging Face
+    cache names its blob by; for another file, a hash of its name, size and modification time: reading gigabytes
+    to answer is not worth it). It changes when either does, as a client that caches answers needs."""
+    try:
+        build = metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        build = "unknown"
+    if not model_path:
+        return ""
+    path = Path(model_path)
+    try:
+        blob = path.resolve().name
+        stat = path.stat()
+    except OSError:
+        return f"b{build}-unknown"
+    digest = blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None
+    if digest is None:
+        digest = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return f"b{build}-{digest[:12]}"
+
+
 @dataclass
 class Reply:
     """What one request produced so far (the backend appends; responses read)."""
@@ -36,6 +64,7 @@ class Reply:
     provenance: list[str] = field(default_factory=list)
     finished: Finished | None = None
     calls_hidden: CallTextFilter | None = None  # with tools: the answer text without the calls' markup
+    fingerprint: str = ""  # system_fingerprint ("": null)
 
     def visible(self, text: str) -> str:
         """Answer text as the client gets it (a tool call's text is held back: it comes as tool_calls)."""
@@ -50,7 +79,7 @@ def tool_deltas(reply: Reply, finished: Finished) -> list[dict[str, object]]:
     """The streamed deltas a reply ends with: text held back that was no call, then its calls (one delta each)."""
     rest = reply.rest(finished)
     deltas: list[dict[str, object]] = [{"content": rest}] if rest else []
-    deltas += [{"tool_calls": [call]} for call in tool_calls_json(finished.tool_calls, streamed=True)]
+    deltas += [{"content": None, "tool_calls": [call]} for call in tool_calls_json(finished.tool_calls, streamed=True)]
     return deltas
 
 
@@ -100,6 +129,7 @@ def chat_completion(reply: Reply, model: str, with_provenance: bool) -> dict[str
         message["reasoning_content"] = "".join(reply.reasoning)
     if reply.finished.tool_calls:
         message["tool_calls"] = tool_calls_json(reply.finished.tool_calls)
+        message["content"] = message["content"] or None  # as OpenAI answers a reply that is only calls
     choice: dict[str, object] = {
         "index": 0,
         "message": message,
@@ -113,6 +143,7 @@ def chat_completion(reply: Reply, model: str, with_provenance: bool) -> dict[str
         "object": "chat.completion",
         "created": reply.created,
         "model": model,
+        "system_fingerprint": reply.fingerprint or None,
         "choices": [choice],
         "usage": usage(reply.finished),
         "timings": timings(reply.finished),
@@ -134,10 +165,23 @@ def text_completion(reply: Reply, model: str, with_provenance: bool) -> dict[str
         "object": "text_completion",
         "created": reply.created,
         "model": model,
+        "system_fingerprint": reply.fingerprint or None,
         "choices": [choice],
         "usage": usage(reply.finished),
         "timings": timings(reply.finished),
     }
+
+
+def text_completions(replies: list[Reply], model: str, with_provenance: bool) -> dict[str, object]:
+    """The answer to several prompts: the first's, with a choice per prompt in order and the usage of them all."""
+    answers = [text_completion(reply, model, with_provenance) for reply in replies]
+    out = answers[0]
+    out["choices"] = [{**answer["choices"][0], "index": i} for i, answer in enumerate(answers)]  # type: ignore[index]
+    totals = {key: sum(answer["usage"][key] for answer in answers) for key in ("prompt_tokens", "completion_tokens")}  # type: ignore[index]
+    cached = sum(answer["usage"]["prompt_tokens_details"]["cached_tokens"] for answer in answers)  # type: ignore[index]
+    totals["total_tokens"] = totals["prompt_tokens"] + totals["completion_tokens"]
+    out["usage"] = {**totals, "prompt_tokens_details": {"cached_tokens": cached}}
+    return out
 
 
 def chat_chunk(
@@ -155,17 +199,19 @@ def chat_chunk(
         "object": "chat.completion.chunk",
         "created": reply.created,
         "model": model,
+        "system_fingerprint": reply.fingerprint or None,
         "choices": [choice],
     }
 
 
-def text_chunk(reply: Reply, model: str, text: str, finish: str | None = None) -> dict[str, object]:
+def text_chunk(reply: Reply, model: str, text: str, finish: str | None = None, *, index: int = 0) -> dict[str, object]:
     return {
         "id": reply.id.replace("chatcmpl-", "cmpl-"),
         "object": "text_completion",
         "created": reply.created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "system_fingerprint": reply.fingerprint or None,
+        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}],
     }
 
 

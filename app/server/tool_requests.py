@@ -1,6 +1,7 @@
 """The tool fields of a chat request (OpenAI's shape): `tools`, `tool_choice` (auto, none, required, or one function
-by name), assistant messages with `tool_calls` and `tool` messages with their results; and the tool calls of a reply
-as OpenAI returns them (whole, and as streamed deltas)."""
+by name; null is auto), the legacy `functions` and `function_call` as those, assistant messages with `tool_calls`
+and `tool` messages with their results; and the tool calls of a reply as OpenAI returns them (whole, and as
+streamed deltas)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,28 @@ from engine_ext.protocol import ChatMessage, ToolCall
 from engine_ext.tool_calls import ToolsError, calls_from_json, calls_to_json, read_tools
 
 
+def _legacy_functions(body: Mapping[str, object]) -> Mapping[str, object]:
+    """`body` with OpenAI's legacy `functions` and `function_call` as the `tools` and `tool_choice` they stand for."""
+    functions, call = body.get("functions"), body.get("function_call")
+    if functions is None:
+        if call is not None:
+            raise bad_request("function_call needs functions", "function_call")
+        return body
+    if body.get("tools") is not None or body.get("tool_choice") is not None:
+        raise bad_request("give tools and tool_choice, or functions and function_call (the legacy form), not both")
+    if not isinstance(functions, list):
+        raise bad_request("functions must be a list of functions", "functions")
+    if isinstance(call, dict):
+        call = {"type": "function", "function": call}
+    elif call not in (None, "auto", "none"):
+        raise bad_request("function_call must be auto, none or {name}", "function_call")
+    return {**body, "tools": [{"type": "function", "function": f} for f in functions], "tool_choice": call}
+
+
 def parse_tools(body: Mapping[str, object]) -> tuple[str | None, str]:
-    """The request's tool definitions (JSON text for the engine; None: none) and its tool choice."""
+    """The request's tool definitions (JSON text for the engine; None: none) and its tool choice; the legacy
+    `functions` and `function_call` are taken for them."""
+    body = _legacy_functions(body)
     value = body.get("tools")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -24,7 +45,7 @@ def parse_tools(body: Mapping[str, object]) -> tuple[str | None, str]:
         tools = read_tools(json.dumps(value))
     except ToolsError as e:
         raise bad_request(f"tools: {e}", "tools") from None
-    choice = body.get("tool_choice", "auto")
+    choice = body.get("tool_choice") or "auto"  # null: auto, as OpenAI takes it
     if isinstance(choice, dict):
         function = choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None

@@ -491,6 +491,7 @@ class EngineBridge:
                         n_embd=info.n_embd,
                         thinking_controls=info.thinking_controls,
                         mmproj=info.mmproj,
+                        tool_format=info.tool_format,
                         # weights repacked for some extra buffer type (none left after a crash: not repacked)
                         repack=bool(self._extra_bufts)
                         and (self._model[1].use_extra_bufts if self._model is not None else True),

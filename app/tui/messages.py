@@ -38,6 +38,7 @@ class ModelSummary:
     n_embd: int = 0  # the model's embedding width (0: not known, a remote engine)
     thinking_controls: tuple[str, ...] | None = None  # what its template reads of them (None: not known, remote)
     mmproj: str = ""  # the projector loaded with it: the model sees images ("" none, or a remote engine)
+    tool_format: str = ""  # how it writes tool calls ("generic": llama.cpp's generic format; "": not known, remote)
 
     @property
     def sees_images(self) -> bool:

@@ -366,3 +366,68 @@ def test_trimming_a_long_conversation_renders_under_one_time_limit(
     assert plan.dropped_messages > 0
     assert len(starts) >= 3, starts
     assert starts[0] is not None and set(starts) == {starts[0]}
+
+
+def test_a_suffix_fills_in_the_middle_through_the_models_fim_tokens(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    from engine_ext.params import EngineError
+    from tests.tiny_models import TINY_SPECIAL_TOKEN_IDS, write_tiny_model
+
+    fim_model = write_tiny_model("llama", tmp_path / "fim.gguf", fim_tokens=True)
+    ids = TINY_SPECIAL_TOKEN_IDS
+    with open_session(fim_model) as session:
+        prefix, suffix = "def f(", "x\n"
+        plan = session.plan(Generate(1, prompt=prefix, suffix=suffix))
+        text = session.model.tokenize
+        expected = [ids["<think>"], *text(prefix, add_special=False, parse_special=False), ids["</think>"]]
+        expected += [*text(suffix, add_special=False, parse_special=False), ids["<|mask|>"]]
+        assert plan.tokens == expected
+        events: list[Event] = []
+        done = session.generate(
+            Generate(2, prompt=prefix, suffix=suffix, sampling=GREEDY, max_tokens=4), events.append, lambda: False
+        )
+        assert done.stats.prompt_tokens == len(expected) and done.stats.generated_tokens > 0
+        # llama_decode calls: the prompt's (its last token apart), then one a token after the first
+        stats = done.stats
+        assert stats.n_decode == 2 + stats.generated_tokens - 1 and stats.n_decode_total >= stats.n_decode
+    with open_session(tiny_models["llama"]) as session, pytest.raises(EngineError, match="no fill-in-the-middle"):
+        session.plan(Generate(3, prompt="a", suffix="b"))
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.9, seed=11, typical_p=0.6),
+        SamplingParams(temperature=0.9, seed=11, mirostat=1),
+        SamplingParams(temperature=0.9, seed=11, mirostat=2, mirostat_tau=3.0, mirostat_eta=0.2),
+        SamplingParams(temperature=0.9, seed=11, dry_multiplier=0.8, dry_sequence_breakers=("a", "\n")),
+        SamplingParams(temperature=0.9, seed=11, xtc_probability=0.5, xtc_threshold=0.05),
+        SamplingParams(temperature=0.9, seed=11, top_n_sigma=1.0, samplers=("temperature", "top_n_sigma", "top_k")),
+    ],
+    ids=["typical", "mirostat", "mirostat2", "dry", "xtc", "top_n_sigma_order"],
+)
+def test_llama_servers_samplers_run_in_the_native_chain_and_repeat_by_seed(
+    llama_session: Session, sampling: SamplingParams
+) -> None:
+    def reply() -> list[int]:
+        events: list[Event] = []
+        request = Generate(1, (ChatMessage("user", "hello there"),), sampling=sampling, max_tokens=12)
+        llama_session.generate(request, events.append, lambda: False)
+        return [t for e in events if isinstance(e, TokenChunk) for t in e.token_ids]
+
+    first = reply()
+    assert len(first) == 12 and reply() == first
+
+
+def test_dry_before_a_greedy_pick_is_no_pure_greedy_chain(tiny_models: dict[str, Path]) -> None:
+    from engine_ext.params import EngineError
+    from engine_ext.sampling import Sampler
+
+    with open_session(tiny_models["llama"]) as session:
+        for params, pure in ((GREEDY, True), (SamplingParams(temperature=0.0, dry_multiplier=1.0), False)):
+            sampler = Sampler(session.model, params)
+            assert sampler.pure_greedy is pure
+            sampler.close()
+        with pytest.raises(EngineError, match="unknown sampler 'magic'"):
+            Sampler(session.model, SamplingParams(samplers=("magic",)))

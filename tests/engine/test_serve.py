@@ -196,3 +196,94 @@ def test_schemas_and_grammars_past_the_bounds_are_a_400_in_one_line(
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error" and words in error["message"] and "\n" not in error["message"]
     assert ask(server).strip()  # and the server goes on
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}},
+            "required": ["city"],
+        },
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tools_on_the_starter_whose_template_takes_none_use_the_generic_format(server: str) -> None:
+    """OpenCode's symptom (issue 44): tools sent to the starter were refused; now they go in llama.cpp's generic
+    format, and a forced call is well formed, streamed or not."""
+    api = client(server)
+    forced = api.chat.completions.create(
+        model="starter",
+        messages=WEATHER_QUESTION,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=120,
+        temperature=0,
+    )
+    choice = forced.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    auto = api.chat.completions.create(
+        model="starter",
+        messages=WEATHER_QUESTION,
+        tools=[WEATHER],
+        max_tokens=120,
+        temperature=0,  # type: ignore[list-item]
+    ).choices[0]
+    if auto.message.tool_calls:
+        assert auto.finish_reason == "tool_calls" and auto.message.tool_calls[0].function.name == "get_weather"
+    else:  # the response's text, not the JSON it was written in
+        assert auto.message.content and not auto.message.content.lstrip().startswith("{"), auto.message.content
+    streamed = api.chat.completions.create(
+        model="starter",
+        messages=WEATHER_QUESTION,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    )
+    chunks = list(streamed)
+    calls = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or [] if chunk.choices]
+    assert [c.function.name for c in calls if c.function] == ["get_weather"]
+    assert not "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices).strip()
+    body = {"model": "starter", "messages": WEATHER_QUESTION, "tools": [WEATHER], "tool_choice": None, "max_tokens": 4}
+    answer = httpx.post(f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 200, answer.text
+
+
+def test_suffix_echo_prompt_lists_one_model_and_fields_that_change_nothing(server: str) -> None:
+    """Fill in the middle itself runs on a tiny model with FIM tokens (tests/engine/test_generate.py); the starter
+    has none, so a suffix is a 400 that says so."""
+    api = client(server)
+    with pytest.raises(openai.BadRequestError, match="no fill-in-the-middle tokens"):
+        api.completions.create(model="starter", prompt="def add(a, b):\n    return ", suffix="\n", max_tokens=8)
+    echoed = api.completions.create(model="starter", prompt="The sky is", max_tokens=3, temperature=0, echo=True)
+    assert echoed.choices[0].text.startswith("The sky is") and len(echoed.choices[0].text) > len("The sky is")
+    several = api.completions.create(model="starter", prompt=["The sky is", "Grass is"], max_tokens=3, temperature=0)
+    assert [c.index for c in several.choices] == [0, 1] and all(c.text for c in several.choices)
+    assert several.system_fingerprint and several.system_fingerprint.startswith("b")
+    assert api.models.retrieve("SmolLM2-135M-Instruct.Q4_1.gguf").id == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("gpt-5")
+    reply = api.chat.completions.create(
+        model="starter",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi"}]}],
+        max_tokens=4,
+        temperature=0,
+        prompt_cache_key="k",
+        safety_identifier="s",
+        verbosity="low",
+        modalities=["text"],
+        store=False,
+        metadata={"a": "b"},
+        user="u",
+        parallel_tool_calls=False,
+    )
+    assert reply.choices[0].message.content

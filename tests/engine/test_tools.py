@@ -1,7 +1,7 @@
 """Tool calling in the generation loop, in-process on a tiny model that carries Qwen 2.5's tool-aware template: calls
 that parse under the grammar (tool choice "required"), the lazy grammar that starts at its trigger, greedy output
 equal with and without n-gram speculation under both, tool results fed back, and a template without tool support
-named in one line."""
+given llama.cpp's generic format (tools in a system message, the reply a JSON call or response)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from engine_ext.model import Context, Model
 from engine_ext.params import GREEDY, ContextParams, SpeculativeParams
 from engine_ext.protocol import ChatMessage, Event, Finished, Generate, TokenChunk, ToolCall
 from engine_ext.speculative.factory import build_driver
-from engine_ext.tool_calls import ToolsError, calls_to_json
+from engine_ext.tool_calls import calls_to_json
 from engine_ext.tool_grammar import ToolGrammar
+from engine_ext.vision import message_dicts
 from tests.tiny_models import write_tiny_model
 from tests.tool_templates import QWEN25_TEMPLATE
 
@@ -131,19 +132,34 @@ def test_the_lazy_grammar_starts_at_its_trigger_and_speculation_stays_lossless(
     assert drafted == plain
 
 
-def test_a_template_without_tool_support_is_named(tiny_models: dict[str, Path]) -> None:
+def test_a_template_without_tools_gets_the_generic_format(tiny_models: dict[str, Path]) -> None:
     model = Model(tiny_models["llama"])  # plain ChatML: it never shows the tools
-    ctx = Context(model, ContextParams(n_ctx=256, n_threads=2))
+    ctx = Context(model, ContextParams(n_ctx=2048, n_batch=2048, n_threads=2))
     try:
-        with pytest.raises(ToolsError, match=f"chat template of {tiny_models['llama'].name} has no tool support"):
-            Session(model, ctx).generate(Generate(8, ASK, tools=TOOLS), lambda _e: None, lambda: False)
-        # tool choice "none" offers no tools, so any template will do
-        done = Session(model, ctx).generate(
-            Generate(9, ASK, sampling=GREEDY, max_tokens=4, tools=TOOLS, tool_choice="none"),
-            lambda _e: None,
-            lambda: False,
+        session = Session(model, ctx)
+        required = Generate(8, ASK, sampling=GREEDY, max_tokens=200, tools=TOOLS, tool_choice="required")
+        text, _ids, done = _generate(session, required)
+        (call,) = done.tool_calls
+        assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Oslo", "Lima")
+        assert text == "" and done.stop_reason == "eos"  # the call's JSON is not shown as text
+        assert any("generic JSON format" in line and tiny_models["llama"].name in line for line in done.notices)
+        # The prompt describes the tools; an earlier call and its result are written in as JSON.
+        history = (
+            *ASK,
+            ChatMessage("assistant", "", calls_to_json([ToolCall("abcd1234", "get_weather", '{"city": "Paris"}')])),
+            ChatMessage("tool", "sunny", tool_call_id="abcd1234", name="get_weather"),
         )
-        assert done.tool_calls == () and done.stats.generated_tokens > 0
+        prompt = session._render(Generate(9, history, tools=TOOLS), message_dicts(history))[0]
+        assert "You can call any of the following tools" in prompt and '"name": "get_weather"' in prompt
+        assert '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}' in prompt
+        assert '{"tool_response": {"tool": "get_weather", "content": "sunny"' in prompt
+        # Tool choice "auto": a call, or the response's text streamed as text (never the JSON around it).
+        auto = Generate(10, ASK, sampling=GREEDY, max_tokens=200, tools=TOOLS)
+        text, _ids, done = _generate(session, auto)
+        assert done.tool_calls or (text and not text.lstrip().startswith("{")), (text, done)
+        # tool choice "none" offers no tools, so the template is used as it is
+        done = _generate(session, Generate(11, ASK, sampling=GREEDY, max_tokens=4, tools=TOOLS, tool_choice="none"))[2]
+        assert done.tool_calls == () and done.stats.generated_tokens > 0 and not done.notices
     finally:
         ctx.close()
         model.close()

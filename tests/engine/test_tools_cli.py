@@ -76,14 +76,20 @@ def test_a_call_not_allowed_is_refused_and_said(model: Path, tmp_path: Path) -> 
     assert "<tool_call>" not in result.stdout
 
 
-def test_unknown_server_and_template_without_tools_are_one_line(
-    model: Path, tmp_path: Path, tiny_models: dict[str, Path]
-) -> None:
+def test_an_unknown_server_is_one_line(model: Path, tmp_path: Path) -> None:
     result = _run(model, tmp_path, "--mcp", "nowhere")
     assert result.returncode != 0 and "no MCP server 'nowhere' in config.toml" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    plain = _run(tiny_models["llama"], tmp_path)
-    assert plain.returncode != 0 and "has no tool support" in plain.stderr
+
+
+def test_a_template_without_tools_calls_in_the_generic_format(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    result = _run(tiny_models["llama"], tmp_path, "--allow-tool", "get_weather", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    (made,) = out["calls_made"]
+    assert made["name"] == "get_weather" and made["allowed"] and made["result"].startswith("sunny, 24 C in ")
+    assert any("generic JSON format" in notice for notice in out["notices"]), out["notices"]
+    assert '"tool_call"' not in out["text"]
 
 
 HUGE_STRING = {"type": "string", "maxLength": 10**9}  # issue 42: 23.5 GB before the converter's counts were bounded

@@ -1,4 +1,4 @@
-"""Tests for engine_ext.chat: sandboxed chat templates and streamed-reply helpers (no model needed)."""
+"""Tests for engine_ext.chat_prompt: sandboxed chat templates and streamed-reply helpers (no model needed)."""
 
 from __future__ import annotations
 

@@ -143,12 +143,13 @@ def test_streaming_sends_chunks_then_usage_then_done(served: tuple[TestClient, S
         lines = [line for line in answer.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}  # as llama-server: never ""
+    assert all(c["choices"][0]["delta"].get("content") != "" for c in chunks if c["choices"])
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == "Hello, world"
     assert chunks[1]["choices"][0]["provenance"] == ["target"]
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and "timings" in chunks[-2]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3 and "timings" in chunks[-1]
 
 
 def test_steering_and_speculation_per_request_never_leak(served: tuple[TestClient, ScriptedClient, Metrics]) -> None:
@@ -531,3 +532,94 @@ def test_the_log_says_each_kind_of_trouble_in_one_line_and_rarely() -> None:
     assert records.lines.count("Invalid HTTP request received.") == 1, records.lines
     assert "boom: OverflowError: int too large to convert" in records.lines
     assert all("\n" not in line for line in records.lines)
+
+
+def test_one_model_by_its_id_and_an_unknown_one_is_openais_404(
+    served: tuple[TestClient, ScriptedClient, Metrics],
+) -> None:
+    client, _, _ = served
+    answer = client.get("/v1/models/tiny")
+    assert answer.status_code == 200 and answer.json()["id"] == "tiny" and answer.json()["object"] == "model"
+    missing = client.get("/v1/models/gpt-5")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found" and "gpt-5" in missing.json()["error"]["message"]
+
+
+def test_answers_carry_a_system_fingerprint_and_null_content_beside_calls(tmp_path: Any) -> None:
+    from app.server.responses import Reply, chat_completion, system_fingerprint, tool_deltas
+    from engine_ext.protocol import ToolCall
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    fingerprint = system_fingerprint(str(model))
+    assert fingerprint.startswith("b") and len(fingerprint.rsplit("-", 1)[1]) == 12
+    blob = tmp_path / ("ab" * 32)
+    blob.write_bytes(b"GGUF")
+    (tmp_path / "linked.gguf").symlink_to(blob)
+    assert system_fingerprint(str(tmp_path / "linked.gguf")).endswith("-" + "ab" * 6)
+    stats = GenerationStats(5, 0, 5, 1.0, 3, 1.0, 1.0, 64, 8)
+    finished = Finished(1, "eos", stats, tool_calls=(ToolCall("abcd1234", "f", "{}"),))
+    reply = Reply(finished=finished, fingerprint=fingerprint)
+    body = chat_completion(reply, "m", False)
+    assert body["system_fingerprint"] == fingerprint
+    message = body["choices"][0]["message"]  # type: ignore[index]
+    assert message["content"] is None and message["tool_calls"][0]["function"]["name"] == "f"
+    assert all(delta["content"] is None for delta in tool_deltas(Reply(), finished))
+
+
+def test_completions_echo_and_a_list_of_prompts_one_choice_each(
+    served: tuple[TestClient, ScriptedClient, Metrics],
+) -> None:
+    client, engine, _ = served
+    answer = client.post("/v1/completions", json={"prompt": ["A:", "B:"], "echo": True}).json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    assert [c["text"] for c in answer["choices"]] == ["A:Hello, world", "B:Hello, world"]
+    assert answer["usage"]["completion_tokens"] == 6 and [g.prompt for g in engine.sent] == ["A:", "B:"]
+    with client.stream("POST", "/v1/completions", json={"prompt": ["A", "B"], "stream": True}) as streamed:
+        events = [line[6:] for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+    assert [c["index"] for c in chunks if c["finish_reason"]] == [0, 1]
+    assert "".join(c["text"] for c in chunks if c["index"] == 1) == "Hello, world"
+    client.post("/v1/completions", json={"prompt": "def f(", "suffix": "\n"})
+    assert engine.sent[-1].suffix == "\n" and engine.sent[-1].prompt == "def f("
+
+
+LLAMA_SERVER_METRICS = {  # tools/server/server-task.cpp's to_metrics(): every llamacpp:* figure and its type
+    "prompt_tokens_total": "counter",
+    "prompt_tokens_cached_total": "counter",
+    "prompt_seconds_total": "counter",
+    "tokens_predicted_total": "counter",
+    "tokens_predicted_seconds_total": "counter",
+    "n_decode_total": "counter",
+    "n_tokens_max": "counter",
+    "spec_decode_num_draft_tokens_total": "counter",
+    "spec_decode_num_accepted_tokens_total": "counter",
+    "spec_decode_num_drafts_total": "counter",
+    "prompt_tokens_seconds": "gauge",
+    "predicted_tokens_seconds": "gauge",
+    "requests_processing": "gauge",
+    "requests_deferred": "gauge",
+    "n_busy_slots_per_decode": "gauge",
+}
+
+
+def test_every_llama_server_metric_is_exported_and_counts_across_engine_restarts() -> None:
+    metrics = Metrics(slots=2)
+
+    def done(cached: int, n_decode: int, total: int) -> Finished:
+        stats = GenerationStats(
+            10, cached, 10 - cached, 1.0, 4, 1.0, 1.0, 64, 14, n_decode=n_decode, n_decode_total=total
+        )
+        return Finished(1, "eos", stats)
+
+    metrics.finished(done(0, 5, 5))
+    metrics.finished(done(6, 4, 8))  # ran beside the first: 4 decodes, 3 of them new
+    metrics.finished(done(6, 2, 2))  # the engine restarted: its count began again
+    text = metrics.render()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("llamacpp:")}
+    for name, kind in LLAMA_SERVER_METRICS.items():
+        assert f"# TYPE llamacpp:{name} {kind}" in text and f"# HELP llamacpp:{name} " in text
+    assert values["llamacpp:prompt_tokens_cached_total"] == 12 and values["llamacpp:prompt_tokens_total"] == 18
+    assert values["llamacpp:n_decode_total"] == 10 and values["llamacpp:n_busy_slots_per_decode"] == 1.1
+    assert values["llamacpp:n_tokens_max"] == 14

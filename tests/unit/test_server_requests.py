@@ -107,12 +107,23 @@ def test_bodies_that_are_not_json_objects() -> None:
     assert parse_body(b'{"a": 1}') == {"a": 1}
 
 
-def test_completions_take_a_prompt_string() -> None:
+def test_completions_take_prompts_a_suffix_and_echo() -> None:
     job = parse_completion({"prompt": ["Once"], "max_tokens": 4}, DEFAULTS, Limits(), "m")
     assert job.prompt == "Once" and job.endpoint == "completion" and job.max_tokens == 4
-    for body in ({"prompt": [1, 2]}, {"prompt": "x", "echo": True}, {"prompt": "x", "messages": USER}):
-        with pytest.raises(ApiError):
+    job = parse_completion({"prompt": ["a", "b"], "suffix": "}", "echo": True}, DEFAULTS, Limits(), "m")
+    assert job.prompts == ("a", "b") and job.prompt == "a" and job.suffix == "}" and job.echo
+    for body in (
+        {"prompt": [1, 2]},
+        {"prompt": []},
+        {"prompt": ["x"] * 17},
+        {"prompt": "x", "suffix": 3},
+        {"prompt": "x", "echo": "yes"},
+        {"prompt": "x", "best_of": 2},
+        {"prompt": "x", "messages": USER},
+    ):
+        with pytest.raises(ApiError) as caught:
             parse_completion(body, DEFAULTS, Limits(), "m")
+        assert caught.value.status == 400 and "\n" not in caught.value.message
 
 
 def _mutate(rng: random.Random, value: Any, depth: int = 0) -> Any:
@@ -208,3 +219,98 @@ def test_image_url_parts_take_data_urls_only_and_checked_images() -> None:
     ):
         body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": image_url}]}]}
         assert why in refused(body).message
+
+
+def test_openai_fields_that_change_nothing_here_are_taken_and_checked() -> None:
+    job = chat(
+        {
+            "messages": USER,
+            "prompt_cache_key": "k",
+            "safety_identifier": "s",
+            "verbosity": "low",
+            "modalities": ["text"],
+            "prediction": {"type": "content", "content": "x"},
+            "web_search_options": {},
+            "prompt_cache_retention": "24h",
+            "audio": None,
+            "store": False,
+            "metadata": {"a": "b"},
+            "service_tier": "auto",
+            "user": "u",
+            "parallel_tool_calls": True,
+            "stream_options": None,
+        }
+    )
+    assert job.messages[0].content == "hi"
+    assert "text only" in refused({"messages": USER, "modalities": ["text", "audio"]}).message
+    assert "no audio" in refused({"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}).message
+    assert refused({"messages": USER, "prompt_cache_key": 3}).param == "prompt_cache_key"
+    assert refused({"messages": USER, "store": "yes"}).param == "store"
+
+
+def test_tool_choice_null_is_auto_and_legacy_functions_are_tools() -> None:
+    tool = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+    job = chat({"messages": USER, "tools": [{"type": "function", "function": tool}], "tool_choice": None})
+    assert job.tool_choice == "auto" and job.tools is not None and json.loads(job.tools)[0]["function"]["name"] == "f"
+    job = chat({"messages": USER, "functions": [tool], "function_call": {"name": "f"}})
+    assert job.tool_choice == "required" and json.loads(job.tools or "")[0]["function"]["name"] == "f"
+    assert chat({"messages": USER, "functions": [tool], "function_call": "none"}).tool_choice == "none"
+    assert chat({"messages": USER, "functions": [tool]}).tool_choice == "auto"
+    assert "not both" in refused({"messages": USER, "functions": [tool], "tools": []}).message
+    assert refused({"messages": USER, "function_call": "auto"}).param == "function_call"
+    assert refused({"messages": USER, "functions": [tool], "function_call": "always"}).param == "function_call"
+    assert refused({"messages": USER, "functions": {"name": "f"}}).param == "functions"
+
+
+def test_text_parts_are_joined_by_a_newline_as_upstream_joins_them() -> None:
+    parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}, {"type": "text", "text": ""}]
+    assert chat({"messages": [{"role": "user", "content": parts}]}).messages[0].content == "one\ntwo\n"
+
+
+def test_n_predict_is_max_tokens() -> None:
+    assert chat({"messages": USER, "n_predict": 7}).max_tokens == 7
+    assert chat({"messages": USER, "n_predict": 7, "max_tokens": 3}).max_tokens == 3
+    assert chat({"messages": USER, "n_predict": -1}).max_tokens == -1
+    assert refused({"messages": USER, "n_predict": 0}).param == "n_predict"
+    assert parse_completion({"prompt": "a", "n_predict": 5}, DEFAULTS, LIMITS, "m").max_tokens == 5
+
+
+def test_llama_servers_sampling_fields_are_taken_and_checked() -> None:
+    job = chat(
+        {
+            "messages": USER,
+            "typical_p": 0.5,
+            "mirostat": 2,
+            "mirostat_tau": 4.0,
+            "mirostat_eta": 0.2,
+            "dry_multiplier": 0.8,
+            "dry_base": 1.5,
+            "dry_allowed_length": 3,
+            "dry_penalty_last_n": 128,
+            "dry_sequence_breakers": ["\n", "###"],
+            "xtc_probability": 0.3,
+            "xtc_threshold": 0.2,
+            "top_n_sigma": 1.5,
+            "samplers": ["top_k", "typical_p", "temp"],
+            "min_keep": 0,
+        }
+    )
+    p = job.sampling
+    assert (p.typical_p, p.mirostat, p.mirostat_tau, p.mirostat_eta) == (0.5, 2, 4.0, 0.2)
+    assert (p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n) == (0.8, 1.5, 3, 128)
+    assert p.dry_sequence_breakers == ("\n", "###") and (p.xtc_probability, p.xtc_threshold) == (0.3, 0.2)
+    assert p.top_n_sigma == 1.5 and p.samplers == ("top_k", "typ_p", "temperature")
+    assert chat({"messages": USER, "samplers": "kpt"}).sampling.samplers == ("top_k", "top_p", "temperature")
+    assert chat({"messages": USER}).sampling.samplers[0] == "penalties"  # llama.cpp's order when not given
+    for body, field in (
+        ({"mirostat": 3}, "mirostat"),
+        ({"typical_p": 1.5}, "typical_p"),
+        ({"dry_penalty_last_n": -1}, "dry_penalty_last_n"),
+        ({"dry_sequence_breakers": []}, "dry_sequence_breakers"),
+        ({"dry_sequence_breakers": [3]}, "dry_sequence_breakers"),
+        ({"samplers": ["top_k", "magic"]}, "samplers"),
+        ({"samplers": "kz"}, "samplers"),
+        ({"dynatemp_range": 0.5}, "dynatemp_range"),
+        ({"min_keep": 4}, "min_keep"),
+    ):
+        assert refused({"messages": USER, **body}).param == field, body

@@ -73,8 +73,9 @@ def test_streamed_calls_are_deltas_with_their_index(served: tuple[TestClient, To
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert "".join(d.get("content", "") for d in deltas) == "Let me check."
+    assert "".join(d.get("content") or "" for d in deltas) == "Let me check."
     (calls,) = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert all(d["content"] is None for d in deltas if "tool_calls" in d)  # as OpenAI streams a call
     assert calls == [
         {
             "index": 0,

@@ -146,6 +146,7 @@ class ServerController:
         vectors.update({Path(entry.path).stem: entry.path for entry in entries})
         return ServerSettings(
             model_id=Path(model.path).name if model is not None else "none",
+            model_path=str(model.path) if model is not None else "",
             sampling=host.default_sampling.sampling_params(),
             speculative=host.config.speculative.params(),
             steering=entries,

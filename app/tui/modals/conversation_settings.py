@@ -37,6 +37,16 @@ def thinking_hint(controls: tuple[str, ...]) -> str:
     return f"The model's template reads {' and '.join(controls)}."
 
 
+def tool_format_hint(tool_format: str) -> str:
+    """What the tools' tooltip adds about how the loaded model calls them."""
+    if tool_format == "generic":
+        return (
+            ". This model's chat template shows no tools: they are described in a system message and its replies are"
+            " held to llama.cpp's generic JSON format (a tool call or a response)"
+        )
+    return f". This model calls tools in its template's {tool_format} format" if tool_format else ""
+
+
 class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
     """Ctrl+S saves, Esc cancels (nothing changes)."""
 
@@ -53,14 +63,17 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
         thinking_controls: tuple[str, ...] | None = None,
         tools: str = "none",
         tool_choices: list[tuple[str, str]] | None = None,
+        tool_format: str = "",
     ) -> None:
         """`thinking_controls`: what the loaded model's template reads of enable_thinking and reasoning_effort (None:
-        not known); `tools`: the conversation's tool choice among `tool_choices` (label, value)."""
+        not known); `tools`: the conversation's tool choice among `tool_choices` (label, value); `tool_format`: how
+        the loaded model writes calls ("generic": its template shows no tools; "": not known)."""
         super().__init__(classes="dialog-screen")
         self.system_prompt = system_prompt
         self.thinking_controls = thinking_controls
         self.sampling = sampling
         self.tools = tools
+        self.tool_format = tool_format
         self.tool_choices = tool_choices or [("none", "none")]
         if tools not in (value for _, value in self.tool_choices):  # a server no longer in config.toml
             self.tool_choices = [*self.tool_choices, (f"{tools} (not configured)", tools)]
@@ -93,7 +106,8 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                         id="tools-select",
                         allow_blank=False,
                         compact=True,
-                        tooltip="The tools the model may call; each call asks you first (o once, c, a always, d deny)",
+                        tooltip="The tools the model may call; each call asks you first (o once, c, a always, d deny)"
+                        + tool_format_hint(self.tool_format),
                     )
                 # The reasoning and the reply's shape, a value a line: their labels are long (the budget's special
                 # values), and a choice is a Select whose options need their width.

@@ -225,5 +225,6 @@ class ChatConversations(ChatBase):
             self.app.model.thinking_controls if self.app.model is not None else None,
             tools_choice(conversation),
             choices if self.app.generation.takes_tools else choices[:1],
+            self.app.model.tool_format if self.app.model is not None else "",
         )
         self.app.push_screen(modal, apply)

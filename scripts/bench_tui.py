@@ -194,12 +194,12 @@ def seed_history(n_messages: int, chars: int, rng: random.Random) -> int:
     from app.core.store import open_default_store
 
     store = open_default_store()
-    conversation = store.create_conversation(f"{n_messages} messages")
+    conversation = store.conversations.create_conversation(f"{n_messages} messages")
     per_reply = max(50, 2 * chars // max(1, n_messages) - 60)
     for index in range(n_messages // 2):
-        user = store.add_user_message(conversation.id, f"Question {index}: " + " ".join(rng.choices(WORDS, k=8)))
-        reply = store.begin_assistant_message(conversation.id, user.id, "synthetic")
-        store.finish_assistant_message(reply, synthetic_markdown(rng, per_reply), "", "complete", {}, 10)
+        user = store.tree.add_user_message(conversation.id, f"Question {index}: " + " ".join(rng.choices(WORDS, k=8)))
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "synthetic")
+        store.tree.finish_assistant_message(reply, synthetic_markdown(rng, per_reply), "", "complete", {}, 10)
     store.close()
     return conversation.id
 
@@ -335,11 +335,11 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
             with open(os.environ["BENCH_PROFILE"], "w") as out:
                 pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("BENCH_SORT", "cumtime")).print_stats(70)
         sent = client_box[-1].sent_tokens if client_box else 0
-        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         return {
             "tokens": sent,
             "reply_chars": len(reply.content),
-            "earlier_chars": sum(len(m.content) for m in app.store.active_path(chat.conversation_id or 0)[:-2]),
+            "earlier_chars": sum(len(m.content) for m in app.store.tree.active_path(chat.conversation_id or 0)[:-2]),
             "lag_ms": percentiles(lags),
             "keypress_ms": percentiles(keys),
             "keypress_without_frame": missed,

@@ -170,7 +170,7 @@ class LlmtuiApp(EngineEvents):
             if start.store.startup_notice:
                 start.notices.append((start.store.startup_notice, "warning", 20))
             try:
-                start.store.purge_deleted(PURGE_DELETED_AFTER)
+                start.store.conversations.purge_deleted(PURGE_DELETED_AFTER)
             except (StoreError, OSError) as error:
                 start.notices.append((f"could not remove deleted conversations: {error}", "warning", 10))
             tightened = take_notice()  # said once: after tightening, the modes are right
@@ -436,7 +436,7 @@ class LlmtuiApp(EngineEvents):
         chat = self.chat
         if chat is None or chat.conversation_id is None:
             return default
-        path = self.store.active_path(chat.conversation_id)
+        path = self.store.tree.active_path(chat.conversation_id)
         return next((m.content for m in reversed(path) if m.role == "user"), default)
 
     def action_restart_engine(self) -> None:

@@ -78,7 +78,7 @@ async def chat_with_tools(pilot: Pilot[None], app: LlmtuiApp, choice: str) -> Ch
     chat = app.chat
     assert chat is not None
     conversation = app.generation.ensure_conversation(None)
-    app.store.update_settings(conversation.id, settings=dict(conversation.settings, tools=choice))
+    app.store.conversations.update_settings(conversation.id, settings=dict(conversation.settings, tools=choice))
     chat.conversation_id = conversation.id
     return chat
 
@@ -121,7 +121,7 @@ async def test_a_call_of_the_builtin_datetime_tool_runs_after_consent_and_the_re
         assert json.loads(second.messages[1].tool_calls)[0]["function"]["name"] == "current_datetime"
         assert second.messages[1].content == "Let me look. "
         assert second.messages[2].tool_call_id == "call00001"
-        [reply] = [m for m in app.store.active_path(chat.conversation_id or 0) if m.role == "assistant"]
+        [reply] = [m for m in app.store.tree.active_path(chat.conversation_id or 0) if m.role == "assistant"]
         assert reply.content.startswith("Let me look. The tool said: ") and "<tool_call>" not in reply.content
         [stored] = reply.stats["tool_calls"]  # type: ignore[misc]
         assert stored["name"] == "current_datetime" and stored["allowed"] and stored["at"] == len("Let me look. ")
@@ -184,7 +184,7 @@ async def test_esc_while_a_tool_runs_stops_the_reply(lone_llama: Path) -> None:
         await answer_the_call(pilot, app, chat, "Hang, please", "o")
         await pilot.press("escape")
         await wait_until(pilot, lambda: chat.generation is None, "Esc to stop the reply during the call", 10)
-        [reply] = [m for m in app.store.active_path(chat.conversation_id or 0) if m.role == "assistant"]
+        [reply] = [m for m in app.store.tree.active_path(chat.conversation_id or 0) if m.role == "assistant"]
         assert reply.state == "stopped" and len(engine_of(app).generates) == 1
         assert app.engine_state == "ready"
 
@@ -208,4 +208,4 @@ async def test_the_conversation_settings_choose_the_tools(lone_llama: Path) -> N
         await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), "the dialog to close")
         chat = app.chat
         assert chat is not None and chat.conversation_id is not None
-        assert app.store.get_conversation(chat.conversation_id).settings["tools"] == "mcp:weather"
+        assert app.store.conversations.get_conversation(chat.conversation_id).settings["tools"] == "mcp:weather"

@@ -1204,11 +1204,11 @@ async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: s
     chat = app.chat
     assert chat is not None
     store = app.store
-    conversation = store.create_conversation("seeded")
+    conversation = store.conversations.create_conversation("seeded")
     for index in range(turns):
-        user = store.add_user_message(conversation.id, f"question {index}")
-        reply = store.begin_assistant_message(conversation.id, user.id, "model")
-        store.finish_assistant_message(reply, f"answer {index}{answer}", "", "complete", {})
+        user = store.tree.add_user_message(conversation.id, f"question {index}")
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "model")
+        store.tree.finish_assistant_message(reply, f"answer {index}{answer}", "", "complete", {})
     await chat.open_conversation(conversation.id)
     transcript = chat.transcript
     await wait_until(
@@ -1278,10 +1278,10 @@ async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> Non
         chat = app.chat
         assert chat is not None
         store = app.store
-        conversation = store.create_conversation("thinking")
-        user = store.add_user_message(conversation.id, "Why is the sky blue?")
-        reply = store.begin_assistant_message(conversation.id, user.id, "model")
-        store.finish_assistant_message(
+        conversation = store.conversations.create_conversation("thinking")
+        user = store.tree.add_user_message(conversation.id, "Why is the sky blue?")
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "model")
+        store.tree.finish_assistant_message(
             reply, "Rayleigh scattering.", "Short light scatters more. Say so briefly.", "complete", {}
         )
         await chat.open_conversation(conversation.id)

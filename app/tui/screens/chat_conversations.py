@@ -23,9 +23,9 @@ class ChatConversations(ChatBase):
         listing = self.conversation_list
         query = listing.search_text.strip()
         if query:
-            listing.show_hits(self.app.store.search(query), self.conversation_id)
+            listing.show_hits(self.app.store.search.find(query), self.conversation_id)
         else:
-            listing.show_conversations(self.app.store.list_conversations(), self.conversation_id)
+            listing.show_conversations(self.app.store.conversations.list_conversations(), self.conversation_id)
 
     async def open_conversation(self, conversation_id: int | None) -> None:
         """Show a conversation (None: a new, empty one that is created on the first message)."""
@@ -37,9 +37,9 @@ class ChatConversations(ChatBase):
             self.stats.set_stats({})  # nothing measured in this conversation yet
         else:
             store = self.app.store
-            conversation = store.get_conversation(conversation_id)
-            path = store.active_path(conversation_id)
-            await self.transcript.show(path, branch_map(store.messages(conversation_id)))
+            conversation = store.conversations.get_conversation(conversation_id)
+            path = store.tree.active_path(conversation_id)
+            await self.transcript.show(path, branch_map(store.tree.messages(conversation_id)))
             self.header.conversation_title = conversation.title or "New conversation"
             self._show_last_stats(path)
         self.refresh_conversation_list()
@@ -63,8 +63,8 @@ class ChatConversations(ChatBase):
     async def reload_transcript(self) -> None:
         if self.conversation_id is not None:
             store = self.app.store
-            path = store.active_path(self.conversation_id)
-            await self.transcript.show(path, branch_map(store.messages(self.conversation_id)))
+            path = store.tree.active_path(self.conversation_id)
+            await self.transcript.show(path, branch_map(store.tree.messages(self.conversation_id)))
             if self.app.generation.active is None:
                 self._show_last_stats(path)  # another branch: its own reply's numbers
             self.refresh_bindings()
@@ -123,12 +123,12 @@ class ChatConversations(ChatBase):
         if target is None:
             self.notify("Send a first message to start the conversation, then rename it.")
             return
-        current = self.app.store.get_conversation(target).title
+        current = self.app.store.conversations.get_conversation(target).title
 
         def rename(title: str | None) -> None:
             if title is None or not title.strip():
                 return
-            self.app.store.rename_conversation(target, title.strip())
+            self.app.store.conversations.rename_conversation(target, title.strip())
             if target == self.conversation_id:
                 self.header.conversation_title = title.strip()
             self.refresh_conversation_list()
@@ -142,12 +142,12 @@ class ChatConversations(ChatBase):
             if target is not None:
                 self._busy()
             return
-        title = self.app.store.get_conversation(target).title or "New conversation"
-        self.app.store.delete_conversation(target)
+        title = self.app.store.conversations.get_conversation(target).title or "New conversation"
+        self.app.store.conversations.delete_conversation(target)
         self._deleted.append(target)
         self.notify(f"Deleted “{title}”. Press u in the list (or “Chat: Undo delete” in ctrl+p) to bring it back.")
         if target == self.conversation_id:
-            remaining = self.app.store.list_conversations()
+            remaining = self.app.store.conversations.list_conversations()
             await self.open_conversation(remaining[0].id if remaining else None)
         else:
             self.refresh_conversation_list()
@@ -156,10 +156,12 @@ class ChatConversations(ChatBase):
         while self._deleted:
             target = self._deleted.pop()
             try:
-                self.app.store.undo_delete(target)
+                self.app.store.conversations.undo_delete(target)
             except StoreError:
                 continue
-            self.notify(f"Restored “{self.app.store.get_conversation(target).title or 'New conversation'}”.")
+            self.notify(
+                f"Restored “{self.app.store.conversations.get_conversation(target).title or 'New conversation'}”."
+            )
             if self.app.generation.active is None:
                 await self.open_conversation(target)
             else:
@@ -204,9 +206,11 @@ class ChatConversations(ChatBase):
             if result.preset_name:
                 settings["preset"] = result.preset_name
             try:
-                self.app.store.update_settings(conversation.id, system_prompt=result.system_prompt, settings=settings)
+                self.app.store.conversations.update_settings(
+                    conversation.id, system_prompt=result.system_prompt, settings=settings
+                )
                 if result.save_as:
-                    self.app.store.save_preset(result.save_as, result.sampling.to_json())
+                    self.app.store.presets.save_preset(result.save_as, result.sampling.to_json())
             except (StoreError, ValueError) as error:
                 self.notify(f"Could not save the settings: {error}", severity="error")
                 return
@@ -221,7 +225,7 @@ class ChatConversations(ChatBase):
         modal = ConversationSettingsModal(
             conversation.system_prompt,
             sampling,
-            self.app.store.list_presets(),
+            self.app.store.presets.list_presets(),
             self.app.model.thinking_controls if self.app.model is not None else None,
             tools_choice(conversation),
             choices if self.app.generation.takes_tools else choices[:1],

@@ -115,8 +115,10 @@ class ChatReply(ChatBase):
         if editing is not None:
             await self.reload_transcript()
         else:
-            await self.transcript.append(message, branch_map(store.messages(conversation.id)).get(message.id))
-        self.header.conversation_title = store.get_conversation(conversation.id).title or "New conversation"
+            await self.transcript.append(message, branch_map(store.tree.messages(conversation.id)).get(message.id))
+        self.header.conversation_title = (
+            store.conversations.get_conversation(conversation.id).title or "New conversation"
+        )
         self.refresh_conversation_list()
         await self.start_reply(message.id)
 
@@ -287,7 +289,7 @@ class ChatReply(ChatBase):
             return
         assert ended is not None
         reply, message = ended
-        branch = branch_map(self.app.store.messages(reply.conversation_id)).get(message.id)
+        branch = branch_map(self.app.store.tree.messages(reply.conversation_id)).get(message.id)
         await self.transcript.freeze_live(message, branch)
         self.refresh_bindings()
         self.set_timer(IDLE_COLLECT_AFTER_S, self._collect_when_idle)
@@ -335,7 +337,7 @@ class ChatReply(ChatBase):
                 self.notify("There is no reply to regenerate.")
                 return
         else:
-            message = self.app.store.get_message(message_id)
+            message = self.app.store.tree.get_message(message_id)
         if message.parent_id is None:
             return
         if not self._engine_ready():

@@ -181,12 +181,12 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
         self.query_one("#edit-banner").display = False
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
-        self.transcript.read_image = self.app.store.read_image
+        self.transcript.read_image = self.app.store.images.read_image
         self.transcript.colour_drafts = self.app.config.draft_colouring
         self._measured_on = self.app.model.path if self.app.model else ""
         self._model_shown = self.app.model
         self.sync_engine_state()
-        conversations = self.app.store.list_conversations()
+        conversations = self.app.store.conversations.list_conversations()
         if conversations:
             await self.open_conversation(conversations[0].id)
         else:
@@ -341,11 +341,11 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
         if self._busy():
             return
         store = self.app.store
-        siblings = store.siblings(message.id)
+        siblings = store.tree.siblings(message.id)
         index = siblings.index + step
         if not 0 <= index < len(siblings.messages):
             return
-        store.switch_branch(siblings.messages[index].id)
+        store.tree.switch_branch(siblings.messages[index].id)
         await self.reload_transcript()
         target_id = siblings.messages[index].id
         for view in self.transcript.views():
@@ -357,7 +357,7 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
     async def _save_reply_edit(self, message_id: int, text: str) -> None:
         """Change a reply's text in place; ctrl+g then continues it from its new end."""
         try:
-            message = self.app.store.edit_assistant_message(message_id, text)
+            message = self.app.store.tree.edit_assistant_message(message_id, text)
         except (StoreError, ValueError) as error:
             self.notify(f"The reply was not changed: {error}", severity="error")
             return

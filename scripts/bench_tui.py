@@ -284,7 +284,7 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
         chat = app.chat
         assert chat is not None
         if chat.conversation_id != conversation_id:
-            await chat.open_conversation(conversation_id)
+            await chat.conversations.open_conversation(conversation_id)
         if drafted:
             chat.transcript.set_colour_drafts(True)
         await pilot.pause(0.3)
@@ -301,10 +301,10 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
             profiler.enable()
         chat.prompt.load_text("Stream a long answer")
         chat.prompt.focus()
-        started = chat.replies_started
+        started = chat.replies.replies_started
         cpu_start = time.thread_time()  # the UI thread (the event loop) only: not the bridge or the feed
-        await chat.send("Stream a long answer please")
-        assert chat.replies_started > started
+        await chat.replies.send("Stream a long answer please")
+        assert chat.replies.replies_started > started
         t_start = time.perf_counter()
         typed = 0
         missed = 0
@@ -379,7 +379,7 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
             await asyncio.sleep(0.01)
         chat = app.chat
         assert chat is not None
-        await chat.open_conversation(conversation_id)
+        await chat.conversations.open_conversation(conversation_id)
         await asyncio.sleep(0.5)
         reader = bridge._thread
 
@@ -390,7 +390,7 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
         await asyncio.sleep(min(seconds, 3.0))
         loop1, reader1, wall1 = sample()
         idle = (loop1 - loop0 + reader1 - reader0) / (wall1 - wall0)
-        await chat.send("Stream a steady answer")
+        await chat.replies.send("Stream a steady answer")
         # The middle of the stream: not the reply's start (mounting it) or end (storing and drawing it whole).
         await asyncio.sleep(1.0)  # not Pilot.pause: it walks every widget, work a real session doesn't do
         loop1, reader1, wall1 = sample()
@@ -419,16 +419,16 @@ async def bench_open(n_messages: int) -> dict[str, Any]:
         await pilot.pause(0.2)
         chat = app.chat
         assert chat is not None
-        await chat.open_conversation(None)
+        await chat.conversations.open_conversation(None)
         await pilot.pause(0.2)
         clock = FrameClock(app)
         results = []
         for _ in range(3):
             moment = time.perf_counter()
-            await chat.open_conversation(conversation_id)
+            await chat.conversations.open_conversation(conversation_id)
             frame = await clock.next_frame_after(time.perf_counter())
             results.append((frame - moment) * 1000)
-            await chat.open_conversation(None)
+            await chat.conversations.open_conversation(None)
             await pilot.pause(0.2)
         return {
             "messages": n_messages,
@@ -491,9 +491,9 @@ def bench_decode(n_tokens: int, repetitions: int, threads: int = 0) -> dict[str,
                 assert chat is not None
                 for _ in range(repetitions + 1):  # the first pair warms both engines up and is not counted
                     alone = engine_alone(client)  # blocks the event loop: the app does nothing meanwhile
-                    await chat.open_conversation(None)
+                    await chat.conversations.open_conversation(None)
                     await asyncio.sleep(0.3)
-                    await chat.send(prompt)
+                    await chat.replies.send(prompt)
                     while chat.generation is not None:
                         await asyncio.sleep(0.05)  # not Pilot.pause: it walks every widget, unlike a real session
                     tokens.append(int(chat.stats.generated_tokens or 0))

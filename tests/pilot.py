@@ -57,18 +57,18 @@ async def ready(pilot: Pilot[None]) -> ChatScreen:
 async def send(pilot: Pilot[None], text: str) -> None:
     chat = chat_of(pilot.app)  # type: ignore[arg-type]
     chat.prompt.focus()
-    started = chat.replies_started
+    started = chat.replies.replies_started
     chat.prompt.load_text(text)
     await pilot.press("enter")
-    await wait_until(pilot, lambda: chat.replies_started > started)
+    await wait_until(pilot, lambda: chat.replies.replies_started > started)
 
 
 async def press_and_start(pilot: Pilot[None], *keys: str) -> None:
     """Press keys that start a reply and wait until it has started."""
     chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    started = chat.replies_started
+    started = chat.replies.replies_started
     await pilot.press(*keys)
-    await wait_until(pilot, lambda: chat.replies_started > started)
+    await wait_until(pilot, lambda: chat.replies.replies_started > started)
 
 
 async def reply_done(pilot: Pilot[None]) -> None:

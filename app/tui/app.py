@@ -558,7 +558,7 @@ class LlmtuiApp(EngineEvents):
     def show_conversation(self, conversation_id: int) -> None:
         chat = self.chat
         if chat is not None and self.generation.active is None:
-            self.call_later(chat.open_conversation, conversation_id)
+            self.call_later(chat.conversations.open_conversation, conversation_id)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette's entries: the app's own, grouped (app/tui/palette.py)."""

@@ -344,7 +344,7 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         chat.prompt.focus()
         chat.prompt.load_text("hello after a crash")
         await pilot.press("enter")
-        await wait(pilot, lambda: chat.replies_started > 0, "the reply to start")
+        await wait(pilot, lambda: chat.replies.replies_started > 0, "the reply to start")
         await wait(
             pilot,
             lambda: chat.generation is None and app.engine_state == "ready",
@@ -361,7 +361,7 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         # The next message goes to the same worker, still without repacking.
         chat.prompt.load_text("and again")
         await pilot.press("enter")
-        await wait(pilot, lambda: chat.replies_started > 1, "the second reply to start")
+        await wait(pilot, lambda: chat.replies.replies_started > 1, "the second reply to start")
         await wait(pilot, lambda: chat.generation is None and app.engine_state == "ready", "the second reply")
         assert app.store.tree.active_path(chat.conversation_id or 0)[-1].state == "complete"
 
@@ -487,7 +487,7 @@ async def test_the_app_refuses_a_reply_whose_grammar_crashed_and_keeps_its_speed
         chat.prompt.focus()
         chat.prompt.load_text("answer in JSON")
         await pilot.press("enter")
-        await wait(pilot, lambda: chat.replies_started > 0 and chat.generation is None, "the reply to end")
+        await wait(pilot, lambda: chat.replies.replies_started > 0 and chat.generation is None, "the reply to end")
         await wait(pilot, lambda: app.engine_state == "ready" and app.bridge.pid != pid, "the restarted engine")
         path = app.store.tree.active_path(chat.conversation_id or 0)
         assert [m.role for m in path] == ["user", "assistant"] and path[-1].state == "error"

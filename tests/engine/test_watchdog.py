@@ -265,6 +265,6 @@ async def test_escape_in_the_app_stops_a_stuck_reply_and_the_engine_comes_back(
         # The conversation goes on, on the same model.
         chat.prompt.load_text("and now")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: chat.replies_started > 1 and chat.generation is None, "the next reply")
+        await wait_until(pilot, lambda: chat.replies.replies_started > 1 and chat.generation is None, "the next reply")
         path = app.store.tree.active_path(chat.conversation_id or 0)
         assert [m.role for m in path] == ["user", "assistant", "user", "assistant"] and path[-1].state == "complete"

@@ -363,7 +363,7 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
         chat.prompt.focus()
         chat.prompt.load_text("hello remote")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: chat.replies_started == 1)
+        await wait_until(pilot, lambda: chat.replies.replies_started == 1)
         await wait_until(pilot, lambda: chat.generation is None and app.engine_state == "ready")
         assert chat.conversation_id is not None
         user, reply = app.store.tree.active_path(chat.conversation_id)
@@ -454,7 +454,7 @@ async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(fake_ser
         assert chat.stats.n_ctx == 2048
         chat.prompt.load_text("hi")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: chat.replies_started == 1 and chat.generation is None)
+        await wait_until(pilot, lambda: chat.replies.replies_started == 1 and chat.generation is None)
         assert chat.conversation_id is not None
         reply = app.store.tree.active_path(chat.conversation_id)[-1]
         assert (reply.content, reply.reasoning, reply.state) == (

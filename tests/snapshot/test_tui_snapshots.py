@@ -146,7 +146,7 @@ async def long_message(pilot: Pilot[Any]) -> None:
     assert chat is not None and chat.conversation_id is not None
     log = "\n".join(f"    12:00:{i:02d} worker {i} finished job {i * 7}" for i in range(60))
     app.store.tree.add_user_message(chat.conversation_id, f"Why does worker 3 stop?\n\n{log}")
-    await chat.open_conversation(chat.conversation_id)
+    await chat.conversations.open_conversation(chat.conversation_id)
     await pilot.pause()
     views = [v for v in chat.transcript.views() if isinstance(v, MessageView)]
     views[-1].focus()
@@ -177,7 +177,7 @@ async def reply_with_tool_call(pilot: Pilot[Any]) -> None:
     oslo = CallRecord(ToolCall("c2", "get_weather", '{"city": "Oslo"}'), "mcp:weather", False, REFUSED_RESULT, True, 0)
     stats = {"tool_calls": [record_to_json(paris, 0), record_to_json(oslo, 0)]}
     app.store.tree.finish_assistant_message(reply, "Paris has 18 °C; Oslo was not looked up.", "", "complete", stats)
-    await chat.open_conversation(chat.conversation_id)
+    await chat.conversations.open_conversation(chat.conversation_id)
     await pilot.pause()
 
 
@@ -211,7 +211,7 @@ async def message_with_image(pilot: Pilot[Any]) -> None:
     question = app.store.tree.add_user_message(chat.conversation_id, "What is in this picture?", (kept,))
     reply = app.store.tree.begin_assistant_message(chat.conversation_id, question.id, "SmolVLM-256M")
     app.store.tree.finish_assistant_message(reply, "Coloured noise: random pixels.", "", "complete", {})
-    await chat.open_conversation(chat.conversation_id)
+    await chat.conversations.open_conversation(chat.conversation_id)
     blocks = list(chat.transcript.query(ImageBlock))
     await wait_until(pilot, lambda: all(b.state == "shown" for b in blocks), "the picture decoded in a thread")
     await pilot.pause()

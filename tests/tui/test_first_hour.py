@@ -155,7 +155,7 @@ async def test_the_stats_bar_shows_this_sessions_figures_only(tiny_models: dict[
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.model is not None and app.model.path == str(tiny_models["qwen3"]))
         await ready(pilot)
-        await chat.open_conversation(
+        await chat.conversations.open_conversation(
             app.store.conversations.list_conversations()[0].id
         )  # the conversation replied to above
         await pilot.pause()

@@ -87,7 +87,7 @@ async def test_the_stats_bar_follows_the_reply_being_written(tiny_models: dict[s
         stats = chat.stats
         first_used = stats.n_ctx_used
         assert first_used > 0 and stats.ttft_ms is not None and stats.decode_tps is not None
-        await chat.send("second question")  # the request goes out after the next refresh
+        await chat.replies.send("second question")  # the request goes out after the next refresh
         assert stats.ttft_ms is None and stats.decode_tps is None and stats.generated_tokens == 0
         await wait_until(pilot, lambda: chat.generation is None or bool(stats.ttft_ms and stats.generated_tokens))
         pid = app.bridge.pid or 0
@@ -121,7 +121,7 @@ async def test_the_request_goes_out_once_the_reply_is_drawn_and_escape_before_it
 
         app.bridge.generate = spy  # type: ignore[method-assign]
         chat.prompt.load_text("tell me a long story")
-        await chat.send("tell me a long story")
+        await chat.replies.send("tell me a long story")
         assert chat.generation is not None and chat.generation.request_id == 0 and not sent_when
         chat.action_stop()  # Esc before the request went out: it is sent and cancelled at once
         await reply_done(pilot)
@@ -168,7 +168,7 @@ async def test_edit_and_resend_keeps_the_old_branch_reachable(tiny_models: dict[
         user_view = chat.transcript.views()[0]
         user_view.focus()
         await pilot.press("e")
-        assert chat.edit_target == user_view.message.id and chat.prompt.text == "original question"
+        assert chat.edit_banner.target == user_view.message.id and chat.prompt.text == "original question"
         assert chat.prompt.has_focus
         chat.prompt.load_text("edited question")
         await press_and_start(pilot, "enter")
@@ -207,7 +207,7 @@ async def test_edit_a_reply_in_place_then_continue_it(tiny_models: dict[str, Pat
         assert chat.check_action("continue_reply", ())
         chat.transcript.views()[-1].focus()
         await pilot.press("e")
-        assert chat.edit_target == reply.id and chat.editing_reply and chat.prompt.text == reply.content
+        assert chat.edit_banner.target == reply.id and chat.edit_banner.is_reply and chat.prompt.text == reply.content
         assert "Editing a reply" in str(chat.query_one("#edit-banner").render())
         chat.prompt.load_text("A better start")
         await pilot.press("enter")
@@ -216,7 +216,7 @@ async def test_edit_a_reply_in_place_then_continue_it(tiny_models: dict[str, Pat
         assert (edited.id, edited.content, edited.state) == (reply.id, "A better start", "complete")
         assert edited.stats["edited"] and "draft_spans" not in edited.stats
         assert app.store.tree.siblings(reply.id).messages == [edited]  # changed in place: no new branch
-        assert chat.edit_target is None and chat.prompt.text == ""
+        assert chat.edit_banner.target is None and chat.prompt.text == ""
         assert chat.transcript.views()[-1].message.content == "A better start"
         assert any("ctrl+g continues it" in n.message for n in app._notifications)
         await press_and_start(pilot, "ctrl+g")
@@ -238,7 +238,7 @@ async def test_edit_mode_escape_gives_back_the_draft(tiny_models: dict[str, Path
         await pilot.press("e")
         assert chat.prompt.text == "question"
         await pilot.press("escape")
-        assert chat.edit_target is None and chat.prompt.text == "half-written draft"
+        assert chat.edit_banner.target is None and chat.prompt.text == "half-written draft"
 
 
 @pytest.mark.anyio
@@ -657,7 +657,7 @@ async def test_a_very_long_reply_is_drawn_in_a_thread_and_the_view_stays_at_end(
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
         chat = chat_of(app)
-        await chat.open_conversation(conversation.id)
+        await chat.conversations.open_conversation(conversation.id)
         view = chat.transcript.views()[-1]
         assert view.message.content == reply
         # Drawn in a thread: a note stands in for the body until its lines are ready, then the view is laid out

@@ -108,8 +108,8 @@ async def test_f12_attaches_with_tab_completion_and_the_reply_gets_the_image(
         attached = chat.attachments.images[0]
         assert attached.name == "red square.png" and attached.describe().startswith("PNG 16×16, ")
         assert chat.attachments.display and "red square.png  PNG 16×16" in str(chat.attachments.render())
-        await chat.send("what is in this picture?")
-        await wait_until(pilot, lambda: chat.generation is None and chat.replies_started == 1, "the reply")
+        await chat.replies.send("what is in this picture?")
+        await wait_until(pilot, lambda: chat.generation is None and chat.replies.replies_started == 1, "the reply")
         await wait_until(pilot, lambda: app.engine_state == "ready", "the engine ready again")
         (request,) = sent_requests(app)
         question = request.messages[-1]
@@ -120,7 +120,7 @@ async def test_f12_attaches_with_tab_completion_and_the_reply_gets_the_image(
         assert len(blocks) == 1
         await wait_until(pilot, lambda: blocks[0].state == "shown", "the picture drawn (half blocks in tests)")
         assert app.store.tree.active_path(chat.conversation_id or 0)[0].images == (attached,)
-        await chat.send("and its colour?")  # the image goes again (the engine encodes it once: tests/engine)
+        await chat.replies.send("and its colour?")  # the image goes again (the engine encodes it once: tests/engine)
         await wait_until(pilot, lambda: len(sent_requests(app)) == 2 and chat.generation is None, "the second reply")
         assert first_question_images(sent_requests(app)[1]) == [attached.sha256]
 
@@ -186,10 +186,10 @@ async def test_a_missing_image_file_shows_says_so_and_is_sent_without(vision_lla
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
         chat = chat_of(app)
-        chat.attach_image_file(pictures / "red square.png")
+        chat.images.attach_image_file(pictures / "red square.png")
         await wait_until(pilot, lambda: len(chat.attachments.images) == 1, "the image attached")
-        await chat.send("what is this?")
-        await wait_until(pilot, lambda: chat.generation is None and chat.replies_started == 1, "the reply")
+        await chat.replies.send("what is this?")
+        await wait_until(pilot, lambda: chat.generation is None and chat.replies.replies_started == 1, "the reply")
         await wait_until(pilot, lambda: app.engine_state == "ready", "the engine ready again")
         image = chat.attachments.images or app.store.tree.active_path(chat.conversation_id or 0)[0].images
         app.store.images.image_path(image[0].sha256).unlink()
@@ -197,13 +197,13 @@ async def test_a_missing_image_file_shows_says_so_and_is_sent_without(vision_lla
         (block,) = chat.transcript.query(ImageBlock)
         await wait_until(pilot, lambda: block.state == "missing", "the missing file said in the transcript")
         assert "missing from the history" in str(block.query_one(".image-label").render())
-        await chat.send("still there?")
+        await chat.replies.send("still there?")
         await wait_until(pilot, lambda: len(sent_requests(app)) == 2 and chat.generation is None, "the reply")
         await wait_until(pilot, lambda: app.engine_state == "ready", "the engine ready again")
         assert first_question_images(sent_requests(app)[1]) == []
         assert notified(app, "red square.png (missing): the message is sent without it")
         count = sum("sent without it" in str(n.message) for n in app._notifications)
-        await chat.send("and now?")
+        await chat.replies.send("and now?")
         await wait_until(pilot, lambda: len(sent_requests(app)) == 3 and chat.generation is None, "the third reply")
         assert sum("sent without it" in str(n.message) for n in app._notifications) == count  # said once
 

@@ -825,7 +825,7 @@ async def _draft_colouring(pilot: Pilot[Any]) -> None:
     store.close()
     await loaded(pilot)
     chat = chat_of(app)
-    await chat.open_conversation(conversation.id)
+    await chat.conversations.open_conversation(conversation.id)
     await pilot.press("f7")
     await pilot.pause()
     app.clear_notifications()

@@ -107,7 +107,7 @@ def connect(path: Path) -> sqlite3.Connection:
     private_file(path)
     for suffix in ("-wal", "-shm"):
         tighten_if_exists(path.with_name(path.name + suffix))
-    # One connection shared by threads, serialised by Store._lock; transactions are explicit.
+    # One connection shared by threads, serialised by Database.lock; transactions are explicit.
     connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     connection.row_factory = sqlite3.Row
     connection.text_factory = decode_text

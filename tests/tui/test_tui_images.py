@@ -215,7 +215,8 @@ async def test_a_start_removes_conversations_deleted_a_day_before_and_frees_imag
     before, with its image files, and keeps what was deleted since (a session beside it may still undo it)."""
     from datetime import UTC, datetime, timedelta
 
-    from app.core.store import Store, open_default_store
+    from app.core.store import open_default_store
+    from app.core.store.connection import Database
     from engine_ext.image_input import check_image
 
     store = open_default_store()
@@ -227,7 +228,7 @@ async def test_a_start_removes_conversations_deleted_a_day_before_and_frees_imag
     store.tree.add_user_message(kept.id, "hello")
     two_days_ago = (datetime.now(UTC) - timedelta(days=2)).isoformat(timespec="microseconds")
     with monkeypatch.context() as patched:
-        patched.setattr(Store, "_now", lambda self: two_days_ago)
+        patched.setattr(Database, "now", lambda self: two_days_ago)
         store.conversations.delete_conversation(old.id)
     store.conversations.delete_conversation(recent.id)
     old_file, shared_file = store.images.image_path(old_picture.sha256), store.images.image_path(shared.sha256)

@@ -1,6 +1,7 @@
 """The chat screen: layout, keys, the footer, the message actions, the steering panel; its parts own the rest: the
 conversation list and its actions (chat_conversations.py), the replies (chat_reply.py, the generation controller's
-adapter), attaching images (chat_images.py) and the edit in progress (the `EditBanner`)."""
+adapter), attaching images (chat_images.py), the engine's and the features' readouts (chat_readouts.py) and the edit
+in progress (the `EditBanner`)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,15 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import ActiveBinding, Binding
 from textual.containers import Horizontal, Vertical
-from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widget import Widget
 from textual.widgets import Footer, Input
 
 from app.core.config import ConfigError, save_config
 from app.core.generation import ActiveReply
-from app.core.speculation_facts import short_summary
 from app.core.store import Message, StoreError
 from app.tui.screens.chat_conversations import ConversationActions
 from app.tui.screens.chat_images import ATTACH_KEY, ImageAttacher
+from app.tui.screens.chat_readouts import ChatReadouts
 from app.tui.screens.chat_reply import ChatReplies
 from app.tui.screens.steering import SteeringPanel
 from app.tui.textual_internals.compositor import use_cropped_compositor
@@ -32,7 +31,6 @@ from app.tui.widgets.markdown_render import code_blocks
 from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import ConversationList
-from app.tui.widgets.spec_meter import SpecMeter
 from app.tui.widgets.status import AppHeader, StatsBar
 from app.tui.widgets.transcript import Transcript
 
@@ -143,8 +141,7 @@ class ChatScreen(Screen[None]):
         self.conversations = ConversationActions(self)
         self.replies = ChatReplies(self)
         self.images = ImageAttacher(self)
-        self._model_shown: object = None  # the loaded model the stats bar was last told of
-        self._steering_shown: tuple[object, tuple[int, str]] = (None, (0, ""))  # the panel's applied mix, new vector
+        self.readouts = ChatReadouts(self, self.replies.model_loaded)
 
     # ----- layout -----
 
@@ -238,15 +235,15 @@ class ChatScreen(Screen[None]):
         self.app.generation.router.default = (
             self.replies
         )  # events of requests nobody registered (or with no id) come here
-        self.watch(self.app, "features_version", self.refresh_feature_readouts, init=False)
-        self.watch(self.app, "engine_version", self.sync_engine_state, init=False)
+        self.watch(self.app, "features_version", self.readouts.features_changed, init=False)
+        self.watch(self.app, "engine_version", self.readouts.engine_changed, init=False)
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
         self.transcript.read_image = self.app.store.images.read_image
         self.transcript.colour_drafts = self.app.config.draft_colouring
         self.replies.measured_on = self.app.model.path if self.app.model else ""
-        self._model_shown = self.app.model
-        self.sync_engine_state()
+        self.readouts.model_shown = self.app.model
+        self.readouts.engine_changed()
         conversations = self.app.store.conversations.list_conversations()
         if conversations:
             await self.conversations.open_conversation(conversations[0].id)
@@ -258,82 +255,10 @@ class ChatScreen(Screen[None]):
         if self.app.generation.router.default is self.replies:
             self.app.generation.router.default = None
 
-    def refresh_feature_readouts(self) -> None:
-        """The meter under the transcript (while speculation is on) and the stats bar's spec/steer readouts."""
-        try:
-            stats_bar = self.stats
-        except NoMatches:
-            return
-        speculation = self.app.speculation
-        settings = self.app.config.speculative
-        meters = list(self.query(SpecMeter))
-        container = stats_bar.parent
-        if settings.enabled and not meters and isinstance(container, Widget):
-            meter = SpecMeter(id="spec-meter")
-            container.mount(meter, before=stats_bar)
-            meters = [meter]
-        elif not settings.enabled:
-            for meter in meters:
-                meter.remove()
-            meters = []
-        for meter in meters:
-            meter.expanded = self.app.config.spec_details
-            meter.spec_type = settings.spec_type
-            meter.drafters = speculation.drafters
-            meter.noise = speculation.speed_noise
-            meter.stats = speculation.stats
-        extras = {k: v for k, v in stats_bar.extras.items() if k not in ("spec", "steer", "api")}
-        if settings.enabled:
-            extras["spec"] = (
-                short_summary(speculation.stats, speculation.speed_noise) if speculation.stats else settings.spec_type
-            )
-        steer = self.app.steering.readout()
-        if steer:
-            extras["steer"] = steer
-        api = self.app.server.readout()
-        if api:
-            extras["api"] = api
-        if extras != stats_bar.extras:
-            stats_bar.extras = extras
-        self._sync_steering_panel()
-
-    def _sync_steering_panel(self) -> None:
-        """What the steering controller learnt since: the mix the engine applies now, a vector just made (listed,
-        focused, when the panel is open)."""
-        steering, panel = self.app.steering, self.steering_panel
-        applied_shown, made_shown = self._steering_shown
-        self._steering_shown = (steering.applied, steering.vectors_made)
-        if steering.applied is not None and steering.applied is not applied_shown:
-            panel.show_applied(steering.applied)
-        if steering.vectors_made != made_shown and steering.vectors_made[0] and panel.is_open:
-            self.call_later(panel.refresh_vectors, focus_path=steering.vectors_made[1])
-
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < NARROW_WIDTH, "-narrow")
         self.set_class(event.size.width >= STEERING_BESIDE_WIDTH, "-steering-beside")
         self.refresh_bindings()  # the footer shows what fits the new width
-
-    def sync_engine_state(self) -> None:
-        """Copy the app's engine state into the header and the stats bar."""
-        try:
-            header, stats = self.header, self.stats
-        except NoMatches:  # not composed yet (on_mount syncs) or closing
-            return
-        app = self.app
-        model = app.model
-        if model is not None and model is not self._model_shown:  # a model was loaded
-            self._model_shown = model
-            self.replies.model_loaded(model.path)
-            stats.n_ctx = model.n_ctx
-        for widget in (header, stats):
-            widget.engine_state = app.engine_state
-            # "vision": the model loaded with its projector, so it sees attached images
-            widget.backend = (f"{model.backend} · vision" if model.sees_images else model.backend) if model else ""
-        header.model_name = model.name if model else ""
-        if model is not None and not stats.n_ctx:
-            stats.n_ctx = model.n_ctx
-        stats.progress = app.load_progress
-        self.refresh_bindings()
 
     def back(self) -> None:
         """Esc when no reply is being written: leave editing, clear the search, or go back to the prompt."""

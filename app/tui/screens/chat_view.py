@@ -1,10 +1,10 @@
 """What the chat screen's parts see of it, and the message tree's branches.
 
-The chat screen (`chat_screen.py`: layout, keys, the message actions, the engine's and the features' readouts) is put
-together from parts that each own their state: `chat_conversations.py` (the conversation list and what acts on a
-whole conversation), `chat_reply.py` (sending and streaming through the generation controller) and `chat_images.py`
-(attaching images); the edit in progress is the `EditBanner`'s. A part reaches the screen and its siblings only
-through `ChatView`, which the screen implements.
+The chat screen (`chat_screen.py`: layout, keys, the message actions) is put together from parts that each own their
+state: `chat_conversations.py` (the conversation list and what acts on a whole conversation), `chat_reply.py`
+(sending and streaming through the generation controller), `chat_images.py` (attaching images) and
+`chat_readouts.py` (the engine's and the features' readouts); the edit in progress is the `EditBanner`'s. A part
+reaches the screen and its siblings only through `ChatView`, which the screen implements.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from textual.worker import Worker
 
     from app.core.store import Message
+    from app.tui.screens.steering import SteeringPanel
     from app.tui.shell import LlmtuiShell
     from app.tui.widgets.attachments import AttachmentsBar
     from app.tui.widgets.edit_banner import EditBanner
@@ -72,6 +73,9 @@ class ChatView(Protocol):
     @property
     def edit_banner(self) -> EditBanner: ...
 
+    @property
+    def steering_panel(self) -> SteeringPanel: ...
+
     def busy(self) -> bool:
         """Whether a reply is being written (then saying so: the action waits for it)."""
         ...
@@ -105,6 +109,8 @@ class ChatView(Protocol):
     def refresh_bindings(self) -> None: ...
 
     def call_after_refresh(self, callback: Any, *args: Any, **kwargs: Any) -> bool: ...
+
+    def call_later(self, callback: Any, *args: Any, **kwargs: Any) -> bool: ...
 
     def set_timer(
         self, delay: float, callback: Any = None, *, name: str | None = None, pause: bool = False

@@ -251,7 +251,7 @@ def test_screen(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
 def test_first_run_screen(
     snap_compare: Any, app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
 ) -> None:
-    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.start_up.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     app.requested_model = None
     assert snap_compare(app, terminal_size=size, run_before=started)

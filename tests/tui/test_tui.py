@@ -443,7 +443,7 @@ async def test_a_bad_model_file_shows_a_load_error(tmp_path: Path) -> None:
 async def test_first_run_screen_when_there_is_no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.tui.screens.first_run import FirstRunScreen
 
-    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.start_up.starter_model_path", lambda: None)
     monkeypatch.setattr("app.core.model_list.starter_model_path", lambda: None)
     app = LlmtuiApp()
     async with app.run_test(size=(100, 30)) as pilot:

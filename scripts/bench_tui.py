@@ -194,12 +194,12 @@ def seed_history(n_messages: int, chars: int, rng: random.Random) -> int:
     from app.core.store import open_default_store
 
     store = open_default_store()
-    conversation = store.create_conversation(f"{n_messages} messages")
+    conversation = store.conversations.create_conversation(f"{n_messages} messages")
     per_reply = max(50, 2 * chars // max(1, n_messages) - 60)
     for index in range(n_messages // 2):
-        user = store.add_user_message(conversation.id, f"Question {index}: " + " ".join(rng.choices(WORDS, k=8)))
-        reply = store.begin_assistant_message(conversation.id, user.id, "synthetic")
-        store.finish_assistant_message(reply, synthetic_markdown(rng, per_reply), "", "complete", {}, 10)
+        user = store.tree.add_user_message(conversation.id, f"Question {index}: " + " ".join(rng.choices(WORDS, k=8)))
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "synthetic")
+        store.tree.finish_assistant_message(reply, synthetic_markdown(rng, per_reply), "", "complete", {}, 10)
     store.close()
     return conversation.id
 
@@ -284,7 +284,7 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
         chat = app.chat
         assert chat is not None
         if chat.conversation_id != conversation_id:
-            await chat.open_conversation(conversation_id)
+            await chat.conversations.open_conversation(conversation_id)
         if drafted:
             chat.transcript.set_colour_drafts(True)
         await pilot.pause(0.3)
@@ -301,10 +301,10 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
             profiler.enable()
         chat.prompt.load_text("Stream a long answer")
         chat.prompt.focus()
-        started = chat.replies_started
+        started = chat.replies.replies_started
         cpu_start = time.thread_time()  # the UI thread (the event loop) only: not the bridge or the feed
-        await chat.send("Stream a long answer please")
-        assert chat.replies_started > started
+        await chat.replies.send("Stream a long answer please")
+        assert chat.replies.replies_started > started
         t_start = time.perf_counter()
         typed = 0
         missed = 0
@@ -335,11 +335,11 @@ async def bench_stream(seconds: float, base_rate: float, burst_rate: float, *, d
             with open(os.environ["BENCH_PROFILE"], "w") as out:
                 pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("BENCH_SORT", "cumtime")).print_stats(70)
         sent = client_box[-1].sent_tokens if client_box else 0
-        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         return {
             "tokens": sent,
             "reply_chars": len(reply.content),
-            "earlier_chars": sum(len(m.content) for m in app.store.active_path(chat.conversation_id or 0)[:-2]),
+            "earlier_chars": sum(len(m.content) for m in app.store.tree.active_path(chat.conversation_id or 0)[:-2]),
             "lag_ms": percentiles(lags),
             "keypress_ms": percentiles(keys),
             "keypress_without_frame": missed,
@@ -379,7 +379,7 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
             await asyncio.sleep(0.01)
         chat = app.chat
         assert chat is not None
-        await chat.open_conversation(conversation_id)
+        await chat.conversations.open_conversation(conversation_id)
         await asyncio.sleep(0.5)
         reader = bridge._thread
 
@@ -390,7 +390,7 @@ async def bench_steady(seconds: float, rate: float) -> dict[str, Any]:
         await asyncio.sleep(min(seconds, 3.0))
         loop1, reader1, wall1 = sample()
         idle = (loop1 - loop0 + reader1 - reader0) / (wall1 - wall0)
-        await chat.send("Stream a steady answer")
+        await chat.replies.send("Stream a steady answer")
         # The middle of the stream: not the reply's start (mounting it) or end (storing and drawing it whole).
         await asyncio.sleep(1.0)  # not Pilot.pause: it walks every widget, work a real session doesn't do
         loop1, reader1, wall1 = sample()
@@ -419,16 +419,16 @@ async def bench_open(n_messages: int) -> dict[str, Any]:
         await pilot.pause(0.2)
         chat = app.chat
         assert chat is not None
-        await chat.open_conversation(None)
+        await chat.conversations.open_conversation(None)
         await pilot.pause(0.2)
         clock = FrameClock(app)
         results = []
         for _ in range(3):
             moment = time.perf_counter()
-            await chat.open_conversation(conversation_id)
+            await chat.conversations.open_conversation(conversation_id)
             frame = await clock.next_frame_after(time.perf_counter())
             results.append((frame - moment) * 1000)
-            await chat.open_conversation(None)
+            await chat.conversations.open_conversation(None)
             await pilot.pause(0.2)
         return {
             "messages": n_messages,
@@ -491,9 +491,9 @@ def bench_decode(n_tokens: int, repetitions: int, threads: int = 0) -> dict[str,
                 assert chat is not None
                 for _ in range(repetitions + 1):  # the first pair warms both engines up and is not counted
                     alone = engine_alone(client)  # blocks the event loop: the app does nothing meanwhile
-                    await chat.open_conversation(None)
+                    await chat.conversations.open_conversation(None)
                     await asyncio.sleep(0.3)
-                    await chat.send(prompt)
+                    await chat.replies.send(prompt)
                     while chat.generation is not None:
                         await asyncio.sleep(0.05)  # not Pilot.pause: it walks every widget, unlike a real session
                     tokens.append(int(chat.stats.generated_tokens or 0))

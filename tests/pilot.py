@@ -57,18 +57,18 @@ async def ready(pilot: Pilot[None]) -> ChatScreen:
 async def send(pilot: Pilot[None], text: str) -> None:
     chat = chat_of(pilot.app)  # type: ignore[arg-type]
     chat.prompt.focus()
-    started = chat.replies_started
+    started = chat.replies.replies_started
     chat.prompt.load_text(text)
     await pilot.press("enter")
-    await wait_until(pilot, lambda: chat.replies_started > started)
+    await wait_until(pilot, lambda: chat.replies.replies_started > started)
 
 
 async def press_and_start(pilot: Pilot[None], *keys: str) -> None:
     """Press keys that start a reply and wait until it has started."""
     chat = chat_of(pilot.app)  # type: ignore[arg-type]
-    started = chat.replies_started
+    started = chat.replies.replies_started
     await pilot.press(*keys)
-    await wait_until(pilot, lambda: chat.replies_started > started)
+    await wait_until(pilot, lambda: chat.replies.replies_started > started)
 
 
 async def reply_done(pilot: Pilot[None]) -> None:
@@ -140,14 +140,14 @@ def reverse(text: str) -> str:
 def seeded(app_dirs: tuple[Path, Path]) -> None:
     """A history with one conversation: two branches of a question, reasoning, a stopped reply."""
     store = open_default_store()
-    older = store.create_conversation("Shopping list")
-    store.add_user_message(older.id, "Milk, eggs, bread")
-    conversation = store.create_conversation("Reverse a string")
-    first = store.add_user_message(conversation.id, "How do I reverse a string in Python?")
-    reply = store.begin_assistant_message(conversation.id, first.id, "SmolLM2-135M-Instruct.Q4_1")
-    store.finish_assistant_message(reply, "Use slicing.", "", "complete", {})
-    edited = store.edit_user_message(first.id, "How do I reverse a string in Python? Show code.")
-    reply = store.begin_assistant_message(conversation.id, edited.id, "SmolLM2-135M-Instruct.Q4_1")
+    older = store.conversations.create_conversation("Shopping list")
+    store.tree.add_user_message(older.id, "Milk, eggs, bread")
+    conversation = store.conversations.create_conversation("Reverse a string")
+    first = store.tree.add_user_message(conversation.id, "How do I reverse a string in Python?")
+    reply = store.tree.begin_assistant_message(conversation.id, first.id, "SmolLM2-135M-Instruct.Q4_1")
+    store.tree.finish_assistant_message(reply, "Use slicing.", "", "complete", {})
+    edited = store.tree.edit_user_message(first.id, "How do I reverse a string in Python? Show code.")
+    reply = store.tree.begin_assistant_message(conversation.id, edited.id, "SmolLM2-135M-Instruct.Q4_1")
     stats = {
         "decode_tps": 42.5,
         "ttft_ms": 120.0,
@@ -156,10 +156,12 @@ def seeded(app_dirs: tuple[Path, Path]) -> None:
         "n_ctx": 4096,
         "n_ctx_used": 79,
     }
-    store.finish_assistant_message(reply, REPLY, "The user wants code. Slicing is simplest.", "complete", stats, 48)
-    question = store.add_user_message(conversation.id, "And for a list?")
-    stopped = store.begin_assistant_message(conversation.id, question.id, "SmolLM2-135M-Instruct.Q4_1")
-    store.finish_assistant_message(stopped, "Lists have a `reverse()` method, and", "", "stopped", {})
+    store.tree.finish_assistant_message(
+        reply, REPLY, "The user wants code. Slicing is simplest.", "complete", stats, 48
+    )
+    question = store.tree.add_user_message(conversation.id, "And for a list?")
+    stopped = store.tree.begin_assistant_message(conversation.id, question.id, "SmolLM2-135M-Instruct.Q4_1")
+    store.tree.finish_assistant_message(stopped, "Lists have a `reverse()` method, and", "", "stopped", {})
     store.close()
 
 

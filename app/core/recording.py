@@ -67,7 +67,7 @@ class ReplyRecorder:
         """Save the text so far now (one row update)."""
         content, reasoning = self.content, self.reasoning
         self._content, self._reasoning = [content], [reasoning]
-        self.store.checkpoint_assistant_message(self.message_id, content, reasoning)
+        self.store.tree.checkpoint_assistant_message(self.message_id, content, reasoning)
         self._tokens_at_checkpoint = self.tokens
         self._checkpoint_at = self._clock()
 
@@ -76,6 +76,6 @@ class ReplyRecorder:
         if self.finished:
             return
         self.finished = True
-        self.store.finish_assistant_message(
+        self.store.tree.finish_assistant_message(
             self.message_id, self.content, self.reasoning, state, stats or {}, self.tokens or None
         )

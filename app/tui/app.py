@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ from textual import events, work
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.content import Content
-from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.reactive import var
 from textual.screen import Screen
@@ -27,13 +25,11 @@ from app.core.config import (
     RemoteSettings,
     SamplingSettings,
     SpeculativeSettings,
-    load_config,
     save_config,
 )
 from app.core.generation import GenerationController, GenerationRouter
-from app.core.model_paths import ModelNotFound, resolve_model, starter_model_path, user_path
-from app.core.owner_only_dirs import secure_app_dirs, take_notice
-from app.core.store import Store, StoreError, open_default_store
+from app.core.model_paths import user_path
+from app.core.store import Store
 from app.tui.bridge import EngineBridge
 from app.tui.controllers import (
     ConversationsController,
@@ -46,41 +42,15 @@ from app.tui.engine_events import EngineEvents
 from app.tui.messages import ModelSummary
 from app.tui.modals.pick import PickModal
 from app.tui.palette import palette_commands
-from app.tui.remote_bridge import REMOTE_PREFIX, RemoteBridge, RemoteChoice
+from app.tui.remote_bridge import RemoteBridge, RemoteChoice
 from app.tui.reply_owner import ReplyOwner
 from app.tui.screens.chat_screen import ChatScreen
+from app.tui.start_up import StartUpRead, read_start_up
 from app.tui.textual_internals.terminal_text import drop_controls_from_terminal_output
 from app.tui.widgets.image_preview import detect_terminal_graphics
 from engine_ext.untrusted_text import shown
 
-Notice = tuple[str, SeverityLevel, float]
-"""A notification to show once the app has started: (message, severity, seconds)."""
-
-
-@dataclass
-class StartUp:
-    """What the start-up thread read for the app: its settings, its history, the model to start with."""
-
-    config: Config = field(default_factory=Config)
-    store: Store | None = None
-    failure: str = ""  # why the history could not be opened (the app exits saying so)
-    remote: RemoteChoice | None = None
-    model: Path | None = None
-    notices: list[Notice] = field(default_factory=list)
-
-
-class StartUpRead(Message):
-    """The start-up thread has read what the app starts with."""
-
-    def __init__(self, start: StartUp) -> None:
-        super().__init__()
-        self.start = start
-
-
 THEME_NAMES = {"dark": "textual-dark", "light": "textual-light"}
-# A deleted conversation can be brought back (u) only in the session that deleted it; a start removes for good those
-# deleted a day or more before (and the image files only they used), leaving a session running beside it its undo.
-PURGE_DELETED_AFTER = timedelta(days=1)
 
 
 class LlmtuiApp(EngineEvents):
@@ -153,32 +123,7 @@ class LlmtuiApp(EngineEvents):
 
     @work(thread=True, exclusive=True, group="start-up")
     def _read_start_up(self) -> None:
-        start = StartUp()
-        try:
-            secure_app_dirs()
-        except OSError as error:
-            start.notices.append((f"cannot make llmtui's folders owner-only: {error}", "warning", 15))
-        try:
-            start.config = load_config()
-        except ConfigError as error:
-            start.notices.append((f"{error}. Using default settings until you save new ones (F3).", "error", 15))
-        try:
-            start.store = open_default_store()
-        except StoreError as error:
-            start.failure = f"llmtui: {error}"
-        else:
-            if start.store.startup_notice:
-                start.notices.append((start.store.startup_notice, "warning", 20))
-            try:
-                start.store.purge_deleted(PURGE_DELETED_AFTER)
-            except (StoreError, OSError) as error:
-                start.notices.append((f"could not remove deleted conversations: {error}", "warning", 10))
-            tightened = take_notice()  # said once: after tightening, the modes are right
-            if tightened:
-                start.notices.append((tightened, "warning", 20))
-            start.remote = self._initial_remote(start.config)
-            if start.remote is None:
-                start.model = self._initial_model(start.config, start.notices)
+        start = read_start_up(self.requested_model)
         if not self.post_message(StartUpRead(start)) and start.store is not None:
             start.store.close()  # the app ended meanwhile
 
@@ -224,26 +169,6 @@ class LlmtuiApp(EngineEvents):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Until the settings and the history are read, only quitting (a setting saved then would save defaults)."""
         return True if self.started or action == "quit" else None
-
-    def _initial_remote(self, config: Config) -> RemoteChoice | None:
-        """The remote engine's model used last, when no model was asked for and that endpoint is still configured."""
-        if self.requested_model or not config.last_model.startswith(REMOTE_PREFIX):
-            return None
-        name, _, model = config.last_model.removeprefix(REMOTE_PREFIX).partition("/")
-        remote = next((r for r in config.remotes if r.name == name), None)
-        return RemoteChoice(remote, model) if remote is not None else None
-
-    def _initial_model(self, config: Config, notices: list[Notice]) -> Path | None:
-        """The model asked for (else a notice why not), the last one used, or the starter model (file reads and
-        maybe a Hugging Face cache scan: in the start-up thread)."""
-        if self.requested_model:
-            try:
-                return resolve_model(self.requested_model)
-            except ModelNotFound as error:
-                notices.append((str(error), "error", 15))
-        if config.last_model and Path(config.last_model).is_file():
-            return Path(config.last_model)
-        return starter_model_path()
 
     def local_bridge(self) -> EngineBridge:
         return EngineBridge(self, paths.log_dir() / "engine.log", backlog=lambda: self.message_queue_size)
@@ -436,7 +361,7 @@ class LlmtuiApp(EngineEvents):
         chat = self.chat
         if chat is None or chat.conversation_id is None:
             return default
-        path = self.store.active_path(chat.conversation_id)
+        path = self.store.tree.active_path(chat.conversation_id)
         return next((m.content for m in reversed(path) if m.role == "user"), default)
 
     def action_restart_engine(self) -> None:
@@ -558,7 +483,7 @@ class LlmtuiApp(EngineEvents):
     def show_conversation(self, conversation_id: int) -> None:
         chat = self.chat
         if chat is not None and self.generation.active is None:
-            self.call_later(chat.open_conversation, conversation_id)
+            self.call_later(chat.conversations.open_conversation, conversation_id)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette's entries: the app's own, grouped (app/tui/palette.py)."""

@@ -344,7 +344,7 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         chat.prompt.focus()
         chat.prompt.load_text("hello after a crash")
         await pilot.press("enter")
-        await wait(pilot, lambda: chat.replies_started > 0, "the reply to start")
+        await wait(pilot, lambda: chat.replies.replies_started > 0, "the reply to start")
         await wait(
             pilot,
             lambda: chat.generation is None and app.engine_state == "ready",
@@ -354,16 +354,16 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         assert app.engine_overrides == {}  # the settings are the user's: the engine client leaves the type out
         notice = next(n for n in _notices(app) if "crashed natively" in n)
         assert "F3" in notice and "--no-repack" in notice
-        path = app.store.active_path(chat.conversation_id or 0)
+        path = app.store.tree.active_path(chat.conversation_id or 0)
         assert [m.role for m in path] == ["user", "assistant"]
         assert path[-1].state == "complete" and path[-1].content
         assert app.model is not None and app.model.repack is (len(_extra_bufts()) > 1)  # the others kept
         # The next message goes to the same worker, still without repacking.
         chat.prompt.load_text("and again")
         await pilot.press("enter")
-        await wait(pilot, lambda: chat.replies_started > 1, "the second reply to start")
+        await wait(pilot, lambda: chat.replies.replies_started > 1, "the second reply to start")
         await wait(pilot, lambda: chat.generation is None and app.engine_state == "ready", "the second reply")
-        assert app.store.active_path(chat.conversation_id or 0)[-1].state == "complete"
+        assert app.store.tree.active_path(chat.conversation_id or 0)[-1].state == "complete"
 
 
 @pytest.mark.anyio
@@ -400,7 +400,7 @@ async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
         keys = [f.key for f in modal.fallbacks]
         assert "threads" in keys and "no-mmap" in keys and "-t 1" in tries
         # The conversation is kept; the reply that crashed is marked so.
-        path = app.store.active_path(chat.conversation_id or 0)
+        path = app.store.tree.active_path(chat.conversation_id or 0)
         assert path[0].content == "this crashes every time" and path[-1].state == "error"
         # Try a fallback from the dialog: fewer threads, for this session.
         await pilot.press(str(keys.index("threads") + 1))
@@ -487,9 +487,9 @@ async def test_the_app_refuses_a_reply_whose_grammar_crashed_and_keeps_its_speed
         chat.prompt.focus()
         chat.prompt.load_text("answer in JSON")
         await pilot.press("enter")
-        await wait(pilot, lambda: chat.replies_started > 0 and chat.generation is None, "the reply to end")
+        await wait(pilot, lambda: chat.replies.replies_started > 0 and chat.generation is None, "the reply to end")
         await wait(pilot, lambda: app.engine_state == "ready" and app.bridge.pid != pid, "the restarted engine")
-        path = app.store.active_path(chat.conversation_id or 0)
+        path = app.store.tree.active_path(chat.conversation_id or 0)
         assert [m.role for m in path] == ["user", "assistant"] and path[-1].state == "error"
         assert not any("crashed natively" in n for n in _notices(app))
         assert app.model is not None and app.model.repack is bool(_extra_bufts())  # repacking as it was

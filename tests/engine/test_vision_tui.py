@@ -32,19 +32,19 @@ async def test_an_attached_image_reaches_the_projector_once(tiny_models: dict[st
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await ready(pilot)
         assert app.model is not None and app.model.sees_images
-        chat.attach_image_file(picture)
+        chat.images.attach_image_file(picture)
         await wait_until(pilot, lambda: len(chat.attachments.images) == 1, "the image attached")
-        await chat.send("what is in the picture?")
+        await chat.replies.send("what is in the picture?")
         await reply_done(pilot)
         conversation = chat.conversation_id
         assert conversation is not None
-        first = app.store.active_path(conversation)[-1]
+        first = app.store.tree.active_path(conversation)[-1]
         assert first.state == "complete" and first.content
         assert first.stats["image_tokens"] == IMAGE_TOKENS and first.stats["images_encoded"] == 1
         await wait_until(pilot, lambda: app.engine_state == "ready", "the engine ready again")
-        await chat.send("and what colour is it?")
+        await chat.replies.send("and what colour is it?")
         await reply_done(pilot)
-        second = app.store.active_path(conversation)[-1]
+        second = app.store.tree.active_path(conversation)[-1]
         assert second.id != first.id and second.state == "complete"
         assert second.stats["image_tokens"] == IMAGE_TOKENS and second.stats["images_encoded"] == 0
         (block,) = chat.transcript.query(ImageBlock)

@@ -254,7 +254,7 @@ async def test_escape_in_the_app_stops_a_stuck_reply_and_the_engine_comes_back(
         await pilot.press("escape")
         await wait_until(pilot, lambda: chat.generation is None, "the reply to end", timeout_s=30)
         assert time.monotonic() - t0 < STOP_S + 1
-        stopped = app.store.active_path(chat.conversation_id or 0)[-1]
+        stopped = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert stopped.state == "stopped" and stopped.stats["stop_reason"] == "cancelled"
         await wait_until(
             pilot, lambda: app.engine_state == "ready" and app.bridge.pid != pid, "the restarted engine", timeout_s=90
@@ -265,6 +265,6 @@ async def test_escape_in_the_app_stops_a_stuck_reply_and_the_engine_comes_back(
         # The conversation goes on, on the same model.
         chat.prompt.load_text("and now")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: chat.replies_started > 1 and chat.generation is None, "the next reply")
-        path = app.store.active_path(chat.conversation_id or 0)
+        await wait_until(pilot, lambda: chat.replies.replies_started > 1 and chat.generation is None, "the next reply")
+        path = app.store.tree.active_path(chat.conversation_id or 0)
         assert [m.role for m in path] == ["user", "assistant", "user", "assistant"] and path[-1].state == "complete"

@@ -363,10 +363,10 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
         chat.prompt.focus()
         chat.prompt.load_text("hello remote")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: chat.replies_started == 1)
+        await wait_until(pilot, lambda: chat.replies.replies_started == 1)
         await wait_until(pilot, lambda: chat.generation is None and app.engine_state == "ready")
         assert chat.conversation_id is not None
-        user, reply = app.store.active_path(chat.conversation_id)
+        user, reply = app.store.tree.active_path(chat.conversation_id)
         assert (user.content, reply.role, reply.state, reply.model) == ("hello remote", "assistant", "complete", "tiny")
         assert reply.content and reply.stats["backend"] == "remote: local"
         assert chat.transcript.views()[-1].message.content == reply.content
@@ -384,7 +384,7 @@ async def test_the_app_chats_with_a_real_remote_engine_and_stops_a_reply(llama_s
             await wait_until(pilot, lambda: chat.generation is None, timeout_s=5.0)
         finally:
             os.kill(llama_server.process.pid, signal.SIGCONT)
-        stopped = app.store.active_path(chat.conversation_id)[-1]
+        stopped = app.store.tree.active_path(chat.conversation_id)[-1]
         assert (stopped.state, stopped.stats["stop_reason"]) == ("stopped", "cancelled") and stopped.content
         assert app.engine_state == "ready"
     llama_server.wait_idle()
@@ -454,9 +454,9 @@ async def test_the_app_shows_reasoning_and_the_servers_draft_acceptance(fake_ser
         assert chat.stats.n_ctx == 2048
         chat.prompt.load_text("hi")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: chat.replies_started == 1 and chat.generation is None)
+        await wait_until(pilot, lambda: chat.replies.replies_started == 1 and chat.generation is None)
         assert chat.conversation_id is not None
-        reply = app.store.active_path(chat.conversation_id)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id)[-1]
         assert (reply.content, reply.reasoning, reply.state) == (
             "Hello there!",
             "The user says hi. Answer briefly.",

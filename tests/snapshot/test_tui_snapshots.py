@@ -145,8 +145,8 @@ async def long_message(pilot: Pilot[Any]) -> None:
     chat = app.chat
     assert chat is not None and chat.conversation_id is not None
     log = "\n".join(f"    12:00:{i:02d} worker {i} finished job {i * 7}" for i in range(60))
-    app.store.add_user_message(chat.conversation_id, f"Why does worker 3 stop?\n\n{log}")
-    await chat.open_conversation(chat.conversation_id)
+    app.store.tree.add_user_message(chat.conversation_id, f"Why does worker 3 stop?\n\n{log}")
+    await chat.conversations.open_conversation(chat.conversation_id)
     await pilot.pause()
     views = [v for v in chat.transcript.views() if isinstance(v, MessageView)]
     views[-1].focus()
@@ -171,13 +171,13 @@ async def reply_with_tool_call(pilot: Pilot[Any]) -> None:
     assert isinstance(app, LlmtuiApp)
     chat = app.chat
     assert chat is not None and chat.conversation_id is not None
-    question = app.store.add_user_message(chat.conversation_id, "Weather in Paris and Oslo?")
-    reply = app.store.begin_assistant_message(chat.conversation_id, question.id, "Qwen3-4B")
+    question = app.store.tree.add_user_message(chat.conversation_id, "Weather in Paris and Oslo?")
+    reply = app.store.tree.begin_assistant_message(chat.conversation_id, question.id, "Qwen3-4B")
     paris = CallRecord(ToolCall("c1", "get_weather", '{"city": "Paris"}'), "mcp:weather", True, "18 °C", False, 0.4)
     oslo = CallRecord(ToolCall("c2", "get_weather", '{"city": "Oslo"}'), "mcp:weather", False, REFUSED_RESULT, True, 0)
     stats = {"tool_calls": [record_to_json(paris, 0), record_to_json(oslo, 0)]}
-    app.store.finish_assistant_message(reply, "Paris has 18 °C; Oslo was not looked up.", "", "complete", stats)
-    await chat.open_conversation(chat.conversation_id)
+    app.store.tree.finish_assistant_message(reply, "Paris has 18 °C; Oslo was not looked up.", "", "complete", stats)
+    await chat.conversations.open_conversation(chat.conversation_id)
     await pilot.pause()
 
 
@@ -193,7 +193,7 @@ async def image_attached(pilot: Pilot[Any]) -> None:
     app.set_engine_state("ready")
     chat = app.chat
     assert chat is not None
-    chat.attachments.add(app.store.keep_image(check_image(png_bytes(64, 48, seed=5)), "diagram.png"))
+    chat.attachments.add(app.store.images.keep_image(check_image(png_bytes(64, 48, seed=5)), "diagram.png"))
     await pilot.pause()
 
 
@@ -207,11 +207,11 @@ async def message_with_image(pilot: Pilot[Any]) -> None:
     assert isinstance(app, LlmtuiApp)
     chat = app.chat
     assert chat is not None and chat.conversation_id is not None
-    kept = app.store.keep_image(check_image(png_bytes(32, 24, seed=7)), "noise.png")
-    question = app.store.add_user_message(chat.conversation_id, "What is in this picture?", (kept,))
-    reply = app.store.begin_assistant_message(chat.conversation_id, question.id, "SmolVLM-256M")
-    app.store.finish_assistant_message(reply, "Coloured noise: random pixels.", "", "complete", {})
-    await chat.open_conversation(chat.conversation_id)
+    kept = app.store.images.keep_image(check_image(png_bytes(32, 24, seed=7)), "noise.png")
+    question = app.store.tree.add_user_message(chat.conversation_id, "What is in this picture?", (kept,))
+    reply = app.store.tree.begin_assistant_message(chat.conversation_id, question.id, "SmolVLM-256M")
+    app.store.tree.finish_assistant_message(reply, "Coloured noise: random pixels.", "", "complete", {})
+    await chat.conversations.open_conversation(chat.conversation_id)
     blocks = list(chat.transcript.query(ImageBlock))
     await wait_until(pilot, lambda: all(b.state == "shown" for b in blocks), "the picture decoded in a thread")
     await pilot.pause()
@@ -251,7 +251,7 @@ def test_screen(snap_compare: Any, scene: str, size: tuple[int, int]) -> None:
 def test_first_run_screen(
     snap_compare: Any, app_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
 ) -> None:
-    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.start_up.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     app.requested_model = None
     assert snap_compare(app, terminal_size=size, run_before=started)

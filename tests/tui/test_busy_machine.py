@@ -255,7 +255,7 @@ async def test_a_reply_on_a_busy_machine_says_so_in_the_stats_bar(
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
         chat = app.chat
         assert chat is not None
-        await chat.send("why is this slow?")
+        await chat.replies.send("why is this slow?")
         await wait_until(pilot, lambda: chat.stats.cpu is not None, "a CPU sample while the reply streams")
         line = chat.stats.render_line(0).text
         assert "ctx" in line and "…" not in line  # at 80×24 the context readout stays in view

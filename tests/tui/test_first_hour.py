@@ -115,10 +115,10 @@ EARLIER_SESSION = {
 def earlier_session() -> None:
     """A conversation whose reply an earlier session measured (another model, another machine load)."""
     store = open_default_store()
-    conversation = store.create_conversation("From yesterday")
-    question = store.add_user_message(conversation.id, "hello")
-    reply = store.begin_assistant_message(conversation.id, question.id, "Some-Other-Model")
-    store.finish_assistant_message(reply, "Hi there.", "", "complete", EARLIER_SESSION, 3)
+    conversation = store.conversations.create_conversation("From yesterday")
+    question = store.tree.add_user_message(conversation.id, "hello")
+    reply = store.tree.begin_assistant_message(conversation.id, question.id, "Some-Other-Model")
+    store.tree.finish_assistant_message(reply, "Hi there.", "", "complete", EARLIER_SESSION, 3)
     store.close()
 
 
@@ -155,7 +155,9 @@ async def test_the_stats_bar_shows_this_sessions_figures_only(tiny_models: dict[
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.model is not None and app.model.path == str(tiny_models["qwen3"]))
         await ready(pilot)
-        await chat.open_conversation(app.store.list_conversations()[0].id)  # the conversation replied to above
+        await chat.conversations.open_conversation(
+            app.store.conversations.list_conversations()[0].id
+        )  # the conversation replied to above
         await pilot.pause()
         assert stats.decode_tps is None and stats.ttft_ms is None and stats.n_ctx == app.model.n_ctx
         assert "– tok/s" in drawn(stats)
@@ -431,5 +433,5 @@ async def test_the_conversation_list_is_reached_and_used_from_the_keyboard() -> 
         await wait_until(pilot, lambda: isinstance(app.focused, ConversationOptions), what="the results focused")
         assert options.highlighted == 0
         await pilot.press("enter")
-        shopping = next(c.id for c in app.store.list_conversations() if c.title == "Shopping list")
+        shopping = next(c.id for c in app.store.conversations.list_conversations() if c.title == "Shopping list")
         await wait_until(pilot, lambda: chat.conversation_id == shopping, what="the searched conversation opened")

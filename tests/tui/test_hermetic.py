@@ -139,7 +139,7 @@ async def test_a_tui_session_writes_only_the_tests_own_directories(
         chat = await ready(pilot)
         await send(pilot, "hello there")
         await reply_done(pilot)
-        assert app.store.active_path(chat.conversation_id or 0)[-1].content
+        assert app.store.tree.active_path(chat.conversation_id or 0)[-1].content
         for key, screen_name in (("f1", "HelpScreen"), ("f3", "SettingsScreen"), ("ctrl+l", "ModelSwitcher")):
             await pilot.press(key)
             await wait_until(pilot, lambda: app.screen is not chat, f"{key} to open a screen ({screen_name})")

@@ -190,8 +190,10 @@ LONG_PROMPT = (
 async def test_the_checks_prompt_wraps_at_words_from_its_start_at_80_columns(view: str) -> None:
     """The speculation check (F9, ctrl+b) and the steering A/B view (F6, b) open on the last message."""
     store = open_default_store()
-    conversation = store.create_conversation("Repeat")  # the newest: the chat opens it, the view runs its message
-    store.add_user_message(conversation.id, LONG_PROMPT)
+    conversation = store.conversations.create_conversation(
+        "Repeat"
+    )  # the newest: the chat opens it, the view runs its message
+    store.tree.add_user_message(conversation.id, LONG_PROMPT)
     store.close()
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:

@@ -28,7 +28,7 @@ LONG = SamplingSettings(temperature=0.0, max_tokens=3000)
 
 def path_roles_and_states(chat: ChatScreen) -> list[tuple[str, str]]:
     assert chat.conversation_id is not None
-    return [(m.role, m.state) for m in chat.app.store.active_path(chat.conversation_id)]
+    return [(m.role, m.state) for m in chat.app.store.tree.active_path(chat.conversation_id)]
 
 
 @pytest.mark.anyio
@@ -43,7 +43,7 @@ async def test_send_streams_a_reply_and_saves_both_messages(tiny_models: dict[st
         views = chat.transcript.views()
         assert [v.message.role for v in views] == ["user", "assistant"]
         assert not chat.query(LiveMessage)
-        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert reply.content == views[-1].message.content and reply.token_count
         assert reply.stats["generated_tokens"] == 12
         assert chat.stats.prompt_tokens and chat.stats.n_ctx_used > 0
@@ -61,17 +61,17 @@ async def test_escape_stops_keeping_the_partial_reply_then_continue(tiny_models:
         chat = await ready(pilot)
         await send(pilot, "tell me a long story")
         await stop_mid_reply(pilot)
-        stopped = app.store.active_path(chat.conversation_id or 0)[-1]
+        stopped = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert stopped.state == "stopped" and stopped.content
         assert stopped.stats["stop_reason"] == "cancelled"
         assert "-stopped" in chat.transcript.views()[-1].classes
         # Continue the same reply: the text grows from where it stopped, no new branch.
         await press_and_start(pilot, "ctrl+g")
         await stop_mid_reply(pilot)
-        continued = app.store.active_path(chat.conversation_id or 0)[-1]
+        continued = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert continued.id == stopped.id
         assert continued.content.startswith(stopped.content) and len(continued.content) > len(stopped.content)
-        assert len(app.store.siblings(continued.id).messages) == 1
+        assert len(app.store.tree.siblings(continued.id).messages) == 1
 
 
 @pytest.mark.anyio
@@ -87,7 +87,7 @@ async def test_the_stats_bar_follows_the_reply_being_written(tiny_models: dict[s
         stats = chat.stats
         first_used = stats.n_ctx_used
         assert first_used > 0 and stats.ttft_ms is not None and stats.decode_tps is not None
-        await chat.send("second question")  # the request goes out after the next refresh
+        await chat.replies.send("second question")  # the request goes out after the next refresh
         assert stats.ttft_ms is None and stats.decode_tps is None and stats.generated_tokens == 0
         await wait_until(pilot, lambda: chat.generation is None or bool(stats.ttft_ms and stats.generated_tokens))
         pid = app.bridge.pid or 0
@@ -101,7 +101,7 @@ async def test_the_stats_bar_follows_the_reply_being_written(tiny_models: dict[s
         finally:
             os.kill(pid, signal.SIGCONT)
         await reply_done(pilot)
-        assert app.store.active_path(chat.conversation_id or 0)[-1].stats["prompt_tokens"] == prompt
+        assert app.store.tree.active_path(chat.conversation_id or 0)[-1].stats["prompt_tokens"] == prompt
 
 
 @pytest.mark.anyio
@@ -121,12 +121,12 @@ async def test_the_request_goes_out_once_the_reply_is_drawn_and_escape_before_it
 
         app.bridge.generate = spy  # type: ignore[method-assign]
         chat.prompt.load_text("tell me a long story")
-        await chat.send("tell me a long story")
+        await chat.replies.send("tell me a long story")
         assert chat.generation is not None and chat.generation.request_id == 0 and not sent_when
         chat.action_stop()  # Esc before the request went out: it is sent and cancelled at once
         await reply_done(pilot)
         assert sent_when == [True]
-        stopped = app.store.active_path(chat.conversation_id or 0)[-1]
+        stopped = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert stopped.state == "stopped" and stopped.stats["stop_reason"] == "cancelled"
         # Stopped at once: while the chat template rendered or the prompt was read (no token, no count), or after
         # the first tokens.
@@ -140,10 +140,10 @@ async def test_regenerate_keeps_the_old_reply_as_a_branch(tiny_models: dict[str,
         chat = await ready(pilot)
         await send(pilot, "first question")
         await reply_done(pilot)
-        first = app.store.active_path(chat.conversation_id or 0)[-1]
+        first = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         await press_and_start(pilot, "ctrl+r")
         await reply_done(pilot)
-        second = app.store.active_path(chat.conversation_id or 0)[-1]
+        second = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert second.id != first.id and second.parent_id == first.parent_id
         last_view = chat.transcript.views()[-1]
         assert last_view.branch is not None and (last_view.branch.position, last_view.branch.total) == (2, 2)
@@ -164,16 +164,16 @@ async def test_edit_and_resend_keeps_the_old_branch_reachable(tiny_models: dict[
         chat = await ready(pilot)
         await send(pilot, "original question")
         await reply_done(pilot)
-        original_path = app.store.active_path(chat.conversation_id or 0)
+        original_path = app.store.tree.active_path(chat.conversation_id or 0)
         user_view = chat.transcript.views()[0]
         user_view.focus()
         await pilot.press("e")
-        assert chat.edit_target == user_view.message.id and chat.prompt.text == "original question"
+        assert chat.edit_banner.target == user_view.message.id and chat.prompt.text == "original question"
         assert chat.prompt.has_focus
         chat.prompt.load_text("edited question")
         await press_and_start(pilot, "enter")
         await reply_done(pilot)
-        edited_path = app.store.active_path(chat.conversation_id or 0)
+        edited_path = app.store.tree.active_path(chat.conversation_id or 0)
         assert [m.content for m in edited_path][0] == "edited question"
         assert edited_path[0].parent_id == original_path[0].parent_id
         views = chat.transcript.views()
@@ -202,26 +202,26 @@ async def test_edit_a_reply_in_place_then_continue_it(tiny_models: dict[str, Pat
         await send(pilot, "question")
         await reply_done(pilot)
         conversation = chat.conversation_id or 0
-        reply = app.store.active_path(conversation)[-1]
+        reply = app.store.tree.active_path(conversation)[-1]
         assert reply.stats["stop_reason"] == "max_tokens" and reply.can_continue  # cut short: ctrl+g goes on
         assert chat.check_action("continue_reply", ())
         chat.transcript.views()[-1].focus()
         await pilot.press("e")
-        assert chat.edit_target == reply.id and chat.editing_reply and chat.prompt.text == reply.content
+        assert chat.edit_banner.target == reply.id and chat.edit_banner.is_reply and chat.prompt.text == reply.content
         assert "Editing a reply" in str(chat.query_one("#edit-banner").render())
         chat.prompt.load_text("A better start")
         await pilot.press("enter")
         await pilot.pause()
-        edited = app.store.active_path(conversation)[-1]
+        edited = app.store.tree.active_path(conversation)[-1]
         assert (edited.id, edited.content, edited.state) == (reply.id, "A better start", "complete")
         assert edited.stats["edited"] and "draft_spans" not in edited.stats
-        assert app.store.siblings(reply.id).messages == [edited]  # changed in place: no new branch
-        assert chat.edit_target is None and chat.prompt.text == ""
+        assert app.store.tree.siblings(reply.id).messages == [edited]  # changed in place: no new branch
+        assert chat.edit_banner.target is None and chat.prompt.text == ""
         assert chat.transcript.views()[-1].message.content == "A better start"
         assert any("ctrl+g continues it" in n.message for n in app._notifications)
         await press_and_start(pilot, "ctrl+g")
         await reply_done(pilot)
-        continued = app.store.active_path(conversation)[-1]
+        continued = app.store.tree.active_path(conversation)[-1]
         assert continued.id == reply.id and continued.content.startswith("A better start")
         assert len(continued.content) > len("A better start") and continued.state == "complete"
 
@@ -238,15 +238,15 @@ async def test_edit_mode_escape_gives_back_the_draft(tiny_models: dict[str, Path
         await pilot.press("e")
         assert chat.prompt.text == "question"
         await pilot.press("escape")
-        assert chat.edit_target is None and chat.prompt.text == "half-written draft"
+        assert chat.edit_banner.target is None and chat.prompt.text == "half-written draft"
 
 
 @pytest.mark.anyio
 async def test_switch_conversations_delete_and_undo(tiny_models: dict[str, Path]) -> None:
     store = open_default_store()
     for title in ("alpha", "beta"):
-        conversation = store.create_conversation(title)
-        store.add_user_message(conversation.id, f"about {title}")
+        conversation = store.conversations.create_conversation(title)
+        store.tree.add_user_message(conversation.id, f"about {title}")
     store.close()
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SHORT, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -266,11 +266,11 @@ async def test_switch_conversations_delete_and_undo(tiny_models: dict[str, Path]
         options.highlighted = 0
         await pilot.press("d")
         await pilot.pause()
-        assert [c.title for c in app.store.list_conversations()] == ["alpha"]
+        assert [c.title for c in app.store.conversations.list_conversations()] == ["alpha"]
         assert options.option_count == 1
         await pilot.press("u")
         await pilot.pause()
-        assert sorted(c.title for c in app.store.list_conversations()) == ["alpha", "beta"]
+        assert sorted(c.title for c in app.store.conversations.list_conversations()) == ["alpha", "beta"]
         assert chat.conversation_list.options.option_count == 2
         # Search finds message contents.
         await pilot.press("ctrl+f")
@@ -328,7 +328,7 @@ async def test_engine_crash_then_restart_keeps_the_conversation(tiny_models: dic
         chat = await ready(pilot)
         await send(pilot, "before the crash")
         await reply_done(pilot)
-        before = app.store.active_path(chat.conversation_id or 0)
+        before = app.store.tree.active_path(chat.conversation_id or 0)
         pid = app.bridge.pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -338,11 +338,11 @@ async def test_engine_crash_then_restart_keeps_the_conversation(tiny_models: dic
         await pilot.press("r")
         await ready(pilot)
         assert app.bridge.pid != pid
-        assert app.store.active_path(chat.conversation_id or 0) == before
+        assert app.store.tree.active_path(chat.conversation_id or 0) == before
         assert len(chat.transcript.views()) == 2
         await send(pilot, "after the restart")
         await reply_done(pilot)
-        assert [m.state for m in app.store.active_path(chat.conversation_id or 0)][-1] == "complete"
+        assert [m.state for m in app.store.tree.active_path(chat.conversation_id or 0)][-1] == "complete"
 
 
 @pytest.mark.anyio
@@ -417,7 +417,7 @@ async def test_a_crash_while_streaming_keeps_the_partial_reply(tiny_models: dict
         finally:
             os.kill(pid, signal.SIGKILL)
         await wait_until(pilot, lambda: app.engine_state == "crashed")
-        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert reply.role == "assistant" and reply.state == "error" and reply.content
         await wait_until(pilot, lambda: isinstance(app.screen, EngineCrashedModal))
         await pilot.press("escape")  # close the crash dialog; F5 restarts later
@@ -436,14 +436,14 @@ async def test_a_bad_model_file_shows_a_load_error(tmp_path: Path) -> None:
         chat = chat_of(app)
         chat.prompt.load_text("hello")
         await pilot.press("enter")
-        assert chat.generation is None and app.store.list_conversations() == []
+        assert chat.generation is None and app.store.conversations.list_conversations() == []
 
 
 @pytest.mark.anyio
 async def test_first_run_screen_when_there_is_no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.tui.screens.first_run import FirstRunScreen
 
-    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.start_up.starter_model_path", lambda: None)
     monkeypatch.setattr("app.core.model_list.starter_model_path", lambda: None)
     app = LlmtuiApp()
     async with app.run_test(size=(100, 30)) as pilot:
@@ -559,18 +559,18 @@ async def test_conversation_settings_and_presets(tiny_models: dict[str, Path]) -
         await pilot.press("ctrl+s")
         await pilot.pause()
         chat = chat_of(app)
-        conversation = app.store.get_conversation(chat.conversation_id or 0)
+        conversation = app.store.conversations.get_conversation(chat.conversation_id or 0)
         assert conversation.system_prompt == "You are terse."
         assert conversation.settings["sampling"]["temperature"] == 0.3
-        assert [p.name for p in app.store.list_presets()] == ["precise"]
-        assert app.store.list_presets()[0].settings["top_k"] == 20
+        assert [p.name for p in app.store.presets.list_presets()] == ["precise"]
+        assert app.store.presets.list_presets()[0].settings["top_k"] == 20
 
 
 @pytest.mark.anyio
 async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> None:
     store = open_default_store()
-    conversation = store.create_conversation("exported")
-    store.add_user_message(conversation.id, "a question")
+    conversation = store.conversations.create_conversation("exported")
+    store.tree.add_user_message(conversation.id, "a question")
     store.close()
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -584,16 +584,16 @@ async def test_export_writes_markdown_and_json(tiny_models: dict[str, Path]) -> 
         )
         markdown, json_text = app.conversations.export(conversation.id)
         assert "a question" in markdown.read_text()
-        assert app.store.import_json(json_text.read_text()).conversation_id != conversation.id
+        assert app.store.exports.import_json(json_text.read_text()).conversation_id != conversation.id
 
 
 @pytest.mark.anyio
 async def test_copy_message_and_code_block(tiny_models: dict[str, Path]) -> None:
     store = open_default_store()
-    conversation = store.create_conversation("code")
-    user = store.add_user_message(conversation.id, "show code")
-    reply = store.begin_assistant_message(conversation.id, user.id, "m")
-    store.finish_assistant_message(reply, "Here:\n\n```python\nprint('hi')\n```\n", "", "complete", {})
+    conversation = store.conversations.create_conversation("code")
+    user = store.tree.add_user_message(conversation.id, "show code")
+    reply = store.tree.begin_assistant_message(conversation.id, user.id, "m")
+    store.tree.finish_assistant_message(reply, "Here:\n\n```python\nprint('hi')\n```\n", "", "complete", {})
     store.close()
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     copied: list[str] = []
@@ -649,15 +649,15 @@ async def test_a_very_long_reply_is_drawn_in_a_thread_and_the_view_stays_at_end(
     reply = f"Here is the module:\n\n```python\n{code}\n```\n\nThe end of the reply."
     assert len(reply) >= BACKGROUND_RENDER_CHARS
     store = open_default_store()
-    conversation = store.create_conversation("module")
-    user = store.add_user_message(conversation.id, "write a module")
-    message = store.begin_assistant_message(conversation.id, user.id, "m")
-    store.finish_assistant_message(message, reply, "", "complete", {})
+    conversation = store.conversations.create_conversation("module")
+    user = store.tree.add_user_message(conversation.id, "write a module")
+    message = store.tree.begin_assistant_message(conversation.id, user.id, "m")
+    store.tree.finish_assistant_message(message, reply, "", "complete", {})
     store.close()
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
         chat = chat_of(app)
-        await chat.open_conversation(conversation.id)
+        await chat.conversations.open_conversation(conversation.id)
         view = chat.transcript.views()[-1]
         assert view.message.content == reply
         # Drawn in a thread: a note stands in for the body until its lines are ready, then the view is laid out
@@ -687,17 +687,17 @@ async def test_starter_model_send_cancel_continue_regenerate() -> None:
         chat = await ready(pilot)
         await send(pilot, "What is the capital of France?")
         await reply_done(pilot)
-        first = app.store.active_path(chat.conversation_id or 0)[-1]
+        first = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert first.state == "complete" and first.content.strip()
         await press_and_start(pilot, "ctrl+r")
         await pilot.press("escape")
         await reply_done(pilot)
-        stopped = app.store.active_path(chat.conversation_id or 0)[-1]
+        stopped = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert stopped.state in ("stopped", "complete") and stopped.parent_id == first.parent_id
         if stopped.state == "stopped":
             await press_and_start(pilot, "ctrl+g")
             await reply_done(pilot)
-            assert app.store.active_path(chat.conversation_id or 0)[-1].state == "complete"
+            assert app.store.tree.active_path(chat.conversation_id or 0)[-1].state == "complete"
 
 
 def test_llmtui_with_no_subcommand_opens_the_tui(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -657,9 +657,11 @@ async def test_a_hostile_remote_engine_fails_in_one_line_and_the_app_stays(
         else:
             chat.prompt.load_text("hello")
             await pilot.press("enter")
-            await wait_until(pilot, lambda: chat.replies_started == 1 and chat.generation is None, "the reply to end")
+            await wait_until(
+                pilot, lambda: chat.replies.replies_started == 1 and chat.generation is None, "the reply to end"
+            )
             assert chat.conversation_id is not None
-            reply = app.store.active_path(chat.conversation_id)[-1]
+            reply = app.store.tree.active_path(chat.conversation_id)[-1]
             if behaviour == "stream-hostile-numbers":  # absurd numbers from the server: a reply all the same
                 assert reply.content == "Hi" and reply.state == "complete", (reply.state, reply.stats)
                 await pilot.pause(0.1)  # time passes: the stats drawn, the app stays up

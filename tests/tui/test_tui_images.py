@@ -108,19 +108,19 @@ async def test_f12_attaches_with_tab_completion_and_the_reply_gets_the_image(
         attached = chat.attachments.images[0]
         assert attached.name == "red square.png" and attached.describe().startswith("PNG 16×16, ")
         assert chat.attachments.display and "red square.png  PNG 16×16" in str(chat.attachments.render())
-        await chat.send("what is in this picture?")
-        await wait_until(pilot, lambda: chat.generation is None and chat.replies_started == 1, "the reply")
+        await chat.replies.send("what is in this picture?")
+        await wait_until(pilot, lambda: chat.generation is None and chat.replies.replies_started == 1, "the reply")
         await wait_until(pilot, lambda: app.engine_state == "ready", "the engine ready again")
         (request,) = sent_requests(app)
         question = request.messages[-1]
         assert question.role == "user" and [ref.sha256 for ref in question.images] == [attached.sha256]
-        assert Path(question.images[0].path) == app.store.image_path(attached.sha256)
+        assert Path(question.images[0].path) == app.store.images.image_path(attached.sha256)
         assert not chat.attachments.images and not chat.attachments.display
         blocks = list(chat.transcript.query(ImageBlock))
         assert len(blocks) == 1
         await wait_until(pilot, lambda: blocks[0].state == "shown", "the picture drawn (half blocks in tests)")
-        assert app.store.active_path(chat.conversation_id or 0)[0].images == (attached,)
-        await chat.send("and its colour?")  # the image goes again (the engine encodes it once: tests/engine)
+        assert app.store.tree.active_path(chat.conversation_id or 0)[0].images == (attached,)
+        await chat.replies.send("and its colour?")  # the image goes again (the engine encodes it once: tests/engine)
         await wait_until(pilot, lambda: len(sent_requests(app)) == 2 and chat.generation is None, "the second reply")
         assert first_question_images(sent_requests(app)[1]) == [attached.sha256]
 
@@ -159,7 +159,9 @@ async def test_a_non_image_and_a_huge_one_are_refused_in_one_line(vision_llama: 
         app.post_message(events.Paste(str(pictures / "gone.png")))
         await wait_until(pilot, lambda: notified(app, "gone.png: no such image file"), "the missing file said")
         assert not chat.attachments.images
-        assert not app.store.image_folder.exists() or not any(app.store.image_folder.iterdir())  # nothing kept
+        assert not app.store.images.image_folder.exists() or not any(
+            app.store.images.image_folder.iterdir()
+        )  # nothing kept
         assert all("\n" not in str(n.message) for n in app._notifications)
 
 
@@ -184,24 +186,24 @@ async def test_a_missing_image_file_shows_says_so_and_is_sent_without(vision_lla
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
         chat = chat_of(app)
-        chat.attach_image_file(pictures / "red square.png")
+        chat.images.attach_image_file(pictures / "red square.png")
         await wait_until(pilot, lambda: len(chat.attachments.images) == 1, "the image attached")
-        await chat.send("what is this?")
-        await wait_until(pilot, lambda: chat.generation is None and chat.replies_started == 1, "the reply")
+        await chat.replies.send("what is this?")
+        await wait_until(pilot, lambda: chat.generation is None and chat.replies.replies_started == 1, "the reply")
         await wait_until(pilot, lambda: app.engine_state == "ready", "the engine ready again")
-        image = chat.attachments.images or app.store.active_path(chat.conversation_id or 0)[0].images
-        app.store.image_path(image[0].sha256).unlink()
+        image = chat.attachments.images or app.store.tree.active_path(chat.conversation_id or 0)[0].images
+        app.store.images.image_path(image[0].sha256).unlink()
         await chat.reload_transcript()
         (block,) = chat.transcript.query(ImageBlock)
         await wait_until(pilot, lambda: block.state == "missing", "the missing file said in the transcript")
         assert "missing from the history" in str(block.query_one(".image-label").render())
-        await chat.send("still there?")
+        await chat.replies.send("still there?")
         await wait_until(pilot, lambda: len(sent_requests(app)) == 2 and chat.generation is None, "the reply")
         await wait_until(pilot, lambda: app.engine_state == "ready", "the engine ready again")
         assert first_question_images(sent_requests(app)[1]) == []
         assert notified(app, "red square.png (missing): the message is sent without it")
         count = sum("sent without it" in str(n.message) for n in app._notifications)
-        await chat.send("and now?")
+        await chat.replies.send("and now?")
         await wait_until(pilot, lambda: len(sent_requests(app)) == 3 and chat.generation is None, "the third reply")
         assert sum("sent without it" in str(n.message) for n in app._notifications) == count  # said once
 
@@ -213,28 +215,29 @@ async def test_a_start_removes_conversations_deleted_a_day_before_and_frees_imag
     before, with its image files, and keeps what was deleted since (a session beside it may still undo it)."""
     from datetime import UTC, datetime, timedelta
 
-    from app.core.store import Store, open_default_store
+    from app.core.store import open_default_store
+    from app.core.store.connection import Database
     from engine_ext.image_input import check_image
 
     store = open_default_store()
-    old_picture = store.keep_image(check_image(png_bytes(8, 8, seed=2), "old.png"), "old.png")
-    shared = store.keep_image(check_image(png_bytes(8, 8, seed=3), "shared.png"), "shared.png")
-    old, recent, kept = (store.create_conversation(title) for title in ("old", "recent", "kept"))
-    store.add_user_message(old.id, "see", (old_picture, shared))
-    store.add_user_message(recent.id, "see", (shared,))
-    store.add_user_message(kept.id, "hello")
+    old_picture = store.images.keep_image(check_image(png_bytes(8, 8, seed=2), "old.png"), "old.png")
+    shared = store.images.keep_image(check_image(png_bytes(8, 8, seed=3), "shared.png"), "shared.png")
+    old, recent, kept = (store.conversations.create_conversation(title) for title in ("old", "recent", "kept"))
+    store.tree.add_user_message(old.id, "see", (old_picture, shared))
+    store.tree.add_user_message(recent.id, "see", (shared,))
+    store.tree.add_user_message(kept.id, "hello")
     two_days_ago = (datetime.now(UTC) - timedelta(days=2)).isoformat(timespec="microseconds")
     with monkeypatch.context() as patched:
-        patched.setattr(Store, "_now", lambda self: two_days_ago)
-        store.delete_conversation(old.id)
-    store.delete_conversation(recent.id)
-    old_file, shared_file = store.image_path(old_picture.sha256), store.image_path(shared.sha256)
+        patched.setattr(Database, "now", lambda self: two_days_ago)
+        store.conversations.delete_conversation(old.id)
+    store.conversations.delete_conversation(recent.id)
+    old_file, shared_file = store.images.image_path(old_picture.sha256), store.images.image_path(shared.sha256)
     store.close()
     assert old_file.is_file() and shared_file.is_file()
     app = scripted_app(vision_llama, PictureEngine)
     async with app.run_test(size=(80, 24)) as pilot:
         await chat_ready(pilot, app)
-        titles = {c.title for c in app.store.list_conversations(deleted=True)}
+        titles = {c.title for c in app.store.conversations.list_conversations(deleted=True)}
         assert titles == {"recent"}, titles
         assert not old_file.exists() and shared_file.is_file()
 

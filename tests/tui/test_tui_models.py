@@ -324,7 +324,7 @@ async def test_a_model_used_from_the_first_run_screen_opens_the_chat(
 ) -> None:
     from app.tui.screens.first_run import FirstRunScreen
 
-    monkeypatch.setattr("app.tui.app.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.tui.start_up.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))

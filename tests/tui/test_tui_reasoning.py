@@ -75,7 +75,7 @@ async def test_the_conversations_budget_and_effort_reach_the_engine_and_it_answe
         await reply_done(pilot)
         request = next(r for r in sent if isinstance(r, Generate))
         assert request.reasoning_budget == 6 and request.reasoning_effort == "low"
-        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert reply.reasoning.strip() and reply.content.strip() and reply.state == "complete"
         # The stats bar tells the thinking tokens from the answer's, in 80 columns (the sidebar beside it).
         thought, generated = reply.stats["reasoning_tokens"], reply.stats["generated_tokens"]
@@ -109,7 +109,7 @@ async def test_ctrl_e_while_the_model_thinks_ends_its_thinking_and_it_answers(th
         await wait_until(pilot, lambda: reply.answering, "the answer after the forced end of thinking")
         await pilot.press("escape")  # Esc still stops the whole reply
         await reply_done(pilot)
-        message = app.store.active_path(chat_of(app).conversation_id or 0)[-1]
+        message = app.store.tree.active_path(chat_of(app).conversation_id or 0)[-1]
         assert not message.reasoning.strip() and message.content.strip() and message.state == "stopped"
 
 
@@ -132,12 +132,12 @@ async def test_a_json_schema_conversation_thinks_then_answers_valid_json(thinker
         for n in range(2):
             await send(pilot, f"pick {n}")
             await reply_done(pilot)
-            reply = app.store.active_path(chat.conversation_id or 0)[-1]
+            reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
             assert reply.reasoning.strip() and isinstance(json.loads(reply.content)["ok"], bool)
         schema.unlink()  # a file gone: the reply fails in one line, the app goes on
         await send(pilot, "again")
         await reply_done(pilot)
-        assert app.store.active_path(chat.conversation_id or 0)[-1].state == "error"
+        assert app.store.tree.active_path(chat.conversation_id or 0)[-1].state == "error"
         assert any("pick.json" in str(n.message) for n in app._notifications)
 
 
@@ -158,7 +158,7 @@ async def test_a_preset_keeps_the_reasoning_budget_effort_and_output_format(thin
         modal.query_one("#preset-name", Input).value = "deep"
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), "the settings saved")
-        [preset] = app.store.list_presets()
+        [preset] = app.store.presets.list_presets()
         kept = SamplingSettings.from_json(preset.settings)
         assert (kept.reasoning_budget, kept.reasoning_effort) == (200, "high")
         assert (kept.output_format, kept.output_file) == ("grammar", str(grammar))
@@ -174,7 +174,7 @@ async def test_a_preset_keeps_the_reasoning_budget_effort_and_output_format(thin
         assert modal.query_one("#sampling-output_format", Select).value == "grammar"
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), "the settings saved")
-        conversation = app.store.get_conversation(chat_of(app).conversation_id or 0)
+        conversation = app.store.conversations.get_conversation(chat_of(app).conversation_id or 0)
         applied = SamplingSettings.from_json(conversation.settings["sampling"])
         assert applied == kept and conversation.settings["preset"] == "deep"
 

@@ -61,7 +61,7 @@ async def test_f10_serves_the_loaded_model_and_the_stats_bar_shows_the_address(l
         await wait_until(pilot, lambda: chat.stats.extras.get("api") == f":{port}", "the api readout")
         assert f"api :{port}" in chat.stats.render_line(0).text
         assert await asyncio.to_thread(ask, port) == "served by llmtui"
-        await chat.send("and the chat still works")
+        await chat.replies.send("and the chat still works")
         await wait_until(pilot, lambda: chat.generation is None, "the chat's reply to finish")
         await pilot.press("f10")
         await wait_until(pilot, lambda: not app.server.running, "the API server to stop")

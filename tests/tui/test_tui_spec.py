@@ -69,7 +69,7 @@ AUTO_WITHOUT_MODEL_DRAFTER = ("ngram-mod", "ngram-prompt")  # auto on a model wi
 def _generated(app: LlmtuiApp) -> str:
     chat = chat_of(app)
     assert chat.conversation_id is not None
-    return app.store.active_path(chat.conversation_id)[-1].content
+    return app.store.tree.active_path(chat.conversation_id)[-1].content
 
 
 async def _types_read(pilot: Pilot[Any]) -> None:
@@ -517,7 +517,7 @@ async def test_draft_colouring_marks_the_text_of_accepted_draft_tokens(lone_llam
         await reply_done(pilot)
         await wait_until(pilot, lambda: app.speculation.stats is not None)
         assert app.speculation.stats is not None and app.speculation.stats.accepted > 0
-        reply = app.store.active_path(chat.conversation_id or 0)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         spans = reply.stats.get("draft_spans")
         # Accepted drafts by either drafter of the chain, and the target's tokens where a draft was rejected.
         assert spans and all(
@@ -810,9 +810,9 @@ async def _draft_colouring(pilot: Pilot[Any]) -> None:
     app = pilot.app
     assert isinstance(app, LlmtuiApp)
     store = open_default_store()
-    conversation = store.create_conversation("Drafted reply")
-    question = store.add_user_message(conversation.id, "How do I reverse a list?")
-    reply = store.begin_assistant_message(conversation.id, question.id, MODEL.name)
+    conversation = store.conversations.create_conversation("Drafted reply")
+    question = store.tree.add_user_message(conversation.id, "How do I reverse a list?")
+    reply = store.tree.begin_assistant_message(conversation.id, question.id, MODEL.name)
     # The first span as stored before the drafter was kept; the code by MTP heads (a model drafter's colour); "method"
     # the target's token where an n-gram draft was rejected.
     spans: list[list[int | str]] = [
@@ -821,11 +821,11 @@ async def _draft_colouring(pilot: Pilot[Any]) -> None:
     spans[1].append("draft-mtp")
     spans[2].append("ngram-mod")
     spans[3].append("target/ngram-mod")
-    store.finish_assistant_message(reply, DRAFTED_REPLY, "", "complete", {"draft_spans": spans}, 20)
+    store.tree.finish_assistant_message(reply, DRAFTED_REPLY, "", "complete", {"draft_spans": spans}, 20)
     store.close()
     await loaded(pilot)
     chat = chat_of(app)
-    await chat.open_conversation(conversation.id)
+    await chat.conversations.open_conversation(conversation.id)
     await pilot.press("f7")
     await pilot.pause()
     app.clear_notifications()

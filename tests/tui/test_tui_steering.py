@@ -689,7 +689,7 @@ async def test_a_reply_records_the_steering_and_speculation_it_was_written_with(
         await send(pilot, "a b c a b c a b c a b c")
         await reply_done(pilot)
         assert chat.conversation_id is not None
-        reply = app.store.active_path(chat.conversation_id)[-1]
+        reply = app.store.tree.active_path(chat.conversation_id)[-1]
         assert reply.stats["steering"] == {
             "vectors": [{"name": "mood", "file": vector.name, "strength": 0.375}],
             "layers": [1, 1],
@@ -698,4 +698,4 @@ async def test_a_reply_records_the_steering_and_speculation_it_was_written_with(
         assert speculative["type"] == "auto" and speculative["drafters"] == list(app.speculation.drafters)
         drafters = "+".join(app.speculation.drafters)
         note = f"*Steering: mood +0.38 on layers 1–1. Speculative decoding: auto ({drafters}), n_max 16"
-        assert note in app.store.export_markdown(chat.conversation_id)
+        assert note in app.store.exports.export_markdown(chat.conversation_id)

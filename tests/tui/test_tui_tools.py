@@ -78,14 +78,14 @@ async def chat_with_tools(pilot: Pilot[None], app: LlmtuiApp, choice: str) -> Ch
     chat = app.chat
     assert chat is not None
     conversation = app.generation.ensure_conversation(None)
-    app.store.update_settings(conversation.id, settings=dict(conversation.settings, tools=choice))
+    app.store.conversations.update_settings(conversation.id, settings=dict(conversation.settings, tools=choice))
     chat.conversation_id = conversation.id
     return chat
 
 
 async def answer_the_call(pilot: Pilot[None], app: LlmtuiApp, chat: ChatScreen, text: str, key: str) -> None:
     """Send `text`; once the reply's call asks for consent, answer with `key` (o, c, a, d)."""
-    await chat.send(text)
+    await chat.replies.send(text)
     await consent_asked(pilot, app)
     await pilot.press(key)
     await wait_until(pilot, lambda: not isinstance(app.screen, ToolConsentModal), "the dialog to close")
@@ -107,7 +107,7 @@ async def test_a_call_of_the_builtin_datetime_tool_runs_after_consent_and_the_re
     app = scripted_app(lone_llama, ToolEngine)
     async with app.run_test(size=(80, 24)) as pilot:
         chat = await chat_with_tools(pilot, app, "builtin")
-        await chat.send("What day is it?")
+        await chat.replies.send("What day is it?")
         dialog = await consent_asked(pilot, app)
         assert dialog.call.name == "current_datetime" and dialog.source == "built-in"
         assert "<tool_call>" not in (chat.transcript.live.text if chat.transcript.live else "")
@@ -121,7 +121,7 @@ async def test_a_call_of_the_builtin_datetime_tool_runs_after_consent_and_the_re
         assert json.loads(second.messages[1].tool_calls)[0]["function"]["name"] == "current_datetime"
         assert second.messages[1].content == "Let me look. "
         assert second.messages[2].tool_call_id == "call00001"
-        [reply] = [m for m in app.store.active_path(chat.conversation_id or 0) if m.role == "assistant"]
+        [reply] = [m for m in app.store.tree.active_path(chat.conversation_id or 0) if m.role == "assistant"]
         assert reply.content.startswith("Let me look. The tool said: ") and "<tool_call>" not in reply.content
         [stored] = reply.stats["tool_calls"]  # type: ignore[misc]
         assert stored["name"] == "current_datetime" and stored["allowed"] and stored["at"] == len("Let me look. ")
@@ -129,7 +129,7 @@ async def test_a_call_of_the_builtin_datetime_tool_runs_after_consent_and_the_re
         assert block.summary(block.record).startswith("tool current_datetime · built-in ·")
         assert "tools 1 call" in chat.stats.render_line(0).text
         # Allowed for the conversation: the next call runs without asking.
-        await chat.send("And now?")
+        await chat.replies.send("And now?")
         await wait_until(pilot, lambda: chat.generation is None and len(engine.generates) == 4, "the second reply")
         assert not isinstance(app.screen, ToolConsentModal)
         # The next request carries the first reply's round as it was (text, call, result, then the answer).
@@ -154,7 +154,7 @@ async def test_an_mcp_servers_tool_runs_and_its_result_is_used_then_kept_after_a
     async with app.run_test(size=(80, 24)) as pilot:
         chat = await chat_with_tools(pilot, app, "mcp:weather")
         conversation_id = chat.conversation_id
-        await chat.send("Weather in Paris?")
+        await chat.replies.send("Weather in Paris?")
         dialog = await consent_asked(pilot, app)
         assert dialog.source == "mcp:weather"
         await pilot.press("o")
@@ -167,7 +167,7 @@ async def test_an_mcp_servers_tool_runs_and_its_result_is_used_then_kept_after_a
         await wait_until(pilot, lambda: again.engine_state == "ready", "the scripted engine to load")
         reopened = again.chat
         assert reopened is not None
-        await reopened.open_conversation(conversation_id)
+        await reopened.conversations.open_conversation(conversation_id)
         await wait_until(pilot, lambda: bool(reopened.transcript.query(ToolCallBlock)), "the stored call's block")
         [block] = reopened.transcript.query(ToolCallBlock)
         assert block.record.call.name == "get_weather" and "Paris" in block.record.result
@@ -184,7 +184,7 @@ async def test_esc_while_a_tool_runs_stops_the_reply(lone_llama: Path) -> None:
         await answer_the_call(pilot, app, chat, "Hang, please", "o")
         await pilot.press("escape")
         await wait_until(pilot, lambda: chat.generation is None, "Esc to stop the reply during the call", 10)
-        [reply] = [m for m in app.store.active_path(chat.conversation_id or 0) if m.role == "assistant"]
+        [reply] = [m for m in app.store.tree.active_path(chat.conversation_id or 0) if m.role == "assistant"]
         assert reply.state == "stopped" and len(engine_of(app).generates) == 1
         assert app.engine_state == "ready"
 
@@ -208,4 +208,4 @@ async def test_the_conversation_settings_choose_the_tools(lone_llama: Path) -> N
         await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), "the dialog to close")
         chat = app.chat
         assert chat is not None and chat.conversation_id is not None
-        assert app.store.get_conversation(chat.conversation_id).settings["tools"] == "mcp:weather"
+        assert app.store.conversations.get_conversation(chat.conversation_id).settings["tools"] == "mcp:weather"

@@ -879,7 +879,7 @@ async def test_partial_updates_while_streaming_leave_the_screen_a_full_render_dr
 
         client = app.bridge._client
         assert isinstance(client, _ScriptedClient)
-        await chat.send("Tell me something")
+        await chat.replies.send("Tell me something")
         reply = _ScriptedClient.REPLY
         chunks = (len(reply) + 6) // 7
         sent = steps = 0
@@ -932,8 +932,8 @@ async def _scripted_reply(app: LlmtuiApp, pilot: Pilot[None]) -> tuple[ChatScree
     assert chat is not None
     client = app.bridge._client
     assert isinstance(client, _ScriptedClient)
-    await chat.open_conversation(None)
-    await chat.send("Tell me something")
+    await chat.conversations.open_conversation(None)
+    await chat.replies.send("Tell me something")
     return chat, client
 
 
@@ -1148,7 +1148,7 @@ async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_afte
     async with app.run_test(size=(120, 30)) as pilot:
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to be ready", 30, 0.01)
         assert app.chat is not None
-        await app.chat.open_conversation(None)
+        await app.chat.conversations.open_conversation(None)
         shown = await footer()  # a new conversation: nothing to stop, continue or regenerate
         assert "New" in shown and not shown & {"Stop", "Go on"}  # Continue is "Go on"; Regenerate is in F1
         chat, client = await _scripted_reply(app, pilot)
@@ -1162,7 +1162,7 @@ async def test_the_footer_offers_stop_while_a_reply_is_written_and_continue_afte
         await wait_until(pilot, lambda: chat.generation is None)
         shown = await footer()  # the reply was stopped: it can be continued
         assert "Stop" not in shown and "Go on" in shown and chat.check_action("regenerate", ())
-        await chat.open_conversation(None)
+        await chat.conversations.open_conversation(None)
         assert not (await footer()) & {"Stop", "Go on"}
 
 
@@ -1204,12 +1204,12 @@ async def _open_seeded(app: LlmtuiApp, pilot: Pilot[None], turns: int, answer: s
     chat = app.chat
     assert chat is not None
     store = app.store
-    conversation = store.create_conversation("seeded")
+    conversation = store.conversations.create_conversation("seeded")
     for index in range(turns):
-        user = store.add_user_message(conversation.id, f"question {index}")
-        reply = store.begin_assistant_message(conversation.id, user.id, "model")
-        store.finish_assistant_message(reply, f"answer {index}{answer}", "", "complete", {})
-    await chat.open_conversation(conversation.id)
+        user = store.tree.add_user_message(conversation.id, f"question {index}")
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "model")
+        store.tree.finish_assistant_message(reply, f"answer {index}{answer}", "", "complete", {})
+    await chat.conversations.open_conversation(conversation.id)
     transcript = chat.transcript
     await wait_until(
         pilot, lambda: transcript.views() and transcript.scroll_y == transcript.max_scroll_y > 0, "the end in view"
@@ -1278,13 +1278,13 @@ async def test_t_unfolds_a_finished_replys_reasoning_and_folds_it_again() -> Non
         chat = app.chat
         assert chat is not None
         store = app.store
-        conversation = store.create_conversation("thinking")
-        user = store.add_user_message(conversation.id, "Why is the sky blue?")
-        reply = store.begin_assistant_message(conversation.id, user.id, "model")
-        store.finish_assistant_message(
+        conversation = store.conversations.create_conversation("thinking")
+        user = store.tree.add_user_message(conversation.id, "Why is the sky blue?")
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "model")
+        store.tree.finish_assistant_message(
             reply, "Rayleigh scattering.", "Short light scatters more. Say so briefly.", "complete", {}
         )
-        await chat.open_conversation(conversation.id)
+        await chat.conversations.open_conversation(conversation.id)
         await wait_until(pilot, lambda: chat.transcript.views() and chat.transcript.views()[-1].outer_size.height)
         view = chat.transcript.views()[-1]
         folded = view.outer_size.height

@@ -162,8 +162,8 @@ def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
     from app.tui.controllers import ConversationsController
 
     with Store(tmp_path / "history.db") as store:
-        conversation = store.create_conversation("A/B: tea?")
-        store.add_user_message(conversation.id, "hello")
+        conversation = store.conversations.create_conversation("A/B: tea?")
+        store.tree.add_user_message(conversation.id, "hello")
         host = ConversationsHost(store)
         controller = ConversationsController(host)
         results: list[Any] = []
@@ -176,14 +176,14 @@ def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
         )
         controller.import_file(json_path)
         assert host.shown and host.shown[0] != conversation.id
-        assert [m.content for m in store.active_path(host.shown[0])] == ["hello"]
+        assert [m.content for m in store.tree.active_path(host.shown[0])] == ["hello"]
         assert host.notices == [f"Imported {json_path.name}."]
         controller.import_file(tmp_path / "missing.json")
         assert host.notices[-1].startswith(f"Could not import {tmp_path / 'missing.json'}")
         assert len(host.shown) == 1
         # an export naming a local file: imported without it, and said in the same one-line notice
-        store.update_settings(conversation.id, settings={"sampling": {"output_file": "/etc/hostname"}})
+        store.conversations.update_settings(conversation.id, settings={"sampling": {"output_file": "/etc/hostname"}})
         controller.export_in_background(conversation.id, results.append)
         controller.import_file(results[-1][1])
         assert len(host.shown) == 2 and "sampling.output_file were left out" in host.notices[-1]
-        assert "output_file" not in store.get_conversation(host.shown[1]).settings["sampling"]
+        assert "output_file" not in store.conversations.get_conversation(host.shown[1]).settings["sampling"]

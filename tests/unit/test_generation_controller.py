@@ -75,10 +75,10 @@ def test_a_reply_is_committed_sent_recorded_stopped_and_continued_without_textua
         replies = GenerationController(host, GenerationRouter())
         conversation = replies.ensure_conversation(None)
         question = replies.commit_user_message(conversation.id, "Say hi")
-        assert [m.content for m in store.active_path(conversation.id)] == ["Say hi"]  # saved before generating
+        assert [m.content for m in store.tree.active_path(conversation.id)] == ["Say hi"]  # saved before generating
         reply = replies.begin(conversation.id, question.id, "tiny")
         assert replies.active is reply and replies.replies_started == 1 and reply.request_id == 0
-        assert store.get_message(reply.message_id).state == "streaming"
+        assert store.tree.get_message(reply.message_id).state == "streaming"
         replies.send(reply)
         assert reply.request_id == 1
         [(messages, sampling, continued)] = host.bridge.requests
@@ -99,7 +99,7 @@ def test_a_reply_is_committed_sent_recorded_stopped_and_continued_without_textua
         assert host.bridge.requests[-1][0] == [("user", "Say hi"), ("assistant", "Hello")]
         replies.record(resumed.request_id, "!", "", 1)
         replies.end("complete", {"stop_reason": "eos"})
-        assert store.get_message(saved.id).content == "Hello!"
+        assert store.tree.get_message(saved.id).content == "Hello!"
 
 
 def test_stopped_before_it_is_sent_the_request_is_cancelled_at_once_and_a_crash_is_recorded(tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_stopped_before_it_is_sent_the_request_is_cancelled_at_once_and_a_crash_
         replies.record(reply.request_id, "Once", "", 1)
         asyncio.run(replies.crashed("the engine crashed (signal 11)"))
         assert owner.crashes == ["the engine crashed (signal 11)"] and replies.active is None
-        saved = store.get_message(reply.message_id)
+        saved = store.tree.get_message(reply.message_id)
         assert (saved.state, saved.content, saved.stats["error"]) == ("error", "Once", "the engine crashed (signal 11)")
         replies.send(reply)  # ended meanwhile: nothing is sent
         assert len(host.bridge.requests) == 1

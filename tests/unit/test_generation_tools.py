@@ -41,7 +41,7 @@ async def no_show(record: CallRecord) -> None:
 
 def begin_with_tools(replies: GenerationController, text: str) -> Any:
     conversation = replies.ensure_conversation(None)
-    replies.host.store.update_settings(conversation.id, settings={"tools": "builtin"})
+    replies.host.store.conversations.update_settings(conversation.id, settings={"tools": "builtin"})
     question = replies.commit_user_message(conversation.id, text)
     assert asyncio.run(replies.prepare_tools(conversation.id)) is None
     reply = replies.begin(conversation.id, question.id, "tiny")
@@ -140,7 +140,7 @@ def test_a_remote_engine_is_offered_no_tools(tmp_path: Path) -> None:
         host.bridge.takes_tools = False
         replies = GenerationController(host, GenerationRouter())
         conversation = replies.ensure_conversation(None)
-        store.update_settings(conversation.id, settings={"tools": "builtin"})
+        store.conversations.update_settings(conversation.id, settings={"tools": "builtin"})
         question = replies.commit_user_message(conversation.id, "Hi")
         asyncio.run(replies.prepare_tools(conversation.id))
         replies.send(replies.begin(conversation.id, question.id, "remote"))

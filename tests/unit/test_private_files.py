@@ -58,8 +58,8 @@ def test_history_database_and_its_wal_and_shm_are_0600(tmp_path: Path) -> None:
     folder = tmp_path / "data"
     store = Store(folder / "history.sqlite3")
     try:
-        conversation = store.create_conversation("private")
-        store.add_user_message(conversation.id, "a secret question")
+        conversation = store.conversations.create_conversation("private")
+        store.tree.add_user_message(conversation.id, "a secret question")
         files = [folder / name for name in ("history.sqlite3", "history.sqlite3-wal", "history.sqlite3-shm")]
         assert all(f.exists() for f in files)
         assert {f.name: mode(f) for f in files} == {f.name: 0o600 for f in files}
@@ -106,8 +106,8 @@ async def test_the_app_says_once_that_it_tightened_and_exports_are_0600(tiny_mod
     data.mkdir(parents=True, exist_ok=True)
     data.chmod(0o755)
     store = open_default_store()
-    conversation = store.create_conversation("exported")
-    store.add_user_message(conversation.id, "a question")
+    conversation = store.conversations.create_conversation("exported")
+    store.tree.add_user_message(conversation.id, "a question")
     store.close()
     private_files.take_notice()  # the test's own setup above does not count
     data.chmod(0o755)

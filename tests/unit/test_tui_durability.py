@@ -32,9 +32,9 @@ from app.core.recording import ReplyRecorder
 
 db, log, round_no, rate = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 store = Store(db)
-conversation = store.create_conversation()
-user = store.add_user_message(conversation.id, f"prompt of round {round_no}")
-reply = store.begin_assistant_message(conversation.id, user.id, "synthetic")
+conversation = store.conversations.create_conversation()
+user = store.tree.add_user_message(conversation.id, f"prompt of round {round_no}")
+reply = store.tree.begin_assistant_message(conversation.id, user.id, "synthetic")
 recorder = ReplyRecorder(store, reply)
 fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 os.write(fd, b"ready\\n")
@@ -95,7 +95,12 @@ def _one_database(db: Path, rounds: int, seed: int) -> list[str]:
             problems.append(f"{db.name} round {round_no}: saved {saved} tokens, but {safe} were older than 1 s")
     # Opening the history again marks the killed replies interrupted, keeping their text.
     with Store(db) as store:
-        states = {m.state for c in store.list_conversations() for m in store.messages(c.id) if m.role == "assistant"}
+        states = {
+            m.state
+            for c in store.conversations.list_conversations()
+            for m in store.tree.messages(c.id)
+            if m.role == "assistant"
+        }
         if states - {"interrupted"}:
             problems.append(f"{db.name}: replies left in states {states}")
     return problems
@@ -112,22 +117,22 @@ def test_sigkill_during_a_streamed_reply_loses_at_most_the_last_second(tmp_path:
 def test_recorder_checkpoints_every_second_or_256_tokens(tmp_path: Path) -> None:
     clock = [0.0]
     with Store(tmp_path / "h.sqlite3") as store:
-        conversation = store.create_conversation()
-        user = store.add_user_message(conversation.id, "q")
-        reply = store.begin_assistant_message(conversation.id, user.id, "m")
+        conversation = store.conversations.create_conversation()
+        user = store.tree.add_user_message(conversation.id, "q")
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "m")
         recorder = ReplyRecorder(store, reply, clock=lambda: clock[0])
         assert not recorder.append("a", "", 255)
-        assert store.get_message(reply).content == ""
+        assert store.tree.get_message(reply).content == ""
         assert recorder.append("b", "r", 1)  # 256 tokens
-        assert (store.get_message(reply).content, store.get_message(reply).reasoning) == ("ab", "r")
+        assert (store.tree.get_message(reply).content, store.tree.get_message(reply).reasoning) == ("ab", "r")
         clock[0] = 0.5
         assert not recorder.append("c", "", 1)
         clock[0] = 1.6
         assert recorder.append("d", "", 1)  # a second since the last checkpoint
-        assert store.get_message(reply).content == "abcd"
+        assert store.tree.get_message(reply).content == "abcd"
         recorder.finish("stopped", {"stop_reason": "cancelled"})
         recorder.finish("complete", {})  # idempotent
-        final = store.get_message(reply)
+        final = store.tree.get_message(reply)
         assert (final.state, final.token_count, final.stats) == ("stopped", 258, {"stop_reason": "cancelled"})
 
 
@@ -135,19 +140,19 @@ def test_resume_assistant_message_continues_a_stopped_reply(tmp_path: Path) -> N
     from app.core.store import MessageNotStreaming
 
     with Store(tmp_path / "h.sqlite3") as store:
-        conversation = store.create_conversation()
-        user = store.add_user_message(conversation.id, "q")
-        reply = store.begin_assistant_message(conversation.id, user.id, "m")
+        conversation = store.conversations.create_conversation()
+        user = store.tree.add_user_message(conversation.id, "q")
+        reply = store.tree.begin_assistant_message(conversation.id, user.id, "m")
         with pytest.raises(MessageNotStreaming):
-            store.resume_assistant_message(reply)  # still streaming
-        store.finish_assistant_message(reply, "partial", "", "stopped", {})
-        store.switch_branch(user.id)
-        resumed = store.resume_assistant_message(reply)
+            store.tree.resume_assistant_message(reply)  # still streaming
+        store.tree.finish_assistant_message(reply, "partial", "", "stopped", {})
+        store.tree.switch_branch(user.id)
+        resumed = store.tree.resume_assistant_message(reply)
         assert resumed.state == "streaming" and resumed.content == "partial"
-        assert store.get_conversation(conversation.id).active_leaf_id == reply
-        store.checkpoint_assistant_message(reply, "partial and more", "")
+        assert store.conversations.get_conversation(conversation.id).active_leaf_id == reply
+        store.tree.checkpoint_assistant_message(reply, "partial and more", "")
         with pytest.raises(MessageNotStreaming):
-            store.resume_assistant_message(user.id)
+            store.tree.resume_assistant_message(user.id)
 
 
 def test_a_first_schema_history_fixture_keeps_every_message(tmp_path: Path) -> None:
@@ -158,9 +163,13 @@ def test_a_first_schema_history_fixture_keeps_every_message(tmp_path: Path) -> N
         before = connection.execute("SELECT id, role, content, state FROM messages ORDER BY id").fetchall()
     assert len(before) == 7
     with Store(db) as store:
-        after = [(m.id, m.role, m.content, m.state) for c in store.list_conversations() for m in store.messages(c.id)]
-        titles = [c.title for c in store.list_conversations()]
-        path = store.active_path(1)
+        after = [
+            (m.id, m.role, m.content, m.state)
+            for c in store.conversations.list_conversations()
+            for m in store.tree.messages(c.id)
+        ]
+        titles = [c.title for c in store.conversations.list_conversations()]
+        path = store.tree.active_path(1)
     assert sorted(after) == [(i, r, c, "interrupted" if s == "streaming" else s) for i, r, c, s in before]
     assert titles == ["Branches and reasoning", "Hello"]
     assert [m.content for m in path] == ["Hello", "Hi! How can I help?"]

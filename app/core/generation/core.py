@@ -160,8 +160,8 @@ class GenerationController(Generic[OwnerT]):
         """The conversation, created now (with the default settings) when it is None."""
         store = self.host.store
         if conversation_id is None:
-            return store.create_conversation(settings=self.host.default_conversation_settings())
-        return store.get_conversation(conversation_id)
+            return store.conversations.create_conversation(settings=self.host.default_conversation_settings())
+        return store.conversations.get_conversation(conversation_id)
 
     def commit_user_message(
         self,
@@ -176,9 +176,9 @@ class GenerationController(Generic[OwnerT]):
         earlier one's images, and `images` after them)."""
         store = self.host.store
         if edit_of is not None:
-            earlier = store.get_message(edit_of).images
-            return store.edit_user_message(edit_of, text, earlier + images if images else None)
-        return store.add_user_message(conversation_id, text, images)
+            earlier = store.tree.get_message(edit_of).images
+            return store.tree.edit_user_message(edit_of, text, earlier + images if images else None)
+        return store.tree.add_user_message(conversation_id, text, images)
 
     # ----- images -----
 
@@ -188,7 +188,7 @@ class GenerationController(Generic[OwnerT]):
         image = read_image_file(path)
         if image.format == "WebP":  # checked, but the engine's decoder (libmtmd's stb_image) does not read it
             raise ImageRefused(f"{path.name}: WebP is not decoded by the engine's projector; convert it to PNG")
-        stored = self.host.store.keep_image(image, path.name)
+        stored = self.host.store.images.keep_image(image, path.name)
         self.images_unusable.pop(stored.sha256, None)  # kept again: whole now
         self.images_checked.add(stored.sha256)
         return stored
@@ -198,7 +198,7 @@ class GenerationController(Generic[OwnerT]):
         (read once a session, then its size looked at; in a thread) is left out, as are all of them when the model
         cannot see images; a line to show the first time that happens (None: all go, or it was said already)."""
         store = self.host.store
-        images = {image.sha256: image for m in store.active_path(conversation_id) for image in m.images}
+        images = {image.sha256: image for m in store.tree.active_path(conversation_id) for image in m.images}
         if not images:
             self.images_left_out = set()
             return None
@@ -225,18 +225,18 @@ class GenerationController(Generic[OwnerT]):
         store = self.host.store
         if image.sha256 in self.images_checked:
             try:
-                if store.image_path(image.sha256).stat().st_size == image.size:
+                if store.images.image_path(image.sha256).stat().st_size == image.size:
                     return None
             except OSError:
                 pass
-        return store.image_problem(image)
+        return store.images.image_problem(image)
 
     def image_refs(self, message: Message) -> tuple[ImageRef, ...]:
         """A message's images as the engine takes them: the kept file's path (the engine reads it only when it has
         not encoded that hash yet) and its name; those left out are not sent."""
         store = self.host.store
         return tuple(
-            ImageRef(image.sha256, path=str(store.image_path(image.sha256)), name=image.name)
+            ImageRef(image.sha256, path=str(store.images.image_path(image.sha256)), name=image.name)
             for image in message.images
             if image.sha256 not in self.images_left_out
         )
@@ -245,7 +245,7 @@ class GenerationController(Generic[OwnerT]):
         """The branch's last message when it is a reply (what ctrl+g continues and ctrl+r regenerates)."""
         if conversation_id is None:
             return None
-        path = self.host.store.active_path(conversation_id)
+        path = self.host.store.tree.active_path(conversation_id)
         return path[-1] if path and path[-1].role == "assistant" else None
 
     def begin(
@@ -254,16 +254,16 @@ class GenerationController(Generic[OwnerT]):
         """Start a reply under `parent_id` (a new row in the store), or continue the stopped reply `resume`. The
         request is not sent yet: `send` sends it (the chat first draws the new reply)."""
         store = self.host.store
-        conversation = store.get_conversation(conversation_id)
+        conversation = store.conversations.get_conversation(conversation_id)
         if resume is not None:
-            store.resume_assistant_message(resume.id)
-            path = store.active_path(conversation_id)
+            store.tree.resume_assistant_message(resume.id)
+            path = store.tree.active_path(conversation_id)
             # Stopped before any answer text: the engine starts the reply again, thinking included.
             reasoning = resume.reasoning if resume.content else ""
             recorder = ReplyRecorder(store, resume.id, content=resume.content, reasoning=reasoning)
         else:
-            message_id = store.begin_assistant_message(conversation_id, parent_id, model_name)
-            path = store.active_path(conversation_id)[:-1]
+            message_id = store.tree.begin_assistant_message(conversation_id, parent_id, model_name)
+            path = store.tree.active_path(conversation_id)[:-1]
             recorder = ReplyRecorder(store, message_id)
         tools = self.chat_tools.ready(conversation_id, tools_choice(conversation)) if self.takes_tools else None
         plain = engine_messages(path, conversation)
@@ -361,7 +361,7 @@ class GenerationController(Generic[OwnerT]):
         if reply.tools is not None and reply.tools.records:
             stats = dict(stats, tool_calls=reply.tools.stored())
         reply.recorder.finish(state, stats)
-        return reply, self.host.store.get_message(reply.message_id)
+        return reply, self.host.store.tree.get_message(reply.message_id)
 
     # ----- tools -----
 
@@ -375,7 +375,7 @@ class GenerationController(Generic[OwnerT]):
         to show when they cannot be made (the reply then goes without them)."""
         from app.core.tools.box import ToolError
 
-        choice = tools_choice(self.host.store.get_conversation(conversation_id))
+        choice = tools_choice(self.host.store.conversations.get_conversation(conversation_id))
         try:
             tools = await asyncio.to_thread(self.chat_tools.prepare, conversation_id, choice)
         except ToolError as error:

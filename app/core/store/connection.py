@@ -1,5 +1,5 @@
-"""What every part of the Store shares: the connection, the lock, write transactions, timestamps, and reading one
-conversation or message by id."""
+"""The open history file every part of the Store shares: its connection, the lock that serialises threads on it,
+write transactions and timestamps."""
 
 from __future__ import annotations
 
@@ -11,36 +11,31 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import cast
 
-from app.core.store.records import (
-    Conversation,
-    ConversationNotFound,
-    Message,
-    MessageNotFound,
-    conversation_from_row,
-    message_from_row,
-)
+from app.core.store.records import ConversationNotFound
 
 
-class StoreBase:
-    """The plumbing under `Store` and its parts (`TreeMixin`, `SearchMixin`, `PresetsMixin`, `ExportMixin`); the
-    attributes are set by `Store.__init__`."""
+class Database:
+    """One SQLite connection shared by the threads of one process, serialised by `lock`; transactions are explicit
+    (`write`)."""
 
-    path: Path
-    _lock: threading.RLock
-    _last_timestamp: str
-    _connection: sqlite3.Connection | None
+    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
+        self.path = path
+        self.lock = threading.RLock()
+        self._connection: sqlite3.Connection | None = connection
+        self._last_timestamp = ""
 
     @property
-    def _db(self) -> sqlite3.Connection:
+    def connection(self) -> sqlite3.Connection:
+        """The open connection (sqlite3.ProgrammingError once closed)."""
         if self._connection is None:
             raise sqlite3.ProgrammingError("the chat history store is closed")
         return self._connection
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, under the lock; rolled back if the block raises."""
-        with self._lock:
-            connection = self._db
+        with self.lock:
+            connection = self.connection
             connection.execute("BEGIN IMMEDIATE")
             try:
                 yield connection
@@ -50,7 +45,7 @@ class StoreBase:
                     connection.execute("ROLLBACK")
                 raise
 
-    def _now(self) -> str:
+    def now(self) -> str:
         """The current UTC time as ISO text, strictly later than any this store handed out before."""
         stamp = datetime.now(UTC).isoformat(timespec="microseconds")
         if stamp <= self._last_timestamp:
@@ -59,34 +54,21 @@ class StoreBase:
         self._last_timestamp = stamp
         return stamp
 
-    def get_conversation(self, conversation_id: int) -> Conversation:
-        """One conversation, deleted or not (ConversationNotFound when purged or never existed)."""
-        with self._lock:
-            row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-        if row is None:
-            raise ConversationNotFound(f"conversation {conversation_id} no longer exists")
-        return conversation_from_row(row)
+    def user_version(self) -> int:
+        return int(self.connection.execute("PRAGMA user_version").fetchone()[0])
 
-    def get_message(self, message_id: int) -> Message:
-        """One message (MessageNotFound when it does not exist)."""
-        with self._lock:
-            row = self._db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
-        if row is None:
-            raise MessageNotFound(f"message {message_id} no longer exists")
-        return message_from_row(row)
-
-    def messages(self, conversation_id: int) -> list[Message]:
-        """Every message of a conversation, all branches, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY created_at, id", (conversation_id,)
-            ).fetchall()
-        return [message_from_row(row) for row in rows]
-
-    def _require_conversation(self, connection: sqlite3.Connection, conversation_id: int) -> sqlite3.Row:
+    def require_conversation(self, connection: sqlite3.Connection, conversation_id: int) -> sqlite3.Row:
+        """The conversation's id, title and active leaf (ConversationNotFound when purged or never existed)."""
         row = connection.execute(
             "SELECT id, title, active_leaf_id FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
         if row is None:
             raise ConversationNotFound(f"conversation {conversation_id} no longer exists")
         return cast(sqlite3.Row, row)
+
+    def close(self) -> None:
+        """Close the connection; idempotent."""
+        with self.lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None

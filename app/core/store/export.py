@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, cast
 
-from app.core.store.images import FILE_SUFFIXES
+from app.core.store.connection import Database
+from app.core.store.conversations import Conversations
+from app.core.store.images import FILE_SUFFIXES, Images
 from app.core.store.records import (
     MESSAGE_STATES,
     ROLES,
@@ -24,7 +26,7 @@ from app.core.store.records import (
     dump_stats,
     image_from_json,
 )
-from app.core.store.tree import TreeMixin, parents_first
+from app.core.store.tree import Tree, parents_first
 from app.core.tools.loop import CallRecord, stored_calls
 from engine_ext.image_input import MAX_IMAGE_BYTES, CheckedImage, ImageRefused, check_image
 from engine_ext.untrusted_text import one_line
@@ -86,13 +88,19 @@ class Imported:
         )
 
 
-class ExportMixin(TreeMixin):
-    """Exporting a conversation and importing an export as a new conversation."""
+class Exports:
+    """Exporting a conversation and importing an export as a new conversation (`Store.exports`)."""
+
+    def __init__(self, database: Database, conversations: Conversations, tree: Tree, images: Images) -> None:
+        self._database = database
+        self._conversations = conversations
+        self._tree = tree
+        self._images = images
 
     def export_images(self, conversation_id: int) -> list[tuple[StoredImage, str]]:
         """The images of the active branch (each once) and their file names in an export's image folder."""
         seen: dict[str, StoredImage] = {}
-        for message in self.active_path(conversation_id):
+        for message in self._tree.active_path(conversation_id):
             for image in message.images:
                 seen.setdefault(image.sha256, image)
         return [(image, image_file_name(image)) for image in seen.values()]
@@ -100,9 +108,9 @@ class ExportMixin(TreeMixin):
     def export_markdown(self, conversation_id: int, image_folder: str = "images") -> str:
         """The active branch as Markdown: title, system prompt, a heading per message, reasoning folded, images as
         links into `image_folder` (relative to the Markdown file; `export_images` says what to copy there)."""
-        with self._lock:
-            conversation = self.get_conversation(conversation_id)
-            path = self.active_path(conversation_id)
+        with self._database.lock:
+            conversation = self._conversations.get_conversation(conversation_id)
+            path = self._tree.active_path(conversation_id)
         parts = [f"# {conversation.title or 'Untitled conversation'}"]
         if conversation.system_prompt.strip():
             parts += ["## System prompt", conversation.system_prompt.strip("\n").rstrip()]
@@ -125,14 +133,14 @@ class ExportMixin(TreeMixin):
         """The whole conversation (every branch, state, stats, timestamp) as JSON, its images in it (base64, each
         once; one whose file is missing or damaged is left out); ids are positions in the export's message list, so
         exporting an imported export gives the same bytes. Reads the image files: call it off the UI thread."""
-        with self._lock:
-            conversation = self.get_conversation(conversation_id)
-            messages = parents_first(self.messages(conversation_id))
+        with self._database.lock:
+            conversation = self._conversations.get_conversation(conversation_id)
+            messages = parents_first(self._tree.messages(conversation_id))
         local_ids = {message.id: index for index, message in enumerate(messages)}
         images: dict[str, str] = {}
         for message in messages:
             for image in message.images:
-                if image.sha256 not in images and (data := self.read_image(image)) is not None:
+                if image.sha256 not in images and (data := self._images.read_image(image)) is not None:
                     images[image.sha256] = base64.b64encode(data).decode("ascii")
         document: JSONObject = {
             "format": EXPORT_FORMAT,
@@ -180,8 +188,8 @@ class ExportMixin(TreeMixin):
         header = document["conversation"]
         header["settings"], left_out = imported_settings(header["settings"])
         for image in document["images"].values():  # kept first: a message refers to them once it is in
-            self.keep_image(image, "")
-        with self._write() as connection:
+            self._images.keep_image(image, "")
+        with self._database.write() as connection:
             cursor = connection.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, system_prompt, settings, model)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
@@ -217,7 +225,7 @@ class ExportMixin(TreeMixin):
                     ),
                 )
                 db_ids[item["id"]] = cast(int, cursor.lastrowid)
-                self._images_written(item["images"])
+                self._images.written(item["images"])
             leaf = header["active_leaf"]
             connection.execute(
                 "UPDATE conversations SET active_leaf_id = ? WHERE id = ?",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Final
 
 from app.core.owner_only_dirs import private_dir, write_private_bytes
-from app.core.store.connection import StoreBase
+from app.core.store.connection import Database
 from app.core.store.records import StoredImage, load_images
 from engine_ext.image_input import MAX_IMAGE_BYTES, CheckedImage
 
@@ -23,15 +23,17 @@ def is_image_file_name(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
-class ImagesMixin(StoreBase):
-    """Keeping, finding, checking and freeing the image files messages refer to."""
+class Images:
+    """Keeping, finding, checking and freeing the image files messages refer to (`Store.images`)."""
 
-    _pending_images: set[str]
-    """Hashes kept by this process for a message not written yet (an attachment): never freed meanwhile."""
+    def __init__(self, database: Database) -> None:
+        self._database = database
+        self._pending: set[str] = set()
+        """Hashes kept by this process for a message not written yet (an attachment): never freed meanwhile."""
 
     @property
     def image_folder(self) -> Path:
-        return self.path.parent / IMAGE_FOLDER_NAME
+        return self._database.path.parent / IMAGE_FOLDER_NAME
 
     def image_path(self, sha256: str) -> Path:
         """Where the image with this content hash is kept."""
@@ -41,8 +43,8 @@ class ImagesMixin(StoreBase):
         """Keep a checked image's bytes (once per content: the same picture attached twice is one file) for a message
         about to be written; what the message refers to it by. OSError when the file cannot be written."""
         stored = StoredImage(image.sha256, name, image.format, image.width, image.height, len(image.data))
-        with self._lock:
-            self._pending_images.add(image.sha256)
+        with self._database.lock:
+            self._pending.add(image.sha256)
         path = self.image_path(image.sha256)
         if self.image_problem(stored) is not None:  # missing (or damaged): written again, atomically
             private_dir(self.image_folder)
@@ -71,14 +73,14 @@ class ImagesMixin(StoreBase):
 
     def referenced_images(self) -> set[str]:
         """The hashes of the images some message (in any conversation, deleted ones included) refers to."""
-        with self._lock:
-            rows = self._db.execute("SELECT images FROM messages WHERE images != ''").fetchall()
+        with self._database.lock:
+            rows = self._database.connection.execute("SELECT images FROM messages WHERE images != ''").fetchall()
         return {image.sha256 for row in rows for image in load_images(row[0])[0]}
 
     def free_unused_images(self) -> int:
         """Delete the image files no message refers to (and none is pending); how many were deleted."""
-        with self._lock:
-            keep = self.referenced_images() | self._pending_images
+        with self._database.lock:
+            keep = self.referenced_images() | self._pending
             try:
                 names = [entry.name for entry in os.scandir(self.image_folder) if entry.is_file()]
             except FileNotFoundError:
@@ -93,7 +95,7 @@ class ImagesMixin(StoreBase):
                     freed += 1
         return freed
 
-    def _images_written(self, images: tuple[StoredImage, ...]) -> None:
+    def written(self, images: tuple[StoredImage, ...]) -> None:
         """A message now refers to these: they are no longer pending."""
-        with self._lock:
-            self._pending_images.difference_update(image.sha256 for image in images)
+        with self._database.lock:
+            self._pending.difference_update(image.sha256 for image in images)

@@ -1,14 +1,18 @@
-"""The history file: opening it (owner-only, checked for damage), its schema and the migrations between versions."""
+"""The history file: opening it (owner-only, checked for damage), its schema and the migrations between versions
+(after a backup copy)."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from app.core.owner_only_dirs import private_file, tighten_if_exists
+from app.core.store.connection import Database
+from app.core.store.records import HistoryFromNewerVersion, MigrationFailed
 
 BUSY_TIMEOUT_S: Final = 5.0
 DAMAGE_SUMMARY_CHARS: Final = 160
@@ -103,7 +107,7 @@ def connect(path: Path) -> sqlite3.Connection:
     private_file(path)
     for suffix in ("-wal", "-shm"):
         tighten_if_exists(path.with_name(path.name + suffix))
-    # One connection shared by threads, serialised by Store._lock; transactions are explicit.
+    # One connection shared by threads, serialised by Database.lock; transactions are explicit.
     connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     connection.row_factory = sqlite3.Row
     connection.text_factory = decode_text
@@ -138,3 +142,71 @@ def move_aside(path: Path) -> Path:
         if companion.exists():
             companion.rename(target.with_name(target.name + suffix))
     return target
+
+
+def open_sound_database(path: Path) -> tuple[sqlite3.Connection, str | None]:
+    """The history file opened and configured, and a message for the user when it was damaged: then it is moved
+    aside and a fresh one started."""
+    connection = connect(path)
+    try:
+        damage = damage_in(connection)
+    except sqlite3.Error:
+        connection.close()
+        raise
+    notice = None
+    if damage is not None:
+        connection.close()
+        moved_to = move_aside(path)
+        notice = (
+            f"Your chat history {path} was damaged ({damage}). It was moved to {moved_to} "
+            "and a new, empty history was started."
+        )
+        connection = connect(path)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        connection.create_function("llmtui_casefold", 1, casefold, deterministic=True)
+    except sqlite3.Error:
+        connection.close()
+        raise
+    return connection, notice
+
+
+def migrate(database: Database) -> None:
+    """Bring the file's schema to this version's (MIGRATIONS), after a backup copy (`<file>.bak-v<old version>`)."""
+    path = database.path
+    target_version = len(MIGRATIONS)
+    version = database.user_version()
+    if version > target_version:
+        raise HistoryFromNewerVersion(
+            f"the chat history {path} was written by a newer llmtui (schema v{version}, this one "
+            f"knows v{target_version}); upgrade llmtui, or move the file aside to start a new history"
+        )
+    if version == target_version:
+        return
+    backup_path: Path | None = None
+    has_tables = database.connection.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+    if has_tables:
+        backup_path = path.with_name(f"{path.name}.bak-v{version}")
+        try:
+            private_file(backup_path)  # owner-only, like the history itself
+            with closing(sqlite3.connect(backup_path)) as backup:
+                database.connection.backup(backup)
+        except (OSError, sqlite3.Error) as error:
+            raise MigrationFailed(
+                f"could not back up the chat history {path} to {backup_path} before upgrading it: "
+                f"{error}; free some disk space and start llmtui again"
+            ) from error
+    for next_version in range(version + 1, target_version + 1):
+        try:
+            with database.write() as connection:
+                if database.user_version() >= next_version:  # another process got there first
+                    continue
+                MIGRATIONS[next_version - 1](connection)
+                connection.execute(f"PRAGMA user_version = {next_version}")
+        except sqlite3.Error as error:
+            kept = f"; the file before the upgrade is kept at {backup_path}" if backup_path else ""
+            raise MigrationFailed(
+                f"could not upgrade the chat history {path} to schema v{next_version}: {error}{kept}"
+            ) from error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from app.core.store.connection import StoreBase
+from app.core.store.connection import Database
 from app.core.store.records import SearchHit
 from app.core.store.schema import casefold
 
@@ -22,22 +22,25 @@ def _snippet(text: str, query: str) -> str:
     return ("…" if start > 0 else "") + flat[start:end] + ("…" if end < len(flat) else "")
 
 
-class SearchMixin(StoreBase):
-    """`Store.search`."""
+class Search:
+    """Finding conversations by their text (`Store.search`)."""
 
-    def search(self, query: str) -> list[SearchHit]:
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    def find(self, query: str) -> list[SearchHit]:
         """Conversations (not deleted) whose title or any message (any branch) contains `query`, ignoring
         case; most recently active first, one hit each, with a snippet around the first match."""
         needle = query.strip().casefold()
         if not needle:
             return []
-        with self._lock:
-            conversations = self._db.execute(
+        with self._database.lock:
+            conversations = self._database.connection.execute(
                 "SELECT id, title FROM conversations WHERE deleted_at IS NULL ORDER BY updated_at DESC, id DESC"
             ).fetchall()
             title_matches = {row["id"] for row in conversations if needle in (casefold(row["title"]) or "")}
             message_matches: dict[int, tuple[int, str]] = {}
-            for row in self._db.execute(
+            for row in self._database.connection.execute(
                 "SELECT m.conversation_id, m.id, m.content FROM messages m"
                 " JOIN conversations c ON c.id = m.conversation_id"
                 " WHERE c.deleted_at IS NULL AND instr(llmtui_casefold(m.content), ?) > 0"

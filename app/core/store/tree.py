@@ -6,7 +6,8 @@ import heapq
 import sqlite3
 from typing import cast
 
-from app.core.store.images import ImagesMixin
+from app.core.store.connection import Database
+from app.core.store.images import Images
 from app.core.store.records import (
     FINISHED_STATES,
     JSONObject,
@@ -44,16 +45,37 @@ def parents_first(messages: list[Message]) -> list[Message]:
     return ordered
 
 
-class TreeMixin(ImagesMixin):
-    """Reading and growing a conversation's tree: the active path, branches, and replies streamed in."""
+class Tree:
+    """Reading and growing a conversation's tree: the active path, branches, and replies streamed in (the messages
+    table; `Store.tree`)."""
+
+    def __init__(self, database: Database, images: Images) -> None:
+        self._database = database
+        self._images = images
+
+    def get_message(self, message_id: int) -> Message:
+        """One message (MessageNotFound when it does not exist)."""
+        with self._database.lock:
+            row = self._database.connection.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise MessageNotFound(f"message {message_id} no longer exists")
+        return message_from_row(row)
+
+    def messages(self, conversation_id: int) -> list[Message]:
+        """Every message of a conversation, all branches, oldest first."""
+        with self._database.lock:
+            rows = self._database.connection.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY created_at, id", (conversation_id,)
+            ).fetchall()
+        return [message_from_row(row) for row in rows]
 
     def active_path(self, conversation_id: int) -> list[Message]:
-        """The branch on screen: messages from the root to the conversation's active leaf."""
-        with self._lock:
-            conversation = self.get_conversation(conversation_id)
+        """The branch on screen: messages from the root to the conversation's active leaf (ConversationNotFound when
+        the conversation is gone)."""
+        with self._database.lock:
+            leaf_id = self._database.require_conversation(self._database.connection, conversation_id)["active_leaf_id"]
             messages = self.messages(conversation_id)
         by_id = {message.id: message for message in messages}
-        leaf_id = conversation.active_leaf_id
         if leaf_id is None and messages:  # no leaf recorded: show the most recent branch
             leaf_id = self._most_recent_leaf(messages, None)
         path: list[Message] = []
@@ -67,9 +89,9 @@ class TreeMixin(ImagesMixin):
 
     def siblings(self, message_id: int) -> Siblings:
         """The message and its alternatives (same parent, same conversation), oldest first."""
-        with self._lock:
+        with self._database.lock:
             message = self.get_message(message_id)
-            rows = self._db.execute(
+            rows = self._database.connection.execute(
                 "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY created_at, id",
                 (message.conversation_id, message.parent_id),
             ).fetchall()
@@ -80,7 +102,7 @@ class TreeMixin(ImagesMixin):
     def switch_branch(self, message_id: int) -> list[Message]:
         """Show the branch through `message_id`: the active leaf becomes the most recently created leaf
         below it (the message itself when it has no replies). Returns the new active path."""
-        with self._write() as connection:
+        with self._database.write() as connection:
             message = self.get_message(message_id)
             messages = self.messages(message.conversation_id)
             leaf_id = self._most_recent_leaf(messages, message_id)
@@ -117,8 +139,8 @@ class TreeMixin(ImagesMixin):
 
         An untitled conversation takes its title from its first user message.
         """
-        with self._write() as connection:
-            conversation = self._require_conversation(connection, conversation_id)
+        with self._database.write() as connection:
+            conversation = self._database.require_conversation(connection, conversation_id)
             message = self._insert_message(
                 connection, conversation_id, conversation["active_leaf_id"], "user", content, "", "complete", "", images
             )
@@ -137,7 +159,7 @@ class TreeMixin(ImagesMixin):
 
         The original and everything below it stay reachable through `siblings` and `switch_branch`.
         """
-        with self._write() as connection:
+        with self._database.write() as connection:
             original = self.get_message(message_id)
             if original.role != "user":
                 raise ValueError(f"message {message_id} is a {original.role} message, not a user message")
@@ -158,8 +180,8 @@ class TreeMixin(ImagesMixin):
 
         Regenerating is calling this again with the same parent: the earlier reply stays a sibling.
         """
-        with self._write() as connection:
-            self._require_conversation(connection, conversation_id)
+        with self._database.write() as connection:
+            self._database.require_conversation(connection, conversation_id)
             message = self._insert_message(
                 connection, conversation_id, parent_id, "assistant", "", "", "streaming", model
             )
@@ -168,10 +190,10 @@ class TreeMixin(ImagesMixin):
 
     def checkpoint_assistant_message(self, message_id: int, content: str, reasoning: str) -> None:
         """Save the text streamed so far (one row update; call at most every second or so)."""
-        with self._write() as connection:
+        with self._database.write() as connection:
             cursor = connection.execute(
                 "UPDATE messages SET content = ?, reasoning = ?, updated_at = ? WHERE id = ? AND state = 'streaming'",
-                (content, reasoning, self._now(), message_id),
+                (content, reasoning, self._database.now(), message_id),
             )
             if cursor.rowcount == 0:
                 self.get_message(message_id)  # MessageNotFound if it is gone
@@ -192,8 +214,8 @@ class TreeMixin(ImagesMixin):
         """Record the reply's final text, how it ended ('complete', 'stopped', 'error'…) and its stats."""
         if state not in FINISHED_STATES:
             raise ValueError(f"a finished reply's state is one of {FINISHED_STATES}, not {state!r}")
-        with self._write() as connection:
-            now = self._now()
+        with self._database.write() as connection:
+            now = self._database.now()
             cursor = connection.execute(
                 "UPDATE messages SET content = ?, reasoning = ?, state = ?, stats = ?, token_count = ?,"
                 " updated_at = ? WHERE id = ?",
@@ -213,12 +235,12 @@ class TreeMixin(ImagesMixin):
         Its stats say `edited`, which lets it be continued; the draft spans of speculative decoding are dropped, as
         they no longer match the text.
         """
-        with self._write() as connection:
+        with self._database.write() as connection:
             message = self.get_message(message_id)
             if message.role != "assistant" or message.state == "streaming":
                 raise ValueError(f"message {message_id} is not a finished reply")
             stats = {k: v for k, v in message.stats.items() if k != "draft_spans"} | {"edited": True}
-            now = self._now()
+            now = self._database.now()
             connection.execute(
                 "UPDATE messages SET content = ?, stats = ?, updated_at = ? WHERE id = ?",
                 (content, dump_stats(stats), now, message_id),
@@ -229,11 +251,11 @@ class TreeMixin(ImagesMixin):
     def resume_assistant_message(self, message_id: int) -> Message:
         """Continue a reply that can be (`Message.can_continue`): it becomes 'streaming' again, keeping its text,
         and the active leaf (checkpoint and finish it as a new reply)."""
-        with self._write() as connection:
+        with self._database.write() as connection:
             message = self.get_message(message_id)
             if not message.can_continue:
                 raise MessageNotStreaming(f"message {message_id} is not a reply that can be continued")
-            now = self._now()
+            now = self._database.now()
             connection.execute(
                 "UPDATE messages SET state = 'streaming', updated_at = ? WHERE id = ?", (now, message_id)
             )
@@ -248,7 +270,7 @@ class TreeMixin(ImagesMixin):
 
         Call it only at startup: a reply another running llmtui is writing would be marked too.
         """
-        with self._write() as connection:
+        with self._database.write() as connection:
             cursor = connection.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
             return cursor.rowcount
 
@@ -269,14 +291,14 @@ class TreeMixin(ImagesMixin):
             parent = connection.execute("SELECT conversation_id FROM messages WHERE id = ?", (parent_id,)).fetchone()
             if parent is None or parent[0] != conversation_id:
                 raise MessageNotFound(f"message {parent_id} is not part of conversation {conversation_id}")
-        now = self._now()
+        now = self._database.now()
         cursor = connection.execute(
             "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state, created_at,"
             " updated_at, model, images) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (conversation_id, parent_id, role, content, reasoning, state, now, now, model, dump_images(images)),
         )
         message_id = cast(int, cursor.lastrowid)
-        self._images_written(images)
+        self._images.written(images)
         connection.execute(
             "UPDATE conversations SET active_leaf_id = ?, updated_at = ? WHERE id = ?",
             (message_id, now, conversation_id),

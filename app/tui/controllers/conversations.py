@@ -56,7 +56,7 @@ class ConversationsController:
         """In a thread: read the file and import it (its images are decoded, checked and written here too)."""
         try:
             text = path.read_text(encoding="utf-8")
-            imported = self.host.store.import_json(text)
+            imported = self.host.store.exports.import_json(text)
         except (OSError, UnicodeDecodeError, ValueError, StoreError) as error:  # ValueError: a name the OS refuses
             self.host.call_from_thread(
                 self.host.notify, f"Could not import {path}: {error}", severity="error", timeout=10
@@ -91,7 +91,7 @@ class ConversationsController:
         self.host.run_worker(write, name="export", group="export", thread=True, exit_on_error=False)
 
     def _export_stem(self, conversation_id: int) -> str:
-        conversation = self.host.store.get_conversation(conversation_id)
+        conversation = self.host.store.conversations.get_conversation(conversation_id)
         return export_stem(conversation.title, conversation.id)
 
     def _write_export(self, stem: str, conversation_id: int) -> tuple[Path, Path]:
@@ -99,10 +99,10 @@ class ConversationsController:
         folder = private_dir(paths.data_dir() / "exports")
         image_folder = f"{stem}.images"
         markdown_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
-        for image, name in store.export_images(conversation_id):
-            data = store.read_image(image)
+        for image, name in store.exports.export_images(conversation_id):
+            data = store.images.read_image(image)
             if data is not None:  # a missing one stays a link the Markdown's reader sees broken, as in the app
                 write_private_bytes(folder / image_folder / name, data)
-        write_private_text(markdown_path, store.export_markdown(conversation_id, image_folder))
-        write_private_text(json_path, store.export_json(conversation_id))
+        write_private_text(markdown_path, store.exports.export_markdown(conversation_id, image_folder))
+        write_private_text(json_path, store.exports.export_json(conversation_id))
         return markdown_path, json_path

@@ -4,46 +4,54 @@ undo, export, its settings (system prompt, sampling, presets)."""
 from __future__ import annotations
 
 from pathlib import Path
-
-from textual import on
-from textual.widgets import Input
+from typing import TYPE_CHECKING
 
 from app.core.generation import conversation_sampling
 from app.core.store import Message, StoreError
-from app.tui.screens.chat_base import ChatBase, branch_map
-from app.tui.widgets.sidebar import ConversationList
+from app.tui.screens.chat_view import ChatView, branch_map
+
+if TYPE_CHECKING:
+    from app.tui.shell import LlmtuiShell
 
 
-class ChatConversations(ChatBase):
-    """The conversation list (ctrl+b, ctrl+f) and the conversation actions of the chat screen."""
+class ConversationActions:
+    """The chat screen's conversation list and its conversation actions (the screen's keys call them); it keeps the
+    conversations deleted in this session, for undo."""
 
-    _deleted: list[int]
+    def __init__(self, view: ChatView) -> None:
+        self._view = view
+        self._deleted: list[int] = []
+
+    @property
+    def app(self) -> LlmtuiShell:
+        return self._view.app
 
     def refresh_conversation_list(self) -> None:
-        listing = self.conversation_list
+        """List the conversations again (or the search's hits)."""
+        listing = self._view.conversation_list
         query = listing.search_text.strip()
         if query:
-            listing.show_hits(self.app.store.search(query), self.conversation_id)
+            listing.show_hits(self.app.store.search.find(query), self._view.conversation_id)
         else:
-            listing.show_conversations(self.app.store.list_conversations(), self.conversation_id)
+            listing.show_conversations(self.app.store.conversations.list_conversations(), self._view.conversation_id)
 
     async def open_conversation(self, conversation_id: int | None) -> None:
         """Show a conversation (None: a new, empty one that is created on the first message)."""
-        self.conversation_id = conversation_id
-        self._leave_edit_mode(restore=False)
+        self._view.conversation_id = conversation_id
+        self._view.edit_banner.end(self._view.prompt, restore=False)
         if conversation_id is None:
-            await self.transcript.show([], {})
-            self.header.conversation_title = "New conversation"
-            self.stats.set_stats({})  # nothing measured in this conversation yet
+            await self._view.transcript.show([], {})
+            self._view.header.conversation_title = "New conversation"
+            self._view.stats.set_stats({})  # nothing measured in this conversation yet
         else:
             store = self.app.store
-            conversation = store.get_conversation(conversation_id)
-            path = store.active_path(conversation_id)
-            await self.transcript.show(path, branch_map(store.messages(conversation_id)))
-            self.header.conversation_title = conversation.title or "New conversation"
+            conversation = store.conversations.get_conversation(conversation_id)
+            path = store.tree.active_path(conversation_id)
+            await self._view.transcript.show(path, branch_map(store.tree.messages(conversation_id)))
+            self._view.header.conversation_title = conversation.title or "New conversation"
             self._show_last_stats(path)
         self.refresh_conversation_list()
-        self.refresh_bindings()  # Continue and Regenerate depend on the conversation's last reply
+        self._view.refresh_bindings()  # Continue and Regenerate depend on the conversation's last reply
 
     def _show_last_stats(self, path: list[Message]) -> None:
         """The stats bar shows the last reply of the branch on screen measured in this session on this model
@@ -52,130 +60,108 @@ class ChatConversations(ChatBase):
             (
                 m.stats
                 for m in reversed(path)
-                if m.id in self.measured and m.role == "assistant" and m.stats and "n_ctx_used" in m.stats
+                if self._view.measured(m.id) and m.role == "assistant" and m.stats and "n_ctx_used" in m.stats
             ),
             None,
         )
-        self.stats.set_stats(last_stats or {})
+        self._view.stats.set_stats(last_stats or {})
         if last_stats is None:
-            self.stats.cpu = None
+            self._view.stats.cpu = None
 
     async def reload_transcript(self) -> None:
-        if self.conversation_id is not None:
+        if self._view.conversation_id is not None:
             store = self.app.store
-            path = store.active_path(self.conversation_id)
-            await self.transcript.show(path, branch_map(store.messages(self.conversation_id)))
+            path = store.tree.active_path(self._view.conversation_id)
+            await self._view.transcript.show(path, branch_map(store.tree.messages(self._view.conversation_id)))
             if self.app.generation.active is None:
                 self._show_last_stats(path)  # another branch: its own reply's numbers
-            self.refresh_bindings()
+            self._view.refresh_bindings()
 
-    @on(ConversationList.Selected)
-    async def _conversation_selected(self, event: ConversationList.Selected) -> None:
-        if event.conversation_id == self.conversation_id or self._busy():
+    async def select(self, conversation_id: int) -> None:
+        """A conversation picked in the list: shown, unless a reply is being written."""
+        if conversation_id == self._view.conversation_id or self._view.busy():
             return
-        await self.open_conversation(event.conversation_id)
-        self.prompt.focus()
+        await self.open_conversation(conversation_id)
+        self._view.prompt.focus()
 
-    @on(ConversationList.SearchChanged)
-    def _search_changed(self, event: ConversationList.SearchChanged) -> None:
-        self.refresh_conversation_list()
-
-    async def action_new_conversation(self) -> None:
-        if self._busy():
+    async def new_conversation(self) -> None:
+        if self._view.busy():
             return
         await self.open_conversation(None)
-        self.prompt.focus()
-
-    def action_toggle_sidebar(self) -> None:
-        """Show the conversation list with the focus in it (its keys d, u, x work at once), or hide it."""
-        sidebar = self.query_one("#sidebar")
-        sidebar.display = not sidebar.display
-        if sidebar.display:
-            self.conversation_list.options.focus()
-        elif sidebar.has_focus_within:
-            self.prompt.focus()
-        self.app.remember_sidebar(bool(sidebar.display))
-
-    def action_search(self) -> None:
-        self.query_one("#sidebar").display = True
-        self.query_one("#conversation-search").focus()
-
-    def _clear_search(self) -> bool:
-        """Esc in the search box clears it first (the list shows every conversation again); whether it did."""
-        search = self.query_one("#conversation-search", Input)
-        if search.has_focus and search.value:
-            search.value = ""
-            return True
-        return False
+        self._view.prompt.focus()
 
     def _target_conversation(self) -> int | None:
         """The conversation highlighted in the list when it has focus, else the one on screen."""
-        if self.conversation_list.has_focus_within:
-            highlighted = self.conversation_list.highlighted_id()
+        if self._view.conversation_list.has_focus_within:
+            highlighted = self._view.conversation_list.highlighted_id()
             if highlighted is not None:
                 return highlighted
-        return self.conversation_id
+        return self._view.conversation_id
 
-    def action_rename_conversation(self) -> None:
+    def rename_conversation(self) -> None:
         from app.tui.modals.text_prompt import TextPromptModal
 
         target = self._target_conversation()
         if target is None:
-            self.notify("Send a first message to start the conversation, then rename it.")
+            self._view.notify("Send a first message to start the conversation, then rename it.")
             return
-        current = self.app.store.get_conversation(target).title
+        current = self.app.store.conversations.get_conversation(target).title
 
         def rename(title: str | None) -> None:
             if title is None or not title.strip():
                 return
-            self.app.store.rename_conversation(target, title.strip())
-            if target == self.conversation_id:
-                self.header.conversation_title = title.strip()
+            self.app.store.conversations.rename_conversation(target, title.strip())
+            if target == self._view.conversation_id:
+                self._view.header.conversation_title = title.strip()
             self.refresh_conversation_list()
 
         self.app.push_screen(TextPromptModal("Rename conversation", current, "Title"), rename)
 
-    async def action_delete_conversation(self) -> None:
+    async def delete_conversation(self) -> None:
         target = self._target_conversation()
         reply = self.app.generation.active
         if target is None or (reply is not None and target == reply.conversation_id):
             if target is not None:
-                self._busy()
+                self._view.busy()
             return
-        title = self.app.store.get_conversation(target).title or "New conversation"
-        self.app.store.delete_conversation(target)
+        title = self.app.store.conversations.get_conversation(target).title or "New conversation"
+        self.app.store.conversations.delete_conversation(target)
         self._deleted.append(target)
-        self.notify(f"Deleted “{title}”. Press u in the list (or “Chat: Undo delete” in ctrl+p) to bring it back.")
-        if target == self.conversation_id:
-            remaining = self.app.store.list_conversations()
+        self._view.notify(
+            f"Deleted “{title}”. Press u in the list (or “Chat: Undo delete” in ctrl+p) to bring it back."
+        )
+        if target == self._view.conversation_id:
+            remaining = self.app.store.conversations.list_conversations()
             await self.open_conversation(remaining[0].id if remaining else None)
         else:
             self.refresh_conversation_list()
 
-    async def action_undo_delete(self) -> None:
+    async def undo_delete(self) -> None:
         while self._deleted:
             target = self._deleted.pop()
             try:
-                self.app.store.undo_delete(target)
+                self.app.store.conversations.undo_delete(target)
             except StoreError:
                 continue
-            self.notify(f"Restored “{self.app.store.get_conversation(target).title or 'New conversation'}”.")
+            self._view.notify(
+                f"Restored “{self.app.store.conversations.get_conversation(target).title or 'New conversation'}”."
+            )
             if self.app.generation.active is None:
                 await self.open_conversation(target)
             else:
                 self.refresh_conversation_list()
             return
-        self.notify("Nothing to undo.")
+        self._view.notify("Nothing to undo.")
 
-    def action_export_conversation(self) -> None:
+    def export_conversation(self) -> None:
         target = self._target_conversation()
         if target is None:
-            self.notify("Nothing to export yet.")
+            self._view.notify("Nothing to export yet.")
             return
         try:
             self.app.conversations.export_in_background(target, self._exported)  # the files are written in a thread
         except StoreError as error:
-            self.notify(f"Export failed: {error}", severity="error")
+            self._view.notify(f"Export failed: {error}", severity="error")
 
     def _exported(self, result: tuple[Path, Path] | str) -> None:
         if isinstance(result, str):
@@ -184,16 +170,16 @@ class ChatConversations(ChatBase):
         markdown_path, json_path = result
         self.app.notify(f"Exported to {markdown_path} and {json_path.name}.", timeout=8)
 
-    def action_conversation_settings(self) -> None:
+    def conversation_settings(self) -> None:
         from app.core.generation.tools import tool_choices, tools_choice
         from app.core.tools.box import ToolError
         from app.core.tools.tool_config import ToolSettings, read_tool_settings
         from app.tui.modals.conversation_settings import ConversationSettingsModal, ConversationSettingsResult
 
-        if self._busy():
+        if self._view.busy():
             return
-        conversation = self.app.generation.ensure_conversation(self.conversation_id)
-        self.conversation_id = conversation.id
+        conversation = self.app.generation.ensure_conversation(self._view.conversation_id)
+        self._view.conversation_id = conversation.id
         self.refresh_conversation_list()
         sampling = conversation_sampling(conversation)
 
@@ -204,24 +190,26 @@ class ChatConversations(ChatBase):
             if result.preset_name:
                 settings["preset"] = result.preset_name
             try:
-                self.app.store.update_settings(conversation.id, system_prompt=result.system_prompt, settings=settings)
+                self.app.store.conversations.update_settings(
+                    conversation.id, system_prompt=result.system_prompt, settings=settings
+                )
                 if result.save_as:
-                    self.app.store.save_preset(result.save_as, result.sampling.to_json())
+                    self.app.store.presets.save_preset(result.save_as, result.sampling.to_json())
             except (StoreError, ValueError) as error:
-                self.notify(f"Could not save the settings: {error}", severity="error")
+                self._view.notify(f"Could not save the settings: {error}", severity="error")
                 return
             saved_preset = f" Preset “{result.save_as}” saved." if result.save_as else ""
-            self.notify("Conversation settings saved." + saved_preset)
+            self._view.notify("Conversation settings saved." + saved_preset)
 
         try:
             choices = tool_choices(read_tool_settings())
         except ToolError as error:  # config.toml's tool tables are wrong: say so, and offer the built-in tools
-            self.notify(str(error), severity="warning", timeout=10)
+            self._view.notify(str(error), severity="warning", timeout=10)
             choices = tool_choices(ToolSettings())
         modal = ConversationSettingsModal(
             conversation.system_prompt,
             sampling,
-            self.app.store.list_presets(),
+            self.app.store.presets.list_presets(),
             self.app.model.thinking_controls if self.app.model is not None else None,
             tools_choice(conversation),
             choices if self.app.generation.takes_tools else choices[:1],

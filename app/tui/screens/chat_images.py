@@ -4,24 +4,33 @@ the message box until the message is sent."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-
-from textual import on, work
+from typing import TYPE_CHECKING
 
 from app.core.store import StoredImage
-from app.tui.screens.chat_base import ChatBase
-from app.tui.widgets.attachments import AttachmentsBar
-from app.tui.widgets.prompt_input import IMAGE_SUFFIXES, PromptInput
+from app.tui.screens.chat_view import ChatView
+from app.tui.widgets.prompt_input import IMAGE_SUFFIXES
 from engine_ext.image_input import ImageRefused
 from engine_ext.untrusted_text import one_line
+
+if TYPE_CHECKING:
+    from app.tui.shell import LlmtuiShell
 
 ATTACH_KEY = "f12"
 
 
-class ChatImages(ChatBase):
-    """Attaching images to the message being written."""
+class ImageAttacher:
+    """Attaching images to the message being written (they wait in the screen's `AttachmentsBar`)."""
 
-    def action_attach_image(self) -> None:
+    def __init__(self, view: ChatView) -> None:
+        self._view = view
+
+    @property
+    def app(self) -> LlmtuiShell:
+        return self._view.app
+
+    def ask_for_image(self) -> None:
         """F12: ask for an image file's path (Tab completes it) and attach it."""
         if not self._model_sees_images():
             return
@@ -30,7 +39,7 @@ class ChatImages(ChatBase):
         def chosen(typed: str | None) -> None:
             if typed and typed.strip():
                 self.attach_image_file(Path(typed.strip()).expanduser())
-            self.prompt.focus()
+            self._view.prompt.focus()
 
         self.app.push_screen(
             PathPromptModal(
@@ -39,19 +48,19 @@ class ChatImages(ChatBase):
             chosen,
         )
 
-    @on(PromptInput.ImagePathPasted)
-    def _image_path_pasted(self, event: PromptInput.ImagePathPasted) -> None:
+    def path_pasted(self, path: Path) -> None:
+        """A path dropped on the terminal (pasted alone into the message box): attached when the model sees images."""
         if self._model_sees_images():
-            self.attach_image_file(event.path)
+            self.attach_image_file(path)
 
     def _model_sees_images(self) -> bool:
         """Whether the loaded model can take images; if not, say so (one line) and why."""
         model = self.app.model
         if model is None:
-            self.notify("No model is loaded. Press ctrl+l to pick a vision model.", severity="warning")
+            self._view.notify("No model is loaded. Press ctrl+l to pick a vision model.", severity="warning")
             return False
         if not model.sees_images:
-            self.notify(
+            self._view.notify(
                 f"{one_line(model.name, 60)} cannot see images: it has no projector (mmproj). Put its mmproj .gguf "
                 "beside it, or pick a vision model (ctrl+l).",
                 severity="warning",
@@ -60,27 +69,25 @@ class ChatImages(ChatBase):
             return False
         return True
 
-    @work(thread=True, group="attach-image", exit_on_error=False)
     def attach_image_file(self, path: Path) -> None:
         """Read and check the file, keep it in the history's image folder (a thread), then show it pending."""
+        self._view.run_worker(partial(self._attach, path), thread=True, group="attach-image", exit_on_error=False)
+
+    def _attach(self, path: Path) -> None:
         try:
             stored = self.app.generation.attach_image(path)
         except ImageRefused as refused:
-            self.app.call_from_thread(self.notify, f"Not attached: {refused}", severity="error", timeout=10)
+            self.app.call_from_thread(self._view.notify, f"Not attached: {refused}", severity="error", timeout=10)
             return
         except OSError as error:
             self.app.call_from_thread(
-                self.notify, f"Not attached: could not keep {path.name} ({error})", severity="error", timeout=10
+                self._view.notify, f"Not attached: could not keep {path.name} ({error})", severity="error", timeout=10
             )
             return
         self.app.call_from_thread(self._attached, stored)
 
     def _attached(self, image: StoredImage) -> None:
-        if self.attachments.add(image):
-            self.notify(f"Attached {one_line(image.name, 60)} ({image.describe()}).")
+        if self._view.attachments.add(image):
+            self._view.notify(f"Attached {one_line(image.name, 60)} ({image.describe()}).")
         else:
-            self.notify(f"{one_line(image.name, 60)} is attached already.")
-
-    @on(AttachmentsBar.Left)
-    def _attachments_left(self) -> None:
-        self.prompt.focus()
+            self._view.notify(f"{one_line(image.name, 60)} is attached already.")

@@ -10,15 +10,12 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any, Final
 
-from textual import on
-
-from app.core.generation import ActiveReply, end_state
+from app.core.generation import end_state
 from app.core.store import Message, StoreError
 from app.tui.messages import PromptProgressed
 from app.tui.remote_bridge import draft_summary
-from app.tui.screens.chat_base import ChatBase, branch_map
+from app.tui.screens.chat_view import ChatView, branch_map
 from app.tui.widgets.draft_provenance import draft_spans_from_stats
-from app.tui.widgets.prompt_input import PromptInput
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -28,6 +25,7 @@ if TYPE_CHECKING:
     from app.core.tools.box import ToolEntry
     from app.core.tools.loop import CallRecord
     from app.tui.messages import DraftSpan, GenerationFailed, GenerationFinished, GenerationStatsUpdated, TokensArrived
+    from app.tui.shell import LlmtuiShell
     from engine_ext.protocol import SpeculativeStats, ToolCall
 
 IDLE_COLLECT_AFTER_S: Final = 2.0
@@ -57,16 +55,22 @@ def collect_now() -> None:
     gc.freeze()
 
 
-class ChatReply(ChatBase):
-    """Sending, streaming and ending the chat's replies, drawn in the transcript and the stats bar."""
+class ChatReplies:
+    """Sending, streaming and ending the chat's replies, drawn in the transcript and the stats bar: the generation
+    router's default owner. It knows which replies were measured on the model loaded now."""
 
-    editing_reply: bool
-    _prompt_blink: bool
+    def __init__(self, view: ChatView) -> None:
+        self._view = view
+        self._prompt_blink = True  # the prompt's cursor blink setting, restored when a reply ends
+        self.measured: set[int] = set()
+        """Replies whose figures (tok/s, TTFT…) were measured in this session on the model loaded now: the only ones
+        the stats bar shows (an earlier session's or another model's figures would mislead)."""
+        self.measured_on = ""
+        """The model those were measured on (the screen sets it when it opens)."""
 
     @property
-    def generation(self) -> ActiveReply | None:
-        """The reply being written (the generation controller's)."""
-        return self.app.generation.active
+    def app(self) -> LlmtuiShell:
+        return self._view.app
 
     @property
     def replies_started(self) -> int:
@@ -75,68 +79,69 @@ class ChatReply(ChatBase):
 
     # ----- sending -----
 
-    @on(PromptInput.Submitted)
-    async def _submitted(self, event: PromptInput.Submitted) -> None:
-        await self.send(event.text)
-
     def _engine_ready(self) -> bool:
         state = self.app.engine_state
         if state == "ready":
             return True
         if state in ("loading", "starting"):
-            self.notify("The model is still loading; send again in a moment.", severity="warning")
+            self._view.notify("The model is still loading; send again in a moment.", severity="warning")
         elif state == "crashed":
-            self.notify("The engine stopped. Press F5 to restart it.", severity="error")
+            self._view.notify("The engine stopped. Press F5 to restart it.", severity="error")
         else:
-            self.notify("No model is loaded. Press ctrl+l to pick one.", severity="warning")
+            self._view.notify("No model is loaded. Press ctrl+l to pick one.", severity="warning")
         return False
 
     async def send(self, text: str) -> None:
         """Commit the user's message, then start the reply (or, editing a reply, save its new text)."""
-        if self.edit_target is not None and self.editing_reply:
-            await self._save_reply_edit(self.edit_target, text)
+        banner = self._view.edit_banner
+        if banner.target is not None and banner.is_reply:
+            await self.save_reply_edit(banner.target, text)
             return
-        if self._busy() or not self._engine_ready():
+        if self._view.busy() or not self._engine_ready():
             return
         replies = self.app.generation
-        editing = self.edit_target
-        images = self.attachments.take()
+        editing = banner.target
+        images = self._view.attachments.take()
         try:
-            conversation = replies.ensure_conversation(self.conversation_id)
-            self.conversation_id = conversation.id
+            conversation = replies.ensure_conversation(self._view.conversation_id)
+            self._view.conversation_id = conversation.id
             message = replies.commit_user_message(conversation.id, text, edit_of=editing, images=images)
         except StoreError as error:
-            self.attachments.images = images  # still attached, for sending again
-            self.notify(str(error), severity="error")
+            self._view.attachments.images = images  # still attached, for sending again
+            self._view.notify(str(error), severity="error")
             return
         store = self.app.store
-        self._leave_edit_mode(restore=False)
-        self.prompt.remember(text)
+        banner.end(self._view.prompt, restore=False)
+        self._view.prompt.remember(text)
         if editing is not None:
-            await self.reload_transcript()
+            await self._view.reload_transcript()
         else:
-            await self.transcript.append(message, branch_map(store.messages(conversation.id)).get(message.id))
-        self.header.conversation_title = store.get_conversation(conversation.id).title or "New conversation"
-        self.refresh_conversation_list()
+            await self._view.transcript.append(
+                message, branch_map(store.tree.messages(conversation.id)).get(message.id)
+            )
+        self._view.header.conversation_title = (
+            store.conversations.get_conversation(conversation.id).title or "New conversation"
+        )
+        self._view.refresh_conversation_list()
         await self.start_reply(message.id)
 
     async def start_reply(self, parent_id: int, *, resume: Message | None = None, reload: bool = False) -> None:
         """Start streaming a reply under `parent_id`, or continue the stopped reply `resume`."""
-        assert self.conversation_id is not None
+        assert self._view.conversation_id is not None
         model_name = self.app.model.name if self.app.model else ""
         if self.app.generation.takes_tools:  # the conversation's tools (an MCP server starts on demand, in a thread)
-            notice = await self.app.generation.prepare_tools(self.conversation_id)
+            notice = await self.app.generation.prepare_tools(self._view.conversation_id)
             if notice:
-                self.notify(notice, severity="warning", timeout=10)
+                self._view.notify(notice, severity="warning", timeout=10)
         model = self.app.model
         notice = await self.app.generation.check_images(  # a file missing in the history: sent without it
-            self.conversation_id, sees_images=model is not None and model.sees_images
+            self._view.conversation_id, sees_images=model is not None and model.sees_images
         )
         if notice:
-            self.notify(notice, severity="warning", timeout=10)
-        reply = self.app.generation.begin(self.conversation_id, parent_id, model_name, resume=resume)
+            self._view.notify(notice, severity="warning", timeout=10)
+        reply = self.app.generation.begin(self._view.conversation_id, parent_id, model_name, resume=resume)
         if resume is not None:
-            await self.transcript.start_live(
+            await self._view.transcript.start_live(
                 reply.message_id,
                 model_name,
                 content=reply.recorder.content,
@@ -145,19 +150,19 @@ class ChatReply(ChatBase):
             )
         else:
             if reload:
-                await self.reload_transcript()
-            await self.transcript.start_live(reply.message_id, model_name)
+                await self._view.reload_transcript()
+            await self._view.transcript.start_live(reply.message_id, model_name)
         # A steady cursor while the reply streams: each blink repaints the prompt (twice a second), CPU time that a
         # machine whose cores all run the engine takes from decoding.
-        self._prompt_blink, self.prompt.cursor_blink = self.prompt.cursor_blink, False
+        self._prompt_blink, self._view.prompt.cursor_blink = self._view.prompt.cursor_blink, False
         pause_full_collections()
         self.app.set_engine_state("generating")
-        self.stats.decode_tps = self.stats.ttft_ms = None  # the new reply's, once known
-        self.stats.generated_tokens, self.stats.reasoning_tokens = 0, None  # split once the reply is done
+        self._view.stats.decode_tps = self._view.stats.ttft_ms = None  # the new reply's, once known
+        self._view.stats.generated_tokens, self._view.stats.reasoning_tokens = 0, None  # split once the reply is done
         # The request goes out once the screen has drawn the new messages: mounting them, laying the screen out
         # and repainting it takes tens of milliseconds that would otherwise run alongside the engine's first
         # tokens and, on a machine whose cores all run the engine, slow them (the same wait, paid up front).
-        self.call_after_refresh(self.app.generation.send, reply, self)
+        self._view.call_after_refresh(self.app.generation.send, reply, self)
 
     # ----- the router's events for the chat's requests -----
 
@@ -173,18 +178,18 @@ class ChatReply(ChatBase):
             if not self.app.generation.record(request_id, text, reasoning, n_tokens):
                 return
         except StoreError as error:
-            self.notify(f"Could not save the reply: {error}", severity="error")
-        self.transcript.write_live(text, reasoning, spans if text == streamed else ())
+            self._view.notify(f"Could not save the reply: {error}", severity="error")
+        self._view.transcript.write_live(text, reasoning, spans if text == streamed else ())
 
     def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
         if not self.app.generation.owns(event.request_id):
             return
         if isinstance(event, PromptProgressed):  # how far the prompt is read
-            live = self.transcript.live
+            live = self._view.transcript.live
             if live is not None:
                 live.reading(event.done, event.total)
             return
-        stats = self.stats
+        stats = self._view.stats
         stats.decode_tps = event.tokens_per_s
         stats.generated_tokens = event.n_tokens
         stats.ttft_ms = event.ttft_ms
@@ -204,22 +209,22 @@ class ChatReply(ChatBase):
     async def generation_finished(self, event: GenerationFinished) -> None:
         # A server's own speculative decoding (llama-server's timings: draft_n / draft_n_accepted).
         summary = draft_summary(event.stats)
-        extras = {k: v for k, v in self.stats.extras.items() if k != "draft"}
+        extras = {k: v for k, v in self._view.stats.extras.items() if k != "draft"}
         if summary:
             extras["draft"] = summary
-        if extras != self.stats.extras:
-            self.stats.extras = extras
+        if extras != self._view.stats.extras:
+            self._view.stats.extras = extras
         if not self.app.generation.owns(event.request_id):
             return
-        self.stats.set_stats(event.stats)
+        self._view.stats.set_stats(event.stats)
         if await self._tool_calls_made(event):
             return
         await self._end_generation(end_state(event.stop_reason), dict(event.stats, stop_reason=event.stop_reason))
         self.app.set_engine_state("ready")
         for notice in event.notices:
-            self.notify(notice, severity="warning")
+            self._view.notify(notice, severity="warning")
         if event.stop_reason == "context_full":
-            self.notify(
+            self._view.notify(
                 "The context is full; start a new conversation or raise the context size (F3).", severity="warning"
             )
 
@@ -234,7 +239,7 @@ class ChatReply(ChatBase):
             self._write_reply(event.request_id, rest, "", 0, (), rest)
         if not replies.wants_tool_round(event.request_id, event.tool_calls):
             return False
-        self.run_worker(self._tool_round(event), group="tool-round", exit_on_error=False)
+        self._view.run_worker(self._tool_round(event), group="tool-round", exit_on_error=False)
         return True
 
     async def _tool_round(self, event: GenerationFinished) -> None:
@@ -243,7 +248,7 @@ class ChatReply(ChatBase):
         if why is None or self.app.generation.active is not reply:  # it goes on with the results, or ended meanwhile
             return
         if why != "stopped":
-            self.notify(why, severity="warning")
+            self._view.notify(why, severity="warning")
         state: MessageState = "stopped" if why == "stopped" else "complete"
         await self._end_generation(state, dict(event.stats, stop_reason="cancelled" if state == "stopped" else "eos"))
         self.app.set_engine_state("ready")
@@ -254,16 +259,16 @@ class ChatReply(ChatBase):
         return await self.app.push_screen_wait(ToolConsentModal(call, entry.source))
 
     async def _show_call(self, record: CallRecord) -> None:
-        await self.transcript.add_live_call(record)
+        await self._view.transcript.add_live_call(record)
         reply = self.app.generation.active
         made = len(reply.tools.records) if reply is not None and reply.tools is not None else 0
-        self.stats.extras = {**self.stats.extras, "tools": f"{made} call{'s' if made != 1 else ''}"}
+        self._view.stats.extras = {**self._view.stats.extras, "tools": f"{made} call{'s' if made != 1 else ''}"}
 
     async def generation_failed(self, event: GenerationFailed) -> None:
         if self.app.generation.owns(event.request_id, unnamed=True):
             await self._end_generation("error", {"error": event.error})
             self.app.set_engine_state("ready" if self.app.model else "no model")
-        self.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
+        self._view.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
 
     async def generation_crashed(self, description: str) -> None:
         await self._end_generation("error", {"error": description})
@@ -272,8 +277,8 @@ class ChatReply(ChatBase):
         replies = self.app.generation
         if replies.active is None:
             return
-        self.prompt.cursor_blink = self._prompt_blink
-        live = self.transcript.live
+        self._view.prompt.cursor_blink = self._prompt_blink
+        live = self._view.transcript.live
         if live is not None and live.body.draft_spans:
             stats = dict(stats, draft_spans=[list(span) for span in live.body.draft_spans])
         if "n_ctx_used" in stats:
@@ -283,14 +288,14 @@ class ChatReply(ChatBase):
         try:
             ended = replies.end(state, stats)
         except StoreError as error:
-            self.notify(f"Could not save the reply: {error}", severity="error")
+            self._view.notify(f"Could not save the reply: {error}", severity="error")
             return
         assert ended is not None
         reply, message = ended
-        branch = branch_map(self.app.store.messages(reply.conversation_id)).get(message.id)
-        await self.transcript.freeze_live(message, branch)
-        self.refresh_bindings()
-        self.set_timer(IDLE_COLLECT_AFTER_S, self._collect_when_idle)
+        branch = branch_map(self.app.store.tree.messages(reply.conversation_id)).get(message.id)
+        await self._view.transcript.freeze_live(message, branch)
+        self._view.refresh_bindings()
+        self._view.set_timer(IDLE_COLLECT_AFTER_S, self._collect_when_idle)
 
     def _collect_when_idle(self) -> None:
         if self.app.generation.active is None:
@@ -298,27 +303,27 @@ class ChatReply(ChatBase):
 
     # ----- keys -----
 
-    def action_stop(self) -> None:
+    def stop(self) -> None:
         if not self.app.generation.stop():
-            self.action_back()
+            self._view.back()
 
-    def action_stop_thinking(self) -> None:
+    def stop_thinking(self) -> None:
         """Stop thinking now: the model's thinking ends at the next token and it answers."""
         if not self.app.generation.end_thinking():
-            reply = self.generation
+            reply = self.app.generation.active
             thinking = reply is not None and not reply.answering
-            self.notify(
+            self._view.notify(
                 "This engine cannot stop a reply's thinking (Esc stops the reply)."
                 if thinking
                 else "The model is not thinking."
             )
 
-    async def action_continue_reply(self) -> None:
-        if self._busy():
+    async def continue_reply(self) -> None:
+        if self._view.busy():
             return
-        last = self.app.generation.last_reply(self.conversation_id)
+        last = self.app.generation.last_reply(self._view.conversation_id)
         if last is None or not last.can_continue:
-            self.notify(
+            self._view.notify(
                 "The last reply is complete; there is nothing to continue (edit it with e to cut or change it first)."
             )
             return
@@ -326,18 +331,42 @@ class ChatReply(ChatBase):
             return
         await self.start_reply(last.parent_id or 0, resume=last)
 
-    async def action_regenerate(self, message_id: int | None = None) -> None:
-        if self._busy() or self.conversation_id is None:
+    async def regenerate(self, message_id: int | None = None) -> None:
+        if self._view.busy() or self._view.conversation_id is None:
             return
         if message_id is None:
-            message = self.app.generation.last_reply(self.conversation_id)
+            message = self.app.generation.last_reply(self._view.conversation_id)
             if message is None:
-                self.notify("There is no reply to regenerate.")
+                self._view.notify("There is no reply to regenerate.")
                 return
         else:
-            message = self.app.store.get_message(message_id)
+            message = self.app.store.tree.get_message(message_id)
         if message.parent_id is None:
             return
         if not self._engine_ready():
             return
         await self.start_reply(message.parent_id, reload=True)
+
+    def model_loaded(self, path: str) -> None:
+        """A model is loaded: another model's figures no longer describe this one, so the stats bar starts over
+        (the same model reloaded, after a crash or F5, keeps them)."""
+        if path == self.measured_on:
+            return
+        self.measured_on = path
+        self.measured.clear()
+        if self.app.generation.active is None:
+            self._view.stats.set_stats({})
+            self._view.stats.cpu = None
+
+    async def save_reply_edit(self, message_id: int, text: str) -> None:
+        """Change a reply's text in place; ctrl+g then continues it from its new end."""
+        try:
+            message = self.app.store.tree.edit_assistant_message(message_id, text)
+        except (StoreError, ValueError) as error:
+            self._view.notify(f"The reply was not changed: {error}", severity="error")
+            return
+        self._view.edit_banner.end(self._view.prompt, restore=True)
+        await self._view.reload_transcript()
+        last = self.app.generation.last_reply(self._view.conversation_id)
+        more = " ctrl+g continues it from there." if last is not None and last.id == message.id else ""
+        self._view.notify("Reply changed." + more)

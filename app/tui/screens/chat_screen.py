@@ -1,42 +1,47 @@
-"""The chat screen: layout, keys, the footer, editing a message, the steering panel; put together with its
-conversation list (chat_conversations.py) and its replies (chat_reply.py, the generation controller's adapter)."""
+"""The chat screen: layout, keys, the footer, the message actions, the steering panel; its parts own the rest: the
+conversation list and its actions (chat_conversations.py), the replies (chat_reply.py, the generation controller's
+adapter), attaching images (chat_images.py), the engine's and the features' readouts (chat_readouts.py) and the edit
+in progress (the `EditBanner`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from rich.cells import cell_len
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import ActiveBinding, Binding
 from textual.containers import Horizontal, Vertical
-from textual.css.query import NoMatches
-from textual.widget import Widget
-from textual.widgets import Footer, Static
+from textual.screen import Screen
+from textual.widgets import Footer, Input
 
 from app.core.config import ConfigError, save_config
-from app.core.speculation_facts import short_summary
+from app.core.generation import ActiveReply
 from app.core.store import Message, StoreError
-from app.tui.screens.chat_conversations import ChatConversations
-from app.tui.screens.chat_images import ATTACH_KEY, ChatImages
-from app.tui.screens.chat_reply import ChatReply
+from app.tui.screens.chat_conversations import ConversationActions
+from app.tui.screens.chat_images import ATTACH_KEY, ImageAttacher
+from app.tui.screens.chat_readouts import ChatReadouts
+from app.tui.screens.chat_reply import ChatReplies
 from app.tui.screens.steering import SteeringPanel
 from app.tui.textual_internals.compositor import use_cropped_compositor
 from app.tui.widgets.attachments import AttachmentsBar
+from app.tui.widgets.edit_banner import EditBanner
 from app.tui.widgets.markdown_render import code_blocks
 from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import ConversationList
-from app.tui.widgets.spec_meter import SpecMeter
 from app.tui.widgets.status import AppHeader, StatsBar
 from app.tui.widgets.transcript import Transcript
+
+if TYPE_CHECKING:
+    from app.tui.shell import LlmtuiShell
 
 NARROW_WIDTH = 100  # below this many columns the conversation list is narrower
 STEERING_BESIDE_WIDTH = 110  # from this many columns the steering panel sits beside the transcript, else below it
 
 
-class ChatScreen(ChatReply, ChatConversations, ChatImages):
+class ChatScreen(Screen[None]):
     """Where conversations happen.
 
     | Key | Action |
@@ -126,20 +131,17 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
             fitted[key] = active
         return fitted
 
+    app: LlmtuiShell
+
     def __init__(self) -> None:
         super().__init__()
         use_cropped_compositor(self)  # a streamed line repaints that line, not the widgets under it
         self.conversation_id: int | None = None
-        self.edit_target: int | None = None
-        self.editing_reply = False
-        """Whether `edit_target` is a reply (changed in place) rather than a question (resent as a new branch)."""
-        self._draft_before_edit = ""
-        self._deleted: list[int] = []
-        self._prompt_blink = True  # the prompt's cursor blink setting, restored when a reply ends
-        self.measured: set[int] = set()
-        self._measured_on = ""  # the model those were measured on
-        self._model_shown: object = None  # the loaded model the stats bar was last told of
-        self._steering_shown: tuple[object, tuple[int, str]] = (None, (0, ""))  # the panel's applied mix, new vector
+        """The conversation on screen (None: a new one, created with its first message)."""
+        self.conversations = ConversationActions(self)
+        self.replies = ChatReplies(self)
+        self.images = ImageAttacher(self)
+        self.readouts = ChatReadouts(self, self.replies.model_loaded)
 
     # ----- layout -----
 
@@ -150,12 +152,67 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
                 yield ConversationList(id="conversations")
             with Vertical(id="chat"):
                 yield Transcript(id="transcript")
-                yield Static("", id="edit-banner")
+                yield EditBanner(id="edit-banner")
                 yield AttachmentsBar(id="attachments")
                 yield PromptInput(id="prompt", placeholder="Message  (Enter sends · Shift+Enter or Ctrl+J new line)")
                 yield StatsBar(id="stats")
             yield SteeringPanel(id="steering-panel")  # F6: docked beside the chat (wide) or below it (narrow)
         yield Footer(compact=True)
+
+    # ----- what the parts see (ChatView) -----
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    @property
+    def attachments(self) -> AttachmentsBar:
+        return self.query_one(AttachmentsBar)
+
+    @property
+    def stats(self) -> StatsBar:
+        return self.query_one(StatsBar)
+
+    @property
+    def steering_panel(self) -> SteeringPanel:
+        return self.query_one(SteeringPanel)
+
+    @property
+    def header(self) -> AppHeader:
+        return self.query_one(AppHeader)
+
+    @property
+    def conversation_list(self) -> ConversationList:
+        return self.query_one(ConversationList)
+
+    @property
+    def edit_banner(self) -> EditBanner:
+        return self.query_one(EditBanner)
+
+    @property
+    def generation(self) -> ActiveReply | None:
+        """The reply being written (the generation controller's)."""
+        return self.app.generation.active
+
+    def busy(self) -> bool:
+        """Whether a reply is being written (then saying so: the action waits for it)."""
+        if self.app.generation.active is not None:
+            self.notify("A reply is being written; press Esc to stop it first.", severity="warning")
+            return True
+        return False
+
+    def measured(self, message_id: int) -> bool:
+        return message_id in self.replies.measured
+
+    async def reload_transcript(self) -> None:
+        await self.conversations.reload_transcript()
+
+    def refresh_conversation_list(self) -> None:
+        self.conversations.refresh_conversation_list()
 
     async def toggle_steering(self) -> None:
         """F6: open the steering panel on its sliders, or close it (the prompt gets the keys back)."""
@@ -175,125 +232,125 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
         return panel.is_open and focused is not None and (focused is panel or panel in focused.ancestors)
 
     async def on_mount(self) -> None:
-        self.app.generation.router.default = self  # events of requests nobody registered (or with no id) come here
-        self.watch(self.app, "features_version", self.refresh_feature_readouts, init=False)
-        self.watch(self.app, "engine_version", self.sync_engine_state, init=False)
-        self.query_one("#edit-banner").display = False
+        self.app.generation.router.default = (
+            self.replies
+        )  # events of requests nobody registered (or with no id) come here
+        self.watch(self.app, "features_version", self.readouts.features_changed, init=False)
+        self.watch(self.app, "engine_version", self.readouts.engine_changed, init=False)
         self.query_one("#sidebar").display = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
-        self.transcript.read_image = self.app.store.read_image
+        self.transcript.read_image = self.app.store.images.read_image
         self.transcript.colour_drafts = self.app.config.draft_colouring
-        self._measured_on = self.app.model.path if self.app.model else ""
-        self._model_shown = self.app.model
-        self.sync_engine_state()
-        conversations = self.app.store.list_conversations()
+        self.replies.measured_on = self.app.model.path if self.app.model else ""
+        self.readouts.model_shown = self.app.model
+        self.readouts.engine_changed()
+        conversations = self.app.store.conversations.list_conversations()
         if conversations:
-            await self.open_conversation(conversations[0].id)
+            await self.conversations.open_conversation(conversations[0].id)
         else:
-            await self.open_conversation(None)
+            await self.conversations.open_conversation(None)
         self.prompt.focus()
 
     def on_unmount(self) -> None:
-        if self.app.generation.router.default is self:
+        if self.app.generation.router.default is self.replies:
             self.app.generation.router.default = None
-
-    def refresh_feature_readouts(self) -> None:
-        """The meter under the transcript (while speculation is on) and the stats bar's spec/steer readouts."""
-        try:
-            stats_bar = self.stats
-        except NoMatches:
-            return
-        speculation = self.app.speculation
-        settings = self.app.config.speculative
-        meters = list(self.query(SpecMeter))
-        container = stats_bar.parent
-        if settings.enabled and not meters and isinstance(container, Widget):
-            meter = SpecMeter(id="spec-meter")
-            container.mount(meter, before=stats_bar)
-            meters = [meter]
-        elif not settings.enabled:
-            for meter in meters:
-                meter.remove()
-            meters = []
-        for meter in meters:
-            meter.expanded = self.app.config.spec_details
-            meter.spec_type = settings.spec_type
-            meter.drafters = speculation.drafters
-            meter.noise = speculation.speed_noise
-            meter.stats = speculation.stats
-        extras = {k: v for k, v in stats_bar.extras.items() if k not in ("spec", "steer", "api")}
-        if settings.enabled:
-            extras["spec"] = (
-                short_summary(speculation.stats, speculation.speed_noise) if speculation.stats else settings.spec_type
-            )
-        steer = self.app.steering.readout()
-        if steer:
-            extras["steer"] = steer
-        api = self.app.server.readout()
-        if api:
-            extras["api"] = api
-        if extras != stats_bar.extras:
-            stats_bar.extras = extras
-        self._sync_steering_panel()
-
-    def _sync_steering_panel(self) -> None:
-        """What the steering controller learnt since: the mix the engine applies now, a vector just made (listed,
-        focused, when the panel is open)."""
-        steering, panel = self.app.steering, self.steering_panel
-        applied_shown, made_shown = self._steering_shown
-        self._steering_shown = (steering.applied, steering.vectors_made)
-        if steering.applied is not None and steering.applied is not applied_shown:
-            panel.show_applied(steering.applied)
-        if steering.vectors_made != made_shown and steering.vectors_made[0] and panel.is_open:
-            self.call_later(panel.refresh_vectors, focus_path=steering.vectors_made[1])
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < NARROW_WIDTH, "-narrow")
         self.set_class(event.size.width >= STEERING_BESIDE_WIDTH, "-steering-beside")
         self.refresh_bindings()  # the footer shows what fits the new width
 
-    def sync_engine_state(self) -> None:
-        """Copy the app's engine state into the header and the stats bar."""
-        try:
-            header, stats = self.header, self.stats
-        except NoMatches:  # not composed yet (on_mount syncs) or closing
-            return
-        app = self.app
-        model = app.model
-        if model is not None and model is not self._model_shown:  # a model was loaded
-            self._model_shown = model
-            self.model_loaded(model.path)
-            stats.n_ctx = model.n_ctx
-        for widget in (header, stats):
-            widget.engine_state = app.engine_state
-            # "vision": the model loaded with its projector, so it sees attached images
-            widget.backend = (f"{model.backend} · vision" if model.sees_images else model.backend) if model else ""
-        header.model_name = model.name if model else ""
-        if model is not None and not stats.n_ctx:
-            stats.n_ctx = model.n_ctx
-        stats.progress = app.load_progress
-        self.refresh_bindings()
-
-    def model_loaded(self, path: str) -> None:
-        """A model is loaded: another model's figures no longer describe this one, so the stats bar starts over
-        (the same model reloaded, after a crash or F5, keeps them)."""
-        if path == self._measured_on:
-            return
-        self._measured_on = path
-        self.measured.clear()
-        if self.app.generation.active is None:
-            self.stats.set_stats({})
-            self.stats.cpu = None
-
-    def action_back(self) -> None:
+    def back(self) -> None:
         """Esc when no reply is being written: leave editing, clear the search, or go back to the prompt."""
-        if self.edit_target is not None:
-            self._leave_edit_mode(restore=True)
+        if self.edit_banner.target is not None:
+            self.edit_banner.end(self.prompt, restore=True)
             return
         if self._clear_search():
             return
         if not self.prompt.has_focus:
             self.prompt.focus()
+
+    def _clear_search(self) -> bool:
+        """Esc in the search box clears it first (the list shows every conversation again); whether it did."""
+        search = self.query_one("#conversation-search", Input)
+        if search.has_focus and search.value:
+            search.value = ""
+            return True
+        return False
+
+    # ----- the parts' keys and messages -----
+
+    @on(PromptInput.Submitted)
+    async def _submitted(self, event: PromptInput.Submitted) -> None:
+        await self.replies.send(event.text)
+
+    @on(ConversationList.Selected)
+    async def _conversation_selected(self, event: ConversationList.Selected) -> None:
+        await self.conversations.select(event.conversation_id)
+
+    @on(ConversationList.SearchChanged)
+    def _search_changed(self, event: ConversationList.SearchChanged) -> None:
+        self.conversations.refresh_conversation_list()
+
+    @on(PromptInput.ImagePathPasted)
+    def _image_path_pasted(self, event: PromptInput.ImagePathPasted) -> None:
+        self.images.path_pasted(event.path)
+
+    @on(AttachmentsBar.Left)
+    def _attachments_left(self) -> None:
+        self.prompt.focus()
+
+    def action_back(self) -> None:
+        self.back()
+
+    def action_stop(self) -> None:
+        self.replies.stop()
+
+    def action_stop_thinking(self) -> None:
+        """Stop thinking now: the model's thinking ends at the next token and it answers."""
+        self.replies.stop_thinking()
+
+    async def action_continue_reply(self) -> None:
+        await self.replies.continue_reply()
+
+    async def action_regenerate(self) -> None:
+        await self.replies.regenerate()
+
+    async def action_new_conversation(self) -> None:
+        await self.conversations.new_conversation()
+
+    def action_toggle_sidebar(self) -> None:
+        """Show the conversation list with the focus in it (its keys d, u, x work at once), or hide it."""
+        sidebar = self.query_one("#sidebar")
+        sidebar.display = not sidebar.display
+        if sidebar.display:
+            self.conversation_list.options.focus()
+        elif sidebar.has_focus_within:
+            self.prompt.focus()
+        self.app.remember_sidebar(bool(sidebar.display))
+
+    def action_search(self) -> None:
+        self.query_one("#sidebar").display = True
+        self.query_one("#conversation-search").focus()
+
+    def action_rename_conversation(self) -> None:
+        self.conversations.rename_conversation()
+
+    async def action_delete_conversation(self) -> None:
+        await self.conversations.delete_conversation()
+
+    async def action_undo_delete(self) -> None:
+        await self.conversations.undo_delete()
+
+    def action_export_conversation(self) -> None:
+        self.conversations.export_conversation()
+
+    def action_conversation_settings(self) -> None:
+        self.conversations.conversation_settings()
+
+    def action_attach_image(self) -> None:
+        """F12: ask for an image file's path (Tab completes it) and attach it."""
+        self.images.ask_for_image()
 
     # ----- message actions -----
 
@@ -306,10 +363,10 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
         elif event.action == "copy_code":
             await self._copy_code(message)
         elif event.action == "edit":
-            if not self._busy():
-                self._enter_edit_mode(message)
+            if not self.busy():
+                self.edit_banner.begin(message, self.prompt)
         elif event.action == "regenerate":
-            await self.action_regenerate(message.id)
+            await self.replies.regenerate(message.id)
         elif event.action == "branch":
             await self._switch_branch(message, event.step)
         elif event.action == "leave":
@@ -338,14 +395,14 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
         self.app.push_screen(PickModal("Copy which code block?", labels), copy)
 
     async def _switch_branch(self, message: Message, step: int) -> None:
-        if self._busy():
+        if self.busy():
             return
         store = self.app.store
-        siblings = store.siblings(message.id)
+        siblings = store.tree.siblings(message.id)
         index = siblings.index + step
         if not 0 <= index < len(siblings.messages):
             return
-        store.switch_branch(siblings.messages[index].id)
+        store.tree.switch_branch(siblings.messages[index].id)
         await self.reload_transcript()
         target_id = siblings.messages[index].id
         for view in self.transcript.views():
@@ -353,46 +410,6 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
                 view.focus()
                 view.scroll_visible(animate=False)
                 break
-
-    async def _save_reply_edit(self, message_id: int, text: str) -> None:
-        """Change a reply's text in place; ctrl+g then continues it from its new end."""
-        try:
-            message = self.app.store.edit_assistant_message(message_id, text)
-        except (StoreError, ValueError) as error:
-            self.notify(f"The reply was not changed: {error}", severity="error")
-            return
-        self._leave_edit_mode(restore=True)
-        await self.reload_transcript()
-        last = self.app.generation.last_reply(self.conversation_id)
-        more = " ctrl+g continues it from there." if last is not None and last.id == message.id else ""
-        self.notify("Reply changed." + more)
-
-    def _enter_edit_mode(self, message: Message) -> None:
-        if self.edit_target is None:
-            self._draft_before_edit = self.prompt.text
-        self.edit_target = message.id
-        self.editing_reply = message.role == "assistant"
-        banner = self.query_one("#edit-banner", Static)
-        banner.update(
-            "Editing a reply: Enter saves the new text in place (then ctrl+g continues it if it is the "
-            "last one), Esc cancels."
-            if self.editing_reply
-            else "Editing an earlier message: Enter resends it as a new branch (the old one stays), Esc cancels."
-        )
-        banner.display = True
-        self.prompt.load_text(message.content)
-        self.prompt.move_cursor(self.prompt.document.end)
-        self.prompt.focus()
-
-    def _leave_edit_mode(self, *, restore: bool) -> None:
-        if self.edit_target is None:
-            return
-        self.edit_target = None
-        self.editing_reply = False
-        self.query_one("#edit-banner").display = False
-        if restore:
-            self.prompt.load_text(self._draft_before_edit)
-        self._draft_before_edit = ""
 
     def action_toggle_draft_colouring(self) -> None:
         """Colour (or stop colouring) the text that came from accepted draft tokens; remembered in the settings."""

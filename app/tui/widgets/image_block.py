@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
 ImageReader = Callable[[StoredImage], "bytes | None"]
-"""Reads an image's bytes from the history (Store.read_image): None when its file is missing or damaged."""
+"""Reads an image's bytes from the history (`store.images.read_image`): None when its file is missing or damaged."""
 
 
 def image_label(image: StoredImage, problem: str = "") -> Text:

@@ -12,7 +12,6 @@ from typing import Any
 
 from textual import events, work
 from textual.app import SystemCommand
-from textual.binding import Binding
 from textual.content import Content
 from textual.message import Message
 from textual.notifications import SeverityLevel
@@ -34,6 +33,7 @@ from app.core.generation import GenerationController, GenerationRouter
 from app.core.model_paths import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.core.owner_only_dirs import secure_app_dirs, take_notice
 from app.core.store import Store, StoreError, open_default_store
+from app.tui.app_keys import APP_BINDINGS
 from app.tui.bridge import EngineBridge
 from app.tui.controllers import (
     ConversationsController,
@@ -93,18 +93,7 @@ class LlmtuiApp(EngineEvents):
 
     CSS_PATH = str(paths.assets_dir() / "llmtui.tcss")
     TITLE = "llmtui"
-    BINDINGS = [
-        Binding("f1,question_mark", "help", "Help"),
-        Binding("f3", "settings", "Settings", show=False),
-        Binding("f4", "models", "Models", show=False),
-        Binding("ctrl+t", "toggle_theme", "Theme", show=False),
-        Binding("f6", "steering", "Steering", show=False, priority=True),
-        Binding("f8", "toggle_speculation", "Speculation", show=False),
-        Binding("f9", "speculative_panel", "Speculative settings", show=False),
-        Binding("ctrl+o", "toggle_spec_details", "Speculative details", show=False),
-        Binding("f10", "toggle_server", "API server", show=False),
-        Binding("ctrl+q", "quit", "Quit", priority=True),
-    ]
+    BINDINGS = APP_BINDINGS
 
     def __init__(
         self,

@@ -69,9 +69,15 @@ PLACES: Final[tuple[Place, ...]] = (
     Place("Speculative settings (F9)", (SpeculativeModal,)),
     Place("Settings (F3)", (SettingsScreen,)),
     Place("Conversation settings (ctrl+s)", (ConversationSettingsModal,)),
-    Place("Model switcher (ctrl+l)", (ModelSwitcherModal, RemoteEndpointModal)),
-    Place("Dialogs", (PullModal, DeleteModelModal, ToolConsentModal, EngineCrashedModal, PathPromptModal, PickModal)),
-    Place("Make a vector, A/B and checks", (MakeVectorModal, ABRunScreen)),
+    Place("Model switcher (ctrl+l)", (ModelSwitcherModal,)),
+    Place("Remote engine (ctrl+l, then a remote)", (RemoteEndpointModal,)),
+    Place("Download a quant (F4, Enter on a quant)", (PullModal,)),
+    Place("Delete a model or a download (F4, x)", (DeleteModelModal,)),
+    Place("A tool call", (ToolConsentModal,)),
+    Place("The engine crashed", (EngineCrashedModal,)),
+    Place("A path or a choice asked for", (PathPromptModal, PickModal)),
+    Place("Make a vector (m in F6)", (MakeVectorModal,)),
+    Place("A/B views and the speculation check", (ABRunScreen,)),
     Place("First start", (FirstRunScreen,)),
 )
 """The places the help lists after the App's keys ("Anywhere"), in this order."""

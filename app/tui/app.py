@@ -11,7 +11,6 @@ from typing import Any
 
 from textual import events, work
 from textual.app import SystemCommand
-from textual.binding import Binding
 from textual.content import Content
 from textual.notifications import SeverityLevel
 from textual.reactive import var
@@ -30,6 +29,7 @@ from app.core.config import (
 from app.core.generation import GenerationController, GenerationRouter
 from app.core.model_paths import user_path
 from app.core.store import Store
+from app.tui.app_keys import APP_BINDINGS
 from app.tui.bridge import EngineBridge
 from app.tui.controllers import (
     ConversationsController,
@@ -63,18 +63,7 @@ class LlmtuiApp(EngineEvents):
 
     CSS_PATH = str(paths.assets_dir() / "llmtui.tcss")
     TITLE = "llmtui"
-    BINDINGS = [
-        Binding("f1,question_mark", "help", "Help"),
-        Binding("f3", "settings", "Settings", show=False),
-        Binding("f4", "models", "Models", show=False),
-        Binding("ctrl+t", "toggle_theme", "Theme", show=False),
-        Binding("f6", "steering", "Steering", show=False, priority=True),
-        Binding("f8", "toggle_speculation", "Speculation", show=False),
-        Binding("f9", "speculative_panel", "Speculative settings", show=False),
-        Binding("ctrl+o", "toggle_spec_details", "Speculative details", show=False),
-        Binding("f10", "toggle_server", "API server", show=False),
-        Binding("ctrl+q", "quit", "Quit", priority=True),
-    ]
+    BINDINGS = APP_BINDINGS
 
     def __init__(
         self,

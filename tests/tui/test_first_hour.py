@@ -182,23 +182,23 @@ async def test_the_command_palette_lists_the_apps_commands_grouped() -> None:
             assert gone not in titles
         for wanted in (
             "Chat: New conversation",
-            "Chat: Regenerate reply",
+            "Chat: Regenerate the last reply",
             "Models: Switch model",
-            "Models: Browse and download",
-            "Speculation: Settings",
+            "Models: Browse and download models",
+            "Speculation: Speculative settings",
             "Speculation: Check",
-            "Steering: Sliders",
-            "View: Help (keys)",
+            "Steering: Steering panel",
+            "View: Help",
             "View: Theme",
             "llmtui: Quit",
         ):
             assert wanted in titles
         # Typing a group's name narrows the list to that group; Enter runs the highlighted command.
-        await pilot.press(*"steering sliders")
+        await pilot.press(*"steering panel")
         await wait_until(
             pilot,
-            lambda: [c.hit.text for c in app.screen.query_one(CommandList).options][:1] == ["Steering: Sliders"],  # type: ignore[attr-defined]
-            what="Steering: Sliders first",
+            lambda: [c.hit.text for c in app.screen.query_one(CommandList).options][:1] == ["Steering: Steering panel"],  # type: ignore[attr-defined]
+            what="Steering: Steering panel first",
         )
         await pilot.press("enter")
         chat = app.chat
@@ -264,7 +264,9 @@ async def test_ctrl_a_in_the_chat_message_box_selects_all_and_f1_lists_the_editi
         console = Console(width=76, record=True, file=io.StringIO())
         console.print(app.screen.query_one("#help-body Static", Static).content)
         text = console.export_text()
-        assert "Message box (editing)" in text and "select all" in text and "undo / redo" in text
+        assert (
+            "Message box" in text and "Select all: then type" in text and "ctrl+z, super+z" in text and "Redo" in text
+        )
 
 
 # ----- the footer at 80 columns -----------------------------------------------------------------------------

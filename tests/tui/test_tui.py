@@ -503,19 +503,19 @@ async def test_help_screen_and_command_palette_entries(tiny_models: dict[str, Pa
         titles = {command.title for command in app.get_system_commands(chat)}
         for wanted in (
             "Chat: New conversation",
-            "Chat: Stop reply",
-            "Chat: Continue reply",
-            "Chat: Regenerate reply",
+            "Chat: Stop the reply",
+            "Chat: Continue the reply from where it ends",
+            "Chat: Regenerate the last reply",
             "Models: Switch model",
             "Chat: Conversation settings",
-            "Chat: Delete conversation",
+            "Chat: Delete the conversation",
             "Chat: Undo delete",
-            "Chat: Export conversation",
+            "Chat: Export the conversation",
             "Chat: Import conversation",
-            "Models: Restart engine",
+            "Models: Restart the engine",
             "llmtui: Settings",
-            "View: Help (keys)",
-            "View: Dark / light",
+            "View: Help",
+            "View: Dark / light theme",
             "Speculation: Draft colouring",
         ):
             assert wanted in titles

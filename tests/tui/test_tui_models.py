@@ -268,7 +268,7 @@ async def test_f4_and_the_command_palette_open_the_models_screen(
         await pilot.press("f4")
         await wait_until(pilot, lambda: app.screen is app.chat)
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        assert "Models: Browse and download" in titles
+        assert "Models: Browse and download models" in titles
         app.action_models()
         await wait_until(pilot, lambda: app.screen is first)  # the same screen: its downloads live on
         await pilot.press("escape")

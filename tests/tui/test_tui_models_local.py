@@ -248,15 +248,13 @@ async def test_p_and_x_act_on_the_download_just_started_at_80x24(
 async def test_every_key_of_the_models_screen_is_in_its_footer_or_f1(
     models_hub: HubServer, tiny_models: dict[str, Path]
 ) -> None:
-    from app.tui.screens.help import KEYS
+    from app.tui.screens.help_keys import key_sections, key_text
 
-    [(_, models_keys)] = [(name, keys) for name, keys in KEYS if name == "Models (F4)"]
-    helped = " ".join(key for key, _ in models_keys)
-    for binding in (*ModelsScreen.BINDINGS, *DownloadsPanel.BINDINGS):
-        assert isinstance(binding, Binding)
-        first = binding.key.split(",")[0]
-        shown = {"slash": "/", "escape": "escape", "delete": "delete"}.get(first, first)
-        assert shown in helped, f"{binding.key} ({binding.description}) is not in F1's Models section"
+    [models_keys] = [entries for title, entries in key_sections(LlmtuiApp) if title == "Models (F4)"]
+    helped = {(key, entry.binding.action) for entry in models_keys for key in entry.keys}
+    for binding in Binding.make_bindings([*ModelsScreen.BINDINGS, *DownloadsPanel.BINDINGS]):
+        if not binding.system:
+            assert (binding.key, binding.action) in helped, f"{key_text(binding.key)} is not in F1's Models section"
 
 
 # ----- partial downloads in the Local tab ----------------------------------------------------------------------
@@ -361,7 +359,7 @@ async def test_status_words_have_tooltips_and_an_f1_entry(models_hub: HubServer,
         await pilot.press("f1")
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "F1's help")
     console = Console(width=200, record=True)
-    console.print(keys_table())
+    console.print(keys_table(LlmtuiApp))
     helped = console.export_text()
     for word in STATUS_WORDS:
         assert word in helped, f"{word} is not in F1"

@@ -453,12 +453,16 @@ async def test_ctrl_a_selects_all_of_the_message_so_typing_replaces_it() -> None
         assert app.sent == ["new"]
 
 
-def test_the_help_lists_the_message_box_keys() -> None:
-    from app.tui.screens.help import KEYS
+def test_the_help_lists_the_message_box_keys_but_those_the_chat_takes_first() -> None:
+    from app.tui.app import LlmtuiApp
+    from app.tui.screens.help_keys import key_sections
 
-    [editing] = [keys for section, keys in KEYS if section.startswith("Message box")]
-    listed = dict(editing)
-    assert listed["ctrl+a"].startswith("select all") and "ctrl+z / ctrl+y" in listed
+    [editing] = [entries for section, entries in key_sections(LlmtuiApp) if section == "Message box"]
+    listed = {key: entry.what for entry in editing for key in entry.keys}
+    assert listed["ctrl+a"].startswith("Select all") and listed["ctrl+z"] == "Undo" and listed["ctrl+y"] == "Redo"
+    assert listed["enter"] == "Send the message" and listed["ctrl+j"] == listed["shift+enter"] == "New line"
+    # TextArea's f6 (select line), f7 (select all) and ctrl+e (line end) are the App's and the chat's first.
+    assert "f6" not in listed and "f7" not in listed and "ctrl+e" not in listed
 
 
 class StatsHost(App[None]):

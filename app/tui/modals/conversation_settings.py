@@ -51,8 +51,8 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
     """Ctrl+S saves, Esc cancels (nothing changes)."""
 
     BINDINGS = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+s", "save", "Save"),
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel: nothing changes"),
+        Binding("ctrl+s", "save", "Save", tooltip="Save the conversation's settings"),
     ]
 
     def __init__(

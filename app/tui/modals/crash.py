@@ -22,9 +22,14 @@ class EngineCrashedModal(ModalScreen[str | None]):
     number), None on Esc."""
 
     BINDINGS = [
-        Binding("r", "restart", "Restart engine"),
-        Binding("escape", "close", "Close"),
-        *(Binding(str(n), f"fallback({n})", "Restart with", show=False) for n in range(1, 6)),
+        Binding("r", "restart", "Restart engine", tooltip="Restart the engine: the same settings"),
+        Binding("escape", "close", "Close", tooltip="Close: the engine stays stopped (F5 restarts it)"),
+        *(
+            Binding(
+                str(n), f"fallback({n})", "Restart with", show=False, tooltip=f"Restart with fallback {n}: as listed"
+            )
+            for n in range(1, 6)
+        ),
     ]
 
     def __init__(

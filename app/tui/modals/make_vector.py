@@ -40,15 +40,16 @@ def _safe_stem(text: str) -> str:
 
 
 class MakeVectorModal(ModalScreen[str | None]):
-    """Enter on a prompt set makes the vector on the loaded model; Esc cancels (or hides it while it is made).
+    """Enter on a prompt set makes the vector on the loaded model; Esc cancels (or hides it while it is made)."""
 
-    | Key | Action |
-    | :- | :- |
-    | enter | Make a vector from the highlighted prompt set. |
-    | escape | Close (making goes on; the vector appears on the steering screen when done). |
-    """
-
-    BINDINGS = [Binding("escape", "close", "Close")]
+    BINDINGS = [
+        Binding(
+            "escape",
+            "close",
+            "Close",
+            tooltip="Close the vector dialog: a vector being made goes on, and appears in the steering panel when done",
+        )
+    ]
 
     app: LlmtuiShell
 

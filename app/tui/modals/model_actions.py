@@ -18,8 +18,8 @@ class PullModal(ModalScreen[list[str] | None]):
     """Dismisses with the sidecar kinds to fetch with the model (maybe none), or None on Esc."""
 
     BINDINGS = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("d", "confirm", "Download"),
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel: nothing is downloaded"),
+        Binding("d", "confirm", "Download", tooltip="Download the quant: with the sidecars ticked"),
     ]
 
     def __init__(
@@ -80,8 +80,8 @@ class DeleteModelModal(ModalScreen[bool]):
     """Asks before deleting a model; says what goes and how much space it frees. y deletes, n or Esc keeps."""
 
     BINDINGS = [
-        Binding("escape,n", "keep", "Keep"),
-        Binding("y", "delete", "Delete"),
+        Binding("escape,n", "keep", "Keep", tooltip="No: nothing is deleted"),
+        Binding("y", "delete", "Delete", tooltip="Yes: delete (a model's files, or a download's partial file)"),
     ]
 
     def __init__(self, name: str, files: list[str], size: int) -> None:

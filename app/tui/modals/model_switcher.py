@@ -67,9 +67,9 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
     """
 
     BINDINGS = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("down", "move(1)", "Down", show=False),
-        Binding("up", "move(-1)", "Up", show=False),
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel: the model in use stays"),
+        Binding("down", "move(1)", "Down", show=False, tooltip="Next model: from the filter too"),
+        Binding("up", "move(-1)", "Up", show=False, tooltip="Previous model"),
     ]
 
     def __init__(

@@ -12,7 +12,7 @@ from textual.widgets import Label, OptionList
 class PickModal(ModalScreen[int | None]):
     """Dismisses with the index of the chosen item, or None on Esc."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel", tooltip="Cancel: nothing is chosen")]
 
     def __init__(self, title: str, labels: list[str]) -> None:
         super().__init__(classes="dialog-screen")

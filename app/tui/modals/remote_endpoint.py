@@ -22,9 +22,9 @@ class RemoteEndpointModal(ModalScreen[RemoteSettings | None]):
     it (lists its models), Esc cancels. The settings screen saves it to config.toml."""
 
     BINDINGS = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+s", "keep", "Keep", priority=True),
-        Binding("ctrl+t", "test", "Test", priority=True),
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel: the remote engine unchanged"),
+        Binding("ctrl+s", "keep", "Keep", priority=True, tooltip="Keep the remote engine: saved in config.toml"),
+        Binding("ctrl+t", "test", "Test", priority=True, tooltip="Test the remote engine: asks it for its models"),
     ]
 
     def __init__(self, remote: RemoteSettings | None, taken_names: set[str], lister: ModelLister = list_models) -> None:

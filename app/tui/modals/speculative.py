@@ -43,22 +43,23 @@ TYPING_PAUSE_S = 0.15
 
 
 class SpeculativeModal(ModalScreen[SpeculativeSettings | None]):
-    """Enter on a type or ctrl+s applies (and turns speculation on unless switched off); Esc cancels.
-
-    | Key | Action |
-    | :- | :- |
-    | enter | Use the highlighted type. |
-    | ctrl+d | Pick a draft model among those found on this machine (sidecars, paired drafts, same vocabulary). |
-    | ctrl+s | Apply. |
-    | ctrl+b | Apply, then check: the same prompt with and without speculation (greedy), side by side. |
-    | escape | Cancel: nothing changes. |
-    """
+    """Enter on a type or ctrl+s applies (and turns speculation on unless switched off); Esc cancels."""
 
     BINDINGS = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+s", "apply", "Apply"),
-        Binding("ctrl+d", "pick_draft", "Drafts"),
-        Binding("ctrl+b", "check", "Check"),
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel: nothing changes"),
+        Binding("ctrl+s", "apply", "Apply", tooltip="Apply: speculation on unless switched off"),
+        Binding(
+            "ctrl+d",
+            "pick_draft",
+            "Drafts",
+            tooltip="Pick a draft model: among those found on this machine that fit the model",
+        ),
+        Binding(
+            "ctrl+b",
+            "check",
+            "Check",
+            tooltip="Check: apply, then the same prompt greedy without and with speculation (the same text?)",
+        ),
     ]
 
     def __init__(

@@ -16,7 +16,7 @@ from app.core.path_completion import Completion, complete_path
 class TextPromptModal(ModalScreen[str | None]):
     """Asks for one line of text; dismisses with it, or None on Esc."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel", tooltip="Cancel: nothing is taken")]
 
     HINT = "Enter to accept · Esc to cancel"
 
@@ -44,7 +44,9 @@ class PathPromptModal(TextPromptModal):
     """Asks for a path: Tab completes the typed path as a shell does (folders, and files with `suffixes`), listing
     the matches under it when several fit; the folder is read in a thread, a bounded number of entries."""
 
-    BINDINGS = [Binding("tab", "complete", "Complete", priority=True)]
+    BINDINGS = [
+        Binding("tab", "complete", "Complete", priority=True, tooltip="Complete the path: folders and matching files")
+    ]
 
     HINT = "Tab completes the path · Enter to accept · Esc to cancel"
 

@@ -16,21 +16,13 @@ from engine_ext.untrusted_text import shown
 
 
 class ToolConsentModal(ModalScreen[ConsentAnswer]):
-    """Asks whether a tool call may run; dismisses with the answer ("deny" on Esc).
-
-    | Key | Answer |
-    | :- | :- |
-    | o | allow once |
-    | c | allow for this conversation |
-    | a | always allow this tool |
-    | d, escape | deny |
-    """
+    """Asks whether a tool call may run; dismisses with the answer ("deny" on Esc)."""
 
     BINDINGS = [
-        Binding("o", "answer('once')", "Allow once"),
-        Binding("c", "answer('conversation')", "This conversation"),
-        Binding("a", "answer('always')", "Always"),
-        Binding("d,escape", "answer('deny')", "Deny"),
+        Binding("o", "answer('once')", "Allow once", tooltip="Allow the tool call once"),
+        Binding("c", "answer('conversation')", "This conversation", tooltip="Allow the tool in this conversation"),
+        Binding("a", "answer('always')", "Always", tooltip="Always allow this tool"),
+        Binding("d,escape", "answer('deny')", "Deny", tooltip="Deny the tool call"),
     ]
 
     def __init__(self, call: ToolCall, source: str) -> None:

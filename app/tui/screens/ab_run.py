@@ -47,7 +47,7 @@ class ABRunScreen(ModalScreen[None]):
     }
     """
 
-    BINDINGS = [Binding("escape", "close", "Close")]
+    BINDINGS = [Binding("escape", "close", "Close", tooltip="Close the A/B view: stops a run in progress")]
     SAMPLING: ClassVar[SamplingSettings]
     ROUNDS: ClassVar[int] = 1
     """How often each side runs, in turns (A, B, A, B, …): more rounds measure the speeds' run-to-run noise. The

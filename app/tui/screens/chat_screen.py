@@ -20,7 +20,8 @@ from app.core.config import ConfigError, save_config
 from app.core.generation import ActiveReply
 from app.core.store import Message, StoreError
 from app.tui.screens.chat_conversations import ConversationActions
-from app.tui.screens.chat_images import ATTACH_KEY, ImageAttacher
+from app.tui.screens.chat_images import ImageAttacher
+from app.tui.screens.chat_keys import CHAT_BINDINGS
 from app.tui.screens.chat_readouts import ChatReadouts
 from app.tui.screens.chat_reply import ChatReplies
 from app.tui.screens.steering import SteeringPanel
@@ -42,59 +43,13 @@ STEERING_BESIDE_WIDTH = 110  # from this many columns the steering panel sits be
 
 
 class ChatScreen(Screen[None]):
-    """Where conversations happen.
-
-    | Key | Action |
-    | :- | :- |
-    | enter | Send (in the prompt). |
-    | escape | Stop the reply (keeps the text, marked stopped); leave edit mode. |
-    | ctrl+g | Continue the last reply: stopped, failed, cut short by max tokens, or edited. |
-    | ctrl+r | Regenerate the last reply. |
-    | ctrl+n | New conversation. |
-    | ctrl+b | Show the conversation list, focused, or hide it. |
-    | ctrl+f | Search conversations. |
-    | ctrl+l | Switch model. |
-    | ctrl+s | Conversation settings (system prompt, sampling, presets). |
-    | f2 | Rename the conversation. |
-    | f5 | Restart the engine. |
-    | ctrl+up | Go to the messages (then c copy, y copy code, e edit, r regenerate, ←/→ branches). |
-    | f6 | Steering panel, beside the transcript (wide) or below it (narrow); F6 or Esc in it closes it. |
-    | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
-    | f10 | Serve the loaded model to other programs (an OpenAI-compatible API; F3 → Server: address, key), or stop. |
-    | f12 | Attach an image (a path prompt; Tab completes). A dropped file's path pasted alone attaches it too. |
-    """
+    """Where conversations happen: the transcript, the message box, the conversation list and the steering panel."""
 
     AUTO_FOCUS = "#prompt"
     """The prompt has the keys from the first frame, so keys typed while the app starts go to it, not to the
     conversation search (the first focusable widget: Textual's default focus until on_mount ends)."""
 
-    # The footer shows the shown bindings in this order, most useful first, and all of them fit in 80 columns (at
-    # most 69 cells beside "^p palette"; tests/tui/test_first_hour.py checks it): Stop while a reply is written,
-    # then help, models, speculation, steering, a new conversation, Continue where a reply can go on, Quit. F1
-    # lists every key; the app's own bindings for f1, f4, f9, f6 and ctrl+q stay for the other screens.
-    BINDINGS = [
-        Binding("escape", "stop", "Stop", priority=True),  # shown while a reply is written
-        Binding("escape", "back", "Back", show=False, priority=True),  # otherwise: leave editing, clear search, …
-        Binding("f1", "app.help", "Help"),
-        Binding("ctrl+l", "switch_model", "Model", tooltip="Switch model: every model on this machine"),
-        Binding("f4", "app.models", "Models", tooltip="Catalog, Hugging Face search, downloads, local models"),
-        Binding("f9", "app.speculative_panel", "Spec", tooltip="Speculative decoding: type, draft model, check"),
-        Binding("f6", "app.steering", "Steer", priority=True, tooltip="Steering: control-vector sliders"),
-        Binding("ctrl+n", "new_conversation", "New", tooltip="New conversation"),
-        Binding("ctrl+g", "continue_reply", "Go on", tooltip="Continue the last reply from where it ends"),
-        Binding("ctrl+q", "app.quit", "Quit"),  # the App's (a priority binding) takes this place in the footer
-        Binding("ctrl+r", "regenerate", "Regenerate", show=False),
-        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False),
-        Binding("ctrl+f", "search", "Search", show=False),
-        Binding("ctrl+s", "conversation_settings", "Settings", show=False),
-        Binding("f2", "rename_conversation", "Rename", show=False),
-        Binding("f5", "restart_engine", "Restart engine", show=False),
-        Binding("ctrl+up", "focus_messages", "Messages", show=False),
-        Binding(ATTACH_KEY, "attach_image", "Attach image", show=False),
-        Binding("f7", "toggle_draft_colouring", "Draft colours", show=False, priority=True),  # over select-all
-        # Over the prompt's end-of-line only while the model thinks (check_action; otherwise ctrl+e is the prompt's).
-        Binding("ctrl+e", "stop_thinking", "Answer now", show=False, priority=True),
-    ]
+    BINDINGS = CHAT_BINDINGS
 
     @property
     def active_bindings(self) -> dict[str, ActiveBinding]:

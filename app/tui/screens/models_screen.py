@@ -78,41 +78,40 @@ def with_tooltip(widget: OptionList, tooltip: str) -> OptionList:
 
 class ModelsScreen(ModelsDownloads):
     """Find, inspect, download, use and delete models. Installed on the app, so downloads go on in the background.
-
-    | Key | Action |
-    | :- | :- |
-    | 1 / 2 / 3 | Catalog / Search / Local tab. |
-    | / | Focus the Hugging Face search box (type, Enter); in the box, / is typed (org/name). |
-    | down | In the search box: to the results. |
-    | enter | Open the highlighted repo (quants, fit, sidecars); on a quant: download it; in the search box with the |
-    |  | results of that query shown: open the highlighted result. |
-    | d | Download the highlighted quant (with the sidecars you tick). |
-    | u | Use the model in the chat (a local model, or a downloaded quant). |
-    | x, delete | Local tab: delete the highlighted model or partial download (asks first); elsewhere: cancel the |
-    |  | highlighted download (asks first, y/n: its partial file is deleted). |
-    | p | Pause or resume the highlighted download, wherever the focus is (a download is highlighted as it |
-    |  | starts; on a finished one p says so). |
-    | r | Local tab: resume the highlighted partial download. |
-    | ctrl+r | Reload the local models. |
-    | escape, F4 | Back to the chat. |
-    """
+    Enter on a list opens the highlighted repo (quants, fit, sidecars), or downloads the highlighted quant."""
 
     # The most useful first: at 80 columns the footer shows what fits.
     BINDINGS = [
-        Binding("slash", "search", "Search", priority=True),
-        Binding("down", "to_results", "Results", show=False),
-        Binding("d", "download", "Download"),
-        Binding("u", "use", "Use"),
-        Binding("p", "pause_download", "Pause"),
-        Binding("p", "pause_finished", "Pause", show=False),  # on a finished download: says p has nothing to do
-        Binding("r", "resume_partial", "Resume"),
-        Binding("x,delete", "delete", "Delete"),
-        Binding("x", "cancel_download", "Cancel"),
-        Binding("escape", "back", "Back"),
-        Binding("ctrl+r", "reload_local", "Reload", show=False),
-        Binding("1", "tab('catalog')", "Catalog", show=False),
-        Binding("2", "tab('search')", "Search tab", show=False),
-        Binding("3", "tab('local')", "Local", show=False),
+        Binding(
+            "slash",
+            "search",
+            "Search",
+            priority=True,
+            tooltip="Search Hugging Face: the search box focused (in the box, / is typed: org/name)",
+        ),
+        Binding("down", "to_results", "Results", show=False, tooltip="To the results: from the search box"),
+        Binding("d", "download", "Download", tooltip="Download the highlighted quant: with the sidecars you tick"),
+        Binding("u", "use", "Use", tooltip="Use the model in the chat: a local model or a downloaded quant"),
+        Binding(
+            "p", "pause_download", "Pause", tooltip="Pause or resume the highlighted download: wherever the focus is"
+        ),
+        # On a finished download: says p has nothing to do (the same key, not a second entry in F1).
+        Binding("p", "pause_finished", "Pause", show=False, system=True),
+        Binding("r", "resume_partial", "Resume", tooltip="Resume the highlighted partial download: Local tab"),
+        Binding(
+            "x,delete",
+            "delete",
+            "Delete",
+            tooltip="Delete the highlighted model or partial download: Local tab (asks first, says the space freed)",
+        ),
+        Binding("x", "cancel_download", "Cancel", tooltip="Cancel the highlighted download: elsewhere (asks first)"),
+        Binding("escape", "back", "Back", tooltip="Back to the chat"),
+        Binding(
+            "ctrl+r", "reload_local", "Reload", show=False, tooltip="Reload the local models and partial downloads"
+        ),
+        Binding("1", "tab('catalog')", "Catalog", show=False, tooltip="Catalog tab"),
+        Binding("2", "tab('search')", "Search tab", show=False, tooltip="Search tab: the results shown before"),
+        Binding("3", "tab('local')", "Local", show=False, tooltip="Local tab: the models on this machine"),
     ]
 
     CSS_PATH = str(paths.assets_dir() / "models.tcss")

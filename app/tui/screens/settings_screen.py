@@ -80,8 +80,8 @@ class SettingsScreen(Screen[bool]):
     """
 
     BINDINGS = [
-        Binding("ctrl+s", "save", "Save"),
-        Binding("escape", "cancel", "Back"),
+        Binding("ctrl+s", "save", "Save", tooltip="Save the settings: to config.toml"),
+        Binding("escape", "cancel", "Back", tooltip="Back: without saving"),
     ]
 
     app: LlmtuiShell

@@ -123,14 +123,8 @@ def verdict(plain: Side, spec: Side, stats: SpeculativeStats | None, spec_type: 
 
 
 class SpecCheckScreen(ABRunScreen):
-    """Enter runs the prompt (greedy) with plain decoding (A) and with speculation (B), in turns, three times each;
-    Esc closes.
-
-    | Key | Action |
-    | :- | :- |
-    | enter | Run A then B, three times in turns (the speeds' spread is the noise), and compare. |
-    | escape | Close (stops a run in progress; speculation is left as it was). |
-    """
+    """Enter runs the prompt (greedy) with plain decoding (A) and with speculation (B), in turns, three times each
+    (the speeds' spread is the noise), and compares; Esc closes (stopping a run; speculation is left as it was)."""
 
     SAMPLING = CHECK_SAMPLING
     ROUNDS = CHECK_ROUNDS

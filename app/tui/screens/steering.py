@@ -62,23 +62,21 @@ def parse_strength(text: str) -> float | str:
 
 class VectorSlider(Widget, can_focus=True):
     """One control vector and its strength; the slider's range follows the vector (`VectorInfo.slider_range`), a
-    typed strength may go past it.
-
-    | Key | Action |
-    | :- | :- |
-    | left / right | −/+ a fortieth of the range (0.05 on ±2) |
-    | shift+left / shift+right | −/+ an eighth of the range (0.25 on ±2) |
-    | enter | Type a strength (any number within ±1000, past the slider's range too). |
-    | 0 | Back to 0 (off). |
-    """
+    typed strength may go past it. A change applies at the next token."""
 
     BINDINGS = [
-        Binding("left", "nudge(-1)", "Weaker", show=False),
-        Binding("right", "nudge(1)", "Stronger", show=False),
-        Binding("shift+left", "nudge(-5)", "Weaker ×5", show=False),
-        Binding("shift+right", "nudge(5)", "Stronger ×5", show=False),
-        Binding("enter", "type_strength", "Type", show=False),
-        Binding("0", "reset", "Reset", show=False),
+        Binding("left", "nudge(-1)", "Weaker", show=False, tooltip="Weaker: a fortieth of the range (0.05 on ±2)"),
+        Binding("right", "nudge(1)", "Stronger", show=False, tooltip="Stronger: a fortieth of the range"),
+        Binding("shift+left", "nudge(-5)", "Weaker ×5", show=False, tooltip="Weaker ×5: an eighth of the range"),
+        Binding("shift+right", "nudge(5)", "Stronger ×5", show=False, tooltip="Stronger ×5: an eighth of the range"),
+        Binding(
+            "enter",
+            "type_strength",
+            "Type",
+            show=False,
+            tooltip="Type a strength: past the slider's range too (any number within ±1000)",
+        ),
+        Binding("0", "reset", "Reset", show=False, tooltip="Reset: back to 0 (off)"),
     ]
 
     COMPONENT_CLASSES = {"vector-slider--track", "vector-slider--knob", "vector-slider--label"}
@@ -261,32 +259,25 @@ def range_words(start: int, end: int) -> str:
 
 class SteeringPanel(Vertical, can_focus=True):
     """Steer the loaded model; changes apply at the next token, even while a reply is being written. F6 opens and
-    closes the panel, beside the transcript (wide terminal) or below it (narrow), so the reply stays in view.
-
-    | Key | Action |
-    | :- | :- |
-    | up / down | Move between vectors and the layer range (Enter in a layer field applies the range). |
-    | left / right | Strength −/+ a fortieth of the slider's range (shift: an eighth); 0 resets. |
-    | enter | Type a strength (past the slider's range too, within ±1000). |
-    | tab, shift+tab | To the message box (the panel stays open; Tab from the message box comes back). |
-    | m | Make a vector from a prompt set. |
-    | b | A/B: the same prompt with and without steering. |
-    | a | Add a control-vector file by path. |
-    | c | Clear: every strength to 0. |
-    | escape, f6 | Close the panel (the steering stays applied). |
-    """
+    closes the panel, beside the transcript (wide terminal) or below it (narrow), so the reply stays in view. ↑/↓
+    reach the layer range too, typed, then applied with Enter once valid (0: the default)."""
 
     BINDINGS = [
-        Binding("escape", "close", "Close"),
+        Binding("escape", "close", "Close", tooltip="Close the panel: the steering stays applied"),
         # Tab leaves the panel for the message box in one key, rather than walking into the layer fields (↑/↓
         # reach those), where typed letters vanish and digits would change the range.
-        Binding("tab,shift+tab", "to_message_box", "Message"),
-        Binding("m", "make", "Make vector"),
-        Binding("b", "ab", "A/B"),
-        Binding("a", "add", "Add file"),
-        Binding("c", "clear", "Clear"),
-        Binding("up", "move(-1)", "Up", show=False),
-        Binding("down", "move(1)", "Down", show=False),
+        Binding(
+            "tab,shift+tab",
+            "to_message_box",
+            "Message",
+            tooltip="To the message box: the panel stays open; Tab there comes back",
+        ),
+        Binding("m", "make", "Make vector", tooltip="Make a control vector: from a prompt set, on the loaded model"),
+        Binding("b", "ab", "A/B", tooltip="A/B: the same prompt without and with steering, side by side"),
+        Binding("a", "add", "Add file", tooltip="Add a control-vector file: by path (Tab completes it)"),
+        Binding("c", "clear", "Clear", tooltip="Clear: every strength to 0"),
+        Binding("up", "move(-1)", "Up", show=False, tooltip="Up: the previous vector, or the layer range"),
+        Binding("down", "move(1)", "Down", show=False, tooltip="Down: the next vector, or the layer range"),
     ]
 
     app: LlmtuiShell

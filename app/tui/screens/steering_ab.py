@@ -51,13 +51,7 @@ def acceptance_cost(base: SpeculativeStats | None, steered: SpeculativeStats | N
 
 
 class SteeringABScreen(ABRunScreen):
-    """Enter runs the prompt twice (greedy): A without steering, then B with the current mix; Esc closes.
-
-    | Key | Action |
-    | :- | :- |
-    | enter | Run A then B. |
-    | escape | Close (stops a run in progress). |
-    """
+    """Enter runs the prompt twice (greedy): A without steering, then B with the current mix; Esc closes."""
 
     SAMPLING = AB_SAMPLING
 

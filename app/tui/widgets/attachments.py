@@ -14,20 +14,13 @@ from engine_ext.untrusted_text import one_line
 
 
 class AttachmentsBar(Static, can_focus=True):
-    """The pending attachments, one line each; hidden when there are none.
-
-    | Key | Action |
-    | :- | :- |
-    | up / down | Highlight another attachment. |
-    | delete, backspace, x | Remove the highlighted attachment. |
-
-    Esc goes back to the message box (the chat screen's).
-    """
+    """The pending attachments, one line each; hidden when there are none. Esc goes back to the message box (the
+    chat screen's)."""
 
     BINDINGS = [
-        Binding("up", "move(-1)", "Previous", show=False),
-        Binding("down", "move(1)", "Next", show=False),
-        Binding("delete,backspace,x", "remove", "Remove image"),
+        Binding("up", "move(-1)", "Previous", show=False, tooltip="Previous image"),
+        Binding("down", "move(1)", "Next", show=False, tooltip="Next image"),
+        Binding("delete,backspace,x", "remove", "Remove image", tooltip="Remove the highlighted image"),
     ]
 
     DEFAULT_CSS = """

@@ -81,21 +81,22 @@ class DownloadRow(Horizontal):
 class DownloadsPanel(VerticalScroll, can_focus=True):
     """The downloads of this session, newest last; the highlighted row is the one the keys act on.
 
-    | Key | Action |
-    | :- | :- |
-    | up / down | Highlight the previous / next download. |
-    | p | Pause the highlighted download, or resume it when paused (on a finished one: says so). |
-    | x, c | Cancel it (the models screen asks first: its partial file is deleted). |
-
     The models screen binds p and x too, so they act on the highlighted download wherever the focus is; a download
     is highlighted as it starts (`follow_next_download`), or when the highlighted one has finished.
     """
 
     BINDINGS = [
-        Binding("up", "move(-1)", "Previous", show=False),
-        Binding("down", "move(1)", "Next", show=False),
-        Binding("p", "pause_resume", "Pause"),
-        Binding("x,c", "cancel", "Cancel"),
+        Binding("up", "move(-1)", "Previous", show=False, tooltip="Previous download"),
+        Binding("down", "move(1)", "Next", show=False, tooltip="Next download"),
+        Binding(
+            "p", "pause_resume", "Pause", tooltip="Pause or resume the highlighted download: on a finished one, says so"
+        ),
+        Binding(
+            "x,c",
+            "cancel",
+            "Cancel",
+            tooltip="Cancel the highlighted download: asks first (its partial file is deleted)",
+        ),
     ]
 
     cursor: reactive[int] = reactive(0)

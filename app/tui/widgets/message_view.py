@@ -96,29 +96,24 @@ def reasoning_size(reasoning: str, stats: Mapping[str, object]) -> str:
 
 
 class MessageView(RenderedOnce, can_focus=True):
-    """One finished message, drawn as a single static widget (header, folded reasoning, Markdown body).
-
-    | Key | Action |
-    | :- | :- |
-    | c | Copy the message. |
-    | y | Copy a code block. |
-    | e | Edit a message of yours and resend it (a new branch). |
-    | r | Regenerate this reply (a new branch). |
-    | left / right | Previous / next branch. |
-    | t | Show or hide the reasoning; on a long message of yours, show all of it or fold it again. |
-    """
+    """One finished message, drawn as a single static widget (header, folded reasoning, Markdown body)."""
 
     BINDINGS = [
-        Binding("c", "copy", "Copy"),
-        Binding("y", "copy_code", "Copy code"),
-        Binding("e", "edit", "Edit"),
-        Binding("r", "regenerate", "Regenerate"),
-        Binding("left,[", "branch(-1)", "◀ Branch"),
-        Binding("right,]", "branch(1)", "Branch ▶"),
-        Binding("t", "toggle_reasoning", "Reasoning"),
-        Binding("t", "toggle_fold", "Show all"),
-        Binding("up,k", "move(-1)", "Previous", show=False),
-        Binding("down,j", "move(1)", "Next", show=False),
+        Binding("c", "copy", "Copy", tooltip="Copy the message: OSC 52, works over SSH"),
+        Binding("y", "copy_code", "Copy code", tooltip="Copy a code block"),
+        Binding(
+            "e",
+            "edit",
+            "Edit",
+            tooltip="Edit: your message is resent as a new branch; a reply is changed in place (ctrl+g continues it)",
+        ),
+        Binding("r", "regenerate", "Regenerate", tooltip="Regenerate this reply: a new branch"),
+        Binding("left,[", "branch(-1)", "◀ Branch", tooltip="Previous branch"),
+        Binding("right,]", "branch(1)", "Branch ▶", tooltip="Next branch"),
+        Binding("t", "toggle_reasoning", "Reasoning", tooltip="Show or hide the reasoning"),
+        Binding("t", "toggle_fold", "Show all", tooltip="Show all of a long message of yours, or fold it again"),
+        Binding("up,k", "move(-1)", "Previous", show=False, tooltip="Previous message"),
+        Binding("down,j", "move(1)", "Next", show=False, tooltip="Next message"),
     ]
 
     COMPONENT_CLASSES = {

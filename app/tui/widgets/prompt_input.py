@@ -41,22 +41,22 @@ def dropped_image_path(pasted: str) -> Path | None:
 
 
 class PromptInput(KeysBeforeTextArea, TextArea):
-    """Where the user writes a message.
-
-    | Key | Action |
-    | :- | :- |
-    | enter | Send the message. |
-    | shift+enter, ctrl+j | New line. |
-    | up (on the first line) | Recall the previous message sent. |
-    | down (on the last line, recalling) | Recall the next one. |
-    | ctrl+a | Select all (TextArea's: the line start, which home still does). |
-
-    TextArea's other editing keys stay; the F1 help lists them (app/tui/screens/help.py, "Message box").
-    """
+    """Where the user writes a message: Enter sends it, Shift+Enter or Ctrl+J adds a line, Up on the first line
+    recalls an earlier one. TextArea's editing keys stay (but those the chat screen or the App take first), and the
+    F1 help lists them from its BINDINGS with these."""
 
     BINDINGS = [
-        Binding(",".join(NEWLINE_KEYS), "newline", "New line", show=False),  # for the help and the palette
-        Binding(SELECT_ALL_KEY, "select_all", "Select all", show=False),  # over TextArea's ctrl+a: the line start
+        Binding("enter", "submit", "Send", show=False, tooltip="Send the message"),
+        Binding(",".join(NEWLINE_KEYS), "newline", "New line", show=False),
+        Binding(
+            SELECT_ALL_KEY,  # over TextArea's ctrl+a: the line start, which home still does
+            "select_all",
+            "Select all",
+            show=False,
+            tooltip="Select all: then type, or backspace, to replace or clear it",
+        ),
+        Binding("up", "recall(-1)", "Up", show=False, tooltip="Up: on the first line, recall an earlier message"),
+        Binding("down", "recall(1)", "Down", show=False, tooltip="Down: on the last line, a later message recalled"),
     ]
 
     class ImagePathPasted(Message):
@@ -127,22 +127,36 @@ class PromptInput(KeysBeforeTextArea, TextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            text = self.text
-            if text.strip():
-                self.post_message(self.Submitted(self, text))
+            self.action_submit()
             return True
-        if event.key == "up" and self.cursor_location[0] == 0 and self.sent_history:
+        step = -1 if event.key == "up" else 1
+        if event.key in ("up", "down") and self._recalls(step):
             event.stop()
             event.prevent_default()
-            self._recall(-1)
-            return True
-        on_last_line = self.cursor_location[0] == self.document.line_count - 1
-        if event.key == "down" and self._recall_index is not None and on_last_line:
-            event.stop()
-            event.prevent_default()
-            self._recall(+1)
+            self._recall(step)
             return True
         return False
+
+    def action_submit(self) -> None:
+        """Send the message, unless it is blank."""
+        text = self.text
+        if text.strip():
+            self.post_message(self.Submitted(self, text))
+
+    def _recalls(self, step: int) -> bool:
+        """Whether Up (`step` -1) or Down (+1) recalls a message here, rather than moving the cursor."""
+        if step < 0:
+            return self.cursor_location[0] == 0 and bool(self.sent_history)
+        return self._recall_index is not None and self.cursor_location[0] == self.document.line_count - 1
+
+    def action_recall(self, step: int) -> None:
+        """Up or Down: a message recalled where it recalls one (`take_key` does it first), else the cursor moved."""
+        if self._recalls(step):
+            self._recall(step)
+        elif step < 0:
+            self.action_cursor_up()
+        else:
+            self.action_cursor_down()
 
     def _recall(self, step: int) -> None:
         if self._recall_index is None:

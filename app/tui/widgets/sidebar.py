@@ -6,7 +6,6 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.events import Key
 from textual.message import Message
 from textual.widgets import Input, OptionList
 from textual.widgets.option_list import Option
@@ -16,17 +15,7 @@ from engine_ext.untrusted_text import shown
 
 
 class ConversationOptions(OptionList):
-    """The list itself.
-
-    | Key | Action |
-    | :- | :- |
-    | enter | Open the conversation. |
-    | n | New conversation. |
-    | r, f2 | Rename it. |
-    | d, delete | Delete it (undo with u). |
-    | u | Undo the last delete. |
-    | x | Export it to Markdown and JSON. |
-    """
+    """The list itself."""
 
     def on_focus(self) -> None:
         """Focused with nothing highlighted (Tab, ↓ from the search box): the first row is, so Enter opens it."""
@@ -34,16 +23,25 @@ class ConversationOptions(OptionList):
             self.highlighted = 0
 
     BINDINGS = [
-        Binding("n", "screen.new_conversation", "New", show=False),
-        Binding("r", "screen.rename_conversation", "Rename", show=False),
-        Binding("d,delete", "screen.delete_conversation", "Delete"),
-        Binding("u", "screen.undo_delete", "Undo delete"),
-        Binding("x", "screen.export_conversation", "Export", show=False),
+        Binding("enter", "select", "Open", show=False, tooltip="Open the conversation"),
+        Binding("n", "screen.new_conversation", "New", show=False, tooltip="New conversation"),
+        Binding("r", "screen.rename_conversation", "Rename", show=False, tooltip="Rename the conversation"),
+        Binding("d,delete", "screen.delete_conversation", "Delete", tooltip="Delete the conversation: undo with u"),
+        Binding("u", "screen.undo_delete", "Undo delete", tooltip="Undo delete: the last conversation deleted"),
+        Binding(
+            "x",
+            "screen.export_conversation",
+            "Export",
+            show=False,
+            tooltip="Export the conversation: Markdown and JSON, in the exports folder",
+        ),
     ]
 
 
 class ConversationList(Vertical):
     """Search and pick a conversation; posts `Selected` with the conversation id."""
+
+    BINDINGS = [Binding("down", "to_results", "Results", show=False, tooltip="To the results: from the search box")]
 
     DEFAULT_CSS = """
     ConversationList {
@@ -140,11 +138,9 @@ class ConversationList(Vertical):
         event.stop()
         self.options.focus()
 
-    def on_key(self, event: Key) -> None:
-        """↓ in the search box goes down into the results."""
-        if event.key == "down" and isinstance(self.app.focused, Input) and self.options.option_count:
-            event.stop()
-            event.prevent_default()
+    def action_to_results(self) -> None:
+        """↓ in the search box (the list binds ↓ itself, so only the box leaves it here)."""
+        if self.options.option_count:
             self.options.focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:

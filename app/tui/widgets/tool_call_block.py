@@ -16,14 +16,9 @@ MAX_RESULT_SHOWN = 4000
 
 
 class ToolCallBlock(Static, can_focus=True):
-    """One call of a reply, folded or unfolded.
+    """One call of a reply, folded or unfolded."""
 
-    | Key | Action |
-    | :- | :- |
-    | enter, space | fold / unfold |
-    """
-
-    BINDINGS = [Binding("enter,space", "fold", "Fold/unfold", show=False)]
+    BINDINGS = [Binding("enter,space", "fold", "Fold/unfold", show=False, tooltip="Fold or unfold a tool call")]
     DEFAULT_CSS = """
     ToolCallBlock { height: auto; padding: 0 1; border-left: tall $accent; }
     ToolCallBlock.-failed { border-left: tall $error; }

@@ -39,7 +39,7 @@ EMPTY_HINT: Final = (
 class EarlierMessages(Static, can_focus=True):
     """Stands in for the messages above those mounted; Enter or scrolling up to it loads more."""
 
-    BINDINGS = [Binding("enter", "load", "Load earlier")]
+    BINDINGS = [Binding("enter", "load", "Load earlier", tooltip="Load earlier messages: on the line above them")]
 
     class LoadRequested(Message):
         """Mount the next page of earlier messages."""

@@ -21,7 +21,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine_ext.generate import Session
 from engine_ext.grammar import reply_grammar
@@ -41,12 +41,14 @@ from engine_ext.protocol import (
     Submit,
     rejected_by,
 )
+from engine_ext.reasoning import ReasoningBudget
 from engine_ext.sampling import Sampler
 from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove
 from engine_ext.spec_catalog import NGRAM_TYPES
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.token_stream import PromptPlan, ReplyStream
+from engine_ext.tool_turn import ToolTurn
 
 MAX_STEP_ROWS = MAX_VERIFY_DRAFT + 1  # rows of one step's batch (drafts are shortened to fit)
 STEERING_QUANTUM_STEPS = 8  # steps a steering mix keeps the batch while another mix waits
@@ -77,6 +79,10 @@ class _Job:
     t_last: float = 0.0
     ttft_ms: float = 0.0
     decodes_at_start: int = -1  # the context's llama_decode calls when it got a sequence (-1: not yet)
+    emit: Callable[[Event], None] | None = None  # its events' way out (through its ToolTurn's watch when it has tools)
+    reasoning: ReasoningBudget | None = None  # a chat reply's thinking budget (engine_ext.reasoning)
+    end_thinking: bool = False  # "stop thinking now" came before its reply began
+    tools: ToolTurn | None = None
 
     @property
     def request_id(self) -> int:
@@ -169,6 +175,15 @@ class ParallelScheduler:
             if slot.job is not None and slot.job.request_id == request_id:
                 slot.job.cancelled = True
                 return True
+        return False
+
+    def end_thinking(self, request_id: int) -> bool:
+        """Stop a request's thinking now (EndThinking): forced at its next token, or from its first when it has not
+        started. False: not one of these, or its answer already began."""
+        for job in [s.job for s in self.slots if s.job is not None] + list(self.waiting):
+            if job.request_id == request_id:
+                job.end_thinking = True
+                return job.reasoning.force() if job.reasoning is not None else True
         return False
 
     def take_waiting(self, other: ParallelScheduler) -> None:
@@ -297,26 +312,30 @@ class ParallelScheduler:
     def _admit(self, job: _Job) -> None:
         request = job.submit.request
         try:
-            if request.tools is not None and request.tool_choice != "none":
-                raise EngineError("tool calls run one request at a time: serve them with --parallel 1")
-            if request.reasoning_budget >= 0:
-                raise EngineError("a reasoning budget runs one request at a time: serve it with --parallel 1")
             if any(m.images for m in request.messages):
                 raise EngineError("images are read one request at a time: serve them with --parallel 1")
             self._check_mix(job.mix)
+            job.tools = ToolTurn.of(request, self.session.template, self.model.path.name)
             plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
             job.driver = self._driver(job)
-            shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
+            if job.tools is not None:
+                shape = job.tools.grammar(plan.opens_reasoning)
+            else:
+                shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
             job.sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
+            job.reasoning = self.session.reasoning_budget(request, plan)
         except Exception as exc:
             self._fail_job(job, exc)
             return
+        if job.reasoning is not None and job.end_thinking:
+            job.reasoning.force()
+        job.emit = self.emit if job.tools is None else job.tools.watch(self.emit)
         slot = self._place(plan.tokens)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
         job.sampler.feed_prompt_history(plan.tokens)
-        job.stream = ReplyStream(self.model, request, plan, self.emit, self.session.token_info)
+        job.stream = ReplyStream(self.model, request, plan, job.emit, self.session.token_info)
         job.t_prompt = time.perf_counter()
         slot.job = job
         job.decodes_at_start = self.ctx.decodes
@@ -439,6 +458,9 @@ class ParallelScheduler:
                 budget = min(spare, self.n_ctx_seq - pos - 1, MAX_VERIFY_DRAFT)
                 if max_tokens > 0:
                     budget = min(budget, max_tokens - job.n_generated - 1)
+                thinking_room = job.reasoning.draft_room() if job.reasoning is not None else None
+                if thinking_room is not None:  # no accepted draft crosses the budget (as Session._draft_budget)
+                    budget = min(budget, thinking_room)
                 if budget > 0 and driver.drafting_allowed(job.n_generated):
                     draft, drafter = driver.draft(slot.tokens, job.id_last, budget)
             eog_at = first_eog(draft, 0, len(draft) - 1) if draft else 0
@@ -469,19 +491,21 @@ class ParallelScheduler:
             slot.tokens.extend(job.pending)
             job.pending = []
             job.prompt_ms = (now - job.t_prompt) * 1000.0
-            self.emit(PromptEvaluated(job.request_id, len(job.plan.tokens), job.n_cached, self.n_ctx_seq))
+            job.emit(PromptEvaluated(job.request_id, len(job.plan.tokens), job.n_cached, self.n_ctx_seq))
             if job.plan.text is not None:
                 self.session.add_anchor(job.plan.text, job.plan.tokens)
             if job.driver is not None:
                 job.driver.begin(slot.tokens)
-            ids, sources = [job.sampler.sample(ctx, r.row)], ["target"]
+            ids, sources = _next_token(job, ctx, r.row)
             job.t_first, job.ttft_ms = now, (now - job.t_request) * 1000.0
         elif r.drafter is None or job.driver is None:
             slot.tokens.append(job.id_last)
-            ids, sources = [job.sampler.sample(ctx, r.row)], ["target"]
+            ids, sources = _next_token(job, ctx, r.row)
         else:
             draft = r.draft
             ids = _verify(job.sampler, ctx, r.row, draft, r.eog_at)
+            if job.reasoning is not None:
+                job.reasoning.observe_all(ids)
             n_accepted = len(ids) - 1
             slot.tokens.append(job.id_last)
             slot.tokens.extend(draft[:n_accepted])
@@ -544,7 +568,14 @@ class ParallelScheduler:
             n_decode=self.ctx.decodes - job.decodes_at_start if job.decodes_at_start >= 0 else 0,
             n_decode_total=self.ctx.decodes,
         )
-        self.emit(Finished(job.request_id, reason, stats, notices, self._spec_stats(job)))
+        thought = job.reasoning
+        if thought is not None and thought.started_at:
+            stats = replace(stats, reasoning_tokens=thought.thinking_tokens, reasoning_ms=thought.thinking_ms)
+        finished = Finished(job.request_id, reason, stats, notices, self._spec_stats(job))
+        if job.tools is not None and plan is not None:
+            piece = self.session.model.token_piece
+            finished = job.tools.finish(finished, lambda t: piece(t, special=True), plan.opens_reasoning)
+        self.emit(finished)
         if job.sampler is not None:
             job.sampler.close()
 
@@ -570,6 +601,15 @@ class ParallelScheduler:
         self.emit(Failed.of(job.request_id, exc))
         if job.sampler is not None:
             job.sampler.close()
+
+
+def _next_token(job: _Job, ctx: Context, row: int) -> tuple[list[int], list[str]]:
+    """A sequence's next token from its row: sampled, or forced by its reasoning budget (the end of thinking)."""
+    assert job.sampler is not None
+    if job.reasoning is None:
+        return [job.sampler.sample(ctx, row)], ["target"]
+    token, source = job.reasoning.next_token(job.sampler, ctx, row)
+    return [token], [source]
 
 
 def _verify(sampler: Sampler, ctx: Context, row0: int, draft: Sequence[int], first_eog: int) -> list[int]:

@@ -79,7 +79,6 @@ class _Job:
     t_last: float = 0.0
     ttft_ms: float = 0.0
     decodes_at_start: int = -1  # the context's llama_decode calls when it got a sequence (-1: not yet)
-    emit: Callable[[Event], None] | None = None  # its events' way out (through its ToolTurn's watch when it has tools)
     reasoning: ReasoningBudget | None = None  # a chat reply's thinking budget (engine_ext.reasoning)
     end_thinking: bool = False  # "stop thinking now" came before its reply began
     tools: ToolTurn | None = None
@@ -329,13 +328,13 @@ class ParallelScheduler:
             return
         if job.reasoning is not None and job.end_thinking:
             job.reasoning.force()
-        job.emit = self.emit if job.tools is None else job.tools.watch(self.emit)
         slot = self._place(plan.tokens)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
         job.sampler.feed_prompt_history(plan.tokens)
-        job.stream = ReplyStream(self.model, request, plan, job.emit, self.session.token_info)
+        emit = self.emit if job.tools is None else job.tools.watch(self.emit)  # a reply with tools keeps its ids
+        job.stream = ReplyStream(self.model, request, plan, emit, self.session.token_info)
         job.t_prompt = time.perf_counter()
         slot.job = job
         job.decodes_at_start = self.ctx.decodes
@@ -491,7 +490,7 @@ class ParallelScheduler:
             slot.tokens.extend(job.pending)
             job.pending = []
             job.prompt_ms = (now - job.t_prompt) * 1000.0
-            job.emit(PromptEvaluated(job.request_id, len(job.plan.tokens), job.n_cached, self.n_ctx_seq))
+            job.stream.emit(PromptEvaluated(job.request_id, len(job.plan.tokens), job.n_cached, self.n_ctx_seq))
             if job.plan.text is not None:
                 self.session.add_anchor(job.plan.text, job.plan.tokens)
             if job.driver is not None:

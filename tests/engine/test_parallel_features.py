@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from engine_ext.client import EngineClient
-from engine_ext.generate import Session
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams
 from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, TokenChunk
 from engine_ext.router import RequestRouter
@@ -42,9 +41,9 @@ def single(path: Path, requests: list[Generate]) -> list[Reply]:
     with open_session(path, n_ctx=4096) as session:
         for request in requests:
             session.reset_cache()
-            chunks: list[TokenChunk] = []
-            done = session.generate(request, lambda e: chunks.append(e) if isinstance(e, TokenChunk) else None, no)
-            replies.append(_reply(chunks, done))
+            events: list[Event] = []
+            done = session.generate(request, events.append, no)
+            replies.append(_reply([e for e in events if isinstance(e, TokenChunk)], done))
     return replies
 
 

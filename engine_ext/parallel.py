@@ -49,6 +49,7 @@ from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.token_stream import PromptPlan, ReplyStream
 from engine_ext.tool_turn import ToolTurn
+from engine_ext.vision import EncodedImage, image_token_count
 
 MAX_STEP_ROWS = MAX_VERIFY_DRAFT + 1  # rows of one step's batch (drafts are shortened to fit)
 STEERING_QUANTUM_STEPS = 8  # steps a steering mix keeps the batch while another mix waits
@@ -82,6 +83,8 @@ class _Job:
     reasoning: ReasoningBudget | None = None  # a chat reply's thinking budget (engine_ext.reasoning)
     end_thinking: bool = False  # "stop thinking now" came before its reply began
     tools: ToolTurn | None = None
+    media: dict[str, EncodedImage] = field(default_factory=dict)  # its images, by content hash (the cache is shared)
+    encoded: tuple[int, float] = (0, 0.0)  # images the projector encoded for it, and the time it took
 
     @property
     def request_id(self) -> int:
@@ -311,12 +314,12 @@ class ParallelScheduler:
     def _admit(self, job: _Job) -> None:
         request = job.submit.request
         try:
-            if any(m.images for m in request.messages):
-                raise EngineError("images are read one request at a time: serve them with --parallel 1")
             self._check_mix(job.mix)
             job.tools = ToolTurn.of(request, self.session.template, self.model.path.name)
-            plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
+            plan = self._plan(job)
             job.driver = self._driver(job)
+            if job.driver is not None:
+                job.driver.set_media(bool(job.media))
             if job.tools is not None:
                 shape = job.tools.grammar(plan.opens_reasoning)
             else:
@@ -338,6 +341,22 @@ class ParallelScheduler:
         job.t_prompt = time.perf_counter()
         slot.job = job
         job.decodes_at_start = self.ctx.decodes
+
+    def _plan(self, job: _Job) -> PromptPlan:
+        """The request's prompt, its images encoded (or found in the projector's cache, where the images of the
+        running sequences stay until they are decoded)."""
+        session, vision = self.session, self.session.vision
+        if vision is None:
+            return session.plan(job.submit.request, None, n_ctx=self.n_ctx_seq)
+        vision.pinned = {sha for s in self.slots if s.job is not None for sha in s.job.media}
+        before = (vision.encodes, vision.encode_ms)
+        try:
+            plan = session.plan(job.submit.request, None, n_ctx=self.n_ctx_seq)
+            job.media = session.media
+        finally:
+            session.media = {}  # the single-sequence path's, between its requests
+            job.encoded = (vision.encodes - before[0], vision.encode_ms - before[1])
+        return plan
 
     def _driver(self, job: _Job) -> SpeculativeDriver | None:
         params = job.submit.speculative
@@ -419,11 +438,17 @@ class ParallelScheduler:
         """Decode the next micro-batch of a joining prompt on its own (all but its last token)."""
         job = slot.job
         assert job is not None and job.plan is not None
-        n = min(self.ctx.n_batch, self.ctx.params.n_ubatch, len(job.pending) - 1)
-        chunk = job.pending[:n]
+        pending, vision = job.pending, self.session.vision
         try:
-            self.batch.add(slot.seq, chunk, len(slot.tokens), outputs=False)
-            self.batch.decode()
+            if pending[0] < 0 and vision is not None:  # an image's span, at this sequence's positions
+                n = vision.decode_span(self.ctx, len(slot.tokens), pending[0], slot.seq)
+            else:  # text up to the next image, a micro-batch at most (as Session.evaluate_prompt reads it)
+                limit, n = min(self.ctx.n_batch, self.ctx.params.n_ubatch, len(pending) - 1), 0
+                while n < limit and pending[n] >= 0:
+                    n += 1
+                self.batch.add(slot.seq, pending[:n], len(slot.tokens), outputs=False)
+                self.batch.decode()
+            chunk = pending[:n]
         except EngineError as exc:
             self._fail(slot, exc)
             return
@@ -566,6 +591,9 @@ class ParallelScheduler:
             n_threads=self.ctx.n_threads,
             n_decode=self.ctx.decodes - job.decodes_at_start if job.decodes_at_start >= 0 else 0,
             n_decode_total=self.ctx.decodes,
+            image_tokens=image_token_count(plan.tokens, self.session.vision) if plan is not None and job.media else 0,
+            images_encoded=job.encoded[0],
+            image_encode_ms=job.encoded[1],
         )
         thought = job.reasoning
         if thought is not None and thought.started_at:

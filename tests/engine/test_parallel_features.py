@@ -1,6 +1,7 @@
 """Every feature of a reply per sequence (engine_ext.parallel): reasoning budgets, "stop thinking now", lazy grammars
-after thinking and tool calls each give, under two sequences, the greedy output of the single-sequence path, alone
-and with another request running (n-gram drafting on one of them)."""
+after thinking, tool calls and images (at the sequence's own positions, the projector's cache shared) each give,
+under two sequences, the greedy output of the single-sequence path, alone and with another request running (n-gram
+drafting on one of them)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,20 @@ from pathlib import Path
 import pytest
 
 from engine_ext.client import EngineClient
+from engine_ext.generate import Session
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams
-from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, TokenChunk
+from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, ImageRef, TokenChunk
 from engine_ext.router import RequestRouter
+from engine_ext.vision import Vision
 from tests.engine.test_parallel import Run, open_session
 from tests.engine.test_reasoning import LONG_THINKER, PICK, PROMPTS, THINKING_END, THINKING_TEMPLATE, ask
 from tests.engine.test_tools import ASK, TOOLS
+from tests.engine.test_vision import NO_MTMD, image, mmproj, vision_session
+from tests.tiny_mmproj import IMAGE_TOKENS
 from tests.tiny_models import write_tiny_model
 from tests.tool_templates import QWEN25_TEMPLATE
 
+__all__ = ["mmproj"]  # a fixture of test_vision's, shared
 NGRAM = SpeculativeParams(types=("ngram-simple",), n_max=8)
 Reply = tuple[list[int], list[str], Finished, str]  # ids, provenance, Finished, the answer's text
 
@@ -170,3 +176,40 @@ def test_end_thinking_reaches_a_parallel_request_through_the_worker(engine: Engi
         assert FORCED in sources and answer.strip()
     finally:
         router.close()
+
+
+@pytest.mark.skipif(bool(NO_MTMD), reason=NO_MTMD)
+@pytest.mark.parametrize("together", [False, True])
+def test_images_per_sequence_equal_the_single_path(tiny_models: dict[str, Path], mmproj: Path, together: bool) -> None:
+    def looking(request_id: int, *images: ImageRef) -> Generate:
+        turn = (ChatMessage("user", "the picture, twice: the picture", images=images),)
+        return Generate(request_id, turn, sampling=GREEDY, max_tokens=16, ignore_eos=True)
+
+    requests = [looking(1, image(0)), looking(2, image(1), image(0)), looking(3), looking(4, image(0))]
+    with vision_session(tiny_models["llama"], mmproj) as session:
+        want = []
+        for request in requests:
+            session.reset_cache()
+            want.append(ask_ids(session, request))
+    with open_session(tiny_models["llama"], n_seq=2) as session:
+        session.vision = Vision(mmproj, session.model, n_threads=2, use_gpu=False)
+        try:
+            run = Run(session)
+            for i, request in enumerate(requests):
+                run.submit(request, speculative=NGRAM if i == 1 else None)
+                if not together:
+                    run.drain()
+            run.drain()
+        finally:
+            session.vision.close()
+    assert [run.tokens(r.request_id) for r in requests] == want
+    stats = [run.finished(r.request_id).stats for r in requests]
+    assert [s.image_tokens for s in stats] == [IMAGE_TOKENS, 2 * IMAGE_TOKENS, 0, IMAGE_TOKENS]
+    assert sum(s.images_encoded for s in stats) == 2  # each image encoded once: the projector's cache is shared
+    assert want[0] != want[2] and want[0] != want[1]  # the images reach the model
+
+
+def ask_ids(session: Session, request: Generate) -> list[int]:
+    events: list[Event] = []
+    session.generate(request, events.append, no)
+    return [t for e in events if isinstance(e, TokenChunk) for t in e.token_ids]

@@ -39,6 +39,7 @@ from engine_ext.protocol import (
     SpeculativeStats,
     StopReason,
     Submit,
+    ThreadsChanged,
     rejected_by,
 )
 from engine_ext.reasoning import ReasoningBudget
@@ -231,6 +232,8 @@ class ParallelScheduler:
             session.reset_cache()  # its model drafters did not see what sequence 0 decoded here
         self._clears = self.ctx.clears
         self.active = False
+        if session.governor is not None:
+            session.governor.decoding = False
 
     def close(self) -> None:
         self.batch.close()
@@ -248,6 +251,7 @@ class ParallelScheduler:
             admitted = True
         if admitted and self.idle is not None:
             self._save_idle(self.idle)
+        self._follow_load()
         live = [s for s in self.slots if s.job is not None]
         if not live:
             return
@@ -269,6 +273,19 @@ class ParallelScheduler:
         ready = [s for s in group if s.job is not None and len(s.job.pending) <= 1]
         if ready:
             self._decode_ready(ready)
+
+    def _follow_load(self) -> None:
+        """The thread count follows the machine's load between steps, as on the single-sequence path (the worker's
+        governor, engine_ext.threads; it measures the step rate while every running sequence decodes)."""
+        governor = self.session.governor
+        if governor is None:
+            return
+        jobs = [s.job for s in self.slots if s.job is not None]
+        governor.decoding = bool(jobs) and all(len(j.pending) <= 1 for j in jobs)
+        if governor.tick() and governor.last_load is not None:
+            load = governor.last_load
+            for job in jobs:
+                self.emit(ThreadsChanged(job.request_id, governor.current, load.others, load.cpus))
 
     def _choose_mix(self, live: list[_Slot]) -> Mix:
         mixes: dict[Mix, int] = {}

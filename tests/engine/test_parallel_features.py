@@ -1,7 +1,7 @@
 """Every feature of a reply per sequence (engine_ext.parallel): reasoning budgets, "stop thinking now", lazy grammars
-after thinking, tool calls and images (at the sequence's own positions, the projector's cache shared) each give,
-under two sequences, the greedy output of the single-sequence path, alone and with another request running (n-gram
-drafting on one of them)."""
+after thinking, tool calls, images (at the sequence's own positions, the projector's cache shared) and threads that
+follow a busy machine each give, under two sequences, the greedy output of the single-sequence path, alone and with
+another request running (n-gram drafting on one of them)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,22 @@ from pathlib import Path
 import pytest
 
 from engine_ext.client import EngineClient
+from engine_ext.cpu import CpuLoad
 from engine_ext.generate import Session
+from engine_ext.model import set_threads
 from engine_ext.params import GREEDY, ContextParams, ModelParams, SpeculativeParams
-from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, ImageRef, TokenChunk
+from engine_ext.protocol import FORCED, ChatMessage, Event, Finished, Generate, ImageRef, ThreadsChanged, TokenChunk
 from engine_ext.router import RequestRouter
+from engine_ext.threads import ThreadGovernor
 from engine_ext.vision import Vision
-from tests.engine.test_parallel import Run, open_session
+from tests.engine.test_parallel import Run, alone, greedy, open_session
 from tests.engine.test_reasoning import LONG_THINKER, PICK, PROMPTS, THINKING_END, THINKING_TEMPLATE, ask
 from tests.engine.test_tools import ASK, TOOLS
 from tests.engine.test_vision import NO_MTMD, image, mmproj, vision_session
 from tests.tiny_mmproj import IMAGE_TOKENS
 from tests.tiny_models import write_tiny_model
 from tests.tool_templates import QWEN25_TEMPLATE
+from tests.unit.test_threads import Clock, FakeContention
 
 __all__ = ["mmproj"]  # a fixture of test_vision's, shared
 NGRAM = SpeculativeParams(types=("ngram-simple",), n_max=8)
@@ -213,3 +217,36 @@ def ask_ids(session: Session, request: Generate) -> list[int]:
     events: list[Event] = []
     session.generate(request, events.append, no)
     return [t for e in events if isinstance(e, TokenChunk) for t in e.token_ids]
+
+
+class Ticking(Clock):
+    """A clock SAMPLE_S on at every reading: the governor samples the load at every step."""
+
+    def __call__(self) -> float:
+        self.step()
+        return self.now
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_threads_follow_the_load_between_steps_and_output_stays(tiny_models: dict[str, Path], together: bool) -> None:
+    requests = [greedy(1, "go", 40), greedy(2, "the end", 40)]
+    with open_session(tiny_models["llama"]) as session:
+        want = [alone(session, r) for r in requests]
+    with open_session(tiny_models["llama"], n_seq=2) as session:
+        contention = FakeContention()
+        busy, quiet = [CpuLoad(1.4, 2)] * 4, [CpuLoad(0.1, 2)] * 1000
+        contention.loads = [*busy, *quiet]  # others use 1.4 of the 2 CPUs, then leave
+        session.governor = ThreadGovernor(2, set_threads, contention, pids=(1, 2), clock=Ticking())  # type: ignore[arg-type]
+        run = Run(session)
+        for request in requests:
+            run.submit(request)
+            if not together:
+                run.drain()
+        run.drain()
+        assert session.ctx.n_threads == 2
+    assert [run.tokens(r.request_id) for r in requests] == want
+    changes = [e for e in run.events if isinstance(e, ThreadsChanged)]
+    assert [e.threads for e in changes if e.request_id == 1] == [1, 2]  # fewer while others ran, then back
+    assert all(e.others_cpus > 0 and e.cpus == 2 for e in changes)
+    if together:
+        assert [e.threads for e in changes if e.request_id == 2] == [1, 2]

@@ -4,7 +4,10 @@ Each step decodes one llama_batch holding the next token of every running sequen
 in the same batch) and the last prompt token of each sequence that is joining; each sequence samples its own rows
 with its own sampler chain. Requests join and leave between steps; a Cancel stops one at the next step.
 
-Exactness: a sequence's greedy reply equals the same request run alone on the single-sequence path. A joining
+Exactness: a sequence's greedy reply equals the same request run alone on the single-sequence path. Its cells lie
+as there: with a KV stream per sequence (kv_unified off, as `serve --parallel N` loads), in position order from the
+stream's start; in one buffer shared by the sequences, where they lie (after another's, in the holes another left)
+changes the attention's sums. A request reuses a cache only under the steering mix it was computed with. A joining
 prompt's other tokens are decoded in chunks of their own (as Session.evaluate_prompt reads them), not mixed with
 other sequences' rows, and a step decodes fewer than 64 rows: ggml's CPU flash attention switches to a tiled
 kernel at 64 query rows, whose sums round differently (see MAX_VERIFY_DRAFT).
@@ -44,7 +47,7 @@ from engine_ext.protocol import (
 )
 from engine_ext.reasoning import ReasoningBudget
 from engine_ext.sampling import Sampler
-from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove
+from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove, verify_rows
 from engine_ext.spec_catalog import NGRAM_TYPES
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
@@ -101,6 +104,7 @@ class _Slot:
     seq: int
     tokens: list[int] = field(default_factory=list)  # what this sequence's memory holds, in order
     job: _Job | None = None
+    mix: Mix = ()  # the steering mix `tokens` were computed under: another mix's requests do not reuse them
 
 
 @dataclass
@@ -128,9 +132,12 @@ class ParallelScheduler:
         # Each sequence holds at most its share of the cells, so the sequences together never overflow the cache.
         self.n_ctx_seq = ctx.n_ctx // n_seq if ctx.params.kv_unified else ctx.n_ctx_seq
         self.whole_state = self.model.is_recurrent or self.model.is_hybrid  # cut or copied only whole
-        self.copies_prefix = not self.whole_state and (ctx.params.kv_unified or n_seq == 1)
+        # A prefix is copied from another sequence: its cells shared in one KV buffer (kv_unified), else its whole
+        # stream copied and the tail cut (llama.cpp copies across streams only whole; cell order is kept).
+        self.copies_prefix = not self.whole_state
+        self.split_streams = not ctx.params.kv_unified and n_seq > 1
         # Idle sequences' caches go to host memory when a request starts, so it does not attend over their cells.
-        self.idle = IdleCache() if self.copies_prefix and n_seq > 1 else None
+        self.idle = IdleCache() if self.copies_prefix and n_seq > 1 and not self.split_streams else None
         self.batch = SeqBatch(ctx, max(ctx.n_batch, n_seq, MAX_STEP_ROWS))
         self.waiting: deque[_Job] = deque()
         self.max_waiting = WAITING_PER_SLOT * n_seq
@@ -215,6 +222,7 @@ class ParallelScheduler:
             if self.idle is not None:
                 self.idle.clear()
         self.slots[0].tokens = list(session.cached)
+        self.slots[0].mix = base_mix
         self._slot0_before = list(session.cached)
         self.base_mix = self.applied_mix = base_mix
         self.active = True
@@ -226,7 +234,11 @@ class ParallelScheduler:
         if self.applied_mix != self.base_mix:
             self._apply_mix(self.base_mix)
         session = self.session
-        session.cached = list(self.slots[0].tokens)
+        first = self.slots[0]
+        if first.mix != self.base_mix:  # computed under a request's steering: not the single path's cache
+            seq_remove(self.ctx, first.seq, -1)
+            first.tokens, first.mix = [], self.base_mix
+        session.cached = list(first.tokens)
         spec = session.spec
         if spec is not None and spec.reads_batches and session.cached != self._slot0_before:
             session.reset_cache()  # its model drafters did not see what sequence 0 decoded here
@@ -348,7 +360,7 @@ class ParallelScheduler:
             return
         if job.reasoning is not None and job.end_thinking:
             job.reasoning.force()
-        slot = self._place(plan.tokens)
+        slot = self._place(plan.tokens, job.mix)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
@@ -394,24 +406,41 @@ class ParallelScheduler:
             driver.status = "off: this model's recurrent memory cannot drop a rejected draft of one sequence"
         return driver
 
-    def _place(self, tokens: Sequence[int]) -> _Slot:
-        """A free sequence holding the longest usable prefix of `tokens`: its own cache, else a copy of another
-        sequence's (llama_memory_seq_cp: cells shared, nothing recomputed) where the memory allows it."""
+    def _place(self, tokens: Sequence[int], mix: Mix) -> _Slot:
+        """A free sequence holding the longest usable prefix of `tokens` computed under the steering `mix`: its own
+        cache, else a copy of another sequence's (llama_memory_seq_cp: cells shared, nothing recomputed) where the
+        memory allows it. The sequence then holds what `mix` computes."""
+        slot = self._find_prefix(tokens, mix)
+        slot.mix = mix
+        return slot
+
+    def _find_prefix(self, tokens: Sequence[int], mix: Mix) -> _Slot:
         ctx = self.ctx
+
+        def usable(slot: _Slot) -> int:
+            return self._usable(slot.tokens, tokens) if slot.mix == mix else 0
+
         free = [s for s in self.slots if s.job is None]
-        slot = max(free, key=lambda s: self._usable(s.tokens, tokens))
-        n_own = self._usable(slot.tokens, tokens)
+        slot = max(free, key=lambda s: (usable(s), not s.tokens))  # with nothing to reuse, an empty one: others kept
+        if slot.tokens and slot.mix != mix and self.idle is not None:  # another mix's cache: kept, not overwritten
+            self.idle.save(ctx, slot.seq, slot.tokens, slot.mix)
+            seq_remove(ctx, slot.seq, -1)
+            slot.tokens = []
+        n_own = usable(slot)
         source, n_source = None, n_own
         if self.copies_prefix or self.whole_state:
             for other in self.slots:
-                n = self._usable(other.tokens, tokens)
+                n = usable(other)
                 if other is not slot and n > n_source:
                     source, n_source = other, n
-        if self.idle is not None and self._restore_idle(self.idle, slot, tokens, max(n_own, n_source)):
+        if self.idle is not None and self._restore_idle(self.idle, slot, tokens, mix, max(n_own, n_source)):
             return slot
         if source is not None:
             seq_remove(ctx, slot.seq, -1)
-            seq_copy(ctx, source.seq, slot.seq, -1 if self.whole_state else n_source)
+            whole = self.whole_state or self.split_streams
+            seq_copy(ctx, source.seq, slot.seq, -1 if whole else n_source)
+            if self.split_streams:
+                seq_remove(ctx, slot.seq, n_source)
             slot.tokens = source.tokens[:n_source]
             return slot
         if n_own < len(slot.tokens) and not seq_remove(ctx, slot.seq, n_own):
@@ -420,14 +449,15 @@ class ParallelScheduler:
         del slot.tokens[n_own:]
         return slot
 
-    def _restore_idle(self, idle: IdleCache, slot: _Slot, tokens: Sequence[int], n_better: int) -> bool:
-        """Put into `slot` the saved state sparing the most prompt tokens, if it spares more than `n_better`."""
-        key, n = max(((k, self._usable(k, tokens)) for k in idle.keys()), key=lambda kn: kn[1], default=((), 0))
+    def _restore_idle(self, idle: IdleCache, slot: _Slot, tokens: Sequence[int], mix: Mix, n_better: int) -> bool:
+        """Put into `slot` the state saved under `mix` sparing the most prompt tokens, if it spares more than
+        `n_better`."""
+        key, n = max(((k, self._usable(k, tokens)) for k in idle.keys(mix)), key=lambda kn: kn[1], default=((), 0))
         if n <= n_better:
             return False
         ctx = self.ctx
         seq_remove(ctx, slot.seq, -1)
-        if not idle.restore(ctx, key, slot.seq):
+        if not idle.restore(ctx, key, slot.seq, mix):
             seq_remove(ctx, slot.seq, -1)
             slot.tokens = []
             return True
@@ -440,7 +470,7 @@ class ParallelScheduler:
         cache, its cells no longer widen the attention of the sequences that decode."""
         for slot in self.slots:
             if slot.job is None and slot.tokens:
-                idle.save(self.ctx, slot.seq, slot.tokens)
+                idle.save(self.ctx, slot.seq, slot.tokens, slot.mix)
                 seq_remove(self.ctx, slot.seq, -1)
                 slot.tokens = []
 
@@ -544,7 +574,7 @@ class ParallelScheduler:
             ids, sources = _next_token(job, ctx, r.row)
         else:
             draft = r.draft
-            ids = _verify(job.sampler, ctx, r.row, draft, r.eog_at)
+            ids = verify_rows(job.sampler, ctx, r.row, draft, r.eog_at)
             if job.reasoning is not None:
                 job.reasoning.observe_all(ids)
             n_accepted = len(ids) - 1
@@ -654,17 +684,3 @@ def _next_token(job: _Job, ctx: Context, row: int) -> tuple[list[int], list[str]
         return [job.sampler.sample(ctx, row)], ["target"]
     token, source = job.reasoning.next_token(job.sampler, ctx, row)
     return [token], [source]
-
-
-def _verify(sampler: Sampler, ctx: Context, row0: int, draft: Sequence[int], first_eog: int) -> list[int]:
-    """Sample rows row0.. of a sequence's verify run (common_sampler_sample_and_accept_n, as Sampler's, but at the
-    sequence's rows of a shared batch): the accepted draft prefix plus one target token."""
-    n = len(draft)
-    last = first_eog if first_eog < n - 1 else n
-    ids: list[int] = []
-    for i in range(last + 1):
-        token = sampler.sample(ctx, row0 + i)
-        ids.append(token)
-        if i == last or token != draft[i]:
-            break
-    return ids

@@ -136,11 +136,14 @@ def test_on_the_starter_model(tmp_path: Path) -> None:
         assert run.finished(4).stop_reason == "eos" and 1 <= len(expected[3]) <= 3  # the grammar held the reply
 
 
-def test_requests_join_and_leave_between_steps_and_reuse_a_shared_prefix(tiny_models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("unified", [True, False])  # the prefix's cells shared, or its sequence's stream copied
+def test_requests_join_and_leave_between_steps_and_reuse_a_shared_prefix(
+    tiny_models: dict[str, Path], unified: bool
+) -> None:
     first, later = greedy(1, "word1 word2 word3 word4 word5", 30), greedy(2, "word1 word2 word3 word4 go", 8)
     with open_session(tiny_models["llama"]) as single:
         expected = [alone(single, first), alone(single, later)]
-    with open_session(tiny_models["llama"], n_seq=2) as session:
+    with open_session(tiny_models["llama"], n_seq=2, unified=unified) as session:
         run = Run(session)
         run.submit(first)
         for _ in range(6):

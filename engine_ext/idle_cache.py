@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from engine_ext.bindings import C
@@ -21,14 +21,18 @@ from engine_ext.model import Context
 IDLE_CACHE_MAX_BYTES = 2 << 30  # host memory the saved states may take (llama-server's --cache-ram: 8 GiB)
 
 
+Key = tuple[Hashable, tuple[int, ...]]  # (what the state was computed under: the steering mix, the tokens it holds)
+
+
 class IdleCache:
-    """Saved sequence states by the tokens they hold, least recently used first; bounded by `max_bytes`."""
+    """Saved sequence states by the steering they were computed under and the tokens they hold, least recently used
+    first; bounded by `max_bytes`."""
 
     def __init__(self, max_bytes: int = IDLE_CACHE_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self.n_bytes = 0
         # The ctypes buffers llama.cpp wrote, kept as they are: no copy on the way in or out.
-        self._states: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._states: OrderedDict[Key, Any] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -37,15 +41,16 @@ class IdleCache:
         self._states.clear()
         self.n_bytes = 0
 
-    def save(self, ctx: Context, seq: int, tokens: Sequence[int]) -> bool:
-        """Keep sequence `seq`'s state (holding `tokens`); False when it is larger than the whole budget."""
+    def save(self, ctx: Context, seq: int, tokens: Sequence[int], mix: Hashable = ()) -> bool:
+        """Keep sequence `seq`'s state (holding `tokens`, computed under the steering `mix`); False when it is larger
+        than the whole budget."""
         size = int(C.llama_state_seq_get_size_ext(ctx.handle, seq, 0))
         if size <= 0 or size > self.max_bytes:
             return False
         buf = (ctypes.c_uint8 * size)()
         if int(C.llama_state_seq_get_data_ext(ctx.handle, buf, size, seq, 0)) != size:
             return False
-        key = tuple(tokens)
+        key: Key = (mix, tuple(tokens))
         self._drop(key)
         while self._states and self.n_bytes + size > self.max_bytes:
             self._drop(next(iter(self._states)))
@@ -53,17 +58,20 @@ class IdleCache:
         self.n_bytes += size
         return True
 
-    def keys(self) -> list[tuple[int, ...]]:
-        return list(self._states)
+    def keys(self, mix: Hashable = ()) -> list[tuple[int, ...]]:
+        """The token sequences of the states saved under `mix` (a state from another mix is not this one's cache)."""
+        return [tokens for saved_mix, tokens in self._states if saved_mix == mix]
 
-    def restore(self, ctx: Context, key: tuple[int, ...], seq: int) -> bool:
-        """Put the state saved for `key` into sequence `seq` (empty before) and forget it here; False: refused."""
+    def restore(self, ctx: Context, tokens: tuple[int, ...], seq: int, mix: Hashable = ()) -> bool:
+        """Put the state saved for `tokens` under `mix` into sequence `seq` (empty before) and forget it here; False:
+        refused."""
+        key: Key = (mix, tokens)
         buf = self._states[key]
         self._drop(key)
         size = len(buf)
         return int(C.llama_state_seq_set_data_ext(ctx.handle, buf, size, seq, 0)) == size
 
-    def _drop(self, key: tuple[int, ...]) -> None:
+    def _drop(self, key: Key) -> None:
         data = self._states.pop(key, None)
         if data is not None:
             self.n_bytes -= len(data)

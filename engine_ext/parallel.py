@@ -4,7 +4,10 @@ Each step decodes one llama_batch holding the next token of every running sequen
 in the same batch) and the last prompt token of each sequence that is joining; each sequence samples its own rows
 with its own sampler chain. Requests join and leave between steps; a Cancel stops one at the next step.
 
-Exactness: a sequence's greedy reply equals the same request run alone on the single-sequence path. A joining
+Exactness: a sequence's greedy reply equals the same request run alone on the single-sequence path. Its cells lie
+as there: with a KV stream per sequence (kv_unified off, as `serve --parallel N` loads), in position order from the
+stream's start; in one buffer shared by the sequences, where they lie (after another's, in the holes another left)
+changes the attention's sums. A request reuses a cache only under the steering mix it was computed with. A joining
 prompt's other tokens are decoded in chunks of their own (as Session.evaluate_prompt reads them), not mixed with
 other sequences' rows, and a step decodes fewer than 64 rows: ggml's CPU flash attention switches to a tiled
 kernel at 64 query rows, whose sums round differently (see MAX_VERIFY_DRAFT).
@@ -21,7 +24,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine_ext.generate import Session
 from engine_ext.grammar import reply_grammar
@@ -39,14 +42,18 @@ from engine_ext.protocol import (
     SpeculativeStats,
     StopReason,
     Submit,
+    ThreadsChanged,
     rejected_by,
 )
+from engine_ext.reasoning import ReasoningBudget
 from engine_ext.sampling import Sampler
-from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove
+from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove, verify_rows
 from engine_ext.spec_catalog import NGRAM_TYPES
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.token_stream import PromptPlan, ReplyStream
+from engine_ext.tool_turn import ToolTurn
+from engine_ext.vision import EncodedImage, image_token_count
 
 MAX_STEP_ROWS = MAX_VERIFY_DRAFT + 1  # rows of one step's batch (drafts are shortened to fit)
 STEERING_QUANTUM_STEPS = 8  # steps a steering mix keeps the batch while another mix waits
@@ -77,6 +84,11 @@ class _Job:
     t_last: float = 0.0
     ttft_ms: float = 0.0
     decodes_at_start: int = -1  # the context's llama_decode calls when it got a sequence (-1: not yet)
+    reasoning: ReasoningBudget | None = None  # a chat reply's thinking budget (engine_ext.reasoning)
+    end_thinking: bool = False  # "stop thinking now" came before its reply began
+    tools: ToolTurn | None = None
+    media: dict[str, EncodedImage] = field(default_factory=dict)  # its images, by content hash (the cache is shared)
+    encoded: tuple[int, float] = (0, 0.0)  # images the projector encoded for it, and the time it took
 
     @property
     def request_id(self) -> int:
@@ -92,6 +104,7 @@ class _Slot:
     seq: int
     tokens: list[int] = field(default_factory=list)  # what this sequence's memory holds, in order
     job: _Job | None = None
+    mix: Mix = ()  # the steering mix `tokens` were computed under: another mix's requests do not reuse them
 
 
 @dataclass
@@ -119,9 +132,12 @@ class ParallelScheduler:
         # Each sequence holds at most its share of the cells, so the sequences together never overflow the cache.
         self.n_ctx_seq = ctx.n_ctx // n_seq if ctx.params.kv_unified else ctx.n_ctx_seq
         self.whole_state = self.model.is_recurrent or self.model.is_hybrid  # cut or copied only whole
-        self.copies_prefix = not self.whole_state and (ctx.params.kv_unified or n_seq == 1)
+        # A prefix is copied from another sequence: its cells shared in one KV buffer (kv_unified), else its whole
+        # stream copied and the tail cut (llama.cpp copies across streams only whole; cell order is kept).
+        self.copies_prefix = not self.whole_state
+        self.split_streams = not ctx.params.kv_unified and n_seq > 1
         # Idle sequences' caches go to host memory when a request starts, so it does not attend over their cells.
-        self.idle = IdleCache() if self.copies_prefix and n_seq > 1 else None
+        self.idle = IdleCache() if self.copies_prefix and n_seq > 1 and not self.split_streams else None
         self.batch = SeqBatch(ctx, max(ctx.n_batch, n_seq, MAX_STEP_ROWS))
         self.waiting: deque[_Job] = deque()
         self.max_waiting = WAITING_PER_SLOT * n_seq
@@ -171,6 +187,15 @@ class ParallelScheduler:
                 return True
         return False
 
+    def end_thinking(self, request_id: int) -> bool:
+        """Stop a request's thinking now (EndThinking): forced at its next token, or from its first when it has not
+        started. False: not one of these, or its answer already began."""
+        for job in [s.job for s in self.slots if s.job is not None] + list(self.waiting):
+            if job.request_id == request_id:
+                job.end_thinking = True
+                return job.reasoning.force() if job.reasoning is not None else True
+        return False
+
     def take_waiting(self, other: ParallelScheduler) -> None:
         """Requests waiting in `other` (replaced with its context) wait here, in their order."""
         self.waiting.extend(other.waiting)
@@ -197,6 +222,7 @@ class ParallelScheduler:
             if self.idle is not None:
                 self.idle.clear()
         self.slots[0].tokens = list(session.cached)
+        self.slots[0].mix = base_mix
         self._slot0_before = list(session.cached)
         self.base_mix = self.applied_mix = base_mix
         self.active = True
@@ -208,12 +234,18 @@ class ParallelScheduler:
         if self.applied_mix != self.base_mix:
             self._apply_mix(self.base_mix)
         session = self.session
-        session.cached = list(self.slots[0].tokens)
+        first = self.slots[0]
+        if first.mix != self.base_mix:  # computed under a request's steering: not the single path's cache
+            seq_remove(self.ctx, first.seq, -1)
+            first.tokens, first.mix = [], self.base_mix
+        session.cached = list(first.tokens)
         spec = session.spec
         if spec is not None and spec.reads_batches and session.cached != self._slot0_before:
             session.reset_cache()  # its model drafters did not see what sequence 0 decoded here
         self._clears = self.ctx.clears
         self.active = False
+        if session.governor is not None:
+            session.governor.decoding = False
 
     def close(self) -> None:
         self.batch.close()
@@ -231,6 +263,7 @@ class ParallelScheduler:
             admitted = True
         if admitted and self.idle is not None:
             self._save_idle(self.idle)
+        self._follow_load()
         live = [s for s in self.slots if s.job is not None]
         if not live:
             return
@@ -252,6 +285,19 @@ class ParallelScheduler:
         ready = [s for s in group if s.job is not None and len(s.job.pending) <= 1]
         if ready:
             self._decode_ready(ready)
+
+    def _follow_load(self) -> None:
+        """The thread count follows the machine's load between steps, as on the single-sequence path (the worker's
+        governor, engine_ext.threads; it measures the step rate while every running sequence decodes)."""
+        governor = self.session.governor
+        if governor is None:
+            return
+        jobs = [s.job for s in self.slots if s.job is not None]
+        governor.decoding = bool(jobs) and all(len(j.pending) <= 1 for j in jobs)
+        if governor.tick() and governor.last_load is not None:
+            load = governor.last_load
+            for job in jobs:
+                self.emit(ThreadsChanged(job.request_id, governor.current, load.others, load.cpus))
 
     def _choose_mix(self, live: list[_Slot]) -> Mix:
         mixes: dict[Mix, int] = {}
@@ -297,29 +343,49 @@ class ParallelScheduler:
     def _admit(self, job: _Job) -> None:
         request = job.submit.request
         try:
-            if request.tools is not None and request.tool_choice != "none":
-                raise EngineError("tool calls run one request at a time: serve them with --parallel 1")
-            if request.reasoning_budget >= 0:
-                raise EngineError("a reasoning budget runs one request at a time: serve it with --parallel 1")
-            if any(m.images for m in request.messages):
-                raise EngineError("images are read one request at a time: serve them with --parallel 1")
             self._check_mix(job.mix)
-            plan = self.session.plan(request, None, n_ctx=self.n_ctx_seq)
+            job.tools = ToolTurn.of(request, self.session.template, self.model.path.name)
+            plan = self._plan(job)
             job.driver = self._driver(job)
-            shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
+            if job.driver is not None:
+                job.driver.set_media(bool(job.media))
+            if job.tools is not None:
+                shape = job.tools.grammar(plan.opens_reasoning)
+            else:
+                shape = reply_grammar(request.grammar, request.json_schema, opens_reasoning=plan.opens_reasoning)
             job.sampler = Sampler(self.model, request.sampling, shape.gbnf, shape.triggers, shape.root)
+            job.reasoning = self.session.reasoning_budget(request, plan)
         except Exception as exc:
             self._fail_job(job, exc)
             return
-        slot = self._place(plan.tokens)
+        if job.reasoning is not None and job.end_thinking:
+            job.reasoning.force()
+        slot = self._place(plan.tokens, job.mix)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
         job.sampler.feed_prompt_history(plan.tokens)
-        job.stream = ReplyStream(self.model, request, plan, self.emit, self.session.token_info)
+        emit = self.emit if job.tools is None else job.tools.watch(self.emit)  # a reply with tools keeps its ids
+        job.stream = ReplyStream(self.model, request, plan, emit, self.session.token_info)
         job.t_prompt = time.perf_counter()
         slot.job = job
         job.decodes_at_start = self.ctx.decodes
+
+    def _plan(self, job: _Job) -> PromptPlan:
+        """The request's prompt, its images encoded (or found in the projector's cache, where the images of the
+        running sequences stay until they are decoded)."""
+        session, vision = self.session, self.session.vision
+        if vision is None:
+            return session.plan(job.submit.request, None, n_ctx=self.n_ctx_seq)
+        vision.pinned = {sha for s in self.slots if s.job is not None for sha in s.job.media}
+        before = (vision.encodes, vision.encode_ms)
+        try:
+            plan = session.plan(job.submit.request, None, n_ctx=self.n_ctx_seq)
+            job.media = session.media
+        finally:
+            session.media = {}  # the single-sequence path's, between its requests
+            job.encoded = (vision.encodes - before[0], vision.encode_ms - before[1])
+        return plan
 
     def _driver(self, job: _Job) -> SpeculativeDriver | None:
         params = job.submit.speculative
@@ -340,24 +406,41 @@ class ParallelScheduler:
             driver.status = "off: this model's recurrent memory cannot drop a rejected draft of one sequence"
         return driver
 
-    def _place(self, tokens: Sequence[int]) -> _Slot:
-        """A free sequence holding the longest usable prefix of `tokens`: its own cache, else a copy of another
-        sequence's (llama_memory_seq_cp: cells shared, nothing recomputed) where the memory allows it."""
+    def _place(self, tokens: Sequence[int], mix: Mix) -> _Slot:
+        """A free sequence holding the longest usable prefix of `tokens` computed under the steering `mix`: its own
+        cache, else a copy of another sequence's (llama_memory_seq_cp: cells shared, nothing recomputed) where the
+        memory allows it. The sequence then holds what `mix` computes."""
+        slot = self._find_prefix(tokens, mix)
+        slot.mix = mix
+        return slot
+
+    def _find_prefix(self, tokens: Sequence[int], mix: Mix) -> _Slot:
         ctx = self.ctx
+
+        def usable(slot: _Slot) -> int:
+            return self._usable(slot.tokens, tokens) if slot.mix == mix else 0
+
         free = [s for s in self.slots if s.job is None]
-        slot = max(free, key=lambda s: self._usable(s.tokens, tokens))
-        n_own = self._usable(slot.tokens, tokens)
+        slot = max(free, key=lambda s: (usable(s), not s.tokens))  # with nothing to reuse, an empty one: others kept
+        if slot.tokens and slot.mix != mix and self.idle is not None:  # another mix's cache: kept, not overwritten
+            self.idle.save(ctx, slot.seq, slot.tokens, slot.mix)
+            seq_remove(ctx, slot.seq, -1)
+            slot.tokens = []
+        n_own = usable(slot)
         source, n_source = None, n_own
         if self.copies_prefix or self.whole_state:
             for other in self.slots:
-                n = self._usable(other.tokens, tokens)
+                n = usable(other)
                 if other is not slot and n > n_source:
                     source, n_source = other, n
-        if self.idle is not None and self._restore_idle(self.idle, slot, tokens, max(n_own, n_source)):
+        if self.idle is not None and self._restore_idle(self.idle, slot, tokens, mix, max(n_own, n_source)):
             return slot
         if source is not None:
             seq_remove(ctx, slot.seq, -1)
-            seq_copy(ctx, source.seq, slot.seq, -1 if self.whole_state else n_source)
+            whole = self.whole_state or self.split_streams
+            seq_copy(ctx, source.seq, slot.seq, -1 if whole else n_source)
+            if self.split_streams:
+                seq_remove(ctx, slot.seq, n_source)
             slot.tokens = source.tokens[:n_source]
             return slot
         if n_own < len(slot.tokens) and not seq_remove(ctx, slot.seq, n_own):
@@ -366,14 +449,15 @@ class ParallelScheduler:
         del slot.tokens[n_own:]
         return slot
 
-    def _restore_idle(self, idle: IdleCache, slot: _Slot, tokens: Sequence[int], n_better: int) -> bool:
-        """Put into `slot` the saved state sparing the most prompt tokens, if it spares more than `n_better`."""
-        key, n = max(((k, self._usable(k, tokens)) for k in idle.keys()), key=lambda kn: kn[1], default=((), 0))
+    def _restore_idle(self, idle: IdleCache, slot: _Slot, tokens: Sequence[int], mix: Mix, n_better: int) -> bool:
+        """Put into `slot` the state saved under `mix` sparing the most prompt tokens, if it spares more than
+        `n_better`."""
+        key, n = max(((k, self._usable(k, tokens)) for k in idle.keys(mix)), key=lambda kn: kn[1], default=((), 0))
         if n <= n_better:
             return False
         ctx = self.ctx
         seq_remove(ctx, slot.seq, -1)
-        if not idle.restore(ctx, key, slot.seq):
+        if not idle.restore(ctx, key, slot.seq, mix):
             seq_remove(ctx, slot.seq, -1)
             slot.tokens = []
             return True
@@ -386,7 +470,7 @@ class ParallelScheduler:
         cache, its cells no longer widen the attention of the sequences that decode."""
         for slot in self.slots:
             if slot.job is None and slot.tokens:
-                idle.save(self.ctx, slot.seq, slot.tokens)
+                idle.save(self.ctx, slot.seq, slot.tokens, slot.mix)
                 seq_remove(self.ctx, slot.seq, -1)
                 slot.tokens = []
 
@@ -401,11 +485,17 @@ class ParallelScheduler:
         """Decode the next micro-batch of a joining prompt on its own (all but its last token)."""
         job = slot.job
         assert job is not None and job.plan is not None
-        n = min(self.ctx.n_batch, self.ctx.params.n_ubatch, len(job.pending) - 1)
-        chunk = job.pending[:n]
+        pending, vision = job.pending, self.session.vision
         try:
-            self.batch.add(slot.seq, chunk, len(slot.tokens), outputs=False)
-            self.batch.decode()
+            if pending[0] < 0 and vision is not None:  # an image's span, at this sequence's positions
+                n = vision.decode_span(self.ctx, len(slot.tokens), pending[0], slot.seq)
+            else:  # text up to the next image, a micro-batch at most (as Session.evaluate_prompt reads it)
+                limit, n = min(self.ctx.n_batch, self.ctx.params.n_ubatch, len(pending) - 1), 0
+                while n < limit and pending[n] >= 0:
+                    n += 1
+                self.batch.add(slot.seq, pending[:n], len(slot.tokens), outputs=False)
+                self.batch.decode()
+            chunk = pending[:n]
         except EngineError as exc:
             self._fail(slot, exc)
             return
@@ -439,6 +529,9 @@ class ParallelScheduler:
                 budget = min(spare, self.n_ctx_seq - pos - 1, MAX_VERIFY_DRAFT)
                 if max_tokens > 0:
                     budget = min(budget, max_tokens - job.n_generated - 1)
+                thinking_room = job.reasoning.draft_room() if job.reasoning is not None else None
+                if thinking_room is not None:  # no accepted draft crosses the budget (as Session._draft_budget)
+                    budget = min(budget, thinking_room)
                 if budget > 0 and driver.drafting_allowed(job.n_generated):
                     draft, drafter = driver.draft(slot.tokens, job.id_last, budget)
             eog_at = first_eog(draft, 0, len(draft) - 1) if draft else 0
@@ -469,19 +562,21 @@ class ParallelScheduler:
             slot.tokens.extend(job.pending)
             job.pending = []
             job.prompt_ms = (now - job.t_prompt) * 1000.0
-            self.emit(PromptEvaluated(job.request_id, len(job.plan.tokens), job.n_cached, self.n_ctx_seq))
+            job.stream.emit(PromptEvaluated(job.request_id, len(job.plan.tokens), job.n_cached, self.n_ctx_seq))
             if job.plan.text is not None:
                 self.session.add_anchor(job.plan.text, job.plan.tokens)
             if job.driver is not None:
                 job.driver.begin(slot.tokens)
-            ids, sources = [job.sampler.sample(ctx, r.row)], ["target"]
+            ids, sources = _next_token(job, ctx, r.row)
             job.t_first, job.ttft_ms = now, (now - job.t_request) * 1000.0
         elif r.drafter is None or job.driver is None:
             slot.tokens.append(job.id_last)
-            ids, sources = [job.sampler.sample(ctx, r.row)], ["target"]
+            ids, sources = _next_token(job, ctx, r.row)
         else:
             draft = r.draft
-            ids = _verify(job.sampler, ctx, r.row, draft, r.eog_at)
+            ids = verify_rows(job.sampler, ctx, r.row, draft, r.eog_at)
+            if job.reasoning is not None:
+                job.reasoning.observe_all(ids)
             n_accepted = len(ids) - 1
             slot.tokens.append(job.id_last)
             slot.tokens.extend(draft[:n_accepted])
@@ -543,8 +638,18 @@ class ParallelScheduler:
             n_threads=self.ctx.n_threads,
             n_decode=self.ctx.decodes - job.decodes_at_start if job.decodes_at_start >= 0 else 0,
             n_decode_total=self.ctx.decodes,
+            image_tokens=image_token_count(plan.tokens, self.session.vision) if plan is not None and job.media else 0,
+            images_encoded=job.encoded[0],
+            image_encode_ms=job.encoded[1],
         )
-        self.emit(Finished(job.request_id, reason, stats, notices, self._spec_stats(job)))
+        thought = job.reasoning
+        if thought is not None and thought.started_at:
+            stats = replace(stats, reasoning_tokens=thought.thinking_tokens, reasoning_ms=thought.thinking_ms)
+        finished = Finished(job.request_id, reason, stats, notices, self._spec_stats(job))
+        if job.tools is not None and plan is not None:
+            piece = self.session.model.token_piece
+            finished = job.tools.finish(finished, lambda t: piece(t, special=True), plan.opens_reasoning)
+        self.emit(finished)
         if job.sampler is not None:
             job.sampler.close()
 
@@ -572,15 +677,10 @@ class ParallelScheduler:
             job.sampler.close()
 
 
-def _verify(sampler: Sampler, ctx: Context, row0: int, draft: Sequence[int], first_eog: int) -> list[int]:
-    """Sample rows row0.. of a sequence's verify run (common_sampler_sample_and_accept_n, as Sampler's, but at the
-    sequence's rows of a shared batch): the accepted draft prefix plus one target token."""
-    n = len(draft)
-    last = first_eog if first_eog < n - 1 else n
-    ids: list[int] = []
-    for i in range(last + 1):
-        token = sampler.sample(ctx, row0 + i)
-        ids.append(token)
-        if i == last or token != draft[i]:
-            break
-    return ids
+def _next_token(job: _Job, ctx: Context, row: int) -> tuple[list[int], list[str]]:
+    """A sequence's next token from its row: sampled, or forced by its reasoning budget (the end of thinking)."""
+    assert job.sampler is not None
+    if job.reasoning is None:
+        return [job.sampler.sample(ctx, row)], ["target"]
+    token, source = job.reasoning.next_token(job.sampler, ctx, row)
+    return [token], [source]

@@ -182,12 +182,12 @@ class ReasoningBudget:
             if self.remaining <= 0:
                 self._begin_forcing()
 
-    def next_token(self, sampler: Sampler, ctx: Context) -> tuple[int, str]:
+    def next_token(self, sampler: Sampler, ctx: Context, row: int = -1) -> tuple[int, str]:
         """The reply's next token and its provenance: the forced one (fed to the sampler as if it had picked it) or
-        the sampler's pick from the context's last logits; observed either way."""
+        the sampler's pick from output row `row` (-1: the context's last logits); observed either way."""
         token = self.next_forced()
         if token is None:
-            token, source = sampler.sample(ctx), "target"
+            token, source = sampler.sample(ctx, row), "target"
         else:
             sampler.accept_forced(token)
             source = FORCED

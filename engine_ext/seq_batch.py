@@ -9,6 +9,7 @@ from engine_ext.bindings import C
 from engine_ext.engine_status import entered, left
 from engine_ext.model import Context, array_at
 from engine_ext.params import ContextError
+from engine_ext.sampling import Sampler
 
 
 class SeqBatch:
@@ -87,3 +88,17 @@ def seq_copy(ctx: Context, src: int, dst: int, p1: int) -> None:
     """Make sequence `dst` share the cells of `src` at positions < p1 (-1: all of it, the only copy a recurrent
     state or a KV cache split by sequence allows: llama-kv-cache.cpp asserts on a partial cross-stream copy)."""
     C.llama_memory_seq_cp(ctx.memory, src, dst, -1 if p1 < 0 else 0, p1)
+
+
+def verify_rows(sampler: Sampler, ctx: Context, row0: int, draft: Sequence[int], first_eog: int) -> list[int]:
+    """Sample rows row0.. of a sequence's verify run (common_sampler_sample_and_accept_n, as Sampler's, but at the
+    sequence's rows of a shared batch): the accepted draft prefix plus one target token."""
+    n = len(draft)
+    last = first_eog if first_eog < n - 1 else n
+    ids: list[int] = []
+    for i in range(last + 1):
+        token = sampler.sample(ctx, row0 + i)
+        ids.append(token)
+        if i == last or token != draft[i]:
+            break
+    return ids

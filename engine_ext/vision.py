@@ -134,6 +134,7 @@ class Vision:
         self.uses_mrope = bool(m.mtmd_decode_use_mrope(handle))
         self.n_embd = int(C.llama_model_n_embd_inp(model.handle))
         self.cache: OrderedDict[str, EncodedImage] = OrderedDict()
+        self.pinned: set[str] = set()  # images of requests still decoding (parallel sequences): never evicted
         self.by_span: dict[int, _ImageChunk] = {}
         self._span_ids: dict[tuple[str, int], int] = {}
         self.cache_bytes = ENCODED_CACHE_BYTES
@@ -231,7 +232,7 @@ class Vision:
         for sha in list(self.cache):
             if total <= self.cache_bytes:
                 break
-            if sha in keep:
+            if sha in keep or sha in self.pinned:
                 continue
             entry = self.cache.pop(sha)
             total -= entry.nbytes
@@ -255,15 +256,16 @@ class Vision:
 
     # ----- into the context ------------------------------------------------------------------------------
 
-    def decode_span(self, ctx: Context, n_past: int, span_id: int) -> int:
-        """Decode one image chunk at position `n_past` from its embeddings; returns the positions it took."""
+    def decode_span(self, ctx: Context, n_past: int, span_id: int, seq: int = 0) -> int:
+        """Decode one image chunk at position `n_past` of sequence `seq` from its embeddings; returns the positions
+        it took."""
         part = self.by_span.get(span_id)
         if part is None:
             raise EngineError("an image of this prompt is no longer cached; send the message again")
         new_n_past = C.llama_pos(0)
         embd = part.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         rc = self.m.mtmd_helper_decode_image_chunk(
-            self.handle, ctx.handle, part.chunk, embd, n_past, 0, ctx.n_batch, ctypes.byref(new_n_past),
+            self.handle, ctx.handle, part.chunk, embd, n_past, seq, ctx.n_batch, ctypes.byref(new_n_past),
             self.m.mtmd_helper_post_decode_callback(),  # NULL: no callback
             None,
         )  # fmt: skip

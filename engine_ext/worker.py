@@ -219,7 +219,8 @@ class Worker:
                 if self.scheduler is not None:  # else it arrived after its generation finished
                     self.scheduler.cancel(request.request_id)
             elif isinstance(request, EndThinking):
-                pass  # its generation finished (parallel requests have no live end of thinking)
+                if self.scheduler is not None:  # else its generation finished
+                    self.scheduler.end_thinking(request.request_id)
             else:
                 self.send(Failed(None, "ProtocolError", f"unknown request {type(request).__name__}"))
         except Exception as exc:  # every error becomes an event; the worker keeps serving
@@ -583,6 +584,8 @@ class Worker:
                 elif isinstance(incoming, EndThinking):
                     if incoming.request_id == request.request_id:
                         self.session.end_thinking()  # forced from the next token on
+                    elif self.scheduler is not None:  # a parallel request waiting for this one
+                        self.scheduler.end_thinking(incoming.request_id)
                 elif isinstance(incoming, Submit | SetQueueLimit):
                     self.handle(incoming)  # queued (or refused) now; parallel requests run after this one
                 elif isinstance(incoming, Shutdown):

@@ -23,6 +23,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def run_parallel(
     from engine_ext.params import ContextParams
     from engine_ext.protocol import Event, Failed, Finished, PromptEvaluated, Submit
 
-    ctx = Context(model, ContextParams(n_ctx=args.ctx, n_batch=512, n_threads=args.threads, n_seq_max=args.parallel))
+    params = ContextParams(n_ctx=args.ctx, n_batch=512, n_threads=args.threads, n_seq_max=args.parallel)
+    ctx = Context(model, replace(params, kv_unified=args.unified))
     mark: dict[str, float] = {"prompted": 0, "t": 0.0, "before": 0, "total": 0}
     scheduler: ParallelScheduler | None = None
 
@@ -158,6 +160,9 @@ def main() -> None:
     parser.add_argument("-c", "--ctx", type=int, default=4096)
     parser.add_argument("--parallel", type=int, default=4, help="sequences decoded together (llama-server -np)")
     parser.add_argument("-r", "--rounds", type=int, default=3)
+    parser.add_argument(
+        "--unified", action="store_true", help="one KV buffer for the sequences (default: a stream each, as serve)"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from app.core.model_paths import resolve_model, starter_model_path

@@ -67,7 +67,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"--parallel {args.parallel} drafts with the n-gram types only ({', '.join(NGRAM_TYPES)}), not "
                 f"{SPEC_TYPE.flag} {model_drafters[0]}: use --parallel 1 for a draft model"
             )
-        context = replace(context, n_seq_max=args.parallel)  # llama-server's -np: n_ctx is shared by them
+        # llama-server's -np: n_ctx is shared by them, a KV stream each (a sequence's cells laid out as on the
+        # single-sequence path: in one shared buffer, where they lie changes the sums; engine_ext.parallel)
+        context = replace(context, n_seq_max=args.parallel, kv_unified=False)
     slot_save_path = _slot_save_path(args)
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}

@@ -1,0 +1,178 @@
+"""`llmtui serve` without -m: every local model (the starter, the Hugging Face and llama.cpp caches, the model
+folders and `--models-dir`) served by its name through `app.server.model_router`, each loaded when a request first
+names it, in a worker of its own."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from app.cli.serving import listen_until_stopped, start_model_backend
+from app.cli.session import CliError
+from app.cli.types import int_range
+from app.core.model_list import LocalModel
+from app.server.api_errors import ApiError
+from app.server.backend import ServerSettings
+from app.server.metrics import Metrics
+from app.server.model_router import RoutedModel, StartedModel
+from engine_ext.client import EngineCrashedError, EngineFailure
+from engine_ext.untrusted_text import one_line
+
+DEFAULT_MODELS_MAX = 4  # llama-server's --models-max
+# Flags that name one model's files or name: with every model served, a model's preset says them instead.
+_ONE_MODEL_FLAGS = (
+    ("alias", "--alias"),
+    ("slot_save_path", "--slot-save-path"),
+    ("spec_draft_model", "--spec-draft-model"),
+    ("mmproj", "--mmproj"),
+    ("control_vector", "--control-vector"),
+    ("control_vector_scaled", "--control-vector-scaled"),
+)
+
+
+def add_router_args(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--models-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="without -m: serve the models in DIR too (three levels deep; repeatable), beside the Hugging Face cache "
+        "and the model folders of the settings",
+    )
+    serve.add_argument(
+        "--models-max",
+        type=int_range(1, 64),
+        default=DEFAULT_MODELS_MAX,
+        metavar="N",
+        help="without -m: most models loaded at once; the least recently used idle one is unloaded for another "
+        f"(default {DEFAULT_MODELS_MAX})",
+    )
+    serve.add_argument(
+        "--idle-unload",
+        type=int_range(0, 7 * 86400),
+        default=0,
+        metavar="SECONDS",
+        help="without -m: unload a model after SECONDS without requests (default 0: never)",
+    )
+
+
+def refuse_router_flags(args: argparse.Namespace) -> None:
+    """`serve -m MODEL` serves that one model: the router's flags would do nothing, so they are refused."""
+    given = [
+        flag
+        for flag, value, default in (
+            ("--models-dir", args.models_dir, []),
+            ("--models-max", args.models_max, DEFAULT_MODELS_MAX),
+            ("--idle-unload", args.idle_unload, 0),
+        )
+        if value != default
+    ]
+    if given:
+        raise CliError(f"{given[0]} is for serving every local model: leave out -m {args.model}")
+
+
+def routed_models(found: Sequence[LocalModel]) -> list[RoutedModel]:
+    """The router's models: the starter as `starter`, a cached model by its `org/repo:TAG`, a file in a folder by
+    its name without `.gguf` (the second of one name gets `-2`); each also by its file's name (`serve -m`'s id)."""
+    models: list[RoutedModel] = []
+    taken: set[str] = set()
+    for model in found:
+        if model.source == "starter":
+            name = "starter"
+        elif model.source in ("hf-cache", "llama-cache"):
+            name = model.name
+        else:
+            name = model.path.stem
+        model_id, n = name, 2
+        while model_id in taken:
+            model_id, n = f"{name}-{n}", n + 1
+        aliases = tuple(alias for alias in (model.path.name,) if alias not in taken and alias != model_id)
+        taken.update((model_id, *aliases))
+        models.append(RoutedModel(model_id, model.path, aliases, model.need_bytes))
+    return models
+
+
+@dataclass
+class CliStarter:
+    """A model's settings and its load, as `serve`'s flags say (app.server.model_router.ModelStarter)."""
+
+    args: argparse.Namespace
+    base: ServerSettings
+
+    def settings(self, model: RoutedModel) -> ServerSettings:
+        return replace(self.base, model_id=model.id, model_path=str(model.path))
+
+    def check(self, model: RoutedModel) -> None:
+        from engine_ext.gguf import GGUFError, inspect_gguf
+
+        try:
+            inspect_gguf(model.path)
+        except (GGUFError, OSError, ValueError) as error:
+            raise ApiError(500, f"{model.id} could not be loaded: {one_line(str(error), 240)}") from None
+
+    def start(self, model: RoutedModel, metrics: Metrics, progress: Callable[[float], None]) -> StartedModel:
+        log_name = "engine-" + re.sub(r"[^A-Za-z0-9._-]+", "_", model.id)[:80] + ".log"
+        try:
+            backend, client = start_model_backend(
+                self.args, model.path, self.settings(model), metrics, log_name=log_name, on_progress=progress
+            )
+        except EngineFailure as error:
+            why = error.failed.message or error.failed.error
+            raise ApiError(500, f"{model.id} could not be loaded: {one_line(why, 240)}") from None
+        except EngineCrashedError as error:
+            why = f"the engine crashed ({error.crashed.description})"
+            raise ApiError(500, f"{model.id} could not be loaded: {one_line(why, 240)}") from None
+
+        def close() -> None:
+            backend.stop()
+            backend.close()
+            client.close()
+
+        return StartedModel(backend, close)
+
+
+def serve_every_model(args: argparse.Namespace, api_key: str | None) -> int:
+    """Serve every local model until Ctrl+C."""
+    from app.cli.engine_args import sampling_params
+    from app.core import paths
+    from app.core.config import ConfigError, load_config
+    from app.core.model_list import describe_models, local_models
+    from app.server.model_router import ModelRouter, RouterLimits
+    from models_catalog import fit
+
+    for name, flag in _ONE_MODEL_FLAGS:
+        if getattr(args, name, None):
+            raise CliError(f"{flag} is for one model: add -m MODEL, or set it in the model's preset")
+    for folder in args.models_dir:
+        if not Path(folder).expanduser().is_dir():
+            raise CliError(f"--models-dir {folder}: not a folder")
+    try:
+        folders = [*load_config().model_folders, *args.models_dir]
+    except ConfigError as error:
+        raise CliError(str(error)) from None
+    models = routed_models(describe_models(local_models(folders), folders))
+    if not models:
+        raise CliError("no local models to serve: download one (llmtui models pull) or add a folder: --models-dir DIR")
+    vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
+    base = ServerSettings(
+        model_id="", sampling=sampling_params(args), vectors=vectors, queue=args.queue, slots=args.parallel
+    )
+    limits = RouterLimits(args.models_max, float(args.idle_unload), memory=fit.detect_memory())
+    metrics = Metrics()
+
+    def log(line: str) -> None:
+        print(f"llmtui serve: {one_line(line)}", file=sys.stderr, flush=True)
+
+    router = ModelRouter(models, base, metrics, CliStarter(args, base), limits, log)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    names = ", ".join(m.id for m in models[:8]) + (f" and {len(models) - 8} more" if len(models) > 8 else "")
+    log(f"http://{host}:{args.port}/v1 serving {len(models)} models, each loaded when asked for: {names}")
+    try:
+        listen_until_stopped(args, router, metrics, api_key)
+    finally:
+        router.close()
+    return 0

@@ -75,6 +75,9 @@ class ModelStarter(Protocol):
     def check(self, model: RoutedModel) -> None:
         """ApiError when the model's file cannot load (read before any other model is unloaded for it)."""
 
+    def job(self, model: RoutedModel, job: Job) -> Job:
+        """`job` with the model's own defaults where the request left a field unset (its preset's reasoning)."""
+
     def start(self, model: RoutedModel, metrics: Metrics, progress: Callable[[float], None]) -> StartedModel: ...
 
 
@@ -198,6 +201,7 @@ class ModelRouter:
                 raise ApiError(503, "the server is shutting down")
             place = self._place(job.model)
             place.last_used = time.monotonic()
+            job = self._starter.job(place.model, job)
             if place.started is not None:
                 return place.started.backend.submit(job, loop)
             if len(place.waiting) > self.settings.queue:

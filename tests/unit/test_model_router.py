@@ -18,6 +18,7 @@ from app.server.asgi import build_app
 from app.server.backend import EngineBackend, ServerSettings
 from app.server.metrics import Metrics
 from app.server.model_router import ModelRouter, RoutedModel, RouterLimits, StartedModel
+from app.server.requests import Job
 from models_catalog.fit import GIB, MachineMemory
 from tests.unit.test_server_http import ScriptedClient
 from tests.waits import wait_for
@@ -41,6 +42,9 @@ class FakeStarter:
 
     def check(self, model: RoutedModel) -> None:
         pass
+
+    def job(self, model: RoutedModel, job: Job) -> Job:
+        return job
 
     def start(self, model: RoutedModel, metrics: Metrics, progress: Callable[[float], None]) -> StartedModel:
         progress(0.5)
@@ -70,10 +74,10 @@ MODELS = (
 
 @contextmanager
 def routed(
-    starter: FakeStarter, limits: RouterLimits = RouterLimits(), models: tuple[RoutedModel, ...] = MODELS
+    starter: FakeStarter, limits: RouterLimits | None = None, models: tuple[RoutedModel, ...] = MODELS
 ) -> Iterator[tuple[TestClient, ModelRouter]]:
     metrics = Metrics()
-    router = ModelRouter(models, ServerSettings(model_id="", queue=4), metrics, starter, limits)
+    router = ModelRouter(models, ServerSettings(model_id="", queue=4), metrics, starter, limits or RouterLimits())
     with TestClient(build_app(router, metrics), base_url="http://127.0.0.1:8080") as client:
         yield client, router
     router.stop()

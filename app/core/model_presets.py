@@ -137,6 +137,12 @@ def preset_for(presets: Iterable[ModelPreset], names: Iterable[str]) -> ModelPre
     return next((by_model[name] for name in names if name in by_model), None)
 
 
+def preset_of(presets: Iterable[ModelPreset], source: str, name: str, path: Path) -> ModelPreset:
+    """A model's preset, found by its serve id or its file's name (an empty one under its serve id when none)."""
+    model_id = serve_id(source, name, path)
+    return preset_for(presets, (model_id, path.name)) or ModelPreset(model_id)
+
+
 def with_preset(presets: Sequence[ModelPreset], preset: ModelPreset) -> tuple[ModelPreset, ...]:
     """`presets` with `preset` in place of the one for its model (or added); an empty one removes it."""
     kept = [p for p in presets if p.model != preset.model]

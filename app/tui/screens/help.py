@@ -100,6 +100,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("x, delete", "local tab: delete the model or partial download (asks, says the space freed)"),
             ("x, c", "elsewhere, or in the downloads panel: cancel the highlighted download"),
             ("r", "local tab: resume the highlighted partial download"),
+            ("e", "local tab: the model's serve preset (how `llmtui serve` loads it: alias, context, sampling, pin)"),
             ("up / down", "in the downloads panel: highlight another download"),
             ("ctrl+r", "reload the local models and partial downloads"),
             ("escape, F4", "back to the chat"),

@@ -42,6 +42,15 @@ SAMPLING_SEED = Setting(
 SERVER_ENABLED = Setting(
     "enabled", bool, False, "serve the loaded model when the app starts (F10 turns it on or off)", saved_in="server"
 )
+SERVER_ROUTER = Setting(
+    "router",
+    bool,
+    False,
+    "F10 serves every local model (`llmtui serve` without -m: each loaded on demand in its own worker) instead of "
+    "the app's own model",
+    label="serve every local model",
+    saved_in="server",
+)
 SERVER_HOST = Setting(
     "host", str, "127.0.0.1", "the address the API server listens on (127.0.0.1: this machine only)", saved_in="server"
 )
@@ -135,6 +144,7 @@ UI: tuple[Setting[Any], ...] = (THEME, SHOW_SIDEBAR, DRAFT_COLOURING, SPEC_DETAI
 # config.toml's [server] table: the app's API server (`llmtui serve` takes the same defaults as flags).
 SERVER: tuple[Setting[Any], ...] = (
     SERVER_ENABLED,
+    SERVER_ROUTER,
     SERVER_HOST,
     SERVER_PORT,
     SERVER_KEY_ENV,

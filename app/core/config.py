@@ -398,6 +398,7 @@ class ServerConfig:
     with the app. `llmtui serve` has its own flags."""
 
     enabled: bool = ui.SERVER_ENABLED.default
+    router: bool = ui.SERVER_ROUTER.default  # every local model, in a `llmtui serve` child process
     host: str = ui.SERVER_HOST.default
     port: int = ui.SERVER_PORT.default
     api_key_env: str = ui.SERVER_KEY_ENV.default

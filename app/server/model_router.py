@@ -300,6 +300,9 @@ class ModelRouter:
         except ApiError as error:
             ticket.push(error)
             return
+        except Exception as error:  # this request's failure is its own: the others waiting go on
+            ticket.push(ApiError(500, f"the server failed: {type(error).__name__}: {one_line(str(error), 200)}"))
+            return
         ticket.inner = inner
         if ticket.cancelled.is_set():
             inner.cancel()

@@ -24,8 +24,14 @@ from engine_ext.settings_schema import Setting
 from engine_ext.spec_catalog import LoadPlan, load_plan
 
 
-def add_engine_args(p: argparse.ArgumentParser, *, default_ctx: int = s.N_CTX.default) -> None:
-    p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
+def add_engine_args(
+    p: argparse.ArgumentParser, *, default_ctx: int = s.N_CTX.default, model_help: str | None = None
+) -> None:
+    """The engine's flags; -m defaults to the starter model (with `model_help`: to None, that help saying why)."""
+    if model_help is None:
+        p.add_argument("-m", "--model", default="starter", help="model: a .gguf path or 'starter' (default)")
+    else:
+        p.add_argument("-m", "--model", default=None, help=model_help)
     special: dict[Setting[Any], dict[str, Any]] = {
         s.N_CTX: {"default": default_ctx},
         s.N_GPU_LAYERS: {"type": _gpu_layers, "metavar": "N|auto|all"},

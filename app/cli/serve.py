@@ -7,34 +7,18 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING
 
-from app.cli.engine_args import (
-    add_engine_args,
-    add_mmproj_arg,
-    add_sampling_args,
-    add_spec_args,
-    context_params,
-    model_params,
-    sampling_params,
-    spec_params,
-    target_load_plan,
-)
-from app.cli.session import CliError, loaded, saved_disk_cache, start_engine
+from app.cli.engine_args import add_engine_args, add_mmproj_arg, add_sampling_args, add_spec_args, sampling_params
+from app.cli.serve_models import add_router_args, refuse_router_flags
+from app.cli.serving import listen_until_stopped, start_model_backend
+from app.cli.session import CliError, saved_disk_cache
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import int_range
 from app.core.app_settings_schema import SERVER_HOST, SERVER_PORT
 from app.core.model_paths import resolve_model
-from app.core.server_access import Access, api_key_refusal, host_refusal, loopback, origin_refusal
-from app.server.requests import Limits
+from app.core.server_access import api_key_refusal, host_refusal, loopback, origin_refusal
 from engine_ext.params import DiskCacheParams
-from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
-
-if TYPE_CHECKING:
-    import uvicorn
 
 DEFAULT_PORT = SERVER_PORT.default
 DEFAULT_STEP_LIMIT_S = 60  # one step of a request's reply (a decode, a sampling, a grammar's build) past it: restarted
@@ -42,11 +26,8 @@ DEFAULT_STEP_LIMIT_S = 60  # one step of a request's reply (a decode, a sampling
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from app.core import paths
-    from app.server import listen
-    from app.server.asgi import build_app
-    from app.server.backend import EngineBackend, ServerSettings
+    from app.server.backend import ServerSettings
     from app.server.metrics import Metrics
-    from app.server.parallel_backend import ParallelBackend
 
     api_key = _api_key(args.api_key_env)
     if not loopback(args.host) and not api_key:
@@ -55,21 +36,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "can use the model (set one with --api-key-env NAME)",
             file=sys.stderr,
         )
+    if args.model is None:
+        from app.cli.serve_models import serve_every_model
+
+        return serve_every_model(args, api_key)
+    refuse_router_flags(args)
     path = resolve_model(args.model)
-    spec = spec_params(args, path)
-    spec.validate()
-    model = model_params(args, spec, path)
-    context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
-    if args.parallel > 1:
-        model_drafters = [t for t in spec.types if t not in NGRAM_TYPES]
-        if model_drafters:
-            raise CliError(
-                f"--parallel {args.parallel} drafts with the n-gram types only ({', '.join(NGRAM_TYPES)}), not "
-                f"{SPEC_TYPE.flag} {model_drafters[0]}: use --parallel 1 for a draft model"
-            )
-        # llama-server's -np: n_ctx is shared by them, a KV stream each (a sequence's cells laid out as on the
-        # single-sequence path: in one shared buffer, where they lie changes the sums; engine_ext.parallel)
-        context = replace(context, n_seq_max=args.parallel, kv_unified=False)
     slot_save_path = _slot_save_path(args)
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
@@ -77,58 +49,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # One sequence: its state is saved when it goes idle (after each reply) and restored for a request that starts
     # with it, also after a restart; parallel sequences keep theirs in memory only.
     disk = saved_disk_cache() if args.parallel == 1 else DiskCacheParams()
-    client = start_engine()
-    client.step_limit_s = args.step_limit
+    settings = ServerSettings(
+        model_id=args.alias or Path(path).name,
+        model_path=str(path),
+        sampling=sampling_params(args),
+        steering=steering,
+        vectors=vectors,
+        queue=args.queue,
+        slots=args.parallel,
+        slot_save_path=slot_save_path,
+    )
+    metrics = Metrics()
+    backend, client = start_model_backend(args, path, settings, metrics, disk=disk)
     try:
-        info = loaded(client.load(path, model, context, disk_cache=disk))
-        if spec.enabled:
-            client.set_speculative(spec)
-        if steering:
-            for notice in client.set_steering(steering).notices:
-                print(f"note: {notice}", file=sys.stderr)
-
-        def restart() -> None:
-            client.start()
-            client.load(path, model, context, disk_cache=disk)
-
-        settings = ServerSettings(
-            model_id=args.alias or Path(path).name,
-            model_path=str(path),
-            sampling=sampling_params(args),
-            speculative=spec,
-            steering=steering,
-            vectors=vectors,
-            limits=Limits(max_tokens=min(args.max_tokens, info.n_ctx) if args.max_tokens else 0),
-            queue=args.queue,
-            slots=args.parallel,
-            slot_save_path=slot_save_path,
-        )
-        metrics = Metrics()
-        backend_type = ParallelBackend if args.parallel > 1 else EngineBackend
-        backend = backend_type(client, settings, metrics, restart)
-        access = Access(listen_host=args.host, allowed_hosts=tuple(args.allowed_host), cors=tuple(args.cors))
-        app = build_app(backend, metrics, api_key=api_key, access=access)
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"llmtui serve: http://{host}:{args.port}/v1 serving {settings.model_id}", file=sys.stderr, flush=True)
-        server = listen.server(app, args.host, args.port, log_level="warning")
-        _cancel_on_exit(server, backend.stop)
-        server.run()
-        backend.close()
+        listen_until_stopped(args, backend, metrics, api_key)
     finally:
         client.close()
     return 0
-
-
-def _cancel_on_exit(server: uvicorn.Server, stop: Callable[[], None]) -> None:
-    """Ctrl+C (or SIGTERM) on `server` first cancels every request (`stop`): a streaming response ends (the engine
-    client's watchdog ends a worker stuck in a native call within about a second) instead of holding the shutdown."""
-    handle_exit = server.handle_exit
-
-    def cancel_then_exit(sig: int, frame: FrameType | None) -> None:
-        stop()
-        handle_exit(sig, frame)
-
-    server.handle_exit = cancel_then_exit  # type: ignore[method-assign]
 
 
 def _slot_save_path(args: argparse.Namespace) -> str:
@@ -172,8 +111,12 @@ def _checked(refusal: Callable[[str], str | None]) -> Callable[[str], str]:
 
 
 def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = sub.add_parser("serve", help="serve the model as an OpenAI-compatible API on this machine")
-    add_engine_args(serve)
+    serve = sub.add_parser("serve", help="serve a model, or every local model, as an OpenAI-compatible API")
+    add_engine_args(
+        serve,
+        model_help="serve this model only: a .gguf path, 'starter' or org/repo[:QUANT] (default: every local model, "
+        "each loaded when a request names it)",
+    )
     add_mmproj_arg(serve)
     add_sampling_args(serve)
     serve.add_argument(
@@ -237,3 +180,4 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     add_spec_args(serve)
     add_control_vector_args(serve)
+    add_router_args(serve)

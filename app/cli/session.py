@@ -64,12 +64,12 @@ KEEP_REPACK_OFF = "Add --no-repack to turn repacking off altogether."
 T = TypeVar("T")
 
 
-def start_engine() -> EngineClient:
+def start_engine(log_name: str = "engine.log") -> EngineClient:
     """A started engine worker that leaves out the CPU extra buffer types that crashed this CPU with this engine
-    build before (engine_ext.recovery)."""
+    build before (engine_ext.recovery); its log is `log_name` in the log dir (`serve`'s router: one per model)."""
     from app.core.owner_only_dirs import private_dir, take_notice
 
-    client = EngineClient(private_dir(paths.log_dir()) / "engine.log", memory=paths.repack_memory())
+    client = EngineClient(private_dir(paths.log_dir()) / log_name, memory=paths.repack_memory())
     notice = take_notice()
     if notice:
         print(f"llmtui: {notice}", file=sys.stderr)

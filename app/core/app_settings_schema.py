@@ -42,6 +42,15 @@ SAMPLING_SEED = Setting(
 SERVER_ENABLED = Setting(
     "enabled", bool, False, "serve the loaded model when the app starts (F10 turns it on or off)", saved_in="server"
 )
+SERVER_ROUTER = Setting(
+    "router",
+    bool,
+    False,
+    "F10 serves every local model (`llmtui serve` without -m: each loaded on demand in its own worker) instead of "
+    "the app's own model",
+    label="serve every local model",
+    saved_in="server",
+)
 SERVER_HOST = Setting(
     "host", str, "127.0.0.1", "the address the API server listens on (127.0.0.1: this machine only)", saved_in="server"
 )
@@ -88,10 +97,54 @@ OUTPUT_FILE = Setting(
     "the JSON schema or GBNF grammar file (output formats json_schema, grammar)",
     label="output file",
 )
+# A model's preset: config.toml's [models."ID"] table (ID: its id in `llmtui serve`, or its file's name), shown and
+# edited in F4's model detail; `llmtui serve` without -m loads the model with it. Unset keys: serve's flags.
+PRESET_ALIAS = Setting(
+    "alias", str, "", "another name requests may give the model (llmtui serve)", label="alias", saved_in="models"
+)
+PRESET_VECTORS = Setting(
+    "control_vectors",
+    str,
+    "",
+    "control vectors steering its replies: names from the steering folder or .gguf files, each NAME or NAME:STRENGTH, "
+    "separated by commas",
+    label="control vectors",
+    saved_in="models",
+)
+PRESET_PROJECTOR = Setting(
+    "mmproj", str, "", "its multimodal projector file (images)", label="projector", saved_in="models"
+)
+PRESET_PIN = Setting(
+    "pin",
+    bool,
+    False,
+    "once loaded, llmtui serve keeps it loaded: never unloaded for another model or for being idle",
+    label="pinned",
+    saved_in="models",
+)
+MODEL_PRESET: tuple[Setting[Any], ...] = (
+    PRESET_ALIAS,
+    s.N_CTX,
+    s.N_THREADS,
+    s.N_GPU_LAYERS,
+    s.SPEC_TYPE,
+    s.DRAFT_MODEL,
+    s.TEMPERATURE,
+    s.TOP_K,
+    s.TOP_P,
+    s.MIN_P,
+    s.REPEAT_PENALTY,
+    s.REASONING_BUDGET,
+    s.REASONING_EFFORT,
+    PRESET_VECTORS,
+    PRESET_PROJECTOR,
+    PRESET_PIN,
+)
 UI: tuple[Setting[Any], ...] = (THEME, SHOW_SIDEBAR, DRAFT_COLOURING, SPEC_DETAILS)
 # config.toml's [server] table: the app's API server (`llmtui serve` takes the same defaults as flags).
 SERVER: tuple[Setting[Any], ...] = (
     SERVER_ENABLED,
+    SERVER_ROUTER,
     SERVER_HOST,
     SERVER_PORT,
     SERVER_KEY_ENV,

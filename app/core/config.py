@@ -18,6 +18,7 @@ from tomlkit.items import AoT
 
 from app.core import app_settings_schema as ui
 from app.core.app_settings_schema import THEMES  # noqa: F401 - the screens' choices
+from app.core.model_presets import ModelPreset, PresetError, presets_from_toml, update_presets
 from app.core.owner_only_dirs import private_dir, write_private_text
 from app.core.paths import CONFIG_FILE_NAME, config_path, prompt_cache_dir
 from app.core.server_access import host_refusal, origin_refusal, split_names
@@ -397,6 +398,7 @@ class ServerConfig:
     with the app. `llmtui serve` has its own flags."""
 
     enabled: bool = ui.SERVER_ENABLED.default
+    router: bool = ui.SERVER_ROUTER.default  # every local model, in a `llmtui serve` child process
     host: str = ui.SERVER_HOST.default
     port: int = ui.SERVER_PORT.default
     api_key_env: str = ui.SERVER_KEY_ENV.default
@@ -424,6 +426,7 @@ class Config:
     engine: EngineSettings = field(default_factory=EngineSettings)
     model_folders: tuple[str, ...] = ()
     last_model: str = ""
+    model_presets: tuple[ModelPreset, ...] = ()  # [models."ID"] tables (app/core/model_presets.py)
     theme: str = ui.THEME.default
     show_sidebar: bool = ui.SHOW_SIDEBAR.default
     draft_colouring: bool = ui.DRAFT_COLOURING.default  # accepted draft tokens coloured in the transcript (F7)
@@ -478,9 +481,14 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
     folders = models_table.get("folders", [])
     if not isinstance(folders, list) or not all(isinstance(item, str) for item in folders):
         raise ConfigError(f"{source}: models.folders should be a list of folder paths")
+    try:
+        presets = presets_from_toml(models_table)
+    except PresetError as error:
+        raise ConfigError(f"{source}: {error}") from None
     config = Config(
         engine=EngineSettings(**engine_values),
         model_folders=tuple(folders),
+        model_presets=presets,
         last_model=_typed(models_table, "last_model", str, defaults.last_model, "models."),
         **_declared_values(ui_table, ui.UI),
         speculative=SpeculativeSettings(**_declared_values(_table(data, "speculative", source), ui.SPECULATIVE)),
@@ -649,6 +657,7 @@ def config_to_toml(config: Config, previous: str = "") -> str:
                 del document[name]
             document[name] = table
         _update(table, values)
+    update_presets(document["models"], config.model_presets)
     _update_remotes(document, config.remotes)
     return tomlkit.dumps(document)
 

@@ -65,6 +65,7 @@ class RemoteModel:
 
     id: str
     n_ctx: int = 0  # vLLM/SGLang's max_model_len, llama-server's n_ctx_train; 0 when the server does not say
+    loaded: bool | None = None  # a router's (llama-server's, `llmtui serve`'s): loaded now; None: it does not say
 
 
 def api_path(remote: RemoteSettings, endpoint: str) -> str:
@@ -251,7 +252,15 @@ def list_models(remote: RemoteSettings, timeout: float = CONNECT_TIMEOUT_S) -> l
             continue
         meta = item.get("meta")
         n_ctx = item.get("max_model_len") or (meta.get("n_ctx_train") if isinstance(meta, dict) else 0) or 0
-        models.append(RemoteModel(item["id"], n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else 0))
+        status = item.get("status")
+        value = status.get("value") if isinstance(status, dict) else None
+        models.append(
+            RemoteModel(
+                item["id"],
+                n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else 0,
+                value == "loaded" if isinstance(value, str) else None,
+            )
+        )
     return models
 
 

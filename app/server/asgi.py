@@ -26,7 +26,7 @@ from starlette.routing import Route
 from app.core.server_access import Access
 from app.server import anthropic, responses
 from app.server.api_errors import ApiError
-from app.server.backend import ServerSettings, Ticket
+from app.server.backend import ServedModel, ServerSettings, Ticket
 from app.server.blocks import BlockShaper
 from app.server.gate import RequestGate
 from app.server.metrics import Metrics
@@ -47,6 +47,12 @@ class Backend(Protocol):
     settings: ServerSettings
 
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket: ...
+
+    def settings_for(self, model: str | None) -> ServerSettings: ...
+
+    def served(self) -> tuple[ServedModel, ...]: ...
+
+    def unload(self, model: str) -> None: ...
 
 
 def json_error(error: ApiError, shape: Callable[[ApiError], dict[str, object]] | None = None) -> JSONResponse:
@@ -157,21 +163,46 @@ async def health(request: Request) -> Response:
     return JSONResponse(server_of(request).metrics.health())
 
 
-def model_card(request: Request) -> dict[str, object]:
-    s = server_of(request)
-    return {"id": s.backend.settings.model_id, "object": "model", "created": s.started, "owned_by": "llmtui"}
+def model_card(request: Request, model: ServedModel) -> dict[str, object]:
+    """A model as OpenAI lists it, with llama-server's router fields: its aliases and status (loaded or not)."""
+    status: dict[str, object] = {"value": model.status}
+    if model.status == "loading":
+        status["progress"] = round(model.progress, 3)
+    if model.error:
+        status.update(failed=True, error=model.error)
+    if model.pinned:
+        status["pinned"] = True
+    card = {"id": model.id, "object": "model", "created": server_of(request).started, "owned_by": "llmtui"}
+    return {**card, "aliases": list(model.aliases), "status": status}
 
 
 async def models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [model_card(request)]})
+    served = server_of(request).backend.served()
+    return JSONResponse({"object": "list", "data": [model_card(request, model) for model in served]})
 
 
 async def one_model(request: Request) -> Response:
-    """OpenAI's model retrieval: the served model by its id (a 404 in OpenAI's shape for any other)."""
+    """OpenAI's model retrieval: a served model by its id or an alias (a 404 in OpenAI's shape for any other)."""
     name = request.path_params["model_id"]
-    if name != server_of(request).backend.settings.model_id:
-        raise ApiError(404, f"the model {one_line(name, 80)!r} does not exist here", "model", "model_not_found")
-    return JSONResponse(model_card(request))
+    for model in server_of(request).backend.served():
+        if name == model.id or name in model.aliases:
+            return JSONResponse(model_card(request, model))
+    raise ApiError(404, f"the model {one_line(name, 80)!r} does not exist here", "model", "model_not_found")
+
+
+async def unload_model(request: Request) -> Response:
+    """llama-server's router's POST /models/unload {"model": NAME}: the model's worker ends, its memory freed."""
+    name = parse_body(await read_body(request)).get("model")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "model must name a model (GET /v1/models lists them)", "model")
+    server_of(request).backend.unload(name)
+    return JSONResponse({"success": True})
+
+
+def settings_for(request: Request, body: dict[str, object]) -> ServerSettings:
+    """The settings of the model the request names (`model`; a server of one model: its own)."""
+    name = body.get("model")
+    return server_of(request).backend.settings_for(name if isinstance(name, str) else None)
 
 
 async def metrics_text(request: Request) -> Response:
@@ -187,7 +218,7 @@ async def chat(request: Request) -> Response:
     s = server_of(request)
     body = parse_body(await read_body(request))
     s.metrics.request()
-    settings = s.backend.settings
+    settings = settings_for(request, body)
     return await run(request, parse_chat(body, settings.sampling, settings.limits, settings.model_id))
 
 
@@ -195,7 +226,7 @@ async def completions(request: Request) -> Response:
     s = server_of(request)
     body = parse_body(await read_body(request))
     s.metrics.request()
-    settings = s.backend.settings
+    settings = settings_for(request, body)
     job = parse_completion(body, settings.sampling, settings.limits, settings.model_id)
     if len(job.prompts) < 2:
         return await run(request, job)
@@ -210,7 +241,7 @@ async def completions(request: Request) -> Response:
 def new_reply(request: Request, job: Job) -> responses.Reply:
     return responses.Reply(
         calls_hidden=CallTextFilter() if job.tools and job.tool_choice != "none" else None,
-        fingerprint=responses.system_fingerprint(server_of(request).backend.settings.model_path),
+        fingerprint=responses.system_fingerprint(server_of(request).backend.settings_for(job.model).model_path),
     )
 
 
@@ -226,7 +257,7 @@ async def run(request: Request, job: Job) -> Response:
         return event_stream(stream(request, ticket, job, new_reply(request, job), first))
     reply = await collected(request, job, ticket, first)
     shape = responses.chat_completion if job.endpoint == "chat" else responses.text_completion
-    return JSONResponse(shape(reply, server_of(request).backend.settings.model_id, job.return_provenance))
+    return JSONResponse(shape(reply, job.model, job.return_provenance))
 
 
 async def collected(request: Request, job: Job, ticket: Ticket, first: object) -> responses.Reply:
@@ -278,7 +309,7 @@ async def stream(
     done: bool = True,
 ) -> AsyncIterator[bytes]:
     """The request's events as SSE chunks (`index`: its choice; `done`: the stream ends with it)."""
-    model = server_of(request).backend.settings.model_id
+    model = job.model
     chat_endpoint = job.endpoint == "chat"
     try:
         if chat_endpoint:
@@ -348,14 +379,14 @@ async def anthropic_messages(request: Request) -> Response:
     s = server_of(request)
     body = parse_body(await read_body(request))
     s.metrics.request()
-    settings = s.backend.settings
+    settings = settings_for(request, body)
     job = anthropic.parse_messages(body, settings.sampling, settings.limits, settings.model_id)
     return await shaped(request, job, anthropic.MessageShaper(job, settings.model_id))
 
 
 async def anthropic_count(request: Request) -> Response:
-    settings = server_of(request).backend.settings
     body = parse_body(await read_body(request))
+    settings = settings_for(request, body)
     job = anthropic.parse_messages(body, settings.sampling, settings.limits, settings.model_id, count_only=True)
     return await shaped(request, job, anthropic.CountShaper(job, settings.model_id))
 
@@ -364,7 +395,7 @@ async def openai_response(request: Request) -> Response:
     s = server_of(request)
     body = parse_body(await read_body(request))
     s.metrics.request()
-    settings, store = s.backend.settings, s.response_store
+    settings, store = settings_for(request, body), s.response_store
     job, conversation = parse_response_request(body, settings.sampling, settings.limits, settings.model_id, store)
     return await shaped(request, job, ResponseShaper(job, settings.model_id, body, conversation, store))
 
@@ -460,6 +491,7 @@ ROUTES: Final[tuple[tuple[str, str, Handler, ErrorShape | None], ...]] = (
     ("POST", "/v1/responses", openai_response, None),
     ("POST", "/responses", openai_response, None),
     ("POST", "/slots/{id_slot}", slots, None),
+    ("POST", "/models/unload", unload_model, None),
 )
 
 

@@ -55,6 +55,18 @@ class ServerSettings:
     slot_save_path: str = ""  # where POST /slots/0?action=save|restore keeps its files ("": those actions are off)
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """A model a server serves, as GET /v1/models lists it (llama-server's router's fields)."""
+
+    id: str
+    aliases: tuple[str, ...] = ()
+    status: str = "loaded"  # unloaded, loading or loaded
+    progress: float = 1.0  # of its load, while loading
+    error: str = ""  # why its last load failed ("": it did not)
+    pinned: bool = False
+
+
 @dataclass
 class Ticket:
     """One accepted request: its job, what the engine was asked, and the events for the HTTP handler."""
@@ -97,6 +109,19 @@ class JobServer:
         self.metrics = metrics
         self.stopping = False
         """The server is shutting down: requests are cancelled and a dead engine is not restarted."""
+
+    def settings_for(self, model: str | None) -> ServerSettings:
+        """The settings of a request that names `model`: this server's one model, whatever the name (a router
+        answers each model's: app.server.model_router)."""
+        return self.settings
+
+    def served(self) -> tuple[ServedModel, ...]:
+        """The models GET /v1/models lists: this server's one, loaded."""
+        return (ServedModel(self.settings.model_id),)
+
+    def unload(self, model: str) -> None:
+        """POST /models/unload: a server of one model keeps it (ApiError 400)."""
+        raise ApiError(400, "this server serves one model (llmtui serve -m); start it without -m to unload models")
 
     def stop(self) -> None:
         """The server is shutting down (Ctrl+C): cancel every request, waiting or running, so their responses end

@@ -38,6 +38,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._t = _Totals()
         self.slots = slots  # requests the engine decodes together (serve --parallel)
+        self._loading: dict[str, float] = {}  # a router's models loading now: id → fraction loaded
 
     def request(self) -> None:
         with self._lock:
@@ -54,6 +55,14 @@ class Metrics:
     def queue(self, processing: int, deferred: int) -> None:
         with self._lock:
             self._t.processing, self._t.deferred = processing, deferred
+
+    def loading(self, model: str, fraction: float | None) -> None:
+        """A router's model `model` is `fraction` loaded (None: no longer loading); /health says it."""
+        with self._lock:
+            if fraction is None:
+                self._loading.pop(model, None)
+            else:
+                self._loading[model] = fraction
 
     def finished(self, done: Finished) -> None:
         s = done.stats
@@ -87,12 +96,17 @@ class Metrics:
 
     def health(self) -> dict[str, object]:
         """`GET /health` as llama-server answers it; with parallel slots, their counts as llama-server gave them
-        (`slots_idle`, `slots_processing`). One slot answers as it always did."""
-        if self.slots == 1:
-            return {"status": "ok"}
+        (`slots_idle`, `slots_processing`). One slot answers as it always did; a router's models that are loading
+        are listed with their progress (`models_loading`)."""
         with self._lock:
             processing = self._t.processing
-        return {"status": "ok", "slots_idle": max(0, self.slots - processing), "slots_processing": processing}
+            loading = {model: round(fraction, 3) for model, fraction in self._loading.items()}
+        answer: dict[str, object] = {"status": "ok"}
+        if self.slots > 1:
+            answer.update(slots_idle=max(0, self.slots - processing), slots_processing=processing)
+        if loading:
+            answer["models_loading"] = loading
+        return answer
 
     def render(self) -> str:
         with self._lock:

@@ -167,8 +167,8 @@ class LlmtuiApp(EngineEvents):
 
     def use_remote(self, choice: RemoteChoice) -> None:
         """Switch to a remote engine's model (the local engine is shut down; picking a local model starts it)."""
-        if self.server.running:
-            self.server.stop()  # it serves the app's own engine only
+        if self.server.running and not self.config.server.router:
+            self.server.stop()  # it serves the app's own engine only (the router: every local model)
         self.models.use_remote(choice)
 
     def load_model(self, path: Path) -> None:
@@ -405,7 +405,10 @@ class LlmtuiApp(EngineEvents):
 
         # The local files are looked for by the switcher, in a thread (no folder scan on the event loop).
         self.push_screen(
-            ModelSwitcherModal(None, self.model_path, self.config.remotes, folders=self.config.model_folders), switch
+            ModelSwitcherModal(
+                None, self.model_path, self.config.remotes, folders=self.config.model_folders, served=self.server.served
+            ),
+            switch,
         )
 
     def open_model(self, path: Path) -> None:

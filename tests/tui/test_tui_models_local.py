@@ -5,6 +5,7 @@ explained."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -451,3 +452,42 @@ async def test_an_empty_local_tab_names_the_starter_and_leaves_the_catalogs_entr
         assert "No models downloaded yet" in line and f"starter model ({starter.name}) is ready (ctrl+l)" in line
         await wait_until(pilot, lambda: screen.entry is None, "the Catalog's entry left behind")
         assert str(screen.query_one("#detail-info", Static).render()) == ""
+
+
+@pytest.mark.anyio
+async def test_e_edits_a_local_models_serve_preset_in_config_toml(
+    models_hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    """Issue 45 item 4: F4's detail shows a local model's [models."ID"] preset, e edits it (checked by the
+    declarations, an empty field unset), and `llmtui serve` reads it from config.toml."""
+    from textual.widgets import Select, Static
+
+    from app.core.config import load_config
+    from app.tui.modals.model_preset import ModelPresetModal
+
+    folder = tiny_models["llama"].parent
+    app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.save_settings(replace(app.config, model_folders=(str(folder),)))
+        screen = await open_models(pilot)
+        await pilot.press("3")
+        name = tiny_models["llama"].name
+        await wait_until(pilot, lambda: any(m.path.name == name for m in screen.local_models), "the folder's models")
+        await highlight_local(pilot, screen, str([m.path.name for m in screen.local_models].index(name)))
+        await pilot.press("e")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPresetModal), "the preset dialog")
+        dialog = app.screen
+        assert isinstance(dialog, ModelPresetModal) and dialog.preset.model == tiny_models["llama"].stem
+        dialog.query_one("#preset-alias", Input).value = "fast"
+        dialog.query_one("#preset-n_ctx", Input).value = "many"
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, ModelPresetModal)  # refused: "context size: 'many' is not a whole number"
+        dialog.query_one("#preset-n_ctx", Input).value = "1024"
+        dialog.query_one("#preset-pin", Select).value = "on"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.screen is screen, "the models screen again")
+        [preset] = load_config().model_presets
+        assert preset.model == tiny_models["llama"].stem
+        assert dict(preset.values) == {"alias": "fast", "n_ctx": 1024, "pin": True}
+        detail = str(screen.query_one("#detail-info", Static).render())
+        assert "Serve preset: alias fast · context size 1024 · pinned" in detail

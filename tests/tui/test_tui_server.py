@@ -136,3 +136,42 @@ async def test_f10_refuses_a_non_ascii_key_and_cross_site_requests(
             assert answer.status_code == status and words in answer.json()["error"]["message"], answer.text
         await pilot.press("f10")
         await wait_until(pilot, lambda: not app.server.running, "the API server to stop")
+
+
+async def test_f10_with_router_serves_every_local_model_and_the_switcher_marks_the_loaded_ones(
+    lone_llama: Path,
+) -> None:
+    """Issue 45 item 5: `[server] router = true` makes F10 start `llmtui serve` without -m (a child process, real
+    workers) instead of serving the app's own engine; ctrl+l marks the models it has loaded."""
+    from app.tui.modals.model_switcher import ModelSwitcherModal
+
+    port = free_port()
+    write_config(port, f'router = true\n\n[models]\nfolders = ["{lone_llama.parent}"]\n')
+    app = scripted_app(lone_llama, EchoEngine)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: app.server.running, "the router to answer", timeout_s=120)
+        chat = app.chat
+        assert chat is not None
+        await wait_until(pilot, lambda: chat.stats.extras.get("api") == f":{port} 0 loaded", "the api readout")
+        body = {"model": lone_llama.stem, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        answer = await asyncio.to_thread(lambda: httpx.post(url, json=body, timeout=120))
+        assert answer.status_code == 200 and answer.json()["model"] == lone_llama.stem  # a real worker, not the app's
+        await wait_until(pilot, lambda: app.server.served == {lone_llama.stem}, "the router's loaded model")
+        await wait_until(pilot, lambda: chat.stats.extras.get("api") == f":{port} 1 loaded", "the api readout")
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), "the switcher")
+        switcher = app.screen
+        assert isinstance(switcher, ModelSwitcherModal)
+        await wait_until(pilot, lambda: not switcher.scanning and not switcher.describing, "the switcher's scan")
+        from textual.widgets import OptionList
+
+        options = switcher.query_one(OptionList)
+        rows = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        assert any(lone_llama.stem in row and "served" in row for row in rows), rows
+        await pilot.press("escape")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: not app.server.running, "the router to stop")
+        await wait_until(pilot, lambda: not listening(port), "the router's port to close", timeout_s=30)

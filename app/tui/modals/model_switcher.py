@@ -17,6 +17,7 @@ from textual.worker import Worker, WorkerState
 
 from app.core.config import RemoteSettings
 from app.core.model_list import LocalModel, describe_models, local_models
+from app.core.model_presets import serve_id
 from app.tui.remote_bridge import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
 from engine_ext.gguf import format_bytes
 from engine_ext.untrusted_text import one_line
@@ -35,8 +36,9 @@ ROW_WORDS = (
 """What the words in a row mean (the list's tooltip; F1 says the same)."""
 
 
-def model_label(model: LocalModel, current: bool) -> Text:
-    """`● org/repo:Q8_0  8.01 MiB  needs 42.60 MiB  +mtp  Hugging Face cache`, `  model  Q4_K_M  1.2 GiB  …`."""
+def model_label(model: LocalModel, current: bool, served: bool = False) -> Text:
+    """`● org/repo:Q8_0  8.01 MiB  needs 42.60 MiB  +mtp  Hugging Face cache`, `  model  Q4_K_M  1.2 GiB  …`;
+    `served` when the app's router (F10, `[server] router = true`) has it loaded."""
     label = Text()
     label.append("● " if current else "  ", style="bold green")
     label.append(model.name, style="bold")
@@ -49,6 +51,8 @@ def model_label(model: LocalModel, current: bool) -> Text:
         label.append("  +" + ",".join(model.draft_kinds), style="cyan")
     if model.problem:
         label.append("  unreadable", style="red")
+    if served:
+        label.append("  served", style="bold magenta")
     where = model.where if model.source in ("starter", "hf-cache", "llama-cache") else str(model.path.parent)
     label.append(f"  {where}", style="dim italic")
     return label
@@ -79,8 +83,11 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         remotes: Sequence[RemoteSettings] = (),
         lister: ModelLister = list_models,
         folders: Sequence[str] = (),
+        served: frozenset[str] = frozenset(),
     ) -> None:
+        """`served`: the models the app's router has loaded, by their serve ids (app.core.model_presets)."""
         super().__init__(classes="dialog-screen")
+        self.served = served
         self.models: list[LocalModel] = models if models is not None else []
         self.scanning = models is None
         """Whether the local model files are still being looked for (in `folders`, off the event loop)."""
@@ -159,7 +166,9 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
             shown += 1
             if shown > MAX_ROWS:
                 continue
-            options.add_option(Option(model_label(model, str(model.path) == self.current), id=f"local:{model.path}"))
+            served = serve_id(model.source, model.name, model.path) in self.served
+            label = model_label(model, str(model.path) == self.current, served)
+            options.add_option(Option(label, id=f"local:{model.path}"))
         if shown > MAX_ROWS:
             options.add_option(
                 Option(
@@ -196,6 +205,8 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
                         "● " if remote_path(remote.name, item.id) == self.current else "  ", style="bold green"
                     )
                     label.append(one_line(item.id, 120), style="bold")
+                    if item.loaded:  # a router (llama-server's, llmtui's) has it loaded now
+                        label.append("  loaded", style="magenta")
                     label.append(f"  {where}", style="cyan")
                     options.add_option(Option(label, id=f"remote-{r_index}-{m_index}"))
                 if shown > MAX_ROWS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from app.core.model_presets import ModelPreset
 from engine_ext.gguf import format_bytes
 from models_catalog import fit, hfcache, hub, pairing
 from models_catalog.catalog import CatalogEntry
@@ -154,8 +155,11 @@ def quant_label(group: QuantGroup, quant_fit: fit.QuantFit | None, recommended: 
     return label
 
 
-def local_text(model: LocalModel, local_fit: fit.QuantFit | None, error: str | None) -> Text:
-    """A model on disk: size, architecture, quant, where, sidecars, what is wrong with it, its fit."""
+def local_text(
+    model: LocalModel, local_fit: fit.QuantFit | None, error: str | None, preset: ModelPreset | None = None
+) -> Text:
+    """A model on disk: size, architecture, quant, where, sidecars, what is wrong with it, its fit, its serve
+    preset."""
     text = Text()
     text.append(model.name + "\n", style="bold")
     text.append(
@@ -176,5 +180,7 @@ def local_text(model: LocalModel, local_fit: fit.QuantFit | None, error: str | N
         text.append(f" on {local_fit.where}, needs {format_bytes(local_fit.need_bytes)}\n")
     elif error and error != model.problem:
         text.append(f"Fit unknown: {error}\n", style="yellow")
-    text.append("\nu or Enter: chat with it · x: delete it", style="dim italic")
+    if preset is not None and preset.values:
+        text.append(f"Serve preset: {preset.summary()}\n", style="cyan")
+    text.append("\nu or Enter: chat with it · e: its serve preset · x: delete it", style="dim italic")
     return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,8 +16,11 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState
 
 from app.core import paths
+from app.core.config import ConfigError
+from app.core.model_presets import ModelPreset, preset_of, with_preset
 from app.tui.download_bridge import PullFinished
 from app.tui.modals.model_actions import DeleteModelModal, PullModal
+from app.tui.modals.model_preset import ModelPresetModal
 from app.tui.screens import models_work
 from app.tui.screens.models_detail import (
     catalog_label,
@@ -103,6 +107,13 @@ class ModelsScreen(ModelsDownloads):
             "delete",
             "Delete",
             tooltip="Delete the highlighted model or partial download: Local tab (asks first, says the space freed)",
+        ),
+        Binding(
+            "e",
+            "edit_preset",
+            "Serve preset",
+            show=False,
+            tooltip="The model's serve preset: Local tab (how `llmtui serve` loads it: alias, context, sampling, pin)",
         ),
         Binding("x", "cancel_download", "Cancel", tooltip="Cancel the highlighted download: elsewhere (asks first)"),
         Binding("escape", "back", "Back", tooltip="Back to the chat"),
@@ -506,7 +517,8 @@ class ModelsScreen(ModelsDownloads):
     def _show_local(self, model: LocalModel, error: str | None) -> None:
         self._clear_detail()
         self.entry, self.listing, self.report = None, None, None
-        self.query_one("#detail-info", Static).update(local_text(model, self.local_fit, error))
+        preset = preset_of(self.app.config.model_presets, model.source, model.name, model.path)
+        self.query_one("#detail-info", Static).update(local_text(model, self.local_fit, error, preset))
 
     # ----- actions -----
 
@@ -619,6 +631,25 @@ class ModelsScreen(ModelsDownloads):
         self.app.record_model_use(path)  # and again once it has loaded (app/tui/engine_events.py)
         self.dismiss()
         self.app.open_model(path)
+
+    def action_edit_preset(self) -> None:
+        """The highlighted local model's serve preset (config.toml [models."ID"]), in a dialog."""
+        model = self.local
+        if self._active_tab() != "local" or model is None:
+            self.notify("Pick a model in the Local tab (3) to edit its serve preset.")
+            return
+        presets = self.app.config.model_presets
+
+        def save(preset: ModelPreset | None) -> None:
+            if preset is None:
+                return
+            try:
+                self.app.save_settings(replace(self.app.config, model_presets=with_preset(presets, preset)))
+            except ConfigError as error:
+                self.notify(str(error), severity="error")
+            self._show_local(model, None)
+
+        self.app.push_screen(ModelPresetModal(preset_of(presets, model.source, model.name, model.path)), save)
 
     def action_resume_partial(self) -> None:
         row = self._highlighted_partial()

@@ -26,7 +26,10 @@ class ModelPresetModal(ModalScreen[ModelPreset | None]):
     | escape | cancel |
     """
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel: the preset unchanged"),
+        Binding("ctrl+s", "save", "Save", tooltip="Save the preset: written to config.toml, comments kept"),
+    ]
 
     def __init__(self, preset: ModelPreset) -> None:
         super().__init__(classes="dialog-screen")

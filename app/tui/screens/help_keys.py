@@ -23,6 +23,7 @@ from textual.widgets import TextArea
 from app.tui.modals.conversation_settings import ConversationSettingsModal
 from app.tui.modals.crash import EngineCrashedModal
 from app.tui.modals.make_vector import MakeVectorModal
+from app.tui.modals.model_preset import ModelPresetModal
 from app.tui.modals.model_actions import DeleteModelModal, PullModal
 from app.tui.modals.model_switcher import ModelSwitcherModal
 from app.tui.modals.pick import PickModal
@@ -73,6 +74,7 @@ PLACES: Final[tuple[Place, ...]] = (
     Place("Remote engine (ctrl+l, then a remote)", (RemoteEndpointModal,)),
     Place("Download a quant (F4, Enter on a quant)", (PullModal,)),
     Place("Delete a model or a download (F4, x)", (DeleteModelModal,)),
+    Place("A model's serve preset (F4 Local, e)", (ModelPresetModal,)),
     Place("A tool call", (ToolConsentModal,)),
     Place("The engine crashed", (EngineCrashedModal,)),
     Place("A path or a choice asked for", (PathPromptModal, PickModal)),

@@ -104,12 +104,6 @@ class Documents:
         return retrieval
 
 
-def citations_json(retrieval: Retrieval, reply: str) -> list[dict[str, object]]:
-    """`run --json`'s citations: every source given, numbered, with whether the reply's [n] markers cite it."""
-    cited = set(cited_numbers(reply, len(retrieval.citations)))
-    return [c.to_dict(cited=c.n in cited) for c in retrieval.citations]
-
-
 def print_sources(retrieval: Retrieval, reply: str) -> None:
     """The sources under the reply (stderr): those it cites, else every one it was given."""
     cited = cited_numbers(reply, len(retrieval.citations))

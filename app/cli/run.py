@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from app.cli.doc_args import Documents, add_doc_args, citations_json, print_sources
+from app.cli.doc_args import Documents, add_doc_args, print_sources
 from app.cli.engine_args import (
     add_engine_args,
     add_max_tokens_arg,
@@ -27,6 +27,7 @@ from app.cli.session import CliError, format_spec_stats, format_stats, loaded, r
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.tools_args import add_tool_args, wants_tools
 from app.cli.types import text_file, text_or_file, utf8_text
+from app.core.documents.retrieval import citations_record
 from app.core.model_paths import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.image_input import ImageRefused, read_image_file
@@ -121,7 +122,7 @@ def _run_generation(
             "speculative": finished.speculative.to_dict() if finished.speculative else None,
         }
         if retrieval is not None:
-            out["citations"] = citations_json(retrieval, text)
+            out["citations"] = citations_record(retrieval.citations, text)
             out["documents"] = list(retrieval.notes)  # per source: what was read and skipped, how it was searched
         print(json_text(out))
     else:

@@ -68,7 +68,11 @@ CHAT_COMMANDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("Chat: Export conversation", "Write it as Markdown and JSON", "export_conversation"),
     ("Chat: Search conversations", "Titles and messages (ctrl+f)", "search"),
     ("Chat: Go to messages", "Focus the last message (ctrl+up)", "focus_messages"),
-    ("Chat: Attach image", "Send a picture with the message, for a vision model (F12)", "attach_image"),
+    (
+        "Chat: Attach image or document",
+        "A picture for a vision model, or files and a folder to cite (F12)",
+        "attach_image",
+    ),
     ("View: Conversation list", "Show or hide the sidebar (ctrl+b)", "toggle_sidebar"),
     (
         "Speculation: Draft colouring",

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from app.core.documents.index import DocumentIndex, Embedding, Hit
+if TYPE_CHECKING:  # the index (SQLite, numpy) is imported when a question is asked, not with the app
+    from app.core.documents.index import Embedding, Hit
 
 DEFAULT_BUDGET_TOKENS = 2048  # of the prompt, the sources may take this many (estimated: BYTES_PER_TOKEN)
 BYTES_PER_TOKEN = 3  # a low estimate of UTF-8 bytes per token (English runs about 4): the budget is rarely passed
@@ -19,6 +21,7 @@ INSTRUCTION = (
     "Answer the question from the numbered sources above when they hold the answer, and cite each source you use "
     "by its number in brackets, like [1]. If they do not hold it, say so."
 )
+MAX_KEPT_CHARS = 20_000  # of a chunk kept with a reply in the history
 _MARKER = re.compile(r"\[(\d{1,3}(?:\s*[,;]\s*\d{1,3})*)\]")
 
 
@@ -37,16 +40,40 @@ class Citation:
         lines = str(self.start_line) if self.start_line == self.end_line else f"{self.start_line}-{self.end_line}"
         return f"{self.file}:{lines}"
 
-    def to_dict(self, cited: bool | None = None) -> dict[str, object]:
+    def to_dict(self, cited: bool, *, with_text: bool = False) -> dict[str, object]:
+        """`run --json`'s citation (file, lines, score, whether the reply cites it); with the chunk for the history."""
         out: dict[str, object] = {
             "n": self.n,
             "file": self.file,
             "lines": [self.start_line, self.end_line],
             "score": round(self.score, 6),
+            "cited": cited,
         }
-        if cited is not None:
-            out["cited"] = cited
+        if with_text:
+            out.update(heading=self.heading, text=self.text)
         return out
+
+    @staticmethod
+    def from_dict(data: object) -> tuple[Citation, bool] | None:
+        """A citation kept in the history (a reply's stats, an import: checked, not trusted), and whether it was
+        cited; None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        n, file, lines, score = data.get("n"), data.get("file"), data.get("lines"), data.get("score", 0.0)
+        heading, text = data.get("heading", ""), data.get("text", "")
+        if not (
+            isinstance(n, int)
+            and isinstance(file, str)
+            and isinstance(lines, list)
+            and len(lines) == 2
+            and all(isinstance(x, int) for x in lines)
+            and isinstance(score, int | float)
+            and isinstance(heading, str)
+            and isinstance(text, str)
+        ):
+            return None
+        citation = Citation(n, file[:4096], lines[0], lines[1], float(score), heading[:1000], text[:MAX_KEPT_CHARS])
+        return citation, bool(data.get("cited", False))
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,8 @@ def ask_documents(
 ) -> Retrieval:
     """Refresh each source's index, search them all, and number the best chunks into the user's message. `earlier`
     (the conversation's previous question) is searched with it, so that a follow-up finds what it refers to."""
+    from app.core.documents.index import DocumentIndex
+
     query = f"{question}\n{earlier}" if earlier else question
     hits: list[Hit] = []
     notes: list[str] = []
@@ -126,3 +155,18 @@ def cited_numbers(reply: str, count: int) -> list[int]:
             if 1 <= n <= count:
                 seen.setdefault(n)
     return list(seen)
+
+
+def citations_record(citations: Sequence[Citation], reply: str, *, with_text: bool = False) -> list[dict[str, object]]:
+    """Every source given, numbered, with whether the reply's [n] markers cite it (`run --json`; with the chunks,
+    a reply's stats in the history)."""
+    cited = set(cited_numbers(reply, len(citations)))
+    return [c.to_dict(c.n in cited, with_text=with_text) for c in citations]
+
+
+def stored_citations(stats: Mapping[str, object]) -> list[tuple[Citation, bool]]:
+    """The citations a reply's stats keep (none when absent or not citations)."""
+    kept = stats.get("citations")
+    if not isinstance(kept, list):
+        return []
+    return [c for c in (Citation.from_dict(item) for item in kept[: TOP_K * 4]) if c is not None]

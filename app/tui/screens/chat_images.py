@@ -9,7 +9,7 @@ from pathlib import Path
 from textual import on, work
 
 from app.core.store import StoredImage
-from app.tui.screens.chat_base import ChatBase
+from app.tui.screens.chat_documents import ChatDocuments
 from app.tui.widgets.attachments import AttachmentsBar
 from app.tui.widgets.prompt_input import IMAGE_SUFFIXES, PromptInput
 from engine_ext.image_input import ImageRefused
@@ -18,23 +18,28 @@ from engine_ext.untrusted_text import one_line
 ATTACH_KEY = "f12"
 
 
-class ChatImages(ChatBase):
-    """Attaching images to the message being written."""
+class ChatImages(ChatDocuments):
+    """Attaching images to the message being written (and, through F12 too, documents to the conversation)."""
 
     def action_attach_image(self) -> None:
-        """F12: ask for an image file's path (Tab completes it) and attach it."""
-        if not self._model_sees_images():
-            return
+        """F12: ask for an image's or a document's path (Tab completes it) and attach it: an image goes with the
+        message, a text file or a folder with the conversation (chat_documents.py)."""
         from app.tui.modals.text_prompt import PathPromptModal
 
         def chosen(typed: str | None) -> None:
             if typed and typed.strip():
-                self.attach_image_file(Path(typed.strip()).expanduser())
+                path = Path(typed.strip()).expanduser()
+                if path.suffix.lower() in IMAGE_SUFFIXES:
+                    if self._model_sees_images():
+                        self.attach_image_file(path)
+                else:
+                    self.attach_document(path)
             self.prompt.focus()
 
         self.app.push_screen(
             PathPromptModal(
-                "Attach an image (PNG, JPEG, GIF, BMP)", placeholder="~/Pictures/photo.png", suffixes=IMAGE_SUFFIXES
+                "Attach an image (PNG, JPEG, GIF, BMP) or a document: a text, Markdown, code or HTML file, or a folder",
+                placeholder="~/notes",
             ),
             chosen,
         )

@@ -16,7 +16,8 @@ from app.core.generation import ActiveReply, end_state
 from app.core.store import Message, StoreError
 from app.tui.messages import PromptProgressed
 from app.tui.remote_bridge import draft_summary
-from app.tui.screens.chat_base import ChatBase, branch_map
+from app.tui.screens.chat_base import branch_map
+from app.tui.screens.chat_documents import ChatDocuments
 from app.tui.widgets.draft_provenance import draft_spans_from_stats
 from app.tui.widgets.prompt_input import PromptInput
 
@@ -57,7 +58,7 @@ def collect_now() -> None:
     gc.freeze()
 
 
-class ChatReply(ChatBase):
+class ChatReply(ChatDocuments):
     """Sending, streaming and ending the chat's replies, drawn in the transcript and the stats bar."""
 
     editing_reply: bool
@@ -134,6 +135,8 @@ class ChatReply(ChatBase):
         )
         if notice:
             self.notify(notice, severity="warning", timeout=10)
+        if resume is None:
+            await self.find_sources(parent_id)  # the attached documents' passages for this question (chat_documents)
         reply = self.app.generation.begin(self.conversation_id, parent_id, model_name, resume=resume)
         if resume is not None:
             await self.transcript.start_live(

@@ -56,7 +56,7 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
     | f6 | Steering panel, beside the transcript (wide) or below it (narrow); F6 or Esc in it closes it. |
     | f7 | Colour the text that came from accepted draft tokens (speculative decoding), or stop. |
     | f10 | Serve the loaded model to other programs (an OpenAI-compatible API; F3 → Server: address, key), or stop. |
-    | f12 | Attach an image (a path prompt; Tab completes). A dropped file's path pasted alone attaches it too. |
+    | f12 | Attach an image, or a text file or folder to answer from with citations (a path prompt; Tab completes). |
     """
 
     AUTO_FOCUS = "#prompt"
@@ -85,7 +85,7 @@ class ChatScreen(ChatReply, ChatConversations, ChatImages):
         Binding("f2", "rename_conversation", "Rename", show=False),
         Binding("f5", "restart_engine", "Restart engine", show=False),
         Binding("ctrl+up", "focus_messages", "Messages", show=False),
-        Binding(ATTACH_KEY, "attach_image", "Attach image", show=False),
+        Binding(ATTACH_KEY, "attach_image", "Attach image or document", show=False),
         Binding("f7", "toggle_draft_colouring", "Draft colours", show=False, priority=True),  # over select-all
         # Over the prompt's end-of-line only while the model thinks (check_action; otherwise ctrl+e is the prompt's).
         Binding("ctrl+e", "stop_thinking", "Answer now", show=False, priority=True),

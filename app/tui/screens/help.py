@@ -47,7 +47,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("F5", "restart the engine"),
             ("tab, shift+tab", "move between the list, the messages and the prompt"),
             ("ctrl+up", "go to the last message"),
-            ("F12", "attach an image (Tab completes the path); a file dropped on the terminal attaches too"),
+            ("F12", "attach an image, or a text file or folder to answer from with citations (Tab completes the path)"),
             ("shift+tab, then Del", "on the attached images above the message box: remove the highlighted one"),
         ),
     ),

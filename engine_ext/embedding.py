@@ -22,7 +22,7 @@ from engine_ext.protocol import Embed, Embedded
 # llama.h's enum llama_pooling_type.
 POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 0, 1, 2, 3, 4
 POOLING_NAMES: dict[int, str] = {POOLING_MEAN: "mean", POOLING_CLS: "cls", POOLING_LAST: "last", POOLING_RANK: "rank"}
-MAX_EMBED_CTX = 8192  # tokens one text may have (and one batch holds), at most the model's training context
+MAX_EMBED_CTX = 2048  # tokens one text may have (and one batch holds), at most the model's training context
 MAX_SEQS_PER_BATCH = 16  # texts decoded together
 MAX_TEXTS = 2048  # texts one request may embed or rerank
 

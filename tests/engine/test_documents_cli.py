@@ -55,6 +55,13 @@ def test_run_doc_json_cites_file_lines_and_score_with_bm25_and_with_an_embedding
     refused = llmtui(*common, "--doc", str(tmp_path / "missing"), tmp=tmp_path)
     assert refused.returncode == 2 and "no such file or folder" in refused.stderr
 
+    listed = json.loads(llmtui("docs", "list", "--json", tmp=tmp_path).stdout)["indexes"]
+    assert [(e["source"], e["files"]) for e in listed] == [(str(NOTES), 11)]
+    removed = llmtui("docs", "rm", str(NOTES), tmp=tmp_path)
+    assert removed.returncode == 0 and not list((tmp_path / "cache" / "documents").glob("*.sqlite"))
+    again = llmtui("docs", "rm", str(NOTES), tmp=tmp_path)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1 and "no index of" in again.stderr
+
 
 def test_chat_doc_lists_the_sources_under_each_reply(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     notes = tmp_path / "notes"

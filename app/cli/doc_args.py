@@ -1,5 +1,6 @@
-"""`--doc PATH`, `--embed-model MODEL` and `--doc-budget N` for `run` and `chat`: the files and folders a question is
-asked of, searched and cited through app.core.documents; the embedding model runs in an engine of its own."""
+"""`--doc PATH`, `--embed-model MODEL`, `--rerank-model MODEL` and `--doc-budget N` for `run` and `chat`: the files
+and folders a question is asked of, searched and cited through app.core.documents; the embedding model and the
+reranker each run in an engine of their own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from app.cli.session import CliError
 from app.cli.types import int_range
 from app.core.documents.index import Embedding
-from app.core.documents.retrieval import DEFAULT_BUDGET_TOKENS, Retrieval, ask_documents, cited_numbers
+from app.core.documents.retrieval import DEFAULT_BUDGET_TOKENS, Reranker, Retrieval, ask_documents, cited_numbers
 from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.untrusted_text import one_line
 
@@ -40,6 +41,12 @@ def add_doc_args(p: argparse.ArgumentParser) -> None:
         help="an embedding GGUF searching the documents with BM25 (reciprocal-rank fusion); without it, BM25 alone",
     )
     p.add_argument(
+        "--rerank-model",
+        default=None,
+        metavar="MODEL",
+        help="a reranker GGUF (rank pooling) ordering the best passages found, in an engine of its own",
+    )
+    p.add_argument(
         "--doc-budget",
         type=int_range(64, 1 << 20),
         default=DEFAULT_BUDGET_TOKENS,
@@ -56,20 +63,30 @@ class Documents:
         self.sources: list[Path] = list(args.doc)
         self.budget = min(args.doc_budget, max(64, n_ctx // 2))
         self.embedding: Embedding | None = None
-        self._engine: EngineClient | None = None
+        self.reranker: Reranker | None = None
+        self._engines: list[EngineClient] = []
         if self.sources and args.embed_model:
             self._start_embedder(args.embed_model)
+        if self.sources and args.rerank_model:
+            self._start_reranker(args.rerank_model)
 
-    def _start_embedder(self, name: str) -> None:
+    def _engine_for(self, flag: str, name: str, *, rank: bool) -> tuple[Path, EngineClient]:
+        """An engine of its own with the model `name` loaded: a reranker (`rank`) or an embedding model."""
         from app.cli.session import start_engine
         from app.core.model_paths import resolve_model
         from engine_ext.gguf import read_pooling_type
 
         path = resolve_model(name)
-        if read_pooling_type(path) == 4:
-            raise CliError(f"--embed-model {path.name}: a reranker (rank pooling), not an embedding model")
-        engine = self._engine = start_engine()
+        if (read_pooling_type(path) == 4) != rank:
+            what = "not a reranker (its pooling is not rank)" if rank else "a reranker (rank pooling), not an embedder"
+            raise CliError(f"{flag} {path.name}: {what}")
+        engine = start_engine()
+        self._engines.append(engine)
         engine.load(path)
+        return path, engine
+
+    def _start_embedder(self, name: str) -> None:
+        path, engine = self._engine_for("--embed-model", name, rank=False)
 
         def embed(texts: Sequence[str]) -> list[tuple[float, ...]]:
             try:
@@ -79,10 +96,20 @@ class Documents:
 
         self.embedding = Embedding(path.name, embed)
 
+    def _start_reranker(self, name: str) -> None:
+        path, engine = self._engine_for("--rerank-model", name, rank=True)
+
+        def score(question: str, texts: Sequence[str]) -> list[float]:
+            try:
+                return [v[0] for v in engine.embed(texts, query=question).vectors]
+            except (EngineFailure, EngineCrashedError) as error:
+                raise CliError(f"--rerank-model {path.name}: {error}") from None
+
+        self.reranker = Reranker(path.name, score)
+
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        while self._engines:
+            self._engines.pop().close()
 
     def __enter__(self) -> Documents:
         return self
@@ -96,7 +123,12 @@ class Documents:
         if not self.sources:
             return None
         retrieval = ask_documents(
-            self.sources, question, embedding=self.embedding, budget_tokens=self.budget, earlier=earlier
+            self.sources,
+            question,
+            embedding=self.embedding,
+            budget_tokens=self.budget,
+            earlier=earlier,
+            reranker=self.reranker,
         )
         if not quiet:
             for note in retrieval.notes:

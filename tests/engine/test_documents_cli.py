@@ -52,6 +52,15 @@ def test_run_doc_json_cites_file_lines_and_score_with_bm25_and_with_an_embedding
         "tests/fixtures/documents/notes: read 11 files (2 KB); searched with BM25 and embeddings (tiny-embedder.gguf)"
     ]
 
+    reranker = write_tiny_embedder(tmp_path / "tiny-reranker.gguf", rerank=True)
+    ranked = llmtui(*common, "--doc", str(NOTES), "--rerank-model", str(reranker), tmp=tmp_path)
+    assert ranked.returncode == 0, ranked.stderr
+    scores = [c["score"] for c in json.loads(ranked.stdout)["citations"]]
+    assert json.loads(ranked.stdout)["documents"][-1] == "reranked with tiny-reranker.gguf"
+    assert scores == sorted(scores, reverse=True) and all(0 < x < 1 for x in scores)
+    wrong = llmtui(*common, "--doc", str(NOTES), "--rerank-model", str(embedder), tmp=tmp_path)
+    assert wrong.returncode == 1 and "not a reranker" in wrong.stderr and wrong.stderr.count("\n") == 1
+
     refused = llmtui(*common, "--doc", str(tmp_path / "missing"), tmp=tmp_path)
     assert refused.returncode == 2 and "no such file or folder" in refused.stderr
 

@@ -21,7 +21,7 @@ from app.core.documents.chunks import MAX_CHARS, chunk_text
 from app.core.documents.gitignore import ignored, parse_rules
 from app.core.documents.index import DocumentIndex, Embedding, list_indexes, remove_index
 from app.core.documents.reading import ReadReport, html_text, read_source
-from app.core.documents.retrieval import INSTRUCTION, ask_documents, cited_numbers, numbered_sources
+from app.core.documents.retrieval import INSTRUCTION, Reranker, ask_documents, cited_numbers, numbered_sources
 
 CORPUS = Path(__file__).parents[1] / "fixtures" / "documents"
 QUESTIONS: list[tuple[str, str]] = [tuple(q) for q in json.loads((CORPUS / "questions.json").read_text())]
@@ -204,3 +204,22 @@ def test_many_files_stop_at_the_limit_and_the_total_is_bounded(tmp_path: Path, m
     report = ReadReport()
     assert reading.read_document(root / "n0000.txt", report, budget=5) is None
     assert report.skipped == {"past the 64 MiB total": 1}
+
+
+def test_a_reranker_orders_the_fused_passages_and_its_scores_are_cited(tmp_path: Path) -> None:
+    def prefers_packing(question: str, texts: Sequence[str]) -> list[float]:
+        return [0.9 if "Passport" in text else 0.1 / (i + 1) for i, text in enumerate(texts)]
+
+    plain = ask_documents([CORPUS / "notes"], "How do I roll back a release?", index_folder=tmp_path)
+    ranked = ask_documents(
+        [CORPUS / "notes"],
+        "How do I roll back a release?",
+        index_folder=tmp_path,
+        reranker=Reranker("prefers-packing", prefers_packing),
+    )
+    assert not plain.citations[0].file.endswith("packing.md") and any(
+        c.file.endswith("packing.md") for c in plain.citations
+    )
+    assert ranked.citations[0].file.endswith("travel/packing.md") and ranked.citations[0].score == 0.9
+    assert [c.score for c in ranked.citations] == sorted((c.score for c in ranked.citations), reverse=True)
+    assert ranked.notes[-1] == "reranked with prefers-packing"

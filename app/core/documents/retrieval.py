@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the index (SQLite, numpy) is imported when a question is as
 DEFAULT_BUDGET_TOKENS = 2048  # of the prompt, the sources may take this many (estimated: BYTES_PER_TOKEN)
 BYTES_PER_TOKEN = 3  # a low estimate of UTF-8 bytes per token (English runs about 4): the budget is rarely passed
 TOP_K = 8  # chunks looked at per question (fewer when the budget is spent)
+RERANK_CANDIDATES = 16  # of the fused ranking, the chunks a reranker orders
 INSTRUCTION = (
     "Answer the question from the numbered sources above when they hold the answer, and cite each source you use "
     "by its number in brackets, like [1]. If they do not hold it, say so."
@@ -122,9 +123,11 @@ def ask_documents(
     budget_tokens: int = DEFAULT_BUDGET_TOKENS,
     index_folder: Path | None = None,
     earlier: str = "",
+    reranker: Reranker | None = None,
 ) -> Retrieval:
     """Refresh each source's index, search them all, and number the best chunks into the user's message. `earlier`
-    (the conversation's previous question) is searched with it, so that a follow-up finds what it refers to."""
+    (the conversation's previous question) is searched with it, so that a follow-up finds what it refers to; a
+    `reranker` orders the best RERANK_CANDIDATES by its relevance scores (which the citations then carry)."""
     from app.core.documents.index import DocumentIndex
 
     query = f"{question}\n{earlier}" if earlier else question
@@ -140,10 +143,28 @@ def ask_documents(
             index.close()
         notes.append(f"{shown_path(str(source.absolute()))}: {report.read.summary()}; searched with {how}")
     hits.sort(key=lambda h: -h.score)
+    if reranker is not None and hits:
+        hits = reranked(hits[:RERANK_CANDIDATES], question, reranker)
+        notes.append(f"reranked with {reranker.name}")
     block, citations = numbered_sources(hits[:TOP_K], budget_tokens)
     if not citations:
         return Retrieval(question, (), (*notes, "no passage of the documents matched the question"))
     return Retrieval(f"Sources:\n\n{block}\n\n{INSTRUCTION}\n\nQuestion: {question}", citations, tuple(notes))
+
+
+@dataclass(frozen=True)
+class Reranker:
+    """A reranker as retrieval sees it: its name and the call scoring documents against a question."""
+
+    name: str
+    score: Callable[[str, Sequence[str]], Sequence[float]]
+
+
+def reranked(hits: Sequence[Hit], question: str, reranker: Reranker) -> list[Hit]:
+    """`hits` ordered by the reranker's relevance of each passage to the question, best first, scored by it."""
+    scores = reranker.score(question, [hit.text for hit in hits])
+    rescored = [replace(hit, score=float(score)) for hit, score in zip(hits, scores, strict=True)]
+    return sorted(rescored, key=lambda h: -h.score)
 
 
 def cited_numbers(reply: str, count: int) -> list[int]:

@@ -5,6 +5,7 @@ reranker each run in an engine of their own."""
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,7 +123,17 @@ class Documents:
         the previous question, searched with it."""
         if not self.sources:
             return None
-        retrieval = ask_documents(
+        try:
+            retrieval = self._ask(question, earlier)
+        except (OSError, sqlite3.Error) as error:  # the cache folder cannot be written, the disk is full
+            raise CliError(f"--doc: the documents' index could not be used: {one_line(str(error), 200)}") from None
+        if not quiet:
+            for note in retrieval.notes:
+                print(f"docs: {note}", file=sys.stderr)
+        return retrieval
+
+    def _ask(self, question: str, earlier: str) -> Retrieval:
+        return ask_documents(
             self.sources,
             question,
             embedding=self.embedding,
@@ -130,10 +141,6 @@ class Documents:
             earlier=earlier,
             reranker=self.reranker,
         )
-        if not quiet:
-            for note in retrieval.notes:
-                print(f"docs: {note}", file=sys.stderr)
-        return retrieval
 
 
 def print_sources(retrieval: Retrieval, reply: str) -> None:

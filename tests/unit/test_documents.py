@@ -223,3 +223,29 @@ def test_a_reranker_orders_the_fused_passages_and_its_scores_are_cited(tmp_path:
     assert ranked.citations[0].file.endswith("travel/packing.md") and ranked.citations[0].score == 0.9
     assert [c.score for c in ranked.citations] == sorted((c.score for c in ranked.citations), reverse=True)
     assert ranked.notes[-1] == "reranked with prefers-packing"
+
+
+def test_a_damaged_index_is_made_again_from_the_source(tmp_path: Path) -> None:
+    index = DocumentIndex(CORPUS / "notes", tmp_path)
+    index.refresh()
+    index.close()
+    index.path.write_bytes(b"SQLite format 3\x00" + os.urandom(4096))
+    again = DocumentIndex(CORPUS / "notes", tmp_path)
+    assert again.refresh().changed == 11 and again.search("rail pass", 1)[0].file.endswith("budget.csv")
+    again.close()
+    assert stat.S_IMODE(again.path.stat().st_mode) == 0o600
+
+
+@pytest.mark.slow
+def test_a_folder_of_100000_files_is_cut_at_the_limits_in_bounded_time(tmp_path: Path) -> None:
+    root = tmp_path / "hundred-thousand"
+    for folder in range(100):
+        sub = root / f"d{folder:03}"
+        sub.mkdir(parents=True)
+        for i in range(1000):
+            (sub / f"n{i:04}.txt").write_bytes(b"x\n")
+    t0 = time.monotonic()
+    documents, report = read_source(root)
+    assert time.monotonic() - t0 < 120
+    assert len(documents) == reading.MAX_FILES and report.skipped == {f"files past the first {reading.MAX_FILES}": 1}
+    assert report.summary() == f"read {reading.MAX_FILES} files (39 KB); skipped 1 files past the first 20000"

@@ -89,12 +89,24 @@ class DocumentIndex:
         self.source = source.absolute()
         self.path = index_path(self.source, folder)
         private_dir(self.path.parent)
-        private_file(self.path)
-        self.db = sqlite3.connect(self.path, timeout=10)
-        self.db.executescript(_SCHEMA)
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('source', ?)", (str(self.source),))
-        self.db.commit()
+        try:
+            self.db = self._open()
+        except sqlite3.DatabaseError:  # damaged (it is a cache): made again from the source
+            self.path.unlink(missing_ok=True)
+            self.db = self._open()
         self._vectors: tuple[np.ndarray, list[int]] | None = None
+
+    def _open(self) -> sqlite3.Connection:
+        private_file(self.path)
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            db.executescript(_SCHEMA)
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('source', ?)", (str(self.source),))
+            db.commit()
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         self.db.close()

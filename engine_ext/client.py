@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -18,6 +18,8 @@ from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
     Crashed,
+    Embed,
+    Embedded,
     EndThinking,
     Event,
     Failed,
@@ -334,6 +336,12 @@ class EngineClient:
         engine refuses (a file that is not a state file of this model, build and settings: one line)."""
         self.send(SlotAction(action, path))
         return self._answer(SlotDone)
+
+    def embed(self, texts: Sequence[str], *, query: str | None = None, normalize: bool = True) -> Embedded:
+        """Pooled embeddings of `texts` from the loaded model (with `query`: a reranker's scores of them against it);
+        EngineFailure, one line, when the model cannot (engine_ext.embedding)."""
+        self.send(Embed(tuple(texts), query, normalize))
+        return self._answer(Embedded)
 
     def unload(self) -> None:
         self.send(UnloadModel())

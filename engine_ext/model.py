@@ -164,6 +164,8 @@ class Model:
         self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
         self._special_texts: tuple[str, ...] | None = None
+        self.embedder: Any = None  # engine_ext.embedding.Embedder once the model was asked for embeddings
+        self._before_free: list[Callable[[], None]] = []
 
     @property
     def handle(self) -> Any:
@@ -171,7 +173,14 @@ class Model:
             raise ContextError("the model has been unloaded")
         return self._handle
 
+    def on_close(self, free: Callable[[], None]) -> None:
+        """`free` runs when the model closes, before the model is freed (a context of its own over it)."""
+        self._before_free.append(free)
+
     def close(self) -> None:
+        while self._before_free:
+            self._before_free.pop()()
+        self.embedder = None
         if self._handle is not None:
             C.llama_model_free(self._handle)
             self._handle = None

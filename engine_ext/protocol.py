@@ -172,6 +172,16 @@ class SlotAction:
     path: str = ""
 
 
+@dataclass(frozen=True)
+class Embed:
+    """Pooled embeddings of `texts` from the loaded model (llama.cpp's pooling: the model's, or mean for a model that
+    names none); with `query`, a reranker's relevance of each text to it (rank pooling). Answered by `Embedded`."""
+
+    texts: tuple[str, ...]
+    query: str | None = None
+    normalize: bool = True  # unit length (L2), as llama-server's /v1/embeddings gives them
+
+
 Request = (
     LoadModel
     | UnloadModel
@@ -185,6 +195,7 @@ Request = (
     | EndThinking
     | Inspect
     | SlotAction
+    | Embed
     | Shutdown
 )
 
@@ -584,6 +595,16 @@ class SlotDone:
     ms: float = 0.0
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """An Embed's answer: one vector per text (rerank: one score each, in a 1-tuple), the tokens read, the time."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    n_tokens: int
+    pooling: str  # mean | cls | last | rank
+    ms: float = 0.0
+
+
 Event = (
     Hello
     | LoadProgress
@@ -604,5 +625,6 @@ Event = (
     | VectorMade
     | LogLine
     | SlotDone
+    | Embedded
     | Crashed
 )

@@ -17,6 +17,7 @@ from engine_ext.private_files import private_dir, private_file
 from engine_ext.protocol import (
     PROTOCOL_VERSION,
     Cancel,
+    Embed,
     EndThinking,
     Event,
     Failed,
@@ -213,6 +214,10 @@ class Worker:
                 self.send(Inspected(request.path, inspect_gguf(Path(request.path)).to_dict()))
             elif isinstance(request, SlotAction):
                 self.slot(request)
+            elif isinstance(request, Embed):
+                from engine_ext.embedding import embed
+
+                self.send(embed(self.model, request))
             elif isinstance(request, Shutdown):
                 self.shutting_down = True
             elif isinstance(request, Cancel):
@@ -648,7 +653,7 @@ def _disk_cache(request: LoadModel, parts: dict[str, object]) -> Any:
 
 
 # The phase a request's handling starts in (engine_ext.engine_status; native calls mark their own within it).
-_PHASE_OF: dict[type, str] = {LoadModel: "load", Generate: "reply", Submit: "reply", Inspect: "idle"}
+_PHASE_OF: dict[type, str] = {LoadModel: "load", Generate: "reply", Submit: "reply", Inspect: "idle", Embed: "decode"}
 
 
 ADAPTIVE_THREADS_ENV = "LLMTUI_ADAPTIVE_THREADS"  # "off": the default thread count stays fixed (the tests set it)

@@ -45,6 +45,7 @@ __all__ = [
     "TINY_VOCAB",
     "write_all",
     "write_eagle3_draft",
+    "write_tiny_embedder",
     "write_tiny_model",
 ]
 
@@ -465,8 +466,8 @@ _QWEN3NEXT_LAYERS = 4
 _FULL_ATTENTION_INTERVAL = 2
 
 
-def _build_llama(path: Path, seed: int) -> Path:
-    """Write a 2-layer llama (GQA attention + SwiGLU FFN, untied head)."""
+def _build_llama(path: Path, seed: int, *, name: str = "tiny-llama", pooling: int | None = None) -> Path:
+    """Write a 2-layer llama (GQA attention + SwiGLU FFN, untied head); `pooling` writes llama.pooling_type."""
     arch = "llama"
     t = _Tensors("llama", seed)
     _add_embeddings(t)
@@ -478,13 +479,16 @@ def _build_llama(path: Path, seed: int) -> Path:
         _add_swiglu_ffn(t, p)
 
     def kv(w: GGUFWriter) -> None:
-        _add_base_hparams(w, arch, "tiny-llama", block_count=_LLAMA_LAYERS)
+        _add_base_hparams(w, arch, name, block_count=_LLAMA_LAYERS)
+        if pooling is not None:
+            w.add_uint32(f"{arch}.pooling_type", pooling)
 
     return _write_gguf(path, arch, kv, t.data)
 
 
-def _build_qwen3(path: Path, seed: int) -> Path:
-    """Write a 2-layer qwen3 (llama + per-head q/k RMS norms)."""
+def _build_qwen3(path: Path, seed: int, *, rerank: bool = False) -> Path:
+    """Write a 2-layer qwen3 (llama + per-head q/k RMS norms); `rerank`: rank pooling and a yes/no head (cls.output),
+    as llama.cpp converts Qwen3-Reranker."""
     arch = "qwen3"
     t = _Tensors("qwen3", seed)
     _add_embeddings(t)
@@ -494,11 +498,28 @@ def _build_qwen3(path: Path, seed: int) -> Path:
         _add_attention(t, p, qk_norm=True)
         t.norm(f"{p}.ffn_norm.weight", (N_EMBD,))
         _add_swiglu_ffn(t, p)
+    if rerank:
+        t.normal("cls.output.weight", (N_EMBD, 2), std=0.2)
 
     def kv(w: GGUFWriter) -> None:
-        _add_base_hparams(w, arch, "tiny-qwen3", block_count=_QWEN3_LAYERS)
+        _add_base_hparams(w, arch, "tiny-qwen3-reranker" if rerank else "tiny-qwen3", block_count=_QWEN3_LAYERS)
+        if rerank:
+            w.add_uint32(f"{arch}.pooling_type", 4)  # LLAMA_POOLING_TYPE_RANK
+            w.add_array(f"{arch}.classifier.output_labels", ["yes", "no"])
 
     return _write_gguf(path, arch, kv, t.data)
+
+
+def write_tiny_embedder(path: Path, *, seed: int = 0, rerank: bool = False) -> Path:
+    """An embedding model (the tiny llama with mean pooling named in its GGUF) or, with `rerank`, a reranker (the
+    tiny qwen3 with rank pooling and a two-label head); no chat template."""
+    token = _chat_template.set(None)
+    try:
+        if rerank:
+            return _build_qwen3(Path(path), seed, rerank=True)
+        return _build_llama(Path(path), seed, name="tiny-embedder", pooling=1)  # LLAMA_POOLING_TYPE_MEAN
+    finally:
+        _chat_template.reset(token)
 
 
 def _qwen35_tensors(seed: int, *, mtp: bool) -> _Tensors:

@@ -1,6 +1,6 @@
 """The `llmtui` command line: the chat app with no sub-command, or one of the sub-commands, each in its own module
-(run, chat, bench, info, models, steer, doctor, rpc_server, cache). Their engine arguments are in engine_args (shared
-with the chat app's rules), what they share in session, argument types in types."""
+(run, chat, bench, info, models, steer, doctor, rpc_server, cache, docs). Their engine arguments are in engine_args
+(shared with the chat app's rules), what they share in session, argument types in types."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from app.cli.bench import add_bench_parser, cmd_bench
 from app.cli.cache import add_cache_parser, cmd_cache
 from app.cli.chat import add_chat_parser, cmd_chat
+from app.cli.docs import add_docs_parser, cmd_docs
 from app.cli.doctor import add_doctor_parser, cmd_doctor
 from app.cli.engine_args import context_params, model_params
 from app.cli.info import add_info_parser, cmd_info
@@ -36,6 +37,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "doctor": cmd_doctor,
     "rpc-server": cmd_rpc_server,
     "cache": cmd_cache,
+    "docs": cmd_docs,
 }
 
 
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_steer_parser,
         add_serve_parser,
         add_cache_parser,
+        add_docs_parser,
     ):
         add(sub)
     return parser

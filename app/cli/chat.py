@@ -6,7 +6,9 @@ import argparse
 import io
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 
+from app.cli.doc_args import Documents, add_doc_args, print_sources
 from app.cli.engine_args import (
     add_engine_args,
     add_max_tokens_arg,
@@ -19,6 +21,7 @@ from app.cli.engine_args import (
 )
 from app.cli.remote import add_remote_args
 from app.cli.session import (
+    CliError,
     drain,
     error_line,
     format_stats,
@@ -90,6 +93,8 @@ def _chat_lines() -> Iterator[str]:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     if args.remote:
+        if args.doc:
+            raise CliError("--doc needs the local engine; drop it or --remote")
         return _chat_remote(args)
     path = resolve_model(args.model)
     model, context = model_params(args), context_params(args)
@@ -98,10 +103,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     printed: list[bool] = []  # text of the reply in flight was printed: a retry would repeat it
     pending: list[ChatMessage] = []  # the message whose reply a crash interrupted, sent again after the restart
     lines = _chat_lines()
-    with start_engine() as client:
+    opened: list[Documents] = []
+    with start_engine() as client, ExitStack() as cleanup:
 
         def session(model: ModelParams) -> int:
             info = loaded(client.load(path, model, context, disk_cache=saved_disk_cache()), used=path)
+            if not opened:  # once: a restart after a crash keeps the documents (and their embedding engine)
+                opened.append(cleanup.enter_context(Documents(args, info.n_ctx)))
+            documents = opened[0]
             if not replies[0] and not pending:
                 asked = f" (-c {args.ctx_size} rounded up by llama.cpp)" if 0 < args.ctx_size != info.n_ctx else ""
                 print(
@@ -117,9 +126,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
                         return 0
                     history.append(ChatMessage("user", line))
                 printed.clear()
+                asked_before = [m.content for m in history[:-1] if m.role == "user"][-1:]
+                # this turn's sources (found with the question before it too); the history keeps the question alone
+                retrieval = documents.ask(history[-1].content, earlier="".join(asked_before))
+                turn = (ChatMessage("user", retrieval.message),) if retrieval else tuple(history[-1:])
                 request = Generate(
                     request_id=client.new_request_id(),
-                    messages=tuple(history),
+                    messages=(*history[:-1], *turn),
                     sampling=sampling_params(args),
                     max_tokens=args.n_predict,
                     stop=tuple(args.stop),
@@ -151,6 +164,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 history.append(ChatMessage("assistant", text))
                 replies[0] += 1
                 sys.stdout.write("\n")
+                if retrieval is not None:
+                    print_sources(retrieval, text)
                 print(format_stats(finished.stats), file=sys.stderr)
 
         return recovering(client, model, context, session, early=lambda: replies[0] < EARLY_REPLIES and not printed)
@@ -162,4 +177,5 @@ def add_chat_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_sampling_args(chat)
     add_reasoning_args(chat)
     add_max_tokens_arg(chat)
+    add_doc_args(chat)
     add_remote_args(chat)

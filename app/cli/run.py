@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from app.cli.doc_args import Documents, add_doc_args, print_sources
 from app.cli.engine_args import (
     add_engine_args,
     add_max_tokens_arg,
@@ -26,6 +27,7 @@ from app.cli.session import CliError, format_spec_stats, format_stats, loaded, r
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.tools_args import add_tool_args, wants_tools
 from app.cli.types import text_file, text_or_file, utf8_text
+from app.core.documents.retrieval import citations_record
 from app.core.model_paths import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.image_input import ImageRefused, read_image_file
@@ -48,6 +50,8 @@ from engine_ext.untrusted_text import json_text
 def cmd_run(args: argparse.Namespace) -> int:
     if args.remote:
         return _run_remote(args)
+    if args.doc and (args.raw or wants_tools(args)):
+        raise CliError("--doc asks a chat question: drop --raw and the tools")
     path = resolve_model(args.model)
     spec = spec_params(args, path)
     spec.validate()
@@ -76,7 +80,7 @@ def _run_generation(
     images: tuple[ImageRef, ...] = (),
 ) -> int:
     """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
-    loaded(client.load(path, model, context, disk_cache=prompt_cache_file(args)), used=path)
+    info = loaded(client.load(path, model, context, disk_cache=prompt_cache_file(args)), used=path)
     if spec.enabled:
         client.set_speculative(spec)
     steering = steering_entries(args)
@@ -84,11 +88,13 @@ def _run_generation(
         applied = client.set_steering(steering)
         for notice in applied.notices:
             print(f"note: {notice}", file=sys.stderr)
+    with Documents(args, info.n_ctx) as documents:  # the embedding engine, if any, stops before the reply
+        retrieval = documents.ask(args.prompt, quiet=args.json)
     messages: tuple[ChatMessage, ...] = ()
     if not args.raw:
         if args.system:
             messages += (ChatMessage("system", args.system),)
-        messages += (ChatMessage("user", args.prompt, images=images),)
+        messages += (ChatMessage("user", retrieval.message if retrieval else args.prompt, images=images),)
     request = Generate(
         request_id=client.new_request_id(),
         messages=messages,
@@ -106,7 +112,7 @@ def _run_generation(
     provenance: list[str] = []
     text, ids, finished = stream_reply(client, request, echo=not args.json, provenance=provenance, echoed=echoed)
     if args.json:
-        out = {
+        out: dict[str, object] = {
             "text": text,
             "tokens": ids,
             "provenance": provenance,  # per token: "target", or the drafter whose accepted draft it was
@@ -115,9 +121,14 @@ def _run_generation(
             "notices": list(finished.notices),
             "speculative": finished.speculative.to_dict() if finished.speculative else None,
         }
+        if retrieval is not None:
+            out["citations"] = citations_record(retrieval.citations, text)
+            out["documents"] = list(retrieval.notes)  # per source: what was read and skipped, how it was searched
         print(json_text(out))
     else:
         sys.stdout.write("\n")
+        if retrieval is not None:
+            print_sources(retrieval, text)
         for notice in finished.notices:
             print(f"note: {notice}", file=sys.stderr)
         print(format_stats(finished.stats), file=sys.stderr)
@@ -269,6 +280,7 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
             ("--tools/--mcp/--builtin-tool", wants_tools(args)),
             ("--image", bool(getattr(args, "image", None))),
             ("--prompt-cache", getattr(args, "prompt_cache", None) is not None),
+            ("--doc", bool(getattr(args, "doc", None))),
         )
         if on
     ]
@@ -325,6 +337,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     add_grammar_args(run)
     add_prompt_cache_args(run)
     add_tool_args(run)
+    add_doc_args(run)
     add_spec_args(run)
     add_control_vector_args(run)
     add_remote_args(run)

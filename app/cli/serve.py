@@ -43,6 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     refuse_router_flags(args)
     path = resolve_model(args.model)
     slot_save_path = _slot_save_path(args)
+    embeddings = _embeddings(args, path)
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
     vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
@@ -58,6 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         queue=args.queue,
         slots=args.parallel,
         slot_save_path=slot_save_path,
+        embeddings=embeddings,
     )
     metrics = Metrics()
     backend, client = start_model_backend(args, path, settings, metrics, disk=disk)
@@ -84,6 +86,18 @@ def _slot_save_path(args: argparse.Namespace) -> str:
     if not folder.exists():
         private_dir(folder)
     return str(folder)
+
+
+def _embeddings(args: argparse.Namespace, path: Path) -> str:
+    """What /v1/embeddings and /v1/rerank serve: `rank` for a reranker (rank pooling), `embed` for --embeddings or a
+    model whose pooling says it embeds, "" otherwise. One sequence only."""
+    from engine_ext.gguf import read_pooling_type
+
+    pooling = read_pooling_type(path)
+    wanted = "rank" if pooling == 4 else "embed" if pooling or args.embeddings else ""
+    if wanted and args.parallel > 1:
+        raise CliError("--embeddings and embedding or reranker models work with --parallel 1")
+    return wanted
 
 
 def _api_key(name: str | None) -> str | None:
@@ -177,6 +191,12 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="DIR",
         default=None,
         help="allow POST /slots/0?action=save|restore with files in DIR (llama-server's; --parallel 1 only)",
+    )
+    serve.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="answer POST /v1/embeddings with the model (mean pooling unless its GGUF names one; on by itself for "
+        "an embedding model, and /v1/rerank for a reranker; --parallel 1)",
     )
     add_spec_args(serve)
     add_control_vector_args(serve)

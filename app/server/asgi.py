@@ -28,11 +28,12 @@ from app.server import anthropic, responses
 from app.server.api_errors import ApiError
 from app.server.backend import ServedModel, ServerSettings, Ticket
 from app.server.blocks import BlockShaper
+from app.server.embeddings import embeddings_answer, parse_embeddings, parse_rerank, refused_off, rerank_answer
 from app.server.gate import RequestGate
 from app.server.metrics import Metrics
 from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request
 from app.server.requests import Job, parse_body, parse_chat, parse_completion, slot_filename
-from engine_ext.protocol import Finished, SlotDone, TokenChunk
+from engine_ext.protocol import Embed, Embedded, Finished, SlotDone, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
 from engine_ext.untrusted_text import one_line
 
@@ -466,6 +467,37 @@ async def slots(request: Request) -> Response:
     return JSONResponse({"id_slot": 0, "filename": filename, **counts, "timings": timings})
 
 
+async def pooled(request: Request, embed: Embed) -> Embedded:
+    """The engine's answer to `embed`, run in turn with the replies; its refusal raised as an ApiError."""
+    backend = server_of(request).backend
+    settings = backend.settings
+    job = Job("completion", settings.model_id, settings.sampling, embed=embed)
+    done = await next_event(request, backend.submit(job, asyncio.get_running_loop()))
+    if isinstance(done, ApiError):
+        raise done
+    assert isinstance(done, Embedded)
+    return done
+
+
+async def embeddings(request: Request) -> Response:
+    """OpenAI's `POST /v1/embeddings` (float or base64), with `serve --embeddings` or an embedding model."""
+    settings = server_of(request).backend.settings
+    if settings.embeddings != "embed":
+        raise refused_off("embeddings")
+    embed, fmt = parse_embeddings(parse_body(await read_body(request)), settings.limits)
+    return JSONResponse(embeddings_answer(await pooled(request, embed), settings.model_id, fmt))
+
+
+async def rerank(request: Request) -> Response:
+    """llama-server's `POST /v1/rerank` (query, documents, top_n): relevance scores, best first, from a reranker."""
+    settings = server_of(request).backend.settings
+    if settings.embeddings != "rank":
+        raise refused_off("rerank (it needs a reranker model)")
+    embed, top_n, return_text = parse_rerank(parse_body(await read_body(request)), settings.limits)
+    done = await pooled(request, embed)
+    return JSONResponse(rerank_answer(done, embed, settings.model_id, top_n, return_text))
+
+
 async def not_found(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     message = {404: f"no route {request.url.path[:100]}", 405: "method not allowed"}.get(status, "server error")
@@ -492,6 +524,9 @@ ROUTES: Final[tuple[tuple[str, str, Handler, ErrorShape | None], ...]] = (
     ("POST", "/responses", openai_response, None),
     ("POST", "/slots/{id_slot}", slots, None),
     ("POST", "/models/unload", unload_model, None),
+    ("POST", "/v1/embeddings", embeddings, None),
+    ("POST", "/v1/rerank", rerank, None),
+    ("POST", "/rerank", rerank, None),
 )
 
 

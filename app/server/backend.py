@@ -13,7 +13,6 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from app.server.api_errors import ApiError, ContextExceeded
 from app.server.metrics import Metrics
@@ -53,6 +52,7 @@ class ServerSettings:
     queue: int = 16  # requests waiting beyond the one generating; past it: 503
     slots: int = 1  # requests decoded together (serve --parallel; more than 1: app.server.parallel_backend)
     slot_save_path: str = ""  # where POST /slots/0?action=save|restore keeps its files ("": those actions are off)
+    embeddings: str = ""  # what POST /v1/embeddings and /v1/rerank serve: embed | rank ("": neither)
 
 
 @dataclass(frozen=True)
@@ -325,8 +325,12 @@ class EngineBackend(Dispatcher):
             self._applied_spec = ticket.spec
 
     def _serve(self, ticket: Ticket) -> None:
-        if ticket.job.slot is not None:
-            self._slot(ticket, *ticket.job.slot)
+        slot, embed = ticket.job.slot, ticket.job.embed
+        if slot is not None:
+            self._answer(ticket, lambda: self.client.slot(*slot))
+            return
+        if embed is not None:
+            self._answer(ticket, lambda: self.client.embed(embed.texts, query=embed.query, normalize=embed.normalize))
             return
         try:
             self._configure(ticket)
@@ -365,11 +369,11 @@ class EngineBackend(Dispatcher):
                 self._crashed(ticket, event)
                 return
 
-    def _slot(self, ticket: Ticket, action: Literal["save", "restore", "erase"], path: str) -> None:
-        """llama-server's slot action on the engine's one sequence: its SlotDone, or ApiError 400 with the engine's
-        one line (a file refused, nothing to save)."""
+    def _answer(self, ticket: Ticket, ask: Callable[[], object]) -> None:
+        """A request the engine answers at once (a slot action's SlotDone, an Embed's Embedded): its answer, or
+        ApiError 400 with the engine's one line (a file refused, nothing to save, a model that does not embed)."""
         try:
-            ticket.push(self.client.slot(action, path))
+            ticket.push(ask())
         except EngineFailure as e:
             self.metrics.refused()
             ticket.push(ApiError(400, (e.failed.message or e.failed.error).splitlines()[0][:300]))

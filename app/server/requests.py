@@ -23,7 +23,7 @@ from app.server.tool_requests import parse_tools, tool_message
 from engine_ext import settings_schema as schema
 from engine_ext.image_input import MAX_IMAGE_BYTES, ImageRefused, check_image
 from engine_ext.params import SamplingParams
-from engine_ext.protocol import IMAGE_MARKER, ChatMessage, ImageRef
+from engine_ext.protocol import IMAGE_MARKER, ChatMessage, Embed, ImageRef
 from engine_ext.setting import Setting
 from engine_ext.spec_catalog import DRAFT_N_MAX, DRAFT_N_MIN, DRAFT_P_MIN
 from engine_ext.untrusted_text import has_controls, one_line
@@ -133,6 +133,7 @@ class Job:
     slot: tuple[Literal["save", "restore", "erase"], str] | None = None  # llama-server's slot action and its file
     suffix: str | None = None  # completions: fill in the middle between `prompt` and this (the model's FIM tokens)
     echo: bool = False  # completions: the prompt comes back before the completion
+    embed: Embed | None = None  # /v1/embeddings, /v1/rerank: pooled outputs, no generation (app.server.embeddings)
     prompts: tuple[str, ...] = ()  # completions: every prompt of the request, one choice each (`prompt`: the first)
 
 
@@ -236,7 +237,7 @@ def _ignored(body: Mapping[str, object]) -> None:
 
 
 def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
-    _known(body, _CHAT)
+    known_fields(body, _CHAT)
     _ignored(body)
     tools, tool_choice = parse_tools(body)
     messages = _messages(body.get("messages"), limits)
@@ -256,7 +257,7 @@ def parse_chat(body: Mapping[str, object], defaults: SamplingParams, limits: Lim
 
 
 def parse_completion(body: Mapping[str, object], defaults: SamplingParams, limits: Limits, model: str) -> Job:
-    _known(body, _COMPLETION)
+    known_fields(body, _COMPLETION)
     if body.get("best_of") not in (None, 1):
         raise bad_request("best_of is not supported by this server (1 only)", "best_of")
     prompt = body.get("prompt")
@@ -632,7 +633,7 @@ def _reasoning(body: Mapping[str, object]) -> dict[str, Any]:
     }
 
 
-def _known(body: Mapping[str, object], fields: frozenset[str]) -> None:
+def known_fields(body: Mapping[str, object], fields: frozenset[str]) -> None:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     unknown = sorted(k for k in body if k not in fields)

@@ -18,7 +18,15 @@ code to it). The code lives in seven private modules, each importing only the on
 from __future__ import annotations
 
 from engine_ext.gguf._describe import describe, format_bytes, format_count
-from engine_ext.gguf._facts import DraftInfo, GGUFInfo, SSMParams, inspect_gguf, inspect_gguf_reader, read_chat_template
+from engine_ext.gguf._facts import (
+    DraftInfo,
+    GGUFInfo,
+    SSMParams,
+    inspect_gguf,
+    inspect_gguf_reader,
+    read_chat_template,
+    read_pooling_type,
+)
 from engine_ext.gguf._layers import LAYER_LETTERS, layout_string
 from engine_ext.gguf._memory import MemoryEstimate, estimate_memory, kv_bytes_per_layer, recurrent_bytes_per_layer
 from engine_ext.gguf._metadata import IntOrLayers
@@ -58,6 +66,7 @@ __all__ = [
     "kv_bytes_per_layer",
     "layout_string",
     "read_chat_template",
+    "read_pooling_type",
     "read_header",
     "recurrent_bytes_per_layer",
     "refuse_draft_as_model",

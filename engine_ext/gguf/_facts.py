@@ -554,6 +554,16 @@ def read_chat_template(path: Path, name: str | None = None) -> str | None:
         raise gguf_error(path, f"cannot be read ({exc.strerror or exc})", "check the file and the disk") from None
 
 
+def read_pooling_type(path: Path) -> int:
+    """The pooling the file names (``{arch}.pooling_type``: 1 mean, 2 cls, 3 last, 4 rank), 0 when it names none: a
+    model with pooling embeds (or, rank, reranks) rather than chats."""
+    head = read_header(Path(path))
+    arch = head.kv.get("general.architecture")
+    entry = head.kv.get(f"{arch.value}.pooling_type") if arch is not None and isinstance(arch.value, str) else None
+    value = entry.value if entry is not None else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 4 else 0
+
+
 def inspect_gguf_reader(
     name: str,
     size: int,

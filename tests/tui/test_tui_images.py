@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from textual import events
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from app.tui.app import LlmtuiApp
 from app.tui.modals.text_prompt import PathPromptModal
@@ -171,9 +172,12 @@ async def test_a_model_without_a_projector_says_so_when_you_attach(lone_llama: P
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
         chat = chat_of(app)
         assert app.model is not None and not app.model.sees_images and "vision" not in chat.header.backend
-        await pilot.press("f12")
+        await pilot.press("f12")  # opens the path prompt: a document needs no projector, an image is refused
+        await wait_until(pilot, lambda: isinstance(app.screen, PathPromptModal), "the path prompt")
+        app.screen.query_one("#text-prompt-input", Input).value = str(pictures / "red square.png")
+        await pilot.press("enter")
         await wait_until(pilot, lambda: notified(app, "cannot see images: it has no projector (mmproj)"), "said")
-        assert not isinstance(app.screen, PathPromptModal)
+        assert not isinstance(app.screen, PathPromptModal) and not chat.attachments.images
         chat.prompt.focus()
         await pilot.pause()
         app.post_message(events.Paste(str(pictures / "red square.png")))

@@ -9,10 +9,11 @@ return values and plain data; rendering it is the caller's job.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from app.core.config import SamplingSettings
+from app.core.documents.retrieval import Citation, Retrieval, citations_record
 from app.core.generation.routing import OwnerT
 from app.core.generation.tools import (
     ChatTools,
@@ -90,6 +91,8 @@ class ActiveReply:
     """Answer text has come (the reply no longer thinks)."""
     tools: ReplyTools | None = None
     """The reply's tools and calls (None: the conversation offers none)."""
+    citations: tuple[Citation, ...] = ()
+    """The documents' passages its question was sent with, numbered (kept with the reply in the history)."""
 
 
 def conversation_sampling(conversation: Conversation) -> SamplingSettings:
@@ -125,6 +128,18 @@ def with_images(
     return out
 
 
+def with_sources(messages: list[tuple[str, str] | ChatMessage], asked: str) -> list[tuple[str, str] | ChatMessage]:
+    """`messages` with the last user message's text replaced by `asked` (its question with the documents' numbered
+    passages: app.core.documents.retrieval); its images kept."""
+    for i in range(len(messages) - 1, -1, -1):
+        item = messages[i]
+        if isinstance(item, ChatMessage) and item.role == "user":
+            return [*messages[:i], replace(item, content=asked), *messages[i + 1 :]]
+        if isinstance(item, tuple) and item[0] == "user":
+            return [*messages[:i], ("user", asked), *messages[i + 1 :]]
+    return messages
+
+
 def end_state(stop_reason: str) -> MessageState:
     """How a finished reply is recorded: stopped by the user, else complete (max tokens and context full included)."""
     return "stopped" if stop_reason == "cancelled" else "complete"
@@ -153,6 +168,8 @@ class GenerationController(Generic[OwnerT]):
         """Image files found missing or damaged (hash: which), left out of what the engine is sent."""
         self.images_left_out: set[str] = set()
         """The images the next reply is written without (unusable, or the model cannot see images)."""
+        self.retrieval: Retrieval | None = None
+        """The next reply's question with the documents' passages (app.core.documents), set before `begin`."""
 
     # ----- what the user asks for -----
 
@@ -270,6 +287,9 @@ class GenerationController(Generic[OwnerT]):
         messages = with_images(
             list(plain) if tools is None else messages_with_calls(plain, path), path, self.image_refs
         )
+        retrieval, self.retrieval = self.retrieval, None
+        if retrieval is not None and resume is None and retrieval.citations:
+            messages = with_sources(messages, retrieval.message)
         reply = ActiveReply(
             0,
             conversation_id,
@@ -280,6 +300,7 @@ class GenerationController(Generic[OwnerT]):
             continue_reply=resume is not None,
             answering=resume is not None and bool(resume.content),
             tools=None if tools is None else ReplyTools(tools),
+            citations=retrieval.citations if retrieval is not None and resume is None else (),
         )
         if reply.tools is not None and resume is not None:  # the calls the stopped reply made are kept
             reply.tools.records = stored_calls(resume.stats)
@@ -360,6 +381,8 @@ class GenerationController(Generic[OwnerT]):
         self.router.release(reply.request_id or None)
         if reply.tools is not None and reply.tools.records:
             stats = dict(stats, tool_calls=reply.tools.stored())
+        if reply.citations:
+            stats = dict(stats, citations=citations_record(reply.citations, reply.recorder.content, with_text=True))
         reply.recorder.finish(state, stats)
         return reply, self.host.store.tree.get_message(reply.message_id)
 

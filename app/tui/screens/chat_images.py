@@ -21,7 +21,8 @@ ATTACH_KEY = "f12"
 
 
 class ImageAttacher:
-    """Attaching images to the message being written (they wait in the screen's `AttachmentsBar`)."""
+    """Attaching images to the message being written (they wait in the screen's `AttachmentsBar`), and, through F12
+    too, documents to the conversation (the screen's `DocumentAttacher`, chat_documents.py)."""
 
     def __init__(self, view: ChatView) -> None:
         self._view = view
@@ -31,19 +32,24 @@ class ImageAttacher:
         return self._view.app
 
     def ask_for_image(self) -> None:
-        """F12: ask for an image file's path (Tab completes it) and attach it."""
-        if not self._model_sees_images():
-            return
+        """F12: ask for an image's or a document's path (Tab completes it) and attach it: an image goes with the
+        message, a text file or a folder with the conversation."""
         from app.tui.modals.text_prompt import PathPromptModal
 
         def chosen(typed: str | None) -> None:
             if typed and typed.strip():
-                self.attach_image_file(Path(typed.strip()).expanduser())
+                path = Path(typed.strip()).expanduser()
+                if path.suffix.lower() in IMAGE_SUFFIXES:
+                    if self._model_sees_images():
+                        self.attach_image_file(path)
+                else:
+                    self._view.documents.attach_document(path)
             self._view.prompt.focus()
 
         self.app.push_screen(
             PathPromptModal(
-                "Attach an image (PNG, JPEG, GIF, BMP)", placeholder="~/Pictures/photo.png", suffixes=IMAGE_SUFFIXES
+                "Attach an image (PNG, JPEG, GIF, BMP) or a document: a text, Markdown, code or HTML file, or a folder",
+                placeholder="~/notes",
             ),
             chosen,
         )

@@ -69,9 +69,10 @@ CHAT_BINDINGS: Final[list[BindingType]] = [
     Binding(
         ATTACH_KEY,
         "attach_image",
-        "Attach image",
+        "Attach",
         show=False,
-        tooltip="Attach an image: a path prompt (Tab completes it); a file dropped on the terminal attaches too",
+        tooltip="Attach an image, or a text file or folder to answer from with citations: a path prompt (Tab "
+        "completes it); an image dropped on the terminal attaches too",
     ),
     Binding(
         "f7",

@@ -139,6 +139,8 @@ class ChatReplies:
         )
         if notice:
             self._view.notify(notice, severity="warning", timeout=10)
+        if resume is None:  # the attached documents' passages for this question (chat_documents)
+            await self._view.documents.find_sources(parent_id)
         reply = self.app.generation.begin(self._view.conversation_id, parent_id, model_name, resume=resume)
         if resume is not None:
             await self._view.transcript.start_live(

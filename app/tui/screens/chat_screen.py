@@ -20,6 +20,7 @@ from app.core.config import ConfigError, save_config
 from app.core.generation import ActiveReply
 from app.core.store import Message, StoreError
 from app.tui.screens.chat_conversations import ConversationActions
+from app.tui.screens.chat_documents import DocumentAttacher
 from app.tui.screens.chat_images import ImageAttacher
 from app.tui.screens.chat_keys import CHAT_BINDINGS
 from app.tui.screens.chat_readouts import ChatReadouts
@@ -96,6 +97,7 @@ class ChatScreen(Screen[None]):
         self.conversations = ConversationActions(self)
         self.replies = ChatReplies(self)
         self.images = ImageAttacher(self)
+        self.documents = DocumentAttacher(self)
         self.readouts = ChatReadouts(self, self.replies.model_loaded)
 
     # ----- layout -----

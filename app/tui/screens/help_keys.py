@@ -23,8 +23,8 @@ from textual.widgets import TextArea
 from app.tui.modals.conversation_settings import ConversationSettingsModal
 from app.tui.modals.crash import EngineCrashedModal
 from app.tui.modals.make_vector import MakeVectorModal
-from app.tui.modals.model_preset import ModelPresetModal
 from app.tui.modals.model_actions import DeleteModelModal, PullModal
+from app.tui.modals.model_preset import ModelPresetModal
 from app.tui.modals.model_switcher import ModelSwitcherModal
 from app.tui.modals.pick import PickModal
 from app.tui.modals.remote_endpoint import RemoteEndpointModal

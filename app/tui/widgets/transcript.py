@@ -16,6 +16,7 @@ from textual.scrollbar import ScrollBar
 from textual.widget import Widget
 from textual.widgets import Static
 
+from app.core.documents.retrieval import stored_citations
 from app.core.store import Message as StoredMessage
 from app.core.tools.loop import CallRecord, stored_calls
 from app.tui.messages import DraftSpan
@@ -26,6 +27,7 @@ from app.tui.widgets.image_block import ImageBlock, ImageReader
 from app.tui.widgets.live_body import LiveMessage
 from app.tui.widgets.markdown_render import load_lexer_table
 from app.tui.widgets.message_view import BranchInfo, MessageView
+from app.tui.widgets.source_block import SourceBlock
 from app.tui.widgets.tool_call_block import ToolCallBlock
 
 PAGE_SIZE: Final = 16  # messages mounted at a time; older ones are mounted when the user scrolls up to them
@@ -99,11 +101,18 @@ class Transcript(LaidOutOnce, VerticalScroll):
     def _view(self, message: StoredMessage) -> MessageView:
         return MessageView(message, self.branches.get(message.id), dark=self.dark, colour_drafts=self.colour_drafts)
 
-    def _views(self, message: StoredMessage) -> tuple[MessageView, list[ToolCallBlock | ImageBlock]]:
-        """A message's view, and (a reply) a folded block for each tool call it made, or (yours) its images."""
-        calls = stored_calls(message.stats) if message.role == "assistant" else []
+    def _views(self, message: StoredMessage) -> tuple[MessageView, list[ToolCallBlock | ImageBlock | SourceBlock]]:
+        """A message's view, and (a reply) a folded block for each tool call it made and each source it was given,
+        or (yours) its images."""
+        reply = message.role == "assistant"
+        calls = stored_calls(message.stats) if reply else []
+        sources = stored_citations(message.stats) if reply else []
         images = [ImageBlock(image, self.read_image, message_id=message.id) for image in message.images]
-        return self._view(message), [*images, *(ToolCallBlock(record, message_id=message.id) for record, _ in calls)]
+        return self._view(message), [
+            *images,
+            *(ToolCallBlock(record, message_id=message.id) for record, _ in calls),
+            *(SourceBlock(citation, cited, message_id=message.id) for citation, cited in sources),
+        ]
 
     async def add_live_call(self, record: CallRecord) -> ToolCallBlock:
         """A call of the reply being written, shown folded below it as it is made."""
@@ -217,9 +226,7 @@ class Transcript(LaidOutOnce, VerticalScroll):
         for view in self.query(MessageView):
             if view.message.id == message_id:
                 await view.remove()
-        for block in self.query(ToolCallBlock):
-            if block.message_id == message_id:
-                await block.remove()
+        await self.query(f".-reply-{message_id}").remove()  # its tool calls and sources
         self.messages = [message for message in self.messages if message.id != message_id]
         live = LiveMessage(
             message_id,
@@ -323,7 +330,7 @@ class Transcript(LaidOutOnce, VerticalScroll):
             await self.mount(view, before=live)
             await live.remove()
             if blocks:  # the stored calls replace the ones shown as they were made
-                await self.query(ToolCallBlock).filter(f".-reply-{message.id}").remove()
+                await self.query(f".-reply-{message.id}").remove()
                 await self.mount_all(blocks, after=view)
         if follow:
             self.scroll_end(animate=False)

@@ -1,0 +1,100 @@
+"""The chat screen's documents: a text, Markdown, code or HTML file, or a folder, attached with F12 (as images are)
+is indexed at once in a thread (what was read and skipped said in one line), and each question of the conversation
+is then asked of it: before a reply starts, the best passages are found (in a thread) and numbered into the
+question the engine is sent (app.core.documents), and the reply keeps them as its sources."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.core.documents.retrieval import ask_documents, shown_path
+from app.tui.screens.chat_view import ChatView
+from engine_ext.untrusted_text import one_line
+
+if TYPE_CHECKING:
+    from app.tui.shell import LlmtuiShell
+
+MAX_SOURCES = 16  # files and folders attached to one conversation
+
+
+class DocumentAttacher:
+    """Attaching documents to the conversation, and finding each question's passages in them."""
+
+    def __init__(self, view: ChatView) -> None:
+        self._view = view
+        self._sources: dict[int | None, list[Path]] = {}
+
+    @property
+    def app(self) -> LlmtuiShell:
+        return self._view.app
+
+    def document_sources(self, conversation_id: int | None) -> list[Path]:
+        """The files and folders attached to the conversation (None: the one not started yet)."""
+        return self._sources.setdefault(conversation_id, [])
+
+    def attach_document(self, path: Path) -> None:
+        """Index the file or folder now (a thread) and attach it; what was read and skipped said in one line."""
+        self._view.run_worker(partial(self._attach, path), thread=True, group="attach-document", exit_on_error=False)
+
+    def _attach(self, path: Path) -> None:
+        from app.core.documents.index import DocumentIndex
+
+        path = path.absolute()
+        if not path.exists():
+            self.app.call_from_thread(self._view.notify, f"Not attached: {one_line(str(path), 200)} does not exist.")
+            return
+        try:
+            index = DocumentIndex(path)
+            try:
+                report = index.refresh()
+            finally:
+                index.close()
+        except Exception as error:  # a cache folder that cannot be written, a damaged index
+            message = f"Not attached: {one_line(str(error), 200)}"
+            self.app.call_from_thread(self._view.notify, message, severity="error", timeout=10)
+            return
+        self.app.call_from_thread(self._document_attached, path, report.read.summary())
+
+    def _document_attached(self, path: Path, summary: str) -> None:
+        sources = self.document_sources(self._view.conversation_id)
+        if path in sources:
+            self._view.notify(f"{one_line(path.name, 60)} is attached already.")
+            return
+        if len(sources) >= MAX_SOURCES:
+            self._view.notify(
+                f"Not attached: a conversation takes at most {MAX_SOURCES} files and folders.", severity="error"
+            )
+            return
+        sources.append(path)
+        self._view.notify(
+            f"Attached {one_line(shown_path(str(path)), 80)}: {summary}. Questions are answered from it with "
+            "citations (BM25 search: no embedding model in the app).",
+            timeout=10,
+        )
+
+    async def find_sources(self, parent_id: int) -> None:
+        """Before a new reply to `parent_id`: its question's passages from the conversation's documents, handed to
+        the generation controller (found in a thread; nothing when no document is attached)."""
+        conversation_id = self._view.conversation_id
+        pending = self.document_sources(None)
+        sources = self.document_sources(conversation_id)
+        if conversation_id is not None and pending:  # attached before the conversation's first message
+            sources.extend(p for p in pending if p not in sources)
+            pending.clear()
+        if not sources or conversation_id is None:
+            return
+        store = self.app.store
+        questions = [m.content for m in store.tree.active_path(conversation_id) if m.role == "user"]
+        question = store.tree.get_message(parent_id).content
+        earlier = questions[-2] if len(questions) > 1 else ""
+        try:
+            retrieval = await asyncio.to_thread(ask_documents, list(sources), question, earlier=earlier)
+        except Exception as error:  # the cache folder, a damaged index: the reply goes without sources
+            self._view.notify(f"The documents could not be searched: {one_line(str(error), 200)}", severity="error")
+            return
+        if not retrieval.citations:
+            self._view.notify("No passage of the attached documents matched the question.", severity="warning")
+        self.app.generation.retrieval = retrieval

@@ -1,0 +1,67 @@
+"""The chat app with documents, on the tiny llama through the real engine worker: F12 attaches a folder, a question
+goes out with the numbered passages, the reply lists its sources (Enter shows the passage), and the history keeps
+them through a reload and an export and import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+from app.core.config import SamplingSettings
+from app.core.documents.retrieval import INSTRUCTION
+from app.tui.app import LlmtuiApp
+from app.tui.widgets.source_block import SourceBlock
+from tests.pilot import ready, reply_done
+from tests.waits import wait_until
+
+pytestmark = pytest.mark.anyio
+
+NOTES = Path(__file__).parents[1] / "fixtures" / "documents" / "notes"
+
+
+async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(tiny_models: dict[str, Path]) -> None:
+    app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=6))
+    sent: list[object] = []
+    async with app.run_test(size=(110, 34)) as pilot:
+        chat = await ready(pilot)
+        bridge = app.generation.host.bridge
+        generate = bridge.generate
+
+        def recording(messages: object, *args: object, **kwargs: object) -> int:
+            sent.append(messages)
+            return generate(messages, *args, **kwargs)  # type: ignore[arg-type]
+
+        bridge.generate = recording  # type: ignore[method-assign]
+        await pilot.press("f12")
+        await wait_until(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the path prompt")
+        app.screen.query_one("#text-prompt-input", Input).value = str(NOTES)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: chat.documents.document_sources(None) == [NOTES.absolute()], "the folder attached")
+        await chat.send("How do I roll back a release of the billing service?")
+        await reply_done(pilot)
+        asked = sent[-1][-1]  # type: ignore[index]
+        text = asked[1] if isinstance(asked, tuple) else asked.content  # type: ignore[union-attr]
+        assert text.startswith("Sources:\n\n[1] ") and "work/deploy.md:1-10" in text and INSTRUCTION in text
+        conversation = chat.conversation_id
+        assert conversation is not None
+        reply = app.store.tree.active_path(conversation)[-1]
+        kept = reply.stats["citations"]
+        assert kept[0]["file"].endswith("work/deploy.md") and kept[0]["lines"] == [1, 10]
+        assert "make rollback" in kept[0]["text"]
+        question = app.store.tree.active_path(conversation)[-2]
+        assert question.content == "How do I roll back a release of the billing service?"  # the history: as typed
+
+        blocks = list(chat.transcript.query(SourceBlock))
+        assert len(blocks) == len(kept) and "work/deploy.md:1-10" in str(blocks[0].render())
+        blocks[0].focus()
+        await pilot.press("enter")
+        assert blocks[0].expanded and "make rollback" in str(blocks[0].render())
+
+        await chat.reload_transcript()
+        await pilot.pause()
+        assert len(chat.transcript.query(SourceBlock)) == len(kept)
+        copy = app.store.exports.import_json(app.store.exports.export_json(conversation))
+        again = app.store.tree.active_path(copy.conversation_id)[-1]
+        assert again.stats["citations"] == kept

@@ -151,3 +151,19 @@ class PlainBaseline:
     def get(self, conditions: tuple[int, int]) -> float:
         """The step time under these conditions; 0 when plain decoding was not measured under them."""
         return self.step_ms.get(conditions, 0.0)
+
+
+ADAPTIVE_THREADS_ENV = "LLMTUI_ADAPTIVE_THREADS"  # "off": the default thread count stays fixed (the tests set it)
+
+
+def thread_governor(n_threads: int) -> ThreadGovernor | None:
+    """The governor that sets the thread count from the machine's load, or None when the count is fixed: given
+    explicitly (-t, the settings' threads), or LLMTUI_ADAPTIVE_THREADS=off."""
+    if n_threads or os.environ.get(ADAPTIVE_THREADS_ENV, "").lower() in ("0", "off", "no", "false"):
+        return None
+    from engine_ext.cpu import default_threads
+    from engine_ext.model import set_threads
+
+    governor = ThreadGovernor(default_threads(), set_threads)
+    governor.tick(force=True)  # a baseline: the next sample measures the time since the load
+    return governor

@@ -45,6 +45,7 @@ from engine_ext.protocol import (
     UnloadModel,
     VectorMade,
 )
+from engine_ext.threads import thread_governor
 
 if TYPE_CHECKING:
     from engine_ext.params import SteeringEntry
@@ -329,7 +330,7 @@ class Worker:
             except Exception:
                 self.unload()
                 raise
-        self.session.governor = _thread_governor(request.context.n_threads)
+        self.session.governor = thread_governor(request.context.n_threads)
         try:
             self.disk_parts = _disk_parts(request)
             self.session.disk = _disk_cache(request, self.disk_parts)
@@ -654,23 +655,6 @@ def _disk_cache(request: LoadModel, parts: dict[str, object]) -> Any:
 
 # The phase a request's handling starts in (engine_ext.engine_status; native calls mark their own within it).
 _PHASE_OF: dict[type, str] = {LoadModel: "load", Generate: "reply", Submit: "reply", Inspect: "idle", Embed: "decode"}
-
-
-ADAPTIVE_THREADS_ENV = "LLMTUI_ADAPTIVE_THREADS"  # "off": the default thread count stays fixed (the tests set it)
-
-
-def _thread_governor(n_threads: int) -> Any:
-    """The governor that sets the thread count from the machine's load, or None when the count is fixed: given
-    explicitly (-t, the settings' threads), or LLMTUI_ADAPTIVE_THREADS=off."""
-    if n_threads or os.environ.get(ADAPTIVE_THREADS_ENV, "").lower() in ("0", "off", "no", "false"):
-        return None
-    from engine_ext.cpu import default_threads
-    from engine_ext.model import set_threads
-    from engine_ext.threads import ThreadGovernor
-
-    governor = ThreadGovernor(default_threads(), set_threads)
-    governor.tick(force=True)  # a baseline: the next sample measures the time since the load
-    return governor
 
 
 def _llama_cpp_version() -> str:

@@ -38,8 +38,10 @@ async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(tiny_models
         await wait_until(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the path prompt")
         app.screen.query_one("#text-prompt-input", Input).value = str(NOTES)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: chat.documents.document_sources(None) == [NOTES.absolute()], "the folder attached")
-        await chat.send("How do I roll back a release of the billing service?")
+        await wait_until(
+            pilot, lambda: chat.documents.document_sources(None) == [NOTES.absolute()], "the folder attached"
+        )
+        await chat.replies.send("How do I roll back a release of the billing service?")
         await reply_done(pilot)
         asked = sent[-1][-1]  # type: ignore[index]
         text = asked[1] if isinstance(asked, tuple) else asked.content  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.core.store import StoredImage
+from app.tui.screens.chat_documents import DocumentAttacher
 from app.tui.screens.chat_view import ChatView
 from app.tui.widgets.prompt_input import IMAGE_SUFFIXES
 from engine_ext.image_input import ImageRefused
@@ -24,8 +25,9 @@ class ImageAttacher:
     """Attaching images to the message being written (they wait in the screen's `AttachmentsBar`), and, through F12
     too, documents to the conversation (the screen's `DocumentAttacher`, chat_documents.py)."""
 
-    def __init__(self, view: ChatView) -> None:
+    def __init__(self, view: ChatView, documents: DocumentAttacher) -> None:
         self._view = view
+        self._documents = documents
 
     @property
     def app(self) -> LlmtuiShell:
@@ -43,7 +45,7 @@ class ImageAttacher:
                     if self._model_sees_images():
                         self.attach_image_file(path)
                 else:
-                    self._view.documents.attach_document(path)
+                    self._documents.attach_document(path)
             self._view.prompt.focus()
 
         self.app.push_screen(

@@ -14,6 +14,7 @@ from app.core.generation import end_state
 from app.core.store import Message, StoreError
 from app.tui.messages import PromptProgressed
 from app.tui.remote_bridge import draft_summary
+from app.tui.screens.chat_documents import DocumentAttacher
 from app.tui.screens.chat_view import ChatView, branch_map
 from app.tui.widgets.draft_provenance import draft_spans_from_stats
 
@@ -59,8 +60,9 @@ class ChatReplies:
     """Sending, streaming and ending the chat's replies, drawn in the transcript and the stats bar: the generation
     router's default owner. It knows which replies were measured on the model loaded now."""
 
-    def __init__(self, view: ChatView) -> None:
+    def __init__(self, view: ChatView, documents: DocumentAttacher) -> None:
         self._view = view
+        self._documents = documents  # the conversation's documents: a new question's passages are found first
         self._prompt_blink = True  # the prompt's cursor blink setting, restored when a reply ends
         self.measured: set[int] = set()
         """Replies whose figures (tok/s, TTFT…) were measured in this session on the model loaded now: the only ones
@@ -140,7 +142,7 @@ class ChatReplies:
         if notice:
             self._view.notify(notice, severity="warning", timeout=10)
         if resume is None:  # the attached documents' passages for this question (chat_documents)
-            await self._view.documents.find_sources(parent_id)
+            await self._documents.find_sources(parent_id)
         reply = self.app.generation.begin(self._view.conversation_id, parent_id, model_name, resume=resume)
         if resume is not None:
             await self._view.transcript.start_live(

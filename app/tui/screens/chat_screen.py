@@ -95,9 +95,9 @@ class ChatScreen(Screen[None]):
         self.conversation_id: int | None = None
         """The conversation on screen (None: a new one, created with its first message)."""
         self.conversations = ConversationActions(self)
-        self.replies = ChatReplies(self)
-        self.images = ImageAttacher(self)
         self.documents = DocumentAttacher(self)
+        self.replies = ChatReplies(self, self.documents)
+        self.images = ImageAttacher(self, self.documents)
         self.readouts = ChatReadouts(self, self.replies.model_loaded)
 
     # ----- layout -----

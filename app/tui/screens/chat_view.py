@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from textual.worker import Worker
 
     from app.core.store import Message
-    from app.tui.screens.chat_documents import DocumentAttacher
     from app.tui.screens.steering import SteeringPanel
     from app.tui.shell import LlmtuiShell
     from app.tui.widgets.attachments import AttachmentsBar
@@ -76,11 +75,6 @@ class ChatView(Protocol):
 
     @property
     def steering_panel(self) -> SteeringPanel: ...
-
-    @property
-    def documents(self) -> DocumentAttacher:
-        """The conversation's attached documents (F12 attaches them; a reply asks them first)."""
-        ...
 
     def busy(self) -> bool:
         """Whether a reply is being written (then saying so: the action waits for it)."""

@@ -42,6 +42,7 @@ from app.tui.widgets.downloads import DownloadsPanel
 from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import ConversationList, ConversationOptions
+from app.tui.widgets.source_block import SourceBlock
 from app.tui.widgets.tool_call_block import ToolCallBlock
 from app.tui.widgets.transcript import EarlierMessages
 
@@ -63,7 +64,7 @@ PLACES: Final[tuple[Place, ...]] = (
     Place("Chat", (ChatScreen,)),
     Place("Message box", (PromptInput,), ChatScreen, (TextArea,)),
     Place("Attached images (shift+tab from the message box)", (AttachmentsBar,), ChatScreen),
-    Place("A message (ctrl+up)", (MessageView, ToolCallBlock, EarlierMessages), ChatScreen),
+    Place("A message (ctrl+up)", (MessageView, ToolCallBlock, SourceBlock, EarlierMessages), ChatScreen),
     Place("Conversation list (ctrl+b)", (ConversationList, ConversationOptions), ChatScreen),
     Place("Steering panel (F6)", (SteeringPanel, VectorSlider), ChatScreen),
     Place("Models (F4)", (ModelsScreen, DownloadsPanel)),

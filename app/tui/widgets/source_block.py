@@ -14,14 +14,13 @@ MAX_PASSAGE_SHOWN = 6000
 
 
 class SourceBlock(Static, can_focus=True):
-    """One source of a reply, folded or unfolded.
+    """One source of a reply, folded or unfolded."""
 
-    | Key | Action |
-    | :- | :- |
-    | enter, space | show / hide the passage |
-    """
-
-    BINDINGS = [Binding("enter,space", "fold", "Show passage", show=False)]
+    BINDINGS = [
+        Binding(
+            "enter,space", "fold", "Show passage", show=False, tooltip="Show or hide a source's passage: under a reply"
+        )
+    ]
     DEFAULT_CSS = """
     SourceBlock { height: auto; padding: 0 1; border-left: tall $secondary; color: $text-muted; }
     SourceBlock.-cited { color: $text; }

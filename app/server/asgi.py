@@ -215,8 +215,11 @@ def new_reply(request: Request, job: Job) -> responses.Reply:
 
 
 async def submitted(request: Request, job: Job) -> tuple[Ticket, object]:
-    """`job` submitted, and its first event (an ApiError raised: nothing was answered yet)."""
-    ticket = server_of(request).backend.submit(job, asyncio.get_running_loop())
+    """`job` submitted, and its first event (an ApiError raised: nothing was answered yet); the client that sent it
+    is the one talking now (the app's stats bar names it)."""
+    s = server_of(request)
+    s.metrics.client(request.headers.get("user-agent"))
+    ticket = s.backend.submit(job, asyncio.get_running_loop())
     return ticket, await first_event(request, ticket)
 
 

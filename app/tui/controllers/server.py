@@ -161,7 +161,8 @@ class ServerController:
                 self.server.backend.settings = settings
 
     def readout(self) -> str:
-        """The stats bar's "api" readout: the address, and the requests running and waiting ('' when off)."""
+        """The stats bar's "api" readout: the address, the last client that asked for a reply (its User-Agent,
+        shortened), and the requests running and waiting ('' when off)."""
         server = self.server
         if server is None:
             return "starting" if self.starting else ""
@@ -171,6 +172,9 @@ class ServerController:
             if loopback(server.address.host)
             else f"{server.address.host}:{server.address.port}"
         )
+        agent = server.metrics.last_client
+        if agent:
+            address = f"{address} {agent}"
         if not running and not waiting:
             return address
         return f"{address} {running} running" + (f" +{waiting}" if waiting else "")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 PROVIDER = "llmtui"  # the provider's name in Codex's and OpenCode's config
 NO_KEY = "llmtui"  # the token a client sends when the server wants none (Claude Code needs one to skip its login)
+SLOW_MS = 3_600_000  # the agents' request and stream-silence limits: an hour (a long prompt on a CPU)
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,26 @@ def claude_setup(end: Endpoint) -> Setup:
         "ANTHROPIC_API_KEY": "",  # a real Anthropic key in the user's environment is not sent to this server
         **dict.fromkeys(names, model),
     }
-    # No telemetry, error reports or update checks to Anthropic while it talks to a local model (the user's own
-    # setting wins).
-    return Setup(env, env_defaults={"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"})
+    defaults = {
+        # No telemetry, error reports or update checks to Anthropic while it talks to a local model.
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        # A local model may read a long prompt for minutes before its first token, in silence: Claude Code's own
+        # limits (10 minutes a request, 5 of silence) would cut it off and send it again.
+        "API_TIMEOUT_MS": str(SLOW_MS),
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(SLOW_MS),
+    }
+    if end.n_ctx:  # its default asks for 32,000 tokens a reply: a quarter of the context at most here
+        defaults["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(min(32000, end.n_ctx // 4))
+    return Setup(env, env_defaults=defaults)  # the user's own values win
 
 
 def codex_setup(end: Endpoint) -> Setup:
-    provider = {"name": PROVIDER, "base_url": f"{end.base}/v1", "wire_api": "responses"}
+    provider: dict[str, object] = {
+        "name": PROVIDER,
+        "base_url": f"{end.base}/v1",
+        "wire_api": "responses",
+        "stream_idle_timeout_ms": SLOW_MS,  # its default, 5 minutes of silence, is a long prompt on a CPU
+    }
     env: dict[str, str] = {}
     if end.key:
         provider["env_key"] = "LLMTUI_API_KEY"
@@ -97,7 +111,7 @@ def opencode_setup(end: Endpoint) -> Setup:
     model: dict[str, object] = {"name": end.model, "tool_call": True}
     if end.n_ctx:
         model["limit"] = {"context": end.n_ctx, "output": min(end.n_ctx // 4, 32768)}
-    options: dict[str, object] = {"baseURL": f"{end.base}/v1"}
+    options: dict[str, object] = {"baseURL": f"{end.base}/v1", "timeout": SLOW_MS}  # its default: 5 minutes
     if end.key:
         options["apiKey"] = end.key
     config = {

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 
@@ -74,17 +75,17 @@ def billing_system(text: str) -> list[dict[str, str]]:
     return [{"type": "text", "text": billing}, {"type": "text", "text": text}]
 
 
-def sse(response: httpx.Response) -> Iterator[tuple[float, dict[str, object]]]:
+def sse(response: httpx.Response) -> Iterator[tuple[float, dict[str, Any]]]:
     """(arrival time, data) of each server-sent event."""
     for line in response.iter_lines():
         if line.startswith("data: ") and line[6:].strip() != "[DONE]":
             yield time.perf_counter(), json.loads(line[6:])
 
 
-def streamed(http: httpx.Client, url: str, body: dict[str, object]) -> tuple[list[float], dict[str, object], str]:
+def streamed(http: httpx.Client, url: str, body: dict[str, object]) -> tuple[list[float], dict[str, Any], str]:
     """Times of the events that carried text, the last event with usage, and the text."""
     times: list[float] = []
-    usage: dict[str, object] = {}
+    usage: dict[str, Any] = {}
     text: list[str] = []
     with http.stream("POST", url, json=body) as response:
         if response.status_code != 200:
@@ -93,20 +94,20 @@ def streamed(http: httpx.Client, url: str, body: dict[str, object]) -> tuple[lis
             piece = ""
             kind = event.get("type")
             if kind == "content_block_delta":
-                piece = event["delta"].get("text", "")  # type: ignore[index, union-attr]
+                piece = event["delta"].get("text", "")
             elif kind == "response.output_text.delta":
                 piece = str(event.get("delta", ""))
             elif event.get("choices"):
-                piece = event["choices"][0]["delta"].get("content") or ""  # type: ignore[index]
+                piece = event["choices"][0]["delta"].get("content") or ""
             if piece:
                 times.append(at)
                 text.append(piece)
             for key in ("usage", "message", "response"):
                 found = event.get(key)
                 if isinstance(found, dict) and ("usage" in found or key == "usage"):
-                    usage = found.get("usage", found)  # type: ignore[assignment]
+                    usage = found.get("usage", found)
             if kind == "message_delta":
-                usage = {**usage, **event["usage"]}  # type: ignore[dict-item]
+                usage = {**usage, **event["usage"]}
     return times, usage, "".join(text)
 
 
@@ -129,7 +130,7 @@ def agent_loop(http: httpx.Client, base: str, model: str, n_words: int, turns: i
         sent = time.perf_counter()
         times, usage, reply = streamed(http, f"{base}/v1/messages", body)
         ttft = (times[0] - sent) * 1000 if times else float("nan")
-        cached, fresh = int(usage.get("cache_read_input_tokens", 0)), int(usage.get("input_tokens", 0))  # type: ignore[call-overload]
+        cached, fresh = int(usage.get("cache_read_input_tokens", 0)), int(usage.get("input_tokens", 0))
         rows.append((cached + fresh, cached, ttft))
         messages.append({"role": "assistant", "content": reply or "(nothing)"})
     return rows
@@ -149,7 +150,7 @@ def decode_round(http: httpx.Client, base: str, model: str, n_gen: int) -> dict[
     out = {}
     for name, (path, extra) in routes.items():
         times, usage, _ = streamed(http, base + path, {"model": model, "temperature": 0, "stream": True, **extra})
-        tokens = int(usage.get("output_tokens") or usage.get("completion_tokens") or 0)  # type: ignore[call-overload]
+        tokens = int(usage.get("output_tokens") or usage.get("completion_tokens") or 0)
         out[name] = (tokens - 1) / (times[-1] - times[0]) if len(times) > 1 and tokens > 1 else float("nan")
     return out
 

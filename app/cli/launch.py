@@ -32,6 +32,7 @@ HOST = "127.0.0.1"
 LOAD_LIMIT_S = 900.0  # the most a started server may take to answer (a large model read from a slow disk)
 STOP_WAIT_S = 20.0  # a started server's clean stop (it cancels its requests first), then it is killed
 PROBE_TIMEOUT_S = 2.0
+SERVER_LOG = "serve.log"  # in the per-launch temp folder
 CONTEXT_CAP = 65536  # a started server's context when -c is not given: the model's trained context, at most this
 
 
@@ -72,9 +73,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         )
         return run_client(executable, client, end, client_args)
     finally:
-        failed = started is not None and _stop(started) not in (0, 130)  # 130: the Ctrl+C it was stopped with
-        if failed:
-            _say(f"the server ended with status {started.process.returncode}; its log is kept: {started.log}")
+        status = _stop(started) if started is not None else 0
+        if status not in (0, 130):  # 130: the Ctrl+C it was stopped with
+            _say(f"the server ended with status {status}; its log is kept: {folder / SERVER_LOG}")
         else:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -241,7 +242,7 @@ def _too_small(client: Client, model: str, n_ctx: int, how: str) -> str:
 
 
 def _start_server(path: Path, n_ctx: int, options: argparse.Namespace, folder: Path) -> Started:
-    log = folder / "serve.log"
+    log = folder / SERVER_LOG
     command = [sys.executable, "-m", "app", "serve", "-m", str(path), "-c", str(n_ctx), "--port", str(options.port)]
     if getattr(options, "api_key_env", None):
         command += ["--api-key-env", options.api_key_env]

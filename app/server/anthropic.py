@@ -319,6 +319,9 @@ class MessageShaper(BlockShaper):
     def on_start(self, prompt: PromptCount) -> list[StreamEvent]:
         return [("message_start", {"type": "message_start", "message": self._message([])})]
 
+    def keepalive(self) -> bytes:
+        return self.sse("ping", {"type": "ping"})
+
     def _ping(self) -> list[StreamEvent]:
         if self._pinged:
             return []

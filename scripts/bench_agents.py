@@ -83,7 +83,8 @@ def sse(response: httpx.Response) -> Iterator[tuple[float, dict[str, Any]]]:
 
 
 def streamed(http: httpx.Client, url: str, body: dict[str, object]) -> tuple[list[float], dict[str, Any], str]:
-    """Times of the events that carried text, the last event with usage, and the text."""
+    """Times of the events that carried some of the reply (text, thinking or a tool call), the last event with
+    usage, and the reply's text."""
     times: list[float] = []
     usage: dict[str, Any] = {}
     text: list[str] = []
@@ -91,17 +92,22 @@ def streamed(http: httpx.Client, url: str, body: dict[str, object]) -> tuple[lis
         if response.status_code != 200:
             raise SystemExit(f"{url}: {response.status_code} {response.read().decode()[:300]}")
         for at, event in sse(response):
-            piece = ""
+            piece, made = "", False  # the text it adds; whether it carried any reply (text, thinking, a tool call)
             kind = event.get("type")
             if kind == "content_block_delta":
-                piece = event["delta"].get("text", "")
-            elif kind == "response.output_text.delta":
-                piece = str(event.get("delta", ""))
+                delta = event["delta"]
+                piece = delta.get("text", "")
+                made = bool(piece or delta.get("partial_json") or delta.get("thinking"))
+            elif kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+                piece = str(event.get("delta", "")) if kind == "response.output_text.delta" else ""
+                made = bool(event.get("delta"))
             elif event.get("choices"):
-                piece = event["choices"][0]["delta"].get("content") or ""
-            if piece:
+                delta = event["choices"][0]["delta"]
+                piece = delta.get("content") or ""
+                made = bool(piece or delta.get("tool_calls") or delta.get("reasoning_content"))
+            if made:
                 times.append(at)
-                text.append(piece)
+            text.append(piece)
             for key in ("usage", "message", "response"):
                 found = event.get(key)
                 if isinstance(found, dict) and ("usage" in found or key == "usage"):

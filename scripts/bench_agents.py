@@ -4,8 +4,9 @@
 
 - the loop: a system prompt of about --system-tokens tokens with tools, --turns turns through /v1/messages (each
   turn the conversation so far, a new user message, and Claude Code's billing line with a new nonce, as it sends
-  it): per turn the prompt tokens, those read from the cache and those evaluated, and the time to first token; the
-  prefix read from the cache on turns 2 and later (goal ≥ 99%) and their time to first token against turn 1's;
+  it): per turn the prompt tokens, those read from the cache and those evaluated, and the turn's time (its prompt
+  read and a reply of at most 16 tokens); the prefix read from the cache on turns 2 and later (goal ≥ 99%) and
+  their time against turn 1's;
 - decode speed: the same greedy request through /v1/chat/completions, /v1/messages and /v1/responses, streamed,
   tokens after the first over the time from the first to the last, in alternating rounds: each ÷ chat
   completions' (goal ≥ 0.97).
@@ -105,7 +106,7 @@ def streamed(http: httpx.Client, url: str, body: dict[str, object]) -> tuple[lis
                 delta = event["choices"][0]["delta"]
                 piece = delta.get("content") or ""
                 made = bool(piece or delta.get("tool_calls") or delta.get("reasoning_content"))
-            if made:
+            if made or kind in ("content_block_start", "response.output_item.added"):  # a tool call opens a block
                 times.append(at)
             text.append(piece)
             for key in ("usage", "message", "response"):
@@ -118,7 +119,7 @@ def streamed(http: httpx.Client, url: str, body: dict[str, object]) -> tuple[lis
 
 
 def agent_loop(http: httpx.Client, base: str, model: str, n_words: int, turns: int) -> list[tuple[int, int, float]]:
-    """Per turn: (prompt tokens, read from the cache, time to first token in ms)."""
+    """Per turn: (prompt tokens, read from the cache, the turn's time in ms: its prompt read and a 16-token reply)."""
     text = system_text(n_words)
     messages: list[dict[str, object]] = []
     rows = []
@@ -134,10 +135,12 @@ def agent_loop(http: httpx.Client, base: str, model: str, n_words: int, turns: i
             "messages": messages,
         }
         sent = time.perf_counter()
-        times, usage, reply = streamed(http, f"{base}/v1/messages", body)
-        ttft = (times[0] - sent) * 1000 if times else float("nan")
+        _, usage, reply = streamed(http, f"{base}/v1/messages", body)
+        # The whole turn, its reply at most 16 tokens: with tools, a small model's reply in llama.cpp's generic
+        # format is JSON held back until it parses, so the first token shows no earlier than the end.
+        took_ms = (time.perf_counter() - sent) * 1000
         cached, fresh = int(usage.get("cache_read_input_tokens", 0)), int(usage.get("input_tokens", 0))
-        rows.append((cached + fresh, cached, ttft))
+        rows.append((cached + fresh, cached, took_ms))
         messages.append({"role": "assistant", "content": reply or "(nothing)"})
     return rows
 
@@ -220,15 +223,15 @@ def main() -> int:
         server.send_signal(signal.SIGINT)
         server.wait(30)
     print(f"model {args.model}, context {args.ctx_size}, {args.threads} threads; /v1/messages, billing line per turn")
-    print(f"{'turn':>4}{'prompt':>9}{'cached':>9}{'evaluated':>11}{'cached %':>10}{'ttft ms':>10}")
-    for turn, (prompt, cached, ttft) in enumerate(rows, 1):
-        print(f"{turn:4}{prompt:9}{cached:9}{prompt - cached:11}{100 * cached / prompt:10.2f}{ttft:10.0f}")
+    print(f"{'turn':>4}{'prompt':>9}{'cached':>9}{'evaluated':>11}{'cached %':>10}{'turn ms':>10}")
+    for turn, (prompt, cached, took_ms) in enumerate(rows, 1):
+        print(f"{turn:4}{prompt:9}{cached:9}{prompt - cached:11}{100 * cached / prompt:10.2f}{took_ms:10.0f}")
     later = rows[1:]
     if later:
         worst = min(cached / prompt for prompt, cached, _ in later)
-        ratio = statistics.median(ttft for *_, ttft in later) / rows[0][2]
+        ratio = statistics.median(took for *_, took in later) / rows[0][2]
         print(f"turns 2-{len(rows)}: at least {100 * worst:.2f}% of the prompt read from the cache (goal ≥ 99%)")
-        print(f"turns 2-{len(rows)}: median time to first token ÷ turn 1's: {ratio:.3f}")
+        print(f"turns 2-{len(rows)}: median time of a turn (prompt and a 16-token reply) ÷ turn 1's: {ratio:.3f}")
     chat = statistics.median(r["chat"] for r in rounds)
     print(f"decode, {args.n_gen} tokens, median of {args.rounds} rounds (tok/s as the client sees it, ÷ chat):")
     for name in ("chat", "messages", "responses"):

@@ -12,10 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_ext.grammar import MAX_SCHEMA_CHARS, grammar_for
+from engine_ext.grammar import MAX_SCHEMA_CHARS, MAX_SCHEMA_COUNT, grammar_for
 from engine_ext.tool_calls import HERMES, HERMES_CLOSE, HERMES_OPEN, MISTRAL, MISTRAL_OPEN, PYTHON_TAG
 
 _CALL_RULE = "llmtui-call"
+_UPPER_COUNTS = frozenset({"maxLength", "maxItems", "maxProperties"})
+_ANNOTATIONS = frozenset({"description", "title", "$comment", "default", "examples", "deprecated", "readOnly"})
+_TEXTS = ("description", "title", "$comment")
+ANY_VALUE = {"type": ["string", "number", "boolean", "object", "array", "null"]}
+_COUNTED_DEPTH = 64  # schemas nested deeper are left as they are (the converter refuses what it cannot take)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,30 @@ def fitting_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str,
         kept.append(tool)
         used += size
     return kept, left_out
+
+
+def countable(tools: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """`tools` for the calls' grammar, as upstream's converter reads schemas that llama-cpp-python's port refuses
+    (Claude Code's tools have both): a schema of annotations only (a description) is any JSON value, and an upper
+    count past MAX_SCHEMA_COUNT is left out (its Workflow tool takes a string of up to 524,288 characters: bounded
+    by the reply's max_tokens instead of refused). The template still shows the schemas as given."""
+    return [_convertible(tool, 0) for tool in tools]
+
+
+def _convertible(value: Any, depth: int) -> Any:
+    if depth > _COUNTED_DEPTH:
+        return value
+    if isinstance(value, Mapping):
+        if value and value.keys() <= _ANNOTATIONS and all(isinstance(value.get(k, ""), str) for k in _TEXTS):
+            return dict(ANY_VALUE)  # a property map holding "description" maps it to a schema, not a string
+        return {
+            k: _convertible(v, depth + 1)
+            for k, v in value.items()
+            if not (k in _UPPER_COUNTS and type(v) is int and v > MAX_SCHEMA_COUNT)
+        }
+    if isinstance(value, list):
+        return [_convertible(v, depth + 1) for v in value]
+    return value
 
 
 def _gbnf_literal(text: str) -> str:

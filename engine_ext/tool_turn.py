@@ -31,7 +31,7 @@ from engine_ext.tool_calls import (
     tool_names,
     tools_of,
 )
-from engine_ext.tool_grammar import fitting_tools, tool_grammar
+from engine_ext.tool_grammar import countable, fitting_tools, tool_grammar
 from engine_ext.untrusted_text import one_line
 
 
@@ -108,10 +108,11 @@ class ToolTurn:
     def grammar(self, opens_reasoning: bool) -> ReplyGrammar:
         """The calls' grammar: lazy, from a call's opening, in the template's format; from the first token (after
         the thinking of a reply that opens in it) in the generic format."""
+        tools = countable(self.tools)
         if self.generic is not None:
-            schema = json.dumps(generic_schema(self.tools, required=self.required))
+            schema = json.dumps(generic_schema(tools, required=self.required))
             return reply_grammar(None, schema, opens_reasoning=opens_reasoning)
-        calls = tool_grammar(self.tools, self.format, required=self.required)
+        calls = tool_grammar(tools, self.format, required=self.required)
         return ReplyGrammar(calls.gbnf, calls.triggers)
 
     def watch(self, emit: Callable[[Event], None]) -> Callable[[Event], None]:

@@ -1,6 +1,6 @@
 """The `llmtui` command line: the chat app with no sub-command, or one of the sub-commands, each in its own module
-(run, chat, bench, info, models, steer, doctor, rpc_server, cache, docs). Their engine arguments are in engine_args
-(shared with the chat app's rules), what they share in session, argument types in types."""
+(run, chat, bench, info, models, steer, doctor, rpc_server, cache, serve, launch, docs). Their engine arguments are
+in engine_args (shared with the chat app's rules), what they share in session, argument types in types."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from app.cli.docs import add_docs_parser, cmd_docs
 from app.cli.doctor import add_doctor_parser, cmd_doctor
 from app.cli.engine_args import context_params, model_params
 from app.cli.info import add_info_parser, cmd_info
+from app.cli.launch import add_launch_parser, cmd_launch
 from app.cli.models import add_models_parser, cmd_models
 from app.cli.remote import RemoteCliError
 from app.cli.rpc_server import add_rpc_server_parser, cmd_rpc_server
@@ -34,6 +35,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "models": cmd_models,
     "steer": cmd_steer,
     "serve": cmd_serve,
+    "launch": cmd_launch,
     "doctor": cmd_doctor,
     "rpc-server": cmd_rpc_server,
     "cache": cmd_cache,
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_models_parser,
         add_steer_parser,
         add_serve_parser,
+        add_launch_parser,
         add_cache_parser,
         add_docs_parser,
     ):

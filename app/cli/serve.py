@@ -29,7 +29,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.server.backend import ServerSettings
     from app.server.metrics import Metrics
 
-    api_key = _api_key(args.api_key_env)
+    api_key = api_key_from_env(args.api_key_env)
     if not loopback(args.host) and not api_key:
         print(
             f"llmtui serve: warning: listening on {args.host} without an API key: anyone who can reach this machine "
@@ -100,7 +100,8 @@ def _embeddings(args: argparse.Namespace, path: Path) -> str:
     return wanted
 
 
-def _api_key(name: str | None) -> str | None:
+def api_key_from_env(name: str | None) -> str | None:
+    """The API key in environment variable `name` (None without a name); one line when it is unset or unusable."""
     if not name:
         return None
     value = os.environ.get(name, "")

@@ -116,19 +116,22 @@ def _system(value: object) -> list[dict[str, object]]:
 
 
 def _messages(value: object) -> list[dict[str, object]]:
-    """Anthropic's turns as chat messages: tool_result blocks become tool messages (before the user's text, as they
-    answer the calls of the turn before), tool_use blocks the assistant's tool_calls; earlier turns' thinking is
-    not replayed (Anthropic's own API drops it too)."""
+    """Anthropic's turns as chat messages (system turns as system messages): tool_result blocks become tool messages
+    (before the user's text, as they answer the calls of the turn before), tool_use blocks the assistant's
+    tool_calls; earlier turns' thinking is not replayed (Anthropic's own API drops it too)."""
     if not isinstance(value, list) or not value:
         raise bad_request("messages: at least one message is required", "messages")
     out: list[dict[str, object]] = []
     names: dict[str, str] = {}  # tool_use id → its tool's name, for the results
     for i, item in enumerate(value):
         where = f"messages[{i}]"
-        if not isinstance(item, dict) or item.get("role") not in ("user", "assistant"):
-            raise bad_request(f"{where}.role must be user or assistant", "messages")
+        if not isinstance(item, dict) or item.get("role") not in ("user", "assistant", "system"):
+            raise bad_request(f"{where}.role must be user, assistant or system", "messages")
         role = item["role"]
         content = item.get("content")
+        if role == "system":  # Claude Code 2.1 sends system turns between the others: as llama-server, kept there
+            out += _system(content)
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -315,6 +318,9 @@ class MessageShaper(BlockShaper):
 
     def on_start(self, prompt: PromptCount) -> list[StreamEvent]:
         return [("message_start", {"type": "message_start", "message": self._message([])})]
+
+    def keepalive(self) -> bytes:
+        return self.sse("ping", {"type": "ping"})
 
     def _ping(self) -> list[StreamEvent]:
         if self._pinged:

@@ -38,6 +38,11 @@ from engine_ext.tool_calls import CallTextFilter
 from engine_ext.untrusted_text import one_line
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
+# A streamed request whose first event (its prompt read) has not come this long after it was submitted opens its
+# stream and sends a keep-alive every _KEEPALIVE_S: agents end a request after minutes of silence (Claude Code: 5)
+# and send it again, and a long prompt on a CPU takes that. Errors from then on are the stream's last event.
+_SILENT_START_S = 5.0
+_KEEPALIVE_S = 10.0
 _RETRY_AFTER_S = 2
 _PUBLIC = frozenset({"/health"})
 
@@ -127,9 +132,11 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def next_event(request: Request, ticket: Ticket) -> object:
-    """The ticket's next event; a client that went away cancels the generation (ApiError 499)."""
+async def next_event(request: Request, ticket: Ticket, within: float | None = None) -> object:
+    """The ticket's next event; a client that went away cancels the generation (ApiError 499); None when `within`
+    seconds passed without one."""
     events = ticket.events
+    deadline = None if within is None else time.monotonic() + within
     while True:
         try:
             return await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
@@ -137,12 +144,15 @@ async def next_event(request: Request, ticket: Ticket) -> object:
             if await request.is_disconnected():
                 ticket.cancel()
                 return ApiError(499, "the client went away")
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
 
-async def first_event(request: Request, ticket: Ticket) -> object:
-    """The ticket's first event (its error raised); the generation cancelled if waiting for it fails."""
+async def first_event(request: Request, ticket: Ticket, within: float | None = None) -> object:
+    """The ticket's first event (its error raised), None when `within` seconds passed without it; the generation
+    cancelled if waiting for it fails."""
     try:
-        first = await next_event(request, ticket)
+        first = await next_event(request, ticket, within)
     except BaseException:
         ticket.cancel()
         raise
@@ -246,14 +256,17 @@ def new_reply(request: Request, job: Job) -> responses.Reply:
     )
 
 
-async def submitted(request: Request, job: Job) -> tuple[Ticket, object]:
-    """`job` submitted, and its first event (an ApiError raised: nothing was answered yet)."""
-    ticket = server_of(request).backend.submit(job, asyncio.get_running_loop())
-    return ticket, await first_event(request, ticket)
+async def submitted(request: Request, job: Job, within: float | None = None) -> tuple[Ticket, object]:
+    """`job` submitted, and its first event (an ApiError raised: nothing was answered yet; None when `within`
+    seconds passed without it); the client that sent it is the one talking now (the app's stats bar names it)."""
+    s = server_of(request)
+    s.metrics.client(request.headers.get("user-agent"))
+    ticket = s.backend.submit(job, asyncio.get_running_loop())
+    return ticket, await first_event(request, ticket, within)
 
 
 async def run(request: Request, job: Job) -> Response:
-    ticket, first = await submitted(request, job)
+    ticket, first = await submitted(request, job, _SILENT_START_S if job.stream else None)
     if job.stream:
         return event_stream(stream(request, ticket, job, new_reply(request, job), first))
     reply = await collected(request, job, ticket, first)
@@ -319,6 +332,9 @@ async def stream(
         elif job.echo:
             yield responses.sse(responses.text_chunk(reply, model, job.prompt or "", index=index))
         event = first
+        while event is None:  # the prompt is still read (run's _SILENT_START_S)
+            yield responses.KEEPALIVE
+            event = await next_event(request, ticket, _KEEPALIVE_S)
         while True:
             if isinstance(event, ApiError):
                 yield responses.sse(event.body())
@@ -403,7 +419,7 @@ async def openai_response(request: Request) -> Response:
 
 async def shaped(request: Request, job: Job, shaper: BlockShaper) -> Response:
     """Run `job` and answer with `shaper`'s object, or stream its events."""
-    ticket, first = await submitted(request, job)
+    ticket, first = await submitted(request, job, _SILENT_START_S if job.stream else None)
     if job.stream:
         return event_stream(shaped_stream(request, ticket, shaper, first))
     try:
@@ -422,6 +438,12 @@ async def shaped(request: Request, job: Job, shaper: BlockShaper) -> Response:
 async def shaped_stream(request: Request, ticket: Ticket, shaper: BlockShaper, first: object) -> AsyncIterator[bytes]:
     try:
         event = first
+        if event is None:  # the prompt is still read (_SILENT_START_S)
+            yield shaper.opened_early()
+            while event is None:
+                event = await next_event(request, ticket, _KEEPALIVE_S)
+                if event is None:
+                    yield shaper.keepalive()
         while True:
             if isinstance(event, ApiError):
                 yield shaper.error(event)

@@ -11,7 +11,7 @@ from typing import Literal
 
 from app.server.api_errors import ApiError
 from app.server.requests import Job
-from app.server.responses import Reply
+from app.server.responses import KEEPALIVE, Reply
 from engine_ext.protocol import Finished, PromptEvaluated, TokenChunk, ToolCall
 from engine_ext.tool_calls import CallTextFilter
 
@@ -51,6 +51,7 @@ class BlockShaper(ABC):
         self.prompt: PromptCount | None = None
         self.finished: Finished | None = None
         self._open = False
+        self._early = False  # the stream opened before the prompt was read (opened_early)
 
     def feed(self, event: object) -> list[bytes]:
         """The SSE bytes `event` adds to the stream (none when the job is not streamed)."""
@@ -61,11 +62,11 @@ class BlockShaper(ABC):
                 if isinstance(event, PromptEvaluated)
                 else PromptCount(event.stats.prompt_tokens, event.stats.prompt_tokens_cached)
             )
-            steps += self.on_start(self.prompt)
+            steps += [] if self._early else self.on_start(self.prompt)
         if isinstance(event, TokenChunk):
             if self.prompt is None:
                 self.prompt = PromptCount(0, 0)
-                steps += self.on_start(self.prompt)
+                steps += [] if self._early else self.on_start(self.prompt)
             if event.reasoning:
                 steps += self._grow("thinking", event.reasoning)
             text = self.reply.visible(event.text)
@@ -79,6 +80,16 @@ class BlockShaper(ABC):
             self.finished = event
             steps += self.on_finish(event)
         return [self.sse(name, data) for name, data in steps] if self.job.stream else []
+
+    def opened_early(self) -> bytes:
+        """The stream's opening, sent before the prompt is read (a long prompt, a request waiting for the engine) so
+        that a client which counts silence sees its request alive; its usage comes with the end."""
+        self._early = True
+        return b"".join(self.sse(name, data) for name, data in self.on_start(PromptCount(0, 0)))
+
+    def keepalive(self) -> bytes:
+        """What the stream sends while the prompt is read: an SSE comment (Anthropic's stream: a ping)."""
+        return KEEPALIVE
 
     def _grow(self, kind: BlockKind, text: str) -> list[StreamEvent]:
         steps: list[StreamEvent] = []

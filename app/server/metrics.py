@@ -3,10 +3,27 @@ same figure (`llamacpp:…`), so its dashboards read llmtui too; llmtui's specul
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 
 from engine_ext.protocol import Finished
+
+MAX_AGENT_CHARS = 24
+_AGENT_CHARS = re.compile(r"[^A-Za-z0-9._/-]")
+
+
+def short_agent(user_agent: str | None) -> str:
+    """A client's User-Agent as the stats bar names it: its first product without the version ("claude-cli/2.1.197
+    (external, cli)" → "claude-cli", "OpenAI/Python 1.109.1" → "OpenAI/Python"), plain characters only, at most
+    MAX_AGENT_CHARS; '' for none."""
+    first = (user_agent or "")[:200].split(maxsplit=1)
+    if not first:
+        return ""
+    name, _, version = first[0].partition("/")
+    if version and not version[:1].isdigit():
+        name = f"{name}/{version}"
+    return _AGENT_CHARS.sub("", name)[:MAX_AGENT_CHARS]
 
 
 @dataclass
@@ -39,10 +56,23 @@ class Metrics:
         self._t = _Totals()
         self.slots = slots  # requests the engine decodes together (serve --parallel)
         self._loading: dict[str, float] = {}  # a router's models loading now: id → fraction loaded
+        self._agent = ""  # the last client that asked for a reply (short_agent)
 
     def request(self) -> None:
         with self._lock:
             self._t.requests += 1
+
+    def client(self, user_agent: str | None) -> None:
+        """A request for a reply came from this User-Agent."""
+        agent = short_agent(user_agent)
+        with self._lock:
+            self._agent = agent
+
+    @property
+    def last_client(self) -> str:
+        """The last client that asked for a reply, shortened ('' before any, or when it sent no User-Agent)."""
+        with self._lock:
+            return self._agent
 
     def refused(self) -> None:
         with self._lock:

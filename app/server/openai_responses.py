@@ -23,13 +23,14 @@ MAX_STORED = 256  # responses kept for previous_response_id; the oldest goes fir
 MAX_STORED_BYTES = 64 << 20  # their conversations' JSON together
 
 # OpenAI's fields we take; `metadata`, `user`, `include`, `service_tier`, `prompt_cache_key`, `safety_identifier`,
-# `stream_options` and `truncation` change nothing here (accepted, ignored); `background` must be false.
+# `stream_options`, `truncation` and `client_metadata` (Codex's) change nothing here (accepted, ignored);
+# `background` must be false.
 _FIELDS = frozenset(
     {
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "reasoning", "text",
         "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id", "store", "metadata", "user",
         "include", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "truncation",
-        "background",
+        "background", "client_metadata",
     }
 )  # fmt: skip
 _PASSED = ("model", "stream", "temperature", "top_p", "parallel_tool_calls")
@@ -181,14 +182,39 @@ def _content(value: object, where: str) -> str | list[dict[str, object]]:
     return parts
 
 
+# OpenAI's hosted tools: run by OpenAI's servers, not by the model's client, so none is offered here (Codex sends
+# web_search with every request); a request that names one as its tool_choice gets the model's own choice.
+_HOSTED_TOOLS = frozenset(
+    {
+        "web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation",
+        "computer_use_preview", "mcp",
+    }
+)  # fmt: skip
+
+
 def _tools(value: object) -> list[dict[str, object]]:
+    """Function tools as chat completions takes them: a namespace's functions (Codex groups its sub-agent tools in
+    one) among them, hosted tools left out."""
     if not isinstance(value, list):
         raise bad_request("tools must be a list", "tools")
     out: list[dict[str, object]] = []
     for i, tool in enumerate(value):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in _HOSTED_TOOLS:
+            continue
+        if kind == "namespace" and isinstance(tool, dict) and isinstance(tool.get("tools"), list):
+            out += _functions(tool["tools"], f"tools[{i}].tools")
+        else:
+            out += _functions([tool], "tools", i)
+    return out
+
+
+def _functions(tools: list[object], where: str, first: int = 0) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for i, tool in enumerate(tools, first):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = str(tool.get("type"))[:40] if isinstance(tool, dict) else "?"
-            raise bad_request(f"tools[{i}]: only function tools are available here, not {kind!r}", "tools")
+            raise bad_request(f"{where}[{i}]: only function tools are available here, not {kind!r}", "tools")
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         out.append({"type": "function", "function": function})
     return out

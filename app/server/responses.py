@@ -215,6 +215,11 @@ def text_chunk(reply: Reply, model: str, text: str, finish: str | None = None, *
     }
 
 
+KEEPALIVE = (
+    b": keep-alive\n\n"  # an SSE comment, which every client's parser skips: a stream alive while a prompt is read
+)
+
+
 def sse(data: dict[str, object] | str) -> bytes:
     """One server-sent event: `data: <json>` and a blank line (what OpenAI's clients read)."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))

@@ -175,3 +175,53 @@ async def test_f10_with_router_serves_every_local_model_and_the_switcher_marks_t
         await pilot.press("f10")
         await wait_until(pilot, lambda: not app.server.running, "the router to stop")
         await wait_until(pilot, lambda: not listening(port), "the router's port to close", timeout_s=30)
+
+
+def ask_as_agents(port: int) -> tuple[str, str]:
+    """A Messages request as Claude Code sends it (its User-Agent) and a Responses request from the `openai` SDK."""
+    import anthropic
+
+    base = f"http://127.0.0.1:{port}"
+    claude = anthropic.Anthropic(
+        base_url=base,
+        api_key="none",
+        max_retries=0,
+        timeout=30,
+        default_headers={"User-Agent": "claude-cli/2.1.197 (external, cli)"},
+    )
+    message = claude.messages.create(model="any", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    codex = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=30)
+    response = codex.responses.create(model="any", input="hi", max_output_tokens=8)
+    return "".join(b.text for b in message.content if b.type == "text"), response.output_text
+
+
+async def test_f10_answers_messages_and_responses_and_the_stats_bar_names_the_client(lone_llama: Path) -> None:
+    port = free_port()
+    write_config(port)
+    app = scripted_app(lone_llama, EchoEngine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: app.server.running, "the API server to listen")
+        chat = app.chat
+        assert chat is not None
+        assert await asyncio.to_thread(ask_as_agents, port) == ("served by llmtui", "served by llmtui")
+        # The last client that asked for a reply: the openai SDK's "OpenAI/Python 1.x", its version left out.
+        await wait_until(
+            pilot, lambda: chat.stats.extras.get("api") == f":{port} OpenAI/Python", lambda: str(chat.stats.extras)
+        )
+        await asyncio.to_thread(ask_with_agent, port, "claude-cli/2.1.197 (external, cli)")
+        await wait_until(pilot, lambda: chat.stats.extras.get("api") == f":{port} claude-cli", "claude-cli named")
+        assert f"api :{port} claude-cli" in chat.stats.render_line(0).text
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: not app.server.running, "the API server to stop")
+
+
+def ask_with_agent(port: int, agent: str) -> None:
+    answer = httpx.post(
+        f"http://127.0.0.1:{port}/v1/messages",
+        json={"model": "any", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"User-Agent": agent},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text

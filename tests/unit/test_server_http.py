@@ -623,3 +623,43 @@ def test_every_llama_server_metric_is_exported_and_counts_across_engine_restarts
     assert values["llamacpp:prompt_tokens_cached_total"] == 12 and values["llamacpp:prompt_tokens_total"] == 18
     assert values["llamacpp:n_decode_total"] == 10 and values["llamacpp:n_busy_slots_per_decode"] == 1.1
     assert values["llamacpp:n_tokens_max"] == 14
+
+
+def test_a_stream_whose_prompt_takes_long_opens_at_once_and_keeps_alive(
+    served: tuple[TestClient, ScriptedClient, Metrics], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents end a request after minutes of silence and send it again (Claude Code: 5): a streamed request whose
+    first event is late opens its stream (Anthropic's message_start) and sends keep-alives until it comes."""
+    from app.server import asgi
+
+    client, engine, _ = served
+    monkeypatch.setattr(asgi, "_SILENT_START_S", 0.05)
+    monkeypatch.setattr(asgi, "_KEEPALIVE_S", 0.1)
+    due = [0.0]  # no event before this time (the prompt being read)
+    events = engine.next_event
+
+    def late(timeout: float | None = None) -> object:
+        if time.monotonic() < due[0]:
+            time.sleep(0.02)
+            return None
+        return events(timeout)
+
+    monkeypatch.setattr(engine, "next_event", late)
+    ask = [{"role": "user", "content": "hi"}]
+    due[0] = time.monotonic() + 1.0
+    with client.stream("POST", "/v1/messages", json={"max_tokens": 8, "messages": ask, "stream": True}) as answer:
+        assert answer.status_code == 200
+        names = [line[7:] for line in answer.iter_lines() if line.startswith("event: ")]
+    assert names[0] == "message_start" and names.count("message_start") == 1
+    assert names[1] == "ping" and "content_block_start" in names and names[-1] == "message_stop"
+    due[0] = time.monotonic() + 1.0
+    with client.stream("POST", "/v1/chat/completions", json={"messages": ask, "stream": True}) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+    assert json.loads(lines[0][6:])["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert lines[1] == ": keep-alive"
+    text = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in lines
+        if line.startswith("data: {") and json.loads(line[6:])["choices"]
+    )
+    assert text == "Hello, world" and lines[-1] == "data: [DONE]"

@@ -200,7 +200,8 @@ class ServerController:
                 self.server.backend.settings = settings
 
     def readout(self) -> str:
-        """The stats bar's "api" readout: the address, and the requests running and waiting ('' when off)."""
+        """The stats bar's "api" readout: the address, the last client that asked for a reply (its User-Agent,
+        shortened), and the requests running and waiting ('' when off)."""
         server = self.server
         if server is None:
             return "starting" if self.starting else ""
@@ -211,6 +212,9 @@ class ServerController:
         )
         if isinstance(server, RouterProcess):
             return f"{address} {len(self.served)} loaded"
+        agent = server.metrics.last_client
+        if agent:
+            address = f"{address} {agent}"
         running, waiting = server.in_flight()
         if not running and not waiting:
             return address

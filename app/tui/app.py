@@ -33,6 +33,7 @@ from app.core.config import (
 from app.core.generation import GenerationController, GenerationRouter
 from app.core.model_paths import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.core.owner_only_dirs import secure_app_dirs, take_notice
+from app.core.remote_engine import REMOTE_PREFIX, RemoteChoice
 from app.core.store import Store, StoreError, open_default_store
 from app.tui.bridge import EngineBridge
 from app.tui.controllers import (
@@ -46,7 +47,7 @@ from app.tui.engine_events import EngineEvents
 from app.tui.messages import ModelSummary
 from app.tui.modals.pick import PickModal
 from app.tui.palette import palette_commands
-from app.tui.remote_bridge import REMOTE_PREFIX, RemoteBridge, RemoteChoice
+from app.tui.remote_bridge import RemoteBridge
 from app.tui.reply_owner import ReplyOwner
 from app.tui.screens.chat_screen import ChatScreen
 from app.tui.textual_internals.terminal_text import drop_controls_from_terminal_output

@@ -21,6 +21,7 @@ from textual.message import Message
 from textual.screen import Screen
 
 from app.core.model_paths import record_use
+from app.core.remote_engine import REMOTE_PREFIX
 from app.tui.messages import (
     EngineCrashed,
     EngineRecovering,
@@ -42,7 +43,7 @@ from app.tui.messages import (
     VectorCreated,
     VectorProgressed,
 )
-from app.tui.remote_bridge import REMOTE_PREFIX, RemoteBridge
+from app.tui.remote_bridge import RemoteBridge
 from app.tui.shell import LlmtuiShell
 from engine_ext.untrusted_text import one_line
 

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from app.core.config import RemoteSettings, SamplingSettings
+from app.core.remote_http import RemoteError, list_models
 from app.tui.messages import GenerationFailed, GenerationFinished, ModelLoaded
-from app.tui.remote_bridge import RemoteBridge, RemoteError, list_models
+from app.tui.remote_bridge import RemoteBridge
 from engine_ext.gguf import MAX_READ_HEADER_BYTES, GGUFError
 from models_catalog import download, fit, hfcache, hub, transport
 from models_catalog.download import RemoteFile, TransferOptions

@@ -21,6 +21,8 @@ import pytest
 from textual.pilot import Pilot
 
 from app.core.config import Config, RemoteSettings, SamplingSettings, load_config, save_config
+from app.core.remote_engine import RemoteChoice, draft_summary
+from app.core.remote_http import list_models, request_body
 from app.tui.messages import (
     EngineRequestFailed,
     GenerationFailed,
@@ -31,7 +33,7 @@ from app.tui.messages import (
     SpeculativeConfigured,
     TokensArrived,
 )
-from app.tui.remote_bridge import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
+from app.tui.remote_bridge import RemoteBridge
 from engine_ext.params import SpeculativeParams, SteeringEntry
 from tests.fakes import Collector, FakeServer
 from tests.tiny_models import write_tiny_model

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from app.core.config import RemoteSettings, SamplingSettings
+from app.core.remote_http import MAX_SSE_LINE, RemoteError, list_models
 from app.tui import remote_bridge as remote_module
 from app.tui.messages import GenerationFailed, GenerationFinished, ModelLoaded, TokensArrived
-from app.tui.remote_bridge import MAX_SSE_LINE, RemoteBridge, RemoteError, list_models
+from app.tui.remote_bridge import RemoteBridge
 from tests.fakes import Collector
 from tests.quiet_http import QuietHTTPServer
 

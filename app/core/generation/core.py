@@ -31,32 +31,12 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
     from pathlib import Path
 
+    from app.core.engine import Engine
     from app.core.generation.routing import GenerationRouter
     from app.core.generation.tools import Ask
     from app.core.store import Conversation, JSONObject, Message, MessageState, Store, StoredImage
     from app.core.tools.loop import CallRecord
     from engine_ext.protocol import ToolCall
-
-
-class Engine(Protocol):
-    """What a reply needs of an engine (EngineBridge and RemoteBridge are two)."""
-
-    def generate(
-        self,
-        messages: Sequence[tuple[str, str] | ChatMessage],
-        sampling: SamplingSettings,
-        *,
-        continue_reply: bool = False,
-        tools: str | None = None,
-    ) -> int:
-        """Queue a generation; its request id (carried by every event of that request). `tools`: OpenAI-shaped
-        definitions offered to the model (an engine that cannot take them refuses the request)."""
-
-    def cancel(self, request_id: int) -> None:
-        """Stop the request; it still ends with a finished event (stop reason "cancelled")."""
-
-    def end_thinking(self, request_id: int) -> bool:
-        """Stop the request's thinking now (it answers); whether this engine can."""
 
 
 class GenerationHost(Protocol):

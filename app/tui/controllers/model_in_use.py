@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.core.model_paths import usable_folders
+from app.core.remote_engine import RemoteChoice
 from app.core.speculation_facts import ModelFacts, find_drafts, model_facts
-from app.tui.remote_bridge import RemoteBridge, RemoteChoice
+from app.tui.remote_bridge import RemoteBridge
 from models_catalog.pairing import local_mmproj
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Final
 from textual import on
 
 from app.core.generation import ActiveReply, end_state
+from app.core.remote_engine import draft_summary
 from app.core.store import Message, StoreError
 from app.tui.messages import PromptProgressed
-from app.tui.remote_bridge import draft_summary
 from app.tui.screens.chat_base import ChatBase, branch_map
 from app.tui.widgets.draft_provenance import draft_spans_from_stats
 from app.tui.widgets.prompt_input import PromptInput

@@ -17,6 +17,7 @@ from typing import Final
 from textual.message import Message
 
 from app.core.config import EngineSettings, SamplingSettings
+from app.core.engine import Engine, EngineCapabilities
 from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from app.core.output_format import OutputFormatError, output_fields
 from app.tui.bridge_recovery import ReplyInFlight, engine_crashed
@@ -78,15 +79,15 @@ CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at 
 MAX_EVENTS_PER_READ: Final = 512
 
 
-class EngineBridge:
-    """Owns the EngineClient and a long-lived reader thread (exit event + join).
+class EngineBridge(Engine):
+    """The local engine: owns the EngineClient and a long-lived reader thread (exit event + join).
 
     Every call is non-blocking: it queues a command for the thread, which starts/loads the engine and reads its
     events, posting `app.tui.messages` messages. Token chunks are merged in order into batches at most 20 a second;
     load progress and live stats use `can_replace`.
     """
 
-    takes_tools = True  # the chat may offer tools: the worker reads the calls back (Finished.tool_calls)
+    capabilities = EngineCapabilities(loads_files=True, tools=True, speculation=True, steering=True, images=True)
 
     def __init__(
         self,
@@ -138,10 +139,16 @@ class EngineBridge:
         # Requests of the app's API server, run on this engine between the app's replies (app/core/engine_share.py)
         self._share = EngineShare(self._send_labelled, self._send_job)
         self._running = False
-        self.model_path: str | None = None
-        """The model last asked for (reloaded by `restart`)."""
+        self._model_path: str | None = None  # the model last asked for (reloaded by `restart`)
 
     # ----- called from the UI thread -----
+
+    @property
+    def model_path(self) -> str | None:
+        return self._model_path
+
+    def shared_engine(self) -> EngineBridge:
+        return self
 
     def start(self) -> None:
         if not self._thread.is_alive():
@@ -159,7 +166,7 @@ class EngineBridge:
     ) -> None:
         """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation, the
         projector paired with it (images), and the prompt cache on disk (`[cache]`)."""
-        self.model_path = path
+        self._model_path = path
         self._model = (path, engine, load_mtp, n_rs_seq)
         self._mmproj = mmproj
         self._disk_cache = disk_cache

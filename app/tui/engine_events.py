@@ -43,7 +43,6 @@ from app.tui.messages import (
     VectorCreated,
     VectorProgressed,
 )
-from app.tui.remote_bridge import RemoteBridge
 from app.tui.shell import LlmtuiShell
 from engine_ext.untrusted_text import one_line
 
@@ -138,7 +137,7 @@ class EngineEvents(LlmtuiShell):
 
     def _stale(self, path: str) -> bool:
         """An event of the engine switched away from (a local load finishing after a switch to a remote one)."""
-        return path.startswith(REMOTE_PREFIX) != isinstance(self.bridge, RemoteBridge)
+        return path.startswith(REMOTE_PREFIX) == self.bridge.capabilities.loads_files
 
     def _model_loaded(self, event: ModelLoaded) -> None:
         if self._stale(event.model.path):

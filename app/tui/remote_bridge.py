@@ -15,7 +15,8 @@ from typing import Any
 
 from textual.message import Message
 
-from app.core.config import EngineSettings, RemoteSettings, SamplingSettings
+from app.core.config import Config, EngineSettings, RemoteSettings, SamplingSettings
+from app.core.engine import Engine, EngineCapabilities
 from app.core.output_format import OutputFormatError, response_format_fields
 from app.core.remote_engine import (
     HEADER_TIME_S,
@@ -64,15 +65,15 @@ from engine_ext.untrusted_text import one_line, shown, valid_text
 from models_catalog.http_client import HTTPFailure, json_items
 
 
-class RemoteBridge:
-    """A remote OpenAI-compatible server as the app's engine: the calls the app makes on EngineBridge.
+class RemoteBridge(Engine):
+    """A remote OpenAI-compatible server as the app's engine.
 
     Every call returns at once; the HTTP work runs in threads that post `app.tui.messages` messages. What a remote
     server cannot do (llmtui's speculative decoding, control vectors) is refused with EngineRequestFailed.
     """
 
-    takes_tools = False
-    """The chat offers tools only to an engine whose calls it reads back (the app's own)."""
+    capabilities = EngineCapabilities(loads_files=False)
+    """Text only: no tools (its calls are not read back), no llmtui speculation or steering, no images."""
 
     def __init__(
         self,
@@ -114,10 +115,10 @@ class RemoteBridge:
     def _thread(self, target: Any, *args: Any) -> None:
         threading.Thread(target=target, args=args, name="llmtui-remote", daemon=True).start()
 
-    # ----- what EngineBridge offers -----
+    # ----- the Engine interface -----
 
     def start(self) -> None:
-        """Nothing to start: the server runs elsewhere (kept so the app can treat both engines alike)."""
+        """Nothing to start: the server runs elsewhere."""
 
     def load(self, path: str, engine: EngineSettings | None = None, **_options: Any) -> None:
         """Use the model `path` names ("remote:NAME/MODEL", or a bare model id): checks the server lists it."""
@@ -129,7 +130,7 @@ class RemoteBridge:
         """List the server's models and announce the chosen one: ModelLoaded, or ModelLoadFailed saying why."""
         self._thread(self._connect)
 
-    def restart(self) -> None:
+    def restart(self, engine: EngineSettings | None = None) -> None:
         """Connect again (after an error); replies in flight are stopped."""
         for stream in self._active():
             stream.cancel()
@@ -144,8 +145,8 @@ class RemoteBridge:
         tools: str | None = None,
     ) -> int:
         """Stream a reply; its request id (carried by its TokensArrived / GenerationFinished / GenerationFailed).
-        A remote engine is offered no tools (`takes_tools`: its calls are not read back), so `tools` is None here and
-        the messages are plain turns."""
+        A remote engine is offered no tools (its capabilities: its calls are not read back), so `tools` is None here
+        and the messages are plain turns."""
         request_id = next(_request_ids)
         stream = _Stream(request_id, time.monotonic())
         with self._lock:
@@ -161,10 +162,6 @@ class RemoteBridge:
             stream = self._streams.get(request_id)
         if stream is not None:
             stream.cancel()
-
-    def end_thinking(self, request_id: int) -> bool:
-        """An OpenAI-compatible server has no request that ends a reply's thinking: it thinks on (Esc stops it)."""
-        return False
 
     def set_speculative(self, params: SpeculativeParams) -> None:
         if not params.enabled:
@@ -192,6 +189,10 @@ class RemoteBridge:
                 "vector", f"making a control vector needs a local model; {self.remote.name} is a remote server"
             )
         )
+
+    def settings_saved(self, config: Config) -> None:
+        """An edited endpoint (a new key, say) applies from the next request."""
+        self.remote = next((r for r in config.remotes if r.name == self.remote.name), self.remote)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop every reply in flight; nothing is posted afterwards. Idempotent."""

@@ -348,7 +348,7 @@ class GenerationController(Generic[OwnerT]):
     @property
     def takes_tools(self) -> bool:
         """Whether the engine in use reads tool calls back (the app's own does; a remote one is offered none)."""
-        return bool(getattr(self.host.bridge, "takes_tools", False))
+        return self.host.bridge.capabilities.tools
 
     async def prepare_tools(self, conversation_id: int) -> str | None:
         """Make the conversation's tools before its reply begins (in a thread: an MCP server may be started); a line

@@ -53,11 +53,9 @@ class ServerController:
 
     def start(self) -> None:
         """Listen on the configured address (in a thread: binding waits up to a few seconds); one line if not."""
-        from app.tui.bridge import EngineBridge
-
         host, config = self.host, self.host.config.server
-        bridge = host.bridge
-        if not isinstance(bridge, EngineBridge):
+        bridge = host.bridge.shared_engine()
+        if bridge is None:
             host.notify("The API server serves the app's own engine: ctrl+l back to it first.", severity="warning")
             return
         if host.model is None:

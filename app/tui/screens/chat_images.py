@@ -50,6 +50,11 @@ class ChatImages(ChatBase):
         if model is None:
             self.notify("No model is loaded. Press ctrl+l to pick a vision model.", severity="warning")
             return False
+        if not self.app.bridge.capabilities.images:
+            self.notify(
+                f"{one_line(model.name, 60)} is a server's model: llmtui sends it text only.", severity="warning"
+            )
+            return False
         if not model.sees_images:
             self.notify(
                 f"{one_line(model.name, 60)} cannot see images: it has no projector (mmproj). Put its mmproj .gguf "

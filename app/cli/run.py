@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,12 +38,13 @@ from engine_ext.params import (
 )
 from engine_ext.protocol import (
     ChatMessage,
+    Event,
     Finished,
     Generate,
     ImageRef,
 )
 from engine_ext.settings_schema import SPEC_TYPE
-from engine_ext.untrusted_text import json_text
+from engine_ext.untrusted_text import json_text, shown
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -76,7 +78,7 @@ def _run_generation(
     images: tuple[ImageRef, ...] = (),
 ) -> int:
     """Load, configure and generate once on a started engine; `echoed` gets an item once reply text is printed."""
-    loaded(client.load(path, model, context, disk_cache=prompt_cache_file(args)), used=path)
+    info = loaded(client.load(path, model, context, disk_cache=prompt_cache_file(args)), used=path)
     if spec.enabled:
         client.set_speculative(spec)
     steering = steering_entries(args)
@@ -103,12 +105,19 @@ def _run_generation(
     )
     if wants_tools(args) and not args.raw:
         return _run_with_tools(args, client, request, echoed)
+    return _print_reply(args, Path(info.path).stem, client.generate(request), echoed)
+
+
+def _print_reply(args: argparse.Namespace, model: str, events: Iterator[Event], echoed: list[bool]) -> int:
+    """Stream one reply of `model` (local or remote, its engine's events) to the terminal, or print it as one JSON
+    object with --json."""
     provenance: list[str] = []
-    text, ids, finished = stream_reply(client, request, echo=not args.json, provenance=provenance, echoed=echoed)
+    text, ids, finished = stream_reply(events, echo=not args.json, provenance=provenance, echoed=echoed)
     if args.json:
         out = {
             "text": text,
-            "tokens": ids,
+            "model": model,
+            "tokens": ids,  # the ids the engine says (a server does not)
             "provenance": provenance,  # per token: "target", or the drafter whose accepted draft it was
             "stop_reason": finished.stop_reason,
             "stats": finished.stats.to_dict(),
@@ -153,7 +162,7 @@ def _run_with_tools(args: argparse.Namespace, client: EngineClient, first: Gener
                 text.append(visible)
                 return visible
 
-            _, _, finished = stream_reply(client, request, echo=not args.json, echoed=echoed, shown=shown)
+            _, _, finished = stream_reply(client.generate(request), echo=not args.json, echoed=echoed, shown=shown)
             rest = calls_hidden.finish(bool(finished.tool_calls))
             if rest and not args.json:
                 sys.stdout.write(rest)
@@ -280,19 +289,17 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
 
 
 def _run_remote(args: argparse.Namespace) -> int:
-    from app.cli.remote import RemoteSession, format_remote_stats, remote_settings, sampling_settings
+    """--remote: the reply from a server, printed as the local engine's is."""
+    from app.cli.remote import connect_remote, sampling_settings
 
     refuse_local_only_flags(args)
-    remote, model = remote_settings(args)
+    client, info = connect_remote(args)
     messages = ([("system", args.system)] if args.system else []) + [("user", args.prompt)]
-    with RemoteSession(remote, model) as session:
-        text, stats = session.ask(messages, sampling_settings(args), echo=not args.json)
-    if args.json:
-        print(json_text({"text": text, "model": session.model.name, "stats": stats}))
-    else:
-        sys.stdout.write("\n")
-        print(format_remote_stats(stats), file=sys.stderr)
-    return 0
+    try:
+        events = client.generate(client.new_request_id(), messages, sampling_settings(args))
+        return _print_reply(args, shown(info.description), events, [])
+    finally:
+        client.close()
 
 
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -30,7 +30,7 @@ from app.core.config import (
     load_config,
     save_config,
 )
-from app.core.engine import Engine
+from app.core.engine import Engine, ModelSummary
 from app.core.generation import GenerationController, GenerationRouter
 from app.core.model_paths import ModelNotFound, resolve_model, starter_model_path, user_path
 from app.core.owner_only_dirs import secure_app_dirs, take_notice
@@ -45,7 +45,6 @@ from app.tui.controllers import (
 )
 from app.tui.controllers.server import ServerController
 from app.tui.engine_events import EngineEvents
-from app.tui.messages import ModelSummary
 from app.tui.modals.pick import PickModal
 from app.tui.palette import palette_commands
 from app.tui.remote_bridge import RemoteBridge

@@ -13,7 +13,7 @@ from textual.app import App
 
 if TYPE_CHECKING:
     from app.core.config import Config
-    from app.core.engine import Engine
+    from app.core.engine import Engine, ModelSummary
     from app.core.generation import GenerationController
     from app.core.store import Store
     from app.tui.controllers import (
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
         SteeringController,
     )
     from app.tui.controllers.server import ServerController
-    from app.tui.messages import ModelSummary
     from app.tui.reply_owner import ReplyOwner
 
 

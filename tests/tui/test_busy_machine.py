@@ -15,8 +15,10 @@ from rich.style import Style
 from textual.app import App, ComposeResult
 from textual.message import Message
 
-from app.tui.bridge import CPU_SAMPLE_S, EngineBridge, _Generation
-from app.tui.messages import GenerationStatsUpdated
+from app.core.engine import ReplyStats
+from app.tui.bridge import CPU_SAMPLE_S, EngineBridge
+from app.tui.messages import EngineMessage
+from app.tui.streaming import ReplyInFlight
 from app.tui.widgets.status import StatsBar
 from engine_ext.client import EngineClient
 from engine_ext.cpu import CpuContention, CpuLoad
@@ -190,13 +192,14 @@ def test_the_bridge_samples_once_a_second_per_reply_with_the_engines_threads(tmp
     sampler = FakeSampler(CpuLoad(0.9, 2), CpuLoad(1.4, 2), CpuLoad(0.2, 2), CpuLoad(1.0, 2))
     bridge, target = stats_bridge(tmp_path, sampler)
     bridge._dispatch(Loaded(scripted_model_info(n_threads=2, description="m")))
-    generation = _Generation(1, 100.0, first_token_at=100.5, n_tokens=5)
+    generation = ReplyInFlight(1, 100.0, first_token_at=100.5, n_tokens=5)
 
-    def posted_cpu(now: float, reply: _Generation = generation) -> CpuLoad | None:
+    def posted_cpu(now: float, reply: ReplyInFlight = generation) -> CpuLoad | None:
         bridge._post_stats(reply, now)
         last = target.posted[-1]
-        assert isinstance(last, GenerationStatsUpdated) and last.request_id == reply.request_id
-        return last.cpu
+        assert isinstance(last, EngineMessage) and isinstance(last.event, ReplyStats)
+        assert last.event.request_id == reply.request_id
+        return last.event.cpu
 
     assert posted_cpu(101.0) is None  # the reply's first sample is a baseline (the time before was not its)
     assert posted_cpu(101.5) is None and len(sampler.pids) == 1  # not a second yet: not sampled again
@@ -208,16 +211,17 @@ def test_the_bridge_samples_once_a_second_per_reply_with_the_engines_threads(tmp
     assert posted_cpu(103.0 + CPU_SAMPLE_S) == CpuLoad(1.0, 2, 1, 2)
     assert sampler.pids[0] == (os.getpid(), PidClient.pid)  # this process and the engine are "ours"
     # The next reply starts from a baseline again, whatever the last one measured.
-    assert posted_cpu(110.0, _Generation(2, 109.0)) is None
-    assert posted_cpu(111.0, _Generation(2, 109.0)) == CpuLoad(1.0, 2, 1, 2)
+    assert posted_cpu(110.0, ReplyInFlight(2, 109.0)) is None
+    assert posted_cpu(111.0, ReplyInFlight(2, 109.0)) == CpuLoad(1.0, 2, 1, 2)
 
 
 def test_a_bridge_without_a_sampler_measures_nothing(tmp_path: Path) -> None:
     bridge, target = stats_bridge(tmp_path, None)
-    generation = _Generation(1, 100.0, first_token_at=100.5, n_tokens=5)
+    generation = ReplyInFlight(1, 100.0, first_token_at=100.5, n_tokens=5)
     for now in (101.0, 102.5, 104.0):
         bridge._post_stats(generation, now)
-    assert all(isinstance(m, GenerationStatsUpdated) and m.cpu is None for m in target.posted)
+    assert all(isinstance(m, EngineMessage) and isinstance(m.event, ReplyStats) for m in target.posted)
+    assert all(m.event.cpu is None for m in target.posted if isinstance(m, EngineMessage))
 
 
 # ----- through the app: a reply streamed by a scripted engine -----

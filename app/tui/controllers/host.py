@@ -13,8 +13,7 @@ if TYPE_CHECKING:
     from textual.notifications import SeverityLevel
 
     from app.core.config import Config, RemoteSettings
-    from app.core.engine import Engine
-    from app.tui.messages import ModelSummary
+    from app.core.engine import Engine, ModelSummary
 
 
 class Host(Protocol):

@@ -225,10 +225,8 @@ class RemoteClient:
         stream = _Stream(request_id, time.monotonic())
         with self._lock:
             self._streams[request_id] = stream
-        pairs = [(m.role, m.content) if isinstance(m, ChatMessage) else m for m in messages]
-        body = request_body(self.model, pairs, sampling, continue_reply)
         try:
-            yield from self._outcome(stream, body, sampling)
+            yield from self._outcome(stream, messages, sampling, continue_reply)
         finally:
             with self._lock:
                 self._streams.pop(request_id, None)
@@ -247,9 +245,18 @@ class RemoteClient:
         for stream in streams:
             stream.cancel()
 
-    def _outcome(self, stream: _Stream, body: dict[str, Any], sampling: SamplingSettings) -> Iterator[RemoteEvent]:
+    def _outcome(
+        self,
+        stream: _Stream,
+        messages: Sequence[tuple[str, str] | ChatMessage],
+        sampling: SamplingSettings,
+        continue_reply: bool,
+    ) -> Iterator[RemoteEvent]:
+        """The reply's events, its end included whatever happens (a surprise is a one-line Failed)."""
         request_id = stream.request_id
         try:
+            pairs = [(m.role, m.content) if isinstance(m, ChatMessage) else m for m in messages]
+            body = request_body(self.model, pairs, sampling, continue_reply)
             shape = response_format_fields(sampling.output_format, sampling.output_file)
             stop_reason, stats = yield from self._stream_reply(stream, {**body, **shape})
             # a server's own finish reasons ("content_filter"…) are passed on as it says them, made safe to show

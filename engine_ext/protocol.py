@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from engine_ext.params import (
     ContextParams,
@@ -14,6 +14,9 @@ from engine_ext.params import (
     SpeculativeParams,
     SteeringEntry,
 )
+
+if TYPE_CHECKING:
+    from engine_ext.recovery import Fallback
 
 # 2: parallel requests (Submit, SetQueueLimit, Busy); 3: EndThinking, reasoning budget; 4: count_only;
 # 5: LoadModel.disk_cache; 6: Generate.suffix (fill in the middle), ModelInfo.tool_format
@@ -288,6 +291,7 @@ class PromptEvaluated:
 
 REJECTED_PREFIX: Final = "target/"
 FORCED: Final = "forced"  # the provenance of a token the engine forced (the end of thinking): not sampled, not drafted
+UNKNOWN_TOKEN: Final = -1  # a token id the engine does not say (a server's stream: one token per chunk)
 
 
 def rejected_by(drafter: str) -> str:
@@ -562,6 +566,7 @@ class Crashed:
     gpu_devices: int = 0  # as the worker's Hello said: whether turning GPU offload off is a fallback to offer
     phase: str = ""  # what the worker was doing (engine_ext.engine_status.PHASES' key; "": not known)
     stopped: str = ""  # the client's watchdog ended it, and why (engine_ext.watchdog): not a crash
+    fallbacks: tuple[Fallback, ...] = ()  # engine settings that could avoid it (told by whoever knows the settings)
 
     @property
     def description(self) -> str:

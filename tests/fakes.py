@@ -14,8 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from app.tui.messages import TokensArrived
-from engine_ext.protocol import Cancel, Generate, Hello, Loaded, LoadModel, ModelInfo
+from app.tui.messages import EngineMessage
+from engine_ext.protocol import (
+    Cancel,
+    Finished,
+    Generate,
+    GenerationStats,
+    Hello,
+    Loaded,
+    LoadModel,
+    ModelInfo,
+    SpeculativeStats,
+    SpeculativeUpdate,
+    TokenChunk,
+)
 from tests.quiet_http import QuietHTTPServer
 
 if TYPE_CHECKING:
@@ -121,37 +133,47 @@ WAIT_S = 30.0
 
 
 class Collector:
-    """A MessageTarget that keeps every message, thread-safely, and waits for one of a kind."""
+    """A MessageTarget standing in for the App: keeps the engine events its EngineMessages carry (with what each
+    answers), thread-safely, and waits for one of a kind."""
 
     def __init__(self) -> None:
-        self.messages: list[Message] = []
+        self.events: list[Any] = []
+        self.answers: list[str] = []
         self._changed = threading.Condition()
 
     def post_message(self, message: Message) -> bool:
+        assert isinstance(message, EngineMessage), message
         with self._changed:
-            self.messages.append(message)
+            self.events.append(message.event)
+            self.answers.append(message.answers)
             self._changed.notify_all()
         return True
 
-    def wait_for(self, kind: type[Message] | tuple[type[Message], ...], timeout: float = WAIT_S) -> Any:
+    def wait_for(self, kind: type | tuple[type, ...], timeout: float = WAIT_S, *, answers: str | None = None) -> Any:
+        """The first event of `kind` (answering `answers`, when given)."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                found = next((m for m in self.messages if isinstance(m, kind)), None)
+                found = next(iter(self._of(kind, answers)), None)
                 if found is not None:
                     return found
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    got = [type(m).__name__ for m in self.messages]
+                    got = [type(m).__name__ for m in self.events]
                     raise AssertionError(f"no {kind} within {timeout} s; got {got}")
                 self._changed.wait(left)
 
-    def of(self, kind: type[Message]) -> list[Any]:
+    def _of(self, kind: type | tuple[type, ...], answers: str | None) -> list[Any]:
+        return [
+            e for e, a in zip(self.events, self.answers, strict=True) if isinstance(e, kind) and answers in (None, a)
+        ]
+
+    def of(self, kind: type | tuple[type, ...], *, answers: str | None = None) -> list[Any]:
         with self._changed:
-            return [m for m in self.messages if isinstance(m, kind)]
+            return self._of(kind, answers)
 
     def text(self) -> str:
-        return "".join(m.text for m in self.of(TokensArrived))
+        return "".join(m.text for m in self.of(TokenChunk))
 
 
 def sse(chunks: list[dict[str, Any] | str]) -> list[bytes]:
@@ -276,3 +298,38 @@ class FakeServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# ----- engine events posted to the App as the engines post them -------------------------------------------------
+
+
+def engine_message(app: LlmtuiApp, event: Any, answers: str = "") -> EngineMessage:
+    """`event` as the app's engine posts it (app/tui/messages.py)."""
+    return EngineMessage(event, app.bridge, answers)
+
+
+def speculative_event(stats: SpeculativeStats, *, final: bool) -> SpeculativeUpdate | Finished:
+    """Speculative figures as the engine says them: live (SpeculativeUpdate), or a reply's end carrying its final
+    ones (Finished)."""
+    if not final:
+        return SpeculativeUpdate(stats)
+    return Finished(stats.request_id, "eos", GenerationStats(0, 0, 0, 0.0, 0, 0.0, 0.0, 0, 0), speculative=stats)
+
+
+def drafted_chunk(request_id: int, text: str, spans: tuple[tuple[int, int, str], ...] = ()) -> TokenChunk:
+    """A token chunk of `text` whose accepted drafts are `spans` ((start, end, drafter)): one token per span and
+    one per stretch of the target's own text between them."""
+    ends: list[int] = []
+    provenance: list[str] = []
+    at = 0
+    for start, end, drafter in spans:
+        if start > at:
+            ends.append(start)
+            provenance.append("target")
+        ends.append(end)
+        provenance.append(drafter)
+        at = end
+    if at < len(text) or not ends:
+        ends.append(len(text))
+        provenance.append("target")
+    return TokenChunk(request_id, text, "", tuple(range(len(ends))), tuple(provenance), tuple(ends))

@@ -14,9 +14,9 @@ from textual.pilot import Pilot
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
+from app.core.engine import ModelSummary
 from app.core.store import open_default_store
 from app.tui.app import LlmtuiApp
-from app.tui.messages import ModelSummary
 from app.tui.screens.chat_screen import ChatScreen
 from engine_ext.protocol import Cancel
 from tests.waits import wait_until

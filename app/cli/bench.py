@@ -96,7 +96,7 @@ def cmd_bench_speculative(args: argparse.Namespace) -> int:
                         sampling=greedy,
                         max_tokens=n_gen,
                     )
-                    _, ids, finished = stream_reply(client, request, echo=False)
+                    _, ids, finished = stream_reply(client.generate(request), echo=False)
                     if rep > 0:
                         speeds.append(finished.stats.decode_tps)
                 assert finished is not None
@@ -192,7 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     max_tokens=max_tokens,
                     ignore_eos=True,
                 )
-                return stream_reply(client, request, echo=False)[2].stats
+                return stream_reply(client.generate(request), echo=False)[2].stats
 
             def fresh(n: int, previous: list[int]) -> list[int]:
                 # Random tokens whose first differs from the last run's, so nothing comes from the cache.

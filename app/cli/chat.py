@@ -40,27 +40,33 @@ from engine_ext.protocol import (
     Generate,
 )
 from engine_ext.recovery import EARLY_REPLIES
+from engine_ext.untrusted_text import shown
 
 
 def _chat_remote(args: argparse.Namespace) -> int:
-    from app.cli.remote import RemoteCliError, RemoteSession, format_remote_stats, remote_settings, sampling_settings
+    """--remote: the conversation with a server, each reply streamed and summed up as the local engine's is."""
+    from app.cli.remote import connect_remote, sampling_settings
 
-    remote, model = remote_settings(args)
-    with RemoteSession(remote, model) as session:
-        print(f"{session.model.name} · {session.model.backend} · Ctrl-D to quit", file=sys.stderr)
-        history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
+    client, info = connect_remote(args)
+    try:
+        print(f"{shown(info.description)} · {info.backend} · Ctrl-D to quit", file=sys.stderr)
+        history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
         for line in _chat_lines():
+            asked = [*history, ChatMessage("user", line)]
             try:
-                text, stats = session.ask([*history, ("user", line)], sampling_settings(args), echo=True)
+                events = client.generate(client.new_request_id(), asked, sampling_settings(args))
+                text, _, finished = stream_reply(events, echo=True)
             except KeyboardInterrupt:
                 print(file=sys.stderr)
                 continue
-            except RemoteCliError as error:  # the server refused this one (too long, …): say so, go on
+            except EngineFailure as error:  # the server refused this one (too long, …): say so, go on
                 sys.stderr.write(error_line(str(error)))
                 continue
-            history += [("user", line), ("assistant", text)]
+            history = [*asked, ChatMessage("assistant", text)]
             sys.stdout.write("\n")
-            print(format_remote_stats(stats), file=sys.stderr)
+            print(format_stats(finished.stats), file=sys.stderr)
+    finally:
+        client.close()
     return 0
 
 
@@ -139,7 +145,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     **reasoning_fields(args),
                 )
                 try:
-                    text, _, finished = stream_reply(client, request, echo=True, echoed=printed)
+                    text, _, finished = stream_reply(client.generate(request), echo=True, echoed=printed)
                 except KeyboardInterrupt:
                     client.cancel(request.request_id)
                     try:

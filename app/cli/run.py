@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from app.cli.session import CliError, format_spec_stats, format_stats, loaded, r
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.tools_args import add_tool_args, wants_tools
 from app.cli.types import text_file, text_or_file, utf8_text
-from app.core.documents.retrieval import citations_record
+from app.core.documents.retrieval import Retrieval, citations_record
 from app.core.model_paths import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.image_input import ImageRefused, read_image_file
@@ -39,12 +40,13 @@ from engine_ext.params import (
 )
 from engine_ext.protocol import (
     ChatMessage,
+    Event,
     Finished,
     Generate,
     ImageRef,
 )
 from engine_ext.settings_schema import SPEC_TYPE
-from engine_ext.untrusted_text import json_text
+from engine_ext.untrusted_text import json_text, shown
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -109,12 +111,25 @@ def _run_generation(
     )
     if wants_tools(args) and not args.raw:
         return _run_with_tools(args, client, request, echoed)
+    return _print_reply(args, Path(info.path).stem, client.generate(request), echoed, retrieval)
+
+
+def _print_reply(
+    args: argparse.Namespace,
+    model: str,
+    events: Iterator[Event],
+    echoed: list[bool],
+    retrieval: Retrieval | None = None,
+) -> int:
+    """Stream one reply of `model` (local or remote, its engine's events) to the terminal, or print it as one JSON
+    object with --json (`retrieval`: the --doc sources the question was given, cited after the reply)."""
     provenance: list[str] = []
-    text, ids, finished = stream_reply(client, request, echo=not args.json, provenance=provenance, echoed=echoed)
+    text, ids, finished = stream_reply(events, echo=not args.json, provenance=provenance, echoed=echoed)
     if args.json:
         out: dict[str, object] = {
             "text": text,
-            "tokens": ids,
+            "model": model,
+            "tokens": ids,  # the ids the engine says (a server does not)
             "provenance": provenance,  # per token: "target", or the drafter whose accepted draft it was
             "stop_reason": finished.stop_reason,
             "stats": finished.stats.to_dict(),
@@ -164,7 +179,7 @@ def _run_with_tools(args: argparse.Namespace, client: EngineClient, first: Gener
                 text.append(visible)
                 return visible
 
-            _, _, finished = stream_reply(client, request, echo=not args.json, echoed=echoed, shown=shown)
+            _, _, finished = stream_reply(client.generate(request), echo=not args.json, echoed=echoed, shown=shown)
             rest = calls_hidden.finish(bool(finished.tool_calls))
             if rest and not args.json:
                 sys.stdout.write(rest)
@@ -292,19 +307,17 @@ def refuse_local_only_flags(args: argparse.Namespace) -> None:
 
 
 def _run_remote(args: argparse.Namespace) -> int:
-    from app.cli.remote import RemoteSession, format_remote_stats, remote_settings, sampling_settings
+    """--remote: the reply from a server, printed as the local engine's is."""
+    from app.cli.remote import connect_remote, sampling_settings
 
     refuse_local_only_flags(args)
-    remote, model = remote_settings(args)
+    client, info = connect_remote(args)
     messages = ([("system", args.system)] if args.system else []) + [("user", args.prompt)]
-    with RemoteSession(remote, model) as session:
-        text, stats = session.ask(messages, sampling_settings(args), echo=not args.json)
-    if args.json:
-        print(json_text({"text": text, "model": session.model.name, "stats": stats}))
-    else:
-        sys.stdout.write("\n")
-        print(format_remote_stats(stats), file=sys.stderr)
-    return 0
+    try:
+        events = client.generate(client.new_request_id(), messages, sampling_settings(args))
+        return _print_reply(args, shown(info.description), events, [])
+    finally:
+        client.close()
 
 
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

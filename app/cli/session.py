@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -19,10 +19,11 @@ from engine_ext.params import (
     ModelParams,
 )
 from engine_ext.protocol import (
+    UNKNOWN_TOKEN,
     Crashed,
+    Event,
     Failed,
     Finished,
-    Generate,
     GenerationStats,
     ModelInfo,
     SpeculativeStats,
@@ -131,26 +132,28 @@ def format_stats(stats: GenerationStats) -> str:
 
 
 def stream_reply(
-    client: EngineClient,
-    request: Generate,
+    events: Iterable[Event],
     *,
     echo: bool,
     provenance: list[str] | None = None,
     echoed: list[bool] | None = None,
     shown: Callable[[str], str] | None = None,
 ) -> tuple[str, list[int], Finished]:
-    """Run one generation, echoing answer text to stdout and reasoning to stderr when `echo`; each token's source
-    ("target", or the drafter that proposed it) is added to `provenance` when given; `shown` filters the echoed
-    answer text (tool calls held back)."""
+    """One generation's events (the local engine's `client.generate(request)`, or a remote one's), echoing answer text
+    to stdout and reasoning to stderr when `echo`; its text, token ids (those the engine says) and end. Each token's
+    source ("target", or the drafter that proposed it) is added to `provenance` when given; `shown` filters the
+    echoed answer text (tool calls held back)."""
     text: list[str] = []
     ids: list[int] = []
     in_reasoning = False
-    for event in client.generate(request):
+    for event in events:
         if isinstance(event, TokenChunk):
             text.append(event.text)
-            ids.extend(event.token_ids)
+            pairs = zip(event.token_ids, event.provenance, strict=False)
+            known = [(i, source) for i, source in pairs if i != UNKNOWN_TOKEN]
+            ids.extend(i for i, _ in known)
             if provenance is not None:
-                provenance.extend(event.provenance)
+                provenance.extend(source for _, source in known)
             if echo:
                 if event.reasoning:
                     if not in_reasoning:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import Crashed, Event, Failed, Finished, Generate, SetSpeculative, SetSteering
@@ -39,6 +39,18 @@ class SharedJob:
     """Told the request's TokenChunk, Finished, Failed or Crashed events, in the bridge's thread."""
     pending: int = 0  # settings sent for it, not yet answered
     started: bool = False
+
+
+class SharedEngine(Protocol):
+    """What the server needs of the app's engine (the bridge)."""
+
+    def request_id(self) -> int: ...
+
+    def serve(self, job: SharedJob) -> None: ...
+
+    def cancel_served(self, request_id: int) -> None: ...
+
+    def stop_serving(self, message: str) -> None: ...
 
 
 def default_setting(kind: str) -> Setting:

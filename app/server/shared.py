@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from app.core.engine_share import SharedJob
+from app.core.engine_share import SharedEngine, SharedJob
 from app.core.server_access import Access
 from app.server.api_errors import ApiError
 from app.server.backend import Dispatcher, ServerSettings, Ticket
@@ -25,18 +25,6 @@ if TYPE_CHECKING:
 
 _POLL_S = 0.05  # how often a waiting request looks at its cancel flag
 _STOP_WAIT_S = 5.0
-
-
-class SharedEngine(Protocol):
-    """What the server needs of the app's engine (the bridge)."""
-
-    def request_id(self) -> int: ...
-
-    def serve(self, job: SharedJob) -> None: ...
-
-    def cancel_served(self, request_id: int) -> None: ...
-
-    def stop_serving(self, message: str) -> None: ...
 
 
 class SharedBackend(Dispatcher):

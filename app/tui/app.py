@@ -26,8 +26,10 @@ from app.core.config import (
     SpeculativeSettings,
     save_config,
 )
+from app.core.engine import Engine, ModelSummary
 from app.core.generation import GenerationController, GenerationRouter
 from app.core.model_paths import user_path
+from app.core.remote_engine import RemoteChoice
 from app.core.store import Store
 from app.tui.app_keys import APP_BINDINGS
 from app.tui.bridge import EngineBridge
@@ -39,10 +41,9 @@ from app.tui.controllers import (
 )
 from app.tui.controllers.server import ServerController
 from app.tui.engine_events import EngineEvents
-from app.tui.messages import ModelSummary
 from app.tui.modals.pick import PickModal
 from app.tui.palette import palette_commands
-from app.tui.remote_bridge import RemoteBridge, RemoteChoice
+from app.tui.remote_bridge import RemoteBridge
 from app.tui.reply_owner import ReplyOwner
 from app.tui.screens.chat_screen import ChatScreen
 from app.tui.start_up import StartUpRead, read_start_up
@@ -87,7 +88,7 @@ class LlmtuiApp(EngineEvents):
         """Whether the settings and the history are read (on_mount reads them in a thread)."""
         self._keys_before_start: list[events.Key] = []
         """Keys typed while the app starts, for the first screen's prompt (but ctrl+q, which quits at once)."""
-        self.bridge: EngineBridge | RemoteBridge = self.local_bridge()
+        self.bridge: Engine = self.local_bridge()
         """The engine in use: the local worker, or a remote OpenAI-compatible server (ctrl+l switches)."""
         self.engine_state = "starting"
         self.model: ModelSummary | None = None
@@ -259,9 +260,7 @@ class LlmtuiApp(EngineEvents):
         for name in list(self.engine_overrides):  # a setting saved anew is the user's choice over the session's
             if getattr(config.engine, name) != getattr(self.config.engine, name):
                 del self.engine_overrides[name]
-        remote = self.models.remote_engine
-        if remote is not None:  # an edited endpoint (a new key, say) applies from the next request
-            remote.remote = next((r for r in config.remotes if r.name == remote.remote.name), remote.remote)
+        self.bridge.settings_saved(config)
         server_changed = config.server != self.config.server
         self.config = config
         self.theme = THEME_NAMES.get(config.theme, "textual-dark")
@@ -303,7 +302,7 @@ class LlmtuiApp(EngineEvents):
         """Open the speculation check: the prompt decoded plainly and with `settings` (default: the user's)."""
         from app.tui.screens.spec_check import DEFAULT_PROMPT, SpecCheckScreen
 
-        if self.model_path is None or isinstance(self.bridge, RemoteBridge):  # (a model may be loading)
+        if self.model_path is None or not self.bridge.capabilities.speculation:  # (a model may be loading)
             self.notify("Load a local model first (ctrl+l): the check runs on llmtui's own engine.", severity="warning")
             return
         if self.open_screen(SpecCheckScreen) is not None:
@@ -360,10 +359,7 @@ class LlmtuiApp(EngineEvents):
         self.model = None
         self.set_engine_state("starting")
         self.bridge.start()
-        if isinstance(self.bridge, RemoteBridge):
-            self.bridge.restart()
-        else:  # the settings saved since the model was loaded (threads…) apply
-            self.bridge.restart(self.models.engine_settings())
+        self.bridge.restart(self.models.engine_settings())  # the settings saved since the model was loaded apply
 
     def action_help(self) -> None:
         from app.tui.screens.help import HelpScreen

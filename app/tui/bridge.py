@@ -1,4 +1,5 @@
-"""The one way engine events reach the UI: a reader thread that turns EngineClient events into Textual messages."""
+"""The local engine for the UI: a reader thread that passes the worker's events (EngineClient) to the App, each in one
+`EngineMessage` under its protocol name."""
 
 from __future__ import annotations
 
@@ -14,33 +15,13 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Final
 
-from textual.message import Message
-
 from app.core.config import EngineSettings, SamplingSettings
+from app.core.engine import Engine, EngineCapabilities, EngineEvent, LoadStarted, ModelSummary, Starting
 from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
 from app.core.output_format import OutputFormatError, output_fields
-from app.tui.bridge_recovery import ReplyInFlight, engine_crashed
-from app.tui.messages import (
-    EngineRequestFailed,
-    EngineStarted,
-    EngineStarting,
-    GenerationFailed,
-    GenerationFinished,
-    GenerationStatsUpdated,
-    MessageTarget,
-    ModelLoaded,
-    ModelLoadFailed,
-    ModelLoadProgress,
-    ModelLoadStarted,
-    ModelSummary,
-    PromptProgressed,
-    SpeculativeConfigured,
-    SpeculativeStatsUpdated,
-    SteeringApplied,
-    VectorCreated,
-    VectorProgressed,
-)
-from app.tui.streaming import STATS_INTERVAL_S, TokenBatches, chunk_draft_spans
+from app.tui.bridge_recovery import engine_crashed
+from app.tui.messages import EngineMessage, MessageTarget
+from app.tui.streaming import ReplyInFlight, TokenBatches
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import CpuContention, CpuLoad
 from engine_ext.params import DiskCacheParams, SpeculativeParams, SteeringEntry
@@ -57,6 +38,7 @@ from engine_ext.protocol import (
     LoadModel,
     LoadProgress,
     MakeControlVector,
+    ModelInfo,
     PromptEvaluated,
     PromptProgress,
     Request,
@@ -78,15 +60,15 @@ CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at 
 MAX_EVENTS_PER_READ: Final = 512
 
 
-class EngineBridge:
-    """Owns the EngineClient and a long-lived reader thread (exit event + join).
+class EngineBridge(Engine):
+    """The local engine: owns the EngineClient and a long-lived reader thread (exit event + join).
 
     Every call is non-blocking: it queues a command for the thread, which starts/loads the engine and reads its
-    events, posting `app.tui.messages` messages. Token chunks are merged in order into batches at most 20 a second;
-    load progress and live stats use `can_replace`.
+    events, posting each to the App as an `EngineMessage`. Token chunks are merged in order into one chunk per
+    request at most 20 a second; the reply's live figures (`ReplyStats`) come with them twice a second.
     """
 
-    takes_tools = True  # the chat may offer tools: the worker reads the calls back (Finished.tool_calls)
+    capabilities = EngineCapabilities(loads_files=True, tools=True, speculation=True, steering=True, images=True)
 
     def __init__(
         self,
@@ -131,6 +113,7 @@ class EngineBridge:
         self._disk_cache = DiskCacheParams()  # the prompt cache on disk the model loads with (a restart too)
         self._control: list[str] = []  # speculative / steering / vector requests awaiting their answer
         self._extra_bufts: tuple[str, ...] = ()  # the worker's CPU extra buffer types (weight repacking)
+        self._repacked = True  # the loaded model's CPU weights are in those buffer types
         self._replies_since_load = 0  # replies finished since the model loaded (a crash before EARLY_REPLIES is early)
         # The speculative and steering settings last sent for the loaded model, sent again after an automatic restart
         # before the reply that was in flight.
@@ -138,10 +121,35 @@ class EngineBridge:
         # Requests of the app's API server, run on this engine between the app's replies (app/core/engine_share.py)
         self._share = EngineShare(self._send_labelled, self._send_job)
         self._running = False
-        self.model_path: str | None = None
-        """The model last asked for (reloaded by `restart`)."""
+        self._model_path: str | None = None  # the model last asked for (reloaded by `restart`)
 
     # ----- called from the UI thread -----
+
+    @property
+    def model_path(self) -> str | None:
+        return self._model_path
+
+    def shared_engine(self) -> EngineBridge:
+        return self
+
+    def describe(self, info: ModelInfo) -> ModelSummary:
+        return ModelSummary(
+            path=info.path,
+            name=shown(Path(info.path).stem or info.description),
+            architecture=shown(info.architecture),
+            backend=info.backend,
+            n_ctx=info.n_ctx,
+            n_params=info.n_params,
+            size_bytes=info.size_bytes,
+            load_ms=info.load_ms,
+            placement=info.placement,
+            n_threads=info.n_threads,
+            n_embd=info.n_embd,
+            thinking_controls=info.thinking_controls,
+            mmproj=info.mmproj,
+            tool_format=info.tool_format,
+            repack=self._repacked,
+        )
 
     def start(self) -> None:
         if not self._thread.is_alive():
@@ -159,7 +167,7 @@ class EngineBridge:
     ) -> None:
         """Load a model (starting the worker first when needed); MTP heads and rollback depth for speculation, the
         projector paired with it (images), and the prompt cache on disk (`[cache]`)."""
-        self.model_path = path
+        self._model_path = path
         self._model = (path, engine, load_mtp, n_rs_seq)
         self._mmproj = mmproj
         self._disk_cache = disk_cache
@@ -178,7 +186,7 @@ class EngineBridge:
         continue_reply: bool = False,
         tools: str | None = None,
     ) -> int:
-        """Queue a generation; its request id (carried by its TokensArrived/GenerationFinished); `tools`: JSON."""
+        """Queue a generation; its request id (carried by its TokenChunk… Finished or Failed); `tools`: JSON."""
         request_id = next(self._ids)
         request = Generate(
             request_id=request_id,
@@ -225,15 +233,15 @@ class EngineBridge:
         return self._share.busy
 
     def set_speculative(self, params: SpeculativeParams) -> None:
-        """Configure speculative decoding (no types: off); answered by SpeculativeConfigured or EngineRequestFailed."""
+        """Configure speculative decoding (no types: off); answered by SpeculativeSet or Failed."""
         self._submit(lambda: self._send_setting("speculative", SetSpeculative(params)))
 
     def set_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
-        """Apply a control-vector mix (empty: none), mid-generation too; answered by SteeringApplied."""
+        """Apply a control-vector mix (empty: none), mid-generation too; answered by SteeringSet."""
         self._submit(lambda: self._send_setting("steering", SetSteering(entries)))
 
     def make_vector(self, prompt_set_path: str, output_path: str, method: str = "pca") -> None:
-        """Make a control vector on the loaded model: VectorProgressed… then VectorCreated (or EngineRequestFailed)."""
+        """Make a control vector on the loaded model: VectorProgress… then VectorMade (or Failed)."""
         request = MakeControlVector(prompt_set_path, output_path, method)
         self._submit(lambda: self._send_control("vector", request))
 
@@ -265,8 +273,8 @@ class EngineBridge:
 
     # ----- the bridge thread -----
 
-    def _post(self, message: Message) -> None:
-        self._target.post_message(message)
+    def _post(self, event: EngineEvent, answers: str = "") -> None:
+        self._target.post_message(EngineMessage(event, self, answers))
 
     def _read_crash_memory(self) -> None:
         """Give the real client what crashed this CPU before (it starts the worker without those buffer types)."""
@@ -365,7 +373,7 @@ class EngineBridge:
             engine_crashed(self, error.crashed)
         except Exception as error:  # never let the reader thread die; the UI hears about it
             self._flush_tokens(force=True)
-            self._post(GenerationFailed(None, f"{type(error).__name__}: {error}"))
+            self._post(Failed(None, type(error).__name__, f"{type(error).__name__}: {error}"))
 
     def _read(self, timeout: float) -> list[Event]:
         first = self._client.next_event(timeout=timeout)
@@ -382,21 +390,21 @@ class EngineBridge:
     def _send(self, request: Generate | Cancel | EndThinking | LoadModel) -> None:
         if not self._running:
             if isinstance(request, Generate):
-                self._post(GenerationFailed(request.request_id, "the engine is not running; restart it first"))
+                self._post(Failed(request.request_id, "EngineStopped", "the engine is not running; restart it first"))
             return
         self._client.send(request)
 
     def _start_worker(self) -> None:
         self._running = False
-        self._post(EngineStarting())
+        self._post(Starting())
         hello = self._client.start()
         self._extra_bufts = hello.cpu_extra_bufts
         self._running = True
-        self._post(EngineStarted(hello.pid, hello.llama_cpp_version))
+        self._post(hello)
 
     def _send_control(self, kind: str, request: Request) -> None:
         if not self._running:
-            self._post(EngineRequestFailed(kind, "the engine is not running; restart it first"))
+            self._post(Failed(None, "EngineStopped", "the engine is not running; restart it first"), kind)
             return
         self._control.append(kind)
         self._client.send(request)
@@ -421,7 +429,7 @@ class EngineBridge:
         self._sent_settings.clear()
         self._share.fresh_worker()
         self._loading = path
-        self._post(ModelLoadStarted(path))
+        self._post(LoadStarted(path))
         self._send(
             LoadModel(
                 path,
@@ -447,7 +455,7 @@ class EngineBridge:
         try:
             grammar, json_schema = output_fields(output_format, output_file)
         except OutputFormatError as error:
-            self._post(GenerationFailed(request.request_id, str(error)))
+            self._post(Failed(request.request_id, type(error).__name__, str(error)))
             return
         self._do_generate(replace(request, grammar=grammar, json_schema=json_schema))
 
@@ -467,62 +475,30 @@ class EngineBridge:
             self._n_threads = event.threads
             return
         self._flush_tokens(force=True)
-        if isinstance(event, LoadProgress):
-            self._post(ModelLoadProgress(self._loading or "", event.fraction))
-        elif isinstance(event, Loaded):
+        if isinstance(event, Loaded):
             self._loading = None
             self._replies_since_load = 0
-            info = event.info
-            name = Path(info.path).stem or info.description
-            self._n_threads = self._max_threads = info.n_threads
-            self._post(
-                ModelLoaded(
-                    ModelSummary(
-                        path=info.path,
-                        name=shown(name),
-                        architecture=shown(info.architecture),
-                        backend=info.backend,
-                        n_ctx=info.n_ctx,
-                        n_params=info.n_params,
-                        size_bytes=info.size_bytes,
-                        load_ms=info.load_ms,
-                        placement=info.placement,
-                        n_threads=info.n_threads,
-                        n_embd=info.n_embd,
-                        thinking_controls=info.thinking_controls,
-                        mmproj=info.mmproj,
-                        tool_format=info.tool_format,
-                        # weights repacked for some extra buffer type (none left after a crash: not repacked)
-                        repack=bool(self._extra_bufts)
-                        and (self._model[1].use_extra_bufts if self._model is not None else True),
-                    )
-                )
+            self._n_threads = self._max_threads = event.info.n_threads
+            # weights repacked for some extra buffer type (none left after a crash: not repacked)
+            self._repacked = bool(self._extra_bufts) and (
+                self._model[1].use_extra_bufts if self._model is not None else True
             )
-        elif isinstance(event, PromptProgress):
-            self._post(PromptProgressed(event.request_id, event.done, event.total))
         elif isinstance(event, PromptEvaluated):
             generation = self._generations.get(event.request_id)
             if generation is not None:
                 generation.prompt_tokens, generation.n_ctx = event.prompt_tokens, event.n_ctx
                 self._post_stats(generation, time.monotonic())
-        elif isinstance(event, SpeculativeUpdate):
-            self._post(SpeculativeStatsUpdated(event.stats))
+            return
         elif isinstance(event, SpeculativeSet | SteeringSet):
             kind = "speculative" if isinstance(event, SpeculativeSet) else "steering"
             label = self._take_answer(kind)
             if label == JOB_PREFIX + kind:
                 self._share.answered()
-            elif label != QUIET_PREFIX + kind:
-                self._post(
-                    SpeculativeConfigured(event.drafters, event.notices)
-                    if isinstance(event, SpeculativeSet)
-                    else SteeringApplied(event)
-                )
-        elif isinstance(event, VectorProgress):
-            self._post(VectorProgressed(event.done, event.total, event.phase, event.phase_seconds, event.fraction))
+                return
+            if label == QUIET_PREFIX + kind:
+                return
         elif isinstance(event, VectorMade):
             self._answered("vector")
-            self._post(VectorCreated(event.path, event.layers, event.pairs, event.seconds))
         elif isinstance(event, Failed) and event.request_id is None and self._loading is None and self._control:
             # Steering changes are answered mid-generation; the others queue behind it.
             kind = "steering" if self._generations and "steering" in self._control else self._control[0]
@@ -531,27 +507,24 @@ class EngineBridge:
                 if self._share.refused(event.message):
                     self._job_done()
             elif not kind.startswith(QUIET_PREFIX):
-                self._post(EngineRequestFailed(kind, event.message))
+                self._post(event, kind)
+            return
         elif isinstance(event, Finished):
-            if event.speculative is not None:
-                self._post(SpeculativeStatsUpdated(event.speculative, final=True))
             self._generations.pop(event.request_id, None)
             self._replies_since_load += 1
-            self._post(
-                GenerationFinished(
-                    event.request_id, event.stop_reason, event.stats.to_dict(), event.notices, event.tool_calls
-                )
-            )
         elif isinstance(event, Failed):
             if self._loading is not None and event.request_id is None:
-                path, self._loading = self._loading, None
-                self._post(ModelLoadFailed(path, event.message))
-            else:
-                if event.request_id is not None:
-                    self._generations.pop(event.request_id, None)
-                self._post(GenerationFailed(event.request_id, event.message))
+                self._loading = None
+                self._post(event, "load")
+                return
+            if event.request_id is not None:
+                self._generations.pop(event.request_id, None)
         elif isinstance(event, Crashed):
             engine_crashed(self, event)
+            return
+        elif not isinstance(event, LoadProgress | PromptProgress | SpeculativeUpdate | VectorProgress):
+            return  # the worker's log lines and the answers the app asks no question for
+        self._post(event)
 
     def _served(self, event: Event) -> bool:
         """A server request's event (told to it; the app's replies that waited go out when it ends), or one the
@@ -566,13 +539,10 @@ class EngineBridge:
 
     def _tokens(self, chunk: TokenChunk) -> None:
         now = time.monotonic()
-        spans = chunk_draft_spans(chunk) if chunk.text else []
-        self._batches.add(chunk.request_id, chunk.text, chunk.reasoning, len(chunk.token_ids), spans, now)
+        self._batches.add(chunk, now)
         generation = self._generations.get(chunk.request_id)
         if generation is not None:
-            if generation.first_token_at is None:
-                generation.first_token_at = now
-            generation.n_tokens += len(chunk.token_ids)
+            generation.took(chunk, now)
 
     def _flush_tokens(self, *, force: bool) -> None:
         now = time.monotonic()
@@ -581,29 +551,11 @@ class EngineBridge:
         for batch in self._batches.take(now):
             self._post(batch)
             generation = self._generations.get(batch.request_id)
-            if generation is not None and now - generation.stats_posted_at >= STATS_INTERVAL_S:
-                generation.stats_posted_at = now
+            if generation is not None and generation.stats_due(now):
                 self._post_stats(generation, now)
 
     def _post_stats(self, generation: ReplyInFlight, now: float) -> None:
-        first = generation.first_token_at
-        rate: float | None = None  # before the first token (the prompt's size is known once it is evaluated)
-        ttft_ms: float | None = None
-        if first is not None:
-            elapsed = now - first
-            rate = (generation.n_tokens - 1) / elapsed if elapsed > 0 and generation.n_tokens > 1 else 0.0
-            ttft_ms = (first - generation.sent_at) * 1000
-        self._post(
-            GenerationStatsUpdated(
-                generation.request_id,
-                generation.n_tokens,
-                rate,
-                ttft_ms,
-                generation.prompt_tokens,
-                generation.n_ctx,
-                self._sample_cpu(generation.request_id, now),
-            )
-        )
+        self._post(generation.stats(now, self._sample_cpu(generation.request_id, now)))
 
     def _sample_cpu(self, request_id: int, now: float) -> CpuLoad | None:
         """Other programs' CPU use during this reply (at most every CPU_SAMPLE_S; the last reading in between),

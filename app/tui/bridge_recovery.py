@@ -4,23 +4,16 @@ told, and the engine brought back as it was, or without CPU weight repacking, or
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Final, Protocol
 
-from textual.message import Message
-
 from app.core.config import EngineSettings
+from app.core.engine import EngineEvent, Recovering
 from app.core.engine_share import EngineShare
-from app.tui.messages import (
-    EngineCrashed,
-    EngineRecovering,
-    EngineRequestFailed,
-    GenerationFailed,
-    GenerationFinished,
-)
+from app.tui.streaming import ReplyInFlight
 from engine_ext.client import EngineClient, EngineCrashedError
 from engine_ext.cpu import default_threads
-from engine_ext.protocol import Crashed, Generate, GenerationStats, SetSpeculative, SetSteering
+from engine_ext.protocol import Crashed, Failed, Finished, Generate, GenerationStats, SetSpeculative, SetSteering
 from engine_ext.recovery import (
     EARLY_REPLIES,
     REQUEST_CRASH_ADVICE,
@@ -31,20 +24,6 @@ from engine_ext.recovery import (
 )
 
 KEEP_REPACK_OFF: Final = "To turn repacking off altogether: F3 → Repack weights: off (or llmtui --no-repack)."
-
-
-@dataclass
-class ReplyInFlight:
-    """A reply the engine bridge has sent and not yet seen end."""
-
-    request_id: int
-    sent_at: float
-    first_token_at: float | None = None
-    n_tokens: int = 0
-    stats_posted_at: float = 0.0
-    prompt_tokens: int | None = None  # once the prompt is evaluated
-    n_ctx: int | None = None
-    request: Generate | None = None  # what was sent (sent again when the engine is restarted after an early crash)
 
 
 class RecoveringBridge(Protocol):
@@ -60,7 +39,7 @@ class RecoveringBridge(Protocol):
     _client: EngineClient
     _sent_settings: dict[str, SetSpeculative | SetSteering]
 
-    def _post(self, message: Message) -> None: ...
+    def _post(self, event: EngineEvent, answers: str = "") -> None: ...
     def _flush_tokens(self, *, force: bool) -> None: ...
     def _do_load(self, path: str, engine: EngineSettings, load_mtp: bool = False, n_rs_seq: int = 0) -> None: ...
     def _send_setting(self, kind: str, request: SetSpeculative | SetSteering) -> None: ...
@@ -74,7 +53,9 @@ def engine_crashed(bridge: RecoveringBridge, crashed: Crashed) -> None:
     bridge._flush_tokens(force=True)
     bridge._share.crashed(crashed)
     for request in bridge._share.take_held():
-        bridge._post(GenerationFailed(request.request_id, "the engine crashed while serving an API request; try again"))
+        bridge._post(
+            Failed(request.request_id, "EngineCrashed", "the engine crashed while serving an API request; try again")
+        )
     bridge._running = False
     early = native_crash(crashed.exit_code) and (
         bridge._loading is not None or bridge._replies_since_load < EARLY_REPLIES
@@ -97,9 +78,12 @@ def engine_crashed(bridge: RecoveringBridge, crashed: Crashed) -> None:
     if bridge._model is not None and early and _recover(bridge, crashed, in_flight):
         for kind in unanswered:  # a control vector being made: its dialog hears it ended
             bridge._post(
-                EngineRequestFailed(
-                    kind, "the engine crashed and was restarted with less CPU weight repacking; try again"
-                )
+                Failed(
+                    None,
+                    "EngineCrashed",
+                    "the engine crashed and was restarted with less CPU weight repacking; try again",
+                ),
+                kind,
             )
         return
     found: tuple[Fallback, ...] = ()
@@ -111,7 +95,7 @@ def engine_crashed(bridge: RecoveringBridge, crashed: Crashed) -> None:
             engine.n_threads or default_threads(),
             crashed.gpu_devices,
         )
-    bridge._post(EngineCrashed(crashed.description, crashed.log_tail, crashed.exit_code, crashed.log_path, found))
+    bridge._post(replace(crashed, fallbacks=found))
 
 
 def _recover(bridge: RecoveringBridge, crashed: Crashed, in_flight: list[ReplyInFlight]) -> bool:
@@ -124,7 +108,7 @@ def _recover(bridge: RecoveringBridge, crashed: Crashed, in_flight: list[ReplyIn
     notice = bridge._client.drop_crashed_repack(engine.model_params(), KEEP_REPACK_OFF)
     if notice is None:
         return False
-    bridge._post(EngineRecovering(notice))
+    bridge._post(Recovering(notice))
     if not _reload(bridge):
         return True
     for generation in in_flight:
@@ -133,8 +117,9 @@ def _recover(bridge: RecoveringBridge, crashed: Crashed, in_flight: list[ReplyIn
             bridge._do_generate(generation.request)
         else:
             bridge._post(
-                GenerationFailed(
+                Failed(
                     generation.request_id,
+                    "EngineCrashed",
                     "the engine crashed while writing this reply and "
                     "was restarted with less CPU weight repacking; ctrl+g continues it",
                 )
@@ -168,11 +153,11 @@ def _restart_same(bridge: RecoveringBridge, crashed: Crashed, in_flight: list[Re
         line = f"{crashed.stopped}; restarted"
     else:
         line = f"{crashed.description}; {REQUEST_CRASH_ADVICE}"
-    bridge._post(EngineRecovering(""))
+    bridge._post(Recovering(""))
     now = time.monotonic()
     for generation in in_flight:
         if not crashed.stopped:
-            bridge._post(GenerationFailed(generation.request_id, line))
+            bridge._post(Failed(generation.request_id, "EngineCrashed", line))
             continue
         ttft = (generation.first_token_at or now) - generation.sent_at
         stats = GenerationStats(
@@ -186,7 +171,7 @@ def _restart_same(bridge: RecoveringBridge, crashed: Crashed, in_flight: list[Re
             n_ctx=generation.n_ctx or 0,
             n_ctx_used=(generation.prompt_tokens or 0) + generation.n_tokens,
         )
-        bridge._post(GenerationFinished(generation.request_id, "cancelled", stats.to_dict(), (line,)))
+        bridge._post(Finished(generation.request_id, "cancelled", stats, (line,)))
     if not in_flight:
-        bridge._post(GenerationFailed(None, line))  # said once, though no reply of the app's was running
+        bridge._post(Failed(None, "EngineCrashed", line))  # said once, though no reply of the app's was running
     _reload(bridge)

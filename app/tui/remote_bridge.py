@@ -1,152 +1,35 @@
-"""Remote engines: any OpenAI-compatible server (llama-server, vLLM, SGLang…) behind the engine bridge's interface.
+"""A remote OpenAI-compatible server (llama-server, vLLM, SGLang…) as the app's engine.
 
-`RemoteBridge` posts the same `app.tui.messages` messages as `EngineBridge` (ModelLoaded, TokensArrived,
-GenerationStatsUpdated, GenerationFinished, GenerationFailed…), so the chat screen, the history store and the
-stats bar work unchanged. The HTTP side (model list, request, server-sent events, errors) is app/core/remote_http.py.
+`RemoteBridge` runs `app/core/remote_engine.py`'s `RemoteClient` in threads and passes its events to the App as the
+local engine does: `EngineMessage`s carrying the engine protocol's events, token chunks merged by the one batching
+(`app/tui/streaming.py`'s `TokenBatches`, flushed by one thread), with the reply's live figures. What a remote server
+cannot do (llmtui's speculative decoding, control vectors) is refused with a `Failed` answering that request.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from textual.message import Message
-
-from app.core.config import EngineSettings, RemoteSettings, SamplingSettings
-from app.core.output_format import OutputFormatError, response_format_fields
-from app.core.remote_http import (
-    CONNECT_TIMEOUT_S,
-    MAX_SSE_LINE,
-    READ_TIMEOUT_S,
-    SSE_LINE_TIME_S,
-    RemoteError,
-    RemoteModel,
-    error_detail,
-    failure_message,
-    http_error_message,
-    list_models,
-    open_request,
-    read_error,
-    request_body,
-    sse_events,
-    too_slow,
-)
-from app.tui.messages import (
-    EngineRequestFailed,
-    GenerationFailed,
-    GenerationFinished,
-    GenerationStatsUpdated,
-    MessageTarget,
-    ModelLoaded,
-    ModelLoadFailed,
-    ModelLoadStarted,
-    ModelSummary,
-    SpeculativeConfigured,
-    TokensArrived,
-)
-from app.tui.streaming import FLUSH_INTERVAL_S, STATS_INTERVAL_S
+from app.core.config import Config, EngineSettings, RemoteSettings, SamplingSettings
+from app.core.engine import Engine, EngineCapabilities, EngineEvent, LoadStarted, ModelSummary
+from app.core.remote_engine import RemoteClient, remote_path
+from app.core.remote_http import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, RemoteError
+from app.tui.messages import EngineMessage, MessageTarget
+from app.tui.streaming import ReplyInFlight, TokenBatches
 from engine_ext.params import SpeculativeParams, SteeringEntry
-from engine_ext.protocol import ChatMessage
+from engine_ext.protocol import ChatMessage, Failed, Loaded, ModelInfo, SpeculativeSet, TokenChunk
 from engine_ext.spec_catalog import SPEC_TYPE
-from engine_ext.untrusted_text import one_line, shown, valid_text
-from models_catalog.http_client import Guard, HTTPFailure, json_items
-
-# Names the app and its tests take from here (the bridge's module), defined with the HTTP side.
-__all__ = [
-    "MAX_SSE_LINE",
-    "REMOTE_PREFIX",
-    "RemoteBridge",
-    "RemoteChoice",
-    "RemoteError",
-    "RemoteModel",
-    "draft_summary",
-    "http_error_message",
-    "list_models",
-    "remote_path",
-    "request_body",
-]
-
-REMOTE_PREFIX: Final = "remote:"
-# A reply's headers, once their first byte came (the server may think up to the read timeout before it answers),
-# within this long however slowly they drip, as a stream line is.
-HEADER_TIME_S: Final = SSE_LINE_TIME_S
-# A reply is stopped (its text kept) past these, whatever was asked: tokens when neither max_tokens nor the server's
-# context says (a server streaming one-token chunks without end grew the reply without bound), and characters of
-# text and reasoning together in any case (a chunk may hold a megabyte).
-MAX_REPLY_TOKENS: Final = 131_072
-MAX_REPLY_CHARS: Final = 8 * 1024 * 1024
-TOKEN_SLACK: Final = 16  # chunks a server may send past max_tokens (some send a token or two per chunk)
-MAX_EVENT_ITEMS: Final = 50_000
-STOP_REASONS: Final = {"stop": "eos", "length": "max_tokens", "eos": "eos"}
-
-# Request ids far from the local bridge's (which count from 1), so a late event of one engine is never taken for
-# the other's reply after a switch.
-_request_ids = itertools.count(1 << 30)
+from engine_ext.untrusted_text import one_line, shown
 
 
-@dataclass(frozen=True)
-class RemoteChoice:
-    """A remote endpoint and one of its models, as the model switcher returns it."""
+class RemoteBridge(Engine):
+    """A remote OpenAI-compatible server as the app's engine. Every call returns at once."""
 
-    remote: RemoteSettings
-    model: str
-
-    @property
-    def path(self) -> str:
-        """How the app names this model where it would name a file ("remote:NAME/MODEL")."""
-        return remote_path(self.remote.name, self.model)
-
-
-def remote_path(name: str, model: str) -> str:
-    return f"{REMOTE_PREFIX}{name}/{model}"
-
-
-# ----- the bridge -----
-
-
-class _Cancelled(Exception):
-    pass
-
-
-@dataclass
-class _Stream:
-    """One streamed reply."""
-
-    request_id: int
-    sent_at: float
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    done: threading.Event = field(default_factory=threading.Event)
-    guard: Guard = field(default_factory=Guard)  # the request's; its abort() stops it at once
-    cancelled: bool = False
-    text: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    n_pending: int = 0
-    n_tokens: int = 0
-    n_chars: int = 0  # of text and reasoning
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    stats_posted_at: float = 0.0
-
-    def cancel(self) -> None:
-        with self.lock:
-            self.cancelled = True
-        self.guard.abort()  # wakes a read blocked in the stream's thread at once, even before the headers
-
-
-class RemoteBridge:
-    """A remote OpenAI-compatible server as the app's engine: the calls the app makes on EngineBridge.
-
-    Every call returns at once; the HTTP work runs in threads that post `app.tui.messages` messages. What a remote
-    server cannot do (llmtui's speculative decoding, control vectors) is refused with EngineRequestFailed.
-    """
-
-    takes_tools = False
-    """The chat offers tools only to an engine whose calls it reads back (the app's own)."""
+    capabilities = EngineCapabilities(loads_files=False)
+    """Text only: no tools (its calls are not read back), no llmtui speculation or steering, no images."""
 
     def __init__(
         self,
@@ -156,57 +39,71 @@ class RemoteBridge:
         *,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
+        backlog: Callable[[], int] | None = None,
     ) -> None:
         self._target = target
-        self.remote = remote
-        self.model = model or remote.model
-        """The model asked for ('' : the first the server lists, once connected)."""
-        self.n_ctx = 0
-        self._connect_timeout_s = connect_timeout_s
-        self._read_timeout_s = read_timeout_s
-        self._streams: dict[int, _Stream] = {}
-        self._lock = threading.Lock()
+        self.client = RemoteClient(remote, model, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        self._backlog = backlog or (lambda: 0)
+        self._batches = TokenBatches()  # the one batching of streamed tokens (app/tui/streaming.py)
+        self._replies: dict[int, ReplyInFlight] = {}
+        self._lock = threading.Condition()  # the batches and the replies: the streams' threads and the flusher
+        self._flusher: threading.Thread | None = None
         self._closed = False
-        self.connected = False
+
+    @property
+    def remote(self) -> RemoteSettings:
+        return self.client.remote
+
+    @property
+    def model(self) -> str:
+        """The model in use ('' : the server's first, until connected)."""
+        return self.client.model
 
     @property
     def model_path(self) -> str:
-        return remote_path(self.remote.name, self.model)
+        return self.client.model_path
 
     @property
     def pid(self) -> int | None:
         return None
 
-    @property
-    def backend(self) -> str:
-        return f"remote: {self.remote.name}"
-
-    def _post(self, message: Message) -> None:
+    def _post(self, event: EngineEvent, answers: str = "") -> None:
         if not self._closed:
-            self._target.post_message(message)
+            self._target.post_message(EngineMessage(event, self, answers))
 
     def _thread(self, target: Any, *args: Any) -> None:
         threading.Thread(target=target, args=args, name="llmtui-remote", daemon=True).start()
 
-    # ----- what EngineBridge offers -----
+    # ----- the Engine interface -----
 
     def start(self) -> None:
-        """Nothing to start: the server runs elsewhere (kept so the app can treat both engines alike)."""
+        """Nothing to start: the server runs elsewhere."""
+
+    def describe(self, info: ModelInfo) -> ModelSummary:
+        return ModelSummary(
+            path=info.path,
+            name=shown(info.description),
+            architecture="remote",
+            backend=info.backend,
+            n_ctx=info.n_ctx,
+            n_params=0,
+            size_bytes=0,
+            load_ms=info.load_ms,
+        )
 
     def load(self, path: str, engine: EngineSettings | None = None, **_options: Any) -> None:
         """Use the model `path` names ("remote:NAME/MODEL", or a bare model id): checks the server lists it."""
         prefix = remote_path(self.remote.name, "")
-        self.model = path.removeprefix(prefix) if path.startswith(prefix) else path
+        self.client.model = path.removeprefix(prefix) if path.startswith(prefix) else path
         self.connect()
 
     def connect(self) -> None:
-        """List the server's models and announce the chosen one: ModelLoaded, or ModelLoadFailed saying why."""
+        """List the server's models and announce the chosen one: Loaded, or Failed (answering the load) saying why."""
         self._thread(self._connect)
 
-    def restart(self) -> None:
+    def restart(self, engine: EngineSettings | None = None) -> None:
         """Connect again (after an error); replies in flight are stopped."""
-        for stream in self._active():
-            stream.cancel()
+        self.client.close()
         self.connect()
 
     def generate(
@@ -217,362 +114,100 @@ class RemoteBridge:
         continue_reply: bool = False,
         tools: str | None = None,
     ) -> int:
-        """Stream a reply; its request id (carried by its TokensArrived / GenerationFinished / GenerationFailed).
-        A remote engine is offered no tools (`takes_tools`: its calls are not read back), so `tools` is None here and
-        the messages are plain turns."""
-        request_id = next(_request_ids)
-        stream = _Stream(request_id, time.monotonic())
+        """Stream a reply; its request id. A remote engine is offered no tools (its capabilities: its calls are not
+        read back), so `tools` is None here and the messages are plain turns."""
+        request_id = self.client.new_request_id()
         with self._lock:
-            self._streams[request_id] = stream
-        pairs = [(m.role, m.content) if isinstance(m, ChatMessage) else m for m in messages]
-        body = request_body(self.model, pairs, sampling, continue_reply)
-        self._thread(self._generate, stream, body, (sampling.output_format, sampling.output_file))
+            self._replies[request_id] = ReplyInFlight(request_id, time.monotonic())
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, name="llmtui-remote-flush", daemon=True)
+                self._flusher.start()
+        self._thread(self._stream, request_id, messages, sampling, continue_reply)
         return request_id
 
     def cancel(self, request_id: int) -> None:
-        """Stop a reply: the stream is closed at once; the text so far is kept (GenerationFinished, cancelled)."""
-        with self._lock:
-            stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.cancel()
-
-    def end_thinking(self, request_id: int) -> bool:
-        """An OpenAI-compatible server has no request that ends a reply's thinking: it thinks on (Esc stops it)."""
-        return False
+        """Stop a reply: the stream is closed at once; the text so far is kept (Finished, cancelled)."""
+        self.client.cancel(request_id)
 
     def set_speculative(self, params: SpeculativeParams) -> None:
         if not params.enabled:
-            self._post(SpeculativeConfigured((), ()))
+            self._post(SpeculativeSet(()))
             return
-        self._post(
-            EngineRequestFailed(
-                "speculative",
-                f"{self.remote.name} is a remote server: it does its own speculative decoding (llama-server: "
-                f"--model-draft, {SPEC_TYPE.flag}), and its draft acceptance shows in the stats bar when it reports it",
-            )
+        self._refuse(
+            "speculative",
+            f"{self.remote.name} is a remote server: it does its own speculative decoding (llama-server: "
+            f"--model-draft, {SPEC_TYPE.flag}), and its draft acceptance shows in the stats bar when it reports it",
         )
 
     def set_steering(self, entries: tuple[SteeringEntry, ...]) -> None:
         if entries:
-            self._post(
-                EngineRequestFailed(
-                    "steering", f"control vectors need the local engine; {self.remote.name} is a remote server"
-                )
-            )
+            self._refuse("steering", f"control vectors need the local engine; {self.remote.name} is a remote server")
 
     def make_vector(self, prompt_set_path: str, output_path: str, method: str = "pca") -> None:
-        self._post(
-            EngineRequestFailed(
-                "vector", f"making a control vector needs a local model; {self.remote.name} is a remote server"
-            )
-        )
+        self._refuse("vector", f"making a control vector needs a local model; {self.remote.name} is a remote server")
+
+    def settings_saved(self, config: Config) -> None:
+        """An edited endpoint (a new key, say) applies from the next request."""
+        self.client.remote = next((r for r in config.remotes if r.name == self.remote.name), self.remote)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop every reply in flight; nothing is posted afterwards. Idempotent."""
         self._closed = True
-        for stream in self._active():
-            stream.cancel()
+        self.client.close()
+        with self._lock:
+            self._lock.notify_all()
 
     # ----- threads -----
 
-    def _active(self) -> list[_Stream]:
-        with self._lock:
-            return list(self._streams.values())
+    def _refuse(self, kind: str, message: str) -> None:
+        self._post(Failed(None, "NotSupported", message), kind)
 
     def _connect(self) -> None:
-        path = self.model_path
-        self._post(ModelLoadStarted(path))
-        started = time.monotonic()
+        self._post(LoadStarted(self.model_path))
         try:
-            models = list_models(self.remote, self._connect_timeout_s)
+            info = self.client.connect()
         except Exception as error:  # RemoteError, or a surprise: the UI hears about it either way
-            self.connected = False
             message = str(error) if isinstance(error, RemoteError) else one_line(f"{type(error).__name__}: {error}")
-            self._post(ModelLoadFailed(path, message))
+            self._post(Failed(None, type(error).__name__, message), "load")
             return
-        if not models:
-            self._post(ModelLoadFailed(path, f"{self.remote.name} lists no models"))
-            return
-        chosen = next((m for m in models if m.id == self.model), None) if self.model else models[0]
-        if chosen is None:
-            names = ", ".join(m.id for m in models[:5]) + (" …" if len(models) > 5 else "")
-            message = f"{self.remote.name} does not serve {self.model!r}; it serves {names}"
-            self._post(ModelLoadFailed(path, one_line(message)))
-            return
-        self.model, self.n_ctx, self.connected = chosen.id, chosen.n_ctx, True
-        self._post(
-            ModelLoaded(
-                ModelSummary(
-                    path=self.model_path,
-                    name=shown(chosen.id),
-                    architecture="remote",
-                    backend=self.backend,
-                    n_ctx=chosen.n_ctx,
-                    n_params=0,
-                    size_bytes=0,
-                    load_ms=(time.monotonic() - started) * 1000,
-                )
-            )
-        )
+        self._post(Loaded(info))
 
-    def _generate(self, stream: _Stream, body: dict[str, Any], shape: tuple[str, str]) -> None:
-        """Stream a reply; `shape`: its output format and file (read here, not on the UI thread)."""
-        flusher = threading.Thread(target=self._flush_loop, args=(stream,), name="llmtui-remote-flush", daemon=True)
-        flusher.start()
-        outcome: tuple[str, str | dict[str, Any]] = ("failed", "the reply ended unexpectedly")
-        try:
-            outcome = ("finished", self._stream_reply(stream, {**body, **response_format_fields(*shape)}))
-        except OutputFormatError as error:
-            outcome = ("failed", str(error))
-        except _Cancelled:
-            outcome = ("cancelled", "")
-        except RemoteError as error:
-            outcome = ("cancelled", "") if stream.cancelled else ("failed", str(error))
-        except HTTPFailure as failure:
-            if stream.cancelled:
-                outcome = ("cancelled", "")
-            elif stream.n_tokens:
-                outcome = (
-                    "failed",
-                    f"the connection to {self.remote.name} broke mid-reply "
-                    f"({one_line(failure.detail or failure.kind, 60)}); the partial reply is kept",
-                )
-            else:
-                outcome = ("failed", failure_message(self.remote, failure))
-        except Exception as error:  # never let a thread die silently; the UI hears about it
-            outcome = ("failed", one_line(f"{type(error).__name__}: {error}"))
-        finally:
-            stream.done.set()
-            flusher.join()
-            self._flush(stream, final=True)
+    def _stream(
+        self,
+        request_id: int,
+        messages: Sequence[tuple[str, str] | ChatMessage],
+        sampling: SamplingSettings,
+        continue_reply: bool,
+    ) -> None:
+        """One reply's events: its chunks to the batches, its end (after the text) to the App."""
+        for event in self.client.generate(request_id, messages, sampling, continue_reply=continue_reply):
             with self._lock:
-                self._streams.pop(stream.request_id, None)
-        kind, detail = outcome
-        if kind == "finished" and isinstance(detail, dict):
-            stop_reason = str(detail.pop("stop_reason"))
-            self._post(GenerationFinished(stream.request_id, stop_reason, detail, ()))
-        elif kind == "cancelled":
-            self._post(GenerationFinished(stream.request_id, "cancelled", self._stats(stream, {}, {}), ()))
-        else:
-            self._post(GenerationFailed(stream.request_id, str(detail)))
+                if isinstance(event, TokenChunk):
+                    now = time.monotonic()
+                    self._batches.add(event, now)
+                    reply = self._replies.get(request_id)
+                    if reply is not None:
+                        reply.took(event, now)
+                    self._lock.notify_all()
+                    continue
+                self._flush(force=True)
+                self._replies.pop(request_id, None)
+            self._post(event)
 
-    def _stream_reply(self, stream: _Stream, body: dict[str, Any]) -> dict[str, Any]:
-        # The answer must start within the read timeout (the server may think that long about the prompt), and its
-        # headers then come within HEADER_TIME_S however slowly their bytes drip (the request's Guard); the body's
-        # lines have their own limits (sse_events), and its text the stall limit.
-        guard = stream.guard
-        guard.header_limit_s = min(HEADER_TIME_S, self._read_timeout_s)
-        guard.set_limit(self._read_timeout_s)
-        if stream.cancelled:
-            raise _Cancelled
-        try:
-            response = open_request(
-                self.remote,
-                "POST",
-                "chat/completions",
-                guard,
-                body=json.dumps(body).encode(),
-                connect_timeout_s=self._connect_timeout_s,
-                read_timeout_s=self._read_timeout_s,
-            )
-        except HTTPFailure as failure:
-            if stream.cancelled:
-                raise _Cancelled from None
-            if failure.kind == "deadline":
-                what = "the reply's headers" if guard.answered else "an answer"
-                raise too_slow(self.remote, what, guard.limit_s or 0.0) from None
-            raise RemoteError(failure_message(self.remote, failure)) from None
-        try:
-            guard.set_limit(None)
-            if response.status != 200:
-                raise read_error(self.remote, response)
-            return self._read_reply(stream, response.chunks(), body)
-        finally:
-            response.close()
+    def _flush_loop(self) -> None:
+        """The flusher: posts the batches when due, as the local bridge's reader does (TokenBatches' timing)."""
+        with self._lock:
+            while not self._closed:
+                self._lock.wait(self._batches.wait_s(time.monotonic()))
+                self._flush(force=False)
 
-    def _read_reply(self, stream: _Stream, chunks: Iterator[bytes], body: dict[str, Any]) -> dict[str, Any]:
-        """The streamed reply's events taken into `stream`, within the reply's limits; its stats."""
-        # A server that ignores max_tokens (or streams without end) is stopped a little past what was asked for,
-        # or past its context when nothing was, or past MAX_REPLY_TOKENS when neither is known.
-        asked_for = body.get("max_tokens")
-        asked: int = asked_for if isinstance(asked_for, int) else 0
-        cap = asked if asked > 0 else self.n_ctx if self.n_ctx > 0 else MAX_REPLY_TOKENS
-        why = "asked for" if asked > 0 else "its context holds" if self.n_ctx > 0 else "llmtui takes in one reply"
-        most = cap + TOKEN_SLACK
-        finish: str | None = None
-        usage: dict[str, Any] = {}
-        timings: dict[str, Any] = {}
-        done = False
-        stall_s = self.remote.stall_timeout_s
-        body_started = time.monotonic()
-        stalled = RemoteError(
-            f"{self.remote.name} sent no text for {stall_s:g} s (keep-alives or empty events only); llmtui "
-            "stopped the reply (the text so far is kept; stall_timeout_s in [[remote]] or --stall-timeout waits longer)"
-        )
-
-        def check_stall() -> None:
-            """No text for stall_s ends the reply: counted from the headers (a server that says nothing at all
-            before its first text thinks about the prompt, within the read timeout) or from the last text (then
-            silence counts too: the stall limit becomes each read's timeout)."""
-            if time.monotonic() - (stream.last_token_at or body_started) > stall_s:
-                raise stalled
-            if stream.last_token_at is not None:
-                stream.guard.stall_s = min(stall_s, self._read_timeout_s)
-
-        events = sse_events(chunks, self.remote.name, min(SSE_LINE_TIME_S, self._read_timeout_s), check_stall)
-        while True:
-            try:
-                data = next(events)
-            except StopIteration:
-                break
-            except HTTPFailure as failure:
-                if failure.kind != "stall" or stream.cancelled or stream.last_token_at is None:
-                    raise
-                raise stalled from None
-            if stream.cancelled:
-                raise _Cancelled
-            if data.strip() == "[DONE]":
-                done = True
-                break
-            if json_items(data) > MAX_EVENT_ITEMS:
-                raise RemoteError(
-                    f"{self.remote.name} sent a stream event of more than {MAX_EVENT_ITEMS:,} JSON "
-                    "values; llmtui stopped reading"
-                )
-            try:
-                chunk = json.loads(data)
-            except (ValueError, RecursionError):
-                raise RemoteError(
-                    f"{self.remote.name} sent a stream line that is not JSON: {one_line(data, 80)}"
-                ) from None
-            if not isinstance(chunk, dict):
-                check_stall()
-                continue
-            if "error" in chunk:
-                raise RemoteError(f"{self.remote.name} stopped with an error: {error_detail(data.encode())}")
-            finish = self._chunk(stream, chunk) or finish
-            if stream.n_tokens > most:
-                raise RemoteError(
-                    f"{self.remote.name} sent more than the {cap} tokens {why}; llmtui stopped the reply "
-                    "(the text so far is kept)"
-                )
-            if stream.n_chars > MAX_REPLY_CHARS:
-                raise RemoteError(
-                    f"{self.remote.name} sent more than {MAX_REPLY_CHARS // (1024 * 1024)} M characters in one "
-                    "reply; llmtui stopped it (the text so far is kept)"
-                )
-            check_stall()
-            if isinstance(chunk.get("usage"), dict):
-                usage = chunk["usage"]
-            if isinstance(chunk.get("timings"), dict):
-                timings = chunk["timings"]
-        if stream.cancelled:
-            raise _Cancelled
-        if not done and finish is None:
-            if stream.n_tokens:
-                raise RemoteError(
-                    f"{self.remote.name} closed the stream before the reply finished; the partial reply is kept"
-                )
-            raise RemoteError(
-                f"{self.remote.name} closed the stream without a reply (the request may be too long "
-                "for its context, or it failed: see the server's log)"
-            )
-        stats = self._stats(stream, usage, timings)
-        stats["stop_reason"] = STOP_REASONS.get(finish or "stop", one_line(finish or "eos", 40))
-        return stats
-
-    def _chunk(self, stream: _Stream, chunk: dict[str, Any]) -> str | None:
-        """Take one chunk's text and reasoning; its finish_reason."""
-        choices = chunk.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return None
-        choice = choices[0]
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            content = delta.get("content")
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            # text a server sends is made valid UTF-8 before it is shown, printed or stored (JSON can carry a lone
-            # surrogate, "\ud800", which no UTF-8 writer accepts)
-            content = valid_text(content) if isinstance(content, str) else ""
-            reasoning = valid_text(reasoning) if isinstance(reasoning, str) else ""
-            if content or reasoning:
-                now = time.monotonic()
-                with stream.lock:
-                    stream.n_chars += len(content) + len(reasoning)
-                    if content:
-                        stream.text.append(content)
-                    if reasoning:
-                        stream.reasoning.append(reasoning)
-                    stream.n_pending += 1  # servers stream one token per chunk
-                    stream.n_tokens += 1
-                    if stream.first_token_at is None:
-                        stream.first_token_at = now
-                    stream.last_token_at = now
-        finish = choice.get("finish_reason")
-        return finish if isinstance(finish, str) else None
-
-    def _flush_loop(self, stream: _Stream) -> None:
-        while not stream.done.wait(FLUSH_INTERVAL_S):
-            self._flush(stream)
-
-    def _flush(self, stream: _Stream, *, final: bool = False) -> None:
-        with stream.lock:
-            if not stream.n_pending:
-                return
-            text, reasoning, n = "".join(stream.text), "".join(stream.reasoning), stream.n_pending
-            stream.text, stream.reasoning, stream.n_pending = [], [], 0
-            n_tokens, first = stream.n_tokens, stream.first_token_at
-        self._post(TokensArrived(stream.request_id, text, reasoning, n))
+    def _flush(self, *, force: bool) -> None:
+        """Post the batches that are due, and the live figures of their replies that are due (the lock held)."""
         now = time.monotonic()
-        if not final and first is not None and now - stream.stats_posted_at >= STATS_INTERVAL_S:
-            stream.stats_posted_at = now
-            elapsed = now - first
-            rate = (n_tokens - 1) / elapsed if elapsed > 0 and n_tokens > 1 else 0.0
-            self._post(GenerationStatsUpdated(stream.request_id, n_tokens, rate, (first - stream.sent_at) * 1000))
-
-    def _stats(self, stream: _Stream, usage: dict[str, Any], timings: dict[str, Any]) -> dict[str, Any]:
-        """A finished reply's stats, with GenerationStats' keys: the server's timings where it reports them
-        (llama-server), else measured here."""
-        first, last = stream.first_token_at, stream.last_token_at
-        ttft_ms = (first - stream.sent_at) * 1000 if first is not None else 0.0
-        decode_s = (last - first) if first is not None and last is not None else 0.0
-
-        def number(data: dict[str, Any], key: str) -> float | None:
-            value = data.get(key)
-            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-        generated = int(number(timings, "predicted_n") or number(usage, "completion_tokens") or stream.n_tokens)
-        prompt = int(number(timings, "prompt_n") or number(usage, "prompt_tokens") or 0)
-        cached = int(number(timings, "cache_n") or 0)
-        decode_tps = number(timings, "predicted_per_second")
-        if decode_tps is None:
-            decode_tps = (stream.n_tokens - 1) / decode_s if decode_s > 0 and stream.n_tokens > 1 else 0.0
-        stats: dict[str, Any] = {
-            "prompt_tokens": prompt + cached,
-            "prompt_tokens_cached": cached,
-            "prompt_tokens_evaluated": prompt,
-            "prompt_ms": round(number(timings, "prompt_ms") or ttft_ms, 3),
-            "prompt_tps": round(number(timings, "prompt_per_second") or 0.0, 2),
-            "generated_tokens": generated,
-            "decode_ms": round(number(timings, "predicted_ms") or decode_s * 1000, 3),
-            "decode_tps": round(decode_tps, 2),
-            "ttft_ms": round(ttft_ms, 3),
-            "n_ctx": self.n_ctx,
-            "n_ctx_used": prompt + cached + generated,
-            "dropped_messages": 0,
-            "backend": self.backend,
-            "timings_from": "server" if timings else "client",
-        }
-        draft_n, accepted = number(timings, "draft_n"), number(timings, "draft_n_accepted")
-        if draft_n is not None and accepted is not None:
-            stats["draft_n"], stats["draft_n_accepted"] = int(draft_n), int(accepted)
-            stats["draft_acceptance"] = round(accepted / draft_n, 4) if draft_n > 0 else 0.0
-        return stats
-
-
-def draft_summary(stats: dict[str, Any]) -> str | None:
-    """The stats bar's readout of a server's speculative decoding ("71% 45/63"), when it reported it."""
-    drafted, accepted = stats.get("draft_n"), stats.get("draft_n_accepted")
-    if not isinstance(drafted, int) or not isinstance(accepted, int) or drafted <= 0:
-        return None
-    return f"{accepted / drafted:.0%} {accepted}/{drafted}"
+        if not self._batches.due(now, 0 if force else self._backlog(), force=force):
+            return
+        for batch in self._batches.take(now):
+            self._post(batch)
+            reply = self._replies.get(batch.request_id)
+            if reply is not None and reply.stats_due(now):
+                self._post(reply.stats(now))

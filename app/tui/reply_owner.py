@@ -8,23 +8,19 @@ from typing import TYPE_CHECKING, Protocol
 from app.core.generation import GenerationOwner
 
 if TYPE_CHECKING:
-    from app.tui.messages import (
-        GenerationFailed,
-        GenerationFinished,
-        GenerationStatsUpdated,
-        PromptProgressed,
-        TokensArrived,
-    )
+    from app.core.engine import ReplyStats
+    from engine_ext.protocol import Failed, Finished, PromptProgress, TokenChunk
 
 
 class ReplyOwner(GenerationOwner, Protocol):
     """Whoever sent a generate request in the app and takes its events."""
 
-    async def generation_tokens(self, event: TokensArrived) -> None: ...
+    async def generation_tokens(self, event: TokenChunk) -> None:
+        """The reply's next text (chunks merged in order: app/tui/streaming.py)."""
 
-    async def generation_finished(self, event: GenerationFinished) -> None: ...
+    async def generation_finished(self, event: Finished) -> None: ...
 
-    async def generation_failed(self, event: GenerationFailed) -> None: ...
+    async def generation_failed(self, event: Failed) -> None: ...
 
-    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+    def generation_progress(self, event: PromptProgress | ReplyStats) -> None:
         """How far the prompt is read, or the reply's speed so far."""

@@ -13,9 +13,9 @@ from textual.app import App
 
 if TYPE_CHECKING:
     from app.core.config import Config
+    from app.core.engine import Engine, ModelSummary
     from app.core.generation import GenerationController
     from app.core.store import Store
-    from app.tui.bridge import EngineBridge
     from app.tui.controllers import (
         ConversationsController,
         ModelsController,
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
         SteeringController,
     )
     from app.tui.controllers.server import ServerController
-    from app.tui.messages import ModelSummary
-    from app.tui.remote_bridge import RemoteBridge
     from app.tui.reply_owner import ReplyOwner
 
 
@@ -33,7 +31,7 @@ class LlmtuiShell(App[None]):
 
     config: Config
     store: Store
-    bridge: EngineBridge | RemoteBridge
+    bridge: Engine
     model: ModelSummary | None
     model_path: str | None
     engine_state: str

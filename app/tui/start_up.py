@@ -13,8 +13,8 @@ from textual.notifications import SeverityLevel
 from app.core.config import Config, ConfigError, load_config
 from app.core.model_paths import ModelNotFound, resolve_model, starter_model_path
 from app.core.owner_only_dirs import secure_app_dirs, take_notice
+from app.core.remote_engine import REMOTE_PREFIX, RemoteChoice
 from app.core.store import Store, StoreError, open_default_store
-from app.tui.remote_bridge import REMOTE_PREFIX, RemoteChoice
 
 Notice = tuple[str, SeverityLevel, float]
 """A notification to show once the app has started: (message, severity, seconds)."""

@@ -2,8 +2,9 @@
 
 The engine worker coalesces its chunks (engine_ext/generate.py, 15 a second down the pipe); the bridges
 (app/tui/bridge.py, and app/tui/remote_bridge.py for a server's stream) merge what came for each request into one
-`TokensArrived` per flush with `TokenBatches`, at most `FLUSH_INTERVAL_S` apart and held while the App's message queue
-is longer than `BACKLOG_LIMIT`; the live reply (app/tui/widgets/live_body.py) draws each batch as it comes, deferring a
+`TokenChunk` per flush with `TokenBatches`, at most `FLUSH_INTERVAL_S` apart and held while the App's message queue
+is longer than `BACKLOG_LIMIT`, and measure each reply's live figures (`ReplyInFlight.stats`, every
+`STATS_INTERVAL_S`); the live reply (app/tui/widgets/live_body.py) draws each batch as it comes, deferring a
 draw only when drawing takes more than `RENDER_SHARE` of a core at that rate. Nothing else batches or delays a token.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from app.tui.messages import DraftSpan, TokensArrived, add_span
-from engine_ext.protocol import FORCED, REJECTED_PREFIX, TokenChunk
+from app.core.engine import ReplyStats
+from app.tui.messages import DraftSpan, add_span
+from engine_ext.cpu import CpuLoad
+from engine_ext.protocol import FORCED, REJECTED_PREFIX, Generate, TokenChunk
 
 FLUSH_INTERVAL_S: Final = 1 / 20
 """Tokens reach the UI at most 20 times a second (batched in order, never dropped). The worker sends them 15 times a
@@ -32,15 +35,16 @@ drawn less often than FLUSH_INTERVAL_S, so the event loop stays responsive and t
 class _Pending:
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
-    n_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    provenance: list[str] = field(default_factory=list)
+    text_ends: list[int] = field(default_factory=list)  # per token, relative to the batch's text
     text_chars: int = 0
-    draft_spans: list[DraftSpan] = field(default_factory=list)  # relative to the batch's text
 
 
 class TokenBatches:
-    """The tokens of each request not yet posted, merged in order; `take` empties them into one message each.
+    """The token chunks of each request not yet posted, merged in order; `take` empties them into one chunk each.
 
-    Used from one thread (a bridge's reader); times are `time.monotonic()` seconds passed in.
+    Used from one thread at a time (a bridge's reader); times are `time.monotonic()` seconds passed in.
     """
 
     def __init__(self) -> None:
@@ -50,19 +54,23 @@ class TokenBatches:
         self.flushed_at = -FLUSH_INTERVAL_S
         """When tokens were last taken."""
 
-    def add(
-        self, request_id: int, text: str, reasoning: str, n_tokens: int, spans: list[DraftSpan], now: float
-    ) -> None:
-        """Tokens of `request_id`; `spans` are relative to `text`."""
-        pending = self._pending.setdefault(request_id, _Pending())
-        if text:
-            for start, end, source in spans:
-                add_span(pending.draft_spans, pending.text_chars + start, pending.text_chars + end, source)
-            pending.text.append(text)
-            pending.text_chars += len(text)
-        if reasoning:
-            pending.reasoning.append(reasoning)
-        pending.n_tokens += n_tokens
+    def add(self, chunk: TokenChunk, now: float) -> None:
+        """A chunk of `chunk.request_id`'s reply, after the ones before it."""
+        pending = self._pending.setdefault(chunk.request_id, _Pending())
+        # a chunk without per-token text ends (an older engine) ends each token where the chunk's text ends
+        ends = (
+            chunk.text_ends
+            if len(chunk.text_ends) == len(chunk.token_ids)
+            else (len(chunk.text),) * len(chunk.token_ids)
+        )
+        pending.text_ends.extend(pending.text_chars + end for end in ends)
+        pending.token_ids.extend(chunk.token_ids)
+        pending.provenance.extend(chunk.provenance)
+        if chunk.text:
+            pending.text.append(chunk.text)
+            pending.text_chars += len(chunk.text)
+        if chunk.reasoning:
+            pending.reasoning.append(chunk.reasoning)
         if self.since is None:
             self.since = now
 
@@ -78,15 +86,16 @@ class TokenBatches:
             return False
         return force or (now - self.flushed_at >= FLUSH_INTERVAL_S and backlog <= BACKLOG_LIMIT)
 
-    def take(self, now: float) -> list[TokensArrived]:
-        """One message per request with pending tokens, in the order they first came; nothing is left pending."""
+    def take(self, now: float) -> list[TokenChunk]:
+        """One chunk per request with pending tokens, in the order they first came; nothing is left pending."""
         batches = [
-            TokensArrived(
+            TokenChunk(
                 request_id,
                 "".join(pending.text),
                 "".join(pending.reasoning),
-                pending.n_tokens,
-                tuple(pending.draft_spans),
+                tuple(pending.token_ids),
+                tuple(pending.provenance),
+                tuple(pending.text_ends),
             )
             for request_id, pending in self._pending.items()
         ]
@@ -94,6 +103,44 @@ class TokenBatches:
         self.since = None
         self.flushed_at = now
         return batches
+
+
+@dataclass
+class ReplyInFlight:
+    """A reply a bridge has sent and not yet seen end, and its live figures."""
+
+    request_id: int
+    sent_at: float
+    first_token_at: float | None = None
+    n_tokens: int = 0
+    stats_posted_at: float = 0.0
+    prompt_tokens: int | None = None  # once the prompt is evaluated
+    n_ctx: int | None = None
+    request: Generate | None = None  # what was sent (sent again when the engine is restarted after an early crash)
+
+    def took(self, chunk: TokenChunk, now: float) -> None:
+        """Count a chunk of this reply's tokens."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.n_tokens += len(chunk.token_ids)
+
+    def stats_due(self, now: float) -> bool:
+        """Whether its live figures are due (every STATS_INTERVAL_S); if so, from now on they are not."""
+        if now - self.stats_posted_at < STATS_INTERVAL_S:
+            return False
+        self.stats_posted_at = now
+        return True
+
+    def stats(self, now: float, cpu: CpuLoad | None = None) -> ReplyStats:
+        """Its figures now: the decode speed after the first token (None before it) and the time to it."""
+        first = self.first_token_at
+        rate: float | None = None
+        ttft_ms: float | None = None
+        if first is not None:
+            elapsed = now - first
+            rate = (self.n_tokens - 1) / elapsed if elapsed > 0 and self.n_tokens > 1 else 0.0
+            ttft_ms = (first - self.sent_at) * 1000
+        return ReplyStats(self.request_id, self.n_tokens, rate, ttft_ms, self.prompt_tokens, self.n_ctx, cpu)
 
 
 _NOT_DRAFTED: Final = frozenset({"target", FORCED})  # the target's own tokens and the engine's forced ones

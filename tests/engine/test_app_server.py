@@ -20,8 +20,8 @@ from app.server.api_errors import ApiError
 from app.server.backend import ServerSettings
 from app.server.shared import AppServer, ServerAddress
 from app.tui.bridge import EngineBridge
-from app.tui.messages import GenerationFailed, GenerationFinished, ModelLoaded, ModelLoadFailed, TokensArrived
 from engine_ext.params import SamplingParams, SteeringEntry
+from engine_ext.protocol import Failed, Finished, Loaded, TokenChunk
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
 from tests.engine.test_serve import QUESTION, STARTER_EMBD, STARTER_LAYERS, free_port
 from tests.waits import wait_for
@@ -39,7 +39,7 @@ class Target:
 
     def post_message(self, message: Any) -> bool:
         with self.lock:
-            self.posted.append((time.monotonic(), message))
+            self.posted.append((time.monotonic(), message.event))  # the engine event the EngineMessage carries
         return True
 
     def messages(self) -> list[Any]:
@@ -50,18 +50,15 @@ class Target:
         """The chat reply's text and when it finished."""
 
         def ended() -> bool:
-            return any(
-                isinstance(m, GenerationFinished | GenerationFailed) and m.request_id == request_id
-                for m in self.messages()
-            )
+            return any(isinstance(m, Finished | Failed) and m.request_id == request_id for m in self.messages())
 
         wait_for(ended, f"chat request {request_id} to finish", timeout_s=timeout_s, interval_s=0.05)
         with self.lock:
             posted = list(self.posted)
-        failed = [m for _, m in posted if isinstance(m, GenerationFailed) and m.request_id == request_id]
-        assert not failed, failed[0].error
-        at = next(t for t, m in posted if isinstance(m, GenerationFinished) and m.request_id == request_id)
-        text = "".join(m.text for _, m in posted if isinstance(m, TokensArrived) and m.request_id == request_id)
+        failed = [m for _, m in posted if isinstance(m, Failed) and m.request_id == request_id]
+        assert not failed, failed[0].message
+        at = next(t for t, m in posted if isinstance(m, Finished) and m.request_id == request_id)
+        text = "".join(m.text for _, m in posted if isinstance(m, TokenChunk) and m.request_id == request_id)
         return text, at
 
 
@@ -80,9 +77,9 @@ def app_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engin
     bridge.load(str(path), EngineSettings(n_ctx=2048, n_threads=2))
 
     def loaded() -> bool:
-        failed = [m for m in target.messages() if isinstance(m, ModelLoadFailed)]
-        assert not failed, failed[0].error
-        return any(isinstance(m, ModelLoaded) for m in target.messages())
+        failed = [m for m in target.messages() if isinstance(m, Failed)]
+        assert not failed, failed[0].message
+        return any(isinstance(m, Loaded) for m in target.messages())
 
     wait_for(loaded, "the starter model to load", timeout_s=120, interval_s=0.1)
     settings = ServerSettings(

@@ -40,7 +40,9 @@ def test_run_streams_a_reply_from_a_remote_server(server: FakeServer) -> None:
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["text"] == "Hello there!" and out["model"] == "fake-model"
-    assert out["stats"]["generated_tokens"] == 5 and out["stats"]["stop_reason"] == "eos"
+    assert out["stats"]["generated_tokens"] == 5 and out["stop_reason"] == "eos"
+    assert out["tokens"] == [] and out["provenance"] == []  # the local engine's object; a server says no token ids
+    assert out["stats"]["timings_from"] == "server" and out["speculative"] is None
     path, _, body = server.requests[-1]
     request = json.loads(body)
     assert path == "/v1/chat/completions" and request["messages"] == [{"role": "user", "content": "hi"}]

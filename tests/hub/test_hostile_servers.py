@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 
 from app.core.config import RemoteSettings, SamplingSettings
-from app.tui.messages import GenerationFailed, GenerationFinished, ModelLoaded
-from app.tui.remote_bridge import RemoteBridge, RemoteError, list_models
+from app.core.remote_http import RemoteError, list_models
+from app.tui.remote_bridge import RemoteBridge
 from engine_ext.gguf import MAX_READ_HEADER_BYTES, GGUFError
+from engine_ext.protocol import Failed, Finished, Loaded
 from models_catalog import download, fit, hfcache, hub, transport
 from models_catalog.download import RemoteFile, TransferOptions
 from models_catalog.errors import DownloadError, ModelsError
@@ -103,12 +104,12 @@ def _chat(server: HostileHTTPServer) -> None:
     bridge = RemoteBridge(collector, _remote(server), "m", connect_timeout_s=1.0, read_timeout_s=1.0)
     try:
         bridge.connect()
-        collector.wait_for(ModelLoaded, timeout=10)
+        collector.wait_for(Loaded, timeout=10)
         bridge.generate([("user", "hi")], SamplingSettings(temperature=0.0, max_tokens=4))
-        ended = collector.wait_for((GenerationFailed, GenerationFinished), timeout=20)
-        if isinstance(ended, GenerationFinished):
+        ended = collector.wait_for((Failed, Finished), timeout=20)
+        if isinstance(ended, Finished):
             raise AssertionError(f"the reply finished ({ended.stop_reason}) from a hostile server")
-        raise RemoteError(ended.error)
+        raise RemoteError(ended.message)
     finally:
         bridge.close()
 

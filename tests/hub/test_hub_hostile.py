@@ -120,7 +120,7 @@ def test_a_card_keeps_its_lines_and_shows_its_controls(hub_server: HubServer) ->
 
 
 def test_a_remote_servers_error_body_is_shown_without_its_escapes() -> None:
-    from app.tui.remote_bridge import http_error_message
+    from app.core.remote_http import http_error_message
 
     remote = RemoteSettings("srv", "http://127.0.0.1:9/v1")
     body = json.dumps({"error": {"message": f"bad{ESCAPES}" + "x\n" * 5000}}).encode()

@@ -21,18 +21,12 @@ import pytest
 from textual.pilot import Pilot
 
 from app.core.config import Config, RemoteSettings, SamplingSettings, load_config, save_config
-from app.tui.messages import (
-    EngineRequestFailed,
-    GenerationFailed,
-    GenerationFinished,
-    GenerationStatsUpdated,
-    ModelLoaded,
-    ModelLoadFailed,
-    SpeculativeConfigured,
-    TokensArrived,
-)
-from app.tui.remote_bridge import RemoteBridge, RemoteChoice, draft_summary, list_models, request_body
+from app.core.engine import ReplyStats
+from app.core.remote_engine import RemoteChoice, draft_summary
+from app.core.remote_http import list_models, request_body
+from app.tui.remote_bridge import RemoteBridge
 from engine_ext.params import SpeculativeParams, SteeringEntry
+from engine_ext.protocol import Failed, Finished, Loaded, SpeculativeSet, TokenChunk
 from tests.fakes import Collector, FakeServer
 from tests.tiny_models import write_tiny_model
 from tests.waits import wait_until
@@ -136,8 +130,8 @@ def connected(remote: RemoteSettings, model: str = "") -> tuple[RemoteBridge, Co
     collector = Collector()
     bridge = RemoteBridge(collector, remote, model, connect_timeout_s=5.0, read_timeout_s=60.0)
     bridge.connect()
-    loaded = collector.wait_for((ModelLoaded, ModelLoadFailed))
-    assert isinstance(loaded, ModelLoaded), getattr(loaded, "error", "")
+    loaded = collector.wait_for((Loaded, Failed))
+    assert isinstance(loaded, Loaded), getattr(loaded, "message", "")
     return bridge, collector
 
 
@@ -146,18 +140,18 @@ def connected(remote: RemoteSettings, model: str = "") -> tuple[RemoteBridge, Co
 
 def test_stream_a_chat_from_a_real_server(llama_server: LlamaServer) -> None:
     bridge, collector = connected(local_remote(llama_server))
-    model = collector.wait_for(ModelLoaded).model
+    model = bridge.describe(collector.wait_for(Loaded).info)
     assert (model.name, model.backend, model.path) == ("tiny", "remote: local", "remote:local/tiny")
     assert [m.id for m in list_models(local_remote(llama_server))] == ["tiny"]
     request_id = bridge.generate([("system", "Be brief."), ("user", "hello")], SHORT)
-    finished = collector.wait_for((GenerationFinished, GenerationFailed))
-    assert isinstance(finished, GenerationFinished), getattr(finished, "error", "")
+    finished = collector.wait_for((Finished, Failed))
+    assert isinstance(finished, Finished), getattr(finished, "message", "")
     assert finished.request_id == request_id and finished.stop_reason == "max_tokens"
-    arrived = collector.of(TokensArrived)
+    arrived = collector.of(TokenChunk)
     assert arrived and all(m.request_id == request_id for m in arrived)
-    assert collector.text() and sum(m.n_tokens for m in arrived) == finished.stats["generated_tokens"]
-    assert collector.messages.index(arrived[-1]) < collector.messages.index(finished)  # text before the end
-    stats = finished.stats
+    assert collector.text() and sum(len(m.token_ids) for m in arrived) == finished.stats.generated_tokens
+    assert collector.events.index(arrived[-1]) < collector.events.index(finished)  # text before the end
+    stats = finished.stats.to_dict()
     assert stats["ttft_ms"] > 0 and stats["timings_from"] == "client" and stats["backend"] == "remote: local"
     assert 1 <= stats["generated_tokens"] <= SHORT.max_tokens
     bridge.close()
@@ -167,34 +161,34 @@ def test_cancel_mid_stream_keeps_the_partial_reply(llama_server: LlamaServer) ->
     """Esc stops at once: the server is frozen (SIGSTOP) after the first tokens, so only the client can end it."""
     bridge, collector = connected(local_remote(llama_server))
     request_id = bridge.generate([("user", "write a long story")], LONG)
-    collector.wait_for(TokensArrived)
+    collector.wait_for(TokenChunk)
     os.kill(llama_server.process.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
         bridge.cancel(request_id)
-        finished = collector.wait_for((GenerationFinished, GenerationFailed), timeout=5.0)
+        finished = collector.wait_for((Finished, Failed), timeout=5.0)
         assert time.monotonic() - started < 2.0
     finally:
         os.kill(llama_server.process.pid, signal.SIGCONT)
-    assert isinstance(finished, GenerationFinished) and finished.stop_reason == "cancelled"
-    assert collector.text() and finished.stats["generated_tokens"] >= 1
+    assert isinstance(finished, Finished) and finished.stop_reason == "cancelled"
+    assert collector.text() and finished.stats.generated_tokens >= 1
     llama_server.wait_idle()
 
 
 def test_a_prompt_longer_than_the_server_context_fails_clearly(llama_server: LlamaServer) -> None:
     bridge, collector = connected(local_remote(llama_server))
     bridge.generate([("user", "hello " * (SERVER_N_CTX + 100))], SHORT)
-    failed = collector.wait_for((GenerationFailed, GenerationFinished))
-    assert isinstance(failed, GenerationFailed)
-    assert "local closed the stream without a reply" in failed.error and "\n" not in failed.error
+    failed = collector.wait_for((Failed, Finished))
+    assert isinstance(failed, Failed)
+    assert "local closed the stream without a reply" in failed.message and "\n" not in failed.message
 
 
 def test_an_unknown_model_is_refused_when_connecting(llama_server: LlamaServer) -> None:
     collector = Collector()
     RemoteBridge(collector, local_remote(llama_server), "no-such-model").connect()
-    failed = collector.wait_for((ModelLoadFailed, ModelLoaded))
-    assert isinstance(failed, ModelLoadFailed)
-    assert failed.error == "local does not serve 'no-such-model'; it serves tiny"
+    failed = collector.wait_for((Failed, Loaded))
+    assert isinstance(failed, Failed) and collector.answers[collector.events.index(failed)] == "load"
+    assert failed.message == "local does not serve 'no-such-model'; it serves tiny"
 
 
 def test_connection_refused() -> None:
@@ -202,10 +196,10 @@ def test_connection_refused() -> None:
     collector = Collector()
     bridge = RemoteBridge(collector, remote, "any")
     bridge.connect()
-    failed = collector.wait_for(ModelLoadFailed)
-    assert "connection refused (is the server running?)" in failed.error
+    failed = collector.wait_for(Failed, answers="load")
+    assert "connection refused (is the server running?)" in failed.message
     bridge.generate([("user", "hi")], SHORT)
-    assert "connection refused" in collector.wait_for(GenerationFailed).error
+    assert "connection refused" in collector.wait_for(Failed, answers="").message
 
 
 # ----- stdlib servers: what a real server cannot be made to do ---------------------------------------------
@@ -227,12 +221,12 @@ def fake_server() -> Iterator[Callable[..., FakeServer]]:
 def test_llama_server_timings_and_reasoning_are_used(fake_server: Callable[..., FakeServer]) -> None:
     server = fake_server("replay")
     bridge, collector = connected(RemoteSettings("box", server.url))
-    assert bridge.n_ctx == 2048
+    assert bridge.client.n_ctx == 2048
     bridge.generate([("user", "hi")], SamplingSettings())
-    finished = collector.wait_for(GenerationFinished)
+    finished = collector.wait_for(Finished)
     assert collector.text() == "Hello there!"
-    assert "".join(m.reasoning for m in collector.of(TokensArrived)) == "The user says hi. Answer briefly."
-    stats = finished.stats
+    assert "".join(m.reasoning for m in collector.of(TokenChunk)) == "The user says hi. Answer briefly."
+    stats = finished.stats.to_dict()
     assert finished.stop_reason == "eos" and stats["timings_from"] == "server"
     assert (stats["generated_tokens"], stats["decode_tps"], stats["decode_ms"]) == (5, 125.0, 40.0)
     assert (stats["prompt_tokens"], stats["prompt_tokens_cached"], stats["prompt_tps"]) == (14, 3, 880.0)
@@ -250,22 +244,22 @@ def test_a_401_names_the_key_without_showing_it(
     collector = Collector()
     bridge = RemoteBridge(collector, remote, "fake-model")
     bridge.connect()
-    failed = collector.wait_for(ModelLoadFailed)
-    assert failed.error == (
+    failed = collector.wait_for(Failed, answers="load")
+    assert failed.message == (
         "box answered 401 Unauthorized: Invalid API key (check the API key: $TEST_REMOTE_KEY (set))"
     )
     assert server.requests[0][1]["Authorization"] == "Bearer sk-secret-from-env"  # the variable wins
     bridge.generate([("user", "hi")], SHORT)
-    assert "401" in collector.wait_for(GenerationFailed).error
+    assert "401" in collector.wait_for(Failed, answers="").message
     assert "sk-secret" not in repr(remote) and "sk-secret" not in remote.masked_key()
 
 
 def test_a_json_error_body_becomes_one_line(fake_server: Callable[..., FakeServer]) -> None:
     bridge, collector = connected(RemoteSettings("box", fake_server("500").url))
     bridge.generate([("user", "hi")], SHORT)
-    failed = collector.wait_for(GenerationFailed)
-    assert failed.error == "box answered 500 Internal Server Error: CUDA out of memory"
-    assert not collector.of(TokensArrived)
+    failed = collector.wait_for(Failed)
+    assert failed.message == "box answered 500 Internal Server Error: CUDA out of memory"
+    assert not collector.of(TokenChunk)
 
 
 @pytest.mark.parametrize(
@@ -280,20 +274,20 @@ def test_a_broken_stream_fails_and_keeps_the_partial_reply(
 ) -> None:
     bridge, collector = connected(RemoteSettings("box", fake_server(behaviour).url))
     request_id = bridge.generate([("user", "hi")], SHORT)
-    failed = collector.wait_for(GenerationFailed)
-    assert (failed.request_id, failed.error) == (request_id, message)
+    failed = collector.wait_for(Failed)
+    assert (failed.request_id, failed.message) == (request_id, message)
     assert collector.text() in ("Partial reply", "Half")
-    assert collector.messages.index(collector.of(TokensArrived)[-1]) < collector.messages.index(failed)
+    assert collector.events.index(collector.of(TokenChunk)[-1]) < collector.events.index(failed)
 
 
 def test_cancel_while_the_server_is_silent(fake_server: Callable[..., FakeServer]) -> None:
     server = fake_server("stall")
     bridge, collector = connected(RemoteSettings("box", server.url))
     request_id = bridge.generate([("user", "hi")], SHORT)
-    collector.wait_for(TokensArrived)
-    collector.wait_for(GenerationStatsUpdated)
+    collector.wait_for(TokenChunk)
+    collector.wait_for(ReplyStats)
     bridge.cancel(request_id)
-    finished = collector.wait_for(GenerationFinished, timeout=2.0)
+    finished = collector.wait_for(Finished, timeout=2.0)
     assert finished.stop_reason == "cancelled" and collector.text() == "Thinking"
     assert server.disconnected.wait(5.0)
 
@@ -301,14 +295,14 @@ def test_cancel_while_the_server_is_silent(fake_server: Callable[..., FakeServer
 def test_what_a_remote_cannot_do_is_refused_clearly(fake_server: Callable[..., FakeServer]) -> None:
     bridge, collector = connected(RemoteSettings("box", fake_server("replay").url))
     bridge.set_speculative(SpeculativeParams())
-    assert collector.wait_for(SpeculativeConfigured).drafters == ()
+    assert collector.wait_for(SpeculativeSet).drafters == ()
     bridge.set_speculative(SpeculativeParams(types=("ngram-simple",)))
     bridge.set_steering((SteeringEntry("/v/happy.gguf", 0.5),))
     bridge.set_steering(())
     bridge.make_vector("prompts.json", "out.gguf")
-    failures = collector.of(EngineRequestFailed)
-    assert [f.kind for f in failures] == ["speculative", "steering", "vector"]
-    assert all("remote server" in f.error for f in failures)
+    failures = collector.of(Failed)
+    assert [a for a in collector.answers if a] == ["speculative", "steering", "vector"]
+    assert len(failures) == 3 and all("remote server" in f.message for f in failures)
     assert bridge.pid is None
 
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from app.core import remote_engine as remote_engine_module
 from app.core.config import RemoteSettings, SamplingSettings
-from app.tui import remote_bridge as remote_module
-from app.tui.messages import GenerationFailed, GenerationFinished, ModelLoaded, TokensArrived
-from app.tui.remote_bridge import MAX_SSE_LINE, RemoteBridge, RemoteError, list_models
+from app.core.remote_http import MAX_SSE_LINE, RemoteError, list_models
+from app.tui.remote_bridge import RemoteBridge
+from engine_ext.protocol import Failed, Finished, Loaded, TokenChunk
 from tests.fakes import Collector
 from tests.quiet_http import QuietHTTPServer
 
@@ -164,10 +165,10 @@ def test_an_endless_stream_fails_the_reply_in_one_line(hostile: type[HostileServ
     bridge = RemoteBridge(collector, server.remote, "m", connect_timeout_s=5.0, read_timeout_s=10.0)
     try:
         bridge.connect()
-        collector.wait_for(ModelLoaded, timeout=15)
+        collector.wait_for(Loaded, timeout=15)
         bridge.generate([("user", "hi")], SamplingSettings(temperature=0.0, max_tokens=4))
-        failed = collector.wait_for(GenerationFailed, timeout=30)
-        assert said in failed.error and "\n" not in failed.error and len(failed.error) <= 300
+        failed = collector.wait_for(Failed, timeout=30)
+        assert said in failed.message and "\n" not in failed.message and len(failed.message) <= 300
         assert server.sent < 64 * 1024 * 1024
     finally:
         bridge.close()
@@ -190,14 +191,14 @@ def test_json_values_are_counted_outside_strings_only() -> None:
 def ask(
     server: HostileServer, max_tokens: int = 8, wait_s: float = 30.0, read_timeout_s: float = 10.0
 ) -> tuple[Any, Collector]:
-    """One reply from `server`: its GenerationFinished or GenerationFailed, and everything posted."""
+    """One reply from `server`: its Finished or Failed, and everything posted."""
     collector = Collector()
     bridge = RemoteBridge(collector, server.remote, "m", connect_timeout_s=5.0, read_timeout_s=read_timeout_s)
     try:
         bridge.connect()
-        collector.wait_for(ModelLoaded, timeout=15)
+        collector.wait_for(Loaded, timeout=15)
         bridge.generate([("user", "hi")], SamplingSettings(temperature=0.0, max_tokens=max_tokens))
-        return collector.wait_for((GenerationFinished, GenerationFailed), timeout=wait_s), collector
+        return collector.wait_for((Finished, Failed), timeout=wait_s), collector
     finally:
         bridge.close()
 
@@ -210,47 +211,47 @@ def assert_one_clean_line(text: str) -> None:
 def test_a_stream_without_text_ends_at_the_stall_limit(hostile: type[HostileServer], behaviour: str) -> None:
     server = hostile(behaviour)
     failed, _ = ask(server)
-    assert isinstance(failed, GenerationFailed), failed
-    assert "sent no text for 1 s" in failed.error and "stall_timeout_s" in failed.error
-    assert_one_clean_line(failed.error)
+    assert isinstance(failed, Failed), failed
+    assert "sent no text for 1 s" in failed.message and "stall_timeout_s" in failed.message
+    assert_one_clean_line(failed.message)
 
 
 def test_silence_after_text_is_a_stall_too(hostile: type[HostileServer]) -> None:
     server = hostile("scripted")
     server.script = event("Hello") + b": ping\n\n"
     failed, collector = ask(server)
-    assert isinstance(failed, GenerationFailed) and "sent no text for 1 s" in failed.error, failed
+    assert isinstance(failed, Failed) and "sent no text for 1 s" in failed.message, failed
     assert collector.text() == "Hello"  # the text so far is kept
 
 
 def test_endless_tokens_without_max_tokens_stop_at_the_cap(
     hostile: type[HostileServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote_module, "MAX_REPLY_TOKENS", 3000)
+    monkeypatch.setattr(remote_engine_module, "MAX_REPLY_TOKENS", 3000)
     server = hostile("one-token")
     failed, collector = ask(server, max_tokens=0)
-    assert isinstance(failed, GenerationFailed), failed
-    assert "more than the 3000 tokens llmtui takes in one reply" in failed.error
-    assert 3000 <= len(collector.text()) <= 3000 + remote_module.TOKEN_SLACK + 1
+    assert isinstance(failed, Failed), failed
+    assert "more than the 3000 tokens llmtui takes in one reply" in failed.message
+    assert 3000 <= len(collector.text()) <= 3000 + remote_engine_module.TOKEN_SLACK + 1
 
 
 def test_endless_characters_stop_at_the_cap(hostile: type[HostileServer], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote_module, "MAX_REPLY_CHARS", 100_000)
+    monkeypatch.setattr(remote_engine_module, "MAX_REPLY_CHARS", 100_000)
     server = hostile("scripted")
     server.script = event("y" * 60_000) * 3
     failed, collector = ask(server, max_tokens=0)
-    assert isinstance(failed, GenerationFailed) and "M characters in one reply" in failed.error, failed
+    assert isinstance(failed, Failed) and "M characters in one reply" in failed.message, failed
     assert len(collector.text()) == 120_000
 
 
 def test_dripping_headers_are_cut_off_like_a_dripping_line(
     hostile: type[HostileServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote_module, "HEADER_TIME_S", 1.0)
+    monkeypatch.setattr(remote_engine_module, "HEADER_TIME_S", 1.0)
     server = hostile("drip-headers")
     failed, _ = ask(server)
-    assert isinstance(failed, GenerationFailed), failed
-    assert "took longer than the 1 s limit to send the reply's headers" in failed.error
+    assert isinstance(failed, Failed), failed
+    assert "took longer than the 1 s limit to send the reply's headers" in failed.message
     assert server.sent < 60  # the read timeout (10 s) did not apply
 
 
@@ -259,7 +260,7 @@ def test_a_lone_surrogate_in_a_delta_becomes_a_replacement_character(hostile: ty
     server.script = event(raw='{"choices":[{"delta":{"content":"a\\ud800b\\udc00"}}]}') + event("", "stop")
     server.script += b"data: [DONE]\n\n"
     finished, collector = ask(server)
-    assert isinstance(finished, GenerationFinished), finished
+    assert isinstance(finished, Finished), finished
     assert collector.text() == "a\ufffdb\ufffd"
     collector.text().encode("utf-8")
 
@@ -326,12 +327,12 @@ def test_fuzzed_remote_streams_end_in_a_reply_or_one_clean_line(hostile: type[Ho
         server = hostile("scripted")
         server.script = _fuzzed_stream(rng)
         outcome, collector = ask(server, max_tokens=rng.choice([0, 8]), read_timeout_s=2.0)
-        if isinstance(outcome, GenerationFailed):
-            assert_one_clean_line(outcome.error)
+        if isinstance(outcome, Failed):
+            assert_one_clean_line(outcome.message)
         else:
             assert isinstance(outcome.stop_reason, str) and outcome.stop_reason.isprintable()
         collector.text().encode("utf-8")
-        "".join(m.reasoning for m in collector.of(TokensArrived)).encode("utf-8")
+        "".join(m.reasoning for m in collector.of(TokenChunk)).encode("utf-8")
         outcomes[type(outcome).__name__] = outcomes.get(type(outcome).__name__, 0) + 1
         server.stopping.set()
-    assert outcomes.get("GenerationFailed", 0) and outcomes.get("GenerationFinished", 0), outcomes
+    assert outcomes.get("Failed", 0) and outcomes.get("Finished", 0), outcomes

@@ -106,8 +106,8 @@ async def remote_dialog(pilot: Pilot[Any]) -> None:
 async def switcher_remotes(pilot: Pilot[Any]) -> None:
     """The switcher with two remote engines: one lists its models, one cannot be reached (shown inline)."""
     from app.core.model_list import local_models
+    from app.core.remote_http import RemoteError, RemoteModel
     from app.tui.modals.model_switcher import ModelSwitcherModal
-    from app.tui.remote_bridge import RemoteError, RemoteModel
 
     def lister(remote: RemoteSettings) -> list[RemoteModel]:
         if remote.name == "gpu-box":

@@ -15,9 +15,10 @@ from rich.style import Style
 from textual.app import App, ComposeResult
 from textual.message import Message
 
+from app.core.engine import ReplyStats
 from app.tui.bridge import CPU_SAMPLE_S, EngineBridge
-from app.tui.bridge_recovery import ReplyInFlight
-from app.tui.messages import GenerationStatsUpdated
+from app.tui.messages import EngineMessage
+from app.tui.streaming import ReplyInFlight
 from app.tui.widgets.status import StatsBar
 from engine_ext.client import EngineClient
 from engine_ext.cpu import CpuContention, CpuLoad
@@ -196,8 +197,9 @@ def test_the_bridge_samples_once_a_second_per_reply_with_the_engines_threads(tmp
     def posted_cpu(now: float, reply: ReplyInFlight = generation) -> CpuLoad | None:
         bridge._post_stats(reply, now)
         last = target.posted[-1]
-        assert isinstance(last, GenerationStatsUpdated) and last.request_id == reply.request_id
-        return last.cpu
+        assert isinstance(last, EngineMessage) and isinstance(last.event, ReplyStats)
+        assert last.event.request_id == reply.request_id
+        return last.event.cpu
 
     assert posted_cpu(101.0) is None  # the reply's first sample is a baseline (the time before was not its)
     assert posted_cpu(101.5) is None and len(sampler.pids) == 1  # not a second yet: not sampled again
@@ -218,7 +220,8 @@ def test_a_bridge_without_a_sampler_measures_nothing(tmp_path: Path) -> None:
     generation = ReplyInFlight(1, 100.0, first_token_at=100.5, n_tokens=5)
     for now in (101.0, 102.5, 104.0):
         bridge._post_stats(generation, now)
-    assert all(isinstance(m, GenerationStatsUpdated) and m.cpu is None for m in target.posted)
+    assert all(isinstance(m, EngineMessage) and isinstance(m.event, ReplyStats) for m in target.posted)
+    assert all(m.event.cpu is None for m in target.posted if isinstance(m, EngineMessage))
 
 
 # ----- through the app: a reply streamed by a scripted engine -----

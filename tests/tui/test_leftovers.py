@@ -17,7 +17,6 @@ from app.core.paths import steering_dir
 from app.core.speculation_facts import short_summary
 from app.core.store import open_default_store
 from app.tui.app import LlmtuiApp
-from app.tui.messages import SpeculativeStatsUpdated, SteeringApplied
 from app.tui.screens.ab_run import ABRunScreen
 from app.tui.screens.spec_check import Side, SpecCheckScreen, verdict
 from app.tui.screens.steering import HeatStrip
@@ -27,6 +26,7 @@ from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.spec_meter import SpecMeter
 from engine_ext.protocol import SteeringSet
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+from tests.fakes import engine_message, speculative_event
 from tests.pilot import chat_of, loaded, make_app, seeded  # noqa: F401 (seeded: fixture)
 from tests.tui.test_tui_models import (
     GATED,
@@ -103,7 +103,7 @@ async def test_after_one_message_the_stats_bar_marks_the_speedup_as_unmeasured_n
             return chat.stats.render().plain
 
         async def reply(tps: float) -> None:
-            app.post_message(SpeculativeStatsUpdated(replace(STATS, effective_tps=tps), final=True))
+            app.post_message(engine_message(app, speculative_event(replace(STATS, effective_tps=tps), final=True)))
             await wait_until(
                 pilot, lambda: app.speculation.stats is not None and app.speculation.stats.effective_tps == tps
             )
@@ -265,7 +265,7 @@ async def test_the_heat_strip_fills_only_when_a_slider_reaches_its_own_range(tin
         slider.focus()
         await type_strength(pilot, "20")  # the slider's end
         assert app.config.steering.strengths == (20.0,)
-        app.post_message(SteeringApplied(SteeringSet(True, 1, 3, tuple(20 * n for n in PEAKED), (1, 2, 3))))
+        app.post_message(engine_message(app, SteeringSet(True, 1, 3, tuple(20 * n for n in PEAKED), (1, 2, 3))))
         await wait_until(pilot, lambda: heat.layer_norms[-1] == 80.0, what="the engine's answer shown")
         assert abs(heat.full - 80.0) < 1e-3
         assert _cells(heat) == "▁▁█"  # at its range's end, its strongest layer is full

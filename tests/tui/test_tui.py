@@ -718,7 +718,8 @@ def test_only_the_bridge_imports_both_the_engine_client_and_textual() -> None:
     both = []
     for path in root.rglob("*.py"):
         text = path.read_text()
-        if "engine_ext.client" in text and ("from textual" in text or "import textual" in text):
+        textual = "from textual" in text or "import textual" in text or "app.tui.messages" in text  # EngineMessage
+        if "engine_ext.client" in text and textual:
             both.append(path.name)
     assert sorted(both) == ["bridge.py", "bridge_recovery.py"]  # the bridge, and its crash recovery
 
@@ -758,15 +759,18 @@ async def test_the_notices_after_a_crash_recovery_leave_the_stream_and_the_stats
 ) -> None:
     """Issue 37 item 4: the chat's toasts are at the top right (as on the models screen), so the recovery notice and
     the load notice after it no longer cover the reply's last lines, the message box and the stats bar."""
-    from app.tui.messages import EngineRecovering
+    from app.core.engine import Recovering
     from app.tui.widgets.status import StatsBar
     from engine_ext.recovery import retry_notice
+    from tests.fakes import engine_message
 
     app = LlmtuiApp(str(tiny_models["llama"]), start_engine=False)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await wait_until(pilot, lambda: app.started and app.screen is app.chat, "the chat shown")
         chat = chat_of(app)
-        app.post_message(EngineRecovering(retry_notice("AMX", ("AVX512",), "F3 settings: Repack weights.")))
+        app.post_message(
+            engine_message(app, Recovering(retry_notice("AMX", ("AVX512",), "F3 settings: Repack weights.")))
+        )
         app.notify("Loaded tiny-llama (CPU, context 2048) in 0.1 s.")
         await wait_until(pilot, lambda: len(chat.query("Toast")) == 2, "the two notices shown")
         await pilot.pause()

@@ -19,7 +19,6 @@ from app.core.config import ConfigError, SamplingSettings, SpeculativeSettings, 
 from app.core.speculation_facts import find_sidecars, load_options, short_summary, sparkline, supported_types
 from app.core.store import open_default_store
 from app.tui.app import LlmtuiApp
-from app.tui.messages import SpeculativeStatsUpdated, TokensArrived
 from app.tui.modals.pick import PickModal
 from app.tui.modals.speculative import SpeculativeModal
 from app.tui.screens.spec_check import Side, SpecCheckScreen, first_difference, run_to_run_noise, side_text, verdict
@@ -27,6 +26,7 @@ from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.spec_meter import SpecMeter
 from engine_ext.protocol import DrafterReport, SpeculativeStats
+from tests.fakes import drafted_chunk, engine_message, speculative_event
 from tests.pilot import (  # noqa: F401 (seeded: fixture)
     MODEL,
     SIZES,
@@ -317,11 +317,11 @@ async def test_a_fixed_type_that_slows_a_reply_down_is_said_once() -> None:
             ("ngram-simple", replace(slow, steps=3), True),
         ):  # too short to tell
             app.config = replace(app.config, speculative=SpeculativeSettings(enabled=True, spec_type=spec_type))
-            app.post_message(SpeculativeStatsUpdated(stats, final=final))
+            app.post_message(engine_message(app, speculative_event(stats, final=final)))
             await pilot.pause()
         assert warnings() == []
         for _ in range(2):
-            app.post_message(SpeculativeStatsUpdated(slow, final=True))
+            app.post_message(engine_message(app, speculative_event(slow, final=True)))
             await pilot.pause()
         assert len(warnings()) == 1 and warnings()[0].startswith(
             "ngram-simple made this reply slower than plain decoding (0.60×, 74% of drafted tokens accepted)"
@@ -778,7 +778,7 @@ def _check(diverge: bool) -> Any:
             ),
         ):
             check.running = side
-            check.tokens(TokensArrived(7, reply, "", 24, spans))
+            check.tokens(drafted_chunk(7, reply, spans))
             check.sides[side].tokens, check.sides[side].tokens_per_s = 24, speed
         check.running = None
         check.side_stats["b"] = STATS

@@ -20,7 +20,7 @@ from app.core.model_paths import starter_model_path
 from app.core.paths import steering_dir
 from app.core.vectors import phase_eta, vector_progress_text
 from app.tui.app import LlmtuiApp
-from app.tui.messages import SteeringApplied, VectorProgressed
+from app.tui.messages import EngineMessage
 from app.tui.modals.make_vector import MakeVectorModal, bar_steps
 from app.tui.modals.text_prompt import PathPromptModal
 from app.tui.screens.chat_screen import ChatScreen
@@ -34,8 +34,9 @@ from app.tui.screens.steering import (
 )
 from app.tui.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
 from app.tui.widgets.prompt_input import PromptInput
-from engine_ext.protocol import SpeculativeStats, SteeringSet
+from engine_ext.protocol import SpeculativeStats, SteeringSet, VectorProgress
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+from tests.fakes import engine_message
 from tests.pilot import (  # noqa: F401 (seeded: fixture)
     MODEL,
     SIZES,
@@ -159,12 +160,12 @@ async def test_enter_on_a_slider_types_a_strength_past_its_range() -> None:
 @pytest.mark.usefixtures("app_dirs")
 async def test_make_dialog_makes_a_vector_with_progress_and_it_gets_a_slider(tiny_models: dict[str, Path]) -> None:
     user_prompt_set()
-    progress: list[VectorProgressed] = []
+    progress: list[VectorProgress] = []
     app = LlmtuiApp(str(tiny_models["llama"]))
 
     def hook(message: Message) -> None:
-        if isinstance(message, VectorProgressed):
-            progress.append(message)
+        if isinstance(message, EngineMessage) and isinstance(message.event, VectorProgress):
+            progress.append(message.event)
 
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         await ready(pilot)
@@ -218,21 +219,21 @@ async def test_make_dialog_shows_each_phase_with_its_eta_and_no_full_bar_before_
         dialog.query_one("#make-progress").display = True
         status, bar = dialog.query_one("#make-status", Label), dialog.query_one("#make-progress", ProgressBar)
 
-        async def shown(event: VectorProgressed, text: str) -> None:
-            app.post_message(event)
+        async def shown(event: VectorProgress, text: str) -> None:
+            app.post_message(engine_message(app, event))
             await wait_until(pilot, lambda: text in str(status.render()), what=text)
 
-        await shown(VectorProgressed(0, 16, "evaluating", 0.0, 0.0), "Evaluating pair 1 of 16 · measuring the rate")
-        await shown(VectorProgressed(4, 16, "evaluating", 2.0, 4 / 46), "Evaluating pair 5 of 16 · about 6 s left")
+        await shown(VectorProgress(0, 16, "evaluating", 0.0, 0.0), "Evaluating pair 1 of 16 · measuring the rate")
+        await shown(VectorProgress(4, 16, "evaluating", 2.0, 4 / 46), "Evaluating pair 5 of 16 · about 6 s left")
         assert "in this phase" in str(status.render()) and (bar.progress, bar.total) == (87, 1000)
         assert "Making tiny-llama-tiny-mood.gguf" in str(dialog.query_one("#make-title", Label).render())
         # The pairs are done; the directions take most of the time on a wide model: layer by layer, with an ETA.
-        await shown(VectorProgressed(0, 29, "directions", 0.0, 16 / 46), "Computing directions: layer 1 of 29")
-        await shown(VectorProgressed(10, 29, "directions", 20.0, 26 / 46), "layer 11 of 29 · about 38 s left")
-        await shown(VectorProgressed(29, 29, "directions", 58.0, 45 / 46), "layer 29 of 29 · done")
+        await shown(VectorProgress(0, 29, "directions", 0.0, 16 / 46), "Computing directions: layer 1 of 29")
+        await shown(VectorProgress(10, 29, "directions", 20.0, 26 / 46), "layer 11 of 29 · about 38 s left")
+        await shown(VectorProgress(29, 29, "directions", 58.0, 45 / 46), "layer 29 of 29 · done")
         assert bar.progress == 978  # shown as 98%, not 100%, while the file is still to be written
-        await shown(VectorProgressed(0, 1, "writing", 0.0, 45 / 46), "Writing the file")
-        await shown(VectorProgressed(1, 1, "writing", 0.01, 1.0), "Written")
+        await shown(VectorProgress(0, 1, "writing", 0.0, 45 / 46), "Writing the file")
+        await shown(VectorProgress(1, 1, "writing", 0.01, 1.0), "Written")
         assert bar.progress == 1000
 
 
@@ -259,10 +260,10 @@ async def test_the_panel_leaves_the_reply_in_view_and_a_slider_move_applies_whil
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4000))
 
     def hook(message: Message) -> None:
-        if isinstance(message, SteeringApplied) and message.applied.active:
+        if isinstance(message, EngineMessage) and isinstance(message.event, SteeringSet) and message.event.active:
             chat = app.chat
             if chat is not None and chat.generation is not None:
-                acknowledged_while_writing.append(message.applied)
+                acknowledged_while_writing.append(message.event)
 
     async with app.run_test(size=size, message_hook=hook) as pilot:
         chat = await ready(pilot)
@@ -637,7 +638,8 @@ def _make_scene(tiny: Path) -> Any:
 
 def _ab_scene(tiny: Path) -> Any:
     async def run(pilot: Pilot[Any]) -> None:
-        from app.tui.messages import GenerationFinished, TokensArrived
+        from engine_ext.protocol import Finished, GenerationStats
+        from tests.fakes import drafted_chunk
 
         app = pilot.app
         assert isinstance(app, LlmtuiApp)
@@ -653,9 +655,10 @@ def _ab_scene(tiny: Path) -> Any:
             ("b", "It was wonderful! The sun was out and everyone smiled.", _stats(10, 40, 12, 1.1)),
         ):
             ab.running = side
-            ab.tokens(TokensArrived(1, text, "", 12))
+            ab.tokens(drafted_chunk(1, text))
             ab.side_stats[side] = stats
-            ab.side_finished(side, GenerationFinished(1, "eos", {"decode_tps": 50.0 * stats.speedup}, ()))
+            decoded = GenerationStats(0, 0, 0, 0.0, 101, 100_000 / (50.0 * stats.speedup), 0.0, 0, 0)  # 100 decodes
+            ab.side_finished(side, Finished(1, "eos", decoded))
         ab.running = None
         ab.completed()
         await pilot.pause()

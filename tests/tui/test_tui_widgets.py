@@ -22,7 +22,7 @@ from textual.widgets import Static
 
 from app.core.store import Message as StoredMessage
 from app.tui.bridge import EngineBridge
-from app.tui.messages import TokensArrived
+from app.tui.messages import EngineMessage
 from app.tui.streaming import chunk_draft_spans
 from app.tui.textual_internals.compositor import CroppedCompositor
 from app.tui.widgets.draft_provenance import (
@@ -228,9 +228,9 @@ def test_bridge_batches_draft_spans_relative_to_the_batched_text(tmp_path: Path)
     bridge._tokens(TokenChunk(3, "world", "", (3,), ("ngram-mod",), (5,)))
     bridge._tokens(TokenChunk(3, "!", "", (4,), ("target",), (1,)))
     bridge._flush_tokens(force=True)
-    arrived = [message for message in posted if isinstance(message, TokensArrived)]
-    assert len(arrived) == 1 and arrived[0].text == "Hello world!"
-    assert arrived[0].draft_spans == ((2, 11, "ngram-mod"),) and arrived[0].text[2:11] == "llo world"
+    arrived = [m.event for m in posted if isinstance(m, EngineMessage) and isinstance(m.event, TokenChunk)]
+    assert len(arrived) == 1 and arrived[0].text == "Hello world!" and arrived[0].token_ids == (1, 2, 3, 4)
+    assert chunk_draft_spans(arrived[0]) == [(2, 11, "ngram-mod")] and arrived[0].text[2:11] == "llo world"
 
 
 async def test_draft_colouring_of_the_live_reply_and_the_finished_message() -> None:

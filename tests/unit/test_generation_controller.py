@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.config import SamplingSettings
+from app.core.engine import EngineCapabilities
 from app.core.generation import GenerationController, GenerationRouter
 from app.core.store import Store
 from engine_ext.protocol import ChatMessage
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class Engine:
     """Takes requests like EngineBridge/RemoteBridge and keeps them (ids from 1); `tools` of each in `self.tools`."""
 
-    takes_tools = True
+    capabilities = EngineCapabilities(loads_files=True, tools=True)
 
     def __init__(self) -> None:
         self.requests: list[tuple[list[Any], SamplingSettings, bool]] = []

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import paths
+from app.core.engine import EngineCapabilities
 from app.core.generation import GenerationController, GenerationRouter
 from app.core.generation.tools import ConsentAnswer, reply_rounds
 from app.core.store import Store
@@ -137,7 +138,7 @@ def test_stored_calls_survive_a_round_trip_and_damaged_entries_are_left_out() ->
 def test_a_remote_engine_is_offered_no_tools(tmp_path: Path) -> None:
     with Store(tmp_path / "history.db") as store:
         host = Host(store)
-        host.bridge.takes_tools = False
+        host.bridge.capabilities = EngineCapabilities(loads_files=False)
         replies = GenerationController(host, GenerationRouter())
         conversation = replies.ensure_conversation(None)
         store.conversations.update_settings(conversation.id, settings={"tools": "builtin"})

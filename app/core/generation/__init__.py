@@ -3,7 +3,6 @@ asked for it (`routing`). Neither imports Textual: the TUI, the CLI and an API s
 
 from app.core.generation.core import (
     ActiveReply,
-    Engine,
     GenerationController,
     GenerationHost,
     conversation_sampling,
@@ -14,7 +13,6 @@ from app.core.generation.routing import GenerationOwner, GenerationRouter
 
 __all__ = [
     "ActiveReply",
-    "Engine",
     "GenerationController",
     "GenerationHost",
     "GenerationOwner",

@@ -32,32 +32,12 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
     from pathlib import Path
 
+    from app.core.engine import Engine
     from app.core.generation.routing import GenerationRouter
     from app.core.generation.tools import Ask
     from app.core.store import Conversation, JSONObject, Message, MessageState, Store, StoredImage
     from app.core.tools.loop import CallRecord
     from engine_ext.protocol import ToolCall
-
-
-class Engine(Protocol):
-    """What a reply needs of an engine (EngineBridge and RemoteBridge are two)."""
-
-    def generate(
-        self,
-        messages: Sequence[tuple[str, str] | ChatMessage],
-        sampling: SamplingSettings,
-        *,
-        continue_reply: bool = False,
-        tools: str | None = None,
-    ) -> int:
-        """Queue a generation; its request id (carried by every event of that request). `tools`: OpenAI-shaped
-        definitions offered to the model (an engine that cannot take them refuses the request)."""
-
-    def cancel(self, request_id: int) -> None:
-        """Stop the request; it still ends with a finished event (stop reason "cancelled")."""
-
-    def end_thinking(self, request_id: int) -> bool:
-        """Stop the request's thinking now (it answers); whether this engine can."""
 
 
 class GenerationHost(Protocol):
@@ -391,7 +371,7 @@ class GenerationController(Generic[OwnerT]):
     @property
     def takes_tools(self) -> bool:
         """Whether the engine in use reads tool calls back (the app's own does; a remote one is offered none)."""
-        return bool(getattr(self.host.bridge, "takes_tools", False))
+        return self.host.bridge.capabilities.tools
 
     async def prepare_tools(self, conversation_id: int) -> str | None:
         """Make the conversation's tools before its reply begins (in a thread: an MCP server may be started); a line

@@ -13,16 +13,14 @@ if TYPE_CHECKING:
     from textual.notifications import SeverityLevel
 
     from app.core.config import Config, RemoteSettings
-    from app.tui.bridge import EngineBridge
-    from app.tui.messages import ModelSummary
-    from app.tui.remote_bridge import RemoteBridge
+    from app.core.engine import Engine, ModelSummary
 
 
 class Host(Protocol):
     """The App as the steering controller sees it (and what every controller gets)."""
 
     config: Config
-    bridge: EngineBridge | RemoteBridge
+    bridge: Engine
     model: ModelSummary | None
     model_path: str | None
 
@@ -80,10 +78,10 @@ class ModelsHost(WorkerHost, Protocol):
 
     def set_engine_state(self, state: str) -> None: ...
 
-    def local_bridge(self) -> EngineBridge:
+    def local_bridge(self) -> Engine:
         """A new local engine bridge posting to the app."""
 
-    def remote_bridge(self, remote: RemoteSettings, model: str) -> RemoteBridge:
+    def remote_bridge(self, remote: RemoteSettings, model: str) -> Engine:
         """A new remote engine bridge posting to the app."""
 
 

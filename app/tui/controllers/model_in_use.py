@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.core.model_paths import usable_folders
+from app.core.remote_engine import RemoteChoice
 from app.core.speculation_facts import ModelFacts, find_drafts, model_facts
-from app.tui.remote_bridge import RemoteBridge, RemoteChoice
 from models_catalog.pairing import local_mmproj
 
 if TYPE_CHECKING:
     from app.core.config import EngineSettings
-    from app.tui.bridge import EngineBridge
+    from app.core.engine import Engine
     from app.tui.controllers.host import ModelsHost
     from app.tui.controllers.speculation import SpeculationController
     from models_catalog.drafts import DraftCandidate
@@ -34,22 +34,14 @@ class ModelsController:
 
     # ----- which engine -----
 
-    @property
-    def remote_engine(self) -> RemoteBridge | None:
-        bridge = self.host.bridge
-        return bridge if isinstance(bridge, RemoteBridge) else None
-
-    def replace_bridge(self, bridge: EngineBridge | RemoteBridge) -> None:
-        """Use `bridge` from now on; the old one is closed (a local worker in a thread, so its memory is freed
-        without holding up the UI)."""
+    def replace_bridge(self, bridge: Engine) -> None:
+        """Use `bridge` from now on; the old one is closed in a thread (a local worker's memory is freed without
+        holding up the UI); what it still posts is told apart by the engine it came from."""
         host = self.host
         old, host.bridge = host.bridge, bridge
-        if isinstance(old, RemoteBridge):
-            old.close()
-        else:
-            closing = threading.Thread(target=old.close, name="llmtui-close-engine", daemon=True)
-            closing.start()
-            self.closing.append(closing)
+        closing = threading.Thread(target=old.close, name="llmtui-close-engine", daemon=True)
+        closing.start()
+        self.closing.append(closing)
 
     def use_remote(self, choice: RemoteChoice) -> None:
         """Switch to a remote engine's model (the local engine is shut down; picking a local model starts it)."""
@@ -59,7 +51,7 @@ class ModelsController:
         host.model_path = choice.path
         host.model = None
         if host.start_engine:
-            remote.connect()
+            remote.load(choice.path, self.engine_settings())
         host.set_engine_state("loading")
 
     def join_closing(self, timeout_s: float) -> None:
@@ -70,7 +62,7 @@ class ModelsController:
 
     def load(self, path: Path) -> None:
         host = self.host
-        if isinstance(host.bridge, RemoteBridge):
+        if not host.bridge.capabilities.loads_files:
             self.replace_bridge(host.local_bridge())
         host.model_path = str(path)
         host.model = None
@@ -122,7 +114,7 @@ class ModelsController:
         mmproj: str = "",
     ) -> None:
         host = self.host
-        if path != host.model_path or isinstance(host.bridge, RemoteBridge):
+        if path != host.model_path or not host.bridge.capabilities.loads_files:
             return  # another model (or a server) was chosen meanwhile
         self.speculation.draft_sidecars, self.speculation.missing_drafts = sidecars, missing
         host.bridge.load(

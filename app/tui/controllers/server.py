@@ -63,10 +63,8 @@ class ServerController:
 
     def start(self) -> None:
         """Listen on the configured address (in a thread: binding waits up to a few seconds); one line if not."""
-        from app.tui.bridge import EngineBridge
-
         host, config = self.host, self.host.config.server
-        bridge = host.bridge
+        bridge = host.bridge.shared_engine()
         api_key = os.environ.get(config.api_key_env, "") if config.api_key_env else None
         if config.api_key_env and not api_key:
             host.notify(
@@ -82,7 +80,7 @@ class ServerController:
         if config.router:
             self._start_router()
             return
-        if not isinstance(bridge, EngineBridge):
+        if bridge is None:
             host.notify("The API server serves the app's own engine: ctrl+l back to it first.", severity="warning")
             return
         if host.model is None:

@@ -18,7 +18,8 @@ from textual.worker import Worker, WorkerState
 from app.core.config import RemoteSettings
 from app.core.model_list import LocalModel, describe_models, local_models
 from app.core.model_presets import serve_id
-from app.tui.remote_bridge import RemoteChoice, RemoteError, RemoteModel, list_models, remote_path
+from app.core.remote_engine import RemoteChoice, remote_path
+from app.core.remote_http import RemoteError, RemoteModel, list_models
 from engine_ext.gguf import format_bytes
 from engine_ext.untrusted_text import one_line
 

@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from app.core.config import REMOTE_STALL_TIMEOUT_S, ConfigError, RemoteSettings
-from app.tui.remote_bridge import RemoteError, RemoteModel, list_models
+from app.core.remote_http import RemoteError, RemoteModel, list_models
 from engine_ext.untrusted_text import one_line
 
 ModelLister = Callable[[RemoteSettings], list[RemoteModel]]

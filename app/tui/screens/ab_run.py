@@ -10,17 +10,11 @@ from textual.timer import Timer
 from textual.widgets import Label
 
 from app.core.config import SamplingSettings
-from app.tui.messages import (
-    GenerationFailed,
-    GenerationFinished,
-    GenerationStatsUpdated,
-    PromptProgressed,
-    TokensArrived,
-)
 from app.tui.widgets.prompt_input import PromptInput
-from engine_ext.protocol import SpeculativeStats
+from engine_ext.protocol import Failed, Finished, PromptProgress, SpeculativeStats, TokenChunk
 
 if TYPE_CHECKING:
+    from app.core.engine import ReplyStats
     from app.tui.shell import LlmtuiShell
 
 # Engine states a run waits out, and what it says it waits for.
@@ -134,22 +128,22 @@ class ABRunScreen(ModalScreen[None]):
     def owns(self, request_id: int | None) -> bool:
         return request_id is not None and request_id == self.request_id
 
-    def tokens(self, event: TokensArrived) -> None:
+    def tokens(self, event: TokenChunk) -> None:
         if self.running is not None and self.round == 0:
             self.add(self.running, event)
 
     # ----- generation events (the app routes this screen's requests here) -----
 
-    async def generation_tokens(self, event: TokensArrived) -> None:
+    async def generation_tokens(self, event: TokenChunk) -> None:
         self.tokens(event)
 
-    async def generation_finished(self, event: GenerationFinished) -> None:
+    async def generation_finished(self, event: Finished) -> None:
         self.finished(event)
 
-    async def generation_failed(self, event: GenerationFailed) -> None:
+    async def generation_failed(self, event: Failed) -> None:
         self.finished(event)
 
-    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+    def generation_progress(self, event: PromptProgress | ReplyStats) -> None:
         """The views show the text as it comes, not the speed."""
 
     def generation_stats(self, stats: SpeculativeStats) -> None:
@@ -165,16 +159,16 @@ class ABRunScreen(ModalScreen[None]):
         if self.running is not None and stats.request_id == self.request_id:
             self.side_stats[self.running] = stats
 
-    def finished(self, event: GenerationFinished | GenerationFailed) -> None:
+    def finished(self, event: Finished | Failed) -> None:
         side = self.running
         if side is None:
             return
         self.app.generation.router.release(self.request_id)
         self.request_id = None
-        if isinstance(event, GenerationFailed):
+        if isinstance(event, Failed):
             self.running = None
             self.restore()
-            self.hint(f"failed: {event.error} · Enter run · Esc close")
+            self.hint(f"failed: {event.message} · Enter run · Esc close")
             return
         self.side_finished(side, event)
         if side == "a":
@@ -222,10 +216,10 @@ class ABRunScreen(ModalScreen[None]):
         """Give the engine back the user's own setting."""
         raise NotImplementedError
 
-    def add(self, side: str, event: TokensArrived) -> None:
+    def add(self, side: str, event: TokenChunk) -> None:
         raise NotImplementedError
 
-    def side_finished(self, side: str, event: GenerationFinished) -> None:
+    def side_finished(self, side: str, event: Finished) -> None:
         """A side ended normally (before B starts, or before `completed`)."""
 
     def completed(self) -> None:

@@ -67,6 +67,11 @@ class ImageAttacher:
         if model is None:
             self._view.notify("No model is loaded. Press ctrl+l to pick a vision model.", severity="warning")
             return False
+        if not self.app.bridge.capabilities.images:
+            self._view.notify(
+                f"{one_line(model.name, 60)} is a server's model: llmtui sends it text only.", severity="warning"
+            )
+            return False
         if not model.sees_images:
             self._view.notify(
                 f"{one_line(model.name, 60)} cannot see images: it has no projector (mmproj). Put its mmproj .gguf "

@@ -11,23 +11,25 @@ import gc
 from typing import TYPE_CHECKING, Any, Final
 
 from app.core.generation import end_state
+from app.core.remote_engine import draft_summary
 from app.core.store import Message, StoreError
-from app.tui.messages import PromptProgressed
-from app.tui.remote_bridge import draft_summary
 from app.tui.screens.chat_documents import DocumentAttacher
 from app.tui.screens.chat_view import ChatView, branch_map
+from app.tui.streaming import chunk_draft_spans
 from app.tui.widgets.draft_provenance import draft_spans_from_stats
+from engine_ext.protocol import PromptProgress
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from app.core.engine import ReplyStats
     from app.core.generation.tools import ConsentAnswer
     from app.core.store import MessageState
     from app.core.tools.box import ToolEntry
     from app.core.tools.loop import CallRecord
-    from app.tui.messages import DraftSpan, GenerationFailed, GenerationFinished, GenerationStatsUpdated, TokensArrived
+    from app.tui.messages import DraftSpan
     from app.tui.shell import LlmtuiShell
-    from engine_ext.protocol import SpeculativeStats, ToolCall
+    from engine_ext.protocol import Failed, Finished, SpeculativeStats, TokenChunk, ToolCall
 
 IDLE_COLLECT_AFTER_S: Final = 2.0
 FULL_COLLECTIONS_PAUSED: Final = 1_000_000
@@ -170,9 +172,10 @@ class ChatReplies:
 
     # ----- the router's events for the chat's requests -----
 
-    async def generation_tokens(self, event: TokensArrived) -> None:
+    async def generation_tokens(self, event: TokenChunk) -> None:
         text = self.app.generation.visible(event.request_id, event.text)  # a tool call's markup is not shown
-        self._write_reply(event.request_id, text, event.reasoning, event.n_tokens, event.draft_spans, event.text)
+        spans = chunk_draft_spans(event)
+        self._write_reply(event.request_id, text, event.reasoning, len(event.token_ids), spans, event.text)
 
     def _write_reply(
         self, request_id: int, text: str, reasoning: str, n_tokens: int, spans: Sequence[DraftSpan], streamed: str
@@ -185,10 +188,10 @@ class ChatReplies:
             self._view.notify(f"Could not save the reply: {error}", severity="error")
         self._view.transcript.write_live(text, reasoning, spans if text == streamed else ())
 
-    def generation_progress(self, event: PromptProgressed | GenerationStatsUpdated) -> None:
+    def generation_progress(self, event: PromptProgress | ReplyStats) -> None:
         if not self.app.generation.owns(event.request_id):
             return
-        if isinstance(event, PromptProgressed):  # how far the prompt is read
+        if isinstance(event, PromptProgress):  # how far the prompt is read
             live = self._view.transcript.live
             if live is not None:
                 live.reading(event.done, event.total)
@@ -210,9 +213,10 @@ class ChatReplies:
     def generation_lost(self) -> None:
         """The engine died: the reply ends as failed (`generation_crashed`)."""
 
-    async def generation_finished(self, event: GenerationFinished) -> None:
+    async def generation_finished(self, event: Finished) -> None:
+        stats: dict[str, Any] = event.stats.to_dict()
         # A server's own speculative decoding (llama-server's timings: draft_n / draft_n_accepted).
-        summary = draft_summary(event.stats)
+        summary = draft_summary(stats)
         extras = {k: v for k, v in self._view.stats.extras.items() if k != "draft"}
         if summary:
             extras["draft"] = summary
@@ -220,10 +224,10 @@ class ChatReplies:
             self._view.stats.extras = extras
         if not self.app.generation.owns(event.request_id):
             return
-        self._view.stats.set_stats(event.stats)
+        self._view.stats.set_stats(stats)
         if await self._tool_calls_made(event):
             return
-        await self._end_generation(end_state(event.stop_reason), dict(event.stats, stop_reason=event.stop_reason))
+        await self._end_generation(end_state(event.stop_reason), dict(stats, stop_reason=event.stop_reason))
         self.app.set_engine_state("ready")
         for notice in event.notices:
             self._view.notify(notice, severity="warning")
@@ -234,7 +238,7 @@ class ChatReplies:
 
     # ----- tool calls (app/core/generation/tools.py) -----
 
-    async def _tool_calls_made(self, event: GenerationFinished) -> bool:
+    async def _tool_calls_made(self, event: Finished) -> bool:
         """Show what the filter held back of the reply's text; when it ended with calls to answer, start the tool
         round (in a worker: the consent dialog is awaited there) and say so."""
         replies = self.app.generation
@@ -246,7 +250,7 @@ class ChatReplies:
         self._view.run_worker(self._tool_round(event), group="tool-round", exit_on_error=False)
         return True
 
-    async def _tool_round(self, event: GenerationFinished) -> None:
+    async def _tool_round(self, event: Finished) -> None:
         reply = self.app.generation.active
         why = await self.app.generation.tool_round(event.tool_calls, self._ask_tool, self._show_call, self)
         if why is None or self.app.generation.active is not reply:  # it goes on with the results, or ended meanwhile
@@ -254,7 +258,8 @@ class ChatReplies:
         if why != "stopped":
             self._view.notify(why, severity="warning")
         state: MessageState = "stopped" if why == "stopped" else "complete"
-        await self._end_generation(state, dict(event.stats, stop_reason="cancelled" if state == "stopped" else "eos"))
+        stop_reason = "cancelled" if state == "stopped" else "eos"
+        await self._end_generation(state, dict(event.stats.to_dict(), stop_reason=stop_reason))
         self.app.set_engine_state("ready")
 
     async def _ask_tool(self, call: ToolCall, entry: ToolEntry) -> ConsentAnswer:
@@ -268,11 +273,11 @@ class ChatReplies:
         made = len(reply.tools.records) if reply is not None and reply.tools is not None else 0
         self._view.stats.extras = {**self._view.stats.extras, "tools": f"{made} call{'s' if made != 1 else ''}"}
 
-    async def generation_failed(self, event: GenerationFailed) -> None:
+    async def generation_failed(self, event: Failed) -> None:
         if self.app.generation.owns(event.request_id, unnamed=True):
-            await self._end_generation("error", {"error": event.error})
+            await self._end_generation("error", {"error": event.message})
             self.app.set_engine_state("ready" if self.app.model else "no model")
-        self._view.notify(f"Generation failed: {event.error}", severity="error", timeout=10)
+        self._view.notify(f"Generation failed: {event.message}", severity="error", timeout=10)
 
     async def generation_crashed(self, description: str) -> None:
         await self._end_generation("error", {"error": description})

@@ -17,9 +17,9 @@ from textual.widgets import Label, Static
 
 from app.core.config import SamplingSettings, SpeculativeSettings
 from app.core.speculation_facts import measurable, spread
-from app.tui.messages import GenerationFinished, TokensArrived
 from app.tui.screens.ab_run import ABRunScreen
-from engine_ext.protocol import REJECTED_PREFIX, SpeculativeStats
+from app.tui.streaming import chunk_draft_spans
+from engine_ext.protocol import REJECTED_PREFIX, Finished, SpeculativeStats, TokenChunk
 
 CHECK_SAMPLING = SamplingSettings(temperature=0.0, max_tokens=128)
 DEFAULT_PROMPT = "List the numbers from 1 to 30, one per line, then repeat the list."
@@ -41,11 +41,11 @@ class Side:
     speeds: list[float] = field(default_factory=list)
     """Each round's decode speed (tokens/s)."""
 
-    def add(self, event: TokensArrived) -> None:
+    def add(self, event: TokenChunk) -> None:
         base = len(self.text)
         self.draft_spans += [
             (base + start, base + end)
-            for start, end, drafter in event.draft_spans
+            for start, end, drafter in chunk_draft_spans(event)
             if not drafter.startswith(REJECTED_PREFIX)
         ]  # accepted drafts only
         self.text += event.text
@@ -189,7 +189,7 @@ class SpecCheckScreen(ABRunScreen):
         shown = side_text(self.sides[side], diverged_at, drafted=side == "b")
         self.query_one(f"#check-{side}", Static).update(shown)
 
-    def add(self, side: str, event: TokensArrived) -> None:
+    def add(self, side: str, event: TokenChunk) -> None:
         self.sides[side].add(event)
         self._show(side)
 
@@ -197,11 +197,11 @@ class SpecCheckScreen(ABRunScreen):
         if self.running == "b":
             self.refused = error
 
-    def side_finished(self, side: str, event: GenerationFinished) -> None:
+    def side_finished(self, side: str, event: Finished) -> None:
         record = self.sides[side]
         if self.round == 0:
-            record.tokens = int(event.stats.get("generated_tokens", 0))
-        record.speeds.append(float(event.stats.get("decode_tps", 0.0)))
+            record.tokens = event.stats.generated_tokens
+        record.speeds.append(event.stats.decode_tps)
         record.tokens_per_s = sum(record.speeds) / len(record.speeds)
 
     def completed(self) -> None:

@@ -12,9 +12,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Static
 
 from app.core.config import SamplingSettings
-from app.tui.messages import GenerationFinished, TokensArrived
 from app.tui.screens.ab_run import ABRunScreen
-from engine_ext.protocol import SpeculativeStats
+from engine_ext.protocol import Finished, SpeculativeStats, TokenChunk
 
 AB_SAMPLING = SamplingSettings(temperature=0.0, max_tokens=128)
 DEFAULT_PROMPT = "How was your day?"
@@ -92,12 +91,12 @@ class SteeringABScreen(ABRunScreen):
     def restore(self) -> None:
         self.app.steering.try_unsteered(False)
 
-    def add(self, side: str, event: TokensArrived) -> None:
+    def add(self, side: str, event: TokenChunk) -> None:
         self.texts[side] += event.text
         self.query_one(f"#ab-{side}", Static).update(self.texts[side])
 
-    def side_finished(self, side: str, event: GenerationFinished) -> None:
-        readout = side_readout(float(event.stats.get("decode_tps", 0.0)), self.side_stats.get(side))
+    def side_finished(self, side: str, event: Finished) -> None:
+        readout = side_readout(event.stats.decode_tps, self.side_stats.get(side))
         shown = self.query_one(f"#ab-{side}-readout", Label)
         shown.update(readout)
         shown.display = True

@@ -317,7 +317,11 @@ def test_the_app_loads_models_with_the_cache_folder_unless_it_is_off(on: bool) -
 
     loads: list[dict[str, Any]] = []
 
+    from app.core.engine import EngineCapabilities
+
     class Bridge:
+        capabilities = EngineCapabilities(loads_files=True)
+
         def load(self, path: str, engine: object, **options: Any) -> None:
             loads.append(options)
 

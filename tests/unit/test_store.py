@@ -67,7 +67,7 @@ def test_default_store_lives_in_the_data_dir_with_wal_and_foreign_keys(
 
 def test_store_module_never_imports_textual_or_rich() -> None:
     code = (
-        "import sys, app.store\n"
+        "import sys, app.core.store\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
         "assert not bad, bad\n"
     )

@@ -721,7 +721,7 @@ def test_only_the_bridge_imports_both_the_engine_client_and_textual() -> None:
         textual = "from textual" in text or "import textual" in text or "app.tui.messages" in text  # EngineMessage
         if "engine_ext.client" in text and textual:
             both.append(path.name)
-    assert sorted(both) == ["bridge.py", "bridge_recovery.py"]  # the bridge, and its crash recovery
+    assert both == ["bridge.py"]
 
 
 @pytest.mark.anyio

@@ -179,7 +179,7 @@ async def test_start_up_reads_the_settings_history_and_model_off_the_event_loop(
     """Issue 31 item 7: on_mount reads the settings, opens (and migrates) the history and finds the model in a
     thread; the app answers meanwhile, and a key typed then (ctrl+t, the theme) acts once they are read, so the
     setting it saves is the user's own with the theme changed, not the defaults."""
-    import app.tui.app as tui
+    import app.tui.start_up as tui
     from app.core.config import Config, config_path, load_config, save_config
 
     save_config(Config(show_sidebar=False))

@@ -109,24 +109,30 @@ def _run_plain(model: Path, tmp_path: Path, *extra: str) -> subprocess.Completed
     )
 
 
-@pytest.mark.parametrize("source", ["--tools", "--json-schema"])
-def test_a_schema_past_the_bounds_is_refused_in_one_line(model: Path, tmp_path: Path, source: str) -> None:
-    """A tool's parameters (--tools) and --json-schema reach the same bounded conversion."""
-    if source == "--tools":
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": "f",
-                    "parameters": {"type": "object", "properties": {"city": HUGE_STRING}, "required": ["city"]},
-                },
-            }
-        ]
-        path = tmp_path / "tools.json"
-        path.write_text(json.dumps(tools))
-        result = _run_plain(model, tmp_path, "--tools", str(path), "--tool-choice", "required")
-    else:
-        result = _run_plain(model, tmp_path, "--json-schema", json.dumps(HUGE_STRING))
+def test_a_schema_past_the_bounds_is_refused_in_one_line(model: Path, tmp_path: Path) -> None:
+    """--json-schema reaches the bounded conversion: a count past its bounds is refused in one line."""
+    result = _run_plain(model, tmp_path, "--json-schema", json.dumps(HUGE_STRING))
     assert result.returncode != 0
     assert "1000000000 repetitions" in result.stderr and "at most 100000" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_tool_count_past_the_bounds_is_left_to_the_reply_limit(model: Path, tmp_path: Path) -> None:
+    """A tool's parameters (--tools) as coding agents send them (Claude Code's Workflow tool: a string of up to
+    524,288 characters): an upper count past the converter's bounds is left out of the calls' grammar, so the
+    string is bounded by the reply's token limit instead of refused (engine_ext.tool_grammar.countable); nothing
+    grows with the count."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"city": HUGE_STRING}, "required": ["city"]},
+            },
+        }
+    ]
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(tools))
+    result = _run_plain(model, tmp_path, "--tools", str(path), "--tool-choice", "required")
+    assert result.returncode == 0, result.stderr
+    assert "repetitions" not in result.stderr, result.stderr

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.crash_isolation import pytest_cmdline_main  # noqa: F401  (the hook: one xdist worker by default)
+from tests.crash_isolation import pytest_cmdline_main  # noqa: F401  (the hook: xdist workers by default)
 from tests.hub_server import HubServer
 from tests.tiny_models import write_all
 

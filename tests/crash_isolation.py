@@ -1,4 +1,6 @@
-"""Runs the test session in one pytest-xdist worker process by default, so a native crash fails one test, not the run.
+"""Runs the test session in pytest-xdist worker processes by default (two where the machine has two cores or more:
+the default run's length on a 2-core CI machine halves; more would oversubscribe the engine's own threads), so a
+native crash fails one test, not the run.
 
 Tests that load llama.cpp in the pytest process can crash it natively (a segfault, a GGML_ABORT). In the worker,
 such a crash is reported by the controlling pytest process as one failed test ("worker 'gw0' crashed while
@@ -15,7 +17,12 @@ reports nor deletes snapshot files that no test uses when xdist runs the tests: 
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+MAX_WORKERS = 2
+"""Workers by default: each test may start an engine with two threads, so two fill a 2-core machine."""
 
 MAX_WORKER_RESTARTS = 100
 """Crashed workers replaced before xdist gives up (its default, 4 per worker, would end the run at the 5th)."""
@@ -30,8 +37,9 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return  # the command line chose
     if option.usepdb or option.trace or option.collectonly or option.capture == "no":
         return
-    # What `-n 1` gives (xdist's own pytest_cmdline_main may run before or after this one, depending on whether
+    # What `-n N` gives (xdist's own pytest_cmdline_main may run before or after this one, depending on whether
     # this module was loaded by a conftest or with -p).
-    option.numprocesses, option.dist, option.tx = 1, "load", ["popen"]
+    workers = max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+    option.numprocesses, option.dist, option.tx = workers, "load", ["popen"] * workers
     if option.maxworkerrestart is None:
         option.maxworkerrestart = str(MAX_WORKER_RESTARTS)

@@ -40,6 +40,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     # What `-n N` gives (xdist's own pytest_cmdline_main may run before or after this one, depending on whether
     # this module was loaded by a conftest or with -p).
     workers = max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
-    option.numprocesses, option.dist, option.tx = workers, "load", ["popen"] * workers
+    # Whole files to a worker: a module's server or engine (a module-scoped fixture) starts once, not in each worker.
+    option.numprocesses, option.dist, option.tx = workers, "loadfile", ["popen"] * workers
     if option.maxworkerrestart is None:
         option.maxworkerrestart = str(MAX_WORKER_RESTARTS)

@@ -40,7 +40,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     # What `-n N` gives (xdist's own pytest_cmdline_main may run before or after this one, depending on whether
     # this module was loaded by a conftest or with -p).
     workers = max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
-    # Whole files to a worker: a module's server or engine (a module-scoped fixture) starts once, not in each worker.
-    option.numprocesses, option.dist, option.tx = workers, "loadfile", ["popen"] * workers
+    # Tests one by one to whichever worker is free ("load"): with whole files to a worker (loadfile) a crashed
+    # worker's replacement took the crashing test again and again (tests/engine/test_native_crash_isolation.py).
+    option.numprocesses, option.dist, option.tx = workers, "load", ["popen"] * workers
     if option.maxworkerrestart is None:
         option.maxworkerrestart = str(MAX_WORKER_RESTARTS)

@@ -64,11 +64,15 @@ def private_folders() -> list[Path]:
 
 
 def assets_dir() -> Path:
-    """The bundled assets folder, from an installed wheel (`llmtui_assets`) or from a source checkout."""
+    """The bundled assets folder: the source checkout's beside this package where there is one (so a checkout run with
+    another checkout's editable install uses its own styles), else the installed wheel's (`llmtui_assets`)."""
+    beside = Path(__file__).resolve().parent.parent.parent / "assets"
+    if (beside / "llmtui.tcss").is_file():
+        return beside
     try:
         return Path(str(importlib.resources.files("llmtui_assets")))
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "assets"
+        return beside
 
 
 def steering_dir() -> Path:

@@ -68,6 +68,18 @@ def default_threads(sysfs: Path = SYSFS, proc: Path = PROC) -> int:
     return thread_plan(sysfs, proc).threads
 
 
+def usable_cpu_count() -> int:
+    """The CPUs this process may run on (its affinity; all of them where the platform does not say)."""
+    cpus = _usable_cpus()
+    return len(cpus) if cpus else (os.cpu_count() or 1)
+
+
+def capped_threads(requested: int) -> int:
+    """An explicit thread count, at most the CPUs this process may run on: ggml's threads wait for each other after
+    every operation, so a thread past the CPUs leaves the others spinning for a time slice (tens of times slower)."""
+    return max(1, min(requested, usable_cpu_count()))
+
+
 def math_cores(cpus: Iterable[int], sysfs: Path = SYSFS) -> int | None:
     """The physical cores among `cpus` (one per set of SMT siblings), leaving out a hybrid Intel CPU's efficiency
     cores when the kernel lists its performance cores; None when sysfs does not say."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_ext.bindings import C
-from engine_ext.cpu import default_threads
+from engine_ext.cpu import capped_threads, default_threads
 from engine_ext.engine_status import entered, left, phase
 from engine_ext.gguf import validate_loadable
 from engine_ext.params import (
@@ -388,7 +388,7 @@ class Context:
         params.validate()
         self.model = model
         self.params = params
-        n_threads = params.n_threads or default_threads()
+        n_threads = capped_threads(params.n_threads) if params.n_threads else default_threads()
         cparams = C.llama_context_default_params()
         cparams.n_ctx = params.n_ctx
         cparams.n_batch = params.n_batch
@@ -402,7 +402,7 @@ class Context:
         # reads it (llama-context.cpp decode's check and the samplers' backend_init; greedy ignores it).
         cparams.n_outputs_max_per_seq = 0
         cparams.n_threads = n_threads
-        cparams.n_threads_batch = params.n_threads_batch or n_threads
+        cparams.n_threads_batch = capped_threads(params.n_threads_batch) if params.n_threads_batch else n_threads
         cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
         cparams.type_k = _GGML_TYPES[params.type_k]
         cparams.type_v = _GGML_TYPES[params.type_v]

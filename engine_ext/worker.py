@@ -274,7 +274,7 @@ class Worker:
     def load(self, request: LoadModel) -> None:
         from engine_ext.bindings import C
         from engine_ext.chat_prompt import template_thinking_controls
-        from engine_ext.cpu import default_threads
+        from engine_ext.cpu import capped_threads, default_threads
         from engine_ext.generate import Session
         from engine_ext.gguf import refuse_draft_as_model
         from engine_ext.model import Context, Model
@@ -367,7 +367,7 @@ class Worker:
             is_recurrent=model.is_recurrent,
             is_hybrid=model.is_hybrid,
             has_chat_template=model.chat_template is not None,
-            n_threads=request.context.n_threads or default_threads(),
+            n_threads=capped_threads(request.context.n_threads) if request.context.n_threads else default_threads(),
             backend=backend,
             load_ms=(time.perf_counter() - t0) * 1000.0,
             n_gpu_layers=model_params.n_gpu_layers,

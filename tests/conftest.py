@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from tests.crash_isolation import pytest_cmdline_main  # noqa: F401  (the hook: xdist workers by default)
+from tests.crash_isolation import (  # noqa: F401  (the hooks: xdist workers by default, each on its own CPUs)
+    _all_cpus_when_marked,
+    pytest_cmdline_main,
+    pytest_configure,
+)
 from tests.hub_server import HubServer
 from tests.tiny_models import write_all
 

@@ -227,6 +227,7 @@ class Ticking(Clock):
         return self.now
 
 
+@pytest.mark.all_cpus
 @pytest.mark.parametrize("together", [False, True])
 def test_threads_follow_the_load_between_steps_and_output_stays(tiny_models: dict[str, Path], together: bool) -> None:
     requests = [greedy(1, "go", 40), greedy(2, "the end", 40)]

@@ -366,6 +366,7 @@ async def test_the_app_restarts_without_repacking_and_retries_the_message(
         assert app.store.tree.active_path(chat.conversation_id or 0)[-1].state == "complete"
 
 
+@pytest.mark.all_cpus
 @pytest.mark.anyio
 async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
@@ -410,6 +411,7 @@ async def test_a_crash_that_persists_shows_the_log_and_the_fallbacks_to_try(
         assert load_config().engine.n_threads == 2  # the saved settings are the user's
 
 
+@pytest.mark.all_cpus
 @pytest.mark.anyio
 async def test_f5_applies_the_saved_engine_settings(tiny_models: dict[str, Path]) -> None:
     save_config(replace(load_config(), engine=EngineSettings(n_threads=2)))

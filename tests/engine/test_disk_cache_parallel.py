@@ -159,3 +159,27 @@ def test_an_image_conversation_is_restored_only_with_the_same_image(
         run = drained(run, same)
         done = run.finished(2)
         assert done.stats.prompt_tokens_cached >= n_prompt - 1 and run.tokens(2) == expected[2]
+
+
+def test_an_evicted_sequence_is_saved_before_its_cells_go(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A reply that added too little to be saved when it finished (MIN_GAIN_TOKENS) is saved when its sequence is
+    given to another prompt, while the others decode (the state file then holds all of it)."""
+    from engine_ext.disk_cache import list_state_files
+
+    path, folder = tiny_models["llama"], tmp_path / "cache"
+    with parallel_session(path, folder) as session:
+        run = Run(session)
+        for request in (greedy(1, FIRST, 1), greedy(2, FIRST + " Short.", 2)):  # the second extends the first
+            run.submit(request)
+            run.drain()
+        assert session.disk is not None
+        session.disk.wait()
+        (before,) = [row[3] for row in list_state_files(folder)]
+        n_short = run.finished(2).stats.n_ctx_used
+        assert before is not None and len(before.tokens) < n_short  # the short reply was not saved
+        run.submit(greedy(3, SECOND, 24))  # takes the empty sequence
+        run.submit(greedy(4, "Something else entirely: " + SECOND, 4))  # takes (evicts) the short reply's
+        run.drain()
+        session.disk.wait()
+        saved = sorted(len(row[3].tokens) for row in list_state_files(folder) if row[3] is not None)
+    assert n_short in saved

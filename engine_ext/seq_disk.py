@@ -17,12 +17,14 @@ restored.
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine_ext.bindings import C
-from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError, model_identity
+from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError, StateFile, model_identity
 from engine_ext.model import Context
 from engine_ext.seq_batch import seq_remove
 from engine_ext.speculative.base import common_prefix_length
@@ -43,7 +45,6 @@ class SeqDisk:
         self.whole_state = whole_state  # a recurrent memory: restored whole, or at one of the file's checkpoints
         self.vision = vision
         self._saved: dict[int, tuple[Hashable, tuple[int, ...]]] = {}  # seq -> (mix, tokens) its file holds
-        self._projector: dict[str, object] | None = None
         # seq -> checkpoints of a recurrent memory: (mix, tokens, the state's recurrent part after them)
         self._checkpoints: dict[int, list[tuple[Hashable, tuple[int, ...], bytes]]] = {}
         self.notices: list[str] = []  # files refused since the last take_notices
@@ -51,42 +52,6 @@ class SeqDisk:
     def take_notices(self) -> tuple[str, ...]:
         notices, self.notices = (*self.notices, *self.disk.take_notices()), []
         return notices
-
-    # ----- keys ----------------------------------------------------------------------------------------
-
-    def stable(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], Images] | None:
-        """`tokens` as a file holds them (each image span's id as its chunk's place among the images, -1 first) and
-        the images' identities in that order; None when a span is not this projector's."""
-        if not tokens or min(tokens) >= 0:
-            return tuple(tokens), []
-        if self.vision is None:
-            return None
-        images: Images = []
-        places: dict[int, int] = {}
-        out = []
-        for token in tokens:
-            if token >= 0:
-                out.append(token)
-                continue
-            place = places.get(token)
-            if place is None:
-                identity = self.vision.span_key(token)
-                if identity is None:
-                    return None
-                images.append(list(identity))
-                place = places[token] = -len(images)
-            out.append(place)
-        return tuple(out), images
-
-    def key(self, mix: Sequence[object], images: Images) -> str:
-        """The key of states computed under `mix` after `images` (the single path's key for its mix and no image)."""
-        steering = [repr(entry) for entry in mix]
-        if not images:
-            return self.disk.key_of(steering)
-        if self._projector is None:
-            assert self.vision is not None
-            self._projector = model_identity(self.vision.path)
-        return self.disk.key_of(steering, images, self._projector)
 
     # ----- saving --------------------------------------------------------------------------------------
 
@@ -101,7 +66,7 @@ class SeqDisk:
         grew = saved_mix == mix and common_prefix_length(saved, held) == len(saved)
         if not final and grew and len(held) - len(saved) < MIN_GAIN_TOKENS:
             return
-        stable = self.stable(held)
+        stable = stable_tokens(held, self.vision)
         if stable is None:
             return
         size = int(C.llama_state_seq_get_size_ext(self.ctx.handle, seq, 0))
@@ -114,7 +79,12 @@ class SeqDisk:
         checkpoints = [
             (len(t), data) for m, t, data in self._checkpoints.get(seq, ()) if m == mix and held[: len(t)] == t
         ]
-        disk.save(stable[0], memoryview(buf).cast("B"), checkpoints, key=self.key(mix, stable[1]))
+        disk.save(
+            stable[0],
+            memoryview(buf).cast("B"),
+            checkpoints,
+            key=images_key(disk, stable[1], self.vision, [repr(e) for e in mix]),
+        )
         self._saved[seq] = (mix, held)
 
     def checkpoint(self, seq: int, tokens: Sequence[int], mix: tuple[Hashable, ...]) -> None:
@@ -146,16 +116,10 @@ class SeqDisk:
         refused it (the sequence emptied); None when no file gives more (the sequence untouched)."""
         if len(tokens) - 1 < have + MIN_GAIN_TOKENS:
             return None
-        stable = self.stable(tokens[: len(tokens) - 1])
-        if stable is None:
-            return None
-        wanted, images = stable
-        found = None
-        for n_images in range(len(images) + 1):  # states after the first n images of the prompt (none: text only)
-            key = self.key(mix, images[:n_images])
-            hit = self.disk.best(wanted, have, truncatable=not self.whole_state, key=key)
-            if hit is not None and (found is None or hit[1] > found[1]):
-                found = hit
+        steering = [repr(entry) for entry in mix]
+        found = best_state(
+            self.disk, tokens[: len(tokens) - 1], have, self.vision, truncatable=not self.whole_state, steering=steering
+        )
         if found is None:
             return None
         header, usable = found
@@ -202,6 +166,71 @@ class SeqDisk:
             if data is None or not _set_state(self.ctx, seq, data, C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
                 return False
         return seq_remove(self.ctx, seq, usable) or self.whole_state
+
+
+def stable_tokens(tokens: Sequence[int], vision: Vision | None) -> tuple[tuple[int, ...], Images] | None:
+    """`tokens` as a state file holds them (each image span's id as its chunk's place among the images, -1 first)
+    and the images' identities in that order; None when a span is not this projector's."""
+    if not tokens or min(tokens) >= 0:
+        return tuple(tokens), []
+    if vision is None:
+        return None
+    images: Images = []
+    places: dict[int, int] = {}
+    out = []
+    for token in tokens:
+        if token >= 0:
+            out.append(token)
+            continue
+        place = places.get(token)
+        if place is None:
+            identity = vision.span_key(token)
+            if identity is None:
+                return None
+            images.append(list(identity))
+            place = places[token] = -len(images)
+        out.append(place)
+    return tuple(out), images
+
+
+def images_key(disk: DiskCache, images: Images, vision: Vision | None, steering: object = None) -> str:
+    """The key of `disk`'s states under `steering` (None: its own mix) after `images` through `vision`'s projector
+    (no image: the text-only key)."""
+    if not images:
+        return disk.key_of(steering)
+    assert vision is not None
+    path = Path(vision.path).resolve()
+    st = path.stat()
+    return disk.key_of(steering, images, _projector_identity(str(path), st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _projector_identity(path: str, _size: int, _mtime_ns: int) -> dict[str, object]:
+    return model_identity(Path(path))
+
+
+def best_state(
+    disk: DiskCache,
+    tokens: Sequence[int],
+    have: int,
+    vision: Vision | None,
+    *,
+    truncatable: bool,
+    steering: object = None,
+) -> tuple[StateFile, int] | None:
+    """The saved state (of `steering`, None: the disk's own mix) giving the most of `tokens` (more than `have` by
+    MIN_GAIN_TOKENS; images: a state after the same first images, or text only), and how many tokens."""
+    stable = stable_tokens(tokens, vision)
+    if stable is None:
+        return None
+    wanted, images = stable
+    found = None
+    for n_images in range(len(images) + 1):  # states after the first n images of the prompt (none: text only)
+        key = images_key(disk, images[:n_images], vision, steering)
+        hit = disk.best(wanted, have, truncatable=truncatable, key=key)
+        if hit is not None and (found is None or hit[1] > found[1]):
+            found = hit
+    return found
 
 
 def _set_state(ctx: Context, seq: int, data: memoryview, flags: int) -> bool:

@@ -183,3 +183,40 @@ def test_an_evicted_sequence_is_saved_before_its_cells_go(tiny_models: dict[str,
         session.disk.wait()
         saved = sorted(len(row[3].tokens) for row in list_state_files(folder) if row[3] is not None)
     assert n_short in saved
+
+
+def test_the_single_sequence_restores_an_image_conversation_only_with_the_same_image(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The chat app's path (one sequence): a conversation with an image is saved too, keyed by the image."""
+    from engine_ext.bindings import MultimodalUnavailable, mtmd
+    from tests.tiny_mmproj import write_tiny_mmproj
+
+    try:
+        mtmd()
+    except MultimodalUnavailable:
+        pytest.skip("this engine was built without libmtmd")
+    mmproj = write_tiny_mmproj(tmp_path / "mmproj-tiny-llama-f32.gguf")
+    path, folder = tiny_models["llama"], tmp_path / "cache"
+    more = (ChatMessage("assistant", "a lamp"), ChatMessage("user", "and the colours?"))
+
+    def ask(session: Session, request: Generate) -> tuple[list[int], Finished]:
+        ids: list[int] = []
+        done = session.generate(request, lambda e: ids.extend(getattr(e, "token_ids", ())), lambda: False)
+        return ids, done
+
+    expected = {}
+    for request in (_turn(2, _image(0), *more), _turn(3, _image(1), *more)):
+        with parallel_session(path, None, n_seq=1, mmproj=mmproj) as fresh:
+            expected[request.request_id] = ask(fresh, request)[0]
+    with parallel_session(path, folder, n_seq=1, mmproj=mmproj) as first:
+        _ids, done = ask(first, _turn(1, _image(0)))
+        first.save_to_disk()
+        n_prompt = done.stats.prompt_tokens
+    assert len(list(folder.glob(f"*{SUFFIX}"))) == 1  # saved, with its image
+    with parallel_session(path, folder, n_seq=1, mmproj=mmproj) as resumed:
+        ids, done = ask(resumed, _turn(3, _image(1), *more))
+        assert done.stats.prompt_tokens_cached < 32 and ids == expected[3]
+    with parallel_session(path, folder, n_seq=1, mmproj=mmproj) as resumed:
+        ids, done = ask(resumed, _turn(2, _image(0), *more))
+        assert done.stats.prompt_tokens_cached >= n_prompt - 1 and ids == expected[2]

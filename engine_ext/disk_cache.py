@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,8 @@ MAX_CHECKPOINTS = 64
 BUDGET_CAP = 10 * 1024**3  # the default budget: the smaller of 10 GiB ...
 BUDGET_SHARE = 0.10  # ... and 10% of the free space (counting what the cache already holds)
 MIN_GAIN_TOKENS = 32  # a saved prefix is read from disk only when it covers this many more tokens than the memory
-WRITE_JOIN_S = 60.0  # how long closing waits for a save in flight
+WRITE_JOIN_S = 60.0  # how long closing waits for the saves in flight
+MAX_QUEUED_BYTES = 1 << 30  # states copied out and waiting for the writer: a save past this is left out
 HEADER_READ_BYTES = 1 << 20  # the model file's first MiB is hashed into its identity (its GGUF header, mostly)
 _TOKEN = "i"  # int32, as llama_token
 _HINT = "the prompt is evaluated instead"
@@ -321,8 +323,11 @@ class DiskCache:
         self._notices: list[str] = []
         self._refused: set[tuple[Path, int]] = set()  # (file, mtime_ns) refused already: said once
         self._headers: dict[Path, StateFile] = {}
-        self._written: dict[Path, tuple[int, ...]] = {}  # files this cache saved, with their tokens (the writer's)
+        self._written: dict[Path, tuple[str, tuple[int, ...]]] = {}  # files saved here: key, tokens (writer)
         self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._jobs: deque[tuple[str, tuple[int, ...], memoryview, tuple[tuple[int, bytes], ...]]] = deque()
+        self._queued = 0  # bytes of the queued states
         self.last_save: tuple[float, int] = (0.0, 0)  # the last save's (ms in its thread, bytes)
         self._remove_stale_temporaries()
 
@@ -331,16 +336,26 @@ class DiskCache:
         self.parts[name] = value
         self.key = cache_key(self.parts)
 
+    def key_of(self, steering: object = None, images: Sequence[object] = (), projector: object = None) -> str:
+        """The key of states computed under another steering mix (None: this cache's), after `images` (each image
+        chunk's identity, in the order the tokens meet them; none: the text-only key) through `projector`."""
+        parts = dict(self.parts)
+        if steering is not None:
+            parts["steering"] = steering
+        if images:
+            parts["images"], parts["projector"] = list(images), projector
+        return cache_key(parts)
+
     def take_notices(self) -> tuple[str, ...]:
         notices, self._notices = tuple(self._notices), []
         return notices
 
     # ----- finding and reading ----------------------------------------------------------------------
 
-    def _candidates(self) -> list[Path]:
+    def _candidates(self, key: str) -> list[Path]:
         if self.single_file is not None:
             return [self.single_file] if os.path.lexists(self.single_file) else []
-        prefix = self.key[:16] + "-"
+        prefix = key[:16] + "-"
         return [path for path, _size, _mtime in _state_files(self.folder) if path.name.startswith(prefix)] + [
             Path(entry)
             for entry in self._links()
@@ -353,17 +368,17 @@ class DiskCache:
         except OSError:
             return []
 
-    def header_of(self, path: Path) -> StateFile:
-        """The checked header of `path`, of this cache's key (DiskCacheError, one line, otherwise)."""
+    def header_of(self, path: Path, key: str | None = None) -> StateFile:
+        """The checked header of `path`, of `key` (this cache's by default; DiskCacheError, one line, otherwise)."""
         try:
             header = read_state_header(path, self.budget or 1 << 62)
         except FileNotFoundError:
             raise _refused(path, "does not exist") from None
-        if header.key != self.key:
+        if header.key != (self.key if key is None else key):
             raise _refused(path, "was saved for another model file, engine build or settings")
         return header
 
-    def _header(self, path: Path) -> StateFile | None:
+    def _header(self, path: Path, key: str) -> StateFile | None:
         """The file's checked header (kept while its mtime and size stay), or None (refused: said once)."""
         try:
             st = os.lstat(path)
@@ -371,13 +386,13 @@ class DiskCache:
             return None
         known = self._headers.get(path)
         if known is not None and known.mtime_ns == st.st_mtime_ns and known.size == st.st_size:
-            return known
+            return known if known.key == key else None
         if (path, st.st_mtime_ns) in self._refused:
             return None
         if not os.path.lexists(path):
             return None
         try:
-            header = self.header_of(path)
+            header = self.header_of(path, key)
         except DiskCacheError as error:
             self._refused.add((path, st.st_mtime_ns))
             self._notices.append(str(error))
@@ -385,12 +400,16 @@ class DiskCache:
         self._headers[path] = header
         return header
 
-    def best(self, tokens: Sequence[int], have: int, *, truncatable: bool) -> tuple[StateFile, int] | None:
-        """The saved state that gives the most of `tokens` (more than `have` + MIN_GAIN_TOKENS), and how many."""
+    def best(
+        self, tokens: Sequence[int], have: int, *, truncatable: bool, key: str | None = None
+    ) -> tuple[StateFile, int] | None:
+        """The saved state of `key` (this cache's by default) that gives the most of `tokens` (more than `have` +
+        MIN_GAIN_TOKENS), and how many."""
         best: tuple[StateFile, int] | None = None
         wanted = tuple(tokens)
-        for path in self._candidates():
-            header = self._header(path)
+        key = self.key if key is None else key
+        for path in self._candidates(key):
+            header = self._header(path, key)
             if header is None:
                 continue
             usable = header.usable(common_prefix_length(header.tokens, wanted), truncatable)
@@ -437,11 +456,20 @@ class DiskCache:
     @property
     def busy(self) -> bool:
         """Whether a save is still being written (the next one waits for a later reply: saving never blocks)."""
-        return self._writer is not None and self._writer.is_alive()
+        with self._lock:
+            return bool(self._jobs)
 
-    def save(self, tokens: Sequence[int], state: memoryview, checkpoints: Sequence[tuple[int, bytes]]) -> None:
-        """Write the state after `tokens` (and checkpoints within them) in a thread (when the last save is still
-        being written, after it); the buffers are this call's to keep (the caller made them for it)."""
+    def save(
+        self,
+        tokens: Sequence[int],
+        state: memoryview,
+        checkpoints: Sequence[tuple[int, bytes]],
+        *,
+        key: str | None = None,
+    ) -> None:
+        """Write the state after `tokens` (and checkpoints within them) under `key` (this cache's by default) in the
+        writer's thread, after the saves queued before it (never waiting for them: a save past MAX_QUEUED_BYTES
+        queued is left out); the buffers are this call's to keep (the caller made them for it)."""
         if self.read_only or not tokens:
             return
         size = len(state) + sum(len(data) for _n, data in checkpoints) + 4 * len(tokens)
@@ -456,17 +484,38 @@ class DiskCache:
                 "prompt cache: " + one_line_message(self.single_file, "is not an llmtui state file", "left as it is")
             )
             return
-        self.wait()
-        job = (self.key, tuple(tokens), state, tuple(checkpoints[-MAX_CHECKPOINTS:]))  # the key of the rows' mix
-        self._writer = threading.Thread(target=self._write, args=job, name="llmtui-state-save", daemon=True)
-        self._writer.start()
+        job = (self.key if key is None else key, tuple(tokens), state, tuple(checkpoints[-MAX_CHECKPOINTS:]))
+        with self._lock:
+            if self._jobs and self._queued + size > MAX_QUEUED_BYTES:
+                self._notices.append(f"prompt cache: {self._queued >> 20} MiB wait to be written; this state is not")
+                return
+            self._jobs.append(job)
+            self._queued += size
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._drain, name="llmtui-state-save", daemon=True)
+                self._writer.start()
+
+    def _drain(self) -> None:
+        """The writer's thread: the queued saves in order, each left in the queue (`busy`) until it is written."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._writer = None
+                    return
+                job = self._jobs[0]
+            try:
+                self._write(*job)
+            except Exception as error:  # a bug must not leave the queue stuck: said, and the next save goes on
+                self._notices.append(f"prompt cache: a save failed ({type(error).__name__}: {error})")
+            with self._lock:
+                self._jobs.popleft()
+                self._queued -= len(job[2]) + sum(len(d) for _n, d in job[3]) + 4 * len(job[1])
 
     def wait(self, timeout: float = WRITE_JOIN_S) -> None:
-        """Wait for the save in flight (at most `timeout` seconds)."""
-        writer = self._writer
-        if writer is not None:
-            writer.join(timeout)
-            self._writer = None
+        """Wait for the saves queued so far (at most `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while (writer := self._writer) is not None and time.monotonic() < deadline:
+            writer.join(max(0.0, deadline - time.monotonic()))
 
     def _path_for(self, tokens: tuple[int, ...], key: str | None = None) -> Path:
         if self.single_file is not None:
@@ -504,20 +553,20 @@ class DiskCache:
             self._notices.append(f"prompt cache: cannot save to {path}: {error.strerror}")
             return
         if self.single_file is None:
-            self._drop_superseded(path, tokens)
+            self._drop_superseded(path, key, tokens)
             self._evict(keep=path)
         self.last_save = ((time.perf_counter() - t0) * 1000.0, len(header) + len(raw_tokens) + payload_size)
 
-    def _drop_superseded(self, path: Path, tokens: tuple[int, ...]) -> None:
-        """Delete this key's files whose tokens the new file starts with (it restores all they did, and more)."""
-        known = {other: header.tokens for other, header in list(self._headers.items())}
+    def _drop_superseded(self, path: Path, key: str, tokens: tuple[int, ...]) -> None:
+        """Delete the files of `key` whose tokens the new file starts with (it restores all they did, and more)."""
+        known = {other: (header.key, header.tokens) for other, header in list(self._headers.items())}
         known.update(self._written)
-        for other, saved in known.items():
-            if other != path and len(saved) < len(tokens) and tokens[: len(saved)] == saved:
+        for other, (other_key, saved) in known.items():
+            if other != path and other_key == key and len(saved) < len(tokens) and tokens[: len(saved)] == saved:
                 with contextlib.suppress(OSError):
                     os.unlink(other)
                 self._written.pop(other, None)
-        self._written[path] = tokens
+        self._written[path] = (key, tokens)
 
     def _evict(self, keep: Path) -> None:
         """Delete the least recently used files until the folder is within the budget."""

@@ -48,6 +48,7 @@ from engine_ext.protocol import (
 from engine_ext.reasoning import ReasoningBudget
 from engine_ext.sampling import Sampler
 from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove, verify_rows
+from engine_ext.seq_disk import seq_disk_of
 from engine_ext.spec_catalog import NGRAM_TYPES
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
@@ -139,6 +140,7 @@ class ParallelScheduler:
         # Idle sequences' caches go to host memory when a request starts, so it does not attend over their cells.
         self.idle = IdleCache() if self.copies_prefix and n_seq > 1 and not self.split_streams else None
         self.batch = SeqBatch(ctx, max(ctx.n_batch, n_seq, MAX_STEP_ROWS))
+        self.disk = seq_disk_of(session.disk, ctx, self.whole_state, session.vision)  # states on disk (seq_disk)
         self.waiting: deque[_Job] = deque()
         self.max_waiting = WAITING_PER_SLOT * n_seq
         self.admitting = True  # False while a request for the single-sequence path waits: the sequences drain
@@ -231,6 +233,8 @@ class ParallelScheduler:
         """Give the context back to the single-sequence path: its steering again, sequence 0 as the cache."""
         if not self.active:
             return
+        if self.disk is not None:  # the sequences go idle: each state that changed since its last save is saved
+            self.disk.save_all(self.slots)
         if self.applied_mix != self.base_mix:
             self._apply_mix(self.base_mix)
         session = self.session
@@ -422,6 +426,8 @@ class ParallelScheduler:
 
         free = [s for s in self.slots if s.job is None]
         slot = max(free, key=lambda s: (usable(s), not s.tokens))  # with nothing to reuse, an empty one: others kept
+        if self.disk is not None and usable(slot) < len(slot.tokens):  # its cells go (evicted): saved first
+            self.disk.save(slot.seq, slot.tokens, slot.mix, final=True)
         if slot.tokens and slot.mix != mix and self.idle is not None:  # another mix's cache: kept, not overwritten
             self.idle.save(ctx, slot.seq, slot.tokens, slot.mix)
             seq_remove(ctx, slot.seq, -1)
@@ -435,6 +441,8 @@ class ParallelScheduler:
                     source, n_source = other, n
         if self.idle is not None and self._restore_idle(self.idle, slot, tokens, mix, max(n_own, n_source)):
             return slot
+        if self.disk is not None and self.disk.restore_into(slot, tokens, mix, max(n_own, n_source)):
+            return slot  # a state file's prefix
         if source is not None:
             seq_remove(ctx, slot.seq, -1)
             whole = self.whole_state or self.split_streams
@@ -565,6 +573,8 @@ class ParallelScheduler:
             job.stream.emit(PromptEvaluated(job.request_id, len(job.plan.tokens), job.n_cached, self.n_ctx_seq))
             if job.plan.text is not None:
                 self.session.add_anchor(job.plan.text, job.plan.tokens)
+            if self.disk is not None:  # a recurrent memory's state after the prompt, saved with the reply's
+                self.disk.checkpoint(slot.seq, slot.tokens, slot.mix)
             if job.driver is not None:
                 job.driver.begin(slot.tokens)
             ids, sources = _next_token(job, ctx, r.row)
@@ -611,6 +621,8 @@ class ParallelScheduler:
             reply = b"".join(map(self.session.token_info.piece, slot.tokens[len(plan.tokens) :]))
             self.session.add_anchor(plan.text + reply.decode("utf-8", errors="replace"), slot.tokens)
         self._finished(job, reason, slot.tokens)
+        if self.disk is not None:  # after its Finished: llama.cpp copies the state out, the writer's thread writes it
+            self.disk.save(slot.seq, slot.tokens, slot.mix)
 
     def _finished(self, job: _Job, reason: StopReason, tokens: Sequence[int]) -> None:
         plan = job.plan
@@ -623,6 +635,7 @@ class ParallelScheduler:
             )
         if reason == "context_full":
             notices += (f"stopped: the {self.n_ctx_seq}-token context of a sequence is full",)
+        notices += self.disk.take_notices() if self.disk is not None else ()
         t_end = job.t_last if job.n_generated else time.perf_counter()
         stats = GenerationStats(
             prompt_tokens=n_prompt,

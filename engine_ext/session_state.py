@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from engine_ext.disk_cache import MIN_GAIN_TOKENS, DiskCache, DiskCacheError, StateFile
 from engine_ext.model import Checkpoint, Context
 from engine_ext.params import EngineError
+from engine_ext.seq_disk import best_state, images_key, stable_tokens
 from engine_ext.speculative.base import common_prefix_length
 from engine_ext.speculative.driver import SpeculativeDriver
 
@@ -25,6 +27,7 @@ class SessionState:
     uses_checkpoints: bool
     spec: SpeculativeDriver | None
     disk: DiskCache | None = None  # the prompt cache on disk (engine_ext.disk_cache), when it is on
+    vision: Any  # engine_ext.vision.Vision: image spans saved by their images' identity (engine_ext.seq_disk)
     _saved: tuple[int, ...] = ()  # the tokens whose state was last saved to disk
     restored_tokens = 0  # tokens the last prompt took from a state file
     restored_ms = 0.0  # the time that took (reading, checking, llama.cpp loading it)
@@ -52,17 +55,24 @@ class SessionState:
         disk = self.disk
         if disk is None or n_common + MIN_GAIN_TOKENS > len(tokens) - 1:
             return None  # the memory holds (nearly) all a file could give
-        if (self.spec is not None and self.spec.reads_batches) or min(tokens) < 0:
-            return None  # model drafters must see every row; images' span ids are this process's only
-        found = disk.best(tokens[: len(tokens) - 1], n_common, truncatable=not self.uses_checkpoints)
+        if self.spec is not None and self.spec.reads_batches:
+            return None  # model drafters must see every row
+        wanted = tokens[: len(tokens) - 1]
+        found = best_state(disk, wanted, n_common, self.vision, truncatable=not self.uses_checkpoints)
         if found is None:
             return None
         header, usable = found
         try:
-            return self._load_state(disk, header, usable)
+            restored = self._load_state(disk, header, usable)
         except DiskCacheError as error:
             self._disk_notices += (str(error),)
             return None
+        if restored is not None and min(wanted) < 0:  # a file's image places as this process's span ids
+            self.cached = list(tokens[:restored])
+            kept = [c for c in self.checkpoints if len(c.tokens) <= restored]
+            self.checkpoints = [Checkpoint(tuple(tokens[: len(c.tokens)]), c.data) for c in kept]
+            self._saved = tuple(self.cached)
+        return restored
 
     def _load_state(self, disk: DiskCache, header: StateFile, usable: int) -> int | None:
         """Make sequence 0 hold the first `usable` tokens of a state file (read and checked whole first); its length,
@@ -112,15 +122,20 @@ class SessionState:
         llama.cpp copies the state out here, the cache hashes and writes it in its thread. Not while the last save is
         still being written (the next reply's save, or the final one, catches up: a save never waits for another),
         not when the memory only added fewer than MIN_GAIN_TOKENS to the last saved state (but the final save),
-        nor for a conversation with images (their span ids are this process's only)."""
+        A conversation with images is saved with each image chunk as its place among the images, keyed by their
+        identity and the projector's (engine_ext.seq_disk)."""
         disk, cached = self.disk, self.cached
-        if disk is None or disk.read_only or not cached or min(cached) < 0 or tuple(cached) == self._saved:
+        if disk is None or disk.read_only or not cached or tuple(cached) == self._saved:
             return
         key = tuple(cached)
         n_same = common_prefix_length(self._saved, key)
         if not final and (disk.busy or (n_same == len(self._saved) and len(key) - n_same < MIN_GAIN_TOKENS)):
             return
-        disk.save(cached, self.ctx.sequence_state(), self._checkpoints_of(key))
+        stable = stable_tokens(key, self.vision)
+        if stable is None:  # an image span this projector does not know: nothing a restore could match
+            return
+        state_key = images_key(disk, stable[1], self.vision) if stable[1] else None
+        disk.save(stable[0], self.ctx.sequence_state(), self._checkpoints_of(key), key=state_key)
         self._saved = key
 
     def save_file(self, disk: DiskCache) -> int:

@@ -137,6 +137,7 @@ class Vision:
         self.pinned: set[str] = set()  # images of requests still decoding (parallel sequences): never evicted
         self.by_span: dict[int, _ImageChunk] = {}
         self._span_ids: dict[tuple[str, int], int] = {}
+        self._span_keys: dict[int, tuple[str, int]] = {}  # span id -> (image's sha256, chunk's index in it)
         self.cache_bytes = ENCODED_CACHE_BYTES
         self.encodes = 0  # images encoded since load (tests and stats read it)
         self.encode_ms = 0.0
@@ -216,6 +217,7 @@ class Vision:
                     raise EngineError("libmtmd could not keep the image's chunk")
                 key = (sha256, len(entry.parts))
                 span_id = self._span_ids.setdefault(key, -1 - len(self._span_ids))
+                self._span_keys[span_id] = key
                 part = _ImageChunk(span_id, placeholder, embd, n_tokens, int(m.mtmd_input_chunk_get_n_pos(chunk)))
                 entry.parts.append(part)
                 self.by_span[span_id] = part
@@ -253,6 +255,11 @@ class Vision:
         if self.handle:
             self.m.mtmd_free(self.handle)
             self.handle = None
+
+    def span_key(self, span_id: int) -> tuple[str, int] | None:
+        """What an image span id stands for in any process: its image's content hash and the chunk's index among the
+        image's parts (None: not an id of this projector)."""
+        return self._span_keys.get(span_id)
 
     # ----- into the context ------------------------------------------------------------------------------
 

@@ -267,6 +267,8 @@ class Worker:
         from engine_ext.params import EngineError
 
         if self.scheduler is not None:
+            if self.scheduler.active and self.scheduler.disk is not None:  # the model goes: the sequences saved
+                self.scheduler.disk.save_all(self.scheduler.slots)
             self.scheduler.fail_all(EngineError(why))
             self.scheduler.close()
             self.scheduler = None

@@ -18,7 +18,6 @@ from app.cli.types import int_range
 from app.core.app_settings_schema import SERVER_HOST, SERVER_PORT
 from app.core.model_paths import resolve_model
 from app.core.server_access import api_key_refusal, host_refusal, loopback, origin_refusal
-from engine_ext.params import DiskCacheParams
 
 DEFAULT_PORT = SERVER_PORT.default
 DEFAULT_STEP_LIMIT_S = 60  # one step of a request's reply (a decode, a sampling, a grammar's build) past it: restarted
@@ -47,9 +46,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     steering = steering_entries(args)
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}
     vectors.update({Path(entry.path).stem: entry.path for entry in steering})  # `serve --control-vector F` wins
-    # One sequence: its state is saved when it goes idle (after each reply) and restored for a request that starts
-    # with it, also after a restart; parallel sequences keep theirs in memory only.
-    disk = saved_disk_cache() if args.parallel == 1 else DiskCacheParams()
+    # Each sequence's state is saved when it goes idle (after each reply), is evicted or the server stops, and
+    # restored for a request that starts with it, also after a restart (engine_ext.disk_cache, engine_ext.seq_disk).
+    disk = saved_disk_cache()
     settings = ServerSettings(
         model_id=args.alias or Path(path).name,
         model_path=str(path),

@@ -350,3 +350,36 @@ def test_a_named_file_that_is_not_a_state_file_is_never_overwritten(tmp_path: Pa
     mine.save([*TOKENS, 5], memoryview(b"t" * 100), [])  # ours: replaced
     mine.wait()
     assert read_state_header(fresh, 1 << 20).tokens == (*TOKENS, 5)
+
+
+def test_saves_queue_behind_the_one_being_written_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sequences' saves (serve --parallel): the second returns at once and is written after the first, each
+    under its own key; the queue's bytes are bounded (a save past them is left out, said in one line)."""
+    import threading
+
+    release = threading.Event()
+    original = DiskCache._write
+
+    def slow(self: DiskCache, *job: object) -> None:
+        release.wait(30)
+        original(self, *job)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DiskCache, "_write", slow)
+    monkeypatch.setattr(dc, "MAX_QUEUED_BYTES", 10_000)
+    cache = DiskCache(tmp_path, PARTS, budget=1 << 20)
+    other_key = cache.key_of(["a vector"])
+    t0 = time.perf_counter()
+    cache.save(TOKENS, memoryview(b"A" * 4000), [])
+    cache.save(TOKENS[:100], memoryview(b"B" * 4000), [], key=other_key)
+    cache.save(TOKENS[:50], memoryview(b"C" * 4000), [])  # over the queue's bound: left out
+    assert time.perf_counter() - t0 < 1.0 and cache.busy
+    release.set()
+    cache.wait()
+    assert not cache.busy
+    assert cache.best(TOKENS, 0, truncatable=True) is not None
+    assert cache.best(TOKENS[:100], 0, truncatable=True, key=other_key) is not None
+    assert cache.best(TOKENS[:100], 0, truncatable=True, key=cache.key_of(["another"])) is None
+    (notice,) = cache.take_notices()
+    assert "wait to be written" in notice and "\n" not in notice

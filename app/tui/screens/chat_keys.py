@@ -83,7 +83,8 @@ CHAT_BINDINGS: Final[list[BindingType]] = [
         tooltip="Draft colouring: text from accepted draft tokens underlined (n-gram: accent, model: green; a "
         "rejected draft's token: bold red)",
     ),
-    # Over the prompt's end-of-line only while the model thinks (check_action; otherwise ctrl+e is the prompt's).
+    # Over the prompt's end-of-line while the model thinks (check_action); with text in the prompt otherwise, the
+    # prompt's end of line; else one line saying the model is not thinking.
     Binding(
         "ctrl+e",
         "stop_thinking",

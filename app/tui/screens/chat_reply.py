@@ -320,12 +320,13 @@ class ChatReplies:
         """Stop thinking now: the model's thinking ends at the next token and it answers."""
         if not self.app.generation.end_thinking():
             reply = self.app.generation.active
-            thinking = reply is not None and not reply.answering
-            self._view.notify(
-                "This engine cannot stop a reply's thinking (Esc stops the reply)."
-                if thinking
-                else "The model is not thinking."
-            )
+            if reply is not None and not reply.answering and not reply.cancelling:
+                why = "This engine cannot stop a reply's thinking (Esc stops the reply)."
+            elif reply is not None and not reply.cancelling:
+                why = "The model is not thinking: it is answering (Esc stops the reply)."
+            else:
+                why = "The model is not thinking: ctrl+e ends its thinking while a reply thinks."
+            self._view.notify(why)
 
     async def continue_reply(self) -> None:
         if self._view.busy():

@@ -400,8 +400,11 @@ class ChatScreen(Screen[None]):
             return False  # Esc in the steering panel is its own: it closes the panel, the reply goes on
         if action == "stop":
             return self.generation is not None
-        if action == "stop_thinking":
-            return self.generation is not None and not self.generation.answering and not self.generation.cancelling
+        if action == "stop_thinking":  # while it thinks; else the prompt's end of line, or one line saying why not
+            reply = self.generation
+            if reply is not None and not reply.answering and not reply.cancelling:
+                return True
+            return not (self.prompt.has_focus and self.prompt.text)
         if action == "back":
             return self.generation is None
         if action == "continue_reply":

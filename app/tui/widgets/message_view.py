@@ -121,6 +121,7 @@ class MessageView(RenderedOnce, can_focus=True):
         "message-view--draft",
         "message-view--draft-model",
         "message-view--draft-rejected",
+        "message-view--failure",
     }
 
     DEFAULT_CSS = """
@@ -139,6 +140,9 @@ class MessageView(RenderedOnce, can_focus=True):
     MessageView > .message-view--draft-rejected {
         color: $text-error;
         text-style: bold;
+    }
+    MessageView > .message-view--failure {
+        color: $text-error;
     }
     """
 
@@ -298,6 +302,9 @@ class MessageView(RenderedOnce, can_focus=True):
         if self.colour_drafts and self.draft_spans and self._body_width == width:  # (not while it is being drawn)
             styles = draft_styles(self, "message-view")
             body = mark_provenance(body, self.message.content, self.draft_spans, styles)
+        if message.failure:  # why it failed, kept with the reply (its stats' "error")
+            style = self.get_component_rich_style("message-view--failure", partial=True)
+            body = body + self.render_renderable(Text(f"✗ {message.failure}", style=style), width)
         return to_strips(self.render_renderable(Group(*head), width) + body, width)
 
     def action_copy(self) -> None:

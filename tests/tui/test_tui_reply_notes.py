@@ -1,20 +1,34 @@
-"""What the chat says about a reply (issue 49), on a scripted engine at 80x24: why a failed reply failed, kept with
-it in the transcript, the history and the exports; ctrl+e when the model is not thinking."""
+"""What the chat says about a reply (issue 49), on a scripted engine at 80x24: a reply waiting behind the API
+server's requests says so (ctrl+k stops them; Esc stops the reply at once) and its time to the first token counts
+from Enter; why a failed reply failed, kept with it in the transcript, the history and the exports; ctrl+e when the
+model is not thinking."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 
+from app.core.engine_share import SharedJob
 from app.tui.app import LlmtuiApp
 from app.tui.screens.chat_screen import ChatScreen
-from engine_ext.protocol import Failed, Finished, Generate, GenerationStats, TokenChunk
+from engine_ext.params import SamplingParams, SpeculativeParams
+from engine_ext.protocol import (
+    ChatMessage,
+    Event,
+    Failed,
+    Finished,
+    Generate,
+    GenerationStats,
+    SetSpeculative,
+    SetSteering,
+    TokenChunk,
+)
 from tests.fakes import ScriptedEngine, scripted_app
-from tests.pilot import line_text
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -47,6 +61,29 @@ class SlowEngine(ScriptedEngine):
         self.events.put(Finished(rid, "cancelled" if rid in self.cancelled else "eos", STATS))
 
 
+class ApiFirstEngine(ScriptedEngine):
+    """An API request ("api" asked) streams until it is cancelled; the app's replies answer at once."""
+
+    def stream(self, request: Generate) -> None:
+        rid = request.request_id
+        self.events.put(TokenChunk(rid, "tok ", "", (1,), ("target",)))
+        if request.messages[-1].content == "api":
+            while rid not in self.cancelled and not self.stop.wait(0.02):
+                pass
+        self.events.put(Finished(rid, "cancelled" if rid in self.cancelled else "eos", STATS))
+
+
+def api_request(app: LlmtuiApp) -> tuple[SharedJob, list[Event]]:
+    """An API client's request, on the app's engine as F10's server puts it there (its events told to a list)."""
+    told: list[Event] = []
+    engine = app.bridge.shared_engine()
+    assert engine is not None
+    request = Generate(engine.request_id(), (ChatMessage("user", "api"),), sampling=SamplingParams(), max_tokens=64)
+    job = SharedJob(request, SetSpeculative(SpeculativeParams(types=())), SetSteering(()), told.append)
+    engine.serve(job)
+    return job, told
+
+
 async def chat_ready(pilot: Pilot[None], app: LlmtuiApp) -> ChatScreen:
     await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
     chat = app.chat
@@ -70,7 +107,7 @@ async def test_a_failed_replys_reason_stays_with_it_in_the_transcript_history_an
         assert reply.failure == "llama_decode failed: the KV cache is full (see engine.log)"
         view = chat.transcript.last_view()
         assert view is not None
-        drawn = [line_text(strip) for strip in view.render_strips(76)]
+        drawn = [strip.text.rstrip() for strip in view.render_strips(76)]
         assert "✗ llama_decode failed: the KV cache is full (see engine.log)" in drawn
         await app.workers.wait_for_complete()
         markdown = app.store.exports.export_markdown(chat.conversation_id or 0)
@@ -87,7 +124,7 @@ async def test_a_failed_replys_reason_stays_with_it_in_the_transcript_history_an
         await pilot.pause()
         view = chat.transcript.last_view()
         assert view is not None
-        assert any("✗ llama_decode failed" in line_text(s) for s in view.render_strips(76))
+        assert any("✗ llama_decode failed" in s.text for s in view.render_strips(76))
 
 
 async def test_ctrl_e_when_the_model_is_not_thinking_says_so_in_one_line(lone_llama: Path) -> None:
@@ -104,7 +141,7 @@ async def test_ctrl_e_when_the_model_is_not_thinking_says_so_in_one_line(lone_ll
         assert chat.prompt.cursor_location == (0, 2) and len(toasts(app)) == 1
         chat.prompt.load_text("")
         await chat.replies.send("Hello")
-        engine = app.bridge._client  # type: ignore[union-attr]
+        engine = app.bridge._client  # type: ignore[attr-defined]
         assert isinstance(engine, SlowEngine)
         await wait_until(pilot, lambda: chat.generation is not None and chat.generation.answering, "the answer")
         chat.transcript.focus()
@@ -113,3 +150,47 @@ async def test_ctrl_e_when_the_model_is_not_thinking_says_so_in_one_line(lone_ll
         assert toasts(app)[-1] == "The model is not thinking: it is answering (Esc stops the reply)."
         engine.release.set()
         await wait_until(pilot, lambda: chat.generation is None, "the reply to end")
+
+
+async def test_a_reply_waiting_for_api_requests_says_so_ctrl_k_stops_them_and_ttft_counts_from_enter(
+    lone_llama: Path,
+) -> None:
+    app = scripted_app(lone_llama, ApiFirstEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await chat_ready(pilot, app)
+        job, told = api_request(app)
+        await wait_until(pilot, lambda: any(isinstance(e, TokenChunk) for e in told), "the API request to stream")
+        asked = time.monotonic()
+        await chat.replies.send("Hello")
+        await wait_until(pilot, lambda: chat.replies.held_behind == 1, "the reply to say it waits")
+        live = chat.transcript.live
+        assert live is not None
+        header = str(live.query_one(".live-header").render())
+        assert "[waiting for an API request to finish · ctrl+k stops it]" in header
+        await pilot.pause(0.4)
+        assert chat.generation is not None and not live.text  # still waiting: nothing written
+        await pilot.press("ctrl+k")
+        await wait_until(pilot, lambda: chat.generation is None, "the reply after the API request stopped")
+        waited_ms = (time.monotonic() - asked) * 1000
+        assert isinstance(told[-1], Finished) and told[-1].stop_reason == "cancelled"
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
+        assert reply.state == "complete" and reply.content == "tok "
+        # The time to the first token counts from Enter, the wait included (the engine's own said 6 ms).
+        assert 400 <= reply.stats["ttft_ms"] <= waited_ms  # type: ignore[operator]
+        assert chat.replies.held_behind == 0
+        chat.prompt.load_text("ab")
+        chat.prompt.move_cursor((0, 0))
+        chat.prompt.focus()
+        await pilot.press("ctrl+k")  # no reply waits: the message box's delete to the end of the line
+        assert chat.prompt.text == ""
+        # Esc on a reply that waits stops it at once: it never reaches the engine.
+        api_request(app)
+        await wait_until(pilot, lambda: app.bridge.serving_busy, "the second API request to run")  # type: ignore[attr-defined]
+        await chat.replies.send("Again")
+        await wait_until(pilot, lambda: chat.replies.held_behind == 1, "the second reply to wait")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: chat.generation is None, "the waiting reply to stop")
+        assert app.store.tree.active_path(chat.conversation_id or 0)[-1].state == "stopped"
+        assert app.bridge.serving_busy  # type: ignore[attr-defined]  # the API request goes on
+        app.bridge.stop_served()
+        await wait_until(pilot, lambda: not app.bridge.serving_busy, "the API request to stop")  # type: ignore[attr-defined]

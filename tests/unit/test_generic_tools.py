@@ -102,14 +102,14 @@ def test_a_call_cut_by_the_token_limit_is_reported_cut_off_not_refused(stop_reas
     from tests.tool_templates import QWEN25_TEMPLATE
 
     stats = GenerationStats(10, 0, 10, 5.0, 24, 20.0, 6.0, 4096, 34)
-    request = Generate(1, [], max_tokens=24, tools=json.dumps([TOOL]))
+    request = Generate(1, max_tokens=24, tools=json.dumps([TOOL]))
     hermes = '<tool_call>{"name": "get_weather", "argu'
     for template, text in ((QWEN25_TEMPLATE, hermes), (None, '{"tool_call": {"name": "get_we')):
         turn = ToolTurn.of(request, template, "m")
         assert turn is not None
         turn.watch(lambda event: None)(TokenChunk(1, text, "", tuple(range(len(text))), ("target",) * len(text)))
         cut = Finished(1, stop_reason, stats)  # type: ignore[arg-type]
-        finished = turn.finish(cut, lambda t: text[t].encode(), False)
+        finished = turn.finish(cut, lambda t, text=text: text[t].encode(), False)  # type: ignore[misc]
         [notice] = [n for n in finished.notices if n.startswith("a tool call")]
         if stop_reason == "eos":
             assert notice.startswith("a tool call was refused")

@@ -93,6 +93,16 @@ CHAT_BINDINGS: Final[list[BindingType]] = [
         priority=True,
         tooltip="Stop thinking: while the model thinks, it answers at once",
     ),
+    # Over the prompt's delete-to-end-of-line only while the reply waits for the API server (check_action).
+    Binding(
+        "ctrl+k",
+        "stop_api_requests",
+        "Stop API requests",
+        show=False,
+        priority=True,
+        tooltip="Stop API requests: while your reply waits for the API server's requests (F10), stop them so it "
+        "starts now",
+    ),
     Binding("tab", "app.focus_next", "Next", show=False, tooltip="Next part: the list, the messages, the message box"),
     Binding("shift+tab", "app.focus_previous", "Previous", show=False, tooltip="Previous part"),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any, Final
 
+from app.core.engine import ReplyHeld
 from app.core.generation import end_state
 from app.core.remote_engine import draft_summary
 from app.core.store import Message, StoreError
@@ -58,6 +59,14 @@ def collect_now() -> None:
     gc.freeze()
 
 
+def held_note(ahead: int) -> str:
+    """What a reply waiting for the API server's requests says in its header ("" once it starts)."""
+    if not ahead:
+        return ""
+    requests = "an API request" if ahead == 1 else f"{ahead} API requests"
+    return f"waiting for {requests} to finish · ctrl+k stops {'it' if ahead == 1 else 'them'}"
+
+
 class ChatReplies:
     """Sending, streaming and ending the chat's replies, drawn in the transcript and the stats bar: the generation
     router's default owner. It knows which replies were measured on the model loaded now."""
@@ -71,6 +80,8 @@ class ChatReplies:
         the stats bar shows (an earlier session's or another model's figures would mislead)."""
         self.measured_on = ""
         """The model those were measured on (the screen sets it when it opens)."""
+        self.held_behind = 0
+        """How many API server requests the reply being written waits for before it starts (0: none)."""
 
     @property
     def app(self) -> LlmtuiShell:
@@ -188,8 +199,15 @@ class ChatReplies:
             self._view.notify(f"Could not save the reply: {error}", severity="error")
         self._view.transcript.write_live(text, reasoning, spans if text == streamed else ())
 
-    def generation_progress(self, event: PromptProgress | ReplyStats) -> None:
+    def generation_progress(self, event: PromptProgress | ReplyStats | ReplyHeld) -> None:
         if not self.app.generation.owns(event.request_id):
+            return
+        if isinstance(event, ReplyHeld):  # it waits for the API server's requests on the app's engine
+            self.held_behind = event.ahead
+            live = self._view.transcript.live
+            if live is not None:
+                live.waiting(held_note(event.ahead))
+            self._view.refresh_bindings()
             return
         if isinstance(event, PromptProgress):  # how far the prompt is read
             live = self._view.transcript.live
@@ -286,6 +304,7 @@ class ChatReplies:
         replies = self.app.generation
         if replies.active is None:
             return
+        self.held_behind = 0
         self._view.prompt.cursor_blink = self._prompt_blink
         live = self._view.transcript.live
         if live is not None and live.body.draft_spans:
@@ -315,6 +334,12 @@ class ChatReplies:
     def stop(self) -> None:
         if not self.app.generation.stop():
             self._view.back()
+
+    def stop_api_requests(self) -> None:
+        """Stop the API server's requests that the reply waits for: it starts at once."""
+        if self.held_behind:
+            self.app.bridge.stop_served()
+            self._view.notify("Stopped the API server's requests: your reply starts now.")
 
     def stop_thinking(self) -> None:
         """Stop thinking now: the model's thinking ends at the next token and it answers."""

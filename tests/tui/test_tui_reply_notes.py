@@ -1,7 +1,7 @@
 """What the chat says about a reply (issue 49), on a scripted engine at 80x24: a reply waiting behind the API
 server's requests says so (ctrl+k stops them; Esc stops the reply at once) and its time to the first token counts
-from Enter; why a failed reply failed, kept with it in the transcript, the history and the exports; ctrl+e when the
-model is not thinking."""
+from Enter; the chat's default reply limit, and a reply that repeats itself said so; why a failed reply failed,
+kept with it in the transcript, the history and the exports; ctrl+e when the model is not thinking."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from app.core.engine_share import SharedJob
 from app.tui.app import LlmtuiApp
+from app.tui.modals.conversation_settings import ConversationSettingsModal
 from app.tui.screens.chat_screen import ChatScreen
 from engine_ext.params import SamplingParams, SpeculativeParams
 from engine_ext.protocol import (
@@ -82,6 +84,24 @@ def api_request(app: LlmtuiApp) -> tuple[SharedJob, list[Event]]:
     job = SharedJob(request, SetSpeculative(SpeculativeParams(types=())), SetSteering(()), told.append)
     engine.serve(job)
     return job, told
+
+
+class LoopingEngine(ScriptedEngine):
+    """Every reply: one line again and again, then (once released) it stops at its token limit."""
+
+    def __init__(self, log_path: Path) -> None:
+        super().__init__(log_path)
+        self.release = threading.Event()
+        self.generates: list[Generate] = []
+
+    def stream(self, request: Generate) -> None:
+        self.generates.append(request)
+        rid = request.request_id
+        self.events.put(TokenChunk(rid, "Sure.\n", "", (1,), ("target",)))
+        for _ in range(6):
+            self.events.put(TokenChunk(rid, "I am a happy little bot.\n", "", (2,), ("target",)))
+        self.release.wait(30)
+        self.events.put(Finished(rid, "max_tokens", STATS))
 
 
 async def chat_ready(pilot: Pilot[None], app: LlmtuiApp) -> ChatScreen:
@@ -194,3 +214,44 @@ async def test_a_reply_waiting_for_api_requests_says_so_ctrl_k_stops_them_and_tt
         assert app.bridge.serving_busy  # type: ignore[attr-defined]  # the API request goes on
         app.bridge.stop_served()
         await wait_until(pilot, lambda: not app.bridge.serving_busy, "the API request to stop")  # type: ignore[attr-defined]
+
+
+async def test_the_chat_has_a_default_reply_limit_and_says_when_a_reply_repeats_itself(lone_llama: Path) -> None:
+
+    app = scripted_app(lone_llama, LoopingEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await chat_ready(pilot, app)
+        engine = app.bridge._client  # type: ignore[attr-defined]
+        assert isinstance(engine, LoopingEngine)
+        await chat.replies.send("Who are you?")
+        repeated = "The reply repeats itself: the same line 6 times in a row. Esc stops it."
+        await wait_until(pilot, lambda: repeated in [str(n.message) for n in app._notifications], "the toast")
+        live = chat.transcript.live
+        assert live is not None
+        await wait_until(pilot, lambda: bool(live.query(".live-notice")), "the note under the reply")
+        note = str(live.query_one(".live-notice").render())
+        assert note == "↻ The reply repeats itself: the same line 6 times in a row. Esc stops it."
+        assert engine.generates[0].max_tokens == 4096  # the chat's default reply limit
+        engine.release.set()
+        await wait_until(pilot, lambda: chat.generation is None, "the reply to stop at its limit")
+        reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
+        assert reply.stats["repeats"] == "The reply repeats itself: the same line 6 times in a row."
+        view = chat.transcript.last_view()
+        assert view is not None
+        drawn = [strip.text.rstrip() for strip in view.render_strips(76)]
+        assert "↻ The reply repeats itself: the same line 6 times in a row." in drawn
+        toasts = [str(n.message) for n in app._notifications]
+        assert any(t.startswith("The reply stopped at its limit of 4 tokens: ctrl+g continues it") for t in toasts)
+        markdown = app.store.exports.export_markdown(chat.conversation_id or 0)
+        assert "*The reply repeats itself: the same line 6 times in a row.*" in markdown
+        # The limit is shown, and set, in the conversation settings.
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConversationSettingsModal), "the settings")
+        field = app.screen.query_one("#sampling-max_tokens", Input)
+        assert field.value == "4096"
+        field.value = "256"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.screen is chat, "the settings saved")
+        await chat.replies.send("Again")
+        await wait_until(pilot, lambda: chat.generation is None, "the second reply")
+        assert engine.generates[1].max_tokens == 256

@@ -128,6 +128,8 @@ class Exports:
             if message.content.strip():
                 parts.append(message.content.strip("\n").rstrip())
             parts += [tool_call_markdown(record) for record, _ in stored_calls(message.stats)]
+            if isinstance(repeats := message.stats.get("repeats"), str) and repeats.strip():
+                parts.append(f"*{markdown_text(one_line(repeats, 200))}*")
             if message.failure:
                 parts.append(f"*Reply failed: {markdown_text(message.failure)}*")
             elif message.state in STATE_NOTES:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from app.core.engine import ReplyHeld
 from app.core.generation import end_state
+from app.core.generation.repeats import RepeatWatch
 from app.core.remote_engine import draft_summary
 from app.core.store import Message, StoreError
 from app.tui.screens.chat_documents import DocumentAttacher
@@ -82,6 +83,9 @@ class ChatReplies:
         """The model those were measured on (the screen sets it when it opens)."""
         self.held_behind = 0
         """How many API server requests the reply being written waits for before it starts (0: none)."""
+        self.repeats = (RepeatWatch(), RepeatWatch())
+        """The reply being written, watched for a loop: its answer and its thinking."""
+        self._repeat_told = False  # the toast said it once for this reply
 
     @property
     def app(self) -> LlmtuiShell:
@@ -157,6 +161,7 @@ class ChatReplies:
         if resume is None:  # the attached documents' passages for this question (chat_documents)
             await self._documents.find_sources(parent_id)
         reply = self.app.generation.begin(self._view.conversation_id, parent_id, model_name, resume=resume)
+        self.repeats, self._repeat_told = (RepeatWatch(), RepeatWatch()), False
         if resume is not None:
             await self._view.transcript.start_live(
                 reply.message_id,
@@ -198,6 +203,27 @@ class ChatReplies:
         except StoreError as error:
             self._view.notify(f"Could not save the reply: {error}", severity="error")
         self._view.transcript.write_live(text, reasoning, spans if text == streamed else ())
+        answer, thinking = self.repeats
+        if answer.feed(text) | thinking.feed(reasoning):
+            self._repeating()
+
+    def _repeating(self) -> None:
+        """The reply repeats itself: said under it as it streams (the first time in a toast too: the reply's end
+        may be out of view), and kept with it when it ends."""
+        note = self.repeat_note()
+        live = self._view.transcript.live
+        if live is not None:
+            live.notice(f"↻ {note} Esc stops it.")
+        if not self._repeat_told:
+            self._repeat_told = True
+            self._view.notify(f"{note} Esc stops it.", severity="warning", timeout=10)
+
+    def repeat_note(self) -> str:
+        """One line on the reply's loop, its answer's or its thinking's ("" when none)."""
+        answer, thinking = self.repeats
+        if answer.period:
+            return answer.note()
+        return thinking.note().replace("The reply repeats", "The reply's thinking repeats")
 
     def generation_progress(self, event: PromptProgress | ReplyStats | ReplyHeld) -> None:
         if not self.app.generation.owns(event.request_id):
@@ -249,6 +275,12 @@ class ChatReplies:
         self.app.set_engine_state("ready")
         for notice in event.notices:
             self._view.notify(notice, severity="warning")
+        if event.stop_reason == "max_tokens":
+            self._view.notify(
+                f"The reply stopped at its limit of {event.stats.generated_tokens} tokens: ctrl+g continues it; "
+                "ctrl+s sets the conversation's limit (max tokens).",
+                severity="warning",
+            )
         if event.stop_reason == "context_full":
             self._view.notify(
                 "The context is full; start a new conversation or raise the context size (F3).", severity="warning"
@@ -313,6 +345,8 @@ class ChatReplies:
             self.measured.add(replies.active.message_id)
         if state != "error":  # the steering mix and speculative settings it was written with (the exports say them)
             stats = dict(stats, **self.app.steering.in_use(), **self.app.speculation.in_use())
+        if note := self.repeat_note():
+            stats = dict(stats, repeats=note)
         try:
             ended = replies.end(state, stats)
         except StoreError as error:

@@ -26,7 +26,7 @@ from app.core.engine import (
     Starting,
 )
 from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
-from app.core.output_format import OutputFormatError, output_fields
+from app.core.output_format import OutputFormatError, format_instruction, instructed, output_fields
 from app.tui.bridge_recovery import engine_crashed
 from app.tui.messages import EngineMessage, MessageTarget
 from app.tui.streaming import ReplyInFlight, TokenBatches
@@ -484,7 +484,8 @@ class EngineBridge(Engine):
             self._post(Failed(request.request_id, type(error).__name__, str(error)))
             return
         self._asked_at[request.request_id] = asked_at
-        self._do_generate(replace(request, grammar=grammar, json_schema=json_schema))
+        messages = instructed(request.messages, format_instruction(output_format, json_schema))
+        self._do_generate(replace(request, messages=messages, grammar=grammar, json_schema=json_schema))
 
     def _do_generate(self, request: Generate) -> None:
         rid = request.request_id

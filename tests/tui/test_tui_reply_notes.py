@@ -1,7 +1,8 @@
 """What the chat says about a reply (issue 49), on a scripted engine at 80x24: a reply waiting behind the API
 server's requests says so (ctrl+k stops them; Esc stops the reply at once) and its time to the first token counts
 from Enter; the chat's default reply limit, and a reply that repeats itself said so; why a failed reply failed,
-kept with it in the transcript, the history and the exports; ctrl+e when the model is not thinking."""
+kept with it in the transcript, the history and the exports; a constrained conversation marked in the header and the
+model told its format; ctrl+e when the model is not thinking."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Input
+from textual.widgets import Input, Select, TextArea
 
 from app.core.engine_share import SharedJob
 from app.tui.app import LlmtuiApp
@@ -255,3 +256,70 @@ async def test_the_chat_has_a_default_reply_limit_and_says_when_a_reply_repeats_
         await chat.replies.send("Again")
         await wait_until(pilot, lambda: chat.generation is None, "the second reply")
         assert engine.generates[1].max_tokens == 256
+
+
+class JsonEngine(ScriptedEngine):
+    """Every reply: a JSON object (the request is kept)."""
+
+    def __init__(self, log_path: Path) -> None:
+        super().__init__(log_path)
+        self.generates: list[Generate] = []
+
+    def stream(self, request: Generate) -> None:
+        self.generates.append(request)
+        self.events.put(TokenChunk(request.request_id, '{"ok": true}', "", (1,), ("target",)))
+        self.events.put(Finished(request.request_id, "eos", STATS))
+
+
+def test_the_model_is_told_the_format_its_reply_is_held_to() -> None:
+    from app.core.output_format import MAX_SCHEMA_IN_PROMPT, format_instruction, instructed
+
+    assert format_instruction("text", None) == "" and format_instruction("grammar", None) == ""
+    assert "single JSON object" in format_instruction("json", '{"type": "object"}')
+    told = format_instruction("json_schema", '{"type": "object",\n "required": ["ok"]}')
+    assert told.endswith('JSON schema, and nothing else:\n{"type":"object","required":["ok"]}')
+    big = json.dumps({"type": "object", "description": "x" * MAX_SCHEMA_IN_PROMPT})
+    assert "schema your reply is held to" in format_instruction("json_schema", big) and "xxx" not in told
+    user = ChatMessage("user", "Hi")
+    assert instructed((user,), "") == (user,)
+    assert instructed((user,), "JSON.") == (ChatMessage("system", "JSON."), user)
+    system = ChatMessage("system", "Be brief.\n")
+    assert instructed((system, user), "JSON.") == (ChatMessage("system", "Be brief.\n\nJSON."), user)
+
+
+async def test_a_constrained_conversation_is_marked_in_the_header_and_the_model_told_its_schema(
+    lone_llama: Path, tmp_path: Path
+) -> None:
+    schema = tmp_path / "pick.json"
+    schema.write_text('{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}')
+    app = scripted_app(lone_llama, JsonEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = await chat_ready(pilot, app)
+        engine = app.bridge._client  # type: ignore[attr-defined]
+        assert isinstance(engine, JsonEngine)
+        assert "[json" not in str(chat.header.render())
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConversationSettingsModal), "the settings")
+        modal = app.screen
+        modal.query_one("#system-prompt", TextArea).load_text("Be brief.")
+        modal.query_one("#sampling-output_format", Select).value = "json_schema"
+        modal.query_one("#sampling-output_file", Input).value = str(schema)
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.screen is chat, "the settings saved")
+        await pilot.pause()
+        header = str(chat.header.render())
+        assert "[json schema]" in header and header.rstrip().endswith("ready")  # kept at 80 columns
+        await chat.replies.send("Hi there!")
+        await wait_until(pilot, lambda: chat.generation is None, "the reply")
+        [request] = engine.generates
+        system, user = request.messages
+        assert system.role == "system" and system.content.startswith("Be brief.\n\nReply with JSON only")
+        assert '"required":["ok"]' in system.content and user.content == "Hi there!"
+        assert request.json_schema is not None and "required" in request.json_schema
+        # The history keeps the system prompt as written: the instruction goes with each request only.
+        conversation = app.store.conversations.get_conversation(chat.conversation_id or 0)
+        assert conversation.system_prompt == "Be brief."
+        await chat.conversations.open_conversation(None)  # a new conversation: free text, not marked
+        assert "[json" not in str(chat.header.render())
+        await chat.conversations.open_conversation(conversation.id)
+        assert "[json schema]" in str(chat.header.render())

@@ -217,8 +217,8 @@ class EngineShare:
     def stop_all(self) -> None:
         """The user stopped the server's requests (the app's reply waits for them): the waiting ones fail, the
         running one is cancelled in the engine (it ends with Finished, and the app's held replies go out)."""
-        for job in list(self._queue):
-            self.cancel(job.request.request_id)
+        for waiting in list(self._queue):
+            self.cancel(waiting.request.request_id)
         job = self.current
         if job is None:
             return

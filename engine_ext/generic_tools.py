@@ -129,6 +129,11 @@ class GenericReplyText:
         """The whole reply so far, for parse_generic at the end."""
         return "".join(self._parts)
 
+    @property
+    def responding(self) -> bool:
+        """Whether the reply is a response (its ``response`` string opened), not a call."""
+        return self._head is None
+
     def feed(self, piece: str) -> str:
         self._parts.append(piece)
         if self._closed:

@@ -183,6 +183,10 @@ class ReplyGrammar:
     root: str = "root"
 
 
+MAX_LEADING_SPACE = 8
+"""The whitespace an answer held to a grammar may start with after its thinking (the forced end writes two)."""
+
+
 def reply_grammar(grammar: str | None, json_schema: str | None, *, opens_reasoning: bool) -> ReplyGrammar:
     """The grammar of a reply (grammar_for); for a reply that starts inside its thinking, a lazy one: the model thinks
     freely, and from its end of thinking (`</think>`, the model's own or forced by the reasoning budget) the answer
@@ -190,7 +194,9 @@ def reply_grammar(grammar: str | None, json_schema: str | None, *, opens_reasoni
     gbnf = grammar_for(grammar, json_schema)
     if gbnf is None or not opens_reasoning:
         return ReplyGrammar(gbnf)
-    lazy = f'{gbnf}\n{AFTER_THINKING_ROOT} ::= "</think>" [ \\t\\n]* root\n'
+    # The answer's leading whitespace is bounded: unbounded, a model could write blank lines until its limit (a loop
+    # that upstream's JSON grammars close too, with their bounded `space`).
+    lazy = f'{gbnf}\n{AFTER_THINKING_ROOT} ::= "</think>" [ \\t\\n]{{0,{MAX_LEADING_SPACE}}} root\n'
     return ReplyGrammar(lazy, (THINKING_END_TRIGGER,), AFTER_THINKING_ROOT)
 
 

@@ -135,5 +135,22 @@ class ToolTurn:
         else:
             text = b"".join(map(piece, self.token_ids)).decode("utf-8", errors="replace")
             parsed = parse_reply(text, tool_names(self.tools), self.format, opens_reasoning=opens_reasoning)
-        notices = finished.notices + tuple(line for line in (self.notice, parsed.refusal) if line)
+        refusal = parsed.refusal
+        if refusal and finished.stop_reason in ("max_tokens", "context_full"):
+            refusal = cut_off(finished, responding=self.generic is not None and self.generic.responding)
+        notices = finished.notices + tuple(line for line in (self.notice, refusal) if line)
         return dataclasses.replace(finished, tool_calls=parsed.calls, notices=notices)
+
+
+def cut_off(finished: Finished, *, responding: bool) -> str:
+    """What a reply cut short by its token limit or a full context says, where its unfinished call (or, in the
+    generic format, its unfinished JSON response) would otherwise read as refused: it was cut off, not refused."""
+    n = finished.stats.generated_tokens
+    why = (
+        f"the reply limit ({n} tokens; raise max tokens)"
+        if finished.stop_reason == "max_tokens"
+        else f"the full context ({finished.stats.n_ctx} tokens)"
+    )
+    if responding:
+        return f"the reply was cut off by {why}"
+    return f"a tool call was cut off by {why} before it was complete; it was not made"

@@ -4,7 +4,7 @@ screens read."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from engine_ext import settings_schema as s
 from engine_ext.settings_schema import Setting
@@ -37,6 +37,21 @@ SAMPLING_SEED = Setting(
     maximum=s.UINT32_MAX,
     meaning=s.SEED.meaning,
     wanted=s.SEED.wanted,
+)
+
+CHAT_REPLY_LIMIT: Final = 4096
+"""The chat's reply limit unless a conversation sets another (a small model's loop ends there, not minutes later)."""
+REPLY_LIMIT = Setting(
+    "max_tokens",
+    int,
+    CHAT_REPLY_LIMIT,
+    f"most tokens in a reply (-1: no limit; {CHAT_REPLY_LIMIT} unless set: ctrl+g continues a reply cut there)",
+    label=s.N_PREDICT.label,
+    minimum=-1,
+    maximum=s.INT32_MAX,
+    excluded=(0,),
+    meaning=s.N_PREDICT.meaning,
+    wanted=s.N_PREDICT.wanted,
 )
 
 SERVER_ENABLED = Setting(
@@ -161,7 +176,7 @@ PRESET_SAMPLING_FIELDS: tuple[Setting[Any], ...] = (
     s.TOP_P,
     s.MIN_P,
     s.REPEAT_PENALTY,
-    s.N_PREDICT,
+    REPLY_LIMIT,
     SAMPLING_SEED,
 )
 PRESET_REPLY_FIELDS: tuple[Setting[Any], ...] = (s.REASONING_BUDGET, s.REASONING_EFFORT, OUTPUT_FORMAT, OUTPUT_FILE)

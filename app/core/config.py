@@ -278,7 +278,7 @@ class SamplingSettings:
     top_p: float = s.TOP_P.default
     min_p: float = s.MIN_P.default
     repeat_penalty: float = s.REPEAT_PENALTY.default
-    max_tokens: int = s.N_PREDICT.default
+    max_tokens: int = ui.REPLY_LIMIT.default  # the chat's reply limit (the CLI's -n and the API's have none)
     seed: int = ui.SAMPLING_SEED.default  # -1: a random seed per reply
     reasoning_budget: int = s.REASONING_BUDGET.default  # thinking tokens before the end is forced (-1: unlimited)
     reasoning_effort: str = s.REASONING_EFFORT.default  # for templates that read it ("default": the template's)

@@ -5,8 +5,8 @@ One Protocol, two implementations (`app/tui/bridge.py`'s `EngineBridge`, the loc
 is a method with a default here, so no caller asks which engine it holds.
 
 Both answer in one vocabulary: the engine protocol's events (`engine_ext/protocol.py`: `TokenChunk`, `Finished`,
-`Failed`, `Loaded`…), and the four that only the app's side of an engine knows (`Starting`, `LoadStarted`,
-`ReplyStats`, `Recovering`, below): `EngineEvent` is any of them.
+`Failed`, `Loaded`…), and the five that only the app's side of an engine knows (`Starting`, `LoadStarted`,
+`ReplyStats`, `ReplyHeld`, `Recovering`, below): `EngineEvent` is any of them.
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ class ReplyStats:
 
 
 @dataclass(frozen=True)
+class ReplyHeld:
+    """A reply of the app's waits for the API server's requests on the app's engine (`ahead`: how many run before
+    it); it starts when they are done, and says so with `ahead` 0."""
+
+    request_id: int
+    ahead: int
+
+
+@dataclass(frozen=True)
 class Recovering:
     """The worker is being restarted, the model reloaded: after a native crash early on with CPU weight repacking on,
     without it (a reply in flight sent again; `notice` says so in one line), or as it was after the watchdog ended a
@@ -62,7 +71,7 @@ class Recovering:
     notice: str
 
 
-EngineEvent = Event | Starting | LoadStarted | ReplyStats | Recovering
+EngineEvent = Event | Starting | LoadStarted | ReplyStats | ReplyHeld | Recovering
 """What an engine tells the app: the protocol's events and the app side's own."""
 
 
@@ -173,6 +182,11 @@ class Engine(Protocol):
 
     def settings_saved(self, config: Config) -> None:
         """The user saved new settings: what applies at once to this engine (a remote endpoint's key) does."""
+        return None
+
+    def stop_served(self) -> None:
+        """Stop the API server's requests on this engine, running and waiting (a reply of the app's held behind
+        them starts at once); nothing where the engine serves none."""
         return None
 
     def shared_engine(self) -> SharedEngine | None:

@@ -39,6 +39,7 @@ class SharedJob:
     """Told the request's TokenChunk, Finished, Failed or Crashed events, in the bridge's thread."""
     pending: int = 0  # settings sent for it, not yet answered
     started: bool = False
+    stopped: bool = False  # the user stopped the server's requests (`EngineShare.stop_all`)
 
 
 class SharedEngine(Protocol):
@@ -70,9 +71,15 @@ class EngineShare:
     """Server requests waiting and running on the app's engine, the chat's replies held for them, and what the
     worker has applied now."""
 
-    def __init__(self, send_setting: Callable[[str, Setting], None], send: Callable[[Generate], None]) -> None:
+    def __init__(
+        self,
+        send_setting: Callable[[str, Setting], None],
+        send: Callable[[Generate], None],
+        cancel: Callable[[int], None] = lambda request_id: None,
+    ) -> None:
         self._send_setting = send_setting  # label ("job:steering"), request: sent, its answer routed by the label
         self._send = send
+        self._cancel = cancel  # a request sent to the engine, cancelled there (it still ends with Finished)
         self._queue: deque[SharedJob] = deque()
         self.current: SharedJob | None = None
         self.held: list[Generate] = []
@@ -114,6 +121,16 @@ class EngineShare:
         self.held.append(request)
         return True
 
+    def ahead(self) -> int:
+        """How many server requests run before a reply held now: the running one (the waiting ones go after it)."""
+        return 1 if self.current is not None else 0
+
+    def drop_held(self, request_id: int) -> bool:
+        """Forget a held reply of the app's (stopped before its turn); whether it was held."""
+        kept = [request for request in self.held if request.request_id != request_id]
+        dropped, self.held = len(kept) != len(self.held), kept
+        return dropped
+
     def defer(self, kind: str, request: Setting) -> bool:
         """Keep the app's setting until the server request is done; False when none runs (send it now)."""
         if self.current is None:
@@ -148,6 +165,8 @@ class EngineShare:
     def _start(self, job: SharedJob) -> None:
         job.started = True
         self._send(job.request)
+        if job.stopped:
+            self._cancel(job.request.request_id)
 
     def answered(self) -> None:
         """A setting sent for the current request was applied."""
@@ -194,6 +213,18 @@ class EngineShare:
                 job.sink(Failed(request_id, "Cancelled", "the request was cancelled before its turn"))
                 return True
         return False
+
+    def stop_all(self) -> None:
+        """The user stopped the server's requests (the app's reply waits for them): the waiting ones fail, the
+        running one is cancelled in the engine (it ends with Finished, and the app's held replies go out)."""
+        for waiting in list(self._queue):
+            self.cancel(waiting.request.request_id)
+        job = self.current
+        if job is None:
+            return
+        job.stopped = True
+        if job.started:  # else cancelled as soon as it is sent (its settings' answers come first)
+            self._cancel(job.request.request_id)
 
     def crashed(self, crashed: Crashed) -> None:
         """The engine died: the running request fails; the waiting ones wait for the engine to come back."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from app.core.config import RemoteSettings, SamplingSettings
-from app.core.output_format import OutputFormatError, response_format_fields
+from app.core.output_format import OutputFormatError, format_instruction, instructed, response_format_fields
 from app.core.remote_http import (
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
@@ -255,9 +255,11 @@ class RemoteClient:
         """The reply's events, its end included whatever happens (a surprise is a one-line Failed)."""
         request_id = stream.request_id
         try:
-            pairs = [(m.role, m.content) if isinstance(m, ChatMessage) else m for m in messages]
-            body = request_body(self.model, pairs, sampling, continue_reply)
             shape = response_format_fields(sampling.output_format, sampling.output_file)
+            schema = shape.get("response_format", {}).get("json_schema", {}).get("schema")
+            told = format_instruction(sampling.output_format, None if schema is None else json.dumps(schema))
+            chat = instructed([m if isinstance(m, ChatMessage) else ChatMessage(*m) for m in messages], told)
+            body = request_body(self.model, [(m.role, m.content) for m in chat], sampling, continue_reply)
             stop_reason, stats = yield from self._stream_reply(stream, {**body, **shape})
             # a server's own finish reasons ("content_filter"…) are passed on as it says them, made safe to show
             yield Finished(request_id, cast(StopReason, stop_reason), stats)

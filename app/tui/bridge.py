@@ -16,9 +16,17 @@ from pathlib import Path
 from typing import Final
 
 from app.core.config import EngineSettings, SamplingSettings
-from app.core.engine import Engine, EngineCapabilities, EngineEvent, LoadStarted, ModelSummary, Starting
+from app.core.engine import (
+    Engine,
+    EngineCapabilities,
+    EngineEvent,
+    LoadStarted,
+    ModelSummary,
+    ReplyHeld,
+    Starting,
+)
 from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
-from app.core.output_format import OutputFormatError, output_fields
+from app.core.output_format import OutputFormatError, format_instruction, instructed, output_fields
 from app.tui.bridge_recovery import engine_crashed
 from app.tui.messages import EngineMessage, MessageTarget
 from app.tui.streaming import ReplyInFlight, TokenBatches
@@ -34,6 +42,7 @@ from engine_ext.protocol import (
     Failed,
     Finished,
     Generate,
+    GenerationStats,
     Loaded,
     LoadModel,
     LoadProgress,
@@ -58,6 +67,8 @@ from engine_ext.untrusted_text import shown
 POLL_S: Final = 0.05
 CPU_SAMPLE_S: Final = 1.0  # other programs' CPU use (a busy machine's note) at most once a second
 MAX_EVENTS_PER_READ: Final = 512
+NOTHING_GENERATED: Final = GenerationStats(0, 0, 0, 0.0, 0, 0.0, 0.0, 0, 0)
+"""The stats of a reply stopped before it reached the engine (held behind the API server's requests)."""
 
 
 class EngineBridge(Engine):
@@ -106,6 +117,7 @@ class EngineBridge(Engine):
         self._max_threads = 0  # ... and its default count (it runs below it while others crowd the machine)
         self._batches = TokenBatches()  # the one batching of streamed tokens (app/tui/streaming.py)
         self._generations: dict[int, ReplyInFlight] = {}
+        self._asked_at: dict[int, float] = {}  # the app's replies not sent yet: when each was asked for
         self._loading: str | None = None
         self._model: tuple[str, EngineSettings, bool, int] | None = None
         self._mmproj = ""
@@ -119,7 +131,7 @@ class EngineBridge(Engine):
         # before the reply that was in flight.
         self._sent_settings: dict[str, SetSpeculative | SetSteering] = {}
         # Requests of the app's API server, run on this engine between the app's replies (app/core/engine_share.py)
-        self._share = EngineShare(self._send_labelled, self._send_job)
+        self._share = EngineShare(self._send_labelled, self._send_job, lambda rid: self._send(Cancel(rid)))
         self._running = False
         self._model_path: str | None = None  # the model last asked for (reloaded by `restart`)
 
@@ -199,11 +211,24 @@ class EngineBridge(Engine):
             tools=tools,
         )
         shape = (sampling.output_format, sampling.output_file)
-        self._submit(lambda: self._generate_shaped(request, *shape))
+        asked_at = time.monotonic()  # the time to the first token counts from here (Enter), a wait for the API too
+        self._submit(lambda: self._generate_shaped(request, *shape, asked_at))
         return request_id
 
     def cancel(self, request_id: int) -> None:
-        self._submit(lambda: self._send(Cancel(request_id)))
+        self._submit(lambda: self._cancel(request_id))
+
+    def _cancel(self, request_id: int) -> None:
+        """Stop a reply: one held behind the API server's requests ends at once (it never reached the engine)."""
+        if self._share.drop_held(request_id):
+            self._asked_at.pop(request_id, None)
+            self._post(Finished(request_id, "cancelled", NOTHING_GENERATED))
+            return
+        self._send(Cancel(request_id))
+
+    def stop_served(self) -> None:
+        """Stop the API server's requests on this engine: the waiting ones fail, the running one is cancelled."""
+        self._submit(self._share.stop_all)
 
     def end_thinking(self, request_id: int) -> bool:
         """Stop thinking now: the reply's thinking ends at its next token and it answers (Esc still stops it all)."""
@@ -340,6 +365,7 @@ class EngineBridge(Engine):
         for kind, setting in deferred.items():
             self._send_setting(kind, setting)
         for held in self._share.take_held():
+            self._post(ReplyHeld(held.request_id, 0))
             self._do_generate(held)
 
     def _take_answer(self, kind: str) -> str | None:
@@ -450,19 +476,25 @@ class EngineBridge(Engine):
         else:
             self._start_worker()
 
-    def _generate_shaped(self, request: Generate, output_format: str, output_file: str) -> None:
+    def _generate_shaped(self, request: Generate, output_format: str, output_file: str, asked_at: float) -> None:
         """Send a reply with its output format's schema or grammar, read here (the bridge's thread)."""
         try:
             grammar, json_schema = output_fields(output_format, output_file)
         except OutputFormatError as error:
             self._post(Failed(request.request_id, type(error).__name__, str(error)))
             return
-        self._do_generate(replace(request, grammar=grammar, json_schema=json_schema))
+        self._asked_at[request.request_id] = asked_at
+        messages = instructed(request.messages, format_instruction(output_format, json_schema))
+        self._do_generate(replace(request, messages=messages, grammar=grammar, json_schema=json_schema))
 
     def _do_generate(self, request: Generate) -> None:
-        if self._share.hold(request):  # a server request runs: this reply is sent once it is done
+        rid = request.request_id
+        if self._share.hold(request):  # a server request runs: this reply is sent once it is done, and says so
+            self._post(ReplyHeld(rid, self._share.ahead()))
             return
-        self._generations[request.request_id] = ReplyInFlight(request.request_id, time.monotonic(), request=request)
+        now = time.monotonic()
+        asked_at = self._asked_at.pop(rid, now)
+        self._generations[rid] = ReplyInFlight(rid, asked_at, request=request, held_s=now - asked_at)
         self._send(request)
 
     def _dispatch(self, event: Event) -> None:
@@ -510,8 +542,11 @@ class EngineBridge(Engine):
                 self._post(event, kind)
             return
         elif isinstance(event, Finished):
-            self._generations.pop(event.request_id, None)
+            generation = self._generations.pop(event.request_id, None)
             self._replies_since_load += 1
+            if generation is not None and generation.held_s > 0:  # the time to the first token counts from Enter
+                stats = replace(event.stats, ttft_ms=event.stats.ttft_ms + generation.held_s * 1000)
+                event = replace(event, stats=stats)
         elif isinstance(event, Failed):
             if self._loading is not None and event.request_id is None:
                 self._loading = None

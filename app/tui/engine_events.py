@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from textual import on
 from textual.screen import Screen
 
-from app.core.engine import LoadStarted, Recovering, ReplyStats, Starting
+from app.core.engine import LoadStarted, Recovering, ReplyHeld, ReplyStats, Starting
 from app.core.model_paths import record_use
 from app.core.remote_engine import REMOTE_PREFIX
 from app.tui.messages import EngineMessage
@@ -85,6 +85,7 @@ class EngineEvents(LlmtuiShell):
             TokenChunk: to_owner,
             PromptProgress: to_owner,
             ReplyStats: to_owner,
+            ReplyHeld: to_owner,
             Finished: self._generation_finished,
             Failed: self._failed,
             SpeculativeSet: lambda event, message: self.speculation.configured(event.drafters, event.notices),

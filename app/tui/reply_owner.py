@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 from app.core.generation import GenerationOwner
 
 if TYPE_CHECKING:
-    from app.core.engine import ReplyStats
+    from app.core.engine import ReplyHeld, ReplyStats
     from engine_ext.protocol import Failed, Finished, PromptProgress, TokenChunk
 
 
@@ -22,5 +22,5 @@ class ReplyOwner(GenerationOwner, Protocol):
 
     async def generation_failed(self, event: Failed) -> None: ...
 
-    def generation_progress(self, event: PromptProgress | ReplyStats) -> None:
-        """How far the prompt is read, or the reply's speed so far."""
+    def generation_progress(self, event: PromptProgress | ReplyStats | ReplyHeld) -> None:
+        """How far the prompt is read, the reply's speed so far, or what it waits for before it starts."""

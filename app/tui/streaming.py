@@ -117,6 +117,7 @@ class ReplyInFlight:
     prompt_tokens: int | None = None  # once the prompt is evaluated
     n_ctx: int | None = None
     request: Generate | None = None  # what was sent (sent again when the engine is restarted after an early crash)
+    held_s: float = 0.0  # how long it waited to be sent (behind the API server's requests): `sent_at` is the ask
 
     def took(self, chunk: TokenChunk, now: float) -> None:
         """Count a chunk of this reply's tokens."""

@@ -247,3 +247,15 @@ def test_a_schema_applies_after_thinking_and_speculation_stays_lossless(
         ids, sources, reasoning, answer = run(session, request)
     assert ids == want[0] and reasoning.strip() and "{" not in reasoning[:8]  # thought freely, not in JSON
     assert isinstance(json.loads(answer)["ok"], bool) and FORCED in sources
+
+
+def test_an_answer_held_to_a_schema_after_thinking_cannot_run_away_in_blank_lines(thinker: Path) -> None:
+    """Issue 49: with the chat's format instruction in the system message, this model wrote blank lines after its
+    forced end of thinking until the reply limit (the lazy grammar let the answer start with any whitespace)."""
+    from app.core.output_format import format_instruction
+
+    request = replace(ask("pick 0", 80, reasoning_budget=5, json_schema=PICK), ignore_eos=False)
+    told = ChatMessage("system", format_instruction("json_schema", PICK))
+    with session_for(thinker) as session:
+        ids, _, reasoning, answer = run(session, replace(request, messages=(told, *request.messages)))
+    assert len(ids) < 80 and reasoning and isinstance(json.loads(answer)["ok"], bool)

@@ -235,6 +235,27 @@ def test_llama_server_timings_and_reasoning_are_used(fake_server: Callable[..., 
     assert draft_summary(stats) == "75% 6/8" and draft_summary({"generated_tokens": 3}) is None
 
 
+def test_a_remote_server_is_told_the_output_format_in_the_system_message(
+    fake_server: Callable[..., FakeServer], tmp_path: Path
+) -> None:
+    """Issue 49: the schema goes with response_format, and the model is told it (OpenAI's json_object mode wants
+    JSON named in the messages too)."""
+    schema = tmp_path / "pick.json"
+    schema.write_text('{"type": "object", "required": ["ok"]}')
+    server = fake_server("replay")
+    bridge, collector = connected(RemoteSettings("box", server.url))
+    bridge.generate(
+        [("system", "Be brief."), ("user", "hi")],
+        SamplingSettings(output_format="json_schema", output_file=str(schema)),
+    )
+    collector.wait_for(Finished)
+    sent = json.loads(server.requests[-1][2])
+    assert sent["response_format"]["json_schema"]["schema"] == {"type": "object", "required": ["ok"]}
+    system, user = sent["messages"]
+    assert system["role"] == "system" and system["content"].startswith("Be brief.\n\nReply with JSON only")
+    assert system["content"].endswith('{"type":"object","required":["ok"]}') and user["content"] == "hi"
+
+
 def test_a_401_names_the_key_without_showing_it(
     fake_server: Callable[..., FakeServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:

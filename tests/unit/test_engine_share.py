@@ -162,3 +162,24 @@ def test_a_crash_forgets_the_apps_deferred_settings_which_the_bridges_recovery_s
     deferred, quiet = share.restore({"steering": SetSteering(TILT)})
     assert deferred == {}  # not sent twice as the app's own
     assert quiet == [(QUIET_PREFIX + "steering", SetSteering(TILT, reset_cache=True))]
+
+
+def test_the_user_stops_the_server_requests_a_held_reply_waits_for() -> None:
+    """Issue 49: ctrl+k while the chat's reply waits: the waiting requests fail, the running one is cancelled (one
+    whose settings are not answered yet as soon as it is sent); the held reply can also be dropped on its own."""
+    cancelled: list[int] = []
+    sent = Sent()
+    share = EngineShare(sent.setting, sent.generate, cancelled.append)
+    running, told = job(7, SetSpeculative(NGRAM))
+    waiting, waiting_told = job(8)
+    share.add(running)
+    share.add(waiting)
+    share.pump(engine_free=True)  # 7's speculative setting is sent, not answered yet
+    assert share.hold(generate(1)) and share.ahead() == 1
+    share.stop_all()
+    assert isinstance(waiting_told[-1], Failed) and share.waiting() == 0
+    assert cancelled == []  # 7 is not in the engine yet
+    share.answered()
+    assert sent.items[-1] == ("generate", 7) and cancelled == [7]  # sent, then cancelled at once
+    assert share.event(finished(7)) and told[-1] == finished(7) and share.ahead() == 0
+    assert not share.drop_held(2) and share.drop_held(1) and share.take_held() == []

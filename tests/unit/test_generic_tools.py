@@ -92,3 +92,35 @@ def test_the_app_is_told_which_models_get_the_generic_format() -> None:
     assert tool_format(QWEN25_TEMPLATE) == "hermes"
     assert "generic JSON format" in tool_format_hint("generic") and "hermes" in tool_format_hint("hermes")
     assert tool_format_hint("") == ""
+
+
+@pytest.mark.parametrize("stop_reason", ["max_tokens", "context_full", "eos"])
+def test_a_call_cut_by_the_token_limit_is_reported_cut_off_not_refused(stop_reason: str) -> None:
+    """Issue 49: a call the reply limit (or a full context) cut short read "a tool call was refused"."""
+    from engine_ext.protocol import Finished, Generate, GenerationStats, TokenChunk
+    from engine_ext.tool_turn import ToolTurn
+    from tests.tool_templates import QWEN25_TEMPLATE
+
+    stats = GenerationStats(10, 0, 10, 5.0, 24, 20.0, 6.0, 4096, 34)
+    request = Generate(1, max_tokens=24, tools=json.dumps([TOOL]))
+    hermes = '<tool_call>{"name": "get_weather", "argu'
+    for template, text in ((QWEN25_TEMPLATE, hermes), (None, '{"tool_call": {"name": "get_we')):
+        turn = ToolTurn.of(request, template, "m")
+        assert turn is not None
+        turn.watch(lambda event: None)(TokenChunk(1, text, "", tuple(range(len(text))), ("target",) * len(text)))
+        cut = Finished(1, stop_reason, stats)  # type: ignore[arg-type]
+        finished = turn.finish(cut, lambda t, text=text: text[t].encode(), False)  # type: ignore[misc]
+        [notice] = [n for n in finished.notices if n.startswith("a tool call")]
+        if stop_reason == "eos":
+            assert notice.startswith("a tool call was refused")
+        else:
+            limit = "the reply limit (24 tokens" if stop_reason == "max_tokens" else "the full context (4096 tokens)"
+            assert notice.startswith(f"a tool call was cut off by {limit}") and "refused" not in notice
+        assert finished.tool_calls == ()
+    # A generic reply whose response string was cut is a cut reply, not a call.
+    turn = ToolTurn.of(request, None, "m")
+    assert turn is not None
+    text = '{"response": "It is sun'
+    turn.watch(lambda event: None)(TokenChunk(1, text, "", (1,), ("target",)))
+    finished = turn.finish(Finished(1, "max_tokens", stats), lambda t: b"", False)
+    assert "the reply was cut off by the reply limit (24 tokens; raise max tokens)" in finished.notices

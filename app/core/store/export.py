@@ -60,6 +60,11 @@ def tool_call_markdown(record: CallRecord) -> str:
     )
 
 
+def markdown_text(text: str) -> str:
+    """One line of plain text inside Markdown emphasis: its Markdown and HTML characters escaped."""
+    return "".join("\\" + c if c in "\\`*_[]<>#|~" else c for c in text)
+
+
 def image_file_name(image: StoredImage) -> str:
     """The name an exported image file takes beside the Markdown (its hash's start and its format's suffix)."""
     return f"{image.sha256[:16]}.{FILE_SUFFIXES.get(image.format, 'img')}"
@@ -123,7 +128,11 @@ class Exports:
             if message.content.strip():
                 parts.append(message.content.strip("\n").rstrip())
             parts += [tool_call_markdown(record) for record, _ in stored_calls(message.stats)]
-            if message.state in STATE_NOTES:
+            if isinstance(repeats := message.stats.get("repeats"), str) and repeats.strip():
+                parts.append(f"*{markdown_text(one_line(repeats, 200))}*")
+            if message.failure:
+                parts.append(f"*Reply failed: {markdown_text(message.failure)}*")
+            elif message.state in STATE_NOTES:
                 parts.append(f"*{STATE_NOTES[message.state]}*")
             if note := features_note(message.stats):
                 parts.append(f"*{note}*")

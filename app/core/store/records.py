@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
 from engine_ext.image_input import size_text
+from engine_ext.untrusted_text import one_line
 
 HISTORY_FILE_NAME: Final = "history.sqlite3"
 TITLE_MAX_CHARS: Final = 60
+FAILURE_MAX_CHARS: Final = 200
+"""How much of why a reply failed is kept on its one line (the transcript's, the exports')."""
 
 Role = Literal["system", "user", "assistant"]
 MessageState = Literal["complete", "streaming", "stopped", "interrupted", "error"]
@@ -167,6 +170,12 @@ class Message:
     damaged: bool = False
     images: tuple[StoredImage, ...] = ()
     """The images sent with it (a user message), in order; their files are in the store's image folder."""
+
+    @property
+    def failure(self) -> str:
+        """Why a failed reply failed, on one line (its stats' "error", as the engine said it); "" for any other."""
+        error = self.stats.get("error") if self.state == "error" else None
+        return one_line(error, FAILURE_MAX_CHARS) if isinstance(error, str) and error.strip() else ""
 
     @property
     def can_continue(self) -> bool:

@@ -14,7 +14,7 @@ from app.tui.widgets.prompt_input import PromptInput
 from engine_ext.protocol import Failed, Finished, PromptProgress, SpeculativeStats, TokenChunk
 
 if TYPE_CHECKING:
-    from app.core.engine import ReplyStats
+    from app.core.engine import ReplyHeld, ReplyStats
     from app.tui.shell import LlmtuiShell
 
 # Engine states a run waits out, and what it says it waits for.
@@ -143,7 +143,7 @@ class ABRunScreen(ModalScreen[None]):
     async def generation_failed(self, event: Failed) -> None:
         self.finished(event)
 
-    def generation_progress(self, event: PromptProgress | ReplyStats) -> None:
+    def generation_progress(self, event: PromptProgress | ReplyStats | ReplyHeld) -> None:
         """The views show the text as it comes, not the speed."""
 
     def generation_stats(self, stats: SpeculativeStats) -> None:

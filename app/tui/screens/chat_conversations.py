@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.core.generation import conversation_sampling
+from app.core.output_format import FORMAT_LABELS
 from app.core.store import Message, StoreError
 from app.tui.screens.chat_view import ChatView, branch_map
 
@@ -42,6 +43,9 @@ class ConversationActions:
         if conversation_id is None:
             await self._view.transcript.show([], {})
             self._view.header.conversation_title = "New conversation"
+            sampling = self.app.default_conversation_settings().get("sampling")
+            fmt = sampling.get("output_format") if isinstance(sampling, dict) else None
+            self._view.header.output_format = FORMAT_LABELS.get(fmt, "") if isinstance(fmt, str) else ""
             self._view.stats.set_stats({})  # nothing measured in this conversation yet
         else:
             store = self.app.store
@@ -49,6 +53,7 @@ class ConversationActions:
             path = store.tree.active_path(conversation_id)
             await self._view.transcript.show(path, branch_map(store.tree.messages(conversation_id)))
             self._view.header.conversation_title = conversation.title or "New conversation"
+            self._view.header.output_format = FORMAT_LABELS.get(conversation_sampling(conversation).output_format, "")
             self._show_last_stats(path)
         self.refresh_conversation_list()
         self._view.refresh_bindings()  # Continue and Regenerate depend on the conversation's last reply
@@ -198,6 +203,7 @@ class ConversationActions:
             except (StoreError, ValueError) as error:
                 self._view.notify(f"Could not save the settings: {error}", severity="error")
                 return
+            self._view.header.output_format = FORMAT_LABELS.get(result.sampling.output_format, "")
             saved_preset = f" Preset “{result.save_as}” saved." if result.save_as else ""
             self._view.notify("Conversation settings saved." + saved_preset)
 

@@ -83,7 +83,8 @@ CHAT_BINDINGS: Final[list[BindingType]] = [
         tooltip="Draft colouring: text from accepted draft tokens underlined (n-gram: accent, model: green; a "
         "rejected draft's token: bold red)",
     ),
-    # Over the prompt's end-of-line only while the model thinks (check_action; otherwise ctrl+e is the prompt's).
+    # Over the prompt's end-of-line while the model thinks (check_action); with text in the prompt otherwise, the
+    # prompt's end of line; else one line saying the model is not thinking.
     Binding(
         "ctrl+e",
         "stop_thinking",
@@ -91,6 +92,16 @@ CHAT_BINDINGS: Final[list[BindingType]] = [
         show=False,
         priority=True,
         tooltip="Stop thinking: while the model thinks, it answers at once",
+    ),
+    # Over the prompt's delete-to-end-of-line only while the reply waits for the API server (check_action).
+    Binding(
+        "ctrl+k",
+        "stop_api_requests",
+        "Stop API requests",
+        show=False,
+        priority=True,
+        tooltip="Stop API requests: while your reply waits for the API server's requests (F10), stop them so it "
+        "starts now",
     ),
     Binding("tab", "app.focus_next", "Next", show=False, tooltip="Next part: the list, the messages, the message box"),
     Binding("shift+tab", "app.focus_previous", "Previous", show=False, tooltip="Previous part"),

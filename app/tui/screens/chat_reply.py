@@ -10,7 +10,9 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any, Final
 
+from app.core.engine import ReplyHeld
 from app.core.generation import end_state
+from app.core.generation.repeats import RepeatWatch
 from app.core.remote_engine import draft_summary
 from app.core.store import Message, StoreError
 from app.tui.screens.chat_documents import DocumentAttacher
@@ -58,6 +60,14 @@ def collect_now() -> None:
     gc.freeze()
 
 
+def held_note(ahead: int) -> str:
+    """What a reply waiting for the API server's requests says in its header ("" once it starts)."""
+    if not ahead:
+        return ""
+    requests = "an API request" if ahead == 1 else f"{ahead} API requests"
+    return f"waiting for {requests} to finish · ctrl+k stops {'it' if ahead == 1 else 'them'}"
+
+
 class ChatReplies:
     """Sending, streaming and ending the chat's replies, drawn in the transcript and the stats bar: the generation
     router's default owner. It knows which replies were measured on the model loaded now."""
@@ -71,6 +81,11 @@ class ChatReplies:
         the stats bar shows (an earlier session's or another model's figures would mislead)."""
         self.measured_on = ""
         """The model those were measured on (the screen sets it when it opens)."""
+        self.held_behind = 0
+        """How many API server requests the reply being written waits for before it starts (0: none)."""
+        self.repeats = (RepeatWatch(), RepeatWatch())
+        """The reply being written, watched for a loop: its answer and its thinking."""
+        self._repeat_told = False  # the toast said it once for this reply
 
     @property
     def app(self) -> LlmtuiShell:
@@ -146,6 +161,7 @@ class ChatReplies:
         if resume is None:  # the attached documents' passages for this question (chat_documents)
             await self._documents.find_sources(parent_id)
         reply = self.app.generation.begin(self._view.conversation_id, parent_id, model_name, resume=resume)
+        self.repeats, self._repeat_told = (RepeatWatch(), RepeatWatch()), False
         if resume is not None:
             await self._view.transcript.start_live(
                 reply.message_id,
@@ -187,9 +203,37 @@ class ChatReplies:
         except StoreError as error:
             self._view.notify(f"Could not save the reply: {error}", severity="error")
         self._view.transcript.write_live(text, reasoning, spans if text == streamed else ())
+        answer, thinking = self.repeats
+        if answer.feed(text) | thinking.feed(reasoning):
+            self._repeating()
 
-    def generation_progress(self, event: PromptProgress | ReplyStats) -> None:
+    def _repeating(self) -> None:
+        """The reply repeats itself: said under it as it streams (the first time in a toast too: the reply's end
+        may be out of view), and kept with it when it ends."""
+        note = self.repeat_note()
+        live = self._view.transcript.live
+        if live is not None:
+            live.notice(f"↻ {note} Esc stops it.")
+        if not self._repeat_told:
+            self._repeat_told = True
+            self._view.notify(f"{note} Esc stops it.", severity="warning", timeout=10)
+
+    def repeat_note(self) -> str:
+        """One line on the reply's loop, its answer's or its thinking's ("" when none)."""
+        answer, thinking = self.repeats
+        if answer.period:
+            return answer.note()
+        return thinking.note().replace("The reply repeats", "The reply's thinking repeats")
+
+    def generation_progress(self, event: PromptProgress | ReplyStats | ReplyHeld) -> None:
         if not self.app.generation.owns(event.request_id):
+            return
+        if isinstance(event, ReplyHeld):  # it waits for the API server's requests on the app's engine
+            self.held_behind = event.ahead
+            live = self._view.transcript.live
+            if live is not None:
+                live.waiting(held_note(event.ahead))
+            self._view.refresh_bindings()
             return
         if isinstance(event, PromptProgress):  # how far the prompt is read
             live = self._view.transcript.live
@@ -231,6 +275,12 @@ class ChatReplies:
         self.app.set_engine_state("ready")
         for notice in event.notices:
             self._view.notify(notice, severity="warning")
+        if event.stop_reason == "max_tokens":
+            self._view.notify(
+                f"The reply stopped at its limit of {event.stats.generated_tokens} tokens: ctrl+g continues it; "
+                "ctrl+s sets the conversation's limit (max tokens).",
+                severity="warning",
+            )
         if event.stop_reason == "context_full":
             self._view.notify(
                 "The context is full; start a new conversation or raise the context size (F3).", severity="warning"
@@ -286,6 +336,7 @@ class ChatReplies:
         replies = self.app.generation
         if replies.active is None:
             return
+        self.held_behind = 0
         self._view.prompt.cursor_blink = self._prompt_blink
         live = self._view.transcript.live
         if live is not None and live.body.draft_spans:
@@ -294,6 +345,8 @@ class ChatReplies:
             self.measured.add(replies.active.message_id)
         if state != "error":  # the steering mix and speculative settings it was written with (the exports say them)
             stats = dict(stats, **self.app.steering.in_use(), **self.app.speculation.in_use())
+        if note := self.repeat_note():
+            stats = dict(stats, repeats=note)
         try:
             ended = replies.end(state, stats)
         except StoreError as error:
@@ -316,16 +369,23 @@ class ChatReplies:
         if not self.app.generation.stop():
             self._view.back()
 
+    def stop_api_requests(self) -> None:
+        """Stop the API server's requests that the reply waits for: it starts at once."""
+        if self.held_behind:
+            self.app.bridge.stop_served()
+            self._view.notify("Stopped the API server's requests: your reply starts now.")
+
     def stop_thinking(self) -> None:
         """Stop thinking now: the model's thinking ends at the next token and it answers."""
         if not self.app.generation.end_thinking():
             reply = self.app.generation.active
-            thinking = reply is not None and not reply.answering
-            self._view.notify(
-                "This engine cannot stop a reply's thinking (Esc stops the reply)."
-                if thinking
-                else "The model is not thinking."
-            )
+            if reply is not None and not reply.answering and not reply.cancelling:
+                why = "This engine cannot stop a reply's thinking (Esc stops the reply)."
+            elif reply is not None and not reply.cancelling:
+                why = "The model is not thinking: it is answering (Esc stops the reply)."
+            else:
+                why = "The model is not thinking: ctrl+e ends its thinking while a reply thinks."
+            self._view.notify(why)
 
     async def continue_reply(self) -> None:
         if self._view.busy():

@@ -263,6 +263,9 @@ class ChatScreen(Screen[None]):
     def action_stop(self) -> None:
         self.replies.stop()
 
+    def action_stop_api_requests(self) -> None:
+        self.replies.stop_api_requests()
+
     def action_stop_thinking(self) -> None:
         """Stop thinking now: the model's thinking ends at the next token and it answers."""
         self.replies.stop_thinking()
@@ -400,8 +403,13 @@ class ChatScreen(Screen[None]):
             return False  # Esc in the steering panel is its own: it closes the panel, the reply goes on
         if action == "stop":
             return self.generation is not None
-        if action == "stop_thinking":
-            return self.generation is not None and not self.generation.answering and not self.generation.cancelling
+        if action == "stop_api_requests":
+            return self.generation is not None and self.replies.held_behind > 0
+        if action == "stop_thinking":  # while it thinks; else the prompt's end of line, or one line saying why not
+            reply = self.generation
+            if reply is not None and not reply.answering and not reply.cancelling:
+                return True
+            return not (self.prompt.has_focus and self.prompt.text)
         if action == "back":
             return self.generation is None
         if action == "continue_reply":

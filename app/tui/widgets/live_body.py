@@ -454,6 +454,22 @@ class LiveMessage(LaidOutOnce, Vertical):
         self.query_one(".live-header", Static).update(header)
         self._reading = True
 
+    def notice(self, text: str) -> None:
+        """A line under the reply (it repeats itself…), shown while it streams; replaced by the next one."""
+        found = self.query(".live-notice")
+        if found:
+            found.first(Static).update(text)
+        else:
+            self.mount(Static(text, classes="live-notice"))
+
+    def waiting(self, note: str) -> None:
+        """Say in the header what the reply waits for before it starts ("": nothing now, it is being written)."""
+        header = message_header("assistant", "" if note else "streaming", self.model, None)
+        if note:
+            header.append(f"  [{note}]", style="italic")
+        self.query_one(".live-header", Static).update(header)
+        self._reading = bool(note)
+
     def write(self, text: str, reasoning: str, spans: Sequence[DraftSpan] = ()) -> None:
         """Append streamed text (drawn within a frame) and reasoning."""
         if self._reading:

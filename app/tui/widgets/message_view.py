@@ -87,6 +87,12 @@ def fold_head(text: str) -> str | None:
     return head[:FOLD_HEAD_CHARS].rstrip()
 
 
+def reply_note(stats: Mapping[str, object]) -> str:
+    """The note kept with a reply that repeated itself (its stats' "repeats"), on one line; "" when none."""
+    note = stats.get("repeats")
+    return shown(" ".join(note.split()))[:200] if isinstance(note, str) else ""
+
+
 def reasoning_size(reasoning: str, stats: Mapping[str, object]) -> str:
     """How much a reply thought: its thinking tokens and time as the engine counted them, else its words."""
     tokens, ms = stats.get("reasoning_tokens"), stats.get("reasoning_ms")
@@ -121,6 +127,8 @@ class MessageView(RenderedOnce, can_focus=True):
         "message-view--draft",
         "message-view--draft-model",
         "message-view--draft-rejected",
+        "message-view--failure",
+        "message-view--notice",
     }
 
     DEFAULT_CSS = """
@@ -139,6 +147,12 @@ class MessageView(RenderedOnce, can_focus=True):
     MessageView > .message-view--draft-rejected {
         color: $text-error;
         text-style: bold;
+    }
+    MessageView > .message-view--failure {
+        color: $text-error;
+    }
+    MessageView > .message-view--notice {
+        color: $text-warning;
     }
     """
 
@@ -298,6 +312,12 @@ class MessageView(RenderedOnce, can_focus=True):
         if self.colour_drafts and self.draft_spans and self._body_width == width:  # (not while it is being drawn)
             styles = draft_styles(self, "message-view")
             body = mark_provenance(body, self.message.content, self.draft_spans, styles)
+        if message.failure:  # why it failed, kept with the reply (its stats' "error")
+            style = self.get_component_rich_style("message-view--failure", partial=True)
+            body = body + self.render_renderable(Text(f"✗ {message.failure}", style=style), width)
+        if repeats := reply_note(message.stats):  # it repeated itself (app/core/generation/repeats.py)
+            style = self.get_component_rich_style("message-view--notice", partial=True)
+            body = body + self.render_renderable(Text(f"↻ {repeats}", style=style), width)
         return to_strips(self.render_renderable(Group(*head), width) + body, width)
 
     def action_copy(self) -> None:

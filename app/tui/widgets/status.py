@@ -31,7 +31,8 @@ def _short(n: int) -> str:
 
 
 class AppHeader(Widget):
-    """One line: the app name, the conversation title, the loaded model, the backend and the engine state."""
+    """One line: the app name, the conversation title and the format its replies are held to, the loaded model, the
+    backend and the engine state."""
 
     DEFAULT_CSS = """
     AppHeader {
@@ -48,6 +49,8 @@ class AppHeader(Widget):
     """starting, loading, ready, generating, crashed, error or no model."""
     conversation_title: reactive[str] = reactive("")
     """The conversation on screen."""
+    output_format: reactive[str] = reactive("")
+    """The format the conversation's replies are held to ("json", "json schema", "grammar"; '': free text)."""
 
     def validate_model_name(self, name: str) -> str:
         return shown(name)  # a GGUF's general.name, a remote server's model id
@@ -68,8 +71,9 @@ class AppHeader(Widget):
         state.append(self.engine_state, style=ENGINE_STATE_STYLES.get(self.engine_state, ""))
         separator = Text(" │ ", style="dim")
         title = Text(f" {self.conversation_title} ", style="bold") if self.conversation_title else Text()
+        form = Text(f"[{self.output_format}]", style="bold cyan") if self.output_format else Text()
         if width:
-            fixed = line.cell_len + separator.cell_len + state.cell_len
+            fixed = line.cell_len + separator.cell_len + state.cell_len + form.cell_len
             model.truncate(max(1, width - fixed), overflow="ellipsis")
             room = width - fixed - model.cell_len
             if title.cell_len > room and room < 6:  # no room for a useful part of the title
@@ -79,6 +83,7 @@ class AppHeader(Widget):
                 title.truncate(room - 1, overflow="ellipsis")
                 title.append(" ")
         line.append_text(title)
+        line.append_text(form)
         line.append_text(separator)
         line.append_text(model)
         line.append_text(state)

@@ -20,8 +20,12 @@ from engine_ext.gguf import GGUFError, inspect_gguf
 from engine_ext.untrusted_text import shown
 from models_catalog import drafts, fit, pairing
 from models_catalog.catalog import Catalog
+from models_catalog.library import Library
+from models_catalog.library import LocalModel as LibraryModel
 
 MAX_SCAN_DEPTH: Final = 3
+STARTER_NAME: Final = "starter (SmolLM2-135M-Instruct)"
+"""How the bundled starter model is listed (ctrl+l, F4 → Local, `llmtui models list`)."""
 IN_MODEL_MTP: Final = "draft-mtp"
 """The draft type of a model that carries its own MTP (NextN) heads: a chat model that drafts for itself."""
 DRAFT_KINDS: Final = frozenset(pairing.DRAFT_KIND_ORDER)
@@ -68,7 +72,7 @@ def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[Local
     if starter is not None:
         found.append(
             LocalModel(
-                "starter (SmolLM2-135M-Instruct)",
+                STARTER_NAME,
                 starter,
                 starter.stat().st_size,
                 "starter",
@@ -108,6 +112,23 @@ def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[Local
             seen.add(resolved)
             found.append(LocalModel(shown(path.stem), path, size, str(path.parent), quant=pairing.quant_tag(path.name)))
     return found
+
+
+def with_starter(
+    on_disk: Library, models: Sequence[LibraryModel], *, inspect: bool = True
+) -> list[LibraryModel]:
+    """`models` (the library's listing) and after them the bundled starter model, when it is installed and not
+    listed already: F4's Local tab and `llmtui models list` show it beside the models downloaded (issue 49, 8)."""
+    starter = starter_model_path()
+    if starter is None or not starter.is_file():
+        return list(models)
+    try:
+        resolved = starter.resolve()
+        if any(model.path.resolve() == resolved for model in models):
+            return list(models)
+    except (OSError, RuntimeError):
+        return list(models)
+    return [*models, on_disk.file_model(starter, STARTER_NAME, "starter", inspect=inspect)]
 
 
 def describe_models(

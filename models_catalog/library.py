@@ -128,6 +128,12 @@ class Library:
         usage[str(Path(path).absolute())] = time.time() if when is None else when
         write_private_text(self.usage_file, json.dumps(usage, indent=1))
 
+    def recently_used(self, limit: int) -> list[Path]:
+        """The files of the models opened lately (as `mark_used` remembers them), most recent first, at most
+        `limit`; a file since deleted or moved is among them (the caller checks)."""
+        usage = sorted(self._usage().items(), key=lambda item: item[1], reverse=True)
+        return [Path(path) for path, _ in usage[: max(0, limit)]]
+
     # -- listing -------------------------------------------------------------------------------------
 
     def cache_roots(self) -> list[tuple[Path, str]]:

@@ -520,3 +520,55 @@ async def test_e_edits_a_local_models_serve_preset_in_config_toml(
         assert dict(preset.values) == {"alias": "fast", "n_ctx": 1024, "pin": True}
         detail = str(screen.query_one("#detail-info", Static).render())
         assert "Serve preset: alias fast · context size 1024 · pinned" in detail
+
+
+@pytest.mark.anyio
+async def test_ctrl_l_offers_a_model_used_outside_the_folders_and_marks_those_with_a_projector(
+    tiny_models: dict[str, Path], tmp_path: Path, app_dirs: tuple[Path, Path]
+) -> None:
+    """Issue 49 item 9: a model opened with `-m PATH` outside the model folders was gone from ctrl+l once another
+    model was in use, and ctrl+l did not mark models with a projector beside them (F4 shows +mmproj)."""
+    import shutil
+
+    from app.core.config import load_config, save_config
+    from app.core.model_paths import record_use
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    used = elsewhere / "used-before-Q8_0.gguf"
+    shutil.copyfile(tiny_models["llama"], used)
+    (elsewhere / "mmproj-used-before-f16.gguf").write_bytes(b"GGUF")  # paired by its name, as the app loads it
+    assert record_use(used) is None  # as loading it for a chat does (`llmtui -m PATH`, then ctrl+l to another)
+    gone = elsewhere / "deleted-since.gguf"
+    shutil.copyfile(tiny_models["llama"], gone)
+    assert record_use(gone) is None
+    gone.unlink()
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copyfile(tiny_models["llama"], folder / "seeing-Q8_0.gguf")
+    (folder / "mmproj-seeing-f16.gguf").write_bytes(b"GGUF")
+    blind = folder / "text-only" / "blind-Q8_0.gguf"  # a folder without a projector
+    blind.parent.mkdir()
+    shutil.copyfile(tiny_models["qwen3"], blind)
+    save_config(replace(load_config(), model_folders=(str(folder),)))
+    app = LlmtuiApp(str(blind), start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), "the switcher")
+        switcher = app.screen
+        assert isinstance(switcher, ModelSwitcherModal)
+        await wait_until(pilot, lambda: not switcher.scanning and not switcher.describing, "the switcher's scan")
+        rows = {m.path.name: m for m in switcher.models}
+        assert "used-before-Q8_0.gguf" in rows and "deleted-since.gguf" not in rows
+        assert rows["used-before-Q8_0.gguf"].where == str(elsewhere)
+        options = switcher.query_one("#model-options", OptionList)
+        labels = {
+            (option.id or "").removeprefix("local:"): str(option.prompt)
+            for option in (options.get_option_at_index(i) for i in range(options.option_count))
+        }
+        assert "+mmproj" in labels[str(used)] and "+mmproj" in labels[str(folder / "seeing-Q8_0.gguf")]
+        assert "+mmproj" not in labels[str(blind)]
+        await pilot.press(*"used-before")
+        await wait_until(pilot, lambda: options.option_count == 1, "the filter narrowed to it")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.model_path == str(used), "the model used before, chosen again")

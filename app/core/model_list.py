@@ -127,9 +127,7 @@ def local_models(folders: Iterable[str], also: Sequence[str] = (), recent: int =
     return found
 
 
-def with_starter(
-    on_disk: Library, models: Sequence[LibraryModel], *, inspect: bool = True
-) -> list[LibraryModel]:
+def with_starter(on_disk: Library, models: Sequence[LibraryModel], *, inspect: bool = True) -> list[LibraryModel]:
     """`models` (the library's listing) and after them the bundled starter model, when it is installed and not
     listed already: F4's Local tab and `llmtui models list` show it beside the models downloaded (issue 49, 8)."""
     starter = starter_model_path()

@@ -196,7 +196,7 @@ def test_run_mcp_offers_the_servers_tools_and_built_ins_only_as_named(tmp_path: 
     config = config_path()
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(
-        f"[mcp.servers.weather]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(SERVER)}, \"well\"]\n"
+        f'[mcp.servers.weather]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(SERVER)}, "well"]\n'
         f'[tools]\nbuiltin = ["datetime"]\nread_folder = {json.dumps(str(notes))}\n'
     )
 

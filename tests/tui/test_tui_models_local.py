@@ -572,3 +572,6 @@ async def test_ctrl_l_offers_a_model_used_outside_the_folders_and_marks_those_wi
         await wait_until(pilot, lambda: options.option_count == 1, "the filter narrowed to it")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.model_path == str(used), "the model used before, chosen again")
+    from app.core.model_list import local_models
+
+    assert used not in [m.path for m in local_models([str(folder)], recent=0)]  # as `serve` lists them: not served

@@ -434,7 +434,8 @@ class SpeculativeStats:
             "verify_ms": round(self.verify_ms, 3),
             "effective_tps": round(self.effective_tps, 2),
             "plain_tps": round(self.plain_tps, 2),
-            "speedup": round(self.speedup, 3),
+            # None where nothing was drafted (or plain decoding is not measured yet): no speedup to speak of
+            "speedup": round(self.speedup, 3) if self.drafted and self.plain_tps > 0 else None,
             "n_max": self.n_max,
             "status": self.status,
             "drafters": [

@@ -128,6 +128,12 @@ class Library:
         usage[str(Path(path).absolute())] = time.time() if when is None else when
         write_private_text(self.usage_file, json.dumps(usage, indent=1))
 
+    def recently_used(self, limit: int) -> list[Path]:
+        """The files of the models opened lately (as `mark_used` remembers them), most recent first, at most
+        `limit`; a file since deleted or moved is among them (the caller checks)."""
+        usage = sorted(self._usage().items(), key=lambda item: item[1], reverse=True)
+        return [Path(path) for path, _ in usage[: max(0, limit)]]
+
     # -- listing -------------------------------------------------------------------------------------
 
     def cache_roots(self) -> list[tuple[Path, str]]:
@@ -138,14 +144,27 @@ class Library:
         return roots
 
     def models(self, *, inspect: bool = True) -> list[LocalModel]:
-        """Every model: hub caches first (by repo and size), then the user's folders."""
+        """Every model: hub caches first (by repo and size), then the user's folders. A file the folders reach twice
+        (a folder inside another, one folder named twice, a link to a file listed already) is listed once, where it
+        was found first."""
         usage = self._usage()
         found: list[LocalModel] = []
         for root, source in self.cache_roots():
             found.extend(self._cached_models(root, source, usage, inspect))
+        seen = {_file_key(model.path) for model in found}
         for folder in self.folders:
-            found.extend(self._folder_models(folder, usage, inspect))
+            for model in self._folder_models(folder, usage, inspect):
+                key = _file_key(model.path)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(model)
         return found
+
+    def file_model(self, path: Path, name: str, source: str, *, inspect: bool = True) -> LocalModel:
+        """One model file outside the caches and folders (the bundled starter), described as the listing describes
+        a model found there."""
+        info = pairing.split_info(path.name)
+        return self._model(name, path, source, None, info.tag, (path,), 1, {}, self._usage(), inspect)
 
     def _cached_models(self, root: Path, source: str, usage: dict[str, float], inspect: bool) -> list[LocalModel]:
         out: list[LocalModel] = []
@@ -387,6 +406,14 @@ def _folder_path(folder: Path | str) -> Path | None:
         return Path(folder).expanduser()
     except RuntimeError:  # "Could not determine home directory."
         return None
+
+
+def _file_key(path: Path) -> Path:
+    """The file a path names, links followed (its absolute path when it cannot be resolved)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return path.absolute()
 
 
 def _walk(folder: Path, depth: int) -> Iterable[tuple[Path, list[str]]]:

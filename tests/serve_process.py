@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO
@@ -27,13 +28,15 @@ def running_serve(
     preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[str]:
     """Start `llmtui serve ARGS` (which name `port`), wait until /health answers, yield its base URL; SIGINT after.
-    `stderr`: a file for its log (else a pipe, read when it exits early); `preexec_fn` runs in the child (limits)."""
+    `stderr`: a file for its log (else a temporary file, read when it exits early: a pipe nobody reads would stop
+    the server once its request log filled it); `preexec_fn` runs in the child (limits)."""
+    log = stderr if stderr is not None else tempfile.TemporaryFile("w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", *args],
         cwd=ROOT,
         env=dict(env),
         stdout=subprocess.DEVNULL,
-        stderr=stderr or subprocess.PIPE,
+        stderr=log,
         text=True,
         preexec_fn=preexec_fn,
     )
@@ -41,7 +44,11 @@ def running_serve(
 
     def healthy() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"llmtui serve exited: {process.stderr.read() if process.stderr else 'see its log'}")
+            said = "see its log"
+            if stderr is None:
+                log.seek(0)
+                said = log.read()
+            raise AssertionError(f"llmtui serve exited: {said}")
         try:
             return httpx.get(f"{base}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
@@ -57,3 +64,5 @@ def running_serve(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+        if stderr is None:
+            log.close()

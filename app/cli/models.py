@@ -182,13 +182,15 @@ def _list(args: argparse.Namespace) -> int:
             state = "downloading now" if p.active else "resume with `llmtui models pull`, or `models rm --partials`"
             print(shown(f"  {p.repo_id:<40} {format_bytes(p.size):>10}  {p.tool:<15} {state}"))  # names from disk
         return 0
+    from app.core.model_list import with_starter
     from models_catalog import hfcache
 
-    models = library.models()
+    downloaded = library.models()
+    models = with_starter(library, downloaded)  # the bundled starter too, after the rest (issue 49, 8)
     if args.json:
         _print_json([m.to_dict() for m in models])
         return 0
-    if not models:
+    if not downloaded:
         _print_no_models(hfcache.cache_dir())
         return 0
     for m in models:

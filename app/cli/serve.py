@@ -198,6 +198,11 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="answer POST /v1/embeddings with the model (mean pooling unless its GGUF names one; on by itself for "
         "an embedding model, and /v1/rerank for a reranker; --parallel 1)",
     )
+    serve.add_argument(
+        "--no-request-log",
+        action="store_true",
+        help="do not write a line per request on stderr (method, path, status, tokens, seconds)",
+    )
     add_spec_args(serve)
     add_control_vector_args(serve)
     add_router_args(serve)

@@ -194,7 +194,8 @@ def serve_every_model(args: argparse.Namespace, api_key: str | None) -> int:
     except ConfigError as error:
         raise CliError(str(error)) from None
     folders = [*config.model_folders, *args.models_dir]
-    models = routed_models(describe_models(local_models(folders), folders), config.model_presets)
+    # The caches and model folders: not the model files opened by their path lately (ctrl+l offers those)
+    models = routed_models(describe_models(local_models(folders, recent=0), folders), config.model_presets)
     if not models:
         raise CliError("no local models to serve: download one (llmtui models pull) or add a folder: --models-dir DIR")
     vectors = {p.stem: str(p) for p in sorted(paths.steering_dir().glob("*.gguf"))}

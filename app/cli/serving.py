@@ -92,11 +92,17 @@ def listen_until_stopped(
     from app.server.asgi import build_app
 
     access = Access(listen_host=args.host, allowed_hosts=tuple(args.allowed_host), cors=tuple(args.cors))
-    app = build_app(backend, metrics, api_key=api_key, access=access)
+    log = None if args.no_request_log else _log_request
+    app = build_app(backend, metrics, api_key=api_key, access=access, request_log=log)
     server = listen.server(app, args.host, args.port, log_level="warning")
     _cancel_on_exit(server, backend.stop)
     server.run()
     backend.close()
+
+
+def _log_request(line: str) -> None:
+    """A request's line on stderr, as llama-server logs each request."""
+    print(f"llmtui serve: {line}", file=sys.stderr, flush=True)
 
 
 def _cancel_on_exit(server: uvicorn.Server, stop: Callable[[], None]) -> None:

@@ -83,7 +83,9 @@ def tool_box(args: argparse.Namespace, stack: ExitStack) -> tuple[ToolBox, Allow
             path = Path(args.tools_file).expanduser()
             for tool in read_tools(read_text_file(path)):
                 box.add(ToolEntry(tool["function"], path.name, None))
-        for name in dict.fromkeys([*args.builtin_tool, *settings.builtin]):
+        # Built-in tools only as --builtin-tool names them: config.toml's tools.builtin is the app's choice
+        # ("built-in" in the conversation settings), never added to `run --mcp NAME` (issue 49, 13).
+        for name in dict.fromkeys(args.builtin_tool):
             if name == "datetime":
                 box.add(datetime_tool())
             else:

@@ -20,8 +20,14 @@ from engine_ext.gguf import GGUFError, inspect_gguf
 from engine_ext.untrusted_text import shown
 from models_catalog import drafts, fit, pairing
 from models_catalog.catalog import Catalog
+from models_catalog.library import Library
+from models_catalog.library import LocalModel as LibraryModel
 
 MAX_SCAN_DEPTH: Final = 3
+RECENT_MODELS: Final = 20
+"""How many of the model files used lately (`llmtui -m PATH` outside the model folders, say) ctrl+l offers."""
+STARTER_NAME: Final = "starter (SmolLM2-135M-Instruct)"
+"""How the bundled starter model is listed (ctrl+l, F4 → Local, `llmtui models list`)."""
 IN_MODEL_MTP: Final = "draft-mtp"
 """The draft type of a model that carries its own MTP (NextN) heads: a chat model that drafts for itself."""
 DRAFT_KINDS: Final = frozenset(pairing.DRAFT_KIND_ORDER)
@@ -47,6 +53,11 @@ class LocalModel:
     """Why its header could not be read."""
 
     @property
+    def has_projector(self) -> bool:
+        """Whether a projector (mmproj) is beside it: the model sees images."""
+        return "mmproj" in self.sidecars
+
+    @property
     def draft_kinds(self) -> tuple[str, ...]:
         """The drafts to show: those read from headers when known, else the sidecars by name."""
         if self.drafts is not None:
@@ -58,9 +69,10 @@ class LocalModel:
         return {"hf-cache": "Hugging Face cache", "llama-cache": "llama.cpp cache"}.get(self.source, self.source)
 
 
-def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[LocalModel]:
+def local_models(folders: Iterable[str], also: Sequence[str] = (), recent: int = RECENT_MODELS) -> list[LocalModel]:
     """The starter model (when installed), then the Hugging Face and llama.cpp caches, then every model in `folders`
-    (three levels deep), then the files in `also` (the model in use, opened by its path) not found there; no
+    (three levels deep), then the files in `also` (the model in use, opened by its path) and the `recent` model
+    files used last (opened by a path outside the folders minutes before: issue 49, 9) not found there; no
     duplicates; draft sidecars, projectors and split parts after the first are not listed."""
     found: list[LocalModel] = []
     seen: set[Path] = set()
@@ -68,7 +80,7 @@ def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[Local
     if starter is not None:
         found.append(
             LocalModel(
-                "starter (SmolLM2-135M-Instruct)",
+                STARTER_NAME,
                 starter,
                 starter.stat().st_size,
                 "starter",
@@ -96,7 +108,7 @@ def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[Local
                 sidecars=tuple(sorted(model.sidecars)),
             )
         )
-    for text in also:
+    for text in (*also, *(str(path) for path in library.recently_used(recent))):
         path = user_path(text)
         if path is None or path.suffix.lower() != ".gguf":
             continue
@@ -106,8 +118,28 @@ def local_models(folders: Iterable[str], also: Sequence[str] = ()) -> list[Local
             continue
         if resolved not in seen and path.is_file():
             seen.add(resolved)
-            found.append(LocalModel(shown(path.stem), path, size, str(path.parent), quant=pairing.quant_tag(path.name)))
+            projector = ("mmproj",) if pairing.local_mmproj(path) is not None else ()  # loaded with it (ctrl+l)
+            found.append(
+                LocalModel(
+                    shown(path.stem), path, size, str(path.parent), pairing.quant_tag(path.name), sidecars=projector
+                )
+            )
     return found
+
+
+def with_starter(on_disk: Library, models: Sequence[LibraryModel], *, inspect: bool = True) -> list[LibraryModel]:
+    """`models` (the library's listing) and after them the bundled starter model, when it is installed and not
+    listed already: F4's Local tab and `llmtui models list` show it beside the models downloaded (issue 49, 8)."""
+    starter = starter_model_path()
+    if starter is None or not starter.is_file():
+        return list(models)
+    try:
+        resolved = starter.resolve()
+        if any(model.path.resolve() == resolved for model in models):
+            return list(models)
+    except (OSError, RuntimeError):
+        return list(models)
+    return [*models, on_disk.file_model(starter, STARTER_NAME, "starter", inspect=inspect)]
 
 
 def describe_models(

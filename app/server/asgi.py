@@ -32,6 +32,7 @@ from app.server.embeddings import embeddings_answer, parse_embeddings, parse_rer
 from app.server.gate import RequestGate
 from app.server.metrics import Metrics
 from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request
+from app.server.request_log import RequestLog, note_finished
 from app.server.requests import Job, parse_body, parse_chat, parse_completion, slot_filename
 from engine_ext.protocol import Embed, Embedded, Finished, SlotDone, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
@@ -139,13 +140,17 @@ async def next_event(request: Request, ticket: Ticket, within: float | None = No
     deadline = None if within is None else time.monotonic() + within
     while True:
         try:
-            return await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
+            event = await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
         except TimeoutError:
             if await request.is_disconnected():
                 ticket.cancel()
                 return ApiError(499, "the client went away")
             if deadline is not None and time.monotonic() >= deadline:
                 return None
+            continue
+        if isinstance(event, Finished):
+            note_finished(request.scope, event)  # its tokens, for the request log
+        return event
 
 
 async def first_event(request: Request, ticket: Ticket, within: float | None = None) -> object:
@@ -553,12 +558,20 @@ ROUTES: Final[tuple[tuple[str, str, Handler, ErrorShape | None], ...]] = (
 
 
 def build_app(
-    backend: Backend, metrics: Metrics, *, api_key: str | None = None, access: Access | None = None
+    backend: Backend,
+    metrics: Metrics,
+    *,
+    api_key: str | None = None,
+    access: Access | None = None,
+    request_log: Callable[[str], None] | None = None,
 ) -> Starlette:
-    """The Starlette app: ROUTES behind the gate (and CORS when asked), its state what the handlers read."""
+    """The Starlette app: ROUTES behind the gate (and CORS when asked), its state what the handlers read;
+    `request_log` takes one line per request (`llmtui serve`'s stderr), refusals of the gate included."""
     access = access or Access()
     routes = [Route(path, guarded(handler, shape), methods=[method]) for method, path, handler, shape in ROUTES]
     middleware = [Middleware(RequestGate, access=access, refused=metrics.refused)]
+    if request_log is not None:
+        middleware.insert(0, Middleware(RequestLog, write=request_log))
     if access.cors:  # preflights and CORS headers for the origins the gate lets through
         middleware.append(
             Middleware(CORSMiddleware, allow_origins=list(access.origins), allow_methods=["*"], allow_headers=["*"])

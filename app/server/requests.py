@@ -293,9 +293,13 @@ def _common(
     requested = body.get("model")
     if requested is not None and not isinstance(requested, str):
         raise bad_request("model must be a string", "model")
-    n = _int(body, "n", 1, 1)
-    if n not in (None, 1):
-        raise bad_request("n must be 1", "n")
+    n = _int(body, "n", 1, 2**31 - 1)
+    if n not in (None, 1):  # (was "n must be between 1 and 1": issue 49, 19)
+        raise bad_request(
+            f"n = {n} is not supported: this server writes one choice per request (n = 1); send the request {n} "
+            f"times for {n} choices",
+            "n",
+        )
     for field in ("logprobs", "top_logprobs"):
         if body.get(field) not in (None, False, 0):
             raise bad_request(f"{field} is not supported by this server", field)

@@ -196,6 +196,10 @@ class LlmtuiApp(EngineEvents):
     def reply_in_progress(self) -> bool:
         return self.generation.active is not None
 
+    def reply_position(self) -> tuple[int, int] | None:
+        active = self.generation.active
+        return (active.message_id, active.recorder.tokens) if active is not None else None
+
     def features_changed(self) -> None:
         """The controllers publish a change of speculation or steering state; the chat screen watches this."""
         self.features_version += 1

@@ -74,6 +74,10 @@ def test_idle_connections_past_the_file_limit_neither_stop_health_nor_flood_the_
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     text = log.read_text()
     assert len(text) < 2000 and "Traceback" not in text, text[-2000:]
+    # The request log (issue 49, 19): a line for the refused completion; none for /health (polled at the start).
+    [request] = [line for line in text.splitlines() if " POST " in line]
+    assert request.startswith("llmtui serve: 127.0.0.1 POST /v1/completions 400 · ") and request.endswith(" s")
+    assert " GET /health" not in text
 
 
 def test_an_api_key_no_client_can_send_is_refused_at_start(tiny_models: dict[str, Path], tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_a_new_user_searches_inspects_pulls_lists_and_deletes(
 
     listed = llmtui("list", "--json", tmp=tmp_path)
     assert listed.returncode == 0, listed.stderr
-    [entry] = json.loads(listed.stdout)
+    [entry] = [e for e in json.loads(listed.stdout) if e["source"] != "starter"]  # the bundled starter, listed too
     assert entry["name"] == f"{REPO}:Q8_0" and entry["architecture"] == "qwen35" and "mtp" in entry["sidecars"]
 
     size = model.stat().st_size + Path(result["sidecars"]["mtp"]).stat().st_size
@@ -95,7 +95,7 @@ def test_a_new_user_searches_inspects_pulls_lists_and_deletes(
     assert removed.returncode == 0, removed.stderr
     assert json.loads(removed.stdout) == {"deleted": [f"{REPO}:Q8_0"], "freed": size}
     assert not model.exists()
-    assert json.loads(llmtui("list", "--json", tmp=tmp_path).stdout) == []
+    assert [e for e in json.loads(llmtui("list", "--json", tmp=tmp_path).stdout) if e["source"] != "starter"] == []
 
 
 def test_errors_are_one_line_with_what_to_do(tiny_hub: HubServer, hf_env: Path, tmp_path: Path) -> None:

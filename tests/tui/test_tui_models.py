@@ -18,6 +18,7 @@ from app.tui.modals.model_actions import DeleteModelModal, PullModal
 from app.tui.screens.models_screen import ModelsScreen
 from app.tui.widgets.downloads import DownloadsPanel
 from models_catalog.download import Progress, State
+from models_catalog.library import LocalModel
 from tests.hub_server import HubServer
 from tests.pilot import assert_footer_fits, started
 from tests.waits import wait_until
@@ -47,6 +48,11 @@ def models_hub(
     )
     hub_server.add_repo(GATED, {"Gated-Q4_K_M.gguf": tiny_models["llama"]}, gated=True, downloads=3)
     return hub_server
+
+
+def downloaded(screen: ModelsScreen) -> list[LocalModel]:
+    """F4's Local models but the bundled starter (listed last when installed)."""
+    return [m for m in screen.local_models if m.source != "starter"]
 
 
 def make_app(tiny_models: dict[str, Path]) -> LlmtuiApp:
@@ -129,7 +135,7 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(
         assert states_of(seen, "mtp-Tiny-Q8_0.gguf")[-1] == State.DONE
         panel = screen.query_one(DownloadsPanel)
         assert panel.display and [r.progress.state for r in panel.rows.values()] == [State.DONE, State.DONE]
-        [model] = screen.local_models
+        [model] = downloaded(screen)
         assert set(model.sidecars) == {"mtp"} and model.architecture == "qwen35"
         assert "✓" in str(quant_list(screen).get_option_at_index(quant_list(screen).highlighted or 0).prompt)
 
@@ -162,7 +168,7 @@ async def test_search_inspect_pull_with_mtp_use_in_chat_and_delete(
         await wait_until(pilot, lambda: isinstance(app.screen, DeleteModelModal))
         assert isinstance(app.screen, DeleteModelModal) and app.screen.freed_bytes == size
         await pilot.press("y")
-        await wait_until(pilot, lambda: not screen.local_models and not model.path.exists())
+        await wait_until(pilot, lambda: not downloaded(screen) and not model.path.exists())
         await wait_until(pilot, lambda: any(f"freed {_mib(size)}" in n.message for n in app._notifications))
 
 
@@ -196,13 +202,13 @@ async def test_a_download_in_progress_pauses_and_resumes(models_hub: HubServer, 
         await pilot.pause(0.5)  # time passes: a paused download stays paused
         assert row.progress.state == State.PAUSED and 0 < kept < row.progress.total
         assert "paused" in str(row.query_one(".download-stats", Static).render())
-        assert not screen.local_models
+        assert not downloaded(screen)
 
         await pilot.press("p")
         await wait_until(pilot, lambda: row.progress.state == State.DONE)
         resumed_from = [r.start for r in models_hub.data_requests("Tiny-Q8_0.gguf")]
         assert resumed_from[0] == 0 and resumed_from[-1] > 0  # the second request continued, not restarted
-        await wait_until(pilot, lambda: [m.name for m in screen.local_models] == [f"{REPO}:Q8_0"])
+        await wait_until(pilot, lambda: [m.name for m in downloaded(screen)] == [f"{REPO}:Q8_0"])
 
 
 @pytest.mark.anyio
@@ -325,6 +331,7 @@ async def test_a_model_used_from_the_first_run_screen_opens_the_chat(
     from app.tui.screens.first_run import FirstRunScreen
 
     monkeypatch.setattr("app.tui.start_up.starter_model_path", lambda: None)
+    monkeypatch.setattr("app.core.model_list.starter_model_path", lambda: None)
     app = LlmtuiApp(start_engine=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen))

@@ -25,7 +25,7 @@ from models_catalog import hfcache
 from models_catalog.download import State
 from tests.hub_server import HubServer
 from tests.pilot import ready
-from tests.tui.test_tui_models import REPO, highlight_quant, models_hub, open_models, search_and_open
+from tests.tui.test_tui_models import REPO, downloaded, highlight_quant, models_hub, open_models, search_and_open
 from tests.waits import wait_until
 
 __all__ = ["models_hub"]  # the fixture, used by name
@@ -328,7 +328,7 @@ async def test_partial_downloads_show_in_local_with_progress_resume_and_delete(
             lambda: any(f"freed {format_bytes(q4_kept)}" in n.message for n in app._notifications),
             "the space freed, said",
         )
-        assert [m.name for m in screen.local_models] == [f"{REPO}:Q8_0"]  # the model stays
+        assert [m.name for m in downloaded(screen)] == [f"{REPO}:Q8_0"]  # the model stays
 
 
 # ----- status words, explained where they show ---------------------------------------------------------------
@@ -432,26 +432,55 @@ async def test_a_download_paused_in_this_session_shows_in_local_and_resumes_or_i
 
 
 @pytest.mark.anyio
-async def test_an_empty_local_tab_names_the_starter_and_leaves_the_catalogs_entry(
-    models_hub: HubServer, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+async def test_the_starter_is_listed_beside_other_models_and_a_nested_folders_model_once(
+    models_hub: HubServer, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 37 item 5, walked again: on a fresh home F4's Local tab said "No models on disk yet" while the starter
-    model was chatting, and kept showing the Catalog's entry beside it (its d and u acting on that)."""
+    """Issue 49 item 8: F4's Local tab named the bundled starter only while nothing else was on disk, and a model
+    folder inside another model folder listed its files twice. The starter is a row of its own (not deleted from
+    here), each file is listed once; without the starter and models, the tab says so (issue 37 item 5)."""
+    import shutil
+
     from textual.widgets import Static
 
-    starter = tiny_models["llama"]
-    monkeypatch.setattr("app.core.model_paths.starter_model_path", lambda: starter)
+    from app.core.paths import config_path
+    from app.tui.screens.models_local import NO_LOCAL_MODELS
+
+    starter = tmp_path / "bundle" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    starter.parent.mkdir()
+    shutil.copyfile(tiny_models["llama"], starter)
+    monkeypatch.setattr("app.core.model_list.starter_model_path", lambda: starter)
+    outer = tmp_path / "models"
+    (outer / "sub").mkdir(parents=True)
+    shutil.copyfile(tiny_models["llama"], outer / "sub" / "nested-Q8_0.gguf")
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text(f'[models]\nfolders = ["{outer}", "{outer / "sub"}"]\n', encoding="utf-8")
     app = LlmtuiApp(str(starter), start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await open_models(pilot)
-        assert screen.entry is not None  # the Catalog's first entry, shown first
         await pilot.press("3")
+        await wait_until(pilot, lambda: len(screen.local_models) >= 2, "the Local tab's list")
+        assert [(m.name, m.source) for m in screen.local_models] == [
+            ("sub/nested-Q8_0.gguf", str(outer)),
+            ("starter (SmolLM2-135M-Instruct)", "starter"),
+        ]
+        assert "bundled" in option_texts(screen.query_one("#local-list", OptionList))[1]
+        await highlight_local(pilot, screen, "1")
+        await wait_until(pilot, lambda: screen.local is not None and screen.local.source == "starter", "the starter")
+        detail = str(screen.query_one("#detail-info", Static).render())
+        assert "In: bundled with llmtui" in detail and "x: delete" not in detail
+        assert "x" not in footer_keys(screen)
+        await pilot.press("x")
+        await pilot.pause()
+        assert not isinstance(app.screen, DeleteModelModal) and starter.exists()
+        await highlight_local(pilot, screen, "0")
+        assert "x" in footer_keys(screen)
+
+        monkeypatch.setattr("app.core.model_list.starter_model_path", lambda: None)
+        shutil.rmtree(outer)
+        await pilot.press("ctrl+r")  # the Local tab read again
         local_list = screen.query_one("#local-list", OptionList)
-        await wait_until(pilot, lambda: option_texts(local_list)[:1] != [], "the Local tab's list")
-        [line] = option_texts(local_list)
-        assert "No models downloaded yet" in line and f"starter model ({starter.name}) is ready (ctrl+l)" in line
-        await wait_until(pilot, lambda: screen.entry is None, "the Catalog's entry left behind")
-        assert str(screen.query_one("#detail-info", Static).render()) == ""
+        await wait_until(pilot, lambda: option_texts(local_list) == [NO_LOCAL_MODELS], "nothing on disk, said")
+        await wait_until(pilot, lambda: screen.local is None, "no model's detail left behind")
 
 
 @pytest.mark.anyio
@@ -491,3 +520,58 @@ async def test_e_edits_a_local_models_serve_preset_in_config_toml(
         assert dict(preset.values) == {"alias": "fast", "n_ctx": 1024, "pin": True}
         detail = str(screen.query_one("#detail-info", Static).render())
         assert "Serve preset: alias fast · context size 1024 · pinned" in detail
+
+
+@pytest.mark.anyio
+async def test_ctrl_l_offers_a_model_used_outside_the_folders_and_marks_those_with_a_projector(
+    tiny_models: dict[str, Path], tmp_path: Path, app_dirs: tuple[Path, Path]
+) -> None:
+    """Issue 49 item 9: a model opened with `-m PATH` outside the model folders was gone from ctrl+l once another
+    model was in use, and ctrl+l did not mark models with a projector beside them (F4 shows +mmproj)."""
+    import shutil
+
+    from app.core.config import load_config, save_config
+    from app.core.model_paths import record_use
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    used = elsewhere / "used-before-Q8_0.gguf"
+    shutil.copyfile(tiny_models["llama"], used)
+    (elsewhere / "mmproj-used-before-f16.gguf").write_bytes(b"GGUF")  # paired by its name, as the app loads it
+    assert record_use(used) is None  # as loading it for a chat does (`llmtui -m PATH`, then ctrl+l to another)
+    gone = elsewhere / "deleted-since.gguf"
+    shutil.copyfile(tiny_models["llama"], gone)
+    assert record_use(gone) is None
+    gone.unlink()
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copyfile(tiny_models["llama"], folder / "seeing-Q8_0.gguf")
+    (folder / "mmproj-seeing-f16.gguf").write_bytes(b"GGUF")
+    blind = folder / "text-only" / "blind-Q8_0.gguf"  # a folder without a projector
+    blind.parent.mkdir()
+    shutil.copyfile(tiny_models["qwen3"], blind)
+    save_config(replace(load_config(), model_folders=(str(folder),)))
+    app = LlmtuiApp(str(blind), start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelSwitcherModal), "the switcher")
+        switcher = app.screen
+        assert isinstance(switcher, ModelSwitcherModal)
+        await wait_until(pilot, lambda: not switcher.scanning and not switcher.describing, "the switcher's scan")
+        rows = {m.path.name: m for m in switcher.models}
+        assert "used-before-Q8_0.gguf" in rows and "deleted-since.gguf" not in rows
+        assert rows["used-before-Q8_0.gguf"].where == str(elsewhere)
+        options = switcher.query_one("#model-options", OptionList)
+        labels = {
+            (option.id or "").removeprefix("local:"): str(option.prompt)
+            for option in (options.get_option_at_index(i) for i in range(options.option_count))
+        }
+        assert "+mmproj" in labels[str(used)] and "+mmproj" in labels[str(folder / "seeing-Q8_0.gguf")]
+        assert "+mmproj" not in labels[str(blind)]
+        await pilot.press(*"used-before")
+        await wait_until(pilot, lambda: options.option_count == 1, "the filter narrowed to it")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.model_path == str(used), "the model used before, chosen again")
+    from app.core.model_list import local_models
+
+    assert used not in [m.path for m in local_models([str(folder)], recent=0)]  # as `serve` lists them: not served

@@ -35,6 +35,8 @@ class FakeHost:
     saved: int = 0
     redrawn: int = 0
     loaded: list[Path] = field(default_factory=list)
+    position: tuple[int, int] | None = None
+    """The chat's reply being written: its message id and tokens so far (None: none)."""
 
     def notify(self, message: str, **_: Any) -> None:
         self.notices.append(message)
@@ -47,6 +49,9 @@ class FakeHost:
 
     def reply_in_progress(self) -> bool:
         return False
+
+    def reply_position(self) -> tuple[int, int] | None:
+        return self.position
 
     def load_model(self, path: Path) -> None:
         self.loaded.append(path)
@@ -187,3 +192,48 @@ def test_conversations_export_then_import_round_trips(tmp_path: Path) -> None:
         controller.import_file(results[-1][1])
         assert len(host.shown) == 2 and "sampling.output_file were left out" in host.notices[-1]
         assert "output_file" not in store.conversations.get_conversation(host.shown[1]).settings["sampling"]
+
+
+def test_a_replys_strength_changes_are_kept_with_it_and_the_export_says_them(tmp_path: Path) -> None:
+    """Issue 49 item 17: the export kept one strength per reply though the slider moved while it was written."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from app.core.store.export import features_note
+    from app.core.vectors import vector_info
+    from engine_ext.protocol import SteeringSet
+    from engine_ext.steering.cvec_file import ControlVector, write_control_vector
+
+    directions = {1: np.ones(64, dtype=np.float32) / 8}
+    path = str(write_control_vector(ControlVector(directions, "llama", {}), tmp_path / "mood.gguf"))
+    assert not isinstance(vector_info(path), str)  # read, as a worker reads it before the mix is sent
+    host = FakeHost(model=SimpleNamespace(n_embd=64, architecture="llama"))
+    steering = SteeringController(host, ModelsController(host, SpeculationController(host)))  # type: ignore[arg-type]
+    steering.set_strength(path, 0.5)  # before the reply: its mix at the start
+    steering.engine_applied(SteeringSet(True, 1, 1, (0.06,), (1,)))
+
+    def mix(strength: float) -> list[dict[str, object]]:
+        return [{"name": "mood", "file": "mood.gguf", "strength": strength}]
+
+    host.position = (7, 12)
+    steering.set_strength(path, 1.0)
+    steering.set_strength(path, 1.5)  # moved again before the next token: that token has the last
+    host.position = (7, 30)
+    steering.set_strength(path, 0.0)  # off from token 30
+    host.position = (7, 41)  # the reply ends
+    recorded = steering.in_use()
+    assert recorded == {
+        "steering": {
+            "vectors": [],
+            "layers": [1, 1],
+            "changes": [{"at": 0, "vectors": mix(0.5)}, {"at": 12, "vectors": mix(1.5)}, {"at": 30, "vectors": []}],
+        }
+    }
+    said = "Steering: mood +0.50; from token 12: mood +1.50; from token 30: none on layers 1–1."
+    assert features_note(recorded) == said
+    # The next reply starts afresh: one strength all along, as before.
+    host.position = (9, 0)
+    steering.set_strength(path, 2.0)
+    host.position = (9, 20)
+    assert steering.in_use() == {"steering": {"vectors": mix(2.0), "layers": [1, 1]}}

@@ -5,6 +5,7 @@ Every wait is bounded by the server's configured timeouts."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -159,3 +160,61 @@ def test_a_server_over_streamable_http_with_headers_from_the_environment(
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_a_server_that_fails_to_start_names_its_log_and_the_last_line_it_wrote(tmp_path: Path) -> None:
+    """Issue 49 item 12: a server that exited at start (a ModuleNotFoundError in its traceback) said only that the
+    connection closed; the cause was in mcp-NAME.log, which nothing named."""
+    broken = McpServerConfig(
+        "broken", command=sys.executable, args=("-c", "import no_such_module_for_llmtui"), start_timeout_s=20.0
+    )
+    hub = McpServers({"broken": broken}, tmp_path / "logs")
+    try:
+        with pytest.raises(ToolError) as refused:
+            hub.tools("broken")
+    finally:
+        hub.close()
+    message = str(refused.value)
+    log = tmp_path / "logs" / "mcp-broken.log"
+    assert message.startswith("MCP server 'broken' did not start: ") and "\n" not in message
+    assert "its stderr ends: ModuleNotFoundError: No module named 'no_such_module_for_llmtui'" in message
+    assert message.endswith(f"(log: {log})") and "Traceback" in log.read_text()
+
+
+def test_run_mcp_offers_the_servers_tools_and_built_ins_only_as_named(tmp_path: Path) -> None:
+    """Issue 49 item 13: `run --mcp NAME` offered config.toml's tools.builtin too, though built-in tools are off
+    unless named (--builtin-tool); tools.builtin is what the app's "built-in" choice offers."""
+    import argparse
+    from contextlib import ExitStack
+
+    from app.cli.tools_args import tool_box
+    from app.core.generation.tools import TOOLS_BUILTIN, ChatTools, tool_choices
+    from app.core.paths import config_path
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    config = config_path()
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        f'[mcp.servers.weather]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(SERVER)}, "well"]\n'
+        f'[tools]\nbuiltin = ["datetime"]\nread_folder = {json.dumps(str(notes))}\n'
+    )
+
+    def offered(*flags: str) -> set[str]:
+        args = argparse.Namespace(tools_file=None, mcp=["weather"], builtin_tool=list(flags), tool_folder=None)
+        args.allow_tool = []
+        with ExitStack() as stack:
+            box, _ = tool_box(args, stack)
+            return set(box.entries)
+
+    weather = {"get_weather", "crash", "huge", "hang", "fail"}
+    assert offered() == weather
+    assert offered("datetime") == weather | {"current_datetime"}
+    # The app's built-in choice: tools.builtin names datetime only, so no read_file though the folder is set.
+    chat_tools = ChatTools(config, tmp_path / "logs")
+    try:
+        made = chat_tools.prepare(1, TOOLS_BUILTIN)
+    finally:
+        chat_tools.close()
+    assert made is not None and set(made.box.entries) == {"current_datetime"}
+    assert ("built-in (current_datetime)", TOOLS_BUILTIN) in tool_choices(read_tool_settings(config))

@@ -314,3 +314,13 @@ def test_llama_servers_sampling_fields_are_taken_and_checked() -> None:
         ({"min_keep": 4}, "min_keep"),
     ):
         assert refused({"messages": USER, **body}).param == field, body
+
+
+def test_n_above_one_is_refused_saying_what_the_server_does() -> None:
+    """Issue 49 item 19: `n: 2` was refused as "n must be between 1 and 1"."""
+    message = refused({"messages": USER, "n": 2}).message
+    assert message == (
+        "n = 2 is not supported: this server writes one choice per request (n = 1); send the request 2 times for 2 "
+        "choices"
+    )
+    assert refused({"messages": USER, "n": 0}).param == "n"

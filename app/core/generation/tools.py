@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from app.core import paths
 from app.core.tools.box import DEFAULT_CALL_TIMEOUT_S, ToolBox, ToolEntry, ToolError
-from app.core.tools.builtin import datetime_tool, read_file_tool
+from app.core.tools.builtin import BUILTIN_NAMES, datetime_tool, read_file_tool
 from app.core.tools.loop import (
     DEFAULT_MAX_TOOL_CALLS,
     AllowList,
@@ -55,8 +55,11 @@ def tools_choice(conversation: Conversation) -> str:
 
 def tool_choices(settings: ToolSettings) -> list[tuple[str, str]]:
     """(label, value) of each choice the conversation settings offer."""
-    folder = f", read_file under {settings.read_folder}" if settings.read_folder else ""
-    choices = [("none", TOOLS_NONE), (f"built-in (current_datetime{folder})", TOOLS_BUILTIN)]
+    named = settings.builtin or BUILTIN_NAMES  # config.toml's tools.builtin, else both
+    offered = ["current_datetime"] if "datetime" in named else []
+    if "read_file" in named and settings.read_folder:
+        offered.append(f"read_file under {settings.read_folder}")
+    choices = [("none", TOOLS_NONE), (f"built-in ({', '.join(offered) or 'none: see tools.builtin'})", TOOLS_BUILTIN)]
     choices += [(f"MCP server {name}", MCP_PREFIX + name) for name in sorted(settings.servers)]
     return choices
 
@@ -98,9 +101,11 @@ class ChatTools:
             return made
         settings = read_tool_settings(self.config)
         box = ToolBox()
-        if choice == TOOLS_BUILTIN:
-            box.add(datetime_tool())
-            if settings.read_folder:
+        if choice == TOOLS_BUILTIN:  # those config.toml's tools.builtin names, else both
+            named = settings.builtin or BUILTIN_NAMES
+            if "datetime" in named:
+                box.add(datetime_tool())
+            if "read_file" in named and settings.read_folder:
                 box.add(read_file_tool(Path(settings.read_folder)))
         elif choice.startswith(MCP_PREFIX):
             if self._servers is None:

@@ -273,17 +273,20 @@ def features_note(stats: Mapping[str, Any]) -> str:
     parts = []
     steering = stats.get("steering")
     steering = steering if isinstance(steering, dict) else {}
-    vectors = steering.get("vectors")
-    mix = [
-        f"{one_line(v['name'], 60)} {v['strength']:+.2f}"
-        for v in (vectors if isinstance(vectors, list) else ())
-        if isinstance(v, dict) and isinstance(v.get("name"), str) and _number(v.get("strength"))
+    mix = _mix_text(steering.get("vectors"))
+    changes = steering.get("changes")
+    steps = [  # the mix as it changed while the reply was written, from the token each steered from (issue 49, 17)
+        (c["at"], _mix_text(c.get("vectors")) or "none")
+        for c in (changes if isinstance(changes, list) else ())[:MAX_NOTED_CHANGES]
+        if isinstance(c, dict) and _number(c.get("at")) and isinstance(c.get("vectors"), list)
     ]
+    if len(steps) > 1:
+        mix = "; ".join(text if not at else f"from token {at}: {text}" for at, text in steps)
     if mix:
         layers = steering.get("layers")
         ranged = isinstance(layers, list) and len(layers) == 2 and all(_number(n) for n in layers) and any(layers)
         where = f" on layers {layers[0]}–{layers[1]}" if ranged and isinstance(layers, list) else ""
-        parts.append(f"Steering: {', '.join(mix)}{where}.")
+        parts.append(f"Steering: {mix}{where}.")
     speculative = stats.get("speculative")
     if isinstance(speculative, dict) and isinstance(kind := speculative.get("type"), str):
         text = f"Speculative decoding: {one_line(kind, 40)}"
@@ -300,6 +303,19 @@ def features_note(stats: Mapping[str, Any]) -> str:
             text += f", {accepted:.0%} of drafted tokens accepted"
         parts.append(text + ".")
     return " ".join(parts)
+
+
+MAX_NOTED_CHANGES = 64
+"""Steering changes of one reply said in the Markdown export, at most (an import may hold any number)."""
+
+
+def _mix_text(vectors: object) -> str:
+    """'mood +0.38, calm -1.00' for a recorded mix; '' when it holds none as recorded."""
+    return ", ".join(
+        f"{one_line(v['name'], 60)} {v['strength']:+.2f}"
+        for v in (vectors if isinstance(vectors, list) else ())
+        if isinstance(v, dict) and isinstance(v.get("name"), str) and _number(v.get("strength"))
+    )
 
 
 def _number(value: object) -> bool:

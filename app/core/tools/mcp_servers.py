@@ -51,6 +51,23 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {detail}" if str(error) else detail
 
 
+LOG_TAIL_BYTES = 4096
+"""How much of a server's log is read for the last line it wrote, when it did not start."""
+
+
+def _last_log_line(log: Path) -> str:
+    """The last line with text in `log` (its last LOG_TAIL_BYTES), '' when there is none or it cannot be read."""
+    try:
+        with log.open("rb") as file:
+            size = file.seek(0, 2)
+            file.seek(max(0, size - LOG_TAIL_BYTES))
+            tail = file.read(LOG_TAIL_BYTES)
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.decode("utf-8", "replace").splitlines()]
+    return next((line for line in reversed(lines) if line), "")
+
+
 class McpServers:
     """The configured MCP servers; `tools(name)` starts one (once) and lists its tools, `close()` stops them all."""
 
@@ -93,13 +110,26 @@ class McpServers:
             return running.tools
         try:
             self._submit(self._start(config), config.start_timeout_s, f"starting MCP server {name!r}")
-        except ToolError as error:
-            self._stop(name)
-            raise ToolError(f"MCP server {name!r} did not start: {error}") from None
         except Exception as error:
             self._stop(name)
-            raise ToolError(f"MCP server {name!r} did not start: {_describe(error)}") from None
+            raise ToolError(self._start_failure(config, _describe(error))) from None
         return self._running[name].tools
+
+    def log_path(self, config: McpServerConfig) -> Path:
+        """Where a stdio server's stderr goes (`mcp-NAME.log` in the log folder), kept from its last start."""
+        return self.log_dir / f"mcp-{config.name}.log"
+
+    def _start_failure(self, config: McpServerConfig, detail: str) -> str:
+        """Why server `config` did not start, in one line: the error, and for a stdio server the last line its
+        stderr wrote (a traceback's ModuleNotFoundError, say) and the log that keeps the rest (issue 49, 12)."""
+        message = f"MCP server {config.name!r} did not start: {detail}"
+        if config.url:
+            return message
+        log = self.log_path(config)
+        last = _last_log_line(log)
+        if last and last not in detail:
+            message += f"; its stderr ends: {one_line(shown(last), 160)}"
+        return f"{message} (log: {log})"
 
     def notices(self, name: str) -> list[str]:
         """The tools server `name` listed that are left out, and why (one line each; empty when it is not running)."""
@@ -146,7 +176,8 @@ class McpServers:
         from mcp.client.stdio import get_default_environment
 
         # The server's stderr goes to its log file (capped), never to the terminal the TUI draws on.
-        log = private_dir(self.log_dir) / f"mcp-{config.name}.log"
+        private_dir(self.log_dir)
+        log = self.log_path(config)
         env = {**get_default_environment(), **config.env}
 
         def spawned(pid: int) -> None:

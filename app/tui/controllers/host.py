@@ -86,4 +86,9 @@ class ModelsHost(WorkerHost, Protocol):
 
 
 class SteeringHost(WorkerHost, Protocol):
-    """What the steering controller needs besides: a worker thread to read control-vector files in."""
+    """What the steering controller needs besides: a worker thread to read control-vector files in, and where the
+    chat's reply being written is (its strength changes are kept with it)."""
+
+    def reply_position(self) -> tuple[int, int] | None:
+        """The chat's reply being written: its message id and the tokens it has so far; None when none."""
+        ...

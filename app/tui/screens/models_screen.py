@@ -31,9 +31,10 @@ from app.tui.screens.models_detail import (
     quant_label,
     repo_text,
     search_result_text,
+    why_kept,
 )
 from app.tui.screens.models_downloads import ModelsDownloads
-from app.tui.screens.models_local import PartialRow, no_local_models, words_tooltip
+from app.tui.screens.models_local import NO_LOCAL_MODELS, PartialRow, words_tooltip
 from app.tui.screens.models_messages import (
     HubSearched,
     LocalModelJudged,
@@ -309,9 +310,7 @@ class ModelsScreen(ModelsDownloads):
         for row in message.partials:
             local_list.add_option(Option(row.label(), id=f"partial-{row.partial.path}"))
         if not message.models and not message.partials:
-            local_list.add_option(
-                Option(Text(no_local_models(message.starter), style="italic"), id="none", disabled=True)
-            )
+            local_list.add_option(Option(Text(NO_LOCAL_MODELS, style="italic"), id="none", disabled=True))
         else:
             paths_now = [m.path for m in message.models]
             ids_now = [local_list.get_option_at_index(i).id for i in range(local_list.option_count)]
@@ -539,8 +538,9 @@ class ModelsScreen(ModelsDownloads):
         if action == "pause_finished":
             progress = self.downloads_panel.highlighted
             return progress is not None and progress.state in FINAL_STATES
-        if action == "delete":
-            return self._active_tab() == "local"
+        if action == "delete":  # the bundled starter is part of the install: not deleted from here
+            local = self.local if self._highlighted_partial() is None else None
+            return self._active_tab() == "local" and (local is None or local.source != "starter")
         if action == "resume_partial":
             partial = self._highlighted_partial()
             return partial is not None and not partial.partial.active
@@ -667,8 +667,9 @@ class ModelsScreen(ModelsDownloads):
         if self._active_tab() != "local" or model is None:
             self.notify("Pick a model in the Local tab (3) to delete it.")
             return
-        if self.app.model_path is not None and Path(self.app.model_path) in (model.path, *model.files):
-            self.notify(f"{model.name} is open in the chat; load another model first (ctrl+l).", severity="warning")
+        refusal = why_kept(model, self.app.model_path)
+        if refusal is not None:
+            self.notify(refusal, severity="warning")
             return
         self._size_then_confirm(model)
 

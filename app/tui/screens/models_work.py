@@ -77,20 +77,19 @@ def inspect(repo_id: str, entry: CatalogEntry | None, memory: fit.MachineMemory 
 
 
 def list_local(library_of: Callable[[], Library]) -> Iterator[Message]:
-    """The models on disk and the partial downloads; then the partials' totals from the Hub's listing."""
-    from app.core.model_paths import starter_model_path
+    """The models on disk, then the bundled starter, and the partial downloads; then the partials' totals from the
+    Hub's listing."""
+    from app.core.model_list import with_starter
 
     try:
         library = library_of()
-        models, partials = library.models(), library.partials()
+        models, partials = with_starter(library, library.models()), library.partials()
     except (ModelsError, OSError, ValueError) as error:  # ValueError: a folder name the OS refuses (NUL)
         yield ModelsWorkFailed("Listing local models", str(error))
         return
-    starter_path = starter_model_path()
-    starter = starter_path.name if starter_path is not None else None
-    yield LocalModelsListed(models, [PartialRow(p) for p in partials], sized=not partials, starter=starter)
+    yield LocalModelsListed(models, [PartialRow(p) for p in partials], sized=not partials)
     if partials:
-        yield LocalModelsListed(models, size_partials(partials), starter=starter)
+        yield LocalModelsListed(models, size_partials(partials))
 
 
 def resume_partial(row: PartialRow, downloads: DownloadBridge | None) -> Message | None:

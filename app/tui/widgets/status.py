@@ -156,6 +156,9 @@ class StatsBar(Widget):
     """Model load progress 0..1 while loading."""
     extras: reactive[dict[str, str]] = reactive(dict)
     """More readouts: label → value."""
+    trims: reactive[dict[str, str]] = reactive(dict)
+    """Of those readouts, label → the start of its value that may be cut when nothing else gives way (a steering
+    vector's name: its strength after it stays in view)."""
     cpu: reactive[CpuLoad | None] = reactive(None)
     """Other programs' CPU use during the reply and the engine's threads: a note when they crowd the engine
     (`CpuLoad.busy`), nothing otherwise."""
@@ -224,16 +227,21 @@ class StatsBar(Widget):
         (the header shows both), then with single spaces and a shorter context bar, then without the prompt and
         reply token counts (the context in use stays; a reply that thought keeps its thinking and answer tokens
         longer, at the TTFT's expense). A busy machine's note shortens along the way, and last the TTFT gives way
-        to it."""
+        to it. Still too wide, a readout's name that may be cut (`trims`) is cut, so what follows it (a steering
+        vector's strength) stays in view (issue 49, 17)."""
         width = self.size.width
         busy = self.cpu is not None and (self.cpu.busy() or self.cpu.adapted())
         tried = {"", *(("busy",) if busy else ()), *(("thought",) if self._thought() else ())}
         line = self._text()
+        form: dict[str, Any] = {}
         for compact, needs in COMPACT_STATS:
             if not width or line.cell_len <= width:
                 break
             if needs in tried:
-                line = self._text(**compact)
+                form = compact
+                line = self._text(**form)
+        if width and line.cell_len > width and self.trims:
+            line = self._text(**form, trim=line.cell_len - width)
         return line
 
     def _thought(self) -> bool:
@@ -267,6 +275,7 @@ class StatsBar(Widget):
         counts: str = "all",
         ttft: bool = True,
         busy: str = "long",
+        trim: int = 0,
     ) -> Text:
         label = self._style("stats-bar--label")
         line = Text(no_wrap=True, overflow="ellipsis")
@@ -298,6 +307,11 @@ class StatsBar(Widget):
         line.append("░" * (bar - used), style=self._style("stats-bar--bar-free"))
         line.append(f" {_short(self.n_ctx_used)}/{_short(self.n_ctx)}" if self.n_ctx else " –")
         for name, value in self.extras.items():
+            cut = self.trims.get(name, "")
+            if trim > 0 and len(cut) > 4 and value.startswith(cut):  # its name shortened, what follows it kept
+                keep = max(3, len(cut) - trim - 1)
+                value = f"{cut[:keep]}…{value[len(cut) :]}"
+                trim -= len(cut) - keep - 1
             line.append(f"{gap}{name} ", style=label)
             line.append(value)
         note = self._busy_note(busy)

@@ -41,6 +41,7 @@ from app.cli.session import CliError
 from engine_ext.private_files import write_private_parts
 from engine_ext.untrusted_text import one_line
 
+CLIENT_HOMES = ("CLAUDE_CONFIG_DIR", "CODEX_HOME")  # the clients' own folder variables (OpenCode's: XDG_CONFIG_HOME)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 

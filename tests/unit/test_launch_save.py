@@ -21,6 +21,14 @@ END = Endpoint("http://127.0.0.1:8080", "tiny.gguf", 32768)
 MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL")
 
 
+@pytest.fixture(autouse=True)
+def no_client_homes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clients' own folder variables, when the one running the tests has them set, would lead out of the test's
+    HOME: left out."""
+    for name in launch_save.CLIENT_HOMES:
+        monkeypatch.delenv(name, raising=False)
+
+
 def save(client: str, key_env: str = "") -> list[str]:
     return launch_save.save(client, END, key_env, os.environ)
 

@@ -185,8 +185,8 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
     options, unknown = _options_parser().parse_known_args(rest, namespace=argparse.Namespace(**vars(args)))
     if unknown:
         raise CliError(
-            f"launch does not take {one_line(unknown[0], 60)}: its options are -m, -c, --port, --api-key-env, --save and "
-            "--save-only; "
+            f"launch does not take {one_line(unknown[0], 60)}: its options are -m, -c, --port, --api-key-env, "
+            "--save and --save-only; "
             f"{args.client}'s own arguments go after -- (llmtui launch {args.client} -- {one_line(unknown[0], 40)})"
         )
     return options, client_args
@@ -368,8 +368,8 @@ def add_launch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run Claude Code, Codex or OpenCode against a local model (the server on --port, or one started for it)",
         description="Run a coding agent against llmtui's API server: the one answering on --port, or `llmtui serve` "
         "started for this run and stopped when the agent exits. The agent is pointed at it through its environment "
-        "and command line only; its own config files are changed only with --save or --save-only. For other engine settings (-ngl, --parallel…) "
-        "start `llmtui serve` with them first: launch uses it.",
+        "and command line only; its own config files are changed only with --save or --save-only. For other engine "
+        "settings (-ngl, --parallel…) start `llmtui serve` with them first: launch uses it.",
     )
     launch.add_argument("client", choices=sorted(CLIENTS), help="the agent to run")
     _add_options(launch)

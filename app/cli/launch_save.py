@@ -42,6 +42,7 @@ from engine_ext.private_files import write_private_parts
 from engine_ext.untrusted_text import one_line
 
 CLIENT_HOMES = ("CLAUDE_CONFIG_DIR", "CODEX_HOME")  # the clients' own folder variables (OpenCode's: XDG_CONFIG_HOME)
+REFUSED = "not changed (fix it or move it away)"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -118,7 +119,9 @@ def how_to_run(client: str, model: str) -> str:
         return "`claude` now talks to llmtui serve (its user settings apply to every run)"
     if client == "codex":
         return f"`codex --profile {PROVIDER}` talks to llmtui serve; plain `codex` keeps your default"
-    return f"`opencode -m {PROVIDER}/{model}` (or /models in OpenCode) talks to llmtui serve; your default model is kept"
+    return (
+        f"`opencode -m {PROVIDER}/{model}` (or /models in OpenCode) talks to llmtui serve; your default model is kept"
+    )
 
 
 # ----- each client's files ----------------------------------------------------------------------------------
@@ -128,7 +131,7 @@ def _claude(path: Path, end: Endpoint, key_env: str) -> Change:
     data, existed = _read_json(path)
     block = data.get("env", {})
     if not isinstance(block, dict):
-        raise CliError(f"{path}: its \"env\" is not an object; not changed (fix it or move it away)")
+        raise CliError(f'{path}: its "env" is not an object; {REFUSED}')
     setup = claude_setup(Endpoint(end.base, end.model, end.n_ctx))
     values = dict(setup.env)
     said = []
@@ -152,7 +155,7 @@ def _codex(config: Path, profile: Path, end: Endpoint, key_env: str) -> list[Cha
         providers = tomlkit.table(is_super_table=True)
         doc["model_providers"] = providers
     elif not isinstance(providers, (Table, InlineTable)):
-        raise CliError(f"{config}: its model_providers is not a table; not changed (fix it or move it away)")
+        raise CliError(f"{config}: its model_providers is not a table; {REFUSED}")
     values = codex_provider(end, key_env)
     table: Table | InlineTable = tomlkit.inline_table() if isinstance(providers, InlineTable) else tomlkit.table()
     table.update(values)
@@ -185,7 +188,7 @@ def _opencode(path: Path, end: Endpoint, key_env: str) -> Change:
     data.setdefault("$schema", "https://opencode.ai/config.json")
     providers = data.setdefault("provider", {})
     if not isinstance(providers, dict):
-        raise CliError(f"{path}: its \"provider\" is not an object; not changed (fix it or move it away)")
+        raise CliError(f'{path}: its "provider" is not an object; {REFUSED}')
     entry = opencode_provider(end, f"{{env:{key_env}}}" if key_env else "")
     providers[PROVIDER] = entry
     said = [f"provider.{PROVIDER} = {json.dumps(entry)}"]
@@ -212,9 +215,9 @@ def _read_json(path: Path) -> tuple[dict[str, Any], bool]:
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise CliError(f"{path} is not valid JSON ({one_line(str(e), 120)}); not changed (fix it or move it away)")
+        raise CliError(f"{path} is not valid JSON ({one_line(str(e), 120)}); {REFUSED}") from None
     if not isinstance(data, dict):
-        raise CliError(f"{path} is not a JSON object; not changed (fix it or move it away)")
+        raise CliError(f"{path} is not a JSON object; {REFUSED}")
     return data, True
 
 
@@ -225,7 +228,7 @@ def _read_toml(path: Path) -> tuple[tomlkit.TOMLDocument, bool]:
     try:
         return tomlkit.parse(text), True
     except TOMLKitError as e:
-        raise CliError(f"{path} is not valid TOML ({one_line(str(e), 120)}); not changed (fix it or move it away)")
+        raise CliError(f"{path} is not valid TOML ({one_line(str(e), 120)}); {REFUSED}") from None
 
 
 def _backup(path: Path, stamp: str) -> Path:

@@ -91,12 +91,14 @@ def write(changes: list[Change]) -> list[str]:
     lines = []
     for change in changes:
         path = change.path
-        target = path.resolve() if path.is_symlink() else path
-        backup = _backup(path, stamp) if change.existed else None
-        mode = stat.S_IMODE(target.stat().st_mode) if change.existed else None
-        write_private_parts(target, (change.text.encode("utf-8"),), durable=True)
-        if mode is not None and mode != stat.S_IMODE(target.stat().st_mode):
-            os.chmod(target, mode)
+        try:
+            backup = _write_one(change, stamp)
+        except OSError as e:
+            done = [str(c.path) for c in changes[: changes.index(change)]]
+            raise CliError(
+                f"{path} could not be written ({one_line(str(e), 120)}); "
+                + (f"already written: {', '.join(done)}" if done else "nothing was written")
+            ) from None
         if backup is not None:
             lines.append(f"wrote {path} (the previous one copied to {backup}):")
             undo = f"cp -p {shlex.quote(str(backup))} {shlex.quote(str(path))}"
@@ -106,6 +108,18 @@ def write(changes: list[Change]) -> list[str]:
         lines += [f"  {line}" for line in change.said]
         lines.append(f"  to undo: {undo}")
     return lines
+
+
+def _write_one(change: Change, stamp: str) -> Path | None:
+    """Back the file up (when it exists), then write it atomically, its mode kept; the backup."""
+    path = change.path
+    target = path.resolve() if path.is_symlink() else path
+    backup = _backup(path, stamp) if change.existed else None
+    mode = stat.S_IMODE(target.stat().st_mode) if change.existed else None
+    write_private_parts(target, (change.text.encode("utf-8"),), durable=True)
+    if mode is not None and mode != stat.S_IMODE(target.stat().st_mode):
+        os.chmod(target, mode)
+    return backup
 
 
 def save(client: str, end: Endpoint, key_env: str, env: Mapping[str, str]) -> list[str]:

@@ -246,3 +246,21 @@ def test_a_key_is_named_by_its_variable_and_never_written(monkeypatch: pytest.Mo
         assert "sesame-secret" not in path.read_text()
     with pytest.raises(CliError, match="is not an environment variable's name"):
         save("claude", "KEY; rm -rf ~")
+
+
+def test_a_file_that_cannot_be_written_is_one_line_naming_what_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    config, profile = files("codex")
+    real = launch_save.write_private_parts
+
+    def full_disk(path: Path, parts: object, *, durable: bool = False) -> None:
+        if path == profile:
+            raise OSError(28, "No space left on device")
+        real(path, parts, durable=durable)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(launch_save, "write_private_parts", full_disk)
+    with pytest.raises(CliError) as failed:
+        save("codex")
+    assert str(failed.value) == (
+        f"{profile} could not be written ([Errno 28] No space left on device); already written: {config}"
+    )
+    assert config.exists() and not profile.exists()

@@ -1,12 +1,15 @@
 """`llmtui launch claude|codex|opencode [-m MODEL] [-- CLIENT ARGS]`: a coding agent run in the foreground against
 llmtui's API server. The server on the port is used when one answers there; otherwise `llmtui serve` is started
 (its own process session, its log in a per-launch temp folder) and stopped when the client exits. The client is
-pointed at it for this run only (app/cli/launch_clients.py): nothing is written outside that temp folder."""
+pointed at it for this run only (app/cli/launch_clients.py): nothing is written outside that temp folder, unless
+`--save` (or `--save-only`, which runs no agent and starts no server) writes the pointing into the agent's own config
+(app/cli/launch_save.py)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from app.cli import launch_save
 from app.cli.launch_clients import CLIENTS, Client, Endpoint
 from app.cli.serve import DEFAULT_PORT, api_key_from_env
 from app.cli.session import CliError
@@ -47,11 +51,13 @@ class Started:
 def cmd_launch(args: argparse.Namespace) -> int:
     options, client_args = _split(args)
     client = CLIENTS[args.client]
+    if options.save_only:
+        return save_only(client, options)
     executable = find_client(client, os.environ)
+    if options.save:
+        launch_save.check(client.name, os.environ)  # a config file that does not parse: said before any server
     key = api_key_from_env(options.api_key_env) or ""
-    remote = RemoteSettings(
-        name="llmtui", base_url=f"http://{HOST}:{options.port}/v1", api_key_env=options.api_key_env or ""
-    )
+    remote = _remote(options)
     folder = Path(tempfile.mkdtemp(prefix="llmtui-launch-"))  # 0700
     started: Started | None = None
     try:
@@ -62,15 +68,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
             served = _wait_ready(remote, started)
             model = served[0]
         else:
-            model, n_ctx = _pick(served, options.model, options.port)
-            if n_ctx and n_ctx < client.min_ctx:
-                raise CliError(_too_small(client, model.id, n_ctx, "the server on the port serves it with"))
+            model, n_ctx = _pick_for(client, served, options)
             _say(f"using the server already on port {options.port} ({model.id}); it keeps running after {client.title}")
         end = Endpoint(f"http://{HOST}:{options.port}", model.id, n_ctx or model.n_ctx, key)
         _say(
             f"{client.title} → {end.base}{client.route} serving {model.id}"
             + (f", context {end.n_ctx}" if end.n_ctx else "")
         )
+        if options.save:
+            _save(client, end, options)
         return run_client(executable, client, end, client_args)
     finally:
         status = _stop(started) if started is not None else 0
@@ -78,6 +84,50 @@ def cmd_launch(args: argparse.Namespace) -> int:
             _say(f"the server ended with status {status}; its log is kept: {folder / SERVER_LOG}")
         else:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def save_only(client: Client, options: argparse.Namespace) -> int:
+    """`--save-only`: the agent's config pointed at the server on the port (its model), or at the one to start there
+    (-m's, with the context the agent needs); no server started, no agent run (nor needed on PATH yet)."""
+    launch_save.check(client.name, os.environ)
+    served = _served(_remote(options))
+    start = ""
+    if served is None:
+        path, n_ctx = _context_for(client, options)
+        model_id = path.name  # the id `llmtui serve` gives it
+        start = f"llmtui serve -m {shlex.quote(str(path))} -c {n_ctx} --port {options.port}"
+        if options.api_key_env:
+            start += f" --api-key-env {shlex.quote(options.api_key_env)}"
+    else:
+        model, n_ctx = _pick_for(client, served, options)
+        model_id, n_ctx = model.id, n_ctx or model.n_ctx
+    _save(client, Endpoint(f"http://{HOST}:{options.port}", model_id, n_ctx), options)
+    if start:
+        _say(f"nothing answers on port {options.port} now: start the server first with `{start}`")
+    try:
+        find_client(client, os.environ)
+    except CliError as e:
+        _say(f"note: {str(e).removeprefix('llmtui: error: ')}")
+    return 0
+
+
+def _save(client: Client, end: Endpoint, options: argparse.Namespace) -> None:
+    for line in launch_save.save(client.name, end, getattr(options, "api_key_env", None) or "", os.environ):
+        _say(line)
+    _say(launch_save.how_to_run(client.name, end.model))
+
+
+def _remote(options: argparse.Namespace) -> RemoteSettings:
+    return RemoteSettings(
+        name="llmtui", base_url=f"http://{HOST}:{options.port}/v1", api_key_env=options.api_key_env or ""
+    )
+
+
+def _pick_for(client: Client, served: list[RemoteModel], options: argparse.Namespace) -> tuple[RemoteModel, int]:
+    model, n_ctx = _pick(served, options.model, options.port)
+    if n_ctx and n_ctx < client.min_ctx:
+        raise CliError(_too_small(client, model.id, n_ctx, "the server on the port serves it with"))
+    return model, n_ctx
 
 
 def find_client(client: Client, env: Mapping[str, str]) -> str:
@@ -135,7 +185,8 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
     options, unknown = _options_parser().parse_known_args(rest, namespace=argparse.Namespace(**vars(args)))
     if unknown:
         raise CliError(
-            f"launch does not take {one_line(unknown[0], 60)}: its options are -m, -c, --port and --api-key-env; "
+            f"launch does not take {one_line(unknown[0], 60)}: its options are -m, -c, --port, --api-key-env, "
+            "--save and --save-only; "
             f"{args.client}'s own arguments go after -- (llmtui launch {args.client} -- {one_line(unknown[0], 40)})"
         )
     return options, client_args
@@ -175,6 +226,19 @@ def _add_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> N
         metavar="NAME",
         default=keep,
         help="the API key in environment variable NAME: the server started requires it, the client sends it",
+    )
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        default=keep if not defaults else False,
+        help="also write the pointing into the agent's own config (a backup beside each file), to run it "
+        "directly later against llmtui serve",
+    )
+    parser.add_argument(
+        "--save-only",
+        action="store_true",
+        default=keep if not defaults else False,
+        help="write the agent's config as --save does, and neither start a server nor run the agent",
     )
 
 
@@ -304,8 +368,8 @@ def add_launch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run Claude Code, Codex or OpenCode against a local model (the server on --port, or one started for it)",
         description="Run a coding agent against llmtui's API server: the one answering on --port, or `llmtui serve` "
         "started for this run and stopped when the agent exits. The agent is pointed at it through its environment "
-        "and command line only; its own config files are not changed. For other engine settings (-ngl, --parallel…) "
-        "start `llmtui serve` with them first: launch uses it.",
+        "and command line only; its own config files are changed only with --save or --save-only. For other engine "
+        "settings (-ngl, --parallel…) start `llmtui serve` with them first: launch uses it.",
     )
     launch.add_argument("client", choices=sorted(CLIENTS), help="the agent to run")
     _add_options(launch)

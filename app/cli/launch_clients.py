@@ -1,5 +1,6 @@
 """The coding agents `llmtui launch` runs, and how each is pointed at llmtui's API server for one run: its
-environment and its command-line config overrides, never its own config files.
+environment and its command-line config overrides, never its own config files (`--save` writes those:
+app/cli/launch_save.py, from the same provider settings).
 
 - Claude Code speaks Anthropic's Messages API (`/v1/messages`): ANTHROPIC_BASE_URL, a token, and every model name it
   asks for (its opus, sonnet and haiku aliases, subagents) set to the served model.
@@ -81,17 +82,22 @@ def claude_setup(end: Endpoint) -> Setup:
     return Setup(env, env_defaults=defaults)  # the user's own values win
 
 
-def codex_setup(end: Endpoint) -> Setup:
+def codex_provider(end: Endpoint, env_key: str = "") -> dict[str, object]:
+    """Codex's `model_providers.llmtui` table; `env_key`: the variable Codex reads the key from ('' for none)."""
     provider: dict[str, object] = {
         "name": PROVIDER,
         "base_url": f"{end.base}/v1",
         "wire_api": "responses",
         "stream_idle_timeout_ms": SLOW_MS,  # its default, 5 minutes of silence, is a long prompt on a CPU
     }
-    env: dict[str, str] = {}
-    if end.key:
-        provider["env_key"] = "LLMTUI_API_KEY"
-        env["LLMTUI_API_KEY"] = end.key
+    if env_key:
+        provider["env_key"] = env_key
+    return provider
+
+
+def codex_setup(end: Endpoint) -> Setup:
+    provider = codex_provider(end, "LLMTUI_API_KEY" if end.key else "")
+    env = {"LLMTUI_API_KEY": end.key} if end.key else {}
     # `-c key=value` takes TOML values; JSON strings are TOML basic strings.
     table = ", ".join(f"{k} = {json.dumps(v)}" for k, v in provider.items())
     args = [
@@ -107,23 +113,21 @@ def codex_setup(end: Endpoint) -> Setup:
     return Setup(env, args=tuple(args))
 
 
-def opencode_setup(end: Endpoint) -> Setup:
+def opencode_provider(end: Endpoint, api_key: str = "") -> dict[str, object]:
+    """OpenCode's `provider.llmtui` entry (openai-compatible) with the model; `api_key`: its `options.apiKey`."""
     model: dict[str, object] = {"name": end.model, "tool_call": True}
     if end.n_ctx:
         model["limit"] = {"context": end.n_ctx, "output": min(end.n_ctx // 4, 32768)}
     options: dict[str, object] = {"baseURL": f"{end.base}/v1", "timeout": SLOW_MS}  # its default: 5 minutes
-    if end.key:
-        options["apiKey"] = end.key
+    if api_key:
+        options["apiKey"] = api_key
+    return {"npm": "@ai-sdk/openai-compatible", "name": PROVIDER, "options": options, "models": {end.model: model}}
+
+
+def opencode_setup(end: Endpoint) -> Setup:
     config = {
         "$schema": "https://opencode.ai/config.json",
-        "provider": {
-            PROVIDER: {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": PROVIDER,
-                "options": options,
-                "models": {end.model: model},
-            }
-        },
+        "provider": {PROVIDER: opencode_provider(end, end.key)},
         "model": f"{PROVIDER}/{end.model}",
         "small_model": f"{PROVIDER}/{end.model}",  # titles and summaries: the same model, not a hosted one
     }

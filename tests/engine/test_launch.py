@@ -2,7 +2,8 @@
 was started with, makes one real request the way its agent does (Claude Code: /v1/messages; Codex: its `-c`
 provider's /responses; OpenCode: its inline config's provider's /chat/completions) to a tiny model, and exits 3.
 launch starts the server when none answers on the port and stops it after; it uses one that does and leaves it
-running; a missing agent and a context too small are one line each, before any server starts."""
+running; a missing agent and a context too small are one line each, before any server starts. `--save` writes the
+agent's own config before running it (a malformed one refused before any server); `--save-only` starts nothing."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import json
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from app.cli.launch_save import CLIENT_HOMES
 from tests.engine.test_serve_limits import hermetic_env
 from tests.rpc_server import ROOT
 from tests.serve_process import free_port, running_serve
@@ -83,6 +86,8 @@ def launch(
     path = f"{agents}:/usr/bin:/bin" if agents is not None else "/usr/bin:/bin"
     env = hermetic_env(root, PATH=path, AGENT_RECORD=str(record), TMPDIR=str(root / "tmp"), **extra)
     env.pop("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", None)
+    for name in CLIENT_HOMES:  # the runner's own would lead --save out of the test's HOME
+        env.pop(name, None)
     done = subprocess.run(
         [sys.executable, "-m", "app", "launch", *args],
         cwd=ROOT,
@@ -193,4 +198,51 @@ def test_a_context_too_small_for_the_agent_is_one_line_before_any_server(
     assert done.returncode == 1 and "has 1024 (-c gives it)" in done.stderr
     done, _ = launch(tmp_path, "codex", "--port", str(port), "--resume", agents=agents)
     assert done.returncode == 1 and "codex's own arguments go after --" in done.stderr
+    assert not listening(port)
+
+
+def test_save_only_writes_the_agents_config_and_starts_nothing(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    port, model = free_port(), tiny_models["llama"]
+    done, record = launch(tmp_path, "codex", "-m", str(model), "-c", "20000", "--port", str(port), "--save-only")
+    assert done.returncode == 0, done.stderr
+    assert record == {} and not listening(port)
+    codex = tmp_path / "home" / ".codex"
+    config = tomllib.loads((codex / "config.toml").read_text())
+    assert config["model_providers"]["llmtui"]["base_url"] == f"http://127.0.0.1:{port}/v1"
+    assert tomllib.loads((codex / "llmtui.config.toml").read_text())["model"] == model.name
+    assert f"wrote {codex / 'config.toml'} (new):" in done.stderr
+    assert f"start the server first with `llmtui serve -m {model} -c 20000 --port {port}`" in done.stderr
+    assert "`codex --profile llmtui` talks to llmtui serve" in done.stderr
+    assert "note: Codex is not installed (codex is not on PATH)" in done.stderr  # said, not refused
+
+
+def test_save_writes_the_agents_config_then_runs_it(shared_server: tuple[int, Path], tmp_path: Path) -> None:
+    port, _ = shared_server
+    done, record = launch(
+        tmp_path, "opencode", "--port", str(port), "--api-key-env", "LAUNCH_TEST_KEY", "--save",
+        agents=agents_bin(tmp_path / "bin"), LAUNCH_TEST_KEY="sesame",
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert record["status"] == 200, record["reply"]  # the run itself as without --save
+    saved = tmp_path / "home" / ".config" / "opencode" / "opencode.json"
+    provider = json.loads(saved.read_text())["provider"]["llmtui"]
+    assert provider["options"]["baseURL"] == f"http://127.0.0.1:{port}/v1"
+    assert provider["options"]["apiKey"] == "{env:LAUNCH_TEST_KEY}" and "sesame" not in saved.read_text()
+    assert f"wrote {saved} (new):" in done.stderr and f"to undo: rm {saved}" in done.stderr
+
+
+def test_save_refuses_a_malformed_config_before_any_server(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    port, model = free_port(), tiny_models["llama"]
+    settings = tmp_path / "home" / ".claude" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text('{"env": {"FOO": "bar"},}')
+    done, record = launch(
+        tmp_path, "claude", "-m", str(model), "-c", "32768", "--port", str(port), "--save",
+        agents=agents_bin(tmp_path / "bin"),
+    )  # fmt: skip
+    assert done.returncode == 1 and record == {}
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"llmtui: error: {settings} is not valid JSON (") and "not changed" in line
+    assert settings.read_text() == '{"env": {"FOO": "bar"},}'
+    assert sorted(p.name for p in settings.parent.iterdir()) == ["settings.json"]  # no backup, no other file
     assert not listening(port)

@@ -1,0 +1,106 @@
+"""Issue 49's dialogs and 80 columns, as a new user meets them: the conversation settings (ctrl+s) focus their first
+field and say what a save changed, the settings (F3) name the API server's start-up switch apart from its live
+state, F4's keys work from its search box, one toast per notice, images that agree with the engine, the make-vector
+dialog's estimate and folder, and the chat at 80 columns."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import Button, Input, Label, Select, TextArea
+
+from app.core import paths
+from app.tui.app import LlmtuiApp
+from app.tui.modals.conversation_settings import ConversationSettingsModal, fitted_label
+from tests.tui.test_tui_spec import _without_engine
+from tests.waits import wait_until
+
+
+def screen_text(app: LlmtuiApp) -> str:
+    """The whole screen as drawn, a line a row."""
+    update = app.screen._compositor.render_full_update()  # noqa: SLF001 (what the terminal is sent)
+    return "\n".join("".join(segment.text for segment in strip) for strip in update.strips)
+
+
+def messages(app: LlmtuiApp) -> list[str]:
+    return [notification.message for notification in app._notifications]  # noqa: SLF001
+
+
+async def open_conversation_settings(pilot: Any, app: LlmtuiApp) -> ConversationSettingsModal:
+    await pilot.press("ctrl+s")
+    await wait_until(pilot, lambda: isinstance(app.screen, ConversationSettingsModal), what="the settings dialog")
+    await pilot.pause()
+    assert isinstance(app.screen, ConversationSettingsModal)
+    return app.screen
+
+
+# ----- the conversation settings (items 4, 7 and 20) ---------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_ctrl_s_focuses_the_system_prompt_reaches_every_field_at_80x24_and_says_what_changed() -> None:
+    async with _without_engine((80, 24)) as (app, pilot):
+        dialog = await open_conversation_settings(pilot, app)
+        prompt = dialog.query_one("#system-prompt", TextArea)
+        assert app.focused is prompt, "typing right after ctrl+s goes into the first field"
+        assert prompt.styles.background_tint.a > 0, "the focused compact field is marked"
+        await pilot.press(*"Be brief.")
+        assert prompt.text == "Be brief."
+        body = dialog.query_one("#conversation-settings-body")
+        save = dialog.query_one("#save", Button)
+        # Tab reaches the reasoning and output format fields: each is scrolled into view, Save stays in view.
+        for wanted in ("sampling-reasoning_effort", "sampling-output_format"):
+            for _ in range(20):
+                if app.focused is not None and app.focused.id == wanted:
+                    break
+                await pilot.press("tab")
+            await pilot.pause()
+            focused = app.focused
+            assert focused is not None and focused.id == wanted
+            await wait_until(
+                pilot, lambda: body.region.contains_region(focused.region), what=f"{wanted} scrolled into view"
+            )
+            assert app.screen.region.contains_region(save.region)
+        dialog.query_one("#sampling-temperature", Input).value = "0.5"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), what="saved")
+        [saved] = [message for message in messages(app) if message.startswith("Conversation settings saved")]
+        assert saved == "Conversation settings saved: system prompt edited; Temperature 0.8 → 0.5."
+        await open_conversation_settings(pilot, app)
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), what="saved again")
+        assert "Conversation settings saved: nothing changed." in messages(app)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_tools_for_a_model_without_them_in_its_template_say_the_generic_format_where_they_are_set() -> None:
+    folder = Path(paths.config_path()).parent / ("a-rather-long-folder-name-" * 4) / "notes"
+    folder.mkdir(parents=True)
+    config = paths.config_path()
+    config.write_text(f'[tools]\nread_folder = "{folder}"\n', encoding="utf-8")
+    async with _without_engine((80, 24)) as (app, pilot):
+        assert app.model is not None
+        app.model = replace(app.model, tool_format="generic")
+        dialog = await open_conversation_settings(pilot, app)
+        note = dialog.query_one("#tools-note", Label)
+        assert not note.display, "no tools chosen: nothing to say"
+        tools = dialog.query_one("#tools-select", Select)
+        assert tools.region.height == 1, "a long read_file folder keeps the choice on one line"
+        tools.value = "builtin"
+        await wait_until(pilot, lambda: note.display, what="the tools' note")
+        assert "generic tool format" in str(note.render())
+        await pilot.pause()
+        assert tools.region.height == 1
+
+
+def test_a_long_tool_label_keeps_its_folders_end() -> None:
+    label = "built-in (current_datetime, read_file under /home/someone/a/very/long/path/to/the/notes/folder)"
+    short = fitted_label(label, 64)
+    assert len(short) == 64 and short.startswith("built-in (current_datetime, read_file under …")
+    assert short.endswith("/notes/folder)")
+    assert fitted_label("MCP server weather", 56) == "MCP server weather"

@@ -253,8 +253,9 @@ class LlmtuiApp(EngineEvents):
         except ConfigError as error:
             self.notify(str(error), severity="error")
 
-    def save_settings(self, config: Config) -> None:
-        """Save new settings (ConfigError when invalid or unwritable) and apply the theme."""
+    def save_settings(self, config: Config, changes: tuple[str, ...] | None = None) -> None:
+        """Save new settings (ConfigError when invalid or unwritable) and apply the theme; `changes`: what the
+        settings screen changed, said in the toast."""
         save_config(config)
         engine_changed = config.engine != self.config.engine
         for name in list(self.engine_overrides):  # a setting saved anew is the user's choice over the session's
@@ -267,9 +268,11 @@ class LlmtuiApp(EngineEvents):
         if server_changed:
             self.server.config_changed()
         message = "Settings saved."
+        if changes is not None:
+            message = f"Settings saved: {'; '.join(changes)}." if changes else "Settings saved: nothing changed."
         if engine_changed and self.model_path:
             message += " Engine options apply when a model is next loaded (ctrl+l)."
-        self.notify(message)
+        self.notify(message, markup=False)
 
     # ----- actions -----
 

@@ -104,3 +104,45 @@ def test_a_long_tool_label_keeps_its_folders_end() -> None:
     assert len(short) == 64 and short.startswith("built-in (current_datetime, read_file under …")
     assert short.endswith("/notes/folder)")
     assert fitted_label("MCP server weather", 56) == "MCP server weather"
+
+
+# ----- the settings (F3): focus, what a save changed, the API server's switch and state (items 7, 11, 20) ------
+
+
+@pytest.mark.anyio
+async def test_f3_names_the_api_servers_start_up_switch_and_shows_its_live_state(lone_llama: Path) -> None:
+    from app.core.app_settings_schema import SERVER_ENABLED
+    from app.tui.screens.settings_screen import FIELD_ORDER, SettingsScreen
+    from tests.engine.test_serve import free_port
+    from tests.fakes import scripted_app
+    from tests.tui.test_tui_server import EchoEngine, write_config
+
+    port = free_port()
+    write_config(port)
+    app = scripted_app(lone_llama, EchoEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: app.server.running, "the API server to listen")
+        await pilot.press("f3")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings")
+        await pilot.pause()
+        assert app.focused is not None and app.focused.id == f"setting-{FIELD_ORDER[0]}", "the first field focused"
+        state = app.screen.query_one("#server-state")
+        assert str(state.render()) == f"Now: serving at http://127.0.0.1:{port}/v1. F10 stops it."
+        assert SERVER_ENABLED.plain_label == "Start with the app"
+        body = app.screen.query_one("#settings-body")
+        body.scroll_to(y=body.max_scroll_y, animate=False)
+        await pilot.pause()
+        text = screen_text(app)
+        assert "Start with the app" in text and "Enabled" not in text
+        # The section headers wrap at 80 columns: their ends are shown.
+        assert "applies at once)" in text and "[cache] in" in text and "list|clear`)" in text
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: not app.server.running, "the API server to stop")
+        await wait_until(pilot, lambda: str(state.render()) == "Now: off. F10 starts it.", what="the state to follow")
+        app.screen.query_one("#setting-n_ctx", Input).value = "8192"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen), what="saved")
+        [saved] = [message for message in messages(app) if message.startswith("Settings saved")]
+        assert saved.startswith("Settings saved: context size 4096 → 8192.")

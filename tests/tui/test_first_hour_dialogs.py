@@ -146,3 +146,41 @@ async def test_f3_names_the_api_servers_start_up_switch_and_shows_its_live_state
         await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen), what="saved")
         [saved] = [message for message in messages(app) if message.startswith("Settings saved")]
         assert saved.startswith("Settings saved: context size 4096 → 8192.")
+
+
+# ----- F4's keys and its search box (item 6) -----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_f4s_tab_keys_and_slash_work_from_an_empty_search_box_and_esc_there_stays_on_f4() -> None:
+    from textual.widgets import TabbedContent, Tabs
+
+    from app.tui.screens.models_screen import ModelsScreen
+
+    async with _without_engine((80, 24)) as (app, pilot):
+        await pilot.press("f4")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), what="F4")
+        screen = app.screen
+        tabs = screen.query_one("#models-tabs", TabbedContent)
+        box = screen.query_one("#search-query", Input)
+        await pilot.press("slash")
+        await wait_until(pilot, lambda: app.focused is box, what="the search box focused")
+        await pilot.press("slash")
+        assert box.value == "" and app.focused is box, "/ in the empty box is not typed"
+        await pilot.press("3")
+        await wait_until(pilot, lambda: tabs.active == "local", what="3: the Local tab from the empty box")
+        assert box.value == ""
+        await pilot.press("2")
+        await wait_until(pilot, lambda: tabs.active == "search" and app.focused is box, what="2: back to the box")
+        await pilot.press(*"qwen3", "slash", "1")
+        assert box.value == "qwen3/1" and tabs.active == "search", "a box holding text takes digits and /"
+        box.value = ""
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, ModelsScreen), "Esc in the box moves the focus, F4 stays"
+        assert isinstance(app.focused, Tabs)
+        await pilot.press("1")
+        await wait_until(pilot, lambda: tabs.active == "catalog", what="1: the Catalog tab")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ModelsScreen), what="Esc elsewhere: the chat")

@@ -109,7 +109,15 @@ class LlmtuiApp(EngineEvents):
     def on_mount(self) -> None:
         """The first frame comes first: the settings, the history (opened and migrated) and the model to start with
         are read in a thread (`_read_start_up`); `on_start_up_read` goes on with them on the event loop."""
+        self.screen_change_signal.subscribe(self, self._toasts_on_top_screen_only)
         self._read_start_up()
+
+    def _toasts_on_top_screen_only(self, _screen: Screen[Any]) -> None:
+        """Each screen has its toasts; a screen under a dialog (drawn through its dimmed backdrop) hides its own, so
+        a notice shows once, in the dialog's. Its toasts come back when it is on top again (Textual shows them)."""
+        for screen in self.screen_stack[:-1]:
+            for rack in screen.query("ToastRack"):
+                rack.display = False
 
     @work(thread=True, exclusive=True, group="start-up")
     def _read_start_up(self) -> None:

@@ -184,3 +184,36 @@ async def test_f4s_tab_keys_and_slash_work_from_an_empty_search_box_and_esc_ther
         await wait_until(pilot, lambda: tabs.active == "catalog", what="1: the Catalog tab")
         await pilot.press("escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, ModelsScreen), what="Esc elsewhere: the chat")
+
+
+# ----- one toast per notice (item 10) ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_toast_shows_once_while_a_dialog_is_open_and_at_the_same_place() -> None:
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:  # toasts drawn, as in the terminal
+        app.notify("Only once, please.", timeout=30)
+        await pilot.pause()
+
+        def shown_racks() -> list[Any]:
+            return [
+                rack
+                for screen in app.screen_stack
+                for rack in screen.query("ToastRack")
+                if rack.display and rack.query("Toast")
+            ]
+
+        await wait_until(pilot, lambda: len(shown_racks()) == 1, what="the chat's toast")
+        [chat_rack] = shown_racks()
+        top = chat_rack.query_one("Toast").region.y
+        await open_conversation_settings(pilot, app)
+        await wait_until(pilot, lambda: app.screen.query("Toast"), what="the dialog's toast")
+        await pilot.pause()
+        [rack] = shown_racks()
+        assert rack.screen is app.screen, "the chat under the dialog hides its toast"
+        assert rack.query_one("Toast").region.y == top, "at the top right, where it was"
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), what="closed")
+        await wait_until(pilot, lambda: [r.screen for r in shown_racks()] == [app.screen], what="the chat's again")

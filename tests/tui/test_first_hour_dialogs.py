@@ -15,6 +15,7 @@ from textual.widgets import Button, Input, Label, Select, TextArea
 from app.core import paths
 from app.tui.app import LlmtuiApp
 from app.tui.modals.conversation_settings import ConversationSettingsModal, fitted_label
+from tests.tui.test_tui_images import pictures, vision_llama  # noqa: F401 (fixtures)
 from tests.tui.test_tui_spec import _without_engine
 from tests.waits import wait_until
 
@@ -217,3 +218,54 @@ async def test_a_toast_shows_once_while_a_dialog_is_open_and_at_the_same_place()
         await pilot.press("escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), what="closed")
         await wait_until(pilot, lambda: [r.screen for r in shown_racks()] == [app.screen], what="the chat's again")
+
+
+# ----- images: one list of what the engine reads (item 15) ---------------------------------------------------
+
+
+def test_the_image_messages_list_what_the_engine_reads() -> None:
+    from engine_ext.image_input import ImageRefused, check_image
+
+    with pytest.raises(ImageRefused) as refused:
+        check_image(b"not a picture", "notes.png")
+    assert str(refused.value) == "notes.png: not an image llmtui reads (it takes PNG, JPEG, GIF, BMP)"
+
+
+@pytest.mark.anyio
+async def test_f12_offers_no_webp_and_keeps_the_prompt_open_with_the_error_of_a_wrong_path(
+    vision_llama: Path, pictures: Path
+) -> None:
+    from app.tui.modals.text_prompt import PathPromptModal
+    from tests.fakes import scripted_app
+    from tests.pilot import chat_of
+    from tests.tui.test_tui_images import PictureEngine
+
+    app = scripted_app(vision_llama, PictureEngine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
+        chat = chat_of(app)
+        await pilot.press("f12")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathPromptModal), what="the attach prompt")
+        prompt = app.screen
+        assert isinstance(prompt, PathPromptModal)
+        assert "WebP" not in prompt.title_text
+        field = prompt.query_one("#text-prompt-input", Input)
+        hint = prompt.query_one("#text-prompt-hint", Label)
+        field.value = f"{pictures}/photo"
+        await pilot.press("tab")
+        await wait_until(pilot, lambda: prompt.completions == 1, what="the completion")
+        assert field.value == f"{pictures}/photo", "Tab does not offer photo.webp: the engine does not read it"
+        for typed, said in (
+            (f"{pictures}/photo.webp", "photo.webp: WebP is not decoded by the engine's projector; convert it to PNG"),
+            (f"{pictures}/gone.png", f"Nothing at {pictures}/gone.png: check the path (Tab completes it)."),
+            (f"{pictures}/notes.png", "notes.png: not an image llmtui reads (it takes PNG, JPEG, GIF, BMP)"),
+        ):
+            field.value = typed
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: str(hint.render()) == said, what=f"the error of {typed}")  # noqa: B023
+            assert app.screen is prompt and hint.has_class("error"), "the prompt stays open with the path typed"
+            assert field.value == typed
+        field.value = f"{pictures}/red square.png"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(chat.attachments.images) == 1, what="the image attached")
+        assert not isinstance(app.screen, PathPromptModal)

@@ -269,3 +269,49 @@ async def test_f12_offers_no_webp_and_keeps_the_prompt_open_with_the_error_of_a_
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(chat.attachments.images) == 1, what="the image attached")
         assert not isinstance(app.screen, PathPromptModal)
+
+
+# ----- the make-vector dialog (item 18) ----------------------------------------------------------------------
+
+
+def test_the_vector_estimate_counts_down_and_outlasts_no_step() -> None:
+    from app.core.vectors import vector_progress_text
+
+    assert vector_progress_text("evaluating", 2, 3, 10.0) == "evaluating pair 3 of 3 · about 5 s left in this phase"
+    assert vector_progress_text("evaluating", 2, 3, 10.0, 3.0).endswith("about 2 s left in this phase")
+    # The last pair runs three times as long as those before it: no "about 5 s left" for 15 s.
+    assert vector_progress_text("evaluating", 2, 3, 10.0, 15.0) == (
+        "evaluating pair 3 of 3 · finishing: 15 s on this step so far"
+    )
+    # A step longer than the ones before it, with more to go: the steps left are counted as long as it.
+    assert vector_progress_text("directions", 4, 10, 4.0, 3.0).endswith("about 15 s left in this phase")
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_make_vector_dialog_names_the_real_folder_and_updates_its_estimate() -> None:
+    import time
+
+    from app.core.paths import prompt_set_folders
+    from app.tui.modals.make_vector import MakeVectorModal
+
+    async with _without_engine((80, 24)) as (app, pilot):
+        app.action_make_vector()
+        await wait_until(pilot, lambda: isinstance(app.screen, MakeVectorModal), what="the make-vector dialog")
+        dialog = app.screen
+        assert isinstance(dialog, MakeVectorModal)
+        await wait_until(pilot, lambda: not dialog.listing, what="the prompt sets listed")
+        folder = dialog.query_one("#make-folder", Label)
+        assert str(folder.render()) == f"Your own sets: {prompt_set_folders()[0]}/*.json"
+        assert "<data>" not in screen_text(app)
+        status = dialog.query_one("#make-status", Label)
+        dialog.making = Path("tiny-happy-sad.gguf")
+        dialog.show_progress("evaluating", 2, 3, 10.0, 0.5)
+        assert str(status.render()) == "Evaluating pair 3 of 3 · about 5 s left in this phase"
+        assert dialog.progress is not None
+        dialog.progress = (*dialog.progress[:4], time.monotonic() - 15)  # no report for 15 s
+        await wait_until(
+            pilot,
+            lambda: str(status.render()).startswith("Evaluating pair 3 of 3 · finishing: 1"),
+            what="the estimate updated between reports",
+        )

@@ -315,3 +315,73 @@ async def test_the_make_vector_dialog_names_the_real_folder_and_updates_its_esti
             lambda: str(status.render()).startswith("Evaluating pair 3 of 3 · finishing: 1"),
             what="the estimate updated between reports",
         )
+
+
+# ----- the chat at 80 columns (item 20) ----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_first_start_at_80_columns_shows_no_empty_list_and_the_toast_leaves_the_welcome_in_view() -> None:
+    from app.tui.widgets.prompt_input import PLACEHOLDER
+
+    app = LlmtuiApp(start_engine=False)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.pause()
+        chat = app.chat
+        assert chat is not None
+        sidebar = chat.query_one("#sidebar")
+        assert not sidebar.display, "no conversation yet: no empty list taking 21 of 80 columns"
+        assert chat.prompt.placeholder == PLACEHOLDER and chat.prompt.content_size.width > len(PLACEHOLDER)
+        app.notify("No model yet: pick one with ctrl+l, or F4 for the catalog and downloads.", timeout=30)
+        await wait_until(pilot, lambda: chat.query("Toast"), what="the toast")
+        await pilot.pause()
+        toast = chat.query_one("Toast").region
+        rows = screen_text(app).splitlines()
+        welcome = [y for y, row in enumerate(rows) if "Type a message below" in row or "finds any action" in row]
+        assert welcome and all(not toast.y <= y < toast.bottom for y in welcome), "the toast covers no welcome line"
+        # The first conversation made (the first message sent): the list shows.
+        conversation = app.store.conversations.create_conversation("First")
+        await chat.conversations.open_conversation(conversation.id)
+        await wait_until(pilot, lambda: sidebar.display, what="the list, once it lists a conversation")
+
+
+@pytest.mark.anyio
+async def test_at_80_columns_with_the_list_the_placeholder_and_the_branch_counter_are_whole(
+    app_dirs: tuple[Path, Path],
+) -> None:
+    from app.core.store import open_default_store
+    from tests.pilot import loaded, make_app
+
+    store = open_default_store()
+    conversation = store.conversations.create_conversation("Branches")
+    question = store.tree.add_user_message(conversation.id, "Hello")
+    model = "Qwen3.5-35B-A3B-Instruct-UD-Q4_K_XL"
+    for text in ("First answer", "Second answer"):
+        reply = store.tree.begin_assistant_message(conversation.id, question.id, model)
+        store.tree.finish_assistant_message(reply, text, "", "stopped", {})
+    store.close()
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        chat = app.chat
+        assert chat is not None and chat.query_one("#sidebar").display
+        prompt = chat.prompt
+        await wait_until(pilot, lambda: prompt.content_size.width > len(prompt.placeholder), what="a whole placeholder")
+        assert "Enter sends" in prompt.placeholder and "new line" in prompt.placeholder
+        await pilot.pause()
+        text = screen_text(app)
+        header = next(row for row in text.splitlines() if "Assistant" in row)
+        assert "[stopped]  ◀ 2/2 ▶" in header and "Qwen3.5" in header, "the model's name is shortened, not the counter"
+
+
+def test_a_message_header_shortens_the_models_name_to_keep_the_branch_counter() -> None:
+    from app.tui.widgets.message_view import BranchInfo, message_header
+
+    model = "Qwen3.5-35B-A3B-Instruct-UD-Q4_K_XL"
+    whole = message_header("assistant", "stopped", model, BranchInfo(2, 2))
+    assert whole.plain == f"Assistant  {model}  [stopped]  ◀ 2/2 ▶"
+    assert message_header("assistant", "stopped", model, BranchInfo(2, 2), 100).plain == whole.plain
+    fitted = message_header("assistant", "stopped", model, BranchInfo(2, 2), 50)
+    assert fitted.cell_len <= 50 and fitted.plain.endswith("  [stopped]  ◀ 2/2 ▶") and "Qwen3.5-35B-A3B-In…" in fitted.plain
+    assert message_header("assistant", "stopped", model, BranchInfo(2, 2), 30).plain == "Assistant  [stopped]  ◀ 2/2 ▶"

@@ -30,6 +30,11 @@ def messages(app: LlmtuiApp) -> list[str]:
     return [notification.message for notification in app._notifications]  # noqa: SLF001
 
 
+def in_view(body: Any, field: Any) -> Any:
+    """Whether `field` lies inside the scrolled `body`'s region, to wait on."""
+    return lambda: body.region.contains_region(field.region)
+
+
 async def open_conversation_settings(pilot: Any, app: LlmtuiApp) -> ConversationSettingsModal:
     await pilot.press("ctrl+s")
     await wait_until(pilot, lambda: isinstance(app.screen, ConversationSettingsModal), what="the settings dialog")
@@ -62,9 +67,7 @@ async def test_ctrl_s_focuses_the_system_prompt_reaches_every_field_at_80x24_and
             await pilot.pause()
             focused = app.focused
             assert focused is not None and focused.id == wanted
-            await wait_until(
-                pilot, lambda: body.region.contains_region(focused.region), what=f"{wanted} scrolled into view"
-            )
+            await wait_until(pilot, in_view(body, focused), what=f"{wanted} scrolled into view")
             assert app.screen.region.contains_region(save.region)
         dialog.query_one("#sampling-temperature", Input).value = "0.5"
         await pilot.press("ctrl+s")
@@ -233,14 +236,15 @@ def test_the_image_messages_list_what_the_engine_reads() -> None:
 
 @pytest.mark.anyio
 async def test_f12_offers_no_webp_and_keeps_the_prompt_open_with_the_error_of_a_wrong_path(
-    vision_llama: Path, pictures: Path
+    request: pytest.FixtureRequest,
 ) -> None:
     from app.tui.modals.text_prompt import PathPromptModal
     from tests.fakes import scripted_app
     from tests.pilot import chat_of
     from tests.tui.test_tui_images import PictureEngine
 
-    app = scripted_app(vision_llama, PictureEngine)
+    folder: Path = request.getfixturevalue("pictures")  # test_tui_images' fixtures
+    app = scripted_app(request.getfixturevalue("vision_llama"), PictureEngine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.engine_state == "ready", "the scripted engine to load")
         chat = chat_of(app)
@@ -251,21 +255,21 @@ async def test_f12_offers_no_webp_and_keeps_the_prompt_open_with_the_error_of_a_
         assert "WebP" not in prompt.title_text
         field = prompt.query_one("#text-prompt-input", Input)
         hint = prompt.query_one("#text-prompt-hint", Label)
-        field.value = f"{pictures}/photo"
+        field.value = f"{folder}/photo"
         await pilot.press("tab")
         await wait_until(pilot, lambda: prompt.completions == 1, what="the completion")
-        assert field.value == f"{pictures}/photo", "Tab does not offer photo.webp: the engine does not read it"
+        assert field.value == f"{folder}/photo", "Tab does not offer photo.webp: the engine does not read it"
         for typed, said in (
-            (f"{pictures}/photo.webp", "photo.webp: WebP is not decoded by the engine's projector; convert it to PNG"),
-            (f"{pictures}/gone.png", f"Nothing at {pictures}/gone.png: check the path (Tab completes it)."),
-            (f"{pictures}/notes.png", "notes.png: not an image llmtui reads (it takes PNG, JPEG, GIF, BMP)"),
+            (f"{folder}/photo.webp", "photo.webp: WebP is not decoded by the engine's projector; convert it to PNG"),
+            (f"{folder}/gone.png", f"Nothing at {folder}/gone.png: check the path (Tab completes it)."),
+            (f"{folder}/notes.png", "notes.png: not an image llmtui reads (it takes PNG, JPEG, GIF, BMP)"),
         ):
             field.value = typed
             await pilot.press("enter")
             await wait_until(pilot, lambda: str(hint.render()) == said, what=f"the error of {typed}")  # noqa: B023
             assert app.screen is prompt and hint.has_class("error"), "the prompt stays open with the path typed"
             assert field.value == typed
-        field.value = f"{pictures}/red square.png"
+        field.value = f"{folder}/red square.png"
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(chat.attachments.images) == 1, what="the image attached")
         assert not isinstance(app.screen, PathPromptModal)
@@ -383,5 +387,9 @@ def test_a_message_header_shortens_the_models_name_to_keep_the_branch_counter() 
     assert whole.plain == f"Assistant  {model}  [stopped]  ◀ 2/2 ▶"
     assert message_header("assistant", "stopped", model, BranchInfo(2, 2), 100).plain == whole.plain
     fitted = message_header("assistant", "stopped", model, BranchInfo(2, 2), 50)
-    assert fitted.cell_len <= 50 and fitted.plain.endswith("  [stopped]  ◀ 2/2 ▶") and "Qwen3.5-35B-A3B-In…" in fitted.plain
+    assert (
+        fitted.cell_len <= 50
+        and fitted.plain.endswith("  [stopped]  ◀ 2/2 ▶")
+        and "Qwen3.5-35B-A3B-In…" in fitted.plain
+    )
     assert message_header("assistant", "stopped", model, BranchInfo(2, 2), 30).plain == "Assistant  [stopped]  ◀ 2/2 ▶"

@@ -22,6 +22,7 @@ class SearchBox(Input):
             return False
         return super().check_consume_key(key, character)
 
+
 MODELS_BINDINGS: Final[list[BindingType]] = [
     Binding(
         "slash",

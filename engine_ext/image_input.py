@@ -32,6 +32,9 @@ READ_WORKING_BYTES = 8 * 1024 * 1024
 MAX_READ_BYTES = 7 * MAX_IMAGE_PIXELS + READ_WORKING_BYTES
 JPEG_SEGMENTS_MAX = 512  # markers read looking for the frame header: a bounded walk over a hostile file
 FORMATS: tuple[str, ...] = ("PNG", "JPEG", "GIF", "BMP", "WebP")
+"""The formats whose headers are checked; the engine's decoder reads all but WebP (READ_FORMATS)."""
+READ_FORMATS: tuple[str, ...] = ("PNG", "JPEG", "GIF", "BMP")
+"""The formats the engine's projector decodes (libmtmd's stb_image): what a message says llmtui takes."""
 
 
 class ImageRefused(EngineError):
@@ -104,7 +107,7 @@ def check_image(data: bytes, name: str = "image") -> CheckedImage:
         raise ImageRefused(f"{name}: the file is empty")
     kind = sniff_format(data)
     if kind is None:
-        raise ImageRefused(f"{name}: not an image llmtui reads (it takes {', '.join(FORMATS)})")
+        raise ImageRefused(f"{name}: not an image llmtui reads (it takes {', '.join(READ_FORMATS)})")
     try:
         width, height = _DIMENSIONS[kind](data)
     except (struct.error, IndexError, ValueError):

@@ -55,7 +55,12 @@ REPLY_LIMIT = Setting(
 )
 
 SERVER_ENABLED = Setting(
-    "enabled", bool, False, "serve the loaded model when the app starts (F10 turns it on or off)", saved_in="server"
+    "enabled",
+    bool,
+    False,
+    "serve the loaded model when the app starts (F10 turns it on or off)",
+    label="start with the app",
+    saved_in="server",
 )
 SERVER_ROUTER = Setting(
     "router",

@@ -29,10 +29,11 @@ class Completion:
     """One line for the user: the matches, none, or that the folder was read only in part."""
 
 
-def complete_path(text: str, suffixes: tuple[str, ...] = ()) -> Completion:
+def complete_path(text: str, suffixes: tuple[str, ...] = (), left_out: tuple[str, ...] = ()) -> Completion:
     """Complete `text` (a path as typed, `~` allowed) to the longest start shared by the names in its folder that
-    begin with its last part: folders, and files ending in one of `suffixes` (every file when empty). One match is
-    completed whole (a folder with a / after it). Hidden names only when the last part starts with a dot."""
+    begin with its last part: folders, and files ending in one of `suffixes` (every file when empty) but none of
+    `left_out` (files that would be refused). One match is completed whole (a folder with a / after it). Hidden
+    names only when the last part starts with a dot."""
     folder_text, _, prefix = text.rpartition("/")
     folder_text = folder_text + "/" if _ else ""
     folder = user_path(folder_text or ".")
@@ -56,7 +57,9 @@ def complete_path(text: str, suffixes: tuple[str, ...] = ()) -> Completion:
                     continue
                 if is_folder:
                     names.append(name + "/")
-                elif not suffixes or name.lower().endswith(suffixes):
+                elif (not suffixes or name.lower().endswith(suffixes)) and not (
+                    left_out and name.lower().endswith(left_out)
+                ):
                     names.append(name)
     except OSError as error:
         return Completion(text, note=f"Cannot read {folder}: {error.strerror or error}.")

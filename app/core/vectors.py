@@ -144,15 +144,20 @@ def format_seconds(seconds: float) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
-def phase_eta(done: int, total: int, phase_seconds: float) -> float | None:
-    """Seconds left in a phase at the rate measured so far in it (None: no step finished yet to measure)."""
+def phase_eta(done: int, total: int, phase_seconds: float, since_step: float = 0.0) -> float | None:
+    """Seconds left in a phase at the rate measured so far in it (None: no step finished yet to measure), counted
+    down by the `since_step` seconds the step under way has run since: a step that runs longer than the ones before
+    it counts as a step that long, so the estimate never stays up after the time it gave."""
     if done <= 0 or phase_seconds <= 0:
         return None
-    return phase_seconds / done * max(0, total - done)
+    left = max(0, total - done)
+    per_step = max(phase_seconds / done, since_step)
+    return max(0.0, per_step * left - since_step)
 
 
-def vector_progress_text(phase: str, done: int, total: int, phase_seconds: float) -> str:
-    """What the make dialog says of a phase: the step under way and the ETA of the phase from its measured rate."""
+def vector_progress_text(phase: str, done: int, total: int, phase_seconds: float, since_step: float = 0.0) -> str:
+    """What the make dialog says of a phase: the step under way and the ETA of the phase from its measured rate,
+    `since_step` seconds after the step before it ended (the dialog says it again each second)."""
     current = min(done + 1, total)
     if phase == "evaluating":
         what = f"evaluating pair {current} of {total}"
@@ -162,5 +167,7 @@ def vector_progress_text(phase: str, done: int, total: int, phase_seconds: float
         return "writing the file…" if done < total else "written"
     if done >= total:
         return f"{what} · done"
-    eta = phase_eta(done, total, phase_seconds)
+    eta = phase_eta(done, total, phase_seconds, since_step)
+    if eta is not None and eta < 1 <= since_step:  # the last step runs longer than the ones before it
+        return f"{what} · finishing: {format_seconds(since_step)} on this step so far"
     return f"{what} · " + ("measuring the rate…" if eta is None else f"about {format_seconds(eta)} left in this phase")

@@ -109,7 +109,15 @@ class LlmtuiApp(EngineEvents):
     def on_mount(self) -> None:
         """The first frame comes first: the settings, the history (opened and migrated) and the model to start with
         are read in a thread (`_read_start_up`); `on_start_up_read` goes on with them on the event loop."""
+        self.screen_change_signal.subscribe(self, self._toasts_on_top_screen_only)
         self._read_start_up()
+
+    def _toasts_on_top_screen_only(self, _screen: Screen[Any]) -> None:
+        """Each screen has its toasts; a screen under a dialog (drawn through its dimmed backdrop) hides its own, so
+        a notice shows once, in the dialog's. Its toasts come back when it is on top again (Textual shows them)."""
+        for screen in self.screen_stack[:-1]:
+            for rack in screen.query("ToastRack"):
+                rack.display = False
 
     @work(thread=True, exclusive=True, group="start-up")
     def _read_start_up(self) -> None:
@@ -257,8 +265,9 @@ class LlmtuiApp(EngineEvents):
         except ConfigError as error:
             self.notify(str(error), severity="error")
 
-    def save_settings(self, config: Config) -> None:
-        """Save new settings (ConfigError when invalid or unwritable) and apply the theme."""
+    def save_settings(self, config: Config, changes: tuple[str, ...] | None = None) -> None:
+        """Save new settings (ConfigError when invalid or unwritable) and apply the theme; `changes`: what the
+        settings screen changed, said in the toast."""
         save_config(config)
         engine_changed = config.engine != self.config.engine
         for name in list(self.engine_overrides):  # a setting saved anew is the user's choice over the session's
@@ -271,9 +280,11 @@ class LlmtuiApp(EngineEvents):
         if server_changed:
             self.server.config_changed()
         message = "Settings saved."
+        if changes is not None:
+            message = f"Settings saved: {'; '.join(changes)}." if changes else "Settings saved: nothing changed."
         if engine_changed and self.model_path:
             message += " Engine options apply when a model is next loaded (ctrl+l)."
-        self.notify(message)
+        self.notify(message, markup=False)
 
     # ----- actions -----
 

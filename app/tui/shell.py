@@ -71,7 +71,7 @@ class LlmtuiShell(App[None]):
     def default_conversation_settings(self) -> dict[str, object]:
         raise NotImplementedError
 
-    def save_settings(self, config: Config) -> None:
+    def save_settings(self, config: Config, changes: tuple[str, ...] | None = None) -> None:
         raise NotImplementedError
 
     def action_switch_model(self) -> None:

@@ -631,6 +631,8 @@ def _make_scene(tiny: Path) -> Any:
         dialog.making = Path("tiny-qwen35-happy-sad.gguf")
         dialog.query_one("#make-progress").display = True
         dialog.show_progress("evaluating", 5, 16, 10.0, 5 / 36)
+        # The test's data folder changes from run to run: the folder line as a user's would read.
+        dialog.query_one("#make-folder", Label).update("Your own sets: ~/.local/share/llmtui/steering/prompts/*.json")
         await pilot.pause()
 
     return run

@@ -28,6 +28,8 @@ class ConversationSettingsResult:
     save_as: str | None
     tools: str = "none"
     """The tools the conversation offers: "none", "builtin" or "mcp:NAME" (app/core/generation/tools.py)."""
+    changes: tuple[str, ...] = ()
+    """What the save changed, a phrase each ("Temperature 0.8 → 0.5"), for the toast that says it was saved."""
 
 
 def thinking_hint(controls: tuple[str, ...]) -> str:
@@ -45,6 +47,38 @@ def tool_format_hint(tool_format: str) -> str:
             " held to llama.cpp's generic JSON format (a tool call or a response)"
         )
     return f". This model calls tools in its template's {tool_format} format" if tool_format else ""
+
+
+def tools_note(tools: str, tool_format: str) -> str:
+    """The line under the Tools choice: how the loaded model will call the chosen tools ("" when none are chosen
+    or the format is not known)."""
+    if tools == "none" or not tool_format:
+        return ""
+    if tool_format == "generic":
+        return (
+            "This model's chat template has no tools: llama.cpp's generic tool format is used (the tools described in"
+            " a system message, each reply a JSON tool call or response)."
+        )
+    return f"This model calls tools in its template's {tool_format} format."
+
+
+TOOL_LABEL_CELLS = 58
+"""The most cells a tool choice's label takes, so the choice stays one line at 80 columns (a long read_file folder
+is cut from the left)."""
+
+
+def fitted_label(label: str, cells: int = TOOL_LABEL_CELLS) -> str:
+    """`label` in at most `cells` characters: a long folder inside it loses its start ("…/end/of/the/folder")."""
+    if len(label) <= cells:
+        return label
+    start = label.find("/")
+    if start < 0:
+        return label[: cells - 1] + "…"
+    head = label[:start]
+    keep = cells - len(head) - 1
+    if keep < 8:
+        return label[: cells - 1] + "…"
+    return head + "…" + label[len(label) - keep :]
 
 
 class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
@@ -98,10 +132,11 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                     for setting in PRESET_SAMPLING_FIELDS:
                         yield Label(setting.plain_label, classes="field-label")
                         yield self._field(setting)
-                    # Beside the last sampling value: the tools the model may call (each call asks first).
-                    yield Label("Tools", classes="field-label")
+                # The tools the model may call (each call asks first), a line of their own: a choice names a folder.
+                with Horizontal(id="tools-row"):
+                    yield Label("Tools ", classes="field-label")
                     yield Select(
-                        self.tool_choices,
+                        [(fitted_label(label), value) for label, value in self.tool_choices],
                         value=self.tools,
                         id="tools-select",
                         allow_blank=False,
@@ -109,6 +144,7 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
                         tooltip="The tools the model may call; each call asks you first (o once, c, a always, d deny)"
                         + tool_format_hint(self.tool_format),
                     )
+                yield Label(tools_note(self.tools, self.tool_format), id="tools-note", classes="field-label")
                 # The reasoning and the reply's shape, a value a line: their labels are long (the budget's special
                 # values), and a choice is a Select whose options need their width.
                 with Grid(id="reply-grid"):
@@ -158,7 +194,18 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
             return value if isinstance(value, str) else ""
         return field.value if isinstance(field, Input) else ""
 
+    def on_mount(self) -> None:
+        """The first field has the focus: typing at once goes into the system prompt."""
+        self.query_one("#system-prompt", TextArea).focus()
+        self.query_one("#tools-note", Label).display = bool(tools_note(self.tools, self.tool_format))
+
     def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "tools-select":
+            note = tools_note(event.value if isinstance(event.value, str) else "none", self.tool_format)
+            label = self.query_one("#tools-note", Label)
+            label.update(note)
+            label.display = bool(note)
+            return
         if event.select.id != "preset-select" or not isinstance(event.value, str) or event.value not in self.presets:
             return
         sampling = SamplingSettings.from_json(self.presets[event.value].settings)
@@ -188,14 +235,22 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
             self.notify(str(error), severity="error")
             return
         save_as = self.query_one("#preset-name", Input).value.strip() or None
-        tools = self.query_one("#tools-select", Select).value
+        chosen = self.query_one("#tools-select", Select).value
+        tools = chosen if isinstance(chosen, str) else "none"
+        system_prompt = self.query_one("#system-prompt", TextArea).text
+        changes = [
+            f"{setting.plain_label} {before} → {after}"
+            for setting in PRESET
+            if (before := getattr(self.sampling, setting.name)) != (after := getattr(sampling, setting.name))
+        ]
+        if system_prompt != self.system_prompt:
+            changes.insert(0, "system prompt edited")
+        if tools != self.tools:
+            labels = dict((value, label) for label, value in self.tool_choices)
+            changes.append(f"Tools {labels.get(self.tools, self.tools)} → {labels.get(tools, tools)}")
         self.dismiss(
             ConversationSettingsResult(
-                self.query_one("#system-prompt", TextArea).text,
-                sampling,
-                save_as or self._applied_preset,
-                save_as,
-                tools if isinstance(tools, str) else "none",
+                system_prompt, sampling, save_as or self._applied_preset, save_as, tools, tuple(changes)
             )
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,14 @@ def bar_steps(fraction: float) -> int:
     return min(round(max(0.0, fraction) * PROGRESS_STEPS), PROGRESS_STEPS * 99 // 100)
 
 
+def shown_folder(folder: Path) -> str:
+    """A folder as the user would type it: under the home folder, with ~."""
+    try:
+        return "~/" + folder.relative_to(Path.home()).as_posix()
+    except ValueError:
+        return str(folder)
+
+
 def _safe_stem(text: str) -> str:
     return re.sub(r"[^\w.-]+", "-", text).strip("-.") or "vector"
 
@@ -62,12 +71,20 @@ class MakeVectorModal(ModalScreen[str | None]):
         """Whether the prompt sets are still being read."""
         self.making: Path | None = None
         """The output file while the engine makes it."""
+        self.progress: tuple[str, int, int, float, float] | None = None
+        """The last progress reported: (phase, done, total, phase_seconds, when it came: time.monotonic())."""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="make-vector"):
             yield Label("Make a control vector", classes="dialog-title", id="make-title")
             yield Label("Prompt set (positive ↔ negative pairs)", classes="field-label")
             yield OptionList(Option("Reading the prompt sets…", id="make-reading", disabled=True), id="make-sets")
+            yield Label(
+                f"Your own sets: {shown_folder(prompt_set_folders()[0])}/*.json",
+                id="make-folder",
+                classes="field-label",
+                markup=False,  # a folder's brackets are not markup
+            )
             with Horizontal(id="make-options"):
                 yield Label("Method ", classes="field-label")
                 yield Select(
@@ -81,7 +98,7 @@ class MakeVectorModal(ModalScreen[str | None]):
                 yield Input(placeholder="default: model-set", compact=True, id="make-name")
             yield ProgressBar(total=None, show_eta=False, id="make-progress")
             yield Label("", id="make-status")
-            yield Label("Enter make · Esc close · your sets: <data>/steering/prompts/*.json", classes="dialog-hint")
+            yield Label("Enter make · Esc close", classes="dialog-hint")
 
     @staticmethod
     def _describe(path: Path) -> str:
@@ -96,6 +113,7 @@ class MakeVectorModal(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         self.query_one("#make-progress").display = False
+        self.set_interval(1.0, self.show_status)  # the estimate counts down between the engine's reports
         self.query_one(OptionList).focus()
         self._read_sets()
 
@@ -162,15 +180,23 @@ class MakeVectorModal(ModalScreen[str | None]):
         bar.update(total=PROGRESS_STEPS, progress=bar_steps(fraction))
         if self.making is not None:
             self.query_one("#make-title", Label).update(f"Making {self.making.name}")
-        text = vector_progress_text(phase, done, total, phase_seconds)
+        self.progress = (phase, done, total, phase_seconds, time.monotonic())
+        self.show_status()
+
+    def show_status(self) -> None:
+        """The phase, its step and the time left in it, from the last report and the time since."""
+        if self.making is None or self.progress is None:
+            return
+        phase, done, total, phase_seconds, reported = self.progress
+        text = vector_progress_text(phase, done, total, phase_seconds, time.monotonic() - reported)
         self.query_one("#make-status", Label).update(text[:1].upper() + text[1:])
 
     def finished(self, path: str, pairs: int, seconds: float) -> None:
-        self.making = None
+        self.making = self.progress = None
         self.dismiss(path)
 
     def failed(self, error: str) -> None:
-        self.making = None
+        self.making = self.progress = None
         self.query_one("#make-title", Label).update("Make a control vector")
         self.query_one("#make-progress").display = False
         self.query_one("#make-status", Label).update(f"Could not make the vector: {error}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -34,7 +37,10 @@ class TextPromptModal(ModalScreen[str | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.dismiss(event.value)
+        self.accept(event.value)
+
+    def accept(self, value: str) -> None:
+        self.dismiss(value)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -50,11 +56,47 @@ class PathPromptModal(TextPromptModal):
 
     HINT = "Tab completes the path · Enter to accept · Esc to cancel"
 
-    def __init__(self, title: str, value: str = "", placeholder: str = "", suffixes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        title: str,
+        value: str = "",
+        placeholder: str = "",
+        suffixes: tuple[str, ...] = (),
+        *,
+        left_out: tuple[str, ...] = (),
+        check: Callable[[str], str] | None = None,
+    ) -> None:
+        """`suffixes`: the files Tab offers (every one when empty), less those ending in `left_out`; `check`: run in
+        a thread on Enter, the reason the typed path will not do ('' when it will): the dialog stays open with it."""
         super().__init__(title, value, placeholder)
         self.suffixes = suffixes
+        self.left_out = left_out
+        self.check = check
+        self.checking = False
         self.completions = 0
         """Completions shown so far (tests wait on it)."""
+
+    def accept(self, value: str) -> None:
+        if self.check is None or not value.strip():
+            self.dismiss(value)
+        elif not self.checking:
+            self.checking = True
+            self._check(value)
+
+    @work(thread=True, exclusive=True, group="path-check", exit_on_error=False)
+    def _check(self, value: str) -> None:
+        assert self.check is not None
+        problem = self.check(value)
+        self.app.call_from_thread(self._checked, value, problem)
+
+    def _checked(self, value: str, problem: str) -> None:
+        self.checking = False
+        if not problem:
+            self.dismiss(value)
+            return
+        hint = self.query_one("#text-prompt-hint", Label)
+        hint.update(Text(problem))  # a path's brackets are not markup
+        hint.add_class("error")
 
     def action_complete(self) -> None:
         # Tab is a priority binding: it runs as the App receives it, while keys typed just before it (a fast typist,
@@ -64,7 +106,7 @@ class PathPromptModal(TextPromptModal):
 
     @work(thread=True, exclusive=True, group="path-completion", exit_on_error=False)
     def _complete(self, typed: str) -> None:
-        completion = complete_path(typed, self.suffixes)
+        completion = complete_path(typed, self.suffixes, self.left_out)
         if not get_current_worker().is_cancelled:
             self.app.call_from_thread(self._completed, typed, completion)
 
@@ -73,5 +115,7 @@ class PathPromptModal(TextPromptModal):
         if field.value == typed:  # not typed over meanwhile
             field.value = completion.text
             field.cursor_position = len(completion.text)
-        self.query_one("#text-prompt-hint", Label).update(completion.note or self.HINT)
+        hint = self.query_one("#text-prompt-hint", Label)
+        hint.update(completion.note or self.HINT)
+        hint.remove_class("error")
         self.completions += 1

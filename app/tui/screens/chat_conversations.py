@@ -205,7 +205,8 @@ class ConversationActions:
                 return
             self._view.header.output_format = FORMAT_LABELS.get(result.sampling.output_format, "")
             saved_preset = f" Preset “{result.save_as}” saved." if result.save_as else ""
-            self._view.notify("Conversation settings saved." + saved_preset)
+            changed = f": {'; '.join(result.changes)}." if result.changes else ": nothing changed."
+            self._view.notify("Conversation settings saved" + changed + saved_preset, markup=False)
 
         try:
             choices = tool_choices(read_tool_settings())

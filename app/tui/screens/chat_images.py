@@ -8,17 +8,41 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.core.documents.reading import BINARY_SUFFIXES
 from app.core.store import StoredImage
 from app.tui.screens.chat_documents import DocumentAttacher
 from app.tui.screens.chat_view import ChatView
 from app.tui.widgets.prompt_input import IMAGE_SUFFIXES
-from engine_ext.image_input import ImageRefused
+from engine_ext.image_input import READ_FORMATS, ImageRefused, read_image_file
 from engine_ext.untrusted_text import one_line
 
 if TYPE_CHECKING:
     from app.tui.shell import LlmtuiShell
 
 ATTACH_KEY = "f12"
+READ_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+"""The images the engine decodes (READ_FORMATS), by name: F12's Tab offers them."""
+NOT_OFFERED = tuple(sorted(suffix for suffix in BINARY_SUFFIXES if suffix not in READ_IMAGE_SUFFIXES))
+"""Files F12's Tab does not offer: neither an image the engine reads nor a document (.webp, archives, models…)."""
+
+
+def attach_problem(typed: str) -> str:
+    """Why the path typed in F12 cannot be attached, in a line ('' when it can): nothing there, or an image the
+    engine would refuse (the same check as attaching it). Reads the file: call it in a thread."""
+    path = Path(typed.strip()).expanduser()
+    try:
+        if not path.exists():
+            return f"Nothing at {path}: check the path (Tab completes it)."
+        if path.suffix.lower() not in IMAGE_SUFFIXES:
+            return ""
+        image = read_image_file(path)
+    except ImageRefused as refused:
+        return str(refused)
+    except OSError as error:
+        return f"{path.name}: {error.strerror or error}"
+    if image.format not in READ_FORMATS:
+        return f"{path.name}: {image.format} is not decoded by the engine's projector; convert it to PNG"
+    return ""
 
 
 class ImageAttacher:
@@ -50,8 +74,11 @@ class ImageAttacher:
 
         self.app.push_screen(
             PathPromptModal(
-                "Attach an image (PNG, JPEG, GIF, BMP) or a document: a text, Markdown, code or HTML file, or a folder",
+                f"Attach an image ({', '.join(READ_FORMATS)}) or a document: a text, Markdown, code or HTML file, or a"
+                " folder",
                 placeholder="~/notes",
+                left_out=NOT_OFFERED,
+                check=attach_problem,
             ),
             chosen,
         )

@@ -94,6 +94,8 @@ class ChatScreen(Screen[None]):
         use_cropped_compositor(self)  # a streamed line repaints that line, not the widgets under it
         self.conversation_id: int | None = None
         """The conversation on screen (None: a new one, created with its first message)."""
+        self._sidebar_waits = False
+        """Whether the conversation list is shown once it lists a conversation (hidden while it lists none)."""
         self.conversations = ConversationActions(self)
         self.documents = DocumentAttacher(self)
         self.replies = ChatReplies(self, self.documents)
@@ -111,7 +113,7 @@ class ChatScreen(Screen[None]):
                 yield Transcript(id="transcript")
                 yield EditBanner(id="edit-banner")
                 yield AttachmentsBar(id="attachments")
-                yield PromptInput(id="prompt", placeholder="Message  (Enter sends · Shift+Enter or Ctrl+J new line)")
+                yield PromptInput(id="prompt")
                 yield StatsBar(id="stats")
             yield SteeringPanel(id="steering-panel")  # F6: docked beside the chat (wide) or below it (narrow)
         yield Footer(compact=True)
@@ -194,7 +196,8 @@ class ChatScreen(Screen[None]):
         )  # events of requests nobody registered (or with no id) come here
         self.watch(self.app, "features_version", self.readouts.features_changed, init=False)
         self.watch(self.app, "engine_version", self.readouts.engine_changed, init=False)
-        self.query_one("#sidebar").display = self.app.config.show_sidebar
+        self.query_one("#sidebar").display = False  # until the conversations are listed (on_conversation_list_listed)
+        self._sidebar_waits = self.app.config.show_sidebar
         self.transcript.dark = self.app.current_theme.dark
         self.transcript.read_image = self.app.store.images.read_image
         self.transcript.colour_drafts = self.app.config.draft_colouring
@@ -279,8 +282,16 @@ class ChatScreen(Screen[None]):
     async def action_new_conversation(self) -> None:
         await self.conversations.new_conversation()
 
+    def on_conversation_list_listed(self, event: ConversationList.Listed) -> None:
+        """The conversation list is shown (when the settings say so) once it lists one: an empty one took 21 of 80
+        columns on the first start."""
+        if self._sidebar_waits and event.count:
+            self._sidebar_waits = False
+            self.query_one("#sidebar").display = True
+
     def action_toggle_sidebar(self) -> None:
         """Show the conversation list with the focus in it (its keys d, u, x work at once), or hide it."""
+        self._sidebar_waits = False  # the user's choice from now on
         sidebar = self.query_one("#sidebar")
         sidebar.display = not sidebar.display
         if sidebar.display:
@@ -290,6 +301,7 @@ class ChatScreen(Screen[None]):
         self.app.remember_sidebar(bool(sidebar.display))
 
     def action_search(self) -> None:
+        self._sidebar_waits = False
         self.query_one("#sidebar").display = True
         self.query_one("#conversation-search").focus()
 

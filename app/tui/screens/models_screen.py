@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Input, Label, OptionList, Select, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Input, Label, OptionList, Select, Static, TabbedContent, TabPane, Tabs
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState
 
@@ -34,6 +33,7 @@ from app.tui.screens.models_detail import (
     why_kept,
 )
 from app.tui.screens.models_downloads import ModelsDownloads
+from app.tui.screens.models_keys import MODELS_BINDINGS, SEARCH_BOXES, SearchBox
 from app.tui.screens.models_local import NO_LOCAL_MODELS, PartialRow, words_tooltip
 from app.tui.screens.models_messages import (
     HubSearched,
@@ -85,46 +85,7 @@ class ModelsScreen(ModelsDownloads):
     """Find, inspect, download, use and delete models. Installed on the app, so downloads go on in the background.
     Enter on a list opens the highlighted repo (quants, fit, sidecars), or downloads the highlighted quant."""
 
-    # The most useful first: at 80 columns the footer shows what fits.
-    BINDINGS = [
-        Binding(
-            "slash",
-            "search",
-            "Search",
-            priority=True,
-            tooltip="Search Hugging Face: the search box focused (in the box, / is typed: org/name)",
-        ),
-        Binding("down", "to_results", "Results", show=False, tooltip="To the results: from the search box"),
-        Binding("d", "download", "Download", tooltip="Download the highlighted quant: with the sidecars you tick"),
-        Binding("u", "use", "Use", tooltip="Use the model in the chat: a local model or a downloaded quant"),
-        Binding(
-            "p", "pause_download", "Pause", tooltip="Pause or resume the highlighted download: wherever the focus is"
-        ),
-        # On a finished download: says p has nothing to do (the same key, not a second entry in F1).
-        Binding("p", "pause_finished", "Pause", show=False, system=True),
-        Binding("r", "resume_partial", "Resume", tooltip="Resume the highlighted partial download: Local tab"),
-        Binding(
-            "x,delete",
-            "delete",
-            "Delete",
-            tooltip="Delete the highlighted model or partial download: Local tab (asks first, says the space freed)",
-        ),
-        Binding(
-            "e",
-            "edit_preset",
-            "Serve preset",
-            show=False,
-            tooltip="The model's serve preset: Local tab (how `llmtui serve` loads it: alias, context, sampling, pin)",
-        ),
-        Binding("x", "cancel_download", "Cancel", tooltip="Cancel the highlighted download: elsewhere (asks first)"),
-        Binding("escape", "back", "Back", tooltip="Back to the chat"),
-        Binding(
-            "ctrl+r", "reload_local", "Reload", show=False, tooltip="Reload the local models and partial downloads"
-        ),
-        Binding("1", "tab('catalog')", "Catalog", show=False, tooltip="Catalog tab"),
-        Binding("2", "tab('search')", "Search tab", show=False, tooltip="Search tab: the results shown before"),
-        Binding("3", "tab('local')", "Local", show=False, tooltip="Local tab: the models on this machine"),
-    ]
+    BINDINGS = MODELS_BINDINGS
 
     CSS_PATH = str(paths.assets_dir() / "models.tcss")
     CSS = """
@@ -168,9 +129,9 @@ class ModelsScreen(ModelsDownloads):
                 with TabPane("Catalog", id="catalog"):
                     yield with_tooltip(OptionList(id="catalog-list"), words_tooltip("unverified"))
                 with TabPane("Search", id="search"):
-                    yield Input(placeholder="Search Hugging Face GGUF repos", id="search-query")
+                    yield SearchBox(placeholder="Search Hugging Face GGUF repos", id="search-query")
                     with Horizontal(id="search-options"):
-                        yield Input(placeholder="author", id="search-author", compact=True)
+                        yield SearchBox(placeholder="author", id="search-author", compact=True)
                         yield Select(SORTS, value="downloads", allow_blank=False, id="search-sort", compact=True)
                     yield with_tooltip(OptionList(id="search-results"), words_tooltip("gated"))
                 with TabPane("Local", id="local"):
@@ -526,8 +487,8 @@ class ModelsScreen(ModelsDownloads):
         are left out of the footer (False)."""
         if not self.is_mounted:
             return True
-        if action == "search":  # in the search box itself, / is typed (org/name)
-            return self.focused is None or self.focused.id != "search-query"
+        if action in ("search", "tab"):  # in a search box holding text, / and digits are typed (org/name, qwen3)
+            return not self._typing_in_a_box()
         if action == "to_results":
             focused = self.focused.id if self.focused is not None else None
             return focused in ("search-query", "search-author") and bool(self.search_results)
@@ -546,7 +507,20 @@ class ModelsScreen(ModelsDownloads):
             return partial is not None and not partial.partial.active
         return True
 
+    def _typing_in_a_box(self) -> bool:
+        focused = self.focused
+        return isinstance(focused, Input) and focused.id in SEARCH_BOXES and bool(focused.value)
+
     def action_back(self) -> None:
+        """Esc: from a search box, to the results (or the tabs, before a search), so the next key is not typed
+        and F4 stays; elsewhere back to the chat."""
+        if self.focused is not None and self.focused.id in SEARCH_BOXES:
+            if self.search_results:
+                self.query_one("#search-results", OptionList).focus()
+            else:
+                self.query_one("#models-tabs", TabbedContent).query_one(Tabs).focus()
+            self.refresh_bindings()
+            return
         self.dismiss()
 
     def action_pause_finished(self) -> None:

@@ -72,6 +72,37 @@ def remote_line(remote: RemoteSettings) -> Text:
     return line
 
 
+def shown(value: object) -> str:
+    """A setting's value as the screen writes it: on/off, a list with commas, "none" for nothing."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ", ".join(f"{part:g}" if isinstance(part, float) else str(part) for part in value) or "none"
+    return str(value) if value != "" else "none"
+
+
+def settings_changes(old: Config, new: Config) -> tuple[str, ...]:
+    """What the settings screen changed, a phrase each ("context size 4096 → 8192"), for the toast on save."""
+    changes = [
+        f"{setting.label} {shown(getattr(old.engine, setting.name))} → {shown(getattr(new.engine, setting.name))}"
+        for setting in s.ENGINE
+        if getattr(old.engine, setting.name) != getattr(new.engine, setting.name)
+    ]
+    if old.theme != new.theme:
+        changes.append(f"theme {old.theme} → {new.theme}")
+    if old.model_folders != new.model_folders:
+        changes.append("model folders")
+    if old.remotes != new.remotes:
+        changes.append("remote engines")
+    changes += [
+        f"API server: {setting.label} {shown(getattr(old.server, setting.name))} → "
+        f"{shown(getattr(new.server, setting.name))}"
+        for setting in ui.SERVER
+        if getattr(old.server, setting.name) != getattr(new.server, setting.name)
+    ]
+    return tuple(changes)
+
+
 class SettingsScreen(Screen[bool]):
     """Ctrl+S saves (dismisses with True), Esc goes back without saving (False).
 
@@ -121,6 +152,7 @@ class SettingsScreen(Screen[bool]):
                     "API server (F10 serves the loaded model to other programs; a change applies at once)",
                     classes="section-title",
                 )
+                yield Static(self.server_state(), id="server-state", classes="field-label", markup=False)
                 with Grid(classes="settings-grid"):
                     for setting in ui.SERVER:
                         yield Label(setting.plain_label, classes="field-label")
@@ -129,6 +161,7 @@ class SettingsScreen(Screen[bool]):
                     "Prompt cache on disk (conversations resume after a restart; [cache] in config.toml, "
                     "`llmtui cache list|clear`)",
                     classes="section-title",
+                    markup=False,  # [cache] is the table's name, not a style
                 )
                 yield Static(self._cache_state(), id="settings-cache-usage", classes="field-label")
             with Horizontal(classes="dialog-buttons"):
@@ -193,10 +226,24 @@ class SettingsScreen(Screen[bool]):
         if self.config.cache.disk:
             self.read_cache_usage()
         await self.refresh_remotes()
+        self.set_interval(1.0, self.show_server_state)
+        # The field asked for (the palette's), else the first: typing at once goes into a field.
+        field = self.query_one(f"#setting-{self.focus_field if self.focus_field in FIELD_ORDER else FIELD_ORDER[0]}")
+        field.focus()
         if self.focus_field in FIELD_ORDER:
-            field = self.query_one(f"#setting-{self.focus_field}")
-            field.focus()
             self.call_after_refresh(field.scroll_visible, animate=False)
+
+    def server_state(self) -> str:
+        """The API server's live state, beside its start-up switch: F10 serves whatever that switch says."""
+        server = self.app.server
+        if server.starting:
+            return "Now: starting (F10)."
+        if server.server is None:
+            return "Now: off. F10 starts it."
+        return f"Now: serving at {server.server.address.url()}. F10 stops it."
+
+    def show_server_state(self) -> None:
+        self.query_one("#server-state", Static).update(self.server_state())
 
     async def refresh_remotes(self) -> None:
         """Rebuild the remote engines' rows from `self.remotes`."""
@@ -285,7 +332,7 @@ class SettingsScreen(Screen[bool]):
     def action_save(self) -> None:
         try:
             config = self.read_config()
-            self.app.save_settings(config)
+            self.app.save_settings(config, settings_changes(self.config, config))
         except ConfigError as error:
             self.show_error(str(error))
             self.notify(str(error), severity="error", timeout=8)

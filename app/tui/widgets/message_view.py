@@ -40,12 +40,18 @@ class BranchInfo:
     total: int
 
 
-def message_header(role: str, state: str, model: str, branch: BranchInfo | None) -> Text:
-    """A message's first line: who wrote it, the model, its state and where it sits among its branches."""
+def message_header(role: str, state: str, model: str, branch: BranchInfo | None, width: int = 0) -> Text:
+    """A message's first line: who wrote it, the model, its state and where it sits among its branches. In `width`
+    cells (0: any), the model's name is shortened first, so the state and the branch counter stay whole."""
     header = Text()
     header.append("You" if role == "user" else "Assistant" if role == "assistant" else role.capitalize(), style="bold")
-    if role == "assistant" and model:
-        header.append(f"  {shown(model)}", style="dim")
+    name = shown(model) if role == "assistant" and model else ""
+    if name and width:
+        rest = message_header(role, state, "", branch).cell_len
+        room = width - rest - 2
+        name = name if len(name) <= room else (name[: room - 1] + "…" if room >= 8 else "")
+    if name:
+        header.append(f"  {name}", style="dim")
     label = STATE_LABELS.get(state)
     if label:
         header.append(f"  [{label}]", style="italic")
@@ -304,7 +310,7 @@ class MessageView(RenderedOnce, can_focus=True):
 
     def render_strips(self, width: int) -> list[Strip]:
         message = self.message
-        head: list[RenderableType] = [message_header(message.role, message.state, message.model, self.branch)]
+        head: list[RenderableType] = [message_header(message.role, message.state, message.model, self.branch, width)]
         reasoning = self._reasoning_renderable()
         if reasoning is not None:
             head.append(reasoning)

@@ -15,6 +15,8 @@ from app.tui.textual_internals.text_area import KeysBeforeTextArea
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 SELECT_ALL_KEY = "ctrl+a"  # as in most editors, so a long message is cleared or replaced at once (issue 37)
+PLACEHOLDER = "Message  (Enter sends · Shift+Enter or Ctrl+J new line)"
+SHORT_PLACEHOLDER = "Message  (Enter sends · Ctrl+J new line)"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp")
 DROPPED_PATH_MAX_CHARS = 4096
 
@@ -83,7 +85,7 @@ class PromptInput(KeysBeforeTextArea, TextArea):
         def control(self) -> PromptInput:
             return self.prompt_input
 
-    def __init__(self, *, id: str | None = None, placeholder: str = "") -> None:  # noqa: A002
+    def __init__(self, *, id: str | None = None, placeholder: str = PLACEHOLDER) -> None:  # noqa: A002
         super().__init__(
             id=id,
             soft_wrap=True,
@@ -93,10 +95,17 @@ class PromptInput(KeysBeforeTextArea, TextArea):
             placeholder=placeholder,
             highlight_cursor_line=False,
         )
+        self._placeholders = (placeholder, SHORT_PLACEHOLDER if placeholder == PLACEHOLDER else placeholder)
+        """The placeholder, and the one shown where it would be cut."""
         self.sent_history: list[str] = []
         """Messages sent, oldest first (recalled with Up)."""
         self._recall_index: int | None = None
         self._draft = ""
+
+    def on_resize(self, event: events.Resize) -> None:
+        """The placeholder whole: the shorter one where the longer would be cut (80 columns with the list)."""
+        whole, short = self._placeholders
+        self.placeholder = whole if self.content_size.width > len(whole) else short  # (event.size has the border)
 
     def action_newline(self) -> None:
         self.insert("\n")

@@ -79,6 +79,13 @@ class ConversationList(Vertical):
         def control(self) -> ConversationList:
             return self.conversation_list
 
+    class Listed(Message):
+        """The conversations were listed again: `count` of them (not the search's hits)."""
+
+        def __init__(self, count: int) -> None:
+            super().__init__()
+            self.count = count
+
     def compose(self) -> ComposeResult:
         yield Input(placeholder="Search  (ctrl+f)", id="conversation-search", compact=True)
         yield ConversationOptions(id="conversation-options")
@@ -101,6 +108,7 @@ class ConversationList(Vertical):
                 label.append(" (damaged)", style="italic")
             options.add_option(Option(label, id=str(conversation.id)))
         self._highlight(current_id)
+        self.post_message(self.Listed(len(conversations)))
 
     def show_hits(self, hits: list[SearchHit], current_id: int | None) -> None:
         options = self.options

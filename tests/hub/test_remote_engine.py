@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
+from app.core.app_settings_schema import CHAT_REPLY_LIMIT
 from app.core.config import Config, RemoteSettings, SamplingSettings, load_config, save_config
 from app.core.engine import ReplyStats
 from app.core.remote_engine import RemoteChoice, draft_summary
@@ -339,7 +340,10 @@ def test_request_body_maps_sampling_and_continue() -> None:
     assert body["repeat_penalty"] == body["repetition_penalty"] == 1.1 and "top_k" not in body
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     plain = request_body("m", [("user", "hi")], SamplingSettings(), continue_reply=False)
-    assert "max_tokens" not in plain and "seed" not in plain and "continue_final_message" not in plain
+    assert plain["max_tokens"] == CHAT_REPLY_LIMIT  # the chat's default reply limit reaches a remote engine too
+    assert "seed" not in plain and "continue_final_message" not in plain
+    unlimited = request_body("m", [("user", "hi")], SamplingSettings(max_tokens=-1), continue_reply=False)
+    assert "max_tokens" not in unlimited
 
 
 # ----- the app ----------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from app.server.blocks import Block, BlockKind, BlockShaper, PromptCount, Stream
 from app.server.requests import Job, Limits, parse_chat
 from app.server.tool_requests import tool_calls_json
 from engine_ext.params import SamplingParams
-from engine_ext.protocol import Finished
+from engine_ext.protocol import Finished, ToolCall
 
 MAX_STORED = 256  # responses kept for previous_response_id; the oldest goes first
 MAX_STORED_BYTES = 64 << 20  # their conversations' JSON together
@@ -209,6 +209,20 @@ def _tools(value: object) -> list[dict[str, object]]:
     return out
 
 
+def tool_namespaces(value: object) -> dict[str, str]:
+    """The namespace of each function offered inside one (`{"type": "namespace", "name": …}`): a call to it names its
+    namespace (the `namespace` of a function_call item), as Codex routes its sub-agent tools by both."""
+    found: dict[str, str] = {}
+    for tool in value if isinstance(value, list) else ():
+        if not (isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("name"), str)):
+            continue
+        inners = tool.get("tools")
+        for inner in inners if isinstance(inners, list) else ():
+            if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                found.setdefault(inner["name"], tool["name"])
+    return found
+
+
 def _functions(tools: list[object], where: str, first: int = 0) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for i, tool in enumerate(tools, first):
@@ -280,6 +294,7 @@ class ResponseShaper(BlockShaper):
         self.store = store
         self._ids: list[str] = []  # each block's item id
         self._sequence = 0
+        self._namespaces = tool_namespaces(body.get("tools"))
 
     # ----- the whole response -------------------------------------------------------------------
 
@@ -297,7 +312,13 @@ class ResponseShaper(BlockShaper):
 
     def _call_items(self) -> list[dict[str, object]]:
         calls = self.finished.tool_calls if self.finished else ()
-        return [_function_call(f"fc_{c.id}", c.id, c.name, c.arguments, "completed") for c in calls]
+        return [self._call(f"fc_{c.id}", c, c.arguments, "completed") for c in calls]
+
+    def _call(self, item_id: str, call: ToolCall, arguments: str, status: str) -> dict[str, object]:
+        item = _function_call(item_id, call.id, call.name, arguments, status)
+        if call.name in self._namespaces:
+            item["namespace"] = self._namespaces[call.name]
+        return item
 
     def _response(self, status: str) -> dict[str, object]:
         output = [self._item(i, b, "completed") for i, b in enumerate(self.blocks)] if status != "in_progress" else []
@@ -393,14 +414,14 @@ class ResponseShaper(BlockShaper):
         steps: list[StreamEvent] = []
         for index, call in enumerate(finished.tool_calls, len(self.blocks)):
             item_id = f"fc_{call.id}"
-            item = _function_call(item_id, call.id, call.name, "", "in_progress")
+            item = self._call(item_id, call, "", "in_progress")
             where = {"item_id": item_id, "output_index": index}
             steps.append(self._event("response.output_item.added", output_index=index, item=item))
             steps.append(self._event("response.function_call_arguments.delta", **where, delta=call.arguments))
             steps.append(
                 self._event("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments)
             )
-            done = _function_call(item_id, call.id, call.name, call.arguments, "completed")
+            done = self._call(item_id, call, call.arguments, "completed")
             steps.append(self._event("response.output_item.done", output_index=index, item=done))
         if self.body.get("store", True) is not False:
             self.store.put(self.id, [*self.conversation, self._answer_message(finished)])

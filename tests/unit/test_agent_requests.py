@@ -9,10 +9,11 @@ import pytest
 
 from app.server.anthropic import parse_messages
 from app.server.api_errors import ApiError
-from app.server.openai_responses import ResponseStore, parse_response_request
+from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request
 from app.server.requests import Limits
 from engine_ext.grammar import MAX_SCHEMA_COUNT, GrammarError, grammar_for
 from engine_ext.params import SamplingParams
+from engine_ext.protocol import ToolCall
 from engine_ext.tool_grammar import ANY_VALUE, countable, tool_grammar
 
 WORKFLOW = {  # Claude Code's Workflow tool, trimmed: an annotation-only property and a 524,288-character maximum
@@ -84,6 +85,16 @@ def test_codex_request_parses_its_namespace_flattened_and_hosted_tools_left_out(
     custom = {**CODEX, "tools": [{"type": "custom", "name": "apply_patch"}]}
     with pytest.raises(ApiError, match=r"tools\[0\]: only function tools are available here, not 'custom'"):
         parse_response_request(custom, SamplingParams(), Limits(), "m", ResponseStore())
+
+
+def test_a_call_to_a_namespaced_function_names_its_namespace() -> None:
+    """Codex routes a call by namespace and name: without the namespace, `close_agent` was "unsupported call"."""
+    job, conversation = parse_response_request(CODEX, SamplingParams(), Limits(), "m", ResponseStore())
+    shaper = ResponseShaper(job, "m", CODEX, conversation, ResponseStore())
+    inside = shaper._call("fc_1", ToolCall("c1", "close_agent", "{}"), "{}", "completed")
+    outside = shaper._call("fc_2", ToolCall("c2", "exec_command", "{}"), "{}", "completed")
+    assert inside["namespace"] == "multi_agent_v1" and inside["name"] == "close_agent"
+    assert "namespace" not in outside
 
 
 def test_agent_tool_schemas_the_converter_refused_become_a_call_grammar() -> None:

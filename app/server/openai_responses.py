@@ -146,21 +146,31 @@ def _input(value: object) -> list[dict[str, object]]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise bad_request(f"{where}.call_id must be the call_id of the function_call it answers", "input")
-            text = _content(item.get("output"), where)
-            if not isinstance(text, str):
-                if any(p["type"] != "text" for p in text):
-                    raise bad_request(f"{where}.output: function outputs take text only", "input")
-                text = "\n".join(str(p["text"]) for p in text)
-            out.append({"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""), "content": text})
+            out.append(_function_output(item, where, names))
         elif kind == "reasoning":
             continue
         else:
             shown = kind[:40] if isinstance(kind, str) else "untyped"
             raise bad_request(f"{where}: {shown!r} items are not supported by this server", "input")
     return out
+
+
+def _function_output(item: Mapping[str, object], where: str, names: Mapping[str, str]) -> dict[str, object]:
+    """A function_call_output as a tool message; one without a call_id that names its function (Codex adds its goal
+    as `{"name": "goal_objective", "namespace": "agent", "output": …}`, answering no call) as a user turn saying
+    whose output it is."""
+    call_id, name, namespace = item.get("call_id"), item.get("name"), item.get("namespace")
+    text = _content(item.get("output"), where)
+    if not isinstance(text, str):
+        if any(p["type"] != "text" for p in text):
+            raise bad_request(f"{where}.output: function outputs take text only", "input")
+        text = "\n".join(str(p["text"]) for p in text)
+    if isinstance(call_id, str) and call_id:
+        return {"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""), "content": text}
+    if isinstance(name, str) and name:
+        qualified = f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
+        return {"role": "user", "content": f"Output of {qualified[:128]}:\n{text}"}
+    raise bad_request(f"{where}.call_id must be the call_id of the function_call it answers", "input")
 
 
 def _content(value: object, where: str) -> str | list[dict[str, object]]:

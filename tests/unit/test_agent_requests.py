@@ -97,6 +97,23 @@ def test_a_call_to_a_namespaced_function_names_its_namespace() -> None:
     assert "namespace" not in outside
 
 
+def test_codexs_call_less_output_is_a_user_turn_naming_it() -> None:
+    """Codex 0.171 adds its goal as a function_call_output with a name and namespace and no call_id (recorded after
+    a create_goal call): it was refused ("input[24].call_id must be …") and the session ended."""
+    called = {"type": "function_call", "call_id": "c1", "name": "create_goal", "arguments": "{}"}
+    answered = {"type": "function_call_output", "call_id": "c1", "output": '{"goal": {}}'}
+    goal = {"type": "function_call_output", "name": "goal_objective", "namespace": "agent", "output": "Say hi"}
+    asked = CODEX["input"]
+    assert isinstance(asked, list)
+    body = {**CODEX, "input": [*asked, called, answered, goal]}
+    job, _ = parse_response_request(body, SamplingParams(), Limits(), "m", ResponseStore())
+    assert [m.role for m in job.messages] == ["user", "assistant", "tool", "user"]
+    assert job.messages[-1].content == "Output of agent.goal_objective:\nSay hi"
+    nameless = {"type": "function_call_output", "output": "x"}
+    with pytest.raises(ApiError, match=r"input\[1\]\.call_id must be the call_id"):
+        parse_response_request({**CODEX, "input": [*asked, nameless]}, SamplingParams(), Limits(), "m", ResponseStore())
+
+
 def test_agent_tool_schemas_the_converter_refused_become_a_call_grammar() -> None:
     tool = {"type": "function", "function": {"name": "Workflow", "parameters": WORKFLOW["input_schema"]}}
     with pytest.raises(GrammarError):  # as given: the port refuses both the huge maximum and the bare description

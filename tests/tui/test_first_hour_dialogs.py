@@ -102,6 +102,35 @@ async def test_tools_for_a_model_without_them_in_its_template_say_the_generic_fo
         assert tools.region.height == 1
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_tools_with_a_json_output_format_are_refused_where_they_are_set_not_at_send() -> None:
+    """The walk's ctrl+s with built-in tools and output format json saved both, and the next reply failed with the
+    engine's "give tools or a grammar/JSON schema, not both"."""
+    async with _without_engine((80, 24)) as (app, pilot):
+        assert app.model is not None
+        app.model = replace(app.model, tool_format="generic")
+        dialog = await open_conversation_settings(pilot, app)
+        tools = dialog.query_one("#tools-select", Select)
+        tools.value = "builtin"
+        dialog.query_one("#sampling-output_format", Select).value = "json"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is dialog, "not saved: the reply would fail"
+        [refused] = [message for message in messages(app) if "cannot go together" in message]
+        assert refused == (
+            "Tools and output format json cannot go together: a reply with tools keeps to the tool call format. "
+            "Choose Tools none or output format text."
+        )
+        assert app.focused is tools, "the focus is on the choice to change"
+        tools.value = "none"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConversationSettingsModal), what="saved")
+        assert "Conversation settings saved: Output format text → json." in messages(app)
+
+
 def test_a_long_tool_label_keeps_its_folders_end() -> None:
     label = "built-in (current_datetime, read_file under /home/someone/a/very/long/path/to/the/notes/folder)"
     short = fitted_label(label, 64)

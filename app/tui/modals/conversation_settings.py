@@ -62,6 +62,17 @@ def tools_note(tools: str, tool_format: str) -> str:
     return f"This model calls tools in its template's {tool_format} format."
 
 
+def tools_format_clash(tools: str, output_format: str, tool_format: str) -> str:
+    """Why tools and an output format other than text cannot be saved together ("" when they can): the app's engine
+    (its `tool_format` known) holds a reply with tools to their own format, so it refuses both at send."""
+    if tools == "none" or output_format == "text" or not tool_format:
+        return ""
+    return (
+        f"Tools and output format {output_format} cannot go together: a reply with tools keeps to the tool call "
+        "format. Choose Tools none or output format text."
+    )
+
+
 TOOL_LABEL_CELLS = 58
 """The most cells a tool choice's label takes, so the choice stays one line at 80 columns (a long read_file folder
 is cut from the left)."""
@@ -237,6 +248,10 @@ class ConversationSettingsModal(ModalScreen[ConversationSettingsResult | None]):
         save_as = self.query_one("#preset-name", Input).value.strip() or None
         chosen = self.query_one("#tools-select", Select).value
         tools = chosen if isinstance(chosen, str) else "none"
+        if clash := tools_format_clash(tools, sampling.output_format, self.tool_format):
+            self.notify(clash, severity="error")
+            self.query_one("#tools-select", Select).focus()
+            return
         system_prompt = self.query_one("#system-prompt", TextArea).text
         changes = [
             f"{setting.plain_label} {before} → {after}"

@@ -304,6 +304,28 @@ async def test_f12_offers_no_webp_and_keeps_the_prompt_open_with_the_error_of_a_
         assert not isinstance(app.screen, PathPromptModal)
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_a_path_prompts_error_wraps_whole_at_80x24() -> None:
+    """The walk's F12 with a wrong path showed "Nothing at …/no-such-image.png: check the path (Tab comple": the
+    error line was cut at the dialog's width."""
+    from app.tui.modals.text_prompt import PathPromptModal
+
+    wrong = "/tmp/" + "a-folder-with-a-long-name/" * 2 + "no-such-image.png"
+    async with _without_engine((80, 24)) as (app, pilot):
+        prompt = PathPromptModal("Attach", check=lambda typed: f"Nothing at {typed}: check the path (Tab completes it).")
+        app.push_screen(prompt)
+        await wait_until(pilot, lambda: app.screen is prompt, what="the path prompt")
+        await pilot.pause()
+        prompt.query_one("#text-prompt-input", Input).value = wrong
+        await pilot.press("enter")
+        hint = prompt.query_one("#text-prompt-hint", Label)
+        await wait_until(pilot, lambda: hint.has_class("error"), what="the error")
+        await pilot.pause()
+        assert hint.region.height > 2, "the error wraps (below its blank line)"
+        assert "(Tab completes it)." in screen_text(app), "its end is on the screen"
+
+
 # ----- the make-vector dialog (item 18) ----------------------------------------------------------------------
 
 

@@ -430,6 +430,44 @@ async def test_at_80_columns_with_the_list_the_placeholder_and_the_branch_counte
         assert "[stopped]  ◀ 2/2 ▶" in header and "Qwen3.5" in header, "the model's name is shortened, not the counter"
 
 
+@pytest.mark.anyio
+async def test_at_80_columns_the_api_readout_outlasts_the_spec_one_the_meter_repeats() -> None:
+    """The walk at 80x24 after F9 auto: F10 served, and the stats bar under the list ended "spec 33% ~×0.9 api
+    :467…" (the port cut) though the speculation meter above it said the same 33% and ×0.87."""
+    from tests.tui.test_tui_widgets import StatsHost, ready_stats_bar
+
+    app = StatsHost()
+    async with app.run_test(size=(58, 3)) as pilot:  # 80 columns less the conversation list
+        bar = ready_stats_bar(app)
+        bar.extras = {"spec": "33% ~×0.9", "api": ":46725 curl 1 running"}
+        await pilot.pause()
+        assert "api :46725" not in bar.render_line(0).text, "too wide for both: the port was cut"
+        bar.spares = frozenset({"spec"})
+        await pilot.pause()
+        line = bar.render_line(0).text
+        assert "api :46725 curl" in line and "spec" not in line
+        bar.extras = {"spec": "33%"}
+        await pilot.pause()
+        assert "spec 33%" in bar.render_line(0).text, "kept where it fits"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_chats_stats_bar_spares_its_spec_readout_while_the_meter_shows() -> None:
+    from app.tui.widgets.spec_meter import SpecMeter
+    from app.tui.widgets.status import StatsBar
+    from tests.pilot import chat_of
+
+    async with _without_engine((80, 24)) as (app, pilot):
+        bar = chat_of(app).query_one(StatsBar)
+        assert not bar.spares
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: chat_of(app).query(SpecMeter), what="the speculation meter")
+        await wait_until(pilot, lambda: bar.spares == {"spec"}, what="spec spared")
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: not bar.spares, what="nothing spared without the meter")
+
+
 def test_a_message_header_shortens_the_models_name_to_keep_the_branch_counter() -> None:
     from app.tui.widgets.message_view import BranchInfo, message_header
 

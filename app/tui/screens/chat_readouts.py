@@ -72,6 +72,9 @@ class ChatReadouts:
         api = self.app.server.readout()
         if api:
             extras["api"] = api
+        spares = frozenset({"spec"} if meters else ())  # the meter above says it: at 80 columns api stays in view
+        if spares != stats_bar.spares:
+            stats_bar.spares = spares
         if extras != stats_bar.extras:
             stats_bar.extras = extras
         self._sync_steering_panel()

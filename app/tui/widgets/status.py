@@ -159,6 +159,9 @@ class StatsBar(Widget):
     trims: reactive[dict[str, str]] = reactive(dict)
     """Of those readouts, label → the start of its value that may be cut when nothing else gives way (a steering
     vector's name: its strength after it stays in view)."""
+    spares: reactive[frozenset[str]] = reactive(frozenset)
+    """Of those readouts, the ones shown elsewhere too (spec: the speculation meter above says it): left out when
+    the line is too wide, so the ones after them (api: the server's port and requests) stay in view."""
     cpu: reactive[CpuLoad | None] = reactive(None)
     """Other programs' CPU use during the reply and the engine's threads: a note when they crowd the engine
     (`CpuLoad.busy`), nothing otherwise."""
@@ -227,7 +230,7 @@ class StatsBar(Widget):
         (the header shows both), then with single spaces and a shorter context bar, then without the prompt and
         reply token counts (the context in use stays; a reply that thought keeps its thinking and answer tokens
         longer, at the TTFT's expense). A busy machine's note shortens along the way, and last the TTFT gives way
-        to it. Still too wide, a readout's name that may be cut (`trims`) is cut, so what follows it (a steering
+        to it. Still too wide, the readouts shown elsewhere too (`spares`) are left out; then a readout's name that may be cut (`trims`) is cut, so what follows it (a steering
         vector's strength) stays in view (issue 49, 17)."""
         width = self.size.width
         busy = self.cpu is not None and (self.cpu.busy() or self.cpu.adapted())
@@ -240,6 +243,9 @@ class StatsBar(Widget):
             if needs in tried:
                 form = compact
                 line = self._text(**form)
+        if width and line.cell_len > width and self.spares & self.extras.keys():
+            form = {**form, "skip": self.spares}  # (a copy: the forms are shared)
+            line = self._text(**form)
         if width and line.cell_len > width and self.trims:
             line = self._text(**form, trim=line.cell_len - width)
         return line
@@ -276,6 +282,7 @@ class StatsBar(Widget):
         ttft: bool = True,
         busy: str = "long",
         trim: int = 0,
+        skip: frozenset[str] = frozenset(),
     ) -> Text:
         label = self._style("stats-bar--label")
         line = Text(no_wrap=True, overflow="ellipsis")
@@ -307,6 +314,8 @@ class StatsBar(Widget):
         line.append("░" * (bar - used), style=self._style("stats-bar--bar-free"))
         line.append(f" {_short(self.n_ctx_used)}/{_short(self.n_ctx)}" if self.n_ctx else " –")
         for name, value in self.extras.items():
+            if name in skip:
+                continue
             cut = self.trims.get(name, "")
             if trim > 0 and len(cut) > 4 and value.startswith(cut):  # its name shortened, what follows it kept
                 keep = max(3, len(cut) - trim - 1)

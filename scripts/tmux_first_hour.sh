@@ -4,16 +4,16 @@
 #
 #   scripts/tmux_first_hour.sh OUT_DIR
 #
-# Walk: start on the starter model (a fresh start: no config, no history) · F4 the model browser · ctrl+l the model
-# switcher · F9, auto (Enter) and "repeat this text: …" (auto drafting from the prompt) · ctrl+o the speculation
-# details · F6 steering · ctrl+p the command palette · the chat's footer · ctrl+b the conversation list, focused, d and
-# u (issue 37) · ctrl+a in the message box (issue 37) · then the capabilities (issue 49): F10 serves while `curl`
-# streams a long chat completion from it, a chat message waits for it (the reply says so, ctrl+k stops the request),
-# F3 shows the server's "Start with the app" and live state · ctrl+s built-in tools (the starter's template has none:
-# the generic format is said) with output format json (refused together), json alone, saved (the change said), the
-# header's [json] and a JSON reply · F12 a wrong path (the prompt stays open with the error), then a PNG (the starter
-# has no projector: it says so) · ctrl+e while the model is not thinking · ctrl+q. scripts/tmux_steering.sh walks
-# steering and scripts/tmux_models.py the downloads (--size 80x24).
+# Walk: start on the starter model (a fresh start: no history; config.toml holds only the API server's port) · F4 the
+# model browser · ctrl+l the model switcher · F9, auto (Enter) and "repeat this text: …" (auto drafting from the prompt)
+# · ctrl+o the speculation details · F6 steering · ctrl+p the command palette · the chat's footer · ctrl+b the
+# conversation list, focused, d and u (issue 37) · ctrl+a in the message box (issue 37) · then the capabilities (issue
+# 49): F10 serves while `curl` streams a long chat completion from it, a chat message waits for it (the reply says so,
+# ctrl+k stops the request), F3 shows the server's "Start with the app" and live state · ctrl+s built-in tools (the
+# starter's template has none: the generic format is said) with output format json (refused together), json alone, saved
+# (the change said), the header's [json] and a JSON reply · F12 a wrong path (the prompt stays open with the error),
+# then a PNG (the starter has no projector: it says so) · ctrl+e while the model is not thinking · F10 stops the server
+# · ctrl+q. scripts/tmux_steering.sh walks steering and scripts/tmux_models.py the downloads (--size 80x24).
 #
 # Writes OUT_DIR/80x24/NN-step.txt and OUT_DIR/200x50/NN-step.txt (tmux capture-pane, plain text), and
 # OUT_DIR/walk.log (what was pressed and waited for). Hermetic: HOME, the XDG dirs, LLMTUI_CONFIG_DIR,

@@ -313,7 +313,9 @@ async def test_a_path_prompts_error_wraps_whole_at_80x24() -> None:
 
     wrong = "/tmp/" + "a-folder-with-a-long-name/" * 2 + "no-such-image.png"
     async with _without_engine((80, 24)) as (app, pilot):
-        prompt = PathPromptModal("Attach", check=lambda typed: f"Nothing at {typed}: check the path (Tab completes it).")
+        prompt = PathPromptModal(
+            "Attach", check=lambda typed: f"Nothing at {typed}: check the path (Tab completes it)."
+        )
         app.push_screen(prompt)
         await wait_until(pilot, lambda: app.screen is prompt, what="the path prompt")
         await pilot.pause()

@@ -230,8 +230,8 @@ class StatsBar(Widget):
         (the header shows both), then with single spaces and a shorter context bar, then without the prompt and
         reply token counts (the context in use stays; a reply that thought keeps its thinking and answer tokens
         longer, at the TTFT's expense). A busy machine's note shortens along the way, and last the TTFT gives way
-        to it. Still too wide, the readouts shown elsewhere too (`spares`) are left out; then a readout's name that may be cut (`trims`) is cut, so what follows it (a steering
-        vector's strength) stays in view (issue 49, 17)."""
+        to it. Still too wide, the readouts shown elsewhere too (`spares`) are left out; then a readout's name that
+        may be cut (`trims`) is cut, so what follows it (a steering vector's strength) stays in view (issue 49, 17)."""
         width = self.size.width
         busy = self.cpu is not None and (self.cpu.busy() or self.cpu.adapted())
         tried = {"", *(("busy",) if busy else ()), *(("thought",) if self._thought() else ())}

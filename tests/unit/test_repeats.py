@@ -42,3 +42,19 @@ def test_feed_says_when_the_loop_is_first_found_and_when_it_goes_on_then_a_new_o
     assert watch.period == 0 and watch.note() == ""
     assert any(watch.feed("Another looping line here.\n") for _ in range(REPEATS))
     assert watch.times == REPEATS
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, 10_000])
+def test_a_stretch_repeated_within_one_line_is_a_loop(size: int) -> None:
+    """A JSON string that loops never breaks its line (the first-hour walk: "List three fruits." as json ran to a
+    full context unsaid)."""
+    text = '{"fruits": ["apple", "' + "banana, orange, " * 30
+    watch = watched(text, size)
+    assert watch.run == 16 and watch.times >= 25, (watch.run, watch.times)
+    assert watch.note().startswith("The reply repeats itself: the same 16 characters ")
+
+
+def test_runs_of_one_character_and_varied_long_lines_are_not_loops() -> None:
+    assert watched("=" * 400 + " " * 400, 7).note() == ""
+    assert watched(" ".join(f"word{n}" for n in range(300)), 9).note() == ""
+    assert watched("ab" * 3 + "the same text here. " * (REPEATS - 1), 3).note() == ""

@@ -1,5 +1,6 @@
 """A reply that repeats itself: the same line (or the same few lines) written again and again in a row, as a small
-model does when it loops. `RepeatWatch` reads the reply's text as it streams and says so in one line; the chat shows
+model does when it loops, or the same stretch of text again and again within one line (a JSON string that loops
+never breaks its line). `RepeatWatch` reads the reply's text as it streams and says so in one line; the chat shows
 that line in the transcript and keeps it with the reply (its stats' "repeats")."""
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ MIN_BLOCK_CHARS: Final = 10
 MAX_LINE_CHARS: Final = 2000
 """A line is compared by at most its first this many characters."""
 _KEPT: Final = REPEATS * MAX_PERIOD
+MAX_RUN_CHARS: Final = 200
+"""The longest stretch of text looked for repeating within one line."""
+_RUN_WINDOW: Final = MAX_RUN_CHARS * REPEATS
+_RUN_STEP: Final = 16  # characters read between two looks within a line
 
 
 class RepeatWatch:
@@ -27,6 +32,10 @@ class RepeatWatch:
         self.period = 0  # the lines of the block that repeats (0: none found)
         self.times = 0  # how many times in a row it was written
         self._in_block = 0  # lines of the block read since its last whole repeat
+        self.run = 0  # the characters of the stretch that repeats within a line (0: none found)
+        self._tail = ""  # the end of the line being written, up to _RUN_WINDOW characters
+        self._unread = 0  # characters of it not looked at yet
+        self._run_chars = 0  # characters of the line written since the stretch was found repeating
 
     def feed(self, text: str) -> bool:
         """Read more of the reply; True when this text showed it repeating itself (first, or once more)."""
@@ -41,7 +50,37 @@ class RepeatWatch:
             if line:
                 self._lines.append(line)
                 grew = self._check() or grew
-        return grew
+        return self._check_run(text) or grew
+
+    def _check_run(self, text: str) -> bool:
+        """The line being written: does it end in a stretch of text written REPEATS times or more in a row?"""
+        if "\n" in text:
+            self._tail, self._unread, self.run, self._run_chars = "", 0, 0, 0
+            text = text.rpartition("\n")[2]
+        self._tail = (self._tail + text)[-_RUN_WINDOW:]
+        self._unread += len(text)
+        if self._unread < _RUN_STEP:
+            return False
+        read, self._unread = self._unread, 0
+        tail = self._tail
+        if self.run:  # found: does the line go on with it?
+            if tail[-self.run :] == tail[-2 * self.run : -self.run]:
+                before = self._run_chars // self.run
+                self._run_chars += read
+                if self._run_chars // self.run > before:
+                    self.times += self._run_chars // self.run - before
+                    return True
+                return False
+            self.run = self.times = self._run_chars = 0
+        for run in range(MIN_BLOCK_CHARS, min(MAX_RUN_CHARS, len(tail) // REPEATS) + 1):
+            unit = tail[-run:]
+            if len(set(unit)) > 1 and tail[-run * REPEATS :] == unit * REPEATS and not _repeats_within(list(unit)):
+                times = REPEATS
+                while tail[-run * (times + 1) : len(tail) - run * times] == unit:
+                    times += 1  # copies before, within the window
+                self.run, self.times, self._run_chars = run, times, 0
+                return True
+        return False
 
     def _check(self) -> bool:
         lines = list(self._lines)
@@ -70,6 +109,8 @@ class RepeatWatch:
 
     def note(self) -> str:
         """One line on the loop ("" when none was found)."""
+        if self.run:
+            return f"The reply repeats itself: the same {self.run} characters {self.times} times in a row."
         if not self.period:
             return ""
         what = "the same line" if self.period == 1 else f"the same {self.period} lines"

@@ -28,6 +28,10 @@ _KINDS: Final = ("speculative", "steering")
 Setting = SetSpeculative | SetSteering
 
 
+STOPPED_IN_THE_APP = "stopped in the app serving this model (ctrl+k: its user's reply was waiting)"
+"""What an API client is told of its request stopped by the app's user (the engine ended it as cancelled)."""
+
+
 @dataclass
 class SharedJob:
     """One server request for the app's engine."""
@@ -198,6 +202,9 @@ class EngineShare:
         job = self.current
         if job is None:
             return False
+        if job.stopped and isinstance(event, Finished) and event.stop_reason == "cancelled":
+            # its client is told it was stopped (a 499, an error event mid-stream), not that it finished
+            event = Failed(event.request_id, "Cancelled", STOPPED_IN_THE_APP)
         job.sink(event)
         if isinstance(event, Finished | Failed | Crashed):
             self.current = None

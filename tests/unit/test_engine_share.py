@@ -3,7 +3,7 @@ settings, the app's settings and replies back after it."""
 
 from __future__ import annotations
 
-from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, EngineShare, Setting, SharedJob
+from app.core.engine_share import JOB_PREFIX, QUIET_PREFIX, STOPPED_IN_THE_APP, EngineShare, Setting, SharedJob
 from engine_ext.params import SamplingParams, SpeculativeParams, SteeringEntry
 from engine_ext.protocol import (
     ChatMessage,
@@ -181,5 +181,7 @@ def test_the_user_stops_the_server_requests_a_held_reply_waits_for() -> None:
     assert cancelled == []  # 7 is not in the engine yet
     share.answered()
     assert sent.items[-1] == ("generate", 7) and cancelled == [7]  # sent, then cancelled at once
-    assert share.event(finished(7)) and told[-1] == finished(7) and share.ahead() == 0
+    cancelled_in_engine = Finished(7, "cancelled", finished(7).stats)
+    assert share.event(cancelled_in_engine) and share.ahead() == 0
+    assert told[-1] == Failed(7, "Cancelled", STOPPED_IN_THE_APP)  # the API client is told it was stopped
     assert not share.drop_held(2) and share.drop_held(1) and share.take_held() == []

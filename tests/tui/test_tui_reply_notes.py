@@ -15,7 +15,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input, Select, TextArea
 
-from app.core.engine_share import SharedJob
+from app.core.engine_share import STOPPED_IN_THE_APP, SharedJob
 from app.tui.app import LlmtuiApp
 from app.tui.modals.conversation_settings import ConversationSettingsModal
 from app.tui.screens.chat_screen import ChatScreen
@@ -193,7 +193,7 @@ async def test_a_reply_waiting_for_api_requests_says_so_ctrl_k_stops_them_and_tt
         await pilot.press("ctrl+k")
         await wait_until(pilot, lambda: chat.generation is None, "the reply after the API request stopped")
         waited_ms = (time.monotonic() - asked) * 1000
-        assert isinstance(told[-1], Finished) and told[-1].stop_reason == "cancelled"
+        assert told[-1] == Failed(told[-1].request_id, "Cancelled", STOPPED_IN_THE_APP)  # its client is told why
         reply = app.store.tree.active_path(chat.conversation_id or 0)[-1]
         assert reply.state == "complete" and reply.content == "tok "
         # The time to the first token counts from Enter, the wait included (the engine's own said 6 ms).

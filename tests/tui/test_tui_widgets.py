@@ -698,7 +698,7 @@ class _ScriptedClient(ScriptedEngine):
     REPLY = (
         "A first paragraph that wraps over more than one line of the transcript, word after word, " * 3
         + "\n\n- an item\n- another item\n\n```python\ndef f(x):\n    return x * 2\n```\n\n"
-        + "The end of the reply, " * 20
+        + "".join(f"The end of the reply, part {n}, " for n in range(20))  # not a loop (repeats.py would say)
     )
 
     def __init__(self, log_path: Path) -> None:

@@ -86,6 +86,7 @@ class ChatReplies:
         self.repeats = (RepeatWatch(), RepeatWatch())
         """The reply being written, watched for a loop: its answer and its thinking."""
         self._repeat_told = False  # the toast said it once for this reply
+        self._repeat_shown = 0  # the count the line under the reply last showed
 
     @property
     def app(self) -> LlmtuiShell:
@@ -161,7 +162,7 @@ class ChatReplies:
         if resume is None:  # the attached documents' passages for this question (chat_documents)
             await self._documents.find_sources(parent_id)
         reply = self.app.generation.begin(self._view.conversation_id, parent_id, model_name, resume=resume)
-        self.repeats, self._repeat_told = (RepeatWatch(), RepeatWatch()), False
+        self.repeats, self._repeat_told, self._repeat_shown = (RepeatWatch(), RepeatWatch()), False, 0
         if resume is not None:
             await self._view.transcript.start_live(
                 reply.message_id,
@@ -212,7 +213,11 @@ class ChatReplies:
         may be out of view), and kept with it when it ends."""
         note = self.repeat_note()
         live = self._view.transcript.live
-        if live is not None:
+        times = max(watch.times for watch in self.repeats)
+        # Shown when found and again each time the count doubles: a loop within a line counts up with every few
+        # characters, and each new line under the reply lays the screen out again.
+        if live is not None and (times >= 2 * self._repeat_shown or times < self._repeat_shown):
+            self._repeat_shown = times
             live.notice(f"↻ {note} Esc stops it.")
         if not self._repeat_told:
             self._repeat_told = True

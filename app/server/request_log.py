@@ -28,9 +28,12 @@ def note_finished(scope: MutableMapping[str, Any], finished: Finished) -> None:
     state.setdefault(_FINISHED, []).append(finished)
 
 
-def log_line(method: str, path: str, client: str, status: int, finished: list[Finished], seconds: float) -> str:
+def log_line(
+    method: str, path: str, client: str, status: int, finished: list[Finished], seconds: float, cut: bool = False
+) -> str:
     """`127.0.0.1 POST /v1/chat/completions 200 · prompt 27 (12 cached) · 48 generated · drafts 20, 15 accepted
-    · 1.93 s`; a request without a reply (GET /health, a refusal) has no token figures."""
+    · 1.93 s`; a request without a reply (GET /health, a refusal) has no token figures; an answer whose end was
+    never sent (the client closed a stream) says `cut off`."""
     parts = [f"{client} {method} {one_line(path, MAX_PATH_CHARS)} {status or '-'}"]
     if finished:
         prompt = sum(f.stats.prompt_tokens for f in finished)
@@ -42,6 +45,8 @@ def log_line(method: str, path: str, client: str, status: int, finished: list[Fi
             accepted = sum(f.speculative.accepted for f in finished if f.speculative is not None)
             parts.append(f"drafts {drafted}, {accepted} accepted")
     parts.append(f"{seconds:.2f} s")
+    if cut:
+        parts.append("cut off before its end (the client closed it, or the server stopped)")
     return " · ".join(parts)
 
 
@@ -58,11 +63,14 @@ class RequestLog:
             return
         started = time.monotonic()
         status = 0
+        ended = False
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, ended
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
             await send(message)
 
         try:
@@ -73,4 +81,5 @@ class RequestLog:
                 finished = scope.get("state", {}).get(_FINISHED, [])
                 where = str(client[0]) if client else "-"
                 seconds = time.monotonic() - started
-                self.write(log_line(scope["method"], scope["path"], where, status, finished, seconds))
+                cut = bool(status) and not ended
+                self.write(log_line(scope["method"], scope["path"], where, status, finished, seconds, cut))

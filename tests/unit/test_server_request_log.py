@@ -4,7 +4,7 @@ And the speculative figures say no speedup where nothing was drafted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 from starlette.testclient import TestClient
@@ -81,3 +81,31 @@ def test_serve_writes_the_request_log_unless_told_not_to() -> None:
     parser = build_parser()
     assert not parser.parse_args(["serve"]).no_request_log
     assert parser.parse_args(["serve", "--no-request-log"]).no_request_log
+
+
+def test_an_answer_whose_end_was_never_sent_is_logged_cut_off() -> None:
+    """A stream its client closed (OpenCode's 300 s timeout): the line said only `200 · 300.07 s`."""
+    import asyncio
+
+    from app.server.request_log import RequestLog
+
+    async def half(scope: object, receive: object, send: Callable[[dict[str, object]], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+
+    async def whole(scope: object, receive: object, send: Callable[[dict[str, object]], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def sent(message: object) -> None:
+        pass
+
+    async def nothing() -> dict[str, object]:
+        return {"type": "http.disconnect"}
+
+    lines: list[str] = []
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": ("127.0.0.1", 1)}
+    for app in (half, whole):
+        asyncio.run(RequestLog(app, lines.append)(dict(scope), nothing, sent))  # type: ignore[arg-type]
+    assert lines[0].endswith("· cut off before its end (the client closed it, or the server stopped)")
+    assert "cut off" not in lines[1]

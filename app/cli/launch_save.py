@@ -38,11 +38,13 @@ from tomlkit.items import InlineTable, Table
 
 from app.cli.launch_clients import PROVIDER, Endpoint, claude_setup, codex_provider, opencode_provider
 from app.cli.session import CliError
+from app.core.text_files import read_text_file
 from engine_ext.private_files import write_private_parts
 from engine_ext.untrusted_text import one_line
 
 CLIENT_HOMES = ("CLAUDE_CONFIG_DIR", "CODEX_HOME")  # the clients' own folder variables (OpenCode's: XDG_CONFIG_HOME)
 REFUSED = "not changed (fix it or move it away)"
+MAX_AGENT_CONFIG_BYTES = 4 << 20  # an agent's settings file: far larger is no settings file
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -215,10 +217,10 @@ def _opencode(path: Path, end: Endpoint, key_env: str) -> Change:
 def _read_text(path: Path) -> str | None:
     """The file's text; None when it does not exist. One line when it cannot be read or is not UTF-8."""
     try:
-        return path.read_text(encoding="utf-8")
+        return read_text_file(path, MAX_AGENT_CONFIG_BYTES)  # bounded; a FIFO or a folder refused, not waited on
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise CliError(f"{path} cannot be read ({one_line(str(e), 120)}); not changed") from None
 
 
@@ -228,7 +230,7 @@ def _read_json(path: Path) -> tuple[dict[str, Any], bool]:
         return {}, text is not None
     try:
         data = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
         raise CliError(f"{path} is not valid JSON ({one_line(str(e), 120)}); {REFUSED}") from None
     if not isinstance(data, dict):
         raise CliError(f"{path} is not a JSON object; {REFUSED}")
@@ -241,7 +243,7 @@ def _read_toml(path: Path) -> tuple[tomlkit.TOMLDocument, bool]:
         return tomlkit.document(), False
     try:
         return tomlkit.parse(text), True
-    except TOMLKitError as e:
+    except (TOMLKitError, RecursionError) as e:
         raise CliError(f"{path} is not valid TOML ({one_line(str(e), 120)}); {REFUSED}") from None
 
 

@@ -264,3 +264,22 @@ def test_a_file_that_cannot_be_written_is_one_line_naming_what_was(monkeypatch: 
         f"{profile} could not be written ([Errno 28] No space left on device); already written: {config}"
     )
     assert config.exists() and not profile.exists()
+
+
+def test_a_huge_deep_or_fifo_config_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The agent's file is read bounded (4 MiB), its nesting past Python's limit refused, a FIFO not waited on."""
+    import os
+
+    from app.cli.launch_save import _read_json, _read_text
+
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * ((4 << 20) + 1))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for path in (big, fifo):
+        with pytest.raises(CliError, match="cannot be read"):
+            _read_text(path)
+    with pytest.raises(CliError, match="is not valid JSON"):
+        _read_json(deep)

@@ -126,7 +126,10 @@ def _remote(options: argparse.Namespace) -> RemoteSettings:
 def _pick_for(client: Client, served: list[RemoteModel], options: argparse.Namespace) -> tuple[RemoteModel, int]:
     model, n_ctx = _pick(served, options.model, options.port)
     if n_ctx and n_ctx < client.min_ctx:
-        raise CliError(_too_small(client, model.id, n_ctx, "the server on the port serves it with"))
+        raise CliError(
+            _too_small(client, model.id, n_ctx, "the server on the port serves it with", "")
+            + f": start that server with -c {client.min_ctx} or more, or choose a model with a longer context"
+        )
     return model, n_ctx
 
 
@@ -298,10 +301,12 @@ def _context_for(client: Client, options: argparse.Namespace) -> tuple[Path, int
     return path, asked
 
 
-def _too_small(client: Client, model: str, n_ctx: int, how: str) -> str:
+def _too_small(
+    client: Client, model: str, n_ctx: int, how: str, advice: str = ": choose a model with a longer context"
+) -> str:
     return (
         f"{client.title} needs a context of at least {client.min_ctx} tokens (its system prompt and tools take most "
-        f"of it); {one_line(model, 80)} has {n_ctx} ({how}): choose a model with a longer context"
+        f"of it); {one_line(model, 80)} has {n_ctx} ({how}){advice}"
     )
 
 

@@ -75,7 +75,7 @@ def start_model_backend(
         client.load(path, model, context, disk_cache=disk)
 
     limits = Limits(max_tokens=min(args.max_tokens, info.n_ctx) if args.max_tokens else 0)
-    settings = replace(settings, speculative=spec, limits=limits)
+    settings = replace(settings, speculative=spec, limits=limits, n_ctx=info.n_ctx)
     if args.parallel > 1:
         return ParallelBackend(client, settings, metrics, restart), client
     return EngineBackend(client, settings, metrics, restart), client

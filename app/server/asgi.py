@@ -188,7 +188,10 @@ def model_card(request: Request, model: ServedModel) -> dict[str, object]:
         status.update(failed=True, error=model.error)
     if model.pinned:
         status["pinned"] = True
-    card = {"id": model.id, "object": "model", "created": server_of(request).started, "owned_by": "llmtui"}
+    card: dict[str, object] = {"id": model.id, "object": "model", "created": server_of(request).started}
+    card["owned_by"] = "llmtui"
+    if model.n_ctx:
+        card["max_model_len"] = model.n_ctx  # vLLM's name for the served context; clients size their history by it
     return {**card, "aliases": list(model.aliases), "status": status}
 
 

@@ -53,6 +53,7 @@ class ServerSettings:
     slots: int = 1  # requests decoded together (serve --parallel; more than 1: app.server.parallel_backend)
     slot_save_path: str = ""  # where POST /slots/0?action=save|restore keeps its files ("": those actions are off)
     embeddings: str = ""  # what POST /v1/embeddings and /v1/rerank serve: embed | rank ("": neither)
+    n_ctx: int = 0  # the loaded model's context in tokens, as /v1/models says it (max_model_len); 0: not known
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class ServedModel:
     progress: float = 1.0  # of its load, while loading
     error: str = ""  # why its last load failed ("": it did not)
     pinned: bool = False
+    n_ctx: int = 0  # its context as loaded (/v1/models' max_model_len, what an agent sizes its history by); 0: unknown
 
 
 @dataclass
@@ -117,7 +119,7 @@ class JobServer:
 
     def served(self) -> tuple[ServedModel, ...]:
         """The models GET /v1/models lists: this server's one, loaded."""
-        return (ServedModel(self.settings.model_id),)
+        return (ServedModel(self.settings.model_id, n_ctx=self.settings.n_ctx),)
 
     def unload(self, model: str) -> None:
         """POST /models/unload: a server of one model keeps it (ApiError 400)."""

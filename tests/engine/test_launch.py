@@ -132,7 +132,7 @@ def test_claude_gets_a_server_of_its_own_that_stops_when_it_exits(tiny_models: d
 def shared_server(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     root = tmp_path_factory.mktemp("launch-shared")
     port = free_port()
-    args = ["-m", str(tiny_models["llama"]), "-c", "2048", "--port", str(port), "--api-key-env", "LAUNCH_TEST_KEY"]
+    args = ["-m", str(tiny_models["llama"]), "-c", "16384", "--port", str(port), "--api-key-env", "LAUNCH_TEST_KEY"]
     with running_serve(args, hermetic_env(root, LAUNCH_TEST_KEY="sesame"), port):
         yield port, root
 
@@ -155,6 +155,7 @@ def test_an_agent_uses_the_server_on_the_port_and_leaves_it_running(
         assert record["url"] == f"http://127.0.0.1:{port}/v1/responses"
         assert record["reply"]["object"] == "response" and record["reply"]["model"] == model
         assert f'model="{model}"' in record["args"]
+        assert "model_context_window=16384" in record["args"]  # the running server's /v1/models says its context
     else:
         assert record["url"] == f"http://127.0.0.1:{port}/v1/chat/completions"
         assert record["reply"]["object"] == "chat.completion"
@@ -172,6 +173,20 @@ def test_a_model_the_running_server_does_not_serve_is_one_line(shared_server: tu
     assert done.returncode == 1 and record == {}
     assert done.stderr.strip().splitlines()[-1].startswith(f"llmtui: error: the server on port {port} serves ")
     assert "not other.gguf: stop it, or use another --port" in done.stderr
+
+
+def test_a_running_server_with_too_small_a_context_is_one_line(shared_server: tuple[int, Path], tmp_path: Path) -> None:
+    port, _ = shared_server  # 16,384 tokens: enough for Codex and OpenCode, not for Claude Code
+    done, record = launch(
+        tmp_path, "claude", "--port", str(port), "--api-key-env", "LAUNCH_TEST_KEY",
+        agents=agents_bin(tmp_path / "bin"), LAUNCH_TEST_KEY="sesame",
+    )  # fmt: skip
+    assert done.returncode == 1 and record == {}  # the agent never ran
+    assert done.stderr.strip().splitlines()[-1] == (
+        "llmtui: error: Claude Code needs a context of at least 32768 tokens (its system prompt and tools take most "
+        "of it); tiny-llama.gguf has 16384 (the server on the port serves it with): start that server with -c 32768 "
+        "or more, or choose a model with a longer context"
+    )
 
 
 def test_a_missing_agent_is_one_line_with_how_to_install_it(tiny_models: dict[str, Path], tmp_path: Path) -> None:

@@ -188,6 +188,7 @@ class ServerController:
             speculative=host.config.speculative.params(),
             steering=entries,
             vectors=vectors,
+            n_ctx=model.n_ctx if model is not None else 0,
         )
 
     def app_changed(self) -> None:

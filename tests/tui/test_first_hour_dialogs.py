@@ -454,6 +454,23 @@ async def test_at_80_columns_the_api_readout_outlasts_the_spec_one_the_meter_rep
 
 
 @pytest.mark.anyio
+async def test_at_80_columns_the_api_readout_keeps_its_running_count() -> None:
+    """The walk at 80x24: once a reply's figures showed, the stats bar ended "api :8080 curl/8.5.0 1 r…"."""
+    from tests.tui.test_tui_widgets import StatsHost, ready_stats_bar
+
+    app = StatsHost()
+    async with app.run_test(size=(58, 3)) as pilot:
+        bar = ready_stats_bar(app)
+        bar.extras = {"api": ":8080 curl/8.5.0 1 running"}
+        await pilot.pause()
+        assert not bar.render_line(0).text.rstrip().endswith("1 running"), "too wide: the count was cut"
+        bar.trims = {"api": ":8080 curl/8.5.0"}
+        await pilot.pause()
+        line = bar.render_line(0).text.rstrip()
+        assert line.endswith("… 1 running") and "api :" in line
+
+
+@pytest.mark.anyio
 @pytest.mark.usefixtures("app_dirs")
 async def test_the_chats_stats_bar_spares_its_spec_readout_while_the_meter_shows() -> None:
     from app.tui.widgets.spec_meter import SpecMeter

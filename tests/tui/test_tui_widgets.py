@@ -994,6 +994,7 @@ async def test_a_growing_plain_paragraph_draws_as_rendered_whole_at_every_step(c
         transcript = app.query_one(Transcript)
         live = await transcript.start_live(1, "model")
         body = live.body
+        await wait_until(pilot, lambda: body.size.width > 0, "the live body laid out")  # (late on a busy machine)
         rendered: list[int] = []  # characters of Markdown rendered by each step
         render = body.render_renderable
 

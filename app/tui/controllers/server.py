@@ -201,23 +201,28 @@ class ServerController:
     def readout(self) -> str:
         """The stats bar's "api" readout: the address, the last client that asked for a reply (its User-Agent,
         shortened), and the requests running and waiting ('' when off)."""
+        return "".join(self.readout_parts())
+
+    def readout_parts(self) -> tuple[str, str]:
+        """The readout as (where and who, the requests): the stats bar cuts the first at 80 columns so the
+        requests running and waiting stay in view ("", "") when off."""
         server = self.server
         if server is None:
-            return "starting" if self.starting else ""
+            return ("starting" if self.starting else "", "")
         address = (
             f":{server.address.port}"
             if loopback(server.address.host)
             else f"{server.address.host}:{server.address.port}"
         )
         if isinstance(server, RouterProcess):
-            return f"{address} {len(self.served)} loaded"
+            return address, f" {len(self.served)} loaded"
         agent = server.metrics.last_client
         if agent:
             address = f"{address} {agent}"
         running, waiting = server.in_flight()
         if not running and not waiting:
-            return address
-        return f"{address} {running} running" + (f" +{waiting}" if waiting else "")
+            return address, ""
+        return address, f" {running} running" + (f" +{waiting}" if waiting else "")
 
     def poll(self, *, force: bool = False) -> None:
         """Redraw the readout when it changed (the app calls this every second while serving); the router's loaded

@@ -67,11 +67,13 @@ class ChatReadouts:
         if name:
             extras["steer"] = name + strength
         trims = {"steer": name} if name else {}
+        where, requests = self.app.server.readout_parts()
+        if where or requests:
+            extras["api"] = where + requests
+        if requests:
+            trims["api"] = where  # at 80 columns the address and client are cut, "1 running" stays
         if trims != stats_bar.trims:
             stats_bar.trims = trims
-        api = self.app.server.readout()
-        if api:
-            extras["api"] = api
         spares = frozenset({"spec"} if meters else ())  # the meter above says it: at 80 columns api stays in view
         if spares != stats_bar.spares:
             stats_bar.spares = spares

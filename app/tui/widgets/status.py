@@ -317,8 +317,8 @@ class StatsBar(Widget):
             if name in skip:
                 continue
             cut = self.trims.get(name, "")
-            if trim > 0 and len(cut) > 4 and value.startswith(cut):  # its name shortened, what follows it kept
-                keep = max(3, len(cut) - trim - 1)
+            if trim > 0 and len(cut) > 2 and value.startswith(cut):  # its name shortened, what follows it kept
+                keep = max(1, len(cut) - trim - 1)
                 value = f"{cut[:keep]}…{value[len(cut) :]}"
                 trim -= len(cut) - keep - 1
             line.append(f"{gap}{name} ", style=label)

@@ -147,3 +147,47 @@ def test_every_screen_app_and_widget_implements_its_abstract_base() -> None:
         assert abstract_left(concrete) == set(), concrete.__name__
     declared = abstract_left(type("Bare", (LlmtuiShell,), {}))
     assert {"features_changed", "save_config_quietly", "set_engine_state", "action_toggle_server"} <= declared
+
+
+ENGINE_CLASSES = {"Engine", "EngineBridge", "RemoteBridge", "RemoteClient", "EngineClient"}
+"""The engine interface and what implements it (app/core/engine.py's `Engine`, the two bridges, their clients)."""
+
+
+def engine_type_checks(source: str) -> list[int]:
+    """Lines that ask which engine they hold: isinstance/issubclass on an engine class, getattr/hasattr/type on an
+    engine (held as `bridge`, or as an `EngineMessage`'s `engine`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+            continue
+        if node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            named = {ast.unparse(kind).split(".")[-1] for kind in kinds}
+            if named & ENGINE_CLASSES:
+                found.append(node.lineno)
+        elif node.func.id in ("getattr", "hasattr", "type"):
+            held = ast.unparse(node.args[0])
+            if held.split(".")[-1].endswith("bridge") or held.endswith("message.engine"):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_code_asks_which_engine_it_holds() -> None:
+    """An engine is an `Engine`: what only some engines do is in its `capabilities` or a method with a default, so
+    no code in app/ tells the local bridge from the remote one (the check finds each way of asking)."""
+    asked = [
+        f"{path.relative_to(ROOT).as_posix()}:{line}"
+        for path in sorted((ROOT / "app").rglob("*.py"))
+        for line in engine_type_checks(path.read_text(encoding="utf-8"))
+    ]
+    assert asked == []
+    planted = (
+        "isinstance(self.bridge, RemoteBridge)\n"
+        "isinstance(engine, (EngineBridge, int))\n"
+        "getattr(self.app.bridge, 'takes_tools', False)\n"
+        "hasattr(message.engine, 'pid')\n"
+        "type(bridge) is EngineBridge\n"
+        "getattr(config.engine, name)\n"
+        "isinstance(event, TokenChunk)\n"
+    )
+    assert engine_type_checks(planted) == [1, 2, 3, 4, 5]

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import queue
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -99,7 +100,7 @@ def crash_error(crashed: Crashed) -> ApiError:
     return ApiError(500, f"the engine crashed ({crashed.description}); restarting it")
 
 
-class JobServer:
+class JobServer(ABC):
     """What every dispatcher shares: the settings read per request, the counters, a job's speculative settings and
     control vectors checked against what this server can give, the Generate a ticket becomes and its request's
     events told to it, and shutting down. `Dispatcher` runs tickets one at a time; `ParallelBackend` hands them to
@@ -132,9 +133,9 @@ class JobServer:
         for ticket in self._live_tickets():
             ticket.cancel()
 
+    @abstractmethod
     def _live_tickets(self) -> list[Ticket]:
         """Every ticket waiting or running."""
-        raise NotImplementedError
 
     def _spec_for(self, choice: SpecChoice | None) -> SpeculativeParams:
         base = self.settings.speculative
@@ -271,8 +272,9 @@ class Dispatcher(JobServer):
 
     # ----- the dispatcher thread ----------------------------------------------------------------
 
+    @abstractmethod
     def _serve(self, ticket: Ticket) -> None:
-        raise NotImplementedError
+        """Run the ticket's job on the engine, its events told to the ticket (on the dispatcher thread)."""
 
     def _run(self) -> None:
         while True:

@@ -49,7 +49,7 @@ class RouterLimits:
     memory: fit.MachineMemory | None = None  # None: loads are not checked against memory
 
 
-class Backend(Protocol):
+class ModelBackend(Protocol):
     """What the router needs of a loaded model's dispatcher."""
 
     settings: ServerSettings
@@ -63,7 +63,7 @@ class Backend(Protocol):
 class StartedModel:
     """A loaded model: its dispatcher, and how to end both it and its worker."""
 
-    backend: Backend
+    backend: ModelBackend
     close: Callable[[], None]
 
 
@@ -290,7 +290,7 @@ class ModelRouter:
         self.metrics.loading(place.model.id, fraction)
 
     @staticmethod
-    def _hand_over(ticket: _WaitingTicket, backend: Backend) -> None:
+    def _hand_over(ticket: _WaitingTicket, backend: ModelBackend) -> None:
         """A request that waited for the load, submitted to the model's dispatcher; its events forwarded."""
         if ticket.cancelled.is_set():
             ticket.push(ApiError(499, "the client went away before its model was loaded"))

@@ -50,15 +50,10 @@ Handler = Callable[[Any, EngineMessage], Awaitable[None] | None]
 
 
 class EngineEvents(LlmtuiShell):
-    """The App's engine-event routing (a base of LlmtuiApp): `routes` is the table, `_engine_event` applies it."""
+    """The App's engine-event routing (a base of LlmtuiApp): `routes` is the table, `_engine_event` applies it; what
+    it calls on the App is the shell's (app/tui/shell.py)."""
 
     engine_overrides: dict[str, Any]
-
-    def features_changed(self) -> None:
-        raise NotImplementedError
-
-    def save_config_quietly(self) -> None:
-        raise NotImplementedError
 
     @cached_property
     def routes(self) -> dict[type[Any], Handler]:

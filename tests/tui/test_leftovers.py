@@ -19,8 +19,8 @@ from app.core.store import open_default_store
 from app.tui.app import LlmtuiApp
 from app.tui.screens.ab_run import ABRunScreen
 from app.tui.screens.spec_check import Side, SpecCheckScreen, verdict
-from app.tui.screens.steering import HeatStrip
 from app.tui.screens.steering_ab import SteeringABScreen
+from app.tui.screens.steering_panel import HeatStrip
 from app.tui.widgets.downloads import progress_text
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.spec_meter import SpecMeter

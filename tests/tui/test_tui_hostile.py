@@ -687,7 +687,7 @@ async def test_switching_to_hostile_models_says_why_and_a_good_model_still_loads
     from app.tui.modals.pick import PickModal
     from app.tui.modals.speculative import SpeculativeModal
     from app.tui.screens.chat_screen import ChatScreen
-    from app.tui.screens.steering import SteeringPanel
+    from app.tui.screens.steering_panel import SteeringPanel
 
     folder = hostile_folder["truncated"].parent
     good = folder / "good-llama.gguf"

@@ -24,7 +24,8 @@ from app.tui.messages import EngineMessage
 from app.tui.modals.make_vector import MakeVectorModal, bar_steps
 from app.tui.modals.text_prompt import PathPromptModal
 from app.tui.screens.chat_screen import ChatScreen
-from app.tui.screens.steering import (
+from app.tui.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
+from app.tui.screens.steering_panel import (
     HeatStrip,
     SteeringPanel,
     VectorInfo,
@@ -32,7 +33,6 @@ from app.tui.screens.steering import (
     parse_strength,
     snap_strength,
 )
-from app.tui.screens.steering_ab import SteeringABScreen, acceptance_cost, side_readout
 from app.tui.widgets.prompt_input import PromptInput
 from engine_ext.protocol import SpeculativeStats, SteeringSet, VectorProgress
 from engine_ext.steering.cvec_file import ControlVector, write_control_vector

@@ -24,7 +24,7 @@ from app.core.speculation_facts import model_facts
 from app.tui.app import LlmtuiApp
 from app.tui.modals.model_switcher import ModelSwitcherModal
 from app.tui.modals.speculative import SpeculativeModal
-from app.tui.screens.steering import SteeringPanel
+from app.tui.screens.steering_panel import SteeringPanel
 from tests.fakes import Collector
 from tests.pilot import MODEL, started
 from tests.tui.test_tui_steering import synthetic_vector

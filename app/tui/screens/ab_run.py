@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.binding import Binding
@@ -208,16 +209,17 @@ class ABRunScreen(ModalScreen[None]):
     def reset(self) -> None:
         """Clear both sides before a run."""
 
+    @abstractmethod
     def configure(self, side: str) -> None:
         """Set the engine up for `side` ('a' or 'b')."""
-        raise NotImplementedError
 
+    @abstractmethod
     def restore(self) -> None:
         """Give the engine back the user's own setting."""
-        raise NotImplementedError
 
+    @abstractmethod
     def add(self, side: str, event: TokenChunk) -> None:
-        raise NotImplementedError
+        """Show a chunk of `side`'s reply."""
 
     def side_finished(self, side: str, event: Finished) -> None:
         """A side ended normally (before B starts, or before `completed`)."""

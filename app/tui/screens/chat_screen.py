@@ -25,7 +25,7 @@ from app.tui.screens.chat_images import ImageAttacher
 from app.tui.screens.chat_keys import CHAT_BINDINGS
 from app.tui.screens.chat_readouts import ChatReadouts
 from app.tui.screens.chat_reply import ChatReplies
-from app.tui.screens.steering import SteeringPanel
+from app.tui.screens.steering_panel import SteeringPanel
 from app.tui.textual_internals.compositor import use_cropped_compositor
 from app.tui.widgets.attachments import AttachmentsBar
 from app.tui.widgets.edit_banner import EditBanner

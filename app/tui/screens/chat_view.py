@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from textual.worker import Worker
 
     from app.core.store import Message
-    from app.tui.screens.steering import SteeringPanel
+    from app.tui.screens.steering_panel import SteeringPanel
     from app.tui.shell import LlmtuiShell
     from app.tui.widgets.attachments import AttachmentsBar
     from app.tui.widgets.edit_banner import EditBanner

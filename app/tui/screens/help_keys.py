@@ -36,7 +36,7 @@ from app.tui.screens.chat_screen import ChatScreen
 from app.tui.screens.first_run import FirstRunScreen
 from app.tui.screens.models_screen import ModelsScreen
 from app.tui.screens.settings_screen import SettingsScreen
-from app.tui.screens.steering import SteeringPanel, VectorSlider
+from app.tui.screens.steering_panel import SteeringPanel, VectorSlider
 from app.tui.widgets.attachments import AttachmentsBar
 from app.tui.widgets.downloads import DownloadsPanel
 from app.tui.widgets.message_view import MessageView

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from rich.console import RenderableType
 from rich.style import Style
 from textual.geometry import Size
@@ -25,9 +27,9 @@ class RenderedOnce(LaidOutOnce, Widget):
         self._strips_width = -1
         self._line_style: Style | None = None  # rich_style walks every ancestor: looked up once per style change
 
+    @abstractmethod
     def render_strips(self, width: int) -> list[Strip]:
         """The widget's lines at `width` (called again only after `invalidate` or a change of width)."""
-        raise NotImplementedError
 
     def render_renderable(self, renderable: RenderableType, width: int) -> Lines:
         """Rich's lines for `renderable` at `width`."""

@@ -22,6 +22,7 @@ from app.server.metrics import Metrics
 from app.server.requests import Job
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import Finished, SlotDone
+from engine_ext.gguf import format_bytes
 from engine_ext.untrusted_text import one_line
 from models_catalog import fit
 
@@ -141,8 +142,19 @@ async def _forward(inner: Ticket, outer: Ticket) -> None:
             return
 
 
-def _gb(n_bytes: int) -> str:
-    return f"{n_bytes / (1 << 30):.1f} GB"
+def _room(memory: fit.MachineMemory | None) -> str:
+    """The memory loads are judged against, as F4's fit check counts it."""
+    if memory is None:
+        return "memory not checked"
+    ram = f"RAM {format_bytes(memory.ram_total)}"
+    return f"VRAM {format_bytes(memory.vram_total)} + {ram}" if memory.vram_total and not memory.unified else ram
+
+
+def _holding(place: _Place) -> str:
+    """Why a model that holds room is not unloaded for another: pinned, busy (answering or loading) or idle."""
+    if place.model.pinned:
+        return "pinned"
+    return "busy" if place.started is None or place.busy() else "idle"
 
 
 class ModelRouter:
@@ -321,24 +333,26 @@ class ModelRouter:
         self._publish()
 
     def _make_room(self, place: _Place) -> None:
-        """Unload idle models until `place`'s model may load (count and memory); wait for busy ones to finish, up
-        to `room_wait_s`; ApiError saying why it cannot."""
+        """Unload idle models until `place`'s model may load (count and memory); wait for busy or loading ones to
+        finish, up to `room_wait_s`; ApiError saying why it cannot (at once when only pinned models hold the room:
+        waiting would not free it)."""
         deadline = time.monotonic() + self._limits.room_wait_s
         while True:
             with self._lock:
-                victims, why = self._room_for(place)
+                victims, why, may_free = self._room_for(place)
                 if why is None:
                     unloaded = [self._detach(victim, f"room for {place.model.id}") for victim in victims]
                     break
-                if why.status != 503 or self.stopping or time.monotonic() >= deadline:
+                if not may_free or self.stopping or time.monotonic() >= deadline:
                     raise why
                 self._lock.wait(_ROOM_POLL_S)
         for started in unloaded:
             started.close()
 
-    def _room_for(self, place: _Place) -> tuple[list[_Place], ApiError | None]:
+    def _room_for(self, place: _Place) -> tuple[list[_Place], ApiError | None, bool]:
         """The idle models to unload (least recently used first) so that `place`'s model may load, or why it may
-        not: 503 while busy or pinned models hold the room, 400 when it could never fit."""
+        not (400 when it could never fit, 503 while other models hold the room) and whether waiting may free it
+        (a model that holds it is busy or loading, and not pinned)."""
         model, limits = place.model, self._limits
         others = [p for p in self._places.values() if p is not place and p.status != "unloaded"]
         idle = sorted(
@@ -347,7 +361,8 @@ class ModelRouter:
         )
         memory = limits.memory if model.need_bytes is not None else None
         if memory is not None and fit.judge(model.need_bytes or 0, memory)[0] is fit.Verdict.TOO_BIG:
-            return [], ApiError(400, f"{model.id} needs {_gb(model.need_bytes or 0)}: too big for this machine")
+            why = f"{model.id} needs {format_bytes(model.need_bytes or 0)}: too big for this machine ({_room(memory)})"
+            return [], ApiError(400, why), False
         victims: list[_Place] = []
         while True:
             kept = [p for p in others if p not in victims]
@@ -355,16 +370,19 @@ class ModelRouter:
             too_many = len(kept) >= limits.models_max
             too_big = memory is not None and fit.judge(used + (model.need_bytes or 0), memory)[0] is fit.Verdict.TOO_BIG
             if not too_many and not too_big:
-                return victims, None
+                return victims, None, False
             if not idle:
                 break
             victims.append(idle.pop(0))
-        names = ", ".join(p.model.id for p in kept)
+        held = ", ".join(f"{p.model.id} ({_holding(p)})" for p in kept)
         if too_many:
             why = f"{model.id} waits for a model to unload: {len(kept)} are loaded (--models-max {limits.models_max})"
         else:
-            why = f"{model.id} needs {_gb(model.need_bytes or 0)} beside the {_gb(used)} that loaded models use"
-        return [], ApiError(503, f"{why}, busy or pinned: {names}")
+            need, beside = format_bytes(model.need_bytes or 0), format_bytes(used)
+            why = f"{model.id} needs {need} beside the {beside} that loaded models use ({_room(memory)})"
+        may_free = any(not p.model.pinned and _holding(p) != "idle" for p in kept)
+        hint = "" if may_free else "; POST /models/unload frees a pinned one"
+        return [], ApiError(503, f"{why}: {held}{hint}"), may_free
 
     def _detach(self, place: _Place, why: str) -> StartedModel:
         """Take `place`'s loaded model out of the router (under the lock); the caller closes it."""

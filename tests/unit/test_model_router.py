@@ -5,6 +5,7 @@ load isolated, POST /models/unload. Real workers on tiny models: tests/engine/te
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -181,7 +182,7 @@ def test_a_load_is_checked_against_memory_and_idle_models_make_room() -> None:
         assert ask(client, "a").status_code == 200
         assert ask(client, "b").status_code == 200
         assert starter.closed == ["a"]  # not for the count (4), for memory
-        one_line_error(ask(client, "huge"), 400, "huge needs 20.0 GB: too big for this machine")
+        one_line_error(ask(client, "huge"), 400, "huge needs 20.00 GiB: too big for this machine (RAM 11.00 GiB)")
         assert starter.closed == ["a"] and status(client)["b"] == {"value": "loaded"}
         assert status(client)["huge"]["failed"] is True
 
@@ -194,9 +195,27 @@ def test_a_load_that_cannot_find_room_says_why_after_its_wait() -> None:
         results: list[Any] = []
         long_reply = in_thread(lambda: ask(client, "a", results))
         wait_for(lambda: starter.engines["a"].sent[1:], "a's long reply to start")
-        one_line_error(ask(client, "b"), 503, "b waits for a model to unload: 1 are loaded (--models-max 1)")
+        one_line_error(ask(client, "b"), 503, "b waits for a model to unload: 1 are loaded (--models-max 1): a (busy)")
         long_reply.join(30)
         assert results[0].status_code == 200 and starter.closed == []
+
+
+def test_a_load_that_only_pinned_models_keep_out_is_refused_at_once() -> None:
+    """Waiting frees no room a pinned model holds: the refusal came after the whole wait (60 s by default)."""
+    models = (replace(MODELS[0], pinned=True), *MODELS[1:])
+    memory = MachineMemory(ram_total=11 * GIB, ram_available=11 * GIB)  # one 5 GB model at a time
+    for limits in (RouterLimits(models_max=1, room_wait_s=30), RouterLimits(memory=memory, room_wait_s=30)):
+        starter = FakeStarter()
+        with routed(starter, limits, models) as (client, _):
+            assert ask(client, "a").status_code == 200
+            started = time.monotonic()
+            refused = ask(client, "b")
+            assert time.monotonic() - started < 10, "b's refusal waited for room that a pinned model holds"
+            one_line_error(refused, 503, "a (pinned); POST /models/unload frees a pinned one")
+            if limits.memory is not None:
+                one_line_error(refused, 503, "b needs 5.00 GiB beside the 5.00 GiB that loaded models use (RAM 11.00")
+            assert client.post("/models/unload", json={"model": "a"}).json() == {"success": True}
+            assert ask(client, "b").status_code == 200 and starter.started == ["a", "b"]
 
 
 def test_a_failing_load_fails_its_own_requests_only() -> None:

@@ -149,10 +149,12 @@ class CliStarter:
             job = replace(job, reasoning_effort=s.effort_or_none(effort))
         return job
 
-    def check(self, model: RoutedModel) -> None:
+    def check(self, model: RoutedModel) -> int:
         """Its files as the flags and its preset name them (the model, its projector, its draft) read, and its
-        settings made, before any other model is unloaded for it: a file that cannot load unloads nothing."""
+        settings made, before any other model is unloaded for it: a file that cannot load unloads nothing. Its
+        memory need at the context it loads with (its preset's or -c; F4 shows it at the model's, up to 8192)."""
         from engine_ext.gguf import GGUFError, inspect_gguf
+        from models_catalog import fit
 
         try:
             inspect_gguf(model.path)
@@ -161,9 +163,11 @@ class CliStarter:
             for companion in (plan.model.mmproj, plan.spec.draft_model):
                 if companion:
                     inspect_gguf(Path(companion))
+            need = fit.need_at_context(model.path, plan.context.n_ctx)
         except (CliError, EngineError, GGUFError, ModelNotFound, OSError, ValueError) as error:
             raise ApiError(500, f"{model.id} could not be loaded: {one_line(str(error), 240)}") from None
         self._plans[model.id] = plan
+        return need
 
     def start(self, model: RoutedModel, metrics: Metrics, progress: Callable[[float], None]) -> StartedModel:
         log_name = "engine-" + re.sub(r"[^A-Za-z0-9._-]+", "_", model.id)[:80] + ".log"

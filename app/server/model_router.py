@@ -2,8 +2,9 @@
 that names a model loads it in a worker process of its own, with a dispatcher of its own (`EngineBackend` or
 `ParallelBackend`, made by the caller's `ModelStarter`); its requests wait meanwhile while the other models answer.
 Past `models_max` models, the least recently used idle one is unloaded; a model idle for `idle_unload_s` too; a
-pinned one never. Before a load, memory is checked (`models_catalog.fit`, the figure F4 shows) and idle models are
-unloaded until the new one fits. A model that fails to load, or whose worker crashes, fails its own requests only.
+pinned one never. Before a load, memory is checked (`models_catalog.fit`: F4's figure, at the context the model
+loads with) and idle models are unloaded until the new one fits. A model that fails to load, or whose worker
+crashes, fails its own requests only.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class ModelStarter(Protocol):
 
     def settings(self, model: RoutedModel) -> ServerSettings: ...
 
-    def check(self, model: RoutedModel) -> None:
-        """ApiError when the model's file cannot load (read before any other model is unloaded for it)."""
+    def check(self, model: RoutedModel) -> int | None:
+        """ApiError when the model's files cannot load (read before any other model is unloaded for it); else its
+        memory need as it will load (`models_catalog.fit`'s figure at its context), None: `model.need_bytes`."""
 
     def job(self, model: RoutedModel, job: Job) -> Job:
         """`job` with the model's own defaults where the request left a field unset (its preset's reasoning)."""
@@ -128,6 +130,7 @@ class _Place:
     started: StartedModel | None = None
     waiting: list[_WaitingTicket] = field(default_factory=list)
     last_used: float = 0.0
+    need: int | None = None  # its memory need as it loads (None: not known, not counted)
 
     def busy(self) -> bool:
         return bool(self.waiting) or self.metrics.in_flight > 0
@@ -180,7 +183,7 @@ class ModelRouter:
         self._places: dict[str, _Place] = {}
         self._names: dict[str, str] = {}  # an id or an alias → the id
         for model in models:
-            self._places[model.id] = _Place(model, _ModelMetrics(metrics, self._publish))
+            self._places[model.id] = _Place(model, _ModelMetrics(metrics, self._publish), need=model.need_bytes)
             for name in (model.id, *model.aliases):
                 self._names.setdefault(name, model.id)
         self._ended = threading.Event()
@@ -270,7 +273,9 @@ class ModelRouter:
         model = place.model
         self.metrics.loading(model.id, 0.0)
         try:
-            self._starter.check(model)
+            need = self._starter.check(model)
+            if need is not None:
+                place.need = need
             self._make_room(place)
             self._log(f"loading {model.id}")
             started = self._starter.start(model, place.metrics, lambda fraction: self._progress(place, fraction))
@@ -359,16 +364,16 @@ class ModelRouter:
             (p for p in others if p.started is not None and not p.model.pinned and not p.busy()),
             key=lambda p: p.last_used,
         )
-        memory = limits.memory if model.need_bytes is not None else None
-        if memory is not None and fit.judge(model.need_bytes or 0, memory)[0] is fit.Verdict.TOO_BIG:
-            why = f"{model.id} needs {format_bytes(model.need_bytes or 0)}: too big for this machine ({_room(memory)})"
+        memory = limits.memory if place.need is not None else None
+        if memory is not None and fit.judge(place.need or 0, memory)[0] is fit.Verdict.TOO_BIG:
+            why = f"{model.id} needs {format_bytes(place.need or 0)}: too big for this machine ({_room(memory)})"
             return [], ApiError(400, why), False
         victims: list[_Place] = []
         while True:
             kept = [p for p in others if p not in victims]
-            used = sum(p.model.need_bytes or 0 for p in kept)
+            used = sum(p.need or 0 for p in kept)
             too_many = len(kept) >= limits.models_max
-            too_big = memory is not None and fit.judge(used + (model.need_bytes or 0), memory)[0] is fit.Verdict.TOO_BIG
+            too_big = memory is not None and fit.judge(used + (place.need or 0), memory)[0] is fit.Verdict.TOO_BIG
             if not too_many and not too_big:
                 return victims, None, False
             if not idle:
@@ -378,7 +383,7 @@ class ModelRouter:
         if too_many:
             why = f"{model.id} waits for a model to unload: {len(kept)} are loaded (--models-max {limits.models_max})"
         else:
-            need, beside = format_bytes(model.need_bytes or 0), format_bytes(used)
+            need, beside = format_bytes(place.need or 0), format_bytes(used)
             why = f"{model.id} needs {need} beside the {beside} that loaded models use ({_room(memory)})"
         may_free = any(not p.model.pinned and _holding(p) != "idle" for p in kept)
         hint = "" if may_free else "; POST /models/unload frees a pinned one"

@@ -18,6 +18,7 @@ from app.server.backend import ServerSettings
 from app.server.model_router import RoutedModel
 from app.server.requests import Limits, parse_chat
 from engine_ext.params import GPU_LAYERS_AUTO
+from models_catalog import fit
 
 CONFIG = """# my settings
 [models]
@@ -134,7 +135,8 @@ def test_a_preset_whose_projector_or_draft_cannot_load_is_refused_before_any_mod
     tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:
     """The router unloads idle models for a load only after `check`: a preset naming a missing or damaged projector
-    or draft was found out in the worker, after another model had been unloaded for it."""
+    or draft was found out in the worker, after another model had been unloaded for it. What it gives the router is
+    the model's memory need at the context it loads with (the memory check used F4's, at the model's context)."""
     from app.server.api_errors import ApiError
     from tests.tiny_mmproj import write_tiny_mmproj
 
@@ -155,5 +157,8 @@ def test_a_preset_whose_projector_or_draft_cannot_load_is_refused_before_any_mod
         assert message.startswith("tiny-llama could not be loaded: ") and words in message, message
     presets = config_from_toml(f'[models."tiny-llama"]\nmmproj = "{projector}"\n').model_presets
     starter = CliStarter(serve_args(), ServerSettings(""), presets)
-    starter.check(model)  # a projector that loads: the load goes on, with what check read
-    assert starter._plans["tiny-llama"].model.mmproj == str(projector)  # noqa: SLF001
+    assert starter.check(model) == fit.need_at_context(tiny_models["llama"], 4096)  # serve's -c, not F4's figure
+    assert starter._plans["tiny-llama"].model.mmproj == str(projector)  # noqa: SLF001 (what start loads with)
+    presets = config_from_toml('[models."tiny-llama"]\nn_ctx = 65536\n').model_presets
+    need = CliStarter(serve_args("-c", "256"), ServerSettings(""), presets).check(model)
+    assert need == fit.need_at_context(tiny_models["llama"], 65536) > fit.need_at_context(tiny_models["llama"], 4096)

@@ -37,12 +37,13 @@ class FakeStarter:
     engines: dict[str, ScriptedClient] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
+    needs: dict[str, int] = field(default_factory=dict)  # a model's need at the context it loads with
 
     def settings(self, model: RoutedModel) -> ServerSettings:
         return ServerSettings(model_id=model.id, model_path=str(model.path), queue=4)
 
-    def check(self, model: RoutedModel) -> None:
-        pass
+    def check(self, model: RoutedModel) -> int | None:
+        return self.needs.get(model.id)
 
     def job(self, model: RoutedModel, job: Job) -> Job:
         return job
@@ -185,6 +186,21 @@ def test_a_load_is_checked_against_memory_and_idle_models_make_room() -> None:
         one_line_error(ask(client, "huge"), 400, "huge needs 20.00 GiB: too big for this machine (RAM 11.00 GiB)")
         assert starter.closed == ["a"] and status(client)["b"] == {"value": "loaded"}
         assert status(client)["huge"]["failed"] is True
+
+
+def test_memory_is_judged_at_the_context_each_model_loads_with() -> None:
+    """The listing's figure is F4's (the model's context, up to 8192); a load counts the one at the context it loads
+    with (its preset's or -c): smaller, both models stay; larger, too big is said."""
+    starter = FakeStarter(needs={"a": 2 * GIB, "b": 2 * GIB})
+    memory = MachineMemory(ram_total=11 * GIB, ram_available=11 * GIB)  # 9.9 GB usable
+    with routed(starter, RouterLimits(memory=memory)) as (client, _):
+        assert ask(client, "a").status_code == 200 and ask(client, "b").status_code == 200
+        assert starter.closed == [] and status(client)["a"] == {"value": "loaded"}
+        starter.needs["huge"] = 4 * GIB  # 20 GB listed, 4 GB as it loads
+        assert ask(client, "huge").status_code == 200 and starter.closed == []
+        starter.needs["a"] = 12 * GIB
+        assert client.post("/models/unload", json={"model": "a"}).json() == {"success": True}
+        one_line_error(ask(client, "a"), 400, "a needs 12.00 GiB: too big for this machine")
 
 
 def test_a_load_that_cannot_find_room_says_why_after_its_wait() -> None:

@@ -140,12 +140,14 @@ def test_requests_wait_for_their_models_load_while_other_models_answer() -> None
         thread = in_thread(lambda: ask(client, "b", waiting))
         wait_for(lambda: status(client)["b"].get("progress") == 0.5, "b to be half loaded")
         assert client.get("/health").json()["models_loading"] == {"b": 0.5}
+        assert 'llmtui_model_load_progress{model="b"} 0.5' in client.get("/metrics").text
         assert client.get("/v1/models/b").json()["status"] == {"value": "loading", "progress": 0.5}
         assert ask(client, "a").status_code == 200 and not waiting  # a answers while b loads
         gate.set()
         thread.join(30)
         assert waiting[0].status_code == 200 and waiting[0].json()["model"] == "b"
         assert "models_loading" not in client.get("/health").json()
+        assert "llmtui_model_load_progress" not in client.get("/metrics").text
 
 
 def test_past_models_max_the_least_recently_used_idle_model_unloads_never_a_busy_one() -> None:

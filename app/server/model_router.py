@@ -21,9 +21,9 @@ from app.server.api_errors import ApiError
 from app.server.backend import ServedModel, ServerSettings, Ticket
 from app.server.metrics import Metrics
 from app.server.requests import Job
+from engine_ext.gguf import format_bytes
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import Finished, SlotDone
-from engine_ext.gguf import format_bytes
 from engine_ext.untrusted_text import one_line
 from models_catalog import fit
 

@@ -123,6 +123,10 @@ def test_every_model_is_listed_and_loads_on_the_first_request_that_names_it() ->
         assert answer.json()["model"] == "b" and answer.json()["choices"][0]["message"]["content"] == "b!"
         assert starter.started == ["b"] and status(client)["b"] == {"value": "loaded"}
         assert client.get("/v1/models/b.gguf").json()["id"] == "b"
+        listing = client.get("/v1/models").json()  # Anthropic's fields too: its clients list models on this route
+        assert (listing["has_more"], listing["first_id"], listing["last_id"]) == (False, "a", "huge")
+        card = client.get("/v1/models/b").json()
+        assert (card["type"], card["display_name"]) == ("model", "b") and card["created_at"].endswith("Z")
         streamed = client.post("/v1/chat/completions", json={"model": "b", "messages": HI, "stream": True})
         assert '"model":"b"' in streamed.text and streamed.text.rstrip().endswith("[DONE]")
         one_line_error(ask(client, "gpt-5"), 404, "the model 'gpt-5' does not exist here")

@@ -131,6 +131,7 @@ class _Place:
     waiting: list[_WaitingTicket] = field(default_factory=list)
     last_used: float = 0.0
     need: int | None = None  # its memory need as it loads (None: not known, not counted)
+    has_room: bool = False  # its load was given room: from then on it counts against the limits, loaded or not
 
     def busy(self) -> bool:
         return bool(self.waiting) or self.metrics.in_flight > 0
@@ -153,7 +154,7 @@ def _room(memory: fit.MachineMemory | None) -> str:
     return f"VRAM {format_bytes(memory.vram_total)} + {ram}" if memory.vram_total and not memory.unified else ram
 
 
-def _holding(place: _Place) -> str:
+def _why_held(place: _Place) -> str:
     """Why a model that holds room is not unloaded for another: pinned, busy (answering or loading) or idle."""
     if place.model.pinned:
         return "pinned"
@@ -331,6 +332,8 @@ class ModelRouter:
     def _failed(self, place: _Place, error: ApiError) -> None:
         with self._lock:
             place.status, place.progress, place.error, place.started = "unloaded", 0.0, error.message, None
+            place.has_room = False
+            self._lock.notify_all()
             waiting, place.waiting = place.waiting, []
         self._log(f"{error.message}")
         for ticket in waiting:
@@ -347,6 +350,7 @@ class ModelRouter:
                 victims, why, may_free = self._room_for(place)
                 if why is None:
                     unloaded = [self._detach(victim, f"room for {place.model.id}") for victim in victims]
+                    place.has_room = True
                     break
                 if not may_free or self.stopping or time.monotonic() >= deadline:
                     raise why
@@ -359,7 +363,9 @@ class ModelRouter:
         not (400 when it could never fit, 503 while other models hold the room) and whether waiting may free it
         (a model that holds it is busy or loading, and not pinned)."""
         model, limits = place.model, self._limits
-        others = [p for p in self._places.values() if p is not place and p.status != "unloaded"]
+        # Loaded models, and loads given room; not the loads still waiting for it (two loads each counting the other
+        # would wait for each other)
+        others = [p for p in self._places.values() if p is not place and (p.started is not None or p.has_room)]
         idle = sorted(
             (p for p in others if p.started is not None and not p.model.pinned and not p.busy()),
             key=lambda p: p.last_used,
@@ -379,13 +385,13 @@ class ModelRouter:
             if not idle:
                 break
             victims.append(idle.pop(0))
-        held = ", ".join(f"{p.model.id} ({_holding(p)})" for p in kept)
+        held = ", ".join(f"{p.model.id} ({_why_held(p)})" for p in kept)
         if too_many:
             why = f"{model.id} waits for a model to unload: {len(kept)} are loaded (--models-max {limits.models_max})"
         else:
             need, beside = format_bytes(place.need or 0), format_bytes(used)
             why = f"{model.id} needs {need} beside the {beside} that loaded models use ({_room(memory)})"
-        may_free = any(not p.model.pinned and _holding(p) != "idle" for p in kept)
+        may_free = any(not p.model.pinned and _why_held(p) != "idle" for p in kept)
         hint = "" if may_free else "; POST /models/unload frees a pinned one"
         return [], ApiError(503, f"{why}: {held}{hint}"), may_free
 
@@ -393,7 +399,7 @@ class ModelRouter:
         """Take `place`'s loaded model out of the router (under the lock); the caller closes it."""
         started = place.started
         assert started is not None
-        place.started, place.status, place.progress = None, "unloaded", 0.0
+        place.started, place.status, place.progress, place.has_room = None, "unloaded", 0.0, False
         self._lock.notify_all()
         if why:
             self._log(f"unloading {place.model.id} ({why})")

@@ -38,11 +38,14 @@ class FakeStarter:
     started: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
     needs: dict[str, int] = field(default_factory=dict)  # a model's need at the context it loads with
+    together: threading.Barrier | None = None  # loads that reach their room check together
 
     def settings(self, model: RoutedModel) -> ServerSettings:
         return ServerSettings(model_id=model.id, model_path=str(model.path), queue=4)
 
     def check(self, model: RoutedModel) -> int | None:
+        if self.together is not None:
+            self.together.wait(10)
         return self.needs.get(model.id)
 
     def job(self, model: RoutedModel, job: Job) -> Job:
@@ -170,6 +173,21 @@ def test_past_models_max_the_least_recently_used_idle_model_unloads_never_a_busy
         second.join(30)
         assert [r.json()["model"] for r in results] == ["a", "b"]
         assert starter.closed == ["b", "a"] and starter.started == ["b", "a", "b"]
+
+
+def test_two_cold_models_asked_for_together_at_models_max_1_both_answer() -> None:
+    """Each load counted the other, still waiting for room, as holding it: both waited the whole room wait, then one
+    was refused (60 s, then a 503)."""
+    starter = FakeStarter(together=threading.Barrier(2))
+    with routed(starter, RouterLimits(models_max=1, room_wait_s=20)) as (client, _):
+        results: list[Any] = []
+        started = time.monotonic()
+        asks = [in_thread(lambda model=model: ask(client, model, results)) for model in ("a", "b")]
+        for thread in asks:
+            thread.join(30)
+        assert sorted(r.status_code for r in results) == [200, 200], [r.text for r in results]
+        assert time.monotonic() - started < 15, "the loads waited for each other"
+        assert len(starter.started) == 2 and starter.closed == starter.started[:1]  # the first unloaded for the second
 
 
 def test_idle_models_unload_and_a_pinned_one_stays() -> None:

@@ -348,15 +348,25 @@ def fit_repo(
 def fit_local(path: Path, *, n_ctx: int | None = None, memory: MachineMemory | None = None) -> QuantFit:
     """The verdict for a model file on disk, counting the projector (mmproj) paired with it, which loads with it."""
     info = inspect_gguf(path)
-    ctx = n_ctx or min(info.context_length or DEFAULT_CTX, DEFAULT_CTX)
-    estimate = estimate_memory(info, ctx)
-    need = need_bytes(info.total_size, estimate)  # as fit_repo: the same file shows the same figure in both tabs
+    need = _local_need(path, info, n_ctx or min(info.context_length or DEFAULT_CTX, DEFAULT_CTX))
+    verdict, where = judge(need, memory or detect_memory())
+    tag = pairing.quant_tag(path.name)
+    return QuantFit(tag, str(path), info.total_size, need, verdict, where)
+
+
+def need_at_context(path: Path, n_ctx: int) -> int:
+    """`fit_local`'s figure for the model loaded with `n_ctx` tokens of context (0: the model's own), as
+    `llmtui serve` loads it: what F4 shows at its context."""
+    info = inspect_gguf(path)
+    return _local_need(path, info, n_ctx or info.context_length or DEFAULT_CTX)
+
+
+def _local_need(path: Path, info: GGUFInfo, n_ctx: int) -> int:
+    need = need_bytes(info.total_size, estimate_memory(info, n_ctx))  # as fit_repo: one figure in both tabs
     projector = pairing.local_mmproj(path)
     if projector is not None:
         try:
             need += projector.stat().st_size  # its weights, in memory beside the model's
         except OSError:
             pass
-    verdict, where = judge(need, memory or detect_memory())
-    tag = pairing.quant_tag(path.name)
-    return QuantFit(tag, str(path), info.total_size, need, verdict, where)
+    return need

@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("-n", "--n-predict", type=int, default=8)
     parser.add_argument("-t", "--threads", type=int, default=0, help="threads per model (0: each's default)")
     parser.add_argument("--llama-server", type=Path, default=None, help="llama-server built from the same source")
+    parser.add_argument("--port", type=int, default=0, help="the servers' port (default: a free one)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if len(args.model) != 2:
@@ -124,14 +125,14 @@ def main() -> None:
         env = dict(os.environ, LLMTUI_DATA_DIR=str(home / "data"), LLMTUI_CONFIG_DIR=str(home / "config"))
         env["LLMTUI_CACHE_DIR"] = str(home / "cache")
         threads = ["-t", str(args.threads)] if args.threads else []
-        port = free_port()
+        port = args.port or free_port()
         base = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "app", "serve", "--models-dir", str(args.models_dir), "--models-max", "1"]
         with running([*cmd, "--port", str(port), *threads], base, env, home / "llmtui.log"):
             results["llmtui serve"] = measure(base, a, b, args.rounds, args.n_predict)
         server = args.llama_server or (Path(found) if (found := shutil.which("llama-server")) else None)
         if server is not None and server.is_file():
-            port = free_port()
+            port = args.port or free_port()
             base = f"http://127.0.0.1:{port}"
             cmd = [str(server), "--models-dir", str(args.models_dir), "--models-max", "1", "--port", str(port)]
             with running([*cmd, *threads], base, env, home / "llama-server.log"):

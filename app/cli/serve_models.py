@@ -8,15 +8,16 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.cli.engine_args import sampling_params
-from app.cli.serving import listen_until_stopped, start_model_backend
+from app.cli.serving import ModelLoad, listen_until_stopped, plan_model_load, start_model_backend
 from app.cli.session import CliError
 from app.cli.types import int_range
 from app.core import app_settings_schema as ui
 from app.core.model_list import LocalModel
+from app.core.model_paths import ModelNotFound
 from app.core.model_presets import PRESET_SETTINGS, ModelPreset, PresetError, preset_for, serve_id, vector_entries
 from app.server.api_errors import ApiError
 from app.server.backend import ServerSettings
@@ -25,6 +26,7 @@ from app.server.model_router import RoutedModel, StartedModel
 from app.server.requests import Job
 from engine_ext import settings_schema as s
 from engine_ext.client import EngineCrashedError, EngineFailure
+from engine_ext.params import EngineError
 from engine_ext.spec_catalog import DRAFT_MODEL
 from engine_ext.untrusted_text import one_line
 
@@ -109,6 +111,7 @@ class CliStarter:
     args: argparse.Namespace
     base: ServerSettings
     presets: Sequence[ModelPreset] = ()
+    _plans: dict[str, ModelLoad] = field(default_factory=dict, repr=False)  # check's reading, for start
 
     def preset(self, model: RoutedModel) -> ModelPreset | None:
         return preset_for(self.presets, (model.id, model.path.name))
@@ -146,19 +149,37 @@ class CliStarter:
             job = replace(job, reasoning_effort=s.effort_or_none(effort))
         return job
 
-    def check(self, model: RoutedModel) -> None:
+    def check(self, model: RoutedModel) -> int:
+        """Its files as the flags and its preset name them (the model, its projector, its draft) read, and its
+        settings made, before any other model is unloaded for it: a file that cannot load unloads nothing. Its
+        memory need at the context it loads with (its preset's or -c; F4 shows it at the model's, up to 8192)."""
         from engine_ext.gguf import GGUFError, inspect_gguf
+        from models_catalog import fit
 
         try:
             inspect_gguf(model.path)
-        except (GGUFError, OSError, ValueError) as error:
+            self.settings(model)
+            plan = plan_model_load(self.args_for(model), model.path)
+            for companion in (plan.model.mmproj, plan.spec.draft_model):
+                if companion:
+                    inspect_gguf(Path(companion))
+            need = fit.need_at_context(model.path, plan.context.n_ctx)
+        except (CliError, EngineError, GGUFError, ModelNotFound, OSError, ValueError) as error:
             raise ApiError(500, f"{model.id} could not be loaded: {one_line(str(error), 240)}") from None
+        self._plans[model.id] = plan
+        return need
 
     def start(self, model: RoutedModel, metrics: Metrics, progress: Callable[[float], None]) -> StartedModel:
         log_name = "engine-" + re.sub(r"[^A-Za-z0-9._-]+", "_", model.id)[:80] + ".log"
         try:
             backend, client = start_model_backend(
-                self.args_for(model), model.path, self.settings(model), metrics, log_name=log_name, on_progress=progress
+                self.args_for(model),
+                model.path,
+                self.settings(model),
+                metrics,
+                log_name=log_name,
+                on_progress=progress,
+                plan=self._plans.pop(model.id, None),
             )
         except EngineFailure as error:
             why = error.failed.message or error.failed.error

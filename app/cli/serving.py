@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -15,7 +15,7 @@ from app.cli.engine_args import context_params, model_params, spec_params, targe
 from app.cli.session import CliError, loaded, start_engine
 from app.core.server_access import Access
 from app.server.requests import Limits
-from engine_ext.params import DiskCacheParams
+from engine_ext.params import ContextParams, DiskCacheParams, ModelParams, SpeculativeParams
 from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
 
 if TYPE_CHECKING:
@@ -28,21 +28,19 @@ if TYPE_CHECKING:
     from engine_ext.client import EngineClient
 
 
-def start_model_backend(
-    args: argparse.Namespace,
-    path: Path,
-    settings: ServerSettings,
-    metrics: Metrics,
-    *,
-    disk: DiskCacheParams = DiskCacheParams(),
-    log_name: str = "engine.log",
-    on_progress: Callable[[float], None] | None = None,
-) -> tuple[EngineBackend | ParallelBackend, EngineClient]:
-    """`path` loaded in a worker of its own as the flags (and `settings`: its sampling, steering) say, and the
-    dispatcher that runs its requests (`--parallel`: ParallelBackend); its client closed when this fails."""
-    from app.server.backend import EngineBackend
-    from app.server.parallel_backend import ParallelBackend
+@dataclass(frozen=True)
+class ModelLoad:
+    """How a model loads, as the flags say: read before its worker starts (a missing or refused file is a
+    CliError or an EngineError here, before anything else is done for it)."""
 
+    spec: SpeculativeParams
+    model: ModelParams
+    context: ContextParams
+
+
+def plan_model_load(args: argparse.Namespace, path: Path) -> ModelLoad:
+    """`path`'s load as the flags say (its projector, its draft, its context); CliError or EngineError when the
+    flags cannot load it."""
     spec = spec_params(args, path)
     spec.validate()
     model = model_params(args, spec, path)
@@ -57,6 +55,28 @@ def start_model_backend(
         # llama-server's -np: n_ctx is shared by them, a KV stream each (a sequence's cells laid out as on the
         # single-sequence path: in one shared buffer, where they lie changes the sums; engine_ext.parallel)
         context = replace(context, n_seq_max=args.parallel, kv_unified=False)
+    return ModelLoad(spec, model, context)
+
+
+def start_model_backend(
+    args: argparse.Namespace,
+    path: Path,
+    settings: ServerSettings,
+    metrics: Metrics,
+    *,
+    disk: DiskCacheParams = DiskCacheParams(),
+    log_name: str = "engine.log",
+    on_progress: Callable[[float], None] | None = None,
+    plan: ModelLoad | None = None,
+) -> tuple[EngineBackend | ParallelBackend, EngineClient]:
+    """`path` loaded in a worker of its own as the flags (and `settings`: its sampling, steering) say, and the
+    dispatcher that runs its requests (`--parallel`: ParallelBackend); its client closed when this fails. `plan`:
+    `plan_model_load`'s, when the caller read it already."""
+    from app.server.backend import EngineBackend
+    from app.server.parallel_backend import ParallelBackend
+
+    load = plan or plan_model_load(args, path)
+    spec, model, context = load.spec, load.model, load.context
     client = start_engine(log_name)
     client.step_limit_s = args.step_limit
     try:

@@ -180,7 +180,8 @@ async def health(request: Request) -> Response:
 
 
 def model_card(request: Request, model: ServedModel) -> dict[str, object]:
-    """A model as OpenAI lists it, with llama-server's router fields: its aliases and status (loaded or not)."""
+    """A model as OpenAI lists it, with llama-server's router fields (its aliases and status: loaded or not) and
+    Anthropic's (`type`, `display_name`, `created_at`): one card both APIs' clients read."""
     status: dict[str, object] = {"value": model.status}
     if model.status == "loading":
         status["progress"] = round(model.progress, 3)
@@ -188,16 +189,20 @@ def model_card(request: Request, model: ServedModel) -> dict[str, object]:
         status.update(failed=True, error=model.error)
     if model.pinned:
         status["pinned"] = True
-    card: dict[str, object] = {"id": model.id, "object": "model", "created": server_of(request).started}
-    card["owned_by"] = "llmtui"
+    started = server_of(request).started
+    card: dict[str, object] = {"id": model.id, "object": "model", "created": started, "owned_by": "llmtui"}
     if model.n_ctx:
         card["max_model_len"] = model.n_ctx  # vLLM's name for the served context; clients size their history by it
-    return {**card, "aliases": list(model.aliases), "status": status}
+    created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    anthropics = {"type": "model", "display_name": model.id, "created_at": created_at}
+    return {**card, **anthropics, "aliases": list(model.aliases), "status": status}
 
 
 async def models(request: Request) -> Response:
-    served = server_of(request).backend.served()
-    return JSONResponse({"object": "list", "data": [model_card(request, model) for model in served]})
+    """OpenAI's list of models, with Anthropic's paging fields (every model on one page)."""
+    cards = [model_card(request, model) for model in server_of(request).backend.served()]
+    first, last = (cards[0]["id"], cards[-1]["id"]) if cards else (None, None)
+    return JSONResponse({"object": "list", "data": cards, "has_more": False, "first_id": first, "last_id": last})
 
 
 async def one_model(request: Request) -> Response:

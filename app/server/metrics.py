@@ -87,7 +87,7 @@ class Metrics:
             self._t.processing, self._t.deferred = processing, deferred
 
     def loading(self, model: str, fraction: float | None) -> None:
-        """A router's model `model` is `fraction` loaded (None: no longer loading); /health says it."""
+        """A router's model `model` is `fraction` loaded (None: no longer loading); /health and /metrics say it."""
         with self._lock:
             if fraction is None:
                 self._loading.pop(model, None)
@@ -141,6 +141,7 @@ class Metrics:
     def render(self) -> str:
         with self._lock:
             t = _Totals(**vars(self._t))
+            loading = sorted(self._loading.items())
         rows = [
             ("llamacpp:prompt_tokens_total", "counter", "Prompt tokens evaluated.", t.prompt_tokens),
             (
@@ -199,4 +200,13 @@ class Metrics:
         out: list[str] = []
         for name, kind, help_text, value in rows:
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {float(value):.6g}"]
+        if loading:  # a router's loads (serve without -m), as /health's models_loading
+            name = "llmtui_model_load_progress"
+            out += [f"# HELP {name} A model being loaded: the fraction loaded.", f"# TYPE {name} gauge"]
+            out += [f'{name}{{model="{_label(model)}"}} {fraction:.6g}' for model, fraction in loading]
         return "\n".join(out) + "\n"
+
+
+def _label(text: str) -> str:
+    """A Prometheus label value: backslash, double quote and line feed escaped."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

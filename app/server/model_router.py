@@ -2,8 +2,9 @@
 that names a model loads it in a worker process of its own, with a dispatcher of its own (`EngineBackend` or
 `ParallelBackend`, made by the caller's `ModelStarter`); its requests wait meanwhile while the other models answer.
 Past `models_max` models, the least recently used idle one is unloaded; a model idle for `idle_unload_s` too; a
-pinned one never. Before a load, memory is checked (`models_catalog.fit`, the figure F4 shows) and idle models are
-unloaded until the new one fits. A model that fails to load, or whose worker crashes, fails its own requests only.
+pinned one never. Before a load, memory is checked (`models_catalog.fit`: F4's figure, at the context the model
+loads with) and idle models are unloaded until the new one fits. A model that fails to load, or whose worker
+crashes, fails its own requests only.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from app.server.api_errors import ApiError
 from app.server.backend import ServedModel, ServerSettings, Ticket
 from app.server.metrics import Metrics
 from app.server.requests import Job
+from engine_ext.gguf import format_bytes
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import Finished, SlotDone
 from engine_ext.untrusted_text import one_line
@@ -72,8 +74,9 @@ class ModelStarter(Protocol):
 
     def settings(self, model: RoutedModel) -> ServerSettings: ...
 
-    def check(self, model: RoutedModel) -> None:
-        """ApiError when the model's file cannot load (read before any other model is unloaded for it)."""
+    def check(self, model: RoutedModel) -> int | None:
+        """ApiError when the model's files cannot load (read before any other model is unloaded for it); else its
+        memory need as it will load (`models_catalog.fit`'s figure at its context), None: `model.need_bytes`."""
 
     def job(self, model: RoutedModel, job: Job) -> Job:
         """`job` with the model's own defaults where the request left a field unset (its preset's reasoning)."""
@@ -127,6 +130,8 @@ class _Place:
     started: StartedModel | None = None
     waiting: list[_WaitingTicket] = field(default_factory=list)
     last_used: float = 0.0
+    need: int | None = None  # its memory need as it loads (None: not known, not counted)
+    has_room: bool = False  # its load was given room: from then on it counts against the limits, loaded or not
 
     def busy(self) -> bool:
         return bool(self.waiting) or self.metrics.in_flight > 0
@@ -141,8 +146,19 @@ async def _forward(inner: Ticket, outer: Ticket) -> None:
             return
 
 
-def _gb(n_bytes: int) -> str:
-    return f"{n_bytes / (1 << 30):.1f} GB"
+def _room(memory: fit.MachineMemory | None) -> str:
+    """The memory loads are judged against, as F4's fit check counts it."""
+    if memory is None:
+        return "memory not checked"
+    ram = f"RAM {format_bytes(memory.ram_total)}"
+    return f"VRAM {format_bytes(memory.vram_total)} + {ram}" if memory.vram_total and not memory.unified else ram
+
+
+def _why_held(place: _Place) -> str:
+    """Why a model that holds room is not unloaded for another: pinned, busy (answering or loading) or idle."""
+    if place.model.pinned:
+        return "pinned"
+    return "busy" if place.started is None or place.busy() else "idle"
 
 
 class ModelRouter:
@@ -168,7 +184,7 @@ class ModelRouter:
         self._places: dict[str, _Place] = {}
         self._names: dict[str, str] = {}  # an id or an alias → the id
         for model in models:
-            self._places[model.id] = _Place(model, _ModelMetrics(metrics, self._publish))
+            self._places[model.id] = _Place(model, _ModelMetrics(metrics, self._publish), need=model.need_bytes)
             for name in (model.id, *model.aliases):
                 self._names.setdefault(name, model.id)
         self._ended = threading.Event()
@@ -258,7 +274,9 @@ class ModelRouter:
         model = place.model
         self.metrics.loading(model.id, 0.0)
         try:
-            self._starter.check(model)
+            need = self._starter.check(model)
+            if need is not None:
+                place.need = need
             self._make_room(place)
             self._log(f"loading {model.id}")
             started = self._starter.start(model, place.metrics, lambda fraction: self._progress(place, fraction))
@@ -314,6 +332,8 @@ class ModelRouter:
     def _failed(self, place: _Place, error: ApiError) -> None:
         with self._lock:
             place.status, place.progress, place.error, place.started = "unloaded", 0.0, error.message, None
+            place.has_room = False
+            self._lock.notify_all()
             waiting, place.waiting = place.waiting, []
         self._log(f"{error.message}")
         for ticket in waiting:
@@ -321,56 +341,65 @@ class ModelRouter:
         self._publish()
 
     def _make_room(self, place: _Place) -> None:
-        """Unload idle models until `place`'s model may load (count and memory); wait for busy ones to finish, up
-        to `room_wait_s`; ApiError saying why it cannot."""
+        """Unload idle models until `place`'s model may load (count and memory); wait for busy or loading ones to
+        finish, up to `room_wait_s`; ApiError saying why it cannot (at once when only pinned models hold the room:
+        waiting would not free it)."""
         deadline = time.monotonic() + self._limits.room_wait_s
         while True:
             with self._lock:
-                victims, why = self._room_for(place)
+                victims, why, may_free = self._room_for(place)
                 if why is None:
                     unloaded = [self._detach(victim, f"room for {place.model.id}") for victim in victims]
+                    place.has_room = True
                     break
-                if why.status != 503 or self.stopping or time.monotonic() >= deadline:
+                if not may_free or self.stopping or time.monotonic() >= deadline:
                     raise why
                 self._lock.wait(_ROOM_POLL_S)
         for started in unloaded:
             started.close()
 
-    def _room_for(self, place: _Place) -> tuple[list[_Place], ApiError | None]:
+    def _room_for(self, place: _Place) -> tuple[list[_Place], ApiError | None, bool]:
         """The idle models to unload (least recently used first) so that `place`'s model may load, or why it may
-        not: 503 while busy or pinned models hold the room, 400 when it could never fit."""
+        not (400 when it could never fit, 503 while other models hold the room) and whether waiting may free it
+        (a model that holds it is busy or loading, and not pinned)."""
         model, limits = place.model, self._limits
-        others = [p for p in self._places.values() if p is not place and p.status != "unloaded"]
+        # Loaded models, and loads given room; not the loads still waiting for it (two loads each counting the other
+        # would wait for each other)
+        others = [p for p in self._places.values() if p is not place and (p.started is not None or p.has_room)]
         idle = sorted(
             (p for p in others if p.started is not None and not p.model.pinned and not p.busy()),
             key=lambda p: p.last_used,
         )
-        memory = limits.memory if model.need_bytes is not None else None
-        if memory is not None and fit.judge(model.need_bytes or 0, memory)[0] is fit.Verdict.TOO_BIG:
-            return [], ApiError(400, f"{model.id} needs {_gb(model.need_bytes or 0)}: too big for this machine")
+        memory = limits.memory if place.need is not None else None
+        if memory is not None and fit.judge(place.need or 0, memory)[0] is fit.Verdict.TOO_BIG:
+            why = f"{model.id} needs {format_bytes(place.need or 0)}: too big for this machine ({_room(memory)})"
+            return [], ApiError(400, why), False
         victims: list[_Place] = []
         while True:
             kept = [p for p in others if p not in victims]
-            used = sum(p.model.need_bytes or 0 for p in kept)
+            used = sum(p.need or 0 for p in kept)
             too_many = len(kept) >= limits.models_max
-            too_big = memory is not None and fit.judge(used + (model.need_bytes or 0), memory)[0] is fit.Verdict.TOO_BIG
+            too_big = memory is not None and fit.judge(used + (place.need or 0), memory)[0] is fit.Verdict.TOO_BIG
             if not too_many and not too_big:
-                return victims, None
+                return victims, None, False
             if not idle:
                 break
             victims.append(idle.pop(0))
-        names = ", ".join(p.model.id for p in kept)
+        held = ", ".join(f"{p.model.id} ({_why_held(p)})" for p in kept)
         if too_many:
             why = f"{model.id} waits for a model to unload: {len(kept)} are loaded (--models-max {limits.models_max})"
         else:
-            why = f"{model.id} needs {_gb(model.need_bytes or 0)} beside the {_gb(used)} that loaded models use"
-        return [], ApiError(503, f"{why}, busy or pinned: {names}")
+            need, beside = format_bytes(place.need or 0), format_bytes(used)
+            why = f"{model.id} needs {need} beside the {beside} that loaded models use ({_room(memory)})"
+        may_free = any(not p.model.pinned and _why_held(p) != "idle" for p in kept)
+        hint = "" if may_free else "; POST /models/unload frees a pinned one"
+        return [], ApiError(503, f"{why}: {held}{hint}"), may_free
 
     def _detach(self, place: _Place, why: str) -> StartedModel:
         """Take `place`'s loaded model out of the router (under the lock); the caller closes it."""
         started = place.started
         assert started is not None
-        place.started, place.status, place.progress = None, "unloaded", 0.0
+        place.started, place.status, place.progress, place.has_room = None, "unloaded", 0.0, False
         self._lock.notify_all()
         if why:
             self._log(f"unloading {place.model.id} ({why})")

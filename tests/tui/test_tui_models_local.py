@@ -25,6 +25,7 @@ from models_catalog import hfcache
 from models_catalog.download import State
 from tests.hub_server import HubServer
 from tests.pilot import ready
+from tests.tui.test_first_hour_dialogs import screen_text
 from tests.tui.test_tui_models import REPO, downloaded, highlight_quant, models_hub, open_models, search_and_open
 from tests.waits import wait_until
 
@@ -520,6 +521,12 @@ async def test_e_edits_a_local_models_serve_preset_in_config_toml(
         assert dict(preset.values) == {"alias": "fast", "n_ctx": 1024, "pin": True}
         detail = str(screen.query_one("#detail-info", Static).render())
         assert "Serve preset: alias fast · context size 1024 · pinned" in detail
+        await pilot.press("e")  # opened again, each field shows the saved value: a choice too (it showed "(serve's)")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPresetModal), "the preset dialog again")
+        await pilot.pause()
+        pinned = next(row for row in screen_text(app).splitlines() if "Pinned" in row)
+        assert " on " in pinned and "(serve's)" not in pinned, pinned
+        await pilot.press("escape")
 
 
 @pytest.mark.anyio

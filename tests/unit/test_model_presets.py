@@ -18,6 +18,7 @@ from app.server.backend import ServerSettings
 from app.server.model_router import RoutedModel
 from app.server.requests import Limits, parse_chat
 from engine_ext.params import GPU_LAYERS_AUTO
+from models_catalog import fit
 
 CONFIG = """# my settings
 [models]
@@ -128,3 +129,36 @@ def test_control_vectors_by_name_or_file_each_with_its_strength(tmp_path: Path) 
     assert [(e.path, e.strength) for e in entries] == [(str(calm), 0.5), (str(calm), 1.0)]
     with pytest.raises(PresetError, match="control vector 'nope': no vector of that name, and no such file"):
         vector_entries("nope:2", {})
+
+
+def test_a_preset_whose_projector_or_draft_cannot_load_is_refused_before_any_model_unloads(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    """The router unloads idle models for a load only after `check`: a preset naming a missing or damaged projector
+    or draft was found out in the worker, after another model had been unloaded for it. What it gives the router is
+    the model's memory need at the context it loads with (the memory check used F4's, at the model's context)."""
+    from app.server.api_errors import ApiError
+    from tests.tiny_mmproj import write_tiny_mmproj
+
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    projector = write_tiny_mmproj(tmp_path / "mmproj-tiny.gguf")
+    model = RoutedModel("tiny-llama", tiny_models["llama"])
+    for table, words in (
+        (f'mmproj = "{tmp_path / "missing.gguf"}"', "missing.gguf: no such file"),
+        (f'mmproj = "{damaged}"', "damaged.gguf: the header claims"),
+        ('draft_model = "nowhere/draft.gguf"', "nowhere/draft.gguf"),
+        (f'spec_type = "draft-simple"\ndraft_model = "{damaged}"', "damaged.gguf: the header claims"),
+    ):
+        presets = config_from_toml(f'[models."tiny-llama"]\n{table}\n').model_presets
+        with pytest.raises(ApiError) as refused:
+            CliStarter(serve_args(), ServerSettings(""), presets).check(model)
+        message = refused.value.message
+        assert message.startswith("tiny-llama could not be loaded: ") and words in message, message
+    presets = config_from_toml(f'[models."tiny-llama"]\nmmproj = "{projector}"\n').model_presets
+    starter = CliStarter(serve_args(), ServerSettings(""), presets)
+    assert starter.check(model) == fit.need_at_context(tiny_models["llama"], 4096)  # serve's -c, not F4's figure
+    assert starter._plans["tiny-llama"].model.mmproj == str(projector)  # noqa: SLF001 (what start loads with)
+    presets = config_from_toml('[models."tiny-llama"]\nn_ctx = 65536\n').model_presets
+    need = CliStarter(serve_args("-c", "256"), ServerSettings(""), presets).check(model)
+    assert need == fit.need_at_context(tiny_models["llama"], 65536) > fit.need_at_context(tiny_models["llama"], 4096)

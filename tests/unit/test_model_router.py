@@ -5,6 +5,7 @@ load isolated, POST /models/unload. Real workers on tiny models: tests/engine/te
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -36,12 +37,16 @@ class FakeStarter:
     engines: dict[str, ScriptedClient] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
+    needs: dict[str, int] = field(default_factory=dict)  # a model's need at the context it loads with
+    together: threading.Barrier | None = None  # loads that reach their room check together
 
     def settings(self, model: RoutedModel) -> ServerSettings:
         return ServerSettings(model_id=model.id, model_path=str(model.path), queue=4)
 
-    def check(self, model: RoutedModel) -> None:
-        pass
+    def check(self, model: RoutedModel) -> int | None:
+        if self.together is not None:
+            self.together.wait(10)
+        return self.needs.get(model.id)
 
     def job(self, model: RoutedModel, job: Job) -> Job:
         return job
@@ -121,6 +126,10 @@ def test_every_model_is_listed_and_loads_on_the_first_request_that_names_it() ->
         assert answer.json()["model"] == "b" and answer.json()["choices"][0]["message"]["content"] == "b!"
         assert starter.started == ["b"] and status(client)["b"] == {"value": "loaded"}
         assert client.get("/v1/models/b.gguf").json()["id"] == "b"
+        listing = client.get("/v1/models").json()  # Anthropic's fields too: its clients list models on this route
+        assert (listing["has_more"], listing["first_id"], listing["last_id"]) == (False, "a", "huge")
+        card = client.get("/v1/models/b").json()
+        assert (card["type"], card["display_name"]) == ("model", "b") and card["created_at"].endswith("Z")
         streamed = client.post("/v1/chat/completions", json={"model": "b", "messages": HI, "stream": True})
         assert '"model":"b"' in streamed.text and streamed.text.rstrip().endswith("[DONE]")
         one_line_error(ask(client, "gpt-5"), 404, "the model 'gpt-5' does not exist here")
@@ -138,12 +147,14 @@ def test_requests_wait_for_their_models_load_while_other_models_answer() -> None
         thread = in_thread(lambda: ask(client, "b", waiting))
         wait_for(lambda: status(client)["b"].get("progress") == 0.5, "b to be half loaded")
         assert client.get("/health").json()["models_loading"] == {"b": 0.5}
+        assert 'llmtui_model_load_progress{model="b"} 0.5' in client.get("/metrics").text
         assert client.get("/v1/models/b").json()["status"] == {"value": "loading", "progress": 0.5}
         assert ask(client, "a").status_code == 200 and not waiting  # a answers while b loads
         gate.set()
         thread.join(30)
         assert waiting[0].status_code == 200 and waiting[0].json()["model"] == "b"
         assert "models_loading" not in client.get("/health").json()
+        assert "llmtui_model_load_progress" not in client.get("/metrics").text
 
 
 def test_past_models_max_the_least_recently_used_idle_model_unloads_never_a_busy_one() -> None:
@@ -164,6 +175,21 @@ def test_past_models_max_the_least_recently_used_idle_model_unloads_never_a_busy
         assert starter.closed == ["b", "a"] and starter.started == ["b", "a", "b"]
 
 
+def test_two_cold_models_asked_for_together_at_models_max_1_both_answer() -> None:
+    """Each load counted the other, still waiting for room, as holding it: both waited the whole room wait, then one
+    was refused (60 s, then a 503)."""
+    starter = FakeStarter(together=threading.Barrier(2))
+    with routed(starter, RouterLimits(models_max=1, room_wait_s=20)) as (client, _):
+        results: list[Any] = []
+        started = time.monotonic()
+        asks = [in_thread(lambda model=model: ask(client, model, results)) for model in ("a", "b")]
+        for thread in asks:
+            thread.join(30)
+        assert sorted(r.status_code for r in results) == [200, 200], [r.text for r in results]
+        assert time.monotonic() - started < 15, "the loads waited for each other"
+        assert len(starter.started) == 2 and starter.closed == starter.started[:1]  # the first unloaded for the second
+
+
 def test_idle_models_unload_and_a_pinned_one_stays() -> None:
     models = (replace(MODELS[0], pinned=True), MODELS[1])
     starter = FakeStarter()
@@ -181,9 +207,24 @@ def test_a_load_is_checked_against_memory_and_idle_models_make_room() -> None:
         assert ask(client, "a").status_code == 200
         assert ask(client, "b").status_code == 200
         assert starter.closed == ["a"]  # not for the count (4), for memory
-        one_line_error(ask(client, "huge"), 400, "huge needs 20.0 GB: too big for this machine")
+        one_line_error(ask(client, "huge"), 400, "huge needs 20.00 GiB: too big for this machine (RAM 11.00 GiB)")
         assert starter.closed == ["a"] and status(client)["b"] == {"value": "loaded"}
         assert status(client)["huge"]["failed"] is True
+
+
+def test_memory_is_judged_at_the_context_each_model_loads_with() -> None:
+    """The listing's figure is F4's (the model's context, up to 8192); a load counts the one at the context it loads
+    with (its preset's or -c): smaller, both models stay; larger, too big is said."""
+    starter = FakeStarter(needs={"a": 2 * GIB, "b": 2 * GIB})
+    memory = MachineMemory(ram_total=11 * GIB, ram_available=11 * GIB)  # 9.9 GB usable
+    with routed(starter, RouterLimits(memory=memory)) as (client, _):
+        assert ask(client, "a").status_code == 200 and ask(client, "b").status_code == 200
+        assert starter.closed == [] and status(client)["a"] == {"value": "loaded"}
+        starter.needs["huge"] = 4 * GIB  # 20 GB listed, 4 GB as it loads
+        assert ask(client, "huge").status_code == 200 and starter.closed == []
+        starter.needs["a"] = 12 * GIB
+        assert client.post("/models/unload", json={"model": "a"}).json() == {"success": True}
+        one_line_error(ask(client, "a"), 400, "a needs 12.00 GiB: too big for this machine")
 
 
 def test_a_load_that_cannot_find_room_says_why_after_its_wait() -> None:
@@ -194,9 +235,27 @@ def test_a_load_that_cannot_find_room_says_why_after_its_wait() -> None:
         results: list[Any] = []
         long_reply = in_thread(lambda: ask(client, "a", results))
         wait_for(lambda: starter.engines["a"].sent[1:], "a's long reply to start")
-        one_line_error(ask(client, "b"), 503, "b waits for a model to unload: 1 are loaded (--models-max 1)")
+        one_line_error(ask(client, "b"), 503, "b waits for a model to unload: 1 are loaded (--models-max 1): a (busy)")
         long_reply.join(30)
         assert results[0].status_code == 200 and starter.closed == []
+
+
+def test_a_load_that_only_pinned_models_keep_out_is_refused_at_once() -> None:
+    """Waiting frees no room a pinned model holds: the refusal came after the whole wait (60 s by default)."""
+    models = (replace(MODELS[0], pinned=True), *MODELS[1:])
+    memory = MachineMemory(ram_total=11 * GIB, ram_available=11 * GIB)  # one 5 GB model at a time
+    for limits in (RouterLimits(models_max=1, room_wait_s=30), RouterLimits(memory=memory, room_wait_s=30)):
+        starter = FakeStarter()
+        with routed(starter, limits, models) as (client, _):
+            assert ask(client, "a").status_code == 200
+            started = time.monotonic()
+            refused = ask(client, "b")
+            assert time.monotonic() - started < 10, "b's refusal waited for room that a pinned model holds"
+            one_line_error(refused, 503, "a (pinned); POST /models/unload frees a pinned one")
+            if limits.memory is not None:
+                one_line_error(refused, 503, "b needs 5.00 GiB beside the 5.00 GiB that loaded models use (RAM 11.00")
+            assert client.post("/models/unload", json={"model": "a"}).json() == {"success": True}
+            assert ask(client, "b").status_code == 200 and starter.started == ["a", "b"]
 
 
 def test_a_failing_load_fails_its_own_requests_only() -> None:

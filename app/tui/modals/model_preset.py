@@ -58,17 +58,16 @@ class ModelPresetModal(ModalScreen[ModelPreset | None]):
         field_id = f"preset-{setting.name}"
         if setting.choices or setting.kind is bool:
             choices = setting.choices or ("on", "off")
-            select: Select[str] = Select(
+            # The value given to the constructor: one set before the Select is mounted is kept but not shown
+            return Select(
                 [(choice, choice) for choice in choices],
                 id=field_id,
                 allow_blank=True,
                 prompt="(serve's)",
+                value=text if text in choices else Select.NULL,
                 compact=True,
                 tooltip=setting.help,
             )
-            if text in choices:
-                select.value = text
-            return select
         return Input(text, placeholder="(serve's)", id=field_id, compact=True, tooltip=setting.help)
 
     def read_preset(self) -> ModelPreset:

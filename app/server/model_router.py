@@ -206,7 +206,15 @@ class ModelRouter:
     def served(self) -> tuple[ServedModel, ...]:
         with self._lock:
             return tuple(
-                ServedModel(p.model.id, p.model.aliases, p.status, p.progress, p.error, p.model.pinned)
+                ServedModel(
+                    p.model.id,
+                    p.model.aliases,
+                    p.status,
+                    p.progress,
+                    p.error,
+                    p.model.pinned,
+                    p.started.backend.settings.n_ctx if p.started is not None else 0,
+                )
                 for p in self._places.values()
             )
 

@@ -113,6 +113,7 @@ def test_a_models_preset_gives_it_an_alias_a_context_and_a_pin(served: tuple[str
     long = ask(base, "fast", messages=[{"role": "user", "content": "word " * 400}])
     assert long.status_code == 400 and long.json()["error"]["n_ctx"] == 256, long.text
     assert ask(base, "fast").json()["model"] == "tiny-qwen3"
+    assert httpx.get(f"{base}/v1/models/fast", timeout=10).json()["max_model_len"] == 256  # its context, loaded
 
 
 def test_a_crashed_worker_fails_its_own_models_request_only(served: tuple[str, Path]) -> None:

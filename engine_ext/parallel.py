@@ -30,7 +30,7 @@ from engine_ext.generate import Session
 from engine_ext.grammar import reply_grammar
 from engine_ext.idle_cache import IdleCache
 from engine_ext.model import Context
-from engine_ext.params import EngineError, SpeculativeConfigError, SteeringEntry
+from engine_ext.params import EngineError, SteeringEntry
 from engine_ext.protocol import (
     Busy,
     Event,
@@ -49,8 +49,8 @@ from engine_ext.reasoning import ReasoningBudget
 from engine_ext.sampling import Sampler
 from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove, verify_rows
 from engine_ext.seq_disk import seq_disk_of
-from engine_ext.spec_catalog import NGRAM_TYPES
 from engine_ext.speculative.base import Drafter, common_prefix_length
+from engine_ext.speculative.draft_seqs import SequenceDrafts
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.token_stream import PromptPlan, ReplyStream
 from engine_ext.tool_turn import ToolTurn
@@ -142,6 +142,7 @@ class ParallelScheduler:
         self.batch = SeqBatch(ctx, max(ctx.n_batch, n_seq, MAX_STEP_ROWS))
         self.disk = seq_disk_of(session.disk, ctx, self.whole_state, session.vision)  # states on disk (seq_disk)
         self.waiting: deque[_Job] = deque()
+        self.drafts = SequenceDrafts(self.model, ctx)  # the requests' drafters (draft-simple's context shared)
         self.max_waiting = WAITING_PER_SLOT * n_seq
         self.admitting = True  # False while a request for the single-sequence path waits: the sequences drain
         self.fixed_steering = fixed_steering  # a steering change replaces the context here (lavapipe): one mix only
@@ -253,6 +254,7 @@ class ParallelScheduler:
 
     def close(self) -> None:
         self.batch.close()
+        self.drafts.close()
 
     # ----- steps ---------------------------------------------------------------------------------------
 
@@ -365,6 +367,8 @@ class ParallelScheduler:
         if job.reasoning is not None and job.end_thinking:
             job.reasoning.force()
         slot = self._place(plan.tokens, job.mix)
+        if job.driver is not None:
+            self.drafts.bind(job.driver, slot.seq)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
@@ -395,16 +399,7 @@ class ParallelScheduler:
         params = job.submit.speculative
         if params is None or not params.enabled:
             return None
-        params.validate()
-        other = [t for t in params.types if t not in NGRAM_TYPES]
-        if other:
-            raise SpeculativeConfigError(
-                f"speculation per request drafts with the n-gram types ({', '.join(NGRAM_TYPES)}), not "
-                f"{', '.join(other)}: model drafters are the engine's own (set for the single-sequence path)"
-            )
-        from engine_ext.speculative.factory import build_driver
-
-        driver = build_driver(params, self.model, self.ctx)
+        driver = self.drafts.driver(params)
         job.drafting = not self.whole_state
         if not job.drafting:
             driver.status = "off: this model's recurrent memory cannot drop a rejected draft of one sequence"

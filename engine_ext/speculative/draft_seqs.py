@@ -21,13 +21,10 @@ from engine_ext.model import Context, Model
 from engine_ext.params import ContextError, ContextParams, ModelParams, SpeculativeConfigError, SpeculativeParams
 from engine_ext.sampling import FloatRows
 from engine_ext.seq_batch import SeqBatch, seq_remove
-from engine_ext.spec_catalog import NGRAM_TYPES
+from engine_ext.spec_catalog import parallel_refusal
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
 from engine_ext.speculative.driver import SpeculativeDriver
-
-PER_SEQUENCE_MODEL_TYPES = ("draft-simple",)  # the model drafters a parallel sequence drafts with
-
 
 class DraftSequences:
     """A draft model and one context over it with a sequence per target sequence; `cached[i]`: what draft
@@ -139,13 +136,9 @@ class SequenceDrafts:
         from engine_ext.speculative.factory import build_driver
 
         params.validate()
-        other = [t for t in params.types if t not in NGRAM_TYPES and t not in PER_SEQUENCE_MODEL_TYPES]
-        if other:
-            raise SpeculativeConfigError(
-                f"speculation per request drafts with the n-gram types ({', '.join(NGRAM_TYPES)}) and "
-                f"{', '.join(PER_SEQUENCE_MODEL_TYPES)}, not {', '.join(other)} (MTP, EAGLE3, DFlash and DSpark "
-                "draft on the single-sequence path only: --parallel 1)"
-            )
+        refusal = parallel_refusal(params.types)
+        if refusal:
+            raise SpeculativeConfigError(refusal)
         return build_driver(params, self.model, self.ctx, draft_simple=lambda: self._drafter(params))
 
     def _drafter(self, params: SpeculativeParams) -> Drafter:

@@ -26,6 +26,7 @@ from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
 from engine_ext.speculative.driver import SpeculativeDriver
 
+
 class DraftSequences:
     """A draft model and one context over it with a sequence per target sequence; `cached[i]`: what draft
     sequence i holds, in order."""

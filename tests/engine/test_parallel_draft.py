@@ -82,3 +82,18 @@ def test_model_drafters_without_a_draft_sequence_are_refused_by_name(tiny_models
         assert "not found" in failed[3]
         assert not run.scheduler.drafts.pools
         run.scheduler.close()
+
+
+def test_a_hybrid_target_answers_plainly_saying_drafting_is_off(tiny_models: dict[str, Path]) -> None:
+    """A recurrent memory cannot drop one sequence's rejected draft: the request decodes without drafting."""
+    request = greedy(1, "word1 word2 word3", 20)
+    with open_session(tiny_models["qwen35"]) as single:
+        expected = alone(single, request)
+    with open_session(tiny_models["qwen35"], n_seq=2, unified=False) as session:
+        run = Run(session)
+        run.submit(request, speculative=draft_simple(tiny_models["llama"]))
+        run.drain()
+        assert run.tokens(1) == expected
+        stats = run.finished(1).speculative
+        assert stats is not None and stats.drafted == 0 and stats.status.startswith("off: this model's recurrent")
+        run.scheduler.close()

@@ -55,23 +55,30 @@ class DraftSequences:
         self.batch = SeqBatch(self.ctx, self.ctx.n_batch)
         self.cached: list[list[int]] = [[] for _ in range(n_seq)]
         self._logits = FloatRows(self.model.n_vocab)
+        # This step's drafts made together (draft_together): seq -> (tokens' length, id_last, draft).
+        self.ready: dict[int, tuple[int, int, list[int]]] = {}
 
-    def _sync(self, seq: int, tokens: Sequence[int]) -> list[int]:
-        """Make draft sequence `seq` hold exactly `tokens` (reusing the common prefix); its cached list."""
-        cached = self.cached[seq]
-        i = common_prefix_length(cached, tokens)
-        if i < len(cached):
-            if not seq_remove(self.ctx, seq, i):  # a recurrent draft is cut only whole
-                seq_remove(self.ctx, seq, -1)
-                i = 0
-            del cached[i:]
-        batch, n_batch = self.batch, self.ctx.n_batch
-        for start in range(i, len(tokens), n_batch):
-            chunk = tokens[start : start + n_batch]
-            batch.add(seq, chunk, len(cached), outputs=False)
+    def _sync(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """Make each draft sequence `seq` hold exactly its `tokens` (reusing the common prefix): what they lack
+        decoded together, a batch at a time (a failed decode leaves `cached` ahead: the caller drops the sequences)."""
+        batch = self.batch
+        for seq, tokens in wanted:
+            cached = self.cached[seq]
+            i = common_prefix_length(cached, tokens)
+            if i < len(cached):
+                if not seq_remove(self.ctx, seq, i):  # a recurrent draft is cut only whole
+                    seq_remove(self.ctx, seq, -1)
+                    i = 0
+                del cached[i:]
+            while i < len(tokens):
+                if not batch.room:
+                    batch.decode()
+                chunk = tokens[i : i + batch.room]
+                batch.add(seq, chunk, i, outputs=False)
+                cached.extend(chunk)
+                i += len(chunk)
+        if len(batch):
             batch.decode()
-            cached.extend(chunk)
-        return cached
 
     def draft(self, seq: int, tokens: Sequence[int], id_last: int, n_max: int, p_min: float) -> list[int]:
         """Up to n_max tokens the draft model predicts after tokens + [id_last], greedily, on sequence `seq`; none
@@ -80,8 +87,8 @@ class DraftSequences:
         ctx, batch, rows = self.ctx, self.batch, self._logits
         want_p = p_min > 0.0
         try:
-            cached = self._sync(seq, tokens)
-            token = id_last
+            self._sync(((seq, tokens),))
+            cached, token = self.cached[seq], id_last
             handle = ctx.handle
             while len(result) < n_max and len(cached) + 1 < ctx.n_ctx_seq:
                 batch.add(seq, (token,), len(cached), outputs=True)
@@ -98,6 +105,41 @@ class DraftSequences:
             self.cached[seq] = []
             return []
         return result
+
+    def draft_together(self, asks: Sequence[tuple[int, Sequence[int], int, int, float]]) -> None:
+        """The drafts of several sequences made at once: (seq, tokens, id_last, n_max, p_min) each, one llama_decode
+        per draft position holding every sequence still drafting; kept in `ready` for their SequenceDrafter's next
+        draft call (this step's)."""
+        self.ready = {}
+        ctx, batch, rows = self.ctx, self.batch, self._logits
+        try:
+            self._sync([(seq, tokens) for seq, tokens, _, _, _ in asks])
+            cached = {seq: self.cached[seq] for seq, _, _, _, _ in asks}
+            drafts: dict[int, list[int]] = {seq: [] for seq, _, _, _, _ in asks}
+            going = {seq: (id_last, n_max, p_min) for seq, _, id_last, n_max, p_min in asks}
+            while going:
+                order = [seq for seq in going if len(cached[seq]) + 1 < ctx.n_ctx_seq]
+                for seq in order:
+                    batch.add(seq, (going[seq][0],), len(cached[seq]), outputs=True)
+                if not order:
+                    break
+                batch.decode()
+                logits = rows(logits_address(ctx.handle) or ctx.logits_row(0), len(order))
+                for i, seq in enumerate(order):
+                    token, n_max, p_min = going.pop(seq)
+                    cached[seq].append(token)
+                    token, p = top_token(logits[i], p_min > 0.0)
+                    if p >= p_min:
+                        drafts[seq].append(token)
+                        if len(drafts[seq]) < n_max:
+                            going[seq] = (token, n_max, p_min)
+        except ContextError:
+            batch.clear()
+            for seq, _, _, _, _ in asks:
+                seq_remove(ctx, seq, -1)
+                self.cached[seq] = []
+            return
+        self.ready = {seq: (len(tokens), id_last, drafts[seq]) for seq, tokens, id_last, _, _ in asks}
 
     def close(self) -> None:
         self.batch.close()
@@ -120,6 +162,9 @@ class SequenceDrafter(Drafter):
     def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
         if self.seq < 0:
             return []
+        made = self.drafts.ready.pop(self.seq, None)
+        if made is not None and made[:2] == (len(tokens), id_last):  # drafted with the other sequences this step
+            return made[2][:n_max]
         return self.drafts.draft(self.seq, tokens, id_last, n_max, self.p_min)
 
 
@@ -151,6 +196,25 @@ class SequenceDrafts:
                 raise SpeculativeConfigError(f"draft model not found: {path}")
             pool = self.pools[path] = DraftSequences(path, self.model, self.ctx)
         return SequenceDrafter(pool, params.p_min)
+
+    def draft_together(self, asks: Sequence[tuple[SpeculativeDriver, int, Sequence[int], int, int]]) -> None:
+        """Before a step: the draft-simple drafts of the sequences that draft with the same draft model, made
+        together where two or more do ((driver, seq, tokens, id_last, budget) each: a sequence's budget as the step
+        gives it before any draft is added, its driver's length for the drafter; only where draft-simple is the
+        first drafter of the chain, so no draft is made that an earlier drafter would have replaced)."""
+        by_pool: dict[DraftSequences, list[tuple[int, Sequence[int], int, int, float]]] = {}
+        for pool in self.pools.values():
+            pool.ready = {}
+        for driver, seq, tokens, id_last, budget in asks:
+            first = driver.drafters[0] if driver.drafters and not driver.media else None
+            if not isinstance(first, SequenceDrafter) or first.seq != seq:
+                continue
+            n_max = min(budget, driver.caps[id(first)] if driver.adaptive else driver.params.n_max)
+            if n_max > 0:
+                by_pool.setdefault(first.drafts, []).append((seq, tokens, id_last, n_max, first.p_min))
+        for pool, pool_asks in by_pool.items():
+            if len(pool_asks) > 1:  # alone, a sequence drafts as on the single path
+                pool.draft_together(pool_asks)
 
     @staticmethod
     def bind(driver: SpeculativeDriver, seq: int) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import Failed
-from engine_ext.speculative.draft_seqs import SequenceDrafter
+from engine_ext.speculative.draft_seqs import SequenceDrafter, SequenceDrafts
 from tests.engine.test_parallel import Run, alone, greedy, open_session
 
 REPEATED = " ".join(["word1 word2 word3 word4"] * 4)
@@ -65,6 +65,48 @@ def test_a_drafting_request_beside_a_plain_one_and_its_draft_on_its_own_sequence
         stats = run.finished(2).speculative
         assert stats is not None and stats.accepted > 0
         run.scheduler.close()
+
+
+def test_sequences_drafting_with_one_draft_model_draft_together(tiny_models: dict[str, Path]) -> None:
+    """Two sequences drafting with the same draft model: each draft position is one draft llama_decode for both
+    (fewer draft decodes than drafted tokens), their replies those of plain decoding."""
+    requests = [greedy(1, "go", 48), greedy(2, "word1 word2 word3", 48)]
+    with open_session(tiny_models["llama"]) as single:
+        expected = [alone(single, r) for r in requests]
+    with open_session(tiny_models["llama"], n_seq=2, unified=False) as session:
+        run = Run(session)
+        for r in requests:
+            run.submit(r, speculative=draft_simple(tiny_models["llama"], n_max=8))
+        run.drain()
+        assert [run.tokens(r.request_id) for r in requests] == expected
+        stats = [run.finished(r.request_id).speculative for r in requests]
+        assert all(s is not None and s.accepted > 0.8 * s.drafted for s in stats)
+        (pool,) = run.scheduler.drafts.pools.values()
+        # One at a time, each drafted token is a decode of its own; together, a decode serves both sequences.
+        assert 0 < pool.ctx.decodes < sum(s.drafted for s in stats if s is not None)
+        run.scheduler.close()
+
+
+def test_draft_together_drafts_each_sequence_on_its_own_positions(tiny_models: dict[str, Path]) -> None:
+    with open_session(tiny_models["llama"], n_seq=2, unified=False) as session:
+        drafts = SequenceDrafts(session.model, session.ctx)
+        try:
+            params = draft_simple(tiny_models["llama"])
+            one, two = (drafts.driver(params) for _ in range(2))
+            drafts.bind(one, 0)
+            drafts.bind(two, 1)
+            (pool,) = drafts.pools.values()
+            prompts = [session.model.tokenize(p, add_special=True, parse_special=False) for p in ("go", "a b c d")]
+            drafts.draft_together([(one, 0, prompts[0], 7, 8), (two, 1, prompts[1], 9, 3)])
+            assert pool.ctx.decodes == 1 + 4  # both prompts in one batch, then four positions (three for the second)
+            assert [len(pool.ready[s][2]) for s in (0, 1)] == [4, 3]  # the driver's first length (4), the budget (3)
+            assert pool.cached[0] == [*prompts[0], 7, *pool.ready[0][2][:3]]
+            assert pool.cached[1] == [*prompts[1], 9, *pool.ready[1][2][:2]]
+            made = pool.ready[0][2]
+            assert one.draft(prompts[0], 7, 8) == (made, one.drafters[0])  # this step's draft, not made again
+            assert pool.ctx.decodes == 5 and 0 not in pool.ready
+        finally:
+            drafts.close()
 
 
 def test_model_drafters_without_a_draft_sequence_are_refused_by_name(tiny_models: dict[str, Path]) -> None:

@@ -10,8 +10,9 @@ with other work slows all of them alike:
 - 1 after N, kept: the same with the N caches kept in the KV cache (the lone request attends over their cells);
 - N parallel: the parallel path with N requests submitted together (one llama_batch holds a token of each);
 - with --draft PATH, the single path and N parallel again, each request drafting with draft-simple (on the parallel
-  path one draft context with a draft sequence per sequence, engine_ext.speculative.draft_seqs); ms/decode then
-  averages the draft's decodes with the target's.
+  path one draft context with a draft sequence per sequence, engine_ext.speculative.draft_seqs), and N parallel with
+  each sequence's draft decoded on its own ("1by1") instead of together; ms/decode then averages the draft's decodes
+  with the target's.
 
 Decode tok/s counts the tokens generated after the last prompt was read, over the time from then to the end
 (llama-batched-bench's S_TG): prompt reading is left out of every column alike.
@@ -73,12 +74,13 @@ def run_parallel(
     decode: DecodeTimer | None = None,
     keep_idle: bool = False,
     spec: Any = None,
+    one_by_one: bool = False,
 ) -> tuple[int, float]:
     """(decode tokens, decode seconds) of `prompts` submitted together on the parallel path: the tokens generated
     after the last prompt was read, and the time from then to the last Finished. `served`: requests run to their
     end first (timed by nobody, `decode` reset after them), as a server's earlier clients. `keep_idle`: their
     caches stay in the KV cache (as before engine_ext.idle_cache), not in host memory. `spec`: each of `prompts`
-    drafts so."""
+    drafts so; `one_by_one`: each sequence's draft decoded on its own (not together with the others')."""
     from engine_ext.generate import Session
     from engine_ext.model import Context
     from engine_ext.parallel import ParallelScheduler
@@ -106,6 +108,8 @@ def run_parallel(
         scheduler = ParallelScheduler(Session(model, ctx), lambda e: None)
         if keep_idle:
             scheduler.idle = None
+        if one_by_one:
+            scheduler.drafts.draft_together = lambda asks: None  # type: ignore[method-assign]
         scheduler.activate(())
         for i, prompt in enumerate(served or []):
             scheduler.submit(Submit(request(100 + i, prompt, args.n)))
@@ -203,6 +207,7 @@ def main() -> None:
         )
         runs["single, draft"] = lambda: run_single(args, model, prompts[0], spec)
         runs[f"{many_name}, draft"] = lambda: run_parallel(args, model, prompts, spec=spec)
+        runs[f"{many_name}, draft 1by1"] = lambda: run_parallel(args, model, prompts, spec=spec, one_by_one=True)
     columns: dict[str, list[float]] = {name: [] for name in runs}
     step_ms: dict[str, list[float]] = {name: [] for name in runs}
     try:
@@ -217,10 +222,10 @@ def main() -> None:
         model.close()
     medians = {name: statistics.median(values) for name, values in columns.items()}
     print(f"{path.name}, {args.threads} threads, {args.n} tokens per request, median of {args.rounds} rounds")
-    print(f"{'':>20} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
+    print(f"{'':>24} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
     for name, values in columns.items():
         ms = statistics.median(step_ms[name])
-        print(f"{name:>20} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
+        print(f"{name:>24} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
     many = medians[f"{args.parallel} parallel"]
     print(
         f"ratios: {args.parallel} parallel / 1 client = {many / medians['1 client']:.2f}x, "
@@ -234,7 +239,8 @@ def main() -> None:
         print(
             f"draft-simple: {many_name}, draft / {many_name} = {drafted / many:.2f}x, "
             f"single, draft / single = {medians['single, draft'] / medians['single']:.2f}x, "
-            f"{many_name}, draft / single, draft = {drafted / medians['single, draft']:.2f}x"
+            f"{many_name}, draft / single, draft = {drafted / medians['single, draft']:.2f}x, "
+            f"together / one by one = {drafted / medians[f'{many_name}, draft 1by1']:.2f}x"
         )
 
 

@@ -189,7 +189,7 @@ class SequenceDrafts:
 
     def _drafter(self, params: SpeculativeParams) -> Drafter:
         assert params.draft_model is not None  # validate() checked it
-        path = Path(params.draft_model)
+        path = Path(params.draft_model).resolve()  # one pool per file, however a request spells its path
         pool = self.pools.get(path)
         if pool is None:
             if not path.is_file():

@@ -13,6 +13,7 @@ a request outputs is what the target samples, so drafting never changes a greedy
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -203,6 +204,7 @@ class SequenceDrafts:
         gives it before any draft is added, its driver's length for the drafter; only where draft-simple is the
         first drafter of the chain, so no draft is made that an earlier drafter would have replaced)."""
         by_pool: dict[DraftSequences, list[tuple[int, Sequence[int], int, int, float]]] = {}
+        drafting: dict[DraftSequences, list[tuple[SpeculativeDriver, Drafter]]] = {}
         for pool in self.pools.values():
             pool.ready = {}
         for driver, seq, tokens, id_last, budget in asks:
@@ -212,9 +214,15 @@ class SequenceDrafts:
             n_max = min(budget, driver.caps[id(first)] if driver.adaptive else driver.params.n_max)
             if n_max > 0:
                 by_pool.setdefault(first.drafts, []).append((seq, tokens, id_last, n_max, first.p_min))
+                drafting.setdefault(first.drafts, []).append((driver, first))
         for pool, pool_asks in by_pool.items():
             if len(pool_asks) > 1:  # alone, a sequence drafts as on the single path
+                t0 = time.perf_counter()
                 pool.draft_together(pool_asks)
+                share = (time.perf_counter() - t0) * 1000.0 / len(pool_asks)
+                for driver, drafter in drafting[pool]:  # each request's draft time: its share of the decodes
+                    driver.draft_ms += share
+                    drafter.stats.t_draft_ms += share
 
     @staticmethod
     def bind(driver: SpeculativeDriver, seq: int) -> None:

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field, replace
 from engine_ext.generate import Session
 from engine_ext.grammar import reply_grammar
 from engine_ext.idle_cache import IdleCache
-from engine_ext.model import Context
-from engine_ext.params import EngineError, SpeculativeConfigError, SteeringEntry
+from engine_ext.params import EngineError, SteeringEntry
 from engine_ext.protocol import (
     Busy,
     Event,
@@ -45,12 +44,12 @@ from engine_ext.protocol import (
     ThreadsChanged,
     rejected_by,
 )
-from engine_ext.reasoning import ReasoningBudget
+from engine_ext.reasoning import ReasoningBudget, next_reply_token
 from engine_ext.sampling import Sampler
 from engine_ext.seq_batch import SeqBatch, seq_copy, seq_remove, verify_rows
 from engine_ext.seq_disk import seq_disk_of
-from engine_ext.spec_catalog import NGRAM_TYPES
 from engine_ext.speculative.base import Drafter, common_prefix_length
+from engine_ext.speculative.draft_seqs import SequenceDrafts
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
 from engine_ext.token_stream import PromptPlan, ReplyStream
 from engine_ext.tool_turn import ToolTurn
@@ -142,6 +141,7 @@ class ParallelScheduler:
         self.batch = SeqBatch(ctx, max(ctx.n_batch, n_seq, MAX_STEP_ROWS))
         self.disk = seq_disk_of(session.disk, ctx, self.whole_state, session.vision)  # states on disk (seq_disk)
         self.waiting: deque[_Job] = deque()
+        self.drafts = SequenceDrafts(self.model, ctx)  # the requests' drafters (draft-simple's context shared)
         self.max_waiting = WAITING_PER_SLOT * n_seq
         self.admitting = True  # False while a request for the single-sequence path waits: the sequences drain
         self.fixed_steering = fixed_steering  # a steering change replaces the context here (lavapipe): one mix only
@@ -253,6 +253,7 @@ class ParallelScheduler:
 
     def close(self) -> None:
         self.batch.close()
+        self.drafts.close()
 
     # ----- steps ---------------------------------------------------------------------------------------
 
@@ -365,6 +366,8 @@ class ParallelScheduler:
         if job.reasoning is not None and job.end_thinking:
             job.reasoning.force()
         slot = self._place(plan.tokens, job.mix)
+        if job.driver is not None:
+            self.drafts.bind(job.driver, slot.seq)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
@@ -395,16 +398,7 @@ class ParallelScheduler:
         params = job.submit.speculative
         if params is None or not params.enabled:
             return None
-        params.validate()
-        other = [t for t in params.types if t not in NGRAM_TYPES]
-        if other:
-            raise SpeculativeConfigError(
-                f"speculation per request drafts with the n-gram types ({', '.join(NGRAM_TYPES)}), not "
-                f"{', '.join(other)}: model drafters are the engine's own (set for the single-sequence path)"
-            )
-        from engine_ext.speculative.factory import build_driver
-
-        driver = build_driver(params, self.model, self.ctx)
+        driver = self.drafts.driver(params)
         job.drafting = not self.whole_state
         if not job.drafting:
             driver.status = "off: this model's recurrent memory cannot drop a rejected draft of one sequence"
@@ -519,6 +513,14 @@ class ParallelScheduler:
         spare = max(0, MAX_STEP_ROWS - len(ready))
         batch = self.batch
         first_eog = self.session.token_info.first_eog
+        # The sequences' draft-simple drafts made together (a draft llama_decode per position), read in the loop.
+        self.drafts.draft_together(
+            [
+                (j.driver, s.seq, s.tokens, j.id_last, self._draft_budget(j, len(s.tokens), spare))
+                for s in ready
+                if (j := s.job) is not None and j.driver is not None and not j.pending
+            ]
+        )
         for slot in sorted(ready, key=lambda s: s.job.order if s.job else 0):
             job = slot.job
             assert job is not None
@@ -530,18 +532,9 @@ class ParallelScheduler:
                 self._finish(slot, "context_full")
                 continue
             draft: list[int] = []
-            drafter = None
-            driver = job.driver
-            if job.drafting and driver is not None and spare > 0:
-                max_tokens = job.submit.request.max_tokens
-                budget = min(spare, self.n_ctx_seq - pos - 1, MAX_VERIFY_DRAFT)
-                if max_tokens > 0:
-                    budget = min(budget, max_tokens - job.n_generated - 1)
-                thinking_room = job.reasoning.draft_room() if job.reasoning is not None else None
-                if thinking_room is not None:  # no accepted draft crosses the budget (as Session._draft_budget)
-                    budget = min(budget, thinking_room)
-                if budget > 0 and driver.drafting_allowed(job.n_generated):
-                    draft, drafter = driver.draft(slot.tokens, job.id_last, budget)
+            drafter, driver, budget = None, job.driver, self._draft_budget(job, pos, spare)
+            if driver is not None and budget > 0 and driver.drafting_allowed(job.n_generated):
+                draft, drafter = driver.draft(slot.tokens, job.id_last, budget)
             eog_at = first_eog(draft, 0, len(draft) - 1) if draft else 0
             if draft and eog_at < len(draft) - 1 and not job.submit.request.ignore_eos:
                 draft = draft[: eog_at + 1]  # nothing after an end-of-generation token is used
@@ -560,6 +553,18 @@ class ParallelScheduler:
         for r in rows:
             self._take(r, t_step)
 
+    def _draft_budget(self, job: _Job, pos: int, spare: int) -> int:
+        """The longest draft the job's sequence may verify this step (0: none): the step's spare rows, its context's
+        room, the tokens still wanted, and its thinking budget (no accepted draft crosses it, as Session's)."""
+        if not job.drafting or job.driver is None:
+            return 0
+        max_tokens = job.submit.request.max_tokens
+        budget = min(spare, self.n_ctx_seq - pos - 1, MAX_VERIFY_DRAFT)
+        if max_tokens > 0:
+            budget = min(budget, max_tokens - job.n_generated - 1)
+        thinking_room = job.reasoning.draft_room() if job.reasoning is not None else None
+        return budget if thinking_room is None else min(budget, thinking_room)
+
     def _take(self, r: _Row, t_step: float) -> None:
         """Sample a sequence's rows, keep what was accepted, stream it, and finish the request if it is done."""
         slot, job = r.slot, r.slot.job
@@ -577,11 +582,11 @@ class ParallelScheduler:
                 self.disk.checkpoint(slot.seq, slot.tokens, slot.mix)
             if job.driver is not None:
                 job.driver.begin(slot.tokens)
-            ids, sources = _next_token(job, ctx, r.row)
+            ids, sources = next_reply_token(job.sampler, job.reasoning, ctx, r.row)
             job.t_first, job.ttft_ms = now, (now - job.t_request) * 1000.0
         elif r.drafter is None or job.driver is None:
             slot.tokens.append(job.id_last)
-            ids, sources = _next_token(job, ctx, r.row)
+            ids, sources = next_reply_token(job.sampler, job.reasoning, ctx, r.row)
         else:
             draft = r.draft
             ids = verify_rows(job.sampler, ctx, r.row, draft, r.eog_at)
@@ -688,12 +693,3 @@ class ParallelScheduler:
         self.emit(Failed.of(job.request_id, exc))
         if job.sampler is not None:
             job.sampler.close()
-
-
-def _next_token(job: _Job, ctx: Context, row: int) -> tuple[list[int], list[str]]:
-    """A sequence's next token from its row: sampled, or forced by its reasoning budget (the end of thinking)."""
-    assert job.sampler is not None
-    if job.reasoning is None:
-        return [job.sampler.sample(ctx, row)], ["target"]
-    token, source = job.reasoning.next_token(job.sampler, ctx, row)
-    return [token], [source]

@@ -208,3 +208,14 @@ class ReasoningBudget:
     def observe_all(self, tokens: Sequence[int]) -> None:
         for token in tokens:
             self.observe(token)
+
+
+def next_reply_token(
+    sampler: Sampler, reasoning: ReasoningBudget | None, ctx: Context, row: int
+) -> tuple[list[int], list[str]]:
+    """A parallel sequence's next token from its row and its provenance: sampled, or forced by its reasoning budget
+    (the end of thinking)."""
+    if reasoning is None:
+        return [sampler.sample(ctx, row)], ["target"]
+    token, source = reasoning.next_token(sampler, ctx, row)
+    return [token], [source]

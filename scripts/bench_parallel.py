@@ -8,13 +8,18 @@ with other work slows all of them alike:
 - 1 after N: the parallel path, one request on a context whose sequences served N requests before (a server
   that had N clients: their caches stay in the KV cache, or in host memory where engine_ext.idle_cache moved them);
 - 1 after N, kept: the same with the N caches kept in the KV cache (the lone request attends over their cells);
-- N parallel: the parallel path with N requests submitted together (one llama_batch holds a token of each).
+- N parallel: the parallel path with N requests submitted together (one llama_batch holds a token of each);
+- with --draft PATH, the single path and N parallel again, each request drafting with draft-simple (on the parallel
+  path one draft context with a draft sequence per sequence, engine_ext.speculative.draft_seqs), and N parallel with
+  each sequence's draft decoded on its own ("1by1") instead of together; ms/decode then averages the draft's decodes
+  with the target's.
 
 Decode tok/s counts the tokens generated after the last prompt was read, over the time from then to the end
 (llama-batched-bench's S_TG): prompt reading is left out of every column alike.
 
     python scripts/bench_parallel.py                    # the starter model, 2 threads, 4 sequences
     python scripts/bench_parallel.py -m MODEL -t 4 -n 256 --parallel 8 -r 5
+    python scripts/bench_parallel.py --draft DRAFT.gguf --spec-n-max 8   # and the draft-simple rows
 """
 
 from __future__ import annotations
@@ -40,19 +45,24 @@ PROMPTS = (
 )
 
 
-def run_single(args: argparse.Namespace, model: Any, prompt: str) -> tuple[int, float]:
-    """(decode tokens, decode seconds) of one request on the single-sequence path."""
+def run_single(args: argparse.Namespace, model: Any, prompt: str, spec: Any = None) -> tuple[int, float]:
+    """(decode tokens, decode seconds) of one request on the single-sequence path (`spec`: drafting so)."""
     from engine_ext.generate import Session
     from engine_ext.model import Context
     from engine_ext.params import ContextParams
     from engine_ext.protocol import Finished
+    from engine_ext.speculative.factory import build_driver
 
     ctx = Context(model, ContextParams(n_ctx=args.ctx, n_batch=512, n_threads=args.threads))
+    session = Session(model, ctx)
     try:
-        session = Session(model, ctx)
+        if spec is not None:
+            session.spec = build_driver(spec, model, ctx)
         done: Finished = session.generate(request(1, prompt, args.n), lambda e: None, lambda: False)
         return done.stats.generated_tokens - 1, done.stats.decode_ms / 1000.0  # decode_ms runs from the first token
     finally:
+        if session.spec is not None:
+            session.spec.close()
         ctx.close()
 
 
@@ -63,11 +73,14 @@ def run_parallel(
     served: list[str] | None = None,
     decode: DecodeTimer | None = None,
     keep_idle: bool = False,
+    spec: Any = None,
+    one_by_one: bool = False,
 ) -> tuple[int, float]:
     """(decode tokens, decode seconds) of `prompts` submitted together on the parallel path: the tokens generated
     after the last prompt was read, and the time from then to the last Finished. `served`: requests run to their
     end first (timed by nobody, `decode` reset after them), as a server's earlier clients. `keep_idle`: their
-    caches stay in the KV cache (as before engine_ext.idle_cache), not in host memory."""
+    caches stay in the KV cache (as before engine_ext.idle_cache), not in host memory. `spec`: each of `prompts`
+    drafts so; `one_by_one`: each sequence's draft decoded on its own (not together with the others')."""
     from engine_ext.generate import Session
     from engine_ext.model import Context
     from engine_ext.parallel import ParallelScheduler
@@ -95,6 +108,8 @@ def run_parallel(
         scheduler = ParallelScheduler(Session(model, ctx), lambda e: None)
         if keep_idle:
             scheduler.idle = None
+        if one_by_one:
+            scheduler.drafts.draft_together = lambda asks: None  # type: ignore[method-assign]
         scheduler.activate(())
         for i, prompt in enumerate(served or []):
             scheduler.submit(Submit(request(100 + i, prompt, args.n)))
@@ -104,7 +119,7 @@ def run_parallel(
         if decode is not None:
             decode.reset()
         for i, prompt in enumerate(prompts):
-            scheduler.submit(Submit(request(i + 1, prompt, args.n)))
+            scheduler.submit(Submit(request(i + 1, prompt, args.n), speculative=spec))
         while scheduler.busy:
             scheduler.step()
         elapsed = time.perf_counter() - mark["t"]
@@ -163,6 +178,8 @@ def main() -> None:
     parser.add_argument(
         "--unified", action="store_true", help="one KV buffer for the sequences (default: a stream each, as serve)"
     )
+    parser.add_argument("--draft", default=None, help="a draft model: add the draft-simple rows")
+    parser.add_argument("--spec-n-max", type=int, default=8, help="the draft's longest draft (--spec-draft-n-max)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from app.core.model_paths import resolve_model, starter_model_path
@@ -182,6 +199,15 @@ def main() -> None:
         f"1 after {args.parallel}, kept": lambda: run_parallel(args, model, prompts[:1], prompts, decode, True),
         many_name: lambda: run_parallel(args, model, prompts),
     }
+    if args.draft:
+        from engine_ext.params import SpeculativeParams
+
+        spec = SpeculativeParams(
+            types=("draft-simple",), draft_model=str(resolve_model(args.draft)), n_max=args.spec_n_max
+        )
+        runs["single, draft"] = lambda: run_single(args, model, prompts[0], spec)
+        runs[f"{many_name}, draft"] = lambda: run_parallel(args, model, prompts, spec=spec)
+        runs[f"{many_name}, draft 1by1"] = lambda: run_parallel(args, model, prompts, spec=spec, one_by_one=True)
     columns: dict[str, list[float]] = {name: [] for name in runs}
     step_ms: dict[str, list[float]] = {name: [] for name in runs}
     try:
@@ -196,10 +222,10 @@ def main() -> None:
         model.close()
     medians = {name: statistics.median(values) for name, values in columns.items()}
     print(f"{path.name}, {args.threads} threads, {args.n} tokens per request, median of {args.rounds} rounds")
-    print(f"{'':>16} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
+    print(f"{'':>24} {'tok/s':>9} {'ms/decode':>10}  {'runs (tok/s)':<30}")
     for name, values in columns.items():
         ms = statistics.median(step_ms[name])
-        print(f"{name:>16} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
+        print(f"{name:>24} {medians[name]:9.1f} {ms:10.2f}  {' '.join(f'{v:.1f}' for v in values):<30}")
     many = medians[f"{args.parallel} parallel"]
     print(
         f"ratios: {args.parallel} parallel / 1 client = {many / medians['1 client']:.2f}x, "
@@ -208,6 +234,14 @@ def main() -> None:
         f"1 after {args.parallel} / single = {medians[f'1 after {args.parallel}'] / medians['single']:.2f}x, "
         f"kept / single = {medians[f'1 after {args.parallel}, kept'] / medians['single']:.2f}x"
     )
+    if args.draft:
+        drafted = medians[f"{many_name}, draft"]
+        print(
+            f"draft-simple: {many_name}, draft / {many_name} = {drafted / many:.2f}x, "
+            f"single, draft / single = {medians['single, draft'] / medians['single']:.2f}x, "
+            f"{many_name}, draft / single, draft = {drafted / medians['single, draft']:.2f}x, "
+            f"together / one by one = {drafted / medians[f'{many_name}, draft 1by1']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from app.cli.session import CliError, loaded, start_engine
 from app.core.server_access import Access
 from app.server.requests import Limits
 from engine_ext.params import ContextParams, DiskCacheParams, ModelParams, SpeculativeParams
-from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE
+from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE, parallel_refusal
 
 if TYPE_CHECKING:
     import uvicorn
@@ -46,12 +46,9 @@ def plan_model_load(args: argparse.Namespace, path: Path) -> ModelLoad:
     model = model_params(args, spec, path)
     context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
     if args.parallel > 1:
-        model_drafters = [t for t in spec.types if t not in NGRAM_TYPES]
-        if model_drafters:
-            raise CliError(
-                f"--parallel {args.parallel} drafts with the n-gram types only ({', '.join(NGRAM_TYPES)}), not "
-                f"{SPEC_TYPE.flag} {model_drafters[0]}: use --parallel 1 for a draft model"
-            )
+        refusal = parallel_refusal(spec.types)
+        if refusal:
+            raise CliError(refusal.replace("speculative type", f"{SPEC_TYPE.flag}", 1))
         # llama-server's -np: n_ctx is shared by them, a KV stream each (a sequence's cells laid out as on the
         # single-sequence path: in one shared buffer, where they lie changes the sums; engine_ext.parallel)
         context = replace(context, n_seq_max=args.parallel, kv_unified=False)
@@ -82,7 +79,11 @@ def start_model_backend(
     try:
         info = loaded(client.load(path, model, context, on_progress=on_progress, disk_cache=disk))
         if spec.enabled:
-            client.set_speculative(spec)
+            client.set_speculative(spec)  # checked now: a draft that does not fit the target fails the start
+            if args.parallel > 1 and any(t not in NGRAM_TYPES for t in spec.types):
+                # The sequences draft in a draft context of their own (engine_ext.speculative.draft_seqs): the single
+                # path's draft model and context go, so the draft's weights are held once.
+                client.set_speculative(SpeculativeParams(types=()))
         if settings.steering:
             for notice in client.set_steering(settings.steering).notices:
                 print(f"note: {notice}", file=sys.stderr)

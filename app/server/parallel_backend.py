@@ -1,7 +1,7 @@
 """`serve --parallel N`: the server's jobs decode together in the engine's parallel sequences (continuous batching,
-engine_ext.parallel): each job is a Submit with its own steering mix and n-gram drafting, its events routed back
-by request id (engine_ext.router). The engine's queue holds the jobs waiting for a sequence; past the server's
-bound a job is refused with 503 before it is sent, and the engine's own Busy answer is a 503 too.
+engine_ext.parallel): each job is a Submit with its own steering mix and drafting (the n-gram types, draft-simple),
+its events routed back by request id (engine_ext.router). The engine's queue holds the jobs waiting for a sequence;
+past the server's bound a job is refused with 503 before it is sent, and the engine's own Busy answer is a 503 too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine_ext.protocol import (
     TokenChunk,
 )
 from engine_ext.router import RequestRouter
-from engine_ext.spec_catalog import NGRAM_TYPES
+from engine_ext.spec_catalog import parallel_refusal
 
 
 @dataclass
@@ -99,16 +99,10 @@ class ParallelBackend(JobServer):
         self.metrics.queue(len(self._processing), len(self._tickets) - len(self._processing))
 
     def _spec_for(self, choice: SpecChoice | None) -> SpeculativeParams:
-        spec = super()._spec_for(choice)
-        other = [t for t in spec.types if t not in NGRAM_TYPES]
-        if other:
-            raise ApiError(
-                400,
-                f"speculative type {other[0]} is not available with parallel requests (serve --parallel): "
-                f"per request, the n-gram types ({', '.join(NGRAM_TYPES)})",
-                "speculative",
-            )
-        return spec
+        refusal = parallel_refusal(self.settings.speculative.types if choice is None else choice.types)
+        if refusal:  # before the server's own check: a type it lacks is refused here loaded or not
+            raise ApiError(400, refusal, "speculative")
+        return super()._spec_for(choice)
 
     def _cancel(self, request_id: int) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from engine_ext.model import Context, Model
@@ -11,8 +12,12 @@ from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.driver import SpeculativeDriver
 
 
-def build_driver(params: SpeculativeParams, model: Model, ctx: Context) -> SpeculativeDriver:
-    """The drafters for `params.types` in upstream's priority order (whatever order the user gave)."""
+def build_driver(
+    params: SpeculativeParams, model: Model, ctx: Context, *, draft_simple: Callable[[], Drafter] | None = None
+) -> SpeculativeDriver:
+    """The drafters for `params.types` in upstream's priority order (whatever order the user gave). `draft_simple`:
+    makes the draft-simple drafter instead of a DraftSimple of its own (the parallel sequences share a draft
+    context, engine_ext.speculative.draft_seqs)."""
     params.validate()
     if params.types == ("auto",):
         return build_auto_driver(params, model, ctx)
@@ -20,6 +25,9 @@ def build_driver(params: SpeculativeParams, model: Model, ctx: Context) -> Specu
     try:
         for spec_type in SPEC_TYPES:
             if spec_type not in params.types:
+                continue
+            if spec_type == "draft-simple" and draft_simple is not None:
+                drafters.append(draft_simple())
                 continue
             drafters.append(_build(spec_type, params, model, ctx))
     except Exception:

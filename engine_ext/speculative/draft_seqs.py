@@ -1,0 +1,237 @@
+"""Model drafters for the parallel sequences (engine_ext.parallel): draft-simple with a draft sequence per target
+sequence.
+
+One draft context serves every sequence of a scheduler: it has the target's n_seq_max and a KV stream per sequence
+(kv_unified off, as `serve --parallel N` loads the target), so draft sequence i holds the draft model's cells for what
+target sequence i holds, n_ctx / n_seq_max of them. One context rather than one per sequence: the draft model's
+weights and compute buffers are held once, and its memory is the single path's (one n_ctx KV cache) whatever N is.
+Each sequence's draft memory follows its target sequence's tokens by their common prefix (a new request on a slot
+reuses what its prompt shares with the last one), and its draft is decoded on its own sequence, one token per
+llama_decode, as DraftSimple drafts; the target verifies it in the step's shared batch. A draft only proposes: what
+a request outputs is what the target samples, so drafting never changes a greedy reply.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine_ext.bindings import logits_address
+from engine_ext.model import Context, Model
+from engine_ext.params import ContextError, ContextParams, ModelParams, SpeculativeConfigError, SpeculativeParams
+from engine_ext.sampling import FloatRows
+from engine_ext.seq_batch import SeqBatch, seq_remove
+from engine_ext.spec_catalog import parallel_refusal
+from engine_ext.speculative.base import Drafter, common_prefix_length
+from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
+from engine_ext.speculative.driver import SpeculativeDriver
+
+
+class DraftSequences:
+    """A draft model and one context over it with a sequence per target sequence; `cached[i]`: what draft
+    sequence i holds, in order."""
+
+    def __init__(self, path: Path, target: Model, target_ctx: Context) -> None:
+        self.path = path
+        self.model = Model(path, ModelParams(n_gpu_layers=target.params.n_gpu_layers))
+        try:
+            check_vocab_compatible(target, self.model)
+            tp = target_ctx.params
+            n_seq = max(1, tp.n_seq_max)
+            params = ContextParams(
+                n_ctx=target_ctx.n_ctx,
+                n_batch=tp.n_batch,
+                n_ubatch=tp.n_ubatch,
+                n_threads=tp.n_threads,
+                n_threads_batch=tp.n_threads_batch,
+                flash_attn=tp.flash_attn,
+                n_seq_max=n_seq,
+                kv_unified=False,
+            )
+            self.ctx = Context(self.model, params)
+        except Exception:
+            self.model.close()
+            raise
+        self.batch = SeqBatch(self.ctx, self.ctx.n_batch)
+        self.cached: list[list[int]] = [[] for _ in range(n_seq)]
+        self._logits = FloatRows(self.model.n_vocab)
+        # This step's drafts made together (draft_together): seq -> (tokens' length, id_last, draft).
+        self.ready: dict[int, tuple[int, int, list[int]]] = {}
+
+    def _sync(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """Make each draft sequence `seq` hold exactly its `tokens` (reusing the common prefix): what they lack
+        decoded together, a batch at a time (a failed decode leaves `cached` ahead: the caller drops the sequences)."""
+        batch = self.batch
+        for seq, tokens in wanted:
+            cached = self.cached[seq]
+            i = common_prefix_length(cached, tokens)
+            if i < len(cached):
+                if not seq_remove(self.ctx, seq, i):  # a recurrent draft is cut only whole
+                    seq_remove(self.ctx, seq, -1)
+                    i = 0
+                del cached[i:]
+            while i < len(tokens):
+                if not batch.room:
+                    batch.decode()
+                chunk = tokens[i : i + batch.room]
+                batch.add(seq, chunk, i, outputs=False)
+                cached.extend(chunk)
+                i += len(chunk)
+        if len(batch):
+            batch.decode()
+
+    def draft(self, seq: int, tokens: Sequence[int], id_last: int, n_max: int, p_min: float) -> list[int]:
+        """Up to n_max tokens the draft model predicts after tokens + [id_last], greedily, on sequence `seq`; none
+        when the draft context fails (its sequence is dropped and read again at the next draft)."""
+        result: list[int] = []
+        ctx, batch, rows = self.ctx, self.batch, self._logits
+        want_p = p_min > 0.0
+        try:
+            self._sync(((seq, tokens),))
+            cached, token = self.cached[seq], id_last
+            handle = ctx.handle
+            while len(result) < n_max and len(cached) + 1 < ctx.n_ctx_seq:
+                batch.add(seq, (token,), len(cached), outputs=True)
+                batch.decode()
+                cached.append(token)
+                # One row with logits: the buffer's first.
+                token, p = top_token(rows(logits_address(handle) or ctx.logits_row(0))[0], want_p)
+                if p < p_min:
+                    break
+                result.append(token)
+        except ContextError:
+            batch.clear()
+            seq_remove(ctx, seq, -1)
+            self.cached[seq] = []
+            return []
+        return result
+
+    def draft_together(self, asks: Sequence[tuple[int, Sequence[int], int, int, float]]) -> None:
+        """The drafts of several sequences made at once: (seq, tokens, id_last, n_max, p_min) each, one llama_decode
+        per draft position holding every sequence still drafting; kept in `ready` for their SequenceDrafter's next
+        draft call (this step's)."""
+        self.ready = {}
+        ctx, batch, rows = self.ctx, self.batch, self._logits
+        try:
+            self._sync([(seq, tokens) for seq, tokens, _, _, _ in asks])
+            cached = {seq: self.cached[seq] for seq, _, _, _, _ in asks}
+            drafts: dict[int, list[int]] = {seq: [] for seq, _, _, _, _ in asks}
+            going = {seq: (id_last, n_max, p_min) for seq, _, id_last, n_max, p_min in asks}
+            while going:
+                order = [seq for seq in going if len(cached[seq]) + 1 < ctx.n_ctx_seq]
+                for seq in order:
+                    batch.add(seq, (going[seq][0],), len(cached[seq]), outputs=True)
+                if not order:
+                    break
+                batch.decode()
+                logits = rows(logits_address(ctx.handle) or ctx.logits_row(0), len(order))
+                for i, seq in enumerate(order):
+                    token, n_max, p_min = going.pop(seq)
+                    cached[seq].append(token)
+                    token, p = top_token(logits[i], p_min > 0.0)
+                    if p >= p_min:
+                        drafts[seq].append(token)
+                        if len(drafts[seq]) < n_max:
+                            going[seq] = (token, n_max, p_min)
+        except ContextError:
+            batch.clear()
+            for seq, _, _, _, _ in asks:
+                seq_remove(ctx, seq, -1)
+                self.cached[seq] = []
+            return
+        self.ready = {seq: (len(tokens), id_last, drafts[seq]) for seq, tokens, id_last, _, _ in asks}
+
+    def close(self) -> None:
+        self.batch.close()
+        self.ctx.close()
+        self.model.close()
+
+
+class SequenceDrafter(Drafter):
+    """draft-simple for one request of the parallel sequences: drafts on the draft sequence of the target sequence
+    the request holds (`seq`, set once the request has one)."""
+
+    name = "draft-simple"
+
+    def __init__(self, drafts: DraftSequences, p_min: float) -> None:
+        super().__init__()
+        self.drafts = drafts
+        self.p_min = p_min
+        self.seq = -1
+
+    def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        if self.seq < 0:
+            return []
+        made = self.drafts.ready.pop(self.seq, None)
+        if made is not None and made[:2] == (len(tokens), id_last):  # drafted with the other sequences this step
+            return made[2][:n_max]
+        return self.drafts.draft(self.seq, tokens, id_last, n_max, self.p_min)
+
+
+class SequenceDrafts:
+    """The drafters of a scheduler's requests: n-gram drafters each request's own, draft-simple's model and context
+    shared (DraftSequences, one per draft model, made on first use, closed with the scheduler)."""
+
+    def __init__(self, model: Model, ctx: Context) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.pools: dict[Path, DraftSequences] = {}
+
+    def driver(self, params: SpeculativeParams) -> SpeculativeDriver:
+        """A request's drafter chain; refused (SpeculativeConfigError) for the drafters a sequence has none of."""
+        from engine_ext.speculative.factory import build_driver
+
+        params.validate()
+        refusal = parallel_refusal(params.types)
+        if refusal:
+            raise SpeculativeConfigError(refusal)
+        return build_driver(params, self.model, self.ctx, draft_simple=lambda: self._drafter(params))
+
+    def _drafter(self, params: SpeculativeParams) -> Drafter:
+        assert params.draft_model is not None  # validate() checked it
+        path = Path(params.draft_model).resolve()  # one pool per file, however a request spells its path
+        pool = self.pools.get(path)
+        if pool is None:
+            if not path.is_file():
+                raise SpeculativeConfigError(f"draft model not found: {path}")
+            pool = self.pools[path] = DraftSequences(path, self.model, self.ctx)
+        return SequenceDrafter(pool, params.p_min)
+
+    def draft_together(self, asks: Sequence[tuple[SpeculativeDriver, int, Sequence[int], int, int]]) -> None:
+        """Before a step: the draft-simple drafts of the sequences that draft with the same draft model, made
+        together where two or more do ((driver, seq, tokens, id_last, budget) each: a sequence's budget as the step
+        gives it before any draft is added, its driver's length for the drafter; only where draft-simple is the
+        first drafter of the chain, so no draft is made that an earlier drafter would have replaced)."""
+        by_pool: dict[DraftSequences, list[tuple[int, Sequence[int], int, int, float]]] = {}
+        drafting: dict[DraftSequences, list[tuple[SpeculativeDriver, Drafter]]] = {}
+        for pool in self.pools.values():
+            pool.ready = {}
+        for driver, seq, tokens, id_last, budget in asks:
+            first = driver.drafters[0] if driver.drafters and not driver.media else None
+            if not isinstance(first, SequenceDrafter) or first.seq != seq:
+                continue
+            n_max = min(budget, driver.caps[id(first)] if driver.adaptive else driver.params.n_max)
+            if n_max > 0:
+                by_pool.setdefault(first.drafts, []).append((seq, tokens, id_last, n_max, first.p_min))
+                drafting.setdefault(first.drafts, []).append((driver, first))
+        for pool, pool_asks in by_pool.items():
+            if len(pool_asks) > 1:  # alone, a sequence drafts as on the single path
+                t0 = time.perf_counter()
+                pool.draft_together(pool_asks)
+                share = (time.perf_counter() - t0) * 1000.0 / len(pool_asks)
+                for driver, drafter in drafting[pool]:  # each request's draft time: its share of the decodes
+                    driver.draft_ms += share
+                    drafter.stats.t_draft_ms += share
+
+    @staticmethod
+    def bind(driver: SpeculativeDriver, seq: int) -> None:
+        """The request's model drafters draft on sequence `seq` (the one it was placed on)."""
+        for d in driver.drafters:
+            if isinstance(d, SequenceDrafter):
+                d.seq = seq
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()

@@ -83,6 +83,25 @@ def test_an_index_is_owner_only_listed_and_removed(tmp_path: Path) -> None:
     assert remove_index(CORPUS / "notes", folder) and not list_indexes(folder)
 
 
+def test_docs_lists_a_damaged_index_and_clear_removes_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import build_parser
+    from app.cli.docs import cmd_docs
+
+    index = DocumentIndex(CORPUS / "notes")
+    index.refresh()
+    index.close()
+    damaged = index_module.index_folder() / "0123456789abcdef01234567.sqlite"
+    damaged.write_bytes(b"not a database" * 100)
+    assert cmd_docs(build_parser().parse_args(["docs", "list", "--json"])) == 0
+    rows = json.loads(capsys.readouterr().out)["indexes"]
+    assert [(r["source"], r["damaged"]) for r in rows] == [(None, True), (str((CORPUS / "notes").absolute()), False)]
+    assert cmd_docs(build_parser().parse_args(["docs", "list"])) == 0
+    assert "0123456789abcdef01234567.sqlite: damaged (llmtui docs clear removes it)" in capsys.readouterr().out
+    assert cmd_docs(build_parser().parse_args(["docs", "clear"])) == 0
+    assert capsys.readouterr().out.startswith("removed 2 index(es)") and not damaged.exists()
+    assert not list(index_module.index_folder().glob("*.sqlite"))
+
+
 def test_a_file_changed_since_indexing_is_read_again_and_a_removed_one_dropped(tmp_path: Path) -> None:
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -195,11 +214,12 @@ def test_many_files_stop_at_the_limit_and_the_total_is_bounded(tmp_path: Path, m
         (root / f"n{i:04}.txt").write_text(f"note {i}\n")
     monkeypatch.setattr(reading, "MAX_FILES", 250)
     documents, report = read_source(root)
-    assert len(documents) == 250 and report.skipped == {"files past the first 250": 1}
+    assert len(documents) == 250 and report.skipped == {"files past the first 250": 50}
+    assert report.summary().endswith("; skipped 50 files past the first 250")
     monkeypatch.setattr(index_module, "MAX_FILES", 100)
     index = DocumentIndex(root, tmp_path / "ix")
     refresh = index.refresh()
-    assert refresh.changed == 100 and refresh.read.skipped == {"files past the first 100": 1}
+    assert refresh.changed == 100 and refresh.read.skipped == {"files past the first 100": 200}
     index.close()
     report = ReadReport()
     assert reading.read_document(root / "n0000.txt", report, budget=5) is None
@@ -247,5 +267,7 @@ def test_a_folder_of_100000_files_is_cut_at_the_limits_in_bounded_time(tmp_path:
     t0 = time.monotonic()
     documents, report = read_source(root)
     assert time.monotonic() - t0 < 120
-    assert len(documents) == reading.MAX_FILES and report.skipped == {f"files past the first {reading.MAX_FILES}": 1}
-    assert report.summary() == f"read {reading.MAX_FILES} files (39 KB); skipped 1 files past the first 20000"
+    assert len(documents) == reading.MAX_FILES and report.skipped == {
+        f"files past the first {reading.MAX_FILES}": 80_000
+    }
+    assert report.summary() == f"read {reading.MAX_FILES} files (39 KB); skipped 80000 files past the first 20000"

@@ -49,8 +49,8 @@ class ReadReport:
     bytes: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
 
-    def skip(self, reason: str) -> None:
-        self.skipped[reason] += 1
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.skipped[reason] += count
 
     def summary(self) -> str:
         size = f"{self.bytes / (1 << 20):.1f} MB" if self.bytes >= 1 << 20 else f"{self.bytes / 1024:.0f} KB"
@@ -225,13 +225,19 @@ def _gitignore(folder: Path, relative: str) -> list[Rule]:
         return []
 
 
+def skip_the_rest(first: Path, rest: Iterator[Path], report: ReadReport, limit: int) -> None:
+    """Past `limit` files: `first` and the files `rest` still walks (within MAX_ENTRIES) counted, not read."""
+    report.skip(f"files past the first {limit}", 1 + sum(1 for _ in rest))
+
+
 def read_source(root: Path) -> tuple[list[Document], ReadReport]:
     """Every document of a source (a file or a folder), within the limits, and the report of what was skipped."""
     report = ReadReport()
     documents: list[Document] = []
-    for path in source_files(root, report):
+    files = source_files(root, report)
+    for path in files:
         if report.files >= MAX_FILES:
-            report.skip(f"files past the first {MAX_FILES}")
+            skip_the_rest(path, files, report, MAX_FILES)
             break
         document = read_document(path, report, MAX_TOTAL_BYTES - report.bytes)
         if document is not None:

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.anyio
 NOTES = Path(__file__).parents[1] / "fixtures" / "documents" / "notes"
 
 
-async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(tiny_models: dict[str, Path]) -> None:
+async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=6))
     sent: list[object] = []
     async with app.run_test(size=(110, 34)) as pilot:
@@ -35,6 +37,12 @@ async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(tiny_models
             return generate(messages, *args, **kwargs)  # type: ignore[arg-type]
 
         bridge.generate = recording  # type: ignore[method-assign]
+        binary = tmp_path / "photo-notes.txt"
+        binary.write_bytes(b"\x89PNG\x00\x00")
+        chat.documents.attach_document(binary)  # nothing readable: not attached, said why
+        said = f"Not attached: {binary}: read 0 files (0 KB); skipped 1 binary."
+        await wait_until(pilot, lambda: said in [n.message for n in app._notifications], "the refusal")  # noqa: SLF001
+        assert chat.documents.document_sources(None) == []
         await pilot.press("f12")
         await wait_until(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the path prompt")
         app.screen.query_one("#text-prompt-input", Input).value = str(NOTES)

@@ -118,6 +118,13 @@ def test_a_file_changed_since_indexing_is_read_again_and_a_removed_one_dropped(t
     index.close()
     second = ask_documents([notes], "When does the car park close?", index_folder=tmp_path / "ix")
     assert "23:30" in second.message and "22:00" not in second.message
+    assert first.notes[0].endswith(
+        "read 2 files (0 KB); 2 new or changed; searched with BM25 only (no embedding model)"
+    )
+    (notes / "c.md").write_text("# Bikes\n\nThe bike shed is behind the canteen.\n")
+    (notes / "a.md").unlink()
+    third = ask_documents([notes], "Where is the bike shed?", index_folder=tmp_path / "ix")
+    assert "; 1 new or changed, 1 gone; searched with" in third.notes[0]
 
 
 def test_the_prompt_numbers_the_sources_within_the_budget_and_markers_map_back(tmp_path: Path) -> None:

@@ -85,6 +85,10 @@ class DocumentAttacher:
             message = f"Not attached: {one_line(str(error), 200)}"
             self.app.call_from_thread(self._view.notify, message, severity="error", timeout=10)
             return
+        if not report.read.files:  # a binary, a FIFO, an empty folder: nothing to answer from
+            message = f"Not attached: {one_line(shown_path(str(path)), 80)}: {report.read.summary()}."
+            self.app.call_from_thread(self._view.notify, message, severity="warning", timeout=10)
+            return
         self.app.call_from_thread(self._document_attached, path, report.read.summary())
 
     def _document_attached(self, path: Path, summary: str) -> None:

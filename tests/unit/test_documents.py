@@ -194,6 +194,13 @@ def test_a_hostile_folder_is_read_bounded_and_every_skip_said_in_one_line(tmp_pa
     os.mkfifo(root / "fifo.txt")
     (root / "loop.md").symlink_to("loop.md")
     (root / "deep" / "up").symlink_to("..")
+    outside = tmp_path / "outside"
+    (outside / "keys").mkdir(parents=True)
+    (outside / "id_rsa").write_text("PRIVATE KEY")
+    (outside / "keys" / "more").write_text("PRIVATE KEY")
+    (root / "id_rsa.txt").symlink_to(outside / "id_rsa")  # a repository's link out: not read
+    (root / "ssh").symlink_to(outside / "keys")
+    (root / "inside.md").symlink_to("ok.md")  # a link within the folder: read
     (root / ".gitignore").write_text("ignored/\n")
     (root / "ignored").mkdir()
     (root / "ignored" / "secret.md").write_text("not to be read")
@@ -202,8 +209,10 @@ def test_a_hostile_folder_is_read_bounded_and_every_skip_said_in_one_line(tmp_pa
     t0 = time.monotonic()
     documents, report = read_source(root)
     assert time.monotonic() - t0 < 10
-    assert [d.path.name for d in documents] == ["ok.md"]
+    assert [d.path.name for d in documents] == ["inside.md", "ok.md"]
+    assert all("PRIVATE" not in d.text for d in documents)
     assert report.skipped == {
+        "link out of the folder": 2,
         "over 2 MiB": 1,
         "binary": 2,
         "PDF (no PDF reader is installed)": 1,
@@ -211,7 +220,7 @@ def test_a_hostile_folder_is_read_bounded_and_every_skip_said_in_one_line(tmp_pa
         "symlink loop": 2,
     }
     line = report.summary()
-    assert "\n" not in line and line.startswith("read 1 file (0 KB); skipped ")
+    assert "\n" not in line and line.startswith("read 2 files (0 KB); skipped ")
 
 
 def test_many_files_stop_at_the_limit_and_the_total_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

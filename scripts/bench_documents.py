@@ -6,16 +6,22 @@ code (project_questions.json, 50 questions about app/, engine_ext/, models_catal
 
 Embeddings come from --embed-model (an embedding GGUF, run by llmtui's engine in a worker process); without it, the
 tiny random-weight embedder of tests/tiny_models.py: its timings are real, its recall is chance (no meaning).
-llama.cpp's `llama-embedding` is not built here (the engine is llama-cpp-python's library), so no side-by-side.
+`--llama-embedding BIN` times llama.cpp's `llama-embedding` (built from the engine's own llama.cpp source, e.g. its
+examples/embedding/embedding.cpp compiled against the engine build's libraries) on the notes' chunks beside
+llmtui's engine, in turns (three each), the same model, mean pooling, the engine's threads (one per core).
 
     python scripts/bench_documents.py                          # tiny embedder: latency and BM25 recall
     python scripts/bench_documents.py --embed-model bge-small-en-v1.5-q8_0.gguf --json
+    python scripts/bench_documents.py --embed-model M.gguf --llama-embedding ./llama-embedding
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,8 +32,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.core.documents.index import DocumentIndex, Embedding, Hit  # noqa: E402
+from app.core.documents.chunks import chunk_text  # noqa: E402
+from app.core.documents.index import EMBED_CHARS, DocumentIndex, Embedding, Hit  # noqa: E402
 from engine_ext.client import EngineClient  # noqa: E402
+from engine_ext.cpu import default_threads  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "documents"
 CODE = [ROOT / "app", ROOT / "engine_ext", ROOT / "models_catalog"]
@@ -112,12 +120,47 @@ def measure(
     return out
 
 
+def side_by_side(engine: EngineClient, model: Path, binary: str, folder: Path) -> dict[str, Any]:
+    """Tokens/s embedding the notes' chunks (one line each): llmtui's engine and `llama-embedding`, in turns; the
+    latter timed from its first batch_decode (its own log's clock) to its exit, so without its load."""
+    texts = [
+        (f"{c.heading}\n{c.text}" if c.heading else c.text)[:EMBED_CHARS].replace("\n", " ")
+        for path in sorted((FIXTURES / "notes").rglob("*"))
+        if path.is_file()
+        for c in chunk_text(path.read_text(encoding="utf-8"))
+    ]
+    prompt = folder / "texts.txt"
+    prompt.write_text("<#sep#>".join(texts), encoding="utf-8")
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        n_tokens = engine.embed(texts).n_tokens
+        ours.append(n_tokens / (time.perf_counter() - t0))
+        argv = [binary, "-m", str(model), "-f", str(prompt), "--embd-separator", "<#sep#>", "--pooling", "mean"]
+        argv += ["-t", str(default_threads()), "-c", "2048", "-b", "512", "-ub", "512", "--embd-output-format", "json"]
+        t0 = time.perf_counter()
+        done = subprocess.run([*argv, "--log-timestamps"], capture_output=True, text=True, timeout=900, check=True)
+        wall = time.perf_counter() - t0
+        found = re.search(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) I batch_decode", done.stderr, re.M)
+        assert found, "llama-embedding logged no batch_decode"
+        minutes, seconds, ms, us = (int(x) for x in found.groups())
+        theirs.append(n_tokens / (wall - (minutes * 60 + seconds + ms / 1e3 + us / 1e6)))
+    return {
+        "texts": len(texts),
+        "tokens": n_tokens,
+        "llmtui_tokens_per_s": round(statistics.median(ours), 1),
+        "llama_embedding_tokens_per_s": round(statistics.median(theirs), 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embed-model", default=None, help="an embedding GGUF (default: the tiny random embedder)")
     parser.add_argument(
         "--embed-code", action="store_true", help="embed the code corpus too (slow on a CPU: some 5,000 chunks)"
     )
+    parser.add_argument("--llama-embedding", default=None, metavar="BIN", help="time llama.cpp's llama-embedding too")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,10 +193,18 @@ def main() -> int:
                 "code": measure(CODE, code_questions, embedding if args.embed_code else None, folder / "ix-code"),
                 "embed_tokens_per_s": round(tokens[0] / busy[0], 1) if busy[0] else 0.0,
             }
+            if args.llama_embedding:
+                results["side_by_side"] = side_by_side(engine, model, args.llama_embedding, folder)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     print(f"embedding model: {results['embed_model']} · {results['embed_tokens_per_s']} tokens/s embedded")
+    if "side_by_side" in results:
+        both = results["side_by_side"]
+        print(f"the notes' {both['texts']} chunks ({both['tokens']} tokens), median of 3 in turns:")
+        print(
+            f"  llmtui {both['llmtui_tokens_per_s']} tokens/s, llama-embedding {both['llama_embedding_tokens_per_s']}"
+        )
     notes, code = results["notes"], results["code"]
     print(f"{'':22} {'notes':>10} {'code':>10}")
     for key in notes:

@@ -10,7 +10,7 @@ from app.cli.session import CliError
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    from app.core.documents.index import index_folder, list_indexes, remove_index
+    from app.core.documents.index import index_folder, list_indexes, remove_index, remove_index_file
     from engine_ext.untrusted_text import json_text, shown
 
     folder = index_folder()
@@ -25,16 +25,20 @@ def cmd_docs(args: argparse.Namespace) -> int:
     entries = list_indexes(folder)
     if args.action == "clear":
         for entry in entries:
-            remove_index(Path(entry.source))
+            remove_index_file(entry.path)
         print(f"removed {len(entries)} index(es) from {shown(str(folder))}")
         return 0
     if args.json:
-        rows = [{"source": e.source, "files": e.files, "chunks": e.chunks, "bytes": e.size} for e in entries]
+        rows = [
+            {"source": e.source or None, "files": e.files, "chunks": e.chunks, "bytes": e.size, "damaged": e.damaged}
+            for e in entries
+        ]
         print(json_text({"folder": str(folder), "indexes": rows}))
         return 0
     print(f"{len(entries)} index(es) in {shown(str(folder))}")
     for e in entries:
-        print(f"  {e.files:6d} files {e.chunks:7d} chunks {e.size / 2**20:8.1f} MiB  {shown(e.source)}")
+        where = shown(e.source) if not e.damaged else f"{e.path.name}: damaged (llmtui docs clear removes it)"
+        print(f"  {e.files:6d} files {e.chunks:7d} chunks {e.size / 2**20:8.1f} MiB  {where}")
     return 0
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from app.cli.engine_args import add_engine_args, add_mmproj_arg, add_sampling_args, add_spec_args, sampling_params
 from app.cli.serve_models import add_router_args, refuse_router_flags
-from app.cli.serving import listen_until_stopped, start_model_backend
+from app.cli.serving import listen_until_stopped, pooled_routes, start_model_backend
 from app.cli.session import CliError, saved_disk_cache
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.types import int_range
@@ -88,12 +88,8 @@ def _slot_save_path(args: argparse.Namespace) -> str:
 
 
 def _embeddings(args: argparse.Namespace, path: Path) -> str:
-    """What /v1/embeddings and /v1/rerank serve: `rank` for a reranker (rank pooling), `embed` for --embeddings or a
-    model whose pooling says it embeds, "" otherwise. One sequence only."""
-    from engine_ext.gguf import read_pooling_type
-
-    pooling = read_pooling_type(path)
-    wanted = "rank" if pooling == 4 else "embed" if pooling or args.embeddings else ""
+    """What /v1/embeddings and /v1/rerank serve (app.cli.serving.pooled_routes). One sequence only."""
+    wanted = pooled_routes(path, args.embeddings)
     if wanted and args.parallel > 1:
         raise CliError("--embeddings and embedding or reranker models work with --parallel 1")
     return wanted

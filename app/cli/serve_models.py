@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.cli.engine_args import sampling_params
-from app.cli.serving import ModelLoad, listen_until_stopped, plan_model_load, start_model_backend
+from app.cli.serving import ModelLoad, listen_until_stopped, plan_model_load, pooled_routes, start_model_backend
 from app.cli.session import CliError
 from app.cli.types import int_range
 from app.core import app_settings_schema as ui
@@ -112,6 +112,7 @@ class CliStarter:
     base: ServerSettings
     presets: Sequence[ModelPreset] = ()
     _plans: dict[str, ModelLoad] = field(default_factory=dict, repr=False)  # check's reading, for start
+    _pooled: dict[Path, str] = field(default_factory=dict)  # a model's pooled routes, read once from its header
 
     def preset(self, model: RoutedModel) -> ModelPreset | None:
         return preset_for(self.presets, (model.id, model.path.name))
@@ -136,7 +137,17 @@ class CliStarter:
         except PresetError as error:
             raise ApiError(500, f"{model.id}'s preset: {error}") from None
         sampling = sampling_params(self.args_for(model))
-        return replace(self.base, model_id=model.id, model_path=str(model.path), sampling=sampling, steering=steering)
+        if model.path not in self._pooled:  # --embeddings, or an embedding or reranker model: with --parallel 1
+            pooled = pooled_routes(model.path, self.args.embeddings)
+            self._pooled[model.path] = pooled if self.args.parallel == 1 else ""
+        return replace(
+            self.base,
+            model_id=model.id,
+            model_path=str(model.path),
+            sampling=sampling,
+            steering=steering,
+            embeddings=self._pooled[model.path],
+        )
 
     def job(self, model: RoutedModel, job: Job) -> Job:
         preset = self.preset(model)
@@ -207,6 +218,8 @@ def serve_every_model(args: argparse.Namespace, api_key: str | None) -> int:
     for name, flag in _ONE_MODEL_FLAGS:
         if getattr(args, name, None):
             raise CliError(f"{flag} is for one model: add -m MODEL, or set it in the model's preset")
+    if args.embeddings and args.parallel > 1:
+        raise CliError("--embeddings works with --parallel 1")
     for folder in args.models_dir:
         if not Path(folder).expanduser().is_dir():
             raise CliError(f"--models-dir {folder}: not a folder")

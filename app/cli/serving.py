@@ -102,6 +102,19 @@ def start_model_backend(
     return EngineBackend(client, settings, metrics, restart), client
 
 
+def pooled_routes(path: Path, embeddings_flag: bool) -> str:
+    """What POST /v1/embeddings and /v1/rerank serve with `path`: `rank` for a reranker (rank pooling), `embed` for
+    `--embeddings` or a model whose pooling says it embeds, "" otherwise (a file whose header cannot be read: "", its
+    load says why). For `serve -m` and for each model of the router alike."""
+    from engine_ext.gguf import GGUFError, read_pooling_type
+
+    try:
+        pooling = read_pooling_type(path)
+    except (GGUFError, OSError, ValueError):
+        pooling = 0
+    return "rank" if pooling == 4 else "embed" if pooling or embeddings_flag else ""
+
+
 def listen_until_stopped(
     args: argparse.Namespace,
     backend: EngineBackend | ParallelBackend | ModelRouter,

@@ -502,12 +502,11 @@ async def slots(request: Request) -> Response:
     return JSONResponse({"id_slot": 0, "filename": filename, **counts, "timings": timings})
 
 
-async def pooled(request: Request, embed: Embed) -> Embedded:
-    """The engine's answer to `embed`, run in turn with the replies; its refusal raised as an ApiError."""
-    backend = server_of(request).backend
-    settings = backend.settings
+async def pooled(request: Request, settings: ServerSettings, embed: Embed) -> Embedded:
+    """The engine's answer to `embed` on the settings' model, run in turn with the replies; its refusal raised as an
+    ApiError."""
     job = Job("completion", settings.model_id, settings.sampling, embed=embed)
-    done = await next_event(request, backend.submit(job, asyncio.get_running_loop()))
+    done = await next_event(request, server_of(request).backend.submit(job, asyncio.get_running_loop()))
     if isinstance(done, ApiError):
         raise done
     assert isinstance(done, Embedded)
@@ -515,21 +514,25 @@ async def pooled(request: Request, embed: Embed) -> Embedded:
 
 
 async def embeddings(request: Request) -> Response:
-    """OpenAI's `POST /v1/embeddings` (float or base64), with `serve --embeddings` or an embedding model."""
-    settings = server_of(request).backend.settings
+    """OpenAI's `POST /v1/embeddings` (float or base64), with `serve --embeddings` or an embedding model (the model
+    the request names, when the server serves several)."""
+    body = parse_body(await read_body(request))
+    settings = settings_for(request, body)
     if settings.embeddings != "embed":
         raise refused_off("embeddings")
-    embed, fmt = parse_embeddings(parse_body(await read_body(request)), settings.limits)
-    return JSONResponse(embeddings_answer(await pooled(request, embed), settings.model_id, fmt))
+    embed, fmt = parse_embeddings(body, settings.limits)
+    return JSONResponse(embeddings_answer(await pooled(request, settings, embed), settings.model_id, fmt))
 
 
 async def rerank(request: Request) -> Response:
-    """llama-server's `POST /v1/rerank` (query, documents, top_n): relevance scores, best first, from a reranker."""
-    settings = server_of(request).backend.settings
+    """llama-server's `POST /v1/rerank` (query, documents, top_n): relevance scores, best first, from a reranker (the
+    model the request names, when the server serves several)."""
+    body = parse_body(await read_body(request))
+    settings = settings_for(request, body)
     if settings.embeddings != "rank":
         raise refused_off("rerank (it needs a reranker model)")
-    embed, top_n, return_text = parse_rerank(parse_body(await read_body(request)), settings.limits)
-    done = await pooled(request, embed)
+    embed, top_n, return_text = parse_rerank(body, settings.limits)
+    done = await pooled(request, settings, embed)
     return JSONResponse(rerank_answer(done, embed, settings.model_id, top_n, return_text))
 
 

@@ -1,6 +1,7 @@
 """The chat app with documents, on the tiny llama through the real engine worker: F12 attaches a folder, a question
 goes out with the numbered passages, the reply lists its sources (Enter shows the passage), and the history keeps
-them through a reload and an export and import."""
+them through a reload and an export and import; the folder stays attached to the conversation after the app is
+closed."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.anyio
 NOTES = Path(__file__).parents[1] / "fixtures" / "documents" / "notes"
 
 
-async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(tiny_models: dict[str, Path]) -> None:
+async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     app = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=6))
     sent: list[object] = []
     async with app.run_test(size=(110, 34)) as pilot:
@@ -34,6 +37,12 @@ async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(tiny_models
             return generate(messages, *args, **kwargs)  # type: ignore[arg-type]
 
         bridge.generate = recording  # type: ignore[method-assign]
+        binary = tmp_path / "photo-notes.txt"
+        binary.write_bytes(b"\x89PNG\x00\x00")
+        chat.documents.attach_document(binary)  # nothing readable: not attached, said why
+        said = f"Not attached: {binary}: read 0 files (0 KB); skipped 1 binary."
+        await wait_until(pilot, lambda: said in [n.message for n in app._notifications], "the refusal")  # noqa: SLF001
+        assert chat.documents.document_sources(None) == []
         await pilot.press("f12")
         await wait_until(pilot, lambda: bool(app.screen.query("#text-prompt-input")), "the path prompt")
         app.screen.query_one("#text-prompt-input", Input).value = str(NOTES)
@@ -67,3 +76,19 @@ async def test_f12_attaches_a_folder_and_the_reply_keeps_its_sources(tiny_models
         copy = app.store.exports.import_json(app.store.exports.export_json(conversation))
         again = app.store.tree.active_path(copy.conversation_id)[-1]
         assert again.stats["citations"] == kept
+        assert app.store.conversations.get_conversation(conversation).settings["documents"] == [str(NOTES.absolute())]
+
+    reopened = LlmtuiApp(str(tiny_models["llama"]), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4))
+    async with reopened.run_test(size=(110, 34)) as pilot:  # the app opened again: the folder is still attached
+        chat = await ready(pilot)
+        await chat.conversations.open_conversation(conversation)
+        assert chat.documents.document_sources(conversation) == [NOTES.absolute()]
+        sent.clear()
+        bridge = reopened.generation.host.bridge
+        generate = bridge.generate
+        bridge.generate = recording  # type: ignore[method-assign]
+        await chat.replies.send("And where do new starters get their laptop?")
+        await reply_done(pilot)
+        asked = sent[-1][-1]  # type: ignore[index]
+        text = asked[1] if isinstance(asked, tuple) else asked.content  # type: ignore[union-attr]
+        assert text.startswith("Sources:\n\n[1] ") and "work/onboarding.md" in text

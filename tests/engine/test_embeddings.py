@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import openai
 import pytest
 
 from engine_ext.client import EngineClient, EngineFailure
+from tests.engine.test_cli import ROOT
 from tests.engine.test_serve_limits import hermetic_env
 from tests.serve_process import free_port, running_serve
 from tests.tiny_models import write_tiny_embedder
@@ -106,3 +109,42 @@ def test_serve_answers_the_openai_sdk_embeddings_and_rerank_in_llama_servers_sha
         )
         refused = httpx.post(f"{base}/v1/embeddings", json={"input": "x"}, timeout=30)
         assert refused.status_code == 501
+
+
+def test_serve_without_m_embeds_and_reranks_with_the_model_each_request_names(
+    models: dict[str, Path], engine: EngineClient, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """`llmtui serve` (every local model, the router): an embedding model embeds and a reranker reranks by itself,
+    a chat model embeds with --embeddings; each route answers for the model the request names."""
+    engine.load(models["embed"])
+    expected = engine.embed(TEXTS[:2]).vectors
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name, source in (("embedder", models["embed"]), ("reranker", models["rank"]), ("chat", tiny_models["llama"])):
+        (folder / f"tiny-{name}.gguf").symlink_to(source)
+    env = hermetic_env(tmp_path)
+    refused = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--models-dir", str(folder), "--embeddings", "--parallel", "2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "--parallel 1" in refused.stderr and refused.stderr.count("\n") == 1
+    port = free_port()
+    with running_serve(["--models-dir", str(folder), "--embeddings", "--port", str(port)], env, port) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
+        answer = client.embeddings.create(model="tiny-embedder.gguf", input=TEXTS[:2])
+        assert answer.model.startswith("tiny-embedder")
+        for got, want in zip(answer.data, expected, strict=True):
+            assert got.embedding == pytest.approx(list(want), abs=1e-6)
+        chat = client.embeddings.create(model="tiny-chat.gguf", input="the cat sat on the mat", encoding_format="float")
+        assert len(chat.data[0].embedding) == 64
+        body = {"model": "tiny-reranker.gguf", "query": "cats", "documents": DOCS, "top_n": 2}
+        ranked = httpx.post(f"{base}/v1/rerank", json=body, timeout=120)
+        assert ranked.status_code == 200 and len(ranked.json()["results"]) == 2
+        wrong = httpx.post(f"{base}/v1/rerank", json={**body, "model": "tiny-embedder.gguf"}, timeout=120)
+        assert wrong.status_code == 501 and "reranker" in wrong.json()["error"]["message"]
+        with pytest.raises(openai.NotFoundError):
+            client.embeddings.create(model="no-such-model", input="x")

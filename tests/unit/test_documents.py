@@ -83,6 +83,25 @@ def test_an_index_is_owner_only_listed_and_removed(tmp_path: Path) -> None:
     assert remove_index(CORPUS / "notes", folder) and not list_indexes(folder)
 
 
+def test_docs_lists_a_damaged_index_and_clear_removes_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import build_parser
+    from app.cli.docs import cmd_docs
+
+    index = DocumentIndex(CORPUS / "notes")
+    index.refresh()
+    index.close()
+    damaged = index_module.index_folder() / "0123456789abcdef01234567.sqlite"
+    damaged.write_bytes(b"not a database" * 100)
+    assert cmd_docs(build_parser().parse_args(["docs", "list", "--json"])) == 0
+    rows = json.loads(capsys.readouterr().out)["indexes"]
+    assert [(r["source"], r["damaged"]) for r in rows] == [(None, True), (str((CORPUS / "notes").absolute()), False)]
+    assert cmd_docs(build_parser().parse_args(["docs", "list"])) == 0
+    assert "0123456789abcdef01234567.sqlite: damaged (llmtui docs clear removes it)" in capsys.readouterr().out
+    assert cmd_docs(build_parser().parse_args(["docs", "clear"])) == 0
+    assert capsys.readouterr().out.startswith("removed 2 index(es)") and not damaged.exists()
+    assert not list(index_module.index_folder().glob("*.sqlite"))
+
+
 def test_a_file_changed_since_indexing_is_read_again_and_a_removed_one_dropped(tmp_path: Path) -> None:
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -99,6 +118,13 @@ def test_a_file_changed_since_indexing_is_read_again_and_a_removed_one_dropped(t
     index.close()
     second = ask_documents([notes], "When does the car park close?", index_folder=tmp_path / "ix")
     assert "23:30" in second.message and "22:00" not in second.message
+    assert first.notes[0].endswith(
+        "read 2 files (0 KB); 2 new or changed; searched with BM25 only (no embedding model)"
+    )
+    (notes / "c.md").write_text("# Bikes\n\nThe bike shed is behind the canteen.\n")
+    (notes / "a.md").unlink()
+    third = ask_documents([notes], "Where is the bike shed?", index_folder=tmp_path / "ix")
+    assert "; 1 new or changed, 1 gone; searched with" in third.notes[0]
 
 
 def test_the_prompt_numbers_the_sources_within_the_budget_and_markers_map_back(tmp_path: Path) -> None:
@@ -168,6 +194,13 @@ def test_a_hostile_folder_is_read_bounded_and_every_skip_said_in_one_line(tmp_pa
     os.mkfifo(root / "fifo.txt")
     (root / "loop.md").symlink_to("loop.md")
     (root / "deep" / "up").symlink_to("..")
+    outside = tmp_path / "outside"
+    (outside / "keys").mkdir(parents=True)
+    (outside / "id_rsa").write_text("PRIVATE KEY")
+    (outside / "keys" / "more").write_text("PRIVATE KEY")
+    (root / "id_rsa.txt").symlink_to(outside / "id_rsa")  # a repository's link out: not read
+    (root / "ssh").symlink_to(outside / "keys")
+    (root / "inside.md").symlink_to("ok.md")  # a link within the folder: read
     (root / ".gitignore").write_text("ignored/\n")
     (root / "ignored").mkdir()
     (root / "ignored" / "secret.md").write_text("not to be read")
@@ -176,8 +209,10 @@ def test_a_hostile_folder_is_read_bounded_and_every_skip_said_in_one_line(tmp_pa
     t0 = time.monotonic()
     documents, report = read_source(root)
     assert time.monotonic() - t0 < 10
-    assert [d.path.name for d in documents] == ["ok.md"]
+    assert [d.path.name for d in documents] == ["inside.md", "ok.md"]
+    assert all("PRIVATE" not in d.text for d in documents)
     assert report.skipped == {
+        "link out of the folder": 2,
         "over 2 MiB": 1,
         "binary": 2,
         "PDF (no PDF reader is installed)": 1,
@@ -185,7 +220,7 @@ def test_a_hostile_folder_is_read_bounded_and_every_skip_said_in_one_line(tmp_pa
         "symlink loop": 2,
     }
     line = report.summary()
-    assert "\n" not in line and line.startswith("read 1 file (0 KB); skipped ")
+    assert "\n" not in line and line.startswith("read 2 files (0 KB); skipped ")
 
 
 def test_many_files_stop_at_the_limit_and_the_total_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,11 +230,12 @@ def test_many_files_stop_at_the_limit_and_the_total_is_bounded(tmp_path: Path, m
         (root / f"n{i:04}.txt").write_text(f"note {i}\n")
     monkeypatch.setattr(reading, "MAX_FILES", 250)
     documents, report = read_source(root)
-    assert len(documents) == 250 and report.skipped == {"files past the first 250": 1}
+    assert len(documents) == 250 and report.skipped == {"files past the first 250": 50}
+    assert report.summary().endswith("; skipped 50 files past the first 250")
     monkeypatch.setattr(index_module, "MAX_FILES", 100)
     index = DocumentIndex(root, tmp_path / "ix")
     refresh = index.refresh()
-    assert refresh.changed == 100 and refresh.read.skipped == {"files past the first 100": 1}
+    assert refresh.changed == 100 and refresh.read.skipped == {"files past the first 100": 200}
     index.close()
     report = ReadReport()
     assert reading.read_document(root / "n0000.txt", report, budget=5) is None
@@ -247,5 +283,7 @@ def test_a_folder_of_100000_files_is_cut_at_the_limits_in_bounded_time(tmp_path:
     t0 = time.monotonic()
     documents, report = read_source(root)
     assert time.monotonic() - t0 < 120
-    assert len(documents) == reading.MAX_FILES and report.skipped == {f"files past the first {reading.MAX_FILES}": 1}
-    assert report.summary() == f"read {reading.MAX_FILES} files (39 KB); skipped 1 files past the first 20000"
+    assert len(documents) == reading.MAX_FILES and report.skipped == {
+        f"files past the first {reading.MAX_FILES}": 80_000
+    }
+    assert report.summary() == f"read {reading.MAX_FILES} files (39 KB); skipped 80000 files past the first 20000"

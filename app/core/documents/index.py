@@ -18,7 +18,14 @@ import numpy as np
 
 from app.core import paths
 from app.core.documents.chunks import chunk_text
-from app.core.documents.reading import MAX_FILES, MAX_TOTAL_BYTES, ReadReport, read_document, source_files
+from app.core.documents.reading import (
+    MAX_FILES,
+    MAX_TOTAL_BYTES,
+    ReadReport,
+    read_document,
+    skip_the_rest,
+    source_files,
+)
 from engine_ext.private_files import private_dir, private_file
 
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al.)
@@ -126,9 +133,10 @@ class DocumentIndex:
         }
         seen: set[str] = set()
         total = 0
-        for path in source_files(self.source, report.read):
+        files = source_files(self.source, report.read)
+        for path in files:
             if len(seen) >= MAX_FILES:
-                report.read.skip(f"files past the first {MAX_FILES}")
+                skip_the_rest(path, files, report.read, MAX_FILES)
                 break
             key = str(path)
             try:
@@ -256,17 +264,22 @@ class DocumentIndex:
 
 @dataclass(frozen=True)
 class IndexEntry:
-    source: str
+    source: str  # "" for a damaged index (made again when its source is next asked about)
     path: Path
     files: int
     chunks: int
     size: int  # bytes on disk
+    damaged: bool = False
 
 
 def list_indexes(folder: Path | None = None) -> list[IndexEntry]:
-    """Every document index in the cache folder, with its source and counts."""
+    """Every document index in the cache folder, with its source and counts (one that cannot be read: damaged)."""
     entries = []
     for path in sorted((folder or index_folder()).glob("*.sqlite")):
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue
         try:
             db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
             try:
@@ -276,15 +289,21 @@ def list_indexes(folder: Path | None = None) -> list[IndexEntry]:
             finally:
                 db.close()
         except sqlite3.Error:
+            entries.append(IndexEntry("", path, 0, 0, size, damaged=True))
             continue
-        entries.append(IndexEntry(source[0] if source else "?", path, int(files), int(chunks), path.stat().st_size))
+        entries.append(IndexEntry(source[0] if source else "", path, int(files), int(chunks), size, not source))
     return entries
+
+
+def remove_index_file(path: Path) -> None:
+    """An index's file (and its journal) removed."""
+    for extra in (path, path.with_name(path.name + "-journal")):
+        extra.unlink(missing_ok=True)
 
 
 def remove_index(source: Path, folder: Path | None = None) -> bool:
     """Remove the index of `source`; whether there was one."""
     path = index_path(source, folder)
     existed = path.exists()
-    for extra in (path, path.with_name(path.name + "-journal")):
-        extra.unlink(missing_ok=True)
+    remove_index_file(path)
     return existed

@@ -49,8 +49,8 @@ class ReadReport:
     bytes: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
 
-    def skip(self, reason: str) -> None:
-        self.skipped[reason] += 1
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.skipped[reason] += count
 
     def summary(self) -> str:
         size = f"{self.bytes / (1 << 20):.1f} MB" if self.bytes >= 1 << 20 else f"{self.bytes / 1024:.0f} KB"
@@ -161,10 +161,12 @@ def read_document(path: Path, report: ReadReport, budget: int = MAX_FILE_BYTES) 
 
 def source_files(root: Path, report: ReadReport) -> Iterator[Path]:
     """The files of a source: the file itself, or a folder's files (recursively, in name order), what `.gitignore`
-    and SKIPPED_FOLDERS skip left out, folder symlinks followed once (a loop is skipped and counted)."""
+    and SKIPPED_FOLDERS skip left out, symlinks within the folder followed once (a loop is skipped and counted), a
+    symlink out of the folder skipped and counted, as git and ripgrep leave them."""
     if not root.is_dir():
         yield root
         return
+    inside = os.path.realpath(root)  # a link out of the folder is not followed (a repository's link to ~/.ssh)
     seen: set[tuple[int, int]] = set()
     entries = 0
     stack: list[tuple[Path, str, list[Rule], int]] = [(root, "", [], 0)]
@@ -182,16 +184,19 @@ def source_files(root: Path, report: ReadReport) -> Iterator[Path]:
         rules = rules + _gitignore(folder, relative)
         try:
             with os.scandir(folder) as scan:
-                names = sorted((e.name, _is_folder(e)) for e in scan)
+                names = sorted((e.name, _is_folder(e), e.is_symlink()) for e in scan)
         except OSError:
             report.skip("unreadable folder")
             continue
         subfolders = []
-        for name, is_dir in names:
+        for name, is_dir, is_link in names:
             entries += 1
             if entries > MAX_ENTRIES:
                 report.skip(f"past {MAX_ENTRIES} entries")
                 return
+            if is_link and not _within(os.path.realpath(folder / name), inside):
+                report.skip("link out of the folder")
+                continue
             rel = f"{relative}/{name}" if relative else name
             if is_dir and (name in SKIPPED_FOLDERS or ignored(rules, rel, True)):
                 continue
@@ -205,6 +210,10 @@ def source_files(root: Path, report: ReadReport) -> Iterator[Path]:
             else:
                 yield folder / name
         stack.extend(reversed(subfolders))
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _is_folder(entry: os.DirEntry[str]) -> bool:
@@ -225,13 +234,19 @@ def _gitignore(folder: Path, relative: str) -> list[Rule]:
         return []
 
 
+def skip_the_rest(first: Path, rest: Iterator[Path], report: ReadReport, limit: int) -> None:
+    """Past `limit` files: `first` and the files `rest` still walks (within MAX_ENTRIES) counted, not read."""
+    report.skip(f"files past the first {limit}", 1 + sum(1 for _ in rest))
+
+
 def read_source(root: Path) -> tuple[list[Document], ReadReport]:
     """Every document of a source (a file or a folder), within the limits, and the report of what was skipped."""
     report = ReadReport()
     documents: list[Document] = []
-    for path in source_files(root, report):
+    files = source_files(root, report)
+    for path in files:
         if report.files >= MAX_FILES:
-            report.skip(f"files past the first {MAX_FILES}")
+            skip_the_rest(path, files, report, MAX_FILES)
             break
         document = read_document(path, report, MAX_TOTAL_BYTES - report.bytes)
         if document is not None:

@@ -141,7 +141,10 @@ def ask_documents(
             hits += index.search(query, TOP_K, embedding)
         finally:
             index.close()
-        notes.append(f"{shown_path(str(source.absolute()))}: {report.read.summary()}; searched with {how}")
+        fresh = [f"{report.changed} new or changed"] if report.changed else []
+        fresh += [f"{report.removed} gone"] if report.removed else []
+        since = "; " + ", ".join(fresh) if fresh else ""  # since the index was last brought up to date
+        notes.append(f"{shown_path(str(source.absolute()))}: {report.read.summary()}{since}; searched with {how}")
     hits.sort(key=lambda h: -h.score)
     if reranker is not None and hits:
         hits = reranked(hits[:RERANK_CANDIDATES], question, reranker)

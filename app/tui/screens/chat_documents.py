@@ -1,7 +1,8 @@
 """The chat screen's documents: a text, Markdown, code or HTML file, or a folder, attached with F12 (as images are)
 is indexed at once in a thread (what was read and skipped said in one line), and each question of the conversation
 is then asked of it: before a reply starts, the best passages are found (in a thread) and numbered into the
-question the engine is sent (app.core.documents), and the reply keeps them as its sources."""
+question the engine is sent (app.core.documents), and the reply keeps them as its sources. The conversation keeps
+its files and folders in its settings (`documents`), so they stay attached after the app is closed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.core.documents.retrieval import ask_documents, shown_path
+from app.core.store.records import StoreError
 from app.tui.screens.chat_view import ChatView
 from engine_ext.untrusted_text import one_line
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from app.tui.shell import LlmtuiShell
 
 MAX_SOURCES = 16  # files and folders attached to one conversation
+SETTINGS_KEY = "documents"  # the conversation's settings keep its attached paths under it
 
 
 class DocumentAttacher:
@@ -32,8 +35,34 @@ class DocumentAttacher:
         return self._view.app
 
     def document_sources(self, conversation_id: int | None) -> list[Path]:
-        """The files and folders attached to the conversation (None: the one not started yet)."""
-        return self._sources.setdefault(conversation_id, [])
+        """The files and folders attached to the conversation (None: the one not started yet), as its settings
+        keep them when first asked for."""
+        if conversation_id not in self._sources:
+            self._sources[conversation_id] = self._kept(conversation_id)
+        return self._sources[conversation_id]
+
+    def _kept(self, conversation_id: int | None) -> list[Path]:
+        if conversation_id is None:
+            return []
+        try:
+            kept = self.app.store.conversations.get_conversation(conversation_id).settings.get(SETTINGS_KEY)
+        except StoreError:
+            return []
+        if not isinstance(kept, list):
+            return []
+        return [Path(p) for p in kept[:MAX_SOURCES] if isinstance(p, str) and p and "\x00" not in p]
+
+    def _keep(self, conversation_id: int | None) -> None:
+        """The conversation's files and folders written into its settings (they outlive the app)."""
+        if conversation_id is None:
+            return
+        conversations = self.app.store.conversations
+        try:
+            settings = dict(conversations.get_conversation(conversation_id).settings)
+            settings[SETTINGS_KEY] = [str(p) for p in self.document_sources(conversation_id)]
+            conversations.update_settings(conversation_id, settings=settings)
+        except StoreError as error:
+            self._view.notify(f"The attached documents were not saved: {one_line(str(error), 200)}", severity="error")
 
     def attach_document(self, path: Path) -> None:
         """Index the file or folder now (a thread) and attach it; what was read and skipped said in one line."""
@@ -56,6 +85,10 @@ class DocumentAttacher:
             message = f"Not attached: {one_line(str(error), 200)}"
             self.app.call_from_thread(self._view.notify, message, severity="error", timeout=10)
             return
+        if not report.read.files:  # a binary, a FIFO, an empty folder: nothing to answer from
+            message = f"Not attached: {one_line(shown_path(str(path)), 80)}: {report.read.summary()}."
+            self.app.call_from_thread(self._view.notify, message, severity="warning", timeout=10)
+            return
         self.app.call_from_thread(self._document_attached, path, report.read.summary())
 
     def _document_attached(self, path: Path, summary: str) -> None:
@@ -69,6 +102,7 @@ class DocumentAttacher:
             )
             return
         sources.append(path)
+        self._keep(self._view.conversation_id)
         self._view.notify(
             f"Attached {one_line(shown_path(str(path)), 80)}: {summary}. Questions are answered from it with "
             "citations (BM25 search: no embedding model in the app).",
@@ -84,6 +118,7 @@ class DocumentAttacher:
         if conversation_id is not None and pending:  # attached before the conversation's first message
             sources.extend(p for p in pending if p not in sources)
             pending.clear()
+            self._keep(conversation_id)
         if not sources or conversation_id is None:
             return
         store = self.app.store

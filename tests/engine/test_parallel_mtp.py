@@ -5,7 +5,7 @@ decoding alone at one sequence without drafting, each request with its own accep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from engine_ext.generate import Session
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, ModelParams, SpeculativeParams
 from engine_ext.protocol import Failed
+from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.factory import build_driver
 from engine_ext.speculative.mtp import DraftMTP
 from engine_ext.speculative.mtp_seqs import MTPSequences, SequenceMTP
@@ -172,4 +173,44 @@ def test_a_target_without_heads_fails_only_the_request_that_asks_for_them(tiny_m
         (failed,) = [e for e in run.events if isinstance(e, Failed)]
         assert failed.request_id == 1 and "has no MTP head" in failed.message and "sidecar" in failed.message
         assert run.finished(2).stop_reason == "max_tokens" and not run.scheduler.drafts.heads
+        run.scheduler.close()
+
+
+class Oracle(Drafter):
+    """Drafts the known reply's next `n_right(step)` tokens, then wrong ones up to n_max: each draft is accepted in
+    part, the rest rolled back."""
+
+    name = "ngram-simple"
+
+    def __init__(self, prompt: list[int], reply: list[int], n_right: Callable[[int], int]) -> None:
+        super().__init__()
+        self.prompt, self.reply, self.n_right = prompt, reply, n_right
+
+    def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        m = len(tokens) - len(self.prompt) + 1  # the reply tokens up to id_last
+        right = self.reply[m : m + min(n_max, self.n_right(m))]
+        return right + [(t + 1) % 200 for t in self.reply[m + len(right) : m + n_max]]
+
+
+def test_partly_accepted_drafts_roll_one_sequence_of_a_hybrid_target_back(tiny_models: dict[str, Path]) -> None:
+    """Drafts accepted in part on the hybrid target: each sequence's recurrent state is cut back to what it kept
+    (llama.cpp's rollback per sequence) while the other sequence goes on; the replies those of plain decoding."""
+    requests = [greedy(1, "go", 40), greedy(2, "word1 word2 word3", 40)]
+    with open_session(tiny_models["qwen35"]) as single:
+        expected = [alone(single, r) for r in requests]
+    with mtp_parallel(tiny_models["qwen35"], load_mtp=False) as session:
+        run = Run(session)
+        for r in requests:
+            run.submit(r, speculative=SpeculativeParams(types=("ngram-simple",), n_max=N_RS_SEQ, fixed_length=True))
+        run.scheduler.step()
+        for slot, n_right in zip(run.scheduler.slots, (lambda m: m % 3, lambda m: (m + 1) % 4), strict=True):
+            job = slot.job
+            assert job is not None and job.driver is not None and job.plan is not None
+            job.driver.drafters[0] = Oracle(job.plan.tokens, expected[slot.seq], n_right)
+        run.drain()
+        assert [run.tokens(r.request_id) for r in requests] == expected
+        for r in requests:
+            stats = run.finished(r.request_id).speculative
+            assert stats is not None and 0 < stats.accepted < stats.drafted, stats  # kept in part, rolled back
+            assert max(len(stats.acceptance_per_position), 1) <= N_RS_SEQ
         run.scheduler.close()

@@ -497,7 +497,7 @@ class ParallelScheduler:
                     n += 1
                 self.batch.add(slot.seq, pending[:n], len(slot.tokens), outputs=False)
                 self.batch.decode()
-                self.drafts.read_prompt(job.driver, slot.seq, slot.tokens, pending[:n])  # MTP heads read its rows
+                self.drafts.read_prompt(job, slot.seq, slot.tokens, pending[:n])  # MTP heads read its rows
             chunk = pending[:n]
         except EngineError as exc:
             self._fail(slot, exc)

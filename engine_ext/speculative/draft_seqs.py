@@ -35,6 +35,7 @@ class _Running(Protocol):
     """What read_rows reads of a running request (engine_ext.parallel's _Job)."""
 
     driver: SpeculativeDriver | None
+    drafting: bool
     pending: list[int]
     id_last: int
 
@@ -256,17 +257,16 @@ class SequenceDrafts:
 
     def read_rows(self, job: _Running | None, seq: int, held: Sequence[int], draft: Sequence[int], row0: int) -> None:
         """After a step's decode: sequence `seq` held `held` and decoded, at rows row0.., its prompt's last token
-        (`job.pending`) or `job.id_last` and its draft; its MTP sequence reads them."""
+        (`job.pending`) or `job.id_last` and its draft."""
         if job is not None:
-            self.read_prompt(job.driver, seq, held, job.pending or [job.id_last, *draft], row0)
+            self.read_prompt(job, seq, held, job.pending or [job.id_last, *draft], row0)
 
-    def read_prompt(
-        self, driver: SpeculativeDriver | None, seq: int, held: Sequence[int], tokens: Sequence[int], row0: int = 0
-    ) -> None:
+    def read_prompt(self, job: _Running, seq: int, held: Sequence[int], tokens: Sequence[int], row0: int = 0) -> None:
         """After a target decode: sequence `seq`, holding `held`, decoded `tokens` at rows row0..; where its request
         drafts with an MTP head, the head's sequence reads them (the target's hidden states at those rows)."""
         self.pending.discard(seq)  # a rolled-back state is applied at the sequence's decode
-        if driver is None or driver.media:  # after an image, positions are not consecutive in the head's memory
+        driver = job.driver
+        if driver is None or not job.drafting or driver.media:  # after an image, positions are not consecutive
             return
         for d in driver.drafters:
             if isinstance(d, SequenceMTP) and d.seq == seq:

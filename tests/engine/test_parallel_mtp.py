@@ -43,11 +43,12 @@ def mtp(n_max: int = N_RS_SEQ, draft_model: Path | None = None) -> SpeculativePa
     return SpeculativeParams(types=("draft-mtp",), n_max=n_max, draft_model=str(draft_model) if draft_model else None)
 
 
-def test_mtp_per_sequence_keeps_greedy_output_alone_and_together(tiny_models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("kind", ["qwen35", "nemotron_h_moe"])  # GDN and Mamba-2 hybrids, their heads in the model
+def test_mtp_per_sequence_keeps_greedy_output_alone_and_together(tiny_models: dict[str, Path], kind: str) -> None:
     requests = [greedy(1, "go", 40), greedy(2, "word1 word2 word3", 32), greedy(3, REPEATED, 36), greedy(4, "hi", 24)]
-    with open_session(tiny_models["qwen35"]) as single:  # plain decoding, one sequence, no drafting
+    with open_session(tiny_models[kind]) as single:  # the same trunk: plain decoding, one sequence, no drafting
         expected = [alone(single, r) for r in requests]
-    with mtp_parallel(tiny_models["qwen35_mtp"]) as session:
+    with mtp_parallel(tiny_models[f"{kind}_mtp"]) as session:
         run = Run(session)
         run.submit(requests[0], speculative=mtp())  # alone on the scheduler
         run.drain()
@@ -192,13 +193,16 @@ class Oracle(Drafter):
         return right + [(t + 1) % 200 for t in self.reply[m + len(right) : m + n_max]]
 
 
-def test_partly_accepted_drafts_roll_one_sequence_of_a_hybrid_target_back(tiny_models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("kind", ["qwen35", "nemotron_h_moe"])
+def test_partly_accepted_drafts_roll_one_sequence_of_a_hybrid_target_back(
+    tiny_models: dict[str, Path], kind: str
+) -> None:
     """Drafts accepted in part on the hybrid target: each sequence's recurrent state is cut back to what it kept
     (llama.cpp's rollback per sequence) while the other sequence goes on; the replies those of plain decoding."""
     requests = [greedy(1, "go", 40), greedy(2, "word1 word2 word3", 40)]
-    with open_session(tiny_models["qwen35"]) as single:
+    with open_session(tiny_models[kind]) as single:
         expected = [alone(single, r) for r in requests]
-    with mtp_parallel(tiny_models["qwen35"], load_mtp=False) as session:
+    with mtp_parallel(tiny_models[kind], load_mtp=False) as session:
         run = Run(session)
         for r in requests:
             run.submit(r, speculative=SpeculativeParams(types=("ngram-simple",), n_max=N_RS_SEQ, fixed_length=True))

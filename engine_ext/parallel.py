@@ -551,9 +551,8 @@ class ParallelScheduler:
             for r in rows:
                 self._fail(r.slot, exc)
             return
-        for r in rows:  # MTP heads read their sequences' rows of the target's hidden states
+        for r in rows:  # MTP heads read the sequence's rows of the target's hidden states, then it samples them
             self.drafts.read_rows(r.slot.job, r.slot.seq, r.slot.tokens, r.draft, r.row)
-        for r in rows:
             self._take(r, t_step)
 
     def _draft_budget(self, job: _Job, pos: int, spare: int) -> int:

@@ -1,12 +1,14 @@
 """draft-mtp for the parallel sequences (engine_ext.parallel): an MTP draft sequence per target sequence.
 
 One MTP context (engine_ext.speculative.mtp's, on the head inside the target or an `mtp-*.gguf` sidecar) serves every
-sequence of a scheduler: it has the target's n_seq_max and a KV stream per sequence, so MTP sequence i holds the
-head's rows (token_k at pos_k, h_{k-1}) for what target sequence i holds. The target emits its final hidden state
-for every row of the step's shared batch, in batch order (llama_get_embeddings_nextn, unmasked); after each decode
-the scheduler hands every sequence's run of rows (`feed`) to its MTP sequence, and before the next step a sequence
-drafts on its own MTP sequence from its own last hidden state (`draft`). Per sequence it keeps what the single
-path's DraftMTP keeps: the tokens its MTP sequence holds and the recent target hidden states by position.
+sequence of a scheduler: it has the target's n_seq_max and a KV stream per sequence, so MTP sequence i holds the head's
+rows (token_k at pos_k, h_{k-1}) for what target sequence i holds. The target emits its final hidden state for every row
+of the step's shared batch, in batch order (llama_get_embeddings_nextn, unmasked); after each decode the scheduler hands
+every sequence's run of rows (`feed`) to its MTP sequence, and before the next step a sequence drafts on its own MTP
+sequence from its own last hidden state (`draft`). The rows read are decoded at the first draft after them, every
+sequence's in one llama_decode (`flush`): one head decode per step for them, not one per sequence. Per sequence it keeps
+what the single path's DraftMTP keeps: the tokens its MTP sequence holds and the recent target hidden states by
+position.
 
 A hybrid target (qwen35: GDN recurrent layers) drops a rejected draft with llama.cpp's per-sequence recurrent
 rollback (n_rs_seq, `rs_idx` per sequence): the scheduler limits a sequence's draft to n_rs_seq tokens.
@@ -60,14 +62,19 @@ class MTPSequences:
         self._logits = FloatRows(target.n_vocab)
         self._hidden = FloatRows(self.n_embd)
         self.decodes = 0
+        self.shared_decodes = 0  # decodes holding the rows of more than one sequence
+        # Rows read and not decoded yet, (seq, tokens, pos0, embeddings) each: decoded together at the next flush.
+        self.queued: list[tuple[int, list[int], int, np.ndarray]] = []
 
-    def _decode_rows(self, seq: int, tokens: Sequence[int], pos0: int, embd: np.ndarray, *, output_last: bool) -> None:
+    def _decode(
+        self, seqs: Sequence[int], tokens: Sequence[int], pos: Sequence[int], embd: np.ndarray, *, output_last: bool
+    ) -> None:
         batch, n = self.batch, len(tokens)
-        for i, t in enumerate(tokens):
-            self._tokens[i] = t
-            batch.pos[i] = pos0 + i
+        for i in range(n):
+            self._tokens[i] = tokens[i]
+            batch.pos[i] = pos[i]
             batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq
+            batch.seq_id[i][0] = seqs[i]
             batch.logits[i] = 1 if output_last and i == n - 1 else 0
         self._embd[:n] = embd
         batch.n_tokens = n
@@ -78,7 +85,26 @@ class MTPSequences:
         if rc != 0:
             raise SpeculativeConfigError(f"the MTP head failed to decode (llama_decode returned {rc})")
 
+    def flush(self) -> None:
+        """Decode the rows the sequences read since the last flush, every sequence's together (a batch at a time)."""
+        if not self.queued:
+            return
+        queued, self.queued = self.queued, []
+        seqs = [seq for seq, tokens, _, _ in queued for _ in tokens]
+        tokens = [t for _, run, _, _ in queued for t in run]
+        pos = [pos0 + i for _, run, pos0, _ in queued for i in range(len(run))]
+        embd = np.concatenate([rows for _, _, _, rows in queued])
+        try:
+            for start in range(0, len(tokens), self.n_batch):
+                end = start + self.n_batch
+                self._decode(seqs[start:end], tokens[start:end], pos[start:end], embd[start:end], output_last=False)
+                self.shared_decodes += len(set(seqs[start:end])) > 1
+        except SpeculativeConfigError:
+            for seq in set(seqs):
+                self._drop(seq)
+
     def _drop(self, seq: int) -> None:
+        self.queued = [q for q in self.queued if q[0] != seq]
         C.llama_memory_seq_rm(self.memory, seq, -1, -1)
         self.cached[seq] = []
         self.h_by_pos[seq].clear()
@@ -87,7 +113,7 @@ class MTPSequences:
         """Target sequence `seq`, holding `held`, just decoded `tokens` at rows row0.. of the target's batch: pair
         each (token_k at pos_k) with the target's hidden state at pos_k - 1 on MTP sequence `seq`. An MTP sequence
         that does not hold `held` (its target sequence's cells were copied from another, or read before drafting
-        began) is emptied and drafts nothing until its target sequence starts over."""
+        began) is emptied and drafts nothing until its target sequence starts over. Decoded at the next flush."""
         ptr = ext.llama_get_embeddings_nextn(self.target_ctx.handle)
         n, pos0, cached = len(tokens), len(held), self.cached[seq]
         if not ptr or not n:
@@ -97,6 +123,9 @@ class MTPSequences:
             if pos0 > 0:
                 return
         if len(self.cached[seq]) > pos0:
+            self.flush()  # its rows in the memory before they are cut
+            if len(self.cached[seq]) < pos0:  # the flush failed
+                return
             C.llama_memory_seq_rm(self.memory, seq, pos0, -1)
             del self.cached[seq][pos0:]
         h = np.ctypeslib.as_array(ptr, shape=(row0 + n, self.n_embd))[row0:].copy()
@@ -105,22 +134,19 @@ class MTPSequences:
         rows = np.empty((n, self.n_embd), dtype=np.float32)
         rows[0] = prev if prev is not None else 0.0
         rows[1:] = h[:-1]
-        try:
-            for start in range(0, n, self.n_batch):
-                chunk = tokens[start : start + self.n_batch]
-                self._decode_rows(seq, chunk, pos0 + start, rows[start : start + len(chunk)], output_last=False)
-                self.cached[seq].extend(chunk)
-        except SpeculativeConfigError:
-            self._drop(seq)
-            return
+        self.queued.append((seq, list(tokens), pos0, rows))
+        self.cached[seq].extend(tokens)
         for i in range(n):
             by_pos[pos0 + i] = h[i]
         for stale in [p for p in by_pos if p < pos0 + n - H_HISTORY or p >= pos0 + n]:
             del by_pos[stale]
+        if sum(len(q[1]) for q in self.queued) >= self.n_batch:  # a prompt read in chunks: a batch's worth at a time
+            self.flush()
 
     def draft(self, seq: int, tokens: Sequence[int], id_last: int, n_max: int, p_min: float) -> list[int]:
         """Up to n_max tokens the head predicts after tokens + [id_last] on MTP sequence `seq` (none when it does
         not hold `tokens`' rows, or its context fails: the sequence is then dropped)."""
+        self.flush()
         pos0, cached = len(tokens), self.cached[seq]
         if len(cached) < pos0:
             return []
@@ -136,7 +162,7 @@ class MTPSequences:
             for i in range(n_max):
                 if pos0 + i + 1 >= self.n_ctx_seq:
                     break
-                self._decode_rows(seq, (token,), pos0 + i, h[np.newaxis, :], output_last=True)
+                self._decode((seq,), (token,), (pos0 + i,), h[np.newaxis, :], output_last=True)
                 logits = self._logits(logits_address(self.ctx) or C.llama_get_logits_ith(self.ctx, -1))
                 token, p = top_token(logits[0], want_p)
                 if p < p_min:

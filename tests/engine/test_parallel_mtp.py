@@ -72,6 +72,7 @@ def test_mtp_per_sequence_keeps_greedy_output_alone_and_together(tiny_models: di
         assert run.finished(4).speculative is None
         (heads,) = run.scheduler.drafts.heads.values()
         assert heads.decodes > 0 and len(heads.cached) == 2
+        assert heads.shared_decodes > 0  # the rows of both sequences read by the head in one decode
         run.scheduler.close()
 
 
@@ -80,7 +81,7 @@ def test_each_sequence_drafts_what_the_single_path_drafts(
 ) -> None:
     """The head's drafts (position, last token, draft) for a request are the single path's DraftMTP's, alone on the
     scheduler and beside another drafting request: each MTP sequence reads its own rows of the shared batch."""
-    requests = [greedy(1, REPEATED, 30), greedy(2, "a b c d e f", 30)]
+    requests = [greedy(1, " ".join([REPEATED] * 4), 30), greedy(2, "a b c d e f", 30)]  # read in two chunks
     single_drafts: list[tuple[int, int, list[int]]] = []
     seq_drafts: dict[int, list[tuple[int, int, list[int]]]] = {0: [], 1: []}
     draft_one, draft_seq = DraftMTP.draft, MTPSequences.draft
@@ -112,13 +113,14 @@ def test_each_sequence_drafts_what_the_single_path_drafts(
         # On the empty sequence 1; then the same prompt again on sequence 0 (its recurrent state cannot be cut back
         # to the prompt: read afresh), beside it.
         run.submit(requests[1], speculative=mtp())
-        run.submit(greedy(3, REPEATED, 30), speculative=mtp())
+        run.submit(greedy(3, " ".join([REPEATED] * 4), 30), speculative=mtp())
         run.drain()
         run.scheduler.close()
     assert run.tokens(3) == run.tokens(1)
     # The single path also drafts before the first reply token (the prompt's last token verified with the draft);
     # a parallel sequence samples that one from its prompt's last row, then drafts as the single path does.
     # Its adaptive draft length starts over with that first step: a draft is the other's first tokens.
+    assert single_drafts[0][0] > 256  # the prompt: more than a batch (n_batch 256)
     assert len(single_drafts) > 5 and max(len(d) for _, _, d in alone_drafts) == N_RS_SEQ
     assert same_drafts(alone_drafts, single_drafts[1:])
     assert same_drafts(seq_drafts[0], single_drafts[1:]) and seq_drafts[1]

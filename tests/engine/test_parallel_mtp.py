@@ -220,3 +220,22 @@ def test_partly_accepted_drafts_roll_one_sequence_of_a_hybrid_target_back(
             assert stats is not None and 0 < stats.accepted < stats.drafted, stats  # kept in part, rolled back
             assert max(len(stats.acceptance_per_position), 1) <= N_RS_SEQ
         run.scheduler.close()
+
+
+@pytest.mark.parametrize("draft", ["qwen35", "qwen3"])  # itself (a hybrid draft, accepted), another model (rejected)
+def test_draft_simple_on_a_hybrid_target_with_rollback_states(tiny_models: dict[str, Path], draft: str) -> None:
+    requests = [greedy(1, "go", 30), greedy(2, REPEATED, 30)]
+    with open_session(tiny_models["qwen35"]) as single:
+        expected = [alone(single, r) for r in requests]
+    with mtp_parallel(tiny_models["qwen35"], load_mtp=False) as session:
+        run = Run(session)
+        spec = SpeculativeParams(types=("draft-simple",), draft_model=str(tiny_models[draft]), n_max=N_RS_SEQ)
+        for r in requests:
+            run.submit(r, speculative=spec)
+        run.drain()
+        assert [run.tokens(r.request_id) for r in requests] == expected
+        for r in requests:
+            stats = run.finished(r.request_id).speculative
+            assert stats is not None and stats.drafted > 0 and stats.status == "drafting", stats
+            assert (stats.accepted == stats.drafted) == (draft == "qwen35")
+        run.scheduler.close()

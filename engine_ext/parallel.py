@@ -399,7 +399,7 @@ class ParallelScheduler:
         if params is None or not params.enabled:
             return None
         driver = self.drafts.driver(params)
-        job.drafting = not self.whole_state
+        job.drafting = not self.whole_state or self.drafts.rolls_back
         if not job.drafting:
             driver.status = "off: this model's recurrent memory cannot drop a rejected draft of one sequence"
         return driver
@@ -431,7 +431,7 @@ class ParallelScheduler:
         if self.copies_prefix or self.whole_state:
             for other in self.slots:
                 n = usable(other)
-                if other is not slot and n > n_source:
+                if other is not slot and n > n_source and other.seq not in self.drafts.pending:
                     source, n_source = other, n
         if self.idle is not None and self._restore_idle(self.idle, slot, tokens, mix, max(n_own, n_source)):
             return slot
@@ -497,6 +497,7 @@ class ParallelScheduler:
                     n += 1
                 self.batch.add(slot.seq, pending[:n], len(slot.tokens), outputs=False)
                 self.batch.decode()
+                self.drafts.read_prompt(job, slot.seq, slot.tokens, pending[:n])  # MTP heads read its rows
             chunk = pending[:n]
         except EngineError as exc:
             self._fail(slot, exc)
@@ -550,7 +551,8 @@ class ParallelScheduler:
             for r in rows:
                 self._fail(r.slot, exc)
             return
-        for r in rows:
+        for r in rows:  # MTP heads read the sequence's rows of the target's hidden states, then it samples them
+            self.drafts.read_rows(r.slot.job, r.slot.seq, r.slot.tokens, r.draft, r.row)
             self._take(r, t_step)
 
     def _draft_budget(self, job: _Job, pos: int, spare: int) -> int:
@@ -559,7 +561,7 @@ class ParallelScheduler:
         if not job.drafting or job.driver is None:
             return 0
         max_tokens = job.submit.request.max_tokens
-        budget = min(spare, self.n_ctx_seq - pos - 1, MAX_VERIFY_DRAFT)
+        budget = min(spare, self.n_ctx_seq - pos - 1, self.drafts.max_draft)
         if max_tokens > 0:
             budget = min(budget, max_tokens - job.n_generated - 1)
         thinking_room = job.reasoning.draft_room() if job.reasoning is not None else None
@@ -595,8 +597,9 @@ class ParallelScheduler:
             n_accepted = len(ids) - 1
             slot.tokens.append(job.id_last)
             slot.tokens.extend(draft[:n_accepted])
-            if n_accepted < len(draft):
-                seq_remove(ctx, slot.seq, len(slot.tokens))  # a KV cache: the rejected positions go
+            if n_accepted < len(draft) and not self.drafts.roll_back(slot.seq, len(slot.tokens)):  # rejected: gone
+                self._fail(slot, EngineError("the model's memory could not drop a rejected draft"))
+                return
             job.driver.accept(r.drafter, len(draft), n_accepted, (now - t_step) * 1000.0)
             rejected = n_accepted < len(draft) and ids[-1] != draft[n_accepted]
             name = r.drafter.name

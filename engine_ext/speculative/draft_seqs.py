@@ -16,7 +16,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
+from engine_ext.archs import RS_ROLLBACK_ARCHS
 from engine_ext.bindings import logits_address
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextError, ContextParams, ModelParams, SpeculativeConfigError, SpeculativeParams
@@ -25,7 +27,17 @@ from engine_ext.seq_batch import SeqBatch, seq_remove
 from engine_ext.spec_catalog import parallel_refusal
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
-from engine_ext.speculative.driver import SpeculativeDriver
+from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
+from engine_ext.speculative.mtp_seqs import MTPSequences, SequenceMTP
+
+
+class _Running(Protocol):
+    """What read_rows reads of a running request (engine_ext.parallel's _Job)."""
+
+    driver: SpeculativeDriver | None
+    drafting: bool
+    pending: list[int]
+    id_last: int
 
 
 class DraftSequences:
@@ -171,12 +183,24 @@ class SequenceDrafter(Drafter):
 
 class SequenceDrafts:
     """The drafters of a scheduler's requests: n-gram drafters each request's own, draft-simple's model and context
-    shared (DraftSequences, one per draft model, made on first use, closed with the scheduler)."""
+    shared (DraftSequences, one per draft model, made on first use, closed with the scheduler), and draft-mtp's
+    head context shared (MTPSequences, one per head: the target's own or a sidecar file).
+
+    A recurrent or hybrid target drafts only where llama.cpp rolls one sequence's state back by a few tokens
+    (`rolls_back`: n_rs_seq > 0 on an architecture that has it), its drafts at most n_rs_seq long (`max_draft`)."""
 
     def __init__(self, model: Model, ctx: Context) -> None:
         self.model = model
         self.ctx = ctx
         self.pools: dict[Path, DraftSequences] = {}
+        self.heads: dict[Path | None, MTPSequences] = {}
+        whole_state = model.is_recurrent or model.is_hybrid
+        n_rs_seq = ctx.params.n_rs_seq if model.architecture in RS_ROLLBACK_ARCHS else 0
+        self.rolls_back = whole_state and n_rs_seq > 0
+        self.max_draft = min(MAX_VERIFY_DRAFT, n_rs_seq) if whole_state else MAX_VERIFY_DRAFT
+        # Sequences whose recurrent state was rolled back and has not decoded since (llama.cpp applies a rollback
+        # at the sequence's next decode): not copied into another sequence before, which would copy it unrolled.
+        self.pending: set[int] = set()
 
     def driver(self, params: SpeculativeParams) -> SpeculativeDriver:
         """A request's drafter chain; refused (SpeculativeConfigError) for the drafters a sequence has none of."""
@@ -186,7 +210,13 @@ class SequenceDrafts:
         refusal = parallel_refusal(params.types)
         if refusal:
             raise SpeculativeConfigError(refusal)
-        return build_driver(params, self.model, self.ctx, draft_simple=lambda: self._drafter(params))
+        return build_driver(
+            params,
+            self.model,
+            self.ctx,
+            draft_simple=lambda: self._drafter(params),
+            draft_mtp=lambda: SequenceMTP(self._heads(params), params.p_min),
+        )
 
     def _drafter(self, params: SpeculativeParams) -> Drafter:
         assert params.draft_model is not None  # validate() checked it
@@ -197,6 +227,58 @@ class SequenceDrafts:
                 raise SpeculativeConfigError(f"draft model not found: {path}")
             pool = self.pools[path] = DraftSequences(path, self.model, self.ctx)
         return SequenceDrafter(pool, params.p_min)
+
+    def _heads(self, params: SpeculativeParams) -> MTPSequences:
+        """The MTP head context: on the target's own head (loaded with load_mtp), or an `mtp-*.gguf` sidecar's."""
+        from engine_ext.params import ModelParams
+
+        sidecar = params.draft_model and Path(params.draft_model).name.startswith("mtp-")
+        path = Path(params.draft_model).resolve() if sidecar and params.draft_model else None
+        heads = self.heads.get(path)
+        if heads is not None:
+            return heads
+        if path is None:
+            if self.model.n_layer_nextn < 1:
+                raise SpeculativeConfigError(
+                    f"{self.model.path.name} has no MTP head; give its mtp-*.gguf sidecar as the draft model"
+                )
+            heads = MTPSequences(self.model, self.model, self.ctx)
+        elif not path.is_file():
+            raise SpeculativeConfigError(f"MTP sidecar not found: {path}")
+        else:
+            head = Model(path, ModelParams(n_gpu_layers=self.model.params.n_gpu_layers, load_mtp=True))
+            try:
+                heads = MTPSequences(head, self.model, self.ctx, owns_head=True)
+            except Exception:
+                head.close()
+                raise
+        self.heads[path] = heads
+        return heads
+
+    def read_rows(self, job: _Running | None, seq: int, held: Sequence[int], draft: Sequence[int], row0: int) -> None:
+        """After a step's decode: sequence `seq` held `held` and decoded, at rows row0.., its prompt's last token
+        (`job.pending`) or `job.id_last` and its draft."""
+        if job is not None:
+            self.read_prompt(job, seq, held, job.pending or [job.id_last, *draft], row0)
+
+    def read_prompt(self, job: _Running, seq: int, held: Sequence[int], tokens: Sequence[int], row0: int = 0) -> None:
+        """After a target decode: sequence `seq`, holding `held`, decoded `tokens` at rows row0..; where its request
+        drafts with an MTP head, the head's sequence reads them (the target's hidden states at those rows)."""
+        self.pending.discard(seq)  # a rolled-back state is applied at the sequence's decode
+        driver = job.driver
+        if driver is None or not job.drafting or driver.media:  # after an image, positions are not consecutive
+            return
+        for d in driver.drafters:
+            if isinstance(d, SequenceMTP) and d.seq == seq:
+                d.heads.feed(seq, held, tokens, row0)
+
+    def roll_back(self, seq: int, n_keep: int) -> bool:
+        """Drop target sequence `seq`'s positions from n_keep (a rejected draft); False when its memory cannot."""
+        if not seq_remove(self.ctx, seq, n_keep):
+            return False
+        if self.rolls_back:
+            self.pending.add(seq)
+        return True
 
     def draft_together(self, asks: Sequence[tuple[SpeculativeDriver, int, Sequence[int], int, int]]) -> None:
         """Before a step: the draft-simple drafts of the sequences that draft with the same draft model, made
@@ -228,10 +310,13 @@ class SequenceDrafts:
     def bind(driver: SpeculativeDriver, seq: int) -> None:
         """The request's model drafters draft on sequence `seq` (the one it was placed on)."""
         for d in driver.drafters:
-            if isinstance(d, SequenceDrafter):
+            if isinstance(d, SequenceDrafter | SequenceMTP):
                 d.seq = seq
 
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
+        for heads in self.heads.values():
+            heads.close()
+        self.heads.clear()

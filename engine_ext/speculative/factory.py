@@ -13,11 +13,16 @@ from engine_ext.speculative.driver import SpeculativeDriver
 
 
 def build_driver(
-    params: SpeculativeParams, model: Model, ctx: Context, *, draft_simple: Callable[[], Drafter] | None = None
+    params: SpeculativeParams,
+    model: Model,
+    ctx: Context,
+    *,
+    draft_simple: Callable[[], Drafter] | None = None,
+    draft_mtp: Callable[[], Drafter] | None = None,
 ) -> SpeculativeDriver:
-    """The drafters for `params.types` in upstream's priority order (whatever order the user gave). `draft_simple`:
-    makes the draft-simple drafter instead of a DraftSimple of its own (the parallel sequences share a draft
-    context, engine_ext.speculative.draft_seqs)."""
+    """The drafters for `params.types` in upstream's priority order (whatever order the user gave). `draft_simple`,
+    `draft_mtp`: make that drafter instead of a DraftSimple or DraftMTP of its own (the parallel sequences share a
+    draft context, engine_ext.speculative.draft_seqs and mtp_seqs)."""
     params.validate()
     if params.types == ("auto",):
         return build_auto_driver(params, model, ctx)
@@ -28,6 +33,9 @@ def build_driver(
                 continue
             if spec_type == "draft-simple" and draft_simple is not None:
                 drafters.append(draft_simple())
+                continue
+            if spec_type == "draft-mtp" and draft_mtp is not None:
+                drafters.append(draft_mtp())
                 continue
             drafters.append(_build(spec_type, params, model, ctx))
     except Exception:

@@ -26,6 +26,22 @@ from engine_ext.speculative.draft_model import top_token
 H_HISTORY = 512  # recent target hidden states kept by position, to re-anchor after a rollback
 
 
+def check_head(head_model: Model, target: Model) -> None:
+    """Refuse (SpeculativeConfigError) a head llama.cpp could not draft with for `target`."""
+    if head_model.n_layer_nextn < 1:
+        raise SpeculativeConfigError(f"{head_model.path.name} has no MTP (NextN) head")
+    if not head_model.params.load_mtp:
+        # Creating an MTP context on weights loaded without load_mtp aborts inside llama.cpp.
+        raise SpeculativeConfigError(
+            f"{head_model.path.name} was loaded without its MTP weights; reload it with MTP enabled"
+        )
+    if head_model.n_embd != target.n_embd or head_model.n_vocab != target.n_vocab:
+        raise SpeculativeConfigError(
+            f"MTP head {head_model.path.name} does not match the target (n_embd {head_model.n_embd} vs "
+            f"{target.n_embd}, vocabulary {head_model.n_vocab} vs {target.n_vocab})"
+        )
+
+
 class DraftMTP(Drafter):
     name = "draft-mtp"
 
@@ -34,18 +50,7 @@ class DraftMTP(Drafter):
     ) -> None:
         super().__init__()
         self.owns_head = owns_head
-        if head_model.n_layer_nextn < 1:
-            raise SpeculativeConfigError(f"{head_model.path.name} has no MTP (NextN) head")
-        if not head_model.params.load_mtp:
-            # Creating an MTP context on weights loaded without load_mtp aborts inside llama.cpp.
-            raise SpeculativeConfigError(
-                f"{head_model.path.name} was loaded without its MTP weights; reload it with MTP enabled"
-            )
-        if head_model.n_embd != target.n_embd or head_model.n_vocab != target.n_vocab:
-            raise SpeculativeConfigError(
-                f"MTP head {head_model.path.name} does not match the target (n_embd {head_model.n_embd} vs "
-                f"{target.n_embd}, vocabulary {head_model.n_vocab} vs {target.n_vocab})"
-            )
+        check_head(head_model, target)
         self.head_model = head_model
         self.target = target
         self.target_ctx = target_ctx

@@ -78,4 +78,4 @@ def test_slots_in_health_and_metrics_the_bound_and_a_client_that_leaves(server: 
 
 def test_a_model_drafter_per_request_is_refused_with_parallel_slots(server: str) -> None:
     with pytest.raises(openai.BadRequestError, match="n-gram"):
-        ask(server, speculative={"type": "draft-mtp"})
+        ask(server, speculative={"type": "draft-eagle3"})

@@ -367,7 +367,7 @@ class ParallelScheduler:
             job.reasoning.force()
         slot = self._place(plan.tokens, job.mix)
         if job.driver is not None:
-            self.drafts.bind(job.driver, slot.seq)
+            self.drafts.bind(job.driver, slot.seq, slot.tokens)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
@@ -498,6 +498,7 @@ class ParallelScheduler:
                 self.batch.add(slot.seq, pending[:n], len(slot.tokens), outputs=False)
                 self.batch.decode()
             chunk = pending[:n]
+            self.drafts.process(job.driver if job.drafting else None, chunk, len(slot.tokens), 0)
         except EngineError as exc:
             self._fail(slot, exc)
             return
@@ -550,6 +551,9 @@ class ParallelScheduler:
             for r in rows:
                 self._fail(r.slot, exc)
             return
+        for r in rows:  # model drafters read their own rows of the target's outputs (before the next decode)
+            if (job := r.slot.job) is not None and job.drafting:
+                self.drafts.process(job.driver, job.pending or [job.id_last, *r.draft], len(r.slot.tokens), r.row)
         for r in rows:
             self._take(r, t_step)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from engine_ext.bindings import logits_address
@@ -26,6 +27,8 @@ from engine_ext.spec_catalog import parallel_refusal
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
 from engine_ext.speculative.driver import SpeculativeDriver
+from engine_ext.speculative.eagle3 import DraftEagle3
+from engine_ext.speculative.eagle3_seqs import SequenceEagle3
 
 
 class DraftSequences:
@@ -170,13 +173,15 @@ class SequenceDrafter(Drafter):
 
 
 class SequenceDrafts:
-    """The drafters of a scheduler's requests: n-gram drafters each request's own, draft-simple's model and context
-    shared (DraftSequences, one per draft model, made on first use, closed with the scheduler)."""
+    """The drafters of a scheduler's requests: n-gram drafters each request's own, the model drafters' models and
+    contexts shared (draft-simple's DraftSequences, draft-eagle3's DraftEagle3 with a sequence per target sequence
+    (engine_ext.speculative.eagle3_seqs); one per draft model, made on first use, closed with the scheduler)."""
 
     def __init__(self, model: Model, ctx: Context) -> None:
         self.model = model
         self.ctx = ctx
         self.pools: dict[Path, DraftSequences] = {}
+        self.eagle3: dict[Path, DraftEagle3] = {}
 
     def driver(self, params: SpeculativeParams) -> SpeculativeDriver:
         """A request's drafter chain; refused (SpeculativeConfigError) for the drafters a sequence has none of."""
@@ -186,7 +191,13 @@ class SequenceDrafts:
         refusal = parallel_refusal(params.types)
         if refusal:
             raise SpeculativeConfigError(refusal)
-        return build_driver(params, self.model, self.ctx, draft_simple=lambda: self._drafter(params))
+        return build_driver(
+            params,
+            self.model,
+            self.ctx,
+            draft_simple=lambda: self._drafter(params),
+            draft_eagle3=lambda: self._eagle3(params),
+        )
 
     def _drafter(self, params: SpeculativeParams) -> Drafter:
         assert params.draft_model is not None  # validate() checked it
@@ -197,6 +208,31 @@ class SequenceDrafts:
                 raise SpeculativeConfigError(f"draft model not found: {path}")
             pool = self.pools[path] = DraftSequences(path, self.model, self.ctx)
         return SequenceDrafter(pool, params.p_min)
+
+    def _eagle3(self, params: SpeculativeParams) -> Drafter:
+        from engine_ext.speculative.eagle3 import build_eagle3
+
+        assert params.draft_model is not None  # validate() checked it
+        path = Path(params.draft_model).resolve()
+        pool = self.eagle3.get(path)
+        if pool is None:  # build_eagle3 refuses a missing file or a draft not made for this target
+            n_seq = max(1, self.ctx.params.n_seq_max)
+            pool = self.eagle3[path] = build_eagle3(
+                replace(params, draft_model=str(path)), self.model, self.ctx, n_seq=n_seq
+            )
+        return SequenceEagle3(pool, params.p_min)
+
+    @staticmethod
+    def process(driver: SpeculativeDriver | None, tokens: Sequence[int], pos0: int, row0: int) -> None:
+        """The target just decoded the request's `tokens` at positions pos0.., rows row0.. of its batch: its model
+        drafters that read the target's outputs (draft-eagle3) read these rows (right after the decode: the next one
+        overwrites them)."""
+        if driver is None or not driver.reads_batches:
+            return
+        for d in driver.drafters:
+            if isinstance(d, SequenceEagle3):
+                d.row0 = row0
+        driver.process(tokens, pos0)
 
     def draft_together(self, asks: Sequence[tuple[SpeculativeDriver, int, Sequence[int], int, int]]) -> None:
         """Before a step: the draft-simple drafts of the sequences that draft with the same draft model, made
@@ -225,13 +261,18 @@ class SequenceDrafts:
                     drafter.stats.t_draft_ms += share
 
     @staticmethod
-    def bind(driver: SpeculativeDriver, seq: int) -> None:
-        """The request's model drafters draft on sequence `seq` (the one it was placed on)."""
+    def bind(driver: SpeculativeDriver, seq: int, tokens: Sequence[int] = ()) -> None:
+        """The request's model drafters draft on sequence `seq` (the one it was placed on, holding `tokens`)."""
         for d in driver.drafters:
             if isinstance(d, SequenceDrafter):
                 d.seq = seq
+            elif isinstance(d, SequenceEagle3):
+                d.bind(seq, tokens)
 
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
+        for eagle3 in self.eagle3.values():
+            eagle3.close()
+        self.eagle3.clear()

@@ -13,11 +13,16 @@ from engine_ext.speculative.driver import SpeculativeDriver
 
 
 def build_driver(
-    params: SpeculativeParams, model: Model, ctx: Context, *, draft_simple: Callable[[], Drafter] | None = None
+    params: SpeculativeParams,
+    model: Model,
+    ctx: Context,
+    *,
+    draft_simple: Callable[[], Drafter] | None = None,
+    draft_eagle3: Callable[[], Drafter] | None = None,
 ) -> SpeculativeDriver:
-    """The drafters for `params.types` in upstream's priority order (whatever order the user gave). `draft_simple`:
-    makes the draft-simple drafter instead of a DraftSimple of its own (the parallel sequences share a draft
-    context, engine_ext.speculative.draft_seqs)."""
+    """The drafters for `params.types` in upstream's priority order (whatever order the user gave). `draft_simple`,
+    `draft_eagle3`: make that drafter instead of one with a draft context of its own (the parallel sequences share a
+    draft context, engine_ext.speculative.draft_seqs)."""
     params.validate()
     if params.types == ("auto",):
         return build_auto_driver(params, model, ctx)
@@ -28,6 +33,10 @@ def build_driver(
                 continue
             if spec_type == "draft-simple" and draft_simple is not None:
                 drafters.append(draft_simple())
+                continue
+            if spec_type == "draft-eagle3" and draft_eagle3 is not None:
+                _check_device(spec_type, model)
+                drafters.append(draft_eagle3())
                 continue
             drafters.append(_build(spec_type, params, model, ctx))
     except Exception:
@@ -42,9 +51,7 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         from engine_ext.speculative.ngram import make_ngram_drafter
 
         return make_ngram_drafter(spec_type, record_stats=False)  # the driver records statistics
-    refusal = device_refusal(spec_type, target_backends(model)) or lavapipe_refusal(spec_type, model)
-    if refusal:  # a combination that crashed the engine on this kind of device (catalog.DEVICE_REFUSALS)
-        raise SpeculativeConfigError(refusal)
+    _check_device(spec_type, model)
     if spec_type == "draft-simple":
         from engine_ext.speculative.draft_model import DraftSimple
 
@@ -62,6 +69,12 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
 
         return build_eagle3(params, model, ctx)
     raise SpeculativeConfigError(f"{spec_type} is not supported by this version of llmtui yet")
+
+
+def _check_device(spec_type: str, model: Model) -> None:
+    refusal = device_refusal(spec_type, target_backends(model)) or lavapipe_refusal(spec_type, model)
+    if refusal:  # a combination that crashed the engine on this kind of device (catalog.DEVICE_REFUSALS)
+        raise SpeculativeConfigError(refusal)
 
 
 def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:

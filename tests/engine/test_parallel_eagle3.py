@@ -1,0 +1,140 @@
+"""draft-eagle3 per parallel sequence (engine_ext.speculative.eagle3_seqs): one EAGLE3 draft context with a draft
+sequence per target sequence, each reading its own rows of the target's hidden states in the shared batch; greedy
+replies equal plain decoding alone, each request with its own acceptance figures, and every draft equals that of a
+fresh single-path drafter fed the same history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from engine_ext.model import Context, Model
+from engine_ext.params import ContextParams, SpeculativeParams
+from engine_ext.protocol import Failed
+from engine_ext.speculative.eagle3 import UNREAD
+from engine_ext.speculative.eagle3_seqs import SequenceEagle3
+from engine_ext.speculative.factory import build_driver
+from tests.engine.test_parallel import Run, alone, greedy, open_session
+
+REPEATED = " ".join(["word1 word2 word3 word4"] * 4)
+
+
+def eagle3(path: Path, n_max: int = 4) -> SpeculativeParams:
+    return SpeculativeParams(types=("draft-eagle3",), draft_model=str(path), n_max=n_max)
+
+
+Call = tuple[int, list[int], int, int, list[int]]  # (seq, tokens, id_last, n_max, draft)
+
+
+def record_drafts(calls: list[Call], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every SequenceEagle3 draft made from now on is appended to `calls`."""
+    original = SequenceEagle3.draft
+
+    def recording(self: SequenceEagle3, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        result = original(self, tokens, id_last, n_max)
+        calls.append((self.seq, list(tokens), id_last, n_max, result))
+        return result
+
+    monkeypatch.setattr(SequenceEagle3, "draft", recording)
+
+
+def test_eagle3_per_sequence_keeps_greedy_output_alone_and_together(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target, draft = tiny_models["llama"], tiny_models["eagle3"]
+    requests = [greedy(1, "go", 40), greedy(2, "word1 word2 word3", 32), greedy(3, REPEATED, 36), greedy(4, "a b", 24)]
+    with open_session(target) as single:
+        expected = [alone(single, r) for r in requests]
+    calls: list[Call] = []
+    record_drafts(calls, monkeypatch)
+    with open_session(target, n_seq=2, unified=False) as session:
+        run = Run(session)
+        run.submit(requests[0], speculative=eagle3(draft))  # alone on the scheduler
+        run.drain()
+        assert run.tokens(1) == expected[0]
+        # Together: two EAGLE3 requests (another length each), then a plain one joining the sequence the first
+        # left while the second drafts, its rows between theirs in the batch.
+        run.submit(requests[1], speculative=eagle3(draft, n_max=8))
+        run.submit(requests[2], speculative=eagle3(draft))
+        run.submit(requests[3])
+        run.drain()
+        assert [run.tokens(r.request_id) for r in requests[1:]] == expected[1:]
+        for request_id in (1, 2, 3):
+            stats = run.finished(request_id).speculative
+            assert stats is not None and [d.name for d in stats.drafters] == ["draft-eagle3"]
+            assert stats.drafted > 0 and 0 <= stats.accepted <= stats.drafted  # its own figures
+        assert run.finished(4).speculative is None
+        (pool,) = run.scheduler.drafts.eagle3.values()
+        assert pool.n_ctx == session.ctx.n_ctx_seq  # a KV stream per sequence, as the target's
+        assert {seq for seq, *_ in calls} == {0, 1}
+        run.scheduler.close()
+    assert len(calls) > 20 and all(result for *_, n_max, result in calls if n_max > 0)
+    # Each draft is the one a fresh single-path drafter makes from the same history read at once: each sequence read
+    # its own rows of the shared batches, and its draft state was its own.
+    model = Model(target)
+    try:
+        for _, tokens, id_last, n_max, result in calls[::4]:
+            ctx = Context(model, ContextParams(n_ctx=512, n_batch=256, n_threads=2))
+            driver = build_driver(eagle3(draft), model, ctx)
+            try:
+                ctx.decode(tokens, 0, logits_last=False)
+                driver.process(tokens, 0)
+                assert driver.drafters[0].draft(tokens, id_last, n_max) == result, f"at position {len(tokens)}"
+            finally:
+                driver.close()
+                ctx.close()
+    finally:
+        model.close()
+
+
+def test_a_request_on_a_sequence_copied_from_another_forgets_the_old_draft_history(
+    tiny_models: dict[str, Path],
+) -> None:
+    """A request placed on a sequence whose cells were copied from another sequence (its prompt's prefix is there):
+    its draft sequence forgets what it read of the conversation the sequence held before, keeping only what the two
+    share, and the reply is still plain decoding's."""
+    target, draft = tiny_models["llama"], tiny_models["eagle3"]
+    shared = "word1 word2 other words here and more of them"
+    plain, first = greedy(1, shared, 8), greedy(2, shared, 10)
+    old, again, drafted = greedy(3, REPEATED, 12), greedy(4, shared, 16), greedy(5, shared + " and then", 24)
+    with open_session(target) as single:
+        expected = [alone(single, r) for r in (again, drafted)]
+    with open_session(target, n_seq=2, unified=False) as session:
+        run = Run(session)
+        run.submit(plain)  # sequence 0
+        run.drain()
+        run.submit(first)  # back on sequence 0, which holds its prompt
+        run.submit(old, speculative=eagle3(draft))  # sequence 1: its draft sequence reads this conversation
+        run.drain()
+        (pool,) = run.scheduler.drafts.eagle3.values()
+        assert len(pool.states[1].seen) > 12 and min(pool.states[1].g_by_pos) <= 12
+        run.submit(again)  # sequence 0 again
+        run.submit(drafted, speculative=eagle3(draft))  # sequence 1, its prefix copied from sequence 0
+        run.scheduler.step()
+        slot = next(s for s in run.scheduler.slots if s.job is not None and s.job.request_id == 5)
+        assert slot.seq == 1 and slot.job is not None and slot.job.plan is not None
+        state, prompt = pool.states[1], slot.job.plan.tokens
+        assert slot.job.n_cached > 12 and len(state.seen) > slot.job.n_cached  # part of its prompt read since
+        assert all(t in (UNREAD, p) for t, p in zip(state.seen, prompt, strict=False))
+        assert min(state.g_by_pos) >= slot.job.n_cached  # nothing kept from the conversation the sequence held
+        run.drain()
+        assert [run.tokens(4), run.tokens(5)] == expected
+        stats = run.finished(5).speculative
+        assert stats is not None and stats.drafted > 0
+        run.scheduler.close()
+
+
+def test_an_eagle3_draft_not_made_for_the_target_fails_only_its_request(tiny_models: dict[str, Path]) -> None:
+    with open_session(tiny_models["llama"], n_seq=2, unified=False) as session:
+        run = Run(session)
+        run.submit(greedy(1, "go", 6), speculative=eagle3(tiny_models["dflash"]))
+        run.submit(greedy(2, "go", 6), speculative=eagle3(tiny_models["llama"].parent / "missing.gguf"))
+        run.submit(greedy(3, "go", 6))
+        run.drain()
+        failed = {e.request_id: e.message for e in run.events if isinstance(e, Failed)}
+        assert set(failed) == {1, 2}
+        assert "draft-eagle3" in failed[1] and "not found" in failed[2]
+        assert len(run.tokens(3)) == 6 and not run.scheduler.drafts.eagle3
+        run.scheduler.close()

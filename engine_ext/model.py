@@ -602,17 +602,20 @@ def array_at(pointer: Any, length: int) -> Any:
     return ctypes.cast(pointer, ctypes.POINTER(pointer._type_ * length)).contents
 
 
-def new_draft_context(model: Model, target: Context, *, n_outputs_max: int, mtp: bool = False) -> Any:
+def new_draft_context(model: Model, target: Context, *, n_outputs_max: int, mtp: bool = False, n_seq: int = 1) -> Any:
     """A raw llama_context for a model drafter, sized like the target's and linked to it (`ctx_other`).
 
     The draft borrows the target's embeddings/output when it has none of its own (DFlash, EAGLE3); an MTP
-    context (`mtp`) holds only the NextN layer's KV cache. None when llama.cpp refuses.
+    context (`mtp`) holds only the NextN layer's KV cache. `n_seq` > 1: a sequence per target sequence of the
+    parallel loop, each with a KV stream of its own (as the target's). None when llama.cpp refuses.
     """
     cparams = C.llama_context_default_params()
     cparams.n_ctx = target.n_ctx
     cparams.n_batch = target.n_batch
     cparams.n_ubatch = min(target.params.n_ubatch, target.n_batch)
-    cparams.n_seq_max = 1
+    cparams.n_seq_max = n_seq
+    if n_seq > 1:
+        cparams.kv_unified = False
     cparams.n_rs_seq = 0
     cparams.n_outputs_max = n_outputs_max
     cparams.ctx_other = target.handle

@@ -25,10 +25,11 @@ from engine_ext.sampling import FloatRows
 from engine_ext.seq_batch import SeqBatch, seq_remove
 from engine_ext.spec_catalog import parallel_refusal
 from engine_ext.speculative.base import Drafter, common_prefix_length
+from engine_ext.speculative.dflash import DraftDFlash
 from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
 from engine_ext.speculative.driver import SpeculativeDriver
 from engine_ext.speculative.eagle3 import DraftEagle3
-from engine_ext.speculative.eagle3_seqs import SequenceEagle3
+from engine_ext.speculative.layer_seqs import SequenceLayerDrafter
 
 
 class DraftSequences:
@@ -174,14 +175,16 @@ class SequenceDrafter(Drafter):
 
 class SequenceDrafts:
     """The drafters of a scheduler's requests: n-gram drafters each request's own, the model drafters' models and
-    contexts shared (draft-simple's DraftSequences, draft-eagle3's DraftEagle3 with a sequence per target sequence
-    (engine_ext.speculative.eagle3_seqs); one per draft model, made on first use, closed with the scheduler)."""
+    contexts shared (draft-simple's DraftSequences; draft-eagle3's DraftEagle3 and draft-dflash/dspark's DraftDFlash,
+    with a sequence per target sequence, engine_ext.speculative.layer_seqs; one per draft model, made on first use,
+    closed with the scheduler)."""
 
     def __init__(self, model: Model, ctx: Context) -> None:
         self.model = model
         self.ctx = ctx
         self.pools: dict[Path, DraftSequences] = {}
-        self.eagle3: dict[Path, DraftEagle3] = {}
+        # By (type, file, block length: DFlash's draft block is sized when its context is made).
+        self.layer_pools: dict[tuple[str, Path, int], DraftEagle3 | DraftDFlash] = {}
 
     def driver(self, params: SpeculativeParams) -> SpeculativeDriver:
         """A request's drafter chain; refused (SpeculativeConfigError) for the drafters a sequence has none of."""
@@ -196,7 +199,7 @@ class SequenceDrafts:
             self.model,
             self.ctx,
             draft_simple=lambda: self._drafter(params),
-            draft_eagle3=lambda: self._eagle3(params),
+            layer_input=lambda spec_type: self._layer_input(spec_type, params),
         )
 
     def _drafter(self, params: SpeculativeParams) -> Drafter:
@@ -209,18 +212,23 @@ class SequenceDrafts:
             pool = self.pools[path] = DraftSequences(path, self.model, self.ctx)
         return SequenceDrafter(pool, params.p_min)
 
-    def _eagle3(self, params: SpeculativeParams) -> Drafter:
+    def _layer_input(self, spec_type: str, params: SpeculativeParams) -> Drafter:
         from engine_ext.speculative.eagle3 import build_eagle3
+        from engine_ext.speculative.factory import build_dflash
 
         assert params.draft_model is not None  # validate() checked it
         path = Path(params.draft_model).resolve()
-        pool = self.eagle3.get(path)
-        if pool is None:  # build_eagle3 refuses a missing file or a draft not made for this target
-            n_seq = max(1, self.ctx.params.n_seq_max)
-            pool = self.eagle3[path] = build_eagle3(
-                replace(params, draft_model=str(path)), self.model, self.ctx, n_seq=n_seq
-            )
-        return SequenceEagle3(pool, params.p_min)
+        eagle3 = spec_type == "draft-eagle3"
+        key = (spec_type, path, 0 if eagle3 else params.n_max)
+        pool = self.layer_pools.get(key)
+        if pool is None:  # the builders refuse a missing file or a draft not made for this target
+            n_seq, resolved = max(1, self.ctx.params.n_seq_max), replace(params, draft_model=str(path))
+            if eagle3:
+                pool = build_eagle3(resolved, self.model, self.ctx, n_seq=n_seq)
+            else:
+                pool = build_dflash(spec_type, resolved, self.model, self.ctx, n_seq=n_seq)
+            self.layer_pools[key] = pool
+        return SequenceLayerDrafter(pool, params.p_min)
 
     @staticmethod
     def process(driver: SpeculativeDriver | None, tokens: Sequence[int], pos0: int, row0: int) -> None:
@@ -230,7 +238,7 @@ class SequenceDrafts:
         if driver is None or not driver.reads_batches:
             return
         for d in driver.drafters:
-            if isinstance(d, SequenceEagle3):
+            if isinstance(d, SequenceLayerDrafter):
                 d.row0 = row0
         driver.process(tokens, pos0)
 
@@ -266,13 +274,13 @@ class SequenceDrafts:
         for d in driver.drafters:
             if isinstance(d, SequenceDrafter):
                 d.seq = seq
-            elif isinstance(d, SequenceEagle3):
+            elif isinstance(d, SequenceLayerDrafter):
                 d.bind(seq, tokens)
 
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
-        for eagle3 in self.eagle3.values():
-            eagle3.close()
-        self.eagle3.clear()
+        for layer_pool in self.layer_pools.values():
+            layer_pool.close()
+        self.layer_pools.clear()

@@ -30,12 +30,11 @@ from engine_ext.model import Context, Model, free_context, init_context
 from engine_ext.params import SpeculativeConfigError, SpeculativeParams
 from engine_ext.spec_catalog import DRAFT_MODEL
 from engine_ext.speculative import target_outputs
-from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.base import UNREAD, Drafter, common_prefix_length
 from engine_ext.speculative.draft_model import top_token
 
 EAGLE3_N_TARGET_LAYERS = 3  # src/models/eagle3.cpp: "EAGLE3 requires exactly 3 entries in 'extract_layers'"
 G_HISTORY = 512  # encoder rows kept by target position, to re-anchor after a rollback or a reused prefix
-UNREAD = -(1 << 40)  # a position of the target's history the drafter did not read (a prefix it found cached)
 
 # Targets whose graphs emit their final hidden state (t_h_nextn, width n_embd) for every row when asked: a
 # target layer id equal to the target's layer count reads it (upstream enables llama_set_embeddings_nextn).
@@ -168,7 +167,7 @@ class _SeqState:
 class DraftEagle3(Drafter):
     """An EAGLE3 draft model (arch `eagle3`) for the loaded target; owns the draft Model once built.
 
-    `n_seq` > 1: a draft sequence per target sequence of the parallel loop (engine_ext.speculative.eagle3_seqs), each
+    `n_seq` > 1: a draft sequence per target sequence of the parallel loop (engine_ext.speculative.layer_seqs), each
     with its own state and its own KV stream; the Drafter interface drafts on sequence 0 (the single path)."""
 
     name = "draft-eagle3"
@@ -326,8 +325,6 @@ class DraftEagle3(Drafter):
         """Target sequence `seq` now holds `tokens` (a new request placed on it): what this draft sequence read of
         another history is forgotten, what the two share is kept (up to the first position it did not read: its
         cells may have been copied from another sequence since)."""
-        from engine_ext.speculative.base import common_prefix_length
-
         state = self.states[seq]
         n = common_prefix_length(state.seen, tokens)
         if n < len(state.seen):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine_ext.model import Context, Model
 from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
 from engine_ext.spec_catalog import DRAFT_MODEL, LAYER_INPUT_TYPES, NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.driver import SpeculativeDriver
+
+if TYPE_CHECKING:
+    from engine_ext.speculative.dflash import DraftDFlash
 
 
 def build_driver(
@@ -18,11 +22,11 @@ def build_driver(
     ctx: Context,
     *,
     draft_simple: Callable[[], Drafter] | None = None,
-    draft_eagle3: Callable[[], Drafter] | None = None,
+    layer_input: Callable[[str], Drafter] | None = None,
 ) -> SpeculativeDriver:
     """The drafters for `params.types` in upstream's priority order (whatever order the user gave). `draft_simple`,
-    `draft_eagle3`: make that drafter instead of one with a draft context of its own (the parallel sequences share a
-    draft context, engine_ext.speculative.draft_seqs)."""
+    `layer_input` (given the type: draft-eagle3, draft-dflash, draft-dspark): make that drafter instead of one with a
+    draft context of its own (the parallel sequences share a draft context, engine_ext.speculative.draft_seqs)."""
     params.validate()
     if params.types == ("auto",):
         return build_auto_driver(params, model, ctx)
@@ -34,9 +38,9 @@ def build_driver(
             if spec_type == "draft-simple" and draft_simple is not None:
                 drafters.append(draft_simple())
                 continue
-            if spec_type == "draft-eagle3" and draft_eagle3 is not None:
+            if spec_type in LAYER_INPUT_TYPES and layer_input is not None:
                 _check_device(spec_type, model)
-                drafters.append(draft_eagle3())
+                drafters.append(layer_input(spec_type))
                 continue
             drafters.append(_build(spec_type, params, model, ctx))
     except Exception:
@@ -138,7 +142,14 @@ def lavapipe_refusal(spec_type: str, model: Model) -> str | None:
 
 
 def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
-    """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together."""
+    return build_dflash(spec_type, params, model, ctx)
+
+
+def build_dflash(
+    spec_type: str, params: SpeculativeParams, model: Model, ctx: Context, *, n_seq: int = 1
+) -> DraftDFlash:
+    """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together (n_seq: draft
+    sequences, one per target sequence of the parallel loop)."""
     from engine_ext.gguf import inspect_gguf
     from engine_ext.params import ModelParams
     from engine_ext.speculative.dflash import DraftDFlash
@@ -157,7 +168,7 @@ def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: 
     draft = Model(path, ModelParams(n_gpu_layers=model.params.n_gpu_layers))
     try:
         return DraftDFlash(
-            draft, model, ctx, dspark=spec_type == "draft-dspark", n_max=params.n_max, p_min=params.p_min
+            draft, model, ctx, dspark=spec_type == "draft-dspark", n_max=params.n_max, p_min=params.p_min, n_seq=n_seq
         )
     except Exception:
         draft.close()

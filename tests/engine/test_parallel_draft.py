@@ -113,14 +113,13 @@ def test_model_drafters_without_a_draft_sequence_are_refused_by_name(tiny_models
     with open_session(tiny_models["llama"], n_seq=2, unified=False) as session:
         run = Run(session)
         run.submit(greedy(1, "go", 6), speculative=SpeculativeParams(types=("draft-mtp",)))
-        dflash = SpeculativeParams(types=("draft-dflash",), draft_model=str(tiny_models["dflash"]))
-        run.submit(greedy(2, "go", 6), speculative=dflash)
+        run.submit(greedy(2, "go", 6), speculative=SpeculativeParams(types=("auto",)))
         run.submit(greedy(3, "go", 6), speculative=draft_simple(tiny_models["llama"].parent / "missing.gguf"))
         run.drain()
         failed = {e.request_id: e.message for e in run.events if isinstance(e, Failed)}
         assert set(failed) == {1, 2, 3}
         assert "draft-mtp" in failed[1] and "draft-simple" in failed[1] and "--parallel 1" in failed[1]
-        assert "draft-dflash" in failed[2]
+        assert "auto" in failed[2]
         assert "not found" in failed[3]
         assert not run.scheduler.drafts.pools
         run.scheduler.close()

@@ -1,6 +1,6 @@
 """`llmtui serve --parallel 2 --spec-type draft-eagle3` on the tiny llama and its tiny EAGLE3 draft: each request
 drafts on its own draft sequence, its answer equal to the same request without drafting, alone or beside other
-requests, with its own acceptance figures in its timings; DFlash is still refused with 400, saying what is allowed."""
+requests, with its own acceptance figures in its timings; MTP is still refused with 400, saying what is allowed."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def test_eagle3_per_request_answers_as_plain_decoding_alone_and_together(server:
 
 
 def test_drafters_without_a_draft_sequence_are_refused(server: str) -> None:
-    body = {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": {"type": "draft-dflash"}}
+    body = {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": {"type": "draft-mtp"}}
     answer = httpx.post(f"{server}/v1/completions", json=body, timeout=60)
-    assert answer.status_code == 400 and "draft-eagle3" in answer.text and "--parallel 1" in answer.text
+    assert answer.status_code == 400 and "draft-eagle3, draft-dflash, draft-dspark" in answer.text
+    assert "draft-mtp" in answer.text and "--parallel 1" in answer.text

@@ -1,7 +1,7 @@
-"""draft-eagle3 per parallel sequence (engine_ext.speculative.eagle3_seqs): one EAGLE3 draft context with a draft
-sequence per target sequence, each reading its own rows of the target's hidden states in the shared batch; greedy
-replies equal plain decoding alone, each request with its own acceptance figures, and every draft equals that of a
-fresh single-path drafter fed the same history."""
+"""draft-eagle3, draft-dflash and draft-dspark per parallel sequence (engine_ext.speculative.layer_seqs): one draft
+context with a draft sequence per target sequence, each reading its own rows of the target's hidden states in the
+shared batch; greedy replies equal plain decoding alone, each request with its own acceptance figures, and every
+draft equals that of a fresh single-path drafter fed the same history."""
 
 from __future__ import annotations
 
@@ -10,40 +10,45 @@ from pathlib import Path
 
 import pytest
 
+from engine_ext.bindings import C
 from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, SpeculativeParams
 from engine_ext.protocol import Failed
-from engine_ext.speculative.eagle3 import UNREAD
-from engine_ext.speculative.eagle3_seqs import SequenceEagle3
+from engine_ext.speculative.base import UNREAD
 from engine_ext.speculative.factory import build_driver
+from engine_ext.speculative.layer_seqs import SequenceLayerDrafter
 from tests.engine.test_parallel import Run, alone, greedy, open_session
 
 REPEATED = " ".join(["word1 word2 word3 word4"] * 4)
 
 
-def eagle3(path: Path, n_max: int = 4) -> SpeculativeParams:
-    return SpeculativeParams(types=("draft-eagle3",), draft_model=str(path), n_max=n_max)
+def eagle3(path: Path, n_max: int = 4, spec_type: str = "draft-eagle3") -> SpeculativeParams:
+    return SpeculativeParams(types=(spec_type,), draft_model=str(path), n_max=n_max)
 
 
-Call = tuple[int, list[int], int, int, list[int]]  # (seq, tokens, id_last, n_max, draft)
+KINDS = [("draft-eagle3", "eagle3", 8), ("draft-dflash", "dflash", 2), ("draft-dspark", "dspark", 2)]
+
+
+Call = tuple[int, int, list[int], int, int, list[int]]  # (seq, pool's id, tokens, id_last, n_max, draft)
 
 
 def record_drafts(calls: list[Call], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every SequenceEagle3 draft made from now on is appended to `calls`."""
-    original = SequenceEagle3.draft
+    """Every SequenceLayerDrafter draft made from now on is appended to `calls`."""
+    original = SequenceLayerDrafter.draft
 
-    def recording(self: SequenceEagle3, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+    def recording(self: SequenceLayerDrafter, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
         result = original(self, tokens, id_last, n_max)
-        calls.append((self.seq, list(tokens), id_last, n_max, result))
+        calls.append((self.seq, id(self.pool), list(tokens), id_last, n_max, result))
         return result
 
-    monkeypatch.setattr(SequenceEagle3, "draft", recording)
+    monkeypatch.setattr(SequenceLayerDrafter, "draft", recording)
 
 
-def test_eagle3_per_sequence_keeps_greedy_output_alone_and_together(
-    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("spec_type, kind, n_max", KINDS)
+def test_each_sequence_drafts_from_its_own_rows_alone_and_together(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, spec_type: str, kind: str, n_max: int
 ) -> None:
-    target, draft = tiny_models["llama"], tiny_models["eagle3"]
+    target, draft = tiny_models["llama"], tiny_models[kind]
     requests = [greedy(1, "go", 40), greedy(2, "word1 word2 word3", 32), greedy(3, REPEATED, 36), greedy(4, "a b", 24)]
     with open_session(target) as single:
         expected = [alone(single, r) for r in requests]
@@ -51,23 +56,25 @@ def test_eagle3_per_sequence_keeps_greedy_output_alone_and_together(
     record_drafts(calls, monkeypatch)
     with open_session(target, n_seq=2, unified=False) as session:
         run = Run(session)
-        run.submit(requests[0], speculative=eagle3(draft))  # alone on the scheduler
+        run.submit(requests[0], speculative=eagle3(draft, 3, spec_type))  # alone on the scheduler
         run.drain()
         assert run.tokens(1) == expected[0]
         # Together: two EAGLE3 requests (another length each), then a plain one joining the sequence the first
         # left while the second drafts, its rows between theirs in the batch.
-        run.submit(requests[1], speculative=eagle3(draft, n_max=8))
-        run.submit(requests[2], speculative=eagle3(draft))
+        run.submit(requests[1], speculative=eagle3(draft, n_max, spec_type))
+        run.submit(requests[2], speculative=eagle3(draft, 3, spec_type))
         run.submit(requests[3])
         run.drain()
         assert [run.tokens(r.request_id) for r in requests[1:]] == expected[1:]
         for request_id in (1, 2, 3):
             stats = run.finished(request_id).speculative
-            assert stats is not None and [d.name for d in stats.drafters] == ["draft-eagle3"]
+            assert stats is not None and [d.name for d in stats.drafters] == [spec_type]
             assert stats.drafted > 0 and 0 <= stats.accepted <= stats.drafted  # its own figures
         assert run.finished(4).speculative is None
-        (pool,) = run.scheduler.drafts.eagle3.values()
-        assert pool.n_ctx == session.ctx.n_ctx_seq  # a KV stream per sequence, as the target's
+        pools = run.scheduler.drafts.layer_pools
+        assert len(pools) == (1 if spec_type == "draft-eagle3" else 2)  # DFlash: a context per draft block length
+        block_of = {id(pool): key[2] or n_max for key, pool in pools.items()}
+        assert {int(C.llama_n_ctx_seq(p.ctx)) for p in pools.values()} == {session.ctx.n_ctx_seq}  # a KV stream each
         assert {seq for seq, *_ in calls} == {0, 1}
         run.scheduler.close()
     assert len(calls) > 20 and all(result for *_, n_max, result in calls if n_max > 0)
@@ -75,13 +82,13 @@ def test_eagle3_per_sequence_keeps_greedy_output_alone_and_together(
     # its own rows of the shared batches, and its draft state was its own.
     model = Model(target)
     try:
-        for _, tokens, id_last, n_max, result in calls[::4]:
+        for _, pool_id, tokens, id_last, call_n_max, result in calls[::3]:
             ctx = Context(model, ContextParams(n_ctx=512, n_batch=256, n_threads=2))
-            driver = build_driver(eagle3(draft), model, ctx)
+            driver = build_driver(eagle3(draft, block_of[pool_id], spec_type), model, ctx)
             try:
                 ctx.decode(tokens, 0, logits_last=False)
                 driver.process(tokens, 0)
-                assert driver.drafters[0].draft(tokens, id_last, n_max) == result, f"at position {len(tokens)}"
+                assert driver.drafters[0].draft(tokens, id_last, call_n_max) == result, f"at position {len(tokens)}"
             finally:
                 driver.close()
                 ctx.close()
@@ -108,7 +115,7 @@ def test_a_request_on_a_sequence_copied_from_another_forgets_the_old_draft_histo
         run.submit(first)  # back on sequence 0, which holds its prompt
         run.submit(old, speculative=eagle3(draft))  # sequence 1: its draft sequence reads this conversation
         run.drain()
-        (pool,) = run.scheduler.drafts.eagle3.values()
+        (pool,) = run.scheduler.drafts.layer_pools.values()
         assert len(pool.states[1].seen) > 12 and min(pool.states[1].g_by_pos) <= 12
         run.submit(again)  # sequence 0 again
         run.submit(drafted, speculative=eagle3(draft))  # sequence 1, its prefix copied from sequence 0
@@ -136,5 +143,5 @@ def test_an_eagle3_draft_not_made_for_the_target_fails_only_its_request(tiny_mod
         failed = {e.request_id: e.message for e in run.events if isinstance(e, Failed)}
         assert set(failed) == {1, 2}
         assert "draft-eagle3" in failed[1] and "not found" in failed[2]
-        assert len(run.tokens(3)) == 6 and not run.scheduler.drafts.eagle3
+        assert len(run.tokens(3)) == 6 and not run.scheduler.drafts.layer_pools
         run.scheduler.close()

@@ -214,13 +214,22 @@ class SequenceDrafts:
 
     def _layer_input(self, spec_type: str, params: SpeculativeParams) -> Drafter:
         from engine_ext.speculative.eagle3 import build_eagle3
-        from engine_ext.speculative.factory import build_dflash
+        from engine_ext.speculative.factory import build_dflash, target_backends
 
         assert params.draft_model is not None  # validate() checked it
         path = Path(params.draft_model).resolve()
         eagle3 = spec_type == "draft-eagle3"
         key = (spec_type, path, 0 if eagle3 else params.n_max)
         pool = self.layer_pools.get(key)
+        if pool is None and not any(p.target_ctx is self.ctx for p in self.layer_pools.values()):
+            # The target's layer inputs go on now. In a context that had decoded on a device that crashed the engine
+            # (issue 24; the single path gets a fresh context, engine_ext.worker.set_speculative): refused there.
+            if self.ctx.decodes and target_backends(self.model):
+                raise SpeculativeConfigError(
+                    f"with the model on a GPU, {spec_type} with parallel requests must start before the model's first "
+                    "reply (turning on the model outputs it reads after the model has decoded there crashed the "
+                    "engine): restart the server and send it first, or serve with --parallel 1 or -ngl 0"
+                )
         if pool is None:  # the builders refuse a missing file or a draft not made for this target
             n_seq, resolved = max(1, self.ctx.params.n_seq_max), replace(params, draft_model=str(path))
             if eagle3:

@@ -145,3 +145,33 @@ def test_an_eagle3_draft_not_made_for_the_target_fails_only_its_request(tiny_mod
         assert "draft-eagle3" in failed[1] and "not found" in failed[2]
         assert len(run.tokens(3)) == 6 and not run.scheduler.drafts.layer_pools
         run.scheduler.close()
+
+
+def test_on_a_gpu_a_layer_input_drafter_starts_only_before_the_first_reply(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turning the target's layer inputs on in a context that has decoded on a device crashed the engine (issue 24):
+    with the target on one (as the factory sees it), the first such drafter is refused once the target has decoded,
+    saying what to do; before, or once one is on, it drafts."""
+    from engine_ext.speculative import factory
+
+    monkeypatch.setattr(factory, "target_backends", lambda model: ("Vulkan",))
+    target, draft = tiny_models["llama"], tiny_models["eagle3"]
+    with open_session(target, n_seq=2, unified=False) as session:
+        run = Run(session)
+        run.submit(greedy(1, "go", 6), speculative=eagle3(draft))  # nothing decoded yet: its layer inputs go on
+        run.drain()
+        run.submit(greedy(2, "go", 6), speculative=eagle3(tiny_models["dflash"], 3, "draft-dflash"))  # on already
+        run.drain()
+        assert not [e for e in run.events if isinstance(e, Failed)]
+        run.scheduler.close()
+    with open_session(target, n_seq=2, unified=False) as session:
+        run = Run(session)
+        run.submit(greedy(1, "go", 6))
+        run.drain()
+        run.submit(greedy(2, "go", 6), speculative=eagle3(draft))
+        run.drain()
+        [failed] = [e for e in run.events if isinstance(e, Failed)]
+        assert failed.request_id == 2 and "on a GPU" in failed.message and "--parallel 1" in failed.message
+        assert not run.scheduler.drafts.layer_pools
+        run.scheduler.close()

@@ -15,6 +15,8 @@ from engine_ext.model import Context, Model
 from engine_ext.params import ContextParams, SpeculativeParams
 from engine_ext.protocol import Failed
 from engine_ext.speculative.base import UNREAD
+from engine_ext.speculative.dflash import DraftDFlash
+from engine_ext.speculative.eagle3 import DraftEagle3
 from engine_ext.speculative.factory import build_driver
 from engine_ext.speculative.layer_seqs import SequenceLayerDrafter
 from tests.engine.test_parallel import Run, alone, greedy, open_session
@@ -96,13 +98,23 @@ def test_each_sequence_drafts_from_its_own_rows_alone_and_together(
         model.close()
 
 
+def read_history(pool: DraftEagle3 | DraftDFlash, seq: int) -> tuple[list[int], int]:
+    """What draft sequence `seq` read (tokens by position, UNREAD where it did not) and the first position whose rows
+    it holds (EAGLE3: encoder rows; DFlash: injected rows, from the first position read)."""
+    if isinstance(pool, DraftEagle3):
+        return pool.states[seq].seen, min(pool.states[seq].g_by_pos, default=-1)
+    seen = pool.seen[seq]
+    return seen, next((i for i, t in enumerate(seen) if t != UNREAD), -1)
+
+
+@pytest.mark.parametrize("spec_type, kind", [("draft-eagle3", "eagle3"), ("draft-dflash", "dflash")])
 def test_a_request_on_a_sequence_copied_from_another_forgets_the_old_draft_history(
-    tiny_models: dict[str, Path],
+    tiny_models: dict[str, Path], spec_type: str, kind: str
 ) -> None:
     """A request placed on a sequence whose cells were copied from another sequence (its prompt's prefix is there):
     its draft sequence forgets what it read of the conversation the sequence held before, keeping only what the two
     share, and the reply is still plain decoding's."""
-    target, draft = tiny_models["llama"], tiny_models["eagle3"]
+    target, spec = tiny_models["llama"], eagle3(tiny_models[kind], 3, spec_type)
     shared = "word1 word2 other words here and more of them"
     plain, first = greedy(1, shared, 8), greedy(2, shared, 10)
     old, again, drafted = greedy(3, REPEATED, 12), greedy(4, shared, 16), greedy(5, shared + " and then", 24)
@@ -113,19 +125,20 @@ def test_a_request_on_a_sequence_copied_from_another_forgets_the_old_draft_histo
         run.submit(plain)  # sequence 0
         run.drain()
         run.submit(first)  # back on sequence 0, which holds its prompt
-        run.submit(old, speculative=eagle3(draft))  # sequence 1: its draft sequence reads this conversation
+        run.submit(old, speculative=spec)  # sequence 1: its draft sequence reads this conversation
         run.drain()
         (pool,) = run.scheduler.drafts.layer_pools.values()
-        assert len(pool.states[1].seen) > 12 and min(pool.states[1].g_by_pos) <= 12
+        seen, rows_from = read_history(pool, 1)
+        assert len(seen) > 12 and 0 <= rows_from <= 12
         run.submit(again)  # sequence 0 again
-        run.submit(drafted, speculative=eagle3(draft))  # sequence 1, its prefix copied from sequence 0
+        run.submit(drafted, speculative=spec)  # sequence 1, its prefix copied from sequence 0
         run.scheduler.step()
         slot = next(s for s in run.scheduler.slots if s.job is not None and s.job.request_id == 5)
         assert slot.seq == 1 and slot.job is not None and slot.job.plan is not None
-        state, prompt = pool.states[1], slot.job.plan.tokens
-        assert slot.job.n_cached > 12 and len(state.seen) > slot.job.n_cached  # part of its prompt read since
-        assert all(t in (UNREAD, p) for t, p in zip(state.seen, prompt, strict=False))
-        assert min(state.g_by_pos) >= slot.job.n_cached  # nothing kept from the conversation the sequence held
+        (seen, rows_from), prompt = read_history(pool, 1), slot.job.plan.tokens
+        assert slot.job.n_cached > 12 and len(seen) > slot.job.n_cached  # part of its prompt read since
+        assert all(t in (UNREAD, p) for t, p in zip(seen, prompt, strict=False))
+        assert rows_from >= slot.job.n_cached  # nothing kept from the conversation the sequence held
         run.drain()
         assert [run.tokens(4), run.tokens(5)] == expected
         stats = run.finished(5).speculative

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine_ext.params import SpeculativeConfigError
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.dflash import DraftDFlash
 from engine_ext.speculative.eagle3 import DraftEagle3
@@ -42,10 +43,13 @@ class SequenceLayerDrafter(Drafter):
     def process(self, tokens: Sequence[int], pos0: int) -> None:
         if self.seq < 0:
             return
-        if isinstance(self.pool, DraftDFlash):  # a prefix found cached: it reads on from there
+        if not isinstance(self.pool, DraftDFlash):
+            self.pool.process_seq(self.seq, tokens, pos0, self.row0)  # a failure drops the sequence's rows itself
+            return
+        try:  # a prefix found cached: it reads on from there
             self.pool.process_seq(self.seq, tokens, pos0, self.row0, restart=True)
-        else:
-            self.pool.process_seq(self.seq, tokens, pos0, self.row0)
+        except SpeculativeConfigError:  # the draft context refused the rows: this sequence starts over, none fails
+            self.pool.keep(self.seq, ())
 
     def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
         if self.seq < 0:

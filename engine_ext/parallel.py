@@ -367,7 +367,7 @@ class ParallelScheduler:
             job.reasoning.force()
         slot = self._place(plan.tokens, job.mix)
         if job.driver is not None:
-            self.drafts.bind(job.driver, slot.seq)
+            self.drafts.bind(job.driver, slot.seq, slot.tokens)
         job.plan = plan
         job.n_cached = len(slot.tokens)
         job.pending = list(plan.tokens[job.n_cached :])
@@ -499,6 +499,7 @@ class ParallelScheduler:
                 self.batch.decode()
                 self.drafts.read_prompt(job, slot.seq, slot.tokens, pending[:n])  # MTP heads read its rows
             chunk = pending[:n]
+            self.drafts.process(job.driver if job.drafting else None, chunk, len(slot.tokens), 0)
         except EngineError as exc:
             self._fail(slot, exc)
             return
@@ -551,8 +552,9 @@ class ParallelScheduler:
             for r in rows:
                 self._fail(r.slot, exc)
             return
-        for r in rows:  # MTP heads read the sequence's rows of the target's hidden states, then it samples them
+        for r in rows:  # model drafters read their sequence's rows of the target's outputs, before any is taken
             self.drafts.read_rows(r.slot.job, r.slot.seq, r.slot.tokens, r.draft, r.row)
+        for r in rows:
             self._take(r, t_step)
 
     def _draft_budget(self, job: _Job, pos: int, spare: int) -> int:

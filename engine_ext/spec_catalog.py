@@ -172,7 +172,7 @@ NGRAM_TYPES = tuple(t.name for t in CATALOGUE if t.family == "ngram")
 MODEL_DRAFTER_TYPES = tuple(t.name for t in CATALOGUE if t.family == "model")
 # What a request of the parallel sequences (`serve --parallel N`) drafts with: the n-gram types and these model
 # drafters (engine_ext.speculative.draft_seqs); the others draft on the single-sequence path only (--parallel 1).
-PARALLEL_MODEL_TYPES = ("draft-simple", "draft-mtp")
+PARALLEL_MODEL_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")
 PARALLEL_TYPES = NGRAM_TYPES + PARALLEL_MODEL_TYPES
 # A draft candidate's kind (models_catalog.drafts) → the type that drafts with it.
 TYPE_FOR_KIND = {t.candidate_kind: t.name for t in CATALOGUE if t.candidate_kind}
@@ -273,8 +273,8 @@ def parallel_refusal(types: Sequence[str]) -> str | None:
         return None
     return (
         f"speculative type {other[0]} is not available with parallel requests (serve --parallel N): per request, "
-        f"the n-gram types ({', '.join(NGRAM_TYPES)}) and {', '.join(PARALLEL_MODEL_TYPES)}; EAGLE3, DFlash, DSpark "
-        "and auto draft with --parallel 1"
+        f"the n-gram types ({', '.join(NGRAM_TYPES)}) and {', '.join(PARALLEL_MODEL_TYPES)}; auto drafts with "
+        "--parallel 1"
     )
 
 

@@ -12,7 +12,8 @@ with other work slows all of them alike:
 - with --draft PATH, the single path and N parallel again, each request drafting with draft-simple (on the parallel
   path one draft context with a draft sequence per sequence, engine_ext.speculative.draft_seqs), and N parallel with
   each sequence's draft decoded on its own ("1by1") instead of together; ms/decode then averages the draft's decodes
-  with the target's.
+  with the target's. --spec-type draft-eagle3|draft-dflash|draft-dspark drafts with that type instead (per sequence:
+  engine_ext.speculative.layer_seqs; no "1by1" row: these draft each sequence on its own).
 
 Decode tok/s counts the tokens generated after the last prompt was read, over the time from then to the end
 (llama-batched-bench's S_TG): prompt reading is left out of every column alike.
@@ -20,6 +21,7 @@ Decode tok/s counts the tokens generated after the last prompt was read, over th
     python scripts/bench_parallel.py                    # the starter model, 2 threads, 4 sequences
     python scripts/bench_parallel.py -m MODEL -t 4 -n 256 --parallel 8 -r 5
     python scripts/bench_parallel.py --draft DRAFT.gguf --spec-n-max 8   # and the draft-simple rows
+    python scripts/bench_parallel.py -m TARGET --draft EAGLE3.gguf --spec-type draft-eagle3
 """
 
 from __future__ import annotations
@@ -180,6 +182,12 @@ def main() -> None:
     )
     parser.add_argument("--draft", default=None, help="a draft model: add the draft-simple rows")
     parser.add_argument("--spec-n-max", type=int, default=8, help="the draft's longest draft (--spec-draft-n-max)")
+    parser.add_argument(
+        "--spec-type",
+        default="draft-simple",
+        choices=("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark"),
+        help="what the draft rows draft with",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from app.core.model_paths import resolve_model, starter_model_path
@@ -203,11 +211,12 @@ def main() -> None:
         from engine_ext.params import SpeculativeParams
 
         spec = SpeculativeParams(
-            types=("draft-simple",), draft_model=str(resolve_model(args.draft)), n_max=args.spec_n_max
+            types=(args.spec_type,), draft_model=str(resolve_model(args.draft)), n_max=args.spec_n_max
         )
         runs["single, draft"] = lambda: run_single(args, model, prompts[0], spec)
         runs[f"{many_name}, draft"] = lambda: run_parallel(args, model, prompts, spec=spec)
-        runs[f"{many_name}, draft 1by1"] = lambda: run_parallel(args, model, prompts, spec=spec, one_by_one=True)
+        if args.spec_type == "draft-simple":
+            runs[f"{many_name}, draft 1by1"] = lambda: run_parallel(args, model, prompts, spec=spec, one_by_one=True)
     columns: dict[str, list[float]] = {name: [] for name in runs}
     step_ms: dict[str, list[float]] = {name: [] for name in runs}
     try:
@@ -236,11 +245,12 @@ def main() -> None:
     )
     if args.draft:
         drafted = medians[f"{many_name}, draft"]
+        together = medians.get(f"{many_name}, draft 1by1")
         print(
-            f"draft-simple: {many_name}, draft / {many_name} = {drafted / many:.2f}x, "
+            f"{args.spec_type}: {many_name}, draft / {many_name} = {drafted / many:.2f}x, "
             f"single, draft / single = {medians['single, draft'] / medians['single']:.2f}x, "
-            f"{many_name}, draft / single, draft = {drafted / medians['single, draft']:.2f}x, "
-            f"together / one by one = {drafted / medians[f'{many_name}, draft 1by1']:.2f}x"
+            f"{many_name}, draft / single, draft = {drafted / medians['single, draft']:.2f}x"
+            + (f", together / one by one = {drafted / together:.2f}x" if together else "")
         )
 
 

@@ -1,7 +1,8 @@
 """`serve --parallel N`: the server's jobs decode together in the engine's parallel sequences (continuous batching,
-engine_ext.parallel): each job is a Submit with its own steering mix and drafting (the n-gram types, draft-simple),
-its events routed back by request id (engine_ext.router). The engine's queue holds the jobs waiting for a sequence;
-past the server's bound a job is refused with 503 before it is sent, and the engine's own Busy answer is a 503 too.
+engine_ext.parallel): each job is a Submit with its own steering mix and drafting (the n-gram types, the model drafters
+but MTP), its events routed back by request id (engine_ext.router). The engine's queue holds the jobs waiting for a
+sequence; past the server's bound a job is refused with 503 before it is sent, and the engine's own Busy answer is a
+503 too.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+# A position of the target's history that a drafter reading its outputs did not read (it found the prefix cached):
+# never equal to a token, so a history compared with it ends there.
+UNREAD = -(1 << 40)
+
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens `a` and `b` share.

@@ -20,7 +20,7 @@ from engine_ext.model import Context, Model, free_context, new_draft_context
 from engine_ext.params import SpeculativeConfigError
 from engine_ext.spec_catalog import DRAFT_P_MIN
 from engine_ext.speculative import target_outputs
-from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.base import UNREAD, Drafter, common_prefix_length
 from engine_ext.speculative.draft_model import top_token
 
 
@@ -61,10 +61,21 @@ def _meta_bool(model: Model, key: str, default: bool) -> bool:
 
 
 class DraftDFlash(Drafter):
-    """DFlash, DFlash2 (selector lattice) and DSpark (anchor-first blocks, confidence head) drafts."""
+    """DFlash, DFlash2 (selector lattice) and DSpark (anchor-first blocks, confidence head) drafts.
+
+    `n_seq` > 1: a draft sequence per target sequence of the parallel loop (engine_ext.speculative.layer_seqs),
+    each with its own KV stream and injected rows; the Drafter interface drafts on sequence 0 (the single path)."""
 
     def __init__(
-        self, draft: Model, target: Model, target_ctx: Context, *, dspark: bool, n_max: int, p_min: float
+        self,
+        draft: Model,
+        target: Model,
+        target_ctx: Context,
+        *,
+        dspark: bool,
+        n_max: int,
+        p_min: float,
+        n_seq: int = 1,
     ) -> None:
         super().__init__()
         self.draft_model = draft
@@ -93,7 +104,7 @@ class DraftDFlash(Drafter):
             raise SpeculativeConfigError(
                 f"draft {draft.path.name} defines no mask token (tokenizer.ggml.mask_token_id)"
             )
-        handle = new_draft_context(draft, target_ctx, n_outputs_max=self.n_block)
+        handle = new_draft_context(draft, target_ctx, n_outputs_max=self.n_block, n_seq_max=n_seq)
         if not handle:
             raise SpeculativeConfigError(f"llama.cpp could not create a draft context on {draft.path.name}")
         self.ctx: Any = handle
@@ -103,7 +114,9 @@ class DraftDFlash(Drafter):
             target_outputs.acquire(target_ctx, lid)
         ext.llama_set_embeddings_nextn(handle, True, not self.is_dflash2)
         C.llama_set_causal_attn(handle, self.causal)
-        self.n_injected = 0  # rows of target features in the draft's memory (positions 0..n_injected-1)
+        # Per draft sequence: rows of target features in its memory (positions 0..injected-1), and their tokens.
+        self.injected = [0] * n_seq
+        self.seen: list[list[int]] = [[] for _ in range(n_seq)]
 
     def _check(self, draft: Model, target: Model) -> None:
         """Refuse what would abort inside llama.cpp (GGML_ASSERT on a missing layer input, bad widths)."""
@@ -133,27 +146,34 @@ class DraftDFlash(Drafter):
     # ----- drafter interface ---------------------------------------------------------------------------
 
     def process(self, tokens: Sequence[int], pos0: int) -> None:
-        """Inject the target's layer inputs for the rows it just decoded, at their positions."""
+        self.process_seq(0, tokens, pos0, 0)
+
+    def process_seq(self, seq: int, tokens: Sequence[int], pos0: int, row0: int, *, restart: bool = False) -> None:
+        """Inject the target's layer inputs for the rows it just decoded (rows row0.. of its batch) at their
+        positions, into draft sequence `seq`. After a gap (rows it never saw): it starts over, from the next batch
+        at position 0, or (`restart`) from this one: an empty sequence may start anywhere."""
         n = len(tokens)
-        if pos0 > self.n_injected:
-            C.llama_memory_clear(self.memory, True)  # rows we never saw: start over from here
-            self.n_injected = 0
-            return
-        if pos0 < self.n_injected:
-            C.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+        if pos0 > self.injected[seq]:
+            C.llama_memory_seq_rm(self.memory, seq, -1, -1)  # rows we never saw: start over
+            self.injected[seq] = 0
+            self.seen[seq] = []
+            if not restart:
+                return
+        elif pos0 < self.injected[seq]:
+            C.llama_memory_seq_rm(self.memory, seq, pos0, -1)
         layers = []
         for lid in self.layer_ids:
             ptr = bindings.get_embeddings_layer_inp(self.target_ctx.handle, lid)
             if not ptr:
                 return
-            layers.append(np.ctypeslib.as_array(ptr, shape=(n, self.n_embd_tgt)))
+            layers.append(np.ctypeslib.as_array(ptr, shape=(row0 + n, self.n_embd_tgt))[row0:])
         features = np.ascontiguousarray(np.concatenate(layers, axis=1), dtype=np.float32)
         for start in range(0, n, self.n_ubatch):
             batch = C.llama_batch_ext_init(self.ctx)
             try:
                 for i in range(start, min(n, start + self.n_ubatch)):
                     row = features[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-                    idx = C.llama_batch_ext_add_embd(batch, 0, C.llama_embd(row, 1, self.n_embd_enc))
+                    idx = C.llama_batch_ext_add_embd(batch, seq, C.llama_embd(row, 1, self.n_embd_enc))
                     p = pos0 + i
                     C.llama_batch_ext_set_pos(batch, idx, (C.llama_pos * 4)(p, p, p, 0))
                 rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_DECODE, batch)
@@ -161,19 +181,41 @@ class DraftDFlash(Drafter):
                 C.llama_batch_ext_free(batch)
             if rc != 0:
                 raise SpeculativeConfigError(f"injecting target features into the draft failed ({rc})")
-        self.n_injected = pos0 + n
+        seen = self.seen[seq]
+        del seen[pos0:]
+        seen.extend([UNREAD] * (pos0 - len(seen)))
+        seen.extend(tokens)
+        self.injected[seq] = pos0 + n
+
+    def keep(self, seq: int, tokens: Sequence[int]) -> None:
+        """Target sequence `seq` now holds `tokens` (a new request placed on it): the injected rows of another
+        history go, what the two share stays (up to the first position not read: its cells may have been copied
+        from another sequence since)."""
+        n = common_prefix_length(self.seen[seq], tokens)
+        if n < self.injected[seq]:
+            C.llama_memory_seq_rm(self.memory, seq, n, -1)
+            self.injected[seq] = n
+        del self.seen[seq][n:]
 
     def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        return self.draft_seq(0, tokens, id_last, n_max)
+
+    def draft_seq(
+        self, seq: int, tokens: Sequence[int], id_last: int, n_max: int, p_min: float | None = None
+    ) -> list[int]:
+        """Up to n_max tokens after tokens + [id_last], drafted on draft sequence `seq` (p_min: the request's, else
+        the drafter's)."""
         pos0 = len(tokens)
-        if self.n_injected < pos0:
+        if self.injected[seq] < pos0:
             return []
-        if self.n_injected > pos0:
-            C.llama_memory_seq_rm(self.memory, 0, pos0, -1)
-            self.n_injected = pos0
+        if self.injected[seq] > pos0:
+            C.llama_memory_seq_rm(self.memory, seq, pos0, -1)
+            self.injected[seq] = pos0
+            del self.seen[seq][pos0:]
         batch = C.llama_batch_ext_init(self.ctx)
         try:
             for i in range(self.n_block):
-                idx = C.llama_batch_ext_add_token(batch, 0, id_last if i == 0 else self.mask_token)
+                idx = C.llama_batch_ext_add_token(batch, seq, id_last if i == 0 else self.mask_token)
                 C.llama_batch_ext_set_pos(batch, idx, ctypes.byref(C.llama_pos(pos0 + i)))
                 C.llama_batch_ext_set_output_logits(batch, idx, not self.is_dflash2)
             rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_DECODE, batch)
@@ -182,33 +224,33 @@ class DraftDFlash(Drafter):
         try:
             if rc != 0:
                 return []
-            return self._read_block()[:n_max]
+            return self._read_block(self.p_min if p_min is None else p_min)[:n_max]
         finally:
-            C.llama_memory_seq_rm(self.memory, 0, pos0, -1)  # drop the noise block
+            C.llama_memory_seq_rm(self.memory, seq, pos0, -1)  # drop the noise block
 
-    def _read_block(self) -> list[int]:
+    def _read_block(self, p_min: float) -> list[int]:
         n_vocab = self.draft_model.n_vocab
         if self.is_dflash2:
             ptr = ext.llama_get_embeddings_nextn(self.ctx)
             rows = np.ctypeslib.as_array(ptr, shape=(self.n_block, self.n_embd_dec))
-            return walk_dflash2_lattice(rows, self.selector_top_k, self.p_min)
+            return walk_dflash2_lattice(rows, self.selector_top_k, p_min)
         first = 0 if self.is_dspark and self.sample_from_anchor else 1
         result: list[int] = []
         confidence: list[float] = []
         conf_rows = None
-        if self.is_dspark and self.p_min > 0.0:
+        if self.is_dspark and p_min > 0.0:
             ptr = ext.llama_get_embeddings_nextn(self.ctx)
             conf_rows = np.ctypeslib.as_array(ptr, shape=(self.n_block, self.n_embd_dec))
         for i in range(first, self.n_block):
             logits = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, i), shape=(n_vocab,))
-            token, p = top_token(logits, not self.is_dspark and self.p_min > 0.0)
-            if not self.is_dspark and p < self.p_min:
+            token, p = top_token(logits, not self.is_dspark and p_min > 0.0)
+            if not self.is_dspark and p < p_min:
                 break
             result.append(token)
             if conf_rows is not None:
                 confidence.append(float(conf_rows[i, 0]))
         if conf_rows is not None:
-            return truncate_by_confidence(result, confidence, self.p_min)
+            return truncate_by_confidence(result, confidence, p_min)
         return result
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -26,8 +27,11 @@ from engine_ext.sampling import FloatRows
 from engine_ext.seq_batch import SeqBatch, seq_remove
 from engine_ext.spec_catalog import parallel_refusal
 from engine_ext.speculative.base import Drafter, common_prefix_length
+from engine_ext.speculative.dflash import DraftDFlash
 from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
 from engine_ext.speculative.driver import MAX_VERIFY_DRAFT, SpeculativeDriver
+from engine_ext.speculative.eagle3 import DraftEagle3
+from engine_ext.speculative.layer_seqs import SequenceLayerDrafter
 from engine_ext.speculative.mtp_seqs import MTPSequences, SequenceMTP
 
 
@@ -182,9 +186,10 @@ class SequenceDrafter(Drafter):
 
 
 class SequenceDrafts:
-    """The drafters of a scheduler's requests: n-gram drafters each request's own, draft-simple's model and context
-    shared (DraftSequences, one per draft model, made on first use, closed with the scheduler), and draft-mtp's
-    head context shared (MTPSequences, one per head: the target's own or a sidecar file).
+    """The drafters of a scheduler's requests: n-gram drafters each request's own, the model drafters' models and
+    contexts shared: draft-simple's (DraftSequences), draft-mtp's head context (MTPSequences: the target's own head or
+    a sidecar file), draft-eagle3's DraftEagle3 and draft-dflash/dspark's DraftDFlash (a sequence per target
+    sequence, engine_ext.speculative.layer_seqs); one per draft model, made on first use, closed with the scheduler.
 
     A recurrent or hybrid target drafts only where llama.cpp rolls one sequence's state back by a few tokens
     (`rolls_back`: n_rs_seq > 0 on an architecture that has it), its drafts at most n_rs_seq long (`max_draft`)."""
@@ -201,6 +206,8 @@ class SequenceDrafts:
         # Sequences whose recurrent state was rolled back and has not decoded since (llama.cpp applies a rollback
         # at the sequence's next decode): not copied into another sequence before, which would copy it unrolled.
         self.pending: set[int] = set()
+        # By (type, file, block length: DFlash's draft block is sized when its context is made).
+        self.layer_pools: dict[tuple[str, Path, int], DraftEagle3 | DraftDFlash] = {}
 
     def driver(self, params: SpeculativeParams) -> SpeculativeDriver:
         """A request's drafter chain; refused (SpeculativeConfigError) for the drafters a sequence has none of."""
@@ -216,6 +223,7 @@ class SequenceDrafts:
             self.ctx,
             draft_simple=lambda: self._drafter(params),
             draft_mtp=lambda: SequenceMTP(self._heads(params), params.p_min),
+            layer_input=lambda spec_type: self._layer_input(spec_type, params),
         )
 
     def _drafter(self, params: SpeculativeParams) -> Drafter:
@@ -257,9 +265,14 @@ class SequenceDrafts:
 
     def read_rows(self, job: _Running | None, seq: int, held: Sequence[int], draft: Sequence[int], row0: int) -> None:
         """After a step's decode: sequence `seq` held `held` and decoded, at rows row0.., its prompt's last token
-        (`job.pending`) or `job.id_last` and its draft."""
-        if job is not None:
-            self.read_prompt(job, seq, held, job.pending or [job.id_last, *draft], row0)
+        (`job.pending`) or `job.id_last` and its draft: its MTP head and its drafters that read the target's outputs
+        read them (before the next decode overwrites them)."""
+        if job is None:
+            return
+        tokens = job.pending or [job.id_last, *draft]
+        self.read_prompt(job, seq, held, tokens, row0)
+        if job.drafting:
+            self.process(job.driver, tokens, len(held), row0)
 
     def read_prompt(self, job: _Running, seq: int, held: Sequence[int], tokens: Sequence[int], row0: int = 0) -> None:
         """After a target decode: sequence `seq`, holding `held`, decoded `tokens` at rows row0..; where its request
@@ -279,6 +292,45 @@ class SequenceDrafts:
         if self.rolls_back:
             self.pending.add(seq)
         return True
+
+    def _layer_input(self, spec_type: str, params: SpeculativeParams) -> Drafter:
+        from engine_ext.speculative.eagle3 import build_eagle3
+        from engine_ext.speculative.factory import build_dflash, target_backends
+
+        assert params.draft_model is not None  # validate() checked it
+        path = Path(params.draft_model).resolve()
+        eagle3 = spec_type == "draft-eagle3"
+        key = (spec_type, path, 0 if eagle3 else params.n_max)
+        pool = self.layer_pools.get(key)
+        if pool is None and not any(p.target_ctx is self.ctx for p in self.layer_pools.values()):
+            # The target's layer inputs go on now. In a context that had decoded on a device that crashed the engine
+            # (issue 24; the single path gets a fresh context, engine_ext.worker.set_speculative): refused there.
+            if self.ctx.decodes and target_backends(self.model):
+                raise SpeculativeConfigError(
+                    f"with the model on a GPU, {spec_type} with parallel requests must start before the model's first "
+                    "reply (turning on the model outputs it reads after the model has decoded there crashed the "
+                    "engine): restart the server and send it first, or serve with --parallel 1 or -ngl 0"
+                )
+        if pool is None:  # the builders refuse a missing file or a draft not made for this target
+            n_seq, resolved = max(1, self.ctx.params.n_seq_max), replace(params, draft_model=str(path))
+            if eagle3:
+                pool = build_eagle3(resolved, self.model, self.ctx, n_seq=n_seq)
+            else:
+                pool = build_dflash(spec_type, resolved, self.model, self.ctx, n_seq=n_seq)
+            self.layer_pools[key] = pool
+        return SequenceLayerDrafter(pool, params.p_min)
+
+    @staticmethod
+    def process(driver: SpeculativeDriver | None, tokens: Sequence[int], pos0: int, row0: int) -> None:
+        """The target just decoded the request's `tokens` at positions pos0.., rows row0.. of its batch: its model
+        drafters that read the target's outputs (draft-eagle3) read these rows (right after the decode: the next one
+        overwrites them)."""
+        if driver is None or not driver.reads_batches:
+            return
+        for d in driver.drafters:
+            if isinstance(d, SequenceLayerDrafter):
+                d.row0 = row0
+        driver.process(tokens, pos0)
 
     def draft_together(self, asks: Sequence[tuple[SpeculativeDriver, int, Sequence[int], int, int]]) -> None:
         """Before a step: the draft-simple drafts of the sequences that draft with the same draft model, made
@@ -307,11 +359,13 @@ class SequenceDrafts:
                     drafter.stats.t_draft_ms += share
 
     @staticmethod
-    def bind(driver: SpeculativeDriver, seq: int) -> None:
-        """The request's model drafters draft on sequence `seq` (the one it was placed on)."""
+    def bind(driver: SpeculativeDriver, seq: int, tokens: Sequence[int] = ()) -> None:
+        """The request's model drafters draft on sequence `seq` (the one it was placed on, holding `tokens`)."""
         for d in driver.drafters:
             if isinstance(d, SequenceDrafter | SequenceMTP):
                 d.seq = seq
+            elif isinstance(d, SequenceLayerDrafter):
+                d.bind(seq, tokens)
 
     def close(self) -> None:
         for pool in self.pools.values():
@@ -320,3 +374,6 @@ class SequenceDrafts:
         for heads in self.heads.values():
             heads.close()
         self.heads.clear()
+        for layer_pool in self.layer_pools.values():
+            layer_pool.close()
+        self.layer_pools.clear()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from engine_ext.model import Context, Model, free_context, init_context
 from engine_ext.params import SpeculativeConfigError, SpeculativeParams
 from engine_ext.spec_catalog import DRAFT_MODEL
 from engine_ext.speculative import target_outputs
-from engine_ext.speculative.base import Drafter
+from engine_ext.speculative.base import UNREAD, Drafter, common_prefix_length
 from engine_ext.speculative.draft_model import top_token
 
 EAGLE3_N_TARGET_LAYERS = 3  # src/models/eagle3.cpp: "EAGLE3 requires exactly 3 entries in 'extract_layers'"
@@ -152,12 +153,26 @@ def check_eagle3_file(path: Path, target: Model) -> None:
     )
 
 
+@dataclass
+class _SeqState:
+    """What one draft sequence knows: the encoder output by target position, the boundary row its last draft
+    wrote, and the target's tokens by position (UNREAD where it did not read them), to keep only what the history of
+    a new request on the sequence shares."""
+
+    g_by_pos: dict[int, np.ndarray] = field(default_factory=dict)
+    seed: tuple[int, int] | None = None  # (pos, token) of the boundary row the last draft() wrote
+    seen: list[int] = field(default_factory=list)
+
+
 class DraftEagle3(Drafter):
-    """An EAGLE3 draft model (arch `eagle3`) for the loaded target; owns the draft Model once built."""
+    """An EAGLE3 draft model (arch `eagle3`) for the loaded target; owns the draft Model once built.
+
+    `n_seq` > 1: a draft sequence per target sequence of the parallel loop (engine_ext.speculative.layer_seqs), each
+    with its own state and its own KV stream; the Drafter interface drafts on sequence 0 (the single path)."""
 
     name = "draft-eagle3"
 
-    def __init__(self, draft: Model, target: Model, target_ctx: Context, *, p_min: float = 0.0) -> None:
+    def __init__(self, draft: Model, target: Model, target_ctx: Context, *, p_min: float = 0.0, n_seq: int = 1) -> None:
         super().__init__()
         self.ctx: Any = None
         self.draft_model = draft
@@ -191,7 +206,9 @@ class DraftEagle3(Drafter):
         cparams.n_ctx = target_ctx.n_ctx
         cparams.n_batch = target_ctx.n_batch
         cparams.n_ubatch = min(target_ctx.params.n_ubatch, target_ctx.n_batch)
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = n_seq
+        if n_seq > 1:
+            cparams.kv_unified = False  # a KV stream per sequence, laid out as the target's
         cparams.n_rs_seq = 0
         cparams.ctx_other = target_ctx.handle  # the draft borrows the target's token_embd / output if it lacks them
         threads = target_ctx.params.n_threads or int(C.llama_n_threads(target_ctx.handle))
@@ -202,7 +219,7 @@ class DraftEagle3(Drafter):
             raise SpeculativeConfigError(f"llama.cpp could not create a draft context on {draft.path.name}")
         self.ctx = handle
         self.memory: Any = C.llama_get_memory(handle)
-        self.n_ctx = int(C.llama_n_ctx(handle))
+        self.n_ctx = int(C.llama_n_ctx_seq(handle))  # what one sequence may hold
         self.n_batch = int(C.llama_n_batch(handle))
         self.n_ubatch = int(C.llama_n_ubatch(handle))
         self.uses_nextn = any(lid == self.n_layer_tgt for lid in self.layer_ids)
@@ -213,16 +230,16 @@ class DraftEagle3(Drafter):
             target_outputs.acquire(target_ctx, target_outputs.NEXTN)
         # The draft emits its encoder output (g) and its decoder's pre-norm hidden state as "nextn" embeddings.
         ext.llama_set_embeddings_nextn(handle, True, True)
-        self.g_by_pos: dict[int, np.ndarray] = {}  # encoder output for each target position
-        self.seed: tuple[int, int] | None = None  # (pos, token) of the boundary row the last draft() wrote
+        self.states = [_SeqState() for _ in range(n_seq)]
 
     # ----- helpers -----------------------------------------------------------------------------------
 
-    def _pos_max(self) -> int:
-        return int(C.llama_memory_seq_pos_max(self.memory, 0))
+    def _pos_max(self, seq: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self.memory, seq))
 
-    def _features(self, n: int) -> np.ndarray | None:
-        """[n, 3 * n_embd_tgt]: the target's inputs to the three layers for the rows it just decoded."""
+    def _features(self, n: int, row0: int) -> np.ndarray | None:
+        """[n, 3 * n_embd_tgt]: the target's inputs to the three layers for rows row0.. of the batch it just decoded
+        (row0 > 0: this sequence's rows of a batch shared with other sequences)."""
         handle = self.target_ctx.handle
         layers = []
         for lid in self.layer_ids:
@@ -232,22 +249,22 @@ class DraftEagle3(Drafter):
                 ptr = ext.llama_get_embeddings_nextn(handle)
             if not ptr:
                 return None
-            layers.append(np.ctypeslib.as_array(ptr, shape=(n, self.n_embd_tgt)))
+            layers.append(np.ctypeslib.as_array(ptr, shape=(row0 + n, self.n_embd_tgt))[row0:])
         return np.ascontiguousarray(np.concatenate(layers, axis=1), dtype=np.float32)
 
-    def _encode(self, features: np.ndarray) -> np.ndarray | None:
+    def _encode(self, seq: int, features: np.ndarray) -> np.ndarray | None:
         """g = fc(features), one ENCODE per n_ubatch rows (the encoder cannot split a batch itself)."""
         n = features.shape[0]
         g = np.empty((n, self.n_embd_dec), dtype=np.float32)
         for start in range(0, n, self.n_ubatch):
             end = min(n, start + self.n_ubatch)
             # The per-token encoder ignores positions, but the batch check wants them to follow the memory.
-            pos = self._pos_max() + 1
+            pos = self._pos_max(seq) + 1
             batch = C.llama_batch_ext_init(self.ctx)
             try:
                 for i in range(start, end):
                     row = features[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-                    idx = C.llama_batch_ext_add_embd(batch, 0, C.llama_embd(row, 1, self.n_embd_enc))
+                    idx = C.llama_batch_ext_add_embd(batch, seq, C.llama_embd(row, 1, self.n_embd_enc))
                     if idx < 0:
                         return None
                     p = pos + i - start
@@ -264,14 +281,14 @@ class DraftEagle3(Drafter):
             g[start:end] = np.ctypeslib.as_array(ptr, shape=(end - start, self.n_embd_dec))
         return g
 
-    def _decode(self, rows: Sequence[tuple[int, int, np.ndarray]], *, output_last: bool) -> bool:
+    def _decode(self, seq: int, rows: Sequence[tuple[int, int, np.ndarray]], *, output_last: bool) -> bool:
         """Decode (pos, token, g) rows into the draft's memory; True on success."""
         for start in range(0, len(rows), self.n_batch):
             chunk = rows[start : start + self.n_batch]
             batch = C.llama_batch_ext_init(self.ctx)
             try:
                 for i, (pos, token, g) in enumerate(chunk):
-                    idx = C.llama_batch_ext_add_token(batch, 0, token)
+                    idx = C.llama_batch_ext_add_token(batch, seq, token)
                     if idx < 0:
                         return False
                     C.llama_batch_ext_set_embd_token(
@@ -287,37 +304,53 @@ class DraftEagle3(Drafter):
                 return False
         return True
 
-    def _cut(self, start: int) -> None:
-        """Keep the draft's memory below `start`; clear it when what stays does not end at start - 1."""
-        C.llama_memory_seq_rm(self.memory, 0, max(start, 0), -1)
-        pos_max = self._pos_max()
+    def _cut(self, seq: int, start: int) -> None:
+        """Keep the sequence's draft memory below `start`; drop it all when what stays does not end at start - 1."""
+        C.llama_memory_seq_rm(self.memory, seq, max(start, 0), -1)
+        pos_max = self._pos_max(seq)
         if pos_max >= 0 and pos_max != start - 1:
-            C.llama_memory_clear(self.memory, True)  # a hole: decoding after it would be refused
+            C.llama_memory_seq_rm(self.memory, seq, -1, -1)  # a hole: decoding after it would be refused
 
-    def _forget_from(self, pos: int) -> None:
-        for stale in [p for p in self.g_by_pos if p >= pos]:
-            del self.g_by_pos[stale]
+    def _forget_from(self, seq: int, pos: int) -> None:
+        state = self.states[seq]
+        for stale in [p for p in state.g_by_pos if p >= pos]:
+            del state.g_by_pos[stale]
+        del state.seen[pos:]
 
-    def _reset(self) -> None:
-        C.llama_memory_clear(self.memory, True)
-        self.g_by_pos.clear()
-        self.seed = None
+    def _reset(self, seq: int) -> None:
+        C.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self.states[seq] = _SeqState()
+
+    def keep(self, seq: int, tokens: Sequence[int]) -> None:
+        """Target sequence `seq` now holds `tokens` (a new request placed on it): what this draft sequence read of
+        another history is forgotten, what the two share is kept (up to the first position it did not read: its
+        cells may have been copied from another sequence since)."""
+        state = self.states[seq]
+        n = common_prefix_length(state.seen, tokens)
+        if n < len(state.seen):
+            self._forget_from(seq, n)
+            state.seed = None
 
     # ----- drafter interface ---------------------------------------------------------------------------
 
     def process(self, tokens: Sequence[int], pos0: int) -> None:
-        """Encode the target rows at pos0.. and write the decoder pairs (token[P+1], g[P]) they complete."""
+        self.process_seq(0, tokens, pos0, 0)
+
+    def process_seq(self, seq: int, tokens: Sequence[int], pos0: int, row0: int) -> None:
+        """Encode the target rows at pos0.. (rows row0.. of its batch) and write the decoder pairs (token[P+1], g[P])
+        they complete on draft sequence `seq`."""
         n = len(tokens)
         if n == 0 or self.ctx is None:
             return
-        features = self._features(n)
-        g = self._encode(features) if features is not None else None
+        features = self._features(n, row0)
+        g = self._encode(seq, features) if features is not None else None
         if g is None:
-            self._reset()  # nothing to anchor on; the next batch starts over
+            self._reset(seq)  # nothing to anchor on; the next batch starts over
             return
-        g_prev = self.g_by_pos.get(pos0 - 1)
-        seeded = self.seed == (pos0 - 1, tokens[0]) and self._pos_max() >= pos0 - 1
-        self.seed = None
+        state = self.states[seq]
+        g_prev = state.g_by_pos.get(pos0 - 1)
+        seeded = state.seed == (pos0 - 1, tokens[0]) and self._pos_max(seq) >= pos0 - 1
+        state.seed = None
         rows: list[tuple[int, int, np.ndarray]] = []
         if seeded:
             start = pos0  # draft() already wrote the boundary row with this very token
@@ -326,40 +359,52 @@ class DraftEagle3(Drafter):
             rows.append((pos0 - 1, tokens[0], g_prev))
         else:
             start = pos0  # nothing known before pos0 (a fresh prompt, or the history was lost)
-        self._cut(start)  # an empty sequence may start anywhere, so pos0 > 0 with no history is fine
+        self._cut(seq, start)  # an empty sequence may start anywhere, so pos0 > 0 with no history is fine
         rows.extend((pos0 + k, tokens[k + 1], g[k]) for k in range(n - 1))
-        self._forget_from(pos0)
-        if rows and not self._decode(rows, output_last=False):
-            self._reset()
+        self._forget_from(seq, pos0)
+        if rows and not self._decode(seq, rows, output_last=False):
+            self._reset(seq)
             return
+        by_pos = state.g_by_pos
         for k in range(max(0, n - G_HISTORY), n):
-            self.g_by_pos[pos0 + k] = g[k].copy()
-        for old in [p for p in self.g_by_pos if p < pos0 + n - G_HISTORY]:
-            del self.g_by_pos[old]
+            by_pos[pos0 + k] = g[k].copy()
+        for old in [p for p in by_pos if p < pos0 + n - G_HISTORY]:
+            del by_pos[old]
+        seen = state.seen  # (_forget_from cut it to pos0 at most)
+        seen.extend([UNREAD] * (pos0 - len(seen)))
+        seen.extend(tokens)
 
     def draft(self, tokens: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        return self.draft_seq(0, tokens, id_last, n_max)
+
+    def draft_seq(
+        self, seq: int, tokens: Sequence[int], id_last: int, n_max: int, p_min: float | None = None
+    ) -> list[int]:
+        """Up to n_max tokens after tokens + [id_last], drafted on draft sequence `seq` (p_min: the request's, else
+        the drafter's)."""
+        p_min = self.p_min if p_min is None else p_min
         if self.ctx is None:
             return []
         pos = len(tokens)
-        g = self.g_by_pos.get(pos - 1)
+        g = self.states[seq].g_by_pos.get(pos - 1)
         n_max = min(n_max, self.n_ctx - pos + 1)  # drafting rows sit at pos - 1 .. pos + n_max - 2
         if g is None or n_max <= 0:
             return []
-        self._forget_from(pos)  # rows of tokens the target rejected
-        self._cut(pos - 1)
+        self._forget_from(seq, pos)  # rows of tokens the target rejected
+        self._cut(seq, pos - 1)
         result: list[int] = []
         token, p = id_last, pos - 1
-        want_p = self.p_min > 0.0
+        want_p = p_min > 0.0
         try:
             for _ in range(n_max):
-                if not self._decode(((p, token, g),), output_last=True):
+                if not self._decode(seq, ((p, token, g),), output_last=True):
                     break
                 ptr = C.llama_get_logits_ith(self.ctx, -1)
                 if not ptr:
                     break
                 logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
                 token, prob = top_token(logits, want_p)
-                if prob < self.p_min:
+                if prob < p_min:
                     break
                 result.append(token)
                 h = ext.llama_get_embeddings_nextn_ith(self.ctx, -1)
@@ -369,8 +414,8 @@ class DraftEagle3(Drafter):
                 p += 1
         finally:
             # Keep the boundary row (id_last at pos - 1); drop the drafting rows: process() writes the real ones.
-            C.llama_memory_seq_rm(self.memory, 0, pos, -1)
-            self.seed = (pos - 1, id_last) if self._pos_max() == pos - 1 else None
+            C.llama_memory_seq_rm(self.memory, seq, pos, -1)
+            self.states[seq].seed = (pos - 1, id_last) if self._pos_max(seq) == pos - 1 else None
         return result
 
     def accept(self, n_accepted: int) -> None:
@@ -390,8 +435,9 @@ class DraftEagle3(Drafter):
             self.draft_model.close()
 
 
-def build_eagle3(params: SpeculativeParams, model: Model, ctx: Context) -> DraftEagle3:
-    """The factory's entry: `--spec-draft-model` must be an EAGLE3 GGUF made for this target."""
+def build_eagle3(params: SpeculativeParams, model: Model, ctx: Context, *, n_seq: int = 1) -> DraftEagle3:
+    """The factory's entry: `--spec-draft-model` must be an EAGLE3 GGUF made for this target (n_seq: draft sequences,
+    one per target sequence of the parallel loop)."""
     from engine_ext.gguf import inspect_gguf
     from engine_ext.params import ModelParams
 
@@ -407,7 +453,7 @@ def build_eagle3(params: SpeculativeParams, model: Model, ctx: Context) -> Draft
     check_eagle3_file(path, model)
     draft = Model(path, ModelParams(n_gpu_layers=model.params.n_gpu_layers))
     try:
-        return DraftEagle3(draft, model, ctx, p_min=params.p_min)
+        return DraftEagle3(draft, model, ctx, p_min=params.p_min, n_seq=n_seq)
     except Exception:
         draft.close()
         raise

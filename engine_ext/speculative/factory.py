@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine_ext.model import Context, Model
 from engine_ext.params import SPEC_TYPES, SpeculativeConfigError, SpeculativeParams
 from engine_ext.spec_catalog import DRAFT_MODEL, LAYER_INPUT_TYPES, NGRAM_TYPES, TYPE_FOR_DRAFT, device_refusal
 from engine_ext.speculative.base import Drafter
 from engine_ext.speculative.driver import SpeculativeDriver
+
+if TYPE_CHECKING:
+    from engine_ext.speculative.dflash import DraftDFlash
 
 
 def build_driver(
@@ -19,10 +23,12 @@ def build_driver(
     *,
     draft_simple: Callable[[], Drafter] | None = None,
     draft_mtp: Callable[[], Drafter] | None = None,
+    layer_input: Callable[[str], Drafter] | None = None,
 ) -> SpeculativeDriver:
     """The drafters for `params.types` in upstream's priority order (whatever order the user gave). `draft_simple`,
-    `draft_mtp`: make that drafter instead of a DraftSimple or DraftMTP of its own (the parallel sequences share a
-    draft context, engine_ext.speculative.draft_seqs and mtp_seqs)."""
+    `draft_mtp`, `layer_input` (given the type: draft-eagle3, draft-dflash, draft-dspark): make that drafter instead
+    of one with a draft context of its own (the parallel sequences share a draft context,
+    engine_ext.speculative.draft_seqs, mtp_seqs and layer_seqs)."""
     params.validate()
     if params.types == ("auto",):
         return build_auto_driver(params, model, ctx)
@@ -37,6 +43,10 @@ def build_driver(
             if spec_type == "draft-mtp" and draft_mtp is not None:
                 drafters.append(draft_mtp())
                 continue
+            if spec_type in LAYER_INPUT_TYPES and layer_input is not None:
+                _check_device(spec_type, model)
+                drafters.append(layer_input(spec_type))
+                continue
             drafters.append(_build(spec_type, params, model, ctx))
     except Exception:
         for d in drafters:
@@ -50,9 +60,7 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
         from engine_ext.speculative.ngram import make_ngram_drafter
 
         return make_ngram_drafter(spec_type, record_stats=False)  # the driver records statistics
-    refusal = device_refusal(spec_type, target_backends(model)) or lavapipe_refusal(spec_type, model)
-    if refusal:  # a combination that crashed the engine on this kind of device (catalog.DEVICE_REFUSALS)
-        raise SpeculativeConfigError(refusal)
+    _check_device(spec_type, model)
     if spec_type == "draft-simple":
         from engine_ext.speculative.draft_model import DraftSimple
 
@@ -70,6 +78,12 @@ def _build(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context
 
         return build_eagle3(params, model, ctx)
     raise SpeculativeConfigError(f"{spec_type} is not supported by this version of llmtui yet")
+
+
+def _check_device(spec_type: str, model: Model) -> None:
+    refusal = device_refusal(spec_type, target_backends(model)) or lavapipe_refusal(spec_type, model)
+    if refusal:  # a combination that crashed the engine on this kind of device (catalog.DEVICE_REFUSALS)
+        raise SpeculativeConfigError(refusal)
 
 
 def _build_mtp(params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
@@ -133,7 +147,14 @@ def lavapipe_refusal(spec_type: str, model: Model) -> str | None:
 
 
 def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: Context) -> Drafter:
-    """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together."""
+    return build_dflash(spec_type, params, model, ctx)
+
+
+def build_dflash(
+    spec_type: str, params: SpeculativeParams, model: Model, ctx: Context, *, n_seq: int = 1
+) -> DraftDFlash:
+    """A DFlash/DFlash2/DSpark draft GGUF, checked against the target before llama.cpp sees it together (n_seq: draft
+    sequences, one per target sequence of the parallel loop)."""
     from engine_ext.gguf import inspect_gguf
     from engine_ext.params import ModelParams
     from engine_ext.speculative.dflash import DraftDFlash
@@ -152,7 +173,7 @@ def _build_dflash(spec_type: str, params: SpeculativeParams, model: Model, ctx: 
     draft = Model(path, ModelParams(n_gpu_layers=model.params.n_gpu_layers))
     try:
         return DraftDFlash(
-            draft, model, ctx, dspark=spec_type == "draft-dspark", n_max=params.n_max, p_min=params.p_min
+            draft, model, ctx, dspark=spec_type == "draft-dspark", n_max=params.n_max, p_min=params.p_min, n_seq=n_seq
         )
     except Exception:
         draft.close()

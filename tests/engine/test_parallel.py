@@ -218,7 +218,7 @@ def test_a_bad_request_fails_alone(tiny_models: dict[str, Path], tmp_path: Path)
     with open_session(tiny_models["llama"], n_seq=2) as session:
         run = Run(session)
         run.submit(greedy(1, "go", 6), steering=(SteeringEntry(str(tmp_path / "missing.gguf")),))
-        run.submit(greedy(2, "go", 6), speculative=SpeculativeParams(types=("draft-eagle3",)))
+        run.submit(greedy(2, "go", 6), speculative=SpeculativeParams(types=("auto",)))
         run.submit(greedy(3, "go", 6))
         run.submit(Generate(4, prompt="go", sampling=GREEDY, max_tokens=6, tools='[{"type": "function"}]'))
         run.drain()

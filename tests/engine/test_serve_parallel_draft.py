@@ -50,5 +50,5 @@ def test_draft_simple_per_request_answers_as_plain_decoding_alone_and_together(s
 
 def test_model_drafters_without_a_draft_sequence_are_refused(server: str) -> None:
     with pytest.raises(openai.BadRequestError, match="draft-simple"):
-        ask(server, speculative={"type": "draft-eagle3"})
+        ask(server, speculative={"type": "auto"})
     assert ask(server, speculative={"type": "draft-simple"}) == ask(server, **PLAIN)

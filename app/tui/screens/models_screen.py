@@ -27,6 +27,7 @@ from app.tui.screens.models_detail import (
     local_label,
     local_text,
     memory_text,
+    not_for_chat,
     quant_label,
     repo_text,
     search_result_text,
@@ -598,6 +599,10 @@ class ModelsScreen(ModelsDownloads):
         path = self._use_target()
         if path is None:
             self.notify("Pick a downloaded model in the Local tab (3), or download this quant first (d).")
+            return
+        refusal = not_for_chat(path)
+        if refusal is not None:  # an embedding model or a reranker: it would load, then fail at the first reply
+            self.notify(refusal, severity="warning", timeout=10)
             return
         if self.app.reply_in_progress():
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")

@@ -9,7 +9,6 @@ engine worker of its own, started at the first question (app.core.documents.mode
 from __future__ import annotations
 
 import asyncio
-import threading
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,8 +41,8 @@ class DocumentAttacher:
         self._engines = DocumentEngines(start_worker)
 
     def close(self) -> None:
-        """Stop the embedding model's and the reranker's engines (in a thread: a worker takes a moment to end)."""
-        threading.Thread(target=self._engines.close, name="documents-engines-close", daemon=True).start()
+        """Stop the embedding model's and the reranker's engines (the chat screen's end: the app's)."""
+        self._engines.close()
 
     def search_models(self) -> tuple[DocumentModel, DocumentModel]:
         """The embedding model and the reranker the settings name, else the catalog's on disk (file reads)."""

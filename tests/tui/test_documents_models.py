@@ -107,7 +107,7 @@ async def test_f12_searches_with_the_embedding_model_the_settings_name(
             found.append(ask(*args))  # type: ignore[arg-type]
             return found[-1]
 
-        chat.documents._ask = recording  # type: ignore[method-assign]  # noqa: SLF001
+        chat.documents._ask = recording  # type: ignore[method-assign,assignment]  # noqa: SLF001
         await chat.replies.send("How do I roll back a release of the billing service?")
         await reply_done(pilot)
         assert found and found[0].notes[0].endswith("searched with BM25 and embeddings (tiny-embedder.gguf)")

@@ -79,3 +79,16 @@ def test_the_catalogs_embedding_model_and_reranker_are_pulled_by_id_and_then_use
     assert configured.returncode == 0, configured.stderr
     assert json.loads(configured.stdout)["documents"] == [bm25_only]
     assert "docs: reranker not used: [documents] rerank_model in config.toml: nope/Missing-GGUF" in configured.stderr
+
+
+def test_run_and_chat_refuse_an_embedding_model_or_reranker_as_the_model_to_chat_with(tmp_path: Path) -> None:
+    for name, what in (
+        ("tiny-embedder.gguf", "an embedding model (its GGUF names a pooling)"),
+        ("tiny-reranker.gguf", "a reranker (rank pooling)"),
+    ):
+        model = write_tiny_embedder(tmp_path / name, rerank="reranker" in name)
+        for command in (["run", "-m", str(model), "-p", "hi", "-n", "2"], ["chat", "-m", str(model)]):
+            refused = llmtui(*command, tmp=tmp_path)
+            assert refused.returncode == 1, refused.stderr
+            assert refused.stderr.startswith(f"llmtui: error: {name} is {what}, not a model to chat with")
+            assert refused.stderr.count("\n") == 1 and "--embed-model" in refused.stderr

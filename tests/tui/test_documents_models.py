@@ -10,8 +10,9 @@ import pytest
 from textual.widgets import Input, OptionList
 
 from app.core.config import load_config
+from app.core.documents.models import not_for_chat
 from app.tui.app import LlmtuiApp
-from app.tui.screens.models_detail import catalog_label, entry_text, not_for_chat
+from app.tui.screens.models_detail import catalog_label, entry_text
 from app.tui.screens.settings_screen import SettingsScreen
 from models_catalog.catalog import load_catalog
 from tests.tiny_models import write_tiny_embedder

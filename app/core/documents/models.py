@@ -51,6 +51,25 @@ def rank_mismatch(path: Path, use: str) -> str:
     return f"{path.name} is " + ("a reranker (rank pooling), not an embedder" if rank else "not a reranker")
 
 
+def not_for_chat(path: Path) -> str | None:
+    """Why the model file at `path` is not opened to chat with (an embedding model or a reranker: its GGUF names a
+    pooling), said as the draft-as-model refusal says it; None for a model to chat with (or an unreadable header:
+    the load says why)."""
+    from engine_ext.gguf import GGUFError, read_pooling_type
+
+    try:
+        pooling = read_pooling_type(path)
+    except (GGUFError, OSError):
+        return None
+    if not pooling:
+        return None
+    what = "a reranker (rank pooling)" if pooling == POOLING_RANK else "an embedding model (its GGUF names a pooling)"
+    return (
+        f"{path.name} is {what}, not a model to chat with: the documents' search uses it (Settings, F3: Documents; "
+        "--embed-model, --rerank-model), and `llmtui serve -m` serves it"
+    )
+
+
 def find_document_model(use: str, setting: str) -> DocumentModel:
     """The model for `use` ("embed", "rerank") that `setting` names (a path, catalog id, org/repo[:QUANT]; '' : the
     catalog's first for that use when it is downloaded; "none": none)."""

@@ -38,25 +38,6 @@ USE_TEXT = {
 }
 
 
-def not_for_chat(path: Path) -> str | None:
-    """Why the model file at `path` is not opened to chat with (an embedding model or a reranker: its GGUF names a
-    pooling), said as the draft-as-model refusal says it; None when it is a model to chat with (or unreadable: the
-    load says why)."""
-    from engine_ext.gguf import GGUFError, read_pooling_type
-
-    try:
-        pooling = read_pooling_type(path)
-    except (GGUFError, OSError):
-        return None
-    if not pooling:
-        return None
-    what = "a reranker (rank pooling)" if pooling == 4 else "an embedding model (its GGUF names a pooling)"
-    return (
-        f"{path.name} is {what}, not a model to chat with: the documents' search uses it (Settings, F3: Documents; "
-        "--embed-model, --rerank-model)."
-    )
-
-
 def catalog_label(entry: CatalogEntry) -> Text:
     size = f"{entry.total_params_b:g}B" + (f"-A{entry.active_params_b:g}B" if entry.is_moe else "")
     label = Text(entry.name, style="bold")

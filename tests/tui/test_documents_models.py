@@ -122,3 +122,17 @@ async def test_f12_searches_with_the_embedding_model_the_settings_name(
             lambda: any(said in str(n.message) for n in app._notifications),
             "the hybrid notice",  # noqa: SLF001
         )
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("app_dirs")
+async def test_the_app_opened_on_an_embedding_model_says_what_it_is_for(tmp_path: Path) -> None:
+    from app.core.config import SamplingSettings
+
+    embedder = write_tiny_embedder(tmp_path / "tiny-embedder.gguf")
+    app = LlmtuiApp(str(embedder), default_sampling=SamplingSettings(temperature=0.0, max_tokens=4))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.engine_state == "error", "the load to be refused")
+        said = "tiny-embedder.gguf is an embedding model (its GGUF names a pooling), not a model to chat with"
+        assert any(said in str(n.message) for n in app._notifications)  # noqa: SLF001
+        assert app.model is None

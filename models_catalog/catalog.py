@@ -16,6 +16,8 @@ from models_catalog.errors import CatalogError
 
 MTP_KINDS = ("in-model", "sidecar", "none")
 DRAFT_KINDS = DRAFT_FILE_TYPES  # dflash, dflash2, dspark, eagle3: from the catalogue of speculative types
+USES = ("chat", "embed", "rerank")  # what an entry is for: a model to chat with, an embedding model, a reranker
+USE_NAMES = {"chat": "chat model", "embed": "embedding model", "rerank": "reranker"}
 GIB = 1 << 30
 
 
@@ -39,11 +41,21 @@ class CatalogEntry:
     drafts: dict[str, str] = field(default_factory=dict)
     quants: tuple[tuple[int, str], ...] = ()  # (min GiB, quant tag), ascending
     starter: bool = False
+    use: str = "chat"  # USES: an embedding model or a reranker is for the documents' search, not to chat with
     refreshed: bool = False  # facts confirmed from a GGUF header by refresh()
 
     @property
     def repo(self) -> str:
         return self.repos[0]
+
+    @property
+    def for_chat(self) -> bool:
+        return self.use == "chat"
+
+    @property
+    def use_name(self) -> str:
+        """ "chat model", "embedding model" or "reranker"."""
+        return USE_NAMES[self.use]
 
     @property
     def is_moe(self) -> bool:
@@ -102,6 +114,11 @@ def _entry(raw: dict[str, Any], where: str) -> CatalogEntry:
     drafts = raw.get("drafts", {})
     if not isinstance(drafts, dict) or any(k not in DRAFT_KINDS or not isinstance(v, str) for k, v in drafts.items()):
         raise CatalogError(f"{where}: `drafts` keys must be among {', '.join(DRAFT_KINDS)}, values repo names")
+    use = raw.get("use", "chat")
+    if use not in USES:
+        raise CatalogError(f"{where}: `use` must be one of {', '.join(USES)}")
+    if use != "chat" and raw.get("starter", False):
+        raise CatalogError(f"{where}: `starter` is for a chat model, and this entry's `use` is {use}")
     quants = raw.get("quants", {})
     try:
         tiers = tuple(sorted((int(k), str(v)) for k, v in quants.items()))
@@ -124,6 +141,7 @@ def _entry(raw: dict[str, Any], where: str) -> CatalogEntry:
         drafts=dict(drafts),
         quants=tiers,
         starter=bool(raw.get("starter", False)),
+        use=use,
     )
 
 
@@ -162,8 +180,19 @@ class Catalog:
         return [
             e
             for e in self.entries
-            if all(w in f"{e.id} {e.name} {e.family} {' '.join(e.repos)} {e.architecture}".lower() for w in words)
+            if all(
+                w in f"{e.id} {e.name} {e.family} {' '.join(e.repos)} {e.architecture} {e.use_name}".lower()
+                for w in words
+            )
         ]
+
+    def chat_models(self) -> list[CatalogEntry]:
+        """The entries to chat with (what recommends a model to chat with picks among these)."""
+        return [e for e in self.entries if e.for_chat]
+
+    def first_of_use(self, use: str) -> CatalogEntry | None:
+        """The first entry for `use` ("embed", "rerank"): the documents' default embedding model or reranker."""
+        return next((e for e in self.entries if e.use == use), None)
 
     def replace_entry(self, entry: CatalogEntry) -> None:
         self.entries = [entry if e.id == entry.id else e for e in self.entries]

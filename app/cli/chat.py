@@ -32,6 +32,7 @@ from app.cli.session import (
     stream_reply,
 )
 from app.cli.types import utf8_error
+from app.core.documents.models import not_for_chat
 from app.core.model_paths import resolve_model
 from engine_ext.client import EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, ModelParams
@@ -103,6 +104,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             raise CliError("--doc needs the local engine; drop it or --remote")
         return _chat_remote(args)
     path = resolve_model(args.model)
+    refusal = not_for_chat(path)  # an embedding model or a reranker: it would answer nonsense
+    if refusal is not None:
+        raise CliError(refusal)
     model, context = model_params(args), context_params(args)
     history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
     replies = [0]  # replies finished: a crash after EARLY_REPLIES is not blamed on the repacking

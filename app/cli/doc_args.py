@@ -7,14 +7,13 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from app.cli.session import CliError
 from app.cli.types import int_range
 from app.core.documents.index import Embedding
+from app.core.documents.models import OFF, DocumentEngines, DocumentModelError, find_document_model, rank_mismatch
 from app.core.documents.retrieval import DEFAULT_BUDGET_TOKENS, Reranker, Retrieval, ask_documents, cited_numbers
-from engine_ext.client import EngineClient, EngineCrashedError, EngineFailure
 from engine_ext.untrusted_text import one_line
 
 
@@ -39,13 +38,15 @@ def add_doc_args(p: argparse.ArgumentParser) -> None:
         "--embed-model",
         default=None,
         metavar="MODEL",
-        help="an embedding GGUF searching the documents with BM25 (reciprocal-rank fusion); without it, BM25 alone",
+        help="an embedding GGUF searching the documents with BM25 (reciprocal-rank fusion); default: [documents] "
+        "in config.toml, else the catalog's embedding model once downloaded; none: BM25 alone",
     )
     p.add_argument(
         "--rerank-model",
         default=None,
         metavar="MODEL",
-        help="a reranker GGUF (rank pooling) ordering the best passages found, in an engine of its own",
+        help="a reranker GGUF (rank pooling) ordering the best passages found, in an engine of its own; default: "
+        "[documents] in config.toml, else the catalog's reranker once downloaded; none: no reranking",
     )
     p.add_argument(
         "--doc-budget",
@@ -57,60 +58,60 @@ def add_doc_args(p: argparse.ArgumentParser) -> None:
 
 
 class Documents:
-    """The documents of one `run` or `chat`: their question's sources, and the embedding engine when one is asked
-    for; `close()` stops it."""
+    """The documents of one `run` or `chat`: their question's sources, and the embedding engine and reranker's
+    (--embed-model, --rerank-model, else config.toml's [documents], else the catalog's once downloaded); `close()`
+    stops them."""
 
     def __init__(self, args: argparse.Namespace, n_ctx: int) -> None:
+        from app.cli.session import start_engine
+
         self.sources: list[Path] = list(args.doc)
         self.budget = min(args.doc_budget, max(64, n_ctx // 2))
         self.embedding: Embedding | None = None
         self.reranker: Reranker | None = None
-        self._engines: list[EngineClient] = []
-        if self.sources and args.embed_model:
-            self._start_embedder(args.embed_model)
-        if self.sources and args.rerank_model:
-            self._start_reranker(args.rerank_model)
+        self._engines = DocumentEngines(start_engine)
+        if not self.sources:
+            return
+        try:
+            embedder = self._model("embed", "--embed-model", args.embed_model)
+            if embedder is not None:
+                self.embedding = self._engines.embedding(embedder)
+            reranker = self._model("rerank", "--rerank-model", args.rerank_model)
+            if reranker is not None:
+                self.reranker = self._engines.reranker(reranker)
+        except BaseException:
+            self.close()
+            raise
 
-    def _engine_for(self, flag: str, name: str, *, rank: bool) -> tuple[Path, EngineClient]:
-        """An engine of its own with the model `name` loaded: a reranker (`rank`) or an embedding model."""
-        from app.cli.session import start_engine
+    @staticmethod
+    def _model(use: str, flag: str, given: str | None) -> Path | None:
+        """The model `flag` names ("none": none), else the one [documents] names or the catalog's downloaded one
+        (said on stderr, with how to turn it off)."""
+        from app.core.config import ConfigError, load_config
         from app.core.model_paths import resolve_model
-        from engine_ext.gguf import read_pooling_type
 
-        path = resolve_model(name)
-        if (read_pooling_type(path) == 4) != rank:
-            what = "not a reranker (its pooling is not rank)" if rank else "a reranker (rank pooling), not an embedder"
-            raise CliError(f"{flag} {path.name}: {what}")
-        engine = start_engine()
-        self._engines.append(engine)
-        engine.load(path)
-        return path, engine
-
-    def _start_embedder(self, name: str) -> None:
-        path, engine = self._engine_for("--embed-model", name, rank=False)
-
-        def embed(texts: Sequence[str]) -> list[tuple[float, ...]]:
-            try:
-                return list(engine.embed(texts).vectors)
-            except (EngineFailure, EngineCrashedError) as error:
-                raise CliError(f"--embed-model {path.name}: {error}") from None
-
-        self.embedding = Embedding(path.name, embed)
-
-    def _start_reranker(self, name: str) -> None:
-        path, engine = self._engine_for("--rerank-model", name, rank=True)
-
-        def score(question: str, texts: Sequence[str]) -> list[float]:
-            try:
-                return [v[0] for v in engine.embed(texts, query=question).vectors]
-            except (EngineFailure, EngineCrashedError) as error:
-                raise CliError(f"--rerank-model {path.name}: {error}") from None
-
-        self.reranker = Reranker(path.name, score)
+        if given is not None:
+            if given.strip().lower() == OFF:
+                return None
+            path = resolve_model(given)
+            mismatch = rank_mismatch(path, use)
+            if mismatch:
+                raise CliError(f"{flag}: {mismatch}")
+            return path
+        try:
+            setting = getattr(load_config().documents, f"{use}_model")
+        except ConfigError:  # the settings' error is the app's to show; the catalog's default still applies
+            setting = ""
+        found = find_document_model(use, setting)
+        where = f"the catalog's {found.default}" if found.default else f"[documents] {use}_model in config.toml"
+        if found.path is not None:
+            print(f"docs: {found.what}: {found.path.name} ({where}; {flag} none: without it)", file=sys.stderr)
+        elif setting.strip() and found.why:
+            print(f"docs: {found.what} not used: {where}: {found.why}", file=sys.stderr)
+        return found.path
 
     def close(self) -> None:
-        while self._engines:
-            self._engines.pop().close()
+        self._engines.close()
 
     def __enter__(self) -> Documents:
         return self
@@ -127,6 +128,8 @@ class Documents:
             retrieval = self._ask(question, earlier)
         except (OSError, sqlite3.Error) as error:  # the cache folder cannot be written, the disk is full
             raise CliError(f"--doc: the documents' index could not be used: {one_line(str(error), 200)}") from None
+        except DocumentModelError as error:  # the embedding model's or the reranker's engine failed
+            raise CliError(f"--doc: {error}") from None
         if not quiet:
             for note in retrieval.notes:
                 print(f"docs: {note}", file=sys.stderr)

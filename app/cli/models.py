@@ -160,7 +160,8 @@ def _search(args: argparse.Namespace) -> int:
         for e in entries:
             mark = "" if e.verified else "  (repo unverified)"
             size = f"{e.total_params_b:g}B" + (f"-A{e.active_params_b:g}B" if e.is_moe else "")
-            print(f"  {e.id:<30} {e.name} · {size} · {', '.join(e.capabilities())} · {e.repo}{mark}")
+            what = ", ".join(e.capabilities()) if e.for_chat else f"{e.use_name}, for --doc"  # not to chat with
+            print(f"  {e.id:<30} {e.name} · {size} · {what} · {e.repo}{mark}")
     if not args.catalog:
         print("Hugging Face:" if results else "Hugging Face: no GGUF repos match")
         for r in results:

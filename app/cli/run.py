@@ -28,6 +28,7 @@ from app.cli.session import CliError, format_spec_stats, format_stats, loaded, r
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.tools_args import add_tool_args, wants_tools
 from app.cli.types import text_file, text_or_file, utf8_text
+from app.core.documents.models import not_for_chat
 from app.core.documents.retrieval import Retrieval, citations_record
 from app.core.model_paths import resolve_model
 from engine_ext.client import EngineClient
@@ -55,6 +56,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.doc and (args.raw or wants_tools(args)):
         raise CliError("--doc asks a chat question: drop --raw and the tools")
     path = resolve_model(args.model)
+    refusal = not_for_chat(path)  # an embedding model or a reranker: it would answer nonsense
+    if refusal is not None:
+        raise CliError(refusal)
     spec = spec_params(args, path)
     spec.validate()
     model = model_params(args, spec, path)

@@ -102,6 +102,28 @@ SERVER_CORS = Setting(
     saved_in="server",
 )
 
+# config.toml's [documents] table: the models the documents' search (F12, `run/chat --doc`) runs, each in an engine of
+# its own. '' : the catalog's embedding model (or reranker) once it is downloaded; "none": none.
+DOCS_EMBED_MODEL = Setting(
+    "embed_model",
+    str,
+    "",
+    "the embedding model searching attached documents with BM25 (a .gguf path, catalog id or org/repo; empty: the "
+    "catalog's, once downloaded; none: BM25 alone)",
+    label="embedding model",
+    saved_in="documents",
+)
+DOCS_RERANK_MODEL = Setting(
+    "rerank_model",
+    str,
+    "",
+    "the reranker ordering the passages found (a .gguf path, catalog id or org/repo; empty: the catalog's, once "
+    "downloaded; none: no reranking)",
+    label="reranker",
+    saved_in="documents",
+)
+DOCUMENTS: tuple[Setting[Any], ...] = (DOCS_EMBED_MODEL, DOCS_RERANK_MODEL)
+
 OUTPUT_FORMAT = Setting(
     "output_format",
     str,

@@ -420,6 +420,14 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class DocumentsSettings:
+    """[documents]: the documents' embedding model and reranker ('' : the catalog's once downloaded; "none": none)."""
+
+    embed_model: str = ui.DOCS_EMBED_MODEL.default
+    rerank_model: str = ui.DOCS_RERANK_MODEL.default
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything in config.toml."""
 
@@ -436,10 +444,12 @@ class Config:
     remotes: tuple[RemoteSettings, ...] = ()
     server: ServerConfig = field(default_factory=ServerConfig)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    documents: DocumentsSettings = field(default_factory=DocumentsSettings)
 
     def validate(self) -> None:
         self.engine.validate()
         self.server.validate()
+        check_settings(self.documents, ui.DOCUMENTS)
         self.cache.validate()
         self.speculative.validate()
         self.steering.validate()
@@ -496,6 +506,7 @@ def config_from_toml(text: str, source: str = CONFIG_FILE_NAME) -> Config:
         remotes=_remotes_from_toml(data, source),
         server=ServerConfig(**_declared_values(_table(data, "server", source), ui.SERVER)),
         cache=CacheSettings(**_declared_values(_table(data, "cache", source), s.CACHE)),
+        documents=DocumentsSettings(**_declared_values(_table(data, "documents", source), ui.DOCUMENTS)),
     )
     try:
         config.validate()
@@ -596,6 +607,7 @@ def _config_tables(config: Config) -> dict[str, dict[str, object]]:
         "steering": {key: _plain(value) for key, value in asdict(config.steering).items()},
         "server": {key: _plain(value) for key, value in asdict(config.server).items()},
         "cache": s.values_of(config.cache, s.CACHE),
+        "documents": s.values_of(config.documents, ui.DOCUMENTS),
     }
 
 

@@ -143,10 +143,16 @@ def with_starter(on_disk: Library, models: Sequence[LibraryModel], *, inspect: b
 
 
 def describe_models(
-    models: Sequence[LocalModel], folders: Iterable[str], memory: fit.MachineMemory | None = None
+    models: Sequence[LocalModel],
+    folders: Iterable[str],
+    memory: fit.MachineMemory | None = None,
+    *,
+    chat_only: bool = False,
 ) -> list[LocalModel]:
     """`models` with their memory need and paired drafts from their headers; files whose header says they are a
-    draft (an MTP sidecar, a DFlash/DSpark/EAGLE3 draft) are left out: they are not models to chat with."""
+    draft (an MTP sidecar, a DFlash/DSpark/EAGLE3 draft) are left out: they are not models to chat with. With
+    `chat_only` (the chat's switcher), so are embedding models and rerankers (a pooling in the header); `serve`
+    keeps them for /v1/embeddings and /v1/rerank."""
     memory = memory or fit.detect_memory()
     library = paths.library(usable_folders(folders))
     catalog = _catalog()
@@ -163,6 +169,8 @@ def describe_models(
             continue
         if info.is_mtp_sidecar or info.draft_type not in (None, IN_MODEL_MTP):
             continue  # an MTP sidecar, or a DFlash/DSpark/EAGLE3 draft (its own architecture): not a chat model
+        if chat_only and _pools(model.path):
+            continue  # an embedding model or a reranker: the documents' search runs it, not the chat
         try:
             need = fit.fit_local(model.path, memory=memory).need_bytes
         except (GGUFError, OSError, ValueError):
@@ -175,6 +183,16 @@ def describe_models(
         kinds = tuple(dict.fromkeys((*in_model, *(c.kind for c in found))))
         out.append(replace(model, need_bytes=need, drafts=kinds))
     return out
+
+
+def _pools(path: Path) -> bool:
+    """Whether the GGUF names a pooling (an embedding model or a reranker)."""
+    from engine_ext.gguf import read_pooling_type
+
+    try:
+        return read_pooling_type(path) != 0
+    except (GGUFError, OSError):
+        return False
 
 
 def _catalog() -> Catalog | None:

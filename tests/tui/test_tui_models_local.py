@@ -376,6 +376,7 @@ def test_the_switcher_lists_chat_models_with_their_drafts_and_never_a_draft(
     import shutil
 
     from app.core.model_list import describe_models, local_models
+    from tests.tiny_models import write_tiny_embedder
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -384,8 +385,13 @@ def test_the_switcher_lists_chat_models_with_their_drafts_and_never_a_draft(
     dflash = tiny_models["llama"].parent / "dflash-tiny-llama.gguf"
     shutil.copy(dflash, folder / dflash.name)  # a sidecar by name
     shutil.copy(dflash, folder / "Tiny-Llama-DFlash-b16-Q8_0.gguf")  # a model by name
+    write_tiny_embedder(folder / "tiny-embedder.gguf")
+    write_tiny_embedder(folder / "tiny-reranker.gguf", rerank=True)
     listed = local_models([str(folder)])
-    described = {m.path.name: m for m in describe_models(listed, [str(folder)])}
+    described = {m.path.name: m for m in describe_models(listed, [str(folder)], chat_only=True)}
+    assert "tiny-embedder.gguf" not in described and "tiny-reranker.gguf" not in described  # the documents' models
+    served = {m.path.name for m in describe_models(listed, [str(folder)])}  # serve's router keeps them
+    assert {"tiny-embedder.gguf", "tiny-reranker.gguf"} <= served
     assert "Tiny-Llama-DFlash-b16-Q8_0.gguf" in {m.path.name for m in listed}  # a model by its name…
     assert "Tiny-Llama-DFlash-b16-Q8_0.gguf" not in described  # …a draft by its header
     assert not {tiny_models["qwen35_mtp_sidecar"].name, dflash.name} & {m.path.name for m in listed}

@@ -125,3 +125,28 @@ def test_a_damaged_overlay_count_keeps_the_catalogs_value(tmp_path: Path, value:
     overlay.write_text(json.dumps({"tiny": {"context_length": value, "architecture": "qwen35"}}))
     again = load_catalog(path, overlay_path=overlay).get("tiny")
     assert again is not None and again.context_length == entry.context_length and again.architecture == "qwen35"
+
+
+def test_use_marks_the_embedding_model_and_the_reranker_which_are_never_the_starter() -> None:
+    catalog = load_catalog()
+    embed, rerank = catalog.first_of_use("embed"), catalog.first_of_use("rerank")
+    assert embed is not None and embed.id == "embeddinggemma-300m" and embed.use_name == "embedding model"
+    # llama.cpp's --embd-gemma-default names this repo and file (common/arg.cpp)
+    assert embed.repo == "ggml-org/embeddinggemma-300M-qat-q4_0-GGUF" and embed.quants == ((0, "Q4_0"),)
+    assert rerank is not None and rerank.repo == "gpustack/bge-reranker-v2-m3-GGUF" and rerank.use_name == "reranker"
+    chat = catalog.chat_models()
+    assert embed not in chat and rerank not in chat and len(chat) == len(catalog) - 2
+    assert all(e.use == "chat" for e in chat) and [e for e in catalog if e.starter] == [e for e in chat if e.starter]
+    assert [e.id for e in catalog.search("embedding")] == ["embeddinggemma-300m"]
+    assert embed.to_dict()["use"] == "embed"
+
+
+def test_use_is_checked_like_the_other_fields() -> None:
+    assert parse_catalog(GOOD)[0].use == "chat"
+    assert parse_catalog(GOOD + 'use = "rerank"\n')[0].for_chat is False
+    with pytest.raises(CatalogError, match="`use` must be one of chat, embed, rerank"):
+        parse_catalog(GOOD + 'use = "vision"\n')
+    with pytest.raises(CatalogError, match="`use` must be one of"):
+        parse_catalog(GOOD + "use = 3\n")
+    with pytest.raises(CatalogError, match="`starter` is for a chat model"):
+        parse_catalog(GOOD + 'use = "embed"\nstarter = true\n')

@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.core.documents.models import not_for_chat
 from app.core.model_paths import usable_folders
 from app.core.remote_engine import RemoteChoice
 from app.core.speculation_facts import ModelFacts, find_drafts, model_facts
@@ -90,6 +91,10 @@ class ModelsController:
         """Find the drafts the model brings along (it reads GGUF headers: ~0.1 s per file of a large vocabulary),
         then load it with the options they call for (a model drafter's rollback depth). Runs in a thread."""
         missing: list[tuple[str, str]] = []
+        refusal = not_for_chat(Path(path))
+        if refusal is not None:  # an embedding model or a reranker: said as a draft opened as the model is
+            self.host.call_from_thread(self.refuse, path, refusal)
+            return
         try:
             found, missing = find_drafts(path, usable_folders(self.host.config.model_folders))
         except Exception as error:  # noqa: BLE001 - finding drafts must never keep a model from loading
@@ -105,6 +110,13 @@ class ModelsController:
         self.host.call_from_thread(
             self.load_found, path, tuple(found), tuple(missing), str(projector) if projector else ""
         )
+
+    def refuse(self, path: str, message: str) -> None:
+        """The model at `path` is not loaded to chat with: the engine state is an error, and the notice says why."""
+        if path != self.host.model_path:
+            return  # another model was chosen meanwhile
+        self.host.set_engine_state("error")
+        self.host.notify(message, severity="error", timeout=15)
 
     def load_found(
         self,

@@ -125,7 +125,7 @@ class ModelSwitcherModal(ModalScreen[SwitcherResult]):
         """Look for the local models (folder listings, stats, then their headers: never on the event loop)."""
         found = local_models(self.folders, also=(self.current,) if self.current else ())
         self.app.call_from_thread(self._scanned, found, True)
-        described = describe_models(found, self.folders)
+        described = describe_models(found, self.folders, chat_only=True)  # no embedding model, no reranker
         self.app.call_from_thread(self._scanned, described, False)
 
     def _scanned(self, found: list[LocalModel], describing: bool = False) -> None:

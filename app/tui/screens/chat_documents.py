@@ -2,7 +2,9 @@
 is indexed at once in a thread (what was read and skipped said in one line), and each question of the conversation
 is then asked of it: before a reply starts, the best passages are found (in a thread) and numbered into the
 question the engine is sent (app.core.documents), and the reply keeps them as its sources. The conversation keeps
-its files and folders in its settings (`documents`), so they stay attached after the app is closed."""
+its files and folders in its settings (`documents`), so they stay attached after the app is closed. With an embedding
+model (config.toml's [documents], else the catalog's once downloaded) the search is hybrid: the model runs in an
+engine worker of its own, started at the first question (app.core.documents.models)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.core.documents.retrieval import ask_documents, shown_path
+from app.core.documents.models import (
+    DocumentEngines,
+    DocumentModel,
+    find_document_model,
+    search_notice,
+    start_worker,
+)
+from app.core.documents.retrieval import Retrieval, ask_documents, shown_path
 from app.core.store.records import StoreError
 from app.tui.screens.chat_view import ChatView
 from engine_ext.untrusted_text import one_line
@@ -29,6 +38,16 @@ class DocumentAttacher:
     def __init__(self, view: ChatView) -> None:
         self._view = view
         self._sources: dict[int | None, list[Path]] = {}
+        self._engines = DocumentEngines(start_worker)
+
+    def close(self) -> None:
+        """Stop the embedding model's and the reranker's engines (the chat screen's end: the app's)."""
+        self._engines.close()
+
+    def search_models(self) -> tuple[DocumentModel, DocumentModel]:
+        """The embedding model and the reranker the settings name, else the catalog's on disk (file reads)."""
+        settings = self.app.config.documents
+        return find_document_model("embed", settings.embed_model), find_document_model("rerank", settings.rerank_model)
 
     @property
     def app(self) -> LlmtuiShell:
@@ -89,9 +108,10 @@ class DocumentAttacher:
             message = f"Not attached: {one_line(shown_path(str(path)), 80)}: {report.read.summary()}."
             self.app.call_from_thread(self._view.notify, message, severity="warning", timeout=10)
             return
-        self.app.call_from_thread(self._document_attached, path, report.read.summary())
+        notice = search_notice(*self.search_models())
+        self.app.call_from_thread(self._document_attached, path, report.read.summary(), notice)
 
-    def _document_attached(self, path: Path, summary: str) -> None:
+    def _document_attached(self, path: Path, summary: str, notice: str) -> None:
         sources = self.document_sources(self._view.conversation_id)
         if path in sources:
             self._view.notify(f"{one_line(path.name, 60)} is attached already.")
@@ -105,7 +125,7 @@ class DocumentAttacher:
         self._keep(self._view.conversation_id)
         self._view.notify(
             f"Attached {one_line(shown_path(str(path)), 80)}: {summary}. Questions are answered from it with "
-            "citations (BM25 search: no embedding model in the app).",
+            f"citations ({notice}).",
             timeout=10,
         )
 
@@ -126,10 +146,22 @@ class DocumentAttacher:
         question = store.tree.get_message(parent_id).content
         earlier = questions[-2] if len(questions) > 1 else ""
         try:
-            retrieval = await asyncio.to_thread(ask_documents, list(sources), question, earlier=earlier)
+            retrieval = await asyncio.to_thread(self._ask, list(sources), question, earlier)
         except Exception as error:  # the cache folder, a damaged index: the reply goes without sources
             self._view.notify(f"The documents could not be searched: {one_line(str(error), 200)}", severity="error")
             return
         if not retrieval.citations:
             self._view.notify("No passage of the attached documents matched the question.", severity="warning")
         self.app.generation.retrieval = retrieval
+
+    def _ask(self, sources: list[Path], question: str, earlier: str) -> Retrieval:
+        """The question's passages (a thread): with the embedding model and reranker, whose engines start at the
+        first question that needs them."""
+        embed, rerank = self.search_models()
+        return ask_documents(
+            sources,
+            question,
+            earlier=earlier,
+            embedding=self._engines.embedding(embed.path) if embed.path is not None else None,
+            reranker=self._engines.reranker(rerank.path) if rerank.path is not None else None,
+        )

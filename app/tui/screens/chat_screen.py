@@ -212,6 +212,7 @@ class ChatScreen(Screen[None]):
         self.prompt.focus()
 
     def on_unmount(self) -> None:
+        self.documents.close()  # the embedding model's and the reranker's engines, when a question started them
         if self.app.generation.router.default is self.replies:
             self.app.generation.router.default = None
 

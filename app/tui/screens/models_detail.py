@@ -30,10 +30,20 @@ def memory_text(memory: fit.MachineMemory) -> str:
     return f"{format_bytes(memory.ram_total)} RAM · {gpu}"
 
 
+USE_TEXT = {
+    "embed": "An embedding model, not a model to chat with: the documents' hybrid search (F12, --doc) uses it once "
+    "downloaded (Settings, F3: Documents).",
+    "rerank": "A reranker, not a model to chat with: it orders the passages the documents' search finds (F12, --doc) "
+    "once downloaded (Settings, F3: Documents).",
+}
+
+
 def catalog_label(entry: CatalogEntry) -> Text:
     size = f"{entry.total_params_b:g}B" + (f"-A{entry.active_params_b:g}B" if entry.is_moe else "")
     label = Text(entry.name, style="bold")
     label.append(f"  {size}", style="dim")
+    if not entry.for_chat:  # an embedding model or a reranker: for the documents' search, not to chat with
+        label.append(f"  {entry.use_name}", style="cyan")
     if not entry.verified:
         label.append("  unverified", style="dim italic")
     return label
@@ -61,6 +71,8 @@ def entry_text(entry: CatalogEntry, memory: fit.MachineMemory | None) -> Text:
         f", {entry.active_params_b:g} B active (MoE)" if entry.is_moe else ""
     )
     text.append(f"{size} · {entry.architecture} · context {entry.context_length} · {entry.license}\n")
+    if not entry.for_chat:
+        text.append(f"{USE_TEXT[entry.use]}\n", style="cyan")
     if entry.capabilities():
         text.append("Capabilities: " + ", ".join(entry.capabilities()) + "\n")
     text.append("Repo: " + ", ".join(entry.repos) + ("" if entry.verified else "  (unverified)") + "\n")

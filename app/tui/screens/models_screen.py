@@ -16,6 +16,7 @@ from textual.worker import Worker, WorkerState
 
 from app.core import paths
 from app.core.config import ConfigError
+from app.core.documents.models import not_for_chat
 from app.core.model_presets import ModelPreset, preset_of, with_preset
 from app.tui.download_bridge import PullFinished
 from app.tui.modals.model_actions import DeleteModelModal, PullModal
@@ -598,6 +599,10 @@ class ModelsScreen(ModelsDownloads):
         path = self._use_target()
         if path is None:
             self.notify("Pick a downloaded model in the Local tab (3), or download this quant first (d).")
+            return
+        refusal = not_for_chat(path)
+        if refusal is not None:  # an embedding model or a reranker: it would load, then fail at the first reply
+            self.notify(refusal, severity="warning", timeout=10)
             return
         if self.app.reply_in_progress():
             self.notify("A reply is being written; press Esc in the chat to stop it first.", severity="warning")

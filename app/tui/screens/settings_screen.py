@@ -20,6 +20,7 @@ from app.core.config import (
     THEMES,
     Config,
     ConfigError,
+    DocumentsSettings,
     EngineSettings,
     RemoteSettings,
     ServerConfig,
@@ -100,6 +101,12 @@ def settings_changes(old: Config, new: Config) -> tuple[str, ...]:
         for setting in ui.SERVER
         if getattr(old.server, setting.name) != getattr(new.server, setting.name)
     ]
+    changes += [
+        f"documents: {setting.label} {getattr(old.documents, setting.name) or 'default'} → "
+        f"{getattr(new.documents, setting.name) or 'default'}"
+        for setting in ui.DOCUMENTS
+        if getattr(old.documents, setting.name) != getattr(new.documents, setting.name)
+    ]
     return tuple(changes)
 
 
@@ -164,6 +171,21 @@ class SettingsScreen(Screen[bool]):
                     markup=False,  # [cache] is the table's name, not a style
                 )
                 yield Static(self._cache_state(), id="settings-cache-usage", classes="field-label")
+                yield Label(
+                    "Documents (F12, --doc: the models searching them besides BM25; [documents] in config.toml)",
+                    classes="section-title",
+                    markup=False,
+                )
+                with Grid(classes="settings-grid"):
+                    for setting in ui.DOCUMENTS:
+                        yield Label(setting.plain_label, classes="field-label")
+                        yield Input(
+                            getattr(self.config.documents, setting.name),
+                            id=f"documents-{setting.name}",
+                            placeholder="the catalog's, once downloaded",
+                            compact=True,
+                            tooltip=setting.help,
+                        )
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Back", id="cancel", compact=True)
@@ -287,6 +309,9 @@ class SettingsScreen(Screen[bool]):
             theme=str(self.query_one("#setting-theme", Select).value),
             remotes=tuple(self.remotes),
             server=self._read_server(),
+            documents=DocumentsSettings(
+                *(self.query_one(f"#documents-{setting.name}", Input).value.strip() for setting in ui.DOCUMENTS)
+            ),
         )
         config.validate()
         return config

@@ -231,6 +231,15 @@ def test_save_only_writes_the_agents_config_and_starts_nothing(tiny_models: dict
     assert "note: Codex is not installed (codex is not on PATH)" in done.stderr  # said, not refused
 
 
+def test_save_only_against_a_running_server_writes_its_context(shared_server: tuple[int, Path], tmp_path: Path) -> None:
+    port, _ = shared_server
+    done, _ = launch(tmp_path, "codex", "--port", str(port), "--api-key-env", "LAUNCH_TEST_KEY", "--save-only",
+                     LAUNCH_TEST_KEY="sesame")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    profile = tomllib.loads((tmp_path / "home" / ".codex" / "llmtui.config.toml").read_text())
+    assert profile["model_context_window"] == 16384  # the server's /v1/models says it (max_model_len)
+
+
 def test_save_writes_the_agents_config_then_runs_it(shared_server: tuple[int, Path], tmp_path: Path) -> None:
     port, _ = shared_server
     done, record = launch(

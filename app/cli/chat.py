@@ -32,7 +32,7 @@ from app.cli.session import (
     stream_reply,
 )
 from app.cli.types import utf8_error
-from app.core.documents.models import not_for_chat
+from app.core.documents.retrieval_models import not_for_chat
 from app.core.model_paths import resolve_model
 from engine_ext.client import EngineCrashedError, EngineFailure
 from engine_ext.params import EngineError, ModelParams

@@ -12,8 +12,14 @@ from pathlib import Path
 from app.cli.session import CliError
 from app.cli.types import int_range
 from app.core.documents.index import Embedding
-from app.core.documents.models import OFF, DocumentEngines, DocumentModelError, find_document_model, rank_mismatch
 from app.core.documents.retrieval import DEFAULT_BUDGET_TOKENS, Reranker, Retrieval, ask_documents, cited_numbers
+from app.core.documents.retrieval_models import (
+    OFF,
+    DocumentEngines,
+    DocumentModelError,
+    find_document_model,
+    rank_mismatch,
+)
 from engine_ext.untrusted_text import one_line
 
 

@@ -28,8 +28,8 @@ from app.cli.session import CliError, format_spec_stats, format_stats, loaded, r
 from app.cli.steer import add_control_vector_args, steering_entries
 from app.cli.tools_args import add_tool_args, wants_tools
 from app.cli.types import text_file, text_or_file, utf8_text
-from app.core.documents.models import not_for_chat
 from app.core.documents.retrieval import Retrieval, citations_record
+from app.core.documents.retrieval_models import not_for_chat
 from app.core.model_paths import resolve_model
 from engine_ext.client import EngineClient
 from engine_ext.image_input import ImageRefused, read_image_file

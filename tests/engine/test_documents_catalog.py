@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.documents.models import find_document_model, search_notice
+from app.core.documents.retrieval_models import find_document_model, search_notice
 from tests.engine.test_cli import ROOT
 from tests.hub_server import HubServer
 from tests.tiny_models import write_tiny_embedder

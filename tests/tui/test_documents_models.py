@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Input, OptionList
 
 from app.core.config import load_config
-from app.core.documents.models import not_for_chat
+from app.core.documents.retrieval_models import not_for_chat
 from app.tui.app import LlmtuiApp
 from app.tui.screens.models_detail import catalog_label, entry_text
 from app.tui.screens.settings_screen import SettingsScreen

@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.core.documents.models import not_for_chat
+from app.core.documents.retrieval_models import not_for_chat
 from app.core.model_paths import usable_folders
 from app.core.remote_engine import RemoteChoice
 from app.core.speculation_facts import ModelFacts, find_drafts, model_facts

@@ -4,7 +4,7 @@ is then asked of it: before a reply starts, the best passages are found (in a th
 question the engine is sent (app.core.documents), and the reply keeps them as its sources. The conversation keeps
 its files and folders in its settings (`documents`), so they stay attached after the app is closed. With an embedding
 model (config.toml's [documents], else the catalog's once downloaded) the search is hybrid: the model runs in an
-engine worker of its own, started at the first question (app.core.documents.models)."""
+engine worker of its own, started at the first question (app.core.documents.retrieval_models)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.core.documents.models import (
+from app.core.documents.retrieval import Retrieval, ask_documents, shown_path
+from app.core.documents.retrieval_models import (
     DocumentEngines,
     DocumentModel,
     find_document_model,
     search_notice,
     start_worker,
 )
-from app.core.documents.retrieval import Retrieval, ask_documents, shown_path
 from app.core.store.records import StoreError
 from app.tui.screens.chat_view import ChatView
 from engine_ext.untrusted_text import one_line

@@ -16,7 +16,7 @@ from textual.worker import Worker, WorkerState
 
 from app.core import paths
 from app.core.config import ConfigError
-from app.core.documents.models import not_for_chat
+from app.core.documents.retrieval_models import not_for_chat
 from app.core.model_presets import ModelPreset, preset_of, with_preset
 from app.tui.download_bridge import PullFinished
 from app.tui.modals.model_actions import DeleteModelModal, PullModal

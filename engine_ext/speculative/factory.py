@@ -214,8 +214,9 @@ def build_auto_driver(
     from engine_ext.speculative.ngram import prompt_lookup_drafter
 
     chosen = replace(params, types=auto_types(params, model))
-    hooks = {"draft_simple": draft_simple, "draft_mtp": draft_mtp, "layer_input": layer_input}
-    drafters = build_driver(chosen, model, ctx, **hooks).drafters
+    drafters = build_driver(
+        chosen, model, ctx, draft_simple=draft_simple, draft_mtp=draft_mtp, layer_input=layer_input
+    ).drafters
     if not any(d.follows_draft_n_max for d in drafters):  # n-gram drafters only
         drafters.append(prompt_lookup_drafter())
     return SpeculativeDriver(chosen, drafters, auto=True)

@@ -170,10 +170,6 @@ BY_NAME = {t.name: t for t in CATALOGUE}
 SPEC_TYPE_NAMES = tuple(t.name for t in CATALOGUE)
 NGRAM_TYPES = tuple(t.name for t in CATALOGUE if t.family == "ngram")
 MODEL_DRAFTER_TYPES = tuple(t.name for t in CATALOGUE if t.family == "model")
-# What a request of the parallel sequences (`serve --parallel N`) drafts with: the n-gram types and these model
-# drafters (engine_ext.speculative.draft_seqs); the others draft on the single-sequence path only (--parallel 1).
-PARALLEL_MODEL_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")
-PARALLEL_TYPES = NGRAM_TYPES + PARALLEL_MODEL_TYPES
 # A draft candidate's kind (models_catalog.drafts) → the type that drafts with it.
 TYPE_FOR_KIND = {t.candidate_kind: t.name for t in CATALOGUE if t.candidate_kind}
 # What a draft file's metadata says it is (DraftInfo.draft_type; None: a plain model) → the type that uses it.
@@ -264,18 +260,6 @@ def markdown_table() -> str:
         flags = ", ".join(f"`{setting.flag}`" for setting in t.settings)
         rows.append(f"| `{t.name}` | {t.needs} | {flags} |")
     return "\n".join(rows)
-
-
-def parallel_refusal(types: Sequence[str]) -> str | None:
-    """Why a parallel sequence cannot draft with `types` (None: it can), in one line."""
-    other = [t for t in types if t not in PARALLEL_TYPES]
-    if not other:
-        return None
-    return (
-        f"speculative type {other[0]} is not available with parallel requests (serve --parallel N): per request, "
-        f"the n-gram types ({', '.join(NGRAM_TYPES)}) and {', '.join(PARALLEL_MODEL_TYPES)}; auto drafts with "
-        "--parallel 1"
-    )
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from app.cli.engine_args import context_params, model_params, spec_params, target_load_plan
-from app.cli.session import CliError, loaded, start_engine
+from app.cli.session import loaded, start_engine
 from app.core.server_access import Access
 from app.server.requests import Limits
 from engine_ext.params import ContextParams, DiskCacheParams, ModelParams, SpeculativeParams
-from engine_ext.spec_catalog import NGRAM_TYPES, SPEC_TYPE, parallel_refusal
+from engine_ext.spec_catalog import NGRAM_TYPES
 
 if TYPE_CHECKING:
     import uvicorn
@@ -46,9 +46,6 @@ def plan_model_load(args: argparse.Namespace, path: Path) -> ModelLoad:
     model = model_params(args, spec, path)
     context = context_params(args, n_rs_seq=target_load_plan(spec, path).n_rs_seq)
     if args.parallel > 1:
-        refusal = parallel_refusal(spec.types)
-        if refusal:
-            raise CliError(refusal.replace("speculative type", f"{SPEC_TYPE.flag}", 1))
         # llama-server's -np: n_ctx is shared by them, a KV stream each (a sequence's cells laid out as on the
         # single-sequence path: in one shared buffer, where they lie changes the sums; engine_ext.parallel)
         context = replace(context, n_seq_max=args.parallel, kv_unified=False)

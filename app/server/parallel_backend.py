@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from app.server.api_errors import ApiError
 from app.server.backend import JobServer, ServerSettings, Ticket
 from app.server.metrics import Metrics
-from app.server.requests import Job, SpecChoice
+from app.server.requests import Job
 from engine_ext.client import EngineClient
-from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import (
     Busy,
     Crashed,
@@ -28,7 +27,6 @@ from engine_ext.protocol import (
     TokenChunk,
 )
 from engine_ext.router import RequestRouter
-from engine_ext.spec_catalog import parallel_refusal
 
 
 @dataclass
@@ -98,12 +96,6 @@ class ParallelBackend(JobServer):
 
     def _publish(self) -> None:
         self.metrics.queue(len(self._processing), len(self._tickets) - len(self._processing))
-
-    def _spec_for(self, choice: SpecChoice | None) -> SpeculativeParams:
-        refusal = parallel_refusal(self.settings.speculative.types if choice is None else choice.types)
-        if refusal:  # before the server's own check: a type it lacks is refused here loaded or not
-            raise ApiError(400, refusal, "speculative")
-        return super()._spec_for(choice)
 
     def _cancel(self, request_id: int) -> None:
         try:

@@ -25,7 +25,6 @@ from engine_ext.model import Context, Model
 from engine_ext.params import ContextError, ContextParams, ModelParams, SpeculativeConfigError, SpeculativeParams
 from engine_ext.sampling import FloatRows
 from engine_ext.seq_batch import SeqBatch, seq_remove
-from engine_ext.spec_catalog import parallel_refusal
 from engine_ext.speculative.base import Drafter, common_prefix_length
 from engine_ext.speculative.dflash import DraftDFlash
 from engine_ext.speculative.draft_model import check_vocab_compatible, top_token
@@ -210,13 +209,10 @@ class SequenceDrafts:
         self.layer_pools: dict[tuple[str, Path, int], DraftEagle3 | DraftDFlash] = {}
 
     def driver(self, params: SpeculativeParams) -> SpeculativeDriver:
-        """A request's drafter chain; refused (SpeculativeConfigError) for the drafters a sequence has none of."""
+        """A request's drafter chain, its model drafters drafting in the shared draft contexts (auto too: its chain)."""
         from engine_ext.speculative.factory import build_driver
 
         params.validate()
-        refusal = parallel_refusal(params.types)
-        if refusal:
-            raise SpeculativeConfigError(refusal)
         return build_driver(
             params,
             self.model,

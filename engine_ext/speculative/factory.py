@@ -31,7 +31,9 @@ def build_driver(
     engine_ext.speculative.draft_seqs, mtp_seqs and layer_seqs)."""
     params.validate()
     if params.types == ("auto",):
-        return build_auto_driver(params, model, ctx)
+        return build_auto_driver(
+            params, model, ctx, draft_simple=draft_simple, draft_mtp=draft_mtp, layer_input=layer_input
+        )
     drafters: list[Drafter] = []
     try:
         for spec_type in SPEC_TYPES:
@@ -195,15 +197,26 @@ def auto_types(params: SpeculativeParams, model: Model) -> tuple[str, ...]:
     return tuple(chain)
 
 
-def build_auto_driver(params: SpeculativeParams, model: Model, ctx: Context) -> SpeculativeDriver:
+def build_auto_driver(
+    params: SpeculativeParams,
+    model: Model,
+    ctx: Context,
+    *,
+    draft_simple: Callable[[], Drafter] | None = None,
+    draft_mtp: Callable[[], Drafter] | None = None,
+    layer_input: Callable[[str], Drafter] | None = None,
+) -> SpeculativeDriver:
     """Auto mode's chain (auto_types); without a model drafter, a short-key copier (ngram-prompt) after ngram-mod,
-    so text repeated from the prompt is drafted from the first reply on."""
+    so text repeated from the prompt is drafted from the first reply on. The hooks: as build_driver's (a parallel
+    sequence's model drafter drafts in the shared draft context)."""
     from dataclasses import replace
 
     from engine_ext.speculative.ngram import prompt_lookup_drafter
 
     chosen = replace(params, types=auto_types(params, model))
-    drafters = build_driver(chosen, model, ctx).drafters
+    drafters = build_driver(
+        chosen, model, ctx, draft_simple=draft_simple, draft_mtp=draft_mtp, layer_input=layer_input
+    ).drafters
     if not any(d.follows_draft_n_max for d in drafters):  # n-gram drafters only
         drafters.append(prompt_lookup_drafter())
     return SpeculativeDriver(chosen, drafters, auto=True)

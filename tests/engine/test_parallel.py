@@ -218,12 +218,13 @@ def test_a_bad_request_fails_alone(tiny_models: dict[str, Path], tmp_path: Path)
     with open_session(tiny_models["llama"], n_seq=2) as session:
         run = Run(session)
         run.submit(greedy(1, "go", 6), steering=(SteeringEntry(str(tmp_path / "missing.gguf")),))
-        run.submit(greedy(2, "go", 6), speculative=SpeculativeParams(types=("auto",)))
+        missing = SpeculativeParams(types=("draft-simple",), draft_model=str(tmp_path / "missing-draft.gguf"))
+        run.submit(greedy(2, "go", 6), speculative=missing)
         run.submit(greedy(3, "go", 6))
         run.submit(Generate(4, prompt="go", sampling=GREEDY, max_tokens=6, tools='[{"type": "function"}]'))
         run.drain()
         failed = {e.request_id: e for e in run.events if isinstance(e, Failed)}
-        assert set(failed) == {1, 2, 4} and "n-gram" in failed[2].message and "\n" not in failed[4].message
+        assert set(failed) == {1, 2, 4} and "not found" in failed[2].message and "\n" not in failed[4].message
         assert run.finished(3).stop_reason == "max_tokens"
 
 

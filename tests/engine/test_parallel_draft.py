@@ -1,6 +1,6 @@
 """draft-simple per parallel sequence (engine_ext.speculative.draft_seqs): one draft context with a draft sequence
 per target sequence, drafts verified in the shared batch; greedy replies equal plain decoding alone, each request
-with its own acceptance figures; the model drafters a sequence has none of are refused, saying which."""
+with its own acceptance figures; auto's chain drafts per sequence too."""
 
 from __future__ import annotations
 
@@ -109,18 +109,26 @@ def test_draft_together_drafts_each_sequence_on_its_own_positions(tiny_models: d
             drafts.close()
 
 
-def test_model_drafters_without_a_draft_sequence_are_refused_by_name(tiny_models: dict[str, Path]) -> None:
+def test_auto_drafts_per_sequence_with_its_chain_and_a_missing_draft_fails_alone(tiny_models: dict[str, Path]) -> None:
+    """auto under parallel sequences: ngram-mod, then the draft model on the sequence's own draft sequence (the
+    chain auto builds on the single path), lossless beside a plain request; a missing draft fails its request only."""
+    requests = [greedy(1, REPEATED, 36), greedy(2, "go", 30), greedy(3, "the end", 20)]
+    with open_session(tiny_models["llama"]) as single:
+        expected = [alone(single, r) for r in requests]
     with open_session(tiny_models["llama"], n_seq=2, unified=False) as session:
         run = Run(session)
-        run.submit(greedy(1, "go", 6), speculative=SpeculativeParams(types=("auto",)))
-        run.submit(greedy(3, "go", 6), speculative=draft_simple(tiny_models["llama"].parent / "missing.gguf"))
+        auto = SpeculativeParams(types=("auto",), draft_model=str(tiny_models["llama"]))
+        run.submit(requests[0], speculative=auto)
+        run.submit(requests[1])
+        run.submit(requests[2], speculative=draft_simple(tiny_models["llama"].parent / "missing.gguf"))
         run.drain()
         failed = {e.request_id: e.message for e in run.events if isinstance(e, Failed)}
-        assert set(failed) == {1, 3}
-        assert "auto" in failed[1] and "draft-simple" in failed[1] and "--parallel 1" in failed[1]
-        assert "draft-mtp" in failed[1] and "draft-eagle3" in failed[1]  # among those a sequence drafts with
-        assert "not found" in failed[3]
-        assert not run.scheduler.drafts.pools
+        assert set(failed) == {3} and "not found" in failed[3]
+        assert [run.tokens(r.request_id) for r in requests[:2]] == expected[:2]
+        stats = run.finished(1).speculative
+        assert stats is not None and [d.name for d in stats.drafters] == ["ngram-mod", "draft-simple"]
+        assert stats.drafted > 0 and stats.accepted > 0
+        assert list(run.scheduler.drafts.pools) == [tiny_models["llama"]]  # the shared draft context
         run.scheduler.close()
 
 

@@ -1,6 +1,6 @@
 """`llmtui serve --parallel 2 --spec-type draft-simple` on the starter model (its own draft): each request drafts on
 its own draft sequence, its answer equal to the same request without drafting, alone or beside another request; its
-acceptance figures in its timings; the model drafters a sequence has none of refused with 400, saying which."""
+acceptance figures in its timings; `--spec-type auto` drafts per request with its chain (ngram-mod, the draft)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import openai
 import pytest
 
 from app.core.model_paths import starter_model_path
@@ -48,7 +47,15 @@ def test_draft_simple_per_request_answers_as_plain_decoding_alone_and_together(s
     assert together[0][1]["draft_n_accepted"] > 0 and "draft_n" not in together[1][1]
 
 
-def test_model_drafters_without_a_draft_sequence_are_refused(server: str) -> None:
-    with pytest.raises(openai.BadRequestError, match="draft-simple"):
-        ask(server, speculative={"type": "auto"})
-    assert ask(server, speculative={"type": "draft-simple"}) == ask(server, **PLAIN)
+def test_auto_drafts_per_request_with_its_chain(tmp_path_factory: pytest.TempPathFactory) -> None:
+    draft = str(starter_model_path())
+    args = ("--parallel", "2", "--spec-type", "auto", "--spec-draft-model", draft)
+    with running_server(tmp_path_factory.mktemp("serve-parallel-auto"), *args) as base:
+        plain = ask(base, **PLAIN)
+        text, timings = drafted(base, {})
+        assert text == plain
+        assert [d["name"] for d in timings["speculative"]["drafters"]] == ["ngram-mod", "draft-simple"]
+        assert timings["draft_n"] > 0
+        with ThreadPoolExecutor(2) as pool:  # two drafting requests at once, each on its own draft sequence
+            together = list(pool.map(lambda extra: drafted(base, extra), [{}, {}]))
+        assert [t for t, _ in together] == [plain, plain]

@@ -174,7 +174,7 @@ def _checked_header(scheduler: Any, files: DiskCache, path: Path) -> tuple[State
     n_vocab = scheduler.model.n_vocab
     if any(not 0 <= t < n_vocab for t in header.tokens):
         raise DiskCacheError(f"prompt cache: {path.name} holds tokens that are not this model's")
-    if len(header.tokens) >= scheduler.n_ctx_seq:
+    if len(header.tokens) > scheduler.n_ctx_seq:
         raise DiskCacheError(
             f"prompt cache: {path.name} holds {len(header.tokens)} tokens; a slot's context is {scheduler.n_ctx_seq}"
         )

@@ -168,11 +168,14 @@ class Shutdown:
 
 @dataclass(frozen=True)
 class SlotAction:
-    """llama-server's slot actions on the single sequence (`POST /slots/0?action=...`): save its state to `path`,
-    restore it from `path` (checked as the prompt cache's files are: engine_ext.disk_cache), or erase it."""
+    """llama-server's slot actions (`POST /slots/{id}?action=...`): save a sequence's state to `path`, restore it from
+    `path` (checked as the prompt cache's files are: engine_ext.disk_cache), or erase it. Without `request_id`: the
+    single sequence's; with one, parallel sequence `slot`'s (engine_ext.seq_slots), answered with that id."""
 
     action: Literal["save", "restore", "erase"]
     path: str = ""
+    slot: int = 0
+    request_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -599,6 +602,7 @@ class SlotDone:
     n_tokens: int
     n_bytes: int = 0
     ms: float = 0.0
+    request_id: int | None = None  # the SlotAction's (parallel sequences)
 
 
 @dataclass(frozen=True)

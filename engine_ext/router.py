@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 from engine_ext.client import EngineClient
 from engine_ext.params import SpeculativeParams, SteeringEntry
-from engine_ext.protocol import Busy, Crashed, Event, Failed, Finished, Generate
+from engine_ext.protocol import Busy, Crashed, Event, Failed, Finished, Generate, SlotAction, SlotDone
 
 READ_TIMEOUT_S = 0.2  # how often the reader thread looks at its stop flag while the engine is quiet
 
@@ -18,7 +18,7 @@ def request_id_of(event: Event) -> int | None:
 
 
 def ends_request(event: Event) -> bool:
-    return isinstance(event, Finished | Failed | Busy | Crashed)
+    return isinstance(event, Finished | Failed | Busy | Crashed | SlotDone)
 
 
 class RequestRouter:
@@ -65,6 +65,18 @@ class RequestRouter:
                 self._sinks.pop(request_id, None)
             raise
         return request_id
+
+    def slot_action(self, request: SlotAction, sink: Callable[[Event], None]) -> None:
+        """Send a parallel sequence's slot action (its request id set); its SlotDone or Failed goes to `sink`."""
+        assert request.request_id is not None
+        with self._lock:
+            self._sinks[request.request_id] = sink
+        try:
+            self.client.send(request)
+        except Exception:
+            with self._lock:
+                self._sinks.pop(request.request_id, None)
+            raise
 
     def events(self, request_id: int, timeout: float) -> Iterator[Event]:
         """The request's events until its last (Finished, Failed, Busy or Crashed). Raises TimeoutError when none

@@ -101,6 +101,12 @@ class SeqDisk:
         kept = [cp for cp in self._checkpoints.get(seq, ()) if cp[0] == mix and held[: len(cp[1])] == cp[1]]
         self._checkpoints[seq] = [*kept[-(MAX_SEQ_CHECKPOINTS - 1) :], (mix, held, bytes(buf))]
 
+    def forget(self, seq: int) -> None:
+        """Sequence `seq` holds something else now (a slot restored from a file or erased): saved again when it
+        goes idle."""
+        self._saved.pop(seq, None)
+        self._checkpoints.pop(seq, None)
+
     def save_all(self, slots: Sequence[Any]) -> None:
         """Save each sequence's state that changed since its last save (the model goes: the server stops); `slots`:
         engine_ext.parallel's, each with its sequence, tokens and mix."""

@@ -36,7 +36,6 @@ from engine_ext.protocol import (
     SetSteering,
     Shutdown,
     SlotAction,
-    SlotDone,
     SpeculativeSet,
     SteeringSet,
     Submit,
@@ -114,6 +113,9 @@ class Worker:
         self.scheduler: Any = None  # engine_ext.parallel.ParallelScheduler once a Submit came for the loaded model
         self.max_waiting: int | None = None  # SetQueueLimit's bound (None: the scheduler's default)
         self.disk_parts: dict[str, object] = {}  # the loaded model's key for saved states (engine_ext.disk_cache)
+        self.slot_waits: list[
+            SlotAction
+        ] = []  # slot actions waiting for their parallel sequence (engine_ext.seq_slots)
 
     def send(self, event: Event) -> None:
         self.conn.send(event)
@@ -169,7 +171,9 @@ class Worker:
             except (EOFError, OSError):
                 incoming = Shutdown()
             request_read()
-            if isinstance(incoming, Submit | SetQueueLimit | Cancel | EndThinking | Inspect):
+            if isinstance(incoming, Submit | SetQueueLimit | Cancel | EndThinking | Inspect) or (
+                isinstance(incoming, SlotAction) and incoming.request_id is not None
+            ):
                 self.handle(incoming)
             elif isinstance(incoming, Shutdown):
                 self.shutting_down = True
@@ -183,9 +187,13 @@ class Worker:
         except Exception as exc:  # a bug: its requests fail, the worker keeps serving
             traceback.print_exc()
             scheduler.fail_all(exc)
+        if self.slot_waits:  # a slot action waited for this sequence's reply to end
+            from engine_ext.seq_slots import run_waiting
+
+            run_waiting(self, scheduler)
 
     def handle(self, request: Request) -> None:
-        request_id = request.request_id if isinstance(request, Generate) else None
+        request_id = request.request_id if isinstance(request, Generate | SlotAction) else None
         if isinstance(request, Submit):
             request_id = request.request.request_id
         try:
@@ -222,8 +230,10 @@ class Worker:
             elif isinstance(request, Shutdown):
                 self.shutting_down = True
             elif isinstance(request, Cancel):
-                if self.scheduler is not None:  # else it arrived after its generation finished
-                    self.scheduler.cancel(request.request_id)
+                if self.scheduler is not None and not self.scheduler.cancel(request.request_id):  # a slot action?
+                    from engine_ext.seq_slots import drop_waiting
+
+                    drop_waiting(self, "the client went away", request.request_id)
             elif isinstance(request, EndThinking):
                 if self.scheduler is not None:  # else its generation finished
                     self.scheduler.end_thinking(request.request_id)
@@ -270,6 +280,10 @@ class Worker:
             if self.scheduler.active and self.scheduler.disk is not None:  # the model goes: the sequences saved
                 self.scheduler.disk.save_all(self.scheduler.slots)
             self.scheduler.fail_all(EngineError(why))
+            if self.slot_waits:
+                from engine_ext.seq_slots import drop_waiting
+
+                drop_waiting(self, why)
             self.scheduler.close()
             self.scheduler = None
 
@@ -484,28 +498,14 @@ class Worker:
             self.send(SteeringSet(True, active.layer_start, active.layer_end, active.layer_norms, layers, notices))
 
     def slot(self, request: SlotAction) -> None:
-        """llama-server's slot save / restore / erase on the single sequence: a state file of the prompt cache's
-        format (engine_ext.disk_cache: checked whole before llama.cpp reads it), written at once (not in a thread)."""
-        from engine_ext.disk_cache import DiskCache
-        from engine_ext.params import EngineError
+        """llama-server's slot save / restore / erase (engine_ext.seq_slots): the single sequence's, or (with a request
+        id) a parallel sequence's, after the reply it is answering."""
+        from engine_ext.seq_slots import single_slot, take
 
-        if self.session is None:
-            raise EngineError("no model is loaded")
-        t0 = time.perf_counter()
-        session = self.session
-        if request.action == "erase":
-            n_tokens = len(session.cached)
-            session.reset_cache()
-            self.send(SlotDone("erase", n_tokens, 0, (time.perf_counter() - t0) * 1000.0))
-            return
-        path = Path(request.path)
-        disk = DiskCache(path.parent, self.disk_parts, single_file=path, model=Path(self.model.path).name)
-        if request.action == "save":
-            n_tokens = session.save_file(disk)
+        if request.request_id is not None:
+            take(self, request)
         else:
-            n_tokens = session.restore_file(disk)
-        n_bytes = path.stat().st_size
-        self.send(SlotDone(request.action, n_tokens, n_bytes, (time.perf_counter() - t0) * 1000.0))
+            single_slot(self, request)
 
     def make_vector(self, request: MakeControlVector) -> None:
         from engine_ext.params import EngineError

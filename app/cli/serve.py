@@ -72,11 +72,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _slot_save_path(args: argparse.Namespace) -> str:
-    """--slot-save-path as a folder (made owner-only when missing); "" without it. One sequence only."""
+    """--slot-save-path as a folder (made owner-only when missing); "" without it."""
     if args.slot_save_path is None:
         return ""
-    if args.parallel > 1:
-        raise CliError("--slot-save-path works with --parallel 1 (one sequence to save and restore)")
     from engine_ext.private_files import private_dir
 
     folder = Path(args.slot_save_path).expanduser().absolute()
@@ -186,7 +184,8 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--slot-save-path",
         metavar="DIR",
         default=None,
-        help="allow POST /slots/0?action=save|restore with files in DIR (llama-server's; --parallel 1 only)",
+        help="allow POST /slots/{id}?action=save|restore|erase with files in DIR (llama-server's; id 0 to "
+        "--parallel N - 1; a busy slot's action waits for its reply to end)",
     )
     serve.add_argument(
         "--embeddings",

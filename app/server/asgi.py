@@ -33,7 +33,7 @@ from app.server.gate import RequestGate
 from app.server.metrics import Metrics
 from app.server.openai_responses import ResponseShaper, ResponseStore, parse_response_request
 from app.server.request_log import RequestLog, note_finished
-from app.server.requests import Job, parse_body, parse_chat, parse_completion, slot_filename
+from app.server.requests import Job, parse_body, parse_chat, parse_completion, slot_filename, slot_id
 from engine_ext.protocol import Embed, Embedded, Finished, SlotDone, TokenChunk
 from engine_ext.tool_calls import CallTextFilter
 from engine_ext.untrusted_text import one_line
@@ -471,8 +471,9 @@ async def shaped_stream(request: Request, ticket: Ticket, shaper: BlockShaper, f
 
 
 async def slots(request: Request) -> Response:
-    """llama-server's `POST /slots/{id}?action=save|restore|erase` on the one sequence (`serve --parallel 1
-    --slot-save-path DIR`); files in the prompt cache's format, checked whole before the engine reads them."""
+    """llama-server's `POST /slots/{id}?action=save|restore|erase` on sequence `id` (`serve --slot-save-path DIR`, any
+    --parallel N; an action on a sequence that is answering waits for its reply to end); files in the prompt cache's
+    format, checked whole before the engine reads them."""
     backend = server_of(request).backend
     action = request.query_params.get("action", "")
     if action not in ("save", "restore", "erase"):
@@ -480,26 +481,25 @@ async def slots(request: Request) -> Response:
     folder = backend.settings.slot_save_path
     if not folder:
         raise ApiError(501, "this server does not support slot actions: start it with --slot-save-path DIR")
-    if request.path_params.get("id_slot") != "0":
-        raise ApiError(400, "invalid slot id: this server has one slot, 0", "id_slot")
+    settings = backend.settings
+    id_slot = slot_id(request.path_params.get("id_slot", ""), settings.slots)
     filename = "" if action == "erase" else slot_filename(parse_body(await read_body(request)))
     path = str(Path(folder) / filename) if filename else ""
-    settings = backend.settings
-    job = Job("completion", settings.model_id, settings.sampling, slot=(action, path))  # type: ignore[arg-type]
+    job = Job("completion", settings.model_id, settings.sampling, slot=(action, path, id_slot))  # type: ignore[arg-type]
     ticket = backend.submit(job, asyncio.get_running_loop())
     done = await next_event(request, ticket)
     if isinstance(done, ApiError):
         raise done
     assert isinstance(done, SlotDone)
     if action == "erase":
-        return JSONResponse({"id_slot": 0, "n_erased": done.n_tokens})
+        return JSONResponse({"id_slot": id_slot, "n_erased": done.n_tokens})
     counts = (
         {"n_saved": done.n_tokens, "n_written": done.n_bytes}
         if action == "save"
         else {"n_restored": done.n_tokens, "n_read": done.n_bytes}
     )
     timings = {f"{action}_ms": done.ms}
-    return JSONResponse({"id_slot": 0, "filename": filename, **counts, "timings": timings})
+    return JSONResponse({"id_slot": id_slot, "filename": filename, **counts, "timings": timings})
 
 
 async def pooled(request: Request, settings: ServerSettings, embed: Embed) -> Embedded:

@@ -52,7 +52,7 @@ class ServerSettings:
     limits: Limits = Limits()
     queue: int = 16  # requests waiting beyond the one generating; past it: 503
     slots: int = 1  # requests decoded together (serve --parallel; more than 1: app.server.parallel_backend)
-    slot_save_path: str = ""  # where POST /slots/0?action=save|restore keeps its files ("": those actions are off)
+    slot_save_path: str = ""  # where POST /slots/{id}?action=save|restore keeps its files ("": those actions are off)
     embeddings: str = ""  # what POST /v1/embeddings and /v1/rerank serve: embed | rank ("": neither)
     n_ctx: int = 0  # the loaded model's context in tokens, as /v1/models says it (max_model_len); 0: not known
 
@@ -331,7 +331,7 @@ class EngineBackend(Dispatcher):
     def _serve(self, ticket: Ticket) -> None:
         slot, embed = ticket.job.slot, ticket.job.embed
         if slot is not None:
-            self._answer(ticket, lambda: self.client.slot(*slot))
+            self._answer(ticket, lambda: self.client.slot(slot[0], slot[1]))
             return
         if embed is not None:
             self._answer(ticket, lambda: self.client.embed(embed.texts, query=embed.query, normalize=embed.normalize))

@@ -22,8 +22,11 @@ from engine_ext.protocol import (
     Busy,
     Crashed,
     Event,
+    Failed,
     PromptEvaluated,
     PromptProgress,
+    SlotAction,
+    SlotDone,
     TokenChunk,
 )
 from engine_ext.router import RequestRouter
@@ -74,6 +77,8 @@ class ParallelBackend(JobServer):
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket:
         """Send `job` to the engine; ApiError 400 for what this server cannot give, 503 when slots and queue are
         full."""
+        if job.slot is not None:
+            return self._slot_action(job, loop)
         spec = self._spec_for(job.speculative)
         ticket = SlotTicket(job, spec, self._steering_for(job), loop, cancel_request=self._cancel)
         with self._lock:
@@ -88,6 +93,31 @@ class ParallelBackend(JobServer):
             self._router.submit(request, ticket.steering, spec if spec.enabled else None, sink=self._sink(ticket))
         except Exception as e:
             self._end(ticket)
+            raise ApiError(500, f"the engine is not running ({type(e).__name__}); try again shortly") from None
+        return ticket
+
+    def _slot_action(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """llama-server's slot action on one sequence (engine_ext.seq_slots): sent at once; the engine runs it when
+        that sequence is not answering a request (it waits for the reply to end, as llama-server's). Its SlotDone, or
+        ApiError 400 with the engine's one line."""
+        assert job.slot is not None
+        action, path, slot = job.slot
+        ticket = SlotTicket(job, SpeculativeParams(), (), loop, cancel_request=self._cancel)
+        ticket.request_id = request_id = next(self._ids)
+
+        def deliver(event: Event) -> None:
+            ticket.done = True
+            if isinstance(event, SlotDone):
+                ticket.push(event)
+            elif isinstance(event, Failed):
+                self.metrics.refused()
+                ticket.push(ApiError(400, (event.message or event.error).splitlines()[0][:300]))
+            else:
+                self._event(ticket, event)
+
+        try:
+            self._router.slot_action(SlotAction(action, path, slot, request_id), deliver)
+        except Exception as e:
             raise ApiError(500, f"the engine is not running ({type(e).__name__}); try again shortly") from None
         return ticket
 

@@ -130,7 +130,7 @@ class Job:
     reasoning_budget: int = -1  # thinking tokens before the end of thinking is forced (-1: unlimited, 0: none)
     reasoning_budget_message: str = ""  # forced before the end of thinking when the budget is spent
     count_only: bool = False  # only count the rendered prompt's tokens (Anthropic's count_tokens)
-    slot: tuple[Literal["save", "restore", "erase"], str] | None = None  # llama-server's slot action and its file
+    slot: tuple[Literal["save", "restore", "erase"], str, int] | None = None  # llama-server's slot action, file, id
     suffix: str | None = None  # completions: fill in the middle between `prompt` and this (the model's FIM tokens)
     echo: bool = False  # completions: the prompt comes back before the completion
     embed: Embed | None = None  # /v1/embeddings, /v1/rerank: pooled outputs, no generation (app.server.embeddings)
@@ -154,6 +154,14 @@ def slot_filename(body: Mapping[str, object]) -> str:
     ):
         raise ApiError(400, "invalid filename: a plain file name of at most 255 characters", "filename")
     return name
+
+
+def slot_id(text: str, n_slots: int) -> int:
+    """A slot action's `{id}`: a sequence of the server's (0 to n_slots - 1); ApiError 400 in one line otherwise."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) < n_slots):
+        have = "one slot, 0" if n_slots == 1 else f"slots 0 to {n_slots - 1}"
+        raise ApiError(400, f"invalid slot id {text[:20]!r}: this server has {have}", "id_slot")
+    return int(text)
 
 
 class _OutOfRange(ValueError):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app.server.api_errors import ApiError
-from app.server.requests import Limits, parse_body, parse_chat, parse_completion
+from app.server.requests import Limits, parse_body, parse_chat, parse_completion, slot_id
 from engine_ext.params import SamplingParams
 
 DEFAULTS = SamplingParams(temperature=0.7, top_k=40, seed=7)
@@ -324,3 +324,12 @@ def test_n_above_one_is_refused_saying_what_the_server_does() -> None:
         "choices"
     )
     assert refused({"messages": USER, "n": 0}).param == "n"
+
+
+def test_a_slot_id_is_one_of_the_servers_sequences() -> None:
+    assert [slot_id("0", 1), slot_id("1", 2), slot_id("3", 4)] == [0, 1, 3]
+    for text, n_slots in (("1", 1), ("2", 2), ("-1", 2), ("x", 2), ("", 2), ("١", 2), ("9" * 30, 2)):
+        with pytest.raises(ApiError) as refused:
+            slot_id(text, n_slots)
+        assert refused.value.status == 400 and "\n" not in str(refused.value)
+        assert ("one slot, 0" if n_slots == 1 else f"slots 0 to {n_slots - 1}") in str(refused.value)

@@ -18,6 +18,7 @@ from app.server.backend import JobServer, ServerSettings, Ticket
 from app.server.metrics import Metrics
 from app.server.requests import Job
 from engine_ext.client import EngineClient
+from engine_ext.params import SpeculativeParams
 from engine_ext.protocol import (
     Busy,
     Crashed,
